@@ -1,0 +1,114 @@
+//! Config problems as data: each one names its file, line, column, key and reason.
+//!
+//! Readers push issues into an [`Issues`] list instead of returning at the first one, so
+//! `check-config` can report everything in one run. Errors reject the config; warnings do not.
+
+use std::fmt;
+use std::sync::Arc;
+
+use super::yaml::Pos;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Error,
+    Warning,
+}
+
+/// One problem found in a config file.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Issue {
+    pub severity: Severity,
+    pub file: Arc<str>,
+    pub line: u32,
+    pub column: u32,
+    /// Dotted path of the key at fault, e.g. `upstreams.example.com.paths./api.servers[1]`.
+    pub key: String,
+    pub message: String,
+}
+
+impl fmt::Display for Issue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let level = match self.severity {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+        };
+        write!(
+            f,
+            "{}:{}:{}: {level}: `{}`: {}",
+            self.file, self.line, self.column, self.key, self.message
+        )
+    }
+}
+
+/// The issues found so far, and the file they are being found in.
+#[derive(Debug, Default)]
+pub struct Issues {
+    pub list: Vec<Issue>,
+}
+
+impl Issues {
+    pub fn push(&mut self, severity: Severity, file: &Arc<str>, pos: Pos, key: &str, message: String) {
+        self.list.push(Issue {
+            severity,
+            file: file.clone(),
+            line: pos.line,
+            column: pos.column,
+            key: key.to_string(),
+            message,
+        });
+    }
+
+    pub fn has_errors(&self) -> bool {
+        self.list.iter().any(|i| i.severity == Severity::Error)
+    }
+
+    pub fn errors(&self) -> impl Iterator<Item = &Issue> {
+        self.list.iter().filter(|i| i.severity == Severity::Error)
+    }
+
+    pub fn warnings(&self) -> impl Iterator<Item = &Issue> {
+        self.list.iter().filter(|i| i.severity == Severity::Warning)
+    }
+}
+
+/// The known name closest to `unknown`, when it is close enough to be a likely typo.
+pub fn did_you_mean<'a>(unknown: &str, known: &[&'a str]) -> Option<&'a str> {
+    let unknown = unknown.to_ascii_lowercase();
+    let limit = (unknown.len() / 3).clamp(1, 3);
+    known
+        .iter()
+        .map(|k| (edit_distance(&unknown, k), *k))
+        .filter(|(d, _)| *d <= limit)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    let mut cur = vec![0; b.len() + 1];
+    for (i, ca) in a.chars().enumerate() {
+        cur[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cost = usize::from(ca != *cb);
+            cur[j + 1] = (prev[j] + cost).min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        std::mem::swap(&mut prev, &mut cur);
+    }
+    prev[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suggests_close_keys_only() {
+        let known = ["rate_limit", "x4xx_limit", "servers", "to_https"];
+        assert_eq!(did_you_mean("rate_limt", &known), Some("rate_limit"));
+        assert_eq!(did_you_mean("server", &known), Some("servers"));
+        assert_eq!(did_you_mean("RATE_LIMIT", &known), Some("rate_limit"));
+        assert_eq!(did_you_mean("colour", &known), None);
+    }
+}

@@ -1,0 +1,315 @@
+//! `main.yaml`: process settings, read once at start (SPEC §2).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::reader::Reader;
+use super::yaml::Node;
+
+/// Which requests the access log records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum AccessLog {
+    #[default]
+    Off,
+    All,
+    Errors,
+}
+
+/// How strict the TLS listener is (SPEC §7.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum TlsGrade {
+    High,
+    #[default]
+    Medium,
+    Unsafe,
+}
+
+/// The process settings of `main.yaml`, with defaults filled in.
+#[derive(Clone, Debug)]
+pub struct MainConfig {
+    /// Directory of main.yaml; relative paths are resolved against it.
+    pub base_dir: PathBuf,
+    pub threads: usize,
+    pub daemon: bool,
+    pub pid_file: PathBuf,
+    pub log_file: Option<PathBuf>,
+    pub log_level: String,
+    pub access_log: AccessLog,
+    pub runuser: Option<String>,
+    pub rungroup: Option<String>,
+    pub upgrade_sock: PathBuf,
+    pub upstream_keepalive_pool_size: usize,
+    pub proxy_address_http: SocketAddr,
+    pub proxy_address_tls: Option<SocketAddr>,
+    pub certificates_dir: Option<PathBuf>,
+    pub proxy_tls_grade: TlsGrade,
+    pub upstreams_conf: PathBuf,
+    pub config_api_enabled: bool,
+    pub config_address: Option<SocketAddr>,
+    pub config_tls_address: Option<SocketAddr>,
+    pub config_tls_certificate: Option<PathBuf>,
+    pub config_tls_key_file: Option<PathBuf>,
+    pub master_key: Option<String>,
+    pub hc_method: http::Method,
+    pub hc_interval: Duration,
+    pub file_server_folder: Option<PathBuf>,
+    pub file_server_address: Option<SocketAddr>,
+    pub tcp_keepalive_idle: Option<Duration>,
+    pub tcp_keepalive_interval: Duration,
+    pub tcp_keepalive_count: u32,
+    pub client_header_timeout: Duration,
+    pub client_idle_timeout: Duration,
+    pub upstream_connect_timeout: Duration,
+    pub upstream_response_timeout: Duration,
+    pub grace_period: Duration,
+    pub max_request_header_bytes: usize,
+    pub max_connections: usize,
+}
+
+const KEYS: &[&str] = &[
+    "threads", "daemon", "pid_file", "error_log", "log_file", "log_level", "access_log", "runuser",
+    "rungroup", "upgrade_sock", "upstream_keepalive_pool_size", "proxy_address_http",
+    "proxy_address_tls", "proxy_certificates", "proxy_configs", "proxy_tls_grade", "upstreams_conf",
+    "config_api_enabled", "config_address", "config_tls_address", "config_tls_certificate",
+    "config_tls_key_file", "master_key", "hc_method", "hc_interval", "file_server_folder",
+    "file_server_address", "tcp_keepalive_idle", "tcp_keepalive_interval", "tcp_keepalive_count",
+    "client_header_timeout", "client_idle_timeout", "upstream_connect_timeout",
+    "upstream_response_timeout", "grace_period_seconds", "max_request_header_bytes",
+    "max_connections",
+];
+
+/// Keys of Pingora's server config that Aralez files carry; accepted and ignored.
+const PINGORA_KEYS: &[&str] = &[
+    "version", "work_stealing", "graceful_shutdown_timeout_seconds", "error_log_level",
+    "upstream_keepalive_pool_size_per_thread", "ca_file", "user", "group", "client_bind_to_ipv4",
+    "client_bind_to_ipv6", "upstream_connect_offload_threadpools", "upstream_connect_offload_thread_per_pool",
+    "upstream_debug_ssl_keylog", "max_retries",
+];
+
+impl MainConfig {
+    fn defaults(base_dir: PathBuf) -> Self {
+        MainConfig {
+            base_dir,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            daemon: false,
+            pid_file: PathBuf::from("/tmp/aralez.pid"),
+            log_file: None,
+            log_level: "info".into(),
+            access_log: AccessLog::Off,
+            runuser: None,
+            rungroup: None,
+            upgrade_sock: PathBuf::from("/tmp/aralez.sock"),
+            upstream_keepalive_pool_size: 128,
+            proxy_address_http: SocketAddr::from(([0, 0, 0, 0], 0)),
+            proxy_address_tls: None,
+            certificates_dir: None,
+            proxy_tls_grade: TlsGrade::Medium,
+            upstreams_conf: PathBuf::new(),
+            config_api_enabled: false,
+            config_address: None,
+            config_tls_address: None,
+            config_tls_certificate: None,
+            config_tls_key_file: None,
+            master_key: None,
+            hc_method: http::Method::HEAD,
+            hc_interval: Duration::from_secs(2),
+            file_server_folder: None,
+            file_server_address: None,
+            tcp_keepalive_idle: None,
+            tcp_keepalive_interval: Duration::from_secs(10),
+            tcp_keepalive_count: 5,
+            client_header_timeout: Duration::from_secs(10),
+            client_idle_timeout: Duration::from_secs(60),
+            upstream_connect_timeout: Duration::from_secs(5),
+            upstream_response_timeout: Duration::from_secs(60),
+            grace_period: Duration::from_secs(30),
+            max_request_header_bytes: 64 * 1024,
+            max_connections: 100_000,
+        }
+    }
+
+    /// Reads the root of main.yaml. Returns `None` when a required key is missing or bad.
+    pub fn read(root: &Node, path: &Path, r: &mut Reader) -> Option<MainConfig> {
+        let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let mut cfg = MainConfig::defaults(base_dir);
+        let entries = r.map(root, "(document)")?;
+        let mut seen_http = false;
+        let mut seen_upstreams = false;
+        let mut proxy_configs: Option<PathBuf> = None;
+        let mut failed = false;
+        for (key, value) in entries {
+            let k = key.name.as_str();
+            let ok = match k {
+                "threads" => set(&mut cfg.threads, r.uint(value, k, 1, 1024).map(|n| n as usize)),
+                "daemon" => set(&mut cfg.daemon, r.boolean(value, k)),
+                "pid_file" => set(&mut cfg.pid_file, r.non_empty_string(value, k).map(PathBuf::from)),
+                "error_log" | "log_file" => {
+                    let file = r.non_empty_string(value, k).map(PathBuf::from);
+                    // `log_file` wins over `error_log` whatever their order.
+                    if k == "log_file" || cfg.log_file.is_none() {
+                        cfg.log_file = file.clone();
+                    }
+                    file.is_some()
+                }
+                "log_level" => set(&mut cfg.log_level, read_log_level(value, r)),
+                "access_log" => set(&mut cfg.access_log, read_access_log(value, r)),
+                "runuser" => opt(&mut cfg.runuser, r.non_empty_string(value, k)),
+                "rungroup" => opt(&mut cfg.rungroup, r.non_empty_string(value, k)),
+                "upgrade_sock" => set(&mut cfg.upgrade_sock, r.non_empty_string(value, k).map(PathBuf::from)),
+                "upstream_keepalive_pool_size" => set(
+                    &mut cfg.upstream_keepalive_pool_size,
+                    r.uint(value, k, 0, 1_000_000).map(|n| n as usize),
+                ),
+                "proxy_address_http" => {
+                    seen_http = true;
+                    set(&mut cfg.proxy_address_http, listen(value, k, r))
+                }
+                "proxy_address_tls" => opt(&mut cfg.proxy_address_tls, listen(value, k, r)),
+                "proxy_certificates" => opt(&mut cfg.certificates_dir, r.non_empty_string(value, k).map(PathBuf::from)),
+                "proxy_configs" => opt(&mut proxy_configs, r.non_empty_string(value, k).map(PathBuf::from)),
+                "proxy_tls_grade" => set(&mut cfg.proxy_tls_grade, read_grade(value, r)),
+                "upstreams_conf" => {
+                    seen_upstreams = true;
+                    set(&mut cfg.upstreams_conf, r.non_empty_string(value, k).map(PathBuf::from))
+                }
+                "config_api_enabled" => set(&mut cfg.config_api_enabled, r.boolean(value, k)),
+                "config_address" => opt(&mut cfg.config_address, listen(value, k, r)),
+                "config_tls_address" => opt(&mut cfg.config_tls_address, listen(value, k, r)),
+                "config_tls_certificate" => opt(&mut cfg.config_tls_certificate, r.non_empty_string(value, k).map(PathBuf::from)),
+                "config_tls_key_file" => opt(&mut cfg.config_tls_key_file, r.non_empty_string(value, k).map(PathBuf::from)),
+                "master_key" => opt(&mut cfg.master_key, r.non_empty_string(value, k)),
+                "hc_method" => set(&mut cfg.hc_method, read_hc_method(value, r)),
+                "hc_interval" => set(&mut cfg.hc_interval, seconds(value, k, 1, 3600, r)),
+                "file_server_folder" => opt(&mut cfg.file_server_folder, r.non_empty_string(value, k).map(PathBuf::from)),
+                "file_server_address" => opt(&mut cfg.file_server_address, listen(value, k, r)),
+                "tcp_keepalive_idle" => opt(&mut cfg.tcp_keepalive_idle, seconds(value, k, 1, 86_400, r)),
+                "tcp_keepalive_interval" => set(&mut cfg.tcp_keepalive_interval, seconds(value, k, 1, 86_400, r)),
+                "tcp_keepalive_count" => set(&mut cfg.tcp_keepalive_count, r.uint(value, k, 1, 100).map(|n| n as u32)),
+                "client_header_timeout" => set(&mut cfg.client_header_timeout, seconds(value, k, 1, 3600, r)),
+                "client_idle_timeout" => set(&mut cfg.client_idle_timeout, seconds(value, k, 1, 86_400, r)),
+                "upstream_connect_timeout" => set(&mut cfg.upstream_connect_timeout, seconds(value, k, 1, 3600, r)),
+                "upstream_response_timeout" => set(&mut cfg.upstream_response_timeout, seconds(value, k, 1, 86_400, r)),
+                "grace_period_seconds" => set(&mut cfg.grace_period, seconds(value, k, 0, 86_400, r)),
+                "max_request_header_bytes" => set(
+                    &mut cfg.max_request_header_bytes,
+                    r.uint(value, k, 8192, 16 * 1024 * 1024).map(|n| n as usize),
+                ),
+                "max_connections" => set(&mut cfg.max_connections, r.uint(value, k, 1, 10_000_000).map(|n| n as usize)),
+                _ if PINGORA_KEYS.contains(&k) => true,
+                _ => {
+                    r.unknown_key(key, k, KEYS);
+                    true
+                }
+            };
+            failed |= !ok;
+        }
+        if !seen_http {
+            r.error(root.pos, "proxy_address_http", "required key is missing (e.g. proxy_address_http: \"0.0.0.0:6193\")");
+            failed = true;
+        }
+        if !seen_upstreams {
+            r.error(root.pos, "upstreams_conf", "required key is missing (path of upstreams.yaml)");
+            failed = true;
+        }
+        if cfg.certificates_dir.is_none() {
+            cfg.certificates_dir = proxy_configs.map(|dir| dir.join("certificates"));
+        }
+        if failed {
+            return None;
+        }
+        cfg.resolve_paths();
+        Some(cfg)
+    }
+
+    /// Makes relative paths relative to main.yaml's directory, unless only the cwd-relative one exists.
+    fn resolve_paths(&mut self) {
+        let base = self.base_dir.clone();
+        let fix = |p: &mut PathBuf| {
+            if p.is_relative() && !p.as_os_str().is_empty() {
+                let beside = base.join(&*p);
+                if beside.exists() || !p.exists() {
+                    *p = beside;
+                }
+            }
+        };
+        fix(&mut self.upstreams_conf);
+        for p in [
+            &mut self.certificates_dir,
+            &mut self.file_server_folder,
+            &mut self.config_tls_certificate,
+            &mut self.config_tls_key_file,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            fix(p);
+        }
+    }
+}
+
+fn set<T>(slot: &mut T, value: Option<T>) -> bool {
+    match value {
+        Some(v) => {
+            *slot = v;
+            true
+        }
+        None => false,
+    }
+}
+
+fn opt<T>(slot: &mut Option<T>, value: Option<T>) -> bool {
+    let ok = value.is_some();
+    *slot = value;
+    ok
+}
+
+fn listen(node: &Node, key: &str, r: &mut Reader) -> Option<SocketAddr> {
+    let text = r.string(node, key)?;
+    match super::values::parse_listen(&text) {
+        Ok(addr) => Some(addr),
+        Err(msg) => {
+            r.error(node.pos, key, msg);
+            None
+        }
+    }
+}
+
+fn seconds(node: &Node, key: &str, min: u64, max: u64, r: &mut Reader) -> Option<Duration> {
+    r.uint(node, key, min, max).map(Duration::from_secs)
+}
+
+fn one_of<T: Copy>(node: &Node, key: &str, r: &mut Reader, choices: &[(&str, T)]) -> Option<T> {
+    let text = r.string(node, key)?;
+    let lower = text.to_ascii_lowercase();
+    if let Some((_, v)) = choices.iter().find(|(name, _)| *name == lower) {
+        return Some(*v);
+    }
+    let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
+    r.error(node.pos, key, format!("`{text}` is not one of: {}", names.join(", ")));
+    None
+}
+
+fn read_log_level(node: &Node, r: &mut Reader) -> Option<String> {
+    let levels = [("off", "off"), ("error", "error"), ("warn", "warn"), ("warning", "warn"), ("info", "info"), ("debug", "debug"), ("trace", "trace")];
+    one_of(node, "log_level", r, &levels).map(str::to_string)
+}
+
+fn read_access_log(node: &Node, r: &mut Reader) -> Option<AccessLog> {
+    let choices = [("off", AccessLog::Off), ("false", AccessLog::Off), ("all", AccessLog::All), ("true", AccessLog::All), ("error", AccessLog::Errors)];
+    one_of(node, "access_log", r, &choices)
+}
+
+fn read_grade(node: &Node, r: &mut Reader) -> Option<TlsGrade> {
+    let choices = [("high", TlsGrade::High), ("medium", TlsGrade::Medium), ("unsafe", TlsGrade::Unsafe)];
+    one_of(node, "proxy_tls_grade", r, &choices)
+}
+
+fn read_hc_method(node: &Node, r: &mut Reader) -> Option<http::Method> {
+    let choices = [("head", 0u8), ("get", 1), ("post", 2)];
+    one_of(node, "hc_method", r, &choices).map(|i| match i {
+        0 => http::Method::HEAD,
+        1 => http::Method::GET,
+        _ => http::Method::POST,
+    })
+}

@@ -1,0 +1,125 @@
+//! Configuration: `main.yaml`, `upstreams.yaml` and `conf.d/*.yaml` -> typed, validated config.
+//!
+//! Reading never panics and never stops at the first problem: every issue is collected with its
+//! file, line, column and key. No I/O happens here beyond reading the files themselves.
+
+pub mod issues;
+pub mod main_conf;
+mod reader;
+pub mod upstreams;
+pub mod values;
+pub mod yaml;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub use issues::{Issue, Issues, Severity};
+pub use main_conf::MainConfig;
+pub use upstreams::{Shape, UpstreamsConfig};
+
+use reader::Reader;
+use yaml::{Node, Pos};
+
+/// Reads and parses one YAML file into a spanned tree, recording why when it cannot.
+fn read_tree(path: &Path, issues: &mut Issues) -> Option<Node> {
+    let file: Arc<str> = Arc::from(path.display().to_string());
+    let mut r = Reader::new(file, issues);
+    let start = Pos { line: 1, column: 1 };
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => {
+            r.error(Pos::default(), "(file)", "is a directory, not a YAML file");
+            return None;
+        }
+        Ok(meta) if meta.len() > yaml::MAX_FILE_BYTES => {
+            r.error(
+                start,
+                "(file)",
+                format!(
+                    "file is {} bytes, over the {} byte limit for a config file",
+                    meta.len(),
+                    yaml::MAX_FILE_BYTES
+                ),
+            );
+            return None;
+        }
+        Ok(_) => {}
+        Err(e) => {
+            r.error(Pos::default(), "(file)", format!("cannot read: {e}"));
+            return None;
+        }
+    }
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) => {
+            r.error(Pos::default(), "(file)", format!("cannot read: {e}"));
+            return None;
+        }
+    };
+    let text = match String::from_utf8(bytes) {
+        Ok(t) => t,
+        Err(e) => {
+            let offset = e.utf8_error().valid_up_to();
+            let line = e.as_bytes()[..offset].iter().filter(|b| **b == b'\n').count() + 1;
+            let pos = Pos { line: line as u32, column: 1 };
+            r.error(pos, "(file)", "file is not valid UTF-8");
+            return None;
+        }
+    };
+    parse_tree(&text, &mut r)
+}
+
+fn parse_tree(text: &str, r: &mut Reader) -> Option<Node> {
+    match yaml::parse(text) {
+        Ok(node) => Some(node),
+        Err(failure) => {
+            r.error(failure.pos, "(yaml)", format!("invalid YAML: {}", failure.message));
+            None
+        }
+    }
+}
+
+/// Reads main.yaml.
+pub fn load_main(path: &Path, issues: &mut Issues) -> Option<MainConfig> {
+    let root = read_tree(path, issues)?;
+    let mut r = Reader::new(Arc::from(path.display().to_string()), issues);
+    MainConfig::read(&root, path, &mut r)
+}
+
+/// Reads upstreams.yaml and merges `conf.d/*.yaml` beside it, in name order (SPEC §3.5).
+pub fn load_upstreams(path: &Path, issues: &mut Issues) -> Option<UpstreamsConfig> {
+    let root = read_tree(path, issues)?;
+    let mut r = Reader::new(Arc::from(path.display().to_string()), issues);
+    let mut cfg = UpstreamsConfig::read(&root, &mut r)?;
+    let mut ok = true;
+    for file in conf_d_files(path) {
+        let Some(root) = read_tree(&file, issues) else {
+            ok = false;
+            continue;
+        };
+        let mut r = Reader::new(Arc::from(file.display().to_string()), issues);
+        ok &= cfg.merge_conf_d(&root, &mut r);
+    }
+    ok.then_some(cfg)
+}
+
+/// Parses upstreams YAML handed over in memory (the admin API), named `origin` in issues.
+pub fn parse_upstreams_text(text: &str, origin: &str, issues: &mut Issues) -> Option<UpstreamsConfig> {
+    let mut r = Reader::new(Arc::from(origin), issues);
+    let root = parse_tree(text, &mut r)?;
+    UpstreamsConfig::read(&root, &mut r)
+}
+
+/// `conf.d/*.yaml` beside `upstreams`, sorted by name.
+pub fn conf_d_files(upstreams: &Path) -> Vec<PathBuf> {
+    let dir = upstreams.parent().unwrap_or(Path::new(".")).join("conf.d");
+    let Ok(read) = std::fs::read_dir(&dir) else {
+        return Vec::new();
+    };
+    let mut files: Vec<PathBuf> = read
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml") && p.is_file())
+        .collect();
+    files.sort();
+    files
+}

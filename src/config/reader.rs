@@ -1,0 +1,156 @@
+//! Typed reads from the spanned YAML tree, recording an issue for every value of the wrong shape.
+//!
+//! Each reader returns `None` after recording why, so callers can carry on and find more problems.
+
+use std::sync::Arc;
+
+use super::issues::{did_you_mean, Issues, Severity};
+use super::yaml::{Key, Node, Pos, Value};
+
+/// Reads values out of one file's tree, pushing issues tagged with that file.
+pub struct Reader<'a> {
+    pub file: Arc<str>,
+    pub issues: &'a mut Issues,
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(file: Arc<str>, issues: &'a mut Issues) -> Self {
+        Reader { file, issues }
+    }
+
+    pub fn error(&mut self, pos: Pos, key: &str, message: impl Into<String>) {
+        self.issues.push(Severity::Error, &self.file, pos, key, message.into());
+    }
+
+    pub fn warn(&mut self, pos: Pos, key: &str, message: impl Into<String>) {
+        self.issues.push(Severity::Warning, &self.file, pos, key, message.into());
+    }
+
+    fn wrong_type(&mut self, node: &Node, key: &str, expected: &str) {
+        let found = node.value.kind();
+        self.error(node.pos, key, format!("expected {expected}, found {found}"));
+    }
+
+    /// The entries of a mapping; `null` reads as an empty mapping.
+    pub fn map<'n>(&mut self, node: &'n Node, key: &str) -> Option<&'n [(Key, Node)]> {
+        match &node.value {
+            Value::Map(entries) => Some(entries),
+            Value::Null => Some(&[]),
+            _ => {
+                self.wrong_type(node, key, "a mapping");
+                None
+            }
+        }
+    }
+
+    /// A scalar as text (numbers and booleans are accepted and printed back).
+    pub fn string(&mut self, node: &Node, key: &str) -> Option<String> {
+        match &node.value {
+            Value::Str(s) => Some(s.clone()),
+            Value::Int(i) => Some(i.to_string()),
+            Value::Float(f) => Some(f.to_string()),
+            Value::Bool(b) => Some(b.to_string()),
+            _ => {
+                self.wrong_type(node, key, "a string");
+                None
+            }
+        }
+    }
+
+    /// A non-empty string.
+    pub fn non_empty_string(&mut self, node: &Node, key: &str) -> Option<String> {
+        let text = self.string(node, key)?;
+        if text.trim().is_empty() {
+            self.error(node.pos, key, "must not be empty");
+            return None;
+        }
+        Some(text)
+    }
+
+    /// A whole number within `min..=max` (a quoted number is accepted).
+    pub fn uint(&mut self, node: &Node, key: &str, min: u64, max: u64) -> Option<u64> {
+        let number = match &node.value {
+            Value::Int(i) => *i,
+            Value::Str(s) => match s.trim().parse::<i64>() {
+                Ok(i) => i,
+                Err(_) => {
+                    self.wrong_type(node, key, "a whole number");
+                    return None;
+                }
+            },
+            _ => {
+                self.wrong_type(node, key, "a whole number");
+                return None;
+            }
+        };
+        if number < 0 {
+            self.error(node.pos, key, format!("must not be negative (found {number})"));
+            return None;
+        }
+        let number = number as u64;
+        if number < min || number > max {
+            self.error(node.pos, key, format!("must be between {min} and {max} (found {number})"));
+            return None;
+        }
+        Some(number)
+    }
+
+    /// A boolean; `yes`/`no`/`on`/`off` and quoted forms are accepted.
+    pub fn boolean(&mut self, node: &Node, key: &str) -> Option<bool> {
+        match &node.value {
+            Value::Bool(b) => Some(*b),
+            Value::Str(s) => match s.to_ascii_lowercase().as_str() {
+                "true" | "yes" | "on" => Some(true),
+                "false" | "no" | "off" => Some(false),
+                _ => {
+                    self.wrong_type(node, key, "true or false");
+                    None
+                }
+            },
+            _ => {
+                self.wrong_type(node, key, "true or false");
+                None
+            }
+        }
+    }
+
+    /// A list of strings with their positions; a single string reads as a one-item list.
+    pub fn string_list(&mut self, node: &Node, key: &str) -> Option<Vec<(Pos, String, String)>> {
+        match &node.value {
+            Value::Seq(items) => {
+                let mut out = Vec::with_capacity(items.len());
+                for (i, item) in items.iter().enumerate() {
+                    let item_key = format!("{key}[{i}]");
+                    if let Some(s) = self.string(item, &item_key) {
+                        out.push((item.pos, item_key, s));
+                    }
+                }
+                Some(out)
+            }
+            Value::Null => Some(Vec::new()),
+            Value::Str(s) => Some(vec![(node.pos, key.to_string(), s.clone())]),
+            _ => {
+                self.wrong_type(node, key, "a list of strings");
+                None
+            }
+        }
+    }
+
+    /// Records an unknown key as a warning, suggesting the nearest known one.
+    pub fn unknown_key(&mut self, key: &Key, path: &str, known: &[&str]) {
+        let message = match did_you_mean(&key.name, known) {
+            Some(near) => format!("unknown key `{}`, did you mean `{near}`?", key.name),
+            None => format!("unknown key `{}` (ignored)", key.name),
+        };
+        self.warn(key.pos, path, message);
+    }
+}
+
+/// `parent.child`, or `child` at the top.
+pub fn join(parent: &str, child: &str) -> String {
+    if parent.is_empty() {
+        child.to_string()
+    } else {
+        format!("{parent}.{child}")
+    }
+}

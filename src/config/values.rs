@@ -1,0 +1,263 @@
+//! Parsers for the small value formats inside the config: addresses, header lines, auth rules.
+//!
+//! Each returns a plain `Result<_, String>` whose error is the reason an operator reads after
+//! `file:line:column: key:`. They know nothing about positions; the readers add those.
+
+use std::net::{IpAddr, SocketAddr};
+
+use http::{HeaderName, HeaderValue, Uri};
+
+/// How to talk to a backend, when the config pins it with a scheme prefix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Scheme {
+    /// `http://`: plain HTTP/1.1.
+    Http,
+    /// `https://`: TLS.
+    Https,
+    /// `h2c://`: HTTP/2 with prior knowledge, no TLS.
+    H2c,
+}
+
+/// A backend entry: `host:port`, `[v6]:port`, optionally prefixed with a scheme.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ServerSpec {
+    pub scheme: Option<Scheme>,
+    /// Host name or IP literal, without brackets.
+    pub host: String,
+    pub port: u16,
+}
+
+impl ServerSpec {
+    /// `host:port` as it goes into a `Host`-style authority (v6 literals bracketed).
+    pub fn authority(&self) -> String {
+        match self.host.parse::<IpAddr>() {
+            Ok(IpAddr::V6(_)) => format!("[{}]:{}", self.host, self.port),
+            _ => format!("{}:{}", self.host, self.port),
+        }
+    }
+
+    /// The literal IP address, when the host is one.
+    pub fn ip_addr(&self) -> Option<SocketAddr> {
+        self.host
+            .parse::<IpAddr>()
+            .ok()
+            .map(|ip| SocketAddr::new(ip, self.port))
+    }
+}
+
+impl std::fmt::Display for ServerSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let prefix = match self.scheme {
+            None => "",
+            Some(Scheme::Http) => "http://",
+            Some(Scheme::Https) => "https://",
+            Some(Scheme::H2c) => "h2c://",
+        };
+        write!(f, "{prefix}{}", self.authority())
+    }
+}
+
+/// Parses a backend entry.
+pub fn parse_server(text: &str) -> Result<ServerSpec, String> {
+    let text = text.trim();
+    let (scheme, rest) = if let Some(rest) = text.strip_prefix("http://") {
+        (Some(Scheme::Http), rest)
+    } else if let Some(rest) = text.strip_prefix("https://") {
+        (Some(Scheme::Https), rest)
+    } else if let Some(rest) = text.strip_prefix("h2c://") {
+        (Some(Scheme::H2c), rest)
+    } else if text.contains("://") {
+        return Err(format!(
+            "`{text}` has an unknown scheme (use http://, https:// or h2c://, or none)"
+        ));
+    } else {
+        (None, text)
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    let (host, port) = split_host_port(rest)?;
+    let port = parse_port(port, rest)?;
+    if host.parse::<IpAddr>().is_err() && !is_dns_name(host) {
+        return Err(format!("`{host}` is neither an IP address nor a valid host name"));
+    }
+    Ok(ServerSpec {
+        scheme,
+        host: host.to_string(),
+        port,
+    })
+}
+
+fn split_host_port(text: &str) -> Result<(&str, &str), String> {
+    if let Some(rest) = text.strip_prefix('[') {
+        let (host, after) = rest
+            .split_once(']')
+            .ok_or_else(|| format!("`{text}`: `[` of an IPv6 address is never closed"))?;
+        let port = after
+            .strip_prefix(':')
+            .ok_or_else(|| format!("`{text}` has no port (expected [v6]:port)"))?;
+        if host.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(format!("`{host}` is not a valid IPv6 address"));
+        }
+        return Ok((host, port));
+    }
+    match text.rsplit_once(':') {
+        Some((host, _)) if host.contains(':') => Err(format!(
+            "`{text}`: write IPv6 addresses in brackets, as [{host}]:port"
+        )),
+        Some((host, port)) if !host.is_empty() => Ok((host, port)),
+        _ => Err(format!("`{text}` has no port (expected host:port)")),
+    }
+}
+
+fn parse_port(port: &str, whole: &str) -> Result<u16, String> {
+    match port.parse::<u32>() {
+        Ok(0) => Err(format!("`{whole}`: port 0 is not a valid port")),
+        Ok(p) if p <= 65535 => Ok(p as u16),
+        Ok(p) => Err(format!("`{whole}`: port {p} is out of range (1-65535)")),
+        Err(_) => Err(format!("`{whole}`: port `{port}` is not a number")),
+    }
+}
+
+fn is_dns_name(host: &str) -> bool {
+    let host = host.strip_suffix('.').unwrap_or(host);
+    !host.is_empty()
+        && host.len() <= 253
+        && host.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+/// Parses a listen address `IP:port` (`[v6]:port` for IPv6). Port 0 is allowed (the OS picks).
+pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
+    let text = text.trim();
+    text.parse::<SocketAddr>().map_err(|_| {
+        if !text.contains(':') {
+            format!("`{text}` has no port (expected IP:port, e.g. 0.0.0.0:80)")
+        } else if let Some((_, port)) = text.rsplit_once(':') {
+            match port.parse::<u32>() {
+                Ok(p) if p > 65535 => format!("`{text}`: port {p} is out of range (0-65535)"),
+                Ok(_) => format!("`{text}`: the address must be an IP literal, e.g. 0.0.0.0:80"),
+                Err(_) => format!("`{text}`: port `{port}` is not a number"),
+            }
+        } else {
+            format!("`{text}` is not an IP:port address")
+        }
+    })
+}
+
+/// Parses a header line `Name:Value` (spaces around either part are trimmed).
+pub fn parse_header(text: &str) -> Result<(HeaderName, HeaderValue), String> {
+    let (name, value) = text
+        .split_once(':')
+        .ok_or_else(|| format!("`{text}` has no `:` (expected \"Name:Value\")"))?;
+    let name = name.trim();
+    if name.is_empty() {
+        return Err(format!("`{text}` has an empty header name"));
+    }
+    let name = HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| format!("`{name}` is not a valid header name"))?;
+    let value = HeaderValue::from_str(value.trim())
+        .map_err(|_| format!("the value of `{name}` has characters a header cannot carry"))?;
+    Ok((name, value))
+}
+
+/// An authentication rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AuthRule {
+    /// `user:password`.
+    Basic { user: String, password: String },
+    /// Value the `x-api-key` header must carry.
+    ApiKey(String),
+    /// HS256 secret; `None` means the master key.
+    Jwt(Option<String>),
+    /// URL of the auth service.
+    Forward(Uri),
+}
+
+pub const AUTH_TYPES: &[&str] = &["basic", "apikey", "jwt", "forward"];
+
+/// Builds an auth rule from its `type` and `data`/`creds`.
+pub fn parse_auth(kind: &str, data: Option<&str>) -> Result<AuthRule, String> {
+    let data = data.map(str::trim).filter(|d| !d.is_empty());
+    let need = |what: &str| format!("auth type `{kind}` needs `data` ({what})");
+    match kind.to_ascii_lowercase().as_str() {
+        "basic" => {
+            let data = data.ok_or_else(|| need("user:password"))?;
+            let (user, password) = data
+                .split_once(':')
+                .ok_or_else(|| "basic auth `data` must be `user:password`".to_string())?;
+            Ok(AuthRule::Basic {
+                user: user.to_string(),
+                password: password.to_string(),
+            })
+        }
+        "apikey" => Ok(AuthRule::ApiKey(data.ok_or_else(|| need("the API key"))?.to_string())),
+        "jwt" => Ok(AuthRule::Jwt(data.map(str::to_string))),
+        "forward" => {
+            let data = data.ok_or_else(|| need("the auth service URL"))?;
+            let uri: Uri = data
+                .parse()
+                .map_err(|_| format!("`{data}` is not a valid URL"))?;
+            match uri.scheme_str() {
+                Some("http") | Some("https") if uri.authority().is_some() => Ok(AuthRule::Forward(uri)),
+                _ => Err(format!("`{data}` must be an http:// or https:// URL")),
+            }
+        }
+        other => Err(match super::issues::did_you_mean(other, AUTH_TYPES) {
+            Some(near) => format!("unknown auth type `{other}`, did you mean `{near}`?"),
+            None => format!("unknown auth type `{other}` (expected one of: basic, apikey, jwt, forward)"),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn servers() {
+        let s = parse_server("127.0.0.1:8000").unwrap();
+        assert_eq!((s.scheme, s.host.as_str(), s.port), (None, "127.0.0.1", 8000));
+        let s = parse_server("h2c://[::1]:9000").unwrap();
+        assert_eq!((s.scheme, s.host.as_str(), s.port), (Some(Scheme::H2c), "::1", 9000));
+        assert_eq!(s.authority(), "[::1]:9000");
+        assert_eq!(parse_server("backend.svc:80").unwrap().host, "backend.svc");
+        for bad in ["127.0.0.1", "127.0.0.1:0", "127.0.0.1:70000", "x:y", "::1:80", "ftp://a:1", "a b:1", "[::1:80"] {
+            assert!(parse_server(bad).is_err(), "{bad} should be refused");
+        }
+    }
+
+    #[test]
+    fn listen_addresses() {
+        assert_eq!(parse_listen("0.0.0.0:80").unwrap().port(), 80);
+        assert!(parse_listen("[::]:443").is_ok());
+        assert!(parse_listen("0.0.0.0").unwrap_err().contains("no port"));
+        assert!(parse_listen("0.0.0.0:99999").unwrap_err().contains("out of range"));
+        assert!(parse_listen("localhost:80").unwrap_err().contains("IP literal"));
+    }
+
+    #[test]
+    fn headers() {
+        let (n, v) = parse_header("X-Frame-Options: DENY").unwrap();
+        assert_eq!((n.as_str(), v.to_str().unwrap()), ("x-frame-options", "DENY"));
+        let (_, v) = parse_header("Access-Control-Allow-Origin:*").unwrap();
+        assert_eq!(v, "*");
+        assert!(parse_header("NoColon").unwrap_err().contains("no `:`"));
+        assert!(parse_header("Bad Name:1").unwrap_err().contains("not a valid header name"));
+        assert!(parse_header("X-A:a\u{7f}b").is_err());
+    }
+
+    #[test]
+    fn auth_rules() {
+        assert!(matches!(parse_auth("basic", Some("u:p")), Ok(AuthRule::Basic { .. })));
+        assert!(parse_auth("basic", Some("nocolon")).is_err());
+        assert!(parse_auth("apikey", None).unwrap_err().contains("needs `data`"));
+        assert_eq!(parse_auth("jwt", None), Ok(AuthRule::Jwt(None)));
+        assert!(parse_auth("forward", Some("auth.local/check")).is_err());
+        assert!(parse_auth("forward", Some("http://auth.local/check")).is_ok());
+        assert!(parse_auth("jwk", None).unwrap_err().contains("did you mean `jwt`"));
+    }
+}

@@ -1,0 +1,331 @@
+//! A YAML document as a tree whose every key and value knows its line and column.
+//!
+//! serde's derive stops at the first problem; an operator linting a config wants all of them, each
+//! with its place. So the file is first read into this generic, spanned tree (serde-saphyr does the
+//! parsing, with budgets against alias bombs and oversized input), and the typed readers in the
+//! sibling modules walk it, collecting every issue. This module knows nothing about aralez keys.
+
+use std::fmt;
+
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_saphyr::Spanned;
+
+/// Largest config file read at all; anything bigger is refused before parsing.
+pub const MAX_FILE_BYTES: u64 = 8 * 1024 * 1024;
+
+/// Where a node stands in its file (1-based; 0 when unknown).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pos {
+    pub line: u32,
+    pub column: u32,
+}
+
+impl Pos {
+    fn of<T>(spanned: &Spanned<T>) -> Self {
+        Pos {
+            line: u32::try_from(spanned.referenced.line()).unwrap_or(u32::MAX),
+            column: u32::try_from(spanned.referenced.column()).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+/// One YAML value with its position.
+#[derive(Clone, Debug)]
+pub struct Node {
+    pub pos: Pos,
+    pub value: Value,
+}
+
+/// The shapes a YAML value can take.
+#[derive(Clone, Debug)]
+pub enum Value {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+    Seq(Vec<Node>),
+    Map(Vec<(Key, Node)>),
+}
+
+/// A mapping key (always read as text) with its position.
+#[derive(Clone, Debug)]
+pub struct Key {
+    pub pos: Pos,
+    pub name: String,
+}
+
+impl Value {
+    /// A short description used in "expected X, found Y" messages.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Value::Null => "nothing (null)",
+            Value::Bool(_) => "a boolean",
+            Value::Int(_) => "an integer",
+            Value::Float(_) => "a number",
+            Value::Str(_) => "a string",
+            Value::Seq(_) => "a list",
+            Value::Map(_) => "a mapping",
+        }
+    }
+}
+
+/// Why a document could not be read into a tree.
+#[derive(Debug)]
+pub struct ParseFailure {
+    pub pos: Pos,
+    pub message: String,
+}
+
+/// Parses `text` into a spanned tree, within fixed budgets.
+pub fn parse(text: &str) -> Result<Node, ParseFailure> {
+    if text.trim().is_empty() {
+        return Ok(Node {
+            pos: Pos { line: 1, column: 1 },
+            value: Value::Map(Vec::new()),
+        });
+    }
+    let budget = serde_saphyr::budget! {
+        max_aliases: 1_000,
+        max_anchors: 1_000,
+        max_nodes: 1_000_000,
+        max_depth: 64,
+        max_total_scalar_bytes: 16 * 1024 * 1024,
+        max_documents: 1,
+    };
+    let options = serde_saphyr::options! {
+        budget: budget,
+        with_snippet: false,
+        duplicate_keys: serde_saphyr::DuplicateKeyPolicy::Error,
+    };
+    match serde_saphyr::from_str_with_options::<Spanned<RawNode>>(text, options) {
+        Ok(root) => Ok(root.into_node()),
+        Err(err) => {
+            let pos = err
+                .location()
+                .map(|loc| Pos {
+                    line: u32::try_from(loc.line()).unwrap_or(u32::MAX),
+                    column: u32::try_from(loc.column()).unwrap_or(u32::MAX),
+                })
+                .unwrap_or_default();
+            Err(ParseFailure {
+                pos,
+                message: first_line(&err.to_string()),
+            })
+        }
+    }
+}
+
+fn first_line(message: &str) -> String {
+    let line = message.lines().next().unwrap_or(message).trim();
+    // serde-saphyr may append " at line L column C"; we print the position ourselves.
+    match line.find(" at line ") {
+        Some(idx) => line[..idx].to_string(),
+        None => line.to_string(),
+    }
+}
+
+/// Deserialization target mirroring `Value`, with spans on children.
+enum RawNode {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+    Seq(Vec<Spanned<RawNode>>),
+    Map(Vec<(Spanned<String>, Spanned<RawNode>)>),
+}
+
+trait IntoNode {
+    fn into_node(self) -> Node;
+}
+
+impl IntoNode for Spanned<RawNode> {
+    fn into_node(self) -> Node {
+        let pos = Pos::of(&self);
+        let value = match self.value {
+            RawNode::Null => Value::Null,
+            RawNode::Bool(b) => Value::Bool(b),
+            RawNode::Int(i) => Value::Int(i),
+            RawNode::Float(f) => Value::Float(f),
+            RawNode::Str(s) => Value::Str(s),
+            RawNode::Seq(items) => Value::Seq(items.into_iter().map(IntoNode::into_node).collect()),
+            RawNode::Map(entries) => Value::Map(
+                entries
+                    .into_iter()
+                    .map(|(k, v)| {
+                        let key = Key {
+                            pos: Pos::of(&k),
+                            name: k.value,
+                        };
+                        (key, v.into_node())
+                    })
+                    .collect(),
+            ),
+        };
+        Node { pos, value }
+    }
+}
+
+impl<'de> Deserialize<'de> for RawNode {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(RawVisitor)
+    }
+}
+
+struct RawVisitor;
+
+impl<'de> Visitor<'de> for RawVisitor {
+    type Value = RawNode;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any YAML value")
+    }
+    fn visit_unit<E>(self) -> Result<RawNode, E> {
+        Ok(RawNode::Null)
+    }
+    fn visit_none<E>(self) -> Result<RawNode, E> {
+        Ok(RawNode::Null)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<RawNode, D::Error> {
+        RawNode::deserialize(d)
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<RawNode, E> {
+        Ok(RawNode::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<RawNode, E> {
+        Ok(RawNode::Int(v))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<RawNode, E> {
+        i64::try_from(v)
+            .map(RawNode::Int)
+            .map_err(|_| E::custom("integer is too large"))
+    }
+    fn visit_i128<E: de::Error>(self, v: i128) -> Result<RawNode, E> {
+        i64::try_from(v)
+            .map(RawNode::Int)
+            .map_err(|_| E::custom("integer is too large"))
+    }
+    fn visit_u128<E: de::Error>(self, v: u128) -> Result<RawNode, E> {
+        i64::try_from(v)
+            .map(RawNode::Int)
+            .map_err(|_| E::custom("integer is too large"))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<RawNode, E> {
+        Ok(RawNode::Float(v))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<RawNode, E> {
+        Ok(RawNode::Str(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<RawNode, E> {
+        Ok(RawNode::Str(v))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<RawNode, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element::<Spanned<RawNode>>()? {
+            items.push(item);
+        }
+        Ok(RawNode::Seq(items))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawNode, A::Error> {
+        let mut entries = Vec::new();
+        while let Some(key) = map.next_key::<Spanned<KeyText>>()? {
+            let value = map.next_value::<Spanned<RawNode>>()?;
+            let key = Spanned::new(key.value.0, key.referenced, key.defined);
+            entries.push((key, value));
+        }
+        Ok(RawNode::Map(entries))
+    }
+}
+
+/// A mapping key read as text whatever its YAML type (`80: x` gives the key "80").
+struct KeyText(String);
+
+impl<'de> Deserialize<'de> for KeyText {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl Visitor<'_> for KeyVisitor {
+            type Value = KeyText;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a plain mapping key")
+            }
+            fn visit_str<E>(self, v: &str) -> Result<KeyText, E> {
+                Ok(KeyText(v.to_string()))
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<KeyText, E> {
+                Ok(KeyText(v.to_string()))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<KeyText, E> {
+                Ok(KeyText(v.to_string()))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<KeyText, E> {
+                Ok(KeyText(v.to_string()))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<KeyText, E> {
+                Ok(KeyText(v.to_string()))
+            }
+            fn visit_unit<E>(self) -> Result<KeyText, E> {
+                Ok(KeyText(String::new()))
+            }
+        }
+        deserializer.deserialize_any(KeyVisitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map_entries(node: &Node) -> &[(Key, Node)] {
+        match &node.value {
+            Value::Map(entries) => entries,
+            other => panic!("expected a map, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn keys_and_values_carry_positions() {
+        let doc = "a: 1\nb:\n  c: [x, \"y\"]\n  d: true\n";
+        let root = parse(doc).unwrap();
+        let top = map_entries(&root);
+        assert_eq!(top[0].0.name, "a");
+        assert_eq!(top[0].0.pos, Pos { line: 1, column: 1 });
+        assert!(matches!(top[0].1.value, Value::Int(1)));
+        let inner = map_entries(&top[1].1);
+        assert_eq!(inner[0].0.name, "c");
+        assert_eq!(inner[0].0.pos.line, 3);
+        assert_eq!(inner[1].0.pos, Pos { line: 4, column: 3 });
+        match &inner[0].1.value {
+            Value::Seq(items) => {
+                assert_eq!(items.len(), 2);
+                assert_eq!(items[1].pos.line, 3);
+                assert!(matches!(&items[1].value, Value::Str(s) if s == "y"));
+            }
+            other => panic!("expected a list, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn syntax_errors_have_a_line() {
+        let err = parse("a: 1\nb: [1, 2\nc: 3\n").unwrap_err();
+        assert!(err.pos.line >= 2, "{err:?}");
+        assert!(!err.message.is_empty());
+    }
+
+    #[test]
+    fn alias_bomb_is_refused() {
+        let mut doc = String::from("a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n");
+        let mut prev = 'a';
+        for name in 'b'..='j' {
+            doc.push_str(&format!("{name}: &{name} [*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev}]\n"));
+            prev = name;
+        }
+        assert!(parse(&doc).is_err());
+    }
+
+    #[test]
+    fn duplicate_keys_are_refused() {
+        let err = parse("a: 1\na: 2\n").unwrap_err();
+        assert_eq!(err.pos.line, 2, "{err:?}");
+    }
+}

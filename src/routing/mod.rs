@@ -1,0 +1,183 @@
+//! The compiled, immutable routing state: host -> longest path prefix -> [`Route`].
+//!
+//! A [`Snapshot`] is built from validated config off the request path, then published with one
+//! `ArcSwap` store. Requests load it once and never see it change under them.
+
+pub mod normalise;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use http::{HeaderName, HeaderValue};
+
+use crate::config::upstreams::{HeaderList, RouteSettings, UpstreamsConfig};
+use crate::upstream::{Backend, Registry};
+
+/// Everything a request needs once its route is known.
+#[derive(Debug)]
+pub struct Route {
+    /// The host key as written in the config (`DEFAULT` included).
+    pub host: Box<str>,
+    pub prefix: Box<str>,
+    pub backends: Box<[Arc<Backend>]>,
+    next: AtomicUsize,
+    /// Headers set on the request to the backend.
+    pub server_headers: Box<[(HeaderName, HeaderValue)]>,
+    /// Headers set on the response to the client.
+    pub client_headers: Box<[(HeaderName, HeaderValue)]>,
+    /// All policy settings, global and host values already folded in.
+    pub settings: RouteSettings,
+}
+
+impl Route {
+    /// Index of the backend to try first (round robin).
+    pub fn next_start(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// A host's routes, longest prefix first.
+#[derive(Debug, Default)]
+struct HostRoutes {
+    routes: Vec<Arc<Route>>,
+}
+
+impl HostRoutes {
+    fn find(&self, path: &str) -> Option<&Arc<Route>> {
+        self.routes
+            .iter()
+            .find(|r| normalise::prefix_matches(&r.prefix, path))
+    }
+}
+
+/// The result of a lookup.
+pub enum Lookup<'s> {
+    Found(&'s Arc<Route>),
+    /// The host (or `DEFAULT`) exists but no path of it matches.
+    NoPath,
+    /// Neither the host nor `DEFAULT` exists.
+    NoHost,
+}
+
+/// One immutable version of the routing table.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    hosts: HashMap<Box<str>, HostRoutes, ahash::RandomState>,
+    default: Option<HostRoutes>,
+}
+
+impl Snapshot {
+    /// Compiles validated config; backends come from `registry` so their state carries over.
+    pub fn build(cfg: &UpstreamsConfig, registry: &Registry) -> Snapshot {
+        let mut snapshot = Snapshot::default();
+        for host in &cfg.hosts {
+            let host_settings = host.settings.inherit(&cfg.globals);
+            let mut routes: Vec<Arc<Route>> = host
+                .paths
+                .iter()
+                .map(|p| {
+                    let settings = p.settings.inherit(&host_settings);
+                    let backends = p.servers.iter().map(|s| registry.backend(s)).collect();
+                    Arc::new(Route {
+                        host: host.name.as_str().into(),
+                        prefix: p.prefix.as_str().into(),
+                        backends,
+                        next: AtomicUsize::new(0),
+                        server_headers: boxed(&settings.server_headers),
+                        client_headers: boxed(&settings.client_headers),
+                        settings,
+                    })
+                })
+                .collect();
+            routes.sort_by(|a, b| b.prefix.len().cmp(&a.prefix.len()));
+            let table = HostRoutes { routes };
+            if host.name == "DEFAULT" {
+                snapshot.default = Some(table);
+            } else {
+                snapshot.hosts.insert(host.name.as_str().into(), table);
+            }
+        }
+        snapshot
+    }
+
+    /// Finds the route for a request's host (raw `Host`/`:authority` bytes) and path.
+    pub fn route(&self, raw_host: Option<&[u8]>, raw_path: &str) -> Lookup<'_> {
+        let mut buf = [0u8; normalise::MAX_HOST];
+        let table = raw_host
+            .and_then(|raw| normalise::host(raw, &mut buf))
+            .and_then(|name| self.hosts.get(name))
+            .or(self.default.as_ref());
+        let Some(table) = table else {
+            return Lookup::NoHost;
+        };
+        let path = normalise::path(raw_path);
+        match table.find(&path) {
+            Some(route) => Lookup::Found(route),
+            None => Lookup::NoPath,
+        }
+    }
+
+    /// Every route, for status pages and health checks.
+    pub fn routes(&self) -> impl Iterator<Item = &Arc<Route>> {
+        self.hosts
+            .values()
+            .chain(self.default.iter())
+            .flat_map(|t| t.routes.iter())
+    }
+}
+
+fn boxed(list: &HeaderList) -> Box<[(HeaderName, HeaderValue)]> {
+    list.iter().cloned().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{parse_upstreams_text, Issues};
+    use std::time::Duration;
+
+    fn snapshot(yaml: &str) -> Snapshot {
+        let mut issues = Issues::default();
+        let cfg = parse_upstreams_text(yaml, "test", &mut issues).expect("valid config");
+        Snapshot::build(&cfg, &Registry::new(1, 4, Duration::from_secs(1)))
+    }
+
+    fn found(s: &Snapshot, host: Option<&str>, path: &str) -> Option<String> {
+        match s.route(host.map(str::as_bytes), path) {
+            Lookup::Found(r) => Some(format!("{}{}", r.host, r.prefix)),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn host_then_longest_prefix() {
+        let s = snapshot(
+            "upstreams:\n  example.com:\n    paths:\n      /: {servers: [\"127.0.0.1:1\"]}\n      /api: {servers: [\"127.0.0.1:2\"]}\n      /api/v2: {servers: [\"127.0.0.1:3\"]}\n  DEFAULT:\n    paths:\n      /: {servers: [\"127.0.0.1:4\"]}\n",
+        );
+        assert_eq!(found(&s, Some("Example.com:80"), "/api/x").unwrap(), "example.com/api");
+        assert_eq!(found(&s, Some("example.com"), "/api/v2/y").unwrap(), "example.com/api/v2");
+        assert_eq!(found(&s, Some("example.com"), "/apix").unwrap(), "example.com/");
+        assert_eq!(found(&s, Some("example.com"), "/x/../api").unwrap(), "example.com/api");
+        assert_eq!(found(&s, Some("other.org"), "/api").unwrap(), "DEFAULT/");
+        assert_eq!(found(&s, None, "/").unwrap(), "DEFAULT/");
+    }
+
+    #[test]
+    fn no_default_means_no_route() {
+        let s = snapshot("upstreams:\n  a.com:\n    paths:\n      /api: {servers: [\"127.0.0.1:1\"]}\n");
+        assert!(matches!(s.route(Some(b"b.com"), "/api"), Lookup::NoHost));
+        assert!(matches!(s.route(Some(b"a.com"), "/other"), Lookup::NoPath));
+    }
+
+    #[test]
+    fn settings_inherit_and_headers_add_up() {
+        let s = snapshot(
+            "upstreams:\n  a.com:\n    rate_limit: 5\n    server_headers: [\"X-Host:1\"]\n    paths:\n      /:\n        servers: [\"127.0.0.1:1\"]\n        server_headers: [\"X-Path:2\"]\nserver_headers: [\"X-Global:0\"]\nrate_limit: 100\n",
+        );
+        let Lookup::Found(r) = s.route(Some(b"a.com"), "/") else { panic!("no route") };
+        assert_eq!(r.settings.rate_limit, Some(5));
+        let names: Vec<&str> = r.server_headers.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["x-global", "x-host", "x-path"]);
+    }
+}

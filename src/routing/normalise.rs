@@ -1,0 +1,185 @@
+//! Host and path normalisation for route lookup (SPEC §4).
+//!
+//! The common case (a short lower-case host, a clean path) allocates nothing: the host is
+//! lower-cased into a stack buffer and a clean path is borrowed as is.
+
+use std::borrow::Cow;
+
+/// Longest host name we look up; longer ones fall to `DEFAULT`.
+pub const MAX_HOST: usize = 255;
+
+/// Writes the normalised form of a `Host`/`:authority` value into `buf` and returns it:
+/// port and trailing dot removed, lower-cased; IPv6 literals keep their brackets.
+pub fn host<'b>(raw: &[u8], buf: &'b mut [u8; MAX_HOST]) -> Option<&'b str> {
+    let raw = trim_ascii(raw);
+    let without_port = if raw.first() == Some(&b'[') {
+        let end = raw.iter().position(|b| *b == b']')?;
+        &raw[..=end]
+    } else {
+        match raw.iter().rposition(|b| *b == b':') {
+            Some(idx) if raw[idx + 1..].iter().all(u8::is_ascii_digit) => &raw[..idx],
+            Some(_) => return None,
+            None => raw,
+        }
+    };
+    let name = without_port.strip_suffix(b".").unwrap_or(without_port);
+    if name.is_empty() || name.len() > MAX_HOST {
+        return None;
+    }
+    let out = &mut buf[..name.len()];
+    for (dst, src) in out.iter_mut().zip(name) {
+        if src.is_ascii_control() || *src == b' ' || *src >= 0x80 {
+            return None;
+        }
+        *dst = src.to_ascii_lowercase();
+    }
+    std::str::from_utf8(out).ok()
+}
+
+fn trim_ascii(raw: &[u8]) -> &[u8] {
+    let start = raw.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(raw.len());
+    let end = raw.iter().rposition(|b| !b.is_ascii_whitespace()).map_or(start, |e| e + 1);
+    &raw[start..end]
+}
+
+/// The path as routing judges it: `%XX` of unreserved characters decoded, dot segments resolved,
+/// repeated slashes merged. Borrowed when nothing needs changing.
+pub fn path(raw: &str) -> Cow<'_, str> {
+    let bytes = raw.as_bytes();
+    let needs_work = bytes.first() != Some(&b'/')
+        || bytes.contains(&b'%')
+        || bytes.windows(2).any(|w| w == b"/." || w == b"//");
+    if !needs_work {
+        return Cow::Borrowed(raw);
+    }
+    let decoded = decode_unreserved(raw);
+    Cow::Owned(remove_dot_segments(&decoded))
+}
+
+fn decode_unreserved(raw: &str) -> String {
+    let bytes = raw.as_bytes();
+    let mut out = String::with_capacity(raw.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                let c = h * 16 + l;
+                if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~') {
+                    out.push(c as char);
+                    i += 3;
+                    continue;
+                }
+                // Reserved or non-ASCII: keep the escape, upper-cased so comparisons agree.
+                out.push('%');
+                out.push(bytes[i + 1].to_ascii_uppercase() as char);
+                out.push(bytes[i + 2].to_ascii_uppercase() as char);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i] as char);
+        i += 1;
+    }
+    out
+}
+
+fn hex(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+fn remove_dot_segments(path: &str) -> String {
+    let mut segments: Vec<&str> = Vec::new();
+    let trailing_slash = path.ends_with('/') || path.ends_with("/.") || path.ends_with("/..");
+    for seg in path.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            s => segments.push(s),
+        }
+    }
+    let mut out = String::with_capacity(path.len() + 1);
+    for seg in &segments {
+        out.push('/');
+        out.push_str(seg);
+    }
+    if out.is_empty() || (trailing_slash && !segments.is_empty()) {
+        out.push('/');
+    }
+    out
+}
+
+/// Whether `prefix` matches `path` on a segment boundary (`/api` matches `/api`, `/api/x`, not `/apix`).
+pub fn prefix_matches(prefix: &str, path: &str) -> bool {
+    path.starts_with(prefix)
+        && (prefix.ends_with('/') || path.len() == prefix.len() || path.as_bytes()[prefix.len()] == b'/')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(raw: &str) -> Option<String> {
+        let mut buf = [0u8; MAX_HOST];
+        host(raw.as_bytes(), &mut buf).map(str::to_string)
+    }
+
+    #[test]
+    fn hosts() {
+        let cases = [
+            ("example.com", Some("example.com")),
+            ("Example.COM:8080", Some("example.com")),
+            ("example.com.", Some("example.com")),
+            ("example.com.:443", Some("example.com")),
+            ("[::1]:8080", Some("[::1]")),
+            ("[::1]", Some("[::1]")),
+            ("127.0.0.1:80", Some("127.0.0.1")),
+            ("", None),
+            ("a b", None),
+            ("host:notaport", None),
+        ];
+        for (raw, want) in cases {
+            assert_eq!(h(raw).as_deref(), want, "{raw}");
+        }
+        assert_eq!(h(&"a".repeat(300)), None);
+    }
+
+    #[test]
+    fn paths() {
+        let cases = [
+            ("/", "/"),
+            ("/api/x", "/api/x"),
+            ("/public/../admin", "/admin"),
+            ("/a/./b/", "/a/b/"),
+            ("/../../etc", "/etc"),
+            ("/%61dmin", "/admin"),
+            ("/%2e%2e/admin", "/admin"),
+            ("/a%2fb", "/a%2Fb"),
+            ("//a///b", "/a/b"),
+            ("/a/..", "/"),
+            ("/%", "/%"),
+            ("/%4", "/%4"),
+        ];
+        for (raw, want) in cases {
+            assert_eq!(path(raw), want, "{raw}");
+        }
+        assert!(matches!(path("/clean/path"), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn segment_prefixes() {
+        assert!(prefix_matches("/", "/anything"));
+        assert!(prefix_matches("/api", "/api"));
+        assert!(prefix_matches("/api", "/api/"));
+        assert!(prefix_matches("/api", "/api/x"));
+        assert!(!prefix_matches("/api", "/apix"));
+        assert!(prefix_matches("/api/", "/api/x"));
+        assert!(!prefix_matches("/api/", "/api"));
+    }
+}

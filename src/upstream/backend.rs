@@ -1,0 +1,185 @@
+//! A backend: its address, its passive health, and its per-worker idle connections.
+//!
+//! Backends are shared between snapshots through the [`Registry`], so a reload keeps health state
+//! and pooled connections for every backend that stays.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use crate::config::values::{Scheme, ServerSpec};
+
+use super::pool::WorkerSlot;
+
+/// Consecutive connect failures after which a backend is taken out of rotation.
+const FAILS_BEFORE_DOWN: u32 = 3;
+
+/// How a backend is spoken to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    Http1,
+    H2c,
+}
+
+/// One backend server.
+pub struct Backend {
+    pub spec: ServerSpec,
+    /// `host:port`, as shown in logs and errors.
+    pub label: Box<str>,
+    /// Resolved when the backend was created (empty if the name did not resolve).
+    pub addrs: Box<[SocketAddr]>,
+    pub protocol: Protocol,
+    /// Value for the `:authority` of HTTP/2 requests when the client sent none.
+    pub authority: http::uri::Authority,
+    health: Health,
+    pub(super) slots: Box<[WorkerSlot]>,
+    pub(super) idle_per_worker: usize,
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Backend").field("label", &self.label).finish()
+    }
+}
+
+/// Passive health: consecutive connect failures mark the backend down for a while.
+#[derive(Default)]
+struct Health {
+    consecutive_failures: AtomicU32,
+    /// Milliseconds since [`epoch`] until which the backend is out of rotation.
+    down_until_ms: AtomicU64,
+    down_for_ms: AtomicU64,
+}
+
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn now_ms() -> u64 {
+    epoch().elapsed().as_millis() as u64
+}
+
+impl Backend {
+    fn new(spec: ServerSpec, workers: usize, pool_size: usize, down_for: Duration) -> Backend {
+        let label: Box<str> = spec.authority().into();
+        let addrs: Box<[SocketAddr]> = match spec.ip_addr() {
+            Some(addr) => Box::new([addr]),
+            None => (spec.host.as_str(), spec.port)
+                .to_socket_addrs()
+                .map(|it| it.collect())
+                .unwrap_or_default(),
+        };
+        let protocol = match spec.scheme {
+            Some(Scheme::H2c) => Protocol::H2c,
+            _ => Protocol::Http1,
+        };
+        let authority = label
+            .parse()
+            .unwrap_or_else(|_| http::uri::Authority::from_static("backend"));
+        let workers = workers.max(1);
+        let health = Health::default();
+        health.down_for_ms.store(down_for.as_millis() as u64, Ordering::Relaxed);
+        Backend {
+            spec,
+            label,
+            addrs,
+            protocol,
+            authority,
+            health,
+            slots: (0..workers).map(|_| WorkerSlot::default()).collect(),
+            idle_per_worker: pool_size.div_ceil(workers),
+        }
+    }
+
+    /// In rotation: not marked down, or its time out has passed (then it gets another chance).
+    pub fn is_up(&self) -> bool {
+        let until = self.health.down_until_ms.load(Ordering::Relaxed);
+        until == 0 || now_ms() >= until
+    }
+
+    /// Records a failed connect; enough of them in a row take the backend out of rotation.
+    pub fn connect_failed(&self) {
+        let fails = self.health.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if fails >= FAILS_BEFORE_DOWN {
+            let down_for = self.health.down_for_ms.load(Ordering::Relaxed);
+            self.health.down_until_ms.store(now_ms() + down_for.max(1), Ordering::Relaxed);
+            if fails == FAILS_BEFORE_DOWN {
+                tracing::warn!(backend = %self.label, "backend marked down after {fails} failed connects");
+            }
+        }
+    }
+
+    /// Records a successful connect.
+    pub fn connect_succeeded(&self) {
+        if self.health.consecutive_failures.load(Ordering::Relaxed) != 0 {
+            self.health.consecutive_failures.store(0, Ordering::Relaxed);
+            self.health.down_until_ms.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Creates backends, or hands out the live one for the same entry, so state survives reloads.
+pub struct Registry {
+    workers: usize,
+    pool_size: usize,
+    down_for: Duration,
+    live: Mutex<HashMap<ServerSpec, Weak<Backend>>>,
+}
+
+impl Registry {
+    pub fn new(workers: usize, pool_size: usize, down_for: Duration) -> Registry {
+        Registry {
+            workers,
+            pool_size,
+            down_for,
+            live: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The backend for `spec`: the existing one if any snapshot still holds it, else a new one.
+    pub fn backend(&self, spec: &ServerSpec) -> Arc<Backend> {
+        let mut live = self.live.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(existing) = live.get(spec).and_then(Weak::upgrade) {
+            return existing;
+        }
+        live.retain(|_, weak| weak.strong_count() > 0);
+        let backend = Arc::new(Backend::new(spec.clone(), self.workers, self.pool_size, self.down_for));
+        live.insert(spec.clone(), Arc::downgrade(&backend));
+        backend
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::values::parse_server;
+
+    #[test]
+    fn registry_reuses_live_backends() {
+        let reg = Registry::new(2, 8, Duration::from_secs(1));
+        let spec = parse_server("127.0.0.1:9").unwrap();
+        let a = reg.backend(&spec);
+        let b = reg.backend(&spec);
+        assert!(Arc::ptr_eq(&a, &b));
+        drop((a, b));
+        let c = reg.backend(&spec);
+        assert_eq!(&*c.label, "127.0.0.1:9");
+        assert_eq!(c.idle_per_worker, 4);
+    }
+
+    #[test]
+    fn passive_health_marks_down_after_three_failures() {
+        let reg = Registry::new(1, 8, Duration::from_secs(60));
+        let b = reg.backend(&parse_server("127.0.0.1:9").unwrap());
+        b.connect_failed();
+        b.connect_failed();
+        assert!(b.is_up());
+        b.connect_failed();
+        assert!(!b.is_up());
+        b.connect_succeeded();
+        assert!(b.is_up());
+    }
+}

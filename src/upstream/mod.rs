@@ -1,0 +1,8 @@
+//! Backends: addresses, passive health, per-worker connection pools, and sending requests.
+//!
+//! Only this module opens connections to backends.
+pub mod backend;
+pub mod pool;
+
+pub use backend::{Backend, Protocol, Registry};
+pub use pool::{send, set_worker_index, PooledBody, SendError, Timeouts, UpBody};
