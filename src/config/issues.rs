@@ -48,7 +48,14 @@ pub struct Issues {
 }
 
 impl Issues {
-    pub fn push(&mut self, severity: Severity, file: &Arc<str>, pos: Pos, key: &str, message: String) {
+    pub fn push(
+        &mut self,
+        severity: Severity,
+        file: &Arc<str>,
+        pos: Pos,
+        key: &str,
+        message: String,
+    ) {
         self.list.push(Issue {
             severity,
             file: file.clone(),

@@ -68,23 +68,61 @@ pub struct MainConfig {
 }
 
 const KEYS: &[&str] = &[
-    "threads", "daemon", "pid_file", "error_log", "log_file", "log_level", "access_log", "runuser",
-    "rungroup", "upgrade_sock", "upstream_keepalive_pool_size", "proxy_address_http",
-    "proxy_address_tls", "proxy_certificates", "proxy_configs", "proxy_tls_grade", "upstreams_conf",
-    "config_api_enabled", "config_address", "config_tls_address", "config_tls_certificate",
-    "config_tls_key_file", "master_key", "hc_method", "hc_interval", "file_server_folder",
-    "file_server_address", "tcp_keepalive_idle", "tcp_keepalive_interval", "tcp_keepalive_count",
-    "client_header_timeout", "client_idle_timeout", "upstream_connect_timeout",
-    "upstream_response_timeout", "grace_period_seconds", "max_request_header_bytes",
+    "threads",
+    "daemon",
+    "pid_file",
+    "error_log",
+    "log_file",
+    "log_level",
+    "access_log",
+    "runuser",
+    "rungroup",
+    "upgrade_sock",
+    "upstream_keepalive_pool_size",
+    "proxy_address_http",
+    "proxy_address_tls",
+    "proxy_certificates",
+    "proxy_configs",
+    "proxy_tls_grade",
+    "upstreams_conf",
+    "config_api_enabled",
+    "config_address",
+    "config_tls_address",
+    "config_tls_certificate",
+    "config_tls_key_file",
+    "master_key",
+    "hc_method",
+    "hc_interval",
+    "file_server_folder",
+    "file_server_address",
+    "tcp_keepalive_idle",
+    "tcp_keepalive_interval",
+    "tcp_keepalive_count",
+    "client_header_timeout",
+    "client_idle_timeout",
+    "upstream_connect_timeout",
+    "upstream_response_timeout",
+    "grace_period_seconds",
+    "max_request_header_bytes",
     "max_connections",
 ];
 
 /// Keys of Pingora's server config that Aralez files carry; accepted and ignored.
 const PINGORA_KEYS: &[&str] = &[
-    "version", "work_stealing", "graceful_shutdown_timeout_seconds", "error_log_level",
-    "upstream_keepalive_pool_size_per_thread", "ca_file", "user", "group", "client_bind_to_ipv4",
-    "client_bind_to_ipv6", "upstream_connect_offload_threadpools", "upstream_connect_offload_thread_per_pool",
-    "upstream_debug_ssl_keylog", "max_retries",
+    "version",
+    "work_stealing",
+    "graceful_shutdown_timeout_seconds",
+    "error_log_level",
+    "upstream_keepalive_pool_size_per_thread",
+    "ca_file",
+    "user",
+    "group",
+    "client_bind_to_ipv4",
+    "client_bind_to_ipv6",
+    "upstream_connect_offload_threadpools",
+    "upstream_connect_offload_thread_per_pool",
+    "upstream_debug_ssl_keylog",
+    "max_retries",
 ];
 
 impl MainConfig {
@@ -141,9 +179,15 @@ impl MainConfig {
         for (key, value) in entries {
             let k = key.name.as_str();
             let ok = match k {
-                "threads" => set(&mut cfg.threads, r.uint(value, k, 1, 1024).map(|n| n as usize)),
+                "threads" => set(
+                    &mut cfg.threads,
+                    r.uint(value, k, 1, 1024).map(|n| n as usize),
+                ),
                 "daemon" => set(&mut cfg.daemon, r.boolean(value, k)),
-                "pid_file" => set(&mut cfg.pid_file, r.non_empty_string(value, k).map(PathBuf::from)),
+                "pid_file" => set(
+                    &mut cfg.pid_file,
+                    r.non_empty_string(value, k).map(PathBuf::from),
+                ),
                 "error_log" | "log_file" => {
                     let file = r.non_empty_string(value, k).map(PathBuf::from);
                     // `log_file` wins over `error_log` whatever their order.
@@ -156,7 +200,10 @@ impl MainConfig {
                 "access_log" => set(&mut cfg.access_log, read_access_log(value, r)),
                 "runuser" => opt(&mut cfg.runuser, r.non_empty_string(value, k)),
                 "rungroup" => opt(&mut cfg.rungroup, r.non_empty_string(value, k)),
-                "upgrade_sock" => set(&mut cfg.upgrade_sock, r.non_empty_string(value, k).map(PathBuf::from)),
+                "upgrade_sock" => set(
+                    &mut cfg.upgrade_sock,
+                    r.non_empty_string(value, k).map(PathBuf::from),
+                ),
                 "upstream_keepalive_pool_size" => set(
                     &mut cfg.upstream_keepalive_pool_size,
                     r.uint(value, k, 0, 1_000_000).map(|n| n as usize),
@@ -166,36 +213,79 @@ impl MainConfig {
                     set(&mut cfg.proxy_address_http, listen(value, k, r))
                 }
                 "proxy_address_tls" => opt(&mut cfg.proxy_address_tls, listen(value, k, r)),
-                "proxy_certificates" => opt(&mut cfg.certificates_dir, r.non_empty_string(value, k).map(PathBuf::from)),
-                "proxy_configs" => opt(&mut proxy_configs, r.non_empty_string(value, k).map(PathBuf::from)),
+                "proxy_certificates" => opt(
+                    &mut cfg.certificates_dir,
+                    r.non_empty_string(value, k).map(PathBuf::from),
+                ),
+                "proxy_configs" => opt(
+                    &mut proxy_configs,
+                    r.non_empty_string(value, k).map(PathBuf::from),
+                ),
                 "proxy_tls_grade" => set(&mut cfg.proxy_tls_grade, read_grade(value, r)),
                 "upstreams_conf" => {
                     seen_upstreams = true;
-                    set(&mut cfg.upstreams_conf, r.non_empty_string(value, k).map(PathBuf::from))
+                    set(
+                        &mut cfg.upstreams_conf,
+                        r.non_empty_string(value, k).map(PathBuf::from),
+                    )
                 }
                 "config_api_enabled" => set(&mut cfg.config_api_enabled, r.boolean(value, k)),
                 "config_address" => opt(&mut cfg.config_address, listen(value, k, r)),
                 "config_tls_address" => opt(&mut cfg.config_tls_address, listen(value, k, r)),
-                "config_tls_certificate" => opt(&mut cfg.config_tls_certificate, r.non_empty_string(value, k).map(PathBuf::from)),
-                "config_tls_key_file" => opt(&mut cfg.config_tls_key_file, r.non_empty_string(value, k).map(PathBuf::from)),
+                "config_tls_certificate" => opt(
+                    &mut cfg.config_tls_certificate,
+                    r.non_empty_string(value, k).map(PathBuf::from),
+                ),
+                "config_tls_key_file" => opt(
+                    &mut cfg.config_tls_key_file,
+                    r.non_empty_string(value, k).map(PathBuf::from),
+                ),
                 "master_key" => opt(&mut cfg.master_key, r.non_empty_string(value, k)),
                 "hc_method" => set(&mut cfg.hc_method, read_hc_method(value, r)),
                 "hc_interval" => set(&mut cfg.hc_interval, seconds(value, k, 1, 3600, r)),
-                "file_server_folder" => opt(&mut cfg.file_server_folder, r.non_empty_string(value, k).map(PathBuf::from)),
+                "file_server_folder" => opt(
+                    &mut cfg.file_server_folder,
+                    r.non_empty_string(value, k).map(PathBuf::from),
+                ),
                 "file_server_address" => opt(&mut cfg.file_server_address, listen(value, k, r)),
-                "tcp_keepalive_idle" => opt(&mut cfg.tcp_keepalive_idle, seconds(value, k, 1, 86_400, r)),
-                "tcp_keepalive_interval" => set(&mut cfg.tcp_keepalive_interval, seconds(value, k, 1, 86_400, r)),
-                "tcp_keepalive_count" => set(&mut cfg.tcp_keepalive_count, r.uint(value, k, 1, 100).map(|n| n as u32)),
-                "client_header_timeout" => set(&mut cfg.client_header_timeout, seconds(value, k, 1, 3600, r)),
-                "client_idle_timeout" => set(&mut cfg.client_idle_timeout, seconds(value, k, 1, 86_400, r)),
-                "upstream_connect_timeout" => set(&mut cfg.upstream_connect_timeout, seconds(value, k, 1, 3600, r)),
-                "upstream_response_timeout" => set(&mut cfg.upstream_response_timeout, seconds(value, k, 1, 86_400, r)),
-                "grace_period_seconds" => set(&mut cfg.grace_period, seconds(value, k, 0, 86_400, r)),
+                "tcp_keepalive_idle" => {
+                    opt(&mut cfg.tcp_keepalive_idle, seconds(value, k, 1, 86_400, r))
+                }
+                "tcp_keepalive_interval" => set(
+                    &mut cfg.tcp_keepalive_interval,
+                    seconds(value, k, 1, 86_400, r),
+                ),
+                "tcp_keepalive_count" => set(
+                    &mut cfg.tcp_keepalive_count,
+                    r.uint(value, k, 1, 100).map(|n| n as u32),
+                ),
+                "client_header_timeout" => set(
+                    &mut cfg.client_header_timeout,
+                    seconds(value, k, 1, 3600, r),
+                ),
+                "client_idle_timeout" => set(
+                    &mut cfg.client_idle_timeout,
+                    seconds(value, k, 1, 86_400, r),
+                ),
+                "upstream_connect_timeout" => set(
+                    &mut cfg.upstream_connect_timeout,
+                    seconds(value, k, 1, 3600, r),
+                ),
+                "upstream_response_timeout" => set(
+                    &mut cfg.upstream_response_timeout,
+                    seconds(value, k, 1, 86_400, r),
+                ),
+                "grace_period_seconds" => {
+                    set(&mut cfg.grace_period, seconds(value, k, 0, 86_400, r))
+                }
                 "max_request_header_bytes" => set(
                     &mut cfg.max_request_header_bytes,
                     r.uint(value, k, 8192, 16 * 1024 * 1024).map(|n| n as usize),
                 ),
-                "max_connections" => set(&mut cfg.max_connections, r.uint(value, k, 1, 10_000_000).map(|n| n as usize)),
+                "max_connections" => set(
+                    &mut cfg.max_connections,
+                    r.uint(value, k, 1, 10_000_000).map(|n| n as usize),
+                ),
                 _ if PINGORA_KEYS.contains(&k) => true,
                 _ => {
                     r.unknown_key(key, k, KEYS);
@@ -205,11 +295,19 @@ impl MainConfig {
             failed |= !ok;
         }
         if !seen_http {
-            r.error(root.pos, "proxy_address_http", "required key is missing (e.g. proxy_address_http: \"0.0.0.0:6193\")");
+            r.error(
+                root.pos,
+                "proxy_address_http",
+                "required key is missing (e.g. proxy_address_http: \"0.0.0.0:6193\")",
+            );
             failed = true;
         }
         if !seen_upstreams {
-            r.error(root.pos, "upstreams_conf", "required key is missing (path of upstreams.yaml)");
+            r.error(
+                root.pos,
+                "upstreams_conf",
+                "required key is missing (path of upstreams.yaml)",
+            );
             failed = true;
         }
         if cfg.certificates_dir.is_none() {
@@ -286,22 +384,44 @@ fn one_of<T: Copy>(node: &Node, key: &str, r: &mut Reader, choices: &[(&str, T)]
         return Some(*v);
     }
     let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
-    r.error(node.pos, key, format!("`{text}` is not one of: {}", names.join(", ")));
+    r.error(
+        node.pos,
+        key,
+        format!("`{text}` is not one of: {}", names.join(", ")),
+    );
     None
 }
 
 fn read_log_level(node: &Node, r: &mut Reader) -> Option<String> {
-    let levels = [("off", "off"), ("error", "error"), ("warn", "warn"), ("warning", "warn"), ("info", "info"), ("debug", "debug"), ("trace", "trace")];
+    let levels = [
+        ("off", "off"),
+        ("error", "error"),
+        ("warn", "warn"),
+        ("warning", "warn"),
+        ("info", "info"),
+        ("debug", "debug"),
+        ("trace", "trace"),
+    ];
     one_of(node, "log_level", r, &levels).map(str::to_string)
 }
 
 fn read_access_log(node: &Node, r: &mut Reader) -> Option<AccessLog> {
-    let choices = [("off", AccessLog::Off), ("false", AccessLog::Off), ("all", AccessLog::All), ("true", AccessLog::All), ("error", AccessLog::Errors)];
+    let choices = [
+        ("off", AccessLog::Off),
+        ("false", AccessLog::Off),
+        ("all", AccessLog::All),
+        ("true", AccessLog::All),
+        ("error", AccessLog::Errors),
+    ];
     one_of(node, "access_log", r, &choices)
 }
 
 fn read_grade(node: &Node, r: &mut Reader) -> Option<TlsGrade> {
-    let choices = [("high", TlsGrade::High), ("medium", TlsGrade::Medium), ("unsafe", TlsGrade::Unsafe)];
+    let choices = [
+        ("high", TlsGrade::High),
+        ("medium", TlsGrade::Medium),
+        ("unsafe", TlsGrade::Unsafe),
+    ];
     one_of(node, "proxy_tls_grade", r, &choices)
 }
 

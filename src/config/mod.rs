@@ -59,8 +59,15 @@ fn read_tree(path: &Path, issues: &mut Issues) -> Option<Node> {
         Ok(t) => t,
         Err(e) => {
             let offset = e.utf8_error().valid_up_to();
-            let line = e.as_bytes()[..offset].iter().filter(|b| **b == b'\n').count() + 1;
-            let pos = Pos { line: line as u32, column: 1 };
+            let line = e.as_bytes()[..offset]
+                .iter()
+                .filter(|b| **b == b'\n')
+                .count()
+                + 1;
+            let pos = Pos {
+                line: line as u32,
+                column: 1,
+            };
             r.error(pos, "(file)", "file is not valid UTF-8");
             return None;
         }
@@ -72,7 +79,11 @@ fn parse_tree(text: &str, r: &mut Reader) -> Option<Node> {
     match yaml::parse(text) {
         Ok(node) => Some(node),
         Err(failure) => {
-            r.error(failure.pos, "(yaml)", format!("invalid YAML: {}", failure.message));
+            r.error(
+                failure.pos,
+                "(yaml)",
+                format!("invalid YAML: {}", failure.message),
+            );
             None
         }
     }
@@ -103,7 +114,11 @@ pub fn load_upstreams(path: &Path, issues: &mut Issues) -> Option<UpstreamsConfi
 }
 
 /// Parses upstreams YAML handed over in memory (the admin API), named `origin` in issues.
-pub fn parse_upstreams_text(text: &str, origin: &str, issues: &mut Issues) -> Option<UpstreamsConfig> {
+pub fn parse_upstreams_text(
+    text: &str,
+    origin: &str,
+    issues: &mut Issues,
+) -> Option<UpstreamsConfig> {
     let mut r = Reader::new(Arc::from(origin), issues);
     let root = parse_tree(text, &mut r)?;
     UpstreamsConfig::read(&root, &mut r)

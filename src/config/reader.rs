@@ -19,11 +19,13 @@ impl<'a> Reader<'a> {
     }
 
     pub fn error(&mut self, pos: Pos, key: &str, message: impl Into<String>) {
-        self.issues.push(Severity::Error, &self.file, pos, key, message.into());
+        self.issues
+            .push(Severity::Error, &self.file, pos, key, message.into());
     }
 
     pub fn warn(&mut self, pos: Pos, key: &str, message: impl Into<String>) {
-        self.issues.push(Severity::Warning, &self.file, pos, key, message.into());
+        self.issues
+            .push(Severity::Warning, &self.file, pos, key, message.into());
     }
 
     fn wrong_type(&mut self, node: &Node, key: &str, expected: &str) {
@@ -84,12 +86,20 @@ impl<'a> Reader<'a> {
             }
         };
         if number < 0 {
-            self.error(node.pos, key, format!("must not be negative (found {number})"));
+            self.error(
+                node.pos,
+                key,
+                format!("must not be negative (found {number})"),
+            );
             return None;
         }
         let number = number as u64;
         if number < min || number > max {
-            self.error(node.pos, key, format!("must be between {min} and {max} (found {number})"));
+            self.error(
+                node.pos,
+                key,
+                format!("must be between {min} and {max} (found {number})"),
+            );
             return None;
         }
         Some(number)

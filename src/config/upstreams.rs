@@ -61,9 +61,15 @@ impl RouteSettings {
             x4xx_limit: self.x4xx_limit.or(parent.x4xx_limit),
             server_headers,
             client_headers,
-            authorization: self.authorization.clone().or_else(|| parent.authorization.clone()),
+            authorization: self
+                .authorization
+                .clone()
+                .or_else(|| parent.authorization.clone()),
             healthcheck: self.healthcheck.or(parent.healthcheck),
-            redirect_to: self.redirect_to.clone().or_else(|| parent.redirect_to.clone()),
+            redirect_to: self
+                .redirect_to
+                .clone()
+                .or_else(|| parent.redirect_to.clone()),
             upstream_tls_verify: self.upstream_tls_verify.or(parent.upstream_tls_verify),
         }
     }
@@ -98,8 +104,17 @@ pub struct UpstreamsConfig {
 }
 
 const SETTING_KEYS: &[&str] = &[
-    "sticky_sessions", "to_https", "rate_limit", "x4xx_limit", "server_headers", "client_headers",
-    "headers", "authorization", "healthcheck", "redirect_to", "upstream_tls_verify",
+    "sticky_sessions",
+    "to_https",
+    "rate_limit",
+    "x4xx_limit",
+    "server_headers",
+    "client_headers",
+    "headers",
+    "authorization",
+    "healthcheck",
+    "redirect_to",
+    "upstream_tls_verify",
 ];
 const GLOBAL_ONLY_KEYS: &[&str] = &["provider", "consul", "kubernetes", "upstreams"];
 
@@ -113,7 +128,11 @@ impl UpstreamsConfig {
         let entries = r.map(root, "(document)")?;
         let errors_before = r.issues.errors().count();
         let wrapper = entries.iter().find(|(k, _)| k.name == "upstreams");
-        let shape = if wrapper.is_some() { Shape::Current } else { Shape::Legacy };
+        let shape = if wrapper.is_some() {
+            Shape::Current
+        } else {
+            Shape::Legacy
+        };
         let mut cfg = UpstreamsConfig {
             shape,
             provider: Provider::File,
@@ -195,7 +214,11 @@ fn read_provider(node: &Node, r: &mut Reader) -> Option<Provider> {
         "consul" => Some(Provider::Consul),
         "kubernetes" | "k8s" => Some(Provider::Kubernetes),
         _ => {
-            r.error(node.pos, "provider", format!("`{text}` is not one of: file, consul, kubernetes"));
+            r.error(
+                node.pos,
+                "provider",
+                format!("`{text}` is not one of: file, consul, kubernetes"),
+            );
             None
         }
     }
@@ -209,7 +232,14 @@ fn read_hosts(entries: &[(Key, Node)], parent: &str, r: &mut Reader) -> Vec<Host
             continue;
         };
         if let Some((first, _)) = hosts.iter().find(|(_, h)| h.name == name) {
-            r.error(key.pos, &path, format!("host `{name}` is defined twice (first on line {})", first.line));
+            r.error(
+                key.pos,
+                &path,
+                format!(
+                    "host `{name}` is defined twice (first on line {})",
+                    first.line
+                ),
+            );
             continue;
         }
         if let Some(host) = read_host(name, value, &path, r) {
@@ -227,9 +257,9 @@ fn normalise_host_key(key: &Key, path: &str, r: &mut Reader) -> Option<String> {
     let lower = raw.to_ascii_lowercase();
     let name = lower.strip_suffix('.').unwrap_or(&lower);
     let valid = !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'*' | b':' | b'[' | b']'));
+        && name.bytes().all(|b| {
+            b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'*' | b':' | b'[' | b']')
+        });
     if !valid {
         r.error(key.pos, path, format!("`{raw}` is not a valid host name"));
         return None;
@@ -270,7 +300,11 @@ fn read_paths(entries: &[(Key, Node)], parent: &str, r: &mut Reader) -> Vec<Path
     for (key, value) in entries {
         let path = join(parent, &key.name);
         if !key.name.starts_with('/') {
-            r.error(key.pos, &path, format!("path `{}` must start with `/`", key.name));
+            r.error(
+                key.pos,
+                &path,
+                format!("path `{}` must start with `/`", key.name),
+            );
             continue;
         }
         if let Some(p) = read_path(key, value, &path, r) {
@@ -299,7 +333,9 @@ fn read_path(key: &Key, node: &Node, path: &str, r: &mut Reader) -> Option<PathC
                 out.servers = servers;
                 empty_list = listed == 0;
             }
-            name if SETTING_KEYS.contains(&name) => read_setting(&mut out.settings, k, value, path, r),
+            name if SETTING_KEYS.contains(&name) => {
+                read_setting(&mut out.settings, k, value, path, r)
+            }
             _ => r.unknown_key(k, &key_path, &known),
         }
     }
@@ -307,7 +343,11 @@ fn read_path(key: &Key, node: &Node, path: &str, r: &mut Reader) -> Option<PathC
     if !saw_servers && !redirects {
         r.error(node.pos, path, "path has no `servers`");
     } else if saw_servers && empty_list && !redirects {
-        r.error(node.pos, &join(path, "servers"), "the list of servers is empty");
+        r.error(
+            node.pos,
+            &join(path, "servers"),
+            "the list of servers is empty",
+        );
     }
     Some(out)
 }
@@ -328,7 +368,13 @@ fn read_servers(node: &Node, path: &str, r: &mut Reader) -> (Vec<ServerSpec>, us
     (servers, listed)
 }
 
-fn read_setting(settings: &mut RouteSettings, key: &Key, node: &Node, parent: &str, r: &mut Reader) {
+fn read_setting(
+    settings: &mut RouteSettings,
+    key: &Key,
+    node: &Node,
+    parent: &str,
+    r: &mut Reader,
+) {
     let path = join(parent, &key.name);
     let p = path.as_str();
     match key.name.as_str() {
@@ -383,7 +429,11 @@ fn read_auth(node: &Node, path: &str, r: &mut Reader) -> Option<AuthRule> {
         }
     }
     let Some((kind_pos, kind)) = kind else {
-        r.error(node.pos, path, "authorization needs a `type` (basic, apikey, jwt or forward)");
+        r.error(
+            node.pos,
+            path,
+            "authorization needs a `type` (basic, apikey, jwt or forward)",
+        );
         return None;
     };
     match parse_auth(&kind, data.as_deref()) {
@@ -398,9 +448,15 @@ fn read_auth(node: &Node, path: &str, r: &mut Reader) -> Option<AuthRule> {
 fn read_redirect(node: &Node, path: &str, r: &mut Reader) -> Option<String> {
     let text = r.non_empty_string(node, path)?;
     match text.parse::<http::Uri>() {
-        Ok(uri) if uri.scheme().is_some() && uri.authority().is_some() => Some(text.trim_end_matches('/').to_string()),
+        Ok(uri) if uri.scheme().is_some() && uri.authority().is_some() => {
+            Some(text.trim_end_matches('/').to_string())
+        }
         _ => {
-            r.error(node.pos, path, format!("`{text}` must be an absolute URL such as https://www.example.com"));
+            r.error(
+                node.pos,
+                path,
+                format!("`{text}` must be an absolute URL such as https://www.example.com"),
+            );
             None
         }
     }

@@ -77,7 +77,9 @@ pub fn parse_server(text: &str) -> Result<ServerSpec, String> {
     let (host, port) = split_host_port(rest)?;
     let port = parse_port(port, rest)?;
     if host.parse::<IpAddr>().is_err() && !is_dns_name(host) {
-        return Err(format!("`{host}` is neither an IP address nor a valid host name"));
+        return Err(format!(
+            "`{host}` is neither an IP address nor a valid host name"
+        ));
     }
     Ok(ServerSpec {
         scheme,
@@ -124,7 +126,9 @@ fn is_dns_name(host: &str) -> bool {
         && host.split('.').all(|label| {
             !label.is_empty()
                 && label.len() <= 63
-                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
                 && !label.starts_with('-')
                 && !label.ends_with('-')
         })
@@ -194,7 +198,9 @@ pub fn parse_auth(kind: &str, data: Option<&str>) -> Result<AuthRule, String> {
                 password: password.to_string(),
             })
         }
-        "apikey" => Ok(AuthRule::ApiKey(data.ok_or_else(|| need("the API key"))?.to_string())),
+        "apikey" => Ok(AuthRule::ApiKey(
+            data.ok_or_else(|| need("the API key"))?.to_string(),
+        )),
         "jwt" => Ok(AuthRule::Jwt(data.map(str::to_string))),
         "forward" => {
             let data = data.ok_or_else(|| need("the auth service URL"))?;
@@ -202,13 +208,17 @@ pub fn parse_auth(kind: &str, data: Option<&str>) -> Result<AuthRule, String> {
                 .parse()
                 .map_err(|_| format!("`{data}` is not a valid URL"))?;
             match uri.scheme_str() {
-                Some("http") | Some("https") if uri.authority().is_some() => Ok(AuthRule::Forward(uri)),
+                Some("http") | Some("https") if uri.authority().is_some() => {
+                    Ok(AuthRule::Forward(uri))
+                }
                 _ => Err(format!("`{data}` must be an http:// or https:// URL")),
             }
         }
         other => Err(match super::issues::did_you_mean(other, AUTH_TYPES) {
             Some(near) => format!("unknown auth type `{other}`, did you mean `{near}`?"),
-            None => format!("unknown auth type `{other}` (expected one of: basic, apikey, jwt, forward)"),
+            None => format!(
+                "unknown auth type `{other}` (expected one of: basic, apikey, jwt, forward)"
+            ),
         }),
     }
 }
@@ -220,12 +230,27 @@ mod tests {
     #[test]
     fn servers() {
         let s = parse_server("127.0.0.1:8000").unwrap();
-        assert_eq!((s.scheme, s.host.as_str(), s.port), (None, "127.0.0.1", 8000));
+        assert_eq!(
+            (s.scheme, s.host.as_str(), s.port),
+            (None, "127.0.0.1", 8000)
+        );
         let s = parse_server("h2c://[::1]:9000").unwrap();
-        assert_eq!((s.scheme, s.host.as_str(), s.port), (Some(Scheme::H2c), "::1", 9000));
+        assert_eq!(
+            (s.scheme, s.host.as_str(), s.port),
+            (Some(Scheme::H2c), "::1", 9000)
+        );
         assert_eq!(s.authority(), "[::1]:9000");
         assert_eq!(parse_server("backend.svc:80").unwrap().host, "backend.svc");
-        for bad in ["127.0.0.1", "127.0.0.1:0", "127.0.0.1:70000", "x:y", "::1:80", "ftp://a:1", "a b:1", "[::1:80"] {
+        for bad in [
+            "127.0.0.1",
+            "127.0.0.1:0",
+            "127.0.0.1:70000",
+            "x:y",
+            "::1:80",
+            "ftp://a:1",
+            "a b:1",
+            "[::1:80",
+        ] {
             assert!(parse_server(bad).is_err(), "{bad} should be refused");
         }
     }
@@ -235,29 +260,45 @@ mod tests {
         assert_eq!(parse_listen("0.0.0.0:80").unwrap().port(), 80);
         assert!(parse_listen("[::]:443").is_ok());
         assert!(parse_listen("0.0.0.0").unwrap_err().contains("no port"));
-        assert!(parse_listen("0.0.0.0:99999").unwrap_err().contains("out of range"));
-        assert!(parse_listen("localhost:80").unwrap_err().contains("IP literal"));
+        assert!(parse_listen("0.0.0.0:99999")
+            .unwrap_err()
+            .contains("out of range"));
+        assert!(parse_listen("localhost:80")
+            .unwrap_err()
+            .contains("IP literal"));
     }
 
     #[test]
     fn headers() {
         let (n, v) = parse_header("X-Frame-Options: DENY").unwrap();
-        assert_eq!((n.as_str(), v.to_str().unwrap()), ("x-frame-options", "DENY"));
+        assert_eq!(
+            (n.as_str(), v.to_str().unwrap()),
+            ("x-frame-options", "DENY")
+        );
         let (_, v) = parse_header("Access-Control-Allow-Origin:*").unwrap();
         assert_eq!(v, "*");
         assert!(parse_header("NoColon").unwrap_err().contains("no `:`"));
-        assert!(parse_header("Bad Name:1").unwrap_err().contains("not a valid header name"));
+        assert!(parse_header("Bad Name:1")
+            .unwrap_err()
+            .contains("not a valid header name"));
         assert!(parse_header("X-A:a\u{7f}b").is_err());
     }
 
     #[test]
     fn auth_rules() {
-        assert!(matches!(parse_auth("basic", Some("u:p")), Ok(AuthRule::Basic { .. })));
+        assert!(matches!(
+            parse_auth("basic", Some("u:p")),
+            Ok(AuthRule::Basic { .. })
+        ));
         assert!(parse_auth("basic", Some("nocolon")).is_err());
-        assert!(parse_auth("apikey", None).unwrap_err().contains("needs `data`"));
+        assert!(parse_auth("apikey", None)
+            .unwrap_err()
+            .contains("needs `data`"));
         assert_eq!(parse_auth("jwt", None), Ok(AuthRule::Jwt(None)));
         assert!(parse_auth("forward", Some("auth.local/check")).is_err());
         assert!(parse_auth("forward", Some("http://auth.local/check")).is_ok());
-        assert!(parse_auth("jwk", None).unwrap_err().contains("did you mean `jwt`"));
+        assert!(parse_auth("jwk", None)
+            .unwrap_err()
+            .contains("did you mean `jwt`"));
     }
 }

@@ -155,17 +155,31 @@ mod tests {
         let s = snapshot(
             "upstreams:\n  example.com:\n    paths:\n      /: {servers: [\"127.0.0.1:1\"]}\n      /api: {servers: [\"127.0.0.1:2\"]}\n      /api/v2: {servers: [\"127.0.0.1:3\"]}\n  DEFAULT:\n    paths:\n      /: {servers: [\"127.0.0.1:4\"]}\n",
         );
-        assert_eq!(found(&s, Some("Example.com:80"), "/api/x").unwrap(), "example.com/api");
-        assert_eq!(found(&s, Some("example.com"), "/api/v2/y").unwrap(), "example.com/api/v2");
-        assert_eq!(found(&s, Some("example.com"), "/apix").unwrap(), "example.com/");
-        assert_eq!(found(&s, Some("example.com"), "/x/../api").unwrap(), "example.com/api");
+        assert_eq!(
+            found(&s, Some("Example.com:80"), "/api/x").unwrap(),
+            "example.com/api"
+        );
+        assert_eq!(
+            found(&s, Some("example.com"), "/api/v2/y").unwrap(),
+            "example.com/api/v2"
+        );
+        assert_eq!(
+            found(&s, Some("example.com"), "/apix").unwrap(),
+            "example.com/"
+        );
+        assert_eq!(
+            found(&s, Some("example.com"), "/x/../api").unwrap(),
+            "example.com/api"
+        );
         assert_eq!(found(&s, Some("other.org"), "/api").unwrap(), "DEFAULT/");
         assert_eq!(found(&s, None, "/").unwrap(), "DEFAULT/");
     }
 
     #[test]
     fn no_default_means_no_route() {
-        let s = snapshot("upstreams:\n  a.com:\n    paths:\n      /api: {servers: [\"127.0.0.1:1\"]}\n");
+        let s = snapshot(
+            "upstreams:\n  a.com:\n    paths:\n      /api: {servers: [\"127.0.0.1:1\"]}\n",
+        );
         assert!(matches!(s.route(Some(b"b.com"), "/api"), Lookup::NoHost));
         assert!(matches!(s.route(Some(b"a.com"), "/other"), Lookup::NoPath));
     }
@@ -175,7 +189,9 @@ mod tests {
         let s = snapshot(
             "upstreams:\n  a.com:\n    rate_limit: 5\n    server_headers: [\"X-Host:1\"]\n    paths:\n      /:\n        servers: [\"127.0.0.1:1\"]\n        server_headers: [\"X-Path:2\"]\nserver_headers: [\"X-Global:0\"]\nrate_limit: 100\n",
         );
-        let Lookup::Found(r) = s.route(Some(b"a.com"), "/") else { panic!("no route") };
+        let Lookup::Found(r) = s.route(Some(b"a.com"), "/") else {
+            panic!("no route")
+        };
         assert_eq!(r.settings.rate_limit, Some(5));
         let names: Vec<&str> = r.server_headers.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["x-global", "x-host", "x-path"]);

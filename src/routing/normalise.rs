@@ -37,8 +37,14 @@ pub fn host<'b>(raw: &[u8], buf: &'b mut [u8; MAX_HOST]) -> Option<&'b str> {
 }
 
 fn trim_ascii(raw: &[u8]) -> &[u8] {
-    let start = raw.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(raw.len());
-    let end = raw.iter().rposition(|b| !b.is_ascii_whitespace()).map_or(start, |e| e + 1);
+    let start = raw
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(raw.len());
+    let end = raw
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace())
+        .map_or(start, |e| e + 1);
     &raw[start..end]
 }
 
@@ -118,7 +124,9 @@ fn remove_dot_segments(path: &str) -> String {
 /// Whether `prefix` matches `path` on a segment boundary (`/api` matches `/api`, `/api/x`, not `/apix`).
 pub fn prefix_matches(prefix: &str, path: &str) -> bool {
     path.starts_with(prefix)
-        && (prefix.ends_with('/') || path.len() == prefix.len() || path.as_bytes()[prefix.len()] == b'/')
+        && (prefix.ends_with('/')
+            || path.len() == prefix.len()
+            || path.as_bytes()[prefix.len()] == b'/')
 }
 
 #[cfg(test)]

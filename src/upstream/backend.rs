@@ -40,7 +40,9 @@ pub struct Backend {
 
 impl std::fmt::Debug for Backend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Backend").field("label", &self.label).finish()
+        f.debug_struct("Backend")
+            .field("label", &self.label)
+            .finish()
     }
 }
 
@@ -81,7 +83,9 @@ impl Backend {
             .unwrap_or_else(|_| http::uri::Authority::from_static("backend"));
         let workers = workers.max(1);
         let health = Health::default();
-        health.down_for_ms.store(down_for.as_millis() as u64, Ordering::Relaxed);
+        health
+            .down_for_ms
+            .store(down_for.as_millis() as u64, Ordering::Relaxed);
         Backend {
             spec,
             label,
@@ -102,10 +106,16 @@ impl Backend {
 
     /// Records a failed connect; enough of them in a row take the backend out of rotation.
     pub fn connect_failed(&self) {
-        let fails = self.health.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        let fails = self
+            .health
+            .consecutive_failures
+            .fetch_add(1, Ordering::Relaxed)
+            + 1;
         if fails >= FAILS_BEFORE_DOWN {
             let down_for = self.health.down_for_ms.load(Ordering::Relaxed);
-            self.health.down_until_ms.store(now_ms() + down_for.max(1), Ordering::Relaxed);
+            self.health
+                .down_until_ms
+                .store(now_ms() + down_for.max(1), Ordering::Relaxed);
             if fails == FAILS_BEFORE_DOWN {
                 tracing::warn!(backend = %self.label, "backend marked down after {fails} failed connects");
             }
@@ -141,12 +151,20 @@ impl Registry {
 
     /// The backend for `spec`: the existing one if any snapshot still holds it, else a new one.
     pub fn backend(&self, spec: &ServerSpec) -> Arc<Backend> {
-        let mut live = self.live.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut live = self
+            .live
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(existing) = live.get(spec).and_then(Weak::upgrade) {
             return existing;
         }
         live.retain(|_, weak| weak.strong_count() > 0);
-        let backend = Arc::new(Backend::new(spec.clone(), self.workers, self.pool_size, self.down_for));
+        let backend = Arc::new(Backend::new(
+            spec.clone(),
+            self.workers,
+            self.pool_size,
+            self.down_for,
+        ));
         live.insert(spec.clone(), Arc::downgrade(&backend));
         backend
     }

@@ -98,14 +98,22 @@ pub enum SendError {
 }
 
 /// Sends `req` to `backend`, reusing an idle connection when one is ready.
-pub async fn send(backend: &Arc<Backend>, req: Request<UpBody>, t: Timeouts) -> Result<Response<PooledBody>, SendError> {
+pub async fn send(
+    backend: &Arc<Backend>,
+    req: Request<UpBody>,
+    t: Timeouts,
+) -> Result<Response<PooledBody>, SendError> {
     match backend.protocol {
         Protocol::Http1 => send_h1(backend, req, t).await,
         Protocol::H2c => send_h2(backend, req, t).await,
     }
 }
 
-async fn send_h1(backend: &Arc<Backend>, mut req: Request<UpBody>, t: Timeouts) -> Result<Response<PooledBody>, SendError> {
+async fn send_h1(
+    backend: &Arc<Backend>,
+    mut req: Request<UpBody>,
+    t: Timeouts,
+) -> Result<Response<PooledBody>, SendError> {
     while let Some(mut conn) = backend.take_idle() {
         match tokio::time::timeout(t.response, conn.try_send_request(req)).await {
             Err(_) => return Err(SendError::Timeout),
@@ -119,7 +127,13 @@ async fn send_h1(backend: &Arc<Backend>, mut req: Request<UpBody>, t: Timeouts) 
     }
     let mut conn = match connect_h1(backend, t.connect).await {
         Ok(conn) => conn,
-        Err((reason, timed_out)) => return Err(SendError::Connect { reason, timed_out, request: req }),
+        Err((reason, timed_out)) => {
+            return Err(SendError::Connect {
+                reason,
+                timed_out,
+                request: req,
+            })
+        }
     };
     match tokio::time::timeout(t.response, conn.send_request(req)).await {
         Err(_) => Err(SendError::Timeout),
@@ -128,8 +142,15 @@ async fn send_h1(backend: &Arc<Backend>, mut req: Request<UpBody>, t: Timeouts) 
     }
 }
 
-async fn send_h2(backend: &Arc<Backend>, req: Request<UpBody>, t: Timeouts) -> Result<Response<PooledBody>, SendError> {
-    let shared = lock(&backend.slot().h2).as_ref().filter(|c| !c.is_closed()).cloned();
+async fn send_h2(
+    backend: &Arc<Backend>,
+    req: Request<UpBody>,
+    t: Timeouts,
+) -> Result<Response<PooledBody>, SendError> {
+    let shared = lock(&backend.slot().h2)
+        .as_ref()
+        .filter(|c| !c.is_closed())
+        .cloned();
     let (mut conn, reused) = match shared {
         Some(conn) => (conn, true),
         None => match connect_h2(backend, t.connect).await {
@@ -137,7 +158,13 @@ async fn send_h2(backend: &Arc<Backend>, req: Request<UpBody>, t: Timeouts) -> R
                 *lock(&backend.slot().h2) = Some(conn.clone());
                 (conn, false)
             }
-            Err((reason, timed_out)) => return Err(SendError::Connect { reason, timed_out, request: req }),
+            Err((reason, timed_out)) => {
+                return Err(SendError::Connect {
+                    reason,
+                    timed_out,
+                    request: req,
+                })
+            }
         },
     };
     match tokio::time::timeout(t.response, conn.send_request(req)).await {
@@ -160,7 +187,10 @@ type ConnectFailure = (String, bool);
 async fn connect_tcp(backend: &Backend, timeout: Duration) -> Result<TcpStream, ConnectFailure> {
     if backend.addrs.is_empty() {
         backend.connect_failed();
-        return Err((format!("`{}` did not resolve to any address", backend.spec.host), false));
+        return Err((
+            format!("`{}` did not resolve to any address", backend.spec.host),
+            false,
+        ));
     }
     let mut last: ConnectFailure = (String::new(), false);
     for addr in backend.addrs.iter() {
@@ -171,14 +201,22 @@ async fn connect_tcp(backend: &Backend, timeout: Duration) -> Result<TcpStream, 
                 return Ok(stream);
             }
             Ok(Err(e)) => last = (format!("connect to {addr}: {e}"), false),
-            Err(_) => last = (format!("connect to {addr}: timed out after {timeout:?}"), true),
+            Err(_) => {
+                last = (
+                    format!("connect to {addr}: timed out after {timeout:?}"),
+                    true,
+                )
+            }
         }
     }
     backend.connect_failed();
     Err(last)
 }
 
-async fn connect_h1(backend: &Backend, timeout: Duration) -> Result<http1::SendRequest<UpBody>, ConnectFailure> {
+async fn connect_h1(
+    backend: &Backend,
+    timeout: Duration,
+) -> Result<http1::SendRequest<UpBody>, ConnectFailure> {
     let stream = connect_tcp(backend, timeout).await?;
     let (sender, conn) = http1::Builder::new()
         .handshake(TokioIo::new(stream))
@@ -192,7 +230,10 @@ async fn connect_h1(backend: &Backend, timeout: Duration) -> Result<http1::SendR
     Ok(sender)
 }
 
-async fn connect_h2(backend: &Backend, timeout: Duration) -> Result<http2::SendRequest<UpBody>, ConnectFailure> {
+async fn connect_h2(
+    backend: &Backend,
+    timeout: Duration,
+) -> Result<http2::SendRequest<UpBody>, ConnectFailure> {
     let stream = connect_tcp(backend, timeout).await?;
     let (sender, conn) = http2::Builder::new(TokioExecutor::new())
         .adaptive_window(true)
@@ -214,7 +255,10 @@ pub struct PooledBody {
 }
 
 impl PooledBody {
-    fn wrap(resp: Response<Incoming>, conn: Option<(http1::SendRequest<UpBody>, Arc<Backend>)>) -> Response<PooledBody> {
+    fn wrap(
+        resp: Response<Incoming>,
+        conn: Option<(http1::SendRequest<UpBody>, Arc<Backend>)>,
+    ) -> Response<PooledBody> {
         resp.map(|inner| {
             let mut body = PooledBody { inner, conn };
             body.release_if_done();
@@ -241,7 +285,10 @@ impl Body for PooledBody {
     type Data = Bytes;
     type Error = hyper::Error;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         match &polled {
             Poll::Ready(None) => self.release_if_done(),
@@ -260,4 +307,3 @@ impl Body for PooledBody {
         self.inner.size_hint()
     }
 }
-

@@ -1,0 +1,295 @@
+//! Forwarding: turns a client request into a backend request, sends it with failover, and turns
+//! the backend's response into the client's (SPEC §5, §6.2).
+//!
+//! Reads the current snapshot once per request and never changes it. Bodies stream both ways.
+
+pub mod error;
+pub mod headers;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::request::Parts;
+use http::uri::{PathAndQuery, Scheme};
+use http::{Method, Request, Response, Uri, Version};
+use http_body::Body as _;
+use http_body_util::{Either, Empty, Full};
+use hyper::body::Incoming;
+
+use crate::routing::{Lookup, Route, Snapshot};
+use crate::upstream::{self, Backend, PooledBody, Protocol, SendError, Timeouts, UpBody};
+
+pub use error::ProxyError;
+
+/// What the client gets: the backend's body, or one the proxy wrote itself.
+pub type RespBody = Either<PooledBody, Full<Bytes>>;
+
+/// Facts about the client connection a request came in on.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientConn {
+    pub peer: SocketAddr,
+    pub tls: bool,
+}
+
+/// Shared state of the forwarding service.
+pub struct Proxy {
+    pub snapshot: Arc<ArcSwap<Snapshot>>,
+    pub timeouts: Timeouts,
+}
+
+impl Proxy {
+    /// Handles one request end to end; never fails (errors become responses).
+    pub async fn handle(&self, conn: ClientConn, req: Request<Incoming>) -> Response<RespBody> {
+        if req.method() == Method::CONNECT {
+            return ProxyError::MethodNotAllowed
+                .into_response(req.headers())
+                .map(Either::Right);
+        }
+        let snapshot = self.snapshot.load_full();
+        let route = {
+            let host = request_host(&req).map(HeaderValue::as_bytes);
+            let host = host.or_else(|| req.uri().authority().map(|a| a.as_str().as_bytes()));
+            match snapshot.route(host, req.uri().path()) {
+                Lookup::Found(route) => route.clone(),
+                Lookup::NoPath => {
+                    return ProxyError::NoPath
+                        .into_response(req.headers())
+                        .map(Either::Right)
+                }
+                Lookup::NoHost => {
+                    return ProxyError::NoHost
+                        .into_response(req.headers())
+                        .map(Either::Right)
+                }
+            }
+        };
+        drop(snapshot);
+        match self.forward(conn, &route, req).await {
+            Ok(resp) => finish_response(resp, &route),
+            Err((err, headers)) => err.into_response(&headers).map(Either::Right),
+        }
+    }
+
+    async fn forward(
+        &self,
+        conn: ClientConn,
+        route: &Route,
+        req: Request<Incoming>,
+    ) -> Result<Response<PooledBody>, (ProxyError, http::HeaderMap)> {
+        let (mut parts, body) = req.into_parts();
+        let client_host = request_host_parts(&parts);
+        prepare_headers(&mut parts, conn, client_host, route);
+        // A request that can safely be sent twice keeps a copy of its head for a retry.
+        let replayable = is_idempotent(&parts.method) && body.is_end_stream();
+        let retry_parts = replayable.then(|| clone_head(&parts));
+        let error_headers = || response_error_headers(&retry_parts);
+
+        let backends = &route.backends;
+        let start = route.next_start();
+        let mut pending: Option<(Parts, UpBody)> = Some((parts, Either::Left(body)));
+        let mut last_error = None;
+        let mut tried: [usize; 8] = [usize::MAX; 8];
+        for step in 0..backends.len() {
+            let index = (start + step) % backends.len();
+            let backend = &backends[index];
+            if !backend.is_up() || already_tried(&tried, backends, backend) {
+                continue;
+            }
+            if let Some(slot) = tried.get_mut(step) {
+                *slot = index;
+            }
+            let Some((head, body)) = pending
+                .take()
+                .or_else(|| retry_parts.as_ref().map(|p| (clone_head(p), empty())))
+            else {
+                break;
+            };
+            let request = upstream_request(head, body, backend);
+            match self
+                .send_with_stale_retry(backend, request, retry_parts.as_ref())
+                .await
+            {
+                Ok(resp) => return Ok(resp),
+                Err(SendError::Connect {
+                    reason,
+                    timed_out,
+                    request,
+                }) => {
+                    tracing::warn!(backend = %backend.label, "connect failed: {reason}");
+                    let (head, body) = request.into_parts();
+                    pending = Some((head, body));
+                    last_error = Some(if timed_out {
+                        ProxyError::ConnectTimeout
+                    } else {
+                        ProxyError::ConnectFailed
+                    });
+                }
+                Err(SendError::Reset { error, .. }) => {
+                    tracing::warn!(backend = %backend.label, "backend reset: {error}");
+                    last_error = Some(ProxyError::BackendReset);
+                    if retry_parts.is_none() {
+                        return Err((ProxyError::BackendReset, error_headers()));
+                    }
+                }
+                Err(SendError::BadResponse(error)) => {
+                    tracing::warn!(backend = %backend.label, "invalid response: {error}");
+                    return Err((ProxyError::BadResponse, error_headers()));
+                }
+                Err(SendError::Timeout) => {
+                    tracing::warn!(backend = %backend.label, "no response within {:?}", self.timeouts.response);
+                    return Err((ProxyError::ResponseTimeout, error_headers()));
+                }
+            }
+        }
+        let err = last_error.unwrap_or(ProxyError::AllBackendsDown);
+        let headers = pending
+            .map(|(p, _)| p.headers)
+            .unwrap_or_else(error_headers);
+        Err((err, headers))
+    }
+
+    /// Sends once; if a pooled connection turned out stale and the request can be replayed,
+    /// sends again on a fresh connection to the same backend.
+    async fn send_with_stale_retry(
+        &self,
+        backend: &Arc<Backend>,
+        request: Request<UpBody>,
+        retry_parts: Option<&Parts>,
+    ) -> Result<Response<PooledBody>, SendError> {
+        match upstream::send(backend, request, self.timeouts).await {
+            Err(SendError::Reset {
+                reused: true,
+                error,
+            }) => match retry_parts {
+                Some(parts) => {
+                    tracing::debug!(backend = %backend.label, "stale pooled connection ({error}); retrying");
+                    let request = upstream_request(clone_head(parts), empty(), backend);
+                    upstream::send(backend, request, self.timeouts).await
+                }
+                None => Err(SendError::Reset {
+                    reused: true,
+                    error,
+                }),
+            },
+            other => other,
+        }
+    }
+}
+
+fn empty() -> UpBody {
+    Either::Right(Empty::new())
+}
+
+fn already_tried(tried: &[usize; 8], backends: &[Arc<Backend>], backend: &Arc<Backend>) -> bool {
+    tried
+        .iter()
+        .filter(|i| **i != usize::MAX)
+        .any(|i| Arc::ptr_eq(&backends[*i], backend))
+}
+
+fn response_error_headers(parts: &Option<Parts>) -> http::HeaderMap {
+    parts
+        .as_ref()
+        .map(|p| p.headers.clone())
+        .unwrap_or_default()
+}
+
+fn request_host(req: &Request<Incoming>) -> Option<&HeaderValue> {
+    req.headers().get(header::HOST)
+}
+
+/// The host the client addressed: `Host`, else the URI's authority (HTTP/2 `:authority`).
+fn request_host_parts(parts: &Parts) -> Option<HeaderValue> {
+    if let Some(h) = parts.headers.get(header::HOST) {
+        return Some(h.clone());
+    }
+    parts
+        .uri
+        .authority()
+        .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+}
+
+fn is_idempotent(method: &Method) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    )
+}
+
+fn clone_head(parts: &Parts) -> Parts {
+    let mut builder = Request::builder()
+        .method(parts.method.clone())
+        .uri(parts.uri.clone())
+        .version(parts.version);
+    if let Some(h) = builder.headers_mut() {
+        *h = parts.headers.clone();
+    }
+    let (parts, ()) = builder
+        .body(())
+        .unwrap_or_else(|_| Request::new(()))
+        .into_parts();
+    parts
+}
+
+/// Header rewrites that do not depend on which backend is chosen.
+fn prepare_headers(
+    parts: &mut Parts,
+    conn: ClientConn,
+    client_host: Option<HeaderValue>,
+    route: &Route,
+) {
+    let headers = &mut parts.headers;
+    headers::remove_hop_by_hop(headers);
+    headers::append_forwarded_for(headers, conn.peer.ip());
+    headers::set_forwarded_proto_host(headers, conn.tls, client_host.clone());
+    if !headers.contains_key(header::HOST) {
+        if let Some(host) = client_host {
+            headers.insert(header::HOST, host);
+        }
+    }
+    for (name, value) in route.server_headers.iter() {
+        headers.insert(name.clone(), value.clone());
+    }
+}
+
+/// Fits the request head to the backend's protocol: origin-form for HTTP/1.1, absolute for h2.
+fn upstream_request(mut head: Parts, body: UpBody, backend: &Backend) -> Request<UpBody> {
+    let path = head
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    match backend.protocol {
+        Protocol::Http1 => {
+            head.version = Version::HTTP_11;
+            head.uri = Uri::from(path);
+        }
+        Protocol::H2c => {
+            head.version = Version::HTTP_2;
+            let authority = head
+                .headers
+                .remove(header::HOST)
+                .and_then(|h| h.to_str().ok().and_then(|s| s.parse().ok()))
+                .unwrap_or_else(|| backend.authority.clone());
+            let mut uri = http::uri::Parts::default();
+            uri.scheme = Some(Scheme::HTTP);
+            uri.authority = Some(authority);
+            uri.path_and_query = Some(path);
+            head.uri = Uri::from_parts(uri).unwrap_or_default();
+        }
+    }
+    Request::from_parts(head, body)
+}
+
+/// Strips hop-by-hop headers from the backend's response and adds the route's client headers.
+fn finish_response(resp: Response<PooledBody>, route: &Route) -> Response<RespBody> {
+    let (mut parts, body) = resp.into_parts();
+    headers::remove_hop_by_hop(&mut parts.headers);
+    for (name, value) in route.client_headers.iter() {
+        parts.headers.insert(name.clone(), value.clone());
+    }
+    Response::from_parts(parts, Either::Left(body))
+}
