@@ -1,0 +1,93 @@
+//! Hostile or broken input: the right 4xx/502, and other connections unaffected.
+
+mod support;
+
+use std::time::Duration;
+
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Writes raw bytes to the proxy and returns the status line it answers with ("" if none).
+async fn raw_exchange(addr: std::net::SocketAddr, request: &[u8]) -> String {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    got.extend_from_slice(&buf[..n]);
+                    if got.windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "no answer within 5 s");
+    String::from_utf8_lossy(&got).lines().next().unwrap_or("").to_string()
+}
+
+/// A "backend" that answers every connection with bytes that are not HTTP.
+async fn garbage_backend() -> std::net::SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                let _ = stream.read(&mut buf).await;
+                let _ = stream.write_all(b"SSH-2.0-OpenSSH_9.2 definitely not http\r\n\r\n").await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_4xx_and_garbage_backends_502() {
+    let good = Backend::start("good").await;
+    let garbage = garbage_backend().await;
+    let yaml = format!(
+        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}}}\n      \"/garbage\": {{servers: [\"{garbage}\"]}}\n",
+        servers(&[&good])
+    );
+    let proxy = ProxyProcess::start(&yaml, "max_request_header_bytes: 16384");
+    // A keep-alive connection opened before the abuse, used after it.
+    let mut bystander = Client::connect(Proto::H1, proxy.addr).await;
+    assert_eq!(bystander.get("a", "/").await.status(), 200);
+
+    let status = raw_exchange(proxy.addr, b"this is not http at all\r\n\r\n").await;
+    assert!(status.starts_with("HTTP/1.1 400"), "malformed request line: {status:?}");
+
+    let status = raw_exchange(proxy.addr, b"GET / HTTP/1.1\r\nHost: a\r\nBad Header: x\r\n\r\n").await;
+    assert!(status.starts_with("HTTP/1.1 400"), "space in header name: {status:?}");
+
+    let big = format!("GET / HTTP/1.1\r\nHost: a\r\nX-Big: {}\r\n\r\n", "y".repeat(20_000));
+    let status = raw_exchange(proxy.addr, big.as_bytes()).await;
+    assert!(status.starts_with("HTTP/1.1 431"), "oversized header block: {status:?}");
+
+    for proto in PROTOCOLS {
+        let mut client = Client::connect(proto, proxy.addr).await;
+        let resp = client.get("a", "/garbage").await;
+        assert_eq!(resp.status(), 502, "{proto:?}: backend answering garbage");
+        body_bytes(resp).await;
+    }
+
+    let resp = bystander.get("a", "/still-here").await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(header(&resp, "x-backend"), "good");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_method_is_refused() {
+    let good = Backend::start("good").await;
+    let yaml = format!("upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}}}\n", servers(&[&good]));
+    let proxy = ProxyProcess::start(&yaml, "");
+    let status = raw_exchange(proxy.addr, b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n").await;
+    assert!(status.starts_with("HTTP/1.1 405"), "{status:?}");
+}

@@ -1,0 +1,200 @@
+//! Routing and forwarding through the real binary, every case over HTTP/1.1 and h2c (one table).
+
+mod support;
+
+use bytes::Bytes;
+use futures_util::stream;
+use http::Method;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Frame;
+use support::*;
+
+struct Routes {
+    proxy: ProxyProcess,
+    _backends: Vec<Backend>,
+}
+
+async fn routing_setup() -> Routes {
+    let (a, b, c, d) = (Backend::start("a").await, Backend::start("b").await, Backend::start("c").await, Backend::start("d").await);
+    let yaml = format!(
+        "upstreams:\n  example.com:\n    paths:\n      \"/\": {{servers: {}}}\n      \"/api\": {{servers: {}}}\n      \"/api/v2\": {{servers: {}}}\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}}}\n",
+        servers(&[&a]),
+        servers(&[&b]),
+        servers(&[&c]),
+        servers(&[&d])
+    );
+    Routes { proxy: ProxyProcess::start(&yaml, ""), _backends: vec![a, b, c, d] }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_and_path_selection() {
+    let setup = routing_setup().await;
+    // (host, path, backend that must answer)
+    let table = [
+        ("example.com", "/", "a"),
+        ("EXAMPLE.Com", "/", "a"),
+        ("example.com:8080", "/", "a"),
+        ("example.com.", "/index", "a"),
+        ("other.org", "/", "d"),
+        ("other.org", "/api", "d"),
+        ("example.com", "/api", "b"),
+        ("example.com", "/api/", "b"),
+        ("example.com", "/api/x?q=1", "b"),
+        ("example.com", "/apix", "a"),
+        ("example.com", "/api/v2", "c"),
+        ("example.com", "/api/v2/y", "c"),
+        ("example.com", "/api/v2x", "b"),
+        ("example.com", "/x/../api/z", "b"),
+        ("example.com", "/api/v2/../z", "b"),
+        ("example.com", "/%61pi/v2", "c"),
+    ];
+    for proto in PROTOCOLS {
+        let mut client = Client::connect(proto, setup.proxy.addr).await;
+        for (host, path, want) in table {
+            let resp = client.get(host, path).await;
+            assert_eq!(resp.status(), 200, "{proto:?} {host}{path}");
+            assert_eq!(header(&resp, "x-backend"), want, "{proto:?} {host}{path}");
+            // The original request target goes to the backend unchanged.
+            let seen_uri = header(&resp, "x-seen-uri");
+            assert!(seen_uri.ends_with(path), "{proto:?} {host}{path}: backend saw {seen_uri}");
+            body_bytes(resp).await;
+        }
+    }
+    // HTTP/1.1 without any Host header uses DEFAULT.
+    let mut client = Client::connect(Proto::H1, setup.proxy.addr).await;
+    let resp = client.send(Method::GET, None, "/api", &[], full("")).await;
+    assert_eq!(header(&resp, "x-backend"), "d");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_default_unknown_hosts_and_paths_get_404() {
+    let a = Backend::start("a").await;
+    let yaml = format!("upstreams:\n  example.com:\n    paths:\n      \"/api\": {{servers: {}}}\n", servers(&[&a]));
+    let proxy = ProxyProcess::start(&yaml, "");
+    for proto in PROTOCOLS {
+        let mut client = Client::connect(proto, proxy.addr).await;
+        for (host, path) in [("other.org", "/api"), ("example.com", "/"), ("example.com", "/apix")] {
+            let resp = client.get(host, path).await;
+            assert_eq!(resp.status(), 404, "{proto:?} {host}{path}");
+            assert!(header(&resp, "content-type").starts_with("text/plain"));
+            assert!(!body_bytes(resp).await.is_empty());
+        }
+        let resp = client.get("example.com", "/api").await;
+        assert_eq!(resp.status(), 200);
+    }
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    let resp = client.send(Method::GET, None, "/api", &[], full("")).await;
+    assert_eq!(resp.status(), 404);
+    assert_eq!(a.requests.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarding_headers() {
+    let a = Backend::start("a").await;
+    let yaml = format!(
+        "server_headers: [\"X-Global:g\"]\nupstreams:\n  example.com:\n    paths:\n      \"/\":\n        servers: {}\n        server_headers: [\"X-To-Backend: yes\"]\n        client_headers: [\"X-Frame-Options:DENY\"]\n",
+        servers(&[&a])
+    );
+    let proxy = ProxyProcess::start(&yaml, "");
+    for proto in PROTOCOLS {
+        let mut client = Client::connect(proto, proxy.addr).await;
+        let resp = client
+            .send(Method::GET, Some("example.com:8080"), "/h", &[("x-forwarded-for", "203.0.113.9")], full(""))
+            .await;
+        assert_eq!(resp.status(), 200, "{proto:?}");
+        assert_eq!(header(&resp, "x-seen-xff"), "203.0.113.9, 127.0.0.1", "{proto:?}: XFF appended, no port");
+        assert_eq!(header(&resp, "x-seen-host"), "example.com:8080", "{proto:?}: Host kept");
+        assert_eq!(header(&resp, "x-seen-proto"), "http", "{proto:?}");
+        assert_eq!(header(&resp, "x-seen-fwd-host"), "example.com:8080", "{proto:?}");
+        assert_eq!(header(&resp, "x-seen-version"), "HTTP/1.1", "{proto:?}: backend spoken to in HTTP/1.1");
+        let seen = header(&resp, "x-seen-headers");
+        assert!(seen.contains("x-global") && seen.contains("x-to-backend"), "{proto:?}: server headers add up: {seen}");
+        // The backend's hop-by-hop headers never reach the client; client headers do.
+        assert!(resp.headers().get("x-hop").is_none(), "{proto:?}");
+        assert!(resp.headers().get("keep-alive").is_none(), "{proto:?}");
+        assert_eq!(header(&resp, "x-frame-options"), "DENY", "{proto:?}");
+        body_bytes(resp).await;
+        // Without an incoming XFF the client IP alone is sent.
+        let resp = client.get("example.com", "/").await;
+        assert_eq!(header(&resp, "x-seen-xff"), "127.0.0.1");
+        body_bytes(resp).await;
+    }
+    // Hop-by-hop request headers (only HTTP/1.1 clients can send them).
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    let hop = [
+        ("connection", "keep-alive, x-custom"),
+        ("x-custom", "1"),
+        ("keep-alive", "timeout=5"),
+        ("proxy-connection", "keep-alive"),
+        ("te", "gzip"),
+        ("x-end-to-end", "kept"),
+    ];
+    let resp = client.send(Method::GET, Some("example.com"), "/", &hop, full("")).await;
+    let seen = header(&resp, "x-seen-headers");
+    for gone in ["connection", "x-custom", "keep-alive", "proxy-connection", "te"] {
+        assert!(!seen.split(',').any(|h| h == gone), "{gone} reached the backend: {seen}");
+    }
+    assert!(seen.contains("x-end-to-end"), "{seen}");
+}
+
+fn chunked_unknown_length(chunks: usize, size: usize) -> ClientBody {
+    let parts = (0..chunks).map(move |i| Ok(Frame::data(Bytes::from(vec![b'a' + (i % 26) as u8; size]))));
+    StreamBody::new(stream::iter(parts)).boxed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_and_response_bodies() {
+    let a = Backend::start("a").await;
+    let yaml = format!("upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}}}\n", servers(&[&a]));
+    let proxy = ProxyProcess::start(&yaml, "");
+    let mib: Vec<u8> = (0..1024 * 1024).map(|i| (i % 251) as u8).collect();
+    for proto in PROTOCOLS {
+        let mut client = Client::connect(proto, proxy.addr).await;
+        let resp = client.send(Method::POST, Some("x"), "/echo", &[], full(Bytes::new())).await;
+        assert_eq!(resp.status(), 200);
+        assert!(body_bytes(resp).await.is_empty(), "{proto:?}: empty body");
+
+        let resp = client.send(Method::POST, Some("x"), "/echo", &[], full(mib.clone())).await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(body_bytes(resp).await.as_ref(), mib.as_slice(), "{proto:?}: 1 MiB echoed intact");
+
+        let resp = client.send(Method::POST, Some("x"), "/echo", &[], chunked_unknown_length(40, 5000)).await;
+        let echoed = body_bytes(resp).await;
+        assert_eq!(echoed.len(), 200_000, "{proto:?}: chunked body of unknown length");
+        assert_eq!(echoed[5000], b'b');
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundred_mib_response_streams_with_flat_memory() {
+    let a = Backend::start("a").await;
+    let yaml = format!("upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}}}\n", servers(&[&a]));
+    let proxy = ProxyProcess::start(&yaml, "");
+    const TOTAL: usize = 100 * 1024 * 1024;
+    for proto in PROTOCOLS {
+        let mut client = Client::connect(proto, proxy.addr).await;
+        // Warm up so the baseline includes buffers every connection allocates anyway.
+        body_bytes(client.get("x", "/big/1048576").await).await;
+        let baseline = proxy.rss_kib();
+        let resp = client.get("x", &format!("/big/{TOTAL}")).await;
+        assert_eq!(resp.status(), 200);
+        let mut body = resp.into_body();
+        let (mut received, mut peak, mut next_sample) = (0usize, baseline, 0usize);
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame.expect("frame").into_data() {
+                received += data.len();
+            }
+            if received >= next_sample {
+                peak = peak.max(proxy.rss_kib());
+                next_sample += 4 * 1024 * 1024;
+                // Read slowly for a while so a buffering proxy would have to hold the rest.
+                if received < 16 * 1024 * 1024 {
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+            }
+        }
+        assert_eq!(received, TOTAL, "{proto:?}");
+        let growth_mib = (peak.saturating_sub(baseline)) / 1024;
+        assert!(growth_mib < 24, "{proto:?}: proxy RSS grew by {growth_mib} MiB while streaming 100 MiB");
+    }
+}

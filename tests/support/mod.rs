@@ -1,0 +1,350 @@
+//! Test support: the real `aralez` binary as a child process, real backends (hyper servers) and
+//! real clients over HTTP/1.1 or h2c, all on 127.0.0.1 with OS-chosen ports.
+#![allow(dead_code)]
+
+use std::convert::Infallible;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::client::conn::{http1, http2};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+
+pub type ClientBody = BoxBody<Bytes, Infallible>;
+
+/// The proxy under test, killed on drop.
+pub struct ProxyProcess {
+    child: Child,
+    pub addr: SocketAddr,
+    pub dir: tempfile::TempDir,
+    pub log: Arc<Mutex<Vec<String>>>,
+}
+
+impl ProxyProcess {
+    /// Starts `aralez -c main.yaml` with the given upstreams file and extra main.yaml lines.
+    pub fn start(upstreams: &str, main_extra: &str) -> ProxyProcess {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(dir.path().join("upstreams.yaml"), upstreams).expect("write upstreams");
+        let main = format!(
+            "threads: 2\nproxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: \"upstreams.yaml\"\nlog_level: info\npid_file: \"{}\"\n{main_extra}\n",
+            dir.path().join("aralez.pid").display()
+        );
+        std::fs::write(dir.path().join("main.yaml"), main).expect("write main");
+        Self::spawn(dir)
+    }
+
+    fn spawn(dir: tempfile::TempDir) -> ProxyProcess {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_aralez"))
+            .arg("-c")
+            .arg(dir.path().join("main.yaml"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn aralez");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stdout = child.stdout.take().expect("stdout");
+        let stderr = child.stderr.take().expect("stderr");
+        for (stream, is_stdout) in [(Box::new(stdout) as Box<dyn std::io::Read + Send>, true), (Box::new(stderr), false)] {
+            let log = log.clone();
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    if is_stdout {
+                        if let Some(rest) = line.split("listening on http://").nth(1) {
+                            let addr = rest.split_whitespace().next().unwrap_or("").to_string();
+                            let _ = tx.send(addr);
+                        }
+                    }
+                    log.lock().unwrap().push(line);
+                }
+            });
+        }
+        let addr = match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(addr) => addr.parse().expect("listen address"),
+            Err(_) => {
+                let _ = child.kill();
+                panic!("proxy did not start; log:\n{}", log.lock().unwrap().join("\n"));
+            }
+        };
+        ProxyProcess { child, addr, dir, log }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Resident set size of the proxy, in KiB.
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        status
+            .lines()
+            .find(|l| l.starts_with("VmRSS:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A test backend: answers every request with facts about what it saw.
+///
+/// Response headers: `x-backend` (its name), `x-seen-host`, `x-seen-xff`, `x-seen-uri`,
+/// `x-seen-version`, `x-seen-headers` (every header name, comma-joined). Paths:
+/// `/big/<bytes>` streams that many bytes; `/echo...` streams the request body back; anything
+/// else answers `name` as the body. Responses also carry hop-by-hop headers the proxy must drop.
+pub struct Backend {
+    pub name: &'static str,
+    pub addr: SocketAddr,
+    pub accepts: Arc<AtomicUsize>,
+    pub requests: Arc<AtomicUsize>,
+    tasks: Arc<Mutex<Option<JoinSet<()>>>>,
+}
+
+impl Backend {
+    pub async fn start(name: &'static str) -> Backend {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind backend");
+        Self::serve(name, listener)
+    }
+
+    /// Starts on a given address (to bring a stopped backend back).
+    pub async fn start_on(name: &'static str, addr: SocketAddr) -> Backend {
+        let listener = TcpListener::bind(addr).await.expect("rebind backend");
+        Self::serve(name, listener)
+    }
+
+    fn serve(name: &'static str, listener: TcpListener) -> Backend {
+        let addr = listener.local_addr().unwrap();
+        let accepts = Arc::new(AtomicUsize::new(0));
+        let requests = Arc::new(AtomicUsize::new(0));
+        let tasks = Arc::new(Mutex::new(Some(JoinSet::new())));
+        let (acc, reqs, set) = (accepts.clone(), requests.clone(), tasks.clone());
+        let accept_loop = async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { continue };
+                acc.fetch_add(1, Ordering::SeqCst);
+                let reqs = reqs.clone();
+                let conn = async move {
+                    let svc = service_fn(move |req| {
+                        reqs.fetch_add(1, Ordering::SeqCst);
+                        answer(name, req)
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                };
+                if let Some(set) = set.lock().unwrap().as_mut() {
+                    set.spawn(conn);
+                }
+            }
+        };
+        if let Some(set) = tasks.lock().unwrap().as_mut() {
+            set.spawn(accept_loop);
+        }
+        Backend { name, addr, accepts, requests, tasks }
+    }
+
+    /// Stops listening and closes every open connection.
+    pub fn stop(&self) {
+        if let Some(mut set) = self.tasks.lock().unwrap().take() {
+            set.abort_all();
+            drop(set);
+        }
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+async fn answer(name: &'static str, req: Request<Incoming>) -> Result<Response<ClientBody>, Infallible> {
+    let seen = |h: &str| req.headers().get(h).cloned().unwrap_or(HeaderValue::from_static("-"));
+    let mut names: Vec<&str> = req.headers().keys().map(HeaderName::as_str).collect();
+    names.sort_unstable();
+    let mut builder = Response::builder()
+        .header("x-backend", name)
+        .header("x-seen-host", seen("host"))
+        .header("x-seen-xff", seen("x-forwarded-for"))
+        .header("x-seen-proto", seen("x-forwarded-proto"))
+        .header("x-seen-fwd-host", seen("x-forwarded-host"))
+        .header("x-seen-uri", req.uri().to_string())
+        .header("x-seen-version", format!("{:?}", req.version()))
+        .header("x-seen-headers", names.join(","));
+    if req.version() == http::Version::HTTP_11 {
+        // Hop-by-hop headers the proxy must not pass on to its client.
+        builder = builder.header("keep-alive", "timeout=5").header("x-hop", "must-go").header("connection", "x-hop");
+    }
+    let path = req.uri().path().to_string();
+    let body: ClientBody = if let Some(n) = path.strip_prefix("/big/") {
+        let total: usize = n.parse().unwrap_or(0);
+        generated_body(total)
+    } else if path.starts_with("/echo") {
+        req.into_body().map_err(|_| unreachable_err()).boxed()
+    } else if path.starts_with("/slow/") {
+        let ms: u64 = path.trim_start_matches("/slow/").parse().unwrap_or(0);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        full(name)
+    } else {
+        full(name)
+    };
+    Ok(builder.body(body).unwrap())
+}
+
+fn unreachable_err() -> Infallible {
+    // Echo bodies from a client that aborts just end the response; the test reports the mismatch.
+    panic!("client body failed")
+}
+
+/// A body of `total` bytes in 64 KiB chunks, produced as it is read.
+pub fn generated_body(total: usize) -> ClientBody {
+    let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+    let stream = futures_util::stream::unfold(total, move |left| {
+        let chunk = chunk.clone();
+        async move {
+            if left == 0 {
+                return None;
+            }
+            let n = left.min(chunk.len());
+            Some((Ok::<_, Infallible>(Frame::data(chunk.slice(..n))), left - n))
+        }
+    });
+    StreamBody::new(stream).boxed()
+}
+
+pub fn full(data: impl Into<Bytes>) -> ClientBody {
+    Full::new(data.into()).map_err(|never| match never {}).boxed()
+}
+
+/// The protocols the matrix runs over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proto {
+    H1,
+    H2c,
+}
+
+pub const PROTOCOLS: [Proto; 2] = [Proto::H1, Proto::H2c];
+
+/// One client connection to the proxy.
+pub enum Client {
+    H1(http1::SendRequest<ClientBody>),
+    H2(http2::SendRequest<ClientBody>),
+}
+
+impl Client {
+    pub async fn connect(proto: Proto, addr: SocketAddr) -> Client {
+        let stream = TcpStream::connect(addr).await.expect("connect to proxy");
+        stream.set_nodelay(true).unwrap();
+        let io = TokioIo::new(stream);
+        match proto {
+            Proto::H1 => {
+                let (send, conn) = http1::handshake(io).await.expect("h1 handshake");
+                tokio::spawn(conn);
+                Client::H1(send)
+            }
+            Proto::H2c => {
+                let (send, conn) = http2::handshake(TokioExecutor::new(), io).await.expect("h2 handshake");
+                tokio::spawn(conn);
+                Client::H2(send)
+            }
+        }
+    }
+
+    /// Sends a request for `path` to `host` (as `Host` over h1, `:authority` over h2).
+    pub async fn send(&mut self, method: Method, host: Option<&str>, path: &str, headers: &[(&str, &str)], body: ClientBody) -> Response<Incoming> {
+        let mut builder = Request::builder().method(method);
+        match self {
+            Client::H1(_) => {
+                builder = builder.uri(path);
+                if let Some(h) = host {
+                    builder = builder.header("host", h);
+                }
+            }
+            Client::H2(_) => {
+                let authority = host.unwrap_or("localhost");
+                builder = builder.uri(format!("http://{authority}{path}"));
+            }
+        }
+        for (k, v) in headers {
+            builder = builder.header(*k, *v);
+        }
+        let req = builder.body(body).expect("request");
+        let sent = match self {
+            Client::H1(s) => {
+                s.ready().await.expect("h1 ready");
+                s.send_request(req).await
+            }
+            Client::H2(s) => {
+                s.ready().await.expect("h2 ready");
+                s.send_request(req).await
+            }
+        };
+        sent.expect("response from proxy")
+    }
+
+    pub async fn get(&mut self, host: &str, path: &str) -> Response<Incoming> {
+        self.send(Method::GET, Some(host), path, &[], full(Bytes::new())).await
+    }
+}
+
+/// Reads a whole response body.
+pub async fn body_bytes(resp: Response<Incoming>) -> Bytes {
+    resp.into_body().collect().await.expect("response body").to_bytes()
+}
+
+/// A response's header as text ("" when absent).
+pub fn header(resp: &Response<Incoming>, name: &str) -> String {
+    resp.headers().get(name).map(|v| v.to_str().unwrap_or("?").to_string()).unwrap_or_default()
+}
+
+pub fn header_map(resp: &Response<Incoming>) -> HeaderMap {
+    resp.headers().clone()
+}
+
+/// `servers: [...]` YAML list for the given backends.
+pub fn servers(backends: &[&Backend]) -> String {
+    let list: Vec<String> = backends.iter().map(|b| format!("\"{}\"", b.addr)).collect();
+    format!("[{}]", list.join(", "))
+}
+
+/// Polls `check` until it holds or `limit` passes.
+pub async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if check() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    check()
+}
+
+pub fn status(resp: &Response<Incoming>) -> StatusCode {
+    resp.status()
+}
