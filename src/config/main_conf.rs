@@ -174,6 +174,7 @@ impl MainConfig {
         let entries = r.map(root, "(document)")?;
         let mut seen_http = false;
         let mut seen_upstreams = false;
+        let mut upstreams_pos = root.pos;
         let mut proxy_configs: Option<PathBuf> = None;
         let mut failed = false;
         for (key, value) in entries {
@@ -224,6 +225,7 @@ impl MainConfig {
                 "proxy_tls_grade" => set(&mut cfg.proxy_tls_grade, read_grade(value, r)),
                 "upstreams_conf" => {
                     seen_upstreams = true;
+                    upstreams_pos = value.pos;
                     set(
                         &mut cfg.upstreams_conf,
                         r.non_empty_string(value, k).map(PathBuf::from),
@@ -316,7 +318,28 @@ impl MainConfig {
         if failed {
             return None;
         }
+        let written = cfg.upstreams_conf.clone();
         cfg.resolve_paths();
+        let resolved = &cfg.upstreams_conf;
+        let problem = match std::fs::metadata(resolved) {
+            Ok(meta) if meta.is_dir() => Some("is a directory, not a file"),
+            Ok(_) => None,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some("does not exist"),
+            Err(_) => None, // reported when the file is read
+        };
+        if let Some(problem) = problem {
+            let shown = if written == *resolved {
+                format!("`{}` {problem}", written.display())
+            } else {
+                format!(
+                    "`{}` {problem} (looked for {})",
+                    written.display(),
+                    resolved.display()
+                )
+            };
+            r.error(upstreams_pos, "upstreams_conf", shown);
+            return None;
+        }
         Some(cfg)
     }
 

@@ -27,7 +27,7 @@ fn read_tree(path: &Path, issues: &mut Issues) -> Option<Node> {
     let start = Pos { line: 1, column: 1 };
     match std::fs::metadata(path) {
         Ok(meta) if meta.is_dir() => {
-            r.error(Pos::default(), "(file)", "is a directory, not a YAML file");
+            r.error(start, "(file)", "is a directory, not a YAML file");
             return None;
         }
         Ok(meta) if meta.len() > yaml::MAX_FILE_BYTES => {
@@ -35,23 +35,23 @@ fn read_tree(path: &Path, issues: &mut Issues) -> Option<Node> {
                 start,
                 "(file)",
                 format!(
-                    "file is {} bytes, over the {} byte limit for a config file",
+                    "file is {} bytes, over the {} MiB limit for a config file",
                     meta.len(),
-                    yaml::MAX_FILE_BYTES
+                    yaml::MAX_FILE_BYTES / (1024 * 1024)
                 ),
             );
             return None;
         }
         Ok(_) => {}
         Err(e) => {
-            r.error(Pos::default(), "(file)", format!("cannot read: {e}"));
+            r.error(start, "(file)", format!("cannot read: {}", io_reason(&e)));
             return None;
         }
     }
     let bytes = match std::fs::read(path) {
         Ok(b) => b,
         Err(e) => {
-            r.error(Pos::default(), "(file)", format!("cannot read: {e}"));
+            r.error(start, "(file)", format!("cannot read: {}", io_reason(&e)));
             return None;
         }
     };
@@ -64,15 +64,37 @@ fn read_tree(path: &Path, issues: &mut Issues) -> Option<Node> {
                 .filter(|b| **b == b'\n')
                 .count()
                 + 1;
+            let line_start = e.as_bytes()[..offset]
+                .iter()
+                .rposition(|b| *b == b'\n')
+                .map_or(0, |i| i + 1);
+            let column = String::from_utf8_lossy(&e.as_bytes()[line_start..offset])
+                .chars()
+                .count()
+                + 1;
             let pos = Pos {
-                line: line as u32,
-                column: 1,
+                line: u32::try_from(line).unwrap_or(u32::MAX),
+                column: u32::try_from(column).unwrap_or(u32::MAX),
             };
-            r.error(pos, "(file)", "file is not valid UTF-8");
+            let byte = e.as_bytes()[offset];
+            r.error(
+                pos,
+                "(file)",
+                format!("file is not valid UTF-8 (byte 0x{byte:02x}); save it as UTF-8"),
+            );
             return None;
         }
     };
     parse_tree(&text, &mut r)
+}
+
+/// An I/O error without the "(os error N)" suffix.
+fn io_reason(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => "no such file".to_string(),
+        std::io::ErrorKind::PermissionDenied => "permission denied".to_string(),
+        _ => e.to_string(),
+    }
 }
 
 fn parse_tree(text: &str, r: &mut Reader) -> Option<Node> {

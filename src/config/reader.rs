@@ -28,8 +28,15 @@ impl<'a> Reader<'a> {
             .push(Severity::Warning, &self.file, pos, key, message.into());
     }
 
-    fn wrong_type(&mut self, node: &Node, key: &str, expected: &str) {
-        let found = node.value.kind();
+    pub fn wrong_type(&mut self, node: &Node, key: &str, expected: &str) {
+        let kind = node.value.kind();
+        let found = match &node.value {
+            Value::Str(s) => format!("{kind} `{}`", shorten(s)),
+            Value::Int(i) => format!("{kind} `{i}`"),
+            Value::Float(f) => format!("{kind} `{f}`"),
+            Value::Bool(b) => format!("{kind} `{b}`"),
+            Value::Null | Value::Seq(_) | Value::Map(_) => kind.to_string(),
+        };
         self.error(node.pos, key, format!("expected {expected}, found {found}"));
     }
 
@@ -154,6 +161,23 @@ impl<'a> Reader<'a> {
         };
         self.warn(key.pos, path, message);
     }
+}
+
+/// A value quoted back in a message: control characters escaped, long text cut.
+pub fn shorten(text: &str) -> String {
+    const MAX: usize = 60;
+    let mut out = String::new();
+    for c in text.chars().take(MAX) {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    if text.chars().nth(MAX).is_some() {
+        out.push_str("...");
+    }
+    out
 }
 
 /// `parent.child`, or `child` at the top.

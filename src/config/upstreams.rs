@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
 
+use super::issues::did_you_mean;
 use super::reader::{join, Reader};
-use super::values::{parse_auth, parse_header, parse_server, AuthRule, ServerSpec};
+use super::values::{parse_auth, parse_header, parse_server, AuthError, AuthRule, ServerSpec};
 use super::yaml::{Key, Node, Pos, Value};
 
 /// Which of the two accepted shapes a file used.
@@ -152,6 +153,15 @@ impl UpstreamsConfig {
                 "kubernetes" => cfg.kubernetes = r.map(value, k).map(|_| value.clone()),
                 _ if SETTING_KEYS.contains(&k) => read_setting(&mut cfg.globals, key, value, "", r),
                 _ if looks_like_host(value) => top_level_hosts.push(entry),
+                _ if matches!(value.value, Value::Map(_))
+                    && did_you_mean(k, &global_known).is_none() =>
+                {
+                    r.warn(
+                        key.pos,
+                        k,
+                        format!("unknown key `{k}` (ignored; a host needs `paths`)"),
+                    )
+                }
                 _ => r.unknown_key(key, k, &global_known),
             }
         }
@@ -242,7 +252,7 @@ fn read_hosts(entries: &[(Key, Node)], parent: &str, r: &mut Reader) -> Vec<Host
             );
             continue;
         }
-        if let Some(host) = read_host(name, value, &path, r) {
+        if let Some(host) = read_host(name, key, value, &path, r) {
             hosts.push((key.pos, host));
         }
     }
@@ -267,7 +277,13 @@ fn normalise_host_key(key: &Key, path: &str, r: &mut Reader) -> Option<String> {
     Some(name.to_string())
 }
 
-fn read_host(name: String, node: &Node, path: &str, r: &mut Reader) -> Option<HostConfig> {
+fn read_host(
+    name: String,
+    host_key: &Key,
+    node: &Node,
+    path: &str,
+    r: &mut Reader,
+) -> Option<HostConfig> {
     let entries = r.map(node, path)?;
     let mut host = HostConfig {
         name,
@@ -290,7 +306,11 @@ fn read_host(name: String, node: &Node, path: &str, r: &mut Reader) -> Option<Ho
         }
     }
     if !saw_paths {
-        r.error(node.pos, path, "host has no `paths`");
+        r.error(
+            host_key.pos,
+            path,
+            format!("host `{}` has no `paths`", host_key.name),
+        );
     }
     Some(host)
 }
@@ -322,13 +342,13 @@ fn read_path(key: &Key, node: &Node, path: &str, r: &mut Reader) -> Option<PathC
         settings: RouteSettings::default(),
     };
     let known = known_at(&["servers"]);
-    let mut saw_servers = false;
+    let mut servers_node: Option<&Node> = None;
     let mut empty_list = false;
     for (k, value) in entries {
         let key_path = join(path, &k.name);
         match k.name.as_str() {
             "servers" => {
-                saw_servers = true;
+                servers_node = Some(value);
                 let (servers, listed) = read_servers(value, &key_path, r);
                 out.servers = servers;
                 empty_list = listed == 0;
@@ -339,15 +359,23 @@ fn read_path(key: &Key, node: &Node, path: &str, r: &mut Reader) -> Option<PathC
             _ => r.unknown_key(k, &key_path, &known),
         }
     }
-    let redirects = out.settings.redirect_to.is_some();
-    if !saw_servers && !redirects {
-        r.error(node.pos, path, "path has no `servers`");
-    } else if saw_servers && empty_list && !redirects {
-        r.error(
-            node.pos,
+    // A `redirect_to` already reported as invalid does not also make the servers missing.
+    let redirects = entries.iter().any(|(k, _)| k.name == "redirect_to");
+    match servers_node {
+        None if !redirects => r.error(
+            key.pos,
+            path,
+            format!(
+                "path `{}` has no `servers` (and no `redirect_to`)",
+                key.name
+            ),
+        ),
+        Some(list) if empty_list && !redirects => r.error(
+            list.pos,
             &join(path, "servers"),
             "the list of servers is empty",
-        );
+        ),
+        _ => {}
     }
     Some(out)
 }
@@ -393,12 +421,22 @@ fn read_setting(
 }
 
 fn read_sticky(node: &Node, path: &str, r: &mut Reader) -> Option<Option<Duration>> {
+    let hour = Some(Some(Duration::from_secs(3600)));
     match &node.value {
-        Value::Bool(true) => Some(Some(Duration::from_secs(3600))),
+        Value::Bool(true) => hour,
         Value::Bool(false) => Some(None),
-        _ => r
+        Value::Str(s) if s.trim().eq_ignore_ascii_case("true") => hour,
+        Value::Str(s) if s.trim().eq_ignore_ascii_case("false") => Some(None),
+        Value::Int(_) => r
             .uint(node, path, 0, 10 * 365 * 86_400)
             .map(|s| (s > 0).then(|| Duration::from_secs(s))),
+        Value::Str(s) if s.trim().parse::<i64>().is_ok() => r
+            .uint(node, path, 0, 10 * 365 * 86_400)
+            .map(|s| (s > 0).then(|| Duration::from_secs(s))),
+        _ => {
+            r.wrong_type(node, path, "true, false or a number of seconds");
+            None
+        }
     }
 }
 
@@ -419,26 +457,49 @@ fn read_headers(node: &Node, path: &str, r: &mut Reader) -> HeaderList {
 fn read_auth(node: &Node, path: &str, r: &mut Reader) -> Option<AuthRule> {
     let entries = r.map(node, path)?;
     let mut kind: Option<(Pos, String)> = None;
-    let mut data: Option<String> = None;
+    let mut data: Option<(Pos, String, String)> = None;
+    let mut ok = true;
     for (key, value) in entries {
         let key_path = join(path, &key.name);
         match key.name.as_str() {
-            "type" => kind = r.string(value, &key_path).map(|s| (value.pos, s)),
-            "data" | "creds" => data = r.string(value, &key_path),
+            "type" => match r.string(value, &key_path) {
+                Some(s) => kind = Some((value.pos, s)),
+                None => ok = false,
+            },
+            "data" | "creds" => match r.string(value, &key_path) {
+                Some(s) => data = Some((value.pos, key_path, s)),
+                None => ok = false,
+            },
             _ => r.unknown_key(key, &key_path, &["type", "data", "creds"]),
         }
     }
     let Some((kind_pos, kind)) = kind else {
-        r.error(
-            node.pos,
-            path,
-            "authorization needs a `type` (basic, apikey, jwt or forward)",
-        );
+        if ok {
+            r.error(
+                node.pos,
+                path,
+                "authorization needs a `type` (basic, apikey, jwt or forward)",
+            );
+        }
         return None;
     };
-    match parse_auth(&kind, data.as_deref()) {
+    if !ok {
+        return None;
+    }
+    match parse_auth(&kind, data.as_ref().map(|(_, _, d)| d.as_str())) {
         Ok(rule) => Some(rule),
-        Err(msg) => {
+        Err(AuthError::Data(msg)) => {
+            let (pos, key_path) = data
+                .map(|(pos, key_path, _)| (pos, key_path))
+                .unwrap_or((kind_pos, join(path, "data")));
+            r.error(pos, &key_path, msg);
+            None
+        }
+        Err(AuthError::MissingData(msg)) => {
+            r.error(kind_pos, path, msg);
+            None
+        }
+        Err(AuthError::Type(msg)) => {
             r.error(kind_pos, &join(path, "type"), msg);
             None
         }

@@ -7,6 +7,8 @@ use std::net::{IpAddr, SocketAddr};
 
 use http::{HeaderName, HeaderValue, Uri};
 
+use super::reader::shorten;
+
 /// How to talk to a backend, when the config pins it with a scheme prefix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Scheme {
@@ -60,25 +62,41 @@ impl std::fmt::Display for ServerSpec {
 /// Parses a backend entry.
 pub fn parse_server(text: &str) -> Result<ServerSpec, String> {
     let text = text.trim();
+    if text.is_empty() {
+        return Err("empty server entry (expected host:port)".to_string());
+    }
+    let shown = shorten(text);
     let (scheme, rest) = if let Some(rest) = text.strip_prefix("http://") {
         (Some(Scheme::Http), rest)
     } else if let Some(rest) = text.strip_prefix("https://") {
         (Some(Scheme::Https), rest)
     } else if let Some(rest) = text.strip_prefix("h2c://") {
         (Some(Scheme::H2c), rest)
-    } else if text.contains("://") {
+    } else if let Some((prefix, _)) = text.split_once("://") {
         return Err(format!(
-            "`{text}` has an unknown scheme (use http://, https:// or h2c://, or none)"
+            "`{shown}`: unknown scheme `{}://` (use http://, https://, h2c:// or none)",
+            shorten(prefix)
         ));
     } else {
         (None, text)
     };
     let rest = rest.strip_suffix('/').unwrap_or(rest);
+    if rest.contains('/') {
+        let malformed_scheme = rest
+            .split_once(":/")
+            .is_some_and(|(p, _)| !p.is_empty() && p.bytes().all(|b| b.is_ascii_alphanumeric()));
+        return Err(if malformed_scheme {
+            format!("`{shown}`: malformed scheme (use http://, https://, h2c:// or none)")
+        } else {
+            format!("`{shown}`: a server is host:port, without a path")
+        });
+    }
     let (host, port) = split_host_port(rest)?;
-    let port = parse_port(port, rest)?;
+    let port = parse_port(port, rest, 1)?;
     if host.parse::<IpAddr>().is_err() && !is_dns_name(host) {
         return Err(format!(
-            "`{host}` is neither an IP address nor a valid host name"
+            "`{}` is neither an IP address nor a valid host name",
+            shorten(host)
         ));
     }
     Ok(ServerSpec {
@@ -89,33 +107,59 @@ pub fn parse_server(text: &str) -> Result<ServerSpec, String> {
 }
 
 fn split_host_port(text: &str) -> Result<(&str, &str), String> {
+    let shown = shorten(text);
     if let Some(rest) = text.strip_prefix('[') {
         let (host, after) = rest
             .split_once(']')
-            .ok_or_else(|| format!("`{text}`: `[` of an IPv6 address is never closed"))?;
+            .ok_or_else(|| format!("`{shown}`: `[` of an IPv6 address is never closed"))?;
         let port = after
             .strip_prefix(':')
-            .ok_or_else(|| format!("`{text}` has no port (expected [v6]:port)"))?;
+            .ok_or_else(|| format!("`{shown}` has no port (expected [v6]:port)"))?;
         if host.parse::<std::net::Ipv6Addr>().is_err() {
-            return Err(format!("`{host}` is not a valid IPv6 address"));
+            return Err(format!("`{}` is not a valid IPv6 address", shorten(host)));
         }
         return Ok((host, port));
     }
     match text.rsplit_once(':') {
-        Some((host, _)) if host.contains(':') => Err(format!(
-            "`{text}`: write IPv6 addresses in brackets, as [{host}]:port"
-        )),
-        Some((host, port)) if !host.is_empty() => Ok((host, port)),
-        _ => Err(format!("`{text}` has no port (expected host:port)")),
+        Some((host, _)) if host.contains(':') => Err(unbracketed_v6(text)),
+        Some(("", _)) => Err(format!("`{shown}` has no host (expected host:port)")),
+        Some((host, port)) => Ok((host, port)),
+        None => Err(format!("`{shown}` has no port (expected host:port)")),
     }
 }
 
-fn parse_port(port: &str, whole: &str) -> Result<u16, String> {
+/// The message for an IPv6 address written without brackets, guessing the intended port.
+fn unbracketed_v6(text: &str) -> String {
+    let shown = shorten(text);
+    let example = match text.rsplit_once(':') {
+        Some((host, port))
+            if host.parse::<std::net::Ipv6Addr>().is_ok()
+                && !port.is_empty()
+                && port.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            format!("[{host}]:{port}")
+        }
+        _ => format!("[{shown}]:80"),
+    };
+    format!("`{shown}`: write IPv6 addresses in brackets, with the port after them, e.g. {example}")
+}
+
+/// A port number within `min..=65535`.
+fn parse_port(port: &str, whole: &str, min: u32) -> Result<u16, String> {
+    let whole = shorten(whole);
+    let digits = port.bytes().all(|b| b.is_ascii_digit());
     match port.parse::<u32>() {
-        Ok(0) => Err(format!("`{whole}`: port 0 is not a valid port")),
+        _ if port.is_empty() => Err(format!("`{whole}` has no port number after `:`")),
+        _ if !digits => Err(format!(
+            "`{whole}`: port `{}` is not a number",
+            shorten(port)
+        )),
+        Ok(0) if min > 0 => Err(format!("`{whole}`: port 0 is not a valid port")),
         Ok(p) if p <= 65535 => Ok(p as u16),
-        Ok(p) => Err(format!("`{whole}`: port {p} is out of range (1-65535)")),
-        Err(_) => Err(format!("`{whole}`: port `{port}` is not a number")),
+        Ok(p) => Err(format!("`{whole}`: port {p} is out of range ({min}-65535)")),
+        Err(_) => Err(format!(
+            "`{whole}`: port {port} is out of range ({min}-65535)"
+        )),
     }
 }
 
@@ -137,35 +181,79 @@ fn is_dns_name(host: &str) -> bool {
 /// Parses a listen address `IP:port` (`[v6]:port` for IPv6). Port 0 is allowed (the OS picks).
 pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
     let text = text.trim();
-    text.parse::<SocketAddr>().map_err(|_| {
-        if !text.contains(':') {
-            format!("`{text}` has no port (expected IP:port, e.g. 0.0.0.0:80)")
-        } else if let Some((_, port)) = text.rsplit_once(':') {
-            match port.parse::<u32>() {
-                Ok(p) if p > 65535 => format!("`{text}`: port {p} is out of range (0-65535)"),
-                Ok(_) => format!("`{text}`: the address must be an IP literal, e.g. 0.0.0.0:80"),
-                Err(_) => format!("`{text}`: port `{port}` is not a number"),
-            }
-        } else {
-            format!("`{text}` is not an IP:port address")
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let shown = shorten(text);
+    if text.is_empty() {
+        return Err("empty address (expected IP:port, e.g. 0.0.0.0:80)".to_string());
+    }
+    match text.parse::<IpAddr>() {
+        Ok(IpAddr::V6(_)) => return Err(unbracketed_v6(text)),
+        Ok(IpAddr::V4(_)) => {
+            return Err(format!(
+                "`{shown}` has no port (expected IP:port, e.g. {shown}:80)"
+            ))
         }
-    })
+        Err(_) => {}
+    }
+    let (host, port) = if text.starts_with('[') {
+        split_host_port(text)?
+    } else {
+        match text.rsplit_once(':') {
+            Some((host, _)) if host.contains(':') => return Err(unbracketed_v6(text)),
+            Some((host, port)) => (host, port),
+            None => {
+                return Err(format!(
+                    "`{shown}` has no port (expected IP:port, e.g. 0.0.0.0:80)"
+                ))
+            }
+        }
+    };
+    parse_port(port, text, 0)?;
+    Err(format!(
+        "`{}` is not an IP address (a listen address must be an IP literal, e.g. 0.0.0.0:80)",
+        shorten(host)
+    ))
 }
 
 /// Parses a header line `Name:Value` (spaces around either part are trimmed).
 pub fn parse_header(text: &str) -> Result<(HeaderName, HeaderValue), String> {
     let (name, value) = text
         .split_once(':')
-        .ok_or_else(|| format!("`{text}` has no `:` (expected \"Name:Value\")"))?;
+        .ok_or_else(|| format!("`{}` has no `:` (expected \"Name:Value\")", shorten(text)))?;
     let name = name.trim();
     if name.is_empty() {
-        return Err(format!("`{text}` has an empty header name"));
+        return Err(format!("`{}` has an empty header name", shorten(text)));
     }
-    let name = HeaderName::from_bytes(name.as_bytes())
-        .map_err(|_| format!("`{name}` is not a valid header name"))?;
-    let value = HeaderValue::from_str(value.trim())
-        .map_err(|_| format!("the value of `{name}` has characters a header cannot carry"))?;
-    Ok((name, value))
+    let header_name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+        let bad = name
+            .chars()
+            .find(|c| !c.is_ascii_alphanumeric() && !"!#$%&'*+-.^_`|~".contains(*c));
+        match bad {
+            Some(' ') => format!(
+                "`{}` is not a valid header name (it contains a space)",
+                shorten(name)
+            ),
+            Some(c) => format!(
+                "`{}` is not a valid header name (`{}` is not allowed)",
+                shorten(name),
+                c.escape_default()
+            ),
+            None => format!("`{}` is not a valid header name", shorten(name)),
+        }
+    })?;
+    let value = value.trim();
+    let header_value = HeaderValue::from_str(value).map_err(|_| {
+        match value.chars().find(|c| c.is_ascii_control() && *c != '\t') {
+            Some(c) => format!(
+                "the value of `{name}` contains a control character (`{}`)",
+                c.escape_default()
+            ),
+            None => format!("the value of `{name}` is not a valid header value"),
+        }
+    })?;
+    Ok((header_name, header_value))
 }
 
 /// An authentication rule.
@@ -183,16 +271,40 @@ pub enum AuthRule {
 
 pub const AUTH_TYPES: &[&str] = &["basic", "apikey", "jwt", "forward"];
 
+/// Why an auth rule was refused, and which part of it is at fault.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AuthError {
+    /// The `type` is unknown.
+    Type(String),
+    /// The type needs `data` and there is none.
+    MissingData(String),
+    /// The `data` does not suit the type.
+    Data(String),
+}
+
+impl std::fmt::Display for AuthError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AuthError::Type(m) | AuthError::MissingData(m) | AuthError::Data(m) => f.write_str(m),
+        }
+    }
+}
+
 /// Builds an auth rule from its `type` and `data`/`creds`.
-pub fn parse_auth(kind: &str, data: Option<&str>) -> Result<AuthRule, String> {
+pub fn parse_auth(kind: &str, data: Option<&str>) -> Result<AuthRule, AuthError> {
     let data = data.map(str::trim).filter(|d| !d.is_empty());
-    let need = |what: &str| format!("auth type `{kind}` needs `data` ({what})");
-    match kind.to_ascii_lowercase().as_str() {
+    let need = |what: &str| {
+        AuthError::MissingData(format!(
+            "auth type `{}` needs `data` ({what})",
+            shorten(kind)
+        ))
+    };
+    match kind.trim().to_ascii_lowercase().as_str() {
         "basic" => {
             let data = data.ok_or_else(|| need("user:password"))?;
-            let (user, password) = data
-                .split_once(':')
-                .ok_or_else(|| "basic auth `data` must be `user:password`".to_string())?;
+            let (user, password) = data.split_once(':').ok_or_else(|| {
+                AuthError::Data("basic auth `data` must be `user:password`".to_string())
+            })?;
             Ok(AuthRule::Basic {
                 user: user.to_string(),
                 password: password.to_string(),
@@ -204,22 +316,32 @@ pub fn parse_auth(kind: &str, data: Option<&str>) -> Result<AuthRule, String> {
         "jwt" => Ok(AuthRule::Jwt(data.map(str::to_string))),
         "forward" => {
             let data = data.ok_or_else(|| need("the auth service URL"))?;
-            let uri: Uri = data
-                .parse()
-                .map_err(|_| format!("`{data}` is not a valid URL"))?;
+            let bad = || {
+                AuthError::Data(format!(
+                    "`{}` is not an http:// or https:// URL",
+                    shorten(data)
+                ))
+            };
+            let uri: Uri = data.parse().map_err(|_| bad())?;
             match uri.scheme_str() {
                 Some("http") | Some("https") if uri.authority().is_some() => {
                     Ok(AuthRule::Forward(uri))
                 }
-                _ => Err(format!("`{data}` must be an http:// or https:// URL")),
+                _ => Err(bad()),
             }
         }
-        other => Err(match super::issues::did_you_mean(other, AUTH_TYPES) {
-            Some(near) => format!("unknown auth type `{other}`, did you mean `{near}`?"),
-            None => format!(
-                "unknown auth type `{other}` (expected one of: basic, apikey, jwt, forward)"
-            ),
-        }),
+        other => Err(AuthError::Type(
+            match super::issues::did_you_mean(other, AUTH_TYPES) {
+                Some(near) => format!(
+                    "unknown auth type `{}`, did you mean `{near}`?",
+                    shorten(other)
+                ),
+                None => format!(
+                    "unknown auth type `{}` (expected one of: basic, apikey, jwt, forward)",
+                    shorten(other)
+                ),
+            },
+        )),
     }
 }
 
@@ -253,6 +375,13 @@ mod tests {
         ] {
             assert!(parse_server(bad).is_err(), "{bad} should be refused");
         }
+        let reason = |text: &str| parse_server(text).unwrap_err();
+        assert!(reason(":80").contains("no host"));
+        assert!(reason("").contains("empty"));
+        assert!(reason("a:+80").contains("not a number"));
+        assert!(reason("::1:8080").contains("[::1]:8080"));
+        assert!(reason("http:/a:1").contains("malformed scheme"));
+        assert!(reason("a.local:80/api").contains("without a path"));
     }
 
     #[test]
@@ -266,6 +395,12 @@ mod tests {
         assert!(parse_listen("localhost:80")
             .unwrap_err()
             .contains("IP literal"));
+        assert!(parse_listen("::1:80").unwrap_err().contains("[::1]:80"));
+        assert!(parse_listen("[::1]").unwrap_err().contains("no port"));
+        assert!(parse_listen("1.2.3.4:+80")
+            .unwrap_err()
+            .contains("not a number"));
+        assert_eq!(parse_listen("127.0.0.1:0").unwrap().port(), 0);
     }
 
     #[test]
@@ -293,12 +428,14 @@ mod tests {
         assert!(parse_auth("basic", Some("nocolon")).is_err());
         assert!(parse_auth("apikey", None)
             .unwrap_err()
+            .to_string()
             .contains("needs `data`"));
         assert_eq!(parse_auth("jwt", None), Ok(AuthRule::Jwt(None)));
         assert!(parse_auth("forward", Some("auth.local/check")).is_err());
         assert!(parse_auth("forward", Some("http://auth.local/check")).is_ok());
         assert!(parse_auth("jwk", None)
             .unwrap_err()
+            .to_string()
             .contains("did you mean `jwt`"));
     }
 }

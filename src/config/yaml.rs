@@ -93,8 +93,15 @@ pub fn parse(text: &str) -> Result<Node, ParseFailure> {
         max_total_scalar_bytes: 16 * 1024 * 1024,
         max_documents: 1,
     };
+    // Aliases are replayed event by event: cap the replay well below the node budget so an
+    // alias bomb is refused after a few milliseconds of work, not after a million nodes.
+    let alias_limits = serde_saphyr::alias_limits! {
+        max_total_replayed_events: MAX_ALIAS_REPLAYED_EVENTS,
+        max_replay_stack_depth: 16,
+    };
     let options = serde_saphyr::options! {
         budget: budget,
+        alias_limits: alias_limits,
         with_snippet: false,
         duplicate_keys: serde_saphyr::DuplicateKeyPolicy::Error,
     };
@@ -108,12 +115,96 @@ pub fn parse(text: &str) -> Result<Node, ParseFailure> {
                     column: u32::try_from(loc.column()).unwrap_or(u32::MAX),
                 })
                 .unwrap_or_default();
-            Err(ParseFailure {
-                pos,
-                message: first_line(&err.to_string()),
-            })
+            let mut message = describe(&err);
+            if !message.contains("unclosed") {
+                if let Some((open, line)) = unclosed_flow_before(text, pos) {
+                    message.push_str(&format!(" (is the `{open}` on line {line} closed?)"));
+                }
+            }
+            Err(ParseFailure { pos, message })
         }
     }
+}
+
+/// Most events that alias (`*name`) expansion may produce in one document.
+const MAX_ALIAS_REPLAYED_EVENTS: usize = 100_000;
+
+/// The parser's error in operator terms (its budget and policy names mean nothing to them).
+fn describe(err: &serde_saphyr::Error) -> String {
+    use serde_saphyr::budget::BudgetBreach;
+    use serde_saphyr::Error as E;
+    let mut inner = err.without_snippet();
+    while let E::AliasError { error, .. } | E::WithSnippet { error, .. } = inner {
+        inner = error;
+    }
+    match inner {
+        E::DuplicateMappingKey { key: Some(key), .. } => {
+            format!("duplicate key `{key}` (each key may appear once per mapping)")
+        }
+        E::DuplicateMappingKey { key: None, .. } => {
+            "duplicate key (each key may appear once per mapping)".to_string()
+        }
+        E::AliasReplayLimitExceeded { .. }
+        | E::AliasExpansionLimitExceeded { .. }
+        | E::AliasReplayStackDepthExceeded { .. }
+        | E::AliasReplayCounterOverflow { .. } => format!(
+            "aliases expand to too many values (over {MAX_ALIAS_REPLAYED_EVENTS}); refusing a possible alias bomb"
+        ),
+        E::Budget { breach, .. } => match breach {
+            BudgetBreach::Aliases { .. } | BudgetBreach::AliasAnchorRatio { .. } => {
+                "too many aliases (`*name`); refusing a possible alias bomb".to_string()
+            }
+            BudgetBreach::Anchors { .. } => "too many anchors (`&name`)".to_string(),
+            BudgetBreach::Depth { .. } => "nested too deeply (over 64 levels)".to_string(),
+            BudgetBreach::Documents { .. } => {
+                "more than one YAML document (`---`) in the file".to_string()
+            }
+            BudgetBreach::ScalarBytes { .. } => "too much text in the values".to_string(),
+            _ => "document is too large (too many values)".to_string(),
+        },
+        _ => first_line(&err.to_string()),
+    }
+}
+
+/// The innermost `[` or `{` still open at `pos` that was opened on an earlier line, if any.
+///
+/// A flow collection left open makes the parser fail lines later with an unrelated complaint; the
+/// bracket's line is what the operator needs. Quotes and comments are skipped; block scalars are
+/// not understood, which is why callers only add this as a hint.
+fn unclosed_flow_before(text: &str, pos: Pos) -> Option<(char, u32)> {
+    let mut open: Vec<(char, u32)> = Vec::new();
+    for (idx, line) in text.lines().enumerate() {
+        let line_no = u32::try_from(idx + 1).unwrap_or(u32::MAX);
+        if line_no > pos.line {
+            break;
+        }
+        let mut quote: Option<char> = None;
+        let mut prev = ' ';
+        let mut chars = line.chars().enumerate().peekable();
+        while let Some((col, c)) = chars.next() {
+            if line_no == pos.line && col + 1 >= pos.column as usize {
+                break;
+            }
+            match quote {
+                Some('"') if c == '\\' => {
+                    chars.next();
+                }
+                Some(q) if c == q => quote = None,
+                Some(_) => {}
+                None => match c {
+                    '"' | '\'' if !prev.is_alphanumeric() => quote = Some(c),
+                    '#' if prev.is_whitespace() => break,
+                    '[' | '{' => open.push((c, line_no)),
+                    ']' | '}' => {
+                        open.pop();
+                    }
+                    _ => {}
+                },
+            }
+            prev = c;
+        }
+    }
+    open.last().copied().filter(|(_, line)| *line < pos.line)
 }
 
 fn first_line(message: &str) -> String {
@@ -323,6 +414,14 @@ mod tests {
             prev = name;
         }
         assert!(parse(&doc).is_err());
+    }
+
+    #[test]
+    fn unclosed_flow_collection_is_named() {
+        let err = parse("a: 1\nb: [x, \"y]\"\nc: 3\n").unwrap_err();
+        assert!(err.message.contains("`[` on line 2"), "{err:?}");
+        let err = parse("a: {x: 1 # }\nb: 2\n").unwrap_err();
+        assert!(err.message.contains("`{` on line 1"), "{err:?}");
     }
 
     #[test]
