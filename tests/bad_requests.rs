@@ -29,7 +29,11 @@ async fn raw_exchange(addr: std::net::SocketAddr, request: &[u8]) -> String {
     })
     .await;
     assert!(read.is_ok(), "no answer within 5 s");
-    String::from_utf8_lossy(&got).lines().next().unwrap_or("").to_string()
+    String::from_utf8_lossy(&got)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_string()
 }
 
 /// A "backend" that answers every connection with bytes that are not HTTP.
@@ -41,7 +45,9 @@ async fn garbage_backend() -> std::net::SocketAddr {
             tokio::spawn(async move {
                 let mut buf = [0u8; 1024];
                 let _ = stream.read(&mut buf).await;
-                let _ = stream.write_all(b"SSH-2.0-OpenSSH_9.2 definitely not http\r\n\r\n").await;
+                let _ = stream
+                    .write_all(b"SSH-2.0-OpenSSH_9.2 definitely not http\r\n\r\n")
+                    .await;
             });
         }
     });
@@ -62,14 +68,30 @@ async fn bad_requests_get_4xx_and_garbage_backends_502() {
     assert_eq!(bystander.get("a", "/").await.status(), 200);
 
     let status = raw_exchange(proxy.addr, b"this is not http at all\r\n\r\n").await;
-    assert!(status.starts_with("HTTP/1.1 400"), "malformed request line: {status:?}");
+    assert!(
+        status.starts_with("HTTP/1.1 400"),
+        "malformed request line: {status:?}"
+    );
 
-    let status = raw_exchange(proxy.addr, b"GET / HTTP/1.1\r\nHost: a\r\nBad Header: x\r\n\r\n").await;
-    assert!(status.starts_with("HTTP/1.1 400"), "space in header name: {status:?}");
+    let status = raw_exchange(
+        proxy.addr,
+        b"GET / HTTP/1.1\r\nHost: a\r\nBad Header: x\r\n\r\n",
+    )
+    .await;
+    assert!(
+        status.starts_with("HTTP/1.1 400"),
+        "space in header name: {status:?}"
+    );
 
-    let big = format!("GET / HTTP/1.1\r\nHost: a\r\nX-Big: {}\r\n\r\n", "y".repeat(20_000));
+    let big = format!(
+        "GET / HTTP/1.1\r\nHost: a\r\nX-Big: {}\r\n\r\n",
+        "y".repeat(20_000)
+    );
     let status = raw_exchange(proxy.addr, big.as_bytes()).await;
-    assert!(status.starts_with("HTTP/1.1 431"), "oversized header block: {status:?}");
+    assert!(
+        status.starts_with("HTTP/1.1 431"),
+        "oversized header block: {status:?}"
+    );
 
     for proto in PROTOCOLS {
         let mut client = Client::connect(proto, proxy.addr).await;
@@ -86,8 +108,15 @@ async fn bad_requests_get_4xx_and_garbage_backends_502() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_method_is_refused() {
     let good = Backend::start("good").await;
-    let yaml = format!("upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}}}\n", servers(&[&good]));
+    let yaml = format!(
+        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}}}\n",
+        servers(&[&good])
+    );
     let proxy = ProxyProcess::start(&yaml, "");
-    let status = raw_exchange(proxy.addr, b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n").await;
+    let status = raw_exchange(
+        proxy.addr,
+        b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n",
+    )
+    .await;
     assert!(status.starts_with("HTTP/1.1 405"), "{status:?}");
 }

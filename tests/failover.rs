@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 use support::*;
 
 fn one_route(backends: &[&Backend], main_extra: &str) -> ProxyProcess {
-    let yaml = format!("upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}}}\n", servers(backends));
+    let yaml = format!(
+        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}}}\n",
+        servers(backends)
+    );
     ProxyProcess::start(&yaml, main_extra)
 }
 
@@ -38,14 +41,25 @@ async fn a_backend_stopped_mid_test_costs_no_request() {
             }));
         }
         // Let some traffic reach both, then stop one (its open connections are closed too).
-        assert!(eventually(Duration::from_secs(10), || b.requests.load(Ordering::SeqCst) > 50).await);
+        assert!(
+            eventually(Duration::from_secs(10), || b
+                .requests
+                .load(Ordering::SeqCst)
+                > 50)
+            .await
+        );
         b.stop();
         let served_by_b = b.requests.load(Ordering::SeqCst);
         let mut failures = Vec::new();
         for t in tasks {
             failures.extend(t.await.unwrap());
         }
-        assert!(failures.is_empty(), "{proto:?}: {} failed: {:?}", failures.len(), &failures[..failures.len().min(5)]);
+        assert!(
+            failures.is_empty(),
+            "{proto:?}: {} failed: {:?}",
+            failures.len(),
+            &failures[..failures.len().min(5)]
+        );
         let total = a.requests.load(Ordering::SeqCst) + served_by_b;
         assert!(total >= 1000, "{proto:?}: backends saw {total} requests");
         assert!(served_by_b < 1000 && a.requests.load(Ordering::SeqCst) > 0);
@@ -64,7 +78,11 @@ async fn all_backends_down_gives_502_then_503_never_a_hang() {
         for _ in 0..8 {
             let started = Instant::now();
             let resp = client.get("any", "/").await;
-            assert!(started.elapsed() < Duration::from_secs(3), "{proto:?}: took {:?}", started.elapsed());
+            assert!(
+                started.elapsed() < Duration::from_secs(3),
+                "{proto:?}: took {:?}",
+                started.elapsed()
+            );
             let status = resp.status().as_u16();
             if status == 503 {
                 assert_eq!(header(&resp, "retry-after"), "2");
@@ -72,7 +90,10 @@ async fn all_backends_down_gives_502_then_503_never_a_hang() {
             body_bytes(resp).await;
             statuses.push(status);
         }
-        assert!(statuses.iter().all(|s| *s == 502 || *s == 503), "{proto:?}: {statuses:?}");
+        assert!(
+            statuses.iter().all(|s| *s == 502 || *s == 503),
+            "{proto:?}: {statuses:?}"
+        );
         // After three failed connects each, passive health takes both out: 503 from then on.
         assert_eq!(*statuses.last().unwrap(), 503, "{proto:?}: {statuses:?}");
     }
@@ -91,7 +112,10 @@ async fn keep_alive_reuses_backend_connections() {
         }
         let accepts = a.accepts.load(Ordering::SeqCst);
         assert_eq!(a.requests.load(Ordering::SeqCst), 2000);
-        assert!(accepts <= 3, "{proto:?}: 2000 requests opened {accepts} backend connections");
+        assert!(
+            accepts <= 3,
+            "{proto:?}: 2000 requests opened {accepts} backend connections"
+        );
     }
 }
 
@@ -105,7 +129,10 @@ async fn slow_backend_gets_504_after_the_response_timeout() {
         let resp = client.get("any", "/slow/3000").await;
         assert_eq!(resp.status(), 504, "{proto:?}");
         let waited = started.elapsed();
-        assert!(waited >= Duration::from_millis(900) && waited < Duration::from_millis(2500), "{proto:?}: {waited:?}");
+        assert!(
+            waited >= Duration::from_millis(900) && waited < Duration::from_millis(2500),
+            "{proto:?}: {waited:?}"
+        );
         body_bytes(resp).await;
         // The connection still serves.
         let resp = client.get("any", "/").await;
@@ -117,7 +144,10 @@ async fn slow_backend_gets_504_after_the_response_timeout() {
 async fn unreachable_backend_times_out_or_is_refused_quickly() {
     // 127.0.0.1:1 refuses at once: 502, and the next backend of the route answers instead.
     let a = Backend::start("a").await;
-    let yaml = format!("upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: [\"127.0.0.1:1\", \"{}\"]}}\n", a.addr);
+    let yaml = format!(
+        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: [\"127.0.0.1:1\", \"{}\"]}}\n",
+        a.addr
+    );
     let proxy = ProxyProcess::start(&yaml, "");
     let mut client = Client::connect(Proto::H1, proxy.addr).await;
     for _ in 0..20 {

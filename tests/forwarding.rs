@@ -15,7 +15,12 @@ struct Routes {
 }
 
 async fn routing_setup() -> Routes {
-    let (a, b, c, d) = (Backend::start("a").await, Backend::start("b").await, Backend::start("c").await, Backend::start("d").await);
+    let (a, b, c, d) = (
+        Backend::start("a").await,
+        Backend::start("b").await,
+        Backend::start("c").await,
+        Backend::start("d").await,
+    );
     let yaml = format!(
         "upstreams:\n  example.com:\n    paths:\n      \"/\": {{servers: {}}}\n      \"/api\": {{servers: {}}}\n      \"/api/v2\": {{servers: {}}}\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}}}\n",
         servers(&[&a]),
@@ -23,7 +28,10 @@ async fn routing_setup() -> Routes {
         servers(&[&c]),
         servers(&[&d])
     );
-    Routes { proxy: ProxyProcess::start(&yaml, ""), _backends: vec![a, b, c, d] }
+    Routes {
+        proxy: ProxyProcess::start(&yaml, ""),
+        _backends: vec![a, b, c, d],
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -56,7 +64,10 @@ async fn host_and_path_selection() {
             assert_eq!(header(&resp, "x-backend"), want, "{proto:?} {host}{path}");
             // The original request target goes to the backend unchanged.
             let seen_uri = header(&resp, "x-seen-uri");
-            assert!(seen_uri.ends_with(path), "{proto:?} {host}{path}: backend saw {seen_uri}");
+            assert!(
+                seen_uri.ends_with(path),
+                "{proto:?} {host}{path}: backend saw {seen_uri}"
+            );
             body_bytes(resp).await;
         }
     }
@@ -69,11 +80,18 @@ async fn host_and_path_selection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_default_unknown_hosts_and_paths_get_404() {
     let a = Backend::start("a").await;
-    let yaml = format!("upstreams:\n  example.com:\n    paths:\n      \"/api\": {{servers: {}}}\n", servers(&[&a]));
+    let yaml = format!(
+        "upstreams:\n  example.com:\n    paths:\n      \"/api\": {{servers: {}}}\n",
+        servers(&[&a])
+    );
     let proxy = ProxyProcess::start(&yaml, "");
     for proto in PROTOCOLS {
         let mut client = Client::connect(proto, proxy.addr).await;
-        for (host, path) in [("other.org", "/api"), ("example.com", "/"), ("example.com", "/apix")] {
+        for (host, path) in [
+            ("other.org", "/api"),
+            ("example.com", "/"),
+            ("example.com", "/apix"),
+        ] {
             let resp = client.get(host, path).await;
             assert_eq!(resp.status(), 404, "{proto:?} {host}{path}");
             assert!(header(&resp, "content-type").starts_with("text/plain"));
@@ -99,16 +117,41 @@ async fn forwarding_headers() {
     for proto in PROTOCOLS {
         let mut client = Client::connect(proto, proxy.addr).await;
         let resp = client
-            .send(Method::GET, Some("example.com:8080"), "/h", &[("x-forwarded-for", "203.0.113.9")], full(""))
+            .send(
+                Method::GET,
+                Some("example.com:8080"),
+                "/h",
+                &[("x-forwarded-for", "203.0.113.9")],
+                full(""),
+            )
             .await;
         assert_eq!(resp.status(), 200, "{proto:?}");
-        assert_eq!(header(&resp, "x-seen-xff"), "203.0.113.9, 127.0.0.1", "{proto:?}: XFF appended, no port");
-        assert_eq!(header(&resp, "x-seen-host"), "example.com:8080", "{proto:?}: Host kept");
+        assert_eq!(
+            header(&resp, "x-seen-xff"),
+            "203.0.113.9, 127.0.0.1",
+            "{proto:?}: XFF appended, no port"
+        );
+        assert_eq!(
+            header(&resp, "x-seen-host"),
+            "example.com:8080",
+            "{proto:?}: Host kept"
+        );
         assert_eq!(header(&resp, "x-seen-proto"), "http", "{proto:?}");
-        assert_eq!(header(&resp, "x-seen-fwd-host"), "example.com:8080", "{proto:?}");
-        assert_eq!(header(&resp, "x-seen-version"), "HTTP/1.1", "{proto:?}: backend spoken to in HTTP/1.1");
+        assert_eq!(
+            header(&resp, "x-seen-fwd-host"),
+            "example.com:8080",
+            "{proto:?}"
+        );
+        assert_eq!(
+            header(&resp, "x-seen-version"),
+            "HTTP/1.1",
+            "{proto:?}: backend spoken to in HTTP/1.1"
+        );
         let seen = header(&resp, "x-seen-headers");
-        assert!(seen.contains("x-global") && seen.contains("x-to-backend"), "{proto:?}: server headers add up: {seen}");
+        assert!(
+            seen.contains("x-global") && seen.contains("x-to-backend"),
+            "{proto:?}: server headers add up: {seen}"
+        );
         // The backend's hop-by-hop headers never reach the client; client headers do.
         assert!(resp.headers().get("x-hop").is_none(), "{proto:?}");
         assert!(resp.headers().get("keep-alive").is_none(), "{proto:?}");
@@ -129,38 +172,73 @@ async fn forwarding_headers() {
         ("te", "gzip"),
         ("x-end-to-end", "kept"),
     ];
-    let resp = client.send(Method::GET, Some("example.com"), "/", &hop, full("")).await;
+    let resp = client
+        .send(Method::GET, Some("example.com"), "/", &hop, full(""))
+        .await;
     let seen = header(&resp, "x-seen-headers");
-    for gone in ["connection", "x-custom", "keep-alive", "proxy-connection", "te"] {
-        assert!(!seen.split(',').any(|h| h == gone), "{gone} reached the backend: {seen}");
+    for gone in [
+        "connection",
+        "x-custom",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+    ] {
+        assert!(
+            !seen.split(',').any(|h| h == gone),
+            "{gone} reached the backend: {seen}"
+        );
     }
     assert!(seen.contains("x-end-to-end"), "{seen}");
 }
 
 fn chunked_unknown_length(chunks: usize, size: usize) -> ClientBody {
-    let parts = (0..chunks).map(move |i| Ok(Frame::data(Bytes::from(vec![b'a' + (i % 26) as u8; size]))));
+    let parts =
+        (0..chunks).map(move |i| Ok(Frame::data(Bytes::from(vec![b'a' + (i % 26) as u8; size]))));
     StreamBody::new(stream::iter(parts)).boxed()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_and_response_bodies() {
     let a = Backend::start("a").await;
-    let yaml = format!("upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}}}\n", servers(&[&a]));
+    let yaml = format!(
+        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}}}\n",
+        servers(&[&a])
+    );
     let proxy = ProxyProcess::start(&yaml, "");
     let mib: Vec<u8> = (0..1024 * 1024).map(|i| (i % 251) as u8).collect();
     for proto in PROTOCOLS {
         let mut client = Client::connect(proto, proxy.addr).await;
-        let resp = client.send(Method::POST, Some("x"), "/echo", &[], full(Bytes::new())).await;
+        let resp = client
+            .send(Method::POST, Some("x"), "/echo", &[], full(Bytes::new()))
+            .await;
         assert_eq!(resp.status(), 200);
         assert!(body_bytes(resp).await.is_empty(), "{proto:?}: empty body");
 
-        let resp = client.send(Method::POST, Some("x"), "/echo", &[], full(mib.clone())).await;
+        let resp = client
+            .send(Method::POST, Some("x"), "/echo", &[], full(mib.clone()))
+            .await;
         assert_eq!(resp.status(), 200);
-        assert_eq!(body_bytes(resp).await.as_ref(), mib.as_slice(), "{proto:?}: 1 MiB echoed intact");
+        assert_eq!(
+            body_bytes(resp).await.as_ref(),
+            mib.as_slice(),
+            "{proto:?}: 1 MiB echoed intact"
+        );
 
-        let resp = client.send(Method::POST, Some("x"), "/echo", &[], chunked_unknown_length(40, 5000)).await;
+        let resp = client
+            .send(
+                Method::POST,
+                Some("x"),
+                "/echo",
+                &[],
+                chunked_unknown_length(40, 5000),
+            )
+            .await;
         let echoed = body_bytes(resp).await;
-        assert_eq!(echoed.len(), 200_000, "{proto:?}: chunked body of unknown length");
+        assert_eq!(
+            echoed.len(),
+            200_000,
+            "{proto:?}: chunked body of unknown length"
+        );
         assert_eq!(echoed[5000], b'b');
     }
 }
@@ -168,7 +246,10 @@ async fn request_and_response_bodies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_mib_response_streams_with_flat_memory() {
     let a = Backend::start("a").await;
-    let yaml = format!("upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}}}\n", servers(&[&a]));
+    let yaml = format!(
+        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}}}\n",
+        servers(&[&a])
+    );
     let proxy = ProxyProcess::start(&yaml, "");
     const TOTAL: usize = 100 * 1024 * 1024;
     for proto in PROTOCOLS {
@@ -195,6 +276,9 @@ async fn hundred_mib_response_streams_with_flat_memory() {
         }
         assert_eq!(received, TOTAL, "{proto:?}");
         let growth_mib = (peak.saturating_sub(baseline)) / 1024;
-        assert!(growth_mib < 24, "{proto:?}: proxy RSS grew by {growth_mib} MiB while streaming 100 MiB");
+        assert!(
+            growth_mib < 24,
+            "{proto:?}: proxy RSS grew by {growth_mib} MiB while streaming 100 MiB"
+        );
     }
 }

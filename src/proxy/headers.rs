@@ -13,70 +13,99 @@ static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection"
 
 /// Removes hop-by-hop headers: `Connection` and every header it names, `Keep-Alive`,
 /// `Proxy-Connection`, `Transfer-Encoding`, `Upgrade`, and `TE` unless it is exactly `trailers`.
+///
+/// One pass over the names finds what is present, so the common case (none of them, or only
+/// `Connection: keep-alive`) costs no hashing beyond that.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
-    if let Some(connection) = headers.remove(header::CONNECTION) {
-        let mut extra = headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .cloned()
-            .collect::<Vec<_>>();
-        extra.push(connection);
-        headers.remove(header::CONNECTION);
-        for value in extra {
-            for name in value.to_str().unwrap_or("").split(',') {
-                let name = name.trim();
-                if !name.is_empty() && !name.eq_ignore_ascii_case("trailers") {
-                    headers.remove(name);
-                }
-            }
+    let (mut connection, mut fixed, mut te) = (false, false, false);
+    for name in headers.keys() {
+        if name == header::CONNECTION {
+            connection = true;
+        } else if name == header::TE {
+            te = true;
+        } else if name == header::TRANSFER_ENCODING
+            || name == header::UPGRADE
+            || name == KEEP_ALIVE
+            || name == PROXY_CONNECTION
+        {
+            fixed = true;
         }
     }
-    headers.remove(&KEEP_ALIVE);
-    headers.remove(&PROXY_CONNECTION);
-    headers.remove(header::TRANSFER_ENCODING);
-    headers.remove(header::UPGRADE);
-    if let Some(te) = headers.get(header::TE) {
-        if !te.as_bytes().eq_ignore_ascii_case(b"trailers") {
+    if connection {
+        remove_connection_listed(headers);
+    }
+    if fixed {
+        headers.remove(&KEEP_ALIVE);
+        headers.remove(&PROXY_CONNECTION);
+        headers.remove(header::TRANSFER_ENCODING);
+        headers.remove(header::UPGRADE);
+    }
+    if te {
+        let only_trailers = headers
+            .get_all(header::TE)
+            .iter()
+            .all(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
+        if !only_trailers {
             headers.remove(header::TE);
         }
     }
 }
 
-/// Appends the client IP (no port) to `X-Forwarded-For`, joining any existing values with `, `.
-pub fn append_forwarded_for(headers: &mut HeaderMap, client: IpAddr) {
-    let mut ip_buf = [0u8; 45];
-    let ip = format_ip(client, &mut ip_buf);
-    let existing: Vec<HeaderValue> = match headers.remove(&X_FORWARDED_FOR) {
-        None => {
-            if let Ok(v) = HeaderValue::from_bytes(ip) {
-                headers.insert(X_FORWARDED_FOR.clone(), v);
+fn remove_connection_listed(headers: &mut HeaderMap) {
+    // Names listed in `Connection`, parsed before removal; a few fit on the stack.
+    let mut listed: [Option<HeaderName>; 4] = Default::default();
+    let mut overflow: Vec<HeaderName> = Vec::new();
+    let mut count = 0;
+    for value in headers.get_all(header::CONNECTION) {
+        for token in value.to_str().unwrap_or("").split(',') {
+            let token = token.trim();
+            // Standard tokens name nothing extra (`keep-alive`/`upgrade` headers go anyway).
+            if token.is_empty()
+                || ["close", "keep-alive", "upgrade", "trailers"]
+                    .iter()
+                    .any(|t| token.eq_ignore_ascii_case(t))
+            {
+                continue;
             }
-            return;
+            if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
+                match listed.get_mut(count) {
+                    Some(slot) => *slot = Some(name),
+                    None => overflow.push(name),
+                }
+                count += 1;
+            }
         }
-        Some(first) => {
-            let mut all = vec![first];
-            all.extend(headers.get_all(&X_FORWARDED_FOR).iter().cloned());
-            all
-        }
-    };
-    let len: usize = existing.iter().map(|v| v.len() + 2).sum::<usize>() + ip.len();
-    let mut joined = BytesMut::with_capacity(len);
-    for v in &existing {
-        joined.put_slice(v.as_bytes());
-        joined.put_slice(b", ");
     }
-    joined.put_slice(ip);
-    if let Ok(v) = HeaderValue::from_maybe_shared(joined.freeze()) {
-        headers.insert(X_FORWARDED_FOR.clone(), v);
+    headers.remove(header::CONNECTION);
+    for name in listed.into_iter().flatten().chain(overflow) {
+        headers.remove(name);
     }
 }
 
-fn format_ip(ip: IpAddr, buf: &mut [u8; 45]) -> &[u8] {
-    use std::io::Write;
-    let mut cursor = std::io::Cursor::new(&mut buf[..]);
-    let _ = write!(cursor, "{ip}");
-    let n = cursor.position() as usize;
-    &buf[..n]
+/// The client IP as an `X-Forwarded-For` element, formatted once per connection.
+pub fn client_ip_value(ip: IpAddr) -> HeaderValue {
+    HeaderValue::from_str(&ip.to_string()).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
+}
+
+/// Appends the client IP (no port) to `X-Forwarded-For`, joining any existing values with `, `.
+pub fn append_forwarded_for(headers: &mut HeaderMap, client_ip: &HeaderValue) {
+    let mut existing = match headers.entry(&X_FORWARDED_FOR) {
+        header::Entry::Vacant(slot) => {
+            slot.insert(client_ip.clone());
+            return;
+        }
+        header::Entry::Occupied(slot) => slot.remove_entry_mult().1.collect::<Vec<_>>(),
+    };
+    let len: usize = existing.iter().map(|v| v.len() + 2).sum::<usize>() + client_ip.len();
+    let mut joined = BytesMut::with_capacity(len);
+    for v in existing.drain(..) {
+        joined.put_slice(v.as_bytes());
+        joined.put_slice(b", ");
+    }
+    joined.put_slice(client_ip.as_bytes());
+    if let Ok(v) = HeaderValue::from_maybe_shared(joined.freeze()) {
+        headers.insert(X_FORWARDED_FOR.clone(), v);
+    }
 }
 
 /// Sets `X-Forwarded-Proto` and `X-Forwarded-Host` (the client's host as it sent it).
@@ -105,7 +134,8 @@ mod tests {
 
     #[test]
     fn hop_by_hop_headers_go() {
-        let cases: &[(&[(&str, &str)], &[&str], &[&str])] = &[
+        type Case<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str], &'a [&'a str]);
+        let cases: &[Case] = &[
             (
                 &[
                     ("connection", "keep-alive, X-Custom"),
@@ -130,6 +160,12 @@ mod tests {
             ),
             (&[("te", "trailers")], &["te"], &[]),
             (&[("te", "gzip")], &[], &["te"]),
+            (&[("te", "trailers"), ("te", "gzip")], &[], &["te"]),
+            (
+                &[("connection", "close, Keep-Alive"), ("keep-alive", "1")],
+                &[],
+                &["keep-alive", "connection"],
+            ),
             (
                 &[("connection", "close"), ("host", "a")],
                 &["host"],
@@ -151,15 +187,15 @@ mod tests {
     #[test]
     fn forwarded_for_appends_without_port() {
         let mut m = HeaderMap::new();
-        append_forwarded_for(&mut m, "10.0.0.1".parse().unwrap());
+        append_forwarded_for(&mut m, &client_ip_value("10.0.0.1".parse().unwrap()));
         assert_eq!(m["x-forwarded-for"], "10.0.0.1");
-        append_forwarded_for(&mut m, "::1".parse().unwrap());
+        append_forwarded_for(&mut m, &client_ip_value("::1".parse().unwrap()));
         assert_eq!(m["x-forwarded-for"], "10.0.0.1, ::1");
         let mut m = map(&[
             ("x-forwarded-for", "1.1.1.1"),
             ("x-forwarded-for", "2.2.2.2"),
         ]);
-        append_forwarded_for(&mut m, "3.3.3.3".parse().unwrap());
+        append_forwarded_for(&mut m, &client_ip_value("3.3.3.3".parse().unwrap()));
         assert_eq!(m.get_all("x-forwarded-for").iter().count(), 1);
         assert_eq!(m["x-forwarded-for"], "1.1.1.1, 2.2.2.2, 3.3.3.3");
     }

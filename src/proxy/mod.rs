@@ -28,10 +28,22 @@ pub use error::ProxyError;
 pub type RespBody = Either<PooledBody, Full<Bytes>>;
 
 /// Facts about the client connection a request came in on.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct ClientConn {
     pub peer: SocketAddr,
     pub tls: bool,
+    /// The peer's IP, ready to append to `X-Forwarded-For`.
+    pub forwarded_for: HeaderValue,
+}
+
+impl ClientConn {
+    pub fn new(peer: SocketAddr, tls: bool) -> ClientConn {
+        ClientConn {
+            peer,
+            tls,
+            forwarded_for: headers::client_ip_value(peer.ip()),
+        }
+    }
 }
 
 /// Shared state of the forwarding service.
@@ -42,13 +54,13 @@ pub struct Proxy {
 
 impl Proxy {
     /// Handles one request end to end; never fails (errors become responses).
-    pub async fn handle(&self, conn: ClientConn, req: Request<Incoming>) -> Response<RespBody> {
+    pub async fn handle(&self, conn: &ClientConn, req: Request<Incoming>) -> Response<RespBody> {
         if req.method() == Method::CONNECT {
             return ProxyError::MethodNotAllowed
                 .into_response(req.headers())
                 .map(Either::Right);
         }
-        let snapshot = self.snapshot.load_full();
+        let snapshot = self.snapshot.load();
         let route = {
             let host = request_host(&req).map(HeaderValue::as_bytes);
             let host = host.or_else(|| req.uri().authority().map(|a| a.as_str().as_bytes()));
@@ -75,7 +87,7 @@ impl Proxy {
 
     async fn forward(
         &self,
-        conn: ClientConn,
+        conn: &ClientConn,
         route: &Route,
         req: Request<Incoming>,
     ) -> Result<Response<PooledBody>, (ProxyError, http::HeaderMap)> {
@@ -119,7 +131,7 @@ impl Proxy {
                     request,
                 }) => {
                     tracing::warn!(backend = %backend.label, "connect failed: {reason}");
-                    let (head, body) = request.into_parts();
+                    let (head, body) = (*request).into_parts();
                     pending = Some((head, body));
                     last_error = Some(if timed_out {
                         ProxyError::ConnectTimeout
@@ -237,13 +249,13 @@ fn clone_head(parts: &Parts) -> Parts {
 /// Header rewrites that do not depend on which backend is chosen.
 fn prepare_headers(
     parts: &mut Parts,
-    conn: ClientConn,
+    conn: &ClientConn,
     client_host: Option<HeaderValue>,
     route: &Route,
 ) {
     let headers = &mut parts.headers;
     headers::remove_hop_by_hop(headers);
-    headers::append_forwarded_for(headers, conn.peer.ip());
+    headers::append_forwarded_for(headers, &conn.forwarded_for);
     headers::set_forwarded_proto_host(headers, conn.tls, client_host.clone());
     if !headers.contains_key(header::HOST) {
         if let Some(host) = client_host {

@@ -90,7 +90,7 @@ impl Snapshot {
                     })
                 })
                 .collect();
-            routes.sort_by(|a, b| b.prefix.len().cmp(&a.prefix.len()));
+            routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
             let table = HostRoutes { routes };
             if host.name == "DEFAULT" {
                 snapshot.default = Some(table);

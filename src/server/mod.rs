@@ -143,11 +143,12 @@ fn serve_connection(
     builder: &Arc<auto::Builder<TokioExecutor>>,
     graceful: &GracefulShutdown,
 ) {
-    let client = ClientConn { peer, tls: false };
+    let client = Arc::new(ClientConn::new(peer, false));
     let proxy = proxy.clone();
     let service = service_fn(move |req| {
         let proxy = proxy.clone();
-        async move { Ok::<_, Infallible>(proxy.handle(client, req).await) }
+        let client = client.clone();
+        async move { Ok::<_, Infallible>(proxy.handle(&client, req).await) }
     });
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
     let conn = graceful.watch(conn.into_owned());

@@ -87,7 +87,8 @@ pub enum SendError {
     Connect {
         reason: String,
         timed_out: bool,
-        request: Request<UpBody>,
+        /// Boxed: this path is rare and the error stays small on the common one.
+        request: Box<Request<UpBody>>,
     },
     /// The connection broke after the request started; `reused` if it came from the pool.
     Reset { error: hyper::Error, reused: bool },
@@ -131,7 +132,7 @@ async fn send_h1(
             return Err(SendError::Connect {
                 reason,
                 timed_out,
-                request: req,
+                request: Box::new(req),
             })
         }
     };
@@ -162,7 +163,7 @@ async fn send_h2(
                 return Err(SendError::Connect {
                     reason,
                     timed_out,
-                    request: req,
+                    request: Box::new(req),
                 })
             }
         },

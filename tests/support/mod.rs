@@ -56,7 +56,10 @@ impl ProxyProcess {
         let (tx, rx) = std::sync::mpsc::channel();
         let stdout = child.stdout.take().expect("stdout");
         let stderr = child.stderr.take().expect("stderr");
-        for (stream, is_stdout) in [(Box::new(stdout) as Box<dyn std::io::Read + Send>, true), (Box::new(stderr), false)] {
+        for (stream, is_stdout) in [
+            (Box::new(stdout) as Box<dyn std::io::Read + Send>, true),
+            (Box::new(stderr), false),
+        ] {
             let log = log.clone();
             let tx = tx.clone();
             std::thread::spawn(move || {
@@ -75,10 +78,18 @@ impl ProxyProcess {
             Ok(addr) => addr.parse().expect("listen address"),
             Err(_) => {
                 let _ = child.kill();
-                panic!("proxy did not start; log:\n{}", log.lock().unwrap().join("\n"));
+                panic!(
+                    "proxy did not start; log:\n{}",
+                    log.lock().unwrap().join("\n")
+                );
             }
         };
-        ProxyProcess { child, addr, dir, log }
+        ProxyProcess {
+            child,
+            addr,
+            dir,
+            log,
+        }
     }
 
     pub fn pid(&self) -> u32 {
@@ -87,7 +98,8 @@ impl ProxyProcess {
 
     /// Resident set size of the proxy, in KiB.
     pub fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
         status
             .lines()
             .find(|l| l.starts_with("VmRSS:"))
@@ -128,7 +140,9 @@ pub struct Backend {
 
 impl Backend {
     pub async fn start(name: &'static str) -> Backend {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind backend");
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind backend");
         Self::serve(name, listener)
     }
 
@@ -146,7 +160,9 @@ impl Backend {
         let (acc, reqs, set) = (accepts.clone(), requests.clone(), tasks.clone());
         let accept_loop = async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { continue };
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
                 acc.fetch_add(1, Ordering::SeqCst);
                 let reqs = reqs.clone();
                 let conn = async move {
@@ -166,7 +182,13 @@ impl Backend {
         if let Some(set) = tasks.lock().unwrap().as_mut() {
             set.spawn(accept_loop);
         }
-        Backend { name, addr, accepts, requests, tasks }
+        Backend {
+            name,
+            addr,
+            accepts,
+            requests,
+            tasks,
+        }
     }
 
     /// Stops listening and closes every open connection.
@@ -184,8 +206,16 @@ impl Drop for Backend {
     }
 }
 
-async fn answer(name: &'static str, req: Request<Incoming>) -> Result<Response<ClientBody>, Infallible> {
-    let seen = |h: &str| req.headers().get(h).cloned().unwrap_or(HeaderValue::from_static("-"));
+async fn answer(
+    name: &'static str,
+    req: Request<Incoming>,
+) -> Result<Response<ClientBody>, Infallible> {
+    let seen = |h: &str| {
+        req.headers()
+            .get(h)
+            .cloned()
+            .unwrap_or(HeaderValue::from_static("-"))
+    };
     let mut names: Vec<&str> = req.headers().keys().map(HeaderName::as_str).collect();
     names.sort_unstable();
     let mut builder = Response::builder()
@@ -199,7 +229,10 @@ async fn answer(name: &'static str, req: Request<Incoming>) -> Result<Response<C
         .header("x-seen-headers", names.join(","));
     if req.version() == http::Version::HTTP_11 {
         // Hop-by-hop headers the proxy must not pass on to its client.
-        builder = builder.header("keep-alive", "timeout=5").header("x-hop", "must-go").header("connection", "x-hop");
+        builder = builder
+            .header("keep-alive", "timeout=5")
+            .header("x-hop", "must-go")
+            .header("connection", "x-hop");
     }
     let path = req.uri().path().to_string();
     let body: ClientBody = if let Some(n) = path.strip_prefix("/big/") {
@@ -239,7 +272,9 @@ pub fn generated_body(total: usize) -> ClientBody {
 }
 
 pub fn full(data: impl Into<Bytes>) -> ClientBody {
-    Full::new(data.into()).map_err(|never| match never {}).boxed()
+    Full::new(data.into())
+        .map_err(|never| match never {})
+        .boxed()
 }
 
 /// The protocols the matrix runs over.
@@ -269,7 +304,9 @@ impl Client {
                 Client::H1(send)
             }
             Proto::H2c => {
-                let (send, conn) = http2::handshake(TokioExecutor::new(), io).await.expect("h2 handshake");
+                let (send, conn) = http2::handshake(TokioExecutor::new(), io)
+                    .await
+                    .expect("h2 handshake");
                 tokio::spawn(conn);
                 Client::H2(send)
             }
@@ -277,7 +314,14 @@ impl Client {
     }
 
     /// Sends a request for `path` to `host` (as `Host` over h1, `:authority` over h2).
-    pub async fn send(&mut self, method: Method, host: Option<&str>, path: &str, headers: &[(&str, &str)], body: ClientBody) -> Response<Incoming> {
+    pub async fn send(
+        &mut self,
+        method: Method,
+        host: Option<&str>,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: ClientBody,
+    ) -> Response<Incoming> {
         let mut builder = Request::builder().method(method);
         match self {
             Client::H1(_) => {
@@ -309,18 +353,26 @@ impl Client {
     }
 
     pub async fn get(&mut self, host: &str, path: &str) -> Response<Incoming> {
-        self.send(Method::GET, Some(host), path, &[], full(Bytes::new())).await
+        self.send(Method::GET, Some(host), path, &[], full(Bytes::new()))
+            .await
     }
 }
 
 /// Reads a whole response body.
 pub async fn body_bytes(resp: Response<Incoming>) -> Bytes {
-    resp.into_body().collect().await.expect("response body").to_bytes()
+    resp.into_body()
+        .collect()
+        .await
+        .expect("response body")
+        .to_bytes()
 }
 
 /// A response's header as text ("" when absent).
 pub fn header(resp: &Response<Incoming>, name: &str) -> String {
-    resp.headers().get(name).map(|v| v.to_str().unwrap_or("?").to_string()).unwrap_or_default()
+    resp.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap_or("?").to_string())
+        .unwrap_or_default()
 }
 
 pub fn header_map(resp: &Response<Incoming>) -> HeaderMap {
