@@ -27,13 +27,18 @@ pub enum ProxyError {
     BackendReset,
     #[error("method not supported by this proxy")]
     MethodNotAllowed,
+    /// The route asks for authentication this build cannot check: refuse rather than pass it.
+    #[error("this route requires authentication that this build does not enforce")]
+    AuthNotEnforced,
 }
 
 impl ProxyError {
     pub fn status(self) -> StatusCode {
         match self {
             ProxyError::NoHost | ProxyError::NoPath => StatusCode::NOT_FOUND,
-            ProxyError::AllBackendsDown => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::AllBackendsDown | ProxyError::AuthNotEnforced => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ProxyError::ConnectFailed | ProxyError::BadResponse | ProxyError::BackendReset => {
                 StatusCode::BAD_GATEWAY
             }
@@ -110,6 +115,7 @@ mod tests {
             (ProxyError::ConnectTimeout, 504),
             (ProxyError::ResponseTimeout, 504),
             (ProxyError::MethodNotAllowed, 405),
+            (ProxyError::AuthNotEnforced, 503),
         ];
         for (err, code) in table {
             let resp: Response<Body> = err.into_response(&HeaderMap::new());

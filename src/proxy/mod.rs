@@ -79,6 +79,11 @@ impl Proxy {
             }
         };
         drop(snapshot);
+        if route.settings.authorization.is_some() {
+            return ProxyError::AuthNotEnforced
+                .into_response(req.headers())
+                .map(Either::Right);
+        }
         match self.forward(conn, &route, req).await {
             Ok(resp) => finish_response(resp, &route),
             Err((err, headers)) => err.into_response(&headers).map(Either::Right),

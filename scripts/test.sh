@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs the whole test suite. On a fresh Debian machine run as root: it installs what it needs.
+#
+#   bash scripts/test.sh
+#
+# Every test drives the compiled `aralez` binary or its library over real sockets on 127.0.0.1.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+log() { printf '[test] %s\n' "$*" >&2; }
+
+need_apt=()
+command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
+command -v curl >/dev/null 2>&1 || need_apt+=(curl)
+command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
+if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
+  export PATH="$HOME/.cargo/bin:$PATH"
+fi
+command -v cargo >/dev/null 2>&1 || need_apt+=(cargo rustc)
+if [ "${#need_apt[@]}" -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    log "installing: ${need_apt[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  else
+    log "missing: ${need_apt[*]} (run as root to install them)"
+    exit 1
+  fi
+fi
+
+log "cargo $(cargo --version | cut -d' ' -f2): building and running every test"
+# Tests start several proxies and backends at once; two cores are plenty, more threads only add noise.
+export RUST_TEST_THREADS="${RUST_TEST_THREADS:-4}"
+mkdir -p target
+cargo test --all-targets --locked 2>&1 | tee target/test-output.txt
+status=${PIPESTATUS[0]}
+
+# One closing line for the whole run, summed over every test binary.
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed/) p += $(i-1); if ($i ~ /^failed/) f += $(i-1); if ($i ~ /^ignored/) s += $(i-1) } }
+     END { printf "all tests: %d passed, %d failed, %d skipped\n", p, f, s }' target/test-output.txt
+exit "$status"
