@@ -33,7 +33,7 @@ pub enum Provider {
 pub type HeaderList = Vec<(HeaderName, HeaderValue)>;
 
 /// Policy keys that global, host and path levels share; `None` means "inherit".
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct RouteSettings {
     /// `Some(None)`: explicitly off; `Some(Some(d))`: cookie lifetime.
     pub sticky_sessions: Option<Option<Duration>>,
@@ -77,7 +77,7 @@ impl RouteSettings {
 }
 
 /// One path prefix of a host.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct PathConfig {
     pub prefix: String,
     pub servers: Vec<ServerSpec>,
@@ -85,7 +85,7 @@ pub struct PathConfig {
 }
 
 /// One host and its paths.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct HostConfig {
     /// Normalised: lower case, no trailing dot; `DEFAULT` kept as is.
     pub name: String,

@@ -1,48 +1,205 @@
 //! Sources of configuration change. Every change goes the same way: parse -> validate -> compile
 //! into an immutable [`Snapshot`] -> one `ArcSwap` store. A rejected change logs why, with file
 //! and line, and leaves the serving snapshot in place.
+//!
+//! Sources: the upstreams file and conf.d (watched, and on SIGHUP), the admin API (`POST /conf`),
+//! Consul and Kubernetes. Discovered routes are merged with the file's; the file wins on conflict.
 
-use std::path::PathBuf;
-use std::sync::Arc;
+pub mod consul;
+mod diff;
+pub mod file_watch;
+
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 
+use crate::config::upstreams::HostConfig;
 use crate::config::{self, Issues, UpstreamsConfig};
 use crate::routing::Snapshot;
 use crate::upstream::Registry;
 
-/// Builds and publishes snapshots.
+/// What a reload did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// A new snapshot is serving.
+    Changed,
+    /// The content was the same as what is serving; nothing was swapped.
+    Unchanged,
+}
+
+/// Why a change was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("the configuration has errors")]
+    Invalid(Issues),
+    #[error("cannot save {path}: {source}")]
+    Save { path: PathBuf, source: std::io::Error },
+}
+
+/// Routes the process serves, by source, before merging.
+#[derive(Default)]
+struct Sources {
+    /// The last valid file (or API) config.
+    file: Option<UpstreamsConfig>,
+    /// Digest of the files' bytes behind `file`, to skip reloading identical content.
+    file_digest: u64,
+    /// Hosts found by each discovery source (`consul`, `kubernetes`).
+    discovered: BTreeMap<String, Vec<HostConfig>>,
+}
+
+/// Builds and publishes snapshots. Used only off the request path.
 pub struct Reloader {
     pub upstreams_path: PathBuf,
     pub registry: Registry,
     pub snapshot: Arc<ArcSwap<Snapshot>>,
+    sources: Mutex<Sources>,
 }
 
 impl Reloader {
-    /// Reads the upstreams file (and conf.d) and publishes it; returns every issue on rejection.
-    pub fn reload_files(&self, source: &str) -> Result<(), Issues> {
+    pub fn new(upstreams_path: PathBuf, registry: Registry) -> Reloader {
+        Reloader {
+            upstreams_path,
+            registry,
+            snapshot: Arc::new(ArcSwap::from_pointee(Snapshot::default())),
+            sources: Mutex::new(Sources::default()),
+        }
+    }
+
+    fn sources(&self) -> std::sync::MutexGuard<'_, Sources> {
+        self.sources.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The file config currently serving (for consul/kubernetes settings and status pages).
+    pub fn file_config(&self) -> Option<UpstreamsConfig> {
+        self.sources().file.clone()
+    }
+
+    /// Reads the upstreams file (and conf.d) and publishes it unless it is unchanged.
+    pub fn reload_files(&self, source: &str) -> Result<Applied, Issues> {
+        let digest = files_digest(&self.upstreams_path);
+        if self.sources().file.is_some() && self.sources().file_digest == digest {
+            tracing::debug!(source, "configuration files unchanged; nothing to reload");
+            return Ok(Applied::Unchanged);
+        }
         let mut issues = Issues::default();
         match config::load_upstreams(&self.upstreams_path, &mut issues) {
             Some(cfg) if !issues.has_errors() => {
-                self.publish(&cfg);
                 for warning in issues.warnings() {
-                    tracing::warn!("{warning}");
+                    tracing::warn!(source, "{warning}");
                 }
-                tracing::info!(source, "configuration reloaded: {} hosts", cfg.hosts.len());
-                Ok(())
+                self.install_file_config(cfg, digest, source);
+                Ok(Applied::Changed)
             }
             _ => {
                 for error in issues.errors() {
-                    tracing::error!(source, "reload rejected: {error}");
+                    tracing::error!(source, "reload rejected, previous configuration kept: {error}");
                 }
                 Err(issues)
             }
         }
     }
 
-    /// Compiles `cfg` and makes it the serving snapshot.
-    pub fn publish(&self, cfg: &UpstreamsConfig) {
-        let snapshot = Snapshot::build(cfg, &self.registry);
-        self.snapshot.store(Arc::new(snapshot));
+    /// Validates upstreams YAML handed over in memory (admin API) and publishes it; with `save`
+    /// the file is replaced atomically first (temp file + rename).
+    pub fn apply_text(&self, text: &str, save: bool) -> Result<Applied, ReloadError> {
+        let mut issues = Issues::default();
+        let origin = "POST /conf";
+        let cfg = match config::parse_upstreams_text(text, origin, &mut issues) {
+            Some(cfg) if !issues.has_errors() => cfg,
+            _ => return Err(ReloadError::Invalid(issues)),
+        };
+        let mut digest = self.sources().file_digest;
+        if save {
+            save_atomically(&self.upstreams_path, text.as_bytes()).map_err(|source| ReloadError::Save {
+                path: self.upstreams_path.clone(),
+                source,
+            })?;
+            // The watcher will see the rename; the same digest makes it a no-op.
+            digest = files_digest(&self.upstreams_path);
+        }
+        self.install_file_config(cfg, digest, origin);
+        Ok(Applied::Changed)
     }
+
+    /// Replaces the hosts a discovery source found, and republishes.
+    pub fn set_discovered(&self, source: &str, hosts: Vec<HostConfig>) {
+        let mut sources = self.sources();
+        if sources.discovered.get(source) == Some(&hosts) {
+            return;
+        }
+        let old = merged(&sources);
+        sources.discovered.insert(source.to_string(), hosts);
+        self.publish_locked(&sources, old.as_ref(), source);
+    }
+
+    /// Makes `cfg` the file config and publishes the merge.
+    pub fn install_file_config(&self, cfg: UpstreamsConfig, digest: u64, source: &str) {
+        let mut sources = self.sources();
+        let old = merged(&sources);
+        sources.file = Some(cfg);
+        sources.file_digest = digest;
+        self.publish_locked(&sources, old.as_ref(), source);
+    }
+
+    fn publish_locked(&self, sources: &Sources, old: Option<&UpstreamsConfig>, source: &str) {
+        let Some(new) = merged(sources) else { return };
+        let snapshot = Snapshot::build(&new, &self.registry);
+        self.snapshot.store(Arc::new(snapshot));
+        match old {
+            Some(old) => tracing::info!(source, "configuration applied: {}", diff::describe(old, &new)),
+            None => tracing::info!(source, "configuration loaded: {} host(s)", new.hosts.len()),
+        }
+    }
+}
+
+/// The file config with discovered hosts and paths added where the file has none.
+fn merged(sources: &Sources) -> Option<UpstreamsConfig> {
+    let mut cfg = sources.file.clone()?;
+    for hosts in sources.discovered.values() {
+        for host in hosts {
+            match cfg.hosts.iter_mut().find(|h| h.name == host.name) {
+                Some(existing) => {
+                    for path in &host.paths {
+                        if !existing.paths.iter().any(|p| p.prefix == path.prefix) {
+                            existing.paths.push(path.clone());
+                        }
+                    }
+                }
+                None => cfg.hosts.push(host.clone()),
+            }
+        }
+    }
+    Some(cfg)
+}
+
+/// A digest of the upstreams file and every conf.d file (names and bytes).
+pub fn files_digest(upstreams: &Path) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    std::fs::read(upstreams).unwrap_or_default().hash(&mut hasher);
+    for file in config::conf_d_files(upstreams) {
+        file.hash(&mut hasher);
+        std::fs::read(&file).unwrap_or_default().hash(&mut hasher);
+    }
+    hasher.finish()
+}
+
+fn save_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("upstreams.yaml");
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let mut file = std::fs::File::create(&tmp)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Starts the control-plane sources: the file watcher, the admin API, and Consul/Kubernetes
+/// watchers when the upstreams file asks for them.
+pub fn start(runtime: &tokio::runtime::Runtime, main: &crate::config::MainConfig, reloader: Arc<Reloader>) {
+    let _ = main;
+    runtime.spawn(file_watch::watch(reloader));
 }

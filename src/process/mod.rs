@@ -6,13 +6,11 @@ mod logging;
 use std::path::Path;
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
 use crate::config::{self, Issues, MainConfig};
 use crate::discovery::Reloader;
 use crate::proxy::Proxy;
-use crate::routing::Snapshot;
 use crate::server::{self, ServeSettings, TcpKeepalive};
 use crate::upstream::{Registry, Timeouts};
 
@@ -58,12 +56,10 @@ pub fn run(main_path: &Path) -> Result<(), StartError> {
     }
 
     let threads = main.threads;
-    let reloader = Arc::new(Reloader {
-        upstreams_path: main.upstreams_conf.clone(),
-        registry: Registry::new(threads, main.upstream_keepalive_pool_size, main.hc_interval),
-        snapshot: Arc::new(ArcSwap::from_pointee(Snapshot::default())),
-    });
-    reloader.publish(&upstreams);
+    let registry = Registry::new(threads, main.upstream_keepalive_pool_size, main.hc_interval);
+    let reloader = Arc::new(Reloader::new(main.upstreams_conf.clone(), registry));
+    let digest = crate::discovery::files_digest(&main.upstreams_conf);
+    reloader.install_file_config(upstreams, digest, "start");
 
     let listeners = server::bind_reuseport(main.proxy_address_http, threads).map_err(|source| {
         StartError::Bind {
@@ -84,6 +80,7 @@ pub fn run(main_path: &Path) -> Result<(), StartError> {
             source,
         })?;
     let file_server = control.block_on(bind_file_server(&main))?;
+    crate::discovery::start(&control, &main, reloader.clone());
 
     let proxy = Arc::new(Proxy {
         snapshot: reloader.snapshot.clone(),

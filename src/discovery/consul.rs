@@ -1,0 +1,1 @@
+//! Consul discovery (SPEC §13.1).
