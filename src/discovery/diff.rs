@@ -12,9 +12,11 @@ fn backends(cfg: &UpstreamsConfig) -> BTreeSet<String> {
     cfg.hosts
         .iter()
         .flat_map(|h| {
-            h.paths
-                .iter()
-                .flat_map(move |p| p.servers.iter().map(move |s| format!("{}{} -> {s}", h.name, p.prefix)))
+            h.paths.iter().flat_map(move |p| {
+                p.servers
+                    .iter()
+                    .map(move |s| format!("{}{} -> {s}", h.name, p.prefix))
+            })
         })
         .collect()
 }
@@ -23,7 +25,11 @@ fn list(items: Vec<&String>) -> String {
     if items.is_empty() {
         "none".into()
     } else {
-        items.into_iter().map(String::as_str).collect::<Vec<_>>().join(", ")
+        items
+            .into_iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 
@@ -35,7 +41,8 @@ pub fn describe(old: &UpstreamsConfig, new: &UpstreamsConfig) -> String {
     let removed_hosts: Vec<_> = oh.difference(&nh).collect();
     let added: Vec<_> = nb.difference(&ob).collect();
     let removed: Vec<_> = ob.difference(&nb).collect();
-    if added_hosts.is_empty() && removed_hosts.is_empty() && added.is_empty() && removed.is_empty() {
+    if added_hosts.is_empty() && removed_hosts.is_empty() && added.is_empty() && removed.is_empty()
+    {
         return "no route changes (policies or headers may have changed)".into();
     }
     format!(

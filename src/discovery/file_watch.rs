@@ -1,8 +1,9 @@
 //! Watches upstreams.yaml and conf.d/*.yaml (those files, not everything beside them) and reloads.
 //!
 //! Events arrive in bursts (editors write, rename, chmod). They are coalesced: after the first
-//! one the watcher waits for a short quiet spell, then reloads, reading the files as they are
-//! then. An event that arrives during a reload triggers another one, so the last write wins.
+//! one the watcher waits a short, fixed delay (never extended, so a steady stream of writes
+//! cannot starve reloads), then reloads, reading the files as they are then. An event that
+//! arrives meanwhile leaves a permit behind and triggers one more reload, so the last write wins.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,8 +14,8 @@ use tokio::sync::Notify;
 
 use super::Reloader;
 
-/// How long the files must stay quiet before a reload.
-const QUIET: Duration = Duration::from_millis(30);
+/// Delay between the first event of a burst and the reload.
+const COALESCE: Duration = Duration::from_millis(25);
 
 /// Whether `path` is one of the files whose change needs a reload.
 fn relevant(path: &Path, upstreams: &Path, conf_d: &Path) -> bool {
@@ -25,10 +26,14 @@ fn relevant(path: &Path, upstreams: &Path, conf_d: &Path) -> bool {
     in_conf_d && (path == conf_d || path.extension().is_some_and(|e| e == "yaml" || e == "yml"))
 }
 
-/// Runs until the runtime stops. Logs and gives up (serving stays as is) if watching fails.
-pub async fn watch(reloader: Arc<Reloader>) {
+/// Installs the watcher now (so no write after start-up is missed) and returns the task that
+/// reloads on its events. If watching fails it logs why; SIGHUP still reloads.
+pub fn install(reloader: Arc<Reloader>) -> Option<impl std::future::Future<Output = ()>> {
     let upstreams = absolute(&reloader.upstreams_path);
-    let dir = upstreams.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+    let dir = upstreams
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
     let conf_d = dir.join("conf.d");
     let changed = Arc::new(Notify::new());
     let notify_handle = changed.clone();
@@ -42,23 +47,27 @@ pub async fn watch(reloader: Arc<Reloader>) {
             notify_handle.notify_one();
         }
     };
-    let mut watcher = match notify::recommended_watcher(handler) {
-        Ok(w) => w,
-        Err(e) => {
-            tracing::error!("cannot watch {}: {e}; use SIGHUP to reload", upstreams.display());
-            return;
-        }
-    };
-    if let Err(e) = watcher.watch(&dir, RecursiveMode::NonRecursive) {
-        tracing::error!("cannot watch {}: {e}; use SIGHUP to reload", dir.display());
-        return;
-    }
-    let mut watching_conf_d = watcher.watch(&conf_d, RecursiveMode::NonRecursive).is_ok();
+    let mut watcher = notify::recommended_watcher(handler)
+        .and_then(|mut w| w.watch(&dir, RecursiveMode::NonRecursive).map(|()| w))
+        .map_err(|e| tracing::error!("cannot watch {}: {e}; use SIGHUP to reload", dir.display()))
+        .ok()?;
+    let watching_conf_d = watcher.watch(&conf_d, RecursiveMode::NonRecursive).is_ok();
     tracing::info!("watching {} for changes", upstreams.display());
+    // Anything written between the first read and now is picked up by one check.
+    changed.notify_one();
+    Some(run(reloader, watcher, changed, conf_d, watching_conf_d))
+}
+
+async fn run(
+    reloader: Arc<Reloader>,
+    mut watcher: impl Watcher,
+    changed: Arc<Notify>,
+    conf_d: PathBuf,
+    mut watching_conf_d: bool,
+) {
     loop {
         changed.notified().await;
-        // Coalesce the burst: wait until no event has come for QUIET.
-        while tokio::time::timeout(QUIET, changed.notified()).await.is_ok() {}
+        tokio::time::sleep(COALESCE).await;
         if !watching_conf_d && conf_d.is_dir() {
             watching_conf_d = watcher.watch(&conf_d, RecursiveMode::NonRecursive).is_ok();
         }
@@ -84,6 +93,10 @@ mod tests {
         assert!(relevant(cd, up, cd));
         assert!(!relevant(Path::new("/etc/aralez/main.yaml"), up, cd));
         assert!(!relevant(Path::new("/etc/aralez/conf.d/README.md"), up, cd));
-        assert!(!relevant(Path::new("/etc/aralez/.upstreams.yaml.swp"), up, cd));
+        assert!(!relevant(
+            Path::new("/etc/aralez/.upstreams.yaml.swp"),
+            up,
+            cd
+        ));
     }
 }

@@ -36,7 +36,10 @@ pub enum ReloadError {
     #[error("the configuration has errors")]
     Invalid(Issues),
     #[error("cannot save {path}: {source}")]
-    Save { path: PathBuf, source: std::io::Error },
+    Save {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// Routes the process serves, by source, before merging.
@@ -95,7 +98,10 @@ impl Reloader {
             }
             _ => {
                 for error in issues.errors() {
-                    tracing::error!(source, "reload rejected, previous configuration kept: {error}");
+                    tracing::error!(
+                        source,
+                        "reload rejected, previous configuration kept: {error}"
+                    );
                 }
                 Err(issues)
             }
@@ -113,9 +119,11 @@ impl Reloader {
         };
         let mut digest = self.sources().file_digest;
         if save {
-            save_atomically(&self.upstreams_path, text.as_bytes()).map_err(|source| ReloadError::Save {
-                path: self.upstreams_path.clone(),
-                source,
+            save_atomically(&self.upstreams_path, text.as_bytes()).map_err(|source| {
+                ReloadError::Save {
+                    path: self.upstreams_path.clone(),
+                    source,
+                }
             })?;
             // The watcher will see the rename; the same digest makes it a no-op.
             digest = files_digest(&self.upstreams_path);
@@ -149,7 +157,11 @@ impl Reloader {
         let snapshot = Snapshot::build(&new, &self.registry);
         self.snapshot.store(Arc::new(snapshot));
         match old {
-            Some(old) => tracing::info!(source, "configuration applied: {}", diff::describe(old, &new)),
+            Some(old) => tracing::info!(
+                source,
+                "configuration applied: {}",
+                diff::describe(old, &new)
+            ),
             None => tracing::info!(source, "configuration loaded: {} host(s)", new.hosts.len()),
         }
     }
@@ -178,7 +190,9 @@ fn merged(sources: &Sources) -> Option<UpstreamsConfig> {
 /// A digest of the upstreams file and every conf.d file (names and bytes).
 pub fn files_digest(upstreams: &Path) -> u64 {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    std::fs::read(upstreams).unwrap_or_default().hash(&mut hasher);
+    std::fs::read(upstreams)
+        .unwrap_or_default()
+        .hash(&mut hasher);
     for file in config::conf_d_files(upstreams) {
         file.hash(&mut hasher);
         std::fs::read(&file).unwrap_or_default().hash(&mut hasher);
@@ -189,7 +203,10 @@ pub fn files_digest(upstreams: &Path) -> u64 {
 fn save_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("upstreams.yaml");
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("upstreams.yaml");
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let mut file = std::fs::File::create(&tmp)?;
     file.write_all(bytes)?;
@@ -199,7 +216,13 @@ fn save_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 
 /// Starts the control-plane sources: the file watcher, the admin API, and Consul/Kubernetes
 /// watchers when the upstreams file asks for them.
-pub fn start(runtime: &tokio::runtime::Runtime, main: &crate::config::MainConfig, reloader: Arc<Reloader>) {
+pub fn start(
+    runtime: &tokio::runtime::Runtime,
+    main: &crate::config::MainConfig,
+    reloader: Arc<Reloader>,
+) {
     let _ = main;
-    runtime.spawn(file_watch::watch(reloader));
+    if let Some(watch) = file_watch::install(reloader.clone()) {
+        runtime.spawn(watch);
+    }
 }

@@ -1,0 +1,221 @@
+//! Hot reload of upstreams.yaml: under load, with broken files, bursts of writes, and SIGHUP.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use support::*;
+
+fn routes(set: &[&Backend]) -> String {
+    format!(
+        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}}}\n",
+        servers(set)
+    )
+}
+
+/// Writes the file the way editors and config tools do: a temp file renamed over it.
+fn write_atomically(path: &std::path::Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+async fn backend_of(client: &mut Client) -> (u16, String) {
+    let resp = client.get("any", "/").await;
+    let status = resp.status().as_u16();
+    let name = header(&resp, "x-backend");
+    body_bytes(resp).await;
+    (status, name)
+}
+
+/// Polls until the proxy answers from `want` (a backend name), or panics after 5 s.
+async fn wait_for_backend(proxy: &ProxyProcess, want: &str) {
+    let started = Instant::now();
+    loop {
+        let mut client = Client::connect(Proto::H1, proxy.addr).await;
+        if backend_of(&mut client).await.1 == want {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{want} never became live; log:\n{}",
+            proxy.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_rewrites_under_load_lose_no_request() {
+    // `s` stays in both sets: its pooled connections must survive every reload.
+    let (a1, s, b1) = (
+        Backend::start("a1").await,
+        Backend::start("s").await,
+        Backend::start("b1").await,
+    );
+    let set_a = routes(&[&a1, &s]);
+    let set_b = routes(&[&b1, &s]);
+    let proxy = ProxyProcess::start(&set_a, "");
+    let file = proxy.path("upstreams.yaml");
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for i in 0..50 {
+        let proto = if i % 2 == 0 { Proto::H1 } else { Proto::H2c };
+        let mut client = Client::connect(proto, proxy.addr).await;
+        let stop = stop.clone();
+        workers.push(tokio::spawn(async move {
+            let mut seen: HashMap<String, usize> = HashMap::new();
+            let mut failures = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let (status, name) = backend_of(&mut client).await;
+                if status != 200 {
+                    failures.push(format!("{status} from {name:?}"));
+                }
+                *seen.entry(name).or_default() += 1;
+            }
+            (seen, failures)
+        }));
+    }
+    for i in 0..200 {
+        write_atomically(&file, if i % 2 == 0 { &set_b } else { &set_a });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The last write (set A) must end up live.
+    wait_for_backend(&proxy, "a1").await;
+    stop.store(true, Ordering::Relaxed);
+    let mut totals: HashMap<String, usize> = HashMap::new();
+    let mut failures = Vec::new();
+    for w in workers {
+        let (seen, f) = w.await.unwrap();
+        failures.extend(f);
+        for (k, v) in seen {
+            *totals.entry(k).or_default() += v;
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failed requests, e.g. {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+    let names: Vec<&String> = totals.keys().collect();
+    assert!(
+        totals
+            .keys()
+            .all(|n| ["a1", "s", "b1"].contains(&n.as_str())),
+        "unknown backends: {names:?}"
+    );
+    let from_b = totals.get("b1").copied().unwrap_or(0);
+    let total: usize = totals.values().sum();
+    assert!(
+        from_b > 0 && from_b < total,
+        "both sets served during the run: {totals:?}"
+    );
+    let reloads = proxy.log_text().matches("configuration applied").count();
+    assert!(reloads >= 10, "only {reloads} reloads happened");
+    // The backend that stayed kept its pooled connections across 200 reloads.
+    let accepts = s.accepts.load(Ordering::SeqCst);
+    let served = totals.get("s").copied().unwrap_or(0);
+    assert!(
+        served > 1000 && accepts <= 64,
+        "{accepts} connections to the staying backend for {served} requests"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_file_keeps_the_old_routes_until_fixed() {
+    let (a, b) = (Backend::start("a").await, Backend::start("b").await);
+    let proxy = ProxyProcess::start(&routes(&[&a]), "");
+    let file = proxy.path("upstreams.yaml");
+    let broken = format!("upstreams:\n  DEFAULT:\n    paths:\n      \"/\":\n        servers: [\"{}\", \"127.0.0.1:99999\"]\n", b.addr);
+    write_atomically(&file, &broken);
+    let logged = eventually(Duration::from_secs(5), || {
+        proxy.log_text().contains("reload rejected")
+    })
+    .await;
+    assert!(logged, "no rejection logged:\n{}", proxy.log_text());
+    let log = proxy.log_text();
+    let line = log.lines().find(|l| l.contains("reload rejected")).unwrap();
+    assert!(
+        line.contains("upstreams.yaml:5:")
+            && line.contains("servers[1]")
+            && line.contains("out of range"),
+        "{line}"
+    );
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    for _ in 0..20 {
+        assert_eq!(backend_of(&mut client).await, (200, "a".to_string()));
+    }
+    write_atomically(&file, &routes(&[&b]));
+    wait_for_backend(&proxy, "b").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_quick_writes_the_second_wins() {
+    let (a, b, c) = (
+        Backend::start("a").await,
+        Backend::start("b").await,
+        Backend::start("c").await,
+    );
+    let proxy = ProxyProcess::start(&routes(&[&a]), "");
+    let file = proxy.path("upstreams.yaml");
+    for _ in 0..5 {
+        write_atomically(&file, &routes(&[&b]));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        write_atomically(&file, &routes(&[&c]));
+        wait_for_backend(&proxy, "c").await;
+        // And it stays: no late reload of the first write.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut client = Client::connect(Proto::H1, proxy.addr).await;
+        assert_eq!(backend_of(&mut client).await.1, "c");
+        write_atomically(&file, &routes(&[&a]));
+        wait_for_backend(&proxy, "a").await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_and_conf_d_is_merged() {
+    let (a, b) = (Backend::start("a").await, Backend::start("b").await);
+    let proxy = ProxyProcess::start(&routes(&[&a]), "");
+    // A conf.d host appears through the watcher.
+    std::fs::create_dir_all(proxy.path("conf.d")).unwrap();
+    let extra = format!(
+        "extra.example:\n  paths:\n    \"/\": {{servers: {}}}\n",
+        servers(&[&b])
+    );
+    write_atomically(&proxy.path("conf.d/10-extra.yaml"), &extra);
+    let started = Instant::now();
+    loop {
+        let mut client = Client::connect(Proto::H1, proxy.addr).await;
+        let resp = client.get("extra.example", "/").await;
+        if header(&resp, "x-backend") == "b" {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "conf.d host never appeared:\n{}",
+            proxy.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // SIGHUP with unchanged files does not swap anything; with a change, it applies it.
+    let before = proxy.log_text().matches("configuration applied").count();
+    let pid = proxy.pid().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        proxy.log_text().matches("configuration applied").count(),
+        before
+    );
+    assert!(
+        proxy.log_text().contains("extra.example"),
+        "the change log names the added host"
+    );
+}
