@@ -10,6 +10,7 @@ pub mod check;
 pub mod config;
 pub mod discovery;
 pub mod fileserver;
+pub mod metrics;
 pub mod process;
 pub mod proxy;
 pub mod routing;
