@@ -129,7 +129,10 @@ impl Proxy {
                 .send_with_stale_retry(backend, request, retry_parts.as_ref())
                 .await
             {
-                Ok(resp) => return Ok(resp),
+                Ok(mut resp) => {
+                    resp.extensions_mut().insert(crate::metrics::ServedBy(backend.clone()));
+                    return Ok(resp);
+                }
                 Err(SendError::Connect {
                     reason,
                     timed_out,
