@@ -6,6 +6,7 @@
 //! `config` and is published by `discovery`; `process` ties the process together.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod check;
 pub mod config;
 pub mod discovery;

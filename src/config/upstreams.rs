@@ -100,11 +100,11 @@ pub struct UpstreamsConfig {
     pub provider: Provider,
     pub globals: RouteSettings,
     pub hosts: Vec<HostConfig>,
-    pub consul: Option<Node>,
-    pub kubernetes: Option<Node>,
+    pub consul: Option<super::discovery_conf::ConsulConfig>,
+    pub kubernetes: Option<super::discovery_conf::KubernetesConfig>,
 }
 
-const SETTING_KEYS: &[&str] = &[
+pub(super) const SETTING_KEYS: &[&str] = &[
     "sticky_sessions",
     "to_https",
     "rate_limit",
@@ -149,8 +149,8 @@ impl UpstreamsConfig {
             match k {
                 "upstreams" => {}
                 "provider" => cfg.provider = read_provider(value, r).unwrap_or_default(),
-                "consul" => cfg.consul = r.map(value, k).map(|_| value.clone()),
-                "kubernetes" => cfg.kubernetes = r.map(value, k).map(|_| value.clone()),
+                "consul" => cfg.consul = super::discovery_conf::read_consul(value, k, r),
+                "kubernetes" => cfg.kubernetes = super::discovery_conf::read_kubernetes(value, k, r),
                 _ if SETTING_KEYS.contains(&k) => read_setting(&mut cfg.globals, key, value, "", r),
                 _ if looks_like_host(value) => top_level_hosts.push(entry),
                 _ if matches!(value.value, Value::Map(_))
@@ -396,7 +396,7 @@ fn read_servers(node: &Node, path: &str, r: &mut Reader) -> (Vec<ServerSpec>, us
     (servers, listed)
 }
 
-fn read_setting(
+pub(super) fn read_setting(
     settings: &mut RouteSettings,
     key: &Key,
     node: &Node,

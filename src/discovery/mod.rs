@@ -16,7 +16,9 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 
-use crate::config::upstreams::HostConfig;
+use crate::config::discovery_conf::DiscoveredService;
+use crate::config::upstreams::{HostConfig, PathConfig};
+use crate::config::values::ServerSpec;
 use crate::config::{self, Issues, UpstreamsConfig};
 use crate::routing::Snapshot;
 use crate::upstream::Registry;
@@ -221,8 +223,36 @@ pub fn start(
     main: &crate::config::MainConfig,
     reloader: Arc<Reloader>,
 ) {
-    let _ = main;
     if let Some(watch) = file_watch::install(reloader.clone()) {
         runtime.spawn(watch);
     }
+    if let Err(e) = crate::admin::start(runtime, main, reloader.clone()) {
+        tracing::error!("admin API: cannot listen on {:?}: {e}", main.config_address);
+    }
+    if let Some(consul) = reloader.file_config().and_then(|c| c.consul) {
+        tracing::info!("consul: watching {} service(s)", consul.services.len());
+        runtime.spawn(consul::run(consul, reloader.clone()));
+    }
+}
+
+/// Hosts for discovered services: each service becomes a path of its host. A service with no
+/// healthy instance keeps its path with no backend, so its requests get 503 + Retry-After.
+pub fn hosts_for(services: &[(&DiscoveredService, &[ServerSpec])]) -> Vec<HostConfig> {
+    let mut hosts: Vec<HostConfig> = Vec::new();
+    for (svc, backends) in services {
+        let path = PathConfig {
+            prefix: svc.path.clone(),
+            servers: backends.to_vec(),
+            settings: svc.settings.clone(),
+        };
+        match hosts.iter_mut().find(|h| h.name == svc.hostname) {
+            Some(host) => host.paths.push(path),
+            None => hosts.push(HostConfig {
+                name: svc.hostname.clone(),
+                settings: Default::default(),
+                paths: vec![path],
+            }),
+        }
+    }
+    hosts
 }

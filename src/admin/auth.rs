@@ -1,0 +1,124 @@
+//! Who may use the admin API: the master key, compared in constant time.
+
+use http::{header, Request};
+
+/// Compares two secrets in time that depends only on their lengths.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = u8::from(a.len() != b.len());
+    for i in 0..a.len().max(b.len()) {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= x ^ y;
+    }
+    diff == 0
+}
+
+/// The key a request presents: `x-api-key`, `Authorization: Bearer`, or (old clients) `?key=`.
+pub fn presented_key<B>(req: &Request<B>) -> Option<String> {
+    if let Some(v) = req.headers().get("x-api-key").and_then(|v| v.to_str().ok()) {
+        return Some(v.to_string());
+    }
+    if let Some(v) = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    {
+        if let Some(token) = v
+            .strip_prefix("Bearer ")
+            .or_else(|| v.strip_prefix("bearer "))
+        {
+            return Some(token.trim().to_string());
+        }
+    }
+    req.uri().query().and_then(|q| {
+        q.split('&')
+            .find_map(|pair| pair.strip_prefix("key="))
+            .map(|v| percent_decode(v))
+    })
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+        match (
+            bytes[i],
+            bytes.get(i + 1).copied().and_then(hex),
+            bytes.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(h), Some(l)) => {
+                out.push(h * 16 + l);
+                i += 3;
+            }
+            (b'+', _, _) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The outcome of checking a request's key.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Access {
+    Granted,
+    /// No master key is configured: the API refuses everything that needs one.
+    NoMasterKey,
+    Denied,
+}
+
+pub fn check<B>(req: &Request<B>, master_key: Option<&str>) -> Access {
+    let Some(master) = master_key else {
+        return Access::NoMasterKey;
+    };
+    match presented_key(req) {
+        Some(key) if constant_time_eq(key.as_bytes(), master.as_bytes()) => Access::Granted,
+        _ => Access::Denied,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_from_each_place() {
+        let req = |f: fn(http::request::Builder) -> http::request::Builder| {
+            f(Request::builder().uri("/status")).body(()).unwrap()
+        };
+        assert_eq!(
+            check(&req(|b| b.header("x-api-key", "s3cret")), Some("s3cret")),
+            Access::Granted
+        );
+        assert_eq!(
+            check(
+                &req(|b| b.header("authorization", "Bearer s3cret")),
+                Some("s3cret")
+            ),
+            Access::Granted
+        );
+        let by_query = Request::builder()
+            .uri("/status?all&key=s3%63ret")
+            .body(())
+            .unwrap();
+        assert_eq!(check(&by_query, Some("s3cret")), Access::Granted);
+        assert_eq!(
+            check(&req(|b| b.header("x-api-key", "wrong")), Some("s3cret")),
+            Access::Denied
+        );
+        assert_eq!(check(&req(|b| b), Some("s3cret")), Access::Denied);
+        assert_eq!(
+            check(&req(|b| b.header("x-api-key", "x")), None),
+            Access::NoMasterKey
+        );
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+        assert!(constant_time_eq(b"", b""));
+    }
+}

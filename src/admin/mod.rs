@@ -1,0 +1,267 @@
+//! The admin API (SPEC §9) on `config_address`: `POST /conf`, `POST /jwt`, `GET /status`,
+//! `GET /metrics`. Every endpoint needs the master key; with none configured they answer 403 and
+//! say why. It runs on the control-plane runtime and never touches the request path.
+
+mod auth;
+mod jwt;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+
+use crate::discovery::{ReloadError, Reloader};
+use auth::Access;
+
+/// Largest `POST /conf` or `/jwt` body accepted.
+const MAX_BODY: usize = 4 * 1024 * 1024;
+
+/// What the admin API needs.
+pub struct Admin {
+    pub reloader: Arc<Reloader>,
+    /// `JWT_KEY` from the environment, else `master_key`.
+    pub master_key: Option<String>,
+    pub config_api_enabled: bool,
+}
+
+type Reply = Response<Full<Bytes>>;
+
+fn reply(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Reply {
+    let mut resp = Response::new(Full::new(body.into()));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(content_type),
+    );
+    resp
+}
+
+fn text(status: StatusCode, body: impl Into<String>) -> Reply {
+    let mut body = body.into();
+    body.push('\n');
+    reply(status, "text/plain; charset=utf-8", body)
+}
+
+/// Serves the API on `listener` until the runtime stops.
+pub async fn serve(listener: tokio::net::TcpListener, admin: Arc<Admin>) {
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(pair) => pair,
+            Err(e) => {
+                tracing::warn!("admin API: accept failed: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                continue;
+            }
+        };
+        let admin = admin.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let admin = admin.clone();
+                async move { Ok::<_, Infallible>(admin.answer(req).await) }
+            });
+            let _ = auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+impl Admin {
+    async fn answer(&self, req: Request<Incoming>) -> Reply {
+        match (req.method(), req.uri().path()) {
+            (&Method::POST, "/jwt") => self.jwt(req).await,
+            (&Method::POST, "/conf") => self.guarded(req, Self::conf).await,
+            (&Method::GET, "/status") => self.guarded(req, Self::status).await,
+            (&Method::GET, "/metrics") => self.guarded(req, Self::metrics).await,
+            (_, "/jwt" | "/conf" | "/status" | "/metrics") => {
+                text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
+            }
+            _ => text(
+                StatusCode::NOT_FOUND,
+                "unknown endpoint (try /conf, /jwt, /status, /metrics)",
+            ),
+        }
+    }
+
+    async fn guarded<'a, F, Fut>(&'a self, req: Request<Incoming>, handler: F) -> Reply
+    where
+        F: FnOnce(&'a Self, Request<Incoming>) -> Fut,
+        Fut: std::future::Future<Output = Reply>,
+    {
+        match auth::check(&req, self.master_key.as_deref()) {
+            Access::Granted => handler(self, req).await,
+            Access::NoMasterKey => text(
+                StatusCode::FORBIDDEN,
+                "forbidden: no master_key is configured (set master_key in main.yaml or JWT_KEY)",
+            ),
+            Access::Denied => text(StatusCode::FORBIDDEN, "forbidden: missing or wrong key"),
+        }
+    }
+
+    async fn conf(&self, req: Request<Incoming>) -> Reply {
+        if !self.config_api_enabled {
+            return text(
+                StatusCode::FORBIDDEN,
+                "forbidden: the config API is disabled (config_api_enabled: false)",
+            );
+        }
+        let save = req
+            .uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|p| p == "save" || p.starts_with("save=")));
+        let body = match read_body(req).await {
+            Ok(b) => b,
+            Err(resp) => return resp,
+        };
+        let Ok(yaml) = std::str::from_utf8(&body) else {
+            return text(StatusCode::BAD_REQUEST, "the body is not UTF-8 text");
+        };
+        let reloader = self.reloader.clone();
+        let yaml = yaml.to_string();
+        let outcome = tokio::task::spawn_blocking(move || reloader.apply_text(&yaml, save)).await;
+        match outcome {
+            Ok(Ok(_)) => text(
+                StatusCode::OK,
+                if save { "applied and saved" } else { "applied" },
+            ),
+            Ok(Err(ReloadError::Invalid(issues))) => {
+                let lines: Vec<String> = issues.errors().map(ToString::to_string).collect();
+                text(
+                    StatusCode::BAD_REQUEST,
+                    format!("rejected; nothing changed:\n{}", lines.join("\n")),
+                )
+            }
+            Ok(Err(e @ ReloadError::Save { .. })) => text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("not applied: {e}"),
+            ),
+            Err(e) => text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("not applied: {e}"),
+            ),
+        }
+    }
+
+    async fn jwt(&self, req: Request<Incoming>) -> Reply {
+        let body = match read_body(req).await {
+            Ok(b) => b,
+            Err(resp) => return resp,
+        };
+        let request: jwt::TokenRequest = match serde_json::from_slice(&body) {
+            Ok(r) => r,
+            Err(e) => {
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    format!("expected JSON {{master_key, owner, valid}}: {e}"),
+                )
+            }
+        };
+        let Some(master) = self.master_key.as_deref() else {
+            return text(
+                StatusCode::FORBIDDEN,
+                "forbidden: no master_key is configured",
+            );
+        };
+        if !auth::constant_time_eq(request.master_key.as_bytes(), master.as_bytes()) {
+            return text(StatusCode::FORBIDDEN, "forbidden: wrong master_key");
+        }
+        match jwt::issue(&request, master) {
+            Ok(token) => reply(
+                StatusCode::CREATED,
+                "application/json",
+                serde_json::json!({ "token": token }).to_string(),
+            ),
+            Err(e) => text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("cannot sign: {e}"),
+            ),
+        }
+    }
+
+    async fn status(&self, req: Request<Incoming>) -> Reply {
+        let live_only = req
+            .uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|p| p == "live"));
+        let snapshot = self.reloader.snapshot.load_full();
+        let mut routes: Vec<serde_json::Value> = snapshot
+            .routes()
+            .map(|route| {
+                let backends: Vec<serde_json::Value> = route
+                    .backends
+                    .iter()
+                    .filter(|b| !live_only || b.is_up())
+                    .map(|b| serde_json::json!({ "address": &*b.label, "up": b.is_up(), "protocol": format!("{:?}", b.protocol) }))
+                    .collect();
+                serde_json::json!({ "host": &*route.host, "path": &*route.prefix, "backends": backends })
+            })
+            .collect();
+        routes.sort_by(|a, b| {
+            (a["host"].as_str(), a["path"].as_str()).cmp(&(b["host"].as_str(), b["path"].as_str()))
+        });
+        reply(
+            StatusCode::OK,
+            "application/json",
+            serde_json::json!({ "routes": routes }).to_string(),
+        )
+    }
+
+    async fn metrics(&self, _req: Request<Incoming>) -> Reply {
+        reply(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            crate::metrics::render_prometheus(),
+        )
+    }
+}
+
+async fn read_body(req: Request<Incoming>) -> Result<Bytes, Reply> {
+    match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(text(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("body over {MAX_BODY} bytes"),
+            ))
+        }
+        Err(e) => Err(text(
+            StatusCode::BAD_REQUEST,
+            format!("cannot read the body: {e}"),
+        )),
+    }
+}
+
+/// Binds the admin address (when configured) and serves it on `runtime`.
+pub fn start(
+    runtime: &tokio::runtime::Runtime,
+    main: &crate::config::MainConfig,
+    reloader: Arc<Reloader>,
+) -> std::io::Result<()> {
+    let Some(addr) = main.config_address else {
+        return Ok(());
+    };
+    let listener = runtime.block_on(tokio::net::TcpListener::bind(addr))?;
+    if let Ok(local) = listener.local_addr() {
+        tracing::info!("admin API on http://{local}");
+    }
+    let master_key = std::env::var("JWT_KEY")
+        .ok()
+        .filter(|k| !k.is_empty())
+        .or_else(|| main.master_key.clone());
+    let admin = Arc::new(Admin {
+        reloader,
+        master_key,
+        config_api_enabled: main.config_api_enabled,
+    });
+    runtime.spawn(serve(listener, admin));
+    Ok(())
+}

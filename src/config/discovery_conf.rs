@@ -1,0 +1,186 @@
+//! The `consul:` and `kubernetes:` sections of upstreams.yaml (SPEC §13): which services to
+//! discover and the host, path and policies each one gets.
+
+use http::Uri;
+
+use super::reader::{join, Reader};
+use super::upstreams::{read_setting, RouteSettings, SETTING_KEYS};
+use super::yaml::{Node, Value};
+
+/// One discovered service and where it is routed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DiscoveredService {
+    pub hostname: String,
+    /// The Consul service name, or the Kubernetes Service name.
+    pub upstream: String,
+    pub path: String,
+    pub settings: RouteSettings,
+}
+
+/// `consul:`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConsulConfig {
+    pub servers: Vec<Uri>,
+    pub token: Option<String>,
+    pub services: Vec<DiscoveredService>,
+}
+
+/// `kubernetes:`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KubernetesConfig {
+    /// API servers as written (`host:port` or URLs); empty means the in-cluster defaults.
+    pub servers: Vec<String>,
+    pub tokenpath: String,
+    pub namespace: Option<String>,
+    pub services: Vec<DiscoveredService>,
+}
+
+const SERVICE_KEYS: &[&str] = &["hostname", "upstream", "path"];
+
+fn read_services(node: &Node, path: &str, r: &mut Reader) -> Vec<DiscoveredService> {
+    let items = match &node.value {
+        Value::Seq(items) => items,
+        Value::Null => return Vec::new(),
+        other => {
+            r.error(
+                node.pos,
+                path,
+                format!("expected a list of services, found {}", other.kind()),
+            );
+            return Vec::new();
+        }
+    };
+    let mut out = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let item_path = format!("{path}[{i}]");
+        let Some(entries) = r.map(item, &item_path) else {
+            continue;
+        };
+        let mut svc = DiscoveredService {
+            hostname: String::new(),
+            upstream: String::new(),
+            path: "/".into(),
+            settings: RouteSettings::default(),
+        };
+        let known: Vec<&str> = SERVICE_KEYS.iter().chain(SETTING_KEYS).copied().collect();
+        for (key, value) in entries {
+            let key_path = join(&item_path, &key.name);
+            match key.name.as_str() {
+                "hostname" => {
+                    svc.hostname = r
+                        .non_empty_string(value, &key_path)
+                        .unwrap_or_default()
+                        .to_ascii_lowercase()
+                }
+                "upstream" => {
+                    svc.upstream = r.non_empty_string(value, &key_path).unwrap_or_default()
+                }
+                "path" => match r.non_empty_string(value, &key_path) {
+                    Some(p) if p.starts_with('/') => svc.path = p,
+                    Some(p) => r.error(
+                        value.pos,
+                        &key_path,
+                        format!("path `{p}` must start with `/`"),
+                    ),
+                    None => {}
+                },
+                k if SETTING_KEYS.contains(&k) => {
+                    read_setting(&mut svc.settings, key, value, &item_path, r)
+                }
+                _ => r.unknown_key(key, &key_path, &known),
+            }
+        }
+        for (field, value) in [("hostname", &svc.hostname), ("upstream", &svc.upstream)] {
+            if value.is_empty() && !entries.iter().any(|(k, _)| k.name == field) {
+                r.error(
+                    item.pos,
+                    &join(&item_path, field),
+                    "required key is missing",
+                );
+            }
+        }
+        out.push(svc);
+    }
+    out
+}
+
+fn read_strings(node: &Node, path: &str, r: &mut Reader) -> Vec<String> {
+    r.string_list(node, path)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(_, _, s)| s)
+        .collect()
+}
+
+/// Reads `consul:`.
+pub fn read_consul(node: &Node, path: &str, r: &mut Reader) -> Option<ConsulConfig> {
+    let entries = r.map(node, path)?;
+    let mut cfg = ConsulConfig {
+        servers: Vec::new(),
+        token: None,
+        services: Vec::new(),
+    };
+    for (key, value) in entries {
+        let key_path = join(path, &key.name);
+        match key.name.as_str() {
+            "servers" => {
+                for (pos, item_path, text) in r.string_list(value, &key_path).unwrap_or_default() {
+                    match text.parse::<Uri>() {
+                        Ok(uri)
+                            if uri.scheme_str() == Some("http") && uri.authority().is_some() =>
+                        {
+                            cfg.servers.push(uri)
+                        }
+                        Ok(uri) if uri.scheme_str() == Some("https") => r.error(
+                            pos,
+                            &item_path,
+                            format!("`{uri}`: Consul over https is not supported yet; use http://"),
+                        ),
+                        _ => r.error(
+                            pos,
+                            &item_path,
+                            format!("`{text}` must be a URL such as http://127.0.0.1:8500"),
+                        ),
+                    }
+                }
+            }
+            "token" => cfg.token = r.string(value, &key_path),
+            "services" => cfg.services = read_services(value, &key_path, r),
+            _ => r.unknown_key(key, &key_path, &["servers", "token", "services"]),
+        }
+    }
+    if cfg.servers.is_empty() {
+        cfg.servers.push(Uri::from_static("http://127.0.0.1:8500"));
+    }
+    Some(cfg)
+}
+
+/// Reads `kubernetes:`.
+pub fn read_kubernetes(node: &Node, path: &str, r: &mut Reader) -> Option<KubernetesConfig> {
+    let entries = r.map(node, path)?;
+    let mut cfg = KubernetesConfig {
+        servers: Vec::new(),
+        tokenpath: "/var/run/secrets/kubernetes.io/serviceaccount/token".into(),
+        namespace: None,
+        services: Vec::new(),
+    };
+    for (key, value) in entries {
+        let key_path = join(path, &key.name);
+        match key.name.as_str() {
+            "servers" => cfg.servers = read_strings(value, &key_path, r),
+            "tokenpath" => {
+                cfg.tokenpath = r
+                    .non_empty_string(value, &key_path)
+                    .unwrap_or(cfg.tokenpath)
+            }
+            "namespace" => cfg.namespace = r.non_empty_string(value, &key_path),
+            "services" => cfg.services = read_services(value, &key_path, r),
+            _ => r.unknown_key(
+                key,
+                &key_path,
+                &["servers", "tokenpath", "namespace", "services"],
+            ),
+        }
+    }
+    Some(cfg)
+}

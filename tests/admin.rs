@@ -1,0 +1,272 @@
+//! The admin API through the real binary: keys, /conf, /jwt, /status, /metrics.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use http::Method;
+use support::*;
+
+fn routes(set: &[&Backend]) -> String {
+    format!(
+        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}}}\n",
+        servers(set)
+    )
+}
+
+/// The admin address the proxy logged.
+async fn admin_addr(proxy: &ProxyProcess) -> std::net::SocketAddr {
+    let started = Instant::now();
+    loop {
+        if let Some(line) = proxy
+            .log_text()
+            .lines()
+            .find(|l| l.contains("admin API on http://"))
+        {
+            let addr = line
+                .split("admin API on http://")
+                .nth(1)
+                .unwrap()
+                .split_whitespace()
+                .next()
+                .unwrap();
+            return addr.parse().unwrap();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "no admin API line:\n{}",
+            proxy.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn call(
+    addr: std::net::SocketAddr,
+    method: Method,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
+    let mut client = Client::connect(Proto::H1, addr).await;
+    let resp = client
+        .send(method, Some("admin"), path, headers, full(body.to_string()))
+        .await;
+    let status = resp.status().as_u16();
+    (
+        status,
+        String::from_utf8_lossy(&body_bytes(resp).await).into_owned(),
+    )
+}
+
+async fn served_by(proxy: &ProxyProcess) -> String {
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    let resp = client.get("any", "/").await;
+    let name = header(&resp, "x-backend");
+    body_bytes(resp).await;
+    name
+}
+
+const ADMIN: &str =
+    "config_address: \"127.0.0.1:0\"\nconfig_api_enabled: true\nmaster_key: \"s3cret\"";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_endpoint_checks_the_key() {
+    let a = Backend::start("a").await;
+    let proxy = ProxyProcess::start(&routes(&[&a]), ADMIN);
+    let admin = admin_addr(&proxy).await;
+    let cases: [(Method, &str, &str, u16); 3] = [
+        (Method::GET, "/status?all", "", 200),
+        (Method::GET, "/metrics", "", 200),
+        (Method::POST, "/conf", &routes(&[&a]), 200),
+    ];
+    for (method, path, body, ok) in cases {
+        let (status, _) = call(admin, method.clone(), path, &[], body).await;
+        assert_eq!(status, 403, "{method} {path} without a key");
+        let (status, _) = call(admin, method.clone(), path, &[("x-api-key", "wrong")], body).await;
+        assert_eq!(status, 403, "{method} {path} with a wrong key");
+        for good in [("x-api-key", "s3cret"), ("authorization", "Bearer s3cret")] {
+            let (status, text) = call(admin, method.clone(), path, &[good], body).await;
+            assert_eq!(status, ok, "{method} {path} with {good:?}: {text}");
+        }
+        let with_query = if path.contains('?') {
+            format!("{path}&key=s3cret")
+        } else {
+            format!("{path}?key=s3cret")
+        };
+        assert_eq!(
+            call(admin, method.clone(), &with_query, &[], body).await.0,
+            ok,
+            "{method} {path}?key="
+        );
+    }
+    let (_, status_json) = call(
+        admin,
+        Method::GET,
+        "/status?all",
+        &[("x-api-key", "s3cret")],
+        "",
+    )
+    .await;
+    let parsed: serde_json::Value = serde_json::from_str(&status_json).unwrap();
+    assert_eq!(parsed["routes"][0]["host"], "DEFAULT");
+    assert_eq!(
+        parsed["routes"][0]["backends"][0]["address"],
+        a.addr.to_string()
+    );
+    assert_eq!(parsed["routes"][0]["backends"][0]["up"], true);
+    let (_, metrics) = call(
+        admin,
+        Method::GET,
+        "/metrics",
+        &[("x-api-key", "s3cret")],
+        "",
+    )
+    .await;
+    assert!(metrics.contains("aralez_requests_total"), "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conf_validates_fully_and_save_writes_the_file_once() {
+    let (a, b) = (Backend::start("a").await, Backend::start("b").await);
+    let proxy = ProxyProcess::start(&routes(&[&a]), ADMIN);
+    let admin = admin_addr(&proxy).await;
+    let key = [("x-api-key", "s3cret")];
+    let broken = "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {servers: [\"127.0.0.1:0\"]}\n      \"/x\": {servers: [\"nohost\"]}\n";
+    let (status, text) = call(admin, Method::POST, "/conf", &key, broken).await;
+    assert_eq!(status, 400, "{text}");
+    assert!(
+        text.contains("POST /conf:4:") && text.contains("POST /conf:5:"),
+        "every error with its line: {text}"
+    );
+    assert_eq!(
+        served_by(&proxy).await,
+        "a",
+        "a rejected body changes nothing"
+    );
+    let file = proxy.path("upstreams.yaml");
+    let before_file = std::fs::read_to_string(&file).unwrap();
+
+    // Applied without ?save: live at once, the file untouched.
+    let (status, text) = call(admin, Method::POST, "/conf", &key, &routes(&[&b])).await;
+    assert_eq!((status, text.trim()), (200, "applied"));
+    assert_eq!(served_by(&proxy).await, "b");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), before_file);
+
+    // With ?save: the file holds exactly the body, and the watcher does not apply it a second time.
+    let applied_before = proxy.log_text().matches("configuration applied").count();
+    let (status, _) = call(admin, Method::POST, "/conf?save", &key, &routes(&[&a])).await;
+    assert_eq!(status, 200);
+    assert_eq!(served_by(&proxy).await, "a");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), routes(&[&a]));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        proxy.log_text().matches("configuration applied").count(),
+        applied_before + 1,
+        "{}",
+        proxy.log_text()
+    );
+    let leftovers: Vec<_> = std::fs::read_dir(proxy.dir.path())
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().contains("tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
+
+    // A body that is too large is refused before parsing.
+    let huge = "#".repeat(5 * 1024 * 1024);
+    assert_eq!(call(admin, Method::POST, "/conf", &key, &huge).await.0, 413);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jwt_issues_hs256_tokens_for_the_master_key_only() {
+    let a = Backend::start("a").await;
+    let proxy = ProxyProcess::start(&routes(&[&a]), ADMIN);
+    let admin = admin_addr(&proxy).await;
+    let (status, _) = call(
+        admin,
+        Method::POST,
+        "/jwt",
+        &[],
+        r#"{"master_key":"nope","owner":"ci","valid":5}"#,
+    )
+    .await;
+    assert_eq!(status, 403);
+    let (status, _) = call(admin, Method::POST, "/jwt", &[], "not json").await;
+    assert_eq!(status, 400);
+    let (status, body) = call(
+        admin,
+        Method::POST,
+        "/jwt",
+        &[],
+        r#"{"master_key":"s3cret","owner":"ci","valid":5}"#,
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let token = serde_json::from_str::<serde_json::Value>(&body).unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::HS256);
+    validation.set_required_spec_claims(&["exp"]);
+    let decoded = jsonwebtoken::decode::<serde_json::Value>(
+        &token,
+        &jsonwebtoken::DecodingKey::from_secret(b"s3cret"),
+        &validation,
+    )
+    .unwrap();
+    assert_eq!(decoded.claims["owner"], "ci");
+    let ttl = decoded.claims["exp"].as_u64().unwrap() - decoded.claims["iat"].as_u64().unwrap();
+    assert_eq!(ttl, 300);
+    // `exp` is accepted in place of `valid`.
+    let (status, _) = call(
+        admin,
+        Method::POST,
+        "/jwt",
+        &[],
+        r#"{"master_key":"s3cret","owner":"ci","exp":1}"#,
+    )
+    .await;
+    assert_eq!(status, 201);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_master_key_or_with_the_api_disabled_the_answer_is_403_and_why() {
+    let a = Backend::start("a").await;
+    let proxy = ProxyProcess::start(
+        &routes(&[&a]),
+        "config_address: \"127.0.0.1:0\"\nconfig_api_enabled: true",
+    );
+    let admin = admin_addr(&proxy).await;
+    for path in ["/status", "/conf"] {
+        let method = if path == "/conf" {
+            Method::POST
+        } else {
+            Method::GET
+        };
+        let (status, text) = call(admin, method, path, &[("x-api-key", "anything")], "").await;
+        assert_eq!(status, 403);
+        assert!(text.contains("no master_key is configured"), "{text}");
+    }
+    let proxy = ProxyProcess::start(
+        &routes(&[&a]),
+        "config_address: \"127.0.0.1:0\"\nmaster_key: \"k\"",
+    );
+    let admin = admin_addr(&proxy).await;
+    let (status, text) = call(
+        admin,
+        Method::POST,
+        "/conf",
+        &[("x-api-key", "k")],
+        &routes(&[&a]),
+    )
+    .await;
+    assert_eq!(status, 403);
+    assert!(text.contains("config_api_enabled"), "{text}");
+    assert_eq!(
+        call(admin, Method::GET, "/status", &[("x-api-key", "k")], "")
+            .await
+            .0,
+        200
+    );
+}

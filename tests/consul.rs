@@ -1,0 +1,274 @@
+//! Consul discovery against a test server that speaks Consul's HTTP API (the shapes in
+//! ../shared/fixtures/consul/) with real blocking queries: a request with `index` equal to the
+//! current one is held until the index changes or `wait` passes.
+
+mod support;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use support::*;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+
+const FIXTURE: &str = include_str!("../../shared/fixtures/consul/health-service-web-passing.json");
+
+struct ConsulState {
+    index: u64,
+    instances: Vec<SocketAddr>,
+    tokens_seen: Vec<String>,
+}
+
+/// A fake Consul agent for the service `web`.
+struct FakeConsul {
+    addr: SocketAddr,
+    state: Arc<Mutex<ConsulState>>,
+    changed: Arc<Notify>,
+    tasks: JoinSet<()>,
+}
+
+impl FakeConsul {
+    async fn start(
+        addr: SocketAddr,
+        state: Arc<Mutex<ConsulState>>,
+        changed: Arc<Notify>,
+    ) -> FakeConsul {
+        let listener = TcpListener::bind(addr).await.expect("bind fake consul");
+        let addr = listener.local_addr().unwrap();
+        let mut tasks = JoinSet::new();
+        let (st, ch) = (state.clone(), changed.clone());
+        tasks.spawn(async move {
+            let mut conns = JoinSet::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                let (st, ch) = (st.clone(), ch.clone());
+                conns.spawn(async move {
+                    let svc = service_fn(move |req| answer(req, st.clone(), ch.clone()));
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        FakeConsul {
+            addr,
+            state,
+            changed,
+            tasks,
+        }
+    }
+
+    fn set(&self, instances: &[SocketAddr]) {
+        let mut st = self.state.lock().unwrap();
+        st.index += 1;
+        st.instances = instances.to_vec();
+        drop(st);
+        self.changed.notify_waiters();
+    }
+
+    fn stop(mut self) -> (SocketAddr, Arc<Mutex<ConsulState>>, Arc<Notify>) {
+        self.tasks.abort_all();
+        (self.addr, self.state.clone(), self.changed.clone())
+    }
+}
+
+/// The fixture's first entry, once per instance, with the instance's address and port.
+fn body_for(instances: &[SocketAddr]) -> String {
+    let template: serde_json::Value = serde_json::from_str::<Vec<serde_json::Value>>(FIXTURE)
+        .unwrap()
+        .remove(0);
+    let entries: Vec<serde_json::Value> = instances
+        .iter()
+        .map(|addr| {
+            let mut e = template.clone();
+            e["Service"]["Address"] = serde_json::Value::String(addr.ip().to_string());
+            e["Service"]["Port"] = serde_json::Value::from(addr.port());
+            e
+        })
+        .collect();
+    serde_json::to_string(&entries).unwrap()
+}
+
+async fn answer(
+    req: Request<Incoming>,
+    state: Arc<Mutex<ConsulState>>,
+    changed: Arc<Notify>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let token = req
+        .headers()
+        .get("x-consul-token")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    state.lock().unwrap().tokens_seen.push(token.clone());
+    if token != "tok" {
+        return Ok(Response::builder()
+            .status(StatusCode::FORBIDDEN)
+            .body(Full::new(Bytes::from("ACL not found")))
+            .unwrap());
+    }
+    if req.uri().path() != "/v1/health/service/web" {
+        return Ok(Response::builder()
+            .body(Full::new(Bytes::from("[]")))
+            .unwrap());
+    }
+    let query = req.uri().query().unwrap_or("").to_string();
+    let param = |name: &str| {
+        query
+            .split('&')
+            .find_map(|p| p.strip_prefix(&format!("{name}=")))
+            .map(str::to_string)
+    };
+    let asked: u64 = param("index").and_then(|i| i.parse().ok()).unwrap_or(0);
+    let wait = param("wait")
+        .and_then(|w| w.trim_end_matches('s').parse().ok())
+        .unwrap_or(0u64);
+    let notified = changed.notified();
+    tokio::pin!(notified);
+    notified.as_mut().enable();
+    if asked != 0 && asked == state.lock().unwrap().index {
+        let _ = tokio::time::timeout(Duration::from_secs(wait), notified).await;
+    }
+    let st = state.lock().unwrap();
+    Ok(Response::builder()
+        .header("content-type", "application/json")
+        .header("x-consul-index", st.index.to_string())
+        .body(Full::new(Bytes::from(body_for(&st.instances))))
+        .unwrap())
+}
+
+async fn backend_for_web(proxy: &ProxyProcess) -> (u16, String) {
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    let resp = client.get("web.local", "/").await;
+    let out = (resp.status().as_u16(), header(&resp, "x-backend"));
+    body_bytes(resp).await;
+    out
+}
+
+/// Waits until the set of backends answering for web.local is exactly `want`; returns how long it took.
+async fn wait_for_set(proxy: &ProxyProcess, want: &[&str], limit: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..8 {
+            let (status, name) = backend_for_web(proxy).await;
+            if status == 200 {
+                seen.insert(name);
+            }
+        }
+        if seen.iter().map(String::as_str).eq(want.iter().copied()) {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < limit,
+            "never saw {want:?} (last {seen:?}); log:\n{}",
+            proxy.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn consul_routes(consul: SocketAddr, token: &str) -> String {
+    format!(
+        "provider: consul\nconsul:\n  servers: [\"http://127.0.0.1:1\", \"http://{consul}\"]\n  token: \"{token}\"\n  services:\n    - {{ hostname: \"web.local\", upstream: \"web\", path: \"/\", client_headers: [\"X-Via:consul\"] }}\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_follow_consul_and_survive_its_outage() {
+    let (a, b) = (Backend::start("a").await, Backend::start("b").await);
+    let state = Arc::new(Mutex::new(ConsulState {
+        index: 7,
+        instances: vec![a.addr],
+        tokens_seen: Vec::new(),
+    }));
+    let consul = FakeConsul::start(
+        "127.0.0.1:0".parse().unwrap(),
+        state.clone(),
+        Arc::new(Notify::new()),
+    )
+    .await;
+    // The first server in the list refuses connections: the watcher must move on to the second.
+    let proxy = ProxyProcess::start(&consul_routes(consul.addr, "tok"), "");
+    wait_for_set(&proxy, &["a"], Duration::from_secs(5)).await;
+
+    consul.set(&[a.addr, b.addr]);
+    let took = wait_for_set(&proxy, &["a", "b"], Duration::from_secs(5)).await;
+    assert!(
+        took < Duration::from_secs(1),
+        "an added instance took {took:?}"
+    );
+    consul.set(&[b.addr]);
+    let took = wait_for_set(&proxy, &["b"], Duration::from_secs(5)).await;
+    assert!(
+        took < Duration::from_secs(1),
+        "a removed instance took {took:?}"
+    );
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    assert_eq!(
+        header(&client.get("web.local", "/").await, "x-via"),
+        "consul",
+        "service policies apply"
+    );
+    assert!(state.lock().unwrap().tokens_seen.iter().all(|t| t == "tok"));
+
+    // Consul goes away: traffic keeps flowing to the last known backend.
+    let (addr, state, changed) = consul.stop();
+    for _ in 0..50 {
+        assert_eq!(backend_for_web(&proxy).await, (200, "b".to_string()));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(proxy.log_text().contains("keeping the last known backends"));
+    // It comes back with a lower index (a restarted agent): changes flow again.
+    state.lock().unwrap().index = 1;
+    let consul = FakeConsul::start(addr, state, changed).await;
+    consul.set(&[a.addr]);
+    wait_for_set(&proxy, &["a"], Duration::from_secs(15)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_token_is_reported_and_no_instance_means_503() {
+    let a = Backend::start("a").await;
+    let state = Arc::new(Mutex::new(ConsulState {
+        index: 3,
+        instances: vec![a.addr],
+        tokens_seen: Vec::new(),
+    }));
+    let consul = FakeConsul::start(
+        "127.0.0.1:0".parse().unwrap(),
+        state.clone(),
+        Arc::new(Notify::new()),
+    )
+    .await;
+    let proxy = ProxyProcess::start(&consul_routes(consul.addr, "wrong"), "");
+    let reported = eventually(Duration::from_secs(5), || {
+        proxy.log_text().contains("ACL token was refused")
+    })
+    .await;
+    assert!(reported, "{}", proxy.log_text());
+    assert_eq!(
+        backend_for_web(&proxy).await.0,
+        404,
+        "nothing discovered, no route"
+    );
+
+    let proxy = ProxyProcess::start(&consul_routes(consul.addr, "tok"), "");
+    wait_for_set(&proxy, &["a"], Duration::from_secs(5)).await;
+    consul.set(&[]);
+    let started = Instant::now();
+    while backend_for_web(&proxy).await.0 != 503 {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "no 503 once the last instance left"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
