@@ -8,6 +8,7 @@
 pub mod consul;
 mod diff;
 pub mod file_watch;
+pub mod kubernetes;
 
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
@@ -232,6 +233,10 @@ pub fn start(
     if let Some(consul) = reloader.file_config().and_then(|c| c.consul) {
         tracing::info!("consul: watching {} service(s)", consul.services.len());
         runtime.spawn(consul::run(consul, reloader.clone()));
+    }
+    if let Some(k8s) = reloader.file_config().and_then(|c| c.kubernetes) {
+        tracing::info!("kubernetes: watching {} service(s)", k8s.services.len());
+        runtime.spawn(kubernetes::run(k8s, reloader.clone()));
     }
 }
 

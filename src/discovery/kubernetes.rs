@@ -1,0 +1,226 @@
+//! Kubernetes discovery (SPEC §13.2) with kube: each service's `discovery.k8s.io/v1`
+//! EndpointSlices (label `kubernetes.io/service-name=<upstream>`) are listed and watched; ready
+//! endpoints become backends on the slice's port. kube's watcher relists on 410 Gone and backs
+//! off on errors; the last known backends keep serving meanwhile.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use futures_util::StreamExt;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client};
+
+use super::{hosts_for, Reloader};
+use crate::config::discovery_conf::{DiscoveredService, KubernetesConfig};
+use crate::config::values::{parse_server, ServerSpec};
+
+/// Why the Kubernetes client could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeSetupError {
+    #[error("no API server: set kubernetes.servers or KUBERNETES_SERVICE_HOST/KUBERNETES_SERVICE_PORT_HTTPS")]
+    NoServer,
+    #[error("`{0}` is not a valid API server address")]
+    BadServer(String),
+    #[error("cannot build the client: {0}")]
+    Client(#[from] kube::Error),
+}
+
+/// The API server URL: the first configured one (https:// unless a scheme is given), else the
+/// in-cluster environment.
+fn cluster_url(cfg: &KubernetesConfig) -> Result<http::Uri, KubeSetupError> {
+    let raw = match cfg.servers.first() {
+        Some(s) => s.clone(),
+        None => {
+            let host =
+                std::env::var("KUBERNETES_SERVICE_HOST").map_err(|_| KubeSetupError::NoServer)?;
+            let port =
+                std::env::var("KUBERNETES_SERVICE_PORT_HTTPS").unwrap_or_else(|_| "443".into());
+            if host.contains(':') {
+                format!("[{host}]:{port}")
+            } else {
+                format!("{host}:{port}")
+            }
+        }
+    };
+    let with_scheme = if raw.contains("://") {
+        raw.clone()
+    } else {
+        format!("https://{raw}")
+    };
+    with_scheme
+        .parse()
+        .map_err(|_| KubeSetupError::BadServer(raw))
+}
+
+/// The namespace: configured, else the service account's `namespace` file, else `POD_NAMESPACE`,
+/// else `default`.
+fn namespace(cfg: &KubernetesConfig, account_dir: &Path) -> String {
+    cfg.namespace
+        .clone()
+        .or_else(|| {
+            std::fs::read_to_string(account_dir.join("namespace"))
+                .ok()
+                .map(|s| s.trim().to_string())
+        })
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("POD_NAMESPACE").ok())
+        .unwrap_or_else(|| "default".into())
+}
+
+fn client_for(cfg: &KubernetesConfig) -> Result<(Client, String), KubeSetupError> {
+    let account_dir = Path::new(&cfg.tokenpath)
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    let mut config = kube::Config::new(cluster_url(cfg)?);
+    let ns = namespace(cfg, &account_dir);
+    config.default_namespace = ns.clone();
+    // A token file is re-read by kube as it rotates.
+    config.auth_info.token_file = Some(cfg.tokenpath.clone());
+    let ca = account_dir.join("ca.crt");
+    if ca.is_file() {
+        config.root_cert_file = Some(ca);
+    }
+    Ok((Client::try_from(config)?, ns))
+}
+
+/// Ready endpoints of a slice, on its first port. `conditions.ready` absent means ready.
+fn ready_backends(slice: &EndpointSlice) -> Vec<ServerSpec> {
+    let Some(port) = slice
+        .ports
+        .as_ref()
+        .and_then(|p| p.first())
+        .and_then(|p| p.port)
+    else {
+        return Vec::new();
+    };
+    slice
+        .endpoints
+        .iter()
+        .flatten()
+        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
+        .flat_map(|e| e.addresses.iter())
+        .filter_map(|addr| {
+            let entry = if addr.contains(':') {
+                format!("[{addr}]:{port}")
+            } else {
+                format!("{addr}:{port}")
+            };
+            parse_server(&entry).ok()
+        })
+        .collect()
+}
+
+struct Known {
+    services: Vec<DiscoveredService>,
+    /// Per service, per slice name: its ready backends.
+    slices: BTreeMap<usize, BTreeMap<String, Vec<ServerSpec>>>,
+}
+
+/// Runs the watches until the runtime stops.
+pub async fn run(cfg: KubernetesConfig, reloader: Arc<Reloader>) {
+    let (client, ns) = match client_for(&cfg) {
+        Ok(pair) => pair,
+        Err(e) => {
+            tracing::error!("kubernetes: {e}; discovery is off");
+            return;
+        }
+    };
+    let known = Arc::new(Mutex::new(Known {
+        services: cfg.services.clone(),
+        slices: BTreeMap::new(),
+    }));
+    let mut tasks = Vec::new();
+    for which in 0..cfg.services.len() {
+        let api: Api<EndpointSlice> = Api::namespaced(client.clone(), &ns);
+        tasks.push(tokio::spawn(watch_service(
+            which,
+            api,
+            known.clone(),
+            reloader.clone(),
+        )));
+    }
+    for task in tasks {
+        let _ = task.await;
+    }
+}
+
+async fn watch_service(
+    which: usize,
+    api: Api<EndpointSlice>,
+    known: Arc<Mutex<Known>>,
+    reloader: Arc<Reloader>,
+) {
+    let service = known.lock().unwrap_or_else(|p| p.into_inner()).services[which]
+        .upstream
+        .clone();
+    let config =
+        watcher::Config::default().labels(&format!("kubernetes.io/service-name={service}"));
+    let mut events = watcher(api, config).default_backoff().boxed();
+    let mut slices: BTreeMap<String, Vec<ServerSpec>> = BTreeMap::new();
+    let mut relisting: Option<BTreeMap<String, Vec<ServerSpec>>> = None;
+    while let Some(event) = events.next().await {
+        let name_of = |s: &EndpointSlice| s.metadata.name.clone().unwrap_or_default();
+        match event {
+            Ok(watcher::Event::Init) => relisting = Some(BTreeMap::new()),
+            Ok(watcher::Event::InitApply(slice)) => {
+                if let Some(buffer) = relisting.as_mut() {
+                    buffer.insert(name_of(&slice), ready_backends(&slice));
+                }
+            }
+            Ok(watcher::Event::InitDone) => {
+                slices = relisting.take().unwrap_or_default();
+                publish(which, &slices, &known, &reloader);
+            }
+            Ok(watcher::Event::Apply(slice)) => {
+                slices.insert(name_of(&slice), ready_backends(&slice));
+                publish(which, &slices, &known, &reloader);
+            }
+            Ok(watcher::Event::Delete(slice)) => {
+                slices.remove(&name_of(&slice));
+                publish(which, &slices, &known, &reloader);
+            }
+            Err(e) => {
+                tracing::warn!(service = %service, "kubernetes: {}; keeping the last known backends", describe(&e))
+            }
+        }
+    }
+}
+
+/// A watcher error in an operator's words (a 401 says which token to check).
+fn describe(e: &watcher::Error) -> String {
+    let text = e.to_string();
+    if text.contains("401") || text.contains("Unauthorized") {
+        format!("401 Unauthorized from the API server: check the token at kubernetes.tokenpath ({text})")
+    } else {
+        text
+    }
+}
+
+fn publish(
+    which: usize,
+    slices: &BTreeMap<String, Vec<ServerSpec>>,
+    known: &Mutex<Known>,
+    reloader: &Reloader,
+) {
+    let hosts = {
+        let mut known = known.lock().unwrap_or_else(|p| p.into_inner());
+        let mut flat: Vec<ServerSpec> = slices.values().flatten().cloned().collect();
+        flat.sort_by_key(ToString::to_string);
+        flat.dedup();
+        let as_map: BTreeMap<String, Vec<ServerSpec>> = [(String::new(), flat)].into();
+        if known.slices.get(&which) == Some(&as_map) {
+            return;
+        }
+        known.slices.insert(which, as_map);
+        let pairs: Vec<(&DiscoveredService, &[ServerSpec])> = known
+            .slices
+            .iter()
+            .filter_map(|(i, m)| m.get("").map(|b| (&known.services[*i], b.as_slice())))
+            .collect();
+        hosts_for(&pairs)
+    };
+    reloader.set_discovered("kubernetes", hosts);
+}

@@ -1,0 +1,294 @@
+//! Kubernetes discovery against a test API server that speaks the EndpointSlice list + chunked
+//! watch protocol (shapes from ../shared/fixtures/kubernetes/), with a bearer token check.
+
+mod support;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use support::*;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+const LIST: &str = include_str!("../../shared/fixtures/kubernetes/endpointslice-list-web.json");
+const EXPIRED: &str =
+    include_str!("../../shared/fixtures/kubernetes/endpointslice-watch-expired.jsonl");
+const UNAUTHORIZED: &str = include_str!("../../shared/fixtures/kubernetes/unauthorized.json");
+const TOKEN: &str = "good-token";
+
+type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+/// The API server's state: the slices a list returns, and the open watch streams.
+struct ApiState {
+    slices: Vec<serde_json::Value>,
+    resource_version: u64,
+    watchers: Vec<mpsc::UnboundedSender<Bytes>>,
+    lists: usize,
+}
+
+/// A slice named `name` from the fixture, with `(ip, ready)` endpoints on `port`.
+fn slice(name: &str, port: u16, endpoints: &[(&str, Option<bool>)]) -> serde_json::Value {
+    let mut s: serde_json::Value =
+        serde_json::from_str::<serde_json::Value>(LIST).unwrap()["items"][0].clone();
+    s["metadata"]["name"] = name.into();
+    s["ports"][0]["port"] = port.into();
+    let template = s["endpoints"][0].clone();
+    s["endpoints"] = endpoints
+        .iter()
+        .map(|(ip, ready)| {
+            let mut e = template.clone();
+            e["addresses"] = serde_json::json!([ip]);
+            match ready {
+                Some(r) => e["conditions"]["ready"] = (*r).into(),
+                None => {
+                    e["conditions"].as_object_mut().unwrap().remove("ready");
+                }
+            }
+            e
+        })
+        .collect();
+    s
+}
+
+struct FakeApi {
+    addr: SocketAddr,
+    state: Arc<Mutex<ApiState>>,
+}
+
+impl FakeApi {
+    async fn start(slices: Vec<serde_json::Value>) -> FakeApi {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(Mutex::new(ApiState {
+            slices,
+            resource_version: 100,
+            watchers: Vec::new(),
+            lists: 0,
+        }));
+        let st = state.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let st = st.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req| answer(req, st.clone()));
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        FakeApi { addr, state }
+    }
+
+    /// Sends a watch event (`type` + object) to every open watch, keeping the list in step.
+    fn event(&self, kind: &str, object: serde_json::Value) {
+        let mut st = self.state.lock().unwrap();
+        st.resource_version += 1;
+        let mut object = object;
+        if object["metadata"].is_object() {
+            object["metadata"]["resourceVersion"] = st.resource_version.to_string().into();
+        }
+        let name = object["metadata"]["name"].clone();
+        match kind {
+            "ADDED" | "MODIFIED" => {
+                st.slices.retain(|s| s["metadata"]["name"] != name);
+                st.slices.push(object.clone());
+            }
+            "DELETED" => st.slices.retain(|s| s["metadata"]["name"] != name),
+            _ => {}
+        }
+        let line = format!(
+            "{}\n",
+            serde_json::json!({ "type": kind, "object": object })
+        );
+        st.watchers
+            .retain(|w| w.send(Bytes::from(line.clone())).is_ok());
+    }
+
+    /// Ends every watch with the fixture's 410 Expired error, after replacing the slices.
+    fn expire(&self, slices: Vec<serde_json::Value>) {
+        let mut st = self.state.lock().unwrap();
+        st.slices = slices;
+        st.resource_version += 10;
+        for w in st.watchers.drain(..) {
+            let _ = w.send(Bytes::from(format!("{}\n", EXPIRED.trim())));
+        }
+    }
+}
+
+async fn answer(
+    req: Request<Incoming>,
+    state: Arc<Mutex<ApiState>>,
+) -> Result<Response<Body>, Infallible> {
+    let full = |status: StatusCode, body: String| {
+        Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)).boxed())
+            .unwrap()
+    };
+    let auth = req
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if auth != format!("Bearer {TOKEN}") {
+        return Ok(full(StatusCode::UNAUTHORIZED, UNAUTHORIZED.to_string()));
+    }
+    let path_ok = req.uri().path() == "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices";
+    let query = req.uri().query().unwrap_or("").to_string();
+    if !path_ok || !query.contains("labelSelector=kubernetes.io%2Fservice-name%3Dweb") {
+        return Ok(full(
+            StatusCode::NOT_FOUND,
+            format!(
+                "{{\"kind\":\"Status\",\"code\":404,\"message\":\"{}\"}}",
+                req.uri()
+            ),
+        ));
+    }
+    if query
+        .split('&')
+        .any(|p| p == "watch=true" || p == "watch=1")
+    {
+        let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
+        state.lock().unwrap().watchers.push(tx);
+        let stream = tokio_stream_from(rx).map(|b| Ok::<_, Infallible>(Frame::data(b)));
+        return Ok(Response::builder()
+            .header("content-type", "application/json")
+            .body(BodyExt::boxed(StreamBody::new(stream)))
+            .unwrap());
+    }
+    let mut st = state.lock().unwrap();
+    st.lists += 1;
+    let mut list: serde_json::Value = serde_json::from_str(LIST).unwrap();
+    list["metadata"]["resourceVersion"] = st.resource_version.to_string().into();
+    list["items"] = serde_json::Value::Array(st.slices.clone());
+    Ok(full(StatusCode::OK, list.to_string()))
+}
+
+fn tokio_stream_from(
+    mut rx: mpsc::UnboundedReceiver<Bytes>,
+) -> impl futures_util::Stream<Item = Bytes> {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+fn k8s_routes(api: SocketAddr, tokenpath: &std::path::Path) -> String {
+    format!(
+        "provider: kubernetes\nkubernetes:\n  servers: [\"http://{api}\"]\n  tokenpath: \"{}\"\n  services:\n    - {{ hostname: \"web.local\", upstream: \"web\", path: \"/\" }}\n",
+        tokenpath.display()
+    )
+}
+
+async fn answering(proxy: &ProxyProcess) -> std::collections::BTreeSet<String> {
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..9 {
+        let mut client = Client::connect(Proto::H1, proxy.addr).await;
+        let resp = client.get("web.local", "/").await;
+        if resp.status() == 200 {
+            seen.insert(header(&resp, "x-backend"));
+        }
+        body_bytes(resp).await;
+    }
+    seen
+}
+
+async fn wait_for(proxy: &ProxyProcess, want: &[&str]) {
+    let started = Instant::now();
+    loop {
+        let seen = answering(proxy).await;
+        if seen.iter().map(String::as_str).eq(want.iter().copied()) {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "wanted {want:?}, saw {seen:?}; log:\n{}",
+            proxy.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A service-account directory with a token and a namespace file.
+fn account(dir: &std::path::Path, token: &str) -> std::path::PathBuf {
+    let sa = dir.join("sa");
+    std::fs::create_dir_all(&sa).unwrap();
+    std::fs::write(sa.join("token"), token).unwrap();
+    std::fs::write(sa.join("namespace"), "default").unwrap();
+    sa.join("token")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoint_slices_are_listed_watched_and_relisted() {
+    let a = Backend::start("a").await;
+    let port = a.addr.port();
+    let b = Backend::start_on("b", format!("127.0.0.2:{port}").parse().unwrap()).await;
+    let c = Backend::start_on("c", format!("127.0.0.3:{port}").parse().unwrap()).await;
+    // a is ready (condition absent counts as ready), b is not.
+    let api = FakeApi::start(vec![slice(
+        "web-1",
+        port,
+        &[("127.0.0.1", None), ("127.0.0.2", Some(false))],
+    )])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = ProxyProcess::start(&k8s_routes(api.addr, &account(dir.path(), TOKEN)), "");
+    wait_for(&proxy, &["a"]).await;
+
+    api.event(
+        "MODIFIED",
+        slice(
+            "web-1",
+            port,
+            &[("127.0.0.1", Some(true)), ("127.0.0.2", Some(true))],
+        ),
+    );
+    wait_for(&proxy, &["a", "b"]).await;
+    api.event("BOOKMARK", serde_json::json!({ "kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1", "metadata": {} }));
+    api.event("ADDED", slice("web-2", port, &[("127.0.0.3", Some(true))]));
+    wait_for(&proxy, &["a", "b", "c"]).await;
+    api.event("DELETED", slice("web-1", port, &[]));
+    wait_for(&proxy, &["c"]).await;
+
+    // 410 Gone: the watcher lists again and follows the new state.
+    let lists_before = api.state.lock().unwrap().lists;
+    api.expire(vec![slice("web-3", port, &[("127.0.0.2", Some(true))])]);
+    wait_for(&proxy, &["b"]).await;
+    assert!(
+        api.state.lock().unwrap().lists > lists_before,
+        "relisted after 410"
+    );
+    drop((a, b, c));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_token_is_reported_clearly() {
+    let a = Backend::start("a").await;
+    let api = FakeApi::start(vec![slice(
+        "web-1",
+        a.addr.port(),
+        &[("127.0.0.1", Some(true))],
+    )])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = ProxyProcess::start(
+        &k8s_routes(api.addr, &account(dir.path(), "stale-token")),
+        "",
+    );
+    let reported = eventually(Duration::from_secs(10), || {
+        proxy
+            .log_text()
+            .contains("401 Unauthorized from the API server: check the token")
+    })
+    .await;
+    assert!(reported, "{}", proxy.log_text());
+    assert!(answering(&proxy).await.is_empty());
+}
