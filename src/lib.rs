@@ -4,9 +4,10 @@
 //! The request path: `server` (listeners, workers) -> `routing` (snapshot lookup) -> `proxy`
 //! (forwarding, error responses) -> `upstream` (pools, backends). Config comes in through
 //! `config` and is published by `discovery`; `process` ties the process together.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod admin;
+pub mod accesslog;
 pub mod check;
 pub mod config;
 pub mod discovery;

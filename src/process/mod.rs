@@ -79,6 +79,7 @@ pub fn run(main_path: &Path) -> Result<(), StartError> {
             what: "the control runtime",
             source,
         })?;
+    crate::layers::start(&control, &main, reloader.snapshot.clone());
     let file_server = control.block_on(bind_file_server(&main))?;
     crate::discovery::start(&control, &main, reloader.clone());
 

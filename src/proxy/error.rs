@@ -27,21 +27,54 @@ pub enum ProxyError {
     BackendReset,
     #[error("method not supported by this proxy")]
     MethodNotAllowed,
-    /// The route asks for authentication this build cannot check: refuse rather than pass it.
-    #[error("this route requires authentication that this build does not enforce")]
-    AuthNotEnforced,
+    /// `basic` auth: credentials missing or wrong.
+    #[error("authentication required")]
+    BasicAuthRequired,
+    /// `jwt` auth: no token, or one that is malformed, expired, badly signed or not HS256.
+    #[error("a valid token is required")]
+    TokenRequired,
+    /// `apikey` auth: the `x-api-key` header is missing or wrong.
+    #[error("a valid x-api-key header is required")]
+    ApiKeyRequired,
+    /// `jwt` auth without `data`, and neither `master_key` nor `JWT_KEY` is set: refuse rather
+    /// than pass traffic unchecked.
+    #[error("this route's JWT auth has no secret (set its data, master_key or JWT_KEY)")]
+    NoJwtSecret,
+    /// `forward` auth: the auth service did not answer within its timeout.
+    #[error("the auth service did not answer in time")]
+    AuthServiceTimeout,
+    /// `forward` auth: the auth service could not be reached or did not answer usable HTTP.
+    #[error("the auth service could not be asked")]
+    AuthServiceFailed,
+    /// `rate_limit`: this client sent more requests per second than the route allows.
+    #[error("too many requests")]
+    RateLimited,
+    /// `x4xx_limit`: this client drew too many 4xx responses; it must pause for a second.
+    #[error("too many failed requests; pause for a second")]
+    TooMany4xx,
+}
+
+/// Whether the client speaks gRPC (it needs a `grpc-status`, not an HTML page).
+pub fn is_grpc(request_headers: &HeaderMap) -> bool {
+    request_headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|ct| ct.as_bytes().starts_with(b"application/grpc"))
 }
 
 impl ProxyError {
     pub fn status(self) -> StatusCode {
         match self {
             ProxyError::NoHost | ProxyError::NoPath => StatusCode::NOT_FOUND,
-            ProxyError::AllBackendsDown | ProxyError::AuthNotEnforced => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-            ProxyError::ConnectFailed | ProxyError::BadResponse | ProxyError::BackendReset => {
-                StatusCode::BAD_GATEWAY
-            }
+            ProxyError::AllBackendsDown
+            | ProxyError::NoJwtSecret
+            | ProxyError::AuthServiceTimeout => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::ConnectFailed
+            | ProxyError::BadResponse
+            | ProxyError::BackendReset
+            | ProxyError::AuthServiceFailed => StatusCode::BAD_GATEWAY,
+            ProxyError::BasicAuthRequired | ProxyError::TokenRequired => StatusCode::UNAUTHORIZED,
+            ProxyError::ApiKeyRequired => StatusCode::FORBIDDEN,
+            ProxyError::RateLimited | ProxyError::TooMany4xx => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::ConnectTimeout | ProxyError::ResponseTimeout => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
         }
@@ -51,16 +84,21 @@ impl ProxyError {
     fn grpc_status(self) -> &'static str {
         match self {
             ProxyError::NoHost | ProxyError::NoPath | ProxyError::MethodNotAllowed => "12",
+            ProxyError::BasicAuthRequired | ProxyError::TokenRequired => "16",
+            ProxyError::ApiKeyRequired => "7",
+            ProxyError::RateLimited | ProxyError::TooMany4xx => "8",
             _ => "14",
         }
     }
 
     /// The response for this error; `request_headers` decide whether the client speaks gRPC.
     pub fn into_response(self, request_headers: &HeaderMap) -> Response<Full<Bytes>> {
-        let is_grpc = request_headers
-            .get(header::CONTENT_TYPE)
-            .is_some_and(|ct| ct.as_bytes().starts_with(b"application/grpc"));
-        if is_grpc {
+        self.response_for(is_grpc(request_headers))
+    }
+
+    /// The response for this error, for a gRPC client or not.
+    pub fn response_for(self, grpc: bool) -> Response<Full<Bytes>> {
+        if grpc {
             return self.grpc_response();
         }
         let status = self.status();
@@ -76,8 +114,29 @@ impl ProxyError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("text/plain; charset=utf-8"),
         );
-        if status == StatusCode::SERVICE_UNAVAILABLE {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
+        match self {
+            ProxyError::BasicAuthRequired => {
+                headers.insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Basic realm=\"aralez\""),
+                );
+            }
+            ProxyError::TokenRequired => {
+                headers.insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"aralez\""),
+                );
+            }
+            _ => {}
+        }
+        match status {
+            StatusCode::SERVICE_UNAVAILABLE => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
+            }
+            StatusCode::TOO_MANY_REQUESTS => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            _ => {}
         }
         resp
     }
@@ -115,15 +174,52 @@ mod tests {
             (ProxyError::ConnectTimeout, 504),
             (ProxyError::ResponseTimeout, 504),
             (ProxyError::MethodNotAllowed, 405),
-            (ProxyError::AuthNotEnforced, 503),
+            (ProxyError::NoJwtSecret, 503),
+            (ProxyError::AuthServiceTimeout, 503),
+            (ProxyError::AuthServiceFailed, 502),
+            (ProxyError::BasicAuthRequired, 401),
+            (ProxyError::TokenRequired, 401),
+            (ProxyError::ApiKeyRequired, 403),
+            (ProxyError::RateLimited, 429),
+            (ProxyError::TooMany4xx, 429),
         ];
         for (err, code) in table {
             let resp: Response<Body> = err.into_response(&HeaderMap::new());
             assert_eq!(resp.status().as_u16(), code, "{err:?}");
+            let retry_after = resp.headers().get(header::RETRY_AFTER);
+            let expected = match code {
+                503 => Some("2"),
+                429 => Some("1"),
+                _ => None,
+            };
             assert_eq!(
-                resp.headers().contains_key(header::RETRY_AFTER),
-                code == 503
+                retry_after.map(|v| v.to_str().unwrap()),
+                expected,
+                "{err:?}"
             );
+            assert_eq!(
+                resp.headers().contains_key(header::WWW_AUTHENTICATE),
+                code == 401,
+                "{err:?}"
+            );
+        }
+        let basic: Response<Body> = ProxyError::BasicAuthRequired.response_for(false);
+        assert_eq!(
+            basic.headers()[header::WWW_AUTHENTICATE],
+            "Basic realm=\"aralez\""
+        );
+    }
+
+    #[test]
+    fn grpc_statuses_for_policies() {
+        for (err, code) in [
+            (ProxyError::TokenRequired, "16"),
+            (ProxyError::ApiKeyRequired, "7"),
+            (ProxyError::RateLimited, "8"),
+            (ProxyError::AuthServiceTimeout, "14"),
+        ] {
+            let resp: Response<Body> = err.response_for(true);
+            assert_eq!(resp.headers()["grpc-status"], code, "{err:?}");
         }
     }
 

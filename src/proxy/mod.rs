@@ -19,6 +19,7 @@ use http_body::Body as _;
 use http_body_util::{Either, Empty, Full};
 use hyper::body::Incoming;
 
+use crate::layers::Pinned;
 use crate::routing::{Lookup, Route, Snapshot};
 use crate::upstream::{self, Backend, PooledBody, Protocol, SendError, Timeouts, UpBody};
 
@@ -55,9 +56,10 @@ pub struct Proxy {
 impl Proxy {
     /// Handles one request end to end; never fails (errors become responses).
     pub async fn handle(&self, conn: &ClientConn, req: Request<Incoming>) -> Response<RespBody> {
+        let grpc = error::is_grpc(req.headers());
         if req.method() == Method::CONNECT {
             return ProxyError::MethodNotAllowed
-                .into_response(req.headers())
+                .response_for(grpc)
                 .map(Either::Right);
         }
         let snapshot = self.snapshot.load();
@@ -66,53 +68,58 @@ impl Proxy {
             let host = host.or_else(|| req.uri().authority().map(|a| a.as_str().as_bytes()));
             match snapshot.route(host, req.uri().path()) {
                 Lookup::Found(route) => route.clone(),
-                Lookup::NoPath => {
-                    return ProxyError::NoPath
-                        .into_response(req.headers())
-                        .map(Either::Right)
-                }
-                Lookup::NoHost => {
-                    return ProxyError::NoHost
-                        .into_response(req.headers())
-                        .map(Either::Right)
-                }
+                Lookup::NoPath => return ProxyError::NoPath.response_for(grpc).map(Either::Right),
+                Lookup::NoHost => return ProxyError::NoHost.response_for(grpc).map(Either::Right),
             }
         };
         drop(snapshot);
-        if route.settings.authorization.is_some() {
-            return ProxyError::AuthNotEnforced
-                .into_response(req.headers())
-                .map(Either::Right);
-        }
-        match self.forward(conn, &route, req).await {
-            Ok(resp) => finish_response(resp, &route),
-            Err((err, headers)) => err.into_response(&headers).map(Either::Right),
+        let route = &*route;
+        // The route's policies (auth, limits, sticky sessions), then forwarding.
+        let forward = tower::service_fn(move |req| self.forward_route(conn, route, req));
+        match crate::layers::apply(route, conn, req, forward).await {
+            Ok(resp) => resp,
+            Err(err) => err.response_for(grpc).map(Either::Right),
         }
     }
 
+    /// Forwarding proper: the innermost service of the policy stack.
+    async fn forward_route(
+        &self,
+        conn: &ClientConn,
+        route: &Route,
+        req: Request<Incoming>,
+    ) -> Result<Response<RespBody>, ProxyError> {
+        let resp = self.forward(conn, route, req).await?;
+        Ok(finish_response(resp, route))
+    }
+
+    /// Sends to the route's backends with failover, starting at the pinned backend (sticky
+    /// sessions) if any, else the next in round robin.
     async fn forward(
         &self,
         conn: &ClientConn,
         route: &Route,
         req: Request<Incoming>,
-    ) -> Result<Response<PooledBody>, (ProxyError, http::HeaderMap)> {
+    ) -> Result<Response<PooledBody>, ProxyError> {
         let (mut parts, body) = req.into_parts();
         let client_host = request_host_parts(&parts);
         prepare_headers(&mut parts, conn, client_host, route);
         // A request that can safely be sent twice keeps a copy of its head for a retry.
         let replayable = is_idempotent(&parts.method) && body.is_end_stream();
         let retry_parts = replayable.then(|| clone_head(&parts));
-        let error_headers = || response_error_headers(&retry_parts);
 
         let backends = &route.backends;
-        let start = route.next_start();
+        let start = match parts.extensions.get::<Pinned>() {
+            Some(Pinned(index)) => *index,
+            None => route.next_start(),
+        };
         let mut pending: Option<(Parts, UpBody)> = Some((parts, Either::Left(body)));
         let mut last_error = None;
         let mut tried: [usize; 8] = [usize::MAX; 8];
         for step in 0..backends.len() {
             let index = (start + step) % backends.len();
             let backend = &backends[index];
-            if !backend.is_up() || already_tried(&tried, backends, backend) {
+            if !route.usable(backend) || already_tried(&tried, backends, backend) {
                 continue;
             }
             if let Some(slot) = tried.get_mut(step) {
@@ -130,7 +137,8 @@ impl Proxy {
                 .await
             {
                 Ok(mut resp) => {
-                    resp.extensions_mut().insert(crate::metrics::ServedBy(backend.clone()));
+                    resp.extensions_mut()
+                        .insert(crate::metrics::ServedBy(backend.clone()));
                     return Ok(resp);
                 }
                 Err(SendError::Connect {
@@ -151,24 +159,20 @@ impl Proxy {
                     tracing::warn!(backend = %backend.label, "backend reset: {error}");
                     last_error = Some(ProxyError::BackendReset);
                     if retry_parts.is_none() {
-                        return Err((ProxyError::BackendReset, error_headers()));
+                        return Err(ProxyError::BackendReset);
                     }
                 }
                 Err(SendError::BadResponse(error)) => {
                     tracing::warn!(backend = %backend.label, "invalid response: {error}");
-                    return Err((ProxyError::BadResponse, error_headers()));
+                    return Err(ProxyError::BadResponse);
                 }
                 Err(SendError::Timeout) => {
                     tracing::warn!(backend = %backend.label, "no response within {:?}", self.timeouts.response);
-                    return Err((ProxyError::ResponseTimeout, error_headers()));
+                    return Err(ProxyError::ResponseTimeout);
                 }
             }
         }
-        let err = last_error.unwrap_or(ProxyError::AllBackendsDown);
-        let headers = pending
-            .map(|(p, _)| p.headers)
-            .unwrap_or_else(error_headers);
-        Err((err, headers))
+        Err(last_error.unwrap_or(ProxyError::AllBackendsDown))
     }
 
     /// Sends once; if a pooled connection turned out stale and the request can be replayed,
@@ -208,13 +212,6 @@ fn already_tried(tried: &[usize; 8], backends: &[Arc<Backend>], backend: &Arc<Ba
         .iter()
         .filter(|i| **i != usize::MAX)
         .any(|i| Arc::ptr_eq(&backends[*i], backend))
-}
-
-fn response_error_headers(parts: &Option<Parts>) -> http::HeaderMap {
-    parts
-        .as_ref()
-        .map(|p| p.headers.clone())
-        .unwrap_or_default()
 }
 
 fn request_host(req: &Request<Incoming>) -> Option<&HeaderValue> {

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use http::{HeaderName, HeaderValue};
 
 use crate::config::upstreams::{HeaderList, RouteSettings, UpstreamsConfig};
+use crate::layers::Policies;
 use crate::upstream::{Backend, Registry};
 
 /// Everything a request needs once its route is known.
@@ -28,12 +29,26 @@ pub struct Route {
     pub client_headers: Box<[(HeaderName, HeaderValue)]>,
     /// All policy settings, global and host values already folded in.
     pub settings: RouteSettings,
+    /// The policies compiled from `settings` (auth, limits, sticky sessions).
+    pub policies: Policies,
+    /// Active health checks probe this route's backends (`healthcheck` is not `false`).
+    pub health_checked: bool,
 }
 
 impl Route {
     /// Index of the backend to try first (round robin).
     pub fn next_start(&self) -> usize {
         self.next.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Whether `backend` may take this route's requests: in rotation, judged by passive health
+    /// alone when the route turned health checks off.
+    pub fn usable(&self, backend: &Backend) -> bool {
+        if self.health_checked {
+            backend.is_up()
+        } else {
+            backend.passive_up()
+        }
     }
 }
 
@@ -78,7 +93,10 @@ impl Snapshot {
                 .iter()
                 .map(|p| {
                     let settings = p.settings.inherit(&host_settings);
-                    let backends = p.servers.iter().map(|s| registry.backend(s)).collect();
+                    let backends: Box<[Arc<Backend>]> =
+                        p.servers.iter().map(|s| registry.backend(s)).collect();
+                    let policies =
+                        Policies::compile(&settings, &p.settings, &host.name, &p.prefix, &backends);
                     Arc::new(Route {
                         host: host.name.as_str().into(),
                         prefix: p.prefix.as_str().into(),
@@ -86,6 +104,8 @@ impl Snapshot {
                         next: AtomicUsize::new(0),
                         server_headers: boxed(&settings.server_headers),
                         client_headers: boxed(&settings.client_headers),
+                        health_checked: settings.healthcheck != Some(false),
+                        policies,
                         settings,
                     })
                 })

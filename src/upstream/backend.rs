@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -46,9 +46,12 @@ impl std::fmt::Debug for Backend {
     }
 }
 
-/// Passive health: consecutive connect failures mark the backend down for a while.
+/// Passive health (consecutive connect failures mark the backend down for a while) and the
+/// verdict of the last active health check round (`health.rs`).
 #[derive(Default)]
 struct Health {
+    /// The last health check round found this backend failing.
+    probe_down: AtomicBool,
     consecutive_failures: AtomicU32,
     /// Milliseconds since [`epoch`] until which the backend is out of rotation.
     down_until_ms: AtomicU64,
@@ -98,10 +101,33 @@ impl Backend {
         }
     }
 
-    /// In rotation: not marked down, or its time out has passed (then it gets another chance).
+    /// In rotation: the last health check passed (or none ran) and passive health has not
+    /// marked it down (or its time out has passed; then it gets another chance).
     pub fn is_up(&self) -> bool {
+        !self.health.probe_down.load(Ordering::Relaxed) && self.passive_up()
+    }
+
+    /// Passive health only (for routes with `healthcheck: false`).
+    pub fn passive_up(&self) -> bool {
         let until = self.health.down_until_ms.load(Ordering::Relaxed);
         until == 0 || now_ms() >= until
+    }
+
+    /// Records a health check round's verdict; a pass also clears passive marking.
+    pub fn set_probed(&self, healthy: bool) {
+        let was_down = self.health.probe_down.swap(!healthy, Ordering::Relaxed);
+        if healthy {
+            self.connect_succeeded();
+        }
+        match (was_down, healthy) {
+            (false, false) => {
+                tracing::warn!(backend = %self.label, "health check failed; out of rotation")
+            }
+            (true, true) => {
+                tracing::info!(backend = %self.label, "health check passed; back in rotation")
+            }
+            _ => {}
+        }
     }
 
     /// Records a failed connect; enough of them in a row take the backend out of rotation.
@@ -199,5 +225,22 @@ mod tests {
         assert!(!b.is_up());
         b.connect_succeeded();
         assert!(b.is_up());
+    }
+
+    #[test]
+    fn probes_decide_and_a_pass_clears_passive_marking() {
+        let reg = Registry::new(1, 8, Duration::from_secs(60));
+        let b = reg.backend(&parse_server("127.0.0.1:9").unwrap());
+        b.set_probed(false);
+        assert!(!b.is_up());
+        assert!(b.passive_up());
+        for _ in 0..3 {
+            b.connect_failed();
+        }
+        b.set_probed(true);
+        assert!(
+            b.is_up(),
+            "a passing probe brings a passively marked backend back"
+        );
     }
 }

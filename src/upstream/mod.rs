@@ -2,6 +2,8 @@
 //!
 //! Only this module opens connections to backends.
 pub mod backend;
+pub mod health;
+pub mod oneshot;
 pub mod pool;
 
 pub use backend::{Backend, Protocol, Registry};

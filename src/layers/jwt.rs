@@ -1,0 +1,223 @@
+//! `jwt` auth (SPEC §8.2): an HS256 token from `Authorization: Bearer` or the `araleztoken` query
+//! parameter, with `exp` required and checked (no leeway). `alg: none`, RS256 and every other
+//! algorithm are refused. The secret is the rule's `data`, else the process master key
+//! (`JWT_KEY`, else `master_key`), installed once at start by [`install_master_key`].
+//!
+//! The `araleztoken` parameter is removed from the target before the request goes on, so a
+//! backend never sees the token in its URL.
+
+use std::sync::OnceLock;
+
+use http::header;
+use http::uri::{PathAndQuery, Uri};
+use http::Request;
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde::de::IgnoredAny;
+
+use crate::proxy::ProxyError;
+
+/// Query parameter that may carry the token.
+pub const QUERY_PARAM: &str = "araleztoken";
+
+static MASTER_KEY: OnceLock<Option<DecodingKey>> = OnceLock::new();
+
+/// Sets the secret of `jwt` rules without `data`; only the first call counts.
+pub fn install_master_key(key: Option<String>) {
+    let key = key.map(|k| DecodingKey::from_secret(k.as_bytes()));
+    if MASTER_KEY.set(key).is_err() {
+        tracing::debug!("JWT master key already installed");
+    }
+}
+
+fn master_key() -> Option<&'static DecodingKey> {
+    MASTER_KEY.get().and_then(Option::as_ref)
+}
+
+enum Secret {
+    Own(DecodingKey),
+    Master,
+}
+
+/// A compiled `jwt` rule.
+pub struct Jwt {
+    secret: Secret,
+    validation: Validation,
+}
+
+impl std::fmt::Debug for Jwt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let own = matches!(self.secret, Secret::Own(_));
+        f.debug_struct("Jwt").field("own_secret", &own).finish()
+    }
+}
+
+impl Jwt {
+    pub fn new(secret: Option<&str>) -> Jwt {
+        let mut validation = Validation::new(Algorithm::HS256);
+        validation.leeway = 0;
+        validation.validate_exp = true;
+        validation.set_required_spec_claims(&["exp"]);
+        let secret = match secret {
+            Some(s) => Secret::Own(DecodingKey::from_secret(s.as_bytes())),
+            None => Secret::Master,
+        };
+        Jwt { secret, validation }
+    }
+
+    /// Accepts the request or says why not; strips `araleztoken` from an accepted request.
+    pub fn check<B>(&self, req: &mut Request<B>) -> Result<(), ProxyError> {
+        let key = match &self.secret {
+            Secret::Own(key) => key,
+            Secret::Master => master_key().ok_or_else(|| {
+                tracing::error!("a jwt route has no secret: set its data, master_key or JWT_KEY");
+                ProxyError::NoJwtSecret
+            })?,
+        };
+        let token = bearer(req).or_else(|| query_token(req.uri()));
+        let Some(token) = token else {
+            return Err(ProxyError::TokenRequired);
+        };
+        if let Err(e) = jsonwebtoken::decode::<IgnoredAny>(token, key, &self.validation) {
+            tracing::debug!("token refused: {e}");
+            return Err(ProxyError::TokenRequired);
+        }
+        if let Some(stripped) = strip_query_param(req.uri(), QUERY_PARAM) {
+            *req.uri_mut() = stripped;
+        }
+        Ok(())
+    }
+}
+
+fn bearer<B>(req: &Request<B>) -> Option<&str> {
+    let value = req.headers().get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
+fn query_token(uri: &Uri) -> Option<&str> {
+    uri.query()?
+        .split('&')
+        .find_map(|pair| pair.strip_prefix(QUERY_PARAM)?.strip_prefix('='))
+        .filter(|t| !t.is_empty())
+}
+
+/// `uri` without every `name=...` (or bare `name`) query parameter; `None` if it had none.
+pub fn strip_query_param(uri: &Uri, name: &str) -> Option<Uri> {
+    let query = uri.query()?;
+    let is_param =
+        |pair: &str| pair == name || pair.strip_prefix(name).is_some_and(|r| r.starts_with('='));
+    if !query.split('&').any(is_param) {
+        return None;
+    }
+    let kept: Vec<&str> = query.split('&').filter(|p| !is_param(p)).collect();
+    let mut path_and_query = uri.path().to_string();
+    if !kept.is_empty() {
+        path_and_query.push('?');
+        path_and_query.push_str(&kept.join("&"));
+    }
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = PathAndQuery::try_from(path_and_query).ok();
+    Uri::from_parts(parts).ok()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use base64::Engine as _;
+    use jsonwebtoken::{encode, EncodingKey, Header};
+
+    pub fn now() -> u64 {
+        jsonwebtoken::get_current_timestamp()
+    }
+
+    /// An HS256 token with the given claims JSON.
+    pub fn hs256(secret: &str, claims: &serde_json::Value) -> String {
+        encode(
+            &Header::new(Algorithm::HS256),
+            claims,
+            &EncodingKey::from_secret(secret.as_bytes()),
+        )
+        .unwrap()
+    }
+
+    /// A token with a hand-written header (for `alg: none` and RS256), signed with HMAC anyway.
+    pub fn forged(alg: &str, claims: &serde_json::Value, signature: &str) -> String {
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let header = b64.encode(format!("{{\"alg\":\"{alg}\",\"typ\":\"JWT\"}}"));
+        let body = b64.encode(claims.to_string());
+        format!("{header}.{body}.{signature}")
+    }
+
+    fn check(jwt: &Jwt, uri: &str, auth: Option<&str>) -> (Result<(), ProxyError>, String) {
+        let mut req = Request::builder().uri(uri);
+        if let Some(a) = auth {
+            req = req.header("authorization", a);
+        }
+        let mut req = req.body(()).unwrap();
+        let result = jwt.check(&mut req);
+        (result, req.uri().to_string())
+    }
+
+    #[test]
+    fn tokens_accepted_and_refused() {
+        let jwt = Jwt::new(Some("k1"));
+        let exp = now() + 600;
+        let good = hs256("k1", &serde_json::json!({"sub": "ann", "exp": exp}));
+        let other_secret = hs256("k2", &serde_json::json!({"exp": exp}));
+        let expired = hs256("k1", &serde_json::json!({"exp": now() - 5}));
+        let no_exp = hs256("k1", &serde_json::json!({"sub": "ann"}));
+        let none = forged("none", &serde_json::json!({"exp": exp}), "");
+        let rs256 = {
+            let signed = hs256("k1", &serde_json::json!({"exp": exp}));
+            let sig = signed.rsplit('.').next().unwrap().to_string();
+            forged("RS256", &serde_json::json!({"exp": exp}), &sig)
+        };
+        let bearer = |t: &str| format!("Bearer {t}");
+        assert_eq!(check(&jwt, "/", Some(&bearer(&good))).0, Ok(()));
+        for (name, token) in [
+            ("wrong secret", &other_secret),
+            ("expired", &expired),
+            ("no exp", &no_exp),
+            ("alg none", &none),
+            ("RS256", &rs256),
+        ] {
+            assert_eq!(
+                check(&jwt, "/", Some(&bearer(token))).0,
+                Err(ProxyError::TokenRequired),
+                "{name}"
+            );
+        }
+        assert_eq!(check(&jwt, "/", None).0, Err(ProxyError::TokenRequired));
+        assert_eq!(
+            check(&jwt, "/", Some("Bearer ")).0,
+            Err(ProxyError::TokenRequired)
+        );
+    }
+
+    #[test]
+    fn query_token_is_accepted_and_stripped() {
+        let jwt = Jwt::new(Some("k1"));
+        let good = hs256("k1", &serde_json::json!({"exp": now() + 60}));
+        let (res, uri) = check(&jwt, &format!("/a?x=1&araleztoken={good}&y=2"), None);
+        assert_eq!(res, Ok(()));
+        assert_eq!(uri, "/a?x=1&y=2");
+        let (res, uri) = check(&jwt, &format!("/a?araleztoken={good}"), None);
+        assert_eq!((res, uri.as_str()), (Ok(()), "/a"));
+        let (res, _) = check(&jwt, "/a?araleztoken=nope", None);
+        assert_eq!(res, Err(ProxyError::TokenRequired));
+    }
+
+    #[test]
+    fn strip_keeps_lookalikes() {
+        let uri: Uri = "/p?araleztokenx=1&araleztoken&b=2".parse().unwrap();
+        assert_eq!(
+            strip_query_param(&uri, QUERY_PARAM).unwrap().to_string(),
+            "/p?araleztokenx=1&b=2"
+        );
+        assert!(strip_query_param(&"/p?a=1".parse().unwrap(), QUERY_PARAM).is_none());
+        assert!(strip_query_param(&"/p".parse().unwrap(), QUERY_PARAM).is_none());
+    }
+}

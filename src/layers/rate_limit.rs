@@ -1,0 +1,186 @@
+//! `rate_limit` (SPEC §8.3): requests per second per client IP and host, with a burst of the same
+//! size; over it, [`ProxyError::RateLimited`] (429, `Retry-After: 1`) and the request goes no
+//! further. The counters live in one process-wide [`Table`], so the limit holds across workers.
+
+use std::net::IpAddr;
+use std::sync::LazyLock;
+use std::task::{Context, Poll};
+
+use futures_util::future::{ready, Either, Ready};
+use http::Request;
+use tower::{Layer, Service};
+
+use super::limiter::{Rate, Table, Tat};
+use crate::proxy::ProxyError;
+
+static REQUESTS: LazyLock<Table<Tat>> = LazyLock::new(Table::new);
+
+/// A route's compiled rate limit.
+#[derive(Debug)]
+pub struct RateLimit {
+    pub rate: Rate,
+    /// Which host (or path) the counters belong to.
+    scope: u64,
+    table: &'static Table<Tat>,
+}
+
+impl RateLimit {
+    pub fn new(rate: Rate, scope: u64) -> RateLimit {
+        RateLimit::with_table(rate, scope, &REQUESTS)
+    }
+
+    /// A limit counting in its own table (tests).
+    pub fn with_table(rate: Rate, scope: u64, table: &'static Table<Tat>) -> RateLimit {
+        RateLimit { rate, scope, table }
+    }
+
+    fn admit(&self, ip: IpAddr) -> bool {
+        self.table
+            .admit(self.table.key((ip, self.scope)), self.rate)
+    }
+}
+
+/// Applies a route's rate limit (or nothing) to one client's requests.
+#[derive(Clone, Copy)]
+pub struct RateLimitLayer<'a> {
+    limit: Option<&'a RateLimit>,
+    client: IpAddr,
+}
+
+impl<'a> RateLimitLayer<'a> {
+    pub fn new(limit: Option<&'a RateLimit>, client: IpAddr) -> Self {
+        RateLimitLayer { limit, client }
+    }
+}
+
+impl<'a, S> Layer<S> for RateLimitLayer<'a> {
+    type Service = RateLimitService<'a, S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimitService {
+            limit: self.limit,
+            client: self.client,
+            inner,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct RateLimitService<'a, S> {
+    limit: Option<&'a RateLimit>,
+    client: IpAddr,
+    inner: S,
+}
+
+impl<S, B> Service<Request<B>> for RateLimitService<'_, S>
+where
+    S: Service<Request<B>, Error = ProxyError>,
+{
+    type Response = S::Response;
+    type Error = ProxyError;
+    type Future = Either<Ready<Result<S::Response, ProxyError>>, S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        match self.limit {
+            Some(limit) if !limit.admit(self.client) => {
+                Either::Left(ready(Err(ProxyError::RateLimited)))
+            }
+            _ => Either::Right(self.inner.call(req)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+    use tower::ServiceExt;
+
+    fn counting_inner(
+        count: Arc<AtomicUsize>,
+    ) -> impl Service<
+        Request<()>,
+        Response = u16,
+        Error = ProxyError,
+        Future = Ready<Result<u16, ProxyError>>,
+    > + Clone {
+        tower::service_fn(move |_req: Request<()>| {
+            count.fetch_add(1, Ordering::SeqCst);
+            ready(Ok::<_, ProxyError>(200))
+        })
+    }
+
+    async fn send(
+        limit: Option<&RateLimit>,
+        ip: [u8; 4],
+        inner_count: &Arc<AtomicUsize>,
+    ) -> Result<u16, ProxyError> {
+        RateLimitLayer::new(limit, IpAddr::from(ip))
+            .layer(counting_inner(inner_count.clone()))
+            .oneshot(Request::new(()))
+            .await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ten_per_second_then_429_and_back_after_a_second() {
+        let table: &'static Table<Tat> = Box::leak(Box::new(Table::new()));
+        let limit = RateLimit::with_table(Rate::per_second(10).unwrap(), 1, table);
+        let inner = Arc::new(AtomicUsize::new(0));
+        let mut results = Vec::new();
+        for _ in 0..12 {
+            results.push(send(Some(&limit), [127, 0, 0, 2], &inner).await);
+        }
+        assert!(results[..10].iter().all(|r| *r == Ok(200)));
+        assert_eq!(results[10..], [Err(ProxyError::RateLimited); 2]);
+        assert_eq!(
+            inner.load(Ordering::SeqCst),
+            10,
+            "refused requests never reach the inner service"
+        );
+        assert_eq!(
+            send(Some(&limit), [127, 0, 0, 3], &inner).await,
+            Ok(200),
+            "another client is not affected"
+        );
+        tokio::time::advance(Duration::from_secs(1)).await;
+        for _ in 0..10 {
+            assert_eq!(send(Some(&limit), [127, 0, 0, 2], &inner).await, Ok(200));
+        }
+        assert_eq!(
+            send(Some(&limit), [127, 0, 0, 2], &inner).await,
+            Err(ProxyError::RateLimited)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_limit_passes_everything() {
+        let inner = Arc::new(AtomicUsize::new(0));
+        for _ in 0..1000 {
+            assert_eq!(send(None, [127, 0, 0, 2], &inner).await, Ok(200));
+        }
+        assert_eq!(inner.load(Ordering::SeqCst), 1000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn scopes_count_separately() {
+        let table: &'static Table<Tat> = Box::leak(Box::new(Table::new()));
+        let rate = Rate::per_second(1).unwrap();
+        let (a, b) = (
+            RateLimit::with_table(rate, 1, table),
+            RateLimit::with_table(rate, 2, table),
+        );
+        let inner = Arc::new(AtomicUsize::new(0));
+        assert_eq!(send(Some(&a), [10, 0, 0, 1], &inner).await, Ok(200));
+        assert_eq!(
+            send(Some(&a), [10, 0, 0, 1], &inner).await,
+            Err(ProxyError::RateLimited)
+        );
+        assert_eq!(send(Some(&b), [10, 0, 0, 1], &inner).await, Ok(200));
+    }
+}

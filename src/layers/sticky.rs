@@ -1,0 +1,359 @@
+//! Sticky sessions (SPEC §5): a `backend_id` cookie pins a client to one backend of the route.
+//!
+//! The cookie's value is an HMAC-SHA256 (truncated to 128 bits, hex) of the backend's identity
+//! under a per-process random key, so it cannot be forged or guessed, and it says nothing about
+//! the backend's address. A valid cookie for a backend of this route that is in rotation pins the
+//! request ([`Pinned`] in the request's extensions, read by forwarding); otherwise round robin
+//! picks, and the response gets a fresh cookie for the backend that answered (forwarding tags
+//! every response with [`ServedBy`]).
+//! The cookie is appended: a backend's own `Set-Cookie` headers are kept.
+//!
+//! Cookies are valid for the life of the process (a restart issues new ones).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, LazyLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use aws_lc_rs::hmac;
+use futures_util::future::Either;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tower::{Layer, Service};
+
+use super::auth::ct_eq;
+pub use crate::metrics::ServedBy;
+use crate::proxy::ProxyError;
+use crate::routing::Route;
+use crate::upstream::Backend;
+
+/// Name of the cookie.
+pub const COOKIE: &str = "backend_id";
+
+/// Request extension: forwarding tries this backend (an index into the route's backends) first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pinned(pub usize);
+
+static KEY: LazyLock<hmac::Key> = LazyLock::new(|| {
+    let mut secret = [0u8; 32];
+    if aws_lc_rs::rand::fill(&mut secret).is_err() {
+        // No system randomness: fall back to the OS-seeded hasher keys std uses.
+        use std::hash::{BuildHasher, RandomState};
+        for (i, chunk) in secret.chunks_mut(8).enumerate() {
+            chunk.copy_from_slice(&RandomState::new().hash_one(i).to_le_bytes());
+        }
+        tracing::warn!("system randomness unavailable; sticky cookie key from hasher seeds");
+    }
+    hmac::Key::new(hmac::HMAC_SHA256, &secret)
+});
+
+/// The opaque id of a backend: 32 hex digits.
+pub fn backend_id(backend: &Backend) -> [u8; 32] {
+    let identity = format!("{}|{:?}", backend.label, backend.protocol);
+    let tag = hmac::sign(&KEY, identity.as_bytes());
+    let mut out = [0u8; 32];
+    for (i, byte) in tag.as_ref()[..16].iter().enumerate() {
+        out[2 * i] = HEX[usize::from(byte >> 4)];
+        out[2 * i + 1] = HEX[usize::from(byte & 0xf)];
+    }
+    out
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// A route's compiled sticky setting: ids and ready-made `Set-Cookie` values per backend.
+#[derive(Debug)]
+pub struct Sticky {
+    ids: Box<[[u8; 32]]>,
+    cookies: Box<[HeaderValue]>,
+    secure_cookies: Box<[HeaderValue]>,
+}
+
+impl Sticky {
+    pub fn compile(max_age: Duration, backends: &[Arc<Backend>]) -> Sticky {
+        let ids: Box<[[u8; 32]]> = backends.iter().map(|b| backend_id(b)).collect();
+        let cookie = |id: &[u8; 32], secure: bool| {
+            let id = std::str::from_utf8(id).unwrap_or("");
+            let secure = if secure { "; Secure" } else { "" };
+            let text = format!(
+                "{COOKIE}={id}; Path=/; Max-Age={}; HttpOnly; SameSite=Lax{secure}",
+                max_age.as_secs()
+            );
+            HeaderValue::from_str(&text)
+                .unwrap_or(HeaderValue::from_static("backend_id=; Max-Age=0"))
+        };
+        Sticky {
+            cookies: ids.iter().map(|id| cookie(id, false)).collect(),
+            secure_cookies: ids.iter().map(|id| cookie(id, true)).collect(),
+            ids,
+        }
+    }
+
+    /// The backend the request's cookie names, if it is one of this route's and in rotation.
+    fn pinned(&self, headers: &HeaderMap, route: &Route) -> Option<usize> {
+        let value = cookie_value(headers)?;
+        let index = self.ids.iter().position(|id| ct_eq(id, value))?;
+        route
+            .backends
+            .get(index)
+            .is_some_and(|b| route.usable(b))
+            .then_some(index)
+    }
+
+    fn set_cookie(&self, index: usize, secure: bool) -> Option<&HeaderValue> {
+        if secure {
+            self.secure_cookies.get(index)
+        } else {
+            self.cookies.get(index)
+        }
+    }
+}
+
+/// The value of the first `backend_id` cookie.
+fn cookie_value(headers: &HeaderMap) -> Option<&[u8]> {
+    headers.get_all(header::COOKIE).iter().find_map(|v| {
+        v.as_bytes().split(|b| *b == b';').find_map(|pair| {
+            let pair = pair.trim_ascii();
+            pair.strip_prefix(COOKIE.as_bytes())?.strip_prefix(b"=")
+        })
+    })
+}
+
+/// Pins requests of a sticky route (or does nothing).
+#[derive(Clone, Copy)]
+pub struct StickyLayer<'a> {
+    sticky: Option<&'a Sticky>,
+    route: &'a Route,
+    secure: bool,
+}
+
+impl<'a> StickyLayer<'a> {
+    pub fn new(sticky: Option<&'a Sticky>, route: &'a Route, secure: bool) -> Self {
+        StickyLayer {
+            sticky,
+            route,
+            secure,
+        }
+    }
+}
+
+impl<'a, S> Layer<S> for StickyLayer<'a> {
+    type Service = StickyService<'a, S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        StickyService {
+            layer: *self,
+            inner,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct StickyService<'a, S> {
+    layer: StickyLayer<'a>,
+    inner: S,
+}
+
+impl<'a, S, B, R> Service<Request<B>> for StickyService<'a, S>
+where
+    S: Service<Request<B>, Response = Response<R>, Error = ProxyError>,
+{
+    type Response = Response<R>;
+    type Error = ProxyError;
+    type Future = Either<Cookied<'a, S::Future>, S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        let Some(sticky) = self.layer.sticky else {
+            return Either::Right(self.inner.call(req));
+        };
+        let pinned = sticky.pinned(req.headers(), self.layer.route);
+        if let Some(index) = pinned {
+            req.extensions_mut().insert(Pinned(index));
+        }
+        Either::Left(Cookied {
+            inner: self.inner.call(req),
+            sticky,
+            route: self.layer.route,
+            pinned,
+            secure: self.layer.secure,
+        })
+    }
+}
+
+pin_project! {
+    /// The inner answer, with a cookie for the backend that served it when that is not the pinned one.
+    pub struct Cookied<'a, F> {
+        #[pin]
+        inner: F,
+        sticky: &'a Sticky,
+        route: &'a Route,
+        pinned: Option<usize>,
+        secure: bool,
+    }
+}
+
+impl<F, R> Future for Cookied<'_, F>
+where
+    F: Future<Output = Result<Response<R>, ProxyError>>,
+{
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let mut answer = std::task::ready!(this.inner.poll(cx));
+        if let Ok(resp) = &mut answer {
+            let backends = &this.route.backends;
+            let served = resp
+                .extensions()
+                .get::<ServedBy>()
+                .and_then(|ServedBy(b)| backends.iter().position(|x| Arc::ptr_eq(x, b)));
+            // Duplicate entries of one backend share an id, so `position` finds the same index.
+            if let Some(served) = served.filter(|s| *this.pinned != Some(*s)) {
+                if let Some(cookie) = this.sticky.set_cookie(served, *this.secure) {
+                    resp.headers_mut()
+                        .append(header::SET_COOKIE, cookie.clone());
+                }
+            }
+        }
+        Poll::Ready(answer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{parse_upstreams_text, Issues};
+    use crate::routing::{Lookup, Snapshot};
+    use crate::upstream::Registry;
+    use futures_util::future::ready;
+    use tower::ServiceExt;
+
+    fn snapshot() -> Snapshot {
+        let yaml = "upstreams:\n  a.com:\n    paths:\n      /:\n        servers: [\"127.0.0.1:1\", \"127.0.0.1:2\", \"127.0.0.1:3\"]\n        sticky_sessions: 120\n";
+        let mut issues = Issues::default();
+        let cfg = parse_upstreams_text(yaml, "test", &mut issues).expect("valid");
+        Snapshot::build(&cfg, &Registry::new(1, 4, Duration::from_secs(60)))
+    }
+
+    fn route(s: &Snapshot) -> &Arc<Route> {
+        match s.route(Some(b"a.com"), "/") {
+            Lookup::Found(r) => r,
+            _ => panic!("no route"),
+        }
+    }
+
+    /// Sends through the layer to an inner service that answers from `serve_by` (or the pinned
+    /// backend) with its own cookie; returns what the inner saw pinned and the Set-Cookie headers.
+    async fn send(
+        route: &Route,
+        cookie: Option<String>,
+        serve_by: usize,
+    ) -> (Option<usize>, Vec<String>) {
+        let seen = Arc::new(std::sync::Mutex::new(None));
+        let s2 = seen.clone();
+        let backends = route.backends.clone();
+        let inner = tower::service_fn(move |req: Request<()>| {
+            let pinned = req.extensions().get::<Pinned>().map(|p| p.0);
+            *s2.lock().unwrap() = pinned;
+            let mut resp = Response::new(());
+            resp.headers_mut()
+                .append(header::SET_COOKIE, HeaderValue::from_static("app=1"));
+            resp.headers_mut()
+                .append(header::SET_COOKIE, HeaderValue::from_static("theme=dark"));
+            let index = pinned.unwrap_or(serve_by);
+            resp.extensions_mut()
+                .insert(ServedBy(backends[index].clone()));
+            ready(Ok::<_, ProxyError>(resp))
+        });
+        let mut req = Request::builder();
+        if let Some(c) = cookie {
+            req = req.header("cookie", c);
+        }
+        let resp = StickyLayer::new(route.policies.sticky.as_ref(), route, false)
+            .layer(inner)
+            .oneshot(req.body(()).unwrap())
+            .await
+            .unwrap();
+        let cookies = resp
+            .headers()
+            .get_all(header::SET_COOKIE)
+            .iter()
+            .map(|v| v.to_str().unwrap().to_string())
+            .collect();
+        let pinned = *seen.lock().unwrap();
+        (pinned, cookies)
+    }
+
+    fn id_of(cookies: &[String]) -> String {
+        let c = cookies
+            .iter()
+            .find(|c| c.starts_with("backend_id="))
+            .expect("a sticky cookie");
+        c.split(';').next().unwrap().to_string()
+    }
+
+    #[tokio::test]
+    async fn cookie_pins_and_is_appended() {
+        let s = snapshot();
+        let r = route(&s);
+        let (pinned, cookies) = send(r, None, 1).await;
+        assert_eq!(pinned, None);
+        assert_eq!(cookies.len(), 3, "{cookies:?}");
+        assert!(
+            cookies.contains(&"app=1".to_string()) && cookies.contains(&"theme=dark".to_string())
+        );
+        let sticky = cookies
+            .iter()
+            .find(|c| c.starts_with("backend_id="))
+            .unwrap();
+        assert!(
+            sticky.ends_with("; Path=/; Max-Age=120; HttpOnly; SameSite=Lax"),
+            "{sticky}"
+        );
+        let id = id_of(&cookies);
+        assert_eq!(id.len(), "backend_id=".len() + 32);
+        // The cookie pins backend 1, and an answer from it needs no new cookie.
+        let (pinned, cookies) = send(r, Some(format!("x=1; {id}; y=2")), 0).await;
+        assert_eq!(pinned, Some(1));
+        assert_eq!(cookies, ["app=1", "theme=dark"]);
+    }
+
+    #[tokio::test]
+    async fn forged_or_dead_cookies_do_not_pin() {
+        let s = snapshot();
+        let r = route(&s);
+        let (_, cookies) = send(r, Some(format!("{COOKIE}={}", "0".repeat(32))), 2).await;
+        assert!(
+            id_of(&cookies).len() > 11,
+            "a fresh cookie replaces a forged one"
+        );
+        let (_, cookies) = send(r, None, 2).await;
+        let id = id_of(&cookies);
+        for _ in 0..3 {
+            r.backends[2].connect_failed();
+        }
+        let (pinned, cookies) = send(r, Some(id.clone()), 0).await;
+        assert_eq!(pinned, None, "a backend out of rotation is not pinned");
+        assert_ne!(
+            id_of(&cookies),
+            id,
+            "the client gets the new backend's cookie"
+        );
+    }
+
+    #[test]
+    fn ids_differ_per_backend_and_hide_the_address() {
+        let s = snapshot();
+        let r = route(&s);
+        let ids: Vec<[u8; 32]> = r.backends.iter().map(|b| backend_id(b)).collect();
+        assert_ne!(ids[0], ids[1]);
+        assert_ne!(ids[1], ids[2]);
+        assert!(ids.iter().all(|id| id.iter().all(u8::is_ascii_hexdigit)));
+    }
+}

@@ -1,0 +1,273 @@
+//! Active health checks (SPEC §6.1), run on the control-plane runtime.
+//!
+//! Every `hc_interval` seconds, one round: each distinct (backend, route path) pair of the serving
+//! snapshot is probed once, all at the same time, with `hc_method` on the path over a fresh
+//! connection. A probe passes when a response with status < 500 arrives within
+//! min(`hc_interval`, 5 s). A backend whose probes all passed is in rotation; one failed probe
+//! takes it out until a round where all pass. Routes with `healthcheck: false` are not probed
+//! (their backends count as up; passive health still applies).
+//!
+//! The state lives on [`Backend`], which the registry shares between snapshots, so it survives
+//! reloads. A blackholed backend only costs its own probe's timeout: probes never wait for each
+//! other.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::uri::{PathAndQuery, Scheme, Uri};
+use http::{Method, Request};
+use http_body_util::Empty;
+use tokio::task::JoinSet;
+
+use super::oneshot;
+use super::{Backend, Protocol};
+use crate::routing::Snapshot;
+
+/// Longest a probe may take, whatever the interval.
+pub const MAX_PROBE_TIME: Duration = Duration::from_secs(5);
+
+/// How rounds are run.
+#[derive(Clone, Debug)]
+pub struct HealthSettings {
+    pub method: Method,
+    pub interval: Duration,
+}
+
+impl HealthSettings {
+    /// How long one probe may take: min(interval, 5 s).
+    pub fn probe_timeout(&self) -> Duration {
+        self.interval.min(MAX_PROBE_TIME)
+    }
+}
+
+/// Starts the checks on `runtime`; they run until it shuts down.
+pub fn spawn(
+    runtime: &tokio::runtime::Runtime,
+    main: &crate::config::MainConfig,
+    snapshot: Arc<ArcSwap<Snapshot>>,
+) {
+    let settings = HealthSettings {
+        method: main.hc_method.clone(),
+        interval: main.hc_interval,
+    };
+    runtime.spawn(run(snapshot, settings));
+}
+
+async fn run(snapshot: Arc<ArcSwap<Snapshot>>, settings: HealthSettings) {
+    let mut ticks = tokio::time::interval(settings.interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let current = snapshot.load_full();
+        round(&current, &settings).await;
+    }
+}
+
+/// One round over every probed (backend, path) pair; returns how many probes ran.
+pub async fn round(snapshot: &Snapshot, settings: &HealthSettings) -> usize {
+    let mut probes: JoinSet<(usize, bool)> = JoinSet::new();
+    let mut backends: HashMap<usize, (Arc<Backend>, bool)> = HashMap::new();
+    let mut seen: std::collections::HashSet<(usize, &str)> = std::collections::HashSet::new();
+    for route in snapshot.routes().filter(|r| r.health_checked) {
+        for backend in route.backends.iter() {
+            let id = Arc::as_ptr(backend) as usize;
+            if !seen.insert((id, &route.prefix)) {
+                continue;
+            }
+            backends
+                .entry(id)
+                .or_insert_with(|| (backend.clone(), true));
+            let (backend, path) = (backend.clone(), route.prefix.to_string());
+            let (method, timeout) = (settings.method.clone(), settings.probe_timeout());
+            probes.spawn(async move { (id, probe(&backend, &path, method, timeout).await) });
+        }
+    }
+    let count = probes.len();
+    while let Some(done) = probes.join_next().await {
+        if let Ok((id, passed)) = done {
+            if let Some(entry) = backends.get_mut(&id) {
+                entry.1 &= passed;
+            }
+        }
+    }
+    for (backend, healthy) in backends.into_values() {
+        backend.set_probed(healthy);
+    }
+    count
+}
+
+/// One probe: true when a status below 500 arrives within `timeout`.
+pub async fn probe(backend: &Backend, path: &str, method: Method, timeout: Duration) -> bool {
+    let attempt = async {
+        let stream = oneshot::connect(&backend.addrs[..]).await?;
+        let req = probe_request(backend, path, method);
+        oneshot::exchange(stream, backend.protocol, req, timeout).await
+    };
+    match tokio::time::timeout(timeout, attempt).await {
+        Ok(Ok(resp)) if resp.status().as_u16() < 500 => true,
+        Ok(Ok(resp)) => {
+            tracing::debug!(backend = %backend.label, path, "health probe: status {}", resp.status());
+            false
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(backend = %backend.label, path, "health probe: {e}");
+            false
+        }
+        Err(_) => {
+            tracing::debug!(backend = %backend.label, path, "health probe: no answer within {timeout:?}");
+            false
+        }
+    }
+}
+
+fn probe_request(backend: &Backend, path: &str, method: Method) -> Request<Empty<Bytes>> {
+    let path = PathAndQuery::try_from(path).unwrap_or_else(|_| PathAndQuery::from_static("/"));
+    let mut req = Request::new(Empty::new());
+    *req.method_mut() = method;
+    match backend.protocol {
+        Protocol::Http1 => {
+            *req.uri_mut() = Uri::from(path);
+            if let Ok(host) = HeaderValue::from_str(backend.authority.as_str()) {
+                req.headers_mut().insert(header::HOST, host);
+            }
+            req.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        Protocol::H2c => {
+            *req.version_mut() = http::Version::HTTP_2;
+            let mut parts = http::uri::Parts::default();
+            parts.scheme = Some(Scheme::HTTP);
+            parts.authority = Some(backend.authority.clone());
+            parts.path_and_query = Some(path);
+            *req.uri_mut() = Uri::from_parts(parts).unwrap_or_default();
+        }
+    }
+    req.headers_mut().insert(
+        header::USER_AGENT,
+        HeaderValue::from_static("aralez-health-check"),
+    );
+    req
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{parse_upstreams_text, Issues};
+    use crate::upstream::Registry;
+    use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// A raw HTTP/1.1 server answering `status` (0: accept and never answer).
+    async fn server(status: Arc<AtomicU16>, hits: Arc<AtomicUsize>) -> std::net::SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut s, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (status, hits) = (status.clone(), hits.clone());
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 2048];
+                    let _ = s.read(&mut buf).await;
+                    hits.fetch_add(1, Ordering::SeqCst);
+                    let code = status.load(Ordering::SeqCst);
+                    if code == 0 {
+                        std::future::pending::<()>().await;
+                    }
+                    let head = format!(
+                        "HTTP/1.1 {code} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                    );
+                    let _ = s.write_all(head.as_bytes()).await;
+                });
+            }
+        });
+        addr
+    }
+
+    fn snapshot(yaml: &str, registry: &Registry) -> Snapshot {
+        let mut issues = Issues::default();
+        let cfg = parse_upstreams_text(yaml, "test", &mut issues).expect("valid");
+        Snapshot::build(&cfg, registry)
+    }
+
+    #[tokio::test]
+    async fn failing_and_silent_backends_leave_rotation_and_come_back() {
+        let (ok, bad, silent) = (
+            Arc::new(AtomicU16::new(204)),
+            Arc::new(AtomicU16::new(500)),
+            Arc::new(AtomicU16::new(0)),
+        );
+        let hits = Arc::new(AtomicUsize::new(0));
+        let a = server(ok.clone(), hits.clone()).await;
+        let b = server(bad.clone(), hits.clone()).await;
+        let c = server(silent.clone(), hits.clone()).await;
+        let registry = Registry::new(1, 4, Duration::from_secs(60));
+        let yaml = format!(
+            "upstreams:\n  h:\n    paths:\n      /:\n        servers: [\"{a}\", \"{b}\", \"{c}\"]\n      /x:\n        servers: [\"{a}\"]\n"
+        );
+        let snap = snapshot(&yaml, &registry);
+        let settings = HealthSettings {
+            method: Method::HEAD,
+            interval: Duration::from_millis(300),
+        };
+        let started = std::time::Instant::now();
+        assert_eq!(
+            round(&snap, &settings).await,
+            4,
+            "(a,/), (b,/), (c,/), (a,/x)"
+        );
+        assert!(
+            started.elapsed() < Duration::from_millis(900),
+            "the silent one only costs its own timeout"
+        );
+        let route = snap.routes().find(|r| &*r.prefix == "/").unwrap();
+        let up: Vec<bool> = route.backends.iter().map(|b| b.is_up()).collect();
+        assert_eq!(up, [true, false, false]);
+        bad.store(200, Ordering::SeqCst);
+        silent.store(404, Ordering::SeqCst);
+        round(&snap, &settings).await;
+        assert!(
+            route.backends.iter().all(|b| b.is_up()),
+            "fixed backends come back"
+        );
+        // A reload keeps the state: same registry, new snapshot.
+        bad.store(503, Ordering::SeqCst);
+        round(&snap, &settings).await;
+        let reloaded = snapshot(&yaml, &registry);
+        let route = reloaded.routes().find(|r| &*r.prefix == "/").unwrap();
+        assert!(!route.backends[1].is_up());
+    }
+
+    #[tokio::test]
+    async fn healthcheck_false_is_not_probed() {
+        let hits = Arc::new(AtomicUsize::new(0));
+        let a = server(Arc::new(AtomicU16::new(500)), hits.clone()).await;
+        let registry = Registry::new(1, 4, Duration::from_secs(60));
+        let yaml = format!("upstreams:\n  h:\n    paths:\n      /:\n        servers: [\"{a}\"]\n        healthcheck: false\n");
+        let snap = snapshot(&yaml, &registry);
+        let settings = HealthSettings {
+            method: Method::GET,
+            interval: Duration::from_secs(1),
+        };
+        assert_eq!(round(&snap, &settings).await, 0);
+        assert_eq!(hits.load(Ordering::SeqCst), 0);
+        let route = snap.routes().next().unwrap();
+        assert!(route.usable(&route.backends[0]));
+    }
+
+    #[test]
+    fn probe_timeout_is_capped() {
+        let s = |secs| HealthSettings {
+            method: Method::HEAD,
+            interval: Duration::from_secs(secs),
+        };
+        assert_eq!(s(2).probe_timeout(), Duration::from_secs(2));
+        assert_eq!(s(30).probe_timeout(), MAX_PROBE_TIME);
+    }
+}

@@ -1,0 +1,542 @@
+//! Black-box tests of the traffic policies (SPEC §5, §8) through the real binary: auth of every
+//! type, rate and 4xx limits from distinct client addresses, sticky sessions. Each case runs over
+//! HTTP/1.1 and h2c where the protocol could matter.
+
+mod policies_support;
+mod support;
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use http::Method;
+use policies_support::{connect_from, forged, hs256, now, AuthService, StatusBackend};
+use support::{body_bytes, full, header, Client, Proto, ProxyProcess, PROTOCOLS};
+
+const MASTER: &str = "master-secret-for-tests";
+
+fn ip(last: u8) -> IpAddr {
+    IpAddr::from([127, 0, 0, last])
+}
+
+async fn get(
+    c: &mut Client,
+    host: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, http::HeaderMap, String) {
+    let resp = c
+        .send(
+            Method::GET,
+            Some(host),
+            path,
+            headers,
+            full(bytes::Bytes::new()),
+        )
+        .await;
+    let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
+    let body = String::from_utf8_lossy(&body_bytes(resp).await).into_owned();
+    (status, headers, body)
+}
+
+fn auth_config(backend: &StatusBackend, auth: &AuthService) -> String {
+    let s = format!("[\"{}\"]", backend.addr);
+    format!(
+        "upstreams:
+  basic.test:
+    paths:
+      /: {{servers: {s}, authorization: {{type: basic, data: \"ann:pa:ss\"}}}}
+  key.test:
+    paths:
+      /: {{servers: {s}, authorization: {{type: apikey, data: \"k-123\"}}}}
+  jwt.test:
+    authorization: {{type: jwt, data: \"route-secret\"}}
+    paths:
+      /: {{servers: {s}}}
+      /open: {{servers: {s}, authorization: {{type: apikey, data: \"other\"}}}}
+  master.test:
+    paths:
+      /: {{servers: {s}, authorization: {{type: jwt}}}}
+  fwd.test:
+    paths:
+      /: {{servers: {s}, authorization: {{type: forward, data: \"http://{}/check\"}}}}
+",
+        auth.addr
+    )
+}
+
+#[tokio::test]
+async fn basic_and_apikey_right_wrong_missing() {
+    let backend = StatusBackend::start("b", 200).await;
+    let auth = AuthService::start().await;
+    let proxy = ProxyProcess::start(&auth_config(&backend, &auth), "");
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let good = format!("Basic {}", b64("ann:pa:ss"));
+    let wrong = format!("Basic {}", b64("ann:pa:sx"));
+    for proto in PROTOCOLS {
+        let mut c = Client::connect(proto, proxy.addr).await;
+        let before = backend.requests();
+        let (st, h, _) = get(&mut c, "basic.test", "/", &[]).await;
+        assert_eq!(st, 401, "{proto:?}");
+        assert_eq!(h["www-authenticate"], "Basic realm=\"aralez\"");
+        assert_eq!(
+            get(&mut c, "basic.test", "/", &[("authorization", &wrong)])
+                .await
+                .0,
+            401
+        );
+        assert_eq!(get(&mut c, "key.test", "/", &[]).await.0, 403);
+        assert_eq!(
+            get(&mut c, "key.test", "/", &[("x-api-key", "k-12")])
+                .await
+                .0,
+            403
+        );
+        assert_eq!(
+            backend.requests(),
+            before,
+            "refused requests never reach the backend"
+        );
+        assert_eq!(
+            get(&mut c, "basic.test", "/", &[("authorization", &good)])
+                .await
+                .0,
+            200
+        );
+        assert_eq!(
+            get(&mut c, "key.test", "/", &[("x-api-key", "k-123")])
+                .await
+                .0,
+            200
+        );
+        assert_eq!(backend.requests(), before + 2);
+    }
+}
+
+#[tokio::test]
+async fn jwt_tokens_from_header_and_query() {
+    let backend = StatusBackend::start("b", 200).await;
+    let auth = AuthService::start().await;
+    let proxy = ProxyProcess::start(
+        &auth_config(&backend, &auth),
+        &format!("master_key: \"{MASTER}\""),
+    );
+    let exp = now() + 600;
+    let claims = format!("{{\"sub\":\"ann\",\"exp\":{exp}}}");
+    let good = hs256("route-secret", &claims);
+    let signature = good.rsplit('.').next().unwrap().to_string();
+    let refused = [
+        ("wrong secret", hs256("other-secret", &claims)),
+        (
+            "expired",
+            hs256("route-secret", &format!("{{\"exp\":{}}}", now() - 120)),
+        ),
+        ("no exp", hs256("route-secret", "{\"sub\":\"ann\"}")),
+        ("alg none", forged("none", &claims, "")),
+        ("RS256", forged("RS256", &claims, &signature)),
+        ("garbage", "a.b.c".to_string()),
+    ];
+    for proto in PROTOCOLS {
+        let mut c = Client::connect(proto, proxy.addr).await;
+        let before = backend.requests();
+        let (st, h, _) = get(&mut c, "jwt.test", "/", &[]).await;
+        assert_eq!(st, 401, "{proto:?}");
+        assert_eq!(h["www-authenticate"], "Bearer realm=\"aralez\"");
+        for (name, token) in &refused {
+            let bearer = format!("Bearer {token}");
+            assert_eq!(
+                get(&mut c, "jwt.test", "/", &[("authorization", &bearer)])
+                    .await
+                    .0,
+                401,
+                "{name}"
+            );
+            assert_eq!(
+                get(&mut c, "jwt.test", &format!("/?araleztoken={token}"), &[])
+                    .await
+                    .0,
+                401,
+                "{name} (query)"
+            );
+        }
+        assert_eq!(
+            backend.requests(),
+            before,
+            "no refused token reached the backend"
+        );
+
+        let bearer = format!("Bearer {good}");
+        let (st, h, _) = get(&mut c, "jwt.test", "/x?a=1", &[("authorization", &bearer)]).await;
+        assert_eq!((st, h["x-seen-uri"].to_str().unwrap()), (200, "/x?a=1"));
+        let (st, h, _) = get(
+            &mut c,
+            "jwt.test",
+            &format!("/x?a=1&araleztoken={good}&b=2"),
+            &[],
+        )
+        .await;
+        assert_eq!(st, 200);
+        let seen = h["x-seen-uri"].to_str().unwrap().to_string();
+        assert!(
+            seen.ends_with("/x?a=1&b=2") && !seen.contains("araleztoken"),
+            "backend saw {seen}"
+        );
+        // A path's own rule overrides the host's.
+        assert_eq!(
+            get(&mut c, "jwt.test", "/open", &[("authorization", &bearer)])
+                .await
+                .0,
+            403
+        );
+        assert_eq!(
+            get(&mut c, "jwt.test", "/open", &[("x-api-key", "other")])
+                .await
+                .0,
+            200
+        );
+        // No data: the master key signs.
+        let by_master = format!("Bearer {}", hs256(MASTER, &claims));
+        assert_eq!(
+            get(&mut c, "master.test", "/", &[("authorization", &by_master)])
+                .await
+                .0,
+            200
+        );
+        assert_eq!(
+            get(&mut c, "master.test", "/", &[("authorization", &bearer)])
+                .await
+                .0,
+            401
+        );
+    }
+}
+
+#[tokio::test]
+async fn jwt_key_env_overrides_master_key() {
+    let backend = StatusBackend::start("b", 200).await;
+    let auth = AuthService::start().await;
+    let proxy = ProxyProcess::start_env(
+        &auth_config(&backend, &auth),
+        &format!("master_key: \"{MASTER}\""),
+        &[("JWT_KEY", "from-env")],
+    );
+    let claims = format!("{{\"exp\":{}}}", now() + 60);
+    let mut c = Client::connect(Proto::H1, proxy.addr).await;
+    let env_token = format!("Bearer {}", hs256("from-env", &claims));
+    let master_token = format!("Bearer {}", hs256(MASTER, &claims));
+    assert_eq!(
+        get(&mut c, "master.test", "/", &[("authorization", &env_token)])
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        get(
+            &mut c,
+            "master.test",
+            "/",
+            &[("authorization", &master_token)]
+        )
+        .await
+        .0,
+        401
+    );
+}
+
+#[tokio::test]
+async fn jwt_without_any_secret_fails_closed() {
+    let backend = StatusBackend::start("b", 200).await;
+    let auth = AuthService::start().await;
+    let proxy = ProxyProcess::start(&auth_config(&backend, &auth), "");
+    let mut c = Client::connect(Proto::H1, proxy.addr).await;
+    let token = format!(
+        "Bearer {}",
+        hs256("", &format!("{{\"exp\":{}}}", now() + 60))
+    );
+    assert_eq!(
+        get(&mut c, "master.test", "/", &[("authorization", &token)])
+            .await
+            .0,
+        503
+    );
+    assert_eq!(backend.requests(), 0);
+}
+
+#[tokio::test]
+async fn forward_auth_allows_relays_and_times_out() {
+    let backend = StatusBackend::start("b", 200).await;
+    let auth = AuthService::start().await;
+    let proxy = ProxyProcess::start(&auth_config(&backend, &auth), "");
+    for proto in PROTOCOLS {
+        let mut c = Client::connect(proto, proxy.addr).await;
+        // 200: allowed; the service's identity headers replace the client's own.
+        let (st, h, _) = get(
+            &mut c,
+            "fwd.test",
+            "/ok/page?q=1",
+            &[
+                ("authorization", "Bearer t"),
+                ("cookie", "s=1"),
+                ("remote-user", "mallory"),
+                ("x-auth-groups", "admin"),
+            ],
+        )
+        .await;
+        assert_eq!(st, 200, "{proto:?}");
+        assert_eq!(h["x-seen-remote-user"], "alice");
+        assert_eq!(h["x-seen-auth-groups"], "staff");
+        assert_eq!(
+            auth.last_header("authorization").as_deref(),
+            Some("Bearer t")
+        );
+        assert_eq!(auth.last_header("cookie").as_deref(), Some("s=1"));
+        assert_eq!(
+            auth.last_header("x-forwarded-method").as_deref(),
+            Some("GET")
+        );
+        assert_eq!(
+            auth.last_header("x-forwarded-host").as_deref(),
+            Some("fwd.test")
+        );
+        assert_eq!(
+            auth.last_header("x-forwarded-uri").as_deref(),
+            Some("/ok/page?q=1")
+        );
+        assert_eq!(
+            auth.last_header("x-forwarded-proto").as_deref(),
+            Some("http")
+        );
+        assert_eq!(
+            auth.last_header("x-forwarded-for").as_deref(),
+            Some("127.0.0.1")
+        );
+
+        let before = backend.requests();
+        let (st, h, body) = get(&mut c, "fwd.test", "/redirect", &[]).await;
+        assert_eq!((st, body.as_str()), (302, "go log in"));
+        assert_eq!(h["location"], "https://login.example/");
+        assert_eq!(h["set-cookie"], "auth_state=xyz");
+        let (st, h, body) = get(
+            &mut c,
+            "fwd.test",
+            "/private",
+            &[("remote-user", "mallory")],
+        )
+        .await;
+        assert_eq!((st, body.as_str()), (401, "who are you?"));
+        assert_eq!(h["www-authenticate"], "Bearer realm=\"sso\"");
+        assert_eq!(
+            backend.requests(),
+            before,
+            "refused requests never reach the backend"
+        );
+    }
+    let mut c = Client::connect(Proto::H1, proxy.addr).await;
+    let started = Instant::now();
+    let (st, h, _) = get(&mut c, "fwd.test", "/hang", &[]).await;
+    let took = started.elapsed();
+    assert_eq!(st, 503);
+    assert_eq!(header_value(&h, "retry-after"), "2");
+    assert!(
+        took >= Duration::from_millis(4900) && took < Duration::from_secs(8),
+        "took {took:?}"
+    );
+}
+
+fn header_value(h: &http::HeaderMap, name: &str) -> String {
+    h.get(name)
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn rate_limit_ten_per_second_per_client_across_workers() {
+    let backend = StatusBackend::start("b", 200).await;
+    let yaml = format!(
+        "upstreams:\n  rl.test:\n    paths:\n      /: {{servers: [\"{}\"], rate_limit: 10}}\n      /free: {{servers: [\"{}\"], rate_limit: 1000}}\n",
+        backend.addr, backend.addr
+    );
+    let proxy = ProxyProcess::start(&yaml, "");
+    for (proto, me, other) in [(Proto::H1, ip(2), ip(3)), (Proto::H2c, ip(4), ip(5))] {
+        // Three connections from one address: the kernel spreads them over both workers, and the
+        // limit must still be one.
+        let mut conns = Vec::new();
+        for _ in 0..3 {
+            conns.push(connect_from(proto, proxy.addr, me).await);
+        }
+        let started = Instant::now();
+        let mut statuses = Vec::new();
+        for i in 0..14 {
+            let (st, h, _) = get(&mut conns[i % 3], "rl.test", "/", &[]).await;
+            if st == 429 {
+                assert_eq!(header_value(&h, "retry-after"), "1");
+            }
+            statuses.push(st);
+        }
+        assert!(
+            started.elapsed() < Duration::from_millis(900),
+            "the burst took too long to prove anything"
+        );
+        let ok = statuses.iter().filter(|s| **s == 200).count();
+        assert_eq!(ok, 10, "{proto:?}: {statuses:?}");
+        assert!(statuses[10..].iter().all(|s| *s == 429), "{statuses:?}");
+        // Another client, and another path with its own limit, are not affected.
+        let mut c = connect_from(proto, proxy.addr, other).await;
+        assert_eq!(get(&mut c, "rl.test", "/", &[]).await.0, 200);
+        assert_eq!(get(&mut conns[0], "rl.test", "/free", &[]).await.0, 200);
+        // A second later the client has a budget again.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        assert_eq!(get(&mut conns[1], "rl.test", "/", &[]).await.0, 200);
+    }
+}
+
+#[tokio::test]
+async fn x4xx_limit_blocks_until_quiet() {
+    let backend = StatusBackend::start("b", 404).await;
+    let yaml = format!(
+        "upstreams:\n  x.test:\n    x4xx_limit: 3\n    paths:\n      /: {{servers: [\"{}\"]}}\n",
+        backend.addr
+    );
+    let proxy = ProxyProcess::start(&yaml, "");
+    let mut me = connect_from(Proto::H1, proxy.addr, ip(6)).await;
+    for _ in 0..3 {
+        assert_eq!(get(&mut me, "x.test", "/", &[]).await.0, 404);
+    }
+    assert_eq!(
+        get(&mut me, "x.test", "/", &[]).await.0,
+        404,
+        "the 4th 4xx is over the limit; it still goes out"
+    );
+    let reached = backend.requests();
+    backend.set_status(200);
+    let (st, h, _) = get(&mut me, "x.test", "/", &[]).await;
+    assert_eq!((st, header_value(&h, "retry-after").as_str()), (429, "1"));
+    assert_eq!(
+        backend.requests(),
+        reached,
+        "blocked requests stay in the proxy"
+    );
+    let mut other = connect_from(Proto::H1, proxy.addr, ip(7)).await;
+    assert_eq!(get(&mut other, "x.test", "/", &[]).await.0, 200);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        get(&mut me, "x.test", "/", &[]).await.0,
+        429,
+        "knocking restarts the quiet second"
+    );
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(
+        get(&mut me, "x.test", "/", &[]).await.0,
+        200,
+        "free after a quiet second"
+    );
+}
+
+fn sticky_cookie(h: &http::HeaderMap) -> Option<String> {
+    h.get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find(|v| v.starts_with("backend_id="))
+        .map(|v| v.split(';').next().unwrap().to_string())
+}
+
+#[tokio::test]
+async fn sticky_sessions_pin_and_move_when_the_backend_goes() {
+    let a = StatusBackend::start("a", 200).await;
+    let b = StatusBackend::start("b", 200).await;
+    let c3 = StatusBackend::start("c", 200).await;
+    let yaml = format!(
+        "upstreams:\n  s.test:\n    sticky_sessions: 600\n    paths:\n      /: {{servers: [\"{}\", \"{}\", \"{}\"], healthcheck: false}}\n",
+        a.addr, b.addr, c3.addr
+    );
+    let proxy = ProxyProcess::start(&yaml, "");
+    for proto in PROTOCOLS {
+        let mut c = Client::connect(proto, proxy.addr).await;
+        let (st, h, _) = get(&mut c, "s.test", "/", &[]).await;
+        assert_eq!(st, 200);
+        let cookies: Vec<&str> = h
+            .get_all("set-cookie")
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect();
+        assert_eq!(
+            cookies.len(),
+            3,
+            "backend cookies kept, ours appended: {cookies:?}"
+        );
+        assert!(
+            cookies.iter().any(|c| c.starts_with("app="))
+                && cookies.contains(&"theme=dark; Path=/")
+        );
+        let sticky = cookies
+            .iter()
+            .find(|c| c.starts_with("backend_id="))
+            .unwrap();
+        assert!(
+            sticky.ends_with("; Path=/; Max-Age=600; HttpOnly; SameSite=Lax"),
+            "{sticky}"
+        );
+        let cookie = sticky_cookie(&h).unwrap();
+        let first = header_value(&h, "x-backend");
+        for _ in 0..100 {
+            let (st, h, _) = get(&mut c, "s.test", "/", &[("cookie", &cookie)]).await;
+            assert_eq!((st, header_value(&h, "x-backend")), (200, first.clone()));
+            assert_eq!(
+                sticky_cookie(&h),
+                None,
+                "a pinned answer needs no new cookie"
+            );
+        }
+        // Without the cookie, round robin spreads the load.
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..6 {
+            seen.insert(header_value(
+                &get(&mut c, "s.test", "/", &[]).await.1,
+                "x-backend",
+            ));
+        }
+        assert_eq!(seen.len(), 3);
+        // A forged cookie pins nothing and is replaced.
+        let forged = format!("backend_id={}", "ab".repeat(16));
+        let (_, h, _) = get(&mut c, "s.test", "/", &[("cookie", &forged)]).await;
+        assert!(sticky_cookie(&h).is_some());
+    }
+    // The pinned backend goes away: another answers, with a new cookie that then pins it.
+    let mut c = Client::connect(Proto::H1, proxy.addr).await;
+    let (_, h, _) = get(&mut c, "s.test", "/", &[]).await;
+    let (cookie, pinned) = (sticky_cookie(&h).unwrap(), header_value(&h, "x-backend"));
+    let gone = [&a, &b, &c3]
+        .into_iter()
+        .find(|x| x.name == pinned)
+        .unwrap();
+    gone.stop();
+    let (st, h, _) = get(&mut c, "s.test", "/", &[("cookie", &cookie)]).await;
+    let now_on = header_value(&h, "x-backend");
+    assert_eq!(st, 200);
+    assert_ne!(now_on, pinned);
+    let new_cookie = sticky_cookie(&h).expect("a new cookie for the new backend");
+    assert_ne!(new_cookie, cookie);
+    for _ in 0..20 {
+        let (_, h, _) = get(&mut c, "s.test", "/", &[("cookie", &new_cookie)]).await;
+        assert_eq!(header_value(&h, "x-backend"), now_on);
+    }
+}
+
+#[tokio::test]
+async fn policies_answer_grpc_clients_with_a_grpc_status() {
+    let backend = StatusBackend::start("b", 200).await;
+    let auth = AuthService::start().await;
+    let proxy = ProxyProcess::start(&auth_config(&backend, &auth), "");
+    let mut c = Client::connect(Proto::H2c, proxy.addr).await;
+    let resp = c
+        .send(
+            Method::POST,
+            Some("key.test"),
+            "/svc/Method",
+            &[("content-type", "application/grpc")],
+            full(bytes::Bytes::new()),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(header(&resp, "grpc-status"), "7");
+}
