@@ -94,13 +94,16 @@ fn main() -> ExitCode {
     if cli.test {
         return check(&cli.conf, Format::Text, false);
     }
-    if cli.daemon || cli.upgrade {
-        eprintln!(
-            "aralez: -d/--daemon and -u/--upgrade are not implemented yet; run in the foreground"
-        );
+    let options = aralez::process::RunOptions {
+        daemon: cli.daemon,
+        upgrade: cli.upgrade,
+    };
+    // Fork (when asked) before anything starts a thread.
+    if let Err(e) = aralez::process::daemonize_if_asked(&cli.conf, options) {
+        eprintln!("aralez: {e}");
         return ExitCode::FAILURE;
     }
-    match aralez::process::run(&cli.conf) {
+    match aralez::process::run(&cli.conf, options) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("aralez: {e}");

@@ -1,14 +1,21 @@
-//! Process life: read config, set up logging, bind listeners, start workers and the control plane,
-//! react to signals (SIGTERM/SIGINT drain and exit, SIGHUP reloads).
+//! Process life: read config, set up logging, bind (or inherit) listeners, write the pid file,
+//! drop privileges, start workers and the control plane, react to signals (SIGTERM/SIGINT and
+//! SIGQUIT drain and exit, SIGHUP reloads) and clean up.
 
+pub mod daemon;
 mod logging;
+mod notify;
+pub mod pidfile;
+pub mod privileges;
+mod sockets;
+pub mod upgrade;
 
 use std::path::Path;
 use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use crate::config::{self, Issues, MainConfig};
+use crate::config::{self, Issues, MainConfig, UpstreamsConfig};
 use crate::discovery::Reloader;
 use crate::proxy::Proxy;
 use crate::server::{self, ServeSettings, TcpKeepalive};
@@ -31,14 +38,46 @@ pub enum StartError {
     },
     #[error("cannot set up logging: {0}")]
     Logging(String),
+    #[error("cannot write the pid file {path}: {source}")]
+    PidFile {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("cannot drop privileges: {0}")]
+    Privileges(#[from] privileges::PrivilegeError),
+    #[error("live upgrade failed: {0}")]
+    Upgrade(#[from] upgrade::UpgradeError),
+    #[error("cannot go to the background: {0}")]
+    Daemon(#[from] daemon::DaemonError),
 }
 
 fn render_errors(issues: &Issues) -> String {
     issues.errors().map(|i| format!("  {i}\n")).collect()
 }
 
-/// Reads the config and runs the proxy until a stop signal. Returns after the drain.
-pub fn run(main_path: &Path) -> Result<(), StartError> {
+/// How `main` asked the process to run.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunOptions {
+    /// `-d`: go to the background (also `daemon: true`).
+    pub daemon: bool,
+    /// `-u`: take the listening sockets of the running instance.
+    pub upgrade: bool,
+}
+
+/// Goes to the background when `-d` or `daemon: true` asks for it. Call from `main` before
+/// anything starts a thread. A config with errors stays in the foreground, so `run` reports it.
+pub fn daemonize_if_asked(main_path: &Path, options: RunOptions) -> Result<(), StartError> {
+    let mut issues = Issues::default();
+    let Some(main) = config::load_main(main_path, &mut issues) else {
+        return Ok(());
+    };
+    if (options.daemon || main.daemon) && !issues.has_errors() {
+        daemon::daemonize(main.log_file.as_deref())?;
+    }
+    Ok(())
+}
+
+fn load(main_path: &Path) -> Result<(MainConfig, UpstreamsConfig, Issues), StartError> {
     let mut issues = Issues::default();
     let main = config::load_main(main_path, &mut issues);
     let upstreams = main
@@ -50,25 +89,43 @@ pub fn run(main_path: &Path) -> Result<(), StartError> {
     if issues.has_errors() {
         return Err(StartError::Config(render_errors(&issues)));
     }
+    Ok((main, upstreams, issues))
+}
+
+/// Reads the config and runs the proxy until a stop signal. Returns after the drain.
+pub fn run(main_path: &Path, options: RunOptions) -> Result<(), StartError> {
+    let (main, upstreams, issues) = load(main_path)?;
     logging::init(&main).map_err(StartError::Logging)?;
     for warning in issues.warnings() {
         tracing::warn!("{warning}");
     }
+    crate::accesslog::start(main.access_log, main.log_file.as_deref())
+        .map_err(|e| StartError::Logging(e.to_string()))?;
 
     let threads = main.threads;
     let registry = Registry::new(threads, main.upstream_keepalive_pool_size, main.hc_interval);
     let reloader = Arc::new(Reloader::new(main.upstreams_conf.clone(), registry));
     let digest = crate::discovery::files_digest(&main.upstreams_conf);
     reloader.install_file_config(upstreams, digest, "start");
+    crate::metrics::watch_snapshot(reloader.snapshot.clone());
 
-    let listeners = server::bind_reuseport(main.proxy_address_http, threads).map_err(|source| {
-        StartError::Bind {
-            addr: main.proxy_address_http,
+    let bound = sockets::open(&main, options.upgrade)?;
+    let pid_file =
+        pidfile::PidFile::write(&main.pid_file).map_err(|source| StartError::PidFile {
+            path: main.pid_file.display().to_string(),
             source,
+        })?;
+    match privileges::drop_to(main.runuser.as_deref(), main.rungroup.as_deref()) {
+        Ok(Some((uid, gid))) => tracing::info!("running as uid {uid}, gid {gid}"),
+        Ok(None) => {}
+        Err(e) => {
+            pid_file.remove();
+            return Err(e.into());
         }
-    })?;
-    if let Some(addr) = listeners.first().and_then(|l| l.local_addr().ok()) {
-        tracing::info!("listening on http://{addr} with {threads} worker(s)");
+    }
+    let workers_count = bound.http.len();
+    if let Some(addr) = bound.http.first().and_then(|l| l.local_addr().ok()) {
+        tracing::info!("listening on http://{addr} with {workers_count} worker(s)");
     }
     let control = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -80,7 +137,6 @@ pub fn run(main_path: &Path) -> Result<(), StartError> {
             source,
         })?;
     crate::layers::start(&control, &main, reloader.snapshot.clone());
-    let file_server = control.block_on(bind_file_server(&main))?;
     crate::discovery::start(&control, &main, reloader.clone());
 
     let proxy = Arc::new(Proxy {
@@ -91,19 +147,35 @@ pub fn run(main_path: &Path) -> Result<(), StartError> {
         },
     });
     let (stop_tx, stop_rx) = watch::channel(false);
-    let workers = server::spawn_workers(listeners, proxy, serve_settings(&main), stop_rx).map_err(
-        |source| StartError::Runtime {
+    let workers = server::spawn_workers(bound.http, proxy, serve_settings(&main), stop_rx)
+        .map_err(|source| StartError::Runtime {
             what: "worker threads",
             source,
-        },
-    )?;
+        })?;
 
+    let offer = bound.offer.clone();
+    let upgrade_sock = bound.upgrade_sock;
     control.block_on(async {
-        if let Some((listener, folder)) = file_server {
-            tokio::spawn(crate::fileserver::serve(listener, folder));
+        if let Some((listener, folder)) = bound.files {
+            match tokio::net::TcpListener::from_std(listener) {
+                Ok(listener) => drop(tokio::spawn(crate::fileserver::serve(listener, folder))),
+                Err(e) => tracing::error!("file server: {e}"),
+            }
         }
+        if let Some(sock) = &upgrade_sock {
+            drop(tokio::spawn(sock.serve(offer.clone())));
+        }
+        let ready = if options.upgrade {
+            format!("MAINPID={}\nREADY=1", std::process::id())
+        } else {
+            "READY=1".to_string()
+        };
+        notify::notify(&ready);
         wait_for_signals(&reloader).await;
     });
+    notify::notify("STOPPING=1");
+    // Close our duplicates first, so the ports close (and refuse) once the workers let go.
+    drop(offer.lock().map(|mut o| o.take()));
     tracing::info!(
         "stopping: no new connections; draining (up to {:?})",
         main.grace_period
@@ -113,26 +185,12 @@ pub fn run(main_path: &Path) -> Result<(), StartError> {
         let _ = worker.join();
     }
     control.shutdown_timeout(std::time::Duration::from_millis(200));
+    if let Some(sock) = upgrade_sock {
+        sock.remove();
+    }
+    pid_file.remove();
     tracing::info!("stopped");
     Ok(())
-}
-
-async fn bind_file_server(
-    main: &MainConfig,
-) -> Result<Option<(tokio::net::TcpListener, std::path::PathBuf)>, StartError> {
-    let (Some(folder), Some(addr)) = (&main.file_server_folder, main.file_server_address) else {
-        return Ok(None);
-    };
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| StartError::Bind { addr, source })?;
-    if let Ok(local) = listener.local_addr() {
-        tracing::info!(
-            "file server: serving {} on http://{local}",
-            folder.display()
-        );
-    }
-    Ok(Some((listener, folder.clone())))
 }
 
 fn serve_settings(main: &MainConfig) -> ServeSettings {
@@ -149,12 +207,14 @@ fn serve_settings(main: &MainConfig) -> ServeSettings {
     }
 }
 
-/// Returns on SIGTERM or SIGINT; reloads on SIGHUP.
+/// Returns on SIGTERM, SIGINT or SIGQUIT (the live upgrade's "drain and exit"); reloads on
+/// SIGHUP.
 async fn wait_for_signals(reloader: &Reloader) {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
+    let (Ok(mut term), Ok(mut int), Ok(mut quit), Ok(mut hup)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
+        signal(SignalKind::quit()),
         signal(SignalKind::hangup()),
     ) else {
         tracing::error!("cannot install signal handlers; stop with SIGKILL");
@@ -165,8 +225,13 @@ async fn wait_for_signals(reloader: &Reloader) {
         tokio::select! {
             _ = term.recv() => return,
             _ = int.recv() => return,
+            _ = quit.recv() => {
+                tracing::info!("SIGQUIT: handing over to the new process");
+                return;
+            }
             _ = hup.recv() => {
-                let _ = reloader.reload_files("SIGHUP");
+                let applied = reloader.reload_files("SIGHUP").is_ok();
+                crate::metrics::config_reload("SIGHUP", applied);
             }
         }
     }

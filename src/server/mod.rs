@@ -5,10 +5,11 @@
 //! shutdown; knows nothing about routes beyond handing each request to the [`Proxy`].
 
 pub mod listener;
+mod observe;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,8 +19,15 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::sync::watch;
 
+use crate::metrics::OPEN_CONNECTIONS;
 use crate::proxy::{ClientConn, Proxy};
 pub use listener::{bind_reuseport, TcpKeepalive};
+use observe::DrainFlag;
+
+/// How long a draining worker lets busy HTTP/1 connections finish their next request (answered
+/// with `Connection: close`, so the client closes cleanly between requests) before it closes the
+/// idle ones.
+const DRAIN_LINGER: Duration = Duration::from_secs(2);
 
 /// Connection-level settings shared by every worker.
 #[derive(Clone, Debug)]
@@ -30,9 +38,6 @@ pub struct ServeSettings {
     pub keepalive: Option<TcpKeepalive>,
     pub grace_period: Duration,
 }
-
-/// Process-wide count of open client connections.
-static OPEN_CONNECTIONS: AtomicUsize = AtomicUsize::new(0);
 
 fn http_builder(settings: &ServeSettings) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -68,6 +73,7 @@ pub fn spawn_workers(
             .name(format!("aralez-worker-{index}"))
             .spawn(move || {
                 crate::upstream::set_worker_index(index);
+                crate::metrics::set_worker_index(index);
                 let runtime = match tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
@@ -101,6 +107,7 @@ async fn accept_loop(
     let local = listener.local_addr().ok();
     let builder = Arc::new(http_builder(&settings));
     let graceful = GracefulShutdown::new();
+    let draining: DrainFlag = Arc::new(AtomicBool::new(false));
     loop {
         let accepted = tokio::select! {
             biased;
@@ -124,10 +131,22 @@ async fn accept_loop(
         if let Some(ka) = settings.keepalive {
             listener::apply_keepalive(&stream, ka);
         }
-        serve_connection(stream, peer, local, &proxy, &builder, &graceful);
+        serve_connection(stream, peer, local, &proxy, &builder, &graceful, &draining);
     }
     drop(listener);
-    if tokio::time::timeout(settings.grace_period, graceful.shutdown())
+    drain(graceful, &draining, settings.grace_period).await;
+}
+
+/// Stops keep-alive: HTTP/1 responses say `Connection: close` for [`DRAIN_LINGER`], then idle
+/// connections are closed (HTTP/2 gets GOAWAY) and in-flight requests finish within `grace`.
+async fn drain(graceful: GracefulShutdown, draining: &AtomicBool, grace: Duration) {
+    draining.store(true, Ordering::Relaxed);
+    let deadline = tokio::time::Instant::now() + grace;
+    let linger_end = tokio::time::Instant::now() + DRAIN_LINGER.min(grace);
+    while graceful.count() > 0 && tokio::time::Instant::now() < linger_end {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    if tokio::time::timeout_at(deadline, graceful.shutdown())
         .await
         .is_err()
     {
@@ -142,13 +161,16 @@ fn serve_connection(
     proxy: &Arc<Proxy>,
     builder: &Arc<auto::Builder<TokioExecutor>>,
     graceful: &GracefulShutdown,
+    draining: &DrainFlag,
 ) {
-    let client = Arc::new(ClientConn::new(peer, false));
-    let proxy = proxy.clone();
+    let ctx = Arc::new(observe::ConnCtx {
+        proxy: proxy.clone(),
+        client: ClientConn::new(peer, false),
+        draining: draining.clone(),
+    });
     let service = service_fn(move |req| {
-        let proxy = proxy.clone();
-        let client = client.clone();
-        async move { Ok::<_, Infallible>(proxy.handle(&client, req).await) }
+        let ctx = ctx.clone();
+        async move { Ok::<_, Infallible>(observe::handle(&ctx, req).await) }
     });
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
     let conn = graceful.watch(conn.into_owned());

@@ -400,3 +400,144 @@ pub async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> boo
 pub fn status(resp: &Response<Incoming>) -> StatusCode {
     resp.status()
 }
+
+// ---- Operations helpers (process control, signals, logs) ----
+
+impl ProxyProcess {
+    /// Starts the binary with extra arguments on the config `conf` (another process's dir).
+    pub fn spawn_args(conf: &std::path::Path, args: &[&str]) -> ProxyProcess {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_aralez"));
+        command.args(args).arg("-c").arg(conf);
+        Self::spawn_command(command, dir)
+    }
+
+    /// Like `start`, with environment variables for the proxy.
+    pub fn start_env(upstreams: &str, main_extra: &str, env: &[(&str, &str)]) -> ProxyProcess {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(dir.path().join("upstreams.yaml"), upstreams).expect("write upstreams");
+        let main = format!(
+            "threads: 2\nproxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: \"upstreams.yaml\"\nlog_level: info\npid_file: \"{}\"\n{main_extra}\n",
+            dir.path().join("aralez.pid").display()
+        );
+        std::fs::write(dir.path().join("main.yaml"), main).expect("write main");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_aralez"));
+        command.arg("-c").arg(dir.path().join("main.yaml"));
+        command.envs(env.iter().copied());
+        Self::spawn_command(command, dir)
+    }
+
+    fn spawn_command(mut command: Command, dir: tempfile::TempDir) -> ProxyProcess {
+        let mut child = command
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn aralez");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stdout = child.stdout.take().expect("stdout");
+        let stderr = child.stderr.take().expect("stderr");
+        for stream in [
+            Box::new(stdout) as Box<dyn std::io::Read + Send>,
+            Box::new(stderr),
+        ] {
+            let log = log.clone();
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    if let Some(addr) = address_after(&line, "listening on http://") {
+                        let _ = tx.send(addr);
+                    }
+                    log.lock().unwrap().push(line);
+                }
+            });
+        }
+        let addr = match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(addr) => addr,
+            Err(_) => {
+                let _ = child.kill();
+                panic!(
+                    "proxy did not start; log:\n{}",
+                    log.lock().unwrap().join("\n")
+                );
+            }
+        };
+        ProxyProcess {
+            child,
+            addr,
+            dir,
+            log,
+        }
+    }
+
+    /// Sends `signal` to the proxy.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.pid() as i32);
+        nix::sys::signal::kill(pid, signal).expect("signal the proxy");
+    }
+
+    /// Waits up to `limit` for the proxy to exit; its status, or None if still running.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// The address logged after `marker` (e.g. "admin API on http://"), waiting up to 10 s.
+    pub fn logged_addr(&self, marker: &str) -> SocketAddr {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(10) {
+            let found = self
+                .log
+                .lock()
+                .unwrap()
+                .iter()
+                .find_map(|l| address_after(l, marker));
+            if let Some(addr) = found {
+                return addr;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("no `{marker}` in the log:\n{}", self.log_text());
+    }
+}
+
+/// The `IP:port` that follows `marker` in `line`.
+pub fn address_after(line: &str, marker: &str) -> Option<SocketAddr> {
+    let rest = line.split(marker).nth(1)?;
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+/// One plain HTTP/1.1 GET on a new connection; (status, headers, body).
+pub async fn http_get(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (StatusCode, HeaderMap, Bytes) {
+    let mut client = Client::connect(Proto::H1, addr).await;
+    let resp = client
+        .send(
+            Method::GET,
+            Some("localhost"),
+            path,
+            headers,
+            full(Bytes::new()),
+        )
+        .await;
+    let (status, headers) = (resp.status(), resp.headers().clone());
+    (status, headers, body_bytes(resp).await)
+}
+
+/// Reads the admin API's `/metrics` (master key `k`) and returns the value of `series`.
+pub async fn metric(admin: SocketAddr, series: &str) -> Option<f64> {
+    let (_, _, body) = http_get(admin, "/metrics", &[("x-api-key", "k")]).await;
+    let text = String::from_utf8_lossy(&body).into_owned();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+}

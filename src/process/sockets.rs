@@ -1,0 +1,112 @@
+//! Every listening socket the process needs, bound or inherited before privileges are dropped:
+//! the proxy's SO_REUSEPORT listeners, the file server's, and `upgrade_sock`.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use super::upgrade::{self, Offer, Sockets, UpgradeSock};
+use super::StartError;
+use crate::config::MainConfig;
+use crate::server;
+
+/// The sockets of a starting process.
+pub struct Bound {
+    pub http: Vec<TcpListener>,
+    pub files: Option<(TcpListener, PathBuf)>,
+    pub upgrade_sock: Option<UpgradeSock>,
+    /// Duplicates of every listener, handed to a new process on a live upgrade.
+    pub offer: Offer,
+}
+
+/// Binds (or, with `upgrade`, receives from the running instance) every listener.
+pub fn open(main: &MainConfig, upgrade: bool) -> Result<Bound, StartError> {
+    let mut inherited = if upgrade {
+        let sockets = upgrade::receive(&main.upgrade_sock).map_err(StartError::Upgrade)?;
+        tracing::info!(
+            "live upgrade: received {:?} from the running instance",
+            sockets.names()
+        );
+        sockets
+    } else {
+        Sockets::default()
+    };
+    let mut http = inherited.take(upgrade::HTTP);
+    if http.is_empty() {
+        http = server::bind_reuseport(main.proxy_address_http, main.threads)
+            .map_err(|source| bind_error(main.proxy_address_http, source))?;
+    } else if http.len() != main.threads {
+        tracing::warn!(
+            "live upgrade: {} inherited listeners, threads is {}; running {} workers (one per listener)",
+            http.len(),
+            main.threads,
+            http.len()
+        );
+    }
+    let files = file_server(main, &mut inherited)?;
+    if !inherited.names().is_empty() {
+        tracing::warn!(
+            "live upgrade: unused inherited sockets {:?}",
+            inherited.names()
+        );
+    }
+    let upgrade_sock = match UpgradeSock::bind(&main.upgrade_sock) {
+        Ok(sock) => Some(sock),
+        Err(e) => {
+            tracing::warn!("{e}; live upgrade of this process will not be possible");
+            None
+        }
+    };
+    let offer = offer(&http, files.as_ref().map(|(l, _)| l))?;
+    Ok(Bound {
+        http,
+        files,
+        upgrade_sock,
+        offer,
+    })
+}
+
+fn bind_error(addr: SocketAddr, source: std::io::Error) -> StartError {
+    StartError::Bind { addr, source }
+}
+
+fn file_server(
+    main: &MainConfig,
+    inherited: &mut Sockets,
+) -> Result<Option<(TcpListener, PathBuf)>, StartError> {
+    let (Some(folder), Some(addr)) = (&main.file_server_folder, main.file_server_address) else {
+        return Ok(None);
+    };
+    let listener = match inherited.take(upgrade::FILES).pop() {
+        Some(listener) => listener,
+        None => {
+            let listener = TcpListener::bind(addr).map_err(|source| bind_error(addr, source))?;
+            listener
+                .set_nonblocking(true)
+                .map_err(|source| bind_error(addr, source))?;
+            listener
+        }
+    };
+    if let Ok(local) = listener.local_addr() {
+        tracing::info!(
+            "file server: serving {} on http://{local}",
+            folder.display()
+        );
+    }
+    Ok(Some((listener, folder.clone())))
+}
+
+fn offer(http: &[TcpListener], files: Option<&TcpListener>) -> Result<Offer, StartError> {
+    let mut sockets = Sockets::default();
+    let dup_error = |source| StartError::Runtime {
+        what: "the upgrade hand-over (dup)",
+        source,
+    };
+    for listener in http {
+        sockets.add(upgrade::HTTP, listener).map_err(dup_error)?;
+    }
+    if let Some(listener) = files {
+        sockets.add(upgrade::FILES, listener).map_err(dup_error)?;
+    }
+    Ok(Arc::new(Mutex::new(Some(sockets))))
+}

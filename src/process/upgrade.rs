@@ -1,0 +1,259 @@
+//! Live binary upgrade over `upgrade_sock` (SPEC §12).
+//!
+//! A running process listens on the unix socket `upgrade_sock` (mode 0600). A new process started
+//! with `-u` connects; the old one answers with one message carrying duplicates of all its
+//! listening sockets (SCM_RIGHTS) and their names (`http`, `files`). Both processes now accept on
+//! the very same sockets, so no connection is refused; the new one takes over `upgrade_sock` for
+//! the next upgrade. SIGQUIT then tells the old one to stop accepting, drain and exit: its
+//! descriptors close, but the sockets stay open in the new process.
+
+use std::io::{IoSlice, IoSliceMut, Read};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+
+/// Name of the proxy's plain HTTP listeners in the hand-over.
+pub const HTTP: &str = "http";
+/// Name of the file server's listener in the hand-over.
+pub const FILES: &str = "files";
+
+const MAGIC: &str = "aralez-upgrade/1";
+/// At most this many sockets are handed over (the kernel's SCM_MAX_FD is 253).
+const MAX_FDS: usize = 250;
+
+/// Why the hand-over failed.
+#[derive(Debug, thiserror::Error)]
+pub enum UpgradeError {
+    #[error("cannot reach the running instance on {path}: {source} (is it running with this upgrade_sock?)")]
+    Connect {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("receiving the sockets failed: {0}")]
+    Receive(String),
+    #[error("cannot listen on upgrade_sock {path}: {source}")]
+    Bind {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// Listening sockets with their names, in the order they were handed over.
+#[derive(Debug, Default)]
+pub struct Sockets(Vec<(String, OwnedFd)>);
+
+impl Sockets {
+    /// Adds a duplicate of `listener` under `name`.
+    pub fn add(&mut self, name: &str, listener: &std::net::TcpListener) -> std::io::Result<()> {
+        let dup = listener.try_clone()?;
+        self.0.push((name.to_string(), OwnedFd::from(dup)));
+        Ok(())
+    }
+
+    /// Takes every socket named `name`.
+    pub fn take(&mut self, name: &str) -> Vec<std::net::TcpListener> {
+        let (taken, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.0)
+            .into_iter()
+            .partition(|(n, _)| n == name);
+        self.0 = rest;
+        taken
+            .into_iter()
+            .map(|(_, fd)| std::net::TcpListener::from(fd))
+            .collect()
+    }
+
+    /// Names of the sockets not taken.
+    pub fn names(&self) -> Vec<&str> {
+        self.0.iter().map(|(n, _)| n.as_str()).collect()
+    }
+}
+
+/// The sockets a running process offers, until it stops (then they are dropped at once, so a
+/// stopped process no longer keeps its ports open).
+pub type Offer = Arc<Mutex<Option<Sockets>>>;
+
+/// Connects to the running instance and receives its listening sockets.
+pub fn receive(path: &Path) -> Result<Sockets, UpgradeError> {
+    let mut stream = UnixStream::connect(path).map_err(|source| UpgradeError::Connect {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let bad = |what: String| UpgradeError::Receive(what);
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| bad(e.to_string()))?;
+    let mut buf = vec![0u8; 8192];
+    let (len, fds) = receive_message(&stream, &mut buf).map_err(bad)?;
+    buf.truncate(len);
+    stream
+        .read_to_end(&mut buf)
+        .map_err(|e| bad(e.to_string()))?;
+    let text = String::from_utf8(buf).map_err(|_| bad("the message is not text".into()))?;
+    let mut lines = text.lines();
+    if lines.next() != Some(MAGIC) {
+        return Err(bad("the peer does not speak this upgrade protocol".into()));
+    }
+    let names: Vec<&str> = lines.collect();
+    if names.len() != fds.len() {
+        return Err(bad(format!(
+            "{} names for {} sockets",
+            names.len(),
+            fds.len()
+        )));
+    }
+    let pairs = names.into_iter().map(str::to_string).zip(fds).collect();
+    Ok(Sockets(pairs))
+}
+
+/// One `recvmsg`: the payload length and the descriptors that came with it.
+fn receive_message(stream: &UnixStream, buf: &mut [u8]) -> Result<(usize, Vec<OwnedFd>), String> {
+    let mut iov = [IoSliceMut::new(buf)];
+    let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
+    let msg = recvmsg::<()>(
+        stream.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .map_err(|e| e.to_string())?;
+    let mut raw = Vec::new();
+    for cmsg in msg.cmsgs().map_err(|e| e.to_string())? {
+        if let ControlMessageOwned::ScmRights(fds) = cmsg {
+            raw.extend(fds);
+        }
+    }
+    let fds = own_received(raw);
+    if msg.flags.contains(MsgFlags::MSG_CTRUNC) {
+        return Err("the descriptor list was truncated".into());
+    }
+    Ok((msg.bytes, fds))
+}
+
+#[allow(unsafe_code)]
+fn own_received(raw: Vec<RawFd>) -> Vec<OwnedFd> {
+    raw.into_iter()
+        // SAFETY: the kernel has just installed these descriptors in our table for this
+        // message (SCM_RIGHTS); nothing else in the process knows or owns them, so each is
+        // owned exactly once, here, and closed when its OwnedFd drops.
+        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+        .collect()
+}
+
+/// The listening end of `upgrade_sock`, removed on exit if it is still ours.
+pub struct UpgradeSock {
+    listener: UnixListener,
+    path: PathBuf,
+    inode: u64,
+}
+
+impl UpgradeSock {
+    /// Listens on `path` (replacing a stale socket file or the old process's one after an
+    /// upgrade), readable and writable by this user only.
+    pub fn bind(path: &Path) -> Result<UpgradeSock, UpgradeError> {
+        let fail = |source| UpgradeError::Bind {
+            path: path.display().to_string(),
+            source,
+        };
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
+            if !meta.file_type().is_socket() {
+                return Err(fail(std::io::Error::other(
+                    "the path exists and is not a socket",
+                )));
+            }
+            std::fs::remove_file(path).map_err(fail)?;
+        }
+        let listener = UnixListener::bind(path).map_err(fail)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(fail)?;
+        listener.set_nonblocking(true).map_err(fail)?;
+        let inode = std::fs::symlink_metadata(path).map_err(fail)?.ino();
+        Ok(UpgradeSock {
+            listener,
+            path: path.to_path_buf(),
+            inode,
+        })
+    }
+
+    /// Answers every connecting `aralez -u` with the offered sockets; spawn it on a runtime.
+    pub fn serve(&self, offer: Offer) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let listener = self.listener.try_clone();
+        async move {
+            let listener = match listener.and_then(tokio::net::UnixListener::from_std) {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::error!("upgrade socket: {e}; live upgrade unavailable");
+                    return;
+                }
+            };
+            loop {
+                let stream = match listener.accept().await {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        tracing::warn!("upgrade socket: accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                answer(&stream, &offer);
+            }
+        }
+    }
+
+    /// Removes the socket file unless another process has replaced it.
+    pub fn remove(self) {
+        let ours = std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.inode);
+        if ours {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+fn answer(stream: &tokio::net::UnixStream, offer: &Offer) {
+    if !peer_allowed(stream) {
+        tracing::warn!("upgrade socket: refused a peer of another user");
+        return;
+    }
+    match hand_over(stream, offer) {
+        Ok(n) => tracing::info!(
+            "live upgrade: handed {n} listening socket(s) to a new process; \
+             send SIGQUIT to this one (pid {}) to let it drain and exit",
+            std::process::id()
+        ),
+        Err(e) => tracing::error!("live upgrade: hand-over failed: {e}"),
+    }
+}
+
+/// Only root or our own user may take our sockets (the file mode already says so).
+fn peer_allowed(stream: &tokio::net::UnixStream) -> bool {
+    let me = nix::unistd::geteuid().as_raw();
+    stream
+        .peer_cred()
+        .is_ok_and(|cred| cred.uid() == 0 || cred.uid() == me)
+}
+
+fn hand_over(stream: &tokio::net::UnixStream, offer: &Offer) -> Result<usize, String> {
+    let guard = offer
+        .lock()
+        .map_err(|_| "state lock poisoned".to_string())?;
+    let Some(sockets) = guard.as_ref() else {
+        return Err("this process is stopping".into());
+    };
+    let mut payload = String::from(MAGIC);
+    for (name, _) in &sockets.0 {
+        payload.push('\n');
+        payload.push_str(name);
+    }
+    let raw: Vec<RawFd> = sockets.0.iter().map(|(_, fd)| fd.as_raw_fd()).collect();
+    let cmsg = [ControlMessage::ScmRights(&raw)];
+    let iov = [IoSlice::new(payload.as_bytes())];
+    let sent = sendmsg::<()>(stream.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None)
+        .map_err(|e| e.to_string())?;
+    if sent != payload.len() {
+        return Err(format!("sent {sent} of {} bytes", payload.len()));
+    }
+    Ok(raw.len())
+}

@@ -1,0 +1,432 @@
+//! Operations end to end (issue 6): graceful stop, live upgrade under load, daemon mode,
+//! privilege drop, access log and metrics. The real binary, real sockets on 127.0.0.1.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use support::*;
+use tokio::net::TcpStream;
+
+fn upstreams_for(backend: &Backend) -> String {
+    format!(
+        "upstreams:\n  x.test:\n    paths:\n      \"/\": {{ servers: {} }}\n",
+        servers(&[backend])
+    )
+}
+
+async fn refused(addr: SocketAddr) -> bool {
+    matches!(
+        TcpStream::connect(addr).await,
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_in_flight_requests_then_exits_zero() {
+    let backend = Backend::start("slow").await;
+    let mut proxy = ProxyProcess::start(&upstreams_for(&backend), "grace_period_seconds: 20");
+    let pid_file = proxy.path("aralez.pid");
+    assert_eq!(
+        std::fs::read_to_string(&pid_file).unwrap().trim(),
+        proxy.pid().to_string()
+    );
+    let addr = proxy.addr;
+    let mut inflight = Vec::new();
+    for _ in 0..20 {
+        inflight.push(tokio::spawn(async move {
+            let mut client = Client::connect(Proto::H1, addr).await;
+            let resp = client.get("x.test", "/slow/2000").await;
+            (resp.status(), body_bytes(resp).await)
+        }));
+    }
+    let requests = backend.requests.clone();
+    let all_sent = eventually(Duration::from_secs(10), || {
+        requests.load(Ordering::SeqCst) >= 20
+    });
+    assert!(all_sent.await, "the 20 requests did not reach the backend");
+    let signalled = Instant::now();
+    proxy.signal(Signal::SIGTERM);
+    let mut refused_seen = false;
+    while signalled.elapsed() < Duration::from_millis(1500) && !refused_seen {
+        refused_seen = refused(addr).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        refused_seen,
+        "new connections were still accepted after SIGTERM"
+    );
+    for task in inflight {
+        let (status, body) = task.await.unwrap();
+        assert_eq!(status, 200);
+        assert_eq!(&body[..], b"slow");
+    }
+    assert!(
+        signalled.elapsed() >= Duration::from_millis(1500),
+        "finished too early"
+    );
+    let status = tokio::task::block_in_place(|| proxy.wait_exit(Duration::from_secs(15)));
+    assert_eq!(
+        status.map(|s| s.code()),
+        Some(Some(0)),
+        "{}",
+        proxy.log_text()
+    );
+    assert!(!pid_file.exists(), "pid file left behind");
+    assert!(refused(addr).await);
+}
+
+/// Counts of a load run.
+#[derive(Default)]
+struct Load {
+    ok: AtomicUsize,
+    failed: AtomicUsize,
+    refused: AtomicUsize,
+    reconnects: AtomicUsize,
+}
+
+/// One keep-alive connection sending requests until `stop`; reconnects when the server closed it
+/// between requests. A request that got an error or a non-200 after being sent is a failure.
+async fn client_loop(addr: SocketAddr, stop: Arc<AtomicBool>, load: Arc<Load>) {
+    let mut conn: Option<hyper::client::conn::http1::SendRequest<ClientBody>> = None;
+    while !stop.load(Ordering::Relaxed) {
+        let reusable = match conn.take() {
+            Some(mut s) => s.ready().await.is_ok().then_some(s),
+            None => None,
+        };
+        let mut send = match reusable {
+            Some(s) => s,
+            None => match TcpStream::connect(addr).await {
+                Ok(stream) => {
+                    load.reconnects.fetch_add(1, Ordering::Relaxed);
+                    let io = hyper_util::rt::TokioIo::new(stream);
+                    let (send, task) = hyper::client::conn::http1::handshake(io).await.unwrap();
+                    tokio::spawn(task);
+                    send
+                }
+                Err(_) => {
+                    load.refused.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
+            },
+        };
+        let req = http::Request::get("/")
+            .header("host", "x.test")
+            .body(full(bytes::Bytes::new()))
+            .unwrap();
+        let outcome = match send.send_request(req).await {
+            Ok(resp) if resp.status() == 200 => {
+                use http_body_util::BodyExt;
+                resp.into_body().collect().await.is_ok()
+            }
+            _ => false,
+        };
+        let counter = if outcome { &load.ok } else { &load.failed };
+        counter.fetch_add(1, Ordering::Relaxed);
+        conn = Some(send);
+    }
+}
+
+async fn wait_until(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    eventually(limit, &mut check).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_upgrade_under_load_loses_nothing_three_times() {
+    let backend = Backend::start("b").await;
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("upgrade.sock");
+    let extra = format!(
+        "upgrade_sock: \"{}\"\ngrace_period_seconds: 20",
+        sock.display()
+    );
+    let mut old = ProxyProcess::start(&upstreams_for(&backend), &extra);
+    let conf = old.path("main.yaml");
+    let pid_file = old.path("aralez.pid");
+    let addr = old.addr;
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = Arc::new(Load::default());
+    let clients: Vec<_> = (0..30)
+        .map(|_| tokio::spawn(client_loop(addr, stop.clone(), load.clone())))
+        .collect();
+    let mut kept = Vec::new();
+    for round in 0..3 {
+        let before = load.ok.load(Ordering::Relaxed);
+        assert!(
+            wait_until(Duration::from_secs(10), || load.ok.load(Ordering::Relaxed)
+                > before + 200)
+            .await
+        );
+        let new = tokio::task::block_in_place(|| ProxyProcess::spawn_args(&conf, &["-u"]));
+        assert_eq!(
+            new.addr, addr,
+            "round {round}: the new process serves elsewhere"
+        );
+        let pid_now = || std::fs::read_to_string(&pid_file).unwrap_or_default();
+        assert_eq!(
+            pid_now().trim(),
+            new.pid().to_string(),
+            "round {round}: pid file"
+        );
+        old.signal(Signal::SIGQUIT);
+        let status = tokio::task::block_in_place(|| old.wait_exit(Duration::from_secs(15)));
+        assert_eq!(
+            status.map(|s| s.code()),
+            Some(Some(0)),
+            "round {round}: {}",
+            old.log_text()
+        );
+        let after = load.ok.load(Ordering::Relaxed);
+        assert!(
+            wait_until(Duration::from_secs(10), || load.ok.load(Ordering::Relaxed)
+                > after + 200)
+            .await,
+            "round {round}: no traffic after the old process left"
+        );
+        assert!(std::path::Path::new(&format!("/proc/{}", new.pid())).exists());
+        kept.push(std::mem::replace(&mut old, new));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.await.unwrap();
+    }
+    let (ok, failed, refused) = (
+        load.ok.load(Ordering::Relaxed),
+        load.failed.load(Ordering::Relaxed),
+        load.refused.load(Ordering::Relaxed),
+    );
+    println!(
+        "upgrade load: {ok} ok, {failed} failed, {refused} refused, {} connections",
+        load.reconnects.load(Ordering::Relaxed)
+    );
+    assert_eq!(
+        (failed, refused),
+        (0, 0),
+        "log of the last process:\n{}",
+        old.log_text()
+    );
+    assert!(
+        load.reconnects.load(Ordering::Relaxed) >= 30 * 4,
+        "connections were not handed over"
+    );
+    assert!(old.log_text().contains("live upgrade: received"));
+}
+
+#[test]
+fn daemon_returns_at_once_and_cleans_its_pid_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("aralez.log");
+    let pid_file = dir.path().join("aralez.pid");
+    std::fs::write(
+        dir.path().join("upstreams.yaml"),
+        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": { servers: [\"127.0.0.1:9\"] }\n",
+    )
+    .unwrap();
+    let main = format!(
+        "threads: 1\nproxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: \"upstreams.yaml\"\npid_file: \"{}\"\nlog_file: \"{}\"\nupgrade_sock: \"{}\"\n",
+        pid_file.display(),
+        log.display(),
+        dir.path().join("s.sock").display()
+    );
+    std::fs::write(dir.path().join("main.yaml"), main).unwrap();
+    let started = Instant::now();
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_aralez"))
+        .args(["-d", "-c"])
+        .arg(dir.path().join("main.yaml"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "-d did not return at once"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut pid = None;
+    while pid.is_none() && Instant::now() < deadline {
+        pid = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|t| t.trim().parse::<i32>().ok());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = pid.expect("no pid file from the daemon");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let ppid_line = status.lines().find(|l| l.starts_with("PPid:")).unwrap();
+    assert_ne!(
+        ppid_line.split_whitespace().nth(1),
+        Some(std::process::id().to_string().as_str())
+    );
+    let sid = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let session: i32 = sid
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(3)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(session, pid, "the daemon did not start its own session");
+    let text_has = |s: &str| {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains(s)
+    };
+    while !text_has("listening on") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(text_has("listening on"), "the daemon's log went elsewhere");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGTERM).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pid_file.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!pid_file.exists(), "SIGTERM left the pid file");
+    assert!(text_has("stopped"));
+}
+
+#[test]
+fn pid_file_write_replaces_a_symlink_instead_of_following_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, "keep me").unwrap();
+    let link = dir.path().join("aralez.pid");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    let written = aralez::process::pidfile::PidFile::write(&link).unwrap();
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
+    assert!(!std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(
+        aralez::process::pidfile::read_pid(&link),
+        Some(std::process::id())
+    );
+    written.remove();
+    assert!(!link.exists());
+}
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// A system user made for the test and removed afterwards.
+struct TempUser(String);
+
+impl TempUser {
+    fn create() -> TempUser {
+        let name = format!("aralezt{}", std::process::id() % 100_000);
+        let status = std::process::Command::new("useradd")
+            .args([
+                "--system",
+                "--user-group",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+            ])
+            .arg(&name)
+            .status()
+            .expect("useradd");
+        assert!(status.success(), "useradd failed");
+        TempUser(name)
+    }
+}
+
+impl Drop for TempUser {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("userdel").arg(&self.0).status();
+    }
+}
+
+fn status_ids(pid: u32, key: &str) -> Vec<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with(key)).unwrap();
+    line.split_whitespace()
+        .skip(1)
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drops_to_runuser_after_binding_a_low_port() {
+    if !is_root() {
+        println!("SKIPPED drops_to_runuser_after_binding_a_low_port: needs root (useradd, a port below 1024)");
+        return;
+    }
+    let user = TempUser::create();
+    let uid = nix::unistd::User::from_name(&user.0)
+        .unwrap()
+        .unwrap()
+        .uid
+        .as_raw();
+    let gid = nix::unistd::Group::from_name(&user.0)
+        .unwrap()
+        .unwrap()
+        .gid
+        .as_raw();
+    let backend = Backend::start("low").await;
+    let port = (600..1000)
+        .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        .expect("a free low port");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("upstreams.yaml"), upstreams_for(&backend)).unwrap();
+    let main = format!(
+        "threads: 2\nproxy_address_http: \"127.0.0.1:{port}\"\nupstreams_conf: \"upstreams.yaml\"\npid_file: \"{1}/p.pid\"\nupgrade_sock: \"{1}/u.sock\"\nrunuser: \"{0}\"\nrungroup: \"{0}\"\n",
+        user.0,
+        dir.path().display()
+    );
+    std::fs::write(dir.path().join("main.yaml"), main).unwrap();
+    let proxy = ProxyProcess::spawn_args(&dir.path().join("main.yaml"), &[]);
+    assert_eq!(proxy.addr.port(), port);
+    let uids = status_ids(proxy.pid(), "Uid:");
+    let gids = status_ids(proxy.pid(), "Gid:");
+    assert_eq!(
+        uids,
+        vec![uid.to_string(); 4],
+        "real, effective, saved, fs uid"
+    );
+    assert_eq!(
+        gids,
+        vec![gid.to_string(); 4],
+        "real, effective, saved, fs gid"
+    );
+    assert!(
+        status_ids(proxy.pid(), "Groups:").is_empty(),
+        "supplementary groups kept"
+    );
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    let resp = client.get("x.test", "/").await;
+    assert_eq!(resp.status(), 200, "{}", proxy.log_text());
+}
+
+#[test]
+fn refuses_to_start_when_the_user_does_not_exist() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("upstreams.yaml"),
+        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": { servers: [\"127.0.0.1:9\"] }\n",
+    )
+    .unwrap();
+    let main = format!(
+        "threads: 1\nproxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: \"upstreams.yaml\"\npid_file: \"{0}/p.pid\"\nupgrade_sock: \"{0}/s.sock\"\nrunuser: \"no-such-user-aralez\"\n",
+        dir.path().display()
+    );
+    std::fs::write(dir.path().join("main.yaml"), main).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_aralez"))
+        .arg("-c")
+        .arg(dir.path().join("main.yaml"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no-such-user-aralez"), "{stderr}");
+}

@@ -1,0 +1,285 @@
+//! Access log and metrics end to end (issue 6): every request logged once with its fields, a
+//! blocked log writer never slows requests (lines are dropped and counted), and the metrics count
+//! exactly the requests sent. Metrics are read from the admin API's `GET /metrics`.
+
+mod support;
+
+use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
+use std::time::{Duration, Instant};
+
+use support::*;
+
+const ADMIN: &str = "config_address: \"127.0.0.1:0\"\nmaster_key: \"k\"";
+
+fn upstreams_for(backend: &Backend) -> String {
+    format!(
+        "upstreams:\n  x.test:\n    paths:\n      \"/\": {{ servers: {} }}\n",
+        servers(&[backend])
+    )
+}
+
+fn access_lines(log: &str) -> Vec<&str> {
+    log.lines().filter(|l| l.starts_with("access ")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_log_has_one_line_per_request_with_every_field() {
+    let backend = Backend::start("alpha").await;
+    let proxy = ProxyProcess::start(&upstreams_for(&backend), "access_log: all");
+    for proto in PROTOCOLS {
+        let mut client = Client::connect(proto, proxy.addr).await;
+        for i in 0..25 {
+            let resp = client.get("x.test", &format!("/item?n={proto:?}{i}")).await;
+            assert_eq!(resp.status(), 200);
+            body_bytes(resp).await;
+        }
+        let resp = client.get("nowhere.test", "/missing").await;
+        assert_eq!(resp.status(), 404);
+    }
+    let want = 52;
+    let complete = eventually(Duration::from_secs(5), || {
+        access_lines(&proxy.log_text()).len() >= want
+    });
+    assert!(complete.await, "{}", proxy.log_text());
+    let log = proxy.log_text();
+    let lines = access_lines(&log);
+    assert_eq!(lines.len(), want, "{log}");
+    for proto in PROTOCOLS {
+        let version = if proto == Proto::H1 {
+            "HTTP/1.1"
+        } else {
+            "HTTP/2.0"
+        };
+        for i in 0..25 {
+            let target = format!("target=\"/item?n={proto:?}{i}\"");
+            let found: Vec<&&str> = lines.iter().filter(|l| l.contains(&target)).collect();
+            assert_eq!(found.len(), 1, "{target} logged {} times", found.len());
+            let line = found[0];
+            for field in [
+                "client=127.0.0.1 ",
+                "method=GET ",
+                "status=200 ",
+                "bytes=5 ",
+                &format!("version={version} "),
+                &format!("backend={}", backend.addr),
+            ] {
+                assert!(line.contains(field), "`{field}` missing in {line}");
+            }
+            assert!(
+                line.contains("host=\"x.test") || line.contains("host=-"),
+                "{line}"
+            );
+            assert!(line.starts_with("access time=20") && line.contains("duration_ms="));
+        }
+    }
+    let misses: Vec<&&str> = lines.iter().filter(|l| l.contains("/missing")).collect();
+    assert_eq!(misses.len(), 2);
+    assert!(misses
+        .iter()
+        .all(|l| l.contains("status=404") && l.ends_with("backend=-")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_log_error_mode_logs_only_failures() {
+    let backend = Backend::start("alpha").await;
+    let proxy = ProxyProcess::start(&upstreams_for(&backend), "access_log: error");
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    for _ in 0..10 {
+        body_bytes(client.get("x.test", "/fine").await).await;
+    }
+    let resp = client.get("nowhere.test", "/broken").await;
+    assert_eq!(resp.status(), 404);
+    let logged = eventually(Duration::from_secs(5), || {
+        proxy.log_text().contains("/broken")
+    });
+    assert!(logged.await);
+    // The writer keeps order: once /broken is there, any /fine line would be too.
+    assert_eq!(
+        access_lines(&proxy.log_text()).len(),
+        1,
+        "{}",
+        proxy.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_exactly_the_requests_sent() {
+    let backend = Backend::start("alpha").await;
+    let proxy = ProxyProcess::start(&upstreams_for(&backend), ADMIN);
+    let admin = proxy.logged_addr("admin API on http://");
+    let n = 37;
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    for _ in 0..n {
+        let resp = client.get("x.test", "/").await;
+        assert_eq!(resp.status(), 200);
+        body_bytes(resp).await;
+    }
+    let mut h2 = Client::connect(Proto::H2c, proxy.addr).await;
+    let resp = h2.get("nowhere.test", "/").await;
+    assert_eq!(resp.status(), 404);
+    let n = n as f64;
+    assert_eq!(metric(admin, "aralez_requests_total").await, Some(n + 1.0));
+    assert_eq!(
+        metric(admin, "aralez_responses_total{status=\"200\"}").await,
+        Some(n)
+    );
+    assert_eq!(
+        metric(admin, "aralez_responses_total{status=\"404\"}").await,
+        Some(1.0)
+    );
+    let by_method = "aralez_requests_by_method_total{method=\"GET\"}";
+    assert_eq!(metric(admin, by_method).await, Some(n + 1.0));
+    let upstream = format!(
+        "aralez_requests_by_upstream{{upstream=\"{}\"}}",
+        backend.addr
+    );
+    assert_eq!(metric(admin, &upstream).await, Some(n));
+    let h2_count = "aralez_requests_by_version_total{version=\"HTTP/2\"}";
+    assert_eq!(metric(admin, h2_count).await, Some(1.0));
+    let count = "aralez_response_latency_seconds_count";
+    assert_eq!(metric(admin, count).await, Some(n + 1.0));
+    let up = format!(
+        "aralez_backend_up{{upstream=\"x.test\",path=\"/\",backend=\"{}\"}}",
+        backend.addr
+    );
+    assert_eq!(metric(admin, &up).await, Some(1.0));
+    assert_eq!(metric(admin, "aralez_active_sessions").await, Some(2.0));
+    assert!(metric(admin, "aralez_memory_bytes").await.unwrap_or(0.0) > 1e6);
+}
+
+/// The log goes to a FIFO the test stops reading: the pipe fills, the writer blocks, and the
+/// requests must still complete; every request is then either a line or a counted drop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocked_access_log_drops_and_counts_but_never_delays_requests() {
+    let backend = Backend::start("alpha").await;
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("log.fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let mut reader = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(&fifo)
+        .unwrap();
+    let extra = format!("access_log: all\nlog_file: \"{}\"\n{ADMIN}", fifo.display());
+    let proxy = spawn_logging_to_fifo(&backend, &extra, &mut reader);
+    let (addr, admin) = (proxy.0, proxy.1);
+
+    let total = 1200;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        tasks.push(tokio::spawn(async move {
+            let mut client = Client::connect(Proto::H1, addr).await;
+            for _ in 0..total / 8 {
+                let resp = client.get("x.test", "/").await;
+                assert_eq!(resp.status(), 200);
+                body_bytes(resp).await;
+            }
+        }));
+    }
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(60), t)
+            .await
+            .expect("requests waited on the log")
+            .unwrap();
+    }
+    println!(
+        "{total} requests with a blocked log writer in {:?}",
+        started.elapsed()
+    );
+    // Now read the FIFO again: what was queued gets written; the rest was dropped and counted.
+    let drain = std::thread::spawn(move || drain_fifo(reader, Duration::from_secs(5)));
+    let text = tokio::task::block_in_place(|| drain.join().unwrap());
+    let lines = access_lines(&text).len();
+    // A line is submitted when hyper drops the response body, a moment after the client has it.
+    let mut dropped = 0;
+    for _ in 0..100 {
+        dropped = metric(admin, "aralez_logging_errors").await.unwrap_or(0.0) as usize;
+        if lines + dropped >= total {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("{lines} lines written, {dropped} dropped");
+    assert!(dropped > 0, "the writer never fell behind");
+    assert_eq!(
+        lines + dropped,
+        total,
+        "every request is a line or a counted drop"
+    );
+    drop(proxy.2);
+}
+
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts the proxy logging to the FIFO, reads until both addresses appear, then stops reading.
+fn spawn_logging_to_fifo(
+    backend: &Backend,
+    extra: &str,
+    reader: &mut std::fs::File,
+) -> (
+    std::net::SocketAddr,
+    std::net::SocketAddr,
+    Child,
+    tempfile::TempDir,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("upstreams.yaml"), upstreams_for(backend)).unwrap();
+    let main = format!(
+        "threads: 2\nproxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: \"upstreams.yaml\"\npid_file: \"{0}/p.pid\"\nupgrade_sock: \"{0}/u.sock\"\n{extra}\n",
+        dir.path().display()
+    );
+    std::fs::write(dir.path().join("main.yaml"), main).unwrap();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_aralez"))
+        .arg("-c")
+        .arg(dir.path().join("main.yaml"))
+        .env("ARALEZ_ACCESS_LOG_QUEUE", "16")
+        .spawn()
+        .unwrap();
+    let child = Child(child);
+    let mut text = String::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut buf = [0u8; 4096];
+    loop {
+        let proxy = text
+            .lines()
+            .find_map(|l| address_after(l, "listening on http://"));
+        let admin = text
+            .lines()
+            .find_map(|l| address_after(l, "admin API on http://"));
+        if let (Some(p), Some(a)) = (proxy, admin) {
+            return (p, a, child, dir);
+        }
+        assert!(Instant::now() < deadline, "proxy did not start:\n{text}");
+        match reader.read(&mut buf) {
+            Ok(n) if n > 0 => text.push_str(&String::from_utf8_lossy(&buf[..n])),
+            _ => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+/// Reads the FIFO until it has been quiet for 500 ms (or `limit` passes).
+fn drain_fifo(mut reader: std::fs::File, limit: Duration) -> String {
+    let mut text = String::new();
+    let start = Instant::now();
+    let mut quiet_since = Instant::now();
+    let mut buf = [0u8; 65536];
+    while start.elapsed() < limit && quiet_since.elapsed() < Duration::from_millis(500) {
+        match reader.read(&mut buf) {
+            Ok(n) if n > 0 => {
+                text.push_str(&String::from_utf8_lossy(&buf[..n]));
+                quiet_since = Instant::now();
+            }
+            _ => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+    text
+}
