@@ -12,6 +12,7 @@ pub mod check;
 pub mod config;
 pub mod discovery;
 pub mod fileserver;
+pub mod layers;
 pub mod metrics;
 pub mod process;
 pub mod proxy;
