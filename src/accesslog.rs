@@ -115,7 +115,11 @@ pub fn begin(
         method: method.clone(),
         target: target.clone(),
         version,
-        host: host.cloned(),
+        host: host.cloned().or_else(|| {
+            target
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        }),
         status: None,
         bytes: 0,
         duration: Duration::ZERO,
@@ -194,7 +198,9 @@ pub fn format_line(out: &mut String, e: &Entry) {
     let _ = write!(out, " client={} method=", e.client);
     push_escaped(out, e.method.as_str().as_bytes());
     out.push_str(" target=\"");
-    push_escaped(out, e.target.to_string().as_bytes());
+    // Origin form for every version: HTTP/2's absolute URI loses its authority (that is `host`).
+    let target = e.target.path_and_query().map_or("/", |p| p.as_str());
+    push_escaped(out, target.as_bytes());
     out.push_str("\" host=");
     match &e.host {
         Some(h) => {

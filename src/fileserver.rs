@@ -1,11 +1,15 @@
 //! The built-in static file server (SPEC §10): GET/HEAD, content types, ranges, conditional
 //! requests and `index.html` through tower-http's `ServeDir`; no listings, no dotfiles, no escape
 //! from the folder. It runs on the control-plane runtime, off the proxy's workers.
+//!
+//! `ServeDir` speaks `Last-Modified`/`If-Modified-Since` only; this module adds a weak `ETag`
+//! (size and modification time, as nginx does) and answers `If-None-Match` with 304.
 
 use std::convert::Infallible;
 use std::path::PathBuf;
 
 use bytes::Bytes;
+use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -52,10 +56,70 @@ async fn answer(dir: ServeDir, req: Request<Incoming>) -> Response<FileBody> {
     if path.split('/').any(|segment| segment.starts_with('.')) {
         return plain(StatusCode::NOT_FOUND, "404 Not Found\n");
     }
-    match dir.oneshot(req).await {
+    let mut req = req;
+    let if_none_match = req.headers_mut().remove(header::IF_NONE_MATCH);
+    if if_none_match.is_some() {
+        // RFC 9110 §13.1.3: with If-None-Match, If-Modified-Since is ignored.
+        req.headers_mut().remove(header::IF_MODIFIED_SINCE);
+    }
+    let mut resp = match dir.oneshot(req).await {
         Ok(resp) => resp.map(|b| b.map_err(std::io::Error::other).boxed_unsync()),
         Err(never) => match never {},
+    };
+    let Some(etag) = entity_tag(&resp) else {
+        return resp;
+    };
+    if if_none_match.is_some_and(|v| etag_matches(&v, &etag)) {
+        let mut not_modified = plain(StatusCode::NOT_MODIFIED, "");
+        for name in [header::LAST_MODIFIED, header::CACHE_CONTROL] {
+            if let Some(v) = resp.headers().get(&name) {
+                not_modified.headers_mut().insert(name, v.clone());
+            }
+        }
+        not_modified.headers_mut().insert(header::ETAG, etag);
+        return not_modified;
     }
+    resp.headers_mut().insert(header::ETAG, etag);
+    resp
+}
+
+/// `W/"<size>-<last-modified>"` for a successful file response (206 uses the full size).
+fn entity_tag<B>(resp: &Response<B>) -> Option<HeaderValue> {
+    if !matches!(resp.status(), StatusCode::OK | StatusCode::PARTIAL_CONTENT) {
+        return None;
+    }
+    let headers = resp.headers();
+    let modified = headers.get(header::LAST_MODIFIED)?.to_str().ok()?;
+    let modified = fold_date(modified);
+    let size = match headers.get(header::CONTENT_RANGE) {
+        Some(range) => range.to_str().ok()?.rsplit('/').next()?.to_string(),
+        None => headers
+            .get(header::CONTENT_LENGTH)?
+            .to_str()
+            .ok()?
+            .to_string(),
+    };
+    HeaderValue::from_str(&format!("W/\"{size}-{modified:x}\"")).ok()
+}
+
+/// A stable number for an HTTP date (FNV-1a of its text; only equality matters in a tag).
+fn fold_date(date: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in date.bytes() {
+        hash = (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    hash
+}
+
+/// Weak comparison (RFC 9110 §8.8.3.2) against a comma-separated list, or `*`.
+fn etag_matches(list: &HeaderValue, etag: &HeaderValue) -> bool {
+    let Ok(list) = list.to_str() else {
+        return false;
+    };
+    let ours = etag.to_str().unwrap_or("").trim_start_matches("W/");
+    list.split(',')
+        .map(str::trim)
+        .any(|tag| tag == "*" || tag.trim_start_matches("W/") == ours)
 }
 
 fn plain(status: StatusCode, text: &'static str) -> Response<FileBody> {

@@ -1,0 +1,150 @@
+//! The built-in file server (SPEC §10) through the real binary: ranges, conditional requests,
+//! index.html, no listings, no dotfiles, no escape from the folder.
+
+mod support;
+
+use std::net::SocketAddr;
+
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const CONTENT: &str = "0123456789abcdefghijklmnopqrstuvwxyz";
+
+/// A proxy whose file server serves a folder with a file, an index, dotfiles and a subfolder.
+fn start() -> (ProxyProcess, SocketAddr) {
+    let proxy = ProxyProcess::start(
+        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": { servers: [\"127.0.0.1:9\"] }\n",
+        "file_server_folder: \"www\"\nfile_server_address: \"127.0.0.1:0\"",
+    );
+    let www = proxy.path("www");
+    // The folder is created after start: ServeDir reads the disk per request.
+    std::fs::create_dir_all(www.join("sub")).unwrap();
+    std::fs::create_dir_all(www.join(".git")).unwrap();
+    std::fs::create_dir_all(www.join("empty")).unwrap();
+    std::fs::write(www.join("a.txt"), CONTENT).unwrap();
+    std::fs::write(www.join("index.html"), "<h1>home</h1>").unwrap();
+    std::fs::write(www.join("sub/index.html"), "<h1>sub</h1>").unwrap();
+    std::fs::write(www.join(".env"), "SECRET=1").unwrap();
+    std::fs::write(www.join(".git/config"), "[core]").unwrap();
+    std::fs::write(proxy.path("outside.txt"), "outside").unwrap();
+    let log = proxy.log_text();
+    let addr = log
+        .lines()
+        .filter(|l| l.contains("file server: serving"))
+        .find_map(|l| address_after(l, " on http://"))
+        .expect("file server address in the log");
+    (proxy, addr)
+}
+
+/// Sends `target` byte for byte (no client-side normalisation) and returns the status line.
+async fn raw_status(addr: SocketAddr, target: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET {target} HTTP/1.1\r\nHost: files\r\nConnection: close\r\n\r\n");
+    stream.write_all(req.as_bytes()).await.unwrap();
+    let mut resp = Vec::new();
+    stream.read_to_end(&mut resp).await.unwrap();
+    let text = String::from_utf8_lossy(&resp).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, text)
+}
+
+#[tokio::test]
+async fn serves_files_index_and_ranges() {
+    let (_proxy, addr) = start();
+    let (status, headers, body) = http_get(addr, "/a.txt", &[]).await;
+    assert_eq!(status, 200);
+    assert_eq!(&body[..], CONTENT.as_bytes());
+    assert_eq!(headers["content-type"], "text/plain");
+    assert!(headers.contains_key("etag") && headers.contains_key("last-modified"));
+
+    let (status, headers, body) = http_get(addr, "/a.txt", &[("range", "bytes=10-19")]).await;
+    assert_eq!(status, 206);
+    assert_eq!(&body[..], b"abcdefghij");
+    assert_eq!(headers["content-range"], "bytes 10-19/36");
+    let (status, _, body) = http_get(addr, "/a.txt", &[("range", "bytes=-3")]).await;
+    assert_eq!((status.as_u16(), &body[..]), (206, &b"xyz"[..]));
+    let (status, _, _) = http_get(addr, "/a.txt", &[("range", "bytes=99-")]).await;
+    assert_eq!(status, 416);
+
+    let (status, _, body) = http_get(addr, "/", &[]).await;
+    assert_eq!((status.as_u16(), &body[..]), (200, &b"<h1>home</h1>"[..]));
+    let (status, _, body) = http_get(addr, "/sub/", &[]).await;
+    assert_eq!((status.as_u16(), &body[..]), (200, &b"<h1>sub</h1>"[..]));
+    let (status, _, _) = http_get(addr, "/empty/", &[]).await;
+    assert_eq!(status, 404, "a folder without index.html is never listed");
+}
+
+#[tokio::test]
+async fn conditional_requests_answer_304() {
+    let (_proxy, addr) = start();
+    let (_, headers, _) = http_get(addr, "/a.txt", &[]).await;
+    let etag = headers["etag"].to_str().unwrap().to_string();
+    let modified = headers["last-modified"].to_str().unwrap().to_string();
+    assert!(etag.starts_with("W/\""), "{etag}");
+
+    let (status, headers, body) = http_get(addr, "/a.txt", &[("if-none-match", &etag)]).await;
+    assert_eq!(status, 304);
+    assert!(body.is_empty());
+    assert_eq!(headers["etag"], etag.as_str());
+    let list = format!("\"other\", {etag}");
+    let (status, _, _) = http_get(addr, "/a.txt", &[("if-none-match", &list)]).await;
+    assert_eq!(status, 304);
+    let (status, _, body) = http_get(addr, "/a.txt", &[("if-none-match", "\"stale\"")]).await;
+    assert_eq!(status, 200);
+    assert_eq!(&body[..], CONTENT.as_bytes());
+    // If-None-Match wins over If-Modified-Since (RFC 9110 §13.1.3).
+    let both = [
+        ("if-none-match", "\"stale\""),
+        ("if-modified-since", modified.as_str()),
+    ];
+    let (status, _, _) = http_get(addr, "/a.txt", &both).await;
+    assert_eq!(status, 200);
+    let (status, _, _) = http_get(addr, "/a.txt", &[("if-modified-since", &modified)]).await;
+    assert_eq!(status, 304);
+
+    std::fs::write(_proxy.path("www/a.txt"), "changed, and longer than before").unwrap();
+    let (status, headers, _) = http_get(addr, "/a.txt", &[("if-none-match", &etag)]).await;
+    assert_eq!(status, 200, "a changed file must not match the old tag");
+    assert_ne!(headers["etag"], etag.as_str());
+}
+
+#[tokio::test]
+async fn never_escapes_the_folder_or_shows_dotfiles() {
+    let (_proxy, addr) = start();
+    for target in [
+        "/../outside.txt",
+        "/../../../../etc/passwd",
+        "/%2e%2e/outside.txt",
+        "/%2E%2E/%2e%2e/etc/passwd",
+        "/sub/..%2f..%2foutside.txt",
+        "/..%5c..%5coutside.txt",
+        "/%252e%252e/outside.txt",
+    ] {
+        let (status, text) = raw_status(addr, target).await;
+        assert!(
+            [400, 404].contains(&status),
+            "{target} answered {status}:\n{text}"
+        );
+        assert!(
+            !text.contains("outside") && !text.contains("root:"),
+            "{target} leaked"
+        );
+    }
+    for target in ["/.env", "/.git/config", "/%2eenv", "/sub/../.env", "/.git/"] {
+        let (status, text) = raw_status(addr, target).await;
+        assert_eq!(status, 404, "{target}:\n{text}");
+        assert!(
+            !text.contains("SECRET") && !text.contains("[core]"),
+            "{target} leaked"
+        );
+    }
+    let (status, _) = raw_status(addr, "/a.txt").await;
+    assert_eq!(
+        status, 200,
+        "the checks above must not pass by refusing everything"
+    );
+}
