@@ -1,0 +1,119 @@
+//! Black-box tests of active health checks (SPEC §6.1) through the real binary: failing backends
+//! leave rotation within two rounds and come back when fixed, a blackholed backend does not delay
+//! the other checks, `healthcheck: false` is never probed, a route with nothing up answers 503.
+
+mod policies_support;
+mod support;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use policies_support::StatusBackend;
+use support::{body_bytes, header, Client, Proto, ProxyProcess};
+
+/// hc_interval of 1 s; a response timeout short enough that a request sent to the blackholed
+/// backend before its first probe does not stall the test.
+const MAIN: &str = "hc_interval: 1\nupstream_response_timeout: 2";
+
+fn route(backends: &[&StatusBackend], extra: &str) -> String {
+    let list: Vec<String> = backends.iter().map(|b| format!("\"{}\"", b.addr)).collect();
+    format!(
+        "upstreams:\n  h.test:\n    paths:\n      /: {{servers: [{}]{extra}}}\n",
+        list.join(", ")
+    )
+}
+
+/// Which backends answered `n` requests, and every status seen.
+async fn answered_by(c: &mut Client, n: usize) -> (HashSet<String>, HashSet<u16>) {
+    let (mut names, mut statuses) = (HashSet::new(), HashSet::new());
+    for _ in 0..n {
+        let resp = c.get("h.test", "/").await;
+        statuses.insert(resp.status().as_u16());
+        names.insert(header(&resp, "x-backend"));
+        body_bytes(resp).await;
+    }
+    (names, statuses)
+}
+
+fn set(names: &[&str]) -> HashSet<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+#[tokio::test]
+async fn failing_backend_leaves_within_two_rounds_and_comes_back() {
+    let a = StatusBackend::start("a", 200).await;
+    let b = StatusBackend::start("b", 200).await;
+    let proxy = ProxyProcess::start(&route(&[&a, &b], ""), MAIN);
+    let mut c = Client::connect(Proto::H1, proxy.addr).await;
+    assert_eq!(answered_by(&mut c, 4).await.0, set(&["a", "b"]));
+
+    b.set_status(500);
+    tokio::time::sleep(Duration::from_millis(2300)).await;
+    let (names, statuses) = answered_by(&mut c, 10).await;
+    assert_eq!((names, statuses), (set(&["a"]), HashSet::from([200])));
+
+    b.set_status(204);
+    tokio::time::sleep(Duration::from_millis(2300)).await;
+    assert_eq!(answered_by(&mut c, 6).await.0, set(&["a", "b"]));
+    assert!(b.probes() >= 4, "b was probed {} times", b.probes());
+}
+
+#[tokio::test]
+async fn blackholed_backend_does_not_delay_the_others() {
+    let a = StatusBackend::start("a", 200).await;
+    let hole = StatusBackend::start("hole", 0).await;
+    let c3 = StatusBackend::start("c", 200).await;
+    let proxy = ProxyProcess::start(&route(&[&a, &hole, &c3], ""), MAIN);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut c = Client::connect(Proto::H1, proxy.addr).await;
+    assert_eq!(answered_by(&mut c, 6).await.0, set(&["a", "c"]));
+    assert_eq!(
+        hole.requests(),
+        0,
+        "the blackholed backend was out before any request"
+    );
+
+    // Rounds keep their pace although one probe per round never gets an answer...
+    let before = a.probes();
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let during = a.probes() - before;
+    assert!(
+        during >= 3,
+        "a was probed {during} times in 3.5 s with hc_interval 1"
+    );
+    // ...so a backend that starts failing still leaves within two rounds.
+    c3.set_status(503);
+    tokio::time::sleep(Duration::from_millis(2300)).await;
+    assert_eq!(
+        answered_by(&mut c, 6).await,
+        (set(&["a"]), HashSet::from([200]))
+    );
+}
+
+#[tokio::test]
+async fn healthcheck_false_is_never_probed() {
+    let a = StatusBackend::start("a", 500).await;
+    let proxy = ProxyProcess::start(&route(&[&a], ", healthcheck: false"), MAIN);
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    assert_eq!(a.probes(), 0);
+    let mut c = Client::connect(Proto::H1, proxy.addr).await;
+    let (names, statuses) = answered_by(&mut c, 3).await;
+    assert_eq!((names, statuses), (set(&["a"]), HashSet::from([500])));
+}
+
+#[tokio::test]
+async fn nothing_up_means_503_with_retry_after() {
+    let a = StatusBackend::start("a", 500).await;
+    let proxy = ProxyProcess::start(&route(&[&a], ""), MAIN);
+    tokio::time::sleep(Duration::from_millis(2300)).await;
+    let mut c = Client::connect(Proto::H1, proxy.addr).await;
+    let resp = c.get("h.test", "/").await;
+    assert_eq!(resp.status(), 503);
+    assert_eq!(header(&resp, "retry-after"), "2");
+    let before = a.requests();
+    body_bytes(resp).await;
+    a.set_status(200);
+    tokio::time::sleep(Duration::from_millis(2300)).await;
+    assert_eq!(c.get("h.test", "/").await.status(), 200);
+    assert_eq!(a.requests(), before + 1);
+}
