@@ -13,13 +13,14 @@ FROM rust:1-alpine AS build
 # musl-dev for the C parts (mimalloc), cmake/perl/clang for aws-lc-sys (rustls' crypto).
 RUN apk add --no-cache musl-dev cmake perl clang make g++ linux-headers ca-certificates
 WORKDIR /src
+ENV RUSTFLAGS="-C target-feature=+crt-static"
 # Dependencies first, so a source change does not rebuild them.
 COPY Cargo.toml Cargo.lock ./
 RUN mkdir src && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
     && cargo build --release --locked || true
 COPY src ./src
 RUN touch src/main.rs src/lib.rs \
-    && RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked \
+    && cargo build --release --locked \
     && cp target/release/aralez /aralez \
     && ! ldd /aralez 2>/dev/null | grep -q '=>'   # fail if anything is linked dynamically
 # Directories the runtime image needs (scratch has no shell to make them).
