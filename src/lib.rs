@@ -18,4 +18,5 @@ pub mod process;
 pub mod proxy;
 pub mod routing;
 pub mod server;
+pub mod tls;
 pub mod upstream;

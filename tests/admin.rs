@@ -270,3 +270,48 @@ async fn without_a_master_key_or_with_the_api_disabled_the_answer_is_403_and_why
         200
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_over_tls_checks_keys_the_same_way() {
+    let a = Backend::start("a").await;
+    let certs = tempfile::tempdir().unwrap();
+    let root = write_self_signed(certs.path(), "admin", &["admin.local"]);
+    let main = format!(
+        "{ADMIN}\nconfig_tls_address: \"127.0.0.1:0\"\nconfig_tls_certificate: \"{0}/admin.crt\"\nconfig_tls_key_file: \"{0}/admin.key\"",
+        certs.path().display()
+    );
+    let proxy = ProxyProcess::start(&routes(&[&a]), &main);
+    let addr = proxy.logged_addr("admin API on https://");
+    let config = tls_client_config(&[root], &[b"http/1.1"]);
+    let cases: [(&[(&str, &str)], u16); 3] = [
+        (&[], 403),
+        (&[("x-api-key", "wrong")], 403),
+        (&[("authorization", "Bearer s3cret")], 200),
+    ];
+    for (headers, want) in cases {
+        let mut client = Client::connect_tls(addr, "admin.local", config.clone()).await;
+        let resp = client
+            .send(
+                Method::GET,
+                Some("admin.local"),
+                "/status?live",
+                headers,
+                full(""),
+            )
+            .await;
+        assert_eq!(resp.status().as_u16(), want, "{headers:?}");
+        body_bytes(resp).await;
+    }
+    let mut client = Client::connect_tls(addr, "admin.local", config).await;
+    let resp = client
+        .send(
+            Method::POST,
+            Some("admin.local"),
+            "/conf",
+            &[("x-api-key", "s3cret")],
+            full("upstreams: [broken"),
+        )
+        .await;
+    assert_eq!(resp.status(), 400);
+    assert_eq!(served_by(&proxy).await, "a");
+}

@@ -48,10 +48,14 @@ fn text(status: StatusCode, body: impl Into<String>) -> Reply {
     reply(status, "text/plain; charset=utf-8", body)
 }
 
-/// Serves the API on `listener` until the runtime stops.
-pub async fn serve(listener: tokio::net::TcpListener, admin: Arc<Admin>) {
+/// Serves the API on `listener` until the runtime stops; with `tls`, over TLS.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    admin: Arc<Admin>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) {
     loop {
-        let (stream, _) = match listener.accept().await {
+        let (stream, peer) = match listener.accept().await {
             Ok(pair) => pair,
             Err(e) => {
                 tracing::warn!("admin API: accept failed: {e}");
@@ -60,16 +64,36 @@ pub async fn serve(listener: tokio::net::TcpListener, admin: Arc<Admin>) {
             }
         };
         let admin = admin.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let service = service_fn(move |req| {
-                let admin = admin.clone();
-                async move { Ok::<_, Infallible>(admin.answer(req).await) }
-            });
-            let _ = auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            match tls {
+                None => serve_connection(stream, admin).await,
+                Some(acceptor) => match tokio::time::timeout(
+                    std::time::Duration::from_secs(10),
+                    acceptor.accept(stream),
+                )
+                .await
+                {
+                    Ok(Ok(tls_stream)) => serve_connection(tls_stream, admin).await,
+                    Ok(Err(e)) => tracing::debug!(%peer, "admin API: TLS handshake failed: {e}"),
+                    Err(_) => tracing::debug!(%peer, "admin API: TLS handshake timed out"),
+                },
+            }
         });
     }
+}
+
+async fn serve_connection<IO>(io: IO, admin: Arc<Admin>)
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = service_fn(move |req| {
+        let admin = admin.clone();
+        async move { Ok::<_, Infallible>(admin.answer(req).await) }
+    });
+    let _ = auto::Builder::new(TokioExecutor::new())
+        .serve_connection(TokioIo::new(io), service)
+        .await;
 }
 
 impl Admin {
@@ -240,19 +264,26 @@ async fn read_body(req: Request<Incoming>) -> Result<Bytes, Reply> {
     }
 }
 
-/// Binds the admin address (when configured) and serves it on `runtime`.
+/// Why the admin API could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("config_tls_address needs config_tls_certificate and config_tls_key_file")]
+    MissingTlsFiles,
+    #[error("admin TLS: {0}")]
+    Tls(#[from] crate::tls::TlsError),
+}
+
+/// Binds the admin addresses (plain and TLS, when configured) and serves them on `runtime`.
 pub fn start(
     runtime: &tokio::runtime::Runtime,
     main: &crate::config::MainConfig,
     reloader: Arc<Reloader>,
-) -> std::io::Result<()> {
-    let Some(addr) = main.config_address else {
-        return Ok(());
-    };
-    let listener = runtime.block_on(tokio::net::TcpListener::bind(addr))?;
-    if let Ok(local) = listener.local_addr() {
-        tracing::info!("admin API on http://{local}");
-    }
+) -> Result<(), AdminError> {
     let master_key = std::env::var("JWT_KEY")
         .ok()
         .filter(|k| !k.is_empty())
@@ -262,6 +293,29 @@ pub fn start(
         master_key,
         config_api_enabled: main.config_api_enabled,
     });
-    runtime.spawn(serve(listener, admin));
+    let bind = |addr: std::net::SocketAddr| {
+        runtime
+            .block_on(tokio::net::TcpListener::bind(addr))
+            .map_err(|source| AdminError::Bind { addr, source })
+    };
+    if let Some(addr) = main.config_address {
+        let listener = bind(addr)?;
+        if let Ok(local) = listener.local_addr() {
+            tracing::info!("admin API on http://{local}");
+        }
+        runtime.spawn(serve(listener, admin.clone(), None));
+    }
+    if let Some(addr) = main.config_tls_address {
+        let (Some(cert), Some(key)) = (&main.config_tls_certificate, &main.config_tls_key_file)
+        else {
+            return Err(AdminError::MissingTlsFiles);
+        };
+        let acceptor = tokio_rustls::TlsAcceptor::from(crate::tls::single_pair_config(cert, key)?);
+        let listener = bind(addr)?;
+        if let Ok(local) = listener.local_addr() {
+            tracing::info!("admin API on https://{local}");
+        }
+        runtime.spawn(serve(listener, admin, Some(acceptor)));
+    }
     Ok(())
 }

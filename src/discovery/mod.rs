@@ -228,7 +228,7 @@ pub fn start(
         runtime.spawn(watch);
     }
     if let Err(e) = crate::admin::start(runtime, main, reloader.clone()) {
-        tracing::error!("admin API: cannot listen on {:?}: {e}", main.config_address);
+        tracing::error!("admin API: {e}");
     }
     if let Some(consul) = reloader.file_config().and_then(|c| c.consul) {
         tracing::info!("consul: watching {} service(s)", consul.services.len());

@@ -541,3 +541,67 @@ pub async fn metric(admin: SocketAddr, series: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')))
         .and_then(|v| v.trim().parse().ok())
 }
+
+/// A self-signed certificate for `names`, written as `dir/{stem}.crt` + `dir/{stem}.key`;
+/// returns its DER for clients to trust.
+pub fn write_self_signed(
+    dir: &std::path::Path,
+    stem: &str,
+    names: &[&str],
+) -> rustls_pki_types::CertificateDer<'static> {
+    let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+    let rcgen::CertifiedKey { cert, signing_key } =
+        rcgen::generate_simple_self_signed(names).expect("certificate");
+    std::fs::write(dir.join(format!("{stem}.crt")), cert.pem()).unwrap();
+    std::fs::write(dir.join(format!("{stem}.key")), signing_key.serialize_pem()).unwrap();
+    cert.der().clone()
+}
+
+/// A client TLS config trusting exactly `roots`, offering `alpn`.
+pub fn tls_client_config(
+    roots: &[rustls_pki_types::CertificateDer<'static>],
+    alpn: &[&[u8]],
+) -> Arc<rustls::ClientConfig> {
+    let mut store = rustls::RootCertStore::empty();
+    for root in roots {
+        store.add(root.clone()).expect("root");
+    }
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(store)
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Arc::new(config)
+}
+
+impl Client {
+    /// Connects over TLS with SNI `server_name`; HTTP/2 when ALPN picks it, else HTTP/1.1.
+    pub async fn connect_tls(
+        addr: SocketAddr,
+        server_name: &str,
+        config: Arc<rustls::ClientConfig>,
+    ) -> Client {
+        let stream = TcpStream::connect(addr).await.expect("connect to proxy");
+        let name =
+            rustls_pki_types::ServerName::try_from(server_name.to_string()).expect("server name");
+        let tls = tokio_rustls::TlsConnector::from(config)
+            .connect(name, stream)
+            .await
+            .expect("TLS handshake");
+        let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+        let io = TokioIo::new(tls);
+        if h2 {
+            let (send, conn) = http2::handshake(TokioExecutor::new(), io)
+                .await
+                .expect("h2 handshake");
+            tokio::spawn(conn);
+            Client::H2(send)
+        } else {
+            let (send, conn) = http1::handshake(io).await.expect("h1 handshake");
+            tokio::spawn(conn);
+            Client::H1(send)
+        }
+    }
+}

@@ -1,0 +1,281 @@
+//! The certificate directory (SPEC §7.1): `{NAME}.crt` (chain) + `{NAME}.key`, indexed by SAN and
+//! CN (wildcards allowed). SNI picks the certificate; no SNI or no match falls back to
+//! `default.crt`, else the first pair by name.
+//!
+//! Reloading keeps the last good copy of a pair that turns broken, so a half-written file never
+//! takes a name offline. Handshakes read one immutable index through `ArcSwap`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+/// One loaded pair.
+#[derive(Clone, Debug)]
+pub struct LoadedPair {
+    pub key: Arc<CertifiedKey>,
+    /// DNS names from the SAN extension, plus the subject CN; lower case.
+    pub names: Vec<String>,
+}
+
+/// Why a pair could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum PairError {
+    #[error("{path}: cannot read: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: no PEM certificate found")]
+    NoCertificate { path: PathBuf },
+    #[error("{path}: no usable PEM private key ({reason})")]
+    BadKey { path: PathBuf, reason: String },
+    #[error("{name}: the key does not match the certificate")]
+    Mismatch { name: String },
+}
+
+/// Loads `dir/name.crt` + `dir/name.key`.
+pub fn load_pair(dir: &Path, name: &str) -> Result<LoadedPair, PairError> {
+    load_pair_files(
+        &dir.join(format!("{name}.crt")),
+        &dir.join(format!("{name}.key")),
+    )
+}
+
+/// Loads a certificate chain and its key from two PEM files.
+pub fn load_pair_files(crt: &Path, key_path: &Path) -> Result<LoadedPair, PairError> {
+    let name = crt
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("certificate");
+    let (crt, key_path) = (crt.to_path_buf(), key_path.to_path_buf());
+    let crt_bytes = std::fs::read(&crt).map_err(|source| PairError::Read {
+        path: crt.clone(),
+        source,
+    })?;
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&crt_bytes)
+        .filter_map(Result::ok)
+        .collect();
+    if chain.is_empty() {
+        return Err(PairError::NoCertificate { path: crt });
+    }
+    let key_bytes = std::fs::read(&key_path).map_err(|source| PairError::Read {
+        path: key_path.clone(),
+        source,
+    })?;
+    let key_der = PrivateKeyDer::from_pem_slice(&key_bytes).map_err(|e| PairError::BadKey {
+        path: key_path.clone(),
+        reason: e.to_string(),
+    })?;
+    let signer = rustls::crypto::aws_lc_rs::sign::any_supported_type(&key_der).map_err(|e| {
+        PairError::BadKey {
+            path: key_path.clone(),
+            reason: e.to_string(),
+        }
+    })?;
+    let names = cert_names(&chain[0]);
+    let certified = CertifiedKey::new(chain, signer);
+    if certified.keys_match().is_err() {
+        return Err(PairError::Mismatch {
+            name: name.to_string(),
+        });
+    }
+    Ok(LoadedPair {
+        key: Arc::new(certified),
+        names,
+    })
+}
+
+fn cert_names(cert: &CertificateDer<'_>) -> Vec<String> {
+    let Ok((_, parsed)) = x509_parser::parse_x509_certificate(cert.as_ref()) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = Vec::new();
+    if let Ok(Some(san)) = parsed.subject_alternative_name() {
+        for general in &san.value.general_names {
+            if let x509_parser::extensions::GeneralName::DNSName(dns) = general {
+                names.push(dns.to_ascii_lowercase());
+            }
+        }
+    }
+    for cn in parsed.subject().iter_common_name() {
+        if let Ok(text) = cn.as_str() {
+            names.push(text.to_ascii_lowercase());
+        }
+    }
+    names.dedup();
+    names
+}
+
+/// The lookup structure handshakes read.
+#[derive(Default)]
+struct Index {
+    exact: HashMap<String, Arc<CertifiedKey>>,
+    /// `*.example.com` stored as `example.com`.
+    wildcard: HashMap<String, Arc<CertifiedKey>>,
+    fallback: Option<Arc<CertifiedKey>>,
+}
+
+impl Index {
+    fn build(pairs: &BTreeMap<String, LoadedPair>) -> Index {
+        let mut index = Index::default();
+        for pair in pairs.values() {
+            for name in &pair.names {
+                match name.strip_prefix("*.") {
+                    Some(suffix) => index
+                        .wildcard
+                        .entry(suffix.to_string())
+                        .or_insert_with(|| pair.key.clone()),
+                    None => index
+                        .exact
+                        .entry(name.clone())
+                        .or_insert_with(|| pair.key.clone()),
+                };
+            }
+        }
+        index.fallback = pairs
+            .get("default")
+            .or_else(|| pairs.values().next())
+            .map(|p| p.key.clone());
+        index
+    }
+
+    fn find(&self, sni: Option<&str>) -> Option<Arc<CertifiedKey>> {
+        if let Some(name) = sni.map(str::to_ascii_lowercase) {
+            if let Some(key) = self.exact.get(&name) {
+                return Some(key.clone());
+            }
+            if let Some((_, parent)) = name.split_once('.') {
+                if let Some(key) = self.wildcard.get(parent) {
+                    return Some(key.clone());
+                }
+            }
+        }
+        self.fallback.clone()
+    }
+}
+
+/// The live certificate set of one directory.
+pub struct CertStore {
+    pub dir: PathBuf,
+    index: ArcSwap<Index>,
+    /// Last good copy of each pair, by NAME (control plane only).
+    pairs: Mutex<BTreeMap<String, LoadedPair>>,
+}
+
+impl std::fmt::Debug for CertStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CertStore").field("dir", &self.dir).finish()
+    }
+}
+
+impl CertStore {
+    /// Loads every pair of `dir`; problems are returned, the good pairs serve.
+    pub fn open(dir: &Path) -> (Arc<CertStore>, Vec<String>) {
+        let store = Arc::new(CertStore {
+            dir: dir.to_path_buf(),
+            index: ArcSwap::from_pointee(Index::default()),
+            pairs: Mutex::new(BTreeMap::new()),
+        });
+        let problems = store.reload();
+        (store, problems)
+    }
+
+    /// How many pairs are serving.
+    pub fn len(&self) -> usize {
+        self.pairs.lock().map(|p| p.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Re-reads the directory. A pair that fails keeps its last good copy; a deleted pair goes.
+    pub fn reload(&self) -> Vec<String> {
+        let names = pair_names(&self.dir);
+        let mut problems = Vec::new();
+        let mut pairs = self.pairs.lock().unwrap_or_else(|p| p.into_inner());
+        pairs.retain(|name, _| names.contains(name));
+        for name in &names {
+            match load_pair(&self.dir, name) {
+                Ok(pair) => {
+                    pairs.insert(name.clone(), pair);
+                }
+                Err(e) => {
+                    let kept = if pairs.contains_key(name) {
+                        "; its last good copy keeps serving"
+                    } else {
+                        "; skipped"
+                    };
+                    problems.push(format!("{e}{kept}"));
+                }
+            }
+        }
+        self.index.store(Arc::new(Index::build(&pairs)));
+        problems
+    }
+}
+
+/// NAMEs that have a `.crt` (their `.key` is checked when loading).
+fn pair_names(dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let path = e.path();
+            (path.extension()? == "crt").then(|| path.file_stem()?.to_str().map(str::to_string))?
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+impl ResolvesServerCert for CertStore {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.index.load().find(hello.server_name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wildcard_and_fallback_lookup() {
+        let ck = |_: &str| -> Arc<CertifiedKey> {
+            let key = rcgen_free_key();
+            Arc::new(key)
+        };
+        let mut index = Index::default();
+        index.exact.insert("a.example".into(), ck("a"));
+        index.wildcard.insert("example".into(), ck("w"));
+        index.fallback = Some(ck("d"));
+        let a = index.find(Some("A.Example")).unwrap();
+        assert!(Arc::ptr_eq(&a, &index.exact["a.example"]));
+        let w = index.find(Some("b.example")).unwrap();
+        assert!(Arc::ptr_eq(&w, &index.wildcard["example"]));
+        assert!(Arc::ptr_eq(
+            &index.find(Some("x.y.example")).unwrap(),
+            index.fallback.as_ref().unwrap()
+        ));
+        assert!(Arc::ptr_eq(
+            &index.find(None).unwrap(),
+            index.fallback.as_ref().unwrap()
+        ));
+    }
+
+    /// A CertifiedKey with a throwaway key and an empty chain, for index tests only.
+    fn rcgen_free_key() -> CertifiedKey {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let der = PrivateKeyDer::try_from(key.serialize_der()).expect("der");
+        let signer = rustls::crypto::aws_lc_rs::sign::any_supported_type(&der).expect("signer");
+        CertifiedKey::new(Vec::new(), signer)
+    }
+}
