@@ -124,6 +124,15 @@ async fn every_endpoint_checks_the_key() {
     )
     .await;
     assert!(metrics.contains("aralez_requests_total"), "{metrics}");
+    // The three accepted POST /conf calls above count as applied reloads from the API.
+    let api_applied = metrics
+        .lines()
+        .find(|l| l.starts_with("aralez_config_reloads_total{source=\"api\",result=\"applied\"}"));
+    assert_eq!(
+        api_applied.and_then(|l| l.rsplit(' ').next()),
+        Some("3"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -97,9 +97,11 @@ impl Reloader {
                     tracing::warn!(source, "{warning}");
                 }
                 self.install_file_config(cfg, digest, source);
+                crate::metrics::config_reload(metric_source(source), true);
                 Ok(Applied::Changed)
             }
             _ => {
+                crate::metrics::config_reload(metric_source(source), false);
                 for error in issues.errors() {
                     tracing::error!(
                         source,
@@ -118,7 +120,10 @@ impl Reloader {
         let origin = "POST /conf";
         let cfg = match config::parse_upstreams_text(text, origin, &mut issues) {
             Some(cfg) if !issues.has_errors() => cfg,
-            _ => return Err(ReloadError::Invalid(issues)),
+            _ => {
+                crate::metrics::config_reload("api", false);
+                return Err(ReloadError::Invalid(issues));
+            }
         };
         let mut digest = self.sources().file_digest;
         if save {
@@ -132,6 +137,7 @@ impl Reloader {
             digest = files_digest(&self.upstreams_path);
         }
         self.install_file_config(cfg, digest, origin);
+        crate::metrics::config_reload("api", true);
         Ok(Applied::Changed)
     }
 
@@ -144,6 +150,7 @@ impl Reloader {
         let old = merged(&sources);
         sources.discovered.insert(source.to_string(), hosts);
         self.publish_locked(&sources, old.as_ref(), source);
+        crate::metrics::config_reload(source, true);
     }
 
     /// Makes `cfg` the file config and publishes the merge.
@@ -188,6 +195,15 @@ fn merged(sources: &Sources) -> Option<UpstreamsConfig> {
         }
     }
     Some(cfg)
+}
+
+/// The `source` label of `aralez_config_reloads_total`: a short, bounded set of values.
+fn metric_source(source: &str) -> &'static str {
+    match source {
+        "SIGHUP" => "signal",
+        "file watch" => "file",
+        _ => "other",
+    }
 }
 
 /// A digest of the upstreams file and every conf.d file (names and bytes).
