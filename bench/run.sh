@@ -11,6 +11,8 @@
 #   ARALEZ_BIN aralez binary (default target/release/aralez; built with `cargo build --release`
 #              only when that default is missing and ARALEZ_BIN was not set)
 #   BASE_PORT  first of 6 consecutive localhost ports used (default 18080)
+#   RELOAD_MS  if set, aralez's upstreams.yaml is rewritten every RELOAD_MS ms during its measured
+#              window (each write a real change, so each one is a full reload); see bench/reload.sh
 #   PROXY_CPU / LOAD_CPU  cores for the proxy and for backend + load generator (default 0 / 1)
 #
 # Run it on an otherwise idle machine; it warns when the CPUs were busy just before it started and
@@ -302,6 +304,7 @@ upstreams:
       "/":
         servers: ["127.0.0.1:$P_BACKEND"]
 EOF
+  cp "$TMP/upstreams.yaml" "$TMP/upstreams.base"
 }
 
 write_post_lua() {
@@ -479,12 +482,23 @@ measure() {  # measure PROXY SCENARIO
   read -r bu0 bs0 < <(cpu_ticks "${bpids[@]}")
   read -r u0 s0 < <(cpu_ticks "${pids[@]}")
   c0=$(child_ticks)
+  local reloader_pid=""
+  if [[ "$proxy" == aralez && -n "${RELOAD_MS:-}" ]]; then
+    # Rewrite the routes every RELOAD_MS ms (content changes each time, so each is a real reload).
+    taskset -c "$LOAD_CPU" bash -c 'n=0; while :; do n=$((n+1)); { cat "$1"; echo "# reload $n"; } > "$2.tmp"; mv "$2.tmp" "$2"; sleep "$3"; done' \
+      _ "$TMP/upstreams.base" "$TMP/upstreams.yaml" "$(awk -v ms="$RELOAD_MS" 'BEGIN {printf "%.3f", ms / 1000}')" &
+    reloader_pid=$!
+  fi
   case "$sc" in
     h1) run_wrk "$url" "$DURATION" "$out" ;;
     post) run_wrk "$url" "$DURATION" "$out" "$TMP/post.lua" ;;
     h2c) run_h2load "$url" "$DURATION" "$out" "$logf" ;;
   esac
   c1=$(child_ticks)
+  if [[ -n "$reloader_pid" ]]; then
+    kill "$reloader_pid" 2>/dev/null || true
+    wait "$reloader_pid" 2>/dev/null || true
+  fi
   read -r u1 s1 < <(cpu_ticks "${pids[@]}")
   read -r bu1 bs1 < <(cpu_ticks "${bpids[@]}")
   read -r mb1 mi1 < <(cpu_busy_idle)
