@@ -324,3 +324,43 @@ async fn the_api_over_tls_checks_keys_the_same_way() {
     assert_eq!(resp.status(), 400);
     assert_eq!(served_by(&proxy).await, "a");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_from_jwt_opens_a_jwt_route() {
+    let a = Backend::start("a").await;
+    let yaml = format!(
+        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\":\n        servers: {}\n        authorization: {{ type: jwt }}\n",
+        servers(&[&a])
+    );
+    let proxy = ProxyProcess::start(&yaml, ADMIN);
+    let admin = admin_addr(&proxy).await;
+    let (status, body) = call(
+        admin,
+        Method::POST,
+        "/jwt",
+        &[],
+        r#"{"master_key":"s3cret","owner":"ci","valid":5}"#,
+    )
+    .await;
+    assert_eq!(status, 201);
+    let token = serde_json::from_str::<serde_json::Value>(&body).unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    let resp = client.get("any", "/").await;
+    assert_eq!(resp.status(), 401, "no token");
+    body_bytes(resp).await;
+    let bearer = format!("Bearer {token}");
+    let resp = client
+        .send(
+            Method::GET,
+            Some("any"),
+            "/",
+            &[("authorization", &bearer)],
+            full(""),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(header(&resp, "x-backend"), "a");
+}

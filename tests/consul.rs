@@ -272,3 +272,48 @@ async fn a_wrong_token_is_reported_and_no_instance_means_503() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_file_wins_over_a_discovered_route_on_conflict() {
+    let (file_backend, discovered) = (Backend::start("file").await, Backend::start("consul").await);
+    let state = Arc::new(Mutex::new(ConsulState {
+        index: 5,
+        instances: vec![discovered.addr],
+        tokens_seen: Vec::new(),
+    }));
+    let consul = FakeConsul::start(
+        "127.0.0.1:0".parse().unwrap(),
+        state,
+        Arc::new(Notify::new()),
+    )
+    .await;
+    // The file routes web.local/ itself; Consul also offers web.local/ and web.local/api.
+    let yaml = format!(
+        "{}upstreams:\n  web.local:\n    paths:\n      \"/\": {{servers: [\"{}\"]}}\n",
+        consul_routes(consul.addr, "tok").replace(
+            "path: \"/\", client_headers: [\"X-Via:consul\"] }",
+            "path: \"/\" }\n    - { hostname: \"web.local\", upstream: \"web\", path: \"/api\" }"
+        ),
+        file_backend.addr
+    );
+    let proxy = ProxyProcess::start(&yaml, "");
+    let started = Instant::now();
+    loop {
+        let mut client = Client::connect(Proto::H1, proxy.addr).await;
+        let resp = client.get("web.local", "/api/x").await;
+        if header(&resp, "x-backend") == "consul" {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "discovered /api never appeared:\n{}",
+            proxy.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for _ in 0..10 {
+        let mut client = Client::connect(Proto::H1, proxy.addr).await;
+        let resp = client.get("web.local", "/").await;
+        assert_eq!(header(&resp, "x-backend"), "file", "the file's route wins");
+    }
+}
