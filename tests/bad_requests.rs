@@ -59,7 +59,7 @@ async fn bad_requests_get_4xx_and_garbage_backends_502() {
     let good = Backend::start("good").await;
     let garbage = garbage_backend().await;
     let yaml = format!(
-        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}}}\n      \"/garbage\": {{servers: [\"{garbage}\"]}}\n",
+        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}}}\n      \"/garbage\": {{servers: [\"{garbage}\"], healthcheck: false}}\n",
         servers(&[&good])
     );
     let proxy = ProxyProcess::start(&yaml, "max_request_header_bytes: 16384");

@@ -7,9 +7,11 @@ use std::time::{Duration, Instant};
 
 use support::*;
 
+/// One route over `backends`, active probes off: these tests count requests and exercise
+/// failover and passive health on their own (tests/health.rs covers active checks).
 fn one_route(backends: &[&Backend], main_extra: &str) -> ProxyProcess {
     let yaml = format!(
-        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}}}\n",
+        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}, healthcheck: false}}\n",
         servers(backends)
     );
     ProxyProcess::start(&yaml, main_extra)

@@ -81,7 +81,7 @@ async fn host_and_path_selection() {
 async fn without_default_unknown_hosts_and_paths_get_404() {
     let a = Backend::start("a").await;
     let yaml = format!(
-        "upstreams:\n  example.com:\n    paths:\n      \"/api\": {{servers: {}}}\n",
+        "upstreams:\n  example.com:\n    paths:\n      \"/api\": {{servers: {}, healthcheck: false}}\n",
         servers(&[&a])
     );
     let proxy = ProxyProcess::start(&yaml, "");

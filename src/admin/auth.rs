@@ -33,7 +33,7 @@ pub fn presented_key<B>(req: &Request<B>) -> Option<String> {
     req.uri().query().and_then(|q| {
         q.split('&')
             .find_map(|pair| pair.strip_prefix("key="))
-            .map(|v| percent_decode(v))
+            .map(percent_decode)
     })
 }
 
