@@ -28,6 +28,9 @@ use crate::upstream::Backend;
 const DEFAULT_QUEUE: usize = 16384;
 /// Bytes gathered before one write.
 const BATCH_BYTES: usize = 32 * 1024;
+/// After a line arrives the writer waits this long for more, so a busy proxy costs one wake-up
+/// and one write per interval instead of one per request.
+const GATHER: Duration = Duration::from_millis(10);
 
 /// What a worker records about one request; formatted later by the writer.
 #[derive(Debug)]
@@ -45,9 +48,16 @@ pub struct Entry {
     pub backend: Option<Arc<Backend>>,
 }
 
+/// What workers (and the shutdown) send to the writer.
+enum Msg {
+    Line(Box<Entry>),
+    /// Write everything queued, then answer.
+    Flush(std::sync::mpsc::Sender<()>),
+}
+
 struct Sink {
     mode: Mode,
-    tx: SyncSender<Box<Entry>>,
+    tx: SyncSender<Msg>,
 }
 
 static SINK: OnceLock<Sink> = OnceLock::new();
@@ -87,7 +97,7 @@ pub fn start(mode: Mode, log_file: Option<&Path>) -> Result<(), AccessLogError> 
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(DEFAULT_QUEUE);
-    let (tx, rx) = sync_channel(queue);
+    let (tx, rx) = sync_channel::<Msg>(queue);
     std::thread::Builder::new()
         .name("aralez-access-log".into())
         .spawn(move || write_loop(rx, out))
@@ -159,7 +169,7 @@ impl Drop for Record {
             return;
         };
         entry.duration = entry.start.elapsed();
-        match sink.tx.try_send(entry) {
+        match sink.tx.try_send(Msg::Line(entry)) {
             Ok(()) => {}
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
                 crate::metrics::logging_error();
@@ -168,34 +178,91 @@ impl Drop for Record {
     }
 }
 
-fn write_loop(rx: Receiver<Box<Entry>>, mut out: Box<dyn Write + Send>) {
-    let mut batch = String::with_capacity(BATCH_BYTES * 2);
-    while let Ok(entry) = rx.recv() {
-        format_line(&mut batch, &entry);
-        let mut lines = 1;
-        while batch.len() < BATCH_BYTES {
-            let Ok(entry) = rx.try_recv() else { break };
-            format_line(&mut batch, &entry);
-            lines += 1;
+/// Writes what is queued before the process exits (waits up to one second).
+pub fn flush() {
+    let Some(sink) = SINK.get() else {
+        return;
+    };
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let mut msg = Msg::Flush(done_tx);
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        match sink.tx.try_send(msg) {
+            Ok(()) => break,
+            Err(TrySendError::Full(back)) if Instant::now() < deadline => {
+                msg = back;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(_) => return,
         }
-        if out
-            .write_all(batch.as_bytes())
-            .and_then(|()| out.flush())
-            .is_err()
-        {
-            for _ in 0..lines {
-                crate::metrics::logging_error();
+    }
+    let _ = done_rx.recv_timeout(deadline.saturating_duration_since(Instant::now()));
+}
+
+fn write_loop(rx: Receiver<Msg>, mut out: Box<dyn Write + Send>) {
+    let mut batch = String::with_capacity(BATCH_BYTES * 2);
+    let mut clock = Clock::default();
+    let mut lines = 0;
+    while let Ok(msg) = rx.recv() {
+        let mut flushed = None;
+        match msg {
+            Msg::Line(entry) => {
+                format_line(&mut batch, &mut clock, &entry);
+                lines += 1;
+                std::thread::sleep(GATHER);
+            }
+            Msg::Flush(done) => flushed = Some(done),
+        }
+        while let Ok(msg) = rx.try_recv() {
+            match msg {
+                Msg::Line(entry) => {
+                    format_line(&mut batch, &mut clock, &entry);
+                    lines += 1;
+                }
+                Msg::Flush(done) => flushed = Some(done),
+            }
+            if batch.len() >= BATCH_BYTES {
+                write_batch(&mut out, &mut batch, &mut lines);
             }
         }
-        batch.clear();
+        write_batch(&mut out, &mut batch, &mut lines);
+        if let Some(done) = flushed {
+            let _ = done.send(());
+        }
     }
 }
 
+fn write_batch(out: &mut Box<dyn Write + Send>, batch: &mut String, lines: &mut u64) {
+    if batch.is_empty() {
+        return;
+    }
+    if out
+        .write_all(batch.as_bytes())
+        .and_then(|()| out.flush())
+        .is_err()
+    {
+        for _ in 0..*lines {
+            crate::metrics::logging_error();
+        }
+    }
+    batch.clear();
+    *lines = 0;
+}
+
+/// The formatted `YYYY-MM-DDTHH:MM:SS` of the last second seen, reused within that second.
+#[derive(Default)]
+pub struct Clock {
+    second: u64,
+    text: String,
+}
+
 /// Appends one access log line (with its newline) for `e`.
-pub fn format_line(out: &mut String, e: &Entry) {
+pub fn format_line(out: &mut String, clock: &mut Clock, e: &Entry) {
     out.push_str("access time=");
-    write_time(out, e.time);
-    let _ = write!(out, " client={} method=", e.client);
+    write_time(out, clock, e.time);
+    out.push_str(" client=");
+    push_ip(out, e.client);
+    out.push_str(" method=");
     push_escaped(out, e.method.as_str().as_bytes());
     out.push_str(" target=\"");
     // Origin form for every version: HTTP/2's absolute URI loses its authority (that is `host`).
@@ -210,15 +277,27 @@ pub fn format_line(out: &mut String, e: &Entry) {
         }
         None => out.push('-'),
     }
-    let _ = write!(out, " version={:?} status=", e.version);
+    out.push_str(" version=");
+    out.push_str(match e.version {
+        Version::HTTP_09 => "HTTP/0.9",
+        Version::HTTP_10 => "HTTP/1.0",
+        Version::HTTP_11 => "HTTP/1.1",
+        Version::HTTP_2 => "HTTP/2.0",
+        _ => "HTTP/3.0",
+    });
+    out.push_str(" status=");
     match e.status {
-        Some(s) => {
-            let _ = write!(out, "{s}");
-        }
+        Some(s) => push_int(out, u64::from(s)),
         None => out.push('-'),
     }
-    let millis = e.duration.as_secs_f64() * 1000.0;
-    let _ = write!(out, " bytes={} duration_ms={millis:.3} backend=", e.bytes);
+    out.push_str(" bytes=");
+    push_int(out, e.bytes);
+    out.push_str(" duration_ms=");
+    let micros = u64::try_from(e.duration.as_micros()).unwrap_or(u64::MAX);
+    push_int(out, micros / 1000);
+    out.push('.');
+    push_padded(out, micros % 1000, 3);
+    out.push_str(" backend=");
     match &e.backend {
         Some(b) => push_escaped(out, b.label.as_bytes()),
         None => out.push('-'),
@@ -226,31 +305,71 @@ pub fn format_line(out: &mut String, e: &Entry) {
     out.push('\n');
 }
 
-/// Copies printable ASCII except `"` and `\`; everything else becomes `\xNN`.
-fn push_escaped(out: &mut String, bytes: &[u8]) {
-    for &b in bytes {
-        if (b.is_ascii_graphic() && b != b'"' && b != b'\\') || b == b' ' {
-            out.push(char::from(b));
-        } else {
-            let _ = write!(out, "\\x{b:02x}");
+fn push_int(out: &mut String, n: u64) {
+    out.push_str(itoa::Buffer::new().format(n));
+}
+
+/// `n` with leading zeros to `width` digits.
+fn push_padded(out: &mut String, n: u64, width: usize) {
+    let mut buf = itoa::Buffer::new();
+    let digits = buf.format(n);
+    for _ in digits.len()..width {
+        out.push('0');
+    }
+    out.push_str(digits);
+}
+
+fn push_ip(out: &mut String, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().iter().enumerate() {
+                if i > 0 {
+                    out.push('.');
+                }
+                push_int(out, u64::from(*octet));
+            }
+        }
+        IpAddr::V6(v6) => {
+            let _ = write!(out, "{v6}");
         }
     }
 }
 
-/// RFC 3339 UTC with milliseconds.
-fn write_time(out: &mut String, time: SystemTime) {
+/// Copies printable ASCII except `"` and `\\`; everything else becomes `\\xNN`.
+fn push_escaped(out: &mut String, bytes: &[u8]) {
+    let plain = |b: &u8| (b.is_ascii_graphic() && *b != b'"' && *b != b'\\') || *b == b' ';
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let run = rest.iter().position(|b| !plain(b)).unwrap_or(rest.len());
+        // The run is printable ASCII, hence UTF-8.
+        out.push_str(std::str::from_utf8(&rest[..run]).unwrap_or_default());
+        let Some(&odd) = rest.get(run) else { break };
+        let _ = write!(out, "\\x{odd:02x}");
+        rest = &rest[run + 1..];
+    }
+}
+
+/// RFC 3339 UTC with milliseconds; the part up to the second is formatted once per second.
+fn write_time(out: &mut String, clock: &mut Clock, time: SystemTime) {
     let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
     let secs = since.as_secs();
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (year, month, day) = civil_from_days(days as i64);
-    let _ = write!(
-        out,
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        since.subsec_millis()
-    );
+    if clock.text.is_empty() || clock.second != secs {
+        let (days, rem) = (secs / 86_400, secs % 86_400);
+        let (year, month, day) = civil_from_days(days as i64);
+        clock.text.clear();
+        let _ = write!(
+            clock.text,
+            "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}",
+            rem / 3600,
+            rem % 3600 / 60,
+            rem % 60
+        );
+        clock.second = secs;
+    }
+    out.push_str(&clock.text);
+    out.push('.');
+    push_padded(out, u64::from(since.subsec_millis()), 3);
+    out.push('Z');
 }
 
 /// Days since 1970-01-01 to (year, month, day), after Howard Hinnant's `civil_from_days`.
@@ -294,7 +413,7 @@ mod tests {
             backend: None,
         };
         let mut line = String::new();
-        format_line(&mut line, &entry);
+        format_line(&mut line, &mut Clock::default(), &entry);
         assert_eq!(
             line,
             "access time=2023-11-14T22:13:20.123Z client=10.0.0.1 method=GET target=\"/a?b=1\" \

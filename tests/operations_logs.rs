@@ -238,7 +238,7 @@ fn spawn_logging_to_fifo(
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_aralez"))
         .arg("-c")
         .arg(dir.path().join("main.yaml"))
-        .env("ARALEZ_ACCESS_LOG_QUEUE", "16")
+        .env("ARALEZ_ACCESS_LOG_QUEUE", "256")
         .spawn()
         .unwrap();
     let child = Child(child);
@@ -279,4 +279,22 @@ fn drain_fifo(mut reader: std::fs::File, limit: Duration) -> String {
         }
     }
     text
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lines_still_queued_at_sigterm_are_written() {
+    let backend = Backend::start("alpha").await;
+    let mut proxy = ProxyProcess::start(&upstreams_for(&backend), "access_log: all");
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    for i in 0..5 {
+        body_bytes(client.get("x.test", &format!("/last/{i}")).await).await;
+    }
+    drop(client);
+    proxy.signal(nix::sys::signal::Signal::SIGTERM);
+    let status = tokio::task::block_in_place(|| proxy.wait_exit(Duration::from_secs(10)));
+    assert_eq!(status.and_then(|s| s.code()), Some(0));
+    let all = eventually(Duration::from_secs(5), || {
+        access_lines(&proxy.log_text()).len() == 5
+    });
+    assert!(all.await, "{}", proxy.log_text());
 }

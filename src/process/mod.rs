@@ -185,6 +185,7 @@ pub fn run(main_path: &Path, options: RunOptions) -> Result<(), StartError> {
         let _ = worker.join();
     }
     control.shutdown_timeout(std::time::Duration::from_millis(200));
+    crate::accesslog::flush();
     if let Some(sock) = upgrade_sock {
         sock.remove();
     }
