@@ -157,6 +157,12 @@ async fn forwarding_headers() {
         assert!(resp.headers().get("keep-alive").is_none(), "{proto:?}");
         assert_eq!(header(&resp, "x-frame-options"), "DENY", "{proto:?}");
         body_bytes(resp).await;
+        // The `araleztoken` query parameter never reaches a backend, on any route.
+        let resp = client
+            .get("example.com", "/t?a=1&araleztoken=secret&b=2")
+            .await;
+        assert_eq!(header(&resp, "x-seen-uri"), "/t?a=1&b=2", "{proto:?}");
+        body_bytes(resp).await;
         // Without an incoming XFF the client IP alone is sent.
         let resp = client.get("example.com", "/").await;
         assert_eq!(header(&resp, "x-seen-xff"), "127.0.0.1");

@@ -12,7 +12,8 @@ use http::header;
 use http::uri::{PathAndQuery, Uri};
 use http::Request;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
-use serde::de::IgnoredAny;
+
+use super::jwt_cache;
 
 use crate::proxy::ProxyError;
 
@@ -20,9 +21,19 @@ use crate::proxy::ProxyError;
 pub const QUERY_PARAM: &str = "araleztoken";
 
 static MASTER_KEY: OnceLock<Option<DecodingKey>> = OnceLock::new();
+static MASTER_FINGERPRINT: OnceLock<u64> = OnceLock::new();
+
+/// The claim we read back: when the token stops being valid.
+#[derive(serde::Deserialize)]
+struct Expiry {
+    exp: u64,
+}
 
 /// Sets the secret of `jwt` rules without `data`; only the first call counts.
 pub fn install_master_key(key: Option<String>) {
+    let _ = MASTER_FINGERPRINT.set(jwt_cache::fingerprint(
+        key.as_deref().unwrap_or("").as_bytes(),
+    ));
     let key = key.map(|k| DecodingKey::from_secret(k.as_bytes()));
     if MASTER_KEY.set(key).is_err() {
         tracing::debug!("JWT master key already installed");
@@ -34,7 +45,8 @@ fn master_key() -> Option<&'static DecodingKey> {
 }
 
 enum Secret {
-    Own(DecodingKey),
+    /// The rule's own secret and its fingerprint.
+    Own(DecodingKey, u64),
     Master,
 }
 
@@ -46,7 +58,7 @@ pub struct Jwt {
 
 impl std::fmt::Debug for Jwt {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let own = matches!(self.secret, Secret::Own(_));
+        let own = matches!(self.secret, Secret::Own(..));
         f.debug_struct("Jwt").field("own_secret", &own).finish()
     }
 }
@@ -58,7 +70,10 @@ impl Jwt {
         validation.validate_exp = true;
         validation.set_required_spec_claims(&["exp"]);
         let secret = match secret {
-            Some(s) => Secret::Own(DecodingKey::from_secret(s.as_bytes())),
+            Some(s) => Secret::Own(
+                DecodingKey::from_secret(s.as_bytes()),
+                jwt_cache::fingerprint(s.as_bytes()),
+            ),
             None => Secret::Master,
         };
         Jwt { secret, validation }
@@ -66,20 +81,31 @@ impl Jwt {
 
     /// Accepts the request or says why not; strips `araleztoken` from an accepted request.
     pub fn check<B>(&self, req: &mut Request<B>) -> Result<(), ProxyError> {
-        let key = match &self.secret {
-            Secret::Own(key) => key,
-            Secret::Master => master_key().ok_or_else(|| {
-                tracing::error!("a jwt route has no secret: set its data, master_key or JWT_KEY");
-                ProxyError::NoJwtSecret
-            })?,
+        let (key, fingerprint) = match &self.secret {
+            Secret::Own(key, fingerprint) => (key, *fingerprint),
+            Secret::Master => {
+                let key = master_key().ok_or_else(|| {
+                    tracing::error!(
+                        "a jwt route has no secret: set its data, master_key or JWT_KEY"
+                    );
+                    ProxyError::NoJwtSecret
+                })?;
+                (key, MASTER_FINGERPRINT.get().copied().unwrap_or(0))
+            }
         };
         let token = bearer(req).or_else(|| query_token(req.uri()));
         let Some(token) = token else {
             return Err(ProxyError::TokenRequired);
         };
-        if let Err(e) = jsonwebtoken::decode::<IgnoredAny>(token, key, &self.validation) {
-            tracing::debug!("token refused: {e}");
-            return Err(ProxyError::TokenRequired);
+        let now = jwt_cache::unix_now();
+        if !jwt_cache::is_verified(fingerprint, token, now) {
+            match jsonwebtoken::decode::<Expiry>(token, key, &self.validation) {
+                Ok(data) => jwt_cache::remember(fingerprint, token, data.claims.exp),
+                Err(e) => {
+                    tracing::debug!("token refused: {e}");
+                    return Err(ProxyError::TokenRequired);
+                }
+            }
         }
         if let Some(stripped) = strip_query_param(req.uri(), QUERY_PARAM) {
             *req.uri_mut() = stripped;

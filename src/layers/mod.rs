@@ -14,6 +14,7 @@
 pub mod auth;
 pub mod forward_auth;
 pub mod jwt;
+mod jwt_cache;
 pub mod limiter;
 pub mod rate_limit;
 pub mod sticky;

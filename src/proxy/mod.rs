@@ -104,6 +104,7 @@ impl Proxy {
         let (mut parts, body) = req.into_parts();
         let client_host = request_host_parts(&parts);
         prepare_headers(&mut parts, conn, client_host, route);
+        strip_token_param(&mut parts.uri);
         // A request that can safely be sent twice keeps a copy of its head for a retry.
         let replayable = is_idempotent(&parts.method) && body.is_end_stream();
         let retry_parts = replayable.then(|| clone_head(&parts));
@@ -309,4 +310,15 @@ fn finish_response(resp: Response<PooledBody>, route: &Route) -> Response<RespBo
         parts.headers.insert(name.clone(), value.clone());
     }
     Response::from_parts(parts, Either::Left(body))
+}
+
+/// Removes the `araleztoken` query parameter on every route (SPEC §6.2), so a token never
+/// reaches a backend's URL or logs. The common case (no such text in the query) costs one scan.
+fn strip_token_param(uri: &mut Uri) {
+    let param = crate::layers::jwt::QUERY_PARAM;
+    if uri.query().is_some_and(|q| q.contains(param)) {
+        if let Some(stripped) = crate::layers::jwt::strip_query_param(uri, param) {
+            *uri = stripped;
+        }
+    }
 }
