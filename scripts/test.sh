@@ -33,8 +33,10 @@ log "cargo $(cargo --version | cut -d' ' -f2): building and running every test"
 # Tests start several proxies and backends at once; two cores are plenty, more threads only add noise.
 export RUST_TEST_THREADS="${RUST_TEST_THREADS:-4}"
 mkdir -p target
-cargo test --all-targets --locked 2>&1 | tee target/test-output.txt
+set +e
+cargo test --all-targets --locked --no-fail-fast 2>&1 | tee target/test-output.txt
 status=${PIPESTATUS[0]}
+set -e
 
 # One closing line for the whole run, summed over every test binary.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed/) p += $(i-1); if ($i ~ /^failed/) f += $(i-1); if ($i ~ /^ignored/) s += $(i-1) } }

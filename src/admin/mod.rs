@@ -293,10 +293,17 @@ pub fn start(
         master_key,
         config_api_enabled: main.config_api_enabled,
     });
+    // SO_REUSEPORT, like the proxy's listeners: during a live upgrade the new process binds the
+    // same address while the old one drains.
     let bind = |addr: std::net::SocketAddr| {
-        runtime
-            .block_on(tokio::net::TcpListener::bind(addr))
-            .map_err(|source| AdminError::Bind { addr, source })
+        let bound = crate::server::bind_reuseport(addr, 1).and_then(|mut l| {
+            let listener = l
+                .pop()
+                .ok_or_else(|| std::io::Error::other("no listener"))?;
+            let _guard = runtime.enter();
+            tokio::net::TcpListener::from_std(listener)
+        });
+        bound.map_err(|source| AdminError::Bind { addr, source })
     };
     if let Some(addr) = main.config_address {
         let listener = bind(addr)?;

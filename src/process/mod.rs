@@ -136,6 +136,10 @@ pub fn run(main_path: &Path, options: RunOptions) -> Result<(), StartError> {
             what: "the control runtime",
             source,
         })?;
+    let tls = tls_acceptor(&main, &control)?;
+    if let Some(addr) = bound.tls.first().and_then(|l| l.local_addr().ok()) {
+        tracing::info!("listening on https://{addr} with {workers_count} worker(s)");
+    }
     crate::layers::start(&control, &main, reloader.snapshot.clone());
     crate::discovery::start(&control, &main, reloader.clone());
 
@@ -147,11 +151,17 @@ pub fn run(main_path: &Path, options: RunOptions) -> Result<(), StartError> {
         },
     });
     let (stop_tx, stop_rx) = watch::channel(false);
-    let workers = server::spawn_workers(bound.http, proxy, serve_settings(&main), stop_rx)
-        .map_err(|source| StartError::Runtime {
+    let listeners = server::Listeners {
+        http: bound.http,
+        tls: bound.tls,
+        acceptor: tls,
+    };
+    let workers = server::spawn_workers(listeners, proxy, serve_settings(&main), stop_rx).map_err(
+        |source| StartError::Runtime {
             what: "worker threads",
             source,
-        })?;
+        },
+    )?;
 
     let offer = bound.offer.clone();
     let upgrade_sock = bound.upgrade_sock;
@@ -236,4 +246,47 @@ async fn wait_for_signals(reloader: &Reloader) {
             }
         }
     }
+}
+
+/// The TLS acceptor of the proxy listener: certificates from the watched directory, the grade's
+/// suites, ALPN h2 + http/1.1. `None` when `proxy_address_tls` is not set.
+fn tls_acceptor(
+    main: &MainConfig,
+    control: &tokio::runtime::Runtime,
+) -> Result<Option<server::TlsSide>, StartError> {
+    if main.proxy_address_tls.is_none() {
+        return Ok(None);
+    }
+    let Some(dir) = &main.certificates_dir else {
+        return Err(StartError::Config(
+            "  proxy_address_tls needs a certificate directory: set proxy_certificates (or proxy_configs)\n".into(),
+        ));
+    };
+    let (store, problems) = crate::tls::CertStore::open(dir);
+    for problem in &problems {
+        tracing::warn!("certificates: {problem}");
+    }
+    if store.is_empty() {
+        tracing::warn!(
+            "certificates: no usable pair in {}; TLS handshakes fail until one is added",
+            dir.display()
+        );
+    } else {
+        tracing::info!(
+            "certificates: {} pair(s) from {}",
+            store.len(),
+            dir.display()
+        );
+    }
+    if main.proxy_tls_grade == crate::config::main_conf::TlsGrade::Unsafe {
+        tracing::warn!("proxy_tls_grade: unsafe offers the same as medium: rustls has nothing weaker than TLS 1.2 with AEAD suites");
+    }
+    let config =
+        crate::tls::server_config(store.clone(), main.proxy_tls_grade, &[b"h2", b"http/1.1"])
+            .map_err(|e| StartError::Config(format!("  {e}\n")))?;
+    control.spawn(crate::tls::watch(store));
+    Ok(Some(server::TlsSide {
+        acceptor: tokio_rustls::TlsAcceptor::from(config),
+        hsts: main.proxy_tls_grade == crate::config::main_conf::TlsGrade::High,
+    }))
 }

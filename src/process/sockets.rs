@@ -13,6 +13,8 @@ use crate::server;
 /// The sockets of a starting process.
 pub struct Bound {
     pub http: Vec<TcpListener>,
+    /// The TLS listeners (one per worker), when `proxy_address_tls` is set.
+    pub tls: Vec<TcpListener>,
     pub files: Option<(TcpListener, PathBuf)>,
     pub upgrade_sock: Option<UpgradeSock>,
     /// Duplicates of every listener, handed to a new process on a live upgrade.
@@ -43,6 +45,13 @@ pub fn open(main: &MainConfig, upgrade: bool) -> Result<Bound, StartError> {
             http.len()
         );
     }
+    let mut tls = inherited.take(upgrade::TLS);
+    if let Some(addr) = main.proxy_address_tls {
+        if tls.is_empty() {
+            tls = server::bind_reuseport(addr, http.len())
+                .map_err(|source| bind_error(addr, source))?;
+        }
+    }
     let files = file_server(main, &mut inherited)?;
     if !inherited.names().is_empty() {
         tracing::warn!(
@@ -57,9 +66,10 @@ pub fn open(main: &MainConfig, upgrade: bool) -> Result<Bound, StartError> {
             None
         }
     };
-    let offer = offer(&http, files.as_ref().map(|(l, _)| l))?;
+    let offer = offer(&http, &tls, files.as_ref().map(|(l, _)| l))?;
     Ok(Bound {
         http,
+        tls,
         files,
         upgrade_sock,
         offer,
@@ -96,7 +106,11 @@ fn file_server(
     Ok(Some((listener, folder.clone())))
 }
 
-fn offer(http: &[TcpListener], files: Option<&TcpListener>) -> Result<Offer, StartError> {
+fn offer(
+    http: &[TcpListener],
+    tls: &[TcpListener],
+    files: Option<&TcpListener>,
+) -> Result<Offer, StartError> {
     let mut sockets = Sockets::default();
     let dup_error = |source| StartError::Runtime {
         what: "the upgrade hand-over (dup)",
@@ -104,6 +118,9 @@ fn offer(http: &[TcpListener], files: Option<&TcpListener>) -> Result<Offer, Sta
     };
     for listener in http {
         sockets.add(upgrade::HTTP, listener).map_err(dup_error)?;
+    }
+    for listener in tls {
+        sockets.add(upgrade::TLS, listener).map_err(dup_error)?;
     }
     if let Some(listener) = files {
         sockets.add(upgrade::FILES, listener).map_err(dup_error)?;

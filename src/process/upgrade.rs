@@ -21,6 +21,8 @@ use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, Ms
 pub const HTTP: &str = "http";
 /// Name of the file server's listener in the hand-over.
 pub const FILES: &str = "files";
+/// Name of the TLS proxy listeners in the hand-over.
+pub const TLS: &str = "tls";
 
 const MAGIC: &str = "aralez-upgrade/1";
 /// At most this many sockets are handed over (the kernel's SCM_MAX_FD is 253).

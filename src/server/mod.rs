@@ -56,19 +56,37 @@ fn http_builder(settings: &ServeSettings) -> auto::Builder<TokioExecutor> {
     builder
 }
 
-/// Starts one worker thread per listener. Each returns when `shutdown` flips and its connections
-/// have drained (or the grace period ran out).
+/// The TLS side of the proxy listener.
+#[derive(Clone)]
+pub struct TlsSide {
+    pub acceptor: tokio_rustls::TlsAcceptor,
+    /// Add HSTS to TLS responses that lack it (grade `high`).
+    pub hsts: bool,
+}
+
+/// The listening sockets of the workers: one plain and (with TLS) one TLS listener each.
+pub struct Listeners {
+    pub http: Vec<std::net::TcpListener>,
+    pub tls: Vec<std::net::TcpListener>,
+    pub acceptor: Option<TlsSide>,
+}
+
+/// Starts one worker thread per plain listener; a worker also serves the TLS listener of its
+/// index. Each returns when `shutdown` flips and its connections have drained (or the grace
+/// period ran out).
 pub fn spawn_workers(
-    listeners: Vec<std::net::TcpListener>,
+    listeners: Listeners,
     proxy: Arc<Proxy>,
     settings: ServeSettings,
     shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
-    let mut handles = Vec::with_capacity(listeners.len());
-    for (index, listener) in listeners.into_iter().enumerate() {
+    let mut handles = Vec::with_capacity(listeners.http.len());
+    let mut tls_listeners = listeners.tls.into_iter();
+    for (index, listener) in listeners.http.into_iter().enumerate() {
         let proxy = proxy.clone();
         let settings = settings.clone();
         let shutdown = shutdown.clone();
+        let tls = tls_listeners.next().zip(listeners.acceptor.clone());
         let handle = std::thread::Builder::new()
             .name(format!("aralez-worker-{index}"))
             .spawn(move || {
@@ -84,7 +102,21 @@ pub fn spawn_workers(
                         return;
                     }
                 };
-                runtime.block_on(accept_loop(listener, proxy, settings, shutdown));
+                let plain = accept_loop(
+                    listener,
+                    None,
+                    proxy.clone(),
+                    settings.clone(),
+                    shutdown.clone(),
+                );
+                match tls {
+                    Some((tls_listener, side)) => runtime.block_on(async {
+                        let secure =
+                            accept_loop(tls_listener, Some(side), proxy, settings, shutdown);
+                        tokio::join!(plain, secure);
+                    }),
+                    None => runtime.block_on(plain),
+                }
             })?;
         handles.push(handle);
     }
@@ -93,6 +125,7 @@ pub fn spawn_workers(
 
 async fn accept_loop(
     listener: std::net::TcpListener,
+    tls: Option<TlsSide>,
     proxy: Arc<Proxy>,
     settings: ServeSettings,
     mut shutdown: watch::Receiver<bool>,
@@ -104,7 +137,7 @@ async fn accept_loop(
             return;
         }
     };
-    let local = listener.local_addr().ok();
+
     let builder = Arc::new(http_builder(&settings));
     let graceful = GracefulShutdown::new();
     let draining: DrainFlag = Arc::new(AtomicBool::new(false));
@@ -131,7 +164,17 @@ async fn accept_loop(
         if let Some(ka) = settings.keepalive {
             listener::apply_keepalive(&stream, ka);
         }
-        serve_connection(stream, peer, local, &proxy, &builder, &graceful, &draining);
+        let conn = Conn {
+            peer,
+            proxy: &proxy,
+            builder: &builder,
+            graceful: &graceful,
+            draining: &draining,
+        };
+        match &tls {
+            None => conn.serve(stream, false, false),
+            Some(side) => conn.handshake_then_serve(stream, side, settings.header_timeout),
+        }
     }
     drop(listener);
     drain(graceful, &draining, settings.grace_period).await;
@@ -154,31 +197,84 @@ async fn drain(graceful: GracefulShutdown, draining: &AtomicBool, grace: Duratio
     }
 }
 
-fn serve_connection(
-    stream: tokio::net::TcpStream,
+/// What serving one accepted connection needs.
+struct Conn<'a> {
     peer: SocketAddr,
-    _local: Option<SocketAddr>,
-    proxy: &Arc<Proxy>,
-    builder: &Arc<auto::Builder<TokioExecutor>>,
-    graceful: &GracefulShutdown,
-    draining: &DrainFlag,
-) {
-    let ctx = Arc::new(observe::ConnCtx {
-        proxy: proxy.clone(),
-        client: ClientConn::new(peer, false),
-        draining: draining.clone(),
-    });
-    let service = service_fn(move |req| {
-        let ctx = ctx.clone();
-        async move { Ok::<_, Infallible>(observe::handle(&ctx, req).await) }
-    });
-    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-    let conn = graceful.watch(conn.into_owned());
-    OPEN_CONNECTIONS.fetch_add(1, Ordering::Relaxed);
-    tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::debug!(%peer, "connection ended with an error: {e}");
-        }
-        OPEN_CONNECTIONS.fetch_sub(1, Ordering::Relaxed);
-    });
+    proxy: &'a Arc<Proxy>,
+    builder: &'a Arc<auto::Builder<TokioExecutor>>,
+    graceful: &'a GracefulShutdown,
+    draining: &'a DrainFlag,
+}
+
+impl Conn<'_> {
+    /// Serves HTTP on `io` (plain TCP or an established TLS stream) until it closes.
+    fn serve<IO>(self, io: IO, tls: bool, hsts: bool)
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let peer = self.peer;
+        let ctx = Arc::new(observe::ConnCtx {
+            proxy: self.proxy.clone(),
+            client: ClientConn::new(peer, tls),
+            draining: self.draining.clone(),
+            hsts,
+        });
+        let service = service_fn(move |req| {
+            let ctx = ctx.clone();
+            async move { Ok::<_, Infallible>(observe::handle(&ctx, req).await) }
+        });
+        let conn = self
+            .builder
+            .serve_connection_with_upgrades(TokioIo::new(io), service);
+        let conn = self.graceful.watch(conn.into_owned());
+        OPEN_CONNECTIONS.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, "connection ended with an error: {e}");
+            }
+            OPEN_CONNECTIONS.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+
+    /// Runs the TLS handshake (bounded by the header timeout) in its own task, then serves.
+    fn handshake_then_serve(self, stream: tokio::net::TcpStream, side: &TlsSide, limit: Duration) {
+        let (peer, proxy, builder, draining) = (
+            self.peer,
+            self.proxy.clone(),
+            self.builder.clone(),
+            self.draining.clone(),
+        );
+        let graceful_watch = self.graceful.watcher();
+        let (acceptor, hsts) = (side.acceptor.clone(), side.hsts);
+        tokio::spawn(async move {
+            let stream = match tokio::time::timeout(limit, acceptor.accept(stream)).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, "TLS handshake failed: {e}");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
+            let ctx = Arc::new(observe::ConnCtx {
+                proxy,
+                client: ClientConn::new(peer, true),
+                draining,
+                hsts,
+            });
+            let service = service_fn(move |req| {
+                let ctx = ctx.clone();
+                async move { Ok::<_, Infallible>(observe::handle(&ctx, req).await) }
+            });
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+            let conn = graceful_watch.watch(conn.into_owned());
+            OPEN_CONNECTIONS.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, "connection ended with an error: {e}");
+            }
+            OPEN_CONNECTIONS.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
 }

@@ -58,6 +58,8 @@ pub struct ConnCtx {
     pub proxy: Arc<Proxy>,
     pub client: ClientConn,
     pub draining: DrainFlag,
+    /// Add `Strict-Transport-Security` to responses that lack it (TLS grade `high`).
+    pub hsts: bool,
 }
 
 /// Handles one request through the proxy, with metrics and the access log around it.
@@ -78,6 +80,16 @@ pub async fn handle(ctx: &ConnCtx, req: Request<Incoming>) -> Response<LoggedBod
     let served = resp.extensions().get::<ServedBy>();
     metrics::response_ready(resp.status(), start.elapsed(), served);
     record.respond(resp.status().as_u16(), served.map(|s| &s.0));
+    if ctx.hsts
+        && !resp
+            .headers()
+            .contains_key(http::header::STRICT_TRANSPORT_SECURITY)
+    {
+        resp.headers_mut().insert(
+            http::header::STRICT_TRANSPORT_SECURITY,
+            HeaderValue::from_static("max-age=31536000"),
+        );
+    }
     if ctx.draining.load(Ordering::Relaxed) && version < Version::HTTP_2 {
         resp.headers_mut()
             .insert(CONNECTION, HeaderValue::from_static("close"));

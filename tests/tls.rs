@@ -1,0 +1,221 @@
+//! The TLS listener: SNI certificates from the watched directory, hot replacement, broken pairs,
+//! grades, HSTS, and proxying over TLS (HTTP/1.1 and h2 by ALPN).
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rustls::crypto::CryptoProvider;
+use rustls::CipherSuite;
+use rustls_pki_types::{CertificateDer, ServerName};
+use support::*;
+use tokio::net::TcpStream;
+
+struct TlsProxy {
+    proxy: ProxyProcess,
+    tls: SocketAddr,
+    certs: tempfile::TempDir,
+    roots: Vec<CertificateDer<'static>>,
+    _backend: Backend,
+}
+
+async fn start(grade: &str) -> TlsProxy {
+    let backend = Backend::start("a").await;
+    let certs = tempfile::tempdir().unwrap();
+    let roots = vec![
+        write_self_signed(certs.path(), "default", &["default.local", "127.0.0.1"]),
+        write_self_signed(certs.path(), "alpha", &["alpha.local"]),
+        write_self_signed(certs.path(), "wild", &["*.beta.local"]),
+    ];
+    let yaml = format!(
+        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}, healthcheck: false}}\n",
+        servers(&[&backend])
+    );
+    let main = format!(
+        "proxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"\nproxy_tls_grade: {grade}",
+        certs.path().display()
+    );
+    let proxy = ProxyProcess::start(&yaml, &main);
+    let tls = proxy.logged_addr("listening on https://");
+    TlsProxy {
+        proxy,
+        tls,
+        certs,
+        roots,
+        _backend: backend,
+    }
+}
+
+/// Handshakes with `name` as SNI (an IP sends none) and returns the certificate served.
+async fn served_cert(
+    addr: SocketAddr,
+    name: &str,
+    config: Arc<rustls::ClientConfig>,
+) -> std::io::Result<CertificateDer<'static>> {
+    let stream = TcpStream::connect(addr).await?;
+    let server_name = ServerName::try_from(name.to_string()).expect("name");
+    let tls = tokio_rustls::TlsConnector::from(config)
+        .connect(server_name, stream)
+        .await?;
+    Ok(tls.get_ref().1.peer_certificates().expect("certificate")[0].clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sni_picks_the_certificate_and_no_sni_gets_the_default() {
+    let t = start("medium").await;
+    let config = tls_client_config(&t.roots, &[b"http/1.1"]);
+    let cases = [
+        ("alpha.local", 1),
+        ("x.beta.local", 2),
+        ("default.local", 0),
+        ("127.0.0.1", 0),
+    ];
+    for (name, want) in cases {
+        let cert = served_cert(t.tls, name, config.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(cert, t.roots[want], "{name}");
+    }
+    // And requests go through, over HTTP/1.1 and h2 (ALPN).
+    for alpn in [&b"http/1.1"[..], b"h2"] {
+        let mut client =
+            Client::connect_tls(t.tls, "alpha.local", tls_client_config(&t.roots, &[alpn])).await;
+        let resp = client.get("alpha.local", "/").await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(header(&resp, "x-backend"), "a");
+        assert_eq!(header(&resp, "x-seen-proto"), "https");
+        body_bytes(resp).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replaced_pairs_serve_new_handshakes_and_broken_ones_are_skipped() {
+    let mut t = start("medium").await;
+    let config = tls_client_config(&t.roots, &[b"http/1.1"]);
+    // An open connection, made before the change.
+    let mut open = Client::connect_tls(t.tls, "alpha.local", config.clone()).await;
+    assert_eq!(open.get("alpha.local", "/").await.status(), 200);
+
+    let new_alpha = write_self_signed(t.certs.path(), "alpha", &["alpha.local"]);
+    t.roots.push(new_alpha.clone());
+    let config = tls_client_config(&t.roots, &[b"http/1.1"]);
+    let started = Instant::now();
+    while served_cert(t.tls, "alpha.local", config.clone())
+        .await
+        .unwrap()
+        != new_alpha
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "the new pair was not picked up"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        open.get("alpha.local", "/again").await.status(),
+        200,
+        "the open connection keeps working"
+    );
+
+    // A corrupt replacement: the last good copy keeps serving, and the problem is logged.
+    std::fs::write(
+        t.certs.path().join("alpha.key"),
+        "-----BEGIN PRIVATE KEY-----\ngarbage\n-----END PRIVATE KEY-----\n",
+    )
+    .unwrap();
+    let logged = eventually(Duration::from_secs(3), || {
+        t.proxy.log_text().contains("last good copy keeps serving")
+    })
+    .await;
+    assert!(logged, "{}", t.proxy.log_text());
+    assert_eq!(
+        served_cert(t.tls, "alpha.local", config.clone())
+            .await
+            .unwrap(),
+        new_alpha
+    );
+    // A deleted pair goes: its name falls back to the default certificate, which the client
+    // rejects as not valid for that name.
+    std::fs::remove_file(t.certs.path().join("wild.crt")).unwrap();
+    std::fs::remove_file(t.certs.path().join("wild.key")).unwrap();
+    let started = Instant::now();
+    loop {
+        match served_cert(t.tls, "x.beta.local", config.clone()).await {
+            Err(e) if format!("{e:?}").contains("default.local") => break,
+            other => {
+                assert!(
+                    started.elapsed() < Duration::from_secs(3),
+                    "the deleted pair still serves: {other:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// A client that speaks only TLS 1.2 with AES-128-GCM suites.
+fn tls12_aes128_only(roots: &[CertificateDer<'static>]) -> Arc<rustls::ClientConfig> {
+    let mut provider: CryptoProvider = rustls::crypto::aws_lc_rs::default_provider();
+    provider.cipher_suites.retain(|s| {
+        matches!(
+            s.suite(),
+            CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256
+                | CipherSuite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256
+        )
+    });
+    let mut store = rustls::RootCertStore::empty();
+    for r in roots {
+        store.add(r.clone()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+        .with_protocol_versions(&[&rustls::version::TLS12])
+        .unwrap()
+        .with_root_certificates(store)
+        .with_no_client_auth();
+    Arc::new(config)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grade_high_refuses_weak_clients_and_sends_hsts() {
+    let high = start("high").await;
+    assert!(
+        served_cert(high.tls, "alpha.local", tls12_aes128_only(&high.roots))
+            .await
+            .is_err(),
+        "high accepted TLS 1.2 AES-128"
+    );
+    let mut client = Client::connect_tls(
+        high.tls,
+        "alpha.local",
+        tls_client_config(&high.roots, &[b"http/1.1"]),
+    )
+    .await;
+    let resp = client.get("alpha.local", "/").await;
+    assert_eq!(
+        header(&resp, "strict-transport-security"),
+        "max-age=31536000"
+    );
+
+    let medium = start("medium").await;
+    assert!(
+        served_cert(medium.tls, "alpha.local", tls12_aes128_only(&medium.roots))
+            .await
+            .is_ok(),
+        "medium refused TLS 1.2 AES-128"
+    );
+    let mut client = Client::connect_tls(
+        medium.tls,
+        "alpha.local",
+        tls_client_config(&medium.roots, &[b"http/1.1"]),
+    )
+    .await;
+    let resp = client.get("alpha.local", "/").await;
+    assert!(resp.headers().get("strict-transport-security").is_none());
+}
