@@ -142,6 +142,11 @@ async fn metrics_count_exactly_the_requests_sent() {
     );
     assert_eq!(metric(admin, &up).await, Some(1.0));
     assert_eq!(metric(admin, "aralez_active_sessions").await, Some(2.0));
+    // One client connection, sequential requests: one new backend connection, the rest reused.
+    let reused = metric(admin, "aralez_upstream_connections_total{reused=\"true\"}").await;
+    let fresh = metric(admin, "aralez_upstream_connections_total{reused=\"false\"}").await;
+    assert_eq!(reused.unwrap_or(0.0) + fresh.unwrap_or(0.0), n, "{reused:?} {fresh:?}");
+    assert!(fresh.unwrap_or(0.0) <= 2.0 && reused.unwrap_or(0.0) >= n - 2.0, "{reused:?} {fresh:?}");
     assert!(metric(admin, "aralez_memory_bytes").await.unwrap_or(0.0) > 1e6);
 }
 

@@ -87,6 +87,7 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         match self.limit {
             Some(limit) if !limit.admit(self.client) => {
+                crate::metrics::rate_limited();
                 Either::Left(ready(Err(ProxyError::RateLimited)))
             }
             _ => Either::Right(self.inner.call(req)),

@@ -89,6 +89,7 @@ where
         };
         let key = limit.table.key((self.client, limit.scope));
         if !limit.table.admit_4xx(key) {
+            crate::metrics::rate_limited();
             return Either::Left(ready(Err(ProxyError::TooMany4xx)));
         }
         Either::Right(Either::Left(Counting {

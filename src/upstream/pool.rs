@@ -118,7 +118,10 @@ async fn send_h1(
     while let Some(mut conn) = backend.take_idle() {
         match tokio::time::timeout(t.response, conn.try_send_request(req)).await {
             Err(_) => return Err(SendError::Timeout),
-            Ok(Ok(resp)) => return Ok(PooledBody::wrap(resp, Some((conn, backend.clone())))),
+            Ok(Ok(resp)) => {
+                crate::metrics::upstream_connection(true);
+                return Ok(PooledBody::wrap(resp, Some((conn, backend.clone()))));
+            }
             Ok(Err(mut err)) => match err.take_message() {
                 // Never written: try the next idle connection, or a new one.
                 Some(back) => req = back,
@@ -138,7 +141,10 @@ async fn send_h1(
     };
     match tokio::time::timeout(t.response, conn.send_request(req)).await {
         Err(_) => Err(SendError::Timeout),
-        Ok(Ok(resp)) => Ok(PooledBody::wrap(resp, Some((conn, backend.clone())))),
+        Ok(Ok(resp)) => {
+            crate::metrics::upstream_connection(false);
+            Ok(PooledBody::wrap(resp, Some((conn, backend.clone()))))
+        }
         Ok(Err(err)) => Err(classify(err, false)),
     }
 }
@@ -170,7 +176,10 @@ async fn send_h2(
     };
     match tokio::time::timeout(t.response, conn.send_request(req)).await {
         Err(_) => Err(SendError::Timeout),
-        Ok(Ok(resp)) => Ok(PooledBody::wrap(resp, None)),
+        Ok(Ok(resp)) => {
+            crate::metrics::upstream_connection(reused);
+            Ok(PooledBody::wrap(resp, None))
+        }
         Ok(Err(err)) => Err(classify(err, reused)),
     }
 }
