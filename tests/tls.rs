@@ -219,3 +219,61 @@ async fn grade_high_refuses_weak_clients_and_sends_hsts() {
     let resp = client.get("alpha.local", "/").await;
     assert!(resp.headers().get("strict-transport-security").is_none());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn to_https_and_redirect_to() {
+    let backend = Backend::start("a").await;
+    let certs = tempfile::tempdir().unwrap();
+    let root = write_self_signed(certs.path(), "default", &["shop.local"]);
+    let yaml = format!(
+        "upstreams:\n  shop.local:\n    to_https: true\n    paths:\n      \"/\": {{servers: {}, healthcheck: false}}\n      \"/old\": {{redirect_to: \"https://new.example/\"}}\n",
+        servers(&[&backend])
+    );
+    let main = format!(
+        "proxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"",
+        certs.path().display()
+    );
+    let proxy = ProxyProcess::start(&yaml, &main);
+    let tls = proxy.logged_addr("listening on https://");
+    for proto in PROTOCOLS {
+        let mut client = Client::connect(proto, proxy.addr).await;
+        let resp = client.get("shop.local:8080", "/cart?id=7").await;
+        assert_eq!(resp.status(), 301, "{proto:?}");
+        assert_eq!(
+            header(&resp, "location"),
+            format!("https://shop.local:{}/cart?id=7", tls.port())
+        );
+        let resp = client
+            .send(
+                http::Method::POST,
+                Some("shop.local"),
+                "/cart",
+                &[],
+                full("x"),
+            )
+            .await;
+        assert_eq!(resp.status(), 308, "{proto:?}: non-GET keeps its method");
+        let resp = client.get("shop.local", "/old/page?q=1").await;
+        assert_eq!(
+            (resp.status().as_u16(), header(&resp, "location")),
+            (301, "https://new.example/old/page?q=1".to_string())
+        );
+    }
+    assert_eq!(
+        backend.requests.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "redirects never reach the backend"
+    );
+    let mut client = Client::connect_tls(
+        tls,
+        "shop.local",
+        tls_client_config(&[root], &[b"http/1.1"]),
+    )
+    .await;
+    let resp = client.get("shop.local", "/cart").await;
+    assert_eq!(
+        (resp.status().as_u16(), header(&resp, "x-backend")),
+        (200, "a".to_string()),
+        "over TLS: served"
+    );
+}

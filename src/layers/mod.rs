@@ -17,6 +17,7 @@ pub mod jwt;
 mod jwt_cache;
 pub mod limiter;
 pub mod rate_limit;
+pub mod redirect;
 pub mod sticky;
 pub mod x4xx;
 
@@ -37,12 +38,14 @@ use crate::upstream::Backend;
 pub use auth::{Auth, AuthLayer};
 pub use limiter::Rate;
 pub use rate_limit::{RateLimit, RateLimitLayer};
+pub use redirect::{Redirect, RedirectLayer};
 pub use sticky::{Pinned, Sticky, StickyLayer};
 pub use x4xx::{X4xxLayer, X4xxLimit};
 
 /// A route's policies, compiled when the snapshot is built.
 #[derive(Debug, Default)]
 pub struct Policies {
+    pub redirect: Option<Redirect>,
     pub auth: Option<Auth>,
     pub rate_limit: Option<RateLimit>,
     pub x4xx_limit: Option<X4xxLimit>,
@@ -68,6 +71,7 @@ impl Policies {
             h.finish()
         };
         Policies {
+            redirect: Redirect::compile(settings.to_https, settings.redirect_to.as_deref()),
             auth: settings.authorization.as_ref().map(Auth::compile),
             rate_limit: settings
                 .rate_limit
@@ -104,7 +108,8 @@ impl LocalBody for Full<Bytes> {
 
 /// Runs `req` through the route's policies, in SPEC §8 order, then `forward`.
 ///
-/// Redirects (`to_https`, `redirect_to`) will sit above auth when they land. (A plain function
+/// Redirects (`to_https`, `redirect_to`) come first, so a redirected request meets no other
+/// policy. (A plain function
 /// returning a named future rather than an `async fn`: the compiler can then see it is `Send`.)
 pub fn apply<'a, B, S>(
     route: &'a Route,
@@ -120,6 +125,7 @@ where
     let policies = &route.policies;
     let client_ip = conn.peer.ip();
     ServiceBuilder::new()
+        .layer(RedirectLayer::new(policies.redirect.as_ref(), conn.tls))
         .layer(AuthLayer::new(policies.auth.as_ref(), conn))
         .layer(RateLimitLayer::new(policies.rate_limit.as_ref(), client_ip))
         .layer(X4xxLayer::new(policies.x4xx_limit.as_ref(), client_ip))

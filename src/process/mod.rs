@@ -138,6 +138,7 @@ pub fn run(main_path: &Path, options: RunOptions) -> Result<(), StartError> {
         })?;
     let tls = tls_acceptor(&main, &control)?;
     if let Some(addr) = bound.tls.first().and_then(|l| l.local_addr().ok()) {
+        crate::layers::redirect::set_tls_port(addr.port());
         tracing::info!("listening on https://{addr} with {workers_count} worker(s)");
     }
     crate::layers::start(&control, &main, reloader.snapshot.clone());

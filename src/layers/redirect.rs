@@ -1,0 +1,190 @@
+//! Redirects (SPEC §7.3), first in the stack: `to_https` on a plain connection answers 301 (308
+//! for methods other than GET/HEAD) to `https://<host>[:<tls port>]<path>?<query>`; `redirect_to`
+//! answers 301 to the URL followed by the request's path and query. A redirected request never
+//! reaches auth, limits or a backend.
+
+use std::sync::OnceLock;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures_util::future::{ready, Either, Ready};
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use tower::{Layer, Service};
+
+use super::LocalBody;
+use crate::proxy::ProxyError;
+
+static TLS_PORT: OnceLock<u16> = OnceLock::new();
+
+/// Records the TLS listener's port for `to_https` (443 is left out of the URL).
+pub fn set_tls_port(port: u16) {
+    let _ = TLS_PORT.set(port);
+}
+
+/// A route's compiled redirect rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Redirect {
+    pub to_https: bool,
+    /// `redirect_to` without a trailing slash.
+    pub redirect_to: Option<String>,
+}
+
+impl Redirect {
+    /// The rule of a route, if it has one.
+    pub fn compile(to_https: Option<bool>, redirect_to: Option<&str>) -> Option<Redirect> {
+        let to_https = to_https.unwrap_or(false);
+        (to_https || redirect_to.is_some()).then(|| Redirect {
+            to_https,
+            redirect_to: redirect_to.map(|u| u.trim_end_matches('/').to_string()),
+        })
+    }
+
+    /// Where a request should go instead, if anywhere.
+    fn target<B>(&self, req: &Request<B>, tls: bool) -> Option<(StatusCode, String)> {
+        let path_and_query = req.uri().path_and_query().map_or("/", |p| p.as_str());
+        if let Some(base) = &self.redirect_to {
+            return Some((
+                StatusCode::MOVED_PERMANENTLY,
+                format!("{base}{path_and_query}"),
+            ));
+        }
+        if !self.to_https || tls {
+            return None;
+        }
+        let host = req
+            .headers()
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .or_else(|| req.uri().authority().map(|a| a.as_str()))?;
+        let host = strip_port(host);
+        let port = match TLS_PORT.get() {
+            Some(443) | None => String::new(),
+            Some(p) => format!(":{p}"),
+        };
+        let status = if matches!(*req.method(), Method::GET | Method::HEAD) {
+            StatusCode::MOVED_PERMANENTLY
+        } else {
+            StatusCode::PERMANENT_REDIRECT
+        };
+        Some((status, format!("https://{host}{port}{path_and_query}")))
+    }
+}
+
+fn strip_port(host: &str) -> &str {
+    if host.starts_with('[') {
+        return host.split_inclusive(']').next().unwrap_or(host);
+    }
+    match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    }
+}
+
+/// Applies a route's redirect (or nothing) to one connection's requests.
+#[derive(Clone, Copy)]
+pub struct RedirectLayer<'a> {
+    rule: Option<&'a Redirect>,
+    tls: bool,
+}
+
+impl<'a> RedirectLayer<'a> {
+    pub fn new(rule: Option<&'a Redirect>, tls: bool) -> Self {
+        RedirectLayer { rule, tls }
+    }
+}
+
+impl<'a, S> Layer<S> for RedirectLayer<'a> {
+    type Service = RedirectService<'a, S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RedirectService {
+            rule: self.rule,
+            tls: self.tls,
+            inner,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct RedirectService<'a, S> {
+    rule: Option<&'a Redirect>,
+    tls: bool,
+    inner: S,
+}
+
+impl<S, B, RB> Service<Request<B>> for RedirectService<'_, S>
+where
+    S: Service<Request<B>, Response = Response<RB>, Error = ProxyError>,
+    RB: LocalBody,
+{
+    type Response = Response<RB>;
+    type Error = ProxyError;
+    type Future = Either<Ready<Result<Response<RB>, ProxyError>>, S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let Some((status, location)) = self.rule.and_then(|r| r.target(&req, self.tls)) else {
+            return Either::Right(self.inner.call(req));
+        };
+        let Ok(location) = HeaderValue::from_str(&location) else {
+            return Either::Right(self.inner.call(req));
+        };
+        let mut resp = Response::new(RB::local(Bytes::new()));
+        *resp.status_mut() = status;
+        resp.headers_mut().insert(header::LOCATION, location);
+        Either::Left(ready(Ok(resp)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(
+        rule: &Redirect,
+        method: Method,
+        uri: &str,
+        host: &str,
+        tls: bool,
+    ) -> Option<(u16, String)> {
+        let req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("host", host)
+            .body(())
+            .unwrap();
+        rule.target(&req, tls).map(|(s, l)| (s.as_u16(), l))
+    }
+
+    #[test]
+    fn locations_and_statuses() {
+        let https = Redirect::compile(Some(true), None).unwrap();
+        // TLS_PORT is unset in unit tests: 443 is implied and left out.
+        assert_eq!(
+            target(&https, Method::GET, "/a?b=1", "ex.com:8080", false),
+            Some((301, "https://ex.com/a?b=1".into()))
+        );
+        assert_eq!(
+            target(&https, Method::POST, "/a", "ex.com", false),
+            Some((308, "https://ex.com/a".into()))
+        );
+        assert_eq!(
+            target(&https, Method::GET, "/a", "ex.com", true),
+            None,
+            "already TLS"
+        );
+        assert_eq!(
+            target(&https, Method::GET, "/", "[::1]:80", false),
+            Some((301, "https://[::1]/".into()))
+        );
+        let moved = Redirect::compile(None, Some("https://www.example.com/")).unwrap();
+        assert_eq!(
+            target(&moved, Method::GET, "/x?y", "old.com", true),
+            Some((301, "https://www.example.com/x?y".into()))
+        );
+        assert_eq!(Redirect::compile(Some(false), None), None);
+    }
+}
