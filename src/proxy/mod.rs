@@ -5,6 +5,7 @@
 
 pub mod error;
 pub mod headers;
+pub mod upgrade;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -87,10 +88,17 @@ impl Proxy {
         &self,
         conn: &ClientConn,
         route: &Route,
-        req: Request<Incoming>,
+        mut req: Request<Incoming>,
     ) -> Result<Response<RespBody>, ProxyError> {
-        let resp = self.forward(conn, route, req).await?;
-        Ok(finish_response(resp, route))
+        let client_upgrade = upgrade::take(&mut req);
+        let protocol = client_upgrade.as_ref().map(|u| u.protocol.clone());
+        let resp = self.forward(conn, route, req, protocol.as_ref()).await?;
+        match client_upgrade {
+            Some(client) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
+                Ok(upgrade::bridge(resp, client))
+            }
+            _ => Ok(finish_response(resp, route)),
+        }
     }
 
     /// Sends to the route's backends with failover, starting at the pinned backend (sticky
@@ -100,10 +108,14 @@ impl Proxy {
         conn: &ClientConn,
         route: &Route,
         req: Request<Incoming>,
+        upgrade_protocol: Option<&HeaderValue>,
     ) -> Result<Response<PooledBody>, ProxyError> {
         let (mut parts, body) = req.into_parts();
         let client_host = request_host_parts(&parts);
         prepare_headers(&mut parts, conn, client_host, route);
+        if let Some(protocol) = upgrade_protocol {
+            upgrade::restore_request_headers(&mut parts.headers, protocol);
+        }
         strip_token_param(&mut parts.uri);
         // A request that can safely be sent twice keeps a copy of its head for a retry.
         let replayable = is_idempotent(&parts.method) && body.is_end_stream();

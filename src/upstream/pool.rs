@@ -120,7 +120,9 @@ async fn send_h1(
             Err(_) => return Err(SendError::Timeout),
             Ok(Ok(resp)) => {
                 crate::metrics::upstream_connection(true);
-                return Ok(PooledBody::wrap(resp, Some((conn, backend.clone()))));
+                let conn = reusable(conn, backend)
+                    .filter(|_| resp.status() != http::StatusCode::SWITCHING_PROTOCOLS);
+                return Ok(PooledBody::wrap(resp, conn));
             }
             Ok(Err(mut err)) => match err.take_message() {
                 // Never written: try the next idle connection, or a new one.
@@ -143,7 +145,10 @@ async fn send_h1(
         Err(_) => Err(SendError::Timeout),
         Ok(Ok(resp)) => {
             crate::metrics::upstream_connection(false);
-            Ok(PooledBody::wrap(resp, Some((conn, backend.clone()))))
+            // An upgraded connection belongs to the upgrade now, never to the pool.
+            let conn = reusable(conn, backend)
+                .filter(|_| resp.status() != http::StatusCode::SWITCHING_PROTOCOLS);
+            Ok(PooledBody::wrap(resp, conn))
         }
         Ok(Err(err)) => Err(classify(err, false)),
     }
@@ -182,6 +187,13 @@ async fn send_h2(
         }
         Ok(Err(err)) => Err(classify(err, reused)),
     }
+}
+
+fn reusable(
+    conn: http1::SendRequest<UpBody>,
+    backend: &Arc<Backend>,
+) -> Option<(http1::SendRequest<UpBody>, Arc<Backend>)> {
+    Some((conn, backend.clone()))
 }
 
 fn classify(error: hyper::Error, reused: bool) -> SendError {
@@ -233,7 +245,7 @@ async fn connect_h1(
         .await
         .map_err(|e| (format!("HTTP/1.1 handshake: {e}"), false))?;
     tokio::spawn(async move {
-        if let Err(e) = conn.await {
+        if let Err(e) = conn.with_upgrades().await {
             tracing::debug!("upstream connection ended: {e}");
         }
     });
