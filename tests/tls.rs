@@ -277,3 +277,38 @@ async fn to_https_and_redirect_to() {
         "over TLS: served"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_backends_speak_what_alpn_picks() {
+    let h2_backend = start_tls_backend("tls-h2", &[b"h2", b"http/1.1"]).await;
+    let h1_backend = start_tls_backend("tls-h1", &[b"http/1.1"]).await;
+    let yaml = format!(
+        "upstreams:\n  DEFAULT:\n    paths:\n      \"/two\": {{servers: [\"https://{h2_backend}\"]}}\n      \"/one\": {{servers: [\"https://{h1_backend}\"]}}\n"
+    );
+    let proxy = ProxyProcess::start(&yaml, "");
+    for proto in PROTOCOLS {
+        let mut client = Client::connect(proto, proxy.addr).await;
+        for (path, backend, version) in [
+            ("/two/x?q=1", "tls-h2", "HTTP/2.0"),
+            ("/one/y", "tls-h1", "HTTP/1.1"),
+        ] {
+            for _ in 0..3 {
+                let resp = client.get("app.local", path).await;
+                assert_eq!(resp.status(), 200, "{proto:?} {path}");
+                assert_eq!(header(&resp, "x-backend"), backend);
+                assert_eq!(header(&resp, "x-seen-version"), version, "{proto:?} {path}");
+                assert!(
+                    header(&resp, "x-seen-uri").ends_with(path),
+                    "{}",
+                    header(&resp, "x-seen-uri")
+                );
+                body_bytes(resp).await;
+            }
+        }
+    }
+    // Active health checks reach TLS backends too: both stay up.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    assert_eq!(client.get("app.local", "/one").await.status(), 200);
+    assert_eq!(client.get("app.local", "/two").await.status(), 200);
+}

@@ -150,7 +150,9 @@ impl UpstreamsConfig {
                 "upstreams" => {}
                 "provider" => cfg.provider = read_provider(value, r).unwrap_or_default(),
                 "consul" => cfg.consul = super::discovery_conf::read_consul(value, k, r),
-                "kubernetes" => cfg.kubernetes = super::discovery_conf::read_kubernetes(value, k, r),
+                "kubernetes" => {
+                    cfg.kubernetes = super::discovery_conf::read_kubernetes(value, k, r)
+                }
                 _ if SETTING_KEYS.contains(&k) => read_setting(&mut cfg.globals, key, value, "", r),
                 _ if looks_like_host(value) => top_level_hosts.push(entry),
                 _ if matches!(value.value, Value::Map(_))
@@ -415,7 +417,13 @@ pub(super) fn read_setting(
         "authorization" => settings.authorization = read_auth(node, p, r),
         "healthcheck" => settings.healthcheck = r.boolean(node, p),
         "redirect_to" => settings.redirect_to = read_redirect(node, p, r),
-        "upstream_tls_verify" => settings.upstream_tls_verify = r.boolean(node, p),
+        "upstream_tls_verify" => {
+            settings.upstream_tls_verify = r.boolean(node, p);
+            if settings.upstream_tls_verify == Some(true) {
+                // Fail closed: an operator who asks for verification must not get an unverified link.
+                r.error(node.pos, p, "verifying backend certificates is not supported yet; remove the key (backends are not verified, like nginx's default)");
+            }
+        }
         _ => {}
     }
 }

@@ -31,6 +31,8 @@ pub struct Backend {
     /// Resolved when the backend was created (empty if the name did not resolve).
     pub addrs: Box<[SocketAddr]>,
     pub protocol: Protocol,
+    /// `https://`: TLS to the backend; ALPN decides between h2 and HTTP/1.1.
+    pub tls: bool,
     /// Value for the `:authority` of HTTP/2 requests when the client sent none.
     pub authority: http::uri::Authority,
     health: Health,
@@ -77,6 +79,7 @@ impl Backend {
                 .map(|it| it.collect())
                 .unwrap_or_default(),
         };
+        let tls = spec.scheme == Some(Scheme::Https);
         let protocol = match spec.scheme {
             Some(Scheme::H2c) => Protocol::H2c,
             _ => Protocol::Http1,
@@ -94,6 +97,7 @@ impl Backend {
             label,
             addrs,
             protocol,
+            tls,
             authority,
             health,
             slots: (0..workers).map(|_| WorkerSlot::default()).collect(),

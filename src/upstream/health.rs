@@ -105,6 +105,12 @@ pub async fn probe(backend: &Backend, path: &str, method: Method, timeout: Durat
     let attempt = async {
         let stream = oneshot::connect(&backend.addrs[..]).await?;
         let req = probe_request(backend, path, method);
+        if backend.tls {
+            let (tls, _) = super::tls::handshake(stream, &backend.spec.host, false)
+                .await
+                .map_err(oneshot::OneShotError::Connect)?;
+            return oneshot::exchange(tls, Protocol::Http1, req, timeout).await;
+        }
         oneshot::exchange(stream, backend.protocol, req, timeout).await
     };
     match tokio::time::timeout(timeout, attempt).await {

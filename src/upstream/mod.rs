@@ -2,9 +2,11 @@
 //!
 //! Only this module opens connections to backends.
 pub mod backend;
+mod connect;
 pub mod health;
 pub mod oneshot;
 pub mod pool;
+pub mod tls;
 
 pub use backend::{Backend, Protocol, Registry};
 pub use pool::{send, set_worker_index, PooledBody, SendError, Timeouts, UpBody};

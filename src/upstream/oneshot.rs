@@ -40,12 +40,15 @@ pub async fn connect(addrs: impl ToSocketAddrs) -> Result<TcpStream, OneShotErro
 
 /// Sends `req` on `stream` and returns the response head; the body streams from the connection,
 /// whose task ends after `limit` at the latest.
-pub async fn exchange(
-    stream: TcpStream,
+pub async fn exchange<IO>(
+    stream: IO,
     protocol: Protocol,
     req: Request<Empty<Bytes>>,
     limit: Duration,
-) -> Result<Response<Incoming>, OneShotError> {
+) -> Result<Response<Incoming>, OneShotError>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let io = TokioIo::new(stream);
     match protocol {
         Protocol::Http1 => {

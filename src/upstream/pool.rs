@@ -17,10 +17,12 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::{Either, Empty};
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::net::TcpStream;
 
 use super::backend::{Backend, Protocol};
+use super::connect::{self, Fresh};
+use http::header;
+use http::uri::Scheme;
+use http::Uri;
 
 /// Body of a request sent upstream: the client's own body, or nothing (on a retry).
 pub type UpBody = Either<Incoming, Empty<Bytes>>;
@@ -104,9 +106,31 @@ pub async fn send(
     req: Request<UpBody>,
     t: Timeouts,
 ) -> Result<Response<PooledBody>, SendError> {
+    if backend.tls {
+        // A TLS backend that chose h2 is served by its shared connection.
+        if let Some(conn) = shared_h2(backend) {
+            return send_on_h2(conn, to_h2_form(req, backend, &Scheme::HTTPS), t, true).await;
+        }
+        return send_h1(backend, req, t).await;
+    }
     match backend.protocol {
         Protocol::Http1 => send_h1(backend, req, t).await,
-        Protocol::H2c => send_h2(backend, req, t).await,
+        Protocol::H2c => send_h2c(backend, req, t).await,
+    }
+}
+
+fn shared_h2(backend: &Backend) -> Option<http2::SendRequest<UpBody>> {
+    lock(&backend.slot().h2)
+        .as_ref()
+        .filter(|c| !c.is_closed())
+        .cloned()
+}
+
+fn connect_error(reason: String, timed_out: bool, req: Request<UpBody>) -> SendError {
+    SendError::Connect {
+        reason,
+        timed_out,
+        request: Box::new(req),
     }
 }
 
@@ -120,9 +144,7 @@ async fn send_h1(
             Err(_) => return Err(SendError::Timeout),
             Ok(Ok(resp)) => {
                 crate::metrics::upstream_connection(true);
-                let conn = reusable(conn, backend)
-                    .filter(|_| resp.status() != http::StatusCode::SWITCHING_PROTOCOLS);
-                return Ok(PooledBody::wrap(resp, conn));
+                return Ok(wrap_h1(resp, conn, backend));
             }
             Ok(Err(mut err)) => match err.take_message() {
                 // Never written: try the next idle connection, or a new one.
@@ -131,54 +153,60 @@ async fn send_h1(
             },
         }
     }
-    let mut conn = match connect_h1(backend, t.connect).await {
-        Ok(conn) => conn,
-        Err((reason, timed_out)) => {
-            return Err(SendError::Connect {
-                reason,
-                timed_out,
-                request: Box::new(req),
-            })
+    let sni = sni_host(&req, backend);
+    let mut conn = match connect::open(backend, &sni, t.connect).await {
+        Ok(Fresh::H1(conn)) => conn,
+        Ok(Fresh::H2(conn)) => {
+            *lock(&backend.slot().h2) = Some(conn.clone());
+            return send_on_h2(conn, to_h2_form(req, backend, &Scheme::HTTPS), t, false).await;
         }
+        Err((reason, timed_out)) => return Err(connect_error(reason, timed_out, req)),
     };
     match tokio::time::timeout(t.response, conn.send_request(req)).await {
         Err(_) => Err(SendError::Timeout),
         Ok(Ok(resp)) => {
             crate::metrics::upstream_connection(false);
-            // An upgraded connection belongs to the upgrade now, never to the pool.
-            let conn = reusable(conn, backend)
-                .filter(|_| resp.status() != http::StatusCode::SWITCHING_PROTOCOLS);
-            Ok(PooledBody::wrap(resp, conn))
+            Ok(wrap_h1(resp, conn, backend))
         }
         Ok(Err(err)) => Err(classify(err, false)),
     }
 }
 
-async fn send_h2(
+/// The response, with its connection to go back to the pool when the body ends; an upgraded
+/// connection belongs to the upgrade now, never to the pool.
+fn wrap_h1(
+    resp: Response<Incoming>,
+    conn: http1::SendRequest<UpBody>,
+    backend: &Arc<Backend>,
+) -> Response<PooledBody> {
+    let conn =
+        (resp.status() != http::StatusCode::SWITCHING_PROTOCOLS).then(|| (conn, backend.clone()));
+    PooledBody::wrap(resp, conn)
+}
+
+async fn send_h2c(
     backend: &Arc<Backend>,
     req: Request<UpBody>,
     t: Timeouts,
 ) -> Result<Response<PooledBody>, SendError> {
-    let shared = lock(&backend.slot().h2)
-        .as_ref()
-        .filter(|c| !c.is_closed())
-        .cloned();
-    let (mut conn, reused) = match shared {
-        Some(conn) => (conn, true),
-        None => match connect_h2(backend, t.connect).await {
-            Ok(conn) => {
-                *lock(&backend.slot().h2) = Some(conn.clone());
-                (conn, false)
-            }
-            Err((reason, timed_out)) => {
-                return Err(SendError::Connect {
-                    reason,
-                    timed_out,
-                    request: Box::new(req),
-                })
-            }
-        },
-    };
+    if let Some(conn) = shared_h2(backend) {
+        return send_on_h2(conn, req, t, true).await;
+    }
+    match connect::open_h2c(backend, t.connect).await {
+        Ok(conn) => {
+            *lock(&backend.slot().h2) = Some(conn.clone());
+            send_on_h2(conn, req, t, false).await
+        }
+        Err((reason, timed_out)) => Err(connect_error(reason, timed_out, req)),
+    }
+}
+
+async fn send_on_h2(
+    mut conn: http2::SendRequest<UpBody>,
+    req: Request<UpBody>,
+    t: Timeouts,
+    reused: bool,
+) -> Result<Response<PooledBody>, SendError> {
     match tokio::time::timeout(t.response, conn.send_request(req)).await {
         Err(_) => Err(SendError::Timeout),
         Ok(Ok(resp)) => {
@@ -189,11 +217,42 @@ async fn send_h2(
     }
 }
 
-fn reusable(
-    conn: http1::SendRequest<UpBody>,
-    backend: &Arc<Backend>,
-) -> Option<(http1::SendRequest<UpBody>, Arc<Backend>)> {
-    Some((conn, backend.clone()))
+/// Rewrites an HTTP/1.1-form request (origin-form target, `Host`) for HTTP/2 (absolute target).
+fn to_h2_form(mut req: Request<UpBody>, backend: &Backend, scheme: &Scheme) -> Request<UpBody> {
+    let authority = req
+        .headers_mut()
+        .remove(header::HOST)
+        .and_then(|h| h.to_str().ok().and_then(|s| s.parse().ok()))
+        .unwrap_or_else(|| backend.authority.clone());
+    let mut parts = http::uri::Parts::default();
+    parts.scheme = Some(scheme.clone());
+    parts.authority = Some(authority);
+    parts.path_and_query = req
+        .uri()
+        .path_and_query()
+        .cloned()
+        .or_else(|| Some(http::uri::PathAndQuery::from_static("/")));
+    *req.uri_mut() = Uri::from_parts(parts).unwrap_or_default();
+    *req.version_mut() = http::Version::HTTP_2;
+    req
+}
+
+/// The TLS server name: the request's host when it is a name, else the backend's host.
+fn sni_host(req: &Request<UpBody>, backend: &Backend) -> String {
+    let from_request = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(|h| {
+            let h = h
+                .rsplit_once(':')
+                .filter(|(_, p)| p.bytes().all(|b| b.is_ascii_digit()))
+                .map_or(h, |(n, _)| n);
+            h.trim_end_matches('.').to_string()
+        });
+    from_request
+        .filter(|h| !h.is_empty() && !h.starts_with('[') && h.parse::<std::net::IpAddr>().is_err())
+        .unwrap_or_else(|| backend.spec.host.clone())
 }
 
 fn classify(error: hyper::Error, reused: bool) -> SendError {
@@ -202,72 +261,6 @@ fn classify(error: hyper::Error, reused: bool) -> SendError {
     } else {
         SendError::Reset { error, reused }
     }
-}
-
-type ConnectFailure = (String, bool);
-
-async fn connect_tcp(backend: &Backend, timeout: Duration) -> Result<TcpStream, ConnectFailure> {
-    if backend.addrs.is_empty() {
-        backend.connect_failed();
-        return Err((
-            format!("`{}` did not resolve to any address", backend.spec.host),
-            false,
-        ));
-    }
-    let mut last: ConnectFailure = (String::new(), false);
-    for addr in backend.addrs.iter() {
-        match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
-            Ok(Ok(stream)) => {
-                let _ = stream.set_nodelay(true);
-                backend.connect_succeeded();
-                return Ok(stream);
-            }
-            Ok(Err(e)) => last = (format!("connect to {addr}: {e}"), false),
-            Err(_) => {
-                last = (
-                    format!("connect to {addr}: timed out after {timeout:?}"),
-                    true,
-                )
-            }
-        }
-    }
-    backend.connect_failed();
-    Err(last)
-}
-
-async fn connect_h1(
-    backend: &Backend,
-    timeout: Duration,
-) -> Result<http1::SendRequest<UpBody>, ConnectFailure> {
-    let stream = connect_tcp(backend, timeout).await?;
-    let (sender, conn) = http1::Builder::new()
-        .handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| (format!("HTTP/1.1 handshake: {e}"), false))?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.with_upgrades().await {
-            tracing::debug!("upstream connection ended: {e}");
-        }
-    });
-    Ok(sender)
-}
-
-async fn connect_h2(
-    backend: &Backend,
-    timeout: Duration,
-) -> Result<http2::SendRequest<UpBody>, ConnectFailure> {
-    let stream = connect_tcp(backend, timeout).await?;
-    let (sender, conn) = http2::Builder::new(TokioExecutor::new())
-        .adaptive_window(true)
-        .handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| (format!("HTTP/2 handshake: {e}"), false))?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::debug!("upstream h2 connection ended: {e}");
-        }
-    });
-    Ok(sender)
 }
 
 /// A backend's response body that hands its HTTP/1.1 connection back to the pool once read to the end.

@@ -605,3 +605,41 @@ impl Client {
         }
     }
 }
+
+/// A TLS backend answering like [`Backend`], offering `alpn`; self-signed for 127.0.0.1.
+pub async fn start_tls_backend(name: &'static str, alpn: &[&[u8]]) -> SocketAddr {
+    let rcgen::CertifiedKey { cert, signing_key } = rcgen::generate_simple_self_signed(vec![
+        "127.0.0.1".to_string(),
+        "backend.local".to_string(),
+    ])
+    .expect("certificate");
+    let key = rustls_pki_types::PrivateKeyDer::Pkcs8(signing_key.serialize_der().into());
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.der().clone()], key)
+        .expect("server config");
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind TLS backend");
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(stream).await else {
+                    return;
+                };
+                let svc = service_fn(move |req| answer(name, req));
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
