@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::Incoming;
-use hyper::client::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::{TcpListener, TcpSocket};
@@ -142,21 +141,7 @@ pub async fn connect_from(proto: Proto, proxy: SocketAddr, source: IpAddr) -> Cl
         .expect("bind source");
     let stream = socket.connect(proxy).await.expect("connect to proxy");
     stream.set_nodelay(true).unwrap();
-    let io = TokioIo::new(stream);
-    match proto {
-        Proto::H1 => {
-            let (send, conn) = http1::handshake(io).await.expect("h1 handshake");
-            tokio::spawn(conn);
-            Client::H1(send)
-        }
-        Proto::H2c => {
-            let (send, conn) = http2::handshake(TokioExecutor::new(), io)
-                .await
-                .expect("h2 handshake");
-            tokio::spawn(conn);
-            Client::H2(send)
-        }
-    }
+    Client::handshake(proto, stream).await
 }
 
 /// Seconds since the epoch.

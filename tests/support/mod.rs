@@ -34,62 +34,7 @@ pub struct ProxyProcess {
 impl ProxyProcess {
     /// Starts `aralez -c main.yaml` with the given upstreams file and extra main.yaml lines.
     pub fn start(upstreams: &str, main_extra: &str) -> ProxyProcess {
-        let dir = tempfile::tempdir().expect("temp dir");
-        std::fs::write(dir.path().join("upstreams.yaml"), upstreams).expect("write upstreams");
-        let main = format!(
-            "threads: 2\nproxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: \"upstreams.yaml\"\nlog_level: info\npid_file: \"{}\"\n{main_extra}\n",
-            dir.path().join("aralez.pid").display()
-        );
-        std::fs::write(dir.path().join("main.yaml"), main).expect("write main");
-        Self::spawn(dir)
-    }
-
-    fn spawn(dir: tempfile::TempDir) -> ProxyProcess {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_aralez"))
-            .arg("-c")
-            .arg(dir.path().join("main.yaml"))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn aralez");
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let stdout = child.stdout.take().expect("stdout");
-        let stderr = child.stderr.take().expect("stderr");
-        for (stream, is_stdout) in [
-            (Box::new(stdout) as Box<dyn std::io::Read + Send>, true),
-            (Box::new(stderr), false),
-        ] {
-            let log = log.clone();
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                    if is_stdout {
-                        if let Some(rest) = line.split("listening on http://").nth(1) {
-                            let addr = rest.split_whitespace().next().unwrap_or("").to_string();
-                            let _ = tx.send(addr);
-                        }
-                    }
-                    log.lock().unwrap().push(line);
-                }
-            });
-        }
-        let addr = match rx.recv_timeout(Duration::from_secs(20)) {
-            Ok(addr) => addr.parse().expect("listen address"),
-            Err(_) => {
-                let _ = child.kill();
-                panic!(
-                    "proxy did not start; log:\n{}",
-                    log.lock().unwrap().join("\n")
-                );
-            }
-        };
-        ProxyProcess {
-            child,
-            addr,
-            dir,
-            log,
-        }
+        Self::start_env(upstreams, main_extra, &[])
     }
 
     pub fn pid(&self) -> u32 {
@@ -296,7 +241,15 @@ impl Client {
     pub async fn connect(proto: Proto, addr: SocketAddr) -> Client {
         let stream = TcpStream::connect(addr).await.expect("connect to proxy");
         stream.set_nodelay(true).unwrap();
-        let io = TokioIo::new(stream);
+        Client::handshake(proto, stream).await
+    }
+
+    /// Speaks `proto` on an established connection (plain or TLS).
+    pub async fn handshake<IO>(proto: Proto, io: IO) -> Client
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let io = TokioIo::new(io);
         match proto {
             Proto::H1 => {
                 let (send, conn) = http1::handshake(io).await.expect("h1 handshake");
@@ -591,18 +544,7 @@ impl Client {
             .await
             .expect("TLS handshake");
         let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-        let io = TokioIo::new(tls);
-        if h2 {
-            let (send, conn) = http2::handshake(TokioExecutor::new(), io)
-                .await
-                .expect("h2 handshake");
-            tokio::spawn(conn);
-            Client::H2(send)
-        } else {
-            let (send, conn) = http1::handshake(io).await.expect("h1 handshake");
-            tokio::spawn(conn);
-            Client::H1(send)
-        }
+        Client::handshake(if h2 { Proto::H2c } else { Proto::H1 }, tls).await
     }
 }
 
