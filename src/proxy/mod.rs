@@ -76,7 +76,10 @@ impl Proxy {
         drop(snapshot);
         let route = &*route;
         // The route's policies (auth, limits, sticky sessions), then forwarding.
-        let forward = tower::service_fn(move |req| self.forward_route(conn, route, req));
+        // Boxed once: each layer wraps the inner future, and moving a pointer through them is
+        // far cheaper than moving the whole forwarding state machine (callgrind: -20k
+        // instructions per request against one allocation).
+        let forward = tower::service_fn(move |req| Box::pin(self.forward_route(conn, route, req)));
         match crate::layers::apply(route, conn, req, forward).await {
             Ok(resp) => resp,
             Err(err) => err.response_for(grpc).map(Either::Right),

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Cost of traffic policies (issue 4 asks for <= 1.2x the plain route): instructions per proxied
+# request under callgrind, for a plain route and for a route with jwt auth, a rate limit too high
+# to trigger, 3 server headers and 3 client headers. One worker, nginx `return 200` as the
+# backend, h2load --h1 with 4 keep-alive connections, counters zeroed after a warm-up.
+#   bash bench/policies-callgrind.sh target/release/aralez plain 4000
+#   bash bench/policies-callgrind.sh target/release/aralez policies 4000
+set -euo pipefail
+BIN=$1 MODE=$2 N=${3:-4000}
+D=$(mktemp -d /tmp/cgp.XXXX)
+mkdir -p $D/nginx
+cat > $D/nginx.conf <<Y
+worker_processes 1; daemon off; pid $D/nginx/pid; error_log $D/nginx/err;
+events { worker_connections 256; }
+http { access_log off; client_body_temp_path $D/nginx; proxy_temp_path $D/nginx; fastcgi_temp_path $D/nginx;
+  uwsgi_temp_path $D/nginx; scgi_temp_path $D/nginx;
+  server { listen 127.0.0.1:18080; keepalive_requests 1000000; location / { return 200 "ok\n"; } } }
+Y
+nginx -c $D/nginx.conf & NPID=$!
+SECRET=bench-secret
+if [ "$MODE" = policies ]; then
+  cat > $D/upstreams.yaml <<Y
+upstreams:
+  DEFAULT:
+    paths:
+      "/":
+        servers: ["127.0.0.1:18080"]
+        healthcheck: false
+        authorization: { type: jwt, data: "$SECRET" }
+        rate_limit: 10000000
+        server_headers: ["X-A:1", "X-B:2", "X-C:3"]
+        client_headers: ["X-D:4", "X-E:5", "X-F:6"]
+Y
+else
+  printf 'upstreams:\n  DEFAULT:\n    paths:\n      "/": { servers: ["127.0.0.1:18080"], healthcheck: false }\n' > $D/upstreams.yaml
+fi
+TOKEN=$(python3 - "$SECRET" <<'PY'
+import base64, hmac, hashlib, json, sys, time
+b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=")
+head = b64(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+body = b64(json.dumps({"sub": "bench", "exp": int(time.time()) + 3600}).encode())
+sig = b64(hmac.new(sys.argv[1].encode(), head + b"." + body, hashlib.sha256).digest())
+print((head + b"." + body + b"." + sig).decode())
+PY
+)
+cat > $D/main.yaml <<Y
+threads: 1
+proxy_address_http: "127.0.0.1:18193"
+upstreams_conf: "upstreams.yaml"
+pid_file: "$D/p.pid"
+upgrade_sock: "$D/u.sock"
+log_level: warn
+Y
+valgrind --tool=callgrind --callgrind-out-file=$D/cg.%p "$BIN" -c $D/main.yaml >/dev/null 2>$D/vg.err & VPID=$!
+AUTH="Authorization: Bearer $TOKEN"
+for i in $(seq 1 300); do curl -sf -o /dev/null -H "$AUTH" http://127.0.0.1:18193/ && break; sleep 0.1; done
+h2load --h1 -n 500 -c 4 -H "$AUTH" http://127.0.0.1:18193/ >/dev/null   # warm-up
+sleep 1
+callgrind_control -z $VPID >/dev/null
+h2load --h1 -n $N -c 4 -H "$AUTH" http://127.0.0.1:18193/ > $D/h2load.out
+callgrind_control -d $VPID >/dev/null
+sleep 1
+grep -E "succeeded|status codes" $D/h2load.out | tr -s ' ' | head -2
+IR=$(cat $D/cg.*.* 2>/dev/null | awk '/^(summary|totals):/ {print $2}' | tail -1)
+echo "mode=$MODE requests=$N Ir=$IR per_request=$((IR / N))"
+kill $VPID $NPID 2>/dev/null || true; wait 2>/dev/null || true
+rm -rf $D
