@@ -13,6 +13,8 @@
 #   BASE_PORT  first of 6 consecutive localhost ports used (default 18080)
 #   RELOAD_MS  if set, aralez's upstreams.yaml is rewritten every RELOAD_MS ms during its measured
 #              window (each write a real change, so each one is a full reload); see bench/reload.sh
+#   RELOAD_CONTENT  `new` (default) or `same`: the same loop rewriting identical bytes, which aralez
+#              skips, to measure what the loop itself costs the load generator
 #   PROXY_CPU / LOAD_CPU  cores for the proxy and for backend + load generator (default 0 / 1)
 #
 # Run it on an otherwise idle machine; it warns when the CPUs were busy just before it started and
@@ -485,8 +487,8 @@ measure() {  # measure PROXY SCENARIO
   local reloader_pid=""
   if [[ "$proxy" == aralez && -n "${RELOAD_MS:-}" ]]; then
     # Rewrite the routes every RELOAD_MS ms (content changes each time, so each is a real reload).
-    taskset -c "$LOAD_CPU" bash -c 'n=0; while :; do n=$((n+1)); { cat "$1"; echo "# reload $n"; } > "$2.tmp"; mv "$2.tmp" "$2"; sleep "$3"; done' \
-      _ "$TMP/upstreams.base" "$TMP/upstreams.yaml" "$(awk -v ms="$RELOAD_MS" 'BEGIN {printf "%.3f", ms / 1000}')" &
+    taskset -c "$LOAD_CPU" bash -c 'n=0; while :; do n=$((n+1)); [ "$4" = same ] && n=0; { cat "$1"; echo "# reload $n"; } > "$2.tmp"; mv "$2.tmp" "$2"; sleep "$3"; done' \
+      _ "$TMP/upstreams.base" "$TMP/upstreams.yaml" "$(awk -v ms="$RELOAD_MS" 'BEGIN {printf "%.3f", ms / 1000}')" "${RELOAD_CONTENT:-new}" &
     reloader_pid=$!
   fi
   case "$sc" in
