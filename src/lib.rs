@@ -6,8 +6,8 @@
 //! `config` and is published by `discovery`; `process` ties the process together.
 #![deny(unsafe_code)]
 
-pub mod admin;
 pub mod accesslog;
+pub mod admin;
 pub mod check;
 pub mod config;
 pub mod discovery;

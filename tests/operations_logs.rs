@@ -145,8 +145,15 @@ async fn metrics_count_exactly_the_requests_sent() {
     // One client connection, sequential requests: one new backend connection, the rest reused.
     let reused = metric(admin, "aralez_upstream_connections_total{reused=\"true\"}").await;
     let fresh = metric(admin, "aralez_upstream_connections_total{reused=\"false\"}").await;
-    assert_eq!(reused.unwrap_or(0.0) + fresh.unwrap_or(0.0), n, "{reused:?} {fresh:?}");
-    assert!(fresh.unwrap_or(0.0) <= 2.0 && reused.unwrap_or(0.0) >= n - 2.0, "{reused:?} {fresh:?}");
+    assert_eq!(
+        reused.unwrap_or(0.0) + fresh.unwrap_or(0.0),
+        n,
+        "{reused:?} {fresh:?}"
+    );
+    assert!(
+        fresh.unwrap_or(0.0) <= 2.0 && reused.unwrap_or(0.0) >= n - 2.0,
+        "{reused:?} {fresh:?}"
+    );
     assert!(metric(admin, "aralez_memory_bytes").await.unwrap_or(0.0) > 1e6);
 }
 
