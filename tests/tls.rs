@@ -312,3 +312,18 @@ async fn https_backends_speak_what_alpn_picks() {
     assert_eq!(client.get("app.local", "/one").await.status(), 200);
     assert_eq!(client.get("app.local", "/two").await.status(), 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forward_auth_to_an_https_service() {
+    let backend = Backend::start("app").await;
+    let auth = start_tls_backend("auth", &[b"http/1.1"]).await;
+    let yaml = format!(
+        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\":\n        servers: {}\n        healthcheck: false\n        authorization: {{ type: forward, data: \"https://{auth}/check\" }}\n",
+        servers(&[&backend])
+    );
+    let proxy = ProxyProcess::start(&yaml, "");
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    let resp = client.get("app.local", "/private").await;
+    assert_eq!(resp.status(), 200, "{}", proxy.log_text());
+    assert_eq!(header(&resp, "x-backend"), "app");
+}

@@ -7,8 +7,8 @@
 //! claim an identity). Any other answer goes back to the client as it came (status, headers,
 //! body up to [`MAX_BODY`]) and the backend is never called. No answer within [`TIMEOUT`] is 503.
 //!
-//! The service is asked over a fresh plain-HTTP/1.1 connection. `https://` auth URLs are not
-//! supported yet: such routes answer 502 and log why.
+//! The service is asked over a fresh HTTP/1.1 connection; for `https://` auth URLs over TLS with
+//! the same client as `https://` backends (SNI = the URL's host, certificate not verified).
 
 use std::time::Duration;
 
@@ -161,13 +161,6 @@ impl ForwardAuth {
 
     async fn ask(&self, question: Request<Empty<Bytes>>) -> Result<Verdict, ProxyError> {
         let label = self.authority.to_str().unwrap_or("?");
-        if self.https {
-            tracing::error!(
-                auth = label,
-                "forward auth over https:// is not supported yet; refusing the request"
-            );
-            return Err(ProxyError::AuthServiceFailed);
-        }
         let failed = |e: oneshot::OneShotError| {
             tracing::warn!(auth = label, "auth service: {e}");
             ProxyError::AuthServiceFailed
@@ -175,9 +168,16 @@ impl ForwardAuth {
         let stream = oneshot::connect((self.host.as_str(), self.port))
             .await
             .map_err(failed)?;
-        let resp = oneshot::exchange(stream, Protocol::Http1, question, self.timeout)
-            .await
-            .map_err(failed)?;
+        let resp = if self.https {
+            // Same TLS client as https:// backends (ALPN http/1.1; certificate not verified).
+            let (tls, _) = crate::upstream::tls::handshake(stream, &self.host, false)
+                .await
+                .map_err(|e| failed(oneshot::OneShotError::Connect(e)))?;
+            oneshot::exchange(tls, Protocol::Http1, question, self.timeout).await
+        } else {
+            oneshot::exchange(stream, Protocol::Http1, question, self.timeout).await
+        }
+        .map_err(failed)?;
         let (mut parts, body) = resp.into_parts();
         if parts.status.is_success() {
             let identity = parts
