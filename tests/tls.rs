@@ -327,3 +327,73 @@ async fn forward_auth_to_an_https_service() {
     assert_eq!(resp.status(), 200, "{}", proxy.log_text());
     assert_eq!(header(&resp, "x-backend"), "app");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_downloads_bursts_and_flow_control_over_tls_h2() {
+    let t = start("medium").await;
+    let h2 = tls_client_config(&t.roots, &[b"h2"]);
+    // 100 MiB through TLS over h1 and h2, with the proxy's memory flat.
+    for alpn in [&b"http/1.1"[..], b"h2"] {
+        let mut client =
+            Client::connect_tls(t.tls, "alpha.local", tls_client_config(&t.roots, &[alpn])).await;
+        body_bytes(client.get("alpha.local", "/big/1048576").await).await;
+        let baseline = t.proxy.rss_kib();
+        let resp = client
+            .get("alpha.local", &format!("/big/{}", 100 * 1024 * 1024))
+            .await;
+        let mut body = resp.into_body();
+        let (mut received, mut peak) = (0usize, baseline);
+        while let Some(frame) = http_body_util::BodyExt::frame(&mut body).await {
+            if let Ok(data) = frame.unwrap().into_data() {
+                received += data.len();
+                if received % (8 << 20) < data.len() {
+                    peak = peak.max(t.proxy.rss_kib());
+                }
+            }
+        }
+        assert_eq!(received, 100 * 1024 * 1024);
+        assert!(
+            (peak - baseline) / 1024 < 24,
+            "RSS grew {} MiB",
+            (peak - baseline) / 1024
+        );
+    }
+    // 1,000 concurrent streams on one h2 connection.
+    let client = Client::connect_tls(t.tls, "alpha.local", h2.clone()).await;
+    let Client::H2(sender) = client else {
+        panic!("ALPN did not pick h2")
+    };
+    let mut burst = Vec::new();
+    for i in 0..1000 {
+        let mut s = sender.clone();
+        burst.push(tokio::spawn(async move {
+            let req = http::Request::get(format!("https://alpha.local/n/{i}"))
+                .body(full(""))
+                .unwrap();
+            s.ready().await.unwrap();
+            let resp = s.send_request(req).await.unwrap();
+            let status = resp.status();
+            body_bytes(resp).await;
+            status
+        }));
+    }
+    for task in burst {
+        assert_eq!(task.await.unwrap(), 200);
+    }
+    // A stream whose body is never read does not stall the other streams on the connection.
+    let mut client = Client::connect_tls(t.tls, "alpha.local", h2).await;
+    let stalled = client
+        .get("alpha.local", &format!("/big/{}", 50 * 1024 * 1024))
+        .await;
+    for i in 0..20 {
+        let resp = tokio::time::timeout(
+            Duration::from_secs(5),
+            client.get("alpha.local", &format!("/other/{i}")),
+        )
+        .await
+        .expect("another stream stalled behind an unread one");
+        assert_eq!(resp.status(), 200);
+        body_bytes(resp).await;
+    }
+    drop(stalled);
+}
