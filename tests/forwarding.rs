@@ -288,3 +288,22 @@ async fn hundred_mib_response_streams_with_flat_memory() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_named_by_host_name_are_resolved() {
+    let a = Backend::start("a").await;
+    let yaml = format!(
+        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: [\"localhost:{}\"]}}\n",
+        a.addr.port()
+    );
+    let proxy = ProxyProcess::start(&yaml, "");
+    for proto in PROTOCOLS {
+        let mut client = Client::connect(proto, proxy.addr).await;
+        let resp = client.get("any", "/").await;
+        assert_eq!(
+            (resp.status().as_u16(), header(&resp, "x-backend")),
+            (200, "a".to_string()),
+            "{proto:?}"
+        );
+    }
+}

@@ -28,8 +28,9 @@ pub struct Backend {
     pub spec: ServerSpec,
     /// `host:port`, as shown in logs and errors.
     pub label: Box<str>,
-    /// Resolved when the backend was created (empty if the name did not resolve).
-    pub addrs: Box<[SocketAddr]>,
+    /// Resolved when the backend was created and again periodically for host names (see
+    /// [`Backend::re_resolve`]); empty while the name does not resolve.
+    addrs: arc_swap::ArcSwap<Box<[SocketAddr]>>,
     pub protocol: Protocol,
     /// `https://`: TLS to the backend; ALPN decides between h2 and HTTP/1.1.
     pub tls: bool,
@@ -69,16 +70,41 @@ fn now_ms() -> u64 {
     epoch().elapsed().as_millis() as u64
 }
 
+/// The addresses of a server entry: the literal IP, or what the host name resolves to now.
+fn resolve(spec: &ServerSpec) -> Box<[SocketAddr]> {
+    match spec.ip_addr() {
+        Some(addr) => Box::new([addr]),
+        None => (spec.host.as_str(), spec.port)
+            .to_socket_addrs()
+            .map(|it| it.collect())
+            .unwrap_or_default(),
+    }
+}
+
 impl Backend {
+    /// The addresses to connect to, as last resolved.
+    pub fn addrs(&self) -> Arc<Box<[SocketAddr]>> {
+        self.addrs.load_full()
+    }
+
+    /// Resolves a host-name backend again (blocking: call off the request path). A failed lookup
+    /// keeps the previous addresses. Returns whether they changed.
+    pub fn re_resolve(&self) -> bool {
+        if self.spec.ip_addr().is_some() {
+            return false;
+        }
+        let fresh = resolve(&self.spec);
+        if fresh.is_empty() || **self.addrs.load() == fresh {
+            return false;
+        }
+        tracing::info!(backend = %self.label, "resolved again: {:?}", fresh);
+        self.addrs.store(Arc::new(fresh));
+        true
+    }
+
     fn new(spec: ServerSpec, workers: usize, pool_size: usize, down_for: Duration) -> Backend {
         let label: Box<str> = spec.authority().into();
-        let addrs: Box<[SocketAddr]> = match spec.ip_addr() {
-            Some(addr) => Box::new([addr]),
-            None => (spec.host.as_str(), spec.port)
-                .to_socket_addrs()
-                .map(|it| it.collect())
-                .unwrap_or_default(),
-        };
+        let addrs = arc_swap::ArcSwap::from_pointee(resolve(&spec));
         let tls = spec.scheme == Some(Scheme::Https);
         let protocol = match spec.scheme {
             Some(Scheme::H2c) => Protocol::H2c,
@@ -216,6 +242,25 @@ mod tests {
         let c = reg.backend(&spec);
         assert_eq!(&*c.label, "127.0.0.1:9");
         assert_eq!(c.idle_per_worker, 4);
+    }
+
+    #[test]
+    fn host_names_resolve_and_re_resolve_without_change() {
+        let reg = Registry::new(1, 8, Duration::from_secs(1));
+        let named = reg.backend(&parse_server("localhost:8080").unwrap());
+        assert!(named
+            .addrs()
+            .iter()
+            .any(|a| a.ip().is_loopback() && a.port() == 8080));
+        assert!(!named.re_resolve(), "same answer: nothing swapped");
+        let literal = reg.backend(&parse_server("127.0.0.1:9").unwrap());
+        assert!(!literal.re_resolve(), "IP literals are never looked up");
+        let missing = reg.backend(&parse_server("no-such-host.invalid:80").unwrap());
+        assert!(missing.addrs().is_empty());
+        assert!(
+            !missing.re_resolve(),
+            "a failed lookup keeps what there was"
+        );
     }
 
     #[test]

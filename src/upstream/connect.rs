@@ -22,7 +22,8 @@ pub enum Fresh {
 }
 
 async fn tcp(backend: &Backend, timeout: Duration) -> Result<TcpStream, ConnectFailure> {
-    if backend.addrs.is_empty() {
+    let addrs = backend.addrs();
+    if addrs.is_empty() {
         backend.connect_failed();
         return Err((
             format!("`{}` did not resolve to any address", backend.spec.host),
@@ -30,7 +31,7 @@ async fn tcp(backend: &Backend, timeout: Duration) -> Result<TcpStream, ConnectF
         ));
     }
     let mut last: ConnectFailure = (String::new(), false);
-    for addr in backend.addrs.iter() {
+    for addr in addrs.iter() {
         match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
             Ok(Ok(stream)) => {
                 let _ = stream.set_nodelay(true);

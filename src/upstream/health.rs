@@ -54,6 +54,7 @@ pub fn spawn(
         method: main.hc_method.clone(),
         interval: main.hc_interval,
     };
+    runtime.spawn(super::resolve::run(snapshot.clone(), super::resolve::EVERY));
     runtime.spawn(run(snapshot, settings));
 }
 
@@ -103,7 +104,8 @@ pub async fn round(snapshot: &Snapshot, settings: &HealthSettings) -> usize {
 /// One probe: true when a status below 500 arrives within `timeout`.
 pub async fn probe(backend: &Backend, path: &str, method: Method, timeout: Duration) -> bool {
     let attempt = async {
-        let stream = oneshot::connect(&backend.addrs[..]).await?;
+        let addrs = backend.addrs();
+        let stream = oneshot::connect(&addrs[..]).await?;
         let req = probe_request(backend, path, method);
         if backend.tls {
             let (tls, _) = super::tls::handshake(stream, &backend.spec.host, false)

@@ -6,6 +6,7 @@ mod connect;
 pub mod health;
 pub mod oneshot;
 pub mod pool;
+pub mod resolve;
 pub mod tls;
 
 pub use backend::{Backend, Protocol, Registry};
