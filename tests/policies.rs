@@ -540,3 +540,34 @@ async fn policies_answer_grpc_clients_with_a_grpc_status() {
     assert_eq!(resp.status(), 200);
     assert_eq!(header(&resp, "grpc-status"), "7");
 }
+
+/// The cookie a fresh proxy process issues for its only backend.
+async fn cookie_from_new_process(backend: std::net::SocketAddr, main_extra: &str) -> String {
+    let yaml = format!(
+        "upstreams:\n  s.test:\n    sticky_sessions: 600\n    paths:\n      /: {{servers: [\"{backend}\"], healthcheck: false}}\n"
+    );
+    let proxy = ProxyProcess::start(&yaml, main_extra);
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    let resp = client.get("s.test", "/").await;
+    sticky_cookie(resp.headers()).expect("a sticky cookie")
+}
+
+#[tokio::test]
+async fn with_a_master_key_sticky_cookies_survive_a_restart() {
+    let a = StatusBackend::start("a", 200).await;
+    let keyed = "master_key: \"shared-secret\"";
+    let first = cookie_from_new_process(a.addr, keyed).await;
+    let second = cookie_from_new_process(a.addr, keyed).await;
+    assert_eq!(
+        first, second,
+        "same master key, same cookie across processes"
+    );
+    let other = cookie_from_new_process(a.addr, "master_key: \"another\"").await;
+    assert_ne!(first, other);
+    let unkeyed = cookie_from_new_process(a.addr, "").await;
+    assert_ne!(
+        unkeyed,
+        cookie_from_new_process(a.addr, "").await,
+        "without a key: per process"
+    );
+}

@@ -134,6 +134,16 @@ where
         .oneshot(req)
 }
 
+/// Installs the secrets policies derive from (`JWT_KEY` overrides `master_key`): the JWT master
+/// key and the sticky-cookie key. Must run before the first snapshot is compiled; later calls
+/// change nothing.
+pub fn install_keys(main: &crate::config::MainConfig) {
+    let env_key = std::env::var("JWT_KEY").ok().filter(|k| !k.is_empty());
+    let master = env_key.or_else(|| main.master_key.clone());
+    sticky::install_master_key(master.clone());
+    jwt::install_master_key(master);
+}
+
 /// The process-wide part of the policies, started once from the control runtime: the JWT master
 /// key (`JWT_KEY` overrides `master_key`) and the active health checks.
 pub fn start(
@@ -141,7 +151,6 @@ pub fn start(
     main: &crate::config::MainConfig,
     snapshot: Arc<arc_swap::ArcSwap<Snapshot>>,
 ) {
-    let env_key = std::env::var("JWT_KEY").ok().filter(|k| !k.is_empty());
-    jwt::install_master_key(env_key.or_else(|| main.master_key.clone()));
+    install_keys(main);
     crate::upstream::health::spawn(runtime, main, snapshot);
 }

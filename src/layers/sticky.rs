@@ -1,14 +1,16 @@
 //! Sticky sessions (SPEC §5): a `backend_id` cookie pins a client to one backend of the route.
 //!
 //! The cookie's value is an HMAC-SHA256 (truncated to 128 bits, hex) of the backend's identity
-//! under a per-process random key, so it cannot be forged or guessed, and it says nothing about
+//! under a key derived from `master_key` (or `JWT_KEY`) when one is set, else a per-process random
+//! key, so it cannot be forged or guessed, and it says nothing about
 //! the backend's address. A valid cookie for a backend of this route that is in rotation pins the
 //! request ([`Pinned`] in the request's extensions, read by forwarding); otherwise round robin
 //! picks, and the response gets a fresh cookie for the backend that answered (forwarding tags
 //! every response with [`ServedBy`]).
 //! The cookie is appended: a backend's own `Set-Cookie` headers are kept.
 //!
-//! Cookies are valid for the life of the process (a restart issues new ones).
+//! With a master key, cookies stay valid across restarts and live upgrades (and across instances
+//! sharing the key); without one they last as long as the process.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -36,7 +38,20 @@ pub const COOKIE: &str = "backend_id";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pinned(pub usize);
 
+static MASTER_SECRET: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+
+/// Sets the secret the cookie key derives from; call once at start, before any request.
+pub fn install_master_key(key: Option<String>) {
+    let _ = MASTER_SECRET.set(key);
+}
+
 static KEY: LazyLock<hmac::Key> = LazyLock::new(|| {
+    if let Some(master) = MASTER_SECRET.get().and_then(Option::as_ref) {
+        // A key of its own, derived from the master key (never the master key itself).
+        let derive = hmac::Key::new(hmac::HMAC_SHA256, master.as_bytes());
+        let derived = hmac::sign(&derive, b"aralez sticky-session cookie key v1");
+        return hmac::Key::new(hmac::HMAC_SHA256, derived.as_ref());
+    }
     let mut secret = [0u8; 32];
     if aws_lc_rs::rand::fill(&mut secret).is_err() {
         // No system randomness: fall back to the OS-seeded hasher keys std uses.

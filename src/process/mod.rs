@@ -104,6 +104,7 @@ pub fn run(main_path: &Path, options: RunOptions) -> Result<(), StartError> {
 
     let threads = main.threads;
     let registry = Registry::new(threads, main.upstream_keepalive_pool_size, main.hc_interval);
+    crate::layers::install_keys(&main);
     let reloader = Arc::new(Reloader::new(main.upstreams_conf.clone(), registry));
     let digest = crate::discovery::files_digest(&main.upstreams_conf);
     reloader.install_file_config(upstreams, digest, "start");
