@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Cost of traffic policies (issue 4 asks for <= 1.2x the plain route): instructions per proxied
-# request under callgrind, for a plain route and for a route with jwt auth, a rate limit too high
-# to trigger, 3 server headers and 3 client headers. One worker, nginx `return 200` as the
-# backend, h2load --h1 with 4 keep-alive connections, counters zeroed after a warm-up.
-#   bash bench/policies-callgrind.sh target/release/aralez plain 4000
-#   bash bench/policies-callgrind.sh target/release/aralez policies 4000
+# Instructions per proxied request under callgrind (repeatable whatever else the machine does):
+# one worker, nginx `return 200` as the backend, h2load --h1 with 4 keep-alive connections,
+# counters zeroed after a warm-up. Needs valgrind, nginx, h2load, curl, python3.
+#   bash bench/callgrind.sh target/release/aralez plain 4000       # the plain route
+#   bash bench/callgrind.sh target/release/aralez policies 4000    # jwt + rate limit + 3+3 headers (issue 4)
+#   bash bench/callgrind.sh target/release/aralez accesslog 4000   # plain route, access_log: all (issue 6)
+# Every mode sends the same `Authorization: Bearer` header, so routes differ only in what they do.
 set -euo pipefail
 BIN=$1 MODE=$2 N=${3:-4000}
-D=$(mktemp -d /tmp/cgp.XXXX)
+case "$MODE" in plain|policies|accesslog) ;; *) echo "mode: plain, policies or accesslog" >&2; exit 2;; esac
+D=$(mktemp -d /tmp/cgb.XXXX)
+trap 'kill ${VPID:-} ${NPID:-} 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$D"' EXIT
 mkdir -p $D/nginx
 cat > $D/nginx.conf <<Y
 worker_processes 1; daemon off; pid $D/nginx/pid; error_log $D/nginx/err;
@@ -43,6 +46,7 @@ sig = b64(hmac.new(sys.argv[1].encode(), head + b"." + body, hashlib.sha256).dig
 print((head + b"." + body + b"." + sig).decode())
 PY
 )
+ACCESS=off; [ "$MODE" = accesslog ] && ACCESS=all
 cat > $D/main.yaml <<Y
 threads: 1
 proxy_address_http: "127.0.0.1:18193"
@@ -50,18 +54,19 @@ upstreams_conf: "upstreams.yaml"
 pid_file: "$D/p.pid"
 upgrade_sock: "$D/u.sock"
 log_level: warn
+access_log: $ACCESS
+log_file: "$D/log"
 Y
 valgrind --tool=callgrind --callgrind-out-file=$D/cg.%p "$BIN" -c $D/main.yaml >/dev/null 2>$D/vg.err & VPID=$!
 AUTH="Authorization: Bearer $TOKEN"
 for i in $(seq 1 300); do curl -sf -o /dev/null -H "$AUTH" http://127.0.0.1:18193/ && break; sleep 0.1; done
-h2load --h1 -n 500 -c 4 -H "$AUTH" http://127.0.0.1:18193/ >/dev/null   # warm-up
+h2load --h1 -n 500 -c 4 -H "$AUTH" http://127.0.0.1:18193/ >/dev/null   # warm-up: pools, allocator
 sleep 1
 callgrind_control -z $VPID >/dev/null
 h2load --h1 -n $N -c 4 -H "$AUTH" http://127.0.0.1:18193/ > $D/h2load.out
+sleep 1   # let the access log writer finish its batch
 callgrind_control -d $VPID >/dev/null
 sleep 1
 grep -E "succeeded|status codes" $D/h2load.out | tr -s ' ' | head -2
 IR=$(cat $D/cg.*.* 2>/dev/null | awk '/^(summary|totals):/ {print $2}' | tail -1)
-echo "mode=$MODE requests=$N Ir=$IR per_request=$((IR / N))"
-kill $VPID $NPID 2>/dev/null || true; wait 2>/dev/null || true
-rm -rf $D
+echo "mode=$MODE requests=$N Ir=$IR per_request=$((IR / N)) access_lines=$(grep -c '^access ' $D/log || true)"
