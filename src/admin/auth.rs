@@ -2,16 +2,7 @@
 
 use http::{header, Request};
 
-/// Compares two secrets in time that depends only on their lengths.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = u8::from(a.len() != b.len());
-    for i in 0..a.len().max(b.len()) {
-        let x = a.get(i).copied().unwrap_or(0);
-        let y = b.get(i).copied().unwrap_or(0);
-        diff |= x ^ y;
-    }
-    diff == 0
-}
+use crate::layers::auth::ct_eq;
 
 /// The key a request presents: `x-api-key`, `Authorization: Bearer`, or (old clients) `?key=`.
 pub fn presented_key<B>(req: &Request<B>) -> Option<String> {
@@ -79,7 +70,7 @@ pub fn check<B>(req: &Request<B>, master_key: Option<&str>) -> Access {
         return Access::NoMasterKey;
     };
     match presented_key(req) {
-        Some(key) if constant_time_eq(key.as_bytes(), master.as_bytes()) => Access::Granted,
+        Some(key) if ct_eq(key.as_bytes(), master.as_bytes()) => Access::Granted,
         _ => Access::Denied,
     }
 }
@@ -118,7 +109,5 @@ mod tests {
             check(&req(|b| b.header("x-api-key", "x")), None),
             Access::NoMasterKey
         );
-        assert!(!constant_time_eq(b"abc", b"abcd"));
-        assert!(constant_time_eq(b"", b""));
     }
 }

@@ -192,7 +192,7 @@ impl Admin {
                 "forbidden: no master_key is configured",
             );
         };
-        if !auth::constant_time_eq(request.master_key.as_bytes(), master.as_bytes()) {
+        if !crate::layers::auth::ct_eq(request.master_key.as_bytes(), master.as_bytes()) {
             return text(StatusCode::FORBIDDEN, "forbidden: wrong master_key");
         }
         match jwt::issue(&request, master) {

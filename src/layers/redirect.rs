@@ -56,7 +56,7 @@ impl Redirect {
             .get(header::HOST)
             .and_then(|h| h.to_str().ok())
             .or_else(|| req.uri().authority().map(|a| a.as_str()))?;
-        let host = strip_port(host);
+        let host = crate::routing::normalise::strip_port(host);
         let port = match TLS_PORT.get() {
             Some(443) | None => String::new(),
             Some(p) => format!(":{p}"),
@@ -67,16 +67,6 @@ impl Redirect {
             StatusCode::PERMANENT_REDIRECT
         };
         Some((status, format!("https://{host}{port}{path_and_query}")))
-    }
-}
-
-fn strip_port(host: &str) -> &str {
-    if host.starts_with('[') {
-        return host.split_inclusive(']').next().unwrap_or(host);
-    }
-    match host.rsplit_once(':') {
-        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
-        _ => host,
     }
 }
 

@@ -36,6 +36,17 @@ pub fn host<'b>(raw: &[u8], buf: &'b mut [u8; MAX_HOST]) -> Option<&'b str> {
     std::str::from_utf8(out).ok()
 }
 
+/// `host` without a trailing `:port` (IPv6 literals keep their brackets).
+pub fn strip_port(host: &str) -> &str {
+    if host.starts_with('[') {
+        return host.split_inclusive(']').next().unwrap_or(host);
+    }
+    match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    }
+}
+
 fn trim_ascii(raw: &[u8]) -> &[u8] {
     let start = raw
         .iter()

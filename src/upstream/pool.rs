@@ -244,11 +244,9 @@ fn sni_host(req: &Request<UpBody>, backend: &Backend) -> String {
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .map(|h| {
-            let h = h
-                .rsplit_once(':')
-                .filter(|(_, p)| p.bytes().all(|b| b.is_ascii_digit()))
-                .map_or(h, |(n, _)| n);
-            h.trim_end_matches('.').to_string()
+            crate::routing::normalise::strip_port(h)
+                .trim_end_matches('.')
+                .to_string()
         });
     from_request
         .filter(|h| !h.is_empty() && !h.starts_with('[') && h.parse::<std::net::IpAddr>().is_err())
