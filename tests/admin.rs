@@ -67,6 +67,11 @@ async fn served_by(proxy: &ProxyProcess) -> String {
     name
 }
 
+/// `POST /jwt` with `body`; returns the status and the answer.
+async fn ask_for_token(admin: std::net::SocketAddr, body: &str) -> (u16, String) {
+    call(admin, Method::POST, "/jwt", &[], body).await
+}
+
 const ADMIN: &str =
     "config_address: \"127.0.0.1:0\"\nconfig_api_enabled: true\nmaster_key: \"s3cret\"";
 
@@ -192,25 +197,12 @@ async fn jwt_issues_hs256_tokens_for_the_master_key_only() {
     let a = Backend::start("a").await;
     let proxy = ProxyProcess::start(&routes(&[&a]), ADMIN);
     let admin = admin_addr(&proxy).await;
-    let (status, _) = call(
-        admin,
-        Method::POST,
-        "/jwt",
-        &[],
-        r#"{"master_key":"nope","owner":"ci","valid":5}"#,
-    )
-    .await;
+    let (status, _) = ask_for_token(admin, r#"{"master_key":"nope","owner":"ci","valid":5}"#).await;
     assert_eq!(status, 403);
-    let (status, _) = call(admin, Method::POST, "/jwt", &[], "not json").await;
+    let (status, _) = ask_for_token(admin, "not json").await;
     assert_eq!(status, 400);
-    let (status, body) = call(
-        admin,
-        Method::POST,
-        "/jwt",
-        &[],
-        r#"{"master_key":"s3cret","owner":"ci","valid":5}"#,
-    )
-    .await;
+    let (status, body) =
+        ask_for_token(admin, r#"{"master_key":"s3cret","owner":"ci","valid":5}"#).await;
     assert_eq!(status, 201, "{body}");
     let token = serde_json::from_str::<serde_json::Value>(&body).unwrap()["token"]
         .as_str()
@@ -228,14 +220,7 @@ async fn jwt_issues_hs256_tokens_for_the_master_key_only() {
     let ttl = decoded.claims["exp"].as_u64().unwrap() - decoded.claims["iat"].as_u64().unwrap();
     assert_eq!(ttl, 300);
     // `exp` is accepted in place of `valid`.
-    let (status, _) = call(
-        admin,
-        Method::POST,
-        "/jwt",
-        &[],
-        r#"{"master_key":"s3cret","owner":"ci","exp":1}"#,
-    )
-    .await;
+    let (status, _) = ask_for_token(admin, r#"{"master_key":"s3cret","owner":"ci","exp":1}"#).await;
     assert_eq!(status, 201);
 }
 
@@ -334,14 +319,8 @@ async fn a_token_from_jwt_opens_a_jwt_route() {
     );
     let proxy = ProxyProcess::start(&yaml, ADMIN);
     let admin = admin_addr(&proxy).await;
-    let (status, body) = call(
-        admin,
-        Method::POST,
-        "/jwt",
-        &[],
-        r#"{"master_key":"s3cret","owner":"ci","valid":5}"#,
-    )
-    .await;
+    let (status, body) =
+        ask_for_token(admin, r#"{"master_key":"s3cret","owner":"ci","valid":5}"#).await;
     assert_eq!(status, 201);
     let token = serde_json::from_str::<serde_json::Value>(&body).unwrap()["token"]
         .as_str()

@@ -36,6 +36,25 @@ struct FakeConsul {
     tasks: JoinSet<()>,
 }
 
+/// A fake agent on an OS-chosen port, at `index`, listing `instances`.
+async fn fake_consul(
+    index: u64,
+    instances: Vec<SocketAddr>,
+) -> (FakeConsul, Arc<Mutex<ConsulState>>) {
+    let state = Arc::new(Mutex::new(ConsulState {
+        index,
+        instances,
+        tokens_seen: Vec::new(),
+    }));
+    let consul = FakeConsul::start(
+        "127.0.0.1:0".parse().unwrap(),
+        state.clone(),
+        Arc::new(Notify::new()),
+    )
+    .await;
+    (consul, state)
+}
+
 impl FakeConsul {
     async fn start(
         addr: SocketAddr,
@@ -185,17 +204,7 @@ fn consul_routes(consul: SocketAddr, token: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_follow_consul_and_survive_its_outage() {
     let (a, b) = (Backend::start("a").await, Backend::start("b").await);
-    let state = Arc::new(Mutex::new(ConsulState {
-        index: 7,
-        instances: vec![a.addr],
-        tokens_seen: Vec::new(),
-    }));
-    let consul = FakeConsul::start(
-        "127.0.0.1:0".parse().unwrap(),
-        state.clone(),
-        Arc::new(Notify::new()),
-    )
-    .await;
+    let (consul, state) = fake_consul(7, vec![a.addr]).await;
     // The first server in the list refuses connections: the watcher must move on to the second.
     let proxy = ProxyProcess::start(&consul_routes(consul.addr, "tok"), "");
     wait_for_set(&proxy, &["a"], Duration::from_secs(5)).await;
@@ -237,17 +246,7 @@ async fn instances_follow_consul_and_survive_its_outage() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_token_is_reported_and_no_instance_means_503() {
     let a = Backend::start("a").await;
-    let state = Arc::new(Mutex::new(ConsulState {
-        index: 3,
-        instances: vec![a.addr],
-        tokens_seen: Vec::new(),
-    }));
-    let consul = FakeConsul::start(
-        "127.0.0.1:0".parse().unwrap(),
-        state.clone(),
-        Arc::new(Notify::new()),
-    )
-    .await;
+    let (consul, _) = fake_consul(3, vec![a.addr]).await;
     let proxy = ProxyProcess::start(&consul_routes(consul.addr, "wrong"), "");
     let reported = eventually(Duration::from_secs(5), || {
         proxy.log_text().contains("ACL token was refused")
@@ -276,17 +275,7 @@ async fn a_wrong_token_is_reported_and_no_instance_means_503() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_file_wins_over_a_discovered_route_on_conflict() {
     let (file_backend, discovered) = (Backend::start("file").await, Backend::start("consul").await);
-    let state = Arc::new(Mutex::new(ConsulState {
-        index: 5,
-        instances: vec![discovered.addr],
-        tokens_seen: Vec::new(),
-    }));
-    let consul = FakeConsul::start(
-        "127.0.0.1:0".parse().unwrap(),
-        state,
-        Arc::new(Notify::new()),
-    )
-    .await;
+    let (consul, _) = fake_consul(5, vec![discovered.addr]).await;
     // The file routes web.local/ itself; Consul also offers web.local/ and web.local/api.
     let yaml = format!(
         "{}upstreams:\n  web.local:\n    paths:\n      \"/\": {{servers: [\"{}\"]}}\n",

@@ -177,7 +177,7 @@ async fn of_two_quick_writes_the_second_wins() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sighup_reloads_and_conf_d_is_merged() {
+async fn conf_d_hosts_are_merged_and_sighup_with_unchanged_files_swaps_nothing() {
     let (a, b) = (Backend::start("a").await, Backend::start("b").await);
     let proxy = ProxyProcess::start(&routes(&[&a]), "");
     // A conf.d host appears through the watcher.
