@@ -328,10 +328,6 @@ pub fn header(resp: &Response<Incoming>, name: &str) -> String {
         .unwrap_or_default()
 }
 
-pub fn header_map(resp: &Response<Incoming>) -> HeaderMap {
-    resp.headers().clone()
-}
-
 /// `servers: [...]` YAML list for the given backends.
 pub fn servers(backends: &[&Backend]) -> String {
     let list: Vec<String> = backends.iter().map(|b| format!("\"{}\"", b.addr)).collect();
@@ -348,10 +344,6 @@ pub async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> boo
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     check()
-}
-
-pub fn status(resp: &Response<Incoming>) -> StatusCode {
-    resp.status()
 }
 
 // ---- Operations helpers (process control, signals, logs) ----
