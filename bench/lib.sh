@@ -1,0 +1,326 @@
+# Shared functions of bench/run.sh (sourced, not run): tool checks, process start/stop, CPU and
+# memory sampling, load generators and their parsers, TLS certificate and probe, table printing.
+#
+# Uses these globals of the caller: TMP (temp dir), STARTED_PIDS (array), LOAD_CPU, CLK_TCK,
+# OTHER_WARN_PCT, PROXIES; and sets LAST_PID, RPS OK BAD P50_US P99_US MEAN_US SD_US NOTE.
+
+log() { printf '[bench] %s\n' "$*" >&2; }
+die() { printf '[bench] ERROR: %s\n' "$*" >&2; exit 1; }
+
+has_proxy() { [[ " $PROXIES " == *" $1 "* ]]; }
+
+# ---------------------------------------------------------------- tools
+stop_system_service() {
+  local svc=$1
+  if command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd/system ]]; then
+    timeout 30 systemctl disable --now "$svc" >/dev/null 2>&1 || true
+  elif [[ -x "/etc/init.d/$svc" ]]; then
+    timeout 30 "/etc/init.d/$svc" stop >/dev/null 2>&1 || true
+  fi
+}
+
+# ensure_tools CMD...: install what is missing with apt-get (root only), once.
+ensure_tools() {
+  local c missing=() nginx_pkg
+  for c in "$@"; do command -v "$c" >/dev/null 2>&1 || missing+=("$c"); done
+  # nginx lives in /usr/sbin, which may not be on a non-root PATH.
+  export PATH="$PATH:/usr/sbin:/sbin"
+  ((${#missing[@]})) || return 0
+  if [[ $(id -u) -ne 0 ]]; then
+    die "missing tools: ${missing[*]}; run as root (sudo bash bench/run.sh) to install them with apt-get"
+  fi
+  command -v apt-get >/dev/null 2>&1 || die "missing tools: ${missing[*]} and no apt-get to install them"
+  log "installing missing tools (${missing[*]}) with apt-get"
+  export DEBIAN_FRONTEND=noninteractive
+  timeout 600 apt-get update -qq || die "apt-get update failed"
+  nginx_pkg=nginx-light
+  apt-cache show nginx-light >/dev/null 2>&1 || nginx_pkg=nginx
+  timeout 900 apt-get install -y -qq "$nginx_pkg" haproxy wrk nghttp2-client util-linux procps curl openssl \
+    || die "apt-get install failed"
+  # The packages may start (and enable) their system services; we run our own instances only.
+  stop_system_service nginx
+  stop_system_service haproxy
+  for c in "$@"; do command -v "$c" >/dev/null 2>&1 || die "'$c' still missing after install"; done
+}
+
+port_in_use() {
+  # true if something is listening on 127.0.0.1:$1 (or any address)
+  if command -v ss >/dev/null 2>&1; then
+    ss -Hltn "sport = :$1" 2>/dev/null | grep -q .
+  else
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+  fi
+}
+
+# ---------------------------------------------------------------- processes
+stop_pid() {
+  local pid=$1 i
+  kill -0 "$pid" 2>/dev/null || return 0
+  kill -TERM "$pid" 2>/dev/null || true
+  for ((i = 0; i < 50; i++)); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    pkill -KILL -P "$pid" 2>/dev/null || true
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  wait "$pid" 2>/dev/null || true
+}
+
+cleanup() {
+  local rc=$? pid
+  trap - EXIT INT TERM
+  for pid in "${STARTED_PIDS[@]}"; do stop_pid "$pid"; done
+  rm -rf "$TMP"
+  exit "$rc"
+}
+
+# Start a long-running server in the background, pinned to a core. taskset execs the program,
+# so $! is the server's own pid.
+start_bg() {  # start_bg NAME CPU cmd...
+  local name=$1 cpu=$2
+  shift 2
+  taskset -c "$cpu" "$@" >"$TMP/$name.out" 2>&1 &
+  LAST_PID=$!
+  STARTED_PIDS+=("$LAST_PID")
+}
+
+stop_started() {  # stop_started PID: stop it and drop it from the cleanup list
+  local pid=$1 keep=() p
+  stop_pid "$pid"
+  for p in "${STARTED_PIDS[@]}"; do [[ "$p" == "$pid" ]] || keep+=("$p"); done
+  STARTED_PIDS=("${keep[@]}")
+}
+
+# Wait (bounded, 10 s) until URL answers 200 with the expected body over HTTP/WANT_VER (1.1 or 2).
+# Extra curl arguments (protocol flags, --cacert) follow the pid.
+wait_ok() {  # wait_ok NAME URL WANT_VER PID [curl args...]
+  local name=$1 url=$2 want_ver=$3 pid=$4 i code="" ver="" body
+  shift 4
+  for ((i = 0; i < 100; i++)); do
+    kill -0 "$pid" 2>/dev/null || { cat "$TMP/$name.out" >&2 || true; die "$name exited during startup"; }
+    read -r code ver < <(curl -s "$@" -o "$TMP/curl.body" -w '%{http_code} %{http_version}\n' \
+      --max-time 2 "$url" 2>/dev/null || true) || true
+    if [[ "${code:-}" == 200 ]]; then
+      body=$(cat "$TMP/curl.body")
+      [[ "$body" == "hello, world" ]] || die "$name: $url answered 200 but with body '$body'"
+      [[ "$ver" == "$want_ver" ]] || die "$name: $url answered over HTTP/$ver, expected HTTP/$want_ver"
+      return 0
+    fi
+    sleep 0.1
+  done
+  cat "$TMP/$name.out" >&2 || true
+  die "$name: $url did not answer 200 within 10 s (last status: ${code:-none})"
+}
+
+# All pids of a process tree (root first).
+pid_tree() {
+  local pid=$1 c
+  echo "$pid"
+  for c in $(pgrep -P "$pid" 2>/dev/null || true); do pid_tree "$c"; done
+}
+
+# ---------------------------------------------------------------- CPU and memory
+# Sums of utime and stime (clock ticks) over the given pids: fields 14 and 15 of /proc/<pid>/stat.
+# Prints "utime stime".
+cpu_ticks() {
+  local ut=0 st=0 pid s f
+  for pid in "$@"; do
+    s=$(cat "/proc/$pid/stat" 2>/dev/null) || die "process $pid vanished during the measurement"
+    s=${s##*) }            # drop "pid (comm) "; the remaining fields start at field 3
+    read -r -a f <<<"$s"
+    ut=$((ut + f[11]))
+    st=$((st + f[12]))
+  done
+  echo "$ut $st"
+}
+
+# Machine-wide busy and idle ticks (all CPUs) from /proc/stat: prints "busy idle".
+cpu_busy_idle() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9, $5 + $6}' /proc/stat; }
+
+# CPU ticks of this shell's reaped children (cutime + cstime, fields 16 and 17): the load generator's
+# CPU time is added here when it exits.
+child_ticks() {
+  local s f
+  s=$(<"/proc/$$/stat")
+  s=${s##*) }
+  read -r -a f <<<"$s"
+  echo $((f[13] + f[14]))
+}
+
+# Sum of VmHWM (kB) over the given pids.
+hwm_kb() {
+  local total=0 pid v
+  for pid in "$@"; do
+    v=$(awk '/^VmHWM:/ {print $2}' "/proc/$pid/status" 2>/dev/null || true)
+    total=$((total + ${v:-0}))
+  done
+  echo "$total"
+}
+
+# Percentage of the machine busy over 1 s: other work (a compile, say) distorts every number.
+busy_pct_1s() {
+  local b0 i0 b1 i1
+  read -r b0 i0 < <(cpu_busy_idle)
+  sleep 1
+  read -r b1 i1 < <(cpu_busy_idle)
+  awk -v b=$((b1 - b0)) -v i=$((i1 - i0)) 'BEGIN { t = b + i; printf "%.0f", (t > 0 ? 100 * b / t : 0) }'
+}
+
+# ---------------------------------------------------------------- load generators
+# wrk latency like "245.12us", "1.23ms", "2.00s" -> microseconds
+to_us() {
+  awk -v v="$1" 'BEGIN {
+    n = v + 0; u = v; sub(/^[0-9.]+/, "", u)
+    if (u == "us") m = 1; else if (u == "ms") m = 1000; else if (u == "s") m = 1000000;
+    else if (u == "m") m = 60000000; else { print "nan"; exit }
+    printf "%.1f", n * m }'
+}
+
+# The parsers set: RPS, OK (2xx responses), BAD (non-2xx/failed), P50_US, P99_US, MEAN_US, SD_US, NOTE
+run_wrk() {  # run_wrk URL DURATION OUTFILE [wrk args: -s script, -H header...]
+  local url=$1 dur=$2 out=$3
+  shift 3
+  timeout $((dur + 30)) taskset -c "$LOAD_CPU" wrk -t1 -c32 -d"${dur}s" --latency \
+    "$@" "$url" >"$out" 2>&1 || { cat "$out" >&2; die "wrk failed against $url"; }
+}
+
+parse_wrk() {  # parse_wrk OUTFILE
+  local out=$1 total
+  RPS=$(awk '/^Requests\/sec:/ {printf "%.0f", $2}' "$out")
+  total=$(awk '/ requests in / {print $1}' "$out")
+  BAD=$(awk '/Non-2xx or 3xx responses:/ {print $NF}' "$out")
+  BAD=${BAD:-0}
+  OK=$((total - BAD))
+  P50_US=$(to_us "$(awk '$1 == "50%" {print $2}' "$out")")
+  P99_US=$(to_us "$(awk '$1 == "99%" {print $2}' "$out")")
+  MEAN_US=$(to_us "$(awk '$1 == "Latency" && NF >= 4 {print $2; exit}' "$out")")
+  SD_US=$(to_us "$(awk '$1 == "Latency" && NF >= 4 {print $3; exit}' "$out")")
+  NOTE=$(grep -E '^ *Socket errors:' "$out" | sed 's/^ *//' || true)
+  [[ -n "$RPS" && -n "$total" ]] || { cat "$out" >&2; die "could not parse wrk output"; }
+}
+
+run_h2load() {  # run_h2load URL DURATION OUTFILE [logfile [h2load args...]]
+  local url=$1 dur=$2 out=$3 logf=${4:-}
+  shift 3
+  if (($#)); then shift; fi
+  timeout $((dur + 30)) taskset -c "$LOAD_CPU" h2load -c16 -m16 -D "$dur" \
+    ${logf:+--log-file="$logf"} "$@" "$url" >"$out" 2>&1 || { cat "$out" >&2; die "h2load failed against $url"; }
+}
+
+parse_h2load() {  # parse_h2load OUTFILE LOGFILE
+  local out=$1 logf=$2 failed
+  RPS=$(awk '/^finished in/ {gsub(",", "", $4); printf "%.0f", $4}' "$out")
+  OK=$(awk '/^status codes:/ {print $3}' "$out")
+  # non-2xx status codes + requests that failed/errored/timed out without a status
+  BAD=$(awk '/^status codes:/ {gsub(",", ""); print $5 + $7 + $9}' "$out")
+  failed=$(awk '/^requests:/ {gsub(",", ""); print $10 + $12 + $14}' "$out")
+  [[ -n "$RPS" && -n "$OK" && -n "$BAD" && -n "$failed" ]] || { cat "$out" >&2; die "could not parse h2load output"; }
+  BAD=$((BAD + failed))
+  # "time for request:  min  max  mean  sd  +/- sd"
+  MEAN_US=$(to_us "$(awk '/^time for request:/ {print $6}' "$out")")
+  SD_US=$(to_us "$(awk '/^time for request:/ {print $7}' "$out")")
+  # p50/p99 from h2load's per-request log (3rd column: microseconds until end of response)
+  if [[ -s "$logf" ]]; then
+    read -r P50_US P99_US < <(cut -f3 "$logf" | sort -n | awk '
+      { v[NR] = $1 }
+      END {
+        if (NR == 0) { print "nan nan"; exit }
+        i50 = int(NR * 0.50); if (i50 < 1) i50 = 1
+        i99 = int(NR * 0.99); if (i99 < 1) i99 = 1
+        printf "%.1f %.1f\n", v[i50], v[i99]
+      }')
+  else
+    P50_US=nan P99_US=nan
+  fi
+  NOTE=""
+}
+
+# ---------------------------------------------------------------- TLS
+# make_cert DIR: ECDSA P-256 self-signed pair DIR/default.crt + DIR/default.key for CN=localhost,
+# SAN localhost and 127.0.0.1, plus DIR/../haproxy.pem (certificate and key in one file).
+make_cert() {
+  local dir=$1
+  mkdir -p "$dir"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 30 -subj /CN=localhost \
+    -addext subjectAltName=DNS:localhost,IP:127.0.0.1 \
+    -keyout "$dir/default.key" -out "$dir/default.crt" >"$TMP/openssl-req.out" 2>&1 \
+    || { cat "$TMP/openssl-req.out" >&2; die "openssl could not make the test certificate"; }
+  cat "$dir/default.crt" "$dir/default.key" >"$dir/../haproxy.pem"
+}
+
+# One TLS connection with openssl s_client (an HTTP/1.1 GET, so that TLS 1.3 session tickets
+# arrive before the server closes): prints the s_client -msg transcript.
+s_client_get() {  # s_client_get PORT [s_client args...]
+  local port=$1
+  shift
+  printf 'GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n' |
+    timeout 5 openssl s_client -connect "127.0.0.1:$port" -servername localhost -alpn http/1.1 \
+      -ign_eof -msg "$@" 2>&1 || true
+}
+
+# tls_probe PORT: what the server negotiates with an OpenSSL client and whether it resumes a
+# session from one of its tickets. Prints one line, e.g.
+# "TLSv1.3, TLS_AES_256_GCM_SHA384, X25519, ECDSA signature; session tickets after a full handshake: 2;
+# resumes from a ticket: yes (new tickets: 1)".
+tls_probe() {
+  local port=$1 full res proto cipher kx sig t1 t2 reused
+  full=$(s_client_get "$port" -sess_out "$TMP/probe.sess")
+  proto=$(awk -F': *' '/^ *Protocol *:/ {print $2; exit}' <<<"$full")
+  cipher=$(awk '/^New, / {print $NF; exit}' <<<"$full")
+  kx=$(awk -F': *' '/^Server Temp Key:/ {sub(/,.*/, "", $2); print $2; exit}' <<<"$full")
+  sig=$(awk -F': *' '/^Peer signature type:/ {print $2; exit}' <<<"$full")
+  t1=$(grep -c '<<< TLS 1.3, Handshake .*NewSessionTicket' <<<"$full" || true)
+  if [[ -s "$TMP/probe.sess" ]]; then
+    res=$(s_client_get "$port" -sess_in "$TMP/probe.sess")
+    t2=$(grep -c '<<< TLS 1.3, Handshake .*NewSessionTicket' <<<"$res" || true)
+    if grep -q '^Reused, ' <<<"$res"; then reused="yes (new tickets: $t2)"; else reused="no"; fi
+  else
+    reused="no session to resume"
+  fi
+  rm -f "$TMP/probe.sess"
+  echo "${proto:-?}, ${cipher:-?}, ${kx:-?}, ${sig:-?} signature; session tickets after a full handshake: $t1; resumes from a ticket: $reused"
+}
+
+# ---------------------------------------------------------------- report
+fmt_ms() { awk -v u="$1" 'BEGIN { if (u == "nan" || u == "") print "n/a"; else printf "%.3f ms", u / 1000 }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "nan" || b == "nan" || a == "" || b == "" || b + 0 == 0) print "n/a"; else printf "%.2f", a / b }'; }
+
+# print_table TITLE LOADGEN: one scenario's markdown table and notes, from the R_* arrays.
+# LOADGEN is wrk or h2load (which latency note to print).
+print_table() {
+  local title=$1 loadgen=$2 proxy cr pr w
+  echo
+  echo "## $title"
+  echo
+  echo "| proxy | req/s | p50 | p99 | CPU us/req | RSS MB | CPU ratio to nginx | p99 ratio to nginx |"
+  echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+  for proxy in $PROXIES; do
+    if ((R_BAD[$proxy] > 0)); then
+      echo "| $proxy | FAILED: ${R_BAD[$proxy]} non-2xx/failed responses | | | | | | |"
+      continue
+    fi
+    if has_proxy nginx && ((R_BAD[nginx] == 0)); then
+      cr=$(ratio "${R_CPU[$proxy]}" "${R_CPU[nginx]}")
+      pr=$(ratio "${R_P99[$proxy]}" "${R_P99[nginx]}")
+    else
+      cr=n/a pr=n/a
+    fi
+    echo "| $proxy | ${R_RPS[$proxy]} | $(fmt_ms "${R_P50[$proxy]}") | $(fmt_ms "${R_P99[$proxy]}") | ${R_CPU[$proxy]} | ${R_RSS[$proxy]} | $cr | $pr |"
+  done
+  echo
+  if [[ "$loadgen" == h2load ]]; then
+    echo "h2load prints no percentiles: p50/p99 above are computed from its per-request log (--log-file)."
+    echo "Mean ± sd of request time as h2load prints them:"
+  else
+    echo "Latency mean ± sd as wrk prints them:"
+  fi
+  echo
+  for proxy in $PROXIES; do
+    ((R_BAD[$proxy] > 0)) && continue
+    w=""
+    ((R_OTHER[$proxy] > OTHER_WARN_PCT)) && w=" -- WARNING: machine not idle, numbers distorted"
+    echo "- $proxy: $(fmt_ms "${R_MEAN[$proxy]}") ± $(fmt_ms "${R_SD[$proxy]}")${R_NOTE[$proxy]:+ (${R_NOTE[$proxy]})}; other CPU activity during the window: ${R_OTHER[$proxy]}%$w"
+  done
+}
