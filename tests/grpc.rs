@@ -1,10 +1,12 @@
 //! gRPC through the proxy with no gRPC config: a tonic client and server in the test, all four
-//! call kinds, over the plain listener (h2c) and the TLS listener (h2 by ALPN), to an h2c backend.
+//! call kinds, over the plain listener (h2c) and the TLS listener (h2 by ALPN), to h2c and TLS
+//! backends, pinned by scheme or detected; deadlines and cancellations reach the backend.
 
 mod support;
 
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -27,6 +29,20 @@ fn msg(text: impl Into<String>) -> Msg {
     Msg { text: text.into() }
 }
 
+/// Backend calls that ended because the client went away (RST_STREAM through the proxy).
+static CANCELLED_AT_BACKEND: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts a cancellation when dropped while armed.
+struct CancelWatch(bool);
+
+impl Drop for CancelWatch {
+    fn drop(&mut self) {
+        if self.0 {
+            CANCELLED_AT_BACKEND.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
 struct Unary;
 impl tonic::server::UnaryService<Msg> for Unary {
     type Response = Msg;
@@ -44,6 +60,13 @@ impl tonic::server::UnaryService<Msg> for Unary {
             match text.as_str() {
                 "fail" => Err(Status::not_found("no such thing")),
                 "deadline" => Ok(Response::new(msg(deadline))),
+                "expire" => Err(Status::deadline_exceeded("deadline passed at the backend")),
+                "sleep" => {
+                    let mut watch = CancelWatch(true);
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                    watch.0 = false;
+                    Ok(Response::new(msg("woke")))
+                }
                 _ => Ok(Response::new(msg(format!("echo {text}")))),
             }
         })
@@ -59,6 +82,24 @@ impl tonic::server::ServerStreamingService<Msg> for Count {
         let n: usize = req.into_inner().text.parse().unwrap_or(0);
         Box::pin(async move {
             let s = futures_util::stream::iter((0..n).map(|i| Ok(msg(i.to_string()))));
+            Ok(Response::new(Box::pin(s) as MsgStream))
+        })
+    }
+}
+
+/// Streams a message every 10 ms until the client cancels.
+struct Forever;
+impl tonic::server::ServerStreamingService<Msg> for Forever {
+    type Response = Msg;
+    type ResponseStream = MsgStream;
+    type Future = BoxFut<Result<Response<MsgStream>, Status>>;
+    fn call(&mut self, _: Request<Msg>) -> Self::Future {
+        Box::pin(async move {
+            let s =
+                futures_util::stream::unfold((0u64, CancelWatch(true)), |(i, watch)| async move {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    Some((Ok(msg(i.to_string())), (i + 1, watch)))
+                });
             Ok(Response::new(Box::pin(s) as MsgStream))
         })
     }
@@ -118,6 +159,7 @@ impl tower::Service<http::Request<tonic::body::Body>> for Echo {
             Ok(match req.uri().path() {
                 "/test.Echo/Unary" => grpc.unary(Unary, req).await,
                 "/test.Echo/Count" => grpc.server_streaming(Count, req).await,
+                "/test.Echo/Forever" => grpc.server_streaming(Forever, req).await,
                 "/test.Echo/Join" => grpc.client_streaming(Join, req).await,
                 "/test.Echo/Shout" => grpc.streaming(Shout, req).await,
                 _ => Status::unimplemented("no such method").into_http(),
@@ -131,22 +173,42 @@ async fn grpc_backend() -> std::net::SocketAddr {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(serve_grpc(stream));
+        }
+    });
+    addr
+}
+
+/// The same service over TLS (self-signed, ALPN h2 only).
+async fn tls_grpc_backend() -> std::net::SocketAddr {
+    let acceptor = tls_backend_acceptor(&[b"h2"]);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
             tokio::spawn(async move {
-                let svc =
-                    hyper::service::service_fn(|req: http::Request<hyper::body::Incoming>| {
-                        let mut echo = Echo;
-                        tower::Service::call(&mut echo, req.map(tonic::body::Body::new))
-                    });
-                let _ = hyper_util::server::conn::auto::Builder::new(
-                    hyper_util::rt::TokioExecutor::new(),
-                )
-                .http2_only()
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-                .await;
+                if let Ok(tls) = acceptor.accept(stream).await {
+                    serve_grpc(tls).await;
+                }
             });
         }
     });
     addr
+}
+
+async fn serve_grpc<IO>(stream: IO)
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = hyper::service::service_fn(|req: http::Request<hyper::body::Incoming>| {
+        let mut echo = Echo;
+        tower::Service::call(&mut echo, req.map(tonic::body::Body::new))
+    });
+    let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+        .http2_only()
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+        .await;
 }
 
 type Client = tonic::client::Grpc<tonic::transport::Channel>;
@@ -292,6 +354,88 @@ async fn grpc_over_h2c_and_tls_with_no_grpc_config() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+}
+
+/// A client on the plain listener for `authority`.
+async fn plain_client(proxy: &ProxyProcess, authority: &str) -> Client {
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", proxy.addr))
+        .unwrap()
+        .origin(format!("http://{authority}").parse().unwrap())
+        .connect()
+        .await
+        .unwrap();
+    tonic::client::Grpc::new(channel)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_to_detected_and_tls_backends_with_deadlines_and_cancellation() {
+    let h2c = grpc_backend().await;
+    let tls = tls_grpc_backend().await;
+    // No scheme and health checks on: detected (h2c by the preface; TLS by the handshake).
+    let route = |host: &str, server: String| {
+        format!("  {host}:\n    paths:\n      \"/\": {{servers: [\"{server}\"], hc_interval: 1}}\n")
+    };
+    let yaml = [
+        "upstreams:\n".to_string(),
+        route("h2c.local", h2c.to_string()),
+        route("tls.local", tls.to_string()),
+        route("pinned-tls.local", format!("https://{tls}")),
+    ]
+    .concat();
+    let proxy = ProxyProcess::start(&yaml, "");
+    for host in ["h2c.local", "tls.local", "pinned-tls.local"] {
+        all_four_kinds(&mut plain_client(&proxy, host).await, host).await;
+    }
+
+    let mut client = plain_client(&proxy, "h2c.local").await;
+    // A DEADLINE_EXCEEDED from the backend passes unchanged.
+    let err = unary(&mut client, "expire", None).await.unwrap_err();
+    assert_eq!(
+        (err.code(), err.message()),
+        (Code::DeadlineExceeded, "deadline passed at the backend")
+    );
+    // The client's deadline expires first: the proxy cancels the backend's call.
+    let before = CANCELLED_AT_BACKEND.load(Ordering::SeqCst);
+    let err = unary(&mut client, "sleep", Some(Duration::from_millis(300)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err.code(), Code::DeadlineExceeded | Code::Cancelled),
+        "{err:?}"
+    );
+    let reached = eventually(Duration::from_secs(3), || {
+        CANCELLED_AT_BACKEND.load(Ordering::SeqCst) > before
+    })
+    .await;
+    assert!(
+        reached,
+        "the backend's call was not cancelled after the deadline"
+    );
+
+    // A server stream the client drops is reset at the backend too.
+    let before = CANCELLED_AT_BACKEND.load(Ordering::SeqCst);
+    client.ready().await.unwrap();
+    let resp = client
+        .server_streaming(
+            Request::new(msg("")),
+            path("Forever"),
+            ProstCodec::<Msg, Msg>::default(),
+        )
+        .await
+        .unwrap();
+    let mut stream = resp.into_inner();
+    for _ in 0..3 {
+        stream.next().await.unwrap().unwrap();
+    }
+    drop(stream);
+    let reached = eventually(Duration::from_secs(3), || {
+        CANCELLED_AT_BACKEND.load(Ordering::SeqCst) > before
+    })
+    .await;
+    assert!(
+        reached,
+        "the backend's stream was not reset after the client cancelled"
+    );
 }
 
 fn pem_of(der: &rustls_pki_types::CertificateDer<'_>) -> String {

@@ -1,13 +1,21 @@
-//! WebSocket through the proxy with no config: HTTP/1.1 Upgrade -> 101 -> frames both ways.
+//! WebSocket through the proxy with no config: HTTP/1.1 Upgrade -> 101 -> frames both ways;
+//! HTTP/2 clients by extended CONNECT (RFC 8441) bridged to an HTTP/1.1 upgrade; TLS backends;
+//! a half-close passed through an upgraded connection.
 
 mod support;
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
+use http_body_util::Empty;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use support::*;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
 
 /// A WebSocket echo server (real handshake and framing); returns its address.
 async fn echo_server() -> std::net::SocketAddr {
@@ -15,24 +23,46 @@ async fn echo_server() -> std::net::SocketAddr {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(echo(stream));
+        }
+    });
+    addr
+}
+
+/// The same echo server behind TLS (self-signed; ALPN offers h2 too, so the proxy must ask for
+/// HTTP/1.1 to upgrade).
+async fn tls_echo_server() -> std::net::SocketAddr {
+    let acceptor = tls_backend_acceptor(&[b"h2", b"http/1.1"]);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
             tokio::spawn(async move {
-                let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
-                    return;
-                };
-                while let Some(Ok(msg)) = ws.next().await {
-                    if let Message::Close(frame) = msg {
-                        let _ = ws.send(Message::Close(frame)).await;
-                        return;
-                    }
-                    // Text and binary are echoed; pings are answered by the library as it reads.
-                    if (msg.is_text() || msg.is_binary()) && ws.send(msg).await.is_err() {
-                        return;
-                    }
+                if let Ok(tls) = acceptor.accept(stream).await {
+                    echo(tls).await;
                 }
             });
         }
     });
     addr
+}
+
+/// One WebSocket connection: text and binary echoed, pings answered, close returned.
+async fn echo<S: AsyncRead + AsyncWrite + Unpin>(stream: S) {
+    let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
+        return;
+    };
+    while let Some(Ok(msg)) = ws.next().await {
+        if let Message::Close(frame) = msg {
+            let _ = ws.send(Message::Close(frame)).await;
+            return;
+        }
+        // Text and binary are echoed; pings are answered by the library as it reads.
+        if (msg.is_text() || msg.is_binary()) && ws.send(msg).await.is_err() {
+            return;
+        }
+    }
 }
 
 fn ws_route(backend: std::net::SocketAddr) -> String {
@@ -41,12 +71,20 @@ fn ws_route(backend: std::net::SocketAddr) -> String {
 
 async fn exercise<S>(stream: S)
 where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin,
 {
-    let (mut ws, resp) = tokio_tungstenite::client_async("ws://chat.local/socket", stream)
+    let (ws, resp) = tokio_tungstenite::client_async("ws://chat.local/socket", stream)
         .await
         .expect("WebSocket handshake through the proxy");
     assert_eq!(resp.status(), 101);
+    echo_frames(ws).await;
+}
+
+/// Text, 1 MiB binary, ping, a pause longer than the header timeout, then the close handshake.
+async fn echo_frames<S>(mut ws: WebSocketStream<S>)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     ws.send(Message::text("hello")).await.unwrap();
     assert_eq!(ws.next().await.unwrap().unwrap(), Message::text("hello"));
     let big: Vec<u8> = (0..1024 * 1024).map(|i| (i % 253) as u8).collect();
@@ -104,4 +142,140 @@ async fn websocket_echo_over_plain_and_tls_listeners() {
         .await
         .unwrap();
     exercise(tls).await;
+}
+
+/// Opens a WebSocket over HTTP/2 by extended CONNECT (RFC 8441) on `io`, an h2 connection to
+/// the proxy; `scheme` is the one the client uses.
+async fn extended_connect<IO>(
+    io: IO,
+    scheme: &str,
+) -> WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(io))
+            .await
+            .expect("h2 handshake with the proxy");
+    tokio::spawn(conn);
+    // A first exchange makes sure the proxy's SETTINGS (ENABLE_CONNECT_PROTOCOL) have arrived.
+    let warm = http::Request::get(format!("{scheme}://chat.local/"))
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    sender.send_request(warm).await.expect("first request");
+    let mut req = http::Request::builder()
+        .method(http::Method::CONNECT)
+        .uri(format!("{scheme}://chat.local/socket"))
+        .header("sec-websocket-version", "13")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    req.extensions_mut()
+        .insert(hyper::ext::Protocol::from_static("websocket"));
+    let resp = sender
+        .send_request(req)
+        .await
+        .expect("extended CONNECT through the proxy");
+    assert_eq!(resp.status(), 200, "RFC 8441: the stream opens with 200");
+    assert!(resp.headers().get("sec-websocket-accept").is_none());
+    let upgraded = hyper::upgrade::on(resp).await.expect("upgraded stream");
+    WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Client, None).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_from_http2_clients_by_extended_connect() {
+    let backend = echo_server().await;
+    let certs = tempfile::tempdir().unwrap();
+    let root = write_self_signed(certs.path(), "chat", &["chat.local"]);
+    let main = format!(
+        "client_header_timeout: 1\nproxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"",
+        certs.path().display()
+    );
+    let proxy = ProxyProcess::start(&ws_route(backend), &main);
+    // h2c with prior knowledge on the plain port.
+    let plain = TcpStream::connect(proxy.addr).await.unwrap();
+    echo_frames(extended_connect(plain, "http").await).await;
+    // h2 by ALPN on the TLS port.
+    let tls_addr = proxy.logged_addr("listening on https://");
+    let config = tls_client_config(&[root], &[b"h2"]);
+    let tcp = TcpStream::connect(tls_addr).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from("chat.local").unwrap();
+    let tls = tokio_rustls::TlsConnector::from(config)
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    echo_frames(extended_connect(tls, "https").await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_to_tls_backends_pinned_and_detected() {
+    let backend = tls_echo_server().await;
+    // `https://` pins TLS; the bare address is detected as TLS (health checks on, SPEC §6.3).
+    for server in [format!("https://{backend}"), backend.to_string()] {
+        let yaml = format!(
+            "upstreams:\n  chat.local:\n    paths:\n      \"/\": {{servers: [\"{server}\"], hc_interval: 1}}\n"
+        );
+        let proxy = ProxyProcess::start(&yaml, "client_header_timeout: 1");
+        exercise(TcpStream::connect(proxy.addr).await.unwrap()).await;
+    }
+}
+
+/// A backend that switches to a raw protocol, reads until the client's half-close, then answers
+/// with the byte count and closes.
+async fn counting_backend() -> std::net::SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && stream.read_exact(&mut byte).await.is_ok() {
+                    head.push(byte[0]);
+                }
+                let switch = b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: count\r\n\r\n";
+                if stream.write_all(switch).await.is_err() {
+                    return;
+                }
+                let mut rest = Vec::new();
+                let _ = stream.read_to_end(&mut rest).await;
+                let _ = stream
+                    .write_all(format!("got {}", rest.len()).as_bytes())
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_close_passes_through_an_upgraded_connection() {
+    let backend = counting_backend().await;
+    let proxy = ProxyProcess::start(&ws_route(backend), "");
+    let mut client = TcpStream::connect(proxy.addr).await.unwrap();
+    let ask = "GET / HTTP/1.1\r\nHost: chat.local\r\nConnection: upgrade\r\nUpgrade: count\r\n\r\n";
+    client.write_all(ask.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        client
+            .read_exact(&mut byte)
+            .await
+            .expect("101 from the proxy");
+        head.push(byte[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 101"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    client.write_all(&[7u8; 100_000]).await.unwrap();
+    // Half-close: the backend sees EOF, yet its answer still comes back.
+    client.shutdown().await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(5), client.read_to_string(&mut answer))
+        .await
+        .expect("answer after half-close")
+        .unwrap();
+    assert_eq!(answer, "got 100000");
 }

@@ -221,7 +221,7 @@ impl Admin {
                     .backends
                     .iter()
                     .filter(|b| !live_only || b.is_up())
-                    .map(|b| serde_json::json!({ "address": &*b.label, "up": b.is_up(), "protocol": format!("{:?}", b.protocol) }))
+                    .map(|b| serde_json::json!({ "address": &*b.label, "up": b.is_up(), "protocol": b.wire().map_or("detecting", |w| w.name()) }))
                     .collect();
                 serde_json::json!({ "host": &*route.host, "path": &*route.prefix, "backends": backends })
             })

@@ -417,13 +417,7 @@ pub(super) fn read_setting(
         "authorization" => settings.authorization = read_auth(node, p, r),
         "healthcheck" => settings.healthcheck = r.boolean(node, p),
         "redirect_to" => settings.redirect_to = read_redirect(node, p, r),
-        "upstream_tls_verify" => {
-            settings.upstream_tls_verify = r.boolean(node, p);
-            if settings.upstream_tls_verify == Some(true) {
-                // Fail closed: an operator who asks for verification must not get an unverified link.
-                r.error(node.pos, p, "verifying backend certificates is not supported yet; remove the key (backends are not verified, like nginx's default)");
-            }
-        }
+        "upstream_tls_verify" => settings.upstream_tls_verify = r.boolean(node, p),
         _ => {}
     }
 }

@@ -170,7 +170,7 @@ impl ForwardAuth {
             .map_err(failed)?;
         let resp = if self.https {
             // Same TLS client as https:// backends (ALPN http/1.1; certificate not verified).
-            let (tls, _) = crate::upstream::tls::handshake(stream, &self.host, false)
+            let (tls, _) = crate::upstream::tls::handshake(stream, &self.host, false, false)
                 .await
                 .map_err(|e| failed(oneshot::OneShotError::Connect(e)))?;
             oneshot::exchange(tls, Protocol::Http1, question, self.timeout).await

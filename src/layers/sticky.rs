@@ -66,7 +66,7 @@ static KEY: LazyLock<hmac::Key> = LazyLock::new(|| {
 
 /// The opaque id of a backend: 32 hex digits.
 pub fn backend_id(backend: &Backend) -> [u8; 32] {
-    let identity = format!("{}|{:?}", backend.label, backend.protocol);
+    let identity = format!("{}|{:?}", backend.label, backend.spec.scheme);
     let tag = hmac::sign(&KEY, identity.as_bytes());
     let mut out = [0u8; 32];
     for (i, byte) in tag.as_ref()[..16].iter().enumerate() {

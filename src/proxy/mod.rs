@@ -14,7 +14,7 @@ use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::request::Parts;
-use http::uri::{PathAndQuery, Scheme};
+use http::uri::PathAndQuery;
 use http::{Method, Request, Response, Uri, Version};
 use http_body::Body as _;
 use http_body_util::{Either, Empty, Full};
@@ -22,7 +22,7 @@ use hyper::body::Incoming;
 
 use crate::layers::Pinned;
 use crate::routing::{Lookup, Route, Snapshot};
-use crate::upstream::{self, Backend, PooledBody, Protocol, SendError, Timeouts, UpBody};
+use crate::upstream::{self, Backend, PooledBody, SendError, Timeouts, UpBody};
 
 pub use error::ProxyError;
 
@@ -58,7 +58,7 @@ impl Proxy {
     /// Handles one request end to end; never fails (errors become responses).
     pub async fn handle(&self, conn: &ClientConn, req: Request<Incoming>) -> Response<RespBody> {
         let grpc = error::is_grpc(req.headers());
-        if req.method() == Method::CONNECT {
+        if req.method() == Method::CONNECT && !upgrade::is_extended_connect(&req) {
             return ProxyError::MethodNotAllowed
                 .response_for(grpc)
                 .map(Either::Right);
@@ -94,8 +94,8 @@ impl Proxy {
         mut req: Request<Incoming>,
     ) -> Result<Response<RespBody>, ProxyError> {
         let client_upgrade = upgrade::take(&mut req);
-        let protocol = client_upgrade.as_ref().map(|u| u.protocol.clone());
-        let resp = self.forward(conn, route, req, protocol.as_ref()).await?;
+        let ask = client_upgrade.as_ref().map(|u| u.ask.clone());
+        let resp = self.forward(conn, route, req, ask.as_ref()).await?;
         match client_upgrade {
             Some(client) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
                 Ok(upgrade::bridge(resp, client))
@@ -111,13 +111,13 @@ impl Proxy {
         conn: &ClientConn,
         route: &Route,
         req: Request<Incoming>,
-        upgrade_protocol: Option<&HeaderValue>,
+        upgrade: Option<&upgrade::UpgradeAsk>,
     ) -> Result<Response<PooledBody>, ProxyError> {
         let (mut parts, body) = req.into_parts();
         let client_host = request_host_parts(&parts);
         prepare_headers(&mut parts, conn, client_host, route);
-        if let Some(protocol) = upgrade_protocol {
-            upgrade::restore_request_headers(&mut parts.headers, protocol);
+        if let Some(ask) = upgrade {
+            upgrade::prepare_backend_request(&mut parts, ask);
         }
         strip_token_param(&mut parts.uri);
         // A request that can safely be sent twice keeps a copy of its head for a retry.
@@ -147,7 +147,7 @@ impl Proxy {
             else {
                 break;
             };
-            let request = upstream_request(head, body, backend);
+            let request = upstream_request(head, body);
             match self
                 .send_with_stale_retry(backend, request, retry_parts.as_ref())
                 .await
@@ -206,7 +206,7 @@ impl Proxy {
             }) => match retry_parts {
                 Some(parts) => {
                     tracing::debug!(backend = %backend.label, "stale pooled connection ({error}); retrying");
-                    let request = upstream_request(clone_head(parts), empty(), backend);
+                    let request = upstream_request(clone_head(parts), empty());
                     upstream::send(backend, request, self.timeouts).await
                 }
                 None => Err(SendError::Reset {
@@ -288,32 +288,16 @@ fn prepare_headers(
     }
 }
 
-/// Fits the request head to the backend's protocol: origin-form for HTTP/1.1, absolute for h2.
-fn upstream_request(mut head: Parts, body: UpBody, backend: &Backend) -> Request<UpBody> {
+/// The request head in HTTP/1.1 form (origin-form target, `Host`); the pool rewrites it for a
+/// backend that speaks HTTP/2.
+fn upstream_request(mut head: Parts, body: UpBody) -> Request<UpBody> {
     let path = head
         .uri
         .path_and_query()
         .cloned()
         .unwrap_or_else(|| PathAndQuery::from_static("/"));
-    match backend.protocol {
-        Protocol::Http1 => {
-            head.version = Version::HTTP_11;
-            head.uri = Uri::from(path);
-        }
-        Protocol::H2c => {
-            head.version = Version::HTTP_2;
-            let authority = head
-                .headers
-                .remove(header::HOST)
-                .and_then(|h| h.to_str().ok().and_then(|s| s.parse().ok()))
-                .unwrap_or_else(|| backend.authority.clone());
-            let mut uri = http::uri::Parts::default();
-            uri.scheme = Some(Scheme::HTTP);
-            uri.authority = Some(authority);
-            uri.path_and_query = Some(path);
-            head.uri = Uri::from_parts(uri).unwrap_or_default();
-        }
-    }
+    head.version = Version::HTTP_11;
+    head.uri = Uri::from(path);
     Request::from_parts(head, body)
 }
 

@@ -1,13 +1,20 @@
-//! Protocol upgrades (WebSocket and any other `Upgrade:` protocol) over HTTP/1.1, with no config:
-//! the request keeps its `Upgrade` and `Connection: upgrade` headers, and when the backend answers
+//! Protocol upgrades (WebSocket and any other `Upgrade:` protocol) with no config: the request
+//! keeps its `Upgrade` and `Connection: upgrade` headers, and when the backend answers
 //! `101 Switching Protocols` both upgraded connections are joined and bytes flow both ways until
 //! either side closes (a half-close is passed on, the other direction keeps going).
+//!
+//! HTTP/2 clients ask with an extended CONNECT (RFC 8441: `:method CONNECT`, `:protocol
+//! websocket`). Backends are always asked with an HTTP/1.1 upgrade: the CONNECT becomes a `GET`
+//! with `Upgrade: <protocol>` (and a fresh `Sec-WebSocket-Key` for WebSocket, which RFC 8441
+//! requests do not carry), and the backend's `101` becomes the `200` that opens the client's
+//! stream. The WebSocket frames are the same on both sides, so only bytes are copied.
 //!
 //! Upgraded connections leave hyper's HTTP handling, so HTTP timeouts no longer apply to them.
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderValue};
-use http::{Request, Response, StatusCode, Version};
+use http::header::{self, HeaderValue};
+use http::request::Parts;
+use http::{Method, Request, Response, StatusCode, Version};
 use http_body_util::{Either, Full};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
@@ -17,14 +24,30 @@ use crate::upstream::PooledBody;
 
 /// A client's request to switch protocols.
 pub struct ClientUpgrade {
-    /// The `Upgrade` header as the client sent it.
-    pub protocol: HeaderValue,
+    pub ask: UpgradeAsk,
     on_client: OnUpgrade,
 }
 
-/// Takes the upgrade out of an HTTP/1.1 request that asks for one (`Connection: upgrade` and an
-/// `Upgrade` header), before hop-by-hop headers are removed.
+/// What the backend is asked to switch to, and how the client asked.
+#[derive(Clone)]
+pub struct UpgradeAsk {
+    /// The `Upgrade` header (HTTP/1.1) or `:protocol` (RFC 8441) the client sent.
+    pub protocol: HeaderValue,
+    /// An HTTP/2 extended CONNECT: the client gets `200`, not `101`.
+    pub over_h2: bool,
+}
+
+/// An HTTP/2 extended CONNECT (RFC 8441): `CONNECT` with a `:protocol`.
+pub fn is_extended_connect<B>(req: &Request<B>) -> bool {
+    req.method() == Method::CONNECT && req.extensions().get::<hyper::ext::Protocol>().is_some()
+}
+
+/// Takes the upgrade out of a request that asks for one (HTTP/1.1 `Connection: upgrade` and an
+/// `Upgrade` header, or an HTTP/2 extended CONNECT), before hop-by-hop headers are removed.
 pub fn take<B>(req: &mut Request<B>) -> Option<ClientUpgrade> {
+    if is_extended_connect(req) {
+        return take_extended_connect(req);
+    }
     if req.version() != Version::HTTP_11 {
         return None;
     }
@@ -40,32 +63,77 @@ pub fn take<B>(req: &mut Request<B>) -> Option<ClientUpgrade> {
     }
     let on_client = req.extensions_mut().remove::<OnUpgrade>()?;
     Some(ClientUpgrade {
-        protocol,
+        ask: UpgradeAsk {
+            protocol,
+            over_h2: false,
+        },
         on_client,
     })
 }
 
-/// Puts the upgrade headers back on the request to the backend (after hop-by-hop removal).
-pub fn restore_request_headers(headers: &mut HeaderMap, protocol: &HeaderValue) {
-    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    headers.insert(header::UPGRADE, protocol.clone());
+fn take_extended_connect<B>(req: &mut Request<B>) -> Option<ClientUpgrade> {
+    let protocol = req.extensions().get::<hyper::ext::Protocol>()?.as_str();
+    let protocol = HeaderValue::from_str(protocol).ok()?;
+    let on_client = req.extensions_mut().remove::<OnUpgrade>()?;
+    Some(ClientUpgrade {
+        ask: UpgradeAsk {
+            protocol,
+            over_h2: true,
+        },
+        on_client,
+    })
 }
 
-/// Answers the client with the backend's 101 and joins the two upgraded connections.
+/// Makes the request to the backend an HTTP/1.1 upgrade (after hop-by-hop removal): the
+/// upgrade headers back, and an extended CONNECT turned into the `GET` it stands for.
+pub fn prepare_backend_request(parts: &mut Parts, ask: &UpgradeAsk) {
+    let headers = &mut parts.headers;
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    headers.insert(header::UPGRADE, ask.protocol.clone());
+    if !ask.over_h2 {
+        return;
+    }
+    parts.method = Method::GET;
+    parts.extensions.remove::<hyper::ext::Protocol>();
+    let websocket = ask.protocol.as_bytes().eq_ignore_ascii_case(b"websocket");
+    if websocket && !headers.contains_key(header::SEC_WEBSOCKET_KEY) {
+        if let Some(key) = fresh_websocket_key() {
+            headers.insert(header::SEC_WEBSOCKET_KEY, key);
+        }
+    }
+}
+
+/// 16 random bytes in base64 (RFC 6455 §4.1); `None` only if the system RNG fails.
+fn fresh_websocket_key() -> Option<HeaderValue> {
+    use base64::Engine as _;
+    let mut nonce = [0u8; 16];
+    aws_lc_rs::rand::fill(&mut nonce).ok()?;
+    let encoded = base64::engine::general_purpose::STANDARD.encode(nonce);
+    HeaderValue::from_str(&encoded).ok()
+}
+
+/// Answers the client with the backend's 101 (a 200 for an extended CONNECT) and joins the two
+/// upgraded connections.
 pub fn bridge(resp: Response<PooledBody>, client: ClientUpgrade) -> Response<RespBody> {
     let (mut parts, _body) = resp.into_parts();
     let protocol = parts
         .headers
         .get(header::UPGRADE)
         .cloned()
-        .unwrap_or(client.protocol);
+        .unwrap_or_else(|| client.ask.protocol.clone());
     let on_server = parts.extensions.remove::<OnUpgrade>();
     super::headers::remove_hop_by_hop(&mut parts.headers);
-    parts
-        .headers
-        .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    parts.headers.insert(header::UPGRADE, protocol);
-    parts.status = StatusCode::SWITCHING_PROTOCOLS;
+    if client.ask.over_h2 {
+        // RFC 8441 §5: the stream opens with a 2xx; the key exchange stayed on the backend leg.
+        parts.headers.remove(header::SEC_WEBSOCKET_ACCEPT);
+        parts.status = StatusCode::OK;
+    } else {
+        parts
+            .headers
+            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        parts.headers.insert(header::UPGRADE, protocol);
+        parts.status = StatusCode::SWITCHING_PROTOCOLS;
+    }
     tokio::spawn(async move {
         let Some(on_server) = on_server else {
             tracing::warn!("backend switched protocols but its connection cannot be upgraded");

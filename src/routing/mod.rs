@@ -93,8 +93,20 @@ impl Snapshot {
                 .iter()
                 .map(|p| {
                     let settings = p.settings.inherit(&host_settings);
-                    let backends: Box<[Arc<Backend>]> =
-                        p.servers.iter().map(|s| registry.backend(s)).collect();
+                    let verify_tls = settings.upstream_tls_verify == Some(true);
+                    if verify_tls {
+                        // Off the request path: the trust store is read here, once.
+                        crate::upstream::tls::load_trust_store();
+                    }
+                    let health_checked = settings.healthcheck != Some(false);
+                    let backends: Box<[Arc<Backend>]> = p
+                        .servers
+                        .iter()
+                        .map(|s| registry.backend(s, verify_tls))
+                        .collect();
+                    if health_checked {
+                        backends.iter().for_each(|b| b.allow_detection());
+                    }
                     let policies =
                         Policies::compile(&settings, &p.settings, &host.name, &p.prefix, &backends);
                     Arc::new(Route {
@@ -104,7 +116,7 @@ impl Snapshot {
                         next: AtomicUsize::new(0),
                         server_headers: boxed(&settings.server_headers),
                         client_headers: boxed(&settings.client_headers),
-                        health_checked: settings.healthcheck != Some(false),
+                        health_checked,
                         policies,
                         settings,
                     })

@@ -52,7 +52,9 @@ fn http_builder(settings: &ServeSettings) -> auto::Builder<TokioExecutor> {
         .timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX))
         .max_concurrent_streams(256)
-        .adaptive_window(true);
+        .adaptive_window(true)
+        // RFC 8441: WebSocket from HTTP/2 clients (extended CONNECT).
+        .enable_connect_protocol();
     builder
 }
 

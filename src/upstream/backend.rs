@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -16,11 +16,40 @@ use super::pool::WorkerSlot;
 /// Consecutive connect failures after which a backend is taken out of rotation.
 const FAILS_BEFORE_DOWN: u32 = 3;
 
-/// How a backend is spoken to.
+/// How an HTTP exchange is framed on a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Protocol {
     Http1,
     H2c,
+}
+
+/// What a backend's connections are: plain HTTP/1.1, h2c (prior knowledge), or TLS (where ALPN
+/// picks h2 or HTTP/1.1). Pinned by a scheme prefix, else detected (`detect.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wire {
+    Http1 = 1,
+    H2c = 2,
+    Tls = 3,
+}
+
+impl Wire {
+    fn from_u8(v: u8) -> Option<Wire> {
+        match v {
+            1 => Some(Wire::Http1),
+            2 => Some(Wire::H2c),
+            3 => Some(Wire::Tls),
+            _ => None,
+        }
+    }
+
+    /// As shown by `/status`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Wire::Http1 => "http1",
+            Wire::H2c => "h2c",
+            Wire::Tls => "tls",
+        }
+    }
 }
 
 /// One backend server.
@@ -31,9 +60,17 @@ pub struct Backend {
     /// Resolved when the backend was created and again periodically for host names (see
     /// [`Backend::re_resolve`]); empty while the name does not resolve.
     addrs: arc_swap::ArcSwap<Box<[SocketAddr]>>,
-    pub protocol: Protocol,
-    /// `https://`: TLS to the backend; ALPN decides between h2 and HTTP/1.1.
-    pub tls: bool,
+    /// Set by a scheme prefix (`http://`, `h2c://`, `https://`); detection never overrides it.
+    pinned: Option<Wire>,
+    /// The detected [`Wire`] as a number; 0 while unknown.
+    detected: AtomicU8,
+    /// A health-checked route uses this backend, so its protocol may be detected (SPEC §6.3);
+    /// otherwise an unprefixed backend is plain HTTP/1.1.
+    detection_allowed: AtomicBool,
+    /// One detection at a time per backend.
+    pub(super) detecting: tokio::sync::Mutex<()>,
+    /// Verify the backend's certificate (`upstream_tls_verify: true`).
+    pub verify_tls: bool,
     /// Value for the `:authority` of HTTP/2 requests when the client sent none.
     pub authority: http::uri::Authority,
     health: Health,
@@ -102,14 +139,51 @@ impl Backend {
         true
     }
 
-    fn new(spec: ServerSpec, workers: usize, pool_size: usize, down_for: Duration) -> Backend {
+    /// How to speak to this backend, if known: pinned, detected, or plain HTTP/1.1 when
+    /// detection does not apply. `None`: detect first.
+    pub fn wire(&self) -> Option<Wire> {
+        if self.pinned.is_some() {
+            return self.pinned;
+        }
+        if !self.detection_allowed.load(Ordering::Relaxed) {
+            return Some(Wire::Http1);
+        }
+        Wire::from_u8(self.detected.load(Ordering::Relaxed))
+    }
+
+    /// Lets this backend's protocol be detected (a health-checked route uses it).
+    pub fn allow_detection(&self) {
+        self.detection_allowed.store(true, Ordering::Relaxed);
+    }
+
+    pub(super) fn set_detected(&self, wire: Wire) {
+        let before = self.detected.swap(wire as u8, Ordering::Relaxed);
+        if before != wire as u8 {
+            tracing::info!(backend = %self.label, protocol = wire.name(), "backend protocol detected");
+        }
+    }
+
+    /// Connections are failing: detect the protocol again before the next connection.
+    pub fn forget_detection(&self) {
+        if self.pinned.is_none() && self.detected.swap(0, Ordering::Relaxed) != 0 {
+            tracing::info!(backend = %self.label, "backend protocol will be detected again");
+        }
+    }
+
+    fn new(
+        spec: ServerSpec,
+        verify_tls: bool,
+        workers: usize,
+        pool_size: usize,
+        down_for: Duration,
+    ) -> Backend {
         let label: Box<str> = spec.authority().into();
         let addrs = arc_swap::ArcSwap::from_pointee(resolve(&spec));
-        let tls = spec.scheme == Some(Scheme::Https);
-        let protocol = match spec.scheme {
-            Some(Scheme::H2c) => Protocol::H2c,
-            _ => Protocol::Http1,
-        };
+        let pinned = spec.scheme.map(|scheme| match scheme {
+            Scheme::Https => Wire::Tls,
+            Scheme::H2c => Wire::H2c,
+            Scheme::Http => Wire::Http1,
+        });
         let authority = label
             .parse()
             .unwrap_or_else(|_| http::uri::Authority::from_static("backend"));
@@ -122,8 +196,11 @@ impl Backend {
             spec,
             label,
             addrs,
-            protocol,
-            tls,
+            pinned,
+            detected: AtomicU8::new(0),
+            detection_allowed: AtomicBool::new(false),
+            detecting: tokio::sync::Mutex::new(()),
+            verify_tls,
             authority,
             health,
             slots: (0..workers).map(|_| WorkerSlot::default()).collect(),
@@ -168,6 +245,7 @@ impl Backend {
             .fetch_add(1, Ordering::Relaxed)
             + 1;
         if fails >= FAILS_BEFORE_DOWN {
+            self.forget_detection();
             let down_for = self.health.down_for_ms.load(Ordering::Relaxed);
             self.health
                 .down_until_ms
@@ -192,7 +270,7 @@ pub struct Registry {
     workers: usize,
     pool_size: usize,
     down_for: Duration,
-    live: Mutex<HashMap<ServerSpec, Weak<Backend>>>,
+    live: Mutex<HashMap<(ServerSpec, bool), Weak<Backend>>>,
 }
 
 impl Registry {
@@ -205,23 +283,26 @@ impl Registry {
         }
     }
 
-    /// The backend for `spec`: the existing one if any snapshot still holds it, else a new one.
-    pub fn backend(&self, spec: &ServerSpec) -> Arc<Backend> {
+    /// The backend for `spec` (with certificate verification or not): the existing one if any
+    /// snapshot still holds it, else a new one.
+    pub fn backend(&self, spec: &ServerSpec, verify_tls: bool) -> Arc<Backend> {
         let mut live = self
             .live
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(existing) = live.get(spec).and_then(Weak::upgrade) {
+        let key = (spec.clone(), verify_tls);
+        if let Some(existing) = live.get(&key).and_then(Weak::upgrade) {
             return existing;
         }
         live.retain(|_, weak| weak.strong_count() > 0);
         let backend = Arc::new(Backend::new(
             spec.clone(),
+            verify_tls,
             self.workers,
             self.pool_size,
             self.down_for,
         ));
-        live.insert(spec.clone(), Arc::downgrade(&backend));
+        live.insert(key, Arc::downgrade(&backend));
         backend
     }
 }
@@ -235,11 +316,11 @@ mod tests {
     fn registry_reuses_live_backends() {
         let reg = Registry::new(2, 8, Duration::from_secs(1));
         let spec = parse_server("127.0.0.1:9").unwrap();
-        let a = reg.backend(&spec);
-        let b = reg.backend(&spec);
+        let a = reg.backend(&spec, false);
+        let b = reg.backend(&spec, false);
         assert!(Arc::ptr_eq(&a, &b));
         drop((a, b));
-        let c = reg.backend(&spec);
+        let c = reg.backend(&spec, false);
         assert_eq!(&*c.label, "127.0.0.1:9");
         assert_eq!(c.idle_per_worker, 4);
     }
@@ -247,15 +328,15 @@ mod tests {
     #[test]
     fn host_names_resolve_and_re_resolve_without_change() {
         let reg = Registry::new(1, 8, Duration::from_secs(1));
-        let named = reg.backend(&parse_server("localhost:8080").unwrap());
+        let named = reg.backend(&parse_server("localhost:8080").unwrap(), false);
         assert!(named
             .addrs()
             .iter()
             .any(|a| a.ip().is_loopback() && a.port() == 8080));
         assert!(!named.re_resolve(), "same answer: nothing swapped");
-        let literal = reg.backend(&parse_server("127.0.0.1:9").unwrap());
+        let literal = reg.backend(&parse_server("127.0.0.1:9").unwrap(), false);
         assert!(!literal.re_resolve(), "IP literals are never looked up");
-        let missing = reg.backend(&parse_server("no-such-host.invalid:80").unwrap());
+        let missing = reg.backend(&parse_server("no-such-host.invalid:80").unwrap(), false);
         assert!(missing.addrs().is_empty());
         assert!(
             !missing.re_resolve(),
@@ -266,7 +347,7 @@ mod tests {
     #[test]
     fn passive_health_marks_down_after_three_failures() {
         let reg = Registry::new(1, 8, Duration::from_secs(60));
-        let b = reg.backend(&parse_server("127.0.0.1:9").unwrap());
+        let b = reg.backend(&parse_server("127.0.0.1:9").unwrap(), false);
         b.connect_failed();
         b.connect_failed();
         assert!(b.is_up());
@@ -279,7 +360,7 @@ mod tests {
     #[test]
     fn probes_decide_and_a_pass_clears_passive_marking() {
         let reg = Registry::new(1, 8, Duration::from_secs(60));
-        let b = reg.backend(&parse_server("127.0.0.1:9").unwrap());
+        let b = reg.backend(&parse_server("127.0.0.1:9").unwrap(), false);
         b.set_probed(false);
         assert!(!b.is_up());
         assert!(b.passive_up());

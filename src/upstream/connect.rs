@@ -1,7 +1,8 @@
 //! Opening a new connection to a backend: TCP (TCP_NODELAY, each resolved address in turn, the
-//! connect timeout), then TLS for `https://` backends, then the HTTP/1.1 or HTTP/2 handshake.
+//! connect timeout), then TLS for TLS backends, then the HTTP/1.1 or HTTP/2 handshake.
 //! Connect outcomes feed the backend's passive health.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::client::conn::{http1, http2};
@@ -9,7 +10,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
-use super::backend::Backend;
+use super::backend::{Backend, Wire};
+use super::h2_settings::{SettingsWatch, StreamLimit};
 use super::pool::UpBody;
 
 /// Why a connection could not be opened, and whether it was a timeout.
@@ -18,10 +20,11 @@ pub type ConnectFailure = (String, bool);
 /// A freshly opened connection, by the protocol it speaks.
 pub enum Fresh {
     H1(http1::SendRequest<UpBody>),
-    H2(http2::SendRequest<UpBody>),
+    /// With the number of streams the backend allows on it.
+    H2(http2::SendRequest<UpBody>, Arc<StreamLimit>),
 }
 
-async fn tcp(backend: &Backend, timeout: Duration) -> Result<TcpStream, ConnectFailure> {
+pub(super) async fn tcp(backend: &Backend, timeout: Duration) -> Result<TcpStream, ConnectFailure> {
     let addrs = backend.addrs();
     if addrs.is_empty() {
         backend.connect_failed();
@@ -67,10 +70,13 @@ where
     Ok(sender)
 }
 
-async fn h2_over<IO>(io: IO) -> Result<http2::SendRequest<UpBody>, ConnectFailure>
+/// The HTTP/2 handshake, then a wait (at most `timeout`) for the backend's SETTINGS, so the
+/// first burst of requests knows how many streams this connection takes.
+async fn h2_over<IO>(io: IO, timeout: Duration) -> Result<Fresh, ConnectFailure>
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let (io, limit) = SettingsWatch::new(io);
     let (sender, conn) = http2::Builder::new(TokioExecutor::new())
         .adaptive_window(true)
         .handshake(TokioIo::new(io))
@@ -81,44 +87,41 @@ where
             tracing::debug!("upstream h2 connection ended: {e}");
         }
     });
-    Ok(sender)
+    let _ = tokio::time::timeout(timeout, limit.learned()).await;
+    Ok(Fresh::H2(sender, limit))
 }
 
-/// Opens a connection for HTTP/1.1 (plain backends) or, for TLS backends, whatever ALPN picks;
-/// `sni` is the name to present.
+/// Opens a connection over `wire`: HTTP/1.1 or h2c on plain TCP; on TLS, whatever ALPN picks
+/// (`offer_h2: false` asks for HTTP/1.1 only, for upgrades). `sni` is the name to present.
 pub async fn open(
     backend: &Backend,
+    wire: Wire,
     sni: &str,
     timeout: Duration,
+    offer_h2: bool,
 ) -> Result<Fresh, ConnectFailure> {
     let stream = tcp(backend, timeout).await?;
-    if !backend.tls {
-        return h1_over(stream).await.map(Fresh::H1);
+    match wire {
+        Wire::Http1 => return h1_over(stream).await.map(Fresh::H1),
+        Wire::H2c if offer_h2 => return h2_over(stream, timeout).await,
+        Wire::H2c => return h1_over(stream).await.map(Fresh::H1),
+        Wire::Tls => {}
     }
-    let (tls, h2) =
-        match tokio::time::timeout(timeout, super::tls::handshake(stream, sni, true)).await {
-            Ok(Ok(pair)) => pair,
-            Ok(Err(e)) => {
-                backend.connect_failed();
-                return Err((format!("TLS handshake: {e}"), false));
-            }
-            Err(_) => {
-                backend.connect_failed();
-                return Err((format!("TLS handshake: timed out after {timeout:?}"), true));
-            }
-        };
+    let handshake = super::tls::handshake(stream, sni, offer_h2, backend.verify_tls);
+    let (tls, h2) = match tokio::time::timeout(timeout, handshake).await {
+        Ok(Ok(pair)) => pair,
+        Ok(Err(e)) => {
+            backend.connect_failed();
+            return Err((format!("TLS handshake: {e}"), false));
+        }
+        Err(_) => {
+            backend.connect_failed();
+            return Err((format!("TLS handshake: timed out after {timeout:?}"), true));
+        }
+    };
     if h2 {
-        h2_over(tls).await.map(Fresh::H2)
+        h2_over(tls, timeout).await
     } else {
         h1_over(tls).await.map(Fresh::H1)
     }
-}
-
-/// Opens an h2c (prior knowledge) connection.
-pub async fn open_h2c(
-    backend: &Backend,
-    timeout: Duration,
-) -> Result<http2::SendRequest<UpBody>, ConnectFailure> {
-    let stream = tcp(backend, timeout).await?;
-    h2_over(stream).await
 }

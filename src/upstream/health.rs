@@ -24,7 +24,7 @@ use http_body_util::Empty;
 use tokio::task::JoinSet;
 
 use super::oneshot;
-use super::{Backend, Protocol};
+use super::{Backend, Protocol, Wire};
 use crate::routing::Snapshot;
 
 /// Longest a probe may take, whatever the interval.
@@ -104,18 +104,33 @@ pub async fn round(snapshot: &Snapshot, settings: &HealthSettings) -> usize {
 /// One probe: true when a status below 500 arrives within `timeout`.
 pub async fn probe(backend: &Backend, path: &str, method: Method, timeout: Duration) -> bool {
     let attempt = async {
+        let wire = super::detect::wire_of(backend, timeout)
+            .await
+            .map_err(|(reason, _)| oneshot::OneShotError::Detect(reason))?;
         let addrs = backend.addrs();
         let stream = oneshot::connect(&addrs[..]).await?;
-        let req = probe_request(backend, path, method);
-        if backend.tls {
-            let (tls, _) = super::tls::handshake(stream, &backend.spec.host, false)
-                .await
-                .map_err(oneshot::OneShotError::Connect)?;
-            return oneshot::exchange(tls, Protocol::Http1, req, timeout).await;
+        if wire != Wire::Tls {
+            let protocol = match wire {
+                Wire::H2c => Protocol::H2c,
+                _ => Protocol::Http1,
+            };
+            let req = probe_request(backend, path, method, protocol, Scheme::HTTP);
+            return oneshot::exchange(stream, protocol, req, timeout).await;
         }
-        oneshot::exchange(stream, backend.protocol, req, timeout).await
+        // Offer h2 as requests do: a backend that only speaks h2 (gRPC) refuses an
+        // HTTP/1.1-only ALPN offer.
+        let handshake = super::tls::handshake(stream, &backend.spec.host, true, backend.verify_tls);
+        let (tls, h2) = handshake.await.map_err(oneshot::OneShotError::Connect)?;
+        let protocol = if h2 { Protocol::H2c } else { Protocol::Http1 };
+        let req = probe_request(backend, path, method, protocol, Scheme::HTTPS);
+        oneshot::exchange(tls, protocol, req, timeout).await
     };
-    match tokio::time::timeout(timeout, attempt).await {
+    let outcome = tokio::time::timeout(timeout, attempt).await;
+    if !matches!(outcome, Ok(Ok(_))) {
+        // Connections fail: the backend may have come back speaking something else.
+        backend.forget_detection();
+    }
+    match outcome {
         Ok(Ok(resp)) if resp.status().as_u16() < 500 => true,
         Ok(Ok(resp)) => {
             tracing::debug!(backend = %backend.label, path, "health probe: status {}", resp.status());
@@ -132,11 +147,17 @@ pub async fn probe(backend: &Backend, path: &str, method: Method, timeout: Durat
     }
 }
 
-fn probe_request(backend: &Backend, path: &str, method: Method) -> Request<Empty<Bytes>> {
+fn probe_request(
+    backend: &Backend,
+    path: &str,
+    method: Method,
+    protocol: Protocol,
+    scheme: Scheme,
+) -> Request<Empty<Bytes>> {
     let path = PathAndQuery::try_from(path).unwrap_or_else(|_| PathAndQuery::from_static("/"));
     let mut req = Request::new(Empty::new());
     *req.method_mut() = method;
-    match backend.protocol {
+    match protocol {
         Protocol::Http1 => {
             *req.uri_mut() = Uri::from(path);
             if let Ok(host) = HeaderValue::from_str(backend.authority.as_str()) {
@@ -148,7 +169,7 @@ fn probe_request(backend: &Backend, path: &str, method: Method) -> Request<Empty
         Protocol::H2c => {
             *req.version_mut() = http::Version::HTTP_2;
             let mut parts = http::uri::Parts::default();
-            parts.scheme = Some(Scheme::HTTP);
+            parts.scheme = Some(scheme);
             parts.authority = Some(backend.authority.clone());
             parts.path_and_query = Some(path);
             *req.uri_mut() = Uri::from_parts(parts).unwrap_or_default();

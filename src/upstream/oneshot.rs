@@ -21,6 +21,8 @@ use super::Protocol;
 pub enum OneShotError {
     #[error("connect: {0}")]
     Connect(std::io::Error),
+    #[error("{0}")]
+    Detect(String),
     #[error("handshake: {0}")]
     Handshake(hyper::Error),
     #[error("exchange: {0}")]

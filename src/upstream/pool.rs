@@ -1,12 +1,16 @@
 //! Sending a request to one backend over a pooled connection.
 //!
 //! Each worker thread has its own slot in every backend: a short list of idle HTTP/1.1
-//! connections and one shared HTTP/2 connection. The slot's mutex is only ever taken by its own
-//! worker, so it is never contended. A connection goes back to the list when its response body
-//! has been read to the end; one dropped early is closed.
+//! connections and its shared HTTP/2 connections. The slot's mutexes are only ever taken by its
+//! own worker, so they are never contended. An HTTP/1.1 connection goes back to the list when
+//! its response body has been read to the end; one dropped early is closed. An HTTP/2
+//! connection carries as many requests at once as the backend's SETTINGS allow (see
+//! `h2_settings`); past that the worker opens another. A burst that finds no HTTP/2
+//! connection opens one, not one per request.
 
 use std::cell::Cell;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -18,8 +22,10 @@ use http_body_util::{Either, Empty};
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 
-use super::backend::{Backend, Protocol};
+use super::backend::{Backend, Wire};
 use super::connect::{self, Fresh};
+use super::detect;
+use super::h2_settings::StreamLimit;
 use http::header;
 use http::uri::Scheme;
 use http::Uri;
@@ -40,7 +46,27 @@ pub fn set_worker_index(index: usize) {
 #[derive(Default)]
 pub struct WorkerSlot {
     idle: Mutex<Vec<http1::SendRequest<UpBody>>>,
-    h2: Mutex<Option<http2::SendRequest<UpBody>>>,
+    h2: Mutex<Vec<H2Conn>>,
+    /// Held while opening a connection that may be HTTP/2, so a burst waits for it.
+    opening_h2: tokio::sync::Mutex<()>,
+    /// The last TLS handshake with this backend chose HTTP/1.1: open TLS connections without
+    /// waiting for each other.
+    tls_chose_h1: std::sync::atomic::AtomicBool,
+}
+
+struct H2Conn {
+    sender: http2::SendRequest<UpBody>,
+    open_streams: Arc<AtomicUsize>,
+    limit: Arc<StreamLimit>,
+}
+
+/// A request's place on a shared HTTP/2 connection, given back when dropped.
+pub struct StreamTicket(Arc<AtomicUsize>);
+
+impl Drop for StreamTicket {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Backend {
@@ -58,6 +84,34 @@ impl Backend {
             // Closed, or not yet ready after its last response: neither is worth keeping.
         }
         None
+    }
+
+    /// A place on one of this worker's HTTP/2 connections that has room.
+    fn h2_stream(&self) -> Option<(http2::SendRequest<UpBody>, StreamTicket)> {
+        let mut conns = lock(&self.slot().h2);
+        conns.retain(|c| !c.sender.is_closed());
+        let conn = conns
+            .iter()
+            .find(|c| c.open_streams.load(Ordering::Relaxed) < c.limit.get())?;
+        conn.open_streams.fetch_add(1, Ordering::Relaxed);
+        Some((conn.sender.clone(), StreamTicket(conn.open_streams.clone())))
+    }
+
+    /// Shares a new HTTP/2 connection with this worker's later requests; the ticket is the
+    /// first request's place on it.
+    fn add_h2(&self, sender: http2::SendRequest<UpBody>, limit: Arc<StreamLimit>) -> StreamTicket {
+        let open_streams = Arc::new(AtomicUsize::new(1));
+        lock(&self.slot().h2).push(H2Conn {
+            sender,
+            open_streams: open_streams.clone(),
+            limit,
+        });
+        StreamTicket(open_streams)
+    }
+
+    /// HTTP/2 connections this worker holds to this backend (for tests and `/status`).
+    pub fn h2_connections(&self) -> usize {
+        lock(&self.slot().h2).len()
     }
 
     fn put_idle(&self, conn: http1::SendRequest<UpBody>) {
@@ -100,30 +154,65 @@ pub enum SendError {
     Timeout,
 }
 
-/// Sends `req` to `backend`, reusing an idle connection when one is ready.
+/// Sends `req` (HTTP/1.1 form) to `backend`, reusing a pooled connection when one has room.
+/// A backend whose protocol is not known yet is detected first.
 pub async fn send(
     backend: &Arc<Backend>,
     req: Request<UpBody>,
     t: Timeouts,
 ) -> Result<Response<PooledBody>, SendError> {
-    if backend.tls {
-        // A TLS backend that chose h2 is served by its shared connection.
-        if let Some(conn) = shared_h2(backend) {
-            return send_on_h2(conn, to_h2_form(req, backend, &Scheme::HTTPS), t, true).await;
-        }
-        return send_h1(backend, req, t).await;
+    let wire = match backend.wire() {
+        Some(wire) => wire,
+        // Boxed: rare, and the detection future is large.
+        None => match Box::pin(detect::wire_of(backend, t.connect)).await {
+            Ok(wire) => wire,
+            Err((reason, timed_out)) => return Err(connect_error(reason, timed_out, req)),
+        },
+    };
+    let sent = send_over(backend, wire, req, t).await;
+    if let Err(SendError::BadResponse(_) | SendError::Reset { reused: false, .. }) = &sent {
+        // A new connection failed: the backend may speak something else now.
+        backend.forget_detection();
     }
-    match backend.protocol {
-        Protocol::Http1 => send_h1(backend, req, t).await,
-        Protocol::H2c => send_h2c(backend, req, t).await,
-    }
+    sent
 }
 
-fn shared_h2(backend: &Backend) -> Option<http2::SendRequest<UpBody>> {
-    lock(&backend.slot().h2)
-        .as_ref()
-        .filter(|c| !c.is_closed())
-        .cloned()
+async fn send_over(
+    backend: &Arc<Backend>,
+    wire: Wire,
+    req: Request<UpBody>,
+    t: Timeouts,
+) -> Result<Response<PooledBody>, SendError> {
+    // Upgrades (WebSocket) only exist in HTTP/1.1.
+    if wire == Wire::Http1 || req.headers().contains_key(header::UPGRADE) {
+        return send_h1(backend, wire, req, t).await;
+    }
+    if let Some(stream) = backend.h2_stream() {
+        return send_on_h2(stream, to_h2_form(req, backend, wire), t, true).await;
+    }
+    if wire == Wire::Tls && backend.slot().tls_chose_h1.load(Ordering::Relaxed) {
+        return send_h1(backend, wire, req, t).await;
+    }
+    let opening = backend.slot().opening_h2.lock().await;
+    if let Some(stream) = backend.h2_stream() {
+        drop(opening);
+        return send_on_h2(stream, to_h2_form(req, backend, wire), t, true).await;
+    }
+    let sni = sni_host(&req, backend);
+    match connect::open(backend, wire, &sni, t.connect, true).await {
+        Ok(Fresh::H2(conn, limit)) => {
+            backend.slot().tls_chose_h1.store(false, Ordering::Relaxed);
+            let ticket = backend.add_h2(conn.clone(), limit);
+            drop(opening);
+            send_on_h2((conn, ticket), to_h2_form(req, backend, wire), t, false).await
+        }
+        Ok(Fresh::H1(conn)) => {
+            backend.slot().tls_chose_h1.store(true, Ordering::Relaxed);
+            drop(opening);
+            send_on_new_h1(backend, conn, req, t).await
+        }
+        Err((reason, timed_out)) => Err(connect_error(reason, timed_out, req)),
+    }
 }
 
 fn connect_error(reason: String, timed_out: bool, req: Request<UpBody>) -> SendError {
@@ -136,6 +225,7 @@ fn connect_error(reason: String, timed_out: bool, req: Request<UpBody>) -> SendE
 
 async fn send_h1(
     backend: &Arc<Backend>,
+    wire: Wire,
     mut req: Request<UpBody>,
     t: Timeouts,
 ) -> Result<Response<PooledBody>, SendError> {
@@ -154,14 +244,24 @@ async fn send_h1(
         }
     }
     let sni = sni_host(&req, backend);
-    let mut conn = match connect::open(backend, &sni, t.connect).await {
-        Ok(Fresh::H1(conn)) => conn,
-        Ok(Fresh::H2(conn)) => {
-            *lock(&backend.slot().h2) = Some(conn.clone());
-            return send_on_h2(conn, to_h2_form(req, backend, &Scheme::HTTPS), t, false).await;
+    let offer_h2 = !req.headers().contains_key(header::UPGRADE);
+    match connect::open(backend, wire, &sni, t.connect, offer_h2).await {
+        Ok(Fresh::H1(conn)) => send_on_new_h1(backend, conn, req, t).await,
+        Ok(Fresh::H2(conn, limit)) => {
+            backend.slot().tls_chose_h1.store(false, Ordering::Relaxed);
+            let ticket = backend.add_h2(conn.clone(), limit);
+            send_on_h2((conn, ticket), to_h2_form(req, backend, wire), t, false).await
         }
-        Err((reason, timed_out)) => return Err(connect_error(reason, timed_out, req)),
-    };
+        Err((reason, timed_out)) => Err(connect_error(reason, timed_out, req)),
+    }
+}
+
+async fn send_on_new_h1(
+    backend: &Arc<Backend>,
+    mut conn: http1::SendRequest<UpBody>,
+    req: Request<UpBody>,
+    t: Timeouts,
+) -> Result<Response<PooledBody>, SendError> {
     match tokio::time::timeout(t.response, conn.send_request(req)).await {
         Err(_) => Err(SendError::Timeout),
         Ok(Ok(resp)) => {
@@ -181,28 +281,11 @@ fn wrap_h1(
 ) -> Response<PooledBody> {
     let conn =
         (resp.status() != http::StatusCode::SWITCHING_PROTOCOLS).then(|| (conn, backend.clone()));
-    PooledBody::wrap(resp, conn)
-}
-
-async fn send_h2c(
-    backend: &Arc<Backend>,
-    req: Request<UpBody>,
-    t: Timeouts,
-) -> Result<Response<PooledBody>, SendError> {
-    if let Some(conn) = shared_h2(backend) {
-        return send_on_h2(conn, req, t, true).await;
-    }
-    match connect::open_h2c(backend, t.connect).await {
-        Ok(conn) => {
-            *lock(&backend.slot().h2) = Some(conn.clone());
-            send_on_h2(conn, req, t, false).await
-        }
-        Err((reason, timed_out)) => Err(connect_error(reason, timed_out, req)),
-    }
+    PooledBody::wrap(resp, conn, None)
 }
 
 async fn send_on_h2(
-    mut conn: http2::SendRequest<UpBody>,
+    (mut conn, ticket): (http2::SendRequest<UpBody>, StreamTicket),
     req: Request<UpBody>,
     t: Timeouts,
     reused: bool,
@@ -211,21 +294,26 @@ async fn send_on_h2(
         Err(_) => Err(SendError::Timeout),
         Ok(Ok(resp)) => {
             crate::metrics::upstream_connection(reused);
-            Ok(PooledBody::wrap(resp, None))
+            Ok(PooledBody::wrap(resp, None, Some(ticket)))
         }
         Ok(Err(err)) => Err(classify(err, reused)),
     }
 }
 
 /// Rewrites an HTTP/1.1-form request (origin-form target, `Host`) for HTTP/2 (absolute target).
-fn to_h2_form(mut req: Request<UpBody>, backend: &Backend, scheme: &Scheme) -> Request<UpBody> {
+fn to_h2_form(mut req: Request<UpBody>, backend: &Backend, wire: Wire) -> Request<UpBody> {
+    let scheme = if wire == Wire::Tls {
+        Scheme::HTTPS
+    } else {
+        Scheme::HTTP
+    };
     let authority = req
         .headers_mut()
         .remove(header::HOST)
         .and_then(|h| h.to_str().ok().and_then(|s| s.parse().ok()))
         .unwrap_or_else(|| backend.authority.clone());
     let mut parts = http::uri::Parts::default();
-    parts.scheme = Some(scheme.clone());
+    parts.scheme = Some(scheme);
     parts.authority = Some(authority);
     parts.path_and_query = req
         .uri()
@@ -265,15 +353,22 @@ fn classify(error: hyper::Error, reused: bool) -> SendError {
 pub struct PooledBody {
     inner: Incoming,
     conn: Option<(http1::SendRequest<UpBody>, Arc<Backend>)>,
+    /// The stream's place on a shared HTTP/2 connection, freed with the body.
+    _stream: Option<StreamTicket>,
 }
 
 impl PooledBody {
     fn wrap(
         resp: Response<Incoming>,
         conn: Option<(http1::SendRequest<UpBody>, Arc<Backend>)>,
+        stream: Option<StreamTicket>,
     ) -> Response<PooledBody> {
         resp.map(|inner| {
-            let mut body = PooledBody { inner, conn };
+            let mut body = PooledBody {
+                inner,
+                conn,
+                _stream: stream,
+            };
             body.release_if_done();
             body
         })

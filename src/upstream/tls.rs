@@ -1,7 +1,10 @@
-//! TLS to backends (`https://` entries, SPEC §6.3): ALPN offers `h2,http/1.1` and the backend's
-//! choice decides the protocol. Like Aralez (and nginx by default) the backend's certificate is
-//! not verified; the handshake's signatures still are, so the session is bound to the key the
-//! backend presented. SNI is the request's host when it is a name, else none.
+//! TLS to backends (`https://` entries and detected TLS backends, SPEC §6.3): ALPN offers
+//! `h2,http/1.1` and the backend's choice decides the protocol. Like Aralez (and nginx by
+//! default) the backend's certificate is not verified unless `upstream_tls_verify: true`; the
+//! handshake's signatures always are, so the session is bound to the key the backend presented.
+//! Verification uses the system's trust store (`SSL_CERT_FILE` / `SSL_CERT_DIR` override it) and
+//! checks the certificate against the SNI name. SNI is the request's host when it is a name,
+//! else the backend's host.
 
 use std::sync::{Arc, LazyLock};
 
@@ -61,39 +64,75 @@ impl ServerCertVerifier for UnverifiedCertificate {
     }
 }
 
-fn client_config(alpn: &[&[u8]]) -> Arc<ClientConfig> {
+/// The system's trust anchors, loaded once (the first verified backend connection, or
+/// [`load_trust_store`] at startup).
+static SYSTEM_ROOTS: LazyLock<Arc<rustls::RootCertStore>> = LazyLock::new(|| {
+    let found = rustls_native_certs::load_native_certs();
+    for error in &found.errors {
+        tracing::warn!("trust store for upstream_tls_verify: {error}");
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    let (added, ignored) = roots.add_parsable_certificates(found.certs);
+    if added == 0 {
+        tracing::warn!(
+            "no trusted certificates found: verified backends will fail their handshakes"
+        );
+    }
+    tracing::debug!(added, ignored, "trust store loaded for upstream_tls_verify");
+    Arc::new(roots)
+});
+
+/// Loads the trust store now (off the request path), when some backend will need it.
+pub fn load_trust_store() {
+    LazyLock::force(&SYSTEM_ROOTS);
+}
+
+fn client_config(alpn: &[&[u8]], verify: bool) -> Arc<ClientConfig> {
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     // Not user input: aws-lc-rs supports rustls' default versions, so this cannot fail.
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .expect("the aws-lc-rs provider supports the default TLS versions");
-    let mut config = builder
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(UnverifiedCertificate(provider)))
-        .with_no_client_auth();
+    let mut config = if verify {
+        builder
+            .with_root_certificates(SYSTEM_ROOTS.clone())
+            .with_no_client_auth()
+    } else {
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(UnverifiedCertificate(provider)))
+            .with_no_client_auth()
+    };
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Arc::new(config)
 }
 
-static OFFER_H2: LazyLock<Arc<ClientConfig>> =
-    LazyLock::new(|| client_config(&[b"h2", b"http/1.1"]));
-static ONLY_H1: LazyLock<Arc<ClientConfig>> = LazyLock::new(|| client_config(&[b"http/1.1"]));
+const H2_AND_H1: &[&[u8]] = &[b"h2", b"http/1.1"];
+const H1: &[&[u8]] = &[b"http/1.1"];
+static OFFER_H2: LazyLock<Arc<ClientConfig>> = LazyLock::new(|| client_config(H2_AND_H1, false));
+static ONLY_H1: LazyLock<Arc<ClientConfig>> = LazyLock::new(|| client_config(H1, false));
+static VERIFIED_OFFER_H2: LazyLock<Arc<ClientConfig>> =
+    LazyLock::new(|| client_config(H2_AND_H1, true));
+static VERIFIED_ONLY_H1: LazyLock<Arc<ClientConfig>> = LazyLock::new(|| client_config(H1, true));
 
 /// Runs the handshake on `stream`; returns the TLS stream and whether the backend chose h2.
+/// `verify`: check the certificate chain against the trust store and `host`.
 pub async fn handshake(
     stream: TcpStream,
     host: &str,
     offer_h2: bool,
+    verify: bool,
 ) -> std::io::Result<(TlsStream<TcpStream>, bool)> {
     let name = match host.parse::<std::net::IpAddr>() {
         Ok(ip) => ServerName::IpAddress(ip.into()),
         Err(_) => ServerName::try_from(host.to_string())
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?,
     };
-    let config = if offer_h2 {
-        OFFER_H2.clone()
-    } else {
-        ONLY_H1.clone()
+    let config = match (offer_h2, verify) {
+        (true, false) => OFFER_H2.clone(),
+        (false, false) => ONLY_H1.clone(),
+        (true, true) => VERIFIED_OFFER_H2.clone(),
+        (false, true) => VERIFIED_ONLY_H1.clone(),
     };
     let tls = tokio_rustls::TlsConnector::from(config)
         .connect(name, stream)

@@ -75,6 +75,16 @@ impl Drop for ProxyProcess {
 /// `x-seen-version`, `x-seen-headers` (every header name, comma-joined). Paths:
 /// `/big/<bytes>` streams that many bytes; `/echo...` streams the request body back; anything
 /// else answers `name` as the body. Responses also carry hop-by-hop headers the proxy must drop.
+/// What a test [`Backend`] speaks.
+#[derive(Clone, Copy)]
+enum Speaks {
+    /// HTTP/1.1 and h2c by prior knowledge.
+    Both,
+    H1Only,
+    /// h2c only, with this SETTINGS_MAX_CONCURRENT_STREAMS.
+    H2Limited(u32),
+}
+
 pub struct Backend {
     pub name: &'static str,
     pub addr: SocketAddr,
@@ -84,20 +94,37 @@ pub struct Backend {
 }
 
 impl Backend {
+    /// A backend speaking HTTP/1.1 and h2c (prior knowledge).
     pub async fn start(name: &'static str) -> Backend {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind backend");
-        Self::serve(name, listener)
+        Self::serve(name, listener, Speaks::Both)
+    }
+
+    /// A backend speaking HTTP/1.1 only (it answers the HTTP/2 preface with an error).
+    pub async fn start_h1_only(name: &'static str) -> Backend {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind backend");
+        Self::serve(name, listener, Speaks::H1Only)
+    }
+
+    /// An h2c-only backend announcing SETTINGS_MAX_CONCURRENT_STREAMS = `streams`.
+    pub async fn start_h2_limited(name: &'static str, streams: u32) -> Backend {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind backend");
+        Self::serve(name, listener, Speaks::H2Limited(streams))
     }
 
     /// Starts on a given address (to bring a stopped backend back).
     pub async fn start_on(name: &'static str, addr: SocketAddr) -> Backend {
         let listener = TcpListener::bind(addr).await.expect("rebind backend");
-        Self::serve(name, listener)
+        Self::serve(name, listener, Speaks::Both)
     }
 
-    fn serve(name: &'static str, listener: TcpListener) -> Backend {
+    fn serve(name: &'static str, listener: TcpListener, speaks: Speaks) -> Backend {
         let addr = listener.local_addr().unwrap();
         let accepts = Arc::new(AtomicUsize::new(0));
         let requests = Arc::new(AtomicUsize::new(0));
@@ -115,9 +142,17 @@ impl Backend {
                         reqs.fetch_add(1, Ordering::SeqCst);
                         answer(name, req)
                     });
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
+                    let mut builder =
+                        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    match speaks {
+                        Speaks::Both => {}
+                        Speaks::H1Only => builder = builder.http1_only(),
+                        Speaks::H2Limited(streams) => {
+                            builder.http2().max_concurrent_streams(streams);
+                            builder = builder.http2_only();
+                        }
+                    }
+                    let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
                 };
                 if let Some(set) = set.lock().unwrap().as_mut() {
                     set.spawn(conn);
@@ -540,26 +575,48 @@ impl Client {
     }
 }
 
-/// A TLS backend answering like [`Backend`], offering `alpn`; self-signed for 127.0.0.1.
-pub async fn start_tls_backend(name: &'static str, alpn: &[&[u8]]) -> SocketAddr {
+/// A TLS acceptor for a test backend: self-signed for 127.0.0.1 and backend.local, offering `alpn`.
+pub fn tls_backend_acceptor(alpn: &[&[u8]]) -> tokio_rustls::TlsAcceptor {
     let rcgen::CertifiedKey { cert, signing_key } = rcgen::generate_simple_self_signed(vec![
         "127.0.0.1".to_string(),
         "backend.local".to_string(),
     ])
     .expect("certificate");
     let key = rustls_pki_types::PrivateKeyDer::Pkcs8(signing_key.serialize_der().into());
+    tls_acceptor_for(vec![cert.der().clone()], key, alpn)
+}
+
+/// A TLS acceptor serving `chain` with `key`, offering `alpn`.
+pub fn tls_acceptor_for(
+    chain: Vec<rustls_pki_types::CertificateDer<'static>>,
+    key: rustls_pki_types::PrivateKeyDer<'static>,
+    alpn: &[&[u8]],
+) -> tokio_rustls::TlsAcceptor {
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .expect("versions")
         .with_no_client_auth()
-        .with_single_cert(vec![cert.der().clone()], key)
+        .with_single_cert(chain, key)
         .expect("server config");
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind TLS backend");
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
+}
+
+/// A TLS backend answering like [`Backend`], offering `alpn`; self-signed for 127.0.0.1.
+pub async fn start_tls_backend(name: &'static str, alpn: &[&[u8]]) -> SocketAddr {
+    let acceptor = tls_backend_acceptor(alpn);
+    serve_tls_backend(name, acceptor, "127.0.0.1:0".parse().unwrap()).await
+}
+
+/// Serves [`Backend`]'s answers over TLS with `acceptor` on `addr` (port 0: any); returns the
+/// address.
+pub async fn serve_tls_backend(
+    name: &'static str,
+    acceptor: tokio_rustls::TlsAcceptor,
+    addr: SocketAddr,
+) -> SocketAddr {
+    let listener = TcpListener::bind(addr).await.expect("bind TLS backend");
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
@@ -576,4 +633,44 @@ pub async fn start_tls_backend(name: &'static str, alpn: &[&[u8]]) -> SocketAddr
         }
     });
     addr
+}
+
+/// A test certificate authority and one leaf it signed.
+pub struct TestPki {
+    pub ca: rustls_pki_types::CertificateDer<'static>,
+    pub ca_pem: String,
+    pub leaf: rustls_pki_types::CertificateDer<'static>,
+    pub leaf_pem: String,
+    pub leaf_key: rustls_pki_types::PrivateKeyDer<'static>,
+    pub leaf_key_pem: String,
+}
+
+/// A new CA (ECDSA P-256) and a leaf for `names` signed by it.
+pub fn test_pki(names: &[&str]) -> TestPki {
+    let ca_key = rcgen::KeyPair::generate().expect("CA key");
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "aralez test CA");
+    ca_params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+    ];
+    let ca = ca_params.self_signed(&ca_key).expect("CA certificate");
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let leaf_key = rcgen::KeyPair::generate().expect("leaf key");
+    let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+    let leaf_params = rcgen::CertificateParams::new(names).expect("leaf params");
+    let leaf = leaf_params
+        .signed_by(&leaf_key, &issuer)
+        .expect("leaf certificate");
+    TestPki {
+        ca: ca.der().clone(),
+        ca_pem: ca.pem(),
+        leaf: leaf.der().clone(),
+        leaf_pem: leaf.pem(),
+        leaf_key: rustls_pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
+        leaf_key_pem: leaf_key.serialize_pem(),
+    }
 }

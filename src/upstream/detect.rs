@@ -1,0 +1,71 @@
+//! Protocol detection for backends without a scheme (SPEC §6.3).
+//!
+//! A TLS handshake offering ALPN `h2,http/1.1` comes first: a backend that completes it is TLS
+//! (ALPN then picks h2 or HTTP/1.1 per connection). Otherwise, on a new connection, the HTTP/2
+//! preface and an empty SETTINGS frame: a backend that answers with SETTINGS is h2c, anything
+//! else (an HTTP/1.1 error, a close, silence) is plain HTTP/1.1. TLS goes first because some
+//! TLS servers (nginx) answer plain text with an HTTP/1.1 error, which would look like a plain
+//! backend.
+//!
+//! The result is cached on the backend and forgotten when connections start failing
+//! ([`Backend::forget_detection`]); the next connection, or the next health check round,
+//! detects again. Detection only learns whether the backend speaks TLS, so its handshake never
+//! verifies the certificate; real connections do when `upstream_tls_verify` asks for it.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::backend::{Backend, Wire};
+use super::connect::{self, ConnectFailure};
+
+/// Longest wait for the TLS probe: a plain server may sit on a ClientHello it cannot parse.
+const TLS_PROBE_TIME: Duration = Duration::from_secs(2);
+
+/// The client connection preface followed by an empty SETTINGS frame.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+
+/// The backend's protocol: the cached one, or detected now (one detection per backend at a
+/// time; callers that wait reuse its answer). Fails only when no TCP connection can be made.
+pub async fn wire_of(backend: &Backend, timeout: Duration) -> Result<Wire, ConnectFailure> {
+    if let Some(wire) = backend.wire() {
+        return Ok(wire);
+    }
+    let _one_at_a_time = backend.detecting.lock().await;
+    if let Some(wire) = backend.wire() {
+        return Ok(wire);
+    }
+    let wire = detect(backend, timeout).await?;
+    backend.set_detected(wire);
+    Ok(wire)
+}
+
+async fn detect(backend: &Backend, timeout: Duration) -> Result<Wire, ConnectFailure> {
+    let stream = connect::tcp(backend, timeout).await?;
+    let tls_wait = timeout.min(TLS_PROBE_TIME);
+    let handshake = super::tls::handshake(stream, &backend.spec.host, true, false);
+    if let Ok(Ok(_)) = tokio::time::timeout(tls_wait, handshake).await {
+        return Ok(Wire::Tls);
+    }
+    let stream = connect::tcp(backend, timeout).await?;
+    if answers_h2_preface(stream, timeout).await {
+        Ok(Wire::H2c)
+    } else {
+        Ok(Wire::Http1)
+    }
+}
+
+/// Sends the HTTP/2 preface; true when the first frame back is a SETTINGS frame on stream 0.
+async fn answers_h2_preface(mut stream: TcpStream, timeout: Duration) -> bool {
+    let exchange = async {
+        stream.write_all(H2_PREFACE).await?;
+        let mut head = [0u8; 9];
+        stream.read_exact(&mut head).await?;
+        Ok::<_, std::io::Error>(head)
+    };
+    match tokio::time::timeout(timeout, exchange).await {
+        Ok(Ok(head)) => head[3] == 0x4 && head[5..9] == [0, 0, 0, 0],
+        _ => false,
+    }
+}

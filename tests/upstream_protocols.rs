@@ -1,0 +1,191 @@
+//! How the proxy speaks to backends (SPEC §6.3), through the binary with real backends:
+//! detection for backends given without a scheme (TLS by handshake with ALPN, h2c by the HTTP/2
+//! preface, else HTTP/1.1), detection redone when a backend changes, pinned schemes,
+//! certificate verification with `upstream_tls_verify`, and a second HTTP/2 connection when
+//! the first is full.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use support::*;
+
+/// One `host -> "/" -> server` route; `extra` is added to the path's settings.
+fn host_route(host: &str, server: &str, extra: &str) -> String {
+    format!("  {host}:\n    paths:\n      \"/\": {{servers: [\"{server}\"]{extra}}}\n")
+}
+
+/// GET / on `host`: (status, backend name, HTTP version the backend saw).
+async fn seen(client: &mut Client, host: &str) -> (u16, String, String) {
+    let resp = client.get(host, "/").await;
+    let status = resp.status().as_u16();
+    (
+        status,
+        header(&resp, "x-backend"),
+        header(&resp, "x-seen-version"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_without_a_scheme_are_detected() {
+    let h1 = Backend::start_h1_only("h1").await;
+    let h2c = Backend::start("h2c").await;
+    let tls_h2 = start_tls_backend("tls-h2", &[b"h2", b"http/1.1"]).await;
+    let tls_h1 = start_tls_backend("tls-h1", &[b"http/1.1"]).await;
+    // A backend is one object however many routes use it, so the unprobed one stands alone.
+    let unprobed = Backend::start("unprobed").await;
+    let probed = ", hc_interval: 1";
+    let yaml = [
+        "upstreams:\n".to_string(),
+        host_route("h1.local", &h1.addr.to_string(), probed),
+        host_route("h2c.local", &h2c.addr.to_string(), probed),
+        host_route("tlsh2.local", &tls_h2.to_string(), probed),
+        host_route("tlsh1.local", &tls_h1.to_string(), probed),
+        // Pinned by its scheme: HTTP/1.1 although the backend would speak h2c.
+        host_route("pinned.local", &format!("http://{}", h2c.addr), probed),
+        // Detection needs health checks (SPEC §6.3): without them a bare address is HTTP/1.1.
+        host_route(
+            "unprobed.local",
+            &unprobed.addr.to_string(),
+            ", healthcheck: false",
+        ),
+    ]
+    .concat();
+    let proxy = ProxyProcess::start(&yaml, "");
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    let expected = [
+        ("h1.local", "h1", "HTTP/1.1"),
+        ("h2c.local", "h2c", "HTTP/2.0"),
+        ("tlsh2.local", "tls-h2", "HTTP/2.0"),
+        ("tlsh1.local", "tls-h1", "HTTP/1.1"),
+        ("pinned.local", "h2c", "HTTP/1.1"),
+        ("unprobed.local", "unprobed", "HTTP/1.1"),
+    ];
+    for (host, backend, version) in expected {
+        for _ in 0..3 {
+            let got = seen(&mut client, host).await;
+            assert_eq!(got, (200, backend.into(), version.into()), "{host}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detection_is_redone_when_a_backend_changes_protocol() {
+    let plain = Backend::start_h1_only("plain").await;
+    let addr = plain.addr;
+    let yaml = format!(
+        "upstreams:\n{}",
+        host_route("swap.local", &addr.to_string(), ", hc_interval: 1")
+    );
+    let proxy = ProxyProcess::start(&yaml, "");
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    let first = seen(&mut client, "swap.local").await;
+    assert_eq!(first, (200, "plain".into(), "HTTP/1.1".into()));
+
+    // The same port now serves TLS with h2: the cached "plain" answer stops working.
+    plain.stop();
+    drop(plain);
+    let acceptor = tls_backend_acceptor(&[b"h2", b"http/1.1"]);
+    serve_tls_backend("tls", acceptor, addr).await;
+    let start = Instant::now();
+    let mut last = (0, String::new(), String::new());
+    while start.elapsed() < Duration::from_secs(10) {
+        last = seen(&mut client, "swap.local").await;
+        if last.0 == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(last, (200, "tls".into(), "HTTP/2.0".into()));
+    eprintln!("re-detected as TLS after {:?}", start.elapsed());
+    for _ in 0..5 {
+        assert_eq!(seen(&mut client, "swap.local").await.0, 200);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_tls_verify_checks_chain_and_name() {
+    let pki = test_pki(&["backend.local"]);
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &pki.ca_pem).unwrap();
+    let chain = vec![pki.leaf.clone(), pki.ca.clone()];
+    let acceptor = tls_acceptor_for(chain, pki.leaf_key.clone_key(), &[b"h2", b"http/1.1"]);
+    let any_port = "127.0.0.1:0".parse().unwrap();
+    let trusted = serve_tls_backend("trusted", acceptor.clone(), any_port).await;
+    // The same server again, for a route whose host its certificate does not name (one backend
+    // object per address: connections are shared by every route that uses it).
+    let misnamed = serve_tls_backend("trusted", acceptor, any_port).await;
+    let stranger = start_tls_backend("stranger", &[b"h2", b"http/1.1"]).await;
+    let path = |prefix: &str, server: std::net::SocketAddr, verify: bool| {
+        format!("      \"{prefix}\": {{servers: [\"https://{server}\"], healthcheck: false, upstream_tls_verify: {verify}}}\n")
+    };
+    let yaml = [
+        "upstreams:\n  backend.local:\n    paths:\n".to_string(),
+        path("/trusted", trusted, true),
+        path("/stranger", stranger, true),
+        path("/unverified", stranger, false),
+        // The name checked is the SNI, the request's host: the certificate does not cover it.
+        "  other.local:\n    paths:\n".to_string(),
+        path("/", misnamed, true),
+    ]
+    .concat();
+    let ca = ca_file.to_str().unwrap();
+    let proxy = ProxyProcess::start_env(&yaml, "", &[("SSL_CERT_FILE", ca)]);
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    let cases = [
+        ("backend.local", "/trusted", 200, "trusted"),
+        ("backend.local", "/stranger", 502, ""),
+        ("backend.local", "/unverified", 200, "stranger"),
+        ("other.local", "/", 502, ""),
+    ];
+    for (host, path, status, backend) in cases {
+        let resp = client.get(host, path).await;
+        assert_eq!(resp.status().as_u16(), status, "{host}{path}");
+        assert_eq!(header(&resp, "x-backend"), backend, "{host}{path}");
+    }
+}
+
+/// Sends `count` requests for `path` at once on one h2 connection; returns their statuses.
+async fn burst(
+    sender: &hyper::client::conn::http2::SendRequest<ClientBody>,
+    count: usize,
+    path: &str,
+) -> Vec<u16> {
+    let requests = (0..count).map(|_| {
+        let mut sender = sender.clone();
+        let req = http::Request::get(format!("http://h2.local{path}"))
+            .body(full(bytes::Bytes::new()))
+            .unwrap();
+        async move {
+            sender.ready().await.unwrap();
+            sender.send_request(req).await.unwrap().status().as_u16()
+        }
+    });
+    join_all(requests).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_h2_connection_gets_another_at_the_backends_stream_limit() {
+    // The backend allows 10 streams per connection (its SETTINGS say so).
+    let backend = Backend::start_h2_limited("h2", 10).await;
+    let server = format!("h2c://{}", backend.addr);
+    let yaml = format!(
+        "upstreams:\n{}",
+        host_route("h2.local", &server, ", healthcheck: false")
+    );
+    let proxy = ProxyProcess::start(&yaml, "");
+    let Client::H2(sender) = Client::connect(Proto::H2c, proxy.addr).await else {
+        unreachable!("h2 client")
+    };
+    let accepts = || backend.accepts.load(std::sync::atomic::Ordering::SeqCst);
+    // 25 slow requests at once: three connections (10 + 10 + 5), not one and not 25.
+    let statuses = burst(&sender, 25, "/slow/400").await;
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    assert_eq!(accepts(), 3);
+    // Later requests reuse those connections.
+    let statuses = burst(&sender, 20, "/").await;
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    assert_eq!(accepts(), 3);
+}
