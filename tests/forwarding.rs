@@ -109,9 +109,10 @@ async fn without_default_unknown_hosts_and_paths_get_404() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwarding_headers() {
     let a = Backend::start("a").await;
+    // Pinned to HTTP/1.1 (the backend also speaks h2c, which detection would pick).
     let yaml = format!(
-        "server_headers: [\"X-Global:g\"]\nupstreams:\n  example.com:\n    paths:\n      \"/\":\n        servers: {}\n        server_headers: [\"X-To-Backend: yes\"]\n        client_headers: [\"X-Frame-Options:DENY\"]\n",
-        servers(&[&a])
+        "server_headers: [\"X-Global:g\"]\nupstreams:\n  example.com:\n    paths:\n      \"/\":\n        servers: [\"http://{}\"]\n        server_headers: [\"X-To-Backend: yes\"]\n        client_headers: [\"X-Frame-Options:DENY\"]\n",
+        a.addr
     );
     let proxy = ProxyProcess::start(&yaml, "");
     for proto in PROTOCOLS {

@@ -357,6 +357,9 @@ async fn rate_limit_ten_per_second_per_client_across_workers() {
         backend.addr, backend.addr
     );
     let proxy = ProxyProcess::start(&yaml, "");
+    // The backend's protocol is detected on first use; do that before the timed bursts.
+    let mut warm = connect_from(Proto::H1, proxy.addr, ip(6)).await;
+    assert_eq!(get(&mut warm, "rl.test", "/free", &[]).await.0, 200);
     for (proto, me, other) in [(Proto::H1, ip(2), ip(3)), (Proto::H2c, ip(4), ip(5))] {
         // Three connections from one address: the kernel spreads them over both workers, and the
         // limit must still be one.

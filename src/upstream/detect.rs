@@ -36,7 +36,9 @@ pub async fn wire_of(backend: &Backend, timeout: Duration) -> Result<Wire, Conne
     if let Some(wire) = backend.wire() {
         return Ok(wire);
     }
+    let started = std::time::Instant::now();
     let wire = detect(backend, timeout).await?;
+    tracing::debug!(backend = %backend.label, protocol = wire.name(), took = ?started.elapsed(), "protocol detection finished");
     backend.set_detected(wire);
     Ok(wire)
 }
@@ -45,7 +47,10 @@ async fn detect(backend: &Backend, timeout: Duration) -> Result<Wire, ConnectFai
     let stream = connect::tcp(backend, timeout).await?;
     let tls_wait = timeout.min(TLS_PROBE_TIME);
     let handshake = super::tls::handshake(stream, &backend.spec.host, true, false);
-    if let Ok(Ok(_)) = tokio::time::timeout(tls_wait, handshake).await {
+    let tls_started = std::time::Instant::now();
+    let tls = tokio::time::timeout(tls_wait, handshake).await;
+    tracing::debug!(backend = %backend.label, took = ?tls_started.elapsed(), "TLS probe finished");
+    if let Ok(Ok(_)) = tls {
         return Ok(Wire::Tls);
     }
     let stream = connect::tcp(backend, timeout).await?;

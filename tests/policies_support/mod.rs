@@ -124,7 +124,11 @@ async fn answer(
     Response::builder()
         .status(code)
         .header("x-backend", name)
-        .header("x-seen-uri", req.uri().to_string())
+        // The target as a path and query, whether it came in HTTP/1.1 or HTTP/2 (absolute).
+        .header(
+            "x-seen-uri",
+            req.uri().path_and_query().map_or("/", |p| p.as_str()),
+        )
         .header("x-seen-remote-user", seen("remote-user"))
         .header("x-seen-auth-groups", seen("x-auth-groups"))
         .header("set-cookie", format!("app={name}; Path=/"))

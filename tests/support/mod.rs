@@ -135,6 +135,7 @@ impl Backend {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
+                let _ = stream.set_nodelay(true);
                 acc.fetch_add(1, Ordering::SeqCst);
                 let reqs = reqs.clone();
                 let conn = async move {
@@ -620,6 +621,7 @@ pub async fn serve_tls_backend(
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
+            let _ = stream.set_nodelay(true);
             let acceptor = acceptor.clone();
             tokio::spawn(async move {
                 let Ok(tls) = acceptor.accept(stream).await else {
