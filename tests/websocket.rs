@@ -69,6 +69,44 @@ fn ws_route(backend: std::net::SocketAddr) -> String {
     format!("upstreams:\n  chat.local:\n    paths:\n      \"/\": {{servers: [\"{backend}\"], healthcheck: false}}\n")
 }
 
+/// The proxy with plain and TLS listeners (`client_header_timeout: 1`) in front of an echo
+/// server, for `chat.local`.
+struct ChatProxy {
+    proxy: ProxyProcess,
+    root: rustls_pki_types::CertificateDer<'static>,
+    _certs: tempfile::TempDir,
+}
+
+impl ChatProxy {
+    async fn start() -> ChatProxy {
+        let backend = echo_server().await;
+        let certs = tempfile::tempdir().unwrap();
+        let root = write_self_signed(certs.path(), "chat", &["chat.local"]);
+        let main = format!(
+            "client_header_timeout: 1\nproxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"",
+            certs.path().display()
+        );
+        let proxy = ProxyProcess::start(&ws_route(backend), &main);
+        ChatProxy {
+            proxy,
+            root,
+            _certs: certs,
+        }
+    }
+
+    /// A TLS connection to the proxy for `chat.local`, offering `alpn`.
+    async fn tls_client(&self, alpn: &[u8]) -> tokio_rustls::client::TlsStream<TcpStream> {
+        let tls_addr = self.proxy.logged_addr("listening on https://");
+        let config = tls_client_config(std::slice::from_ref(&self.root), &[alpn]);
+        let tcp = TcpStream::connect(tls_addr).await.unwrap();
+        let name = rustls_pki_types::ServerName::try_from("chat.local").unwrap();
+        tokio_rustls::TlsConnector::from(config)
+            .connect(name, tcp)
+            .await
+            .unwrap()
+    }
+}
+
 async fn exercise<S>(stream: S)
 where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -123,25 +161,11 @@ where
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn websocket_echo_over_plain_and_tls_listeners() {
-    let backend = echo_server().await;
-    let certs = tempfile::tempdir().unwrap();
-    let root = write_self_signed(certs.path(), "chat", &["chat.local"]);
-    let main = format!(
-        "client_header_timeout: 1\nproxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"",
-        certs.path().display()
-    );
-    let proxy = ProxyProcess::start(&ws_route(backend), &main);
+    let chat = ChatProxy::start().await;
+    let proxy = &chat.proxy;
     exercise(TcpStream::connect(proxy.addr).await.unwrap()).await;
 
-    let tls_addr = proxy.logged_addr("listening on https://");
-    let config = tls_client_config(&[root], &[b"http/1.1"]);
-    let tcp = TcpStream::connect(tls_addr).await.unwrap();
-    let name = rustls_pki_types::ServerName::try_from("chat.local").unwrap();
-    let tls = tokio_rustls::TlsConnector::from(config)
-        .connect(name, tcp)
-        .await
-        .unwrap();
-    exercise(tls).await;
+    exercise(chat.tls_client(b"http/1.1").await).await;
 }
 
 /// Opens a WebSocket over HTTP/2 by extended CONNECT (RFC 8441) on `io`, an h2 connection to
@@ -183,26 +207,13 @@ where
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn websocket_from_http2_clients_by_extended_connect() {
-    let backend = echo_server().await;
-    let certs = tempfile::tempdir().unwrap();
-    let root = write_self_signed(certs.path(), "chat", &["chat.local"]);
-    let main = format!(
-        "client_header_timeout: 1\nproxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"",
-        certs.path().display()
-    );
-    let proxy = ProxyProcess::start(&ws_route(backend), &main);
+    let chat = ChatProxy::start().await;
+    let proxy = &chat.proxy;
     // h2c with prior knowledge on the plain port.
     let plain = TcpStream::connect(proxy.addr).await.unwrap();
     echo_frames(extended_connect(plain, "http").await).await;
     // h2 by ALPN on the TLS port.
-    let tls_addr = proxy.logged_addr("listening on https://");
-    let config = tls_client_config(&[root], &[b"h2"]);
-    let tcp = TcpStream::connect(tls_addr).await.unwrap();
-    let name = rustls_pki_types::ServerName::try_from("chat.local").unwrap();
-    let tls = tokio_rustls::TlsConnector::from(config)
-        .connect(name, tcp)
-        .await
-        .unwrap();
+    let tls = chat.tls_client(b"h2").await;
     assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
     echo_frames(extended_connect(tls, "https").await).await;
 }

@@ -118,11 +118,12 @@ fn u24(bytes: &[u8]) -> usize {
 
 /// SETTINGS_MAX_CONCURRENT_STREAMS from a SETTINGS payload (6-byte entries), if present.
 fn max_concurrent_streams(payload: &[u8]) -> Option<usize> {
+    // The last occurrence wins (RFC 9113 §6.5.3 processes settings in order).
     payload
         .chunks_exact(6)
-        .filter(|entry| u16::from_be_bytes([entry[0], entry[1]]) == MAX_CONCURRENT_STREAMS)
+        .rev()
+        .find(|entry| u16::from_be_bytes([entry[0], entry[1]]) == MAX_CONCURRENT_STREAMS)
         .map(|entry| u32::from_be_bytes([entry[2], entry[3], entry[4], entry[5]]))
-        .last()
         .and_then(|v| usize::try_from(v).ok())
 }
 
