@@ -66,7 +66,14 @@ static KEY: LazyLock<hmac::Key> = LazyLock::new(|| {
 
 /// The opaque id of a backend: 32 hex digits.
 pub fn backend_id(backend: &Backend) -> [u8; 32] {
-    let identity = format!("{}|{:?}", backend.label, backend.spec.scheme);
+    // The same identity as before protocol detection existed ("Http1" unless pinned `h2c://`),
+    // so cookies stay valid across a live upgrade to this version.
+    let framing = if backend.spec.scheme == Some(crate::config::values::Scheme::H2c) {
+        "H2c"
+    } else {
+        "Http1"
+    };
+    let identity = format!("{}|{framing}", backend.label);
     let tag = hmac::sign(&KEY, identity.as_bytes());
     let mut out = [0u8; 32];
     for (i, byte) in tag.as_ref()[..16].iter().enumerate() {
