@@ -29,6 +29,15 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
   fi
 fi
 
+# The external judges of tests/judges.rs (sslyze, testssl.sh, h2spec): installed when missing, and
+# required, so a judge that cannot run fails the suite instead of being skipped.
+if ! judges=$(bash scripts/install-judges.sh); then
+  log "could not install the external judges (see [judges] above); rerun as root or install them by hand"
+  exit 1
+fi
+while IFS="=" read -r name value; do export "$name=$value"; done <<<"$judges"
+export ARALEZ_REQUIRE_JUDGES=1
+
 log "cargo $(cargo --version | cut -d' ' -f2): building and running every test"
 # Tests start several proxies and backends at once; two cores are plenty, more threads only add noise.
 export RUST_TEST_THREADS="${RUST_TEST_THREADS:-4}"

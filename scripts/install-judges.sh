@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Installs the external TLS/HTTP2 judges that tests/judges.rs runs against the proxy, when missing:
+#
+#   sslyze     from PyPI, into a venv at target/judges/venv
+#   testssl.sh from Debian (package testssl.sh)
+#   h2spec     from the Go module proxy, into target/judges/bin
+#
+# Idempotent: a tool already in place is kept. As root it may apt-get install what it needs
+# (python3-venv, golang-go, testssl.sh). Any failure exits non-zero with a message saying which
+# judge could not be installed. On success it prints, on stdout, the lines
+#   ARALEZ_SSLYZE=... ARALEZ_TESTSSL=... ARALEZ_H2SPEC=...
+# for the caller to export (scripts/test.sh does).
+#
+#   bash scripts/install-judges.sh
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+JUDGES="$PWD/target/judges"
+SSLYZE_VERSION="6.3.1"
+H2SPEC_MODULE="github.com/summerwind/h2spec/cmd/h2spec@latest"
+
+log() { printf '[judges] %s\n' "$*" >&2; }
+fail() {
+  log "FAILED: $*"
+  exit 1
+}
+
+apt_updated=0
+apt_install() {
+  [ "$(id -u)" = 0 ] || fail "need root to apt-get install $*"
+  export DEBIAN_FRONTEND=noninteractive
+  if [ "$apt_updated" = 0 ]; then
+    apt-get update -qq || fail "apt-get update"
+    apt_updated=1
+  fi
+  log "apt-get install $*"
+  apt-get install -y -qq --no-install-recommends "$@" >/dev/null || fail "apt-get install $*"
+}
+
+install_sslyze() {
+  local venv="$JUDGES/venv"
+  if [ -x "$venv/bin/sslyze" ] && "$venv/bin/sslyze" --help >/dev/null 2>&1; then
+    return
+  fi
+  command -v python3 >/dev/null 2>&1 || apt_install python3
+  if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' 2>/dev/null; then
+    apt_install python3-venv
+  fi
+  log "sslyze $SSLYZE_VERSION into $venv"
+  rm -rf "$venv"
+  python3 -m venv "$venv" || fail "python3 -m venv $venv (is python3-venv installed?)"
+  "$venv/bin/pip" install -q --disable-pip-version-check "sslyze==$SSLYZE_VERSION" >&2 ||
+    fail "pip install sslyze==$SSLYZE_VERSION"
+  "$venv/bin/sslyze" --help >/dev/null || fail "sslyze installed but does not run"
+}
+
+install_testssl() {
+  command -v testssl >/dev/null 2>&1 || command -v testssl.sh >/dev/null 2>&1 ||
+    apt_install testssl.sh # pulls openssl, bsdmainutils, dnsutils, procps
+  command -v testssl >/dev/null 2>&1 || command -v testssl.sh >/dev/null 2>&1 ||
+    fail "testssl.sh is not on PATH after apt-get install testssl.sh"
+}
+
+install_h2spec() {
+  local bin="$JUDGES/bin"
+  [ -x "$bin/h2spec" ] && return
+  if ! command -v go >/dev/null 2>&1; then
+    if [ -x /usr/local/go/bin/go ]; then
+      export PATH="/usr/local/go/bin:$PATH"
+    else
+      apt_install golang-go ca-certificates
+    fi
+  fi
+  log "h2spec: go install $H2SPEC_MODULE"
+  mkdir -p "$bin"
+  GOBIN="$bin" go install "$H2SPEC_MODULE" >&2 || fail "go install $H2SPEC_MODULE"
+  [ -x "$bin/h2spec" ] || fail "h2spec missing from $bin after go install"
+}
+
+mkdir -p "$JUDGES"
+install_sslyze
+install_testssl
+install_h2spec
+
+testssl=$(command -v testssl || command -v testssl.sh)
+echo "ARALEZ_SSLYZE=$JUDGES/venv/bin/sslyze"
+echo "ARALEZ_TESTSSL=$testssl"
+echo "ARALEZ_H2SPEC=$JUDGES/bin/h2spec"
