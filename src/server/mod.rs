@@ -58,6 +58,37 @@ fn http_builder(settings: &ServeSettings) -> auto::Builder<TokioExecutor> {
     builder
 }
 
+/// The HTTP server settings, two ways: sniffing the protocol from the first bytes, with
+/// HTTP/1.1 upgrades (plain connections, and TLS unless ALPN chose h2), and HTTP/2 only for TLS
+/// connections whose ALPN chose h2: a client that agreed on h2 and then sends something else
+/// gets the connection closed (RFC 9113 §3.4), not an HTTP/1.1 answer. (hyper-util ignores
+/// `http2_only` when serving with upgrades; HTTP/2 needs none, CONNECT is handled inside.)
+struct Builders {
+    sniffing: auto::Builder<TokioExecutor>,
+    h2_only: auto::Builder<TokioExecutor>,
+}
+
+impl Builders {
+    fn new(sniffing: auto::Builder<TokioExecutor>) -> Builders {
+        Builders {
+            h2_only: sniffing.clone().http2_only(),
+            sniffing,
+        }
+    }
+}
+
+/// Drives one connection to its end, counted in [`OPEN_CONNECTIONS`].
+async fn run_counted<E: std::fmt::Display>(
+    conn: impl std::future::Future<Output = Result<(), E>>,
+    peer: SocketAddr,
+) {
+    OPEN_CONNECTIONS.fetch_add(1, Ordering::Relaxed);
+    if let Err(e) = conn.await {
+        tracing::debug!(%peer, "connection ended with an error: {e}");
+    }
+    OPEN_CONNECTIONS.fetch_sub(1, Ordering::Relaxed);
+}
+
 /// The TLS side of the proxy listener.
 #[derive(Clone)]
 pub struct TlsSide {
@@ -140,7 +171,7 @@ async fn accept_loop(
         }
     };
 
-    let builder = Arc::new(http_builder(&settings));
+    let builder = Arc::new(Builders::new(http_builder(&settings)));
     let graceful = GracefulShutdown::new();
     let draining: DrainFlag = Arc::new(AtomicBool::new(false));
     loop {
@@ -203,7 +234,7 @@ async fn drain(graceful: GracefulShutdown, draining: &AtomicBool, grace: Duratio
 struct Conn<'a> {
     peer: SocketAddr,
     proxy: &'a Arc<Proxy>,
-    builder: &'a Arc<auto::Builder<TokioExecutor>>,
+    builder: &'a Arc<Builders>,
     graceful: &'a GracefulShutdown,
     draining: &'a DrainFlag,
 }
@@ -227,15 +258,10 @@ impl Conn<'_> {
         });
         let conn = self
             .builder
+            .sniffing
             .serve_connection_with_upgrades(TokioIo::new(io), service);
         let conn = self.graceful.watch(conn.into_owned());
-        OPEN_CONNECTIONS.fetch_add(1, Ordering::Relaxed);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, "connection ended with an error: {e}");
-            }
-            OPEN_CONNECTIONS.fetch_sub(1, Ordering::Relaxed);
-        });
+        tokio::spawn(run_counted(conn, peer));
     }
 
     /// Runs the TLS handshake (bounded by the header timeout) in its own task, then serves.
@@ -270,13 +296,14 @@ impl Conn<'_> {
                 let ctx = ctx.clone();
                 async move { Ok::<_, Infallible>(observe::handle(&ctx, req).await) }
             });
-            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-            let conn = graceful_watch.watch(conn.into_owned());
-            OPEN_CONNECTIONS.fetch_add(1, Ordering::Relaxed);
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, "connection ended with an error: {e}");
+            let io = TokioIo::new(stream);
+            if io.inner().get_ref().1.alpn_protocol() == Some(b"h2") {
+                let conn = builder.h2_only.serve_connection(io, service);
+                run_counted(graceful_watch.watch(conn.into_owned()), peer).await;
+            } else {
+                let conn = builder.sniffing.serve_connection_with_upgrades(io, service);
+                run_counted(graceful_watch.watch(conn.into_owned()), peer).await;
             }
-            OPEN_CONNECTIONS.fetch_sub(1, Ordering::Relaxed);
         });
     }
 }
