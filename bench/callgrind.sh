@@ -5,10 +5,13 @@
 #   bash bench/callgrind.sh target/release/aralez plain 4000       # the plain route
 #   bash bench/callgrind.sh target/release/aralez policies 4000    # jwt + rate limit + 3+3 headers (issue 4)
 #   bash bench/callgrind.sh target/release/aralez accesslog 4000   # plain route, access_log: all (issue 6)
+#   bash bench/callgrind.sh target/release/aralez h2c 4000         # plain route, h2c clients (16 streams each)
+# CG_KEEP=FILE keeps the profile for callgrind_annotate.
 # Every mode sends the same `Authorization: Bearer` header, so routes differ only in what they do.
 set -euo pipefail
 BIN=$1 MODE=$2 N=${3:-4000}
-case "$MODE" in plain|policies|accesslog) ;; *) echo "mode: plain, policies or accesslog" >&2; exit 2;; esac
+case "$MODE" in plain|policies|accesslog|h2c) ;; *) echo "mode: plain, policies, accesslog or h2c" >&2; exit 2;; esac
+LOAD=(--h1 -c 4); [ "$MODE" = h2c ] && LOAD=(-c 4 -m 16)
 D=$(mktemp -d /tmp/cgb.XXXX)
 trap 'kill ${VPID:-} ${NPID:-} 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$D"' EXIT
 mkdir -p $D/nginx
@@ -60,13 +63,15 @@ Y
 valgrind --tool=callgrind --callgrind-out-file=$D/cg.%p "$BIN" -c $D/main.yaml >/dev/null 2>$D/vg.err & VPID=$!
 AUTH="Authorization: Bearer $TOKEN"
 for i in $(seq 1 300); do curl -sf -o /dev/null -H "$AUTH" http://127.0.0.1:18193/ && break; sleep 0.1; done
-h2load --h1 -n 500 -c 4 -H "$AUTH" http://127.0.0.1:18193/ >/dev/null   # warm-up: pools, allocator
+h2load "${LOAD[@]}" -n 500 -H "$AUTH" http://127.0.0.1:18193/ >/dev/null   # warm-up: pools, allocator
 sleep 1
 callgrind_control -z $VPID >/dev/null
-h2load --h1 -n $N -c 4 -H "$AUTH" http://127.0.0.1:18193/ > $D/h2load.out
+h2load "${LOAD[@]}" -n $N -H "$AUTH" http://127.0.0.1:18193/ > $D/h2load.out
 sleep 1   # let the access log writer finish its batch
 callgrind_control -d $VPID >/dev/null
 sleep 1
 grep -E "succeeded|status codes" $D/h2load.out | tr -s ' ' | head -2
 IR=$(cat $D/cg.*.* 2>/dev/null | awk '/^(summary|totals):/ {print $2}' | tail -1)
 echo "mode=$MODE requests=$N Ir=$IR per_request=$((IR / N)) access_lines=$(grep -c '^access ' $D/log || true)"
+[ -n "${CG_KEEP:-}" ] && cp "$(ls -S $D/cg.*.* | head -1)" "$CG_KEEP"
+true
