@@ -223,6 +223,7 @@ threads: 1
 proxy_address_http: "127.0.0.1:$P_ARALEZ"
 upstreams_conf: "$TMP/upstreams.yaml"
 log_level: error
+upstream_keepalive_pool_size: 512
 EOF
   if is_tls "$1"; then
     cat >>"$TMP/main.yaml" <<EOF
