@@ -116,16 +116,7 @@ async fn start(grade: &str) -> Target {
     let work = tempfile::tempdir().expect("work dir");
     let ca_file = work.path().join("test-ca.pem");
     write_ca_signed_pair(certs.path(), &ca_file);
-    let yaml = format!(
-        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}, healthcheck: false}}\n",
-        servers(&[&backend])
-    );
-    let main = format!(
-        "proxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"\nproxy_tls_grade: {grade}",
-        certs.path().display()
-    );
-    let proxy = ProxyProcess::start(&yaml, &main);
-    let tls = proxy.logged_addr("listening on https://");
+    let (proxy, tls) = start_tls_proxy(&backend, certs.path(), grade);
     Target {
         _proxy: proxy,
         _backend: backend,
@@ -140,42 +131,10 @@ async fn start(grade: &str) -> Target {
 /// leaf for `localhost` and 127.0.0.1, valid 90 days, signed by that CA (served alone, as a
 /// public CA's leaf would be with its intermediates: the root is the client's to have).
 fn write_ca_signed_pair(dir: &Path, ca_file: &Path) {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-        KeyPair, KeyUsagePurpose,
-    };
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock after 1970");
-    let yesterday = rcgen::date_time_ymd(1970, 1, 1) + now - Duration::from_secs(86_400);
-    let in_90_days = yesterday + Duration::from_secs(90 * 86_400);
-
-    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-    ca.distinguished_name
-        .push(DnType::CommonName, "aralez judges test CA");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    (ca.not_before, ca.not_after) = (yesterday, in_90_days);
-    let ca_key = KeyPair::generate().expect("CA key");
-    let ca_cert = ca.self_signed(&ca_key).expect("CA certificate");
-    let issuer = Issuer::new(ca, ca_key);
-
-    let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
-    let mut leaf = CertificateParams::new(names).expect("leaf params");
-    leaf.distinguished_name
-        .push(DnType::CommonName, "localhost");
-    leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    leaf.use_authority_key_identifier_extension = true;
-    (leaf.not_before, leaf.not_after) = (yesterday, in_90_days);
-    let leaf_key = KeyPair::generate().expect("leaf key");
-    let leaf_cert = leaf
-        .signed_by(&leaf_key, &issuer)
-        .expect("leaf certificate");
-
-    std::fs::write(dir.join("default.crt"), leaf_cert.pem()).expect("write default.crt");
-    std::fs::write(dir.join("default.key"), leaf_key.serialize_pem()).expect("write key");
-    std::fs::write(ca_file, ca_cert.pem()).expect("write CA file");
+    let pki = test_pki(&["localhost", "127.0.0.1"]);
+    std::fs::write(dir.join("default.crt"), &pki.leaf_pem).expect("write default.crt");
+    std::fs::write(dir.join("default.key"), &pki.leaf_key_pem).expect("write key");
+    std::fs::write(ca_file, &pki.ca_pem).expect("write CA file");
 }
 
 // ---- Running a tool ----

@@ -29,16 +29,7 @@ async fn start(grade: &str) -> TlsProxy {
         write_self_signed(certs.path(), "alpha", &["alpha.local"]),
         write_self_signed(certs.path(), "wild", &["*.beta.local"]),
     ];
-    let yaml = format!(
-        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}, healthcheck: false}}\n",
-        servers(&[&backend])
-    );
-    let main = format!(
-        "proxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"\nproxy_tls_grade: {grade}",
-        certs.path().display()
-    );
-    let proxy = ProxyProcess::start(&yaml, &main);
-    let tls = proxy.logged_addr("listening on https://");
+    let (proxy, tls) = start_tls_proxy(&backend, certs.path(), grade);
     TlsProxy {
         proxy,
         tls,

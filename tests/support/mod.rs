@@ -647,23 +647,42 @@ pub struct TestPki {
     pub leaf_key_pem: String,
 }
 
-/// A new CA (ECDSA P-256) and a leaf for `names` signed by it.
+/// A new CA and a leaf for `names` signed by it (ECDSA P-256 keys, valid from yesterday for 90
+/// days, the key usages a public CA would set). The leaf's common name is the first name.
 pub fn test_pki(names: &[&str]) -> TestPki {
-    let ca_key = rcgen::KeyPair::generate().expect("CA key");
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+        KeyPair, KeyUsagePurpose,
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970");
+    let yesterday = rcgen::date_time_ymd(1970, 1, 1) + now - Duration::from_secs(86_400);
+    let in_90_days = yesterday + Duration::from_secs(90 * 86_400);
+
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
     ca_params
         .distinguished_name
-        .push(rcgen::DnType::CommonName, "aralez test CA");
-    ca_params.key_usages = vec![
-        rcgen::KeyUsagePurpose::KeyCertSign,
-        rcgen::KeyUsagePurpose::CrlSign,
-    ];
+        .push(DnType::CommonName, "aralez test CA");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    (ca_params.not_before, ca_params.not_after) = (yesterday, in_90_days);
+    let ca_key = KeyPair::generate().expect("CA key");
     let ca = ca_params.self_signed(&ca_key).expect("CA certificate");
-    let issuer = rcgen::Issuer::new(ca_params, ca_key);
-    let leaf_key = rcgen::KeyPair::generate().expect("leaf key");
+    let issuer = Issuer::new(ca_params, ca_key);
+
     let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
-    let leaf_params = rcgen::CertificateParams::new(names).expect("leaf params");
+    let mut leaf_params = CertificateParams::new(names.clone()).expect("leaf params");
+    if let Some(first) = names.first() {
+        leaf_params
+            .distinguished_name
+            .push(DnType::CommonName, first.as_str());
+    }
+    leaf_params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    leaf_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    leaf_params.use_authority_key_identifier_extension = true;
+    (leaf_params.not_before, leaf_params.not_after) = (yesterday, in_90_days);
+    let leaf_key = KeyPair::generate().expect("leaf key");
     let leaf = leaf_params
         .signed_by(&leaf_key, &issuer)
         .expect("leaf certificate");
@@ -675,4 +694,24 @@ pub fn test_pki(names: &[&str]) -> TestPki {
         leaf_key: rustls_pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
         leaf_key_pem: leaf_key.serialize_pem(),
     }
+}
+
+/// The proxy with a TLS listener of `grade` (certificates from `cert_dir`) sending every host to
+/// `backend`, without health checks; returns it with the TLS listener's address.
+pub fn start_tls_proxy(
+    backend: &Backend,
+    cert_dir: &std::path::Path,
+    grade: &str,
+) -> (ProxyProcess, SocketAddr) {
+    let yaml = format!(
+        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}, healthcheck: false}}\n",
+        servers(&[backend])
+    );
+    let main = format!(
+        "proxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"\nproxy_tls_grade: {grade}",
+        cert_dir.display()
+    );
+    let proxy = ProxyProcess::start(&yaml, &main);
+    let tls = proxy.logged_addr("listening on https://");
+    (proxy, tls)
 }
