@@ -120,7 +120,7 @@ impl Backend {
 
     /// Starts on a given address (to bring a stopped backend back).
     pub async fn start_on(name: &'static str, addr: SocketAddr) -> Backend {
-        let listener = TcpListener::bind(addr).await.expect("rebind backend");
+        let listener = bind_when_free(addr).await;
         Self::serve(name, listener, Speaks::Both)
     }
 
@@ -576,6 +576,25 @@ impl Client {
     }
 }
 
+/// Binds `addr`; a port just given up by a stopped backend (whose tasks are aborted, so its
+/// listener closes a moment later) is retried for up to 2 s.
+pub async fn bind_when_free(addr: SocketAddr) -> TcpListener {
+    let started = Instant::now();
+    loop {
+        match TcpListener::bind(addr).await {
+            Ok(listener) => return listener,
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                assert!(
+                    started.elapsed() < Duration::from_secs(2),
+                    "{addr} stays in use"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("bind {addr}: {e}"),
+        }
+    }
+}
+
 /// A TLS acceptor for a test backend: self-signed for 127.0.0.1 and backend.local, offering `alpn`.
 pub fn tls_backend_acceptor(alpn: &[&[u8]]) -> tokio_rustls::TlsAcceptor {
     let rcgen::CertifiedKey { cert, signing_key } = rcgen::generate_simple_self_signed(vec![
@@ -617,7 +636,7 @@ pub async fn serve_tls_backend(
     acceptor: tokio_rustls::TlsAcceptor,
     addr: SocketAddr,
 ) -> SocketAddr {
-    let listener = TcpListener::bind(addr).await.expect("bind TLS backend");
+    let listener = bind_when_free(addr).await;
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
