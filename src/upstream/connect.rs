@@ -14,6 +14,10 @@ use super::backend::{Backend, Wire};
 use super::h2_settings::{SettingsWatch, StreamLimit};
 use super::pool::UpBody;
 
+/// HTTP/2 flow-control windows the proxy offers its backends.
+const UPSTREAM_STREAM_WINDOW: u32 = 1 << 20;
+const UPSTREAM_CONNECTION_WINDOW: u32 = 16 << 20;
+
 /// Why a connection could not be opened, and whether it was a timeout.
 pub type ConnectFailure = (String, bool);
 
@@ -78,7 +82,12 @@ where
 {
     let (io, limit) = SettingsWatch::new(io);
     let (sender, conn) = http2::Builder::new(TokioExecutor::new())
-        .adaptive_window(true)
+        // Fixed windows, not adaptive ones (which grow to 16 MiB a stream): what a backend may
+        // send ahead of the client's reading is what the proxy holds in memory. 1 MiB a stream
+        // bounds that; 16 MiB a connection lets 16 slow readers sit full before the other
+        // streams on the shared connection wait.
+        .initial_stream_window_size(UPSTREAM_STREAM_WINDOW)
+        .initial_connection_window_size(UPSTREAM_CONNECTION_WINDOW)
         .handshake(TokioIo::new(io))
         .await
         .map_err(|e| (format!("HTTP/2 handshake: {e}"), false))?;
