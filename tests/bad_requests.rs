@@ -120,3 +120,36 @@ async fn connect_method_is_refused() {
     .await;
     assert!(status.starts_with("HTTP/1.1 405"), "{status:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_past_max_connections_is_closed_at_accept() {
+    let backend = Backend::start("a").await;
+    let yaml = format!(
+        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}, healthcheck: false}}\n",
+        servers(&[&backend])
+    );
+    let proxy = ProxyProcess::start(&yaml, "max_connections: 5");
+    // The proxy is frozen while 20 connections complete in the kernel's backlog, so a worker
+    // accepts them in one burst; every accepted one stays open (keep-alive) and must count
+    // before the next accept is checked.
+    proxy.signal(nix::sys::signal::Signal::SIGSTOP);
+    let mut streams = Vec::new();
+    for _ in 0..20 {
+        streams.push(TcpStream::connect(proxy.addr).await.unwrap());
+    }
+    proxy.signal(nix::sys::signal::Signal::SIGCONT);
+    let mut served = 0;
+    for stream in &mut streams {
+        let _ = stream.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        let mut buf = [0u8; 12];
+        let read = tokio::time::timeout(Duration::from_secs(2), stream.read_exact(&mut buf)).await;
+        if matches!(read, Ok(Ok(_))) && &buf == b"HTTP/1.1 200" {
+            served += 1;
+        }
+    }
+    // Two workers check the shared count at the same moment at most once: 5, or 6.
+    assert!(
+        (5..=6).contains(&served),
+        "{served} of 20 connections served with max_connections: 5"
+    );
+}

@@ -77,16 +77,31 @@ impl Builders {
     }
 }
 
-/// Drives one connection to its end, counted in [`OPEN_CONNECTIONS`].
-async fn run_counted<E: std::fmt::Display>(
-    conn: impl std::future::Future<Output = Result<(), E>>,
-    peer: SocketAddr,
-) {
-    OPEN_CONNECTIONS.fetch_add(1, Ordering::Relaxed);
-    if let Err(e) = conn.await {
-        tracing::debug!(%peer, "connection ended with an error: {e}");
+/// A client connection being served, counted in [`OPEN_CONNECTIONS`] from its creation (in the
+/// accept loop, so a burst of accepts sees every earlier one) until it is dropped.
+struct OpenConnection(SocketAddr);
+
+impl OpenConnection {
+    fn new(peer: SocketAddr) -> OpenConnection {
+        OPEN_CONNECTIONS.fetch_add(1, Ordering::Relaxed);
+        OpenConnection(peer)
     }
-    OPEN_CONNECTIONS.fetch_sub(1, Ordering::Relaxed);
+
+    /// Drives the connection to its end.
+    async fn run<E: std::fmt::Display>(
+        self,
+        conn: impl std::future::Future<Output = Result<(), E>>,
+    ) {
+        if let Err(e) = conn.await {
+            tracing::debug!(peer = %self.0, "connection ended with an error: {e}");
+        }
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        OPEN_CONNECTIONS.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// The TLS side of the proxy listener.
@@ -261,7 +276,7 @@ impl Conn<'_> {
             .sniffing
             .serve_connection_with_upgrades(TokioIo::new(io), service);
         let conn = self.graceful.watch(conn.into_owned());
-        tokio::spawn(run_counted(conn, peer));
+        tokio::spawn(OpenConnection::new(peer).run(conn));
     }
 
     /// Runs the TLS handshake (bounded by the header timeout) in its own task, then serves.
@@ -296,13 +311,14 @@ impl Conn<'_> {
                 let ctx = ctx.clone();
                 async move { Ok::<_, Infallible>(observe::handle(&ctx, req).await) }
             });
+            let counted = OpenConnection::new(peer);
             let io = TokioIo::new(stream);
             if io.inner().get_ref().1.alpn_protocol() == Some(b"h2") {
                 let conn = builder.h2_only.serve_connection(io, service);
-                run_counted(graceful_watch.watch(conn.into_owned()), peer).await;
+                counted.run(graceful_watch.watch(conn.into_owned())).await;
             } else {
                 let conn = builder.sniffing.serve_connection_with_upgrades(io, service);
-                run_counted(graceful_watch.watch(conn.into_owned()), peer).await;
+                counted.run(graceful_watch.watch(conn.into_owned())).await;
             }
         });
     }
