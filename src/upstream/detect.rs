@@ -47,10 +47,7 @@ async fn detect(backend: &Backend, timeout: Duration) -> Result<Wire, ConnectFai
     let stream = connect::tcp(backend, timeout).await?;
     let tls_wait = timeout.min(TLS_PROBE_TIME);
     let handshake = super::tls::handshake(stream, &backend.spec.host, true, false);
-    let tls_started = std::time::Instant::now();
-    let tls = tokio::time::timeout(tls_wait, handshake).await;
-    tracing::debug!(backend = %backend.label, took = ?tls_started.elapsed(), "TLS probe finished");
-    if let Ok(Ok(_)) = tls {
+    if let Ok(Ok(_)) = tokio::time::timeout(tls_wait, handshake).await {
         return Ok(Wire::Tls);
     }
     let stream = connect::tcp(backend, timeout).await?;

@@ -109,11 +109,6 @@ impl Backend {
         StreamTicket(open_streams)
     }
 
-    /// HTTP/2 connections this worker holds to this backend (for tests and `/status`).
-    pub fn h2_connections(&self) -> usize {
-        lock(&self.slot().h2).len()
-    }
-
     fn put_idle(&self, conn: http1::SendRequest<UpBody>) {
         if conn.is_closed() {
             return;
@@ -200,18 +195,40 @@ async fn send_over(
     }
     let sni = sni_host(&req, backend);
     match connect::open(backend, wire, &sni, t.connect, true).await {
-        Ok(Fresh::H2(conn, limit)) => {
-            backend.slot().tls_chose_h1.store(false, Ordering::Relaxed);
+        Ok(fresh) => send_on_fresh(backend, wire, fresh, true, Some(opening), req, t).await,
+        Err((reason, timed_out)) => Err(connect_error(reason, timed_out, req)),
+    }
+}
+
+/// Sends on a connection just opened. A new HTTP/2 connection is shared with this worker's
+/// later requests, and `opening` (held while it was opened) is released as soon as it is. When
+/// h2 was offered to a TLS backend, its choice is remembered for the next connection.
+async fn send_on_fresh(
+    backend: &Arc<Backend>,
+    wire: Wire,
+    fresh: Fresh,
+    h2_offered: bool,
+    opening: Option<tokio::sync::MutexGuard<'_, ()>>,
+    req: Request<UpBody>,
+    t: Timeouts,
+) -> Result<Response<PooledBody>, SendError> {
+    if wire == Wire::Tls && h2_offered {
+        let chose_h1 = matches!(fresh, Fresh::H1(_));
+        backend
+            .slot()
+            .tls_chose_h1
+            .store(chose_h1, Ordering::Relaxed);
+    }
+    match fresh {
+        Fresh::H1(conn) => {
+            drop(opening);
+            send_on_new_h1(backend, conn, req, t).await
+        }
+        Fresh::H2(conn, limit) => {
             let ticket = backend.add_h2(conn.clone(), limit);
             drop(opening);
             send_on_h2((conn, ticket), to_h2_form(req, backend, wire), t, false).await
         }
-        Ok(Fresh::H1(conn)) => {
-            backend.slot().tls_chose_h1.store(true, Ordering::Relaxed);
-            drop(opening);
-            send_on_new_h1(backend, conn, req, t).await
-        }
-        Err((reason, timed_out)) => Err(connect_error(reason, timed_out, req)),
     }
 }
 
@@ -246,12 +263,7 @@ async fn send_h1(
     let sni = sni_host(&req, backend);
     let offer_h2 = !req.headers().contains_key(header::UPGRADE);
     match connect::open(backend, wire, &sni, t.connect, offer_h2).await {
-        Ok(Fresh::H1(conn)) => send_on_new_h1(backend, conn, req, t).await,
-        Ok(Fresh::H2(conn, limit)) => {
-            backend.slot().tls_chose_h1.store(false, Ordering::Relaxed);
-            let ticket = backend.add_h2(conn.clone(), limit);
-            send_on_h2((conn, ticket), to_h2_form(req, backend, wire), t, false).await
-        }
+        Ok(fresh) => send_on_fresh(backend, wire, fresh, offer_h2, None, req, t).await,
         Err((reason, timed_out)) => Err(connect_error(reason, timed_out, req)),
     }
 }
