@@ -94,6 +94,10 @@ impl Proxy {
         mut req: Request<Incoming>,
     ) -> Result<Response<RespBody>, ProxyError> {
         let client_upgrade = upgrade::take(&mut req);
+        if client_upgrade.is_none() && req.method() == Method::CONNECT {
+            // An extended CONNECT that cannot become an upgrade never reaches a backend.
+            return Err(ProxyError::MethodNotAllowed);
+        }
         let ask = client_upgrade.as_ref().map(|u| u.ask.clone());
         let resp = self.forward(conn, route, req, ask.as_ref()).await?;
         match client_upgrade {
