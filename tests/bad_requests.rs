@@ -124,11 +124,7 @@ async fn connect_method_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_past_max_connections_is_closed_at_accept() {
     let backend = Backend::start("a").await;
-    let yaml = format!(
-        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}, healthcheck: false}}\n",
-        servers(&[&backend])
-    );
-    let proxy = ProxyProcess::start(&yaml, "max_connections: 5");
+    let proxy = ProxyProcess::start(&default_route(&[&backend]), "max_connections: 5");
     // The proxy is frozen while 20 connections complete in the kernel's backlog, so a worker
     // accepts them in one burst; every accepted one stays open (keep-alive) and must count
     // before the next accept is checked.

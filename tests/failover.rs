@@ -10,11 +10,7 @@ use support::*;
 /// One route over `backends`, active probes off: these tests count requests and exercise
 /// failover and passive health on their own (tests/health.rs covers active checks).
 fn one_route(backends: &[&Backend], main_extra: &str) -> ProxyProcess {
-    let yaml = format!(
-        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}, healthcheck: false}}\n",
-        servers(backends)
-    );
-    ProxyProcess::start(&yaml, main_extra)
+    ProxyProcess::start(&default_route(backends), main_extra)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

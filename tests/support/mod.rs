@@ -370,6 +370,14 @@ pub fn servers(backends: &[&Backend]) -> String {
     format!("[{}]", list.join(", "))
 }
 
+/// upstreams.yaml sending every host and path to `backends`, without health checks.
+pub fn default_route(backends: &[&Backend]) -> String {
+    format!(
+        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}, healthcheck: false}}\n",
+        servers(backends)
+    )
+}
+
 /// Polls `check` until it holds or `limit` passes.
 pub async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
     let start = Instant::now();
@@ -722,10 +730,7 @@ pub fn start_tls_proxy(
     cert_dir: &std::path::Path,
     grade: &str,
 ) -> (ProxyProcess, SocketAddr) {
-    let yaml = format!(
-        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}, healthcheck: false}}\n",
-        servers(&[backend])
-    );
+    let yaml = default_route(&[backend]);
     let main = format!(
         "proxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"\nproxy_tls_grade: {grade}",
         cert_dir.display()
