@@ -81,7 +81,7 @@ cleanup() {
 start_bg() {  # start_bg NAME CPU cmd...
   local name=$1 cpu=$2
   shift 2
-  taskset -c "$cpu" "$@" >"$TMP/$name.out" 2>&1 &
+  taskset -c "$cpu" "$@" >"$TMP/load/$name.out" 2>&1 &
   LAST_PID=$!
   STARTED_PIDS+=("$LAST_PID")
 }
@@ -99,7 +99,7 @@ wait_ok() {  # wait_ok NAME URL WANT_VER PID [curl args...]
   local name=$1 url=$2 want_ver=$3 pid=$4 i code="" ver="" body
   shift 4
   for ((i = 0; i < 100; i++)); do
-    kill -0 "$pid" 2>/dev/null || { cat "$TMP/$name.out" >&2 || true; die "$name exited during startup"; }
+    kill -0 "$pid" 2>/dev/null || { cat "$TMP/load/$name.out" >&2 || true; die "$name exited during startup"; }
     read -r code ver < <(curl -s "$@" -o "$TMP/curl.body" -w '%{http_code} %{http_version}\n' \
       --max-time 2 "$url" 2>/dev/null || true) || true
     if [[ "${code:-}" == 200 ]]; then
@@ -110,7 +110,7 @@ wait_ok() {  # wait_ok NAME URL WANT_VER PID [curl args...]
     fi
     sleep 0.1
   done
-  cat "$TMP/$name.out" >&2 || true
+  cat "$TMP/load/$name.out" >&2 || true
   die "$name: $url did not answer 200 within 10 s (last status: ${code:-none})"
 }
 
@@ -284,6 +284,10 @@ tls_probe() {
 }
 
 # ---------------------------------------------------------------- report
+# median / maximum of numbers (words like nan are skipped); rotate N WORDS...: the words shifted by N.
+median() { printf '%s\n' "$@" | awk '/^[0-9]+([.][0-9]+)?$/' | sort -g | awk '{ v[n++] = $1 } END { if (n == 0) print "nan"; else print (n % 2 ? v[(n - 1) / 2] : (v[n / 2 - 1] + v[n / 2]) / 2) }'; }
+maximum() { printf '%s\n' "$@" | awk '/^[0-9]+([.][0-9]+)?$/ && (n++ == 0 || $1 > m) { m = $1 } END { print (n ? m : "nan") }'; }
+rotate() { local n=$1; shift; local k=$((n % $#)); echo "${@:k+1}" "${@:1:k}"; }
 fmt_ms() { awk -v u="$1" 'BEGIN { if (u == "nan" || u == "") print "n/a"; else printf "%.3f ms", u / 1000 }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "nan" || b == "nan" || a == "" || b == "" || b + 0 == 0) print "n/a"; else printf "%.2f", a / b }'; }
 

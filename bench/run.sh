@@ -8,6 +8,10 @@
 #   DURATION   seconds of measured load per proxy x scenario (default 10); a 2 s warm-up precedes it
 #   SCENARIOS  any of "h1 post h2c https h2tls tlsnew" (default all six)
 #   PROXIES    any of "aralez nginx haproxy" (default all three)
+#   ROUNDS     rounds per scenario (default 1). Each round measures every proxy once, the order
+#              rotated from round to round; the table shows each figure's median over the rounds
+#              and a line lists every round's CPU us/req, so a noisy host shows as spread, not as a
+#              lucky or unlucky single window
 #   ARALEZ_BIN aralez binary (default target/release/aralez; built with `cargo build --release`
 #              only when that default is missing and ARALEZ_BIN was not set)
 #   BASE_PORT  first of 9 consecutive localhost ports used (default 18080)
@@ -24,6 +28,7 @@
 set -euo pipefail
 
 DURATION=${DURATION:-10}
+ROUNDS=${ROUNDS:-1}
 SCENARIOS=${SCENARIOS:-"h1 post h2c https h2tls tlsnew"}
 PROXIES=${PROXIES:-"aralez nginx haproxy"}
 BASE_PORT=${BASE_PORT:-18080}
@@ -104,6 +109,9 @@ done
 # ---------------------------------------------------------------- temp dir and cleanup
 TMP=$(mktemp -d /tmp/aralez-bench.XXXXXX)
 chmod 755 "$TMP"   # nginx workers run as an unprivileged user when started as root
+# The load generator's output (h2load writes a line per request) goes to a directory of its own:
+# aralez watches the directory of upstreams.yaml ($TMP), and every write there would wake its watcher.
+mkdir -p "$TMP/load"
 STARTED_PIDS=()
 
 trap cleanup EXIT
@@ -326,7 +334,7 @@ scenario_title() {  # scenario_title SCENARIO
 # ---------------------------------------------------------------- one measurement
 # Globals filled: RPS OK BAD P50_US P99_US MEAN_US SD_US CPU_US RSS_MB NOTE
 measure() {  # measure PROXY SCENARIO
-  local proxy=$1 sc=$2 url pids bpids u0 s0 u1 s1 bu0 bs0 bu1 bs1 mb0 mi0 mb1 mi1 c0 c1 other ticks out="$TMP/$1-$2.txt" logf="$TMP/$1-$2.h2log"
+  local proxy=$1 sc=$2 url pids bpids u0 s0 u1 s1 bu0 bs0 bu1 bs1 mb0 mi0 mb1 mi1 c0 c1 other ticks out="$TMP/load/$1-$2.txt" logf="$TMP/load/$1-$2.h2log"
   url=$(proxy_url "$proxy" "$sc")
   start_proxy "$proxy" "$sc"
   log "$sc / $proxy: warm-up ${WARMUP}s, then ${DURATION}s against $url"
@@ -334,7 +342,7 @@ measure() {  # measure PROXY SCENARIO
   if is_tls "$sc"; then
     TLS_INFO=$(tls_probe "$(proxy_port "$url")")
   fi
-  run_load "$sc" "$url" "$WARMUP" "$TMP/warmup.txt"
+  run_load "$sc" "$url" "$WARMUP" "$TMP/load/warmup.txt"
   mapfile -t pids < <(pid_tree "$PROXY_PID")
   mapfile -t bpids < <(pid_tree "$BACKEND_PID")
   read -r mb0 mi0 < <(cpu_busy_idle)
@@ -411,7 +419,7 @@ FAILED=0
   echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
   echo "- machine: $(nproc) cores, $(lscpu 2>/dev/null | awk -F: '/^Model name/ {gsub(/^ +/, "", $2); print $2; exit}'), kernel $(uname -r)"
   echo "- proxy pinned to core $PROXY_CPU (1 worker/thread); backend (nginx return 200, 13-byte body) and load generator pinned to core $LOAD_CPU"
-  echo "- duration ${DURATION}s measured per proxy x scenario, after ${WARMUP}s warm-up; each proxy freshly started per scenario"
+  echo "- duration ${DURATION}s measured per proxy x scenario$( ((ROUNDS > 1)) && echo " x round (${ROUNDS} rounds, medians shown)"), after ${WARMUP}s warm-up; each proxy freshly started per measurement"
   echo "- versions: $(nginx -v 2>&1 | sed 's/^nginx version: //')$(has_proxy haproxy && echo ", $(haproxy -v 2>/dev/null | head -1 | awk '{print "HAProxy " $3}')"), $(wrk -v 2>&1 | head -1 | awk '{print "wrk " $2}')$({ has_scenario h2c || has_scenario h2tls; } && echo ", $(h2load --version 2>/dev/null | head -1)")$( ((TLS_ON)) && echo ", $(openssl version | awk '{print $1, $2}')")"
   if has_proxy aralez; then
     echo "- aralez: $ARALEZ_BIN (git $(git -C "$REPO_ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown))"
@@ -425,21 +433,36 @@ FAILED=0
 
 for sc in $SCENARIOS; do
   declare -A R_RPS=() R_P50=() R_P99=() R_MEAN=() R_SD=() R_CPU=() R_RSS=() R_BAD=() R_NOTE=() R_OTHER=() R_TLS=()
+  declare -A L_RPS=() L_P50=() L_P99=() L_MEAN=() L_SD=() L_CPU=() L_RSS=() L_OTHER=()
+  for ((round = 0; round < ROUNDS; round++)); do
+    for proxy in $(rotate "$round" $PROXIES); do
+      ((ROUNDS > 1)) && log "$sc: round $((round + 1)) of $ROUNDS"
+      measure "$proxy" "$sc"
+      L_RPS[$proxy]+=" $RPS" L_P50[$proxy]+=" $P50_US" L_P99[$proxy]+=" $P99_US" L_MEAN[$proxy]+=" $MEAN_US"
+      L_SD[$proxy]+=" $SD_US" L_CPU[$proxy]+=" $CPU_US" L_RSS[$proxy]+=" $RSS_MB" L_OTHER[$proxy]+=" $OTHER_PCT"
+      R_BAD[$proxy]=$((${R_BAD[$proxy]:-0} + BAD)) R_NOTE[$proxy]=$NOTE R_TLS[$proxy]=$TLS_INFO
+      if ((BAD > 0)); then
+        FAILED=1
+        log "FAILED: $sc / $proxy had $BAD non-2xx or failed responses"
+      fi
+    done
+  done
   for proxy in $PROXIES; do
-    measure "$proxy" "$sc"
-    R_RPS[$proxy]=$RPS R_P50[$proxy]=$P50_US R_P99[$proxy]=$P99_US R_MEAN[$proxy]=$MEAN_US R_SD[$proxy]=$SD_US
-    R_CPU[$proxy]=$CPU_US R_RSS[$proxy]=$RSS_MB R_BAD[$proxy]=$BAD R_NOTE[$proxy]=$NOTE R_OTHER[$proxy]=$OTHER_PCT
-    R_TLS[$proxy]=$TLS_INFO
-    if ((BAD > 0)); then
-      FAILED=1
-      log "FAILED: $sc / $proxy had $BAD non-2xx or failed responses"
-    fi
+    R_RPS[$proxy]=$(median ${L_RPS[$proxy]}) R_P50[$proxy]=$(median ${L_P50[$proxy]}) R_P99[$proxy]=$(median ${L_P99[$proxy]})
+    R_MEAN[$proxy]=$(median ${L_MEAN[$proxy]}) R_SD[$proxy]=$(median ${L_SD[$proxy]}) R_CPU[$proxy]=$(median ${L_CPU[$proxy]})
+    R_RSS[$proxy]=$(maximum ${L_RSS[$proxy]}) R_OTHER[$proxy]=$(maximum ${L_OTHER[$proxy]})
   done
   {
     case "$sc" in
       h2c|h2tls) print_table "$(scenario_title "$sc")" h2load ;;
       *) print_table "$(scenario_title "$sc")" wrk ;;
     esac
+    if ((ROUNDS > 1)); then
+      echo
+      echo "$ROUNDS rounds; the table shows medians (RSS and other CPU activity: the highest round). CPU us/req in each round:"
+      echo
+      for proxy in $PROXIES; do echo "- $proxy:${L_CPU[$proxy]}"; done
+    fi
     if is_tls "$sc"; then
       echo
       echo "TLS as each proxy negotiated it with \`openssl s_client\` before the load (OpenSSL client defaults, as wrk):"
@@ -448,6 +471,7 @@ for sc in $SCENARIOS; do
     fi
   } >>"$REPORT"
   unset R_RPS R_P50 R_P99 R_MEAN R_SD R_CPU R_RSS R_BAD R_NOTE R_OTHER R_TLS
+  unset L_RPS L_P50 L_P99 L_MEAN L_SD L_CPU L_RSS L_OTHER
 done
 
 if ((FAILED)); then
