@@ -257,18 +257,12 @@ fn is_idempotent(method: &Method) -> bool {
 }
 
 fn clone_head(parts: &Parts) -> Parts {
-    let mut builder = Request::builder()
-        .method(parts.method.clone())
-        .uri(parts.uri.clone())
-        .version(parts.version);
-    if let Some(h) = builder.headers_mut() {
-        *h = parts.headers.clone();
-    }
-    let (parts, ()) = builder
-        .body(())
-        .unwrap_or_else(|_| Request::new(()))
-        .into_parts();
-    parts
+    let (mut head, ()) = Request::new(()).into_parts();
+    head.method = parts.method.clone();
+    head.uri = parts.uri.clone();
+    head.version = parts.version;
+    head.headers = parts.headers.clone();
+    head
 }
 
 /// Header rewrites that do not depend on which backend is chosen.
