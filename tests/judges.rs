@@ -5,8 +5,9 @@
 //!   compliant (the JSON report is also read: versions and suites per grade, every scan completed);
 //! - testssl.sh against `high` must report nothing HIGH or CRITICAL, except the ids in
 //!   [`TESTSSL_ALLOWED`], each there because of the test certificate, not the proxy;
-//! - h2spec (all 145 default cases) over TLS must pass at least [`H2SPEC_MIN_PASSED`]; every failed
-//!   case is printed by id and name.
+//! - h2spec (all 145 default cases) over TLS must pass at least [`H2SPEC_MIN_PASSED`], and a failed
+//!   case must be one of the timing-dependent ones ([`h2spec_timing_dependent`]); every failed case
+//!   is printed by id and name.
 //!
 //! The tools come from `scripts/install-judges.sh` (which `scripts/test.sh` runs) and are found
 //! through `ARALEZ_SSLYZE`, `ARALEZ_TESTSSL`, `ARALEZ_H2SPEC`, then `target/judges/`, then PATH.
@@ -24,9 +25,20 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use support::*;
 
-/// h2spec cases that must pass, of the 145 it runs by default. The issue asks for 143 (hyper's
-/// own h2 server passes 143); the proxy passes all 145, so any regression fails here.
-const H2SPEC_MIN_PASSED: usize = 145;
+/// h2spec cases that must pass, of the 145 it runs by default, as the issue asks (hyper's own h2
+/// server passes 143). The proxy usually passes all 145; what it may lose is in
+/// [`h2spec_timing_dependent`], and a failure anywhere else fails the test whatever the count.
+const H2SPEC_MIN_PASSED: usize = 143;
+
+/// The "closed: Sends a ... frame after sending RST_STREAM frame" cases send a request, reset it
+/// and send one more frame on the stream, then take any frame but the error as a failure. When
+/// the response to that request is on the wire before the proxy reads the RST_STREAM (it answers
+/// in well under a millisecond, and h2spec writes its frames one by one), h2spec reads that
+/// response first and fails the case, although RFC 9113 §5.1 allows a peer exactly that. Seen
+/// once in about ten full runs, under the load of the rest of the suite.
+fn h2spec_timing_dependent(case: &Case) -> bool {
+    case.id.starts_with("http2/5.1/") && case.name.contains("after sending RST_STREAM frame")
+}
 
 /// testssl.sh ids allowed at HIGH or CRITICAL, each due to the test certificate, not the proxy.
 /// Trust findings (`cert_chain_of_trust`, `cert_trust`) are not here: the test CA is given to
@@ -494,7 +506,7 @@ async fn h2spec() -> Option<(Run, Vec<Case>)> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h2spec_passes_all_145_cases_over_tls() {
+async fn h2spec_passes_over_tls_failing_only_timing_dependent_cases() {
     let Some((run, cases)) = h2spec().await else {
         return;
     };
@@ -524,5 +536,14 @@ async fn h2spec_passes_all_145_cases_over_tls() {
         passed >= H2SPEC_MIN_PASSED,
         "h2spec: {passed}/{} passed, fewer than {H2SPEC_MIN_PASSED} (failures listed above)",
         cases.len()
+    );
+    let unexpected: Vec<&str> = cases
+        .iter()
+        .filter(|c| matches!(c.outcome, Outcome::Failed(_)) && !h2spec_timing_dependent(c))
+        .map(|c| c.id.as_str())
+        .collect();
+    assert!(
+        unexpected.is_empty(),
+        "h2spec failures that no timing explains: {unexpected:?} (listed above)"
     );
 }
