@@ -4,6 +4,8 @@ mod support;
 
 use std::time::Duration;
 
+use http_body_util::BodyExt;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -147,5 +149,79 @@ async fn a_burst_past_max_connections_is_closed_at_accept() {
     assert!(
         (5..=6).contains(&served),
         "{served} of 20 connections served with max_connections: 5"
+    );
+}
+
+/// Reads until the proxy closes `stream`; how long that took.
+async fn time_until_closed(stream: &mut TcpStream, limit: Duration) -> Option<Duration> {
+    let start = std::time::Instant::now();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout_at(
+            tokio::time::Instant::from_std(start + limit),
+            stream.read(&mut buf),
+        )
+        .await
+        {
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(start.elapsed()),
+            Ok(Ok(_)) => continue,
+            Err(_) => return None,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_close_after_client_idle_timeout_busy_ones_stay() {
+    let backend = Backend::start("a").await;
+    let proxy = ProxyProcess::start(&default_route(&[&backend]), "client_idle_timeout: 1");
+
+    // HTTP/2: a response slower than the idle timeout is not cut; once nothing is open, the
+    // proxy sends GOAWAY and closes within about the timeout.
+    let stream = TcpStream::connect(proxy.addr).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    let conn = tokio::spawn(conn);
+    let asked = std::time::Instant::now();
+    let req = http::Request::get("http://x/slow/2500")
+        .body(full(""))
+        .unwrap();
+    let resp = send.send_request(req).await.expect("the slow response");
+    assert_eq!(resp.status(), 200);
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .expect("its body")
+        .to_bytes();
+    assert_eq!(&body[..], b"a");
+    assert!(asked.elapsed() >= Duration::from_millis(2400));
+    let answered = std::time::Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(5), conn).await;
+    assert!(
+        ended.is_ok(),
+        "the idle HTTP/2 connection is still open after 5 s"
+    );
+    let idle_for = answered.elapsed();
+    assert!(
+        (Duration::from_millis(800)..Duration::from_secs(3)).contains(&idle_for),
+        "HTTP/2 connection closed after {idle_for:?} idle, timeout 1 s"
+    );
+
+    // HTTP/1.1 keep-alive: closed after the idle timeout (the header timeout is 10 s).
+    let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+    let closed = time_until_closed(&mut stream, Duration::from_secs(5)).await;
+    let closed = closed.expect("the idle HTTP/1.1 connection is still open after 5 s");
+    assert!(
+        (Duration::from_millis(700)..Duration::from_secs(3)).contains(&closed),
+        "HTTP/1.1 connection closed after {closed:?} idle, timeout 1 s"
     );
 }

@@ -69,7 +69,7 @@ fn ws_route(backend: std::net::SocketAddr) -> String {
     format!("upstreams:\n  chat.local:\n    paths:\n      \"/\": {{servers: [\"{backend}\"], healthcheck: false}}\n")
 }
 
-/// The proxy with plain and TLS listeners (`client_header_timeout: 1`) in front of an echo
+/// The proxy with plain and TLS listeners (`client_header_timeout: 1`, `client_idle_timeout: 1`) in front of an echo
 /// server, for `chat.local`.
 struct ChatProxy {
     proxy: ProxyProcess,
@@ -83,7 +83,7 @@ impl ChatProxy {
         let certs = tempfile::tempdir().unwrap();
         let root = write_self_signed(certs.path(), "chat", &["chat.local"]);
         let main = format!(
-            "client_header_timeout: 1\nproxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"",
+            "client_header_timeout: 1\nclient_idle_timeout: 1\nproxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"",
             certs.path().display()
         );
         let proxy = ProxyProcess::start(&ws_route(backend), &main);
@@ -138,7 +138,7 @@ where
         ws.next().await.unwrap().unwrap(),
         Message::Pong(b"are you there".to_vec().into())
     );
-    // Idle longer than client_header_timeout: an upgraded connection is not an HTTP connection.
+    // Idle longer than the header and idle timeouts: an upgraded connection is not an HTTP one.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     ws.send(Message::text("still here")).await.unwrap();
     assert_eq!(
@@ -226,7 +226,7 @@ async fn websocket_to_tls_backends_pinned_and_detected() {
         let yaml = format!(
             "upstreams:\n  chat.local:\n    paths:\n      \"/\": {{servers: [\"{server}\"], hc_interval: 1}}\n"
         );
-        let proxy = ProxyProcess::start(&yaml, "client_header_timeout: 1");
+        let proxy = ProxyProcess::start(&yaml, "client_header_timeout: 1\nclient_idle_timeout: 1");
         exercise(TcpStream::connect(proxy.addr).await.unwrap()).await;
     }
 }

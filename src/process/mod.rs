@@ -217,6 +217,7 @@ fn serve_settings(main: &MainConfig) -> ServeSettings {
             count: main.tcp_keepalive_count,
         }),
         grace_period: main.grace_period,
+        idle_timeout: main.client_idle_timeout,
     }
 }
 

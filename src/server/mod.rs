@@ -4,19 +4,19 @@
 //! Owns connection-level limits (header timeout, header size, max connections) and the drain on
 //! shutdown; knows nothing about routes beyond handing each request to the [`Proxy`].
 
+mod idle;
 pub mod listener;
 mod observe;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::sync::watch;
 
 use crate::metrics::OPEN_CONNECTIONS;
@@ -37,6 +37,8 @@ pub struct ServeSettings {
     pub max_connections: usize,
     pub keepalive: Option<TcpKeepalive>,
     pub grace_period: Duration,
+    /// A connection that carries no request for this long is asked to close.
+    pub idle_timeout: Duration,
 }
 
 fn http_builder(settings: &ServeSettings) -> auto::Builder<TokioExecutor> {
@@ -77,14 +79,22 @@ impl Builders {
     }
 }
 
-/// A client connection being served, counted in [`OPEN_CONNECTIONS`] from its creation (in the
-/// accept loop, so a burst of accepts sees every earlier one) until it is dropped.
-struct OpenConnection(SocketAddr);
+/// A client connection being served, counted in [`OPEN_CONNECTIONS`] and in its worker's
+/// `live` count from its creation (in the accept loop, so a burst of accepts sees every earlier
+/// one) until it is dropped.
+struct OpenConnection {
+    peer: SocketAddr,
+    live: Arc<AtomicUsize>,
+}
 
 impl OpenConnection {
-    fn new(peer: SocketAddr) -> OpenConnection {
+    fn new(peer: SocketAddr, live: &Arc<AtomicUsize>) -> OpenConnection {
         OPEN_CONNECTIONS.fetch_add(1, Ordering::Relaxed);
-        OpenConnection(peer)
+        live.fetch_add(1, Ordering::Relaxed);
+        OpenConnection {
+            peer,
+            live: live.clone(),
+        }
     }
 
     /// Drives the connection to its end.
@@ -93,7 +103,7 @@ impl OpenConnection {
         conn: impl std::future::Future<Output = Result<(), E>>,
     ) {
         if let Err(e) = conn.await {
-            tracing::debug!(peer = %self.0, "connection ended with an error: {e}");
+            tracing::debug!(peer = %self.peer, "connection ended with an error: {e}");
         }
     }
 }
@@ -101,6 +111,7 @@ impl OpenConnection {
 impl Drop for OpenConnection {
     fn drop(&mut self) {
         OPEN_CONNECTIONS.fetch_sub(1, Ordering::Relaxed);
+        self.live.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -187,7 +198,8 @@ async fn accept_loop(
     };
 
     let builder = Arc::new(Builders::new(http_builder(&settings)));
-    let graceful = GracefulShutdown::new();
+    let (drain_tx, drain_rx) = watch::channel(false);
+    let live = Arc::new(AtomicUsize::new(0));
     let draining: DrainFlag = Arc::new(AtomicBool::new(false));
     loop {
         let accepted = tokio::select! {
@@ -216,7 +228,9 @@ async fn accept_loop(
             peer,
             proxy: &proxy,
             builder: &builder,
-            graceful: &graceful,
+            drain: &drain_rx,
+            live: &live,
+            idle: settings.idle_timeout,
             draining: &draining,
         };
         match &tls {
@@ -225,22 +239,29 @@ async fn accept_loop(
         }
     }
     drop(listener);
-    drain(graceful, &draining, settings.grace_period).await;
+    drain(&drain_tx, &live, &draining, settings.grace_period).await;
 }
 
 /// Stops keep-alive: HTTP/1 responses say `Connection: close` for [`DRAIN_LINGER`], then idle
 /// connections are closed (HTTP/2 gets GOAWAY) and in-flight requests finish within `grace`.
-async fn drain(graceful: GracefulShutdown, draining: &AtomicBool, grace: Duration) {
+async fn drain(
+    drain: &watch::Sender<bool>,
+    live: &AtomicUsize,
+    draining: &AtomicBool,
+    grace: Duration,
+) {
     draining.store(true, Ordering::Relaxed);
     let deadline = tokio::time::Instant::now() + grace;
     let linger_end = tokio::time::Instant::now() + DRAIN_LINGER.min(grace);
-    while graceful.count() > 0 && tokio::time::Instant::now() < linger_end {
+    let open = || live.load(Ordering::Relaxed) > 0;
+    while open() && tokio::time::Instant::now() < linger_end {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    if tokio::time::timeout_at(deadline, graceful.shutdown())
-        .await
-        .is_err()
-    {
+    drain.send_replace(true);
+    while open() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    if open() {
         tracing::warn!("grace period over; closing the connections still open");
     }
 }
@@ -250,7 +271,9 @@ struct Conn<'a> {
     peer: SocketAddr,
     proxy: &'a Arc<Proxy>,
     builder: &'a Arc<Builders>,
-    graceful: &'a GracefulShutdown,
+    drain: &'a watch::Receiver<bool>,
+    live: &'a Arc<AtomicUsize>,
+    idle: Duration,
     draining: &'a DrainFlag,
 }
 
@@ -261,11 +284,13 @@ impl Conn<'_> {
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         let peer = self.peer;
+        let activity = idle::Activity::new();
         let ctx = Arc::new(observe::ConnCtx {
             proxy: self.proxy.clone(),
             client: ClientConn::new(peer, tls),
             draining: self.draining.clone(),
             hsts,
+            activity: activity.clone(),
         });
         let service = service_fn(move |req| {
             let ctx = ctx.clone();
@@ -275,8 +300,8 @@ impl Conn<'_> {
             .builder
             .sniffing
             .serve_connection_with_upgrades(TokioIo::new(io), service);
-        let conn = self.graceful.watch(conn.into_owned());
-        tokio::spawn(OpenConnection::new(peer).run(conn));
+        let conn = idle::drive(conn.into_owned(), self.drain.clone(), activity, self.idle);
+        tokio::spawn(OpenConnection::new(peer, self.live).run(conn));
     }
 
     /// Runs the TLS handshake (bounded by the header timeout) in its own task, then serves.
@@ -287,7 +312,7 @@ impl Conn<'_> {
             self.builder.clone(),
             self.draining.clone(),
         );
-        let graceful_watch = self.graceful.watcher();
+        let (drain, live, idle) = (self.drain.clone(), self.live.clone(), self.idle);
         let (acceptor, hsts) = (side.acceptor.clone(), side.hsts);
         tokio::spawn(async move {
             let stream = match tokio::time::timeout(limit, acceptor.accept(stream)).await {
@@ -301,24 +326,30 @@ impl Conn<'_> {
                     return;
                 }
             };
+            let activity = idle::Activity::new();
             let ctx = Arc::new(observe::ConnCtx {
                 proxy,
                 client: ClientConn::new(peer, true),
                 draining,
                 hsts,
+                activity: activity.clone(),
             });
             let service = service_fn(move |req| {
                 let ctx = ctx.clone();
                 async move { Ok::<_, Infallible>(observe::handle(&ctx, req).await) }
             });
-            let counted = OpenConnection::new(peer);
+            let counted = OpenConnection::new(peer, &live);
             let io = TokioIo::new(stream);
             if io.inner().get_ref().1.alpn_protocol() == Some(b"h2") {
                 let conn = builder.h2_only.serve_connection(io, service);
-                counted.run(graceful_watch.watch(conn.into_owned())).await;
+                counted
+                    .run(idle::drive(conn.into_owned(), drain, activity, idle))
+                    .await;
             } else {
                 let conn = builder.sniffing.serve_connection_with_upgrades(io, service);
-                counted.run(graceful_watch.watch(conn.into_owned())).await;
+                counted
+                    .run(idle::drive(conn.into_owned(), drain, activity, idle))
+                    .await;
             }
         });
     }

@@ -2,7 +2,8 @@
 //! record, and, while the worker drains, asks HTTP/1 clients to close after this response.
 //!
 //! It only observes: the proxy's response passes through unchanged apart from `Connection: close`
-//! during a drain.
+//! during a drain. The response body also carries the request's [`InFlight`] guard, so the
+//! connection counts as busy until that body is done.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,6 +17,7 @@ use http::{Request, Response, Version};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
+use super::idle::{Activity, InFlight};
 use crate::accesslog::{self, Record};
 use crate::metrics::{self, ServedBy};
 use crate::proxy::{ClientConn, Proxy, RespBody};
@@ -24,6 +26,7 @@ use crate::proxy::{ClientConn, Proxy, RespBody};
 pub struct LoggedBody {
     inner: RespBody,
     record: Record,
+    _in_flight: InFlight,
 }
 
 impl Body for LoggedBody {
@@ -60,10 +63,13 @@ pub struct ConnCtx {
     pub draining: DrainFlag,
     /// Add `Strict-Transport-Security` to responses that lack it (TLS grade `high`).
     pub hsts: bool,
+    /// Requests open on the connection, for its idle timeout.
+    pub activity: Arc<Activity>,
 }
 
 /// Handles one request through the proxy, with metrics and the access log around it.
 pub async fn handle(ctx: &ConnCtx, req: Request<Incoming>) -> Response<LoggedBody> {
+    let in_flight = ctx.activity.begin();
     let client = &ctx.client;
     let start = Instant::now();
     let version = req.version();
@@ -94,7 +100,11 @@ pub async fn handle(ctx: &ConnCtx, req: Request<Incoming>) -> Response<LoggedBod
         resp.headers_mut()
             .insert(CONNECTION, HeaderValue::from_static("close"));
     }
-    resp.map(|inner| LoggedBody { inner, record })
+    resp.map(|inner| LoggedBody {
+        inner,
+        record,
+        _in_flight: in_flight,
+    })
 }
 
 /// Per-worker drain state shared with every connection's service.
