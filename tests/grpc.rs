@@ -181,20 +181,8 @@ async fn grpc_backend() -> std::net::SocketAddr {
 
 /// The same service over TLS (self-signed, ALPN h2 only).
 async fn tls_grpc_backend() -> std::net::SocketAddr {
-    let acceptor = tls_backend_acceptor(&[b"h2"]);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let acceptor = acceptor.clone();
-            tokio::spawn(async move {
-                if let Ok(tls) = acceptor.accept(stream).await {
-                    serve_grpc(tls).await;
-                }
-            });
-        }
-    });
-    addr
+    let any_port = "127.0.0.1:0".parse().unwrap();
+    serve_tls(tls_backend_acceptor(&[b"h2"]), any_port, serve_grpc).await
 }
 
 async fn serve_grpc<IO>(stream: IO)
@@ -236,6 +224,14 @@ async fn unary(
     Ok(resp.into_inner().text)
 }
 
+/// Starts a server-streaming call of `method` with `text`; its stream of answers.
+async fn server_stream(client: &mut Client, method: &str, text: &str) -> Streaming<Msg> {
+    client.ready().await.unwrap();
+    let codec = ProstCodec::<Msg, Msg>::default();
+    let resp = client.server_streaming(Request::new(msg(text)), path(method), codec);
+    resp.await.unwrap().into_inner()
+}
+
 async fn all_four_kinds(client: &mut Client, label: &str) {
     assert_eq!(
         unary(client, "hi", None).await.unwrap(),
@@ -243,16 +239,8 @@ async fn all_four_kinds(client: &mut Client, label: &str) {
         "{label}"
     );
 
-    client.ready().await.unwrap();
-    let resp = client
-        .server_streaming(
-            Request::new(msg("5")),
-            path("Count"),
-            ProstCodec::<Msg, Msg>::default(),
-        )
-        .await
-        .unwrap();
-    let got: Vec<String> = resp.into_inner().map(|m| m.unwrap().text).collect().await;
+    let stream = server_stream(client, "Count", "5").await;
+    let got: Vec<String> = stream.map(|m| m.unwrap().text).collect().await;
     assert_eq!(got, ["0", "1", "2", "3", "4"], "{label}: server streaming");
 
     client.ready().await.unwrap();
@@ -414,16 +402,7 @@ async fn grpc_to_detected_and_tls_backends_with_deadlines_and_cancellation() {
 
     // A server stream the client drops is reset at the backend too.
     let before = CANCELLED_AT_BACKEND.load(Ordering::SeqCst);
-    client.ready().await.unwrap();
-    let resp = client
-        .server_streaming(
-            Request::new(msg("")),
-            path("Forever"),
-            ProstCodec::<Msg, Msg>::default(),
-        )
-        .await
-        .unwrap();
-    let mut stream = resp.into_inner();
+    let mut stream = server_stream(&mut client, "Forever", "").await;
     for _ in 0..3 {
         stream.next().await.unwrap().unwrap();
     }

@@ -33,19 +33,7 @@ async fn echo_server() -> std::net::SocketAddr {
 /// HTTP/1.1 to upgrade).
 async fn tls_echo_server() -> std::net::SocketAddr {
     let acceptor = tls_backend_acceptor(&[b"h2", b"http/1.1"]);
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let acceptor = acceptor.clone();
-            tokio::spawn(async move {
-                if let Ok(tls) = acceptor.accept(stream).await {
-                    echo(tls).await;
-                }
-            });
-        }
-    });
-    addr
+    serve_tls(acceptor, "127.0.0.1:0".parse().unwrap(), echo).await
 }
 
 /// One WebSocket connection: text and binary echoed, pings answered, close returned.

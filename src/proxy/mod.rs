@@ -98,8 +98,8 @@ impl Proxy {
             // An extended CONNECT that cannot become an upgrade never reaches a backend.
             return Err(ProxyError::MethodNotAllowed);
         }
-        let ask = client_upgrade.as_ref().map(|u| u.ask.clone());
-        let resp = self.forward(conn, route, req, ask.as_ref()).await?;
+        let ask = client_upgrade.as_ref().map(|u| &u.ask);
+        let resp = self.forward(conn, route, req, ask).await?;
         match client_upgrade {
             Some(client) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
                 Ok(upgrade::bridge(resp, client))

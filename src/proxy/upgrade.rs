@@ -29,7 +29,6 @@ pub struct ClientUpgrade {
 }
 
 /// What the backend is asked to switch to, and how the client asked.
-#[derive(Clone)]
 pub struct UpgradeAsk {
     /// The `Upgrade` header (HTTP/1.1) or `:protocol` (RFC 8441) the client sent.
     pub protocol: HeaderValue,

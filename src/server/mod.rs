@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::service::service_fn;
+use hyper::service::{service_fn, Service};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::sync::watch;
@@ -266,6 +266,45 @@ async fn drain(
     }
 }
 
+type ClientRequest = http::Request<hyper::body::Incoming>;
+type ClientResponse = http::Response<observe::LoggedBody>;
+/// What a request's future gives: never an error, errors are responses.
+type Answer = Result<ClientResponse, Infallible>;
+
+/// The service of one client connection (every request through [`observe::handle`] with the
+/// connection's context), and the activity its idle timer watches.
+fn connection_service(
+    proxy: Arc<Proxy>,
+    peer: SocketAddr,
+    tls: bool,
+    draining: DrainFlag,
+    hsts: bool,
+) -> (
+    impl Service<
+            ClientRequest,
+            Response = ClientResponse,
+            Error = Infallible,
+            Future = impl std::future::Future<Output = Answer> + Send,
+        > + Clone
+        + Send
+        + 'static,
+    Arc<idle::Activity>,
+) {
+    let activity = idle::Activity::new();
+    let ctx = Arc::new(observe::ConnCtx {
+        proxy,
+        client: ClientConn::new(peer, tls),
+        draining,
+        hsts,
+        activity: activity.clone(),
+    });
+    let service = service_fn(move |req| {
+        let ctx = ctx.clone();
+        async move { Ok::<_, Infallible>(observe::handle(&ctx, req).await) }
+    });
+    (service, activity)
+}
+
 /// What serving one accepted connection needs.
 struct Conn<'a> {
     peer: SocketAddr,
@@ -284,18 +323,8 @@ impl Conn<'_> {
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         let peer = self.peer;
-        let activity = idle::Activity::new();
-        let ctx = Arc::new(observe::ConnCtx {
-            proxy: self.proxy.clone(),
-            client: ClientConn::new(peer, tls),
-            draining: self.draining.clone(),
-            hsts,
-            activity: activity.clone(),
-        });
-        let service = service_fn(move |req| {
-            let ctx = ctx.clone();
-            async move { Ok::<_, Infallible>(observe::handle(&ctx, req).await) }
-        });
+        let (service, activity) =
+            connection_service(self.proxy.clone(), peer, tls, self.draining.clone(), hsts);
         let conn = self
             .builder
             .sniffing
@@ -326,18 +355,7 @@ impl Conn<'_> {
                     return;
                 }
             };
-            let activity = idle::Activity::new();
-            let ctx = Arc::new(observe::ConnCtx {
-                proxy,
-                client: ClientConn::new(peer, true),
-                draining,
-                hsts,
-                activity: activity.clone(),
-            });
-            let service = service_fn(move |req| {
-                let ctx = ctx.clone();
-                async move { Ok::<_, Infallible>(observe::handle(&ctx, req).await) }
-            });
+            let (service, activity) = connection_service(proxy, peer, true, draining, hsts);
             let counted = OpenConnection::new(peer, &live);
             let io = TokioIo::new(stream);
             if io.inner().get_ref().1.alpn_protocol() == Some(b"h2") {

@@ -16,11 +16,11 @@ use super::pool::WorkerSlot;
 /// Consecutive connect failures after which a backend is taken out of rotation.
 const FAILS_BEFORE_DOWN: u32 = 3;
 
-/// How an HTTP exchange is framed on a connection.
+/// How an HTTP exchange is framed on a connection (plain or TLS underneath).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Protocol {
     Http1,
-    H2c,
+    H2,
 }
 
 /// What a backend's connections are: plain HTTP/1.1, h2c (prior knowledge), or TLS (where ALPN

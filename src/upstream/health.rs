@@ -110,9 +110,10 @@ pub async fn probe(backend: &Backend, path: &str, method: Method, timeout: Durat
         let addrs = backend.addrs();
         let stream = oneshot::connect(&addrs[..]).await?;
         if wire != Wire::Tls {
-            let protocol = match wire {
-                Wire::H2c => Protocol::H2c,
-                _ => Protocol::Http1,
+            let protocol = if wire == Wire::H2c {
+                Protocol::H2
+            } else {
+                Protocol::Http1
             };
             let req = probe_request(backend, path, method, protocol, Scheme::HTTP);
             return oneshot::exchange(stream, protocol, req, timeout).await;
@@ -121,7 +122,7 @@ pub async fn probe(backend: &Backend, path: &str, method: Method, timeout: Durat
         // HTTP/1.1-only ALPN offer.
         let handshake = super::tls::handshake(stream, &backend.spec.host, true, backend.verify_tls);
         let (tls, h2) = handshake.await.map_err(oneshot::OneShotError::Connect)?;
-        let protocol = if h2 { Protocol::H2c } else { Protocol::Http1 };
+        let protocol = if h2 { Protocol::H2 } else { Protocol::Http1 };
         let req = probe_request(backend, path, method, protocol, Scheme::HTTPS);
         oneshot::exchange(tls, protocol, req, timeout).await
     };
@@ -166,7 +167,7 @@ fn probe_request(
             req.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
-        Protocol::H2c => {
+        Protocol::H2 => {
             *req.version_mut() = http::Version::HTTP_2;
             let mut parts = http::uri::Parts::default();
             parts.scheme = Some(scheme);

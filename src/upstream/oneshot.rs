@@ -60,7 +60,7 @@ where
             tokio::spawn(tokio::time::timeout(limit, conn));
             send.send_request(req).await.map_err(OneShotError::Exchange)
         }
-        Protocol::H2c => {
+        Protocol::H2 => {
             let (mut send, conn) = http2::handshake(TokioExecutor::new(), io)
                 .await
                 .map_err(OneShotError::Handshake)?;

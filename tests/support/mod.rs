@@ -644,20 +644,37 @@ pub async fn serve_tls_backend(
     acceptor: tokio_rustls::TlsAcceptor,
     addr: SocketAddr,
 ) -> SocketAddr {
+    serve_tls(acceptor, addr, move |tls| async move {
+        let svc = service_fn(move |req| answer(name, req));
+        let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+            .serve_connection(TokioIo::new(tls), svc)
+            .await;
+    })
+    .await
+}
+
+/// A TLS server on `addr` (port 0: any): each connection's handshake with `acceptor`, then
+/// `serve` on the established stream, in a task of its own. Returns the address.
+pub async fn serve_tls<F, Fut>(
+    acceptor: tokio_rustls::TlsAcceptor,
+    addr: SocketAddr,
+    serve: F,
+) -> SocketAddr
+where
+    F: Fn(tokio_rustls::server::TlsStream<TcpStream>) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let listener = bind_when_free(addr).await;
     let addr = listener.local_addr().unwrap();
+    let serve = Arc::new(serve);
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
             let _ = stream.set_nodelay(true);
-            let acceptor = acceptor.clone();
+            let (acceptor, serve) = (acceptor.clone(), serve.clone());
             tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(stream).await else {
-                    return;
-                };
-                let svc = service_fn(move |req| answer(name, req));
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(tls), svc)
-                    .await;
+                if let Ok(tls) = acceptor.accept(stream).await {
+                    serve(tls).await;
+                }
             });
         }
     });
