@@ -100,7 +100,8 @@ async fn replaced_pairs_serve_new_handshakes_and_broken_ones_are_skipped() {
     {
         assert!(
             started.elapsed() < Duration::from_secs(3),
-            "the new pair was not picked up"
+            "the new pair was not picked up; the proxy's log:\n{}",
+            t.proxy.log_text()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
