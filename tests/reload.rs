@@ -16,13 +16,6 @@ fn routes(set: &[&Backend]) -> String {
     )
 }
 
-/// Writes the file the way editors and config tools do: a temp file renamed over it.
-fn write_atomically(path: &std::path::Path, text: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
-
 async fn backend_of(client: &mut Client) -> (u16, String) {
     let resp = client.get("any", "/").await;
     let status = resp.status().as_u16();

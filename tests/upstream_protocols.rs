@@ -105,6 +105,38 @@ async fn detection_is_redone_when_a_backend_changes_protocol() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turning_health_checks_off_by_reload_ends_detection() {
+    let backend = Backend::start("h2c").await;
+    let route = |extra: &str| {
+        format!(
+            "upstreams:\n{}",
+            host_route("flip.local", &backend.addr.to_string(), extra)
+        )
+    };
+    let proxy = ProxyProcess::start(&route(", hc_interval: 1"), "");
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    assert_eq!(
+        seen(&mut client, "flip.local").await,
+        (200, "h2c".into(), "HTTP/2.0".into()),
+        "detected while health-checked"
+    );
+    // Without health checks a bare address is HTTP/1.1 (SPEC §6.3), for the same backend too.
+    write_atomically(
+        &proxy.path("upstreams.yaml"),
+        &route(", healthcheck: false"),
+    );
+    let applied = eventually(Duration::from_secs(5), || {
+        proxy.log_text().contains("configuration applied")
+    })
+    .await;
+    assert!(applied, "no reload: {}", proxy.log_text());
+    for _ in 0..3 {
+        let got = seen(&mut client, "flip.local").await;
+        assert_eq!(got, (200, "h2c".into(), "HTTP/1.1".into()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_tls_verify_checks_chain_and_name() {
     let pki = test_pki(&["backend.local"]);
     let dir = tempfile::tempdir().unwrap();

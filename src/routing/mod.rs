@@ -104,9 +104,6 @@ impl Snapshot {
                         .iter()
                         .map(|s| registry.backend(s, verify_tls))
                         .collect();
-                    if health_checked {
-                        backends.iter().for_each(|b| b.allow_detection());
-                    }
                     let policies =
                         Policies::compile(&settings, &p.settings, &host.name, &p.prefix, &backends);
                     Arc::new(Route {
@@ -130,7 +127,26 @@ impl Snapshot {
                 snapshot.hosts.insert(host.name.as_str().into(), table);
             }
         }
+        snapshot.allow_detection_where_health_checked();
         snapshot
+    }
+
+    /// A backend's protocol is detected only when a health-checked route uses it (SPEC §6.3);
+    /// decided for the whole table, so a reload that turns health checks off takes it back.
+    fn allow_detection_where_health_checked(&self) {
+        let routes = || {
+            self.hosts
+                .values()
+                .chain(&self.default)
+                .flat_map(|t| &t.routes)
+        };
+        let checked: std::collections::HashSet<*const Backend> = routes()
+            .filter(|r| r.health_checked)
+            .flat_map(|r| r.backends.iter().map(Arc::as_ptr))
+            .collect();
+        for backend in routes().flat_map(|r| r.backends.iter()) {
+            backend.set_detection_allowed(checked.contains(&Arc::as_ptr(backend)));
+        }
     }
 
     /// Finds the route for a request's host (raw `Host`/`:authority` bytes) and path.

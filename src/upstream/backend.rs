@@ -151,9 +151,10 @@ impl Backend {
         Wire::from_u8(self.detected.load(Ordering::Relaxed))
     }
 
-    /// Lets this backend's protocol be detected (a health-checked route uses it).
-    pub fn allow_detection(&self) {
-        self.detection_allowed.store(true, Ordering::Relaxed);
+    /// Whether this backend's protocol may be detected: a health-checked route of the current
+    /// routing table uses it. Set again by every new table.
+    pub fn set_detection_allowed(&self, allowed: bool) {
+        self.detection_allowed.store(allowed, Ordering::Relaxed);
     }
 
     pub(super) fn set_detected(&self, wire: Wire) {

@@ -603,6 +603,13 @@ pub async fn bind_when_free(addr: SocketAddr) -> TcpListener {
     }
 }
 
+/// Writes the file the way editors and config tools do: a temp file renamed over it.
+pub fn write_atomically(path: &std::path::Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
 /// A TLS acceptor for a test backend: self-signed for 127.0.0.1 and backend.local, offering `alpn`.
 pub fn tls_backend_acceptor(alpn: &[&[u8]]) -> tokio_rustls::TlsAcceptor {
     let rcgen::CertifiedKey { cert, signing_key } = rcgen::generate_simple_self_signed(vec![
