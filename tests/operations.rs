@@ -217,6 +217,45 @@ async fn live_upgrade_under_load_loses_nothing_three_times() {
     assert!(old.log_text().contains("live upgrade: received"));
 }
 
+/// A SIGTERM sent the moment the proxy says it listens (a supervisor that waits for that line)
+/// drains and stops, 10 times out of 10: the handlers are in place before the line is logged.
+#[test]
+fn sigterm_right_after_listening_is_a_clean_stop() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("upstreams.yaml"),
+        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": { servers: [\"127.0.0.1:9\"] }\n",
+    )
+    .unwrap();
+    let main =
+        "threads: 1\nproxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: \"upstreams.yaml\"\n";
+    std::fs::write(dir.path().join("main.yaml"), main).unwrap();
+    for round in 0..10 {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_aralez"))
+            .arg("-c")
+            .arg(dir.path().join("main.yaml"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut log = String::new();
+        for line in stdout.lines().map_while(Result::ok) {
+            let listening = line.contains("listening on");
+            log.push_str(&line);
+            log.push('\n');
+            if listening {
+                let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+                nix::sys::signal::kill(pid, Signal::SIGTERM).unwrap();
+            }
+        }
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(0), "round {round}: {status:?}\n{log}");
+        assert!(log.contains("stopped"), "round {round}:\n{log}");
+    }
+}
+
 #[test]
 fn daemon_returns_at_once_and_cleans_its_pid_file() {
     let dir = tempfile::tempdir().unwrap();

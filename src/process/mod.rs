@@ -124,10 +124,6 @@ pub fn run(main_path: &Path, options: RunOptions) -> Result<(), StartError> {
             return Err(e.into());
         }
     }
-    let workers_count = bound.http.len();
-    if let Some(addr) = bound.http.first().and_then(|l| l.local_addr().ok()) {
-        tracing::info!("listening on http://{addr} with {workers_count} worker(s)");
-    }
     let control = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("aralez-control")
@@ -137,6 +133,16 @@ pub fn run(main_path: &Path, options: RunOptions) -> Result<(), StartError> {
             what: "the control runtime",
             source,
         })?;
+    // Before "listening on": a SIGTERM sent as soon as the proxy says it listens must drain
+    // and clean up, not meet the default action (exit on the spot, the pid file left behind).
+    let signals = {
+        let _context = control.enter();
+        Signals::install()
+    };
+    let workers_count = bound.http.len();
+    if let Some(addr) = bound.http.first().and_then(|l| l.local_addr().ok()) {
+        tracing::info!("listening on http://{addr} with {workers_count} worker(s)");
+    }
     let tls = tls_acceptor(&main, &control)?;
     if let Some(addr) = bound.tls.first().and_then(|l| l.local_addr().ok()) {
         crate::layers::redirect::set_tls_port(addr.port());
@@ -183,7 +189,13 @@ pub fn run(main_path: &Path, options: RunOptions) -> Result<(), StartError> {
             "READY=1".to_string()
         };
         notify::notify(&ready);
-        wait_for_signals(&reloader).await;
+        match signals {
+            Some(signals) => signals.wait(&reloader).await,
+            None => {
+                tracing::error!("cannot install signal handlers; stop with SIGKILL");
+                std::future::pending::<()>().await;
+            }
+        }
     });
     notify::notify("STOPPING=1");
     // Close our duplicates first, so the ports close (and refuse) once the workers let go.
@@ -221,31 +233,41 @@ fn serve_settings(main: &MainConfig) -> ServeSettings {
     }
 }
 
-/// Returns on SIGTERM, SIGINT or SIGQUIT (the live upgrade's "drain and exit"); reloads on
-/// SIGHUP.
-async fn wait_for_signals(reloader: &Reloader) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int), Ok(mut quit), Ok(mut hup)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::quit()),
-        signal(SignalKind::hangup()),
-    ) else {
-        tracing::error!("cannot install signal handlers; stop with SIGKILL");
-        std::future::pending::<()>().await;
-        return;
-    };
-    loop {
-        tokio::select! {
-            _ = term.recv() => return,
-            _ = int.recv() => return,
-            _ = quit.recv() => {
-                tracing::info!("SIGQUIT: handing over to the new process");
-                return;
-            }
-            _ = hup.recv() => {
-                // The reloader counts it in aralez_config_reloads_total.
-                let _ = reloader.reload_files("SIGHUP");
+/// The signals the process answers; installed early (see `run`).
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    quit: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Needs a runtime context; `None` if a handler cannot be installed.
+    fn install() -> Option<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Some(Signals {
+            term: signal(SignalKind::terminate()).ok()?,
+            int: signal(SignalKind::interrupt()).ok()?,
+            quit: signal(SignalKind::quit()).ok()?,
+            hup: signal(SignalKind::hangup()).ok()?,
+        })
+    }
+
+    /// Returns on SIGTERM, SIGINT or SIGQUIT (the live upgrade's "drain and exit"); reloads on
+    /// SIGHUP.
+    async fn wait(mut self, reloader: &Reloader) {
+        loop {
+            tokio::select! {
+                _ = self.term.recv() => return,
+                _ = self.int.recv() => return,
+                _ = self.quit.recv() => {
+                    tracing::info!("SIGQUIT: handing over to the new process");
+                    return;
+                }
+                _ = self.hup.recv() => {
+                    // The reloader counts it in aralez_config_reloads_total.
+                    let _ = reloader.reload_files("SIGHUP");
+                }
             }
         }
     }
