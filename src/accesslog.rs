@@ -1,6 +1,7 @@
 //! The access log (SPEC §11): one line per request, written by a background thread.
 //!
-//! Workers hand a small [`Entry`] to a bounded channel and never wait: when the writer falls
+//! The sink ([`AccessLog`]) is built once at start and handed to the server; nothing here is
+//! process-wide. Workers hand a small [`Entry`] to a bounded channel and never wait: when the writer falls
 //! behind (a slow disk, a full pipe) the entry is dropped and counted in `aralez_logging_errors`.
 //! The line is formatted and written on the writer thread, off the request path. Lines go to
 //! `log_file` (appended, whole lines per write) or, without one, to stdout.
@@ -16,13 +17,13 @@ use std::io::Write;
 use std::net::IpAddr;
 use std::path::Path;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderValue, Method, Uri, Version};
 
 use crate::config::main_conf::AccessLog as Mode;
-use crate::upstream::Backend;
+use crate::metrics::Metrics;
 
 /// Entries that may wait for the writer before new ones are dropped.
 const DEFAULT_QUEUE: usize = 16384;
@@ -45,7 +46,8 @@ pub struct Entry {
     pub status: Option<u16>,
     pub bytes: u64,
     pub duration: Duration,
-    pub backend: Option<Arc<Backend>>,
+    /// The label of the backend that answered.
+    pub backend: Option<Arc<str>>,
 }
 
 /// What workers (and the shutdown) send to the writer.
@@ -58,9 +60,13 @@ enum Msg {
 struct Sink {
     mode: Mode,
     tx: SyncSender<Msg>,
+    /// Where dropped and unwritten lines are counted.
+    metrics: Arc<Metrics>,
 }
 
-static SINK: OnceLock<Sink> = OnceLock::new();
+/// The access log of one proxy: where workers send their records (nowhere when it is off).
+#[derive(Clone, Default)]
+pub struct AccessLog(Option<Arc<Sink>>);
 
 /// Why the access log could not start.
 #[derive(Debug, thiserror::Error)]
@@ -76,9 +82,13 @@ pub enum AccessLogError {
 
 /// Starts the writer when `mode` is not `Off`. The destination is opened here (before privileges
 /// are dropped). `ARALEZ_ACCESS_LOG_QUEUE` overrides the queue length (tuning and tests).
-pub fn start(mode: Mode, log_file: Option<&Path>) -> Result<(), AccessLogError> {
+pub fn start(
+    mode: Mode,
+    log_file: Option<&Path>,
+    metrics: Arc<Metrics>,
+) -> Result<AccessLog, AccessLogError> {
     if mode == Mode::Off {
-        return Ok(());
+        return Ok(AccessLog::default());
     }
     let out: Box<dyn Write + Send> = match log_file {
         Some(path) => Box::new(
@@ -98,27 +108,29 @@ pub fn start(mode: Mode, log_file: Option<&Path>) -> Result<(), AccessLogError> 
         .and_then(|v| v.parse().ok())
         .unwrap_or(DEFAULT_QUEUE);
     let (tx, rx) = sync_channel::<Msg>(queue);
+    let writer_metrics = metrics.clone();
     std::thread::Builder::new()
         .name("aralez-access-log".into())
-        .spawn(move || write_loop(rx, out))
+        .spawn(move || write_loop(rx, out, &writer_metrics))
         .map_err(AccessLogError::Thread)?;
-    let _ = SINK.set(Sink { mode, tx });
-    Ok(())
+    Ok(AccessLog(Some(Arc::new(Sink { mode, tx, metrics }))))
 }
 
-/// Starts a record for a request, or `None` when the access log is off.
-pub fn begin(
-    client: IpAddr,
-    method: &Method,
-    target: &Uri,
-    version: Version,
-    host: Option<&HeaderValue>,
-    start: Instant,
-) -> Record {
-    if SINK.get().is_none() {
-        return Record(None);
-    }
-    Record(Some(Box::new(Entry {
+impl AccessLog {
+    /// Starts a record for a request (an empty one when the access log is off).
+    pub fn begin(
+        &self,
+        client: IpAddr,
+        method: &Method,
+        target: &Uri,
+        version: Version,
+        host: Option<&HeaderValue>,
+        start: Instant,
+    ) -> Record {
+        let Some(sink) = &self.0 else {
+            return Record(None);
+        };
+        let entry = Box::new(Entry {
         time: SystemTime::now(),
         start,
         client,
@@ -132,22 +144,23 @@ pub fn begin(
         }),
         status: None,
         bytes: 0,
-        duration: Duration::ZERO,
-        backend: None,
-    })))
+            duration: Duration::ZERO,
+            backend: None,
+        });
+        Record(Some((entry, sink.clone())))
+    }
 }
 
 /// One request's pending line; submitted when dropped (after the body, or when the client left).
-#[derive(Debug)]
-pub struct Record(Option<Box<Entry>>);
+pub struct Record(Option<(Box<Entry>, Arc<Sink>)>);
 
 impl Record {
     /// Notes the response head. In `error` mode, a successful response is not logged.
-    pub fn respond(&mut self, status: u16, backend: Option<&Arc<Backend>>) {
-        let Some(entry) = self.0.as_mut() else {
+    pub fn respond(&mut self, status: u16, backend: Option<&Arc<str>>) {
+        let Some((entry, sink)) = self.0.as_mut() else {
             return;
         };
-        if status < 400 && SINK.get().is_some_and(|s| s.mode == Mode::Errors) {
+        if status < 400 && sink.mode == Mode::Errors {
             self.0 = None;
             return;
         }
@@ -157,7 +170,7 @@ impl Record {
 
     /// Adds body bytes sent to the client.
     pub fn add_bytes(&mut self, n: usize) {
-        if let Some(entry) = self.0.as_mut() {
+        if let Some((entry, _)) = self.0.as_mut() {
             entry.bytes += n as u64;
         }
     }
@@ -165,24 +178,29 @@ impl Record {
 
 impl Drop for Record {
     fn drop(&mut self) {
-        let (Some(mut entry), Some(sink)) = (self.0.take(), SINK.get()) else {
+        let Some((mut entry, sink)) = self.0.take() else {
             return;
         };
         entry.duration = entry.start.elapsed();
         match sink.tx.try_send(Msg::Line(entry)) {
             Ok(()) => {}
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                crate::metrics::logging_error();
+                sink.metrics.logging_error();
             }
         }
     }
 }
 
-/// Writes what is queued before the process exits (waits up to one second).
-pub fn flush() {
-    let Some(sink) = SINK.get() else {
-        return;
-    };
+impl AccessLog {
+    /// Writes what is queued before the process exits (waits up to one second).
+    pub fn flush(&self) {
+        if let Some(sink) = &self.0 {
+            flush_sink(sink);
+        }
+    }
+}
+
+fn flush_sink(sink: &Sink) {
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     let mut msg = Msg::Flush(done_tx);
     let deadline = Instant::now() + Duration::from_secs(1);
@@ -199,7 +217,7 @@ pub fn flush() {
     let _ = done_rx.recv_timeout(deadline.saturating_duration_since(Instant::now()));
 }
 
-fn write_loop(rx: Receiver<Msg>, mut out: Box<dyn Write + Send>) {
+fn write_loop(rx: Receiver<Msg>, mut out: Box<dyn Write + Send>, metrics: &Metrics) {
     let mut batch = String::with_capacity(BATCH_BYTES * 2);
     let mut clock = Clock::default();
     let mut lines = 0;
@@ -222,17 +240,22 @@ fn write_loop(rx: Receiver<Msg>, mut out: Box<dyn Write + Send>) {
                 Msg::Flush(done) => flushed = Some(done),
             }
             if batch.len() >= BATCH_BYTES {
-                write_batch(&mut out, &mut batch, &mut lines);
+                write_batch(&mut out, &mut batch, &mut lines, metrics);
             }
         }
-        write_batch(&mut out, &mut batch, &mut lines);
+        write_batch(&mut out, &mut batch, &mut lines, metrics);
         if let Some(done) = flushed {
             let _ = done.send(());
         }
     }
 }
 
-fn write_batch(out: &mut Box<dyn Write + Send>, batch: &mut String, lines: &mut u64) {
+fn write_batch(
+    out: &mut Box<dyn Write + Send>,
+    batch: &mut String,
+    lines: &mut u64,
+    metrics: &Metrics,
+) {
     if batch.is_empty() {
         return;
     }
@@ -242,7 +265,7 @@ fn write_batch(out: &mut Box<dyn Write + Send>, batch: &mut String, lines: &mut 
         .is_err()
     {
         for _ in 0..*lines {
-            crate::metrics::logging_error();
+            metrics.logging_error();
         }
     }
     batch.clear();
@@ -299,7 +322,7 @@ pub fn format_line(out: &mut String, clock: &mut Clock, e: &Entry) {
     push_padded(out, micros % 1000, 3);
     out.push_str(" backend=");
     match &e.backend {
-        Some(b) => push_escaped(out, b.label.as_bytes()),
+        Some(b) => push_escaped(out, b.as_bytes()),
         None => out.push('-'),
     }
     out.push('\n');

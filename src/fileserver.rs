@@ -7,6 +7,7 @@
 
 use std::convert::Infallible;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -14,38 +15,39 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
+use tokio::sync::watch;
 use tower::ServiceExt;
 use tower_http::services::ServeDir;
 
-use crate::routing::normalise;
+use crate::server::{AcceptLoop, ConnInfo, Limits};
+use crate::vocab::normalise;
 
 type FileBody = http_body_util::combinators::UnsyncBoxBody<Bytes, std::io::Error>;
 
-/// Serves `folder` on `listener` until the task is dropped.
-pub async fn serve(listener: tokio::net::TcpListener, folder: PathBuf) {
+/// Serves `folder` on `listener` through the common accept helper (its limits, timeouts and
+/// drain), until `shutdown` turns true and its connections have drained.
+pub async fn serve(
+    listener: std::net::TcpListener,
+    folder: PathBuf,
+    limits: Limits,
+    shutdown: watch::Receiver<bool>,
+) {
     let dir = ServeDir::new(folder).append_index_html_on_directories(true);
-    loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(pair) => pair,
-            Err(e) => {
-                tracing::warn!("file server: accept failed: {e}");
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                continue;
-            }
-        };
+    let accept = AcceptLoop {
+        name: "file server",
+        listener,
+        tls: None,
+        limits,
+        open: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+    };
+    let make = move |_: ConnInfo| {
         let dir = dir.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |req: Request<Incoming>| {
-                let dir = dir.clone();
-                async move { Ok::<_, Infallible>(answer(dir, req).await) }
-            });
-            let _ = auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
-    }
+        service_fn(move |req: Request<Incoming>| {
+            let dir = dir.clone();
+            async move { Ok::<_, Infallible>(answer(dir, req).await) }
+        })
+    };
+    accept.run(make, shutdown).await;
 }
 
 async fn answer(dir: ServeDir, req: Request<Incoming>) -> Response<FileBody> {

@@ -1,26 +1,26 @@
-//! Process metrics (SPEC §11), rendered in the Prometheus text format by [`render_prometheus`].
+//! Process metrics (SPEC §11): the [`Metrics`] registry, built once at start and passed to
+//! whoever counts (server, router, upstream pools, access log, reloader), rendered in the
+//! Prometheus text format by [`Metrics::render_prometheus`]. A second proxy in one process
+//! builds its own.
 //!
-//! Per-request counters live in one shard per worker thread (cache-line aligned, written only by
-//! that worker with relaxed atomics), so the hot path shares no cache line; a scrape sums the
-//! shards. Every label has a bounded set of values: status codes 100..=599, a fixed method list
+//! Per-request counters live in one shard per worker (cache-line aligned, written only by that
+//! worker with relaxed atomics; the worker is named by its [`WorkerId`]), so the hot path shares
+//! no cache line; a scrape sums the shards. Every label has a bounded set of values: status codes 100..=599, a fixed method list
 //! (others count as `OTHER`), four HTTP versions, and at most [`MAX_UPSTREAMS`] upstream labels
 //! per shard (more count as `other`).
 //!
-//! This module only counts and renders; serving `/metrics` is the admin API's job.
+//! This module only counts and renders; serving `/metrics` is the admin API's job, which also
+//! hands in the backends' health (`aralez_backend_up`).
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use http::{Method, StatusCode, Version};
 
-use crate::routing::Snapshot;
-use crate::upstream::Backend;
+use crate::vocab::WorkerId;
 
-/// Number of counter shards; worker `i` writes shard `i % (SHARDS - 1)`, other threads the last.
-const SHARDS: usize = 32;
 /// Distinct upstream labels counted per shard before the rest go to `other`.
 pub const MAX_UPSTREAMS: usize = 256;
 const METHODS: [&str; 9] = [
@@ -34,16 +34,24 @@ const BUCKETS: [f64; 12] = [
 const STATUS_MIN: usize = 100;
 const STATUS_COUNT: usize = 500;
 
-/// The backend that answered a request, attached by the proxy to the response's extensions so
-/// the server can count it and write it to the access log.
-#[derive(Clone, Debug)]
-pub struct ServedBy(pub Arc<Backend>);
+/// One line of `aralez_backend_up`: a backend of a route, and whether it is in rotation.
+pub struct BackendUp<'a> {
+    pub host: &'a str,
+    pub path: &'a str,
+    pub backend: &'a str,
+    pub up: bool,
+}
 
-/// Open client connections (the `aralez_active_sessions` gauge), kept by the server.
-pub static OPEN_CONNECTIONS: AtomicUsize = AtomicUsize::new(0);
-static LOGGING_ERRORS: AtomicU64 = AtomicU64::new(0);
-static RELOADS: Mutex<Vec<(Box<str>, bool, u64)>> = Mutex::new(Vec::new());
-static SNAPSHOT: OnceLock<Arc<ArcSwap<Snapshot>>> = OnceLock::new();
+/// Every counter of one proxy.
+pub struct Metrics {
+    /// One per worker, then one for every other thread.
+    shards: Box<[Shard]>,
+    /// Open client connections of the proxy listeners (`aralez_active_sessions`), kept by the
+    /// server, which also enforces `max_connections` with it.
+    pub open_connections: Arc<AtomicUsize>,
+    logging_errors: AtomicU64,
+    reloads: Mutex<Vec<(Box<str>, bool, u64)>>,
+}
 
 #[repr(align(128))]
 struct Shard {
@@ -76,61 +84,278 @@ impl Shard {
     }
 }
 
-static SHARD_TABLE: [Shard; SHARDS] = [const { Shard::new() }; SHARDS];
-
-thread_local! {
-    static SHARD_INDEX: std::cell::Cell<usize> = const { std::cell::Cell::new(SHARDS - 1) };
-}
-
-/// Tells the metrics which worker this thread is; call once at the start of each worker thread.
-pub fn set_worker_index(index: usize) {
-    SHARD_INDEX.with(|s| s.set(index % (SHARDS - 1)));
-}
-
-fn shard() -> &'static Shard {
-    &SHARD_TABLE[SHARD_INDEX.with(std::cell::Cell::get)]
-}
-
-fn bump(counter: &AtomicU64) {
-    counter.fetch_add(1, Ordering::Relaxed);
-}
-
-/// Counts a request as it arrives.
-pub fn request_started(method: &Method, version: Version) {
-    let shard = shard();
-    bump(&shard.requests);
-    let m = METHODS
-        .iter()
-        .position(|m| *m == method.as_str())
-        .unwrap_or(METHODS.len());
-    bump(&shard.by_method[m]);
-    let v = match version {
-        Version::HTTP_10 => 0,
-        Version::HTTP_11 => 1,
-        Version::HTTP_2 => 2,
-        _ => 3,
-    };
-    bump(&shard.by_version[v]);
-}
-
-/// Counts a response head: its status, the time it took, and the backend that sent it.
-pub fn response_ready(status: StatusCode, elapsed: Duration, upstream: Option<&ServedBy>) {
-    let shard = shard();
-    let index = usize::from(status.as_u16()).saturating_sub(STATUS_MIN);
-    if let Some(counter) = shard.by_status.get(index) {
-        bump(counter);
+impl Metrics {
+    /// Counters for `workers` workers.
+    pub fn new(workers: usize) -> Metrics {
+        Metrics {
+            shards: (0..=workers).map(|_| Shard::new()).collect(),
+            open_connections: Arc::new(AtomicUsize::new(0)),
+            logging_errors: AtomicU64::new(0),
+            reloads: Mutex::new(Vec::new()),
+        }
     }
-    let secs = elapsed.as_secs_f64();
-    if let Some(b) = BUCKETS.iter().position(|upper| secs <= *upper) {
-        bump(&shard.latency_buckets[b]);
+
+    /// The shard `worker` writes (threads that are no worker share the last).
+    fn shard(&self, worker: WorkerId) -> &Shard {
+        let last = self.shards.len() - 1;
+        &self.shards[worker.0.min(last)]
     }
-    let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
-    shard
-        .latency_sum_micros
-        .fetch_add(micros, Ordering::Relaxed);
-    bump(&shard.latency_count);
-    if let Some(ServedBy(backend)) = upstream {
-        count_upstream(shard, &backend.label);
+
+    /// Counts a request as it arrives.
+    pub fn request_started(&self, worker: WorkerId, method: &Method, version: Version) {
+        let shard = self.shard(worker);
+        bump(&shard.requests);
+        let m = METHODS
+            .iter()
+            .position(|m| *m == method.as_str())
+            .unwrap_or(METHODS.len());
+        bump(&shard.by_method[m]);
+        let v = match version {
+            Version::HTTP_10 => 0,
+            Version::HTTP_11 => 1,
+            Version::HTTP_2 => 2,
+            _ => 3,
+        };
+        bump(&shard.by_version[v]);
+    }
+
+    /// Counts a response head: its status, the time it took, and the backend that sent it.
+    pub fn response_ready(
+        &self,
+        worker: WorkerId,
+        status: StatusCode,
+        elapsed: Duration,
+        upstream: Option<&str>,
+    ) {
+        let shard = self.shard(worker);
+        let index = usize::from(status.as_u16()).saturating_sub(STATUS_MIN);
+        if let Some(counter) = shard.by_status.get(index) {
+            bump(counter);
+        }
+        let secs = elapsed.as_secs_f64();
+        if let Some(b) = BUCKETS.iter().position(|upper| secs <= *upper) {
+            bump(&shard.latency_buckets[b]);
+        }
+        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+        shard
+            .latency_sum_micros
+            .fetch_add(micros, Ordering::Relaxed);
+        bump(&shard.latency_count);
+        if let Some(label) = upstream {
+            count_upstream(shard, label);
+        }
+    }
+
+
+
+    /// Counts a connection to a backend: a reused pooled one or a new one.
+    pub fn upstream_connection(&self, worker: WorkerId, reused: bool) {
+        bump(&self.shard(worker).upstream_connections[usize::from(reused)]);
+    }
+
+    /// Counts a request refused by a rate limit.
+    pub fn rate_limited(&self, worker: WorkerId) {
+        bump(&self.shard(worker).rate_limited);
+    }
+
+    /// Counts an access log line that was dropped (or could not be written).
+    pub fn logging_error(&self) {
+        self.logging_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a configuration reload from `source` (`SIGHUP`, `file`, `api`, ...), applied or not.
+    pub fn config_reload(&self, source: &str, applied: bool) {
+        let Ok(mut list) = self.reloads.lock() else {
+            return;
+        };
+        let source = if list.len() >= 32 { "other" } else { source };
+        match list
+            .iter_mut()
+            .find(|(s, ok, _)| &**s == source && *ok == applied)
+        {
+            Some(entry) => entry.2 += 1,
+            None => list.push((source.into(), applied, 1)),
+        }
+    }
+
+    fn sum(&self, f: impl Fn(&Shard) -> u64) -> u64 {
+        self.shards.iter().map(f).sum()
+    }
+
+
+
+    /// Renders every metric in the Prometheus text exposition format (version 0.0.4).
+    pub fn render_prometheus<'a>(&self, backends: impl Iterator<Item = BackendUp<'a>>) -> String {
+        let mut out = String::with_capacity(8192);
+        self.render_requests(&mut out);
+        self.render_latency(&mut out);
+        self.render_upstreams(&mut out, backends);
+        self.render_process(&mut out);
+        self.render_control(&mut out);
+        out
+    }
+
+    fn render_requests(&self, out: &mut String) {
+        header(
+            out,
+            "aralez_requests_total",
+            "counter",
+            "Requests received.",
+        );
+        let _ = writeln!(out, "aralez_requests_total {}", self.sum(|s| load(&s.requests)));
+        header(
+            out,
+            "aralez_responses_total",
+            "counter",
+            "Responses sent, by status code.",
+        );
+        for index in 0..STATUS_COUNT {
+            let n = self.sum(|s| load(&s.by_status[index]));
+            if n > 0 {
+                let status = index + STATUS_MIN;
+                let _ = writeln!(out, "aralez_responses_total{{status=\"{status}\"}} {n}");
+            }
+        }
+        let name = "aralez_requests_by_method_total";
+        header(
+            out,
+            name,
+            "counter",
+            "Requests by method (others as OTHER).",
+        );
+        for (index, method) in METHODS.iter().chain(["OTHER"].iter()).enumerate() {
+            let n = self.sum(|s| load(&s.by_method[index]));
+            let _ = writeln!(out, "{name}{{method=\"{method}\"}} {n}");
+        }
+        let name = "aralez_requests_by_version_total";
+        header(out, name, "counter", "Requests by HTTP version.");
+        for (index, version) in VERSIONS.iter().enumerate() {
+            let n = self.sum(|s| load(&s.by_version[index]));
+            let _ = writeln!(out, "{name}{{version=\"{version}\"}} {n}");
+        }
+    }
+
+    fn render_latency(&self, out: &mut String) {
+        let name = "aralez_response_latency_seconds";
+        header(
+            out,
+            name,
+            "histogram",
+            "Time from request head to response head.",
+        );
+        let mut cumulative = 0;
+        for (index, upper) in BUCKETS.iter().enumerate() {
+            cumulative += self.sum(|s| load(&s.latency_buckets[index]));
+            let _ = writeln!(out, "{name}_bucket{{le=\"{upper}\"}} {cumulative}");
+        }
+        let count = self.sum(|s| load(&s.latency_count));
+        let micros = self.sum(|s| load(&s.latency_sum_micros));
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(out, "{name}_sum {}", micros as f64 / 1e6);
+        let _ = writeln!(out, "{name}_count {count}");
+    }
+
+    fn render_upstreams<'a>(&self, out: &mut String, backends: impl Iterator<Item = BackendUp<'a>>) {
+        let name = "aralez_requests_by_upstream";
+        header(
+            out,
+            name,
+            "counter",
+            "Responses by the backend that sent them.",
+        );
+        let mut totals: Vec<(Box<str>, u64)> = Vec::new();
+        for shard in self.shards.iter() {
+            let Ok(list) = shard.by_upstream.lock() else {
+                continue;
+            };
+            for (label, n) in list.iter() {
+                match totals.iter_mut().find(|(l, _)| l == label) {
+                    Some(entry) => entry.1 += n,
+                    None => totals.push((label.clone(), *n)),
+                }
+            }
+        }
+        totals.sort();
+        for (label, n) in totals {
+            let _ = writeln!(out, "{name}{{upstream=\"{}\"}} {n}", escape(&label));
+        }
+        let name = "aralez_upstream_connections_total";
+        header(
+            out,
+            name,
+            "counter",
+            "Backend connections used, new or reused from the pool.",
+        );
+        for (index, reused) in ["false", "true"].iter().enumerate() {
+            let n = self.sum(|s| load(&s.upstream_connections[index]));
+            let _ = writeln!(out, "{name}{{reused=\"{reused}\"}} {n}");
+        }
+        let name = "aralez_backend_up";
+        header(
+            out,
+            name,
+            "gauge",
+            "1 when the backend is in rotation, 0 when health took it out.",
+        );
+        for b in backends {
+            let _ = writeln!(
+                out,
+                "{name}{{upstream=\"{}\",path=\"{}\",backend=\"{}\"}} {}",
+                escape(b.host),
+                escape(b.path),
+                escape(b.backend),
+                u8::from(b.up)
+            );
+        }
+    }
+
+    fn render_process(&self, out: &mut String) {
+        header(
+            out,
+            "aralez_active_sessions",
+            "gauge",
+            "Open client connections.",
+        );
+        let open = self.open_connections.load(Ordering::Relaxed);
+        let _ = writeln!(out, "aralez_active_sessions {open}");
+        header(
+            out,
+            "aralez_memory_bytes",
+            "gauge",
+            "Resident memory of the process.",
+        );
+        let _ = writeln!(out, "aralez_memory_bytes {}", resident_bytes());
+        header(out, "aralez_open_files", "gauge", "Open file descriptors.");
+        let files = std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count);
+        let _ = writeln!(out, "aralez_open_files {files}");
+        let name = "aralez_logging_errors";
+        header(
+            out,
+            name,
+            "counter",
+            "Access log lines dropped or not written.",
+        );
+        let _ = writeln!(out, "{name} {}", self.logging_errors.load(Ordering::Relaxed));
+    }
+
+    fn render_control(&self, out: &mut String) {
+        let name = "aralez_config_reloads_total";
+        header(
+            out,
+            name,
+            "counter",
+            "Configuration reloads by source and result.",
+        );
+        if let Ok(list) = self.reloads.lock() {
+            for (source, applied, n) in list.iter() {
+                let result = if *applied { "applied" } else { "rejected" };
+                let source = escape(source);
+                let _ = writeln!(out, "{name}{{source=\"{source}\",result=\"{result}\"}} {n}");
+            }
+        }
+        let name = "aralez_rate_limited_total";
+        header(out, name, "counter", "Requests refused by a rate limit.");
+        let _ = writeln!(out, "{name} {}", self.sum(|s| load(&s.rate_limited)));
     }
 }
 
@@ -149,230 +374,16 @@ fn count_upstream(shard: &Shard, label: &str) {
     }
 }
 
-/// Counts a connection to a backend: a reused pooled one or a new one.
-pub fn upstream_connection(reused: bool) {
-    bump(&shard().upstream_connections[usize::from(reused)]);
-}
-
-/// Counts a request refused by a rate limit.
-pub fn rate_limited() {
-    bump(&shard().rate_limited);
-}
-
-/// Counts an access log line that was dropped (or could not be written).
-pub fn logging_error() {
-    LOGGING_ERRORS.fetch_add(1, Ordering::Relaxed);
-}
-
-/// Counts a configuration reload from `source` (`SIGHUP`, `file`, `api`, ...), applied or not.
-pub fn config_reload(source: &str, applied: bool) {
-    let Ok(mut list) = RELOADS.lock() else {
-        return;
-    };
-    let source = if list.len() >= 32 { "other" } else { source };
-    match list
-        .iter_mut()
-        .find(|(s, ok, _)| &**s == source && *ok == applied)
-    {
-        Some(entry) => entry.2 += 1,
-        None => list.push((source.into(), applied, 1)),
-    }
-}
-
-/// Lets the scrape report `aralez_backend_up` from the routing snapshot in use.
-pub fn watch_snapshot(snapshot: Arc<ArcSwap<Snapshot>>) {
-    let _ = SNAPSHOT.set(snapshot);
-}
-
-fn sum(f: impl Fn(&Shard) -> u64) -> u64 {
-    SHARD_TABLE.iter().map(f).sum()
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
 }
 
 fn load(counter: &AtomicU64) -> u64 {
     counter.load(Ordering::Relaxed)
 }
 
-/// Renders every metric in the Prometheus text exposition format (version 0.0.4).
-pub fn render_prometheus() -> String {
-    let mut out = String::with_capacity(8192);
-    render_requests(&mut out);
-    render_latency(&mut out);
-    render_upstreams(&mut out);
-    render_process(&mut out);
-    render_control(&mut out);
-    out
-}
-
 fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-}
-
-fn render_requests(out: &mut String) {
-    header(
-        out,
-        "aralez_requests_total",
-        "counter",
-        "Requests received.",
-    );
-    let _ = writeln!(out, "aralez_requests_total {}", sum(|s| load(&s.requests)));
-    header(
-        out,
-        "aralez_responses_total",
-        "counter",
-        "Responses sent, by status code.",
-    );
-    for index in 0..STATUS_COUNT {
-        let n = sum(|s| load(&s.by_status[index]));
-        if n > 0 {
-            let status = index + STATUS_MIN;
-            let _ = writeln!(out, "aralez_responses_total{{status=\"{status}\"}} {n}");
-        }
-    }
-    let name = "aralez_requests_by_method_total";
-    header(
-        out,
-        name,
-        "counter",
-        "Requests by method (others as OTHER).",
-    );
-    for (index, method) in METHODS.iter().chain(["OTHER"].iter()).enumerate() {
-        let n = sum(|s| load(&s.by_method[index]));
-        let _ = writeln!(out, "{name}{{method=\"{method}\"}} {n}");
-    }
-    let name = "aralez_requests_by_version_total";
-    header(out, name, "counter", "Requests by HTTP version.");
-    for (index, version) in VERSIONS.iter().enumerate() {
-        let n = sum(|s| load(&s.by_version[index]));
-        let _ = writeln!(out, "{name}{{version=\"{version}\"}} {n}");
-    }
-}
-
-fn render_latency(out: &mut String) {
-    let name = "aralez_response_latency_seconds";
-    header(
-        out,
-        name,
-        "histogram",
-        "Time from request head to response head.",
-    );
-    let mut cumulative = 0;
-    for (index, upper) in BUCKETS.iter().enumerate() {
-        cumulative += sum(|s| load(&s.latency_buckets[index]));
-        let _ = writeln!(out, "{name}_bucket{{le=\"{upper}\"}} {cumulative}");
-    }
-    let count = sum(|s| load(&s.latency_count));
-    let micros = sum(|s| load(&s.latency_sum_micros));
-    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-    let _ = writeln!(out, "{name}_sum {}", micros as f64 / 1e6);
-    let _ = writeln!(out, "{name}_count {count}");
-}
-
-fn render_upstreams(out: &mut String) {
-    let name = "aralez_requests_by_upstream";
-    header(
-        out,
-        name,
-        "counter",
-        "Responses by the backend that sent them.",
-    );
-    let mut totals: Vec<(Box<str>, u64)> = Vec::new();
-    for shard in &SHARD_TABLE {
-        let Ok(list) = shard.by_upstream.lock() else {
-            continue;
-        };
-        for (label, n) in list.iter() {
-            match totals.iter_mut().find(|(l, _)| l == label) {
-                Some(entry) => entry.1 += n,
-                None => totals.push((label.clone(), *n)),
-            }
-        }
-    }
-    totals.sort();
-    for (label, n) in totals {
-        let _ = writeln!(out, "{name}{{upstream=\"{}\"}} {n}", escape(&label));
-    }
-    let name = "aralez_upstream_connections_total";
-    header(
-        out,
-        name,
-        "counter",
-        "Backend connections used, new or reused from the pool.",
-    );
-    for (index, reused) in ["false", "true"].iter().enumerate() {
-        let n = sum(|s| load(&s.upstream_connections[index]));
-        let _ = writeln!(out, "{name}{{reused=\"{reused}\"}} {n}");
-    }
-    let name = "aralez_backend_up";
-    header(
-        out,
-        name,
-        "gauge",
-        "1 when the backend is in rotation, 0 when health took it out.",
-    );
-    if let Some(snapshot) = SNAPSHOT.get() {
-        let snapshot = snapshot.load();
-        for route in snapshot.routes() {
-            for backend in route.backends.iter() {
-                let _ = writeln!(
-                    out,
-                    "{name}{{upstream=\"{}\",path=\"{}\",backend=\"{}\"}} {}",
-                    escape(&route.host),
-                    escape(&route.prefix),
-                    escape(&backend.label),
-                    u8::from(backend.is_up())
-                );
-            }
-        }
-    }
-}
-
-fn render_process(out: &mut String) {
-    header(
-        out,
-        "aralez_active_sessions",
-        "gauge",
-        "Open client connections.",
-    );
-    let open = OPEN_CONNECTIONS.load(Ordering::Relaxed);
-    let _ = writeln!(out, "aralez_active_sessions {open}");
-    header(
-        out,
-        "aralez_memory_bytes",
-        "gauge",
-        "Resident memory of the process.",
-    );
-    let _ = writeln!(out, "aralez_memory_bytes {}", resident_bytes());
-    header(out, "aralez_open_files", "gauge", "Open file descriptors.");
-    let files = std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count);
-    let _ = writeln!(out, "aralez_open_files {files}");
-    let name = "aralez_logging_errors";
-    header(
-        out,
-        name,
-        "counter",
-        "Access log lines dropped or not written.",
-    );
-    let _ = writeln!(out, "{name} {}", LOGGING_ERRORS.load(Ordering::Relaxed));
-}
-
-fn render_control(out: &mut String) {
-    let name = "aralez_config_reloads_total";
-    header(
-        out,
-        name,
-        "counter",
-        "Configuration reloads by source and result.",
-    );
-    if let Ok(list) = RELOADS.lock() {
-        for (source, applied, n) in list.iter() {
-            let result = if *applied { "applied" } else { "rejected" };
-            let source = escape(source);
-            let _ = writeln!(out, "{name}{{source=\"{source}\",result=\"{result}\"}} {n}");
-        }
-    }
-    let name = "aralez_rate_limited_total";
-    header(out, name, "counter", "Requests refused by a rate limit.");
-    let _ = writeln!(out, "{name} {}", sum(|s| load(&s.rate_limited)));
 }
 
 fn resident_bytes() -> u64 {
@@ -403,17 +414,15 @@ mod tests {
 
     #[test]
     fn counts_add_up_across_shards() {
-        for worker in 0..3 {
-            std::thread::spawn(move || {
-                set_worker_index(worker);
-                request_started(&Method::GET, Version::HTTP_11);
-                request_started(&Method::from_bytes(b"BREW").unwrap(), Version::HTTP_2);
-                response_ready(StatusCode::IM_A_TEAPOT, Duration::from_millis(3), None);
-            })
-            .join()
-            .unwrap();
+        let metrics = Metrics::new(2);
+        for worker in (0..3).map(WorkerId) {
+            metrics.request_started(worker, &Method::GET, Version::HTTP_11);
+            let brew = Method::from_bytes(b"BREW").unwrap();
+            metrics.request_started(worker, &brew, Version::HTTP_2);
+            let teapot = StatusCode::IM_A_TEAPOT;
+            metrics.response_ready(worker, teapot, Duration::from_millis(3), None);
         }
-        let text = render_prometheus();
+        let text = metrics.render_prometheus(std::iter::empty());
         assert!(
             text.contains("aralez_responses_total{status=\"418\"} 3\n"),
             "{text}"

@@ -13,14 +13,18 @@ use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
+use tokio::sync::watch;
 
 use crate::discovery::{ReloadError, Reloader};
+use crate::metrics::{BackendUp, Metrics};
+use crate::server::{AcceptLoop, ConnInfo, Limits};
 use auth::Access;
 
 /// Largest `POST /conf` or `/jwt` body accepted.
 const MAX_BODY: usize = 4 * 1024 * 1024;
+
+/// Connections the admin API serves at once (each listener).
+pub const MAX_CONNECTIONS: usize = 64;
 
 /// What the admin API needs.
 pub struct Admin {
@@ -28,6 +32,7 @@ pub struct Admin {
     /// `JWT_KEY` from the environment, else `master_key`.
     pub master_key: Option<String>,
     pub config_api_enabled: bool,
+    pub metrics: Arc<Metrics>,
 }
 
 type Reply = Response<Full<Bytes>>;
@@ -48,52 +53,30 @@ fn text(status: StatusCode, body: impl Into<String>) -> Reply {
     reply(status, "text/plain; charset=utf-8", body)
 }
 
-/// Serves the API on `listener` until the runtime stops; with `tls`, over TLS.
+/// Serves the API on `listener` (over TLS with `tls`) through the common accept helper, until
+/// `shutdown` turns true and its connections have drained.
 pub async fn serve(
-    listener: tokio::net::TcpListener,
+    listener: std::net::TcpListener,
     admin: Arc<Admin>,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    limits: Limits,
+    shutdown: watch::Receiver<bool>,
 ) {
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(pair) => pair,
-            Err(e) => {
-                tracing::warn!("admin API: accept failed: {e}");
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                continue;
-            }
-        };
+    let accept = AcceptLoop {
+        name: "admin API",
+        listener,
+        tls,
+        limits,
+        open: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+    };
+    let make = move |_: ConnInfo| {
         let admin = admin.clone();
-        let tls = tls.clone();
-        tokio::spawn(async move {
-            match tls {
-                None => serve_connection(stream, admin).await,
-                Some(acceptor) => match tokio::time::timeout(
-                    std::time::Duration::from_secs(10),
-                    acceptor.accept(stream),
-                )
-                .await
-                {
-                    Ok(Ok(tls_stream)) => serve_connection(tls_stream, admin).await,
-                    Ok(Err(e)) => tracing::debug!(%peer, "admin API: TLS handshake failed: {e}"),
-                    Err(_) => tracing::debug!(%peer, "admin API: TLS handshake timed out"),
-                },
-            }
-        });
-    }
-}
-
-async fn serve_connection<IO>(io: IO, admin: Arc<Admin>)
-where
-    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let service = service_fn(move |req| {
-        let admin = admin.clone();
-        async move { Ok::<_, Infallible>(admin.answer(req).await) }
-    });
-    let _ = auto::Builder::new(TokioExecutor::new())
-        .serve_connection(TokioIo::new(io), service)
-        .await;
+        service_fn(move |req| {
+            let admin = admin.clone();
+            async move { Ok::<_, Infallible>(admin.answer(req).await) }
+        })
+    };
+    accept.run(make, shutdown).await;
 }
 
 impl Admin {
@@ -237,10 +220,19 @@ impl Admin {
     }
 
     async fn metrics(&self, _req: Request<Incoming>) -> Reply {
+        let snapshot = self.reloader.snapshot.load_full();
+        let backends = snapshot.routes().flat_map(|route| {
+            route.backends.iter().map(move |b| BackendUp {
+                host: &route.host,
+                path: &route.prefix,
+                backend: &b.label,
+                up: b.is_up(),
+            })
+        });
         reply(
             StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",
-            crate::metrics::render_prometheus(),
+            self.metrics.render_prometheus(backends),
         )
     }
 }
@@ -278,39 +270,39 @@ pub enum AdminError {
     Tls(#[from] crate::tls::TlsError),
 }
 
-/// Binds the admin addresses (plain and TLS, when configured) and serves them on `runtime`.
+/// Binds the admin addresses (plain and TLS, when configured) and serves them on `runtime`
+/// until `shutdown` turns true; returns the serving tasks (they end after their drain).
 pub fn start(
     runtime: &tokio::runtime::Runtime,
     main: &crate::config::MainConfig,
-    reloader: Arc<Reloader>,
-) -> Result<(), AdminError> {
-    let master_key = std::env::var("JWT_KEY")
-        .ok()
-        .filter(|k| !k.is_empty())
-        .or_else(|| main.master_key.clone());
-    let admin = Arc::new(Admin {
-        reloader,
-        master_key,
-        config_api_enabled: main.config_api_enabled,
-    });
+    admin: Arc<Admin>,
+    shutdown: &watch::Receiver<bool>,
+) -> Result<Vec<tokio::task::JoinHandle<()>>, AdminError> {
+    let limits = Limits {
+        header_timeout: main.client_header_timeout,
+        max_header_bytes: main.max_request_header_bytes,
+        max_connections: MAX_CONNECTIONS,
+        keepalive: None,
+        grace_period: main.grace_period,
+        idle_timeout: main.client_idle_timeout,
+        max_streams: 16,
+    };
     // SO_REUSEPORT, like the proxy's listeners: during a live upgrade the new process binds the
     // same address while the old one drains.
     let bind = |addr: std::net::SocketAddr| {
         let bound = crate::server::bind_reuseport(addr, 1).and_then(|mut l| {
-            let listener = l
-                .pop()
-                .ok_or_else(|| std::io::Error::other("no listener"))?;
-            let _guard = runtime.enter();
-            tokio::net::TcpListener::from_std(listener)
+            l.pop().ok_or_else(|| std::io::Error::other("no listener"))
         });
         bound.map_err(|source| AdminError::Bind { addr, source })
     };
+    let mut tasks = Vec::new();
     if let Some(addr) = main.config_address {
         let listener = bind(addr)?;
         if let Ok(local) = listener.local_addr() {
             tracing::info!("admin API on http://{local}");
         }
-        runtime.spawn(serve(listener, admin.clone(), None));
+        let served = serve(listener, admin.clone(), None, limits.clone(), shutdown.clone());
+        tasks.push(runtime.spawn(served));
     }
     if let Some(addr) = main.config_tls_address {
         let (Some(cert), Some(key)) = (&main.config_tls_certificate, &main.config_tls_key_file)
@@ -322,7 +314,8 @@ pub fn start(
         if let Ok(local) = listener.local_addr() {
             tracing::info!("admin API on https://{local}");
         }
-        runtime.spawn(serve(listener, admin, Some(acceptor)));
+        let served = serve(listener, admin, Some(acceptor), limits, shutdown.clone());
+        tasks.push(runtime.spawn(served));
     }
-    Ok(())
+    Ok(tasks)
 }

@@ -4,7 +4,7 @@
 use http::Uri;
 
 use super::reader::{join, Reader};
-use super::upstreams::{read_setting, RouteSettings, SETTING_KEYS};
+use super::settings::{read_setting, RouteSettings, SETTING_KEYS};
 use super::yaml::{Node, Value};
 
 /// One discovered service and where it is routed.

@@ -7,6 +7,7 @@ pub mod discovery_conf;
 pub mod issues;
 pub mod main_conf;
 mod reader;
+pub mod settings;
 pub mod upstreams;
 pub mod values;
 pub mod yaml;

@@ -21,6 +21,8 @@ use crate::config::discovery_conf::DiscoveredService;
 use crate::config::upstreams::{HostConfig, PathConfig};
 use crate::config::values::ServerSpec;
 use crate::config::{self, Issues, UpstreamsConfig};
+use crate::layers::PolicyState;
+use crate::metrics::Metrics;
 use crate::routing::Snapshot;
 use crate::upstream::Registry;
 
@@ -60,16 +62,26 @@ struct Sources {
 pub struct Reloader {
     pub upstreams_path: PathBuf,
     pub registry: Registry,
+    /// What every compiled snapshot's policies share (keys, limiter tables).
+    pub policy_state: Arc<PolicyState>,
     pub snapshot: Arc<ArcSwap<Snapshot>>,
+    metrics: Arc<Metrics>,
     sources: Mutex<Sources>,
 }
 
 impl Reloader {
-    pub fn new(upstreams_path: PathBuf, registry: Registry) -> Reloader {
+    pub fn new(
+        upstreams_path: PathBuf,
+        registry: Registry,
+        policy_state: Arc<PolicyState>,
+        metrics: Arc<Metrics>,
+    ) -> Reloader {
         Reloader {
             upstreams_path,
             registry,
+            policy_state,
             snapshot: Arc::new(ArcSwap::from_pointee(Snapshot::default())),
+            metrics,
             sources: Mutex::new(Sources::default()),
         }
     }
@@ -97,11 +109,11 @@ impl Reloader {
                     tracing::warn!(source, "{warning}");
                 }
                 self.install_file_config(cfg, digest, source);
-                crate::metrics::config_reload(metric_source(source), true);
+                self.metrics.config_reload(metric_source(source), true);
                 Ok(Applied::Changed)
             }
             _ => {
-                crate::metrics::config_reload(metric_source(source), false);
+                self.metrics.config_reload(metric_source(source), false);
                 for error in issues.errors() {
                     tracing::error!(
                         source,
@@ -121,7 +133,7 @@ impl Reloader {
         let cfg = match config::parse_upstreams_text(text, origin, &mut issues) {
             Some(cfg) if !issues.has_errors() => cfg,
             _ => {
-                crate::metrics::config_reload("api", false);
+                self.metrics.config_reload("api", false);
                 return Err(ReloadError::Invalid(issues));
             }
         };
@@ -137,7 +149,7 @@ impl Reloader {
             digest = files_digest(&self.upstreams_path);
         }
         self.install_file_config(cfg, digest, origin);
-        crate::metrics::config_reload("api", true);
+        self.metrics.config_reload("api", true);
         Ok(Applied::Changed)
     }
 
@@ -150,7 +162,7 @@ impl Reloader {
         let old = merged(&sources);
         sources.discovered.insert(source.to_string(), hosts);
         self.publish_locked(&sources, old.as_ref(), source);
-        crate::metrics::config_reload(source, true);
+        self.metrics.config_reload(source, true);
     }
 
     /// Makes `cfg` the file config and publishes the merge.
@@ -164,7 +176,7 @@ impl Reloader {
 
     fn publish_locked(&self, sources: &Sources, old: Option<&UpstreamsConfig>, source: &str) {
         let Some(new) = merged(sources) else { return };
-        let snapshot = Snapshot::build(&new, &self.registry);
+        let snapshot = Snapshot::build(&new, &self.registry, &self.policy_state);
         self.snapshot.store(Arc::new(snapshot));
         match old {
             Some(old) => tracing::info!(
@@ -233,18 +245,11 @@ fn save_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-/// Starts the control-plane sources: the file watcher, the admin API, and Consul/Kubernetes
-/// watchers when the upstreams file asks for them.
-pub fn start(
-    runtime: &tokio::runtime::Runtime,
-    main: &crate::config::MainConfig,
-    reloader: Arc<Reloader>,
-) {
+/// Starts the control-plane sources: the file watcher, and Consul/Kubernetes watchers when the
+/// upstreams file asks for them.
+pub fn start(runtime: &tokio::runtime::Runtime, reloader: Arc<Reloader>) {
     if let Some(watch) = file_watch::install(reloader.clone()) {
         runtime.spawn(watch);
-    }
-    if let Err(e) = crate::admin::start(runtime, main, reloader.clone()) {
-        tracing::error!("admin API: {e}");
     }
     if let Some(consul) = reloader.file_config().and_then(|c| c.consul) {
         tracing::info!("consul: watching {} service(s)", consul.services.len());

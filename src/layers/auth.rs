@@ -16,9 +16,10 @@ use tower::{Layer, Service};
 
 use super::forward_auth::ForwardAuth;
 use super::jwt::Jwt;
+use super::keys::Keys;
 use super::LocalBody;
 use crate::config::values::AuthRule;
-use crate::proxy::{ClientConn, ProxyError};
+use crate::vocab::{ClientConn, ProxyError};
 
 static X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
@@ -32,7 +33,7 @@ pub enum Auth {
 }
 
 impl Auth {
-    pub fn compile(rule: &AuthRule) -> Auth {
+    pub fn compile(rule: &AuthRule, keys: &Keys) -> Auth {
         match rule {
             AuthRule::Basic { user, password } => Auth::Basic(Basic {
                 expected: format!("{user}:{password}").into_bytes().into(),
@@ -40,7 +41,7 @@ impl Auth {
             AuthRule::ApiKey(key) => Auth::ApiKey(ApiKey {
                 key: key.as_bytes().into(),
             }),
-            AuthRule::Jwt(secret) => Auth::Jwt(Jwt::new(secret.as_deref())),
+            AuthRule::Jwt(secret) => Auth::Jwt(Jwt::new(secret.as_deref(), keys)),
             AuthRule::Forward(uri) => Auth::Forward(ForwardAuth::new(uri)),
         }
     }
@@ -193,11 +194,11 @@ mod tests {
     use tower::ServiceExt;
 
     fn conn() -> ClientConn {
-        ClientConn::new("127.0.0.1:5000".parse().unwrap(), false)
+        ClientConn::new("127.0.0.1:5000".parse().unwrap(), false, Default::default())
     }
 
     async fn run(rule: &AuthRule, headers: &[(&str, &str)]) -> (Result<u16, ProxyError>, usize) {
-        let auth = Auth::compile(rule);
+        let auth = Auth::compile(rule, &Keys::for_tests(None));
         let count = Arc::new(AtomicUsize::new(0));
         let c = count.clone();
         let inner = tower::service_fn(move |_req: Request<()>| {

@@ -7,8 +7,10 @@
 //! claim an identity). Any other answer goes back to the client as it came (status, headers,
 //! body up to [`MAX_BODY`]) and the backend is never called. No answer within [`TIMEOUT`] is 503.
 //!
-//! The service is asked over a fresh HTTP/1.1 connection; for `https://` auth URLs over TLS with
-//! the same client as `https://` backends (SNI = the URL's host, certificate not verified).
+//! The service is asked over a fresh connection through the upstream connector, like every
+//! upstream exchange: HTTP/1.1 for `http://` URLs; for `https://` ones TLS with the same client
+//! as `https://` backends (SNI = the URL's host, certificate not verified, ALPN picks h2 or
+//! HTTP/1.1).
 
 use std::time::Duration;
 
@@ -16,14 +18,14 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
 use http::{Method, Request, Response};
-use http_body_util::Empty;
+use http_body_util::{Either, Empty};
 use tower::Service;
 
 use super::LocalBody;
-use crate::proxy::headers;
-use crate::proxy::{ClientConn, ProxyError};
-use crate::upstream::oneshot;
-use crate::upstream::Protocol;
+use crate::upstream::connector::{self, ConnectError};
+use crate::upstream::{Endpoint, UpBody, Wire};
+use crate::vocab::headers;
+use crate::vocab::{ClientConn, ProxyError};
 
 /// How long the auth service has to answer (connect, head and body).
 pub const TIMEOUT: Duration = Duration::from_secs(5);
@@ -118,13 +120,13 @@ impl ForwardAuth {
     }
 
     /// The request to the auth service for the client's `req`.
-    fn question<B>(&self, conn: &ClientConn, req: &Request<B>) -> Request<Empty<Bytes>> {
+    fn question<B>(&self, conn: &ClientConn, req: &Request<B>) -> Request<UpBody> {
         let method = if req.method() == Method::HEAD {
             Method::HEAD
         } else {
             Method::GET
         };
-        let mut q = Request::new(Empty::new());
+        let mut q = Request::new(Either::Right(Empty::new()));
         *q.method_mut() = method;
         *q.uri_mut() = Uri::from(self.path.clone());
         let h = q.headers_mut();
@@ -159,25 +161,29 @@ impl ForwardAuth {
         q
     }
 
-    async fn ask(&self, question: Request<Empty<Bytes>>) -> Result<Verdict, ProxyError> {
+    async fn ask(&self, question: Request<UpBody>) -> Result<Verdict, ProxyError> {
         let label = self.authority.to_str().unwrap_or("?");
-        let failed = |e: oneshot::OneShotError| {
+        let failed = |e: ConnectError| {
             tracing::warn!(auth = label, "auth service: {e}");
             ProxyError::AuthServiceFailed
         };
-        let stream = oneshot::connect((self.host.as_str(), self.port))
+        let addrs: Vec<std::net::SocketAddr> =
+            match tokio::net::lookup_host((self.host.as_str(), self.port)).await {
+                Ok(found) => found.collect(),
+                Err(e) => {
+                    tracing::warn!(auth = label, "auth service: cannot resolve: {e}");
+                    return Err(ProxyError::AuthServiceFailed);
+                }
+            };
+        let ep = Endpoint {
+            addrs: &addrs,
+            host: &self.host,
+            wire: if self.https { Wire::Tls } else { Wire::Http1 },
+            verify_tls: false,
+        };
+        let resp = connector::exchange_once(ep, &self.host, question, self.timeout)
             .await
             .map_err(failed)?;
-        let resp = if self.https {
-            // Same TLS client as https:// backends (ALPN http/1.1; certificate not verified).
-            let (tls, _) = crate::upstream::tls::handshake(stream, &self.host, false, false)
-                .await
-                .map_err(|e| failed(oneshot::OneShotError::Connect(e)))?;
-            oneshot::exchange(tls, Protocol::Http1, question, self.timeout).await
-        } else {
-            oneshot::exchange(stream, Protocol::Http1, question, self.timeout).await
-        }
-        .map_err(failed)?;
         let (mut parts, body) = resp.into_parts();
         if parts.status.is_success() {
             let identity = parts
@@ -188,7 +194,9 @@ impl ForwardAuth {
                 .collect();
             return Ok(Verdict::Allow(identity));
         }
-        let body = oneshot::read_body(body, MAX_BODY).await.map_err(failed)?;
+        let body = connector::read_body(body, MAX_BODY)
+            .await
+            .map_err(failed)?;
         headers::remove_hop_by_hop(&mut parts.headers);
         parts.headers.remove(header::CONTENT_LENGTH);
         Ok(Verdict::Deny(Response::from_parts(parts, body)))
@@ -222,7 +230,7 @@ mod tests {
     use tokio::io::AsyncReadExt;
 
     fn conn() -> ClientConn {
-        ClientConn::new("127.0.0.9:4000".parse().unwrap(), false)
+        ClientConn::new("127.0.0.9:4000".parse().unwrap(), false, Default::default())
     }
 
     #[tokio::test(start_paused = true)]

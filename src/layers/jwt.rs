@@ -1,27 +1,22 @@
 //! `jwt` auth (SPEC §8.2): an HS256 token from `Authorization: Bearer` or the `araleztoken` query
 //! parameter, with `exp` required and checked (no leeway). `alg: none`, RS256 and every other
 //! algorithm are refused. The secret is the rule's `data`, else the process master key
-//! (`JWT_KEY`, else `master_key`), installed once at start by [`install_master_key`].
+//! (`JWT_KEY`, else `master_key`) from the [`Keys`] built at start and handed to every compile.
 //!
 //! The `araleztoken` parameter is removed from the target before the request goes on, so a
 //! backend never sees the token in its URL.
 
-use std::sync::OnceLock;
-
 use http::header;
-use http::uri::{PathAndQuery, Uri};
+use http::uri::Uri;
 use http::Request;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 
 use super::jwt_cache;
 
-use crate::proxy::ProxyError;
+use super::keys::Keys;
+use crate::vocab::ProxyError;
 
-/// Query parameter that may carry the token.
-pub const QUERY_PARAM: &str = "araleztoken";
-
-static MASTER_KEY: OnceLock<Option<DecodingKey>> = OnceLock::new();
-static MASTER_FINGERPRINT: OnceLock<u64> = OnceLock::new();
+use crate::vocab::token_param::{strip_query_param, QUERY_PARAM};
 
 /// The claim we read back: when the token stops being valid.
 #[derive(serde::Deserialize)]
@@ -29,25 +24,11 @@ struct Expiry {
     exp: u64,
 }
 
-/// Sets the secret of `jwt` rules without `data`; only the first call counts.
-pub fn install_master_key(key: Option<String>) {
-    let _ = MASTER_FINGERPRINT.set(jwt_cache::fingerprint(
-        key.as_deref().unwrap_or("").as_bytes(),
-    ));
-    let key = key.map(|k| DecodingKey::from_secret(k.as_bytes()));
-    if MASTER_KEY.set(key).is_err() {
-        tracing::debug!("JWT master key already installed");
-    }
-}
-
-fn master_key() -> Option<&'static DecodingKey> {
-    MASTER_KEY.get().and_then(Option::as_ref)
-}
-
 enum Secret {
-    /// The rule's own secret and its fingerprint.
-    Own(DecodingKey, u64),
-    Master,
+    /// The rule's own secret (or the master key) and its fingerprint.
+    Key(DecodingKey, u64),
+    /// No `data` and no master key: every request is refused with [`ProxyError::NoJwtSecret`].
+    Missing,
 }
 
 /// A compiled `jwt` rule.
@@ -58,23 +39,25 @@ pub struct Jwt {
 
 impl std::fmt::Debug for Jwt {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let own = matches!(self.secret, Secret::Own(..));
-        f.debug_struct("Jwt").field("own_secret", &own).finish()
+        let has_key = matches!(self.secret, Secret::Key(..));
+        f.debug_struct("Jwt").field("has_key", &has_key).finish()
     }
 }
 
 impl Jwt {
-    pub fn new(secret: Option<&str>) -> Jwt {
+    /// A rule checking with `secret`, else with the master key of `keys`.
+    pub fn new(secret: Option<&str>, keys: &Keys) -> Jwt {
         let mut validation = Validation::new(Algorithm::HS256);
         validation.leeway = 0;
         validation.validate_exp = true;
         validation.set_required_spec_claims(&["exp"]);
-        let secret = match secret {
-            Some(s) => Secret::Own(
+        let secret = match (secret, keys.jwt_master()) {
+            (Some(s), _) => Secret::Key(
                 DecodingKey::from_secret(s.as_bytes()),
                 jwt_cache::fingerprint(s.as_bytes()),
             ),
-            None => Secret::Master,
+            (None, Some((key, fingerprint))) => Secret::Key(key.clone(), fingerprint),
+            (None, None) => Secret::Missing,
         };
         Jwt { secret, validation }
     }
@@ -82,15 +65,10 @@ impl Jwt {
     /// Accepts the request or says why not; strips `araleztoken` from an accepted request.
     pub fn check<B>(&self, req: &mut Request<B>) -> Result<(), ProxyError> {
         let (key, fingerprint) = match &self.secret {
-            Secret::Own(key, fingerprint) => (key, *fingerprint),
-            Secret::Master => {
-                let key = master_key().ok_or_else(|| {
-                    tracing::error!(
-                        "a jwt route has no secret: set its data, master_key or JWT_KEY"
-                    );
-                    ProxyError::NoJwtSecret
-                })?;
-                (key, MASTER_FINGERPRINT.get().copied().unwrap_or(0))
+            Secret::Key(key, fingerprint) => (key, *fingerprint),
+            Secret::Missing => {
+                tracing::error!("a jwt route has no secret: set its data, master_key or JWT_KEY");
+                return Err(ProxyError::NoJwtSecret);
             }
         };
         let token = bearer(req).or_else(|| query_token(req.uri()));
@@ -128,25 +106,6 @@ fn query_token(uri: &Uri) -> Option<&str> {
         .split('&')
         .find_map(|pair| pair.strip_prefix(QUERY_PARAM)?.strip_prefix('='))
         .filter(|t| !t.is_empty())
-}
-
-/// `uri` without every `name=...` (or bare `name`) query parameter; `None` if it had none.
-pub fn strip_query_param(uri: &Uri, name: &str) -> Option<Uri> {
-    let query = uri.query()?;
-    let is_param =
-        |pair: &str| pair == name || pair.strip_prefix(name).is_some_and(|r| r.starts_with('='));
-    if !query.split('&').any(is_param) {
-        return None;
-    }
-    let kept: Vec<&str> = query.split('&').filter(|p| !is_param(p)).collect();
-    let mut path_and_query = uri.path().to_string();
-    if !kept.is_empty() {
-        path_and_query.push('?');
-        path_and_query.push_str(&kept.join("&"));
-    }
-    let mut parts = uri.clone().into_parts();
-    parts.path_and_query = PathAndQuery::try_from(path_and_query).ok();
-    Uri::from_parts(parts).ok()
 }
 
 #[cfg(test)]
@@ -189,7 +148,7 @@ pub(crate) mod tests {
 
     #[test]
     fn tokens_accepted_and_refused() {
-        let jwt = Jwt::new(Some("k1"));
+        let jwt = Jwt::new(Some("k1"), &Keys::for_tests(None));
         let exp = now() + 600;
         let good = hs256("k1", &serde_json::json!({"sub": "ann", "exp": exp}));
         let other_secret = hs256("k2", &serde_json::json!({"exp": exp}));
@@ -225,7 +184,7 @@ pub(crate) mod tests {
 
     #[test]
     fn query_token_is_accepted_and_stripped() {
-        let jwt = Jwt::new(Some("k1"));
+        let jwt = Jwt::new(Some("k1"), &Keys::for_tests(None));
         let good = hs256("k1", &serde_json::json!({"exp": now() + 60}));
         let (res, uri) = check(&jwt, &format!("/a?x=1&araleztoken={good}&y=2"), None);
         assert_eq!(res, Ok(()));

@@ -1,20 +1,22 @@
 //! Traffic policies (SPEC §5, §8): one tower `Layer` + `Service` per concern, each in its own
 //! file, composed in [`apply`], the one place that shows their order.
 //!
-//! Policies are compiled once per route when a snapshot is built ([`Policies`]); a request only
-//! reads them. The stack is put together per request from the matched route: every layer is a
+//! Policies are compiled once per route when a snapshot is built ([`Policies`]), from the route's
+//! settings and the process's [`PolicyState`] (keys, the TLS port, the limiter tables: built
+//! once at start and passed in); a request only reads them. The stack is put together per request from the matched route: every layer is a
 //! pair of references, built on the stack, so a route without policies pays a few branches and
 //! no allocation. Layers never write error pages: they return a [`ProxyError`], which
-//! `proxy::error` turns into a response.
+//! `vocab::error` turns into a response.
 //!
 //! Header injection (`server_headers`, `client_headers`) stays in the forwarding step
-//! (`proxy::prepare_headers`, `proxy::finish_response`): configured headers must be applied after
-//! the X-Forwarded-* rewrite and hop-by-hop removal so that they win, which only forwarding knows.
+//! (`proxy::HeaderRules`): configured headers must be applied after the X-Forwarded-* rewrite and
+//! hop-by-hop removal so that they win, which only forwarding knows.
 
 pub mod auth;
 pub mod forward_auth;
 pub mod jwt;
 mod jwt_cache;
+pub mod keys;
 pub mod limiter;
 pub mod rate_limit;
 pub mod redirect;
@@ -31,16 +33,40 @@ use http_body_util::{Either, Full};
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 use crate::config::upstreams::RouteSettings;
-use crate::proxy::{ClientConn, ProxyError, RespBody};
-use crate::routing::{Route, Snapshot};
-use crate::upstream::Backend;
+use crate::proxy::RespBody;
+use crate::upstream::{Backend, BackendSet};
+use crate::vocab::{ClientConn, ProxyError};
 
 pub use auth::{Auth, AuthLayer};
+pub use keys::Keys;
 pub use limiter::Rate;
+use limiter::{Strikes, Table, Tat};
 pub use rate_limit::{RateLimit, RateLimitLayer};
-pub use redirect::{Redirect, RedirectLayer};
-pub use sticky::{Pinned, Sticky, StickyLayer};
+pub use redirect::{Redirect, RedirectLayer, TlsPort};
+pub use sticky::{Sticky, StickyLayer};
 pub use x4xx::{X4xxLayer, X4xxLimit};
+
+/// What policies share across routes and snapshots, built once at start: the keys, the TLS
+/// port for `to_https`, and the rate-limit and 4xx tables (so limits hold across workers and
+/// survive reloads). A second proxy in the same process builds its own.
+#[derive(Debug)]
+pub struct PolicyState {
+    pub keys: Keys,
+    pub tls_port: Arc<TlsPort>,
+    requests: Arc<Table<Tat>>,
+    strikes: Arc<Table<Strikes>>,
+}
+
+impl PolicyState {
+    pub fn new(keys: Keys) -> PolicyState {
+        PolicyState {
+            keys,
+            tls_port: Arc::new(TlsPort::default()),
+            requests: Arc::new(Table::new()),
+            strikes: Arc::new(Table::new()),
+        }
+    }
+}
 
 /// A route's policies, compiled when the snapshot is built.
 #[derive(Debug, Default)]
@@ -61,6 +87,7 @@ impl Policies {
         host: &str,
         prefix: &str,
         backends: &[Arc<Backend>],
+        state: &PolicyState,
     ) -> Policies {
         let scope = |path_level: bool| {
             let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -71,20 +98,27 @@ impl Policies {
             h.finish()
         };
         Policies {
-            redirect: Redirect::compile(settings.to_https, settings.redirect_to.as_deref()),
-            auth: settings.authorization.as_ref().map(Auth::compile),
-            rate_limit: settings
-                .rate_limit
-                .and_then(Rate::per_second)
-                .map(|rate| RateLimit::new(rate, scope(own.rate_limit.is_some()))),
-            x4xx_limit: settings
-                .x4xx_limit
-                .and_then(Rate::per_second)
-                .map(|rate| X4xxLimit::new(rate, scope(own.x4xx_limit.is_some()))),
+            redirect: Redirect::compile(
+                settings.to_https,
+                settings.redirect_to.as_deref(),
+                &state.tls_port,
+            ),
+            auth: settings
+                .authorization
+                .as_ref()
+                .map(|rule| Auth::compile(rule, &state.keys)),
+            rate_limit: settings.rate_limit.and_then(Rate::per_second).map(|rate| {
+                let scope = scope(own.rate_limit.is_some());
+                RateLimit::new(rate, scope, state.requests.clone())
+            }),
+            x4xx_limit: settings.x4xx_limit.and_then(Rate::per_second).map(|rate| {
+                let scope = scope(own.x4xx_limit.is_some());
+                X4xxLimit::new(rate, scope, state.strikes.clone())
+            }),
             sticky: settings
                 .sticky_sessions
                 .flatten()
-                .map(|max_age| Sticky::compile(max_age, backends)),
+                .map(|max_age| Sticky::compile(max_age, backends, &state.keys)),
         }
     }
 }
@@ -106,13 +140,14 @@ impl LocalBody for Full<Bytes> {
     }
 }
 
-/// Runs `req` through the route's policies, in SPEC §8 order, then `forward`.
+/// Runs `req` through a route's policies, in SPEC §8 order, then `forward`.
 ///
 /// Redirects (`to_https`, `redirect_to`) come first, so a redirected request meets no other
-/// policy. (A plain function
-/// returning a named future rather than an `async fn`: the compiler can then see it is `Send`.)
+/// policy. (A plain function returning a named future rather than an `async fn`: the compiler
+/// can then see it is `Send`.)
 pub fn apply<'a, B, S>(
-    route: &'a Route,
+    policies: &'a Policies,
+    backends: &'a BackendSet,
     conn: &'a ClientConn,
     req: Request<B>,
     forward: S,
@@ -122,35 +157,13 @@ where
     S: Service<Request<B>, Response = Response<RespBody>, Error = ProxyError> + Clone + Send + 'a,
     S::Future: Send,
 {
-    let policies = &route.policies;
     let client_ip = conn.peer.ip();
     ServiceBuilder::new()
         .layer(RedirectLayer::new(policies.redirect.as_ref(), conn.tls))
         .layer(AuthLayer::new(policies.auth.as_ref(), conn))
         .layer(RateLimitLayer::new(policies.rate_limit.as_ref(), client_ip))
         .layer(X4xxLayer::new(policies.x4xx_limit.as_ref(), client_ip))
-        .layer(StickyLayer::new(policies.sticky.as_ref(), route, conn.tls))
+        .layer(StickyLayer::new(policies.sticky.as_ref(), backends, conn.tls))
         .service(forward)
         .oneshot(req)
-}
-
-/// Installs the secrets policies derive from (`JWT_KEY` overrides `master_key`): the JWT master
-/// key and the sticky-cookie key. Must run before the first snapshot is compiled; later calls
-/// change nothing.
-pub fn install_keys(main: &crate::config::MainConfig) {
-    let env_key = std::env::var("JWT_KEY").ok().filter(|k| !k.is_empty());
-    let master = env_key.or_else(|| main.master_key.clone());
-    sticky::install_master_key(master.clone());
-    jwt::install_master_key(master);
-}
-
-/// The process-wide part of the policies, started once from the control runtime: the JWT master
-/// key (`JWT_KEY` overrides `master_key`) and the active health checks.
-pub fn start(
-    runtime: &tokio::runtime::Runtime,
-    main: &crate::config::MainConfig,
-    snapshot: Arc<arc_swap::ArcSwap<Snapshot>>,
-) {
-    install_keys(main);
-    crate::upstream::health::spawn(runtime, main, snapshot);
 }

@@ -1,9 +1,10 @@
 //! `rate_limit` (SPEC §8.3): requests per second per client IP and host, with a burst of the same
 //! size; over it, [`ProxyError::RateLimited`] (429, `Retry-After: 1`) and the request goes no
-//! further. The counters live in one process-wide [`Table`], so the limit holds across workers.
+//! further. The counters live in one process-wide [`Table`] (built at start, passed in), so the limit holds
+//! across workers.
 
 use std::net::IpAddr;
-use std::sync::LazyLock;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures_util::future::{ready, Either, Ready};
@@ -11,9 +12,7 @@ use http::Request;
 use tower::{Layer, Service};
 
 use super::limiter::{Rate, Table, Tat};
-use crate::proxy::ProxyError;
-
-static REQUESTS: LazyLock<Table<Tat>> = LazyLock::new(Table::new);
+use crate::vocab::ProxyError;
 
 /// A route's compiled rate limit.
 #[derive(Debug)]
@@ -21,16 +20,13 @@ pub struct RateLimit {
     pub rate: Rate,
     /// Which host (or path) the counters belong to.
     scope: u64,
-    table: &'static Table<Tat>,
+    table: Arc<Table<Tat>>,
 }
 
 impl RateLimit {
-    pub fn new(rate: Rate, scope: u64) -> RateLimit {
-        RateLimit::with_table(rate, scope, &REQUESTS)
-    }
-
-    /// A limit counting in its own table (tests).
-    pub fn with_table(rate: Rate, scope: u64, table: &'static Table<Tat>) -> RateLimit {
+    /// A limit counting in `table`, the one table of its kind built at start and shared by
+    /// every route and worker, so a limit holds process-wide.
+    pub fn new(rate: Rate, scope: u64, table: Arc<Table<Tat>>) -> RateLimit {
         RateLimit { rate, scope, table }
     }
 
@@ -87,7 +83,6 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         match self.limit {
             Some(limit) if !limit.admit(self.client) => {
-                crate::metrics::rate_limited();
                 Either::Left(ready(Err(ProxyError::RateLimited)))
             }
             _ => Either::Right(self.inner.call(req)),
@@ -130,8 +125,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn ten_per_second_then_429_and_back_after_a_second() {
-        let table: &'static Table<Tat> = Box::leak(Box::new(Table::new()));
-        let limit = RateLimit::with_table(Rate::per_second(10).unwrap(), 1, table);
+        let table = Arc::new(Table::new());
+        let limit = RateLimit::new(Rate::per_second(10).unwrap(), 1, table);
         let inner = Arc::new(AtomicUsize::new(0));
         let mut results = Vec::new();
         for _ in 0..12 {
@@ -170,11 +165,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn scopes_count_separately() {
-        let table: &'static Table<Tat> = Box::leak(Box::new(Table::new()));
+        let table = Arc::new(Table::new());
         let rate = Rate::per_second(1).unwrap();
         let (a, b) = (
-            RateLimit::with_table(rate, 1, table),
-            RateLimit::with_table(rate, 2, table),
+            RateLimit::new(rate, 1, table.clone()),
+            RateLimit::new(rate, 2, table),
         );
         let inner = Arc::new(AtomicUsize::new(0));
         assert_eq!(send(Some(&a), [10, 0, 0, 1], &inner).await, Ok(200));

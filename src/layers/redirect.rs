@@ -3,7 +3,8 @@
 //! answers 301 to the URL followed by the request's path and query. A redirected request never
 //! reaches auth, limits or a backend.
 
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -12,30 +13,48 @@ use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use tower::{Layer, Service};
 
 use super::LocalBody;
-use crate::proxy::ProxyError;
+use crate::vocab::normalise::strip_port;
+use crate::vocab::ProxyError;
 
-static TLS_PORT: OnceLock<u16> = OnceLock::new();
+/// The TLS listener's port for `to_https` URLs, known once the listener is bound (0 until then,
+/// and 443, are left out of the URL). Built at start and shared by every compiled rule.
+#[derive(Debug, Default)]
+pub struct TlsPort(AtomicU16);
 
-/// Records the TLS listener's port for `to_https` (443 is left out of the URL).
-pub fn set_tls_port(port: u16) {
-    let _ = TLS_PORT.set(port);
+impl TlsPort {
+    pub fn set(&self, port: u16) {
+        self.0.store(port, Ordering::Relaxed);
+    }
+
+    fn url_suffix(&self) -> String {
+        match self.0.load(Ordering::Relaxed) {
+            0 | 443 => String::new(),
+            p => format!(":{p}"),
+        }
+    }
 }
 
 /// A route's compiled redirect rule.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Redirect {
     pub to_https: bool,
     /// `redirect_to` without a trailing slash.
     pub redirect_to: Option<String>,
+    tls_port: Arc<TlsPort>,
 }
 
 impl Redirect {
     /// The rule of a route, if it has one.
-    pub fn compile(to_https: Option<bool>, redirect_to: Option<&str>) -> Option<Redirect> {
+    pub fn compile(
+        to_https: Option<bool>,
+        redirect_to: Option<&str>,
+        tls_port: &Arc<TlsPort>,
+    ) -> Option<Redirect> {
         let to_https = to_https.unwrap_or(false);
         (to_https || redirect_to.is_some()).then(|| Redirect {
             to_https,
             redirect_to: redirect_to.map(|u| u.trim_end_matches('/').to_string()),
+            tls_port: tls_port.clone(),
         })
     }
 
@@ -56,11 +75,8 @@ impl Redirect {
             .get(header::HOST)
             .and_then(|h| h.to_str().ok())
             .or_else(|| req.uri().authority().map(|a| a.as_str()))?;
-        let host = crate::routing::normalise::strip_port(host);
-        let port = match TLS_PORT.get() {
-            Some(443) | None => String::new(),
-            Some(p) => format!(":{p}"),
-        };
+        let host = strip_port(host);
+        let port = self.tls_port.url_suffix();
         let status = if matches!(*req.method(), Method::GET | Method::HEAD) {
             StatusCode::MOVED_PERMANENTLY
         } else {
@@ -151,8 +167,9 @@ mod tests {
 
     #[test]
     fn locations_and_statuses() {
-        let https = Redirect::compile(Some(true), None).unwrap();
-        // TLS_PORT is unset in unit tests: 443 is implied and left out.
+        let port = Arc::new(TlsPort::default());
+        let https = Redirect::compile(Some(true), None, &port).unwrap();
+        // The TLS port is not known yet: 443 is implied and left out.
         assert_eq!(
             target(&https, Method::GET, "/a?b=1", "ex.com:8080", false),
             Some((301, "https://ex.com/a?b=1".into()))
@@ -170,11 +187,16 @@ mod tests {
             target(&https, Method::GET, "/", "[::1]:80", false),
             Some((301, "https://[::1]/".into()))
         );
-        let moved = Redirect::compile(None, Some("https://www.example.com/")).unwrap();
+        port.set(8443);
+        assert_eq!(
+            target(&https, Method::GET, "/a", "ex.com", false),
+            Some((301, "https://ex.com:8443/a".into()))
+        );
+        let moved = Redirect::compile(None, Some("https://www.example.com/"), &port).unwrap();
         assert_eq!(
             target(&moved, Method::GET, "/x?y", "old.com", true),
             Some((301, "https://www.example.com/x?y".into()))
         );
-        assert_eq!(Redirect::compile(Some(false), None), None);
+        assert!(Redirect::compile(Some(false), None, &port).is_none());
     }
 }

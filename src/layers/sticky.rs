@@ -1,8 +1,8 @@
 //! Sticky sessions (SPEC §5): a `backend_id` cookie pins a client to one backend of the route.
 //!
 //! The cookie's value is an HMAC-SHA256 (truncated to 128 bits, hex) of the backend's identity
-//! under a key derived from `master_key` (or `JWT_KEY`) when one is set, else a per-process random
-//! key, so it cannot be forged or guessed, and it says nothing about
+//! under the sticky key of [`Keys`] (derived from `master_key` or `JWT_KEY` when one is set, else
+//! random per process), so it cannot be forged or guessed, and it says nothing about
 //! the backend's address. A valid cookie for a backend of this route that is in rotation pins the
 //! request ([`Pinned`] in the request's extensions, read by forwarding); otherwise round robin
 //! picks, and the response gets a fresh cookie for the backend that answered (forwarding tags
@@ -14,7 +14,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -26,46 +26,15 @@ use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
 use super::auth::ct_eq;
-pub use crate::metrics::ServedBy;
-use crate::proxy::ProxyError;
-use crate::routing::Route;
-use crate::upstream::Backend;
+use super::keys::Keys;
+use crate::upstream::{Backend, BackendSet, Pinned, ServedBy};
+use crate::vocab::ProxyError;
 
 /// Name of the cookie.
 pub const COOKIE: &str = "backend_id";
 
-/// Request extension: forwarding tries this backend (an index into the route's backends) first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Pinned(pub usize);
-
-static MASTER_SECRET: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-
-/// Sets the secret the cookie key derives from; call once at start, before any request.
-pub fn install_master_key(key: Option<String>) {
-    let _ = MASTER_SECRET.set(key);
-}
-
-static KEY: LazyLock<hmac::Key> = LazyLock::new(|| {
-    if let Some(master) = MASTER_SECRET.get().and_then(Option::as_ref) {
-        // A key of its own, derived from the master key (never the master key itself).
-        let derive = hmac::Key::new(hmac::HMAC_SHA256, master.as_bytes());
-        let derived = hmac::sign(&derive, b"aralez sticky-session cookie key v1");
-        return hmac::Key::new(hmac::HMAC_SHA256, derived.as_ref());
-    }
-    let mut secret = [0u8; 32];
-    if aws_lc_rs::rand::fill(&mut secret).is_err() {
-        // No system randomness: fall back to the OS-seeded hasher keys std uses.
-        use std::hash::{BuildHasher, RandomState};
-        for (i, chunk) in secret.chunks_mut(8).enumerate() {
-            chunk.copy_from_slice(&RandomState::new().hash_one(i).to_le_bytes());
-        }
-        tracing::warn!("system randomness unavailable; sticky cookie key from hasher seeds");
-    }
-    hmac::Key::new(hmac::HMAC_SHA256, &secret)
-});
-
 /// The opaque id of a backend: 32 hex digits.
-pub fn backend_id(backend: &Backend) -> [u8; 32] {
+pub fn backend_id(backend: &Backend, key: &hmac::Key) -> [u8; 32] {
     // The same identity as before protocol detection existed ("Http1" unless pinned `h2c://`),
     // so cookies stay valid across a live upgrade to this version.
     let framing = if backend.spec.scheme == Some(crate::config::values::Scheme::H2c) {
@@ -74,7 +43,7 @@ pub fn backend_id(backend: &Backend) -> [u8; 32] {
         "Http1"
     };
     let identity = format!("{}|{framing}", backend.label);
-    let tag = hmac::sign(&KEY, identity.as_bytes());
+    let tag = hmac::sign(key, identity.as_bytes());
     let mut out = [0u8; 32];
     for (i, byte) in tag.as_ref()[..16].iter().enumerate() {
         out[2 * i] = HEX[usize::from(byte >> 4)];
@@ -94,8 +63,11 @@ pub struct Sticky {
 }
 
 impl Sticky {
-    pub fn compile(max_age: Duration, backends: &[Arc<Backend>]) -> Sticky {
-        let ids: Box<[[u8; 32]]> = backends.iter().map(|b| backend_id(b)).collect();
+    pub fn compile(max_age: Duration, backends: &[Arc<Backend>], keys: &Keys) -> Sticky {
+        let ids: Box<[[u8; 32]]> = backends
+            .iter()
+            .map(|b| backend_id(b, keys.sticky()))
+            .collect();
         let cookie = |id: &[u8; 32], secure: bool| {
             let id = std::str::from_utf8(id).unwrap_or("");
             let secure = if secure { "; Secure" } else { "" };
@@ -114,13 +86,12 @@ impl Sticky {
     }
 
     /// The backend the request's cookie names, if it is one of this route's and in rotation.
-    fn pinned(&self, headers: &HeaderMap, route: &Route) -> Option<usize> {
+    fn pinned(&self, headers: &HeaderMap, backends: &BackendSet) -> Option<usize> {
         let value = cookie_value(headers)?;
         let index = self.ids.iter().position(|id| ct_eq(id, value))?;
-        route
-            .backends
+        backends
             .get(index)
-            .is_some_and(|b| route.usable(b))
+            .is_some_and(|b| backends.usable(b))
             .then_some(index)
     }
 
@@ -147,15 +118,15 @@ fn cookie_value(headers: &HeaderMap) -> Option<&[u8]> {
 #[derive(Clone, Copy)]
 pub struct StickyLayer<'a> {
     sticky: Option<&'a Sticky>,
-    route: &'a Route,
+    backends: &'a BackendSet,
     secure: bool,
 }
 
 impl<'a> StickyLayer<'a> {
-    pub fn new(sticky: Option<&'a Sticky>, route: &'a Route, secure: bool) -> Self {
+    pub fn new(sticky: Option<&'a Sticky>, backends: &'a BackendSet, secure: bool) -> Self {
         StickyLayer {
             sticky,
-            route,
+            backends,
             secure,
         }
     }
@@ -194,14 +165,14 @@ where
         let Some(sticky) = self.layer.sticky else {
             return Either::Right(self.inner.call(req));
         };
-        let pinned = sticky.pinned(req.headers(), self.layer.route);
+        let pinned = sticky.pinned(req.headers(), self.layer.backends);
         if let Some(index) = pinned {
             req.extensions_mut().insert(Pinned(index));
         }
         Either::Left(Cookied {
             inner: self.inner.call(req),
             sticky,
-            route: self.layer.route,
+            backends: self.layer.backends,
             pinned,
             secure: self.layer.secure,
         })
@@ -214,7 +185,7 @@ pin_project! {
         #[pin]
         inner: F,
         sticky: &'a Sticky,
-        route: &'a Route,
+        backends: &'a BackendSet,
         pinned: Option<usize>,
         secure: bool,
     }
@@ -230,11 +201,10 @@ where
         let this = self.project();
         let mut answer = std::task::ready!(this.inner.poll(cx));
         if let Ok(resp) = &mut answer {
-            let backends = &this.route.backends;
             let served = resp
                 .extensions()
                 .get::<ServedBy>()
-                .and_then(|ServedBy(b)| backends.iter().position(|x| Arc::ptr_eq(x, b)));
+                .and_then(|ServedBy(b)| this.backends.position(b));
             // Duplicate entries of one backend share an id, so `position` finds the same index.
             if let Some(served) = served.filter(|s| *this.pinned != Some(*s)) {
                 if let Some(cookie) = this.sticky.set_cookie(served, *this.secure) {
@@ -251,22 +221,28 @@ where
 mod tests {
     use super::*;
     use crate::config::{parse_upstreams_text, Issues};
-    use crate::routing::{Lookup, Snapshot};
     use crate::upstream::Registry;
     use futures_util::future::ready;
     use tower::ServiceExt;
 
-    fn snapshot() -> Snapshot {
+    /// Three backends and the sticky setting of a route with `sticky_sessions: 120`.
+    struct Route {
+        backends: BackendSet,
+        sticky: Sticky,
+    }
+
+    fn route() -> Route {
         let yaml = "upstreams:\n  a.com:\n    paths:\n      /:\n        servers: [\"127.0.0.1:1\", \"127.0.0.1:2\", \"127.0.0.1:3\"]\n        sticky_sessions: 120\n";
         let mut issues = Issues::default();
         let cfg = parse_upstreams_text(yaml, "test", &mut issues).expect("valid");
-        Snapshot::build(&cfg, &Registry::new(1, 4, Duration::from_secs(60)))
-    }
-
-    fn route(s: &Snapshot) -> &Arc<Route> {
-        match s.route(Some(b"a.com"), "/") {
-            Lookup::Found(r) => r,
-            _ => panic!("no route"),
+        let registry = Registry::for_tests(1, Duration::from_secs(60));
+        let servers = &cfg.hosts[0].paths[0].servers;
+        let backends: Box<[Arc<Backend>]> =
+            servers.iter().map(|s| registry.backend(s, false)).collect();
+        let sticky = Sticky::compile(Duration::from_secs(120), &backends, &Keys::for_tests(None));
+        Route {
+            backends: BackendSet::new(backends, true),
+            sticky,
         }
     }
 
@@ -279,7 +255,7 @@ mod tests {
     ) -> (Option<usize>, Vec<String>) {
         let seen = Arc::new(std::sync::Mutex::new(None));
         let s2 = seen.clone();
-        let backends = route.backends.clone();
+        let backends: Vec<Arc<Backend>> = route.backends.iter().cloned().collect();
         let inner = tower::service_fn(move |req: Request<()>| {
             let pinned = req.extensions().get::<Pinned>().map(|p| p.0);
             *s2.lock().unwrap() = pinned;
@@ -297,7 +273,7 @@ mod tests {
         if let Some(c) = cookie {
             req = req.header("cookie", c);
         }
-        let resp = StickyLayer::new(route.policies.sticky.as_ref(), route, false)
+        let resp = StickyLayer::new(Some(&route.sticky), &route.backends, false)
             .layer(inner)
             .oneshot(req.body(()).unwrap())
             .await
@@ -322,8 +298,7 @@ mod tests {
 
     #[tokio::test]
     async fn cookie_pins_and_is_appended() {
-        let s = snapshot();
-        let r = route(&s);
+        let r = &route();
         let (pinned, cookies) = send(r, None, 1).await;
         assert_eq!(pinned, None);
         assert_eq!(cookies.len(), 3, "{cookies:?}");
@@ -348,8 +323,7 @@ mod tests {
 
     #[tokio::test]
     async fn forged_or_dead_cookies_do_not_pin() {
-        let s = snapshot();
-        let r = route(&s);
+        let r = &route();
         let (_, cookies) = send(r, Some(format!("{COOKIE}={}", "0".repeat(32))), 2).await;
         assert!(
             id_of(&cookies).len() > 11,
@@ -358,7 +332,7 @@ mod tests {
         let (_, cookies) = send(r, None, 2).await;
         let id = id_of(&cookies);
         for _ in 0..3 {
-            r.backends[2].connect_failed();
+            r.backends.get(2).unwrap().connect_failed();
         }
         let (pinned, cookies) = send(r, Some(id.clone()), 0).await;
         assert_eq!(pinned, None, "a backend out of rotation is not pinned");
@@ -371,9 +345,13 @@ mod tests {
 
     #[test]
     fn ids_differ_per_backend_and_hide_the_address() {
-        let s = snapshot();
-        let r = route(&s);
-        let ids: Vec<[u8; 32]> = r.backends.iter().map(|b| backend_id(b)).collect();
+        let r = &route();
+        let key = Keys::for_tests(None);
+        let ids: Vec<[u8; 32]> = r
+            .backends
+            .iter()
+            .map(|b| backend_id(b, key.sticky()))
+            .collect();
         assert_ne!(ids[0], ids[1]);
         assert_ne!(ids[1], ids[2]);
         assert!(ids.iter().all(|id| id.iter().all(u8::is_ascii_hexdigit)));

@@ -1,11 +1,12 @@
 //! `x4xx_limit` (SPEC §8.3): 4xx responses per second tolerated per client IP and host. Past
 //! that, every request gets [`ProxyError::TooMany4xx`] (429, `Retry-After: 1`) until the client
-//! has been quiet for a second. Counters live in one process-wide table (all workers).
+//! has been quiet for a second. Counters live in one process-wide table (built at start, passed in;
+//! all workers).
 
 use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::LazyLock;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures_util::future::{ready, Either, Ready};
@@ -14,25 +15,20 @@ use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
 use super::limiter::{Rate, Strikes, Table};
-use crate::proxy::ProxyError;
-
-static STRIKES: LazyLock<Table<Strikes>> = LazyLock::new(Table::new);
+use crate::vocab::ProxyError;
 
 /// A route's compiled 4xx limit.
 #[derive(Debug)]
 pub struct X4xxLimit {
     pub rate: Rate,
     scope: u64,
-    table: &'static Table<Strikes>,
+    table: Arc<Table<Strikes>>,
 }
 
 impl X4xxLimit {
-    pub fn new(rate: Rate, scope: u64) -> X4xxLimit {
-        X4xxLimit::with_table(rate, scope, &STRIKES)
-    }
-
-    /// A limit counting in its own table (tests).
-    pub fn with_table(rate: Rate, scope: u64, table: &'static Table<Strikes>) -> X4xxLimit {
+    /// A limit counting in `table`, the one table of its kind built at start and shared by
+    /// every route and worker, so a limit holds process-wide.
+    pub fn new(rate: Rate, scope: u64, table: Arc<Table<Strikes>>) -> X4xxLimit {
         X4xxLimit { rate, scope, table }
     }
 }
@@ -89,7 +85,6 @@ where
         };
         let key = limit.table.key((self.client, limit.scope));
         if !limit.table.admit_4xx(key) {
-            crate::metrics::rate_limited();
             return Either::Left(ready(Err(ProxyError::TooMany4xx)));
         }
         Either::Right(Either::Left(Counting {
@@ -170,8 +165,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn too_many_4xx_block_until_a_quiet_second() {
-        let table: &'static Table<Strikes> = Box::leak(Box::new(Table::new()));
-        let limit = X4xxLimit::with_table(Rate::per_second(2).unwrap(), 9, table);
+        let table = Arc::new(Table::new());
+        let limit = X4xxLimit::new(Rate::per_second(2).unwrap(), 9, table);
         let count = Arc::new(AtomicUsize::new(0));
         let me = [127, 0, 0, 2];
         // 2xx answers never count.
@@ -219,8 +214,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn proxy_errors_in_the_4xx_range_count_too() {
-        let table: &'static Table<Strikes> = Box::leak(Box::new(Table::new()));
-        let limit = X4xxLimit::with_table(Rate::per_second(1).unwrap(), 9, table);
+        let table = Arc::new(Table::new());
+        let limit = X4xxLimit::new(Rate::per_second(1).unwrap(), 9, table);
         let failing = tower::service_fn(|_req: Request<()>| {
             ready(Err::<Response<()>, _>(ProxyError::TokenRequired))
         });

@@ -15,10 +15,14 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
+use crate::accesslog::AccessLog;
 use crate::config::{self, Issues, MainConfig, UpstreamsConfig};
 use crate::discovery::Reloader;
-use crate::proxy::Proxy;
-use crate::server::{self, ServeSettings, TcpKeepalive};
+use crate::layers::{Keys, PolicyState};
+use crate::metrics::Metrics;
+use crate::proxy::Forwarder;
+use crate::routing::Router;
+use crate::server::{self, Limits, TcpKeepalive};
 use crate::upstream::{Registry, Timeouts};
 
 /// Why the proxy could not start.
@@ -92,6 +96,73 @@ fn load(main_path: &Path) -> Result<(MainConfig, UpstreamsConfig, Issues), Start
     Ok((main, upstreams, issues))
 }
 
+/// What start-up builds once and hands to whoever needs it: nothing of it is process-wide, so
+/// a second proxy in one process (tests) builds its own.
+pub struct Context {
+    pub metrics: Arc<Metrics>,
+    pub access_log: AccessLog,
+    pub policy_state: Arc<PolicyState>,
+    pub reloader: Arc<Reloader>,
+}
+
+impl Context {
+    /// Metrics, the access log sink, keys and limiter tables, the backend registry, and the
+    /// reloader with `upstreams` installed as the first snapshot.
+    pub fn build(main: &MainConfig, upstreams: UpstreamsConfig) -> Result<Context, StartError> {
+        let metrics = Arc::new(Metrics::new(main.threads));
+        let access_log =
+            crate::accesslog::start(main.access_log, main.log_file.as_deref(), metrics.clone())
+                .map_err(|e| StartError::Logging(e.to_string()))?;
+        let policy_state = Arc::new(PolicyState::new(Keys::from_config(
+            main.master_key.as_deref(),
+        )));
+        let registry = Registry::new(
+            main.threads,
+            main.upstream_keepalive_pool_size,
+            main.hc_interval,
+            metrics.clone(),
+        );
+        let reloader = Arc::new(Reloader::new(
+            main.upstreams_conf.clone(),
+            registry,
+            policy_state.clone(),
+            metrics.clone(),
+        ));
+        let digest = crate::discovery::files_digest(&main.upstreams_conf);
+        reloader.install_file_config(upstreams, digest, "start");
+        Ok(Context {
+            metrics,
+            access_log,
+            policy_state,
+            reloader,
+        })
+    }
+
+    /// The request path: router and forwarder over the reloader's snapshot.
+    pub fn router(&self, main: &MainConfig) -> Arc<Router> {
+        let forwarder = Forwarder {
+            timeouts: Timeouts {
+                connect: main.upstream_connect_timeout,
+                response: main.upstream_response_timeout,
+            },
+        };
+        Arc::new(Router::new(
+            self.reloader.snapshot.clone(),
+            forwarder,
+            self.metrics.clone(),
+        ))
+    }
+
+    /// What the proxy listeners' connections share.
+    pub fn serving(&self, main: &MainConfig) -> server::Serving {
+        server::Serving {
+            router: self.router(main),
+            metrics: self.metrics.clone(),
+            access_log: self.access_log.clone(),
+        }
+    }
+}
+
 /// Reads the config and runs the proxy until a stop signal. Returns after the drain.
 pub fn run(main_path: &Path, options: RunOptions) -> Result<(), StartError> {
     let (main, upstreams, issues) = load(main_path)?;
@@ -99,16 +170,7 @@ pub fn run(main_path: &Path, options: RunOptions) -> Result<(), StartError> {
     for warning in issues.warnings() {
         tracing::warn!("{warning}");
     }
-    crate::accesslog::start(main.access_log, main.log_file.as_deref())
-        .map_err(|e| StartError::Logging(e.to_string()))?;
-
-    let threads = main.threads;
-    let registry = Registry::new(threads, main.upstream_keepalive_pool_size, main.hc_interval);
-    crate::layers::install_keys(&main);
-    let reloader = Arc::new(Reloader::new(main.upstreams_conf.clone(), registry));
-    let digest = crate::discovery::files_digest(&main.upstreams_conf);
-    reloader.install_file_config(upstreams, digest, "start");
-    crate::metrics::watch_snapshot(reloader.snapshot.clone());
+    let ctx = Context::build(&main, upstreams)?;
 
     let bound = sockets::open(&main, options.upgrade)?;
     let pid_file =
@@ -145,40 +207,32 @@ pub fn run(main_path: &Path, options: RunOptions) -> Result<(), StartError> {
     }
     let tls = tls_acceptor(&main, &control)?;
     if let Some(addr) = bound.tls.first().and_then(|l| l.local_addr().ok()) {
-        crate::layers::redirect::set_tls_port(addr.port());
+        ctx.policy_state.tls_port.set(addr.port());
         tracing::info!("listening on https://{addr} with {workers_count} worker(s)");
     }
-    crate::layers::start(&control, &main, reloader.snapshot.clone());
-    crate::discovery::start(&control, &main, reloader.clone());
-
-    let proxy = Arc::new(Proxy {
-        snapshot: reloader.snapshot.clone(),
-        timeouts: Timeouts {
-            connect: main.upstream_connect_timeout,
-            response: main.upstream_response_timeout,
-        },
-    });
+    crate::control::start(&control, &main, ctx.reloader.snapshot.clone());
+    crate::discovery::start(&control, ctx.reloader.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
+    let mut side_tasks = start_side_listeners(&control, &main, &ctx, &stop_rx);
+
     let listeners = server::Listeners {
         http: bound.http,
         tls: bound.tls,
         acceptor: tls,
     };
-    let workers = server::spawn_workers(listeners, proxy, serve_settings(&main), stop_rx).map_err(
-        |source| StartError::Runtime {
-            what: "worker threads",
-            source,
-        },
-    )?;
+    let workers =
+        server::spawn_workers(listeners, ctx.serving(&main), limits(&main), stop_rx.clone())
+            .map_err(|source| StartError::Runtime {
+                what: "worker threads",
+                source,
+            })?;
 
     let offer = bound.offer.clone();
     let upgrade_sock = bound.upgrade_sock;
     control.block_on(async {
         if let Some((listener, folder)) = bound.files {
-            match tokio::net::TcpListener::from_std(listener) {
-                Ok(listener) => drop(tokio::spawn(crate::fileserver::serve(listener, folder))),
-                Err(e) => tracing::error!("file server: {e}"),
-            }
+            let served = crate::fileserver::serve(listener, folder, limits(&main), stop_rx);
+            side_tasks.push(tokio::spawn(served));
         }
         if let Some(sock) = &upgrade_sock {
             drop(tokio::spawn(sock.serve(offer.clone())));
@@ -190,7 +244,7 @@ pub fn run(main_path: &Path, options: RunOptions) -> Result<(), StartError> {
         };
         notify::notify(&ready);
         match signals {
-            Some(signals) => signals.wait(&reloader).await,
+            Some(signals) => signals.wait(&ctx.reloader).await,
             None => {
                 tracing::error!("cannot install signal handlers; stop with SIGKILL");
                 std::future::pending::<()>().await;
@@ -208,8 +262,13 @@ pub fn run(main_path: &Path, options: RunOptions) -> Result<(), StartError> {
     for worker in workers {
         let _ = worker.join();
     }
+    // The admin API and file server drained alongside the workers.
+    control.block_on(async {
+        let all = futures_util::future::join_all(side_tasks);
+        let _ = tokio::time::timeout(main.grace_period, all).await;
+    });
     control.shutdown_timeout(std::time::Duration::from_millis(200));
-    crate::accesslog::flush();
+    ctx.access_log.flush();
     if let Some(sock) = upgrade_sock {
         sock.remove();
     }
@@ -218,8 +277,31 @@ pub fn run(main_path: &Path, options: RunOptions) -> Result<(), StartError> {
     Ok(())
 }
 
-fn serve_settings(main: &MainConfig) -> ServeSettings {
-    ServeSettings {
+/// The admin API, on the control runtime; its tasks end after their drain.
+fn start_side_listeners(
+    control: &tokio::runtime::Runtime,
+    main: &MainConfig,
+    ctx: &Context,
+    stop: &watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let admin = Arc::new(crate::admin::Admin {
+        reloader: ctx.reloader.clone(),
+        master_key: ctx.policy_state.keys.master().map(str::to_string),
+        config_api_enabled: main.config_api_enabled,
+        metrics: ctx.metrics.clone(),
+    });
+    match crate::admin::start(control, main, admin, stop) {
+        Ok(tasks) => tasks,
+        Err(e) => {
+            tracing::error!("admin API: {e}");
+            Vec::new()
+        }
+    }
+}
+
+/// The limits of the proxy listeners (and the file server).
+pub fn limits(main: &MainConfig) -> Limits {
+    Limits {
         header_timeout: main.client_header_timeout,
         max_header_bytes: main.max_request_header_bytes,
         max_connections: main.max_connections,
@@ -230,6 +312,7 @@ fn serve_settings(main: &MainConfig) -> ServeSettings {
         }),
         grace_period: main.grace_period,
         idle_timeout: main.client_idle_timeout,
+        max_streams: server::MAX_CLIENT_STREAMS,
     }
 }
 

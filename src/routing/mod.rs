@@ -1,19 +1,24 @@
-//! The compiled, immutable routing state: host -> longest path prefix -> [`Route`].
+//! Routing: the compiled, immutable routing state (host -> longest path prefix -> [`Route`])
+//! and the [`Router`], the request path's entry, which finds a request's route and runs it
+//! through the route's policies to forwarding.
 //!
 //! A [`Snapshot`] is built from validated config off the request path, then published with one
 //! `ArcSwap` store. Requests load it once and never see it change under them.
 
-pub mod normalise;
+mod router;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use http::{HeaderName, HeaderValue};
 
 use crate::config::upstreams::{HeaderList, RouteSettings, UpstreamsConfig};
-use crate::layers::Policies;
-use crate::upstream::{Backend, Registry};
+use crate::layers::{Policies, PolicyState};
+use crate::proxy::HeaderRules;
+use crate::upstream::{Backend, BackendSet, Registry};
+use crate::vocab::normalise;
+
+pub use router::Router;
 
 /// Everything a request needs once its route is known.
 #[derive(Debug)]
@@ -21,35 +26,14 @@ pub struct Route {
     /// The host key as written in the config (`DEFAULT` included).
     pub host: Box<str>,
     pub prefix: Box<str>,
-    pub backends: Box<[Arc<Backend>]>,
-    next: AtomicUsize,
-    /// Headers set on the request to the backend.
-    pub server_headers: Box<[(HeaderName, HeaderValue)]>,
-    /// Headers set on the response to the client.
-    pub client_headers: Box<[(HeaderName, HeaderValue)]>,
+    /// The backends, their rotation and round-robin position.
+    pub backends: BackendSet,
+    /// `server_headers` and `client_headers`.
+    pub headers: HeaderRules,
     /// All policy settings, global and host values already folded in.
     pub settings: RouteSettings,
     /// The policies compiled from `settings` (auth, limits, sticky sessions).
     pub policies: Policies,
-    /// Active health checks probe this route's backends (`healthcheck` is not `false`).
-    pub health_checked: bool,
-}
-
-impl Route {
-    /// Index of the backend to try first (round robin).
-    pub fn next_start(&self) -> usize {
-        self.next.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// Whether `backend` may take this route's requests: in rotation, judged by passive health
-    /// alone when the route turned health checks off.
-    pub fn usable(&self, backend: &Backend) -> bool {
-        if self.health_checked {
-            backend.is_up()
-        } else {
-            backend.passive_up()
-        }
-    }
 }
 
 /// A host's routes, longest prefix first.
@@ -83,8 +67,9 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// Compiles validated config; backends come from `registry` so their state carries over.
-    pub fn build(cfg: &UpstreamsConfig, registry: &Registry) -> Snapshot {
+    /// Compiles validated config; backends come from `registry` so their state carries over,
+    /// and policies share `state` (keys, limiter tables) with every other snapshot.
+    pub fn build(cfg: &UpstreamsConfig, registry: &Registry, state: &PolicyState) -> Snapshot {
         let mut snapshot = Snapshot::default();
         for host in &cfg.hosts {
             let host_settings = host.settings.inherit(&cfg.globals);
@@ -104,16 +89,22 @@ impl Snapshot {
                         .iter()
                         .map(|s| registry.backend(s, verify_tls))
                         .collect();
-                    let policies =
-                        Policies::compile(&settings, &p.settings, &host.name, &p.prefix, &backends);
+                    let policies = Policies::compile(
+                        &settings,
+                        &p.settings,
+                        &host.name,
+                        &p.prefix,
+                        &backends,
+                        state,
+                    );
                     Arc::new(Route {
                         host: host.name.as_str().into(),
                         prefix: p.prefix.as_str().into(),
-                        backends,
-                        next: AtomicUsize::new(0),
-                        server_headers: boxed(&settings.server_headers),
-                        client_headers: boxed(&settings.client_headers),
-                        health_checked,
+                        backends: BackendSet::new(backends, health_checked),
+                        headers: HeaderRules {
+                            to_backend: boxed(&settings.server_headers),
+                            to_client: boxed(&settings.client_headers),
+                        },
                         policies,
                         settings,
                     })
@@ -127,26 +118,7 @@ impl Snapshot {
                 snapshot.hosts.insert(host.name.as_str().into(), table);
             }
         }
-        snapshot.allow_detection_where_health_checked();
         snapshot
-    }
-
-    /// A backend's protocol is detected only when a health-checked route uses it (SPEC §6.3);
-    /// decided for the whole table, so a reload that turns health checks off takes it back.
-    fn allow_detection_where_health_checked(&self) {
-        let routes = || {
-            self.hosts
-                .values()
-                .chain(&self.default)
-                .flat_map(|t| &t.routes)
-        };
-        let checked: std::collections::HashSet<*const Backend> = routes()
-            .filter(|r| r.health_checked)
-            .flat_map(|r| r.backends.iter().map(Arc::as_ptr))
-            .collect();
-        for backend in routes().flat_map(|r| r.backends.iter()) {
-            backend.set_detection_allowed(checked.contains(&Arc::as_ptr(backend)));
-        }
     }
 
     /// Finds the route for a request's host (raw `Host`/`:authority` bytes) and path.
@@ -188,7 +160,8 @@ mod tests {
     fn snapshot(yaml: &str) -> Snapshot {
         let mut issues = Issues::default();
         let cfg = parse_upstreams_text(yaml, "test", &mut issues).expect("valid config");
-        Snapshot::build(&cfg, &Registry::new(1, 4, Duration::from_secs(1)))
+        let state = PolicyState::new(crate::layers::Keys::for_tests(None));
+        Snapshot::build(&cfg, &Registry::for_tests(1, Duration::from_secs(1)), &state)
     }
 
     fn found(s: &Snapshot, host: Option<&str>, path: &str) -> Option<String> {
@@ -241,7 +214,7 @@ mod tests {
             panic!("no route")
         };
         assert_eq!(r.settings.rate_limit, Some(5));
-        let names: Vec<&str> = r.server_headers.iter().map(|(n, _)| n.as_str()).collect();
+        let names: Vec<&str> = r.headers.to_backend.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["x-global", "x-host", "x-path"]);
     }
 }

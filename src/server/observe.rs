@@ -1,32 +1,31 @@
-//! The per-request wrapper around the proxy: counts metrics, starts and finishes the access log
-//! record, and, while the worker drains, asks HTTP/1 clients to close after this response.
+//! The per-request wrapper around the router on the proxy listeners: counts metrics, starts and
+//! finishes the access log record, and adds HSTS on TLS listeners of grade `high`.
 //!
-//! It only observes: the proxy's response passes through unchanged apart from `Connection: close`
-//! during a drain. The response body also carries the request's [`InFlight`] guard, so the
-//! connection counts as busy until that body is done.
+//! It only observes: the router's response passes through unchanged apart from HSTS.
 
+use std::convert::Infallible;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, CONNECTION, HOST};
-use http::{Request, Response, Version};
+use http::header::{HeaderValue, HOST, STRICT_TRANSPORT_SECURITY};
+use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use super::idle::{Activity, InFlight};
-use crate::accesslog::{self, Record};
-use crate::metrics::{self, ServedBy};
-use crate::proxy::{ClientConn, Proxy, RespBody};
+use crate::accesslog::{AccessLog, Record};
+use crate::metrics::Metrics;
+use crate::proxy::RespBody;
+use crate::routing::Router;
+use crate::upstream::ServedBy;
+use crate::vocab::ClientConn;
 
 /// The client's response body, counting bytes for the access log.
 pub struct LoggedBody {
     inner: RespBody,
     record: Record,
-    _in_flight: InFlight,
 }
 
 impl Body for LoggedBody {
@@ -58,23 +57,30 @@ impl Body for LoggedBody {
 
 /// What every request of one client connection shares.
 pub struct ConnCtx {
-    pub proxy: Arc<Proxy>,
+    pub router: Arc<Router>,
+    pub metrics: Arc<Metrics>,
+    pub access_log: AccessLog,
     pub client: ClientConn,
-    pub draining: DrainFlag,
     /// Add `Strict-Transport-Security` to responses that lack it (TLS grade `high`).
     pub hsts: bool,
-    /// Requests open on the connection, for its idle timeout.
-    pub activity: Arc<Activity>,
 }
 
-/// Handles one request through the proxy, with metrics and the access log around it.
+/// [`handle`] as a hyper service answers.
+pub async fn answer(
+    ctx: Arc<ConnCtx>,
+    req: Request<Incoming>,
+) -> Result<Response<LoggedBody>, Infallible> {
+    Ok(handle(&ctx, req).await)
+}
+
+/// Handles one request through the router, with metrics and the access log around it.
 pub async fn handle(ctx: &ConnCtx, req: Request<Incoming>) -> Response<LoggedBody> {
-    let in_flight = ctx.activity.begin();
     let client = &ctx.client;
     let start = Instant::now();
     let version = req.version();
-    metrics::request_started(req.method(), version);
-    let mut record = accesslog::begin(
+    ctx.metrics
+        .request_started(client.worker, req.method(), version);
+    let mut record = ctx.access_log.begin(
         client.peer.ip(),
         req.method(),
         req.uri(),
@@ -82,30 +88,21 @@ pub async fn handle(ctx: &ConnCtx, req: Request<Incoming>) -> Response<LoggedBod
         req.headers().get(HOST),
         start,
     );
-    let mut resp = ctx.proxy.handle(client, req).await;
-    let served = resp.extensions().get::<ServedBy>();
-    metrics::response_ready(resp.status(), start.elapsed(), served);
-    record.respond(resp.status().as_u16(), served.map(|s| &s.0));
-    if ctx.hsts
-        && !resp
-            .headers()
-            .contains_key(http::header::STRICT_TRANSPORT_SECURITY)
-    {
+    let mut resp = ctx.router.handle(client, req).await;
+    let served = resp.extensions().get::<ServedBy>().map(|s| &s.0.label);
+    let status = resp.status();
+    ctx.metrics.response_ready(
+        client.worker,
+        status,
+        start.elapsed(),
+        served.map(|l| &**l),
+    );
+    record.respond(status.as_u16(), served);
+    if ctx.hsts && !resp.headers().contains_key(STRICT_TRANSPORT_SECURITY) {
         resp.headers_mut().insert(
-            http::header::STRICT_TRANSPORT_SECURITY,
+            STRICT_TRANSPORT_SECURITY,
             HeaderValue::from_static("max-age=31536000"),
         );
     }
-    if ctx.draining.load(Ordering::Relaxed) && version < Version::HTTP_2 {
-        resp.headers_mut()
-            .insert(CONNECTION, HeaderValue::from_static("close"));
-    }
-    resp.map(|inner| LoggedBody {
-        inner,
-        record,
-        _in_flight: in_flight,
-    })
+    resp.map(|inner| LoggedBody { inner, record })
 }
-
-/// Per-worker drain state shared with every connection's service.
-pub type DrainFlag = Arc<AtomicBool>;

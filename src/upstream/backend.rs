@@ -6,67 +6,33 @@
 use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
+use tokio::time::Instant;
+
+pub use super::connector::Wire;
+use super::connector::{self, ConnectError, Endpoint, Fresh};
+use super::slot::WorkerSlot;
+use crate::vocab::WorkerId;
 use crate::config::values::{Scheme, ServerSpec};
-
-use super::pool::WorkerSlot;
+use crate::metrics::Metrics;
 
 /// Consecutive connect failures after which a backend is taken out of rotation.
 const FAILS_BEFORE_DOWN: u32 = 3;
 
-/// How an HTTP exchange is framed on a connection (plain or TLS underneath).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Protocol {
-    Http1,
-    H2,
-}
-
-/// What a backend's connections are: plain HTTP/1.1, h2c (prior knowledge), or TLS (where ALPN
-/// picks h2 or HTTP/1.1). Pinned by a scheme prefix, else detected (`detect.rs`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Wire {
-    Http1 = 1,
-    H2c = 2,
-    Tls = 3,
-}
-
-impl Wire {
-    fn from_u8(v: u8) -> Option<Wire> {
-        match v {
-            1 => Some(Wire::Http1),
-            2 => Some(Wire::H2c),
-            3 => Some(Wire::Tls),
-            _ => None,
-        }
-    }
-
-    /// As shown by `/status`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Wire::Http1 => "http1",
-            Wire::H2c => "h2c",
-            Wire::Tls => "tls",
-        }
-    }
-}
-
 /// One backend server.
 pub struct Backend {
     pub spec: ServerSpec,
-    /// `host:port`, as shown in logs and errors.
-    pub label: Box<str>,
+    /// `host:port`, as shown in logs, errors, metrics and the access log.
+    pub label: Arc<str>,
     /// Resolved when the backend was created and again periodically for host names (see
     /// [`Backend::re_resolve`]); empty while the name does not resolve.
     addrs: arc_swap::ArcSwap<Box<[SocketAddr]>>,
     /// Set by a scheme prefix (`http://`, `h2c://`, `https://`); detection never overrides it.
     pinned: Option<Wire>,
-    /// The detected [`Wire`] as a number; 0 while unknown.
+    /// The detected [`Wire`] as a number; 0 while unknown (detect on the next connection).
     detected: AtomicU8,
-    /// A health-checked route uses this backend, so its protocol may be detected (SPEC §6.3);
-    /// otherwise an unprefixed backend is plain HTTP/1.1.
-    detection_allowed: AtomicBool,
     /// One detection at a time per backend.
     pub(super) detecting: tokio::sync::Mutex<()>,
     /// Verify the backend's certificate (`upstream_tls_verify: true`).
@@ -74,8 +40,10 @@ pub struct Backend {
     /// Value for the `:authority` of HTTP/2 requests when the client sent none.
     pub authority: http::uri::Authority,
     health: Health,
-    pub(super) slots: Box<[WorkerSlot]>,
+    slots: Box<[WorkerSlot]>,
     pub(super) idle_per_worker: usize,
+    /// Where this backend's connections are counted.
+    pub(super) metrics: Arc<Metrics>,
 }
 
 impl std::fmt::Debug for Backend {
@@ -88,23 +56,22 @@ impl std::fmt::Debug for Backend {
 
 /// Passive health (consecutive connect failures mark the backend down for a while) and the
 /// verdict of the last active health check round (`health.rs`).
-#[derive(Default)]
 struct Health {
     /// The last health check round found this backend failing.
     probe_down: AtomicBool,
     consecutive_failures: AtomicU32,
-    /// Milliseconds since [`epoch`] until which the backend is out of rotation.
+    /// Milliseconds since `born` until which the backend is out of rotation (0: in rotation).
     down_until_ms: AtomicU64,
     down_for_ms: AtomicU64,
+    /// The clock's origin for `down_until_ms` (tokio's clock, so tests can pause it).
+    born: Instant,
 }
 
-fn epoch() -> Instant {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    *EPOCH.get_or_init(Instant::now)
-}
-
-fn now_ms() -> u64 {
-    epoch().elapsed().as_millis() as u64
+impl Health {
+    fn now_ms(&self) -> u64 {
+        // At least 1, so a mark made in the backend's first millisecond is not "never".
+        (self.born.elapsed().as_millis() as u64).max(1)
+    }
 }
 
 /// The addresses of a server entry: the literal IP, or what the host name resolves to now.
@@ -139,22 +106,57 @@ impl Backend {
         true
     }
 
-    /// How to speak to this backend, if known: pinned, detected, or plain HTTP/1.1 when
-    /// detection does not apply. `None`: detect first.
+    /// How to speak to this backend, if known: pinned or detected. `None`: detect first.
     pub fn wire(&self) -> Option<Wire> {
         if self.pinned.is_some() {
             return self.pinned;
         }
-        if !self.detection_allowed.load(Ordering::Relaxed) {
-            return Some(Wire::Http1);
-        }
         Wire::from_u8(self.detected.load(Ordering::Relaxed))
     }
 
-    /// Whether this backend's protocol may be detected: a health-checked route of the current
-    /// routing table uses it. Set again by every new table.
-    pub fn set_detection_allowed(&self, allowed: bool) {
-        self.detection_allowed.store(allowed, Ordering::Relaxed);
+    /// This worker's connections to the backend.
+    pub(super) fn slot(&self, worker: WorkerId) -> &WorkerSlot {
+        &self.slots[worker.0 % self.slots.len()]
+    }
+
+    /// Opens a connection (see [`connector::open`]); the outcome counts in passive health (TCP
+    /// and TLS failures count; a handshake the backend completes is a success).
+    pub async fn connect(
+        &self,
+        wire: Wire,
+        sni: &str,
+        timeout: Duration,
+        offer_h2: bool,
+    ) -> Result<Fresh, ConnectError> {
+        let addrs = self.addrs();
+        let opened = connector::open(self.endpoint(&addrs, wire), sni, timeout, offer_h2, None).await;
+        match &opened {
+            Ok(_) => self.connect_succeeded(),
+            Err(e) if e.is_retryable() => self.connect_failed(),
+            Err(_) => {}
+        }
+        opened
+    }
+
+    /// A TCP connection, counted in passive health (protocol detection).
+    pub async fn tcp(&self, timeout: Duration) -> Result<tokio::net::TcpStream, ConnectError> {
+        let addrs = self.addrs();
+        let connected = connector::tcp(&addrs, &self.spec.host, timeout).await;
+        match &connected {
+            Ok(_) => self.connect_succeeded(),
+            Err(_) => self.connect_failed(),
+        }
+        connected
+    }
+
+    /// Where to connect, speaking `wire`, given the addresses from [`Backend::addrs`].
+    pub fn endpoint<'a>(&'a self, addrs: &'a [SocketAddr], wire: Wire) -> Endpoint<'a> {
+        Endpoint {
+            addrs,
+            host: &self.spec.host,
+            wire,
+            verify_tls: self.verify_tls,
+        }
     }
 
     pub(super) fn set_detected(&self, wire: Wire) {
@@ -171,14 +173,9 @@ impl Backend {
         }
     }
 
-    fn new(
-        spec: ServerSpec,
-        verify_tls: bool,
-        workers: usize,
-        pool_size: usize,
-        down_for: Duration,
-    ) -> Backend {
-        let label: Box<str> = spec.authority().into();
+    fn new(spec: ServerSpec, verify_tls: bool, registry: &Registry) -> Backend {
+        let (workers, pool_size) = (registry.workers, registry.pool_size);
+        let label: Arc<str> = spec.authority().into();
         let addrs = arc_swap::ArcSwap::from_pointee(resolve(&spec));
         let pinned = spec.scheme.map(|scheme| match scheme {
             Scheme::Https => Wire::Tls,
@@ -189,23 +186,26 @@ impl Backend {
             .parse()
             .unwrap_or_else(|_| http::uri::Authority::from_static("backend"));
         let workers = workers.max(1);
-        let health = Health::default();
-        health
-            .down_for_ms
-            .store(down_for.as_millis() as u64, Ordering::Relaxed);
+        let health = Health {
+            probe_down: AtomicBool::new(false),
+            consecutive_failures: AtomicU32::new(0),
+            down_until_ms: AtomicU64::new(0),
+            down_for_ms: AtomicU64::new(registry.down_for.as_millis() as u64),
+            born: Instant::now(),
+        };
         Backend {
             spec,
             label,
             addrs,
             pinned,
             detected: AtomicU8::new(0),
-            detection_allowed: AtomicBool::new(false),
             detecting: tokio::sync::Mutex::new(()),
             verify_tls,
             authority,
             health,
             slots: (0..workers).map(|_| WorkerSlot::default()).collect(),
             idle_per_worker: pool_size.div_ceil(workers),
+            metrics: registry.metrics.clone(),
         }
     }
 
@@ -218,7 +218,7 @@ impl Backend {
     /// Passive health only (for routes with `healthcheck: false`).
     pub fn passive_up(&self) -> bool {
         let until = self.health.down_until_ms.load(Ordering::Relaxed);
-        until == 0 || now_ms() >= until
+        until == 0 || self.health.now_ms() >= until
     }
 
     /// Records a health check round's verdict; a pass also clears passive marking.
@@ -250,7 +250,7 @@ impl Backend {
             let down_for = self.health.down_for_ms.load(Ordering::Relaxed);
             self.health
                 .down_until_ms
-                .store(now_ms() + down_for.max(1), Ordering::Relaxed);
+                .store(self.health.now_ms() + down_for.max(1), Ordering::Relaxed);
             if fails == FAILS_BEFORE_DOWN {
                 tracing::warn!(backend = %self.label, "backend marked down after {fails} failed connects");
             }
@@ -271,17 +271,31 @@ pub struct Registry {
     workers: usize,
     pool_size: usize,
     down_for: Duration,
+    metrics: Arc<Metrics>,
     live: Mutex<HashMap<(ServerSpec, bool), Weak<Backend>>>,
 }
 
 impl Registry {
-    pub fn new(workers: usize, pool_size: usize, down_for: Duration) -> Registry {
+    /// `workers` slots per backend sharing `pool_size` idle connections; `down_for`: how long
+    /// passive health keeps a failing backend out; connections counted in `metrics`.
+    pub fn new(
+        workers: usize,
+        pool_size: usize,
+        down_for: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Registry {
         Registry {
             workers,
             pool_size,
             down_for,
+            metrics,
             live: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// A registry with its own metrics and a pool of 8 (unit tests).
+    pub fn for_tests(workers: usize, down_for: Duration) -> Registry {
+        Registry::new(workers, 8, down_for, Arc::new(Metrics::new(workers)))
     }
 
     /// The backend for `spec` (with certificate verification or not): the existing one if any
@@ -296,13 +310,7 @@ impl Registry {
             return existing;
         }
         live.retain(|_, weak| weak.strong_count() > 0);
-        let backend = Arc::new(Backend::new(
-            spec.clone(),
-            verify_tls,
-            self.workers,
-            self.pool_size,
-            self.down_for,
-        ));
+        let backend = Arc::new(Backend::new(spec.clone(), verify_tls, self));
         live.insert(key, Arc::downgrade(&backend));
         backend
     }
@@ -315,7 +323,7 @@ mod tests {
 
     #[test]
     fn registry_reuses_live_backends() {
-        let reg = Registry::new(2, 8, Duration::from_secs(1));
+        let reg = Registry::for_tests(2, Duration::from_secs(1));
         let spec = parse_server("127.0.0.1:9").unwrap();
         let a = reg.backend(&spec, false);
         let b = reg.backend(&spec, false);
@@ -328,7 +336,7 @@ mod tests {
 
     #[test]
     fn host_names_resolve_and_re_resolve_without_change() {
-        let reg = Registry::new(1, 8, Duration::from_secs(1));
+        let reg = Registry::for_tests(1, Duration::from_secs(1));
         let named = reg.backend(&parse_server("localhost:8080").unwrap(), false);
         assert!(named
             .addrs()
@@ -347,7 +355,7 @@ mod tests {
 
     #[test]
     fn passive_health_marks_down_after_three_failures() {
-        let reg = Registry::new(1, 8, Duration::from_secs(60));
+        let reg = Registry::for_tests(1, Duration::from_secs(60));
         let b = reg.backend(&parse_server("127.0.0.1:9").unwrap(), false);
         b.connect_failed();
         b.connect_failed();
@@ -360,7 +368,7 @@ mod tests {
 
     #[test]
     fn probes_decide_and_a_pass_clears_passive_marking() {
-        let reg = Registry::new(1, 8, Duration::from_secs(60));
+        let reg = Registry::for_tests(1, Duration::from_secs(60));
         let b = reg.backend(&parse_server("127.0.0.1:9").unwrap(), false);
         b.set_probed(false);
         assert!(!b.is_up());

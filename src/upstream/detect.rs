@@ -7,7 +7,9 @@
 //! TLS servers (nginx) answer plain text with an HTTP/1.1 error, which would look like a plain
 //! backend.
 //!
-//! The result is cached on the backend and forgotten when connections start failing
+//! Every backend without a scheme is detected on its first connection, whether or not its route
+//! runs health checks. The result is cached on the backend and forgotten when connections start
+//! failing
 //! ([`Backend::forget_detection`]); the next connection, or the next health check round,
 //! detects again. Detection only learns whether the backend speaks TLS, so its handshake never
 //! verifies the certificate; real connections do when `upstream_tls_verify` asks for it.
@@ -17,8 +19,8 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::backend::{Backend, Wire};
-use super::connect::{self, ConnectFailure};
+use super::backend::Backend;
+use super::connector::{ConnectError, Wire};
 
 /// Longest wait for the TLS probe: a plain server may sit on a ClientHello it cannot parse.
 const TLS_PROBE_TIME: Duration = Duration::from_secs(2);
@@ -28,7 +30,7 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00
 
 /// The backend's protocol: the cached one, or detected now (one detection per backend at a
 /// time; callers that wait reuse its answer). Fails only when no TCP connection can be made.
-pub async fn wire_of(backend: &Backend, timeout: Duration) -> Result<Wire, ConnectFailure> {
+pub async fn wire_of(backend: &Backend, timeout: Duration) -> Result<Wire, ConnectError> {
     if let Some(wire) = backend.wire() {
         return Ok(wire);
     }
@@ -36,21 +38,21 @@ pub async fn wire_of(backend: &Backend, timeout: Duration) -> Result<Wire, Conne
     if let Some(wire) = backend.wire() {
         return Ok(wire);
     }
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let wire = detect(backend, timeout).await?;
     tracing::debug!(backend = %backend.label, protocol = wire.name(), took = ?started.elapsed(), "protocol detection finished");
     backend.set_detected(wire);
     Ok(wire)
 }
 
-async fn detect(backend: &Backend, timeout: Duration) -> Result<Wire, ConnectFailure> {
-    let stream = connect::tcp(backend, timeout).await?;
+async fn detect(backend: &Backend, timeout: Duration) -> Result<Wire, ConnectError> {
+    let stream = backend.tcp(timeout).await?;
     let tls_wait = timeout.min(TLS_PROBE_TIME);
     let handshake = super::tls::handshake(stream, &backend.spec.host, true, false);
     if let Ok(Ok(_)) = tokio::time::timeout(tls_wait, handshake).await {
         return Ok(Wire::Tls);
     }
-    let stream = connect::tcp(backend, timeout).await?;
+    let stream = backend.tcp(timeout).await?;
     if answers_h2_preface(stream, timeout).await {
         Ok(Wire::H2c)
     } else {

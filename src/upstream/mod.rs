@@ -1,15 +1,18 @@
-//! Backends: addresses, passive health, per-worker connection pools, and sending requests.
+//! Backends: addresses, passive health, protocol detection, per-worker connection pools, the one
+//! connector every upstream exchange goes through, and the balancer that picks backends and
+//! fails over.
 //!
-//! Only this module opens connections to backends.
+//! Only this module opens connections to upstreams (backends, health probes, forward auth).
 pub mod backend;
-mod connect;
+pub mod balancer;
+pub mod connector;
 pub mod detect;
 mod h2_settings;
-pub mod health;
-pub mod oneshot;
 pub mod pool;
-pub mod resolve;
+mod slot;
 pub mod tls;
 
-pub use backend::{Backend, Protocol, Registry, Wire};
-pub use pool::{send, set_worker_index, PooledBody, SendError, Timeouts, UpBody};
+pub use backend::{Backend, Registry};
+pub use balancer::{BackendSet, Outgoing, Pinned, ServedBy};
+pub use connector::{ConnectError, ConnectErrorKind, Endpoint, UpBody, Wire};
+pub use pool::{PooledBody, SendError, Timeouts};

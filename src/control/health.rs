@@ -16,16 +16,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use bytes::Bytes;
 use http::header::{self, HeaderValue};
-use http::uri::{PathAndQuery, Scheme, Uri};
+use http::uri::{PathAndQuery, Uri};
 use http::{Method, Request};
-use http_body_util::Empty;
+use http_body_util::{Either, Empty};
 use tokio::task::JoinSet;
 
-use super::oneshot;
-use super::{Backend, Protocol, Wire};
 use crate::routing::Snapshot;
+use crate::upstream::connector::{self, ConnectError};
+use crate::upstream::{detect, Backend, UpBody};
 
 /// Longest a probe may take, whatever the interval.
 pub const MAX_PROBE_TIME: Duration = Duration::from_secs(5);
@@ -54,7 +53,6 @@ pub fn spawn(
         method: main.hc_method.clone(),
         interval: main.hc_interval,
     };
-    runtime.spawn(super::resolve::run(snapshot.clone(), super::resolve::EVERY));
     runtime.spawn(run(snapshot, settings));
 }
 
@@ -73,7 +71,7 @@ pub async fn round(snapshot: &Snapshot, settings: &HealthSettings) -> usize {
     let mut probes: JoinSet<(usize, bool)> = JoinSet::new();
     let mut backends: HashMap<usize, (Arc<Backend>, bool)> = HashMap::new();
     let mut seen: std::collections::HashSet<(usize, &str)> = std::collections::HashSet::new();
-    for route in snapshot.routes().filter(|r| r.health_checked) {
+    for route in snapshot.routes().filter(|r| r.backends.health_checked()) {
         for backend in route.backends.iter() {
             let id = Arc::as_ptr(backend) as usize;
             if !seen.insert((id, &route.prefix)) {
@@ -104,29 +102,13 @@ pub async fn round(snapshot: &Snapshot, settings: &HealthSettings) -> usize {
 /// One probe: true when a status below 500 arrives within `timeout`.
 pub async fn probe(backend: &Backend, path: &str, method: Method, timeout: Duration) -> bool {
     let attempt = async {
-        let wire = super::detect::wire_of(backend, timeout)
-            .await
-            .map_err(|(reason, _)| oneshot::OneShotError::Detect(reason))?;
+        let wire = detect::wire_of(backend, timeout).await?;
         let addrs = backend.addrs();
-        let stream = oneshot::connect(&addrs[..]).await?;
-        if wire != Wire::Tls {
-            let protocol = if wire == Wire::H2c {
-                Protocol::H2
-            } else {
-                Protocol::Http1
-            };
-            let req = probe_request(backend, path, method, protocol, Scheme::HTTP);
-            return oneshot::exchange(stream, protocol, req, timeout).await;
-        }
-        // Offer h2 as requests do: a backend that only speaks h2 (gRPC) refuses an
-        // HTTP/1.1-only ALPN offer.
-        let handshake = super::tls::handshake(stream, &backend.spec.host, true, backend.verify_tls);
-        let (tls, h2) = handshake.await.map_err(oneshot::OneShotError::Connect)?;
-        let protocol = if h2 { Protocol::H2 } else { Protocol::Http1 };
-        let req = probe_request(backend, path, method, protocol, Scheme::HTTPS);
-        oneshot::exchange(tls, protocol, req, timeout).await
+        let ep = backend.endpoint(&addrs, wire);
+        let req = probe_request(backend, path, method);
+        connector::exchange_once(ep, &backend.spec.host, req, timeout).await
     };
-    let outcome = tokio::time::timeout(timeout, attempt).await;
+    let outcome: Result<Result<_, ConnectError>, _> = tokio::time::timeout(timeout, attempt).await;
     if !matches!(outcome, Ok(Ok(_))) {
         // Connections fail: the backend may have come back speaking something else.
         backend.forget_detection();
@@ -148,35 +130,17 @@ pub async fn probe(backend: &Backend, path: &str, method: Method, timeout: Durat
     }
 }
 
-fn probe_request(
-    backend: &Backend,
-    path: &str,
-    method: Method,
-    protocol: Protocol,
-    scheme: Scheme,
-) -> Request<Empty<Bytes>> {
+/// The probe in HTTP/1.1 form; the connector rewrites it when the backend speaks HTTP/2.
+fn probe_request(backend: &Backend, path: &str, method: Method) -> Request<UpBody> {
     let path = PathAndQuery::try_from(path).unwrap_or_else(|_| PathAndQuery::from_static("/"));
-    let mut req = Request::new(Empty::new());
+    let mut req = Request::new(Either::Right(Empty::new()));
     *req.method_mut() = method;
-    match protocol {
-        Protocol::Http1 => {
-            *req.uri_mut() = Uri::from(path);
-            if let Ok(host) = HeaderValue::from_str(backend.authority.as_str()) {
-                req.headers_mut().insert(header::HOST, host);
-            }
-            req.headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
-        }
-        Protocol::H2 => {
-            *req.version_mut() = http::Version::HTTP_2;
-            let mut parts = http::uri::Parts::default();
-            parts.scheme = Some(scheme);
-            parts.authority = Some(backend.authority.clone());
-            parts.path_and_query = Some(path);
-            *req.uri_mut() = Uri::from_parts(parts).unwrap_or_default();
-        }
+    *req.uri_mut() = Uri::from(path);
+    let headers = req.headers_mut();
+    if let Ok(host) = HeaderValue::from_str(backend.authority.as_str()) {
+        headers.insert(header::HOST, host);
     }
-    req.headers_mut().insert(
+    headers.insert(
         header::USER_AGENT,
         HeaderValue::from_static("aralez-health-check"),
     );
@@ -187,6 +151,7 @@ fn probe_request(
 mod tests {
     use super::*;
     use crate::config::{parse_upstreams_text, Issues};
+    use crate::layers::{Keys, PolicyState};
     use crate::upstream::Registry;
     use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -223,7 +188,7 @@ mod tests {
     fn snapshot(yaml: &str, registry: &Registry) -> Snapshot {
         let mut issues = Issues::default();
         let cfg = parse_upstreams_text(yaml, "test", &mut issues).expect("valid");
-        Snapshot::build(&cfg, registry)
+        Snapshot::build(&cfg, registry, &PolicyState::new(Keys::for_tests(None)))
     }
 
     #[tokio::test]
@@ -237,7 +202,7 @@ mod tests {
         let a = server(ok.clone(), hits.clone()).await;
         let b = server(bad.clone(), hits.clone()).await;
         let c = server(silent.clone(), hits.clone()).await;
-        let registry = Registry::new(1, 4, Duration::from_secs(60));
+        let registry = Registry::for_tests(1, Duration::from_secs(60));
         let yaml = format!(
             "upstreams:\n  h:\n    paths:\n      /:\n        servers: [\"{a}\", \"{b}\", \"{c}\"]\n      /x:\n        servers: [\"{a}\"]\n"
         );
@@ -271,14 +236,14 @@ mod tests {
         round(&snap, &settings).await;
         let reloaded = snapshot(&yaml, &registry);
         let route = reloaded.routes().find(|r| &*r.prefix == "/").unwrap();
-        assert!(!route.backends[1].is_up());
+        assert!(!route.backends.get(1).unwrap().is_up());
     }
 
     #[tokio::test]
     async fn healthcheck_false_is_not_probed() {
         let hits = Arc::new(AtomicUsize::new(0));
         let a = server(Arc::new(AtomicU16::new(500)), hits.clone()).await;
-        let registry = Registry::new(1, 4, Duration::from_secs(60));
+        let registry = Registry::for_tests(1, Duration::from_secs(60));
         let yaml = format!("upstreams:\n  h:\n    paths:\n      /:\n        servers: [\"{a}\"]\n        healthcheck: false\n");
         let snap = snapshot(&yaml, &registry);
         let settings = HealthSettings {
@@ -288,7 +253,8 @@ mod tests {
         assert_eq!(round(&snap, &settings).await, 0);
         assert_eq!(hits.load(Ordering::SeqCst), 0);
         let route = snap.routes().next().unwrap();
-        assert!(route.usable(&route.backends[0]));
+        let first = route.backends.get(0).unwrap();
+        assert!(route.backends.usable(first));
     }
 
     #[test]

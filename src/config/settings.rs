@@ -1,0 +1,196 @@
+//! The policy settings that the global, host and path levels of `upstreams.yaml` share (and
+//! discovered services too): [`RouteSettings`], their keys, and how each is read.
+
+use std::time::Duration;
+
+use http::{HeaderName, HeaderValue};
+
+use super::reader::{join, Reader};
+use super::values::{parse_auth, parse_header, AuthError, AuthRule};
+use super::yaml::{Key, Node, Pos, Value};
+
+pub type HeaderList = Vec<(HeaderName, HeaderValue)>;
+
+/// Policy keys that global, host and path levels share; `None` means "inherit".
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RouteSettings {
+    /// `Some(None)`: explicitly off; `Some(Some(d))`: cookie lifetime.
+    pub sticky_sessions: Option<Option<Duration>>,
+    pub to_https: Option<bool>,
+    pub rate_limit: Option<u32>,
+    pub x4xx_limit: Option<u32>,
+    pub server_headers: HeaderList,
+    pub client_headers: HeaderList,
+    pub authorization: Option<AuthRule>,
+    pub healthcheck: Option<bool>,
+    pub redirect_to: Option<String>,
+    pub upstream_tls_verify: Option<bool>,
+}
+
+impl RouteSettings {
+    /// `self` with anything it leaves unset taken from `parent`; header lists add up (parent first).
+    pub fn inherit(&self, parent: &RouteSettings) -> RouteSettings {
+        let mut server_headers = parent.server_headers.clone();
+        server_headers.extend(self.server_headers.iter().cloned());
+        let mut client_headers = parent.client_headers.clone();
+        client_headers.extend(self.client_headers.iter().cloned());
+        RouteSettings {
+            sticky_sessions: self.sticky_sessions.or(parent.sticky_sessions),
+            to_https: self.to_https.or(parent.to_https),
+            rate_limit: self.rate_limit.or(parent.rate_limit),
+            x4xx_limit: self.x4xx_limit.or(parent.x4xx_limit),
+            server_headers,
+            client_headers,
+            authorization: self
+                .authorization
+                .clone()
+                .or_else(|| parent.authorization.clone()),
+            healthcheck: self.healthcheck.or(parent.healthcheck),
+            redirect_to: self
+                .redirect_to
+                .clone()
+                .or_else(|| parent.redirect_to.clone()),
+            upstream_tls_verify: self.upstream_tls_verify.or(parent.upstream_tls_verify),
+        }
+    }
+}
+
+pub(super) const SETTING_KEYS: &[&str] = &[
+    "sticky_sessions",
+    "to_https",
+    "rate_limit",
+    "x4xx_limit",
+    "server_headers",
+    "client_headers",
+    "headers",
+    "authorization",
+    "healthcheck",
+    "redirect_to",
+    "upstream_tls_verify",
+];
+pub(super) fn read_setting(
+    settings: &mut RouteSettings,
+    key: &Key,
+    node: &Node,
+    parent: &str,
+    r: &mut Reader,
+) {
+    let path = join(parent, &key.name);
+    let p = path.as_str();
+    match key.name.as_str() {
+        "sticky_sessions" => settings.sticky_sessions = read_sticky(node, p, r),
+        "to_https" => settings.to_https = r.boolean(node, p),
+        "rate_limit" => settings.rate_limit = r.uint(node, p, 0, 10_000_000).map(|n| n as u32),
+        "x4xx_limit" => settings.x4xx_limit = r.uint(node, p, 0, 10_000_000).map(|n| n as u32),
+        "server_headers" => settings.server_headers = read_headers(node, p, r),
+        "client_headers" | "headers" => settings.client_headers.extend(read_headers(node, p, r)),
+        "authorization" => settings.authorization = read_auth(node, p, r),
+        "healthcheck" => settings.healthcheck = r.boolean(node, p),
+        "redirect_to" => settings.redirect_to = read_redirect(node, p, r),
+        "upstream_tls_verify" => settings.upstream_tls_verify = r.boolean(node, p),
+        _ => {}
+    }
+}
+
+fn read_sticky(node: &Node, path: &str, r: &mut Reader) -> Option<Option<Duration>> {
+    let hour = Some(Some(Duration::from_secs(3600)));
+    match &node.value {
+        Value::Bool(true) => hour,
+        Value::Bool(false) => Some(None),
+        Value::Str(s) if s.trim().eq_ignore_ascii_case("true") => hour,
+        Value::Str(s) if s.trim().eq_ignore_ascii_case("false") => Some(None),
+        Value::Int(_) => r
+            .uint(node, path, 0, 10 * 365 * 86_400)
+            .map(|s| (s > 0).then(|| Duration::from_secs(s))),
+        Value::Str(s) if s.trim().parse::<i64>().is_ok() => r
+            .uint(node, path, 0, 10 * 365 * 86_400)
+            .map(|s| (s > 0).then(|| Duration::from_secs(s))),
+        _ => {
+            r.wrong_type(node, path, "true, false or a number of seconds");
+            None
+        }
+    }
+}
+
+fn read_headers(node: &Node, path: &str, r: &mut Reader) -> HeaderList {
+    let Some(items) = r.string_list(node, path) else {
+        return Vec::new();
+    };
+    let mut out = Vec::with_capacity(items.len());
+    for (pos, item_path, text) in items {
+        match parse_header(&text) {
+            Ok(h) => out.push(h),
+            Err(msg) => r.error(pos, &item_path, msg),
+        }
+    }
+    out
+}
+
+fn read_auth(node: &Node, path: &str, r: &mut Reader) -> Option<AuthRule> {
+    let entries = r.map(node, path)?;
+    let mut kind: Option<(Pos, String)> = None;
+    let mut data: Option<(Pos, String, String)> = None;
+    let mut ok = true;
+    for (key, value) in entries {
+        let key_path = join(path, &key.name);
+        match key.name.as_str() {
+            "type" => match r.string(value, &key_path) {
+                Some(s) => kind = Some((value.pos, s)),
+                None => ok = false,
+            },
+            "data" | "creds" => match r.string(value, &key_path) {
+                Some(s) => data = Some((value.pos, key_path, s)),
+                None => ok = false,
+            },
+            _ => r.unknown_key(key, &key_path, &["type", "data", "creds"]),
+        }
+    }
+    let Some((kind_pos, kind)) = kind else {
+        if ok {
+            r.error(
+                node.pos,
+                path,
+                "authorization needs a `type` (basic, apikey, jwt or forward)",
+            );
+        }
+        return None;
+    };
+    if !ok {
+        return None;
+    }
+    match parse_auth(&kind, data.as_ref().map(|(_, _, d)| d.as_str())) {
+        Ok(rule) => Some(rule),
+        Err(AuthError::Data(msg)) => {
+            let (pos, key_path) = data
+                .map(|(pos, key_path, _)| (pos, key_path))
+                .unwrap_or((kind_pos, join(path, "data")));
+            r.error(pos, &key_path, msg);
+            None
+        }
+        Err(AuthError::MissingData(msg)) => {
+            r.error(kind_pos, path, msg);
+            None
+        }
+        Err(AuthError::Type(msg)) => {
+            r.error(kind_pos, &join(path, "type"), msg);
+            None
+        }
+    }
+}
+
+fn read_redirect(node: &Node, path: &str, r: &mut Reader) -> Option<String> {
+    let text = r.non_empty_string(node, path)?;
+    match text.parse::<http::Uri>() {
+        Ok(uri) if uri.scheme().is_some() && uri.authority().is_some() => {
+            Some(text.trim_end_matches('/').to_string())
+        }
+        _ => {
+            r.error(
+                node.pos,
+                path,
+                format!("`{text}` must be an absolute URL such as https://www.example.com"),
+            );
+            None
+        }
+    }
+}

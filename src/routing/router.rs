@@ -1,0 +1,81 @@
+//! The request path's entry: load the serving snapshot once, find the route, run the request
+//! through the route's policies (`layers::apply`) and on to forwarding. Every [`ProxyError`]
+//! from any step becomes the client's response here, the one place that does so (a gRPC client
+//! gets a `grpc-status`), and refusals by a rate limit are counted.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use http::header::HeaderValue;
+use http::{Method, Request, Response};
+use http_body_util::Either;
+use hyper::body::Incoming;
+
+use super::{Lookup, Snapshot};
+use crate::metrics::Metrics;
+use crate::proxy::upgrade::is_extended_connect;
+use crate::proxy::{Forwarder, RespBody};
+use crate::vocab::error::is_grpc;
+use crate::vocab::{ClientConn, ProxyError};
+
+/// Routes requests with the snapshot in force; shared by every connection of every worker.
+pub struct Router {
+    snapshot: Arc<ArcSwap<Snapshot>>,
+    forwarder: Forwarder,
+    metrics: Arc<Metrics>,
+}
+
+impl Router {
+    pub fn new(
+        snapshot: Arc<ArcSwap<Snapshot>>,
+        forwarder: Forwarder,
+        metrics: Arc<Metrics>,
+    ) -> Router {
+        Router {
+            snapshot,
+            forwarder,
+            metrics,
+        }
+    }
+
+    /// Handles one request end to end; never fails (errors become responses).
+    pub async fn handle(&self, conn: &ClientConn, req: Request<Incoming>) -> Response<RespBody> {
+        let grpc = is_grpc(req.headers());
+        if req.method() == Method::CONNECT && !is_extended_connect(&req) {
+            return self.refuse(conn, ProxyError::MethodNotAllowed, grpc);
+        }
+        let snapshot = self.snapshot.load();
+        let route = {
+            let host = req.headers().get(http::header::HOST);
+            let host = host.map(HeaderValue::as_bytes);
+            let host = host.or_else(|| req.uri().authority().map(|a| a.as_str().as_bytes()));
+            match snapshot.route(host, req.uri().path()) {
+                Lookup::Found(route) => route.clone(),
+                Lookup::NoPath => return self.refuse(conn, ProxyError::NoPath, grpc),
+                Lookup::NoHost => return self.refuse(conn, ProxyError::NoHost, grpc),
+            }
+        };
+        drop(snapshot);
+        let route = &*route;
+        let forwarder = &self.forwarder;
+        // Boxed once: each layer wraps the inner future, and moving a pointer through them is
+        // far cheaper than moving the whole forwarding state machine (callgrind: -20k
+        // instructions per request against one allocation).
+        let forward = tower::service_fn(move |req| {
+            Box::pin(forwarder.forward(conn, &route.backends, &route.headers, req))
+        });
+        let answer =
+            crate::layers::apply(&route.policies, &route.backends, conn, req, forward).await;
+        match answer {
+            Ok(resp) => resp,
+            Err(err) => self.refuse(conn, err, grpc),
+        }
+    }
+
+    fn refuse(&self, conn: &ClientConn, err: ProxyError, grpc: bool) -> Response<RespBody> {
+        if matches!(err, ProxyError::RateLimited | ProxyError::TooMany4xx) {
+            self.metrics.rate_limited(conn.worker);
+        }
+        err.response_for(grpc).map(Either::Right)
+    }
+}

@@ -1,0 +1,441 @@
+//! The one way to accept and serve connections, used by every listener (the proxy's plain and
+//! TLS listeners, the admin API, the file server): a connection cap, the TLS handshake and the
+//! request head under `client_header_timeout`, the idle timeout, header size limits, and the
+//! drain on shutdown. What a listener serves is a hyper service made per connection by its
+//! caller; this module wraps it so each request counts as activity (for the idle timeout and
+//! the drain) until its response body is done, and so HTTP/1 responses say `Connection: close`
+//! while draining.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONNECTION};
+use http::{Request, Response, Version};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::service::Service;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use pin_project_lite::pin_project;
+use tokio::sync::watch;
+
+use super::idle::{self, Activity, InFlight};
+use super::listener::{apply_keepalive, TcpKeepalive};
+
+/// How long a draining listener lets busy HTTP/1 connections finish their next request
+/// (answered with `Connection: close`, so the client closes cleanly between requests) before it
+/// closes the idle ones.
+const DRAIN_LINGER: Duration = Duration::from_secs(2);
+
+/// Connection-level limits of one listener.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// For the TLS handshake and each request head.
+    pub header_timeout: Duration,
+    pub max_header_bytes: usize,
+    pub max_connections: usize,
+    pub keepalive: Option<TcpKeepalive>,
+    /// How long in-flight requests may finish after shutdown is asked.
+    pub grace_period: Duration,
+    /// A connection that carries no request for this long is asked to close.
+    pub idle_timeout: Duration,
+    /// Streams one HTTP/2 connection may open at once.
+    pub max_streams: u32,
+}
+
+/// The client side of an accepted connection, for the per-connection service.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnInfo {
+    pub peer: SocketAddr,
+    pub tls: bool,
+}
+
+/// One listener's accept loop: where it listens, with TLS or not, under which limits, counting
+/// open connections in `open` (shared by every loop of the same listener family, so the cap
+/// holds across workers).
+pub struct AcceptLoop {
+    /// For logs: `proxy`, `admin API`, `file server`.
+    pub name: &'static str,
+    pub listener: std::net::TcpListener,
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
+    pub limits: Limits,
+    pub open: Arc<AtomicUsize>,
+}
+
+fn http_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .max_buf_size(limits.max_header_bytes.max(8192))
+        .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
+        .max_concurrent_streams(limits.max_streams)
+        .adaptive_window(true)
+        // RFC 8441: WebSocket from HTTP/2 clients (extended CONNECT).
+        .enable_connect_protocol();
+    builder
+}
+
+/// The HTTP server settings, two ways: sniffing the protocol from the first bytes, with
+/// HTTP/1.1 upgrades (plain connections, and TLS unless ALPN chose h2), and HTTP/2 only for TLS
+/// connections whose ALPN chose h2: a client that agreed on h2 and then sends something else
+/// gets the connection closed (RFC 9113 §3.4), not an HTTP/1.1 answer. (hyper-util ignores
+/// `http2_only` when serving with upgrades; HTTP/2 needs none, CONNECT is handled inside.)
+struct Builders {
+    sniffing: auto::Builder<TokioExecutor>,
+    h2_only: auto::Builder<TokioExecutor>,
+}
+
+/// Logs a repeated warning at most once a second, with how many were held back.
+struct Throttled {
+    last: Option<tokio::time::Instant>,
+    held_back: u64,
+}
+
+impl Throttled {
+    fn warn(&mut self, what: &str, error: &std::io::Error) {
+        let now = tokio::time::Instant::now();
+        if self.last.is_some_and(|t| now < t + Duration::from_secs(1)) {
+            self.held_back += 1;
+            return;
+        }
+        if self.held_back > 0 {
+            tracing::warn!("{what}: {error} ({} more since the last report)", self.held_back);
+        } else {
+            tracing::warn!("{what}: {error}");
+        }
+        self.last = Some(now);
+        self.held_back = 0;
+    }
+}
+
+/// A connection being served, counted in the family's `open` count and in its loop's `live`
+/// count from its creation (in the accept loop, so a burst of accepts sees every earlier one)
+/// until it is dropped.
+struct OpenConnection {
+    peer: SocketAddr,
+    open: Arc<AtomicUsize>,
+    live: Arc<AtomicUsize>,
+}
+
+impl OpenConnection {
+    fn new(peer: SocketAddr, open: &Arc<AtomicUsize>, live: &Arc<AtomicUsize>) -> Self {
+        open.fetch_add(1, Ordering::Relaxed);
+        live.fetch_add(1, Ordering::Relaxed);
+        OpenConnection {
+            peer,
+            open: open.clone(),
+            live: live.clone(),
+        }
+    }
+
+    /// Drives the connection to its end.
+    async fn run<E: std::fmt::Display>(self, conn: impl Future<Output = Result<(), E>>) {
+        if let Err(e) = conn.await {
+            tracing::debug!(peer = %self.peer, "connection ended with an error: {e}");
+        }
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::Relaxed);
+        self.live.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What serving one accepted connection shares with its loop.
+struct Shared<F> {
+    make: F,
+    builders: Builders,
+    drain: watch::Receiver<bool>,
+    draining: Arc<AtomicBool>,
+    live: Arc<AtomicUsize>,
+    open: Arc<AtomicUsize>,
+    limits: Limits,
+    name: &'static str,
+}
+
+impl AcceptLoop {
+    /// Accepts until `shutdown` turns true, then drains: no new connections, HTTP/1 keep-alive
+    /// stops, idle connections close, and in-flight requests finish within the grace period.
+    /// `make` builds the service of each connection.
+    pub async fn run<F, S, B>(self, make: F, mut shutdown: watch::Receiver<bool>)
+    where
+        F: Fn(ConnInfo) -> S + Send + Sync + 'static,
+        S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+            + Clone
+            + Send
+            + 'static,
+        S::Future: Send + 'static,
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let listener = match tokio::net::TcpListener::from_std(self.listener) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!("{}: cannot register the listener: {e}", self.name);
+                return;
+            }
+        };
+        let sniffing = http_builder(&self.limits);
+        let (drain_tx, drain_rx) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            make,
+            builders: Builders {
+                h2_only: sniffing.clone().http2_only(),
+                sniffing,
+            },
+            drain: drain_rx,
+            draining: Arc::new(AtomicBool::new(false)),
+            live: Arc::new(AtomicUsize::new(0)),
+            open: self.open,
+            limits: self.limits,
+            name: self.name,
+        });
+        let mut accept_errors = Throttled {
+            last: None,
+            held_back: 0,
+        };
+        loop {
+            let accepted = tokio::select! {
+                biased;
+                _ = shutdown.wait_for(|stop| *stop) => break,
+                accepted = listener.accept() => accepted,
+            };
+            let (stream, peer) = match accepted {
+                Ok(pair) => pair,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off briefly instead of spinning.
+                    accept_errors.warn(&format!("{}: accept failed", self.name), &e);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            };
+            if shared.open.load(Ordering::Relaxed) >= shared.limits.max_connections {
+                tracing::debug!(%peer, "{}: connection refused: max_connections reached", self.name);
+                continue;
+            }
+            let _ = stream.set_nodelay(true);
+            if let Some(ka) = shared.limits.keepalive {
+                apply_keepalive(&stream, ka);
+            }
+            let counted = OpenConnection::new(peer, &shared.open, &shared.live);
+            match &self.tls {
+                None => serve_plain(&shared, counted, stream),
+                Some(acceptor) => serve_tls(&shared, counted, stream, acceptor.clone()),
+            }
+        }
+        drop(listener);
+        drain(&shared, &drain_tx).await;
+    }
+}
+
+fn serve_plain<F, S, B>(shared: &Arc<Shared<F>>, counted: OpenConnection, stream: tokio::net::TcpStream)
+where
+    F: Fn(ConnInfo) -> S + Send + Sync + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let info = ConnInfo {
+        peer: counted.peer,
+        tls: false,
+    };
+    let (service, activity) = tracked(shared, info);
+    let conn = shared
+        .builders
+        .sniffing
+        .serve_connection_with_upgrades(TokioIo::new(stream), service);
+    let conn = idle::drive(
+        conn.into_owned(),
+        shared.drain.clone(),
+        activity,
+        shared.limits.idle_timeout,
+    );
+    tokio::spawn(counted.run(conn));
+}
+
+/// Runs the TLS handshake (bounded by the header timeout) in the connection's own task, then
+/// serves: HTTP/2 only when ALPN chose h2.
+fn serve_tls<F, S, B>(
+    shared: &Arc<Shared<F>>,
+    counted: OpenConnection,
+    stream: tokio::net::TcpStream,
+    acceptor: tokio_rustls::TlsAcceptor,
+) where
+    F: Fn(ConnInfo) -> S + Send + Sync + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        let peer = counted.peer;
+        let limit = shared.limits.header_timeout;
+        let stream = match tokio::time::timeout(limit, acceptor.accept(stream)).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => {
+                tracing::debug!(%peer, "{}: TLS handshake failed: {e}", shared.name);
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(%peer, "{}: TLS handshake timed out", shared.name);
+                return;
+            }
+        };
+        let (service, activity) = tracked(&shared, ConnInfo { peer, tls: true });
+        let (drain, idle) = (shared.drain.clone(), shared.limits.idle_timeout);
+        let io = TokioIo::new(stream);
+        if io.inner().get_ref().1.alpn_protocol() == Some(b"h2") {
+            let conn = shared.builders.h2_only.serve_connection(io, service);
+            let conn = idle::drive(conn.into_owned(), drain, activity, idle);
+            counted.run(conn).await;
+        } else {
+            let conn = shared.builders.sniffing.serve_connection_with_upgrades(io, service);
+            let conn = idle::drive(conn.into_owned(), drain, activity, idle);
+            counted.run(conn).await;
+        }
+    });
+}
+
+/// The connection's service from `make`, wrapped to track activity and the drain.
+fn tracked<F, S>(shared: &Arc<Shared<F>>, info: ConnInfo) -> (Tracked<S>, Arc<Activity>)
+where
+    F: Fn(ConnInfo) -> S,
+{
+    let activity = Activity::new();
+    let service = Tracked {
+        inner: (shared.make)(info),
+        activity: activity.clone(),
+        draining: shared.draining.clone(),
+    };
+    (service, activity)
+}
+
+/// Stops keep-alive: HTTP/1 responses say `Connection: close` for [`DRAIN_LINGER`], then idle
+/// connections are closed (HTTP/2 gets GOAWAY) and in-flight requests finish within the grace
+/// period.
+async fn drain<F>(shared: &Shared<F>, drain: &watch::Sender<bool>) {
+    shared.draining.store(true, Ordering::Relaxed);
+    let grace = shared.limits.grace_period;
+    let deadline = tokio::time::Instant::now() + grace;
+    let linger_end = tokio::time::Instant::now() + DRAIN_LINGER.min(grace);
+    let open = || shared.live.load(Ordering::Relaxed) > 0;
+    while open() && tokio::time::Instant::now() < linger_end {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drain.send_replace(true);
+    while open() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    if open() {
+        tracing::warn!("{}: grace period over; closing the connections still open", shared.name);
+    }
+}
+
+/// A connection's service: each request counts as activity until its response body is done;
+/// while draining, HTTP/1 responses ask the client to close.
+#[derive(Clone)]
+pub struct Tracked<S> {
+    inner: S,
+    activity: Arc<Activity>,
+    draining: Arc<AtomicBool>,
+}
+
+impl<S, B> Service<Request<Incoming>> for Tracked<S>
+where
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>,
+{
+    type Response = Response<ActiveBody<B>>;
+    type Error = Infallible;
+    type Future = TrackedAnswer<S::Future>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        let in_flight = Some(self.activity.begin());
+        let close = req.version() < Version::HTTP_2;
+        TrackedAnswer {
+            inner: self.inner.call(req),
+            in_flight,
+            close_when_draining: close.then(|| self.draining.clone()),
+        }
+    }
+}
+
+pin_project! {
+    /// The inner service's answer, its body carrying the request's [`InFlight`] guard.
+    pub struct TrackedAnswer<F> {
+        #[pin]
+        inner: F,
+        in_flight: Option<InFlight>,
+        close_when_draining: Option<Arc<AtomicBool>>,
+    }
+}
+
+impl<F, B> Future for TrackedAnswer<F>
+where
+    F: Future<Output = Result<Response<B>, Infallible>>,
+{
+    type Output = Result<Response<ActiveBody<B>>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let Ok(mut resp) = std::task::ready!(this.inner.poll(cx));
+        if this
+            .close_when_draining
+            .as_ref()
+            .is_some_and(|d| d.load(Ordering::Relaxed))
+        {
+            resp.headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+        }
+        let in_flight = this.in_flight.take();
+        Poll::Ready(Ok(resp.map(|inner| ActiveBody {
+            inner,
+            _in_flight: in_flight,
+        })))
+    }
+}
+
+pin_project! {
+    /// A response body that keeps its request counted as activity until it is done or dropped.
+    pub struct ActiveBody<B> {
+        #[pin]
+        inner: B,
+        _in_flight: Option<InFlight>,
+    }
+}
+
+impl<B: Body> Body for ActiveBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        self.project().inner.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

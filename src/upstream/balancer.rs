@@ -1,0 +1,206 @@
+//! Choosing backends for a request (SPEC §5, §6.2): a route's [`BackendSet`] (round robin start,
+//! which backends are in rotation), the sticky pin ([`Pinned`]), failover to the next backend
+//! when a connection cannot be made, and one replay on a fresh connection when a pooled one
+//! turned out stale. The one place that decides where a request goes next; forwarding hands it
+//! a prepared request and gets back a response or the [`ProxyError`] to answer with.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use http::request::Parts;
+use http::{Request, Response};
+use http_body_util::{Either, Empty};
+
+use super::backend::Backend;
+use super::pool::{self, Exchange, PooledBody, SendError, Timeouts, UpBody};
+use crate::vocab::{ProxyError, WorkerId};
+
+/// Request extension: the balancer tries this backend (an index into the route's backends)
+/// first. Set by sticky sessions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pinned(pub usize);
+
+/// Response extension: the backend that answered (for metrics, the access log and sticky
+/// cookies).
+#[derive(Clone, Debug)]
+pub struct ServedBy(pub Arc<Backend>);
+
+/// A route's backends, in config order, with its round-robin position.
+#[derive(Debug)]
+pub struct BackendSet {
+    backends: Box<[Arc<Backend>]>,
+    /// Active health checks run for this route; without them only passive health counts.
+    health_checked: bool,
+    next: AtomicUsize,
+}
+
+impl BackendSet {
+    pub fn new(backends: Box<[Arc<Backend>]>, health_checked: bool) -> BackendSet {
+        BackendSet {
+            backends,
+            health_checked,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn iter(&self) -> std::slice::Iter<'_, Arc<Backend>> {
+        self.backends.iter()
+    }
+
+    pub fn len(&self) -> usize {
+        self.backends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.backends.is_empty()
+    }
+
+    pub fn get(&self, index: usize) -> Option<&Arc<Backend>> {
+        self.backends.get(index)
+    }
+
+    /// Where `backend` stands in the set (the first entry, when listed twice).
+    pub fn position(&self, backend: &Arc<Backend>) -> Option<usize> {
+        self.backends.iter().position(|b| Arc::ptr_eq(b, backend))
+    }
+
+    pub fn health_checked(&self) -> bool {
+        self.health_checked
+    }
+
+    /// Whether `backend` may take requests: in rotation, judged by passive health alone when
+    /// the route turned health checks off.
+    pub fn usable(&self, backend: &Backend) -> bool {
+        if self.health_checked {
+            backend.is_up()
+        } else {
+            backend.passive_up()
+        }
+    }
+
+    fn next_start(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// A request ready for the backends: its head (HTTP/1.1 form) and body, and, when it may safely
+/// be sent twice, a copy of the head to replay with an empty body.
+pub struct Outgoing {
+    pub head: Parts,
+    pub body: UpBody,
+    pub replay: Option<Parts>,
+}
+
+/// Sends `out` to the set's backends: the pinned one first if any, else the next in round
+/// robin; on to the next usable backend while connections cannot be made (or a replayable
+/// request's connection broke); each backend is tried once, however often it is listed.
+pub async fn send(
+    set: &BackendSet,
+    out: Outgoing,
+    worker: WorkerId,
+    timeouts: Timeouts,
+) -> Result<Response<PooledBody>, ProxyError> {
+    let len = set.len();
+    let start = match out.head.extensions.get::<Pinned>() {
+        Some(Pinned(index)) => *index,
+        None => set.next_start(),
+    };
+    let replay = out.replay;
+    let mut pending = Some(Request::from_parts(out.head, out.body));
+    let mut last_error = None;
+    // Backends already tried; allocated only when a first attempt fails.
+    let mut tried: Vec<usize> = Vec::new();
+    for step in 0..len {
+        let backend = &set.backends[(start + step) % len];
+        if !set.usable(backend) || tried.contains(&identity(backend)) {
+            continue;
+        }
+        let Some(request) = pending
+            .take()
+            .or_else(|| replay.as_ref().map(replay_request))
+        else {
+            break;
+        };
+        let x = Exchange {
+            backend,
+            worker,
+            timeouts,
+        };
+        match send_with_stale_replay(x, request, replay.as_ref()).await {
+            Ok(mut resp) => {
+                resp.extensions_mut().insert(ServedBy(backend.clone()));
+                return Ok(resp);
+            }
+            Err(SendError::Connect { error, request }) => {
+                tracing::warn!(backend = %backend.label, "{error}");
+                pending = Some(*request);
+                last_error = Some(if error.is_timeout() {
+                    ProxyError::ConnectTimeout
+                } else {
+                    ProxyError::ConnectFailed
+                });
+            }
+            Err(SendError::Reset { error, .. }) => {
+                tracing::warn!(backend = %backend.label, "backend reset: {error}");
+                last_error = Some(ProxyError::BackendReset);
+                if replay.is_none() {
+                    return Err(ProxyError::BackendReset);
+                }
+            }
+            Err(SendError::BadResponse(error)) => {
+                tracing::warn!(backend = %backend.label, "invalid response: {error}");
+                return Err(ProxyError::BadResponse);
+            }
+            Err(SendError::Timeout) => {
+                tracing::warn!(backend = %backend.label, "no response within {:?}", timeouts.response);
+                return Err(ProxyError::ResponseTimeout);
+            }
+        }
+        tried.push(identity(backend));
+    }
+    Err(last_error.unwrap_or(ProxyError::AllBackendsDown))
+}
+
+/// Sends once; if a pooled connection turned out stale and the request can be replayed,
+/// sends again on a fresh connection to the same backend.
+async fn send_with_stale_replay(
+    x: Exchange<'_>,
+    request: Request<UpBody>,
+    replay: Option<&Parts>,
+) -> Result<Response<PooledBody>, SendError> {
+    match pool::send(x, request).await {
+        Err(SendError::Reset {
+            reused: true,
+            error,
+        }) => match replay {
+            Some(head) => {
+                tracing::debug!(backend = %x.backend.label, "stale pooled connection ({error}); retrying");
+                pool::send(x, replay_request(head)).await
+            }
+            None => Err(SendError::Reset {
+                reused: true,
+                error,
+            }),
+        },
+        other => other,
+    }
+}
+
+/// A backend's identity for "already tried" (its address; the set holds it alive).
+fn identity(backend: &Arc<Backend>) -> usize {
+    Arc::as_ptr(backend) as usize
+}
+
+fn replay_request(head: &Parts) -> Request<UpBody> {
+    Request::from_parts(copy_head(head), Either::Right(Empty::new()))
+}
+
+/// A copy of a request head, field by field (cheaper than the request builder).
+pub fn copy_head(parts: &Parts) -> Parts {
+    let (mut head, ()) = Request::new(()).into_parts();
+    head.method = parts.method.clone();
+    head.uri = parts.uri.clone();
+    head.version = parts.version;
+    head.headers = parts.headers.clone();
+    head
+}

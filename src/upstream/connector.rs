@@ -1,0 +1,359 @@
+//! The one way to reach an upstream: TCP (TCP_NODELAY, each resolved address in turn, under the
+//! connect timeout), then TLS for TLS endpoints, then the HTTP/1.1 or HTTP/2 handshake. Pooled
+//! forwarding ([`super::pool`]), protocol detection ([`super::detect`]), health probes and
+//! forward auth all connect through here, and every failure is one typed [`ConnectError`].
+//!
+//! `Backend::connect` is [`open`] for a configured backend, whose connect outcomes feed its
+//! passive health; [`exchange_once`] sends a single request on a fresh, never pooled connection
+//! (health probes, forward auth), whose connection task is bounded by the caller's limit.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::uri::Scheme;
+use http::{header, Request, Response, Uri};
+use http_body::Body as _;
+use hyper::body::Incoming;
+use http_body_util::{Either, Empty};
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+
+use super::h2_settings::{SettingsWatch, StreamLimit};
+
+/// HTTP/2 flow-control windows the proxy offers its backends.
+const UPSTREAM_STREAM_WINDOW: u32 = 1 << 20;
+const UPSTREAM_CONNECTION_WINDOW: u32 = 16 << 20;
+
+/// Body of a request sent upstream: the client's own body, or nothing (a retry, a probe).
+pub type UpBody = Either<Incoming, Empty<Bytes>>;
+
+/// What an upstream's connections are: plain HTTP/1.1, h2c (prior knowledge), or TLS (where
+/// ALPN picks h2 or HTTP/1.1). Pinned by a scheme prefix, else detected (`detect.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wire {
+    Http1 = 1,
+    H2c = 2,
+    Tls = 3,
+}
+
+impl Wire {
+    pub(super) fn from_u8(v: u8) -> Option<Wire> {
+        match v {
+            1 => Some(Wire::Http1),
+            2 => Some(Wire::H2c),
+            3 => Some(Wire::Tls),
+            _ => None,
+        }
+    }
+
+    /// As shown by `/status`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Wire::Http1 => "http1",
+            Wire::H2c => "h2c",
+            Wire::Tls => "tls",
+        }
+    }
+}
+
+/// What step of reaching an upstream failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnectErrorKind {
+    /// The name resolved to no address.
+    Resolve,
+    /// No TCP connection.
+    Tcp,
+    /// The TLS handshake failed.
+    Tls,
+    /// The HTTP/1.1 or HTTP/2 handshake failed.
+    Handshake,
+    /// The request was sent (at least in part) and the exchange broke.
+    Exchange,
+    /// The answer was not HTTP.
+    BadResponse,
+    /// A body was larger than the caller accepts.
+    BodyTooLarge,
+}
+
+impl ConnectErrorKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            ConnectErrorKind::Resolve => "resolve",
+            ConnectErrorKind::Tcp => "connect",
+            ConnectErrorKind::Tls => "TLS handshake",
+            ConnectErrorKind::Handshake => "HTTP handshake",
+            ConnectErrorKind::Exchange => "exchange",
+            ConnectErrorKind::BadResponse => "invalid response",
+            ConnectErrorKind::BodyTooLarge => "body too large",
+        }
+    }
+}
+
+/// Why an upstream could not be reached or asked.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {detail}", .kind.as_str())]
+pub struct ConnectError {
+    kind: ConnectErrorKind,
+    timed_out: bool,
+    detail: String,
+}
+
+impl ConnectError {
+    pub fn new(kind: ConnectErrorKind, detail: impl Into<String>) -> ConnectError {
+        ConnectError {
+            kind,
+            timed_out: false,
+            detail: detail.into(),
+        }
+    }
+
+    pub fn timeout(kind: ConnectErrorKind, limit: Duration) -> ConnectError {
+        ConnectError {
+            kind,
+            timed_out: true,
+            detail: format!("timed out after {limit:?}"),
+        }
+    }
+
+    pub fn kind(&self) -> ConnectErrorKind {
+        self.kind
+    }
+
+    pub fn is_timeout(&self) -> bool {
+        self.timed_out
+    }
+
+    /// Nothing reached the upstream's HTTP layer, so the request may go elsewhere unchanged.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self.kind,
+            ConnectErrorKind::Resolve
+                | ConnectErrorKind::Tcp
+                | ConnectErrorKind::Tls
+                | ConnectErrorKind::Handshake
+        )
+    }
+}
+
+/// Where to connect: addresses, the name for messages and TLS, and how the connection speaks.
+#[derive(Clone, Copy, Debug)]
+pub struct Endpoint<'a> {
+    pub addrs: &'a [SocketAddr],
+    /// The configured host (a name or an IP literal).
+    pub host: &'a str,
+    pub wire: Wire,
+    /// Check the certificate chain and name (`upstream_tls_verify: true`).
+    pub verify_tls: bool,
+}
+
+/// A freshly opened connection, by the protocol it speaks.
+pub enum Fresh {
+    H1(http1::SendRequest<UpBody>),
+    /// With the number of streams the upstream allows on it.
+    H2(http2::SendRequest<UpBody>, Arc<StreamLimit>),
+}
+
+/// A TCP connection to the first of `addrs` that answers within `timeout` each.
+pub async fn tcp(
+    addrs: &[SocketAddr],
+    host: &str,
+    timeout: Duration,
+) -> Result<TcpStream, ConnectError> {
+    if addrs.is_empty() {
+        let detail = format!("`{host}` did not resolve to any address");
+        return Err(ConnectError::new(ConnectErrorKind::Resolve, detail));
+    }
+    let mut last = ConnectError::new(ConnectErrorKind::Tcp, "no address tried");
+    for addr in addrs {
+        match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+            Ok(Ok(stream)) => {
+                let _ = stream.set_nodelay(true);
+                return Ok(stream);
+            }
+            Ok(Err(e)) => last = ConnectError::new(ConnectErrorKind::Tcp, format!("{addr}: {e}")),
+            Err(_) => last = ConnectError::timeout(ConnectErrorKind::Tcp, timeout),
+        }
+    }
+    Err(last)
+}
+
+/// Opens a connection to `ep`: HTTP/1.1 or h2c on plain TCP; on TLS, whatever ALPN picks
+/// (`offer_h2: false` asks for HTTP/1.1 only, for upgrades). `sni` is the name to present.
+/// With `task_limit`, the connection's task ends after that long at the latest (one-shot use).
+pub async fn open(
+    ep: Endpoint<'_>,
+    sni: &str,
+    timeout: Duration,
+    offer_h2: bool,
+    task_limit: Option<Duration>,
+) -> Result<Fresh, ConnectError> {
+    let stream = tcp(ep.addrs, ep.host, timeout).await?;
+    match ep.wire {
+        Wire::Http1 => return h1_over(stream, task_limit).await,
+        Wire::H2c if offer_h2 => return h2_over(stream, timeout, task_limit).await,
+        Wire::H2c => return h1_over(stream, task_limit).await,
+        Wire::Tls => {}
+    }
+    let handshake = super::tls::handshake(stream, sni, offer_h2, ep.verify_tls);
+    let (tls, h2) = match tokio::time::timeout(timeout, handshake).await {
+        Ok(Ok(pair)) => pair,
+        Ok(Err(e)) => return Err(ConnectError::new(ConnectErrorKind::Tls, e.to_string())),
+        Err(_) => return Err(ConnectError::timeout(ConnectErrorKind::Tls, timeout)),
+    };
+    if h2 {
+        h2_over(tls, timeout, task_limit).await
+    } else {
+        h1_over(tls, task_limit).await
+    }
+}
+
+fn spawn_bounded<F>(task: F, limit: Option<Duration>)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    match limit {
+        Some(limit) => drop(tokio::spawn(tokio::time::timeout(limit, task))),
+        None => drop(tokio::spawn(task)),
+    }
+}
+
+async fn h1_over<IO>(io: IO, task_limit: Option<Duration>) -> Result<Fresh, ConnectError>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, conn) = http1::Builder::new()
+        .handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| ConnectError::new(ConnectErrorKind::Handshake, e.to_string()))?;
+    let task = async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!("upstream connection ended: {e}");
+        }
+    };
+    spawn_bounded(task, task_limit);
+    Ok(Fresh::H1(sender))
+}
+
+/// The HTTP/2 handshake, then a wait (at most `timeout`) for the upstream's SETTINGS, so the
+/// first burst of requests knows how many streams this connection takes.
+async fn h2_over<IO>(
+    io: IO,
+    timeout: Duration,
+    task_limit: Option<Duration>,
+) -> Result<Fresh, ConnectError>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (io, limit) = SettingsWatch::new(io);
+    let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+        // Fixed windows, not adaptive ones (which grow to 16 MiB a stream): what a backend may
+        // send ahead of the client's reading is what the proxy holds in memory. 1 MiB a stream
+        // bounds that; 16 MiB a connection lets 16 slow readers sit full before the other
+        // streams on the shared connection wait.
+        .initial_stream_window_size(UPSTREAM_STREAM_WINDOW)
+        .initial_connection_window_size(UPSTREAM_CONNECTION_WINDOW)
+        .handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| ConnectError::new(ConnectErrorKind::Handshake, e.to_string()))?;
+    let task = async move {
+        if let Err(e) = conn.await {
+            tracing::debug!("upstream h2 connection ended: {e}");
+        }
+    };
+    spawn_bounded(task, task_limit);
+    let _ = tokio::time::timeout(timeout, limit.learned()).await;
+    Ok(Fresh::H2(sender, limit))
+}
+
+/// Whether a failed exchange means the answer was not HTTP, or the connection broke.
+pub fn exchange_error(error: &hyper::Error) -> ConnectErrorKind {
+    if error.is_parse() || error.is_parse_status() || error.is_parse_too_large() {
+        ConnectErrorKind::BadResponse
+    } else {
+        ConnectErrorKind::Exchange
+    }
+}
+
+/// Rewrites an HTTP/1.1-form request (origin-form target, `Host`) for HTTP/2: an absolute target
+/// whose authority is the `Host` header (else `fallback`).
+pub fn to_h2_form<B>(mut req: Request<B>, tls: bool, fallback: &http::uri::Authority) -> Request<B> {
+    let scheme = if tls { Scheme::HTTPS } else { Scheme::HTTP };
+    let authority = req
+        .headers_mut()
+        .remove(header::HOST)
+        .and_then(|h| h.to_str().ok().and_then(|s| s.parse().ok()))
+        .unwrap_or_else(|| fallback.clone());
+    let mut parts = http::uri::Parts::default();
+    parts.scheme = Some(scheme);
+    parts.authority = Some(authority);
+    parts.path_and_query = req
+        .uri()
+        .path_and_query()
+        .cloned()
+        .or_else(|| Some(http::uri::PathAndQuery::from_static("/")));
+    *req.uri_mut() = Uri::from_parts(parts).unwrap_or_default();
+    *req.version_mut() = http::Version::HTTP_2;
+    req
+}
+
+/// Sends one request (HTTP/1.1 form, with `Host`) on a fresh connection that is never pooled;
+/// over TLS, h2 is offered as requests do (an h2-only gRPC backend refuses an HTTP/1.1-only
+/// offer). The whole exchange, and the connection's task, end within `limit`.
+pub async fn exchange_once(
+    ep: Endpoint<'_>,
+    sni: &str,
+    mut req: Request<UpBody>,
+    limit: Duration,
+) -> Result<Response<Incoming>, ConnectError> {
+    let attempt = async {
+        let offer_h2 = ep.wire != Wire::Http1;
+        match open(ep, sni, limit, offer_h2, Some(limit)).await? {
+            Fresh::H1(mut sender) => {
+                req.headers_mut()
+                    .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
+                sender.send_request(req).await
+            }
+            Fresh::H2(mut sender, _) => {
+                let authority = authority_of(ep.host);
+                let req = to_h2_form(req, ep.wire == Wire::Tls, &authority);
+                sender.send_request(req).await
+            }
+        }
+        .map_err(|e| ConnectError::new(exchange_error(&e), e.to_string()))
+    };
+    match tokio::time::timeout(limit, attempt).await {
+        Ok(outcome) => outcome,
+        Err(_) => Err(ConnectError::timeout(ConnectErrorKind::Exchange, limit)),
+    }
+}
+
+fn authority_of(host: &str) -> http::uri::Authority {
+    host.parse()
+        .unwrap_or_else(|_| http::uri::Authority::from_static("upstream"))
+}
+
+/// Reads a whole body of at most `max` bytes.
+pub async fn read_body(mut body: Incoming, max: usize) -> Result<Bytes, ConnectError> {
+    use http_body_util::BodyExt as _;
+    let mut out = BytesMut::new();
+    while !body.is_end_stream() {
+        let Some(frame) = body.frame().await else {
+            break;
+        };
+        let frame =
+            frame.map_err(|e| ConnectError::new(ConnectErrorKind::Exchange, e.to_string()))?;
+        if let Ok(data) = frame.into_data() {
+            if out.len() + data.len() > max {
+                let detail = format!("over {max} bytes");
+                return Err(ConnectError::new(ConnectErrorKind::BodyTooLarge, detail));
+            }
+            out.extend_from_slice(&data);
+        }
+    }
+    Ok(out.freeze())
+}
+

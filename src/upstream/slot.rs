@@ -1,0 +1,91 @@
+//! One worker's connections to one backend: a short list of idle HTTP/1.1 connections and its
+//! shared HTTP/2 connections with their open-stream counts. Only its own worker touches a slot,
+//! so its mutexes are never contended.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use hyper::client::conn::{http1, http2};
+
+use super::connector::UpBody;
+use super::h2_settings::StreamLimit;
+
+/// One worker's connections to one backend.
+#[derive(Default)]
+pub struct WorkerSlot {
+    idle: Mutex<Vec<http1::SendRequest<UpBody>>>,
+    h2: Mutex<Vec<H2Conn>>,
+    /// Held while opening a connection that may be HTTP/2, so a burst waits for it.
+    pub opening_h2: tokio::sync::Mutex<()>,
+    /// The last TLS handshake with this backend chose HTTP/1.1: open TLS connections without
+    /// waiting for each other.
+    pub tls_chose_h1: std::sync::atomic::AtomicBool,
+}
+
+struct H2Conn {
+    sender: http2::SendRequest<UpBody>,
+    open_streams: Arc<AtomicUsize>,
+    limit: Arc<StreamLimit>,
+}
+
+/// A request's place on a shared HTTP/2 connection, given back when dropped.
+pub struct StreamTicket(Arc<AtomicUsize>);
+
+impl Drop for StreamTicket {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl WorkerSlot {
+    /// An idle HTTP/1.1 connection that is ready for a request.
+    pub fn take_idle(&self) -> Option<http1::SendRequest<UpBody>> {
+        let mut idle = lock(&self.idle);
+        while let Some(conn) = idle.pop() {
+            if conn.is_ready() {
+                return Some(conn);
+            }
+            // Closed, or not yet ready after its last response: neither is worth keeping.
+        }
+        None
+    }
+
+    /// A place on one of this worker's HTTP/2 connections that has room.
+    pub fn h2_stream(&self) -> Option<(http2::SendRequest<UpBody>, StreamTicket)> {
+        let mut conns = lock(&self.h2);
+        conns.retain(|c| !c.sender.is_closed());
+        let conn = conns
+            .iter()
+            .find(|c| c.open_streams.load(Ordering::Relaxed) < c.limit.get())?;
+        conn.open_streams.fetch_add(1, Ordering::Relaxed);
+        Some((conn.sender.clone(), StreamTicket(conn.open_streams.clone())))
+    }
+
+    /// Shares a new HTTP/2 connection with this worker's later requests; the ticket is the
+    /// first request's place on it.
+    pub fn add_h2(&self, sender: http2::SendRequest<UpBody>, limit: Arc<StreamLimit>) -> StreamTicket {
+        let open_streams = Arc::new(AtomicUsize::new(1));
+        lock(&self.h2).push(H2Conn {
+            sender,
+            open_streams: open_streams.clone(),
+            limit,
+        });
+        StreamTicket(open_streams)
+    }
+
+    /// Keeps `conn` for the next request, unless `max` are idle already.
+    pub fn put_idle(&self, conn: http1::SendRequest<UpBody>, max: usize) {
+        if conn.is_closed() {
+            return;
+        }
+        let mut idle = lock(&self.idle);
+        if idle.len() < max {
+            idle.push(conn);
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
