@@ -1,23 +1,27 @@
-//! Failover, passive health, keep-alive reuse and timeouts through the real binary.
+//! Failover, passive health, keep-alive reuse and timeouts through the in-process proxy on
+//! tokio's paused clock (timeouts are virtual time; nothing waits on the wall clock).
 
+mod inproc;
 mod support;
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use inproc::{until, Proxy};
 use support::*;
+use tokio::time::Instant;
 
 /// One route over `backends`, active probes off: these tests count requests and exercise
 /// failover and passive health on their own (tests/health.rs covers active checks).
-fn one_route(backends: &[&Backend], main_extra: &str) -> ProxyProcess {
-    ProxyProcess::start(&default_route(backends), main_extra)
+async fn one_route(backends: &[&Backend], main_extra: &str) -> Proxy {
+    Proxy::start(&default_route(backends), main_extra).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_backend_stopped_mid_test_costs_no_request() {
     for proto in PROTOCOLS {
         let (a, b) = (Backend::start("a").await, Backend::start("b").await);
-        let proxy = one_route(&[&a, &b], "");
+        let proxy = one_route(&[&a, &b], "").await;
         let mut clients = Vec::new();
         for _ in 0..4 {
             clients.push(Client::connect(proto, proxy.addr).await);
@@ -40,7 +44,7 @@ async fn a_backend_stopped_mid_test_costs_no_request() {
         }
         // Let some traffic reach both, then stop one (its open connections are closed too).
         assert!(
-            eventually(Duration::from_secs(10), || b
+            until(Duration::from_secs(10), || b
                 .requests
                 .load(Ordering::SeqCst)
                 > 50)
@@ -71,10 +75,10 @@ async fn a_backend_stopped_mid_test_costs_no_request() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn all_backends_down_gives_502_then_503_never_a_hang() {
     let (a, b) = (Backend::start("a").await, Backend::start("b").await);
-    let proxy = one_route(&[&a, &b], "hc_interval: 30");
+    let proxy = one_route(&[&a, &b], "hc_interval: 30").await;
     a.stop();
     b.stop();
     for proto in PROTOCOLS {
@@ -104,11 +108,11 @@ async fn all_backends_down_gives_502_then_503_never_a_hang() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn keep_alive_reuses_backend_connections() {
     for proto in PROTOCOLS {
         let a = Backend::start("a").await;
-        let proxy = one_route(&[&a], "");
+        let proxy = one_route(&[&a], "").await;
         let mut client = Client::connect(proto, proxy.addr).await;
         for n in 0..2000 {
             let resp = client.get("any", &format!("/n/{n}")).await;
@@ -124,10 +128,10 @@ async fn keep_alive_reuses_backend_connections() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn slow_backend_gets_504_after_the_response_timeout() {
     let a = Backend::start("a").await;
-    let proxy = one_route(&[&a], "upstream_response_timeout: 1");
+    let proxy = one_route(&[&a], "upstream_response_timeout: 1").await;
     for proto in PROTOCOLS {
         let mut client = Client::connect(proto, proxy.addr).await;
         let started = Instant::now();
@@ -145,7 +149,7 @@ async fn slow_backend_gets_504_after_the_response_timeout() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn unreachable_backend_times_out_or_is_refused_quickly() {
     // 127.0.0.1:1 refuses at once: 502, and the next backend of the route answers instead.
     let a = Backend::start("a").await;
@@ -153,7 +157,7 @@ async fn unreachable_backend_times_out_or_is_refused_quickly() {
         "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: [\"127.0.0.1:1\", \"{}\"]}}\n",
         a.addr
     );
-    let proxy = ProxyProcess::start(&yaml, "");
+    let proxy = Proxy::start(&yaml, "").await;
     let mut client = Client::connect(Proto::H1, proxy.addr).await;
     for _ in 0..20 {
         let resp = client.get("any", "/").await;

@@ -1,15 +1,18 @@
-//! Black-box tests of active health checks (SPEC §6.1) through the real binary: failing backends
-//! leave rotation within two rounds and come back when fixed, a blackholed backend does not delay
-//! the other checks, `healthcheck: false` is never probed, a route with nothing up answers 503.
+//! Active health checks (SPEC §6.1) through the in-process proxy on tokio's paused clock:
+//! failing backends leave rotation within two rounds and come back when fixed, a blackholed
+//! backend does not delay the other checks, `healthcheck: false` is never probed, a route with
+//! nothing up answers 503. The rounds' timing is virtual: no test waits on the wall clock.
 
+mod inproc;
 mod policies_support;
 mod support;
 
 use std::collections::HashSet;
 use std::time::Duration;
 
+use inproc::Proxy;
 use policies_support::StatusBackend;
-use support::{body_bytes, header, Client, Proto, ProxyProcess};
+use support::{body_bytes, header, Client, Proto};
 
 /// hc_interval of 1 s; a response timeout short enough that a request sent to the blackholed
 /// backend before its first probe does not stall the test.
@@ -39,32 +42,32 @@ fn set(names: &[&str]) -> HashSet<String> {
     names.iter().map(|s| s.to_string()).collect()
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn failing_backend_leaves_within_two_rounds_and_comes_back() {
     let a = StatusBackend::start("a", 200).await;
     let b = StatusBackend::start("b", 200).await;
-    let proxy = ProxyProcess::start(&route(&[&a, &b], ""), MAIN);
+    let proxy = Proxy::start(&route(&[&a, &b], ""), MAIN).await;
     let mut c = Client::connect(Proto::H1, proxy.addr).await;
     assert_eq!(answered_by(&mut c, 4).await.0, set(&["a", "b"]));
 
     b.set_status(500);
-    tokio::time::sleep(Duration::from_millis(2300)).await;
+    proxy.pass(Duration::from_millis(2300)).await;
     let (names, statuses) = answered_by(&mut c, 10).await;
     assert_eq!((names, statuses), (set(&["a"]), HashSet::from([200])));
 
     b.set_status(204);
-    tokio::time::sleep(Duration::from_millis(2300)).await;
+    proxy.pass(Duration::from_millis(2300)).await;
     assert_eq!(answered_by(&mut c, 6).await.0, set(&["a", "b"]));
     assert!(b.probes() >= 4, "b was probed {} times", b.probes());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn blackholed_backend_does_not_delay_the_others() {
     let a = StatusBackend::start("a", 200).await;
     let hole = StatusBackend::start("hole", 0).await;
     let c3 = StatusBackend::start("c", 200).await;
-    let proxy = ProxyProcess::start(&route(&[&a, &hole, &c3], ""), MAIN);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let proxy = Proxy::start(&route(&[&a, &hole, &c3], ""), MAIN).await;
+    proxy.pass(Duration::from_millis(1500)).await;
     let mut c = Client::connect(Proto::H1, proxy.addr).await;
     assert_eq!(answered_by(&mut c, 6).await.0, set(&["a", "c"]));
     assert_eq!(
@@ -75,7 +78,7 @@ async fn blackholed_backend_does_not_delay_the_others() {
 
     // Rounds keep their pace although one probe per round never gets an answer...
     let before = a.probes();
-    tokio::time::sleep(Duration::from_millis(3500)).await;
+    proxy.pass(Duration::from_millis(3500)).await;
     let during = a.probes() - before;
     assert!(
         during >= 3,
@@ -83,29 +86,29 @@ async fn blackholed_backend_does_not_delay_the_others() {
     );
     // ...so a backend that starts failing still leaves within two rounds.
     c3.set_status(503);
-    tokio::time::sleep(Duration::from_millis(2300)).await;
+    proxy.pass(Duration::from_millis(2300)).await;
     assert_eq!(
         answered_by(&mut c, 6).await,
         (set(&["a"]), HashSet::from([200]))
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn healthcheck_false_is_never_probed() {
     let a = StatusBackend::start("a", 500).await;
-    let proxy = ProxyProcess::start(&route(&[&a], ", healthcheck: false"), MAIN);
-    tokio::time::sleep(Duration::from_millis(2200)).await;
+    let proxy = Proxy::start(&route(&[&a], ", healthcheck: false"), MAIN).await;
+    proxy.pass(Duration::from_millis(2200)).await;
     assert_eq!(a.probes(), 0);
     let mut c = Client::connect(Proto::H1, proxy.addr).await;
     let (names, statuses) = answered_by(&mut c, 3).await;
     assert_eq!((names, statuses), (set(&["a"]), HashSet::from([500])));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn nothing_up_means_503_with_retry_after() {
     let a = StatusBackend::start("a", 500).await;
-    let proxy = ProxyProcess::start(&route(&[&a], ""), MAIN);
-    tokio::time::sleep(Duration::from_millis(2300)).await;
+    let proxy = Proxy::start(&route(&[&a], ""), MAIN).await;
+    proxy.pass(Duration::from_millis(2300)).await;
     let mut c = Client::connect(Proto::H1, proxy.addr).await;
     let resp = c.get("h.test", "/").await;
     assert_eq!(resp.status(), 503);
@@ -113,7 +116,7 @@ async fn nothing_up_means_503_with_retry_after() {
     let before = a.requests();
     body_bytes(resp).await;
     a.set_status(200);
-    tokio::time::sleep(Duration::from_millis(2300)).await;
+    proxy.pass(Duration::from_millis(2300)).await;
     assert_eq!(c.get("h.test", "/").await.status(), 200);
     assert_eq!(a.requests(), before + 1);
 }

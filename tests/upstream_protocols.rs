@@ -44,7 +44,7 @@ async fn backends_without_a_scheme_are_detected() {
         host_route("tlsh1.local", &tls_h1.to_string(), probed),
         // Pinned by its scheme: HTTP/1.1 although the backend would speak h2c.
         host_route("pinned.local", &format!("http://{}", h2c.addr), probed),
-        // Detection needs health checks (SPEC §6.3): without them a bare address is HTTP/1.1.
+        // Detected on first use whether or not health checks run (issue 12).
         host_route(
             "unprobed.local",
             &unprobed.addr.to_string(),
@@ -60,7 +60,7 @@ async fn backends_without_a_scheme_are_detected() {
         ("tlsh2.local", "tls-h2", "HTTP/2.0"),
         ("tlsh1.local", "tls-h1", "HTTP/1.1"),
         ("pinned.local", "h2c", "HTTP/1.1"),
-        ("unprobed.local", "unprobed", "HTTP/1.1"),
+        ("unprobed.local", "unprobed", "HTTP/2.0"),
     ];
     for (host, backend, version) in expected {
         for _ in 0..3 {
@@ -105,7 +105,7 @@ async fn detection_is_redone_when_a_backend_changes_protocol() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn turning_health_checks_off_by_reload_ends_detection() {
+async fn turning_health_checks_off_by_reload_keeps_detection() {
     let backend = Backend::start("h2c").await;
     let route = |extra: &str| {
         format!(
@@ -120,7 +120,9 @@ async fn turning_health_checks_off_by_reload_ends_detection() {
         (200, "h2c".into(), "HTTP/2.0".into()),
         "detected while health-checked"
     );
-    // Without health checks a bare address is HTTP/1.1 (SPEC §6.3), for the same backend too.
+    // Without health checks the backend is still spoken to in the protocol it was found to
+    // speak: detection does not depend on health checks (an h2-only gRPC backend on a route with
+    // `healthcheck: false` must not get HTTP/1.1).
     write_atomically(
         &proxy.path("upstreams.yaml"),
         &route(", healthcheck: false"),
@@ -132,7 +134,7 @@ async fn turning_health_checks_off_by_reload_ends_detection() {
     assert!(applied, "no reload: {}", proxy.log_text());
     for _ in 0..3 {
         let got = seen(&mut client, "flip.local").await;
-        assert_eq!(got, (200, "h2c".into(), "HTTP/1.1".into()));
+        assert_eq!(got, (200, "h2c".into(), "HTTP/2.0".into()));
     }
 }
 

@@ -37,6 +37,14 @@ pub struct HealthSettings {
 }
 
 impl HealthSettings {
+    /// `hc_method` and `hc_interval` of `main.yaml`.
+    pub fn from_main(main: &crate::config::MainConfig) -> HealthSettings {
+        HealthSettings {
+            method: main.hc_method.clone(),
+            interval: main.hc_interval,
+        }
+    }
+
     /// How long one probe may take: min(interval, 5 s).
     pub fn probe_timeout(&self) -> Duration {
         self.interval.min(MAX_PROBE_TIME)
@@ -49,14 +57,11 @@ pub fn spawn(
     main: &crate::config::MainConfig,
     snapshot: Arc<ArcSwap<Snapshot>>,
 ) {
-    let settings = HealthSettings {
-        method: main.hc_method.clone(),
-        interval: main.hc_interval,
-    };
-    runtime.spawn(run(snapshot, settings));
+    runtime.spawn(run(snapshot, HealthSettings::from_main(main)));
 }
 
-async fn run(snapshot: Arc<ArcSwap<Snapshot>>, settings: HealthSettings) {
+/// Runs a round every interval over the serving snapshot, forever.
+pub async fn run(snapshot: Arc<ArcSwap<Snapshot>>, settings: HealthSettings) {
     let mut ticks = tokio::time::interval(settings.interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

@@ -165,7 +165,11 @@ impl ForwardAuth {
         let label = self.authority.to_str().unwrap_or("?");
         let failed = |e: ConnectError| {
             tracing::warn!(auth = label, "auth service: {e}");
-            ProxyError::AuthServiceFailed
+            if e.is_timeout() {
+                ProxyError::AuthServiceTimeout
+            } else {
+                ProxyError::AuthServiceFailed
+            }
         };
         let addrs: Vec<std::net::SocketAddr> =
             match tokio::net::lookup_host((self.host.as_str(), self.port)).await {

@@ -1,0 +1,112 @@
+//! The in-process harness: the proxy's real request path (router, policies, forwarding,
+//! upstream pools), its accept helper and its health checks, built from config text with the
+//! same `Context` the binary builds, and served on an ephemeral 127.0.0.1 listener inside the
+//! test's own runtime. Under `#[tokio::test(start_paused = true)]` every timer (health rounds,
+//! timeouts, passive health, rate limits) runs on tokio's paused clock: [`Proxy::pass`] lets
+//! virtual time go by, no test waits on the wall clock.
+//!
+//! Backends, clients and the proxy must all run in the test's runtime (no threads of their
+//! own), so that the paused clock only moves when nothing is left to do.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use aralez::config::{self, Issues, MainConfig};
+use aralez::control::health::{self, HealthSettings};
+use aralez::process::{self, Context};
+use aralez::vocab::WorkerId;
+use tokio::sync::watch;
+
+/// A proxy served inside the test, stopped (drained) on drop.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    pub ctx: Context,
+    pub main: MainConfig,
+    stop: watch::Sender<bool>,
+    _dir: tempfile::TempDir,
+}
+
+impl Proxy {
+    /// Starts the proxy with this `upstreams.yaml` and extra `main.yaml` lines; active health
+    /// checks run (on their `hc_interval`) unless every route turns them off.
+    pub async fn start(upstreams: &str, main_extra: &str) -> Proxy {
+        Proxy::start_workers(upstreams, main_extra, 1).await
+    }
+
+    /// [`Proxy::start`] with `workers` workers: each its own SO_REUSEPORT listener on the same
+    /// port, its own [`WorkerId`] (pool slots, metrics shard), all in the test's runtime.
+    pub async fn start_workers(upstreams: &str, main_extra: &str, workers: usize) -> Proxy {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ups_path = dir.path().join("upstreams.yaml");
+        std::fs::write(&ups_path, upstreams).expect("write upstreams.yaml");
+        let main_path = dir.path().join("main.yaml");
+        let main_text = format!(
+            "threads: {workers}\nproxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: \"{}\"\npid_file: \"{}\"\nlog_level: warn\n{main_extra}\n",
+            ups_path.display(),
+            dir.path().join("aralez.pid").display()
+        );
+        std::fs::write(&main_path, main_text).expect("write main.yaml");
+        let mut issues = Issues::default();
+        let main = config::load_main(&main_path, &mut issues);
+        let main = main.unwrap_or_else(|| panic!("main.yaml does not load: {issues:?}"));
+        let ups = config::load_upstreams(&main.upstreams_conf, &mut issues)
+            .expect("upstreams.yaml loads");
+        assert!(!issues.has_errors(), "config errors: {issues:?}");
+        let ctx = Context::build(&main, ups).expect("context");
+
+        let any_port: SocketAddr = "127.0.0.1:0".parse().expect("address");
+        let listeners = aralez::server::bind_reuseport(any_port, workers).expect("bind proxy");
+        let addr = listeners[0].local_addr().expect("local addr");
+        let (stop, stop_rx) = watch::channel(false);
+        let serving = ctx.serving(&main);
+        let limits = process::limits(&main);
+        for (index, listener) in listeners.into_iter().enumerate() {
+            tokio::spawn(aralez::server::serve_worker(
+                WorkerId(index),
+                listener,
+                None,
+                serving.clone(),
+                limits.clone(),
+                stop_rx.clone(),
+            ));
+        }
+        let snapshot = ctx.reloader.snapshot.clone();
+        tokio::spawn(health::run(snapshot, HealthSettings::from_main(&main)));
+        Proxy {
+            addr,
+            ctx,
+            main,
+            stop,
+            _dir: dir,
+        }
+    }
+
+    /// Lets `d` of (paused) time go by while the proxy, its health checks and the backends run.
+    pub async fn pass(&self, d: Duration) {
+        tokio::time::sleep(d).await;
+    }
+
+    /// Asks the listener to drain, as SIGTERM does.
+    pub fn shut_down(&self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+/// Waits (in paused time) until `check` holds, checking every 10 ms, at most `limit`.
+pub async fn until(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    while tokio::time::Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    check()
+}

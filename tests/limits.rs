@@ -1,0 +1,132 @@
+//! Rate limits, 4xx limits and passive health's time out through the in-process proxy on
+//! tokio's paused clock: the seconds these limits count are virtual, so the tests are exact and
+//! take no wall-clock time.
+
+mod inproc;
+mod policies_support;
+mod support;
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use http::Method;
+use inproc::Proxy;
+use policies_support::{connect_from, StatusBackend};
+use support::{body_bytes, full, header, Backend, Client, Proto};
+use tokio::time::Instant;
+
+fn ip(last: u8) -> IpAddr {
+    IpAddr::from([127, 0, 0, last])
+}
+
+/// Status and `Retry-After` of a GET.
+async fn get(c: &mut Client, host: &str, path: &str) -> (u16, String) {
+    let resp = c
+        .send(Method::GET, Some(host), path, &[], full(bytes::Bytes::new()))
+        .await;
+    let status = resp.status().as_u16();
+    let retry_after = header(&resp, "retry-after");
+    body_bytes(resp).await;
+    (status, retry_after)
+}
+
+#[tokio::test(start_paused = true)]
+async fn rate_limit_is_per_client_across_workers_and_refills_each_second() {
+    let backend = StatusBackend::start("b", 200).await;
+    let yaml = format!(
+        "upstreams:\n  rl.test:\n    paths:\n      /: {{servers: [\"{0}\"], rate_limit: 10, healthcheck: false}}\n      /free: {{servers: [\"{0}\"], rate_limit: 1000, healthcheck: false}}\n",
+        backend.addr
+    );
+    let proxy = Proxy::start_workers(&yaml, "", 2).await;
+    for (proto, me, other) in [(Proto::H1, ip(2), ip(3)), (Proto::H2c, ip(4), ip(5))] {
+        // Several connections from one address land on both workers; the limit is still one.
+        let mut conns = Vec::new();
+        for _ in 0..4 {
+            conns.push(connect_from(proto, proxy.addr, me).await);
+        }
+        let started = Instant::now();
+        let mut statuses = Vec::new();
+        for i in 0..14 {
+            let (status, retry_after) = get(&mut conns[i % 4], "rl.test", "/").await;
+            if status == 429 {
+                assert_eq!(retry_after, "1");
+            }
+            statuses.push(status);
+        }
+        assert!(started.elapsed() < Duration::from_millis(100), "no time passes in a burst");
+        assert_eq!(
+            statuses.iter().filter(|s| **s == 200).count(),
+            10,
+            "{proto:?}: {statuses:?}"
+        );
+        assert!(statuses[10..].iter().all(|s| *s == 429), "{statuses:?}");
+        // Another client, and another path with its own limit, are not affected.
+        let mut c = connect_from(proto, proxy.addr, other).await;
+        assert_eq!(get(&mut c, "rl.test", "/").await.0, 200);
+        assert_eq!(get(&mut conns[0], "rl.test", "/free").await.0, 200);
+        // 100 ms later one request's worth has come back; a second later the whole burst.
+        proxy.pass(Duration::from_millis(100)).await;
+        assert_eq!(get(&mut conns[1], "rl.test", "/").await.0, 200);
+        assert_eq!(get(&mut conns[1], "rl.test", "/").await.0, 429);
+        proxy.pass(Duration::from_secs(1)).await;
+        for conn in conns.iter_mut() {
+            assert_eq!(get(conn, "rl.test", "/").await.0, 200);
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn x4xx_limit_blocks_until_a_quiet_second() {
+    let backend = StatusBackend::start("b", 404).await;
+    let yaml = format!(
+        "upstreams:\n  x.test:\n    x4xx_limit: 3\n    paths:\n      /: {{servers: [\"{}\"], healthcheck: false}}\n",
+        backend.addr
+    );
+    let proxy = Proxy::start(&yaml, "").await;
+    let mut me = connect_from(Proto::H1, proxy.addr, ip(6)).await;
+    for _ in 0..4 {
+        assert_eq!(get(&mut me, "x.test", "/").await.0, 404);
+    }
+    let reached = backend.requests();
+    backend.set_status(200);
+    assert_eq!(get(&mut me, "x.test", "/").await, (429, "1".to_string()));
+    assert_eq!(backend.requests(), reached, "blocked requests stay in the proxy");
+    let mut other = connect_from(Proto::H1, proxy.addr, ip(7)).await;
+    assert_eq!(get(&mut other, "x.test", "/").await.0, 200);
+    proxy.pass(Duration::from_millis(999)).await;
+    assert_eq!(
+        get(&mut me, "x.test", "/").await.0,
+        429,
+        "knocking restarts the quiet second"
+    );
+    proxy.pass(Duration::from_millis(999)).await;
+    assert_eq!(get(&mut me, "x.test", "/").await.0, 429);
+    proxy.pass(Duration::from_millis(1001)).await;
+    assert_eq!(get(&mut me, "x.test", "/").await.0, 200, "free after a quiet second");
+}
+
+#[tokio::test(start_paused = true)]
+async fn passive_health_keeps_a_failing_backend_out_for_hc_interval() {
+    let a = Backend::start("a").await;
+    let addr = a.addr;
+    let yaml = format!(
+        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: [\"{addr}\"], healthcheck: false}}\n"
+    );
+    let proxy = Proxy::start(&yaml, "hc_interval: 10").await;
+    let mut c = Client::connect(Proto::H1, proxy.addr).await;
+    assert_eq!(get(&mut c, "any", "/").await.0, 200);
+    a.stop();
+    drop(a);
+    // Three refused connects take the backend out (502 each), then 503 without trying.
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.push(get(&mut c, "any", "/").await.0);
+    }
+    assert_eq!(statuses, [502, 502, 502, 503]);
+    let back = Backend::start_on("a", addr).await;
+    proxy.pass(Duration::from_millis(9_900)).await;
+    assert_eq!(get(&mut c, "any", "/").await.0, 503, "still out before hc_interval");
+    proxy.pass(Duration::from_millis(200)).await;
+    assert_eq!(get(&mut c, "any", "/").await.0, 200, "back after hc_interval");
+    assert!(back.requests.load(std::sync::atomic::Ordering::SeqCst) >= 1);
+}
