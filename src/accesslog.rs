@@ -131,19 +131,19 @@ impl AccessLog {
             return Record(None);
         };
         let entry = Box::new(Entry {
-        time: SystemTime::now(),
-        start,
-        client,
-        method: method.clone(),
-        target: target.clone(),
-        version,
-        host: host.cloned().or_else(|| {
-            target
-                .authority()
-                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-        }),
-        status: None,
-        bytes: 0,
+            time: SystemTime::now(),
+            start,
+            client,
+            method: method.clone(),
+            target: target.clone(),
+            version,
+            host: host.cloned().or_else(|| {
+                target
+                    .authority()
+                    .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+            }),
+            status: None,
+            bytes: 0,
             duration: Duration::ZERO,
             backend: None,
         });

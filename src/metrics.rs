@@ -146,8 +146,6 @@ impl Metrics {
         }
     }
 
-
-
     /// Counts a connection to a backend: a reused pooled one or a new one.
     pub fn upstream_connection(&self, worker: WorkerId, reused: bool) {
         bump(&self.shard(worker).upstream_connections[usize::from(reused)]);
@@ -182,8 +180,6 @@ impl Metrics {
         self.shards.iter().map(f).sum()
     }
 
-
-
     /// Renders every metric in the Prometheus text exposition format (version 0.0.4).
     pub fn render_prometheus<'a>(&self, backends: impl Iterator<Item = BackendUp<'a>>) -> String {
         let mut out = String::with_capacity(8192);
@@ -202,7 +198,11 @@ impl Metrics {
             "counter",
             "Requests received.",
         );
-        let _ = writeln!(out, "aralez_requests_total {}", self.sum(|s| load(&s.requests)));
+        let _ = writeln!(
+            out,
+            "aralez_requests_total {}",
+            self.sum(|s| load(&s.requests))
+        );
         header(
             out,
             "aralez_responses_total",
@@ -255,7 +255,11 @@ impl Metrics {
         let _ = writeln!(out, "{name}_count {count}");
     }
 
-    fn render_upstreams<'a>(&self, out: &mut String, backends: impl Iterator<Item = BackendUp<'a>>) {
+    fn render_upstreams<'a>(
+        &self,
+        out: &mut String,
+        backends: impl Iterator<Item = BackendUp<'a>>,
+    ) {
         let name = "aralez_requests_by_upstream";
         header(
             out,
@@ -335,7 +339,11 @@ impl Metrics {
             "counter",
             "Access log lines dropped or not written.",
         );
-        let _ = writeln!(out, "{name} {}", self.logging_errors.load(Ordering::Relaxed));
+        let _ = writeln!(
+            out,
+            "{name} {}",
+            self.logging_errors.load(Ordering::Relaxed)
+        );
     }
 
     fn render_control(&self, out: &mut String) {

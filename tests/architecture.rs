@@ -87,7 +87,12 @@ fn code_only(text: &str) -> String {
 }
 
 /// The modules (as `a` or `a::b`) a file's code names through `crate::` and `super::`.
-fn imports(module: &str, is_mod_rs: bool, code: &str, known: &BTreeSet<String>) -> BTreeSet<String> {
+fn imports(
+    module: &str,
+    is_mod_rs: bool,
+    code: &str,
+    known: &BTreeSet<String>,
+) -> BTreeSet<String> {
     let mut found = BTreeSet::new();
     let parent: Vec<&str> = {
         let mut p: Vec<&str> = module.split("::").collect();
@@ -96,7 +101,10 @@ fn imports(module: &str, is_mod_rs: bool, code: &str, known: &BTreeSet<String>) 
         }
         p
     };
-    for (start, _) in code.match_indices("crate::").chain(code.match_indices("super::")) {
+    for (start, _) in code
+        .match_indices("crate::")
+        .chain(code.match_indices("super::"))
+    {
         let before = code[..start].chars().last();
         if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
             continue;
@@ -187,7 +195,10 @@ fn imports_only_go_down_the_flow() {
     let mut upward = Vec::new();
     for (from, targets) in &graph.edges {
         let Some(&from_rank) = rank.get(top(from)) else {
-            panic!("module `{}` has no rank in RANKS: place it in the flow", top(from));
+            panic!(
+                "module `{}` has no rank in RANKS: place it in the flow",
+                top(from)
+            );
         };
         for to in targets {
             if top(to) == top(from) {

@@ -22,7 +22,13 @@ fn ip(last: u8) -> IpAddr {
 /// Status and `Retry-After` of a GET.
 async fn get(c: &mut Client, host: &str, path: &str) -> (u16, String) {
     let resp = c
-        .send(Method::GET, Some(host), path, &[], full(bytes::Bytes::new()))
+        .send(
+            Method::GET,
+            Some(host),
+            path,
+            &[],
+            full(bytes::Bytes::new()),
+        )
         .await;
     let status = resp.status().as_u16();
     let retry_after = header(&resp, "retry-after");
@@ -53,7 +59,10 @@ async fn rate_limit_is_per_client_across_workers_and_refills_each_second() {
             }
             statuses.push(status);
         }
-        assert!(started.elapsed() < Duration::from_millis(100), "no time passes in a burst");
+        assert!(
+            started.elapsed() < Duration::from_millis(100),
+            "no time passes in a burst"
+        );
         assert_eq!(
             statuses.iter().filter(|s| **s == 200).count(),
             10,
@@ -90,7 +99,11 @@ async fn x4xx_limit_blocks_until_a_quiet_second() {
     let reached = backend.requests();
     backend.set_status(200);
     assert_eq!(get(&mut me, "x.test", "/").await, (429, "1".to_string()));
-    assert_eq!(backend.requests(), reached, "blocked requests stay in the proxy");
+    assert_eq!(
+        backend.requests(),
+        reached,
+        "blocked requests stay in the proxy"
+    );
     let mut other = connect_from(Proto::H1, proxy.addr, ip(7)).await;
     assert_eq!(get(&mut other, "x.test", "/").await.0, 200);
     proxy.pass(Duration::from_millis(999)).await;
@@ -102,7 +115,11 @@ async fn x4xx_limit_blocks_until_a_quiet_second() {
     proxy.pass(Duration::from_millis(999)).await;
     assert_eq!(get(&mut me, "x.test", "/").await.0, 429);
     proxy.pass(Duration::from_millis(1001)).await;
-    assert_eq!(get(&mut me, "x.test", "/").await.0, 200, "free after a quiet second");
+    assert_eq!(
+        get(&mut me, "x.test", "/").await.0,
+        200,
+        "free after a quiet second"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -125,8 +142,16 @@ async fn passive_health_keeps_a_failing_backend_out_for_hc_interval() {
     assert_eq!(statuses, [502, 502, 502, 503]);
     let back = Backend::start_on("a", addr).await;
     proxy.pass(Duration::from_millis(9_900)).await;
-    assert_eq!(get(&mut c, "any", "/").await.0, 503, "still out before hc_interval");
+    assert_eq!(
+        get(&mut c, "any", "/").await.0,
+        503,
+        "still out before hc_interval"
+    );
     proxy.pass(Duration::from_millis(200)).await;
-    assert_eq!(get(&mut c, "any", "/").await.0, 200, "back after hc_interval");
+    assert_eq!(
+        get(&mut c, "any", "/").await.0,
+        200,
+        "back after hc_interval"
+    );
     assert!(back.requests.load(std::sync::atomic::Ordering::SeqCst) >= 1);
 }

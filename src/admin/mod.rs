@@ -290,9 +290,8 @@ pub fn start(
     // SO_REUSEPORT, like the proxy's listeners: during a live upgrade the new process binds the
     // same address while the old one drains.
     let bind = |addr: std::net::SocketAddr| {
-        let bound = crate::server::bind_reuseport(addr, 1).and_then(|mut l| {
-            l.pop().ok_or_else(|| std::io::Error::other("no listener"))
-        });
+        let bound = crate::server::bind_reuseport(addr, 1)
+            .and_then(|mut l| l.pop().ok_or_else(|| std::io::Error::other("no listener")));
         bound.map_err(|source| AdminError::Bind { addr, source })
     };
     let mut tasks = Vec::new();
@@ -301,7 +300,13 @@ pub fn start(
         if let Ok(local) = listener.local_addr() {
             tracing::info!("admin API on http://{local}");
         }
-        let served = serve(listener, admin.clone(), None, limits.clone(), shutdown.clone());
+        let served = serve(
+            listener,
+            admin.clone(),
+            None,
+            limits.clone(),
+            shutdown.clone(),
+        );
         tasks.push(runtime.spawn(served));
     }
     if let Some(addr) = main.config_tls_address {

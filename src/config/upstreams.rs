@@ -3,12 +3,10 @@
 //! Both shapes are read: v0.92's `upstreams:` wrapper and the older README's top-level hosts.
 //! Global, host and path levels carry the same policy keys; what a level leaves unset it inherits.
 
-
-
 use super::issues::did_you_mean;
 use super::reader::{join, Reader};
-pub use super::settings::{HeaderList, RouteSettings};
 use super::settings::{read_setting, SETTING_KEYS};
+pub use super::settings::{HeaderList, RouteSettings};
 use super::values::{parse_server, ServerSpec};
 use super::yaml::{Key, Node, Pos, Value};
 
@@ -338,4 +336,3 @@ fn read_servers(node: &Node, path: &str, r: &mut Reader) -> (Vec<ServerSpec>, us
     }
     (servers, listed)
 }
-

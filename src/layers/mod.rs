@@ -163,7 +163,11 @@ where
         .layer(AuthLayer::new(policies.auth.as_ref(), conn))
         .layer(RateLimitLayer::new(policies.rate_limit.as_ref(), client_ip))
         .layer(X4xxLayer::new(policies.x4xx_limit.as_ref(), client_ip))
-        .layer(StickyLayer::new(policies.sticky.as_ref(), backends, conn.tls))
+        .layer(StickyLayer::new(
+            policies.sticky.as_ref(),
+            backends,
+            conn.tls,
+        ))
         .service(forward)
         .oneshot(req)
 }

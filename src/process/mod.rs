@@ -220,12 +220,16 @@ pub fn run(main_path: &Path, options: RunOptions) -> Result<(), StartError> {
         tls: bound.tls,
         acceptor: tls,
     };
-    let workers =
-        server::spawn_workers(listeners, ctx.serving(&main), limits(&main), stop_rx.clone())
-            .map_err(|source| StartError::Runtime {
-                what: "worker threads",
-                source,
-            })?;
+    let workers = server::spawn_workers(
+        listeners,
+        ctx.serving(&main),
+        limits(&main),
+        stop_rx.clone(),
+    )
+    .map_err(|source| StartError::Runtime {
+        what: "worker threads",
+        source,
+    })?;
 
     let offer = bound.offer.clone();
     let upgrade_sock = bound.upgrade_sock;

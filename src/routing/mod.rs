@@ -161,7 +161,11 @@ mod tests {
         let mut issues = Issues::default();
         let cfg = parse_upstreams_text(yaml, "test", &mut issues).expect("valid config");
         let state = PolicyState::new(crate::layers::Keys::for_tests(None));
-        Snapshot::build(&cfg, &Registry::for_tests(1, Duration::from_secs(1)), &state)
+        Snapshot::build(
+            &cfg,
+            &Registry::for_tests(1, Duration::from_secs(1)),
+            &state,
+        )
     }
 
     fn found(s: &Snapshot, host: Option<&str>, path: &str) -> Option<String> {
@@ -214,7 +218,12 @@ mod tests {
             panic!("no route")
         };
         assert_eq!(r.settings.rate_limit, Some(5));
-        let names: Vec<&str> = r.headers.to_backend.iter().map(|(n, _)| n.as_str()).collect();
+        let names: Vec<&str> = r
+            .headers
+            .to_backend
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect();
         assert_eq!(names, ["x-global", "x-host", "x-path"]);
     }
 }

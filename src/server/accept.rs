@@ -112,7 +112,10 @@ impl Throttled {
             return;
         }
         if self.held_back > 0 {
-            tracing::warn!("{what}: {error} ({} more since the last report)", self.held_back);
+            tracing::warn!(
+                "{what}: {error} ({} more since the last report)",
+                self.held_back
+            );
         } else {
             tracing::warn!("{what}: {error}");
         }
@@ -243,10 +246,16 @@ impl AcceptLoop {
     }
 }
 
-fn serve_plain<F, S, B>(shared: &Arc<Shared<F>>, counted: OpenConnection, stream: tokio::net::TcpStream)
-where
+fn serve_plain<F, S, B>(
+    shared: &Arc<Shared<F>>,
+    counted: OpenConnection,
+    stream: tokio::net::TcpStream,
+) where
     F: Fn(ConnInfo) -> S + Send + Sync + 'static,
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Clone + Send + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
     S::Future: Send + 'static,
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -278,7 +287,10 @@ fn serve_tls<F, S, B>(
     acceptor: tokio_rustls::TlsAcceptor,
 ) where
     F: Fn(ConnInfo) -> S + Send + Sync + 'static,
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Clone + Send + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
     S::Future: Send + 'static,
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -306,7 +318,10 @@ fn serve_tls<F, S, B>(
             let conn = idle::drive(conn.into_owned(), drain, activity, idle);
             counted.run(conn).await;
         } else {
-            let conn = shared.builders.sniffing.serve_connection_with_upgrades(io, service);
+            let conn = shared
+                .builders
+                .sniffing
+                .serve_connection_with_upgrades(io, service);
             let conn = idle::drive(conn.into_owned(), drain, activity, idle);
             counted.run(conn).await;
         }
@@ -344,7 +359,10 @@ async fn drain<F>(shared: &Shared<F>, drain: &watch::Sender<bool>) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     if open() {
-        tracing::warn!("{}: grace period over; closing the connections still open", shared.name);
+        tracing::warn!(
+            "{}: grace period over; closing the connections still open",
+            shared.name
+        );
     }
 }
 

@@ -78,7 +78,9 @@ pub fn spawn_workers(
                         return;
                     }
                 };
-                runtime.block_on(serve_worker(worker, listener, tls, serving, limits, shutdown));
+                runtime.block_on(serve_worker(
+                    worker, listener, tls, serving, limits, shutdown,
+                ));
             })?;
         handles.push(handle);
     }

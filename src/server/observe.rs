@@ -91,12 +91,8 @@ pub async fn handle(ctx: &ConnCtx, req: Request<Incoming>) -> Response<LoggedBod
     let mut resp = ctx.router.handle(client, req).await;
     let served = resp.extensions().get::<ServedBy>().map(|s| &s.0.label);
     let status = resp.status();
-    ctx.metrics.response_ready(
-        client.worker,
-        status,
-        start.elapsed(),
-        served.map(|l| &**l),
-    );
+    ctx.metrics
+        .response_ready(client.worker, status, start.elapsed(), served.map(|l| &**l));
     record.respond(status.as_u16(), served);
     if ctx.hsts && !resp.headers().contains_key(STRICT_TRANSPORT_SECURITY) {
         resp.headers_mut().insert(

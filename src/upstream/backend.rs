@@ -14,9 +14,9 @@ use tokio::time::Instant;
 pub use super::connector::Wire;
 use super::connector::{self, ConnectError, Endpoint, Fresh};
 use super::slot::WorkerSlot;
-use crate::vocab::WorkerId;
 use crate::config::values::{Scheme, ServerSpec};
 use crate::metrics::Metrics;
+use crate::vocab::WorkerId;
 
 /// Consecutive connect failures after which a backend is taken out of rotation.
 const FAILS_BEFORE_DOWN: u32 = 3;
@@ -129,7 +129,8 @@ impl Backend {
         offer_h2: bool,
     ) -> Result<Fresh, ConnectError> {
         let addrs = self.addrs();
-        let opened = connector::open(self.endpoint(&addrs, wire), sni, timeout, offer_h2, None).await;
+        let opened =
+            connector::open(self.endpoint(&addrs, wire), sni, timeout, offer_h2, None).await;
         match &opened {
             Ok(_) => self.connect_succeeded(),
             Err(e) if e.is_retryable() => self.connect_failed(),

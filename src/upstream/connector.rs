@@ -15,8 +15,8 @@ use bytes::{Bytes, BytesMut};
 use http::uri::Scheme;
 use http::{header, Request, Response, Uri};
 use http_body::Body as _;
-use hyper::body::Incoming;
 use http_body_util::{Either, Empty};
+use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -280,7 +280,11 @@ pub fn exchange_error(error: &hyper::Error) -> ConnectErrorKind {
 
 /// Rewrites an HTTP/1.1-form request (origin-form target, `Host`) for HTTP/2: an absolute target
 /// whose authority is the `Host` header (else `fallback`).
-pub fn to_h2_form<B>(mut req: Request<B>, tls: bool, fallback: &http::uri::Authority) -> Request<B> {
+pub fn to_h2_form<B>(
+    mut req: Request<B>,
+    tls: bool,
+    fallback: &http::uri::Authority,
+) -> Request<B> {
     let scheme = if tls { Scheme::HTTPS } else { Scheme::HTTP };
     let authority = req
         .headers_mut()
@@ -356,4 +360,3 @@ pub async fn read_body(mut body: Incoming, max: usize) -> Result<Bytes, ConnectE
     }
     Ok(out.freeze())
 }
-

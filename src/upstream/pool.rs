@@ -64,7 +64,10 @@ pub struct Exchange<'a> {
 
 /// Sends `req` (HTTP/1.1 form) to the backend, reusing a pooled connection when one has room.
 /// A backend whose protocol is not known yet is detected first.
-pub async fn send(x: Exchange<'_>, req: Request<UpBody>) -> Result<Response<PooledBody>, SendError> {
+pub async fn send(
+    x: Exchange<'_>,
+    req: Request<UpBody>,
+) -> Result<Response<PooledBody>, SendError> {
     let backend = x.backend;
     let wire = match backend.wire() {
         Some(wire) => wire,
@@ -172,7 +175,10 @@ async fn send_h1(
     }
     let sni = sni_host(&req, backend);
     let offer_h2 = !req.headers().contains_key(header::UPGRADE);
-    match backend.connect(wire, &sni, x.timeouts.connect, offer_h2).await {
+    match backend
+        .connect(wire, &sni, x.timeouts.connect, offer_h2)
+        .await
+    {
         Ok(fresh) => send_on_fresh(x, wire, fresh, offer_h2, None, req).await,
         Err(error) => Err(connect_error(error, req)),
     }

@@ -63,7 +63,11 @@ impl WorkerSlot {
 
     /// Shares a new HTTP/2 connection with this worker's later requests; the ticket is the
     /// first request's place on it.
-    pub fn add_h2(&self, sender: http2::SendRequest<UpBody>, limit: Arc<StreamLimit>) -> StreamTicket {
+    pub fn add_h2(
+        &self,
+        sender: http2::SendRequest<UpBody>,
+        limit: Arc<StreamLimit>,
+    ) -> StreamTicket {
         let open_streams = Arc::new(AtomicUsize::new(1));
         lock(&self.h2).push(H2Conn {
             sender,
@@ -88,4 +92,3 @@ impl WorkerSlot {
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
-

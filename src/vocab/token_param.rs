@@ -26,7 +26,6 @@ pub fn strip_query_param(uri: &Uri, name: &str) -> Option<Uri> {
     Uri::from_parts(parts).ok()
 }
 
-
 /// Removes the token parameter from `uri`. The common case (no such text in the query) costs one
 /// scan.
 pub fn strip_from(uri: &mut Uri) {
