@@ -251,14 +251,26 @@ pub fn start(runtime: &tokio::runtime::Runtime, reloader: Arc<Reloader>) {
     if let Some(watch) = file_watch::install(reloader.clone()) {
         runtime.spawn(watch);
     }
+    for watcher in service_watchers(&reloader) {
+        runtime.spawn(watcher);
+    }
+}
+
+/// A source of discovered routes, running until its runtime stops.
+pub type Watcher = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// The Consul and Kubernetes watchers the serving file config asks for (none, one or both).
+pub fn service_watchers(reloader: &Arc<Reloader>) -> Vec<Watcher> {
+    let mut watchers: Vec<Watcher> = Vec::new();
     if let Some(consul) = reloader.file_config().and_then(|c| c.consul) {
         tracing::info!("consul: watching {} service(s)", consul.services.len());
-        runtime.spawn(consul::run(consul, reloader.clone()));
+        watchers.push(Box::pin(consul::run(consul, reloader.clone())));
     }
     if let Some(k8s) = reloader.file_config().and_then(|c| c.kubernetes) {
         tracing::info!("kubernetes: watching {} service(s)", k8s.services.len());
-        runtime.spawn(kubernetes::run(k8s, reloader.clone()));
+        watchers.push(Box::pin(kubernetes::run(k8s, reloader.clone())));
     }
+    watchers
 }
 
 /// Hosts for discovered services: each service becomes a path of its host. A service with no

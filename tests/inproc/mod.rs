@@ -73,6 +73,9 @@ impl Proxy {
         }
         let snapshot = ctx.reloader.snapshot.clone();
         tokio::spawn(health::run(snapshot, HealthSettings::from_main(&main)));
+        for watcher in aralez::discovery::service_watchers(&ctx.reloader) {
+            tokio::spawn(watcher);
+        }
         Proxy {
             addr,
             ctx,
