@@ -1,5 +1,5 @@
 //! Consul discovery against a test server that speaks Consul's HTTP API (the shapes in
-//! ../shared/fixtures/consul/) with real blocking queries: a request with `index` equal to the
+//! tests/fixtures/consul/) with real blocking queries: a request with `index` equal to the
 //! current one is held until the index changes or `wait` passes.
 
 mod support;
@@ -20,7 +20,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
-const FIXTURE: &str = include_str!("../../shared/fixtures/consul/health-service-web-passing.json");
+const FIXTURE: &str = include_str!("fixtures/consul/health-service-web-passing.json");
 
 struct ConsulState {
     index: u64,

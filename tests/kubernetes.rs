@@ -1,5 +1,5 @@
 //! Kubernetes discovery against a test API server that speaks the EndpointSlice list + chunked
-//! watch protocol (shapes from ../shared/fixtures/kubernetes/), with a bearer token check.
+//! watch protocol (shapes from tests/fixtures/kubernetes/), with a bearer token check.
 
 mod support;
 
@@ -19,10 +19,9 @@ use support::*;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
-const LIST: &str = include_str!("../../shared/fixtures/kubernetes/endpointslice-list-web.json");
-const EXPIRED: &str =
-    include_str!("../../shared/fixtures/kubernetes/endpointslice-watch-expired.jsonl");
-const UNAUTHORIZED: &str = include_str!("../../shared/fixtures/kubernetes/unauthorized.json");
+const LIST: &str = include_str!("fixtures/kubernetes/endpointslice-list-web.json");
+const EXPIRED: &str = include_str!("fixtures/kubernetes/endpointslice-watch-expired.jsonl");
+const UNAUTHORIZED: &str = include_str!("fixtures/kubernetes/unauthorized.json");
 const TOKEN: &str = "good-token";
 
 type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
