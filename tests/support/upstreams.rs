@@ -233,6 +233,7 @@ impl Path {
     }
 
     /// `to_https: on`.
+    #[allow(clippy::wrong_self_convention)] // named after the YAML key, a builder setter
     pub fn to_https(self, on: bool) -> Path {
         self.set("to_https", on)
     }
@@ -314,6 +315,7 @@ impl Host {
     }
 
     /// `to_https: on`, for every path of the host.
+    #[allow(clippy::wrong_self_convention)] // named after the YAML key, a builder setter
     pub fn to_https(self, on: bool) -> Host {
         self.set("to_https", on)
     }
