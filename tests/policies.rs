@@ -437,7 +437,7 @@ async fn x4xx_limit_blocks_until_quiet() {
     );
     let mut other = connect_from(Proto::H1, proxy.addr, ip(7)).await;
     assert_eq!(get(&mut other, "x.test", "/", &[]).await.0, 200);
-    // Kept (both sleeps): the rule is about real quiet time, a knock within the second and a
+    // Kept (this pause and the next): the rule is about real quiet time, a knock within the second and a
     // second without one.
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(

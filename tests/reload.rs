@@ -173,7 +173,7 @@ async fn of_two_quick_writes_the_second_wins() {
     let file = proxy.path("upstreams.yaml");
     for _ in 0..5 {
         write_atomically(&file, &routes(&[&b]));
-        // Kept (both sleeps): the writes are 50 ms apart, more than the watcher's coalescing
+        // Kept (this pause and the next): the writes are 50 ms apart, more than the watcher's coalescing
         // delay, and afterwards no stale reload may come within 200 ms; real time is the point.
         tokio::time::sleep(Duration::from_millis(50)).await;
         write_atomically(&file, &routes(&[&c]));

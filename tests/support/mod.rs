@@ -1,5 +1,11 @@
 //! Test support: the real `aralez` binary as a child process, real backends (hyper servers) and
 //! real clients over HTTP/1.1 or h2c, all on 127.0.0.1 with OS-chosen ports.
+//!
+//! - [`Backend`] (backend.rs): the one mock backend, and [`bind_local`]/[`bind`], which every
+//!   test server binds with.
+//! - [`Upstreams`] (upstreams.rs): upstreams.yaml as typed values.
+//! - [`eventually`], [`eventually_async`], [`eventually_blocking`], [`ProxyProcess::wait_log`]:
+//!   wait for a condition with a deadline instead of sleeping and hoping.
 #![allow(dead_code)]
 
 use std::convert::Infallible;

@@ -7,7 +7,8 @@
 //! ```
 //!
 //! Rendering is deterministic (keys in the order they were set, block style, two-space indents)
-//! and every string is YAML double-quoted with escapes. Tests whose point is the text itself
+//! and every string value is YAML double-quoted with escapes (keys too, unless they are plain
+//! identifiers). Tests whose point is the text itself
 //! (error positions, parse errors, deliberately broken files) keep raw YAML.
 
 use std::fmt::{self, Display, Write as _};
@@ -83,6 +84,10 @@ pub fn quote(s: &str) -> String {
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
+            // YAML reads these as line breaks even inside quotes.
+            '\u{85}' => out.push_str("\\N"),
+            '\u{2028}' => out.push_str("\\L"),
+            '\u{2029}' => out.push_str("\\P"),
             c if (c as u32) < 0x20 || c == '\u{7f}' => {
                 let _ = write!(out, "\\x{:02x}", c as u32);
             }
