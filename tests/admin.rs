@@ -2,43 +2,20 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::Method;
 use support::*;
 
 fn routes(set: &[&Backend]) -> String {
-    format!(
-        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}}}\n",
-        servers(set)
-    )
+    Upstreams::new()
+        .host("DEFAULT", Host::new().path("/", Path::servers(set)))
+        .render()
 }
 
 /// The admin address the proxy logged.
-async fn admin_addr(proxy: &ProxyProcess) -> std::net::SocketAddr {
-    let started = Instant::now();
-    loop {
-        if let Some(line) = proxy
-            .log_text()
-            .lines()
-            .find(|l| l.contains("admin API on http://"))
-        {
-            let addr = line
-                .split("admin API on http://")
-                .nth(1)
-                .unwrap()
-                .split_whitespace()
-                .next()
-                .unwrap();
-            return addr.parse().unwrap();
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "no admin API line:\n{}",
-            proxy.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+fn admin_addr(proxy: &ProxyProcess) -> std::net::SocketAddr {
+    proxy.logged_addr("admin API on http://")
 }
 
 async fn call(
@@ -72,6 +49,12 @@ async fn ask_for_token(admin: std::net::SocketAddr, body: &str) -> (u16, String)
     call(admin, Method::POST, "/jwt", &[], body).await
 }
 
+/// `RUST_LOG` showing aralez's debug lines (the proxy's own filter otherwise).
+const DEBUG_LOG: &str = "info,aralez=debug,h2=warn,hyper=warn";
+
+/// What the file watcher logs (at debug) when a change event leaves the files as they were.
+const UNCHANGED: &str = "configuration files unchanged";
+
 const ADMIN: &str =
     "config_address: \"127.0.0.1:0\"\nconfig_api_enabled: true\nmaster_key: \"s3cret\"";
 
@@ -79,7 +62,7 @@ const ADMIN: &str =
 async fn every_endpoint_checks_the_key() {
     let a = Backend::start("a").await;
     let proxy = ProxyProcess::start(&routes(&[&a]), ADMIN);
-    let admin = admin_addr(&proxy).await;
+    let admin = admin_addr(&proxy);
     let cases: [(Method, &str, &str, u16); 3] = [
         (Method::GET, "/status?all", "", 200),
         (Method::GET, "/metrics", "", 200),
@@ -143,8 +126,9 @@ async fn every_endpoint_checks_the_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conf_validates_fully_and_save_writes_the_file_once() {
     let (a, b) = (Backend::start("a").await, Backend::start("b").await);
-    let proxy = ProxyProcess::start(&routes(&[&a]), ADMIN);
-    let admin = admin_addr(&proxy).await;
+    // Debug logs for aralez: the file watcher says when it finds the file unchanged.
+    let proxy = ProxyProcess::start_env(&routes(&[&a]), ADMIN, &[("RUST_LOG", DEBUG_LOG)]);
+    let admin = admin_addr(&proxy);
     let key = [("x-api-key", "s3cret")];
     let broken = "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {servers: [\"127.0.0.1:0\"]}\n      \"/x\": {servers: [\"nohost\"]}\n";
     let (status, text) = call(admin, Method::POST, "/conf", &key, broken).await;
@@ -168,12 +152,25 @@ async fn conf_validates_fully_and_save_writes_the_file_once() {
     assert_eq!(std::fs::read_to_string(&file).unwrap(), before_file);
 
     // With ?save: the file holds exactly the body, and the watcher does not apply it a second time.
-    let applied_before = proxy.log_text().matches("configuration applied").count();
+    // The watcher's check at start-up has run (it found the file unchanged), so the next
+    // "unchanged" line is its answer to the save's rename.
+    proxy.wait_log(UNCHANGED, Duration::from_secs(5)).await;
+    let (applied_before, unchanged_before) = (
+        proxy.log_count("configuration applied"),
+        proxy.log_count(UNCHANGED),
+    );
     let (status, _) = call(admin, Method::POST, "/conf?save", &key, &routes(&[&a])).await;
     assert_eq!(status, 200);
     assert_eq!(served_by(&proxy).await, "a");
     assert_eq!(std::fs::read_to_string(&file).unwrap(), routes(&[&a]));
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    let watcher_done = eventually(Duration::from_secs(5), || {
+        proxy.log_count(UNCHANGED) > unchanged_before
+            || proxy.log_count("configuration applied") > applied_before + 1
+    });
+    assert!(
+        watcher_done.await,
+        "the watcher never looked at the saved file"
+    );
     assert_eq!(
         proxy.log_text().matches("configuration applied").count(),
         applied_before + 1,
@@ -196,7 +193,7 @@ async fn conf_validates_fully_and_save_writes_the_file_once() {
 async fn jwt_issues_hs256_tokens_for_the_master_key_only() {
     let a = Backend::start("a").await;
     let proxy = ProxyProcess::start(&routes(&[&a]), ADMIN);
-    let admin = admin_addr(&proxy).await;
+    let admin = admin_addr(&proxy);
     let (status, _) = ask_for_token(admin, r#"{"master_key":"nope","owner":"ci","valid":5}"#).await;
     assert_eq!(status, 403);
     let (status, _) = ask_for_token(admin, "not json").await;
@@ -231,7 +228,7 @@ async fn without_a_master_key_or_with_the_api_disabled_the_answer_is_403_and_why
         &routes(&[&a]),
         "config_address: \"127.0.0.1:0\"\nconfig_api_enabled: true",
     );
-    let admin = admin_addr(&proxy).await;
+    let admin = admin_addr(&proxy);
     for path in ["/status", "/conf"] {
         let method = if path == "/conf" {
             Method::POST
@@ -246,7 +243,7 @@ async fn without_a_master_key_or_with_the_api_disabled_the_answer_is_403_and_why
         &routes(&[&a]),
         "config_address: \"127.0.0.1:0\"\nmaster_key: \"k\"",
     );
-    let admin = admin_addr(&proxy).await;
+    let admin = admin_addr(&proxy);
     let (status, text) = call(
         admin,
         Method::POST,
@@ -313,12 +310,14 @@ async fn the_api_over_tls_checks_keys_the_same_way() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_from_jwt_opens_a_jwt_route() {
     let a = Backend::start("a").await;
-    let yaml = format!(
-        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\":\n        servers: {}\n        authorization: {{ type: jwt }}\n",
-        servers(&[&a])
-    );
+    let yaml = Upstreams::new()
+        .host(
+            "DEFAULT",
+            Host::new().path("/", Path::servers(&[&a]).authorization("jwt")),
+        )
+        .render();
     let proxy = ProxyProcess::start(&yaml, ADMIN);
-    let admin = admin_addr(&proxy).await;
+    let admin = admin_addr(&proxy);
     let (status, body) =
         ask_for_token(admin, r#"{"master_key":"s3cret","owner":"ci","valid":5}"#).await;
     assert_eq!(status, 201);

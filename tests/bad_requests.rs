@@ -8,7 +8,7 @@ use http_body_util::BodyExt;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 /// Writes raw bytes to the proxy and returns the status line it answers with ("" if none).
 async fn raw_exchange(addr: std::net::SocketAddr, request: &[u8]) -> String {
@@ -40,7 +40,7 @@ async fn raw_exchange(addr: std::net::SocketAddr, request: &[u8]) -> String {
 
 /// A "backend" that answers every connection with bytes that are not HTTP.
 async fn garbage_backend() -> std::net::SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = bind_local().await;
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((mut stream, _)) = listener.accept().await {
@@ -60,10 +60,14 @@ async fn garbage_backend() -> std::net::SocketAddr {
 async fn bad_requests_get_4xx_and_garbage_backends_502() {
     let good = Backend::start("good").await;
     let garbage = garbage_backend().await;
-    let yaml = format!(
-        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}}}\n      \"/garbage\": {{servers: [\"{garbage}\"], healthcheck: false}}\n",
-        servers(&[&good])
-    );
+    let yaml = Upstreams::new()
+        .host(
+            "DEFAULT",
+            Host::new()
+                .path("/", Path::servers(&[&good]))
+                .path("/garbage", Path::addrs(&[garbage]).healthcheck(false)),
+        )
+        .render();
     let proxy = ProxyProcess::start(&yaml, "max_request_header_bytes: 16384");
     // A keep-alive connection opened before the abuse, used after it.
     let mut bystander = Client::connect(Proto::H1, proxy.addr).await;
@@ -110,10 +114,9 @@ async fn bad_requests_get_4xx_and_garbage_backends_502() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_method_is_refused() {
     let good = Backend::start("good").await;
-    let yaml = format!(
-        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}}}\n",
-        servers(&[&good])
-    );
+    let yaml = Upstreams::new()
+        .host("DEFAULT", Host::new().path("/", Path::servers(&[&good])))
+        .render();
     let proxy = ProxyProcess::start(&yaml, "");
     let status = raw_exchange(
         proxy.addr,

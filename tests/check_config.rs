@@ -2,6 +2,8 @@
 //! `aralez check-config --format json` must name file, line, key and reason for every problem,
 //! `aralez -t` must agree, and `aralez -c` must refuse to start on a broken config without panicking.
 
+mod support;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -607,18 +609,16 @@ fn run(args: &[&std::ffi::OsStr], timeout: Duration) -> Outcome {
         let _ = err.read_to_end(&mut s);
         s
     });
-    let mut timed_out = false;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if started.elapsed() > timeout {
-            timed_out = true;
-            let _ = child.kill();
-            break child.wait().expect("wait after kill");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let mut exited = None;
+    support::eventually_blocking(timeout, || {
+        exited = child.try_wait().expect("wait");
+        exited.is_some()
+    });
+    let timed_out = exited.is_none();
+    let status = exited.unwrap_or_else(|| {
+        let _ = child.kill();
+        child.wait().expect("wait after kill")
+    });
     let elapsed = started.elapsed();
     Outcome {
         code: if timed_out { None } else { status.code() },

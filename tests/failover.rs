@@ -153,10 +153,10 @@ async fn slow_backend_gets_504_after_the_response_timeout() {
 async fn unreachable_backend_times_out_or_is_refused_quickly() {
     // 127.0.0.1:1 refuses at once: 502, and the next backend of the route answers instead.
     let a = Backend::start("a").await;
-    let yaml = format!(
-        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: [\"127.0.0.1:1\", \"{}\"]}}\n",
-        a.addr
-    );
+    let servers = ["127.0.0.1:1".to_string(), a.addr.to_string()];
+    let yaml = Upstreams::new()
+        .host("DEFAULT", Host::new().path("/", Path::addrs(&servers)))
+        .render();
     let proxy = Proxy::start(&yaml, "").await;
     let mut client = Client::connect(Proto::H1, proxy.addr).await;
     for _ in 0..20 {

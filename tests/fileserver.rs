@@ -13,7 +13,7 @@ const CONTENT: &str = "0123456789abcdefghijklmnopqrstuvwxyz";
 /// A proxy whose file server serves a folder with a file, an index, dotfiles and a subfolder.
 fn start() -> (ProxyProcess, SocketAddr) {
     let proxy = ProxyProcess::start(
-        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": { servers: [\"127.0.0.1:9\"] }\n",
+        &unused_route(),
         "file_server_folder: \"www\"\nfile_server_address: \"127.0.0.1:0\"",
     );
     let www = proxy.path("www");

@@ -21,13 +21,16 @@ async fn routing_setup() -> Routes {
         Backend::start("c").await,
         Backend::start("d").await,
     );
-    let yaml = format!(
-        "upstreams:\n  example.com:\n    paths:\n      \"/\": {{servers: {}}}\n      \"/api\": {{servers: {}}}\n      \"/api/v2\": {{servers: {}}}\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}}}\n",
-        servers(&[&a]),
-        servers(&[&b]),
-        servers(&[&c]),
-        servers(&[&d])
-    );
+    let yaml = Upstreams::new()
+        .host(
+            "example.com",
+            Host::new()
+                .path("/", Path::servers(&[&a]))
+                .path("/api", Path::servers(&[&b]))
+                .path("/api/v2", Path::servers(&[&c])),
+        )
+        .host("DEFAULT", Host::new().path("/", Path::servers(&[&d])))
+        .render();
     Routes {
         proxy: ProxyProcess::start(&yaml, ""),
         _backends: vec![a, b, c, d],
@@ -80,10 +83,12 @@ async fn host_and_path_selection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_default_unknown_hosts_and_paths_get_404() {
     let a = Backend::start("a").await;
-    let yaml = format!(
-        "upstreams:\n  example.com:\n    paths:\n      \"/api\": {{servers: {}, healthcheck: false}}\n",
-        servers(&[&a])
-    );
+    let yaml = Upstreams::new()
+        .host(
+            "example.com",
+            Host::new().path("/api", Path::servers(&[&a]).healthcheck(false)),
+        )
+        .render();
     let proxy = ProxyProcess::start(&yaml, "");
     for proto in PROTOCOLS {
         let mut client = Client::connect(proto, proxy.addr).await;
@@ -110,10 +115,13 @@ async fn without_default_unknown_hosts_and_paths_get_404() {
 async fn forwarding_headers() {
     let a = Backend::start("a").await;
     // Pinned to HTTP/1.1 (the backend also speaks h2c, which detection would pick).
-    let yaml = format!(
-        "server_headers: [\"X-Global:g\"]\nupstreams:\n  example.com:\n    paths:\n      \"/\":\n        servers: [\"http://{}\"]\n        server_headers: [\"X-To-Backend: yes\"]\n        client_headers: [\"X-Frame-Options:DENY\"]\n",
-        a.addr
-    );
+    let route = Path::addrs(&[format!("http://{}", a.addr)])
+        .server_headers(&["X-To-Backend: yes"])
+        .client_headers(&["X-Frame-Options:DENY"]);
+    let yaml = Upstreams::new()
+        .server_headers(&["X-Global:g"])
+        .host("example.com", Host::new().path("/", route))
+        .render();
     let proxy = ProxyProcess::start(&yaml, "");
     for proto in PROTOCOLS {
         let mut client = Client::connect(proto, proxy.addr).await;
@@ -207,10 +215,9 @@ fn chunked_unknown_length(chunks: usize, size: usize) -> ClientBody {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_and_response_bodies() {
     let a = Backend::start("a").await;
-    let yaml = format!(
-        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}}}\n",
-        servers(&[&a])
-    );
+    let yaml = Upstreams::new()
+        .host("DEFAULT", Host::new().path("/", Path::servers(&[&a])))
+        .render();
     let proxy = ProxyProcess::start(&yaml, "");
     let mib: Vec<u8> = (0..1024 * 1024).map(|i| (i % 251) as u8).collect();
     for proto in PROTOCOLS {
@@ -253,10 +260,9 @@ async fn request_and_response_bodies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_mib_response_streams_with_flat_memory() {
     let a = Backend::start("a").await;
-    let yaml = format!(
-        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}}}\n",
-        servers(&[&a])
-    );
+    let yaml = Upstreams::new()
+        .host("DEFAULT", Host::new().path("/", Path::servers(&[&a])))
+        .render();
     let proxy = ProxyProcess::start(&yaml, "");
     const TOTAL: usize = 100 * 1024 * 1024;
     for proto in PROTOCOLS {
@@ -275,7 +281,8 @@ async fn hundred_mib_response_streams_with_flat_memory() {
             if received >= next_sample {
                 peak = peak.max(proxy.rss_kib());
                 next_sample += 4 * 1024 * 1024;
-                // Read slowly for a while so a buffering proxy would have to hold the rest.
+                // Read slowly for a while so a buffering proxy would have to hold the rest (kept:
+                // the point is that real time passes while the backend keeps sending).
                 if received < 16 * 1024 * 1024 {
                     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
                 }
@@ -293,10 +300,12 @@ async fn hundred_mib_response_streams_with_flat_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backends_named_by_host_name_are_resolved() {
     let a = Backend::start("a").await;
-    let yaml = format!(
-        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: [\"localhost:{}\"]}}\n",
-        a.addr.port()
-    );
+    let yaml = Upstreams::new()
+        .host(
+            "DEFAULT",
+            Host::new().path("/", Path::addrs(&[format!("localhost:{}", a.addr.port())])),
+        )
+        .render();
     let proxy = ProxyProcess::start(&yaml, "");
     for proto in PROTOCOLS {
         let mut client = Client::connect(proto, proxy.addr).await;
@@ -307,4 +316,25 @@ async fn backends_named_by_host_name_are_resolved() {
             "{proto:?}"
         );
     }
+}
+
+/// The upstreams builder renders block YAML with quoted, escaped strings, in the order set.
+#[test]
+fn upstreams_builder_renders_quoted_block_yaml() {
+    let yaml = Upstreams::new()
+        .server_headers(&["X-G:g"])
+        .host(
+            "a.test",
+            Host::new().sticky_sessions(600).path(
+                "/",
+                Path::addrs(&["127.0.0.1:1"])
+                    .healthcheck(false)
+                    .authorization_data("basic", "a\"b\\c"),
+            ),
+        )
+        .render();
+    assert_eq!(
+        yaml,
+        "server_headers:\n  - \"X-G:g\"\nupstreams:\n  \"a.test\":\n    sticky_sessions: 600\n    paths:\n      \"/\":\n        servers:\n          - \"127.0.0.1:1\"\n        healthcheck: false\n        authorization:\n          type: \"basic\"\n          data: \"a\\\"b\\\\c\"\n"
+    );
 }

@@ -61,11 +61,10 @@ impl tonic::server::UnaryService<Msg> for Unary {
                 "fail" => Err(Status::not_found("no such thing")),
                 "deadline" => Ok(Response::new(msg(deadline))),
                 "expire" => Err(Status::deadline_exceeded("deadline passed at the backend")),
-                "sleep" => {
-                    let mut watch = CancelWatch(true);
-                    tokio::time::sleep(Duration::from_secs(10)).await;
-                    watch.0 = false;
-                    Ok(Response::new(msg("woke")))
+                "hang" => {
+                    // Never answers: only a cancellation ends it (and counts on drop).
+                    let _watch = CancelWatch(true);
+                    std::future::pending().await
                 }
                 _ => Ok(Response::new(msg(format!("echo {text}")))),
             }
@@ -97,6 +96,7 @@ impl tonic::server::ServerStreamingService<Msg> for Forever {
         Box::pin(async move {
             let s =
                 futures_util::stream::unfold((0u64, CancelWatch(true)), |(i, watch)| async move {
+                    // Kept: the stream's pace, a message every 10 ms for as long as it lives.
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     Some((Ok(msg(i.to_string())), (i + 1, watch)))
                 });
@@ -169,7 +169,7 @@ impl tower::Service<http::Request<tonic::body::Body>> for Echo {
 }
 
 async fn grpc_backend() -> std::net::SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = bind_local().await;
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
@@ -181,8 +181,7 @@ async fn grpc_backend() -> std::net::SocketAddr {
 
 /// The same service over TLS (self-signed, ALPN h2 only).
 async fn tls_grpc_backend() -> std::net::SocketAddr {
-    let any_port = "127.0.0.1:0".parse().unwrap();
-    serve_tls(tls_backend_acceptor(&[b"h2"]), any_port, serve_grpc).await
+    serve_tls(tls_backend_acceptor(&[b"h2"]), any_local(), serve_grpc).await
 }
 
 async fn serve_grpc<IO>(stream: IO)
@@ -299,9 +298,11 @@ async fn grpc_over_h2c_and_tls_with_no_grpc_config() {
     let backend = grpc_backend().await;
     let certs = tempfile::tempdir().unwrap();
     let root = write_self_signed(certs.path(), "grpc", &["grpc.local"]);
-    let yaml = format!(
-        "upstreams:\n  grpc.local:\n    paths:\n      \"/\": {{servers: [\"h2c://{backend}\"], healthcheck: false}}\n  down.local:\n    paths:\n      \"/\": {{servers: [\"h2c://127.0.0.1:1\"], healthcheck: false}}\n"
-    );
+    let route = |server: String| Host::new().path("/", Path::addrs(&[server]).healthcheck(false));
+    let yaml = Upstreams::new()
+        .host("grpc.local", route(format!("h2c://{backend}")))
+        .host("down.local", route("h2c://127.0.0.1:1".into()))
+        .render();
     let main = format!(
         "proxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"",
         certs.path().display()
@@ -360,16 +361,12 @@ async fn grpc_to_detected_and_tls_backends_with_deadlines_and_cancellation() {
     let h2c = grpc_backend().await;
     let tls = tls_grpc_backend().await;
     // No scheme and health checks on: detected (h2c by the preface; TLS by the handshake).
-    let route = |host: &str, server: String| {
-        format!("  {host}:\n    paths:\n      \"/\": {{servers: [\"{server}\"], hc_interval: 1}}\n")
-    };
-    let yaml = [
-        "upstreams:\n".to_string(),
-        route("h2c.local", h2c.to_string()),
-        route("tls.local", tls.to_string()),
-        route("pinned-tls.local", format!("https://{tls}")),
-    ]
-    .concat();
+    let route = |server: String| Host::new().path("/", Path::addrs(&[server]).hc_interval(1));
+    let yaml = Upstreams::new()
+        .host("h2c.local", route(h2c.to_string()))
+        .host("tls.local", route(tls.to_string()))
+        .host("pinned-tls.local", route(format!("https://{tls}")))
+        .render();
     let proxy = ProxyProcess::start(&yaml, "");
     for host in ["h2c.local", "tls.local", "pinned-tls.local"] {
         all_four_kinds(&mut plain_client(&proxy, host).await, host).await;
@@ -384,7 +381,7 @@ async fn grpc_to_detected_and_tls_backends_with_deadlines_and_cancellation() {
     );
     // The client's deadline expires first: the proxy cancels the backend's call.
     let before = CANCELLED_AT_BACKEND.load(Ordering::SeqCst);
-    let err = unary(&mut client, "sleep", Some(Duration::from_millis(300)))
+    let err = unary(&mut client, "hang", Some(Duration::from_millis(300)))
         .await
         .unwrap_err();
     assert!(

@@ -4,26 +4,32 @@
 //! nothing up answers 503. The rounds' timing is virtual: no test waits on the wall clock.
 
 mod inproc;
-mod policies_support;
 mod support;
 
 use std::collections::HashSet;
 use std::time::Duration;
 
 use inproc::Proxy;
-use policies_support::StatusBackend;
-use support::{body_bytes, header, Client, Proto};
+use support::{body_bytes, header, Backend, Client, Host, Path, Proto, Upstreams};
 
 /// hc_interval of 1 s; a response timeout short enough that a request sent to the blackholed
 /// backend before its first probe does not stall the test.
 const MAIN: &str = "hc_interval: 1\nupstream_response_timeout: 2";
 
-fn route(backends: &[&StatusBackend], extra: &str) -> String {
-    let list: Vec<String> = backends.iter().map(|b| format!("\"{}\"", b.addr)).collect();
-    format!(
-        "upstreams:\n  h.test:\n    paths:\n      /: {{servers: [{}]{extra}}}\n",
-        list.join(", ")
-    )
+/// `h.test/` to `backends`, health-checked unless `checked` is false.
+fn route(backends: &[&Backend], checked: bool) -> String {
+    let mut path = Path::servers(backends);
+    if !checked {
+        path = path.healthcheck(false);
+    }
+    Upstreams::new()
+        .host("h.test", Host::new().path("/", path))
+        .render()
+}
+
+/// A backend answering `status` (0: accepts and never answers).
+async fn backend(name: &'static str, status: u16) -> Backend {
+    Backend::builder(name).status(status).start().await
 }
 
 /// Which backends answered `n` requests, and every status seen.
@@ -44,9 +50,9 @@ fn set(names: &[&str]) -> HashSet<String> {
 
 #[tokio::test(start_paused = true)]
 async fn failing_backend_leaves_within_two_rounds_and_comes_back() {
-    let a = StatusBackend::start("a", 200).await;
-    let b = StatusBackend::start("b", 200).await;
-    let proxy = Proxy::start(&route(&[&a, &b], ""), MAIN).await;
+    let a = backend("a", 200).await;
+    let b = backend("b", 200).await;
+    let proxy = Proxy::start(&route(&[&a, &b], true), MAIN).await;
     let mut c = Client::connect(Proto::H1, proxy.addr).await;
     assert_eq!(answered_by(&mut c, 4).await.0, set(&["a", "b"]));
 
@@ -63,10 +69,10 @@ async fn failing_backend_leaves_within_two_rounds_and_comes_back() {
 
 #[tokio::test(start_paused = true)]
 async fn blackholed_backend_does_not_delay_the_others() {
-    let a = StatusBackend::start("a", 200).await;
-    let hole = StatusBackend::start("hole", 0).await;
-    let c3 = StatusBackend::start("c", 200).await;
-    let proxy = Proxy::start(&route(&[&a, &hole, &c3], ""), MAIN).await;
+    let a = backend("a", 200).await;
+    let hole = backend("hole", 0).await;
+    let c3 = backend("c", 200).await;
+    let proxy = Proxy::start(&route(&[&a, &hole, &c3], true), MAIN).await;
     proxy.pass(Duration::from_millis(1500)).await;
     let mut c = Client::connect(Proto::H1, proxy.addr).await;
     assert_eq!(answered_by(&mut c, 6).await.0, set(&["a", "c"]));
@@ -95,8 +101,8 @@ async fn blackholed_backend_does_not_delay_the_others() {
 
 #[tokio::test(start_paused = true)]
 async fn healthcheck_false_is_never_probed() {
-    let a = StatusBackend::start("a", 500).await;
-    let proxy = Proxy::start(&route(&[&a], ", healthcheck: false"), MAIN).await;
+    let a = backend("a", 500).await;
+    let proxy = Proxy::start(&route(&[&a], false), MAIN).await;
     proxy.pass(Duration::from_millis(2200)).await;
     assert_eq!(a.probes(), 0);
     let mut c = Client::connect(Proto::H1, proxy.addr).await;
@@ -106,8 +112,8 @@ async fn healthcheck_false_is_never_probed() {
 
 #[tokio::test(start_paused = true)]
 async fn nothing_up_means_503_with_retry_after() {
-    let a = StatusBackend::start("a", 500).await;
-    let proxy = Proxy::start(&route(&[&a], ""), MAIN).await;
+    let a = backend("a", 500).await;
+    let proxy = Proxy::start(&route(&[&a], true), MAIN).await;
     proxy.pass(Duration::from_millis(2300)).await;
     let mut c = Client::connect(Proto::H1, proxy.addr).await;
     let resp = c.get("h.test", "/").await;

@@ -182,20 +182,19 @@ fn run_blocking(program: &Path, args: &[String], dir: &Path, limit: Duration) ->
         .stderr(std::fs::File::create(&err).expect("stderr file"))
         .spawn()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", program.display()));
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for judge") {
-            break status;
-        }
-        if started.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "{} {args:?} still running after {limit:?}; output so far:\n{}",
-                program.display(),
-                std::fs::read_to_string(&out).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
+    let mut status = None;
+    eventually_blocking(limit, || {
+        status = child.try_wait().expect("wait for judge");
+        status.is_some()
+    });
+    let Some(status) = status else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!(
+            "{} {args:?} still running after {limit:?}; output so far:\n{}",
+            program.display(),
+            std::fs::read_to_string(&out).unwrap_or_default()
+        );
     };
     Run {
         code: status.code(),

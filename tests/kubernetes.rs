@@ -1,12 +1,12 @@
 //! Kubernetes discovery against a test API server that speaks the EndpointSlice list + chunked
-//! watch protocol (shapes from ../shared/fixtures/kubernetes/), with a bearer token check.
+//! watch protocol (shapes from tests/fixtures/kubernetes/), with a bearer token check.
 
 mod support;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -16,13 +16,11 @@ use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use support::*;
-use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
-const LIST: &str = include_str!("../../shared/fixtures/kubernetes/endpointslice-list-web.json");
-const EXPIRED: &str =
-    include_str!("../../shared/fixtures/kubernetes/endpointslice-watch-expired.jsonl");
-const UNAUTHORIZED: &str = include_str!("../../shared/fixtures/kubernetes/unauthorized.json");
+const LIST: &str = include_str!("fixtures/kubernetes/endpointslice-list-web.json");
+const EXPIRED: &str = include_str!("fixtures/kubernetes/endpointslice-watch-expired.jsonl");
+const UNAUTHORIZED: &str = include_str!("fixtures/kubernetes/unauthorized.json");
 const TOKEN: &str = "good-token";
 
 type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
@@ -66,7 +64,7 @@ struct FakeApi {
 
 impl FakeApi {
     async fn start(slices: Vec<serde_json::Value>) -> FakeApi {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = bind_local().await;
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(Mutex::new(ApiState {
             slices,
@@ -182,10 +180,10 @@ fn tokio_stream_from(
 }
 
 fn k8s_routes(api: SocketAddr, tokenpath: &std::path::Path) -> String {
-    format!(
-        "provider: kubernetes\nkubernetes:\n  servers: [\"http://{api}\"]\n  tokenpath: \"{}\"\n  services:\n    - {{ hostname: \"web.local\", upstream: \"web\", path: \"/\" }}\n",
-        tokenpath.display()
-    )
+    let discovery = Discovery::kubernetes(&[&format!("http://{api}")])
+        .tokenpath(&tokenpath.display().to_string())
+        .service(Service::new("web.local", "web", "/"));
+    Upstreams::new().discovery(discovery).render()
 }
 
 async fn answering(proxy: &ProxyProcess) -> std::collections::BTreeSet<String> {
@@ -201,20 +199,25 @@ async fn answering(proxy: &ProxyProcess) -> std::collections::BTreeSet<String> {
     seen
 }
 
+/// Waits up to 10 s until the backends answering for web.local are exactly `want`.
 async fn wait_for(proxy: &ProxyProcess, want: &[&str]) {
-    let started = Instant::now();
-    loop {
-        let seen = answering(proxy).await;
-        if seen.iter().map(String::as_str).eq(want.iter().copied()) {
-            return;
+    let last = std::cell::RefCell::new(std::collections::BTreeSet::new());
+    let found = eventually_async(Duration::from_secs(10), || {
+        let last = &last;
+        async move {
+            let seen = answering(proxy).await;
+            let done = seen.iter().map(String::as_str).eq(want.iter().copied());
+            *last.borrow_mut() = seen;
+            done.then_some(())
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "wanted {want:?}, saw {seen:?}; log:\n{}",
-            proxy.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
+    assert!(
+        found.is_some(),
+        "wanted {want:?}, saw {:?}; log:\n{}",
+        last.borrow(),
+        proxy.log_text()
+    );
 }
 
 /// A service-account directory with a token and a namespace file.
@@ -230,8 +233,12 @@ fn account(dir: &std::path::Path, token: &str) -> std::path::PathBuf {
 async fn endpoint_slices_are_listed_watched_and_relisted() {
     let a = Backend::start("a").await;
     let port = a.addr.port();
-    let b = Backend::start_on("b", format!("127.0.0.2:{port}").parse().unwrap()).await;
-    let c = Backend::start_on("c", format!("127.0.0.3:{port}").parse().unwrap()).await;
+    let b = Backend::builder("b")
+        .start_on(format!("127.0.0.2:{port}").parse().unwrap())
+        .await;
+    let c = Backend::builder("c")
+        .start_on(format!("127.0.0.3:{port}").parse().unwrap())
+        .await;
     // a is ready (condition absent counts as ready), b is not.
     let api = FakeApi::start(vec![slice(
         "web-1",

@@ -11,8 +11,10 @@ use std::time::Duration;
 
 use http::Method;
 use inproc::Proxy;
-use policies_support::{connect_from, StatusBackend};
-use support::{body_bytes, full, header, Backend, Client, Proto};
+use policies_support::connect_from;
+use support::{
+    body_bytes, default_route, full, header, Backend, Client, Host, Path, Proto, Upstreams,
+};
 use tokio::time::Instant;
 
 fn ip(last: u8) -> IpAddr {
@@ -38,11 +40,16 @@ async fn get(c: &mut Client, host: &str, path: &str) -> (u16, String) {
 
 #[tokio::test(start_paused = true)]
 async fn rate_limit_is_per_client_across_workers_and_refills_each_second() {
-    let backend = StatusBackend::start("b", 200).await;
-    let yaml = format!(
-        "upstreams:\n  rl.test:\n    paths:\n      /: {{servers: [\"{0}\"], rate_limit: 10, healthcheck: false}}\n      /free: {{servers: [\"{0}\"], rate_limit: 1000, healthcheck: false}}\n",
-        backend.addr
-    );
+    let backend = Backend::start("b").await;
+    let limited = |n| Path::servers(&[&backend]).rate_limit(n).healthcheck(false);
+    let yaml = Upstreams::new()
+        .host(
+            "rl.test",
+            Host::new()
+                .path("/", limited(10))
+                .path("/free", limited(1000)),
+        )
+        .render();
     let proxy = Proxy::start_workers(&yaml, "", 2).await;
     for (proto, me, other) in [(Proto::H1, ip(2), ip(3)), (Proto::H2c, ip(4), ip(5))] {
         // Several connections from one address land on both workers; the limit is still one.
@@ -86,11 +93,15 @@ async fn rate_limit_is_per_client_across_workers_and_refills_each_second() {
 
 #[tokio::test(start_paused = true)]
 async fn x4xx_limit_blocks_until_a_quiet_second() {
-    let backend = StatusBackend::start("b", 404).await;
-    let yaml = format!(
-        "upstreams:\n  x.test:\n    x4xx_limit: 3\n    paths:\n      /: {{servers: [\"{}\"], healthcheck: false}}\n",
-        backend.addr
-    );
+    let backend = Backend::builder("b").status(404).start().await;
+    let yaml = Upstreams::new()
+        .host(
+            "x.test",
+            Host::new()
+                .x4xx_limit(3)
+                .path("/", Path::servers(&[&backend]).healthcheck(false)),
+        )
+        .render();
     let proxy = Proxy::start(&yaml, "").await;
     let mut me = connect_from(Proto::H1, proxy.addr, ip(6)).await;
     for _ in 0..4 {
@@ -126,10 +137,7 @@ async fn x4xx_limit_blocks_until_a_quiet_second() {
 async fn passive_health_keeps_a_failing_backend_out_for_hc_interval() {
     let a = Backend::start("a").await;
     let addr = a.addr;
-    let yaml = format!(
-        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: [\"{addr}\"], healthcheck: false}}\n"
-    );
-    let proxy = Proxy::start(&yaml, "hc_interval: 10").await;
+    let proxy = Proxy::start(&default_route(&[&a]), "hc_interval: 10").await;
     let mut c = Client::connect(Proto::H1, proxy.addr).await;
     assert_eq!(get(&mut c, "any", "/").await.0, 200);
     a.stop();
@@ -140,7 +148,7 @@ async fn passive_health_keeps_a_failing_backend_out_for_hc_interval() {
         statuses.push(get(&mut c, "any", "/").await.0);
     }
     assert_eq!(statuses, [502, 502, 502, 503]);
-    let back = Backend::start_on("a", addr).await;
+    let back = Backend::builder("a").start_on(addr).await;
     proxy.pass(Duration::from_millis(9_900)).await;
     assert_eq!(
         get(&mut c, "any", "/").await.0,
@@ -153,5 +161,5 @@ async fn passive_health_keeps_a_failing_backend_out_for_hc_interval() {
         200,
         "back after hc_interval"
     );
-    assert!(back.requests.load(std::sync::atomic::Ordering::SeqCst) >= 1);
+    assert!(back.requests() >= 1);
 }

@@ -5,12 +5,14 @@
 //! clock.
 
 mod inproc;
+mod support;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use aralez::server::Limits;
 use inproc::Proxy;
+use support::{Host, Path, Upstreams};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -45,8 +47,13 @@ struct Listeners {
 /// The proxy (no routes needed: a 404 is an answer), the admin API and the file server, each
 /// capped at 3 connections.
 async fn start() -> Listeners {
-    let unreachable = "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {servers: [\"127.0.0.1:1\"], healthcheck: false}\n";
-    let proxy = Proxy::start(unreachable, MAIN).await;
+    let unreachable = Upstreams::new()
+        .host(
+            "DEFAULT",
+            Host::new().path("/", Path::addrs(&["127.0.0.1:1"]).healthcheck(false)),
+        )
+        .render();
+    let proxy = Proxy::start(&unreachable, MAIN).await;
     let (stop, stop_rx) = watch::channel(false);
     let bind = || {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -13,10 +13,9 @@ use support::*;
 use tokio::net::TcpStream;
 
 fn upstreams_for(backend: &Backend) -> String {
-    format!(
-        "upstreams:\n  x.test:\n    paths:\n      \"/\": {{ servers: {} }}\n",
-        servers(&[backend])
-    )
+    Upstreams::new()
+        .host("x.test", Host::new().path("/", Path::servers(&[backend])))
+        .render()
 }
 
 async fn refused(addr: SocketAddr) -> bool {
@@ -51,13 +50,12 @@ async fn sigterm_finishes_in_flight_requests_then_exits_zero() {
     assert!(all_sent.await, "the 20 requests did not reach the backend");
     let signalled = Instant::now();
     proxy.signal(Signal::SIGTERM);
-    let mut refused_seen = false;
-    while signalled.elapsed() < Duration::from_millis(1500) && !refused_seen {
-        refused_seen = refused(addr).await;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let refused_seen = eventually_async(Duration::from_millis(1500), || async {
+        refused(addr).await.then_some(())
+    })
+    .await;
     assert!(
-        refused_seen,
+        refused_seen.is_some(),
         "new connections were still accepted after SIGTERM"
     );
     for task in inflight {
@@ -110,7 +108,7 @@ async fn client_loop(addr: SocketAddr, stop: Arc<AtomicBool>, load: Arc<Load>) {
                 }
                 Err(_) => {
                     load.refused.fetch_add(1, Ordering::Relaxed);
-                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    tokio::task::yield_now().await;
                     continue;
                 }
             },
@@ -223,11 +221,7 @@ async fn live_upgrade_under_load_loses_nothing_three_times() {
 fn sigterm_right_after_listening_is_a_clean_stop() {
     use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("upstreams.yaml"),
-        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": { servers: [\"127.0.0.1:9\"] }\n",
-    )
-    .unwrap();
+    std::fs::write(dir.path().join("upstreams.yaml"), unused_route()).unwrap();
     let main =
         "threads: 1\nproxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: \"upstreams.yaml\"\n";
     std::fs::write(dir.path().join("main.yaml"), main).unwrap();
@@ -261,11 +255,7 @@ fn daemon_returns_at_once_and_cleans_its_pid_file() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("aralez.log");
     let pid_file = dir.path().join("aralez.pid");
-    std::fs::write(
-        dir.path().join("upstreams.yaml"),
-        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": { servers: [\"127.0.0.1:9\"] }\n",
-    )
-    .unwrap();
+    std::fs::write(dir.path().join("upstreams.yaml"), unused_route()).unwrap();
     let main = format!(
         "threads: 1\nproxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: \"upstreams.yaml\"\npid_file: \"{}\"\nlog_file: \"{}\"\nupgrade_sock: \"{}\"\n",
         pid_file.display(),
@@ -284,14 +274,13 @@ fn daemon_returns_at_once_and_cleans_its_pid_file() {
         started.elapsed() < Duration::from_secs(5),
         "-d did not return at once"
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
     let mut pid = None;
-    while pid.is_none() && Instant::now() < deadline {
+    eventually_blocking(Duration::from_secs(10), || {
         pid = std::fs::read_to_string(&pid_file)
             .ok()
             .and_then(|t| t.trim().parse::<i32>().ok());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        pid.is_some()
+    });
     let pid = pid.expect("no pid file from the daemon");
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let ppid_line = status.lines().find(|l| l.starts_with("PPid:")).unwrap();
@@ -315,16 +304,15 @@ fn daemon_returns_at_once_and_cleans_its_pid_file() {
             .unwrap_or_default()
             .contains(s)
     };
-    while !text_has("listening on") && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(text_has("listening on"), "the daemon's log went elsewhere");
+    assert!(
+        eventually_blocking(Duration::from_secs(10), || text_has("listening on")),
+        "the daemon's log went elsewhere"
+    );
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGTERM).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while pid_file.exists() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(!pid_file.exists(), "SIGTERM left the pid file");
+    assert!(
+        eventually_blocking(Duration::from_secs(10), || !pid_file.exists()),
+        "SIGTERM left the pid file"
+    );
     assert!(text_has("stopped"));
 }
 
@@ -450,11 +438,7 @@ async fn drops_to_runuser_after_binding_a_low_port() {
 #[test]
 fn refuses_to_start_when_the_user_does_not_exist() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("upstreams.yaml"),
-        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": { servers: [\"127.0.0.1:9\"] }\n",
-    )
-    .unwrap();
+    std::fs::write(dir.path().join("upstreams.yaml"), unused_route()).unwrap();
     let main = format!(
         "threads: 1\nproxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: \"upstreams.yaml\"\npid_file: \"{0}/p.pid\"\nupgrade_sock: \"{0}/s.sock\"\nrunuser: \"no-such-user-aralez\"\n",
         dir.path().display()

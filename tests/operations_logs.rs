@@ -13,10 +13,9 @@ use support::*;
 const ADMIN: &str = "config_address: \"127.0.0.1:0\"\nmaster_key: \"k\"";
 
 fn upstreams_for(backend: &Backend) -> String {
-    format!(
-        "upstreams:\n  x.test:\n    paths:\n      \"/\": {{ servers: {} }}\n",
-        servers(&[backend])
-    )
+    Upstreams::new()
+        .host("x.test", Host::new().path("/", Path::servers(&[backend])))
+        .render()
 }
 
 fn access_lines(log: &str) -> Vec<&str> {
@@ -202,14 +201,17 @@ async fn blocked_access_log_drops_and_counts_but_never_delays_requests() {
     let text = tokio::task::block_in_place(|| drain.join().unwrap());
     let lines = access_lines(&text).len();
     // A line is submitted when hyper drops the response body, a moment after the client has it.
-    let mut dropped = 0;
-    for _ in 0..100 {
-        dropped = metric(admin, "aralez_logging_errors").await.unwrap_or(0.0) as usize;
-        if lines + dropped >= total {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let dropped_now =
+        || async { metric(admin, "aralez_logging_errors").await.unwrap_or(0.0) as usize };
+    let dropped = match eventually_async(Duration::from_secs(2), || async {
+        let dropped = dropped_now().await;
+        (lines + dropped >= total).then_some(dropped)
+    })
+    .await
+    {
+        Some(dropped) => dropped,
+        None => dropped_now().await,
+    };
     println!("{lines} lines written, {dropped} dropped");
     assert!(dropped > 0, "the writer never fell behind");
     assert_eq!(
@@ -267,30 +269,51 @@ fn spawn_logging_to_fifo(
         if let (Some(p), Some(a)) = (proxy, admin) {
             return (p, a, child, dir);
         }
-        assert!(Instant::now() < deadline, "proxy did not start:\n{text}");
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "proxy did not start:\n{text}");
+        if !wait_readable(reader, left) {
+            continue;
+        }
         match reader.read(&mut buf) {
-            Ok(n) if n > 0 => text.push_str(&String::from_utf8_lossy(&buf[..n])),
-            _ => std::thread::sleep(Duration::from_millis(10)),
+            Ok(0) => panic!("the proxy closed its log before it started:\n{text}"),
+            Ok(n) => text.push_str(&String::from_utf8_lossy(&buf[..n])),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("reading the log FIFO: {e}"),
         }
     }
+}
+
+/// Waits up to `limit` until the FIFO `file` has data (or its writer closed it); false if the
+/// time passed first.
+fn wait_readable(file: &std::fs::File, limit: Duration) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut fd = nix::libc::pollfd {
+        fd: file.as_raw_fd(),
+        events: nix::libc::POLLIN,
+        revents: 0,
+    };
+    let ms = i32::try_from(limit.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: one valid, initialised pollfd that outlives the call.
+    unsafe { nix::libc::poll(&mut fd, 1, ms) > 0 }
 }
 
 /// Reads the FIFO until it has been quiet for 500 ms (or `limit` passes).
 fn drain_fifo(mut reader: std::fs::File, limit: Duration) -> String {
     let mut text = String::new();
-    let start = Instant::now();
-    let mut quiet_since = Instant::now();
+    let deadline = Instant::now() + limit;
     let mut buf = [0u8; 65536];
-    while start.elapsed() < limit && quiet_since.elapsed() < Duration::from_millis(500) {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || !wait_readable(&reader, left.min(Duration::from_millis(500))) {
+            return text;
+        }
         match reader.read(&mut buf) {
-            Ok(n) if n > 0 => {
-                text.push_str(&String::from_utf8_lossy(&buf[..n]));
-                quiet_since = Instant::now();
-            }
-            _ => std::thread::sleep(Duration::from_millis(10)),
+            Ok(0) => return text,
+            Ok(n) => text.push_str(&String::from_utf8_lossy(&buf[..n])),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("reading the log FIFO: {e}"),
         }
     }
-    text
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

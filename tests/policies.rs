@@ -1,23 +1,24 @@
-//! Black-box tests of the traffic policies (SPEC §5, §8) through the real binary: auth of every
-//! type, rate and 4xx limits from distinct client addresses, sticky sessions. Each case runs over
-//! HTTP/1.1 and h2c where the protocol could matter.
+//! Tests of the traffic policies (SPEC §5, §8): auth of every type and sticky sessions, through
+//! the real binary where the process matters (keys from the environment, cookies across a
+//! restart) and in process on tokio's paused clock where time does (forward auth's timeout).
+//! Rate and 4xx limits are in `limits.rs`. Each case runs over HTTP/1.1 and h2c where the
+//! protocol could matter.
 
+mod inproc;
 mod policies_support;
 mod support;
 
-use std::net::IpAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine as _;
 use http::Method;
-use policies_support::{connect_from, forged, hs256, now, AuthService, StatusBackend};
-use support::{body_bytes, full, header, Client, Proto, ProxyProcess, PROTOCOLS};
+use policies_support::{forged, hs256, now, AuthService};
+use support::{
+    body_bytes, full, header, Backend, Client, Host, Path, Proto, ProxyProcess, Upstreams,
+    PROTOCOLS,
+};
 
 const MASTER: &str = "master-secret-for-tests";
-
-fn ip(last: u8) -> IpAddr {
-    IpAddr::from([127, 0, 0, last])
-}
 
 async fn get(
     c: &mut Client,
@@ -39,35 +40,39 @@ async fn get(
     (status, headers, body)
 }
 
-fn auth_config(backend: &StatusBackend, auth: &AuthService) -> String {
-    let s = format!("[\"{}\"]", backend.addr);
-    format!(
-        "upstreams:
-  basic.test:
-    paths:
-      /: {{servers: {s}, authorization: {{type: basic, data: \"ann:pa:ss\"}}}}
-  key.test:
-    paths:
-      /: {{servers: {s}, authorization: {{type: apikey, data: \"k-123\"}}}}
-  jwt.test:
-    authorization: {{type: jwt, data: \"route-secret\"}}
-    paths:
-      /: {{servers: {s}}}
-      /open: {{servers: {s}, authorization: {{type: apikey, data: \"other\"}}}}
-  master.test:
-    paths:
-      /: {{servers: {s}, authorization: {{type: jwt}}}}
-  fwd.test:
-    paths:
-      /: {{servers: {s}, authorization: {{type: forward, data: \"http://{}/check\"}}}}
-",
-        auth.addr
-    )
+fn auth_config(backend: &Backend, auth: &AuthService) -> String {
+    let to = || Path::servers(&[backend]);
+    let forward = format!("http://{}/check", auth.addr);
+    Upstreams::new()
+        .host(
+            "basic.test",
+            Host::new().path("/", to().authorization_data("basic", "ann:pa:ss")),
+        )
+        .host(
+            "key.test",
+            Host::new().path("/", to().authorization_data("apikey", "k-123")),
+        )
+        .host(
+            "jwt.test",
+            Host::new()
+                .authorization_data("jwt", "route-secret")
+                .path("/", to())
+                .path("/open", to().authorization_data("apikey", "other")),
+        )
+        .host(
+            "master.test",
+            Host::new().path("/", to().authorization("jwt")),
+        )
+        .host(
+            "fwd.test",
+            Host::new().path("/", to().authorization_data("forward", &forward)),
+        )
+        .render()
 }
 
 #[tokio::test]
 async fn basic_and_apikey_right_wrong_missing() {
-    let backend = StatusBackend::start("b", 200).await;
+    let backend = Backend::builder("b").cookies().start().await;
     let auth = AuthService::start().await;
     let proxy = ProxyProcess::start(&auth_config(&backend, &auth), "");
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
@@ -115,7 +120,7 @@ async fn basic_and_apikey_right_wrong_missing() {
 
 #[tokio::test]
 async fn jwt_tokens_from_header_and_query() {
-    let backend = StatusBackend::start("b", 200).await;
+    let backend = Backend::builder("b").cookies().start().await;
     let auth = AuthService::start().await;
     let proxy = ProxyProcess::start(
         &auth_config(&backend, &auth),
@@ -213,7 +218,7 @@ async fn jwt_tokens_from_header_and_query() {
 
 #[tokio::test]
 async fn jwt_key_env_overrides_master_key() {
-    let backend = StatusBackend::start("b", 200).await;
+    let backend = Backend::builder("b").cookies().start().await;
     let auth = AuthService::start().await;
     let proxy = ProxyProcess::start_env(
         &auth_config(&backend, &auth),
@@ -245,7 +250,7 @@ async fn jwt_key_env_overrides_master_key() {
 
 #[tokio::test]
 async fn jwt_without_any_secret_fails_closed() {
-    let backend = StatusBackend::start("b", 200).await;
+    let backend = Backend::builder("b").cookies().start().await;
     let auth = AuthService::start().await;
     let proxy = ProxyProcess::start(&auth_config(&backend, &auth), "");
     let mut c = Client::connect(Proto::H1, proxy.addr).await;
@@ -262,11 +267,11 @@ async fn jwt_without_any_secret_fails_closed() {
     assert_eq!(backend.requests(), 0);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn forward_auth_allows_relays_and_times_out() {
-    let backend = StatusBackend::start("b", 200).await;
+    let backend = Backend::builder("b").cookies().start().await;
     let auth = AuthService::start().await;
-    let proxy = ProxyProcess::start(&auth_config(&backend, &auth), "");
+    let proxy = inproc::Proxy::start(&auth_config(&backend, &auth), "").await;
     for proto in PROTOCOLS {
         let mut c = Client::connect(proto, proxy.addr).await;
         // 200: allowed; the service's identity headers replace the client's own.
@@ -332,13 +337,14 @@ async fn forward_auth_allows_relays_and_times_out() {
         );
     }
     let mut c = Client::connect(Proto::H1, proxy.addr).await;
-    let started = Instant::now();
+    let started = tokio::time::Instant::now();
     let (st, h, _) = get(&mut c, "fwd.test", "/hang", &[]).await;
     let took = started.elapsed();
     assert_eq!(st, 503);
     assert_eq!(header_value(&h, "retry-after"), "2");
+    // Exactly the auth service's 5 s, in paused time.
     assert!(
-        took >= Duration::from_millis(4900) && took < Duration::from_secs(8),
+        took >= Duration::from_secs(5) && took < Duration::from_millis(5100),
         "took {took:?}"
     );
 }
@@ -347,92 +353,6 @@ fn header_value(h: &http::HeaderMap, name: &str) -> String {
     h.get(name)
         .map(|v| v.to_str().unwrap().to_string())
         .unwrap_or_default()
-}
-
-#[tokio::test]
-async fn rate_limit_ten_per_second_per_client_across_workers() {
-    let backend = StatusBackend::start("b", 200).await;
-    let yaml = format!(
-        "upstreams:\n  rl.test:\n    paths:\n      /: {{servers: [\"{}\"], rate_limit: 10}}\n      /free: {{servers: [\"{}\"], rate_limit: 1000}}\n",
-        backend.addr, backend.addr
-    );
-    let proxy = ProxyProcess::start(&yaml, "");
-    // The backend's protocol is detected on first use; do that before the timed bursts.
-    let mut warm = connect_from(Proto::H1, proxy.addr, ip(6)).await;
-    assert_eq!(get(&mut warm, "rl.test", "/free", &[]).await.0, 200);
-    for (proto, me, other) in [(Proto::H1, ip(2), ip(3)), (Proto::H2c, ip(4), ip(5))] {
-        // Three connections from one address: the kernel spreads them over both workers, and the
-        // limit must still be one.
-        let mut conns = Vec::new();
-        for _ in 0..3 {
-            conns.push(connect_from(proto, proxy.addr, me).await);
-        }
-        let started = Instant::now();
-        let mut statuses = Vec::new();
-        for i in 0..14 {
-            let (st, h, _) = get(&mut conns[i % 3], "rl.test", "/", &[]).await;
-            if st == 429 {
-                assert_eq!(header_value(&h, "retry-after"), "1");
-            }
-            statuses.push(st);
-        }
-        assert!(
-            started.elapsed() < Duration::from_millis(900),
-            "the burst took too long to prove anything"
-        );
-        let ok = statuses.iter().filter(|s| **s == 200).count();
-        assert_eq!(ok, 10, "{proto:?}: {statuses:?}");
-        assert!(statuses[10..].iter().all(|s| *s == 429), "{statuses:?}");
-        // Another client, and another path with its own limit, are not affected.
-        let mut c = connect_from(proto, proxy.addr, other).await;
-        assert_eq!(get(&mut c, "rl.test", "/", &[]).await.0, 200);
-        assert_eq!(get(&mut conns[0], "rl.test", "/free", &[]).await.0, 200);
-        // A second later the client has a budget again.
-        tokio::time::sleep(Duration::from_millis(1100)).await;
-        assert_eq!(get(&mut conns[1], "rl.test", "/", &[]).await.0, 200);
-    }
-}
-
-#[tokio::test]
-async fn x4xx_limit_blocks_until_quiet() {
-    let backend = StatusBackend::start("b", 404).await;
-    let yaml = format!(
-        "upstreams:\n  x.test:\n    x4xx_limit: 3\n    paths:\n      /: {{servers: [\"{}\"]}}\n",
-        backend.addr
-    );
-    let proxy = ProxyProcess::start(&yaml, "");
-    let mut me = connect_from(Proto::H1, proxy.addr, ip(6)).await;
-    for _ in 0..3 {
-        assert_eq!(get(&mut me, "x.test", "/", &[]).await.0, 404);
-    }
-    assert_eq!(
-        get(&mut me, "x.test", "/", &[]).await.0,
-        404,
-        "the 4th 4xx is over the limit; it still goes out"
-    );
-    let reached = backend.requests();
-    backend.set_status(200);
-    let (st, h, _) = get(&mut me, "x.test", "/", &[]).await;
-    assert_eq!((st, header_value(&h, "retry-after").as_str()), (429, "1"));
-    assert_eq!(
-        backend.requests(),
-        reached,
-        "blocked requests stay in the proxy"
-    );
-    let mut other = connect_from(Proto::H1, proxy.addr, ip(7)).await;
-    assert_eq!(get(&mut other, "x.test", "/", &[]).await.0, 200);
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(
-        get(&mut me, "x.test", "/", &[]).await.0,
-        429,
-        "knocking restarts the quiet second"
-    );
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    assert_eq!(
-        get(&mut me, "x.test", "/", &[]).await.0,
-        200,
-        "free after a quiet second"
-    );
 }
 
 fn sticky_cookie(h: &http::HeaderMap) -> Option<String> {
@@ -445,13 +365,17 @@ fn sticky_cookie(h: &http::HeaderMap) -> Option<String> {
 
 #[tokio::test]
 async fn sticky_sessions_pin_and_move_when_the_backend_goes() {
-    let a = StatusBackend::start("a", 200).await;
-    let b = StatusBackend::start("b", 200).await;
-    let c3 = StatusBackend::start("c", 200).await;
-    let yaml = format!(
-        "upstreams:\n  s.test:\n    sticky_sessions: 600\n    paths:\n      /: {{servers: [\"{}\", \"{}\", \"{}\"], healthcheck: false}}\n",
-        a.addr, b.addr, c3.addr
-    );
+    let a = Backend::builder("a").cookies().start().await;
+    let b = Backend::builder("b").cookies().start().await;
+    let c3 = Backend::builder("c").cookies().start().await;
+    let yaml = Upstreams::new()
+        .host(
+            "s.test",
+            Host::new()
+                .sticky_sessions(600)
+                .path("/", Path::servers(&[&a, &b, &c3]).healthcheck(false)),
+        )
+        .render();
     let proxy = ProxyProcess::start(&yaml, "");
     for proto in PROTOCOLS {
         let mut c = Client::connect(proto, proxy.addr).await;
@@ -527,7 +451,7 @@ async fn sticky_sessions_pin_and_move_when_the_backend_goes() {
 
 #[tokio::test]
 async fn policies_answer_grpc_clients_with_a_grpc_status() {
-    let backend = StatusBackend::start("b", 200).await;
+    let backend = Backend::builder("b").cookies().start().await;
     let auth = AuthService::start().await;
     let proxy = ProxyProcess::start(&auth_config(&backend, &auth), "");
     let mut c = Client::connect(Proto::H2c, proxy.addr).await;
@@ -546,9 +470,14 @@ async fn policies_answer_grpc_clients_with_a_grpc_status() {
 
 /// The cookie a fresh proxy process issues for its only backend.
 async fn cookie_from_new_process(backend: std::net::SocketAddr, main_extra: &str) -> String {
-    let yaml = format!(
-        "upstreams:\n  s.test:\n    sticky_sessions: 600\n    paths:\n      /: {{servers: [\"{backend}\"], healthcheck: false}}\n"
-    );
+    let yaml = Upstreams::new()
+        .host(
+            "s.test",
+            Host::new()
+                .sticky_sessions(600)
+                .path("/", Path::addrs(&[backend]).healthcheck(false)),
+        )
+        .render();
     let proxy = ProxyProcess::start(&yaml, main_extra);
     let mut client = Client::connect(Proto::H1, proxy.addr).await;
     let resp = client.get("s.test", "/").await;
@@ -557,7 +486,7 @@ async fn cookie_from_new_process(backend: std::net::SocketAddr, main_extra: &str
 
 #[tokio::test]
 async fn with_a_master_key_sticky_cookies_survive_a_restart() {
-    let a = StatusBackend::start("a", 200).await;
+    let a = Backend::builder("a").cookies().start().await;
     let keyed = "master_key: \"shared-secret\"";
     let first = cookie_from_new_process(a.addr, keyed).await;
     let second = cookie_from_new_process(a.addr, keyed).await;

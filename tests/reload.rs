@@ -9,11 +9,16 @@ use std::time::{Duration, Instant};
 
 use support::*;
 
+/// `RUST_LOG` showing aralez's debug lines (the proxy's own filter otherwise).
+const DEBUG_LOG: &str = "info,aralez=debug,h2=warn,hyper=warn";
+
+/// What a reload logs (at debug) when it finds the files as they were.
+const UNCHANGED: &str = "configuration files unchanged";
+
 fn routes(set: &[&Backend]) -> String {
-    format!(
-        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}}}\n",
-        servers(set)
-    )
+    Upstreams::new()
+        .host("DEFAULT", Host::new().path("/", Path::servers(set)))
+        .render()
 }
 
 async fn backend_of(client: &mut Client) -> (u16, String) {
@@ -26,19 +31,16 @@ async fn backend_of(client: &mut Client) -> (u16, String) {
 
 /// Polls until the proxy answers from `want` (a backend name), or panics after 5 s.
 async fn wait_for_backend(proxy: &ProxyProcess, want: &str) {
-    let started = Instant::now();
-    loop {
+    let live = eventually_async(Duration::from_secs(5), || async {
         let mut client = Client::connect(Proto::H1, proxy.addr).await;
-        if backend_of(&mut client).await.1 == want {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "{want} never became live; log:\n{}",
-            proxy.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        (backend_of(&mut client).await.1 == want).then_some(())
+    })
+    .await;
+    assert!(
+        live.is_some(),
+        "{want} never became live; log:\n{}",
+        proxy.log_text()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,6 +86,7 @@ async fn two_hundred_rewrites_under_load_lose_no_request() {
     {
         write_atomically(&file, if writes % 2 == 0 { &set_b } else { &set_a });
         writes += 1;
+        // Kept: the writes are spread over time on purpose, so reloads happen throughout the load.
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // The last write (set A) must end up live.
@@ -170,6 +173,8 @@ async fn of_two_quick_writes_the_second_wins() {
     let file = proxy.path("upstreams.yaml");
     for _ in 0..5 {
         write_atomically(&file, &routes(&[&b]));
+        // Kept (this pause and the next): the writes are 50 ms apart, more than the watcher's coalescing
+        // delay, and afterwards no stale reload may come within 200 ms; real time is the point.
         tokio::time::sleep(Duration::from_millis(50)).await;
         write_atomically(&file, &routes(&[&c]));
         wait_for_backend(&proxy, "c").await;
@@ -185,28 +190,25 @@ async fn of_two_quick_writes_the_second_wins() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conf_d_hosts_are_merged_and_sighup_with_unchanged_files_swaps_nothing() {
     let (a, b) = (Backend::start("a").await, Backend::start("b").await);
-    let proxy = ProxyProcess::start(&routes(&[&a]), "");
+    // Debug logs for aralez: a reload that finds the files unchanged says so.
+    let proxy = ProxyProcess::start_env(&routes(&[&a]), "", &[("RUST_LOG", DEBUG_LOG)]);
     // A conf.d host appears through the watcher.
     std::fs::create_dir_all(proxy.path("conf.d")).unwrap();
-    let extra = format!(
-        "extra.example:\n  paths:\n    \"/\": {{servers: {}}}\n",
-        servers(&[&b])
-    );
+    let extra = Upstreams::new()
+        .host("extra.example", Host::new().path("/", Path::servers(&[&b])))
+        .render_conf_d();
     write_atomically(&proxy.path("conf.d/10-extra.yaml"), &extra);
-    let started = Instant::now();
-    loop {
+    let appeared = eventually_async(Duration::from_secs(5), || async {
         let mut client = Client::connect(Proto::H1, proxy.addr).await;
         let resp = client.get("extra.example", "/").await;
-        if header(&resp, "x-backend") == "b" {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "conf.d host never appeared:\n{}",
-            proxy.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        (header(&resp, "x-backend") == "b").then_some(())
+    })
+    .await;
+    assert!(
+        appeared.is_some(),
+        "conf.d host never appeared:\n{}",
+        proxy.log_text()
+    );
     // SIGHUP with unchanged files does not swap anything; with a change, it applies it.
     let before = proxy.log_text().matches("configuration applied").count();
     let pid = proxy.pid().to_string();
@@ -215,7 +217,15 @@ async fn conf_d_hosts_are_merged_and_sighup_with_unchanged_files_swaps_nothing()
         .status()
         .unwrap()
         .success());
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sighup_unchanged = |l: &str| l.contains(UNCHANGED) && l.contains("SIGHUP");
+    let looked = eventually(Duration::from_secs(5), || {
+        proxy.log_text().lines().any(sighup_unchanged)
+    });
+    assert!(
+        looked.await,
+        "SIGHUP did not find the files unchanged:\n{}",
+        proxy.log_text()
+    );
     assert_eq!(
         proxy.log_text().matches("configuration applied").count(),
         before

@@ -93,18 +93,16 @@ async fn replaced_pairs_serve_new_handshakes_and_broken_ones_are_skipped() {
     t.roots.push(new_alpha.clone());
     let config = tls_client_config(&t.roots, &[b"http/1.1"]);
     let started = Instant::now();
-    while served_cert(t.tls, "alpha.local", config.clone())
-        .await
-        .unwrap()
-        != new_alpha
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(3),
-            "the new pair was not picked up; the proxy's log:\n{}",
-            t.proxy.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let picked_up = eventually_async(Duration::from_secs(3), || async {
+        let served = served_cert(t.tls, "alpha.local", config.clone()).await;
+        (served.unwrap() == new_alpha).then_some(())
+    })
+    .await;
+    assert!(
+        picked_up.is_some(),
+        "the new pair was not picked up; the proxy's log:\n{}",
+        t.proxy.log_text()
+    );
     assert!(
         started.elapsed() < Duration::from_millis(1500),
         "took {:?}",
@@ -137,19 +135,22 @@ async fn replaced_pairs_serve_new_handshakes_and_broken_ones_are_skipped() {
     // rejects as not valid for that name.
     std::fs::remove_file(t.certs.path().join("wild.crt")).unwrap();
     std::fs::remove_file(t.certs.path().join("wild.key")).unwrap();
-    let started = Instant::now();
-    loop {
+    let last = std::sync::Mutex::new(String::new());
+    let gone = eventually_async(Duration::from_secs(3), || async {
         match served_cert(t.tls, "x.beta.local", config.clone()).await {
-            Err(e) if format!("{e:?}").contains("default.local") => break,
+            Err(e) if format!("{e:?}").contains("default.local") => Some(()),
             other => {
-                assert!(
-                    started.elapsed() < Duration::from_secs(3),
-                    "the deleted pair still serves: {other:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                *last.lock().unwrap() = format!("{other:?}");
+                None
             }
         }
-    }
+    })
+    .await;
+    assert!(
+        gone.is_some(),
+        "the deleted pair still serves: {}",
+        last.lock().unwrap()
+    );
 }
 
 /// A client that speaks only TLS 1.2 with AES-128-GCM suites.
@@ -217,10 +218,15 @@ async fn to_https_and_redirect_to() {
     let backend = Backend::start("a").await;
     let certs = tempfile::tempdir().unwrap();
     let root = write_self_signed(certs.path(), "default", &["shop.local"]);
-    let yaml = format!(
-        "upstreams:\n  shop.local:\n    to_https: true\n    paths:\n      \"/\": {{servers: {}, healthcheck: false}}\n      \"/old\": {{redirect_to: \"https://new.example/\"}}\n",
-        servers(&[&backend])
-    );
+    let yaml = Upstreams::new()
+        .host(
+            "shop.local",
+            Host::new()
+                .to_https(true)
+                .path("/", Path::servers(&[&backend]).healthcheck(false))
+                .path("/old", Path::redirect("https://new.example/")),
+        )
+        .render();
     let main = format!(
         "proxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"",
         certs.path().display()
@@ -274,10 +280,15 @@ async fn to_https_and_redirect_to() {
 async fn https_backends_speak_what_alpn_picks() {
     let h2_backend = start_tls_backend("tls-h2", &[b"h2", b"http/1.1"]).await;
     let h1_backend = start_tls_backend("tls-h1", &[b"http/1.1"]).await;
-    let yaml = format!(
-        "upstreams:\n  DEFAULT:\n    paths:\n      \"/two\": {{servers: [\"https://{h2_backend}\"]}}\n      \"/one\": {{servers: [\"https://{h1_backend}\"]}}\n"
-    );
-    let proxy = ProxyProcess::start(&yaml, "");
+    let yaml = Upstreams::new()
+        .host(
+            "DEFAULT",
+            Host::new()
+                .path("/two", Path::addrs(&[format!("https://{h2_backend}")]))
+                .path("/one", Path::addrs(&[format!("https://{h1_backend}")])),
+        )
+        .render();
+    let proxy = ProxyProcess::start(&yaml, "hc_interval: 1");
     for proto in PROTOCOLS {
         let mut client = Client::connect(proto, proxy.addr).await;
         for (path, backend, version) in [
@@ -298,8 +309,12 @@ async fn https_backends_speak_what_alpn_picks() {
             }
         }
     }
-    // Active health checks reach TLS backends too: both stay up.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // Active health checks reach TLS backends too: both stay up. A second probe means the
+    // first one's verdict is in.
+    let probed_twice = eventually(Duration::from_secs(10), || {
+        h2_backend.probes() >= 2 && h1_backend.probes() >= 2
+    });
+    assert!(probed_twice.await, "the TLS backends were not probed");
     let mut client = Client::connect(Proto::H1, proxy.addr).await;
     assert_eq!(client.get("app.local", "/one").await.status(), 200);
     assert_eq!(client.get("app.local", "/two").await.status(), 200);
@@ -309,10 +324,12 @@ async fn https_backends_speak_what_alpn_picks() {
 async fn forward_auth_to_an_https_service() {
     let backend = Backend::start("app").await;
     let auth = start_tls_backend("auth", &[b"http/1.1"]).await;
-    let yaml = format!(
-        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\":\n        servers: {}\n        healthcheck: false\n        authorization: {{ type: forward, data: \"https://{auth}/check\" }}\n",
-        servers(&[&backend])
-    );
+    let route = Path::servers(&[&backend])
+        .healthcheck(false)
+        .authorization_data("forward", &format!("https://{auth}/check"));
+    let yaml = Upstreams::new()
+        .host("DEFAULT", Host::new().path("/", route))
+        .render();
     let proxy = ProxyProcess::start(&yaml, "");
     let mut client = Client::connect(Proto::H1, proxy.addr).await;
     let resp = client.get("app.local", "/private").await;

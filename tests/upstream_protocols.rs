@@ -11,9 +11,15 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use support::*;
 
-/// One `host -> "/" -> server` route; `extra` is added to the path's settings.
-fn host_route(host: &str, server: &str, extra: &str) -> String {
-    format!("  {host}:\n    paths:\n      \"/\": {{servers: [\"{server}\"]{extra}}}\n")
+/// A host whose "/" goes to `server`, health-checked every second (which is what makes the
+/// proxy detect a bare address's protocol).
+fn probed(server: impl std::fmt::Display) -> Host {
+    Host::new().path("/", Path::addrs(&[server]).hc_interval(1))
+}
+
+/// A host whose "/" goes to `server`, without health checks.
+fn unprobed(server: impl std::fmt::Display) -> Host {
+    Host::new().path("/", Path::addrs(&[server]).healthcheck(false))
 }
 
 /// GET / on `host`: (status, backend name, HTTP version the backend saw).
@@ -29,29 +35,22 @@ async fn seen(client: &mut Client, host: &str) -> (u16, String, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backends_without_a_scheme_are_detected() {
-    let h1 = Backend::start_h1_only("h1").await;
+    let h1 = Backend::builder("h1").h1_only().start().await;
     let h2c = Backend::start("h2c").await;
     let tls_h2 = start_tls_backend("tls-h2", &[b"h2", b"http/1.1"]).await;
     let tls_h1 = start_tls_backend("tls-h1", &[b"http/1.1"]).await;
     // A backend is one object however many routes use it, so the unprobed one stands alone.
-    let unprobed = Backend::start("unprobed").await;
-    let probed = ", hc_interval: 1";
-    let yaml = [
-        "upstreams:\n".to_string(),
-        host_route("h1.local", &h1.addr.to_string(), probed),
-        host_route("h2c.local", &h2c.addr.to_string(), probed),
-        host_route("tlsh2.local", &tls_h2.to_string(), probed),
-        host_route("tlsh1.local", &tls_h1.to_string(), probed),
+    let lone = Backend::start("unprobed").await;
+    let yaml = Upstreams::new()
+        .host("h1.local", probed(h1.addr))
+        .host("h2c.local", probed(h2c.addr))
+        .host("tlsh2.local", probed(&tls_h2))
+        .host("tlsh1.local", probed(&tls_h1))
         // Pinned by its scheme: HTTP/1.1 although the backend would speak h2c.
-        host_route("pinned.local", &format!("http://{}", h2c.addr), probed),
+        .host("pinned.local", probed(format!("http://{}", h2c.addr)))
         // Detected on first use whether or not health checks run (issue 12).
-        host_route(
-            "unprobed.local",
-            &unprobed.addr.to_string(),
-            ", healthcheck: false",
-        ),
-    ]
-    .concat();
+        .host("unprobed.local", unprobed(lone.addr))
+        .render();
     let proxy = ProxyProcess::start(&yaml, "");
     let mut client = Client::connect(Proto::H1, proxy.addr).await;
     let expected = [
@@ -72,12 +71,9 @@ async fn backends_without_a_scheme_are_detected() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn detection_is_redone_when_a_backend_changes_protocol() {
-    let plain = Backend::start_h1_only("plain").await;
+    let plain = Backend::builder("plain").h1_only().start().await;
     let addr = plain.addr;
-    let yaml = format!(
-        "upstreams:\n{}",
-        host_route("swap.local", &addr.to_string(), ", hc_interval: 1")
-    );
+    let yaml = Upstreams::new().host("swap.local", probed(addr)).render();
     let proxy = ProxyProcess::start(&yaml, "");
     let mut client = Client::connect(Proto::H1, proxy.addr).await;
     let first = seen(&mut client, "swap.local").await;
@@ -89,15 +85,15 @@ async fn detection_is_redone_when_a_backend_changes_protocol() {
     let acceptor = tls_backend_acceptor(&[b"h2", b"http/1.1"]);
     serve_tls_backend("tls", acceptor, addr).await;
     let start = Instant::now();
-    let mut last = (0, String::new(), String::new());
-    while start.elapsed() < Duration::from_secs(10) {
-        last = seen(&mut client, "swap.local").await;
-        if last.0 == 200 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(last, (200, "tls".into(), "HTTP/2.0".into()));
+    // The same client connection throughout (shared with the polling closure).
+    let shared = tokio::sync::Mutex::new(client);
+    let last = eventually_async(Duration::from_secs(10), || async {
+        let got = seen(&mut *shared.lock().await, "swap.local").await;
+        (got.0 == 200).then_some(got)
+    })
+    .await;
+    let mut client = shared.into_inner();
+    assert_eq!(last, Some((200, "tls".into(), "HTTP/2.0".into())));
     eprintln!("re-detected as TLS after {:?}", start.elapsed());
     for _ in 0..5 {
         assert_eq!(seen(&mut client, "swap.local").await.0, 200);
@@ -107,13 +103,13 @@ async fn detection_is_redone_when_a_backend_changes_protocol() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn turning_health_checks_off_by_reload_keeps_detection() {
     let backend = Backend::start("h2c").await;
-    let route = |extra: &str| {
-        format!(
-            "upstreams:\n{}",
-            host_route("flip.local", &backend.addr.to_string(), extra)
-        )
-    };
-    let proxy = ProxyProcess::start(&route(", hc_interval: 1"), "");
+    let checked = Upstreams::new()
+        .host("flip.local", probed(backend.addr))
+        .render();
+    let unchecked = Upstreams::new()
+        .host("flip.local", unprobed(backend.addr))
+        .render();
+    let proxy = ProxyProcess::start(&checked, "");
     let mut client = Client::connect(Proto::H1, proxy.addr).await;
     assert_eq!(
         seen(&mut client, "flip.local").await,
@@ -123,10 +119,7 @@ async fn turning_health_checks_off_by_reload_keeps_detection() {
     // Without health checks the backend is still spoken to in the protocol it was found to
     // speak: detection does not depend on health checks (an h2-only gRPC backend on a route with
     // `healthcheck: false` must not get HTTP/1.1).
-    write_atomically(
-        &proxy.path("upstreams.yaml"),
-        &route(", healthcheck: false"),
-    );
+    write_atomically(&proxy.path("upstreams.yaml"), &unchecked);
     let applied = eventually(Duration::from_secs(5), || {
         proxy.log_text().contains("configuration applied")
     })
@@ -146,25 +139,27 @@ async fn upstream_tls_verify_checks_chain_and_name() {
     std::fs::write(&ca_file, &pki.ca_pem).unwrap();
     let chain = vec![pki.leaf.clone(), pki.ca.clone()];
     let acceptor = tls_acceptor_for(chain, pki.leaf_key.clone_key(), &[b"h2", b"http/1.1"]);
-    let any_port = "127.0.0.1:0".parse().unwrap();
-    let trusted = serve_tls_backend("trusted", acceptor.clone(), any_port).await;
+    let trusted = serve_tls_backend("trusted", acceptor.clone(), any_local()).await;
     // The same server again, for a route whose host its certificate does not name (one backend
     // object per address: connections are shared by every route that uses it).
-    let misnamed = serve_tls_backend("trusted", acceptor, any_port).await;
+    let misnamed = serve_tls_backend("trusted", acceptor, any_local()).await;
     let stranger = start_tls_backend("stranger", &[b"h2", b"http/1.1"]).await;
-    let path = |prefix: &str, server: std::net::SocketAddr, verify: bool| {
-        format!("      \"{prefix}\": {{servers: [\"https://{server}\"], healthcheck: false, upstream_tls_verify: {verify}}}\n")
+    let to = |server: &TlsBackend, verify: bool| {
+        Path::addrs(&[format!("https://{server}")])
+            .healthcheck(false)
+            .upstream_tls_verify(verify)
     };
-    let yaml = [
-        "upstreams:\n  backend.local:\n    paths:\n".to_string(),
-        path("/trusted", trusted, true),
-        path("/stranger", stranger, true),
-        path("/unverified", stranger, false),
+    let yaml = Upstreams::new()
+        .host(
+            "backend.local",
+            Host::new()
+                .path("/trusted", to(&trusted, true))
+                .path("/stranger", to(&stranger, true))
+                .path("/unverified", to(&stranger, false)),
+        )
         // The name checked is the SNI, the request's host: the certificate does not cover it.
-        "  other.local:\n    paths:\n".to_string(),
-        path("/", misnamed, true),
-    ]
-    .concat();
+        .host("other.local", Host::new().path("/", to(&misnamed, true)))
+        .render();
     let ca = ca_file.to_str().unwrap();
     let proxy = ProxyProcess::start_env(&yaml, "", &[("SSL_CERT_FILE", ca)]);
     let mut client = Client::connect(Proto::H1, proxy.addr).await;
@@ -203,12 +198,9 @@ async fn burst(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_h2_connection_gets_another_at_the_backends_stream_limit() {
     // The backend allows 10 streams per connection (its SETTINGS say so).
-    let backend = Backend::start_h2_limited("h2", 10).await;
+    let backend = Backend::builder("h2").h2c_limited(10).start().await;
     let server = format!("h2c://{}", backend.addr);
-    let yaml = format!(
-        "upstreams:\n{}",
-        host_route("h2.local", &server, ", healthcheck: false")
-    );
+    let yaml = Upstreams::new().host("h2.local", unprobed(server)).render();
     let proxy = ProxyProcess::start(&yaml, "");
     let Client::H2(sender) = Client::connect(Proto::H2c, proxy.addr).await else {
         unreachable!("h2 client")

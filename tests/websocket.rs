@@ -12,14 +12,14 @@ use http_body_util::Empty;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use support::*;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
 /// A WebSocket echo server (real handshake and framing); returns its address.
 async fn echo_server() -> std::net::SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = bind_local().await;
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
@@ -33,7 +33,7 @@ async fn echo_server() -> std::net::SocketAddr {
 /// HTTP/1.1 to upgrade).
 async fn tls_echo_server() -> std::net::SocketAddr {
     let acceptor = tls_backend_acceptor(&[b"h2", b"http/1.1"]);
-    serve_tls(acceptor, "127.0.0.1:0".parse().unwrap(), echo).await
+    serve_tls(acceptor, any_local(), echo).await
 }
 
 /// One WebSocket connection: text and binary echoed, pings answered, close returned.
@@ -54,7 +54,12 @@ async fn echo<S: AsyncRead + AsyncWrite + Unpin>(stream: S) {
 }
 
 fn ws_route(backend: std::net::SocketAddr) -> String {
-    format!("upstreams:\n  chat.local:\n    paths:\n      \"/\": {{servers: [\"{backend}\"], healthcheck: false}}\n")
+    Upstreams::new()
+        .host(
+            "chat.local",
+            Host::new().path("/", Path::addrs(&[backend]).healthcheck(false)),
+        )
+        .render()
 }
 
 /// The proxy with plain and TLS listeners (`client_header_timeout: 1`, `client_idle_timeout: 1`) in front of an echo
@@ -126,7 +131,8 @@ where
         ws.next().await.unwrap().unwrap(),
         Message::Pong(b"are you there".to_vec().into())
     );
-    // Idle longer than the header and idle timeouts: an upgraded connection is not an HTTP one.
+    // Idle longer than the header and idle timeouts: an upgraded connection is not an HTTP one
+    // (kept: the point is that the timeouts' time really passes).
     tokio::time::sleep(Duration::from_millis(1500)).await;
     ws.send(Message::text("still here")).await.unwrap();
     assert_eq!(
@@ -211,9 +217,12 @@ async fn websocket_to_tls_backends_pinned_and_detected() {
     let backend = tls_echo_server().await;
     // `https://` pins TLS; the bare address is detected as TLS (health checks on, SPEC §6.3).
     for server in [format!("https://{backend}"), backend.to_string()] {
-        let yaml = format!(
-            "upstreams:\n  chat.local:\n    paths:\n      \"/\": {{servers: [\"{server}\"], hc_interval: 1}}\n"
-        );
+        let yaml = Upstreams::new()
+            .host(
+                "chat.local",
+                Host::new().path("/", Path::addrs(&[server]).hc_interval(1)),
+            )
+            .render();
         let proxy = ProxyProcess::start(&yaml, "client_header_timeout: 1\nclient_idle_timeout: 1");
         exercise(TcpStream::connect(proxy.addr).await.unwrap()).await;
     }
@@ -222,7 +231,7 @@ async fn websocket_to_tls_backends_pinned_and_detected() {
 /// A backend that switches to a raw protocol, reads until the client's half-close, then answers
 /// with the byte count and closes.
 async fn counting_backend() -> std::net::SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = bind_local().await;
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((mut stream, _)) = listener.accept().await {

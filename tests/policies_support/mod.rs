@@ -1,141 +1,19 @@
-//! Helpers for the policy and health-check tests: a backend whose answers the test controls, an
-//! auth service for forward auth, clients bound to a chosen source address, and JWT makers.
+//! Helpers for the policy and health-check tests: an auth service for forward auth, clients bound to a chosen source address, and JWT makers.
 #![allow(dead_code)]
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::net::{TcpListener, TcpSocket};
-use tokio::task::JoinSet;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpSocket;
 
-use crate::support::{full, Client, ClientBody, Proto};
-
-/// Marks health probes (the proxy's `User-Agent` for them).
-pub const PROBE_AGENT: &str = "aralez-health-check";
-
-/// A backend answering the status the test sets (0: accept, read, never answer), with
-/// `x-backend: <name>` and two `Set-Cookie` headers of its own. Counts proxied requests and health
-/// probes separately.
-pub struct StatusBackend {
-    pub name: &'static str,
-    pub addr: SocketAddr,
-    status: Arc<AtomicU16>,
-    pub requests: Arc<AtomicUsize>,
-    pub probes: Arc<AtomicUsize>,
-    tasks: Mutex<Option<JoinSet<()>>>,
-}
-
-impl StatusBackend {
-    pub async fn start(name: &'static str, status: u16) -> StatusBackend {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().unwrap();
-        let status = Arc::new(AtomicU16::new(status));
-        let requests = Arc::new(AtomicUsize::new(0));
-        let probes = Arc::new(AtomicUsize::new(0));
-        let mut tasks = JoinSet::new();
-        let (st, rq, pr) = (status.clone(), requests.clone(), probes.clone());
-        tasks.spawn(async move {
-            let mut conns = JoinSet::new();
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let (st, rq, pr) = (st.clone(), rq.clone(), pr.clone());
-                conns.spawn(async move {
-                    let svc = service_fn(move |req: Request<Incoming>| {
-                        let (st, rq, pr) = (st.clone(), rq.clone(), pr.clone());
-                        async move { Ok::<_, Infallible>(answer(name, &st, &rq, &pr, req).await) }
-                    });
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
-                });
-            }
-        });
-        StatusBackend {
-            name,
-            addr,
-            status,
-            requests,
-            probes,
-            tasks: Mutex::new(Some(tasks)),
-        }
-    }
-
-    pub fn set_status(&self, status: u16) {
-        self.status.store(status, Ordering::SeqCst);
-    }
-
-    pub fn requests(&self) -> usize {
-        self.requests.load(Ordering::SeqCst)
-    }
-
-    pub fn probes(&self) -> usize {
-        self.probes.load(Ordering::SeqCst)
-    }
-
-    /// Stops listening and drops every connection.
-    pub fn stop(&self) {
-        if let Some(mut set) = self.tasks.lock().unwrap().take() {
-            set.abort_all();
-        }
-    }
-}
-
-impl Drop for StatusBackend {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-async fn answer(
-    name: &'static str,
-    status: &AtomicU16,
-    requests: &AtomicUsize,
-    probes: &AtomicUsize,
-    req: Request<Incoming>,
-) -> Response<ClientBody> {
-    let probe = req
-        .headers()
-        .get("user-agent")
-        .is_some_and(|v| v == PROBE_AGENT);
-    if probe {
-        probes.fetch_add(1, Ordering::SeqCst);
-    } else {
-        requests.fetch_add(1, Ordering::SeqCst);
-    }
-    let code = status.load(Ordering::SeqCst);
-    if code == 0 {
-        std::future::pending::<()>().await;
-    }
-    let seen = |h: &str| {
-        req.headers()
-            .get(h)
-            .map(|v| v.to_str().unwrap_or("?").to_string())
-            .unwrap_or_else(|| "-".into())
-    };
-    Response::builder()
-        .status(code)
-        .header("x-backend", name)
-        // The target as a path and query, whether it came in HTTP/1.1 or HTTP/2 (absolute).
-        .header(
-            "x-seen-uri",
-            req.uri().path_and_query().map_or("/", |p| p.as_str()),
-        )
-        .header("x-seen-remote-user", seen("remote-user"))
-        .header("x-seen-auth-groups", seen("x-auth-groups"))
-        .header("set-cookie", format!("app={name}; Path=/"))
-        .header("set-cookie", "theme=dark; Path=/")
-        .body(full(name))
-        .unwrap()
-}
+use crate::support::{bind_local, full, Client, ClientBody, Proto};
 
 /// Connects to the proxy from a chosen source address (127.0.0.0/8 acts as many clients).
 pub async fn connect_from(proto: Proto, proxy: SocketAddr, source: IpAddr) -> Client {
@@ -188,7 +66,7 @@ pub struct AuthService {
 
 impl AuthService {
     pub async fn start() -> AuthService {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = bind_local().await;
         let addr = listener.local_addr().unwrap();
         let asked = Arc::new(AtomicUsize::new(0));
         let last = Arc::new(Mutex::new(Vec::new()));

@@ -1,5 +1,11 @@
 //! Test support: the real `aralez` binary as a child process, real backends (hyper servers) and
 //! real clients over HTTP/1.1 or h2c, all on 127.0.0.1 with OS-chosen ports.
+//!
+//! - [`Backend`] (backend.rs): the one mock backend, and [`bind_local`]/[`bind`], which every
+//!   test server binds with.
+//! - [`Upstreams`] (upstreams.rs): upstreams.yaml as typed values.
+//! - [`eventually`], [`eventually_async`], [`eventually_blocking`], [`ProxyProcess::wait_log`]:
+//!   wait for a condition with a deadline instead of sleeping and hoping.
 #![allow(dead_code)]
 
 use std::convert::Infallible;
@@ -7,19 +13,24 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::client::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinSet;
+use tokio::net::TcpStream;
+
+mod backend;
+pub mod upstreams;
+
+pub use backend::*;
+#[allow(unused_imports)] // each test file uses some of them
+pub use upstreams::{default_route, unused_route, Discovery, Host, Path, Service, Upstreams};
 
 pub type ClientBody = BoxBody<Bytes, Infallible>;
 
@@ -67,173 +78,6 @@ impl Drop for ProxyProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// A test backend: answers every request with facts about what it saw.
-///
-/// Response headers: `x-backend` (its name), `x-seen-host`, `x-seen-xff`, `x-seen-uri`,
-/// `x-seen-version`, `x-seen-headers` (every header name, comma-joined). Paths:
-/// `/big/<bytes>` streams that many bytes; `/echo...` streams the request body back; anything
-/// else answers `name` as the body. Responses also carry hop-by-hop headers the proxy must drop.
-/// What a test [`Backend`] speaks.
-#[derive(Clone, Copy)]
-enum Speaks {
-    /// HTTP/1.1 and h2c by prior knowledge.
-    Both,
-    H1Only,
-    /// h2c only, with this SETTINGS_MAX_CONCURRENT_STREAMS.
-    H2Limited(u32),
-}
-
-pub struct Backend {
-    pub name: &'static str,
-    pub addr: SocketAddr,
-    pub accepts: Arc<AtomicUsize>,
-    pub requests: Arc<AtomicUsize>,
-    tasks: Arc<Mutex<Option<JoinSet<()>>>>,
-}
-
-impl Backend {
-    /// A backend speaking HTTP/1.1 and h2c (prior knowledge).
-    pub async fn start(name: &'static str) -> Backend {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind backend");
-        Self::serve(name, listener, Speaks::Both)
-    }
-
-    /// A backend speaking HTTP/1.1 only (it answers the HTTP/2 preface with an error).
-    pub async fn start_h1_only(name: &'static str) -> Backend {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind backend");
-        Self::serve(name, listener, Speaks::H1Only)
-    }
-
-    /// An h2c-only backend announcing SETTINGS_MAX_CONCURRENT_STREAMS = `streams`.
-    pub async fn start_h2_limited(name: &'static str, streams: u32) -> Backend {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind backend");
-        Self::serve(name, listener, Speaks::H2Limited(streams))
-    }
-
-    /// Starts on a given address (to bring a stopped backend back).
-    pub async fn start_on(name: &'static str, addr: SocketAddr) -> Backend {
-        let listener = bind_when_free(addr).await;
-        Self::serve(name, listener, Speaks::Both)
-    }
-
-    fn serve(name: &'static str, listener: TcpListener, speaks: Speaks) -> Backend {
-        let addr = listener.local_addr().unwrap();
-        let accepts = Arc::new(AtomicUsize::new(0));
-        let requests = Arc::new(AtomicUsize::new(0));
-        let tasks = Arc::new(Mutex::new(Some(JoinSet::new())));
-        let (acc, reqs, set) = (accepts.clone(), requests.clone(), tasks.clone());
-        let accept_loop = async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let _ = stream.set_nodelay(true);
-                acc.fetch_add(1, Ordering::SeqCst);
-                let reqs = reqs.clone();
-                let conn = async move {
-                    let svc = service_fn(move |req| {
-                        reqs.fetch_add(1, Ordering::SeqCst);
-                        answer(name, req)
-                    });
-                    let mut builder =
-                        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                    match speaks {
-                        Speaks::Both => {}
-                        Speaks::H1Only => builder = builder.http1_only(),
-                        Speaks::H2Limited(streams) => {
-                            builder.http2().max_concurrent_streams(streams);
-                            builder = builder.http2_only();
-                        }
-                    }
-                    let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
-                };
-                if let Some(set) = set.lock().unwrap().as_mut() {
-                    set.spawn(conn);
-                }
-            }
-        };
-        if let Some(set) = tasks.lock().unwrap().as_mut() {
-            set.spawn(accept_loop);
-        }
-        Backend {
-            name,
-            addr,
-            accepts,
-            requests,
-            tasks,
-        }
-    }
-
-    /// Stops listening and closes every open connection.
-    pub fn stop(&self) {
-        if let Some(mut set) = self.tasks.lock().unwrap().take() {
-            set.abort_all();
-            drop(set);
-        }
-    }
-}
-
-impl Drop for Backend {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-async fn answer(
-    name: &'static str,
-    req: Request<Incoming>,
-) -> Result<Response<ClientBody>, Infallible> {
-    let seen = |h: &str| {
-        req.headers()
-            .get(h)
-            .cloned()
-            .unwrap_or(HeaderValue::from_static("-"))
-    };
-    let mut names: Vec<&str> = req.headers().keys().map(HeaderName::as_str).collect();
-    names.sort_unstable();
-    let mut builder = Response::builder()
-        .header("x-backend", name)
-        .header("x-seen-host", seen("host"))
-        .header("x-seen-xff", seen("x-forwarded-for"))
-        .header("x-seen-proto", seen("x-forwarded-proto"))
-        .header("x-seen-fwd-host", seen("x-forwarded-host"))
-        .header("x-seen-uri", req.uri().to_string())
-        .header("x-seen-version", format!("{:?}", req.version()))
-        .header("x-seen-headers", names.join(","));
-    if req.version() == http::Version::HTTP_11 {
-        // Hop-by-hop headers the proxy must not pass on to its client.
-        builder = builder
-            .header("keep-alive", "timeout=5")
-            .header("x-hop", "must-go")
-            .header("connection", "x-hop");
-    }
-    let path = req.uri().path().to_string();
-    let body: ClientBody = if let Some(n) = path.strip_prefix("/big/") {
-        let total: usize = n.parse().unwrap_or(0);
-        generated_body(total)
-    } else if path.starts_with("/echo") {
-        req.into_body().map_err(|_| unreachable_err()).boxed()
-    } else if path.starts_with("/slow/") {
-        let ms: u64 = path.trim_start_matches("/slow/").parse().unwrap_or(0);
-        tokio::time::sleep(Duration::from_millis(ms)).await;
-        full(name)
-    } else {
-        full(name)
-    };
-    Ok(builder.body(body).unwrap())
-}
-
-fn unreachable_err() -> Infallible {
-    // Echo bodies from a client that aborts just end the response; the test reports the mismatch.
-    panic!("client body failed")
 }
 
 /// A body of `total` bytes in 64 KiB chunks, produced as it is read.
@@ -364,30 +208,61 @@ pub fn header(resp: &Response<Incoming>, name: &str) -> String {
         .unwrap_or_default()
 }
 
-/// `servers: [...]` YAML list for the given backends.
-pub fn servers(backends: &[&Backend]) -> String {
-    let list: Vec<String> = backends.iter().map(|b| format!("\"{}\"", b.addr)).collect();
-    format!("[{}]", list.join(", "))
-}
+/// How often the polling helpers look again.
+const POLL: Duration = Duration::from_millis(20);
 
-/// upstreams.yaml sending every host and path to `backends`, without health checks.
-pub fn default_route(backends: &[&Backend]) -> String {
-    format!(
-        "upstreams:\n  DEFAULT:\n    paths:\n      \"/\": {{servers: {}, healthcheck: false}}\n",
-        servers(backends)
-    )
-}
-
-/// Polls `check` until it holds or `limit` passes.
+/// Polls `check` until it holds or `limit` passes; whether it held.
 pub async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
     let start = Instant::now();
     while start.elapsed() < limit {
         if check() {
             return true;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(POLL).await;
     }
     check()
+}
+
+/// [`eventually`] for code that is not async (it blocks the thread between looks).
+pub fn eventually_blocking(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(POLL);
+    }
+    check()
+}
+
+/// Polls the async `check` until it gives a value or `limit` passes (for checks that send
+/// requests).
+pub async fn eventually_async<T, F, Fut>(limit: Duration, mut check: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(found) = check().await {
+            return Some(found);
+        }
+        if start.elapsed() >= limit {
+            return None;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Polls `find` until it gives a value or `limit` passes.
+pub async fn eventually_some<T>(limit: Duration, mut find: impl FnMut() -> Option<T>) -> Option<T> {
+    let mut found = None;
+    eventually(limit, || {
+        found = find();
+        found.is_some()
+    })
+    .await;
+    found
 }
 
 // ---- Operations helpers (process control, signals, logs) ----
@@ -467,32 +342,52 @@ impl ProxyProcess {
 
     /// Waits up to `limit` for the proxy to exit; its status, or None if still running.
     pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
-        let start = Instant::now();
-        while start.elapsed() < limit {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.child.try_wait().ok().flatten()
+        let mut status = None;
+        eventually_blocking(limit, || {
+            status = self.child.try_wait().ok().flatten();
+            status.is_some()
+        });
+        status
     }
 
     /// The address logged after `marker` (e.g. "admin API on http://"), waiting up to 10 s.
     pub fn logged_addr(&self, marker: &str) -> SocketAddr {
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(10) {
-            let found = self
+        let mut found = None;
+        eventually_blocking(Duration::from_secs(10), || {
+            found = self
                 .log
                 .lock()
                 .unwrap()
                 .iter()
                 .find_map(|l| address_after(l, marker));
-            if let Some(addr) = found {
-                return addr;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("no `{marker}` in the log:\n{}", self.log_text());
+            found.is_some()
+        });
+        found.unwrap_or_else(|| panic!("no `{marker}` in the log:\n{}", self.log_text()))
+    }
+
+    /// How many log lines so far contain `needle`.
+    pub fn log_count(&self, needle: &str) -> usize {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
+    }
+
+    /// Waits up to `limit` until at least `n` log lines contain `needle`; whether they do.
+    pub async fn wait_log_count(&self, needle: &str, n: usize, limit: Duration) -> bool {
+        eventually(limit, || self.log_count(needle) >= n).await
+    }
+
+    /// Waits up to `limit` for a log line containing `needle`, panicking with the log if none
+    /// comes.
+    pub async fn wait_log(&self, needle: &str, limit: Duration) {
+        assert!(
+            self.wait_log_count(needle, 1, limit).await,
+            "no `{needle}` in the log within {limit:?}:\n{}",
+            self.log_text()
+        );
     }
 }
 
@@ -584,25 +479,6 @@ impl Client {
     }
 }
 
-/// Binds `addr`; a port just given up by a stopped backend (whose tasks are aborted, so its
-/// listener closes a moment later) is retried for up to 2 s.
-pub async fn bind_when_free(addr: SocketAddr) -> TcpListener {
-    let started = Instant::now();
-    loop {
-        match TcpListener::bind(addr).await {
-            Ok(listener) => return listener,
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
-                assert!(
-                    started.elapsed() < Duration::from_secs(2),
-                    "{addr} stays in use"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(e) => panic!("bind {addr}: {e}"),
-        }
-    }
-}
-
 /// Writes the file the way editors and config tools do: a temp file renamed over it.
 pub fn write_atomically(path: &std::path::Path, text: &str) {
     let tmp = path.with_extension("tmp");
@@ -638,26 +514,56 @@ pub fn tls_acceptor_for(
     tokio_rustls::TlsAcceptor::from(Arc::new(config))
 }
 
-/// A TLS backend answering like [`Backend`], offering `alpn`; self-signed for 127.0.0.1.
-pub async fn start_tls_backend(name: &'static str, alpn: &[&[u8]]) -> SocketAddr {
-    let acceptor = tls_backend_acceptor(alpn);
-    serve_tls_backend(name, acceptor, "127.0.0.1:0".parse().unwrap()).await
+/// A TLS backend: answers like [`Backend`] over TLS, counting requests and health probes apart.
+/// Displays as its address.
+pub struct TlsBackend {
+    pub addr: SocketAddr,
+    pub requests: Arc<std::sync::atomic::AtomicUsize>,
+    pub probes: Arc<std::sync::atomic::AtomicUsize>,
 }
 
-/// Serves [`Backend`]'s answers over TLS with `acceptor` on `addr` (port 0: any); returns the
-/// address.
+impl TlsBackend {
+    /// Health probes seen so far.
+    pub fn probes(&self) -> usize {
+        self.probes.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl std::fmt::Display for TlsBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.addr.fmt(f)
+    }
+}
+
+/// A TLS backend answering like [`Backend`], offering `alpn`; self-signed for 127.0.0.1.
+pub async fn start_tls_backend(name: &'static str, alpn: &[&[u8]]) -> TlsBackend {
+    let acceptor = tls_backend_acceptor(alpn);
+    serve_tls_backend(name, acceptor, any_local()).await
+}
+
+/// Serves [`Backend`]'s answers over TLS with `acceptor` on `addr` (port 0: any).
 pub async fn serve_tls_backend(
     name: &'static str,
     acceptor: tokio_rustls::TlsAcceptor,
     addr: SocketAddr,
-) -> SocketAddr {
-    serve_tls(acceptor, addr, move |tls| async move {
-        let svc = service_fn(move |req| answer(name, req));
-        let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-            .serve_connection(TokioIo::new(tls), svc)
-            .await;
+) -> TlsBackend {
+    let answers = Answers::plain(name);
+    let (requests, probes) = answers.counters();
+    let addr = serve_tls(acceptor, addr, move |tls| {
+        let answers = answers.clone();
+        async move {
+            let svc = service_fn(move |req| answer(answers.clone(), req));
+            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(tls), svc)
+                .await;
+        }
     })
-    .await
+    .await;
+    TlsBackend {
+        addr,
+        requests,
+        probes,
+    }
 }
 
 /// A TLS server on `addr` (port 0: any): each connection's handshake with `acceptor`, then
@@ -671,7 +577,7 @@ where
     F: Fn(tokio_rustls::server::TlsStream<TcpStream>) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
-    let listener = bind_when_free(addr).await;
+    let listener = bind(addr).await;
     let addr = listener.local_addr().unwrap();
     let serve = Arc::new(serve);
     tokio::spawn(async move {
