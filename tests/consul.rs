@@ -1,13 +1,18 @@
 //! Consul discovery against a test server that speaks Consul's HTTP API (the shapes in
 //! tests/fixtures/consul/) with real blocking queries: a request with `index` equal to the
 //! current one is held until the index changes or `wait` passes.
+//!
+//! The proxy runs in process (`tests/inproc`) with its real watcher, on tokio's paused clock:
+//! backoffs and query timeouts are virtual time.
 
+mod inproc;
 mod support;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -15,6 +20,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use inproc::Proxy;
 use support::*;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
@@ -158,7 +164,7 @@ async fn answer(
         .unwrap())
 }
 
-async fn backend_for_web(proxy: &ProxyProcess) -> (u16, String) {
+async fn backend_for_web(proxy: &Proxy) -> (u16, String) {
     let mut client = Client::connect(Proto::H1, proxy.addr).await;
     let resp = client.get("web.local", "/").await;
     let out = (resp.status().as_u16(), header(&resp, "x-backend"));
@@ -167,7 +173,7 @@ async fn backend_for_web(proxy: &ProxyProcess) -> (u16, String) {
 }
 
 /// Waits until the set of backends answering for web.local is exactly `want`; returns how long it took.
-async fn wait_for_set(proxy: &ProxyProcess, want: &[&str], limit: Duration) -> Duration {
+async fn wait_for_set(proxy: &Proxy, want: &[&str], limit: Duration) -> Duration {
     let started = Instant::now();
     let last = std::cell::RefCell::new(std::collections::BTreeSet::new());
     let found = eventually_async(limit, || {
@@ -208,12 +214,12 @@ fn consul_routes(consul: SocketAddr, token: &str) -> String {
         .render()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn instances_follow_consul_and_survive_its_outage() {
     let (a, b) = (Backend::start("a").await, Backend::start("b").await);
     let (consul, state) = fake_consul(7, vec![a.addr]).await;
     // The first server in the list refuses connections: the watcher must move on to the second.
-    let proxy = ProxyProcess::start(&consul_routes(consul.addr, "tok"), "");
+    let proxy = Proxy::start(&consul_routes(consul.addr, "tok"), "").await;
     wait_for_set(&proxy, &["a"], Duration::from_secs(5)).await;
 
     consul.set(&[a.addr, b.addr]);
@@ -263,11 +269,11 @@ async fn instances_follow_consul_and_survive_its_outage() {
     wait_for_set(&proxy, &["a"], Duration::from_secs(15)).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_wrong_token_is_reported_and_no_instance_means_503() {
     let a = Backend::start("a").await;
     let (consul, _) = fake_consul(3, vec![a.addr]).await;
-    let proxy = ProxyProcess::start(&consul_routes(consul.addr, "wrong"), "");
+    let proxy = Proxy::start(&consul_routes(consul.addr, "wrong"), "").await;
     let reported = eventually(Duration::from_secs(5), || {
         proxy.log_text().contains("ACL token was refused")
     })
@@ -279,7 +285,7 @@ async fn a_wrong_token_is_reported_and_no_instance_means_503() {
         "nothing discovered, no route"
     );
 
-    let proxy = ProxyProcess::start(&consul_routes(consul.addr, "tok"), "");
+    let proxy = Proxy::start(&consul_routes(consul.addr, "tok"), "").await;
     wait_for_set(&proxy, &["a"], Duration::from_secs(5)).await;
     consul.set(&[]);
     let gone = eventually_async(Duration::from_secs(2), || async {
@@ -289,7 +295,7 @@ async fn a_wrong_token_is_reported_and_no_instance_means_503() {
     assert!(gone.is_some(), "no 503 once the last instance left");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn the_file_wins_over_a_discovered_route_on_conflict() {
     let (file_backend, discovered) = (Backend::start("file").await, Backend::start("consul").await);
     let (consul, _) = fake_consul(5, vec![discovered.addr]).await;
@@ -304,7 +310,7 @@ async fn the_file_wins_over_a_discovered_route_on_conflict() {
             Host::new().path("/", Path::servers(&[&file_backend])),
         )
         .render();
-    let proxy = ProxyProcess::start(&yaml, "");
+    let proxy = Proxy::start(&yaml, "").await;
     let appeared = eventually_async(Duration::from_secs(5), || async {
         let mut client = Client::connect(Proto::H1, proxy.addr).await;
         let resp = client.get("web.local", "/api/x").await;

@@ -7,7 +7,7 @@ mod support;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use inproc::{until, Proxy};
+use inproc::Proxy;
 use support::*;
 use tokio::time::Instant;
 
@@ -44,7 +44,7 @@ async fn a_backend_stopped_mid_test_costs_no_request() {
         }
         // Let some traffic reach both, then stop one (its open connections are closed too).
         assert!(
-            until(Duration::from_secs(10), || b
+            eventually(Duration::from_secs(10), || b
                 .requests
                 .load(Ordering::SeqCst)
                 > 50)

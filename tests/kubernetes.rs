@@ -1,6 +1,10 @@
 //! Kubernetes discovery against a test API server that speaks the EndpointSlice list + chunked
 //! watch protocol (shapes from tests/fixtures/kubernetes/), with a bearer token check.
+//!
+//! The proxy runs in process (`tests/inproc`) with its real watcher, on tokio's paused clock:
+//! backoffs and query timeouts are virtual time.
 
+mod inproc;
 mod support;
 
 use std::convert::Infallible;
@@ -15,6 +19,7 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use inproc::Proxy;
 use support::*;
 use tokio::sync::mpsc;
 
@@ -186,7 +191,7 @@ fn k8s_routes(api: SocketAddr, tokenpath: &std::path::Path) -> String {
     Upstreams::new().discovery(discovery).render()
 }
 
-async fn answering(proxy: &ProxyProcess) -> std::collections::BTreeSet<String> {
+async fn answering(proxy: &Proxy) -> std::collections::BTreeSet<String> {
     let mut seen = std::collections::BTreeSet::new();
     for _ in 0..9 {
         let mut client = Client::connect(Proto::H1, proxy.addr).await;
@@ -200,7 +205,7 @@ async fn answering(proxy: &ProxyProcess) -> std::collections::BTreeSet<String> {
 }
 
 /// Waits up to 10 s until the backends answering for web.local are exactly `want`.
-async fn wait_for(proxy: &ProxyProcess, want: &[&str]) {
+async fn wait_for(proxy: &Proxy, want: &[&str]) {
     let last = std::cell::RefCell::new(std::collections::BTreeSet::new());
     let found = eventually_async(Duration::from_secs(10), || {
         let last = &last;
@@ -229,7 +234,7 @@ fn account(dir: &std::path::Path, token: &str) -> std::path::PathBuf {
     sa.join("token")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn endpoint_slices_are_listed_watched_and_relisted() {
     let a = Backend::start("a").await;
     let port = a.addr.port();
@@ -247,7 +252,7 @@ async fn endpoint_slices_are_listed_watched_and_relisted() {
     )])
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let proxy = ProxyProcess::start(&k8s_routes(api.addr, &account(dir.path(), TOKEN)), "");
+    let proxy = Proxy::start(&k8s_routes(api.addr, &account(dir.path(), TOKEN)), "").await;
     wait_for(&proxy, &["a"]).await;
 
     api.event(
@@ -276,7 +281,7 @@ async fn endpoint_slices_are_listed_watched_and_relisted() {
     drop((a, b, c));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_bad_token_is_reported_clearly() {
     let a = Backend::start("a").await;
     let api = FakeApi::start(vec![slice(
@@ -286,10 +291,11 @@ async fn a_bad_token_is_reported_clearly() {
     )])
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let proxy = ProxyProcess::start(
+    let proxy = Proxy::start(
         &k8s_routes(api.addr, &account(dir.path(), "stale-token")),
         "",
-    );
+    )
+    .await;
     let reported = eventually(Duration::from_secs(10), || {
         proxy
             .log_text()

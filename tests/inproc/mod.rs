@@ -10,6 +10,7 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aralez::config::{self, Issues, MainConfig};
@@ -18,9 +19,54 @@ use aralez::process::{self, Context};
 use aralez::vocab::WorkerId;
 use tokio::sync::watch;
 
+/// What the proxies of one test logged (every test runs on its own thread, and its runtime's
+/// tasks with it, so a thread-local subscriber catches exactly its own lines).
+#[derive(Clone, Default)]
+pub struct Log(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Log {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log lock").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Log {
+    /// This thread's log, installed as its tracing subscriber on first use.
+    fn of_this_thread() -> Log {
+        thread_local! {
+            static LOG: std::cell::OnceCell<Log> = const { std::cell::OnceCell::new() };
+        }
+        LOG.with(|cell| {
+            cell.get_or_init(|| {
+                let log = Log::default();
+                let writer = log.clone();
+                let subscriber = tracing_subscriber::fmt()
+                    .with_env_filter("info,aralez=debug")
+                    .with_ansi(false)
+                    .with_writer(move || writer.clone())
+                    .finish();
+                // Kept for the thread's life: the test is the thread.
+                std::mem::forget(tracing::subscriber::set_default(subscriber));
+                log
+            })
+            .clone()
+        })
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("log lock")).into_owned()
+    }
+}
+
 /// A proxy served inside the test, stopped (drained) on drop.
 pub struct Proxy {
     pub addr: SocketAddr,
+    pub log: Log,
     pub ctx: Context,
     pub main: MainConfig,
     stop: watch::Sender<bool>,
@@ -37,6 +83,7 @@ impl Proxy {
     /// [`Proxy::start`] with `workers` workers: each its own SO_REUSEPORT listener on the same
     /// port, its own [`WorkerId`] (pool slots, metrics shard), all in the test's runtime.
     pub async fn start_workers(upstreams: &str, main_extra: &str, workers: usize) -> Proxy {
+        let log = Log::of_this_thread();
         let dir = tempfile::tempdir().expect("temp dir");
         let ups_path = dir.path().join("upstreams.yaml");
         std::fs::write(&ups_path, upstreams).expect("write upstreams.yaml");
@@ -78,6 +125,7 @@ impl Proxy {
         }
         Proxy {
             addr,
+            log,
             ctx,
             main,
             stop,
@@ -90,6 +138,16 @@ impl Proxy {
         tokio::time::sleep(d).await;
     }
 
+    /// Everything logged so far in this test.
+    pub fn log_text(&self) -> String {
+        self.log.text()
+    }
+
+    /// How many log lines contain `text`.
+    pub fn log_count(&self, text: &str) -> usize {
+        self.log.text().lines().filter(|l| l.contains(text)).count()
+    }
+
     /// Asks the listener to drain, as SIGTERM does.
     pub fn shut_down(&self) {
         let _ = self.stop.send(true);
@@ -100,16 +158,4 @@ impl Drop for Proxy {
     fn drop(&mut self) {
         let _ = self.stop.send(true);
     }
-}
-
-/// Waits (in paused time) until `check` holds, checking every 10 ms, at most `limit`.
-pub async fn until(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = tokio::time::Instant::now() + limit;
-    while tokio::time::Instant::now() < deadline {
-        if check() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    check()
 }

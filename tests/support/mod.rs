@@ -213,7 +213,8 @@ const POLL: Duration = Duration::from_millis(20);
 
 /// Polls `check` until it holds or `limit` passes; whether it held.
 pub async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
+    // tokio's clock: the wall clock, or virtual time in a paused-clock test.
+    let start = tokio::time::Instant::now();
     while start.elapsed() < limit {
         if check() {
             return true;
@@ -242,7 +243,7 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let start = Instant::now();
+    let start = tokio::time::Instant::now();
     loop {
         if let Some(found) = check().await {
             return Some(found);
