@@ -166,3 +166,27 @@ async fn unreachable_backend_times_out_or_is_refused_quickly() {
         body_bytes(resp).await;
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn failover_walks_past_any_number_of_unreachable_backends() {
+    // Twelve distinct addresses that refuse, then one that answers: every request reaches it,
+    // each refusing backend is tried at most once per request, and none twice.
+    let a = Backend::start("a").await;
+    let mut servers: Vec<String> = (2..14).map(|i| format!("127.0.0.{i}:1")).collect();
+    servers.push(a.addr.to_string());
+    let yaml = Upstreams::new()
+        .host(
+            "DEFAULT",
+            Host::new().path("/", Path::addrs(&servers).healthcheck(false)),
+        )
+        .render();
+    let proxy = Proxy::start(&yaml, "hc_interval: 60").await;
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    for n in 0..5 {
+        let resp = client.get("any", &format!("/{n}")).await;
+        assert_eq!(resp.status(), 200, "request {n}");
+        assert_eq!(header(&resp, "x-backend"), "a");
+        body_bytes(resp).await;
+    }
+    assert_eq!(a.requests(), 5);
+}

@@ -1,5 +1,6 @@
 //! Routing and forwarding through the real binary, every case over HTTP/1.1 and h2c (one table).
 
+mod inproc;
 mod support;
 
 use bytes::Bytes;
@@ -337,4 +338,39 @@ fn upstreams_builder_renders_quoted_block_yaml() {
         yaml,
         "server_headers:\n  - \"X-G:g\"\nupstreams:\n  \"a.test\":\n    sticky_sessions: 600\n    paths:\n      \"/\":\n        servers:\n          - \"127.0.0.1:1\"\n        healthcheck: false\n        authorization:\n          type: \"basic\"\n          data: \"a\\\"b\\\\c\"\n"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn bodiless_answers_pass_over_every_backend_protocol() {
+    // HEAD, 204 and 304 carry no body whatever their Content-Length says; over an HTTP/2
+    // backend connection the backend's Content-Length used to surface as a protocol error and
+    // the client got RST_STREAM (h2spec generic/4/2 found it).
+    let ok = Backend::start("ok").await;
+    let empty = Backend::builder("empty").status(204).start().await;
+    let unchanged = Backend::builder("unchanged").status(304).start().await;
+    for (name, pin) in [("h2c (detected)", ""), ("HTTP/1.1 (pinned)", "http://")] {
+        let route = |b: &Backend| Path::addrs(&[format!("{pin}{}", b.addr)]).healthcheck(false);
+        let yaml = Upstreams::new()
+            .host("ok.test", Host::new().path("/", route(&ok)))
+            .host("empty.test", Host::new().path("/", route(&empty)))
+            .host("unchanged.test", Host::new().path("/", route(&unchanged)))
+            .render();
+        let proxy = inproc::Proxy::start(&yaml, "").await;
+        for proto in PROTOCOLS {
+            let mut c = Client::connect(proto, proxy.addr).await;
+            for (method, host, status) in [
+                (Method::HEAD, "ok.test", 200),
+                (Method::GET, "empty.test", 204),
+                (Method::GET, "unchanged.test", 304),
+            ] {
+                let resp = c
+                    .send(method.clone(), Some(host), "/", &[], full(Bytes::new()))
+                    .await;
+                assert_eq!(resp.status(), status, "{name}, {proto:?}, {method} {host}");
+                let body = resp.into_body().collect().await;
+                let body = body.unwrap_or_else(|e| panic!("{name}, {proto:?}, {host}: {e}"));
+                assert!(body.to_bytes().is_empty());
+            }
+        }
+    }
 }

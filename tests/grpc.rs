@@ -301,6 +301,9 @@ async fn grpc_over_h2c_and_tls_with_no_grpc_config() {
     let route = |server: String| Host::new().path("/", Path::addrs(&[server]).healthcheck(false));
     let yaml = Upstreams::new()
         .host("grpc.local", route(format!("h2c://{backend}")))
+        // No scheme and no health checks: detected on first use all the same (before, this
+        // backend got HTTP/1.1 and every call failed).
+        .host("bare.local", route(backend.to_string()))
         .host("down.local", route("h2c://127.0.0.1:1".into()))
         .render();
     let main = format!(
@@ -316,6 +319,13 @@ async fn grpc_over_h2c_and_tls_with_no_grpc_config() {
         .await
         .unwrap();
     all_four_kinds(&mut tonic::client::Grpc::new(plain), "h2c").await;
+    let bare = tonic::transport::Channel::from_shared(format!("http://{}", proxy.addr))
+        .unwrap()
+        .origin("http://bare.local".parse().unwrap())
+        .connect()
+        .await
+        .unwrap();
+    all_four_kinds(&mut tonic::client::Grpc::new(bare), "detected, unchecked").await;
 
     let tls_addr = proxy.logged_addr("listening on https://");
     let pem = pem_of(&root);

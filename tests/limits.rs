@@ -163,3 +163,42 @@ async fn passive_health_keeps_a_failing_backend_out_for_hc_interval() {
     );
     assert!(back.requests() >= 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn two_proxies_in_one_process_share_no_state() {
+    // The same config twice: limiter tables, keys and metrics are each proxy's own, so one
+    // proxy's exhausted limit and its counters say nothing about the other's.
+    let backend = Backend::start("b").await;
+    let route = Path::servers(&[&backend]).rate_limit(2).healthcheck(false);
+    let yaml = Upstreams::new()
+        .host("rl.test", Host::new().path("/", route))
+        .render();
+    let first = Proxy::start(&yaml, "").await;
+    let second = Proxy::start(&yaml, "").await;
+    let mut one = connect_from(Proto::H1, first.addr, ip(9)).await;
+    let statuses = [
+        get(&mut one, "rl.test", "/").await.0,
+        get(&mut one, "rl.test", "/").await.0,
+        get(&mut one, "rl.test", "/").await.0,
+    ];
+    assert_eq!(statuses, [200, 200, 429]);
+    let mut two = connect_from(Proto::H1, second.addr, ip(9)).await;
+    assert_eq!(
+        get(&mut two, "rl.test", "/").await.0,
+        200,
+        "the other proxy's table"
+    );
+    let scrape = |p: &Proxy| p.ctx.metrics.render_prometheus(std::iter::empty());
+    assert!(
+        scrape(&first).contains("aralez_requests_total 3\n"),
+        "{}",
+        scrape(&first)
+    );
+    assert!(scrape(&first).contains("aralez_rate_limited_total 1\n"));
+    assert!(
+        scrape(&second).contains("aralez_requests_total 1\n"),
+        "{}",
+        scrape(&second)
+    );
+    assert!(scrape(&second).contains("aralez_rate_limited_total 0\n"));
+}

@@ -53,13 +53,14 @@ impl Forwarder {
             return Err(ProxyError::MethodNotAllowed);
         }
         let ask = client_upgrade.as_ref().map(|u| &u.ask);
+        let head = req.method() == Method::HEAD;
         let out = outgoing(conn, rules, req, ask);
         let resp = balancer::send(backends, out, conn.worker, self.timeouts).await?;
         match client_upgrade {
             Some(client) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
                 Ok(upgrade::bridge(resp, client))
             }
-            _ => Ok(finish_response(resp, rules)),
+            _ => Ok(finish_response(resp, rules, head)),
         }
     }
 }
@@ -125,11 +126,25 @@ fn to_origin_form(head: &mut Parts) {
 }
 
 /// Strips hop-by-hop headers from the backend's response and adds the route's client headers.
-fn finish_response(resp: Response<PooledBody>, rules: &HeaderRules) -> Response<RespBody> {
+///
+/// A response that has no body by definition (to HEAD, 204, 304) gets an empty one and the
+/// backend's is never read: its `Content-Length` describes a body that is not there, which an
+/// HTTP/2 backend connection reports as a protocol error (the client would get RST_STREAM).
+fn finish_response(
+    resp: Response<PooledBody>,
+    rules: &HeaderRules,
+    head: bool,
+) -> Response<RespBody> {
     let (mut parts, body) = resp.into_parts();
     headers::remove_hop_by_hop(&mut parts.headers);
     for (name, value) in rules.to_client.iter() {
         parts.headers.insert(name.clone(), value.clone());
+    }
+    let bodiless = head
+        || parts.status == http::StatusCode::NO_CONTENT
+        || parts.status == http::StatusCode::NOT_MODIFIED;
+    if bodiless {
+        return Response::from_parts(parts, Either::Right(Full::new(Bytes::new())));
     }
     Response::from_parts(parts, Either::Left(body))
 }
