@@ -24,6 +24,7 @@ use http::{HeaderValue, Method, Uri, Version};
 
 use crate::config::main_conf::AccessLog as Mode;
 use crate::metrics::Metrics;
+use crate::vocab::token_param::QUERY_PARAM;
 
 /// Entries that may wait for the writer before new ones are dropped.
 const DEFAULT_QUEUE: usize = 16384;
@@ -290,7 +291,7 @@ pub fn format_line(out: &mut String, clock: &mut Clock, e: &Entry) {
     out.push_str(" target=\"");
     // Origin form for every version: HTTP/2's absolute URI loses its authority (that is `host`).
     let target = e.target.path_and_query().map_or("/", |p| p.as_str());
-    push_escaped(out, target.as_bytes());
+    push_target(out, target);
     out.push_str("\" host=");
     match &e.host {
         Some(h) => {
@@ -326,6 +327,29 @@ pub fn format_line(out: &mut String, clock: &mut Clock, e: &Entry) {
         None => out.push('-'),
     }
     out.push('\n');
+}
+
+/// The target with the value of every `araleztoken` query parameter replaced by `REDACTED`: a
+/// token must not outlive the request in a log file.
+fn push_target(out: &mut String, target: &str) {
+    let Some((path, query)) = target
+        .split_once('?')
+        .filter(|(_, q)| q.contains(QUERY_PARAM))
+    else {
+        push_escaped(out, target.as_bytes());
+        return;
+    };
+    push_escaped(out, path.as_bytes());
+    for (i, pair) in query.split('&').enumerate() {
+        out.push(if i == 0 { '?' } else { '&' });
+        match pair.split_once('=') {
+            Some((name, _)) if name == QUERY_PARAM => {
+                out.push_str(QUERY_PARAM);
+                out.push_str("=REDACTED");
+            }
+            _ => push_escaped(out, pair.as_bytes()),
+        }
+    }
 }
 
 fn push_int(out: &mut String, n: u64) {
@@ -412,6 +436,16 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tokens_never_reach_the_log() {
+        let mut out = String::new();
+        push_target(&mut out, "/a?x=1&araleztoken=eyJ.secret.sig&y=2");
+        assert_eq!(out, "/a?x=1&araleztoken=REDACTED&y=2");
+        out.clear();
+        push_target(&mut out, "/a?araleztokenx=1");
+        assert_eq!(out, "/a?araleztokenx=1");
+    }
 
     #[test]
     fn dates_convert() {

@@ -1,6 +1,6 @@
 //! The built-in static file server (SPEC §10): GET/HEAD, content types, ranges, conditional
-//! requests and `index.html` through tower-http's `ServeDir`; no listings, no dotfiles, no escape
-//! from the folder. It runs on the control-plane runtime, off the proxy's workers.
+//! requests and `index.html` through tower-http's `ServeDir`; no listings, no dotfiles (however
+//! encoded), no escape from the folder (symlinks that lead out of it are not followed). It runs on the control-plane runtime, off the proxy's workers.
 //!
 //! `ServeDir` speaks `Last-Modified`/`If-Modified-Since` only; this module adds a weak `ETag`
 //! (size and modification time, as nginx does) and answers `If-None-Match` with 304.
@@ -32,6 +32,8 @@ pub async fn serve(
     limits: Limits,
     shutdown: watch::Receiver<bool>,
 ) {
+    // Symlinks are checked against the real folder; resolved once here, off the request path.
+    let root: Arc<std::path::Path> = std::fs::canonicalize(&folder).unwrap_or(folder.clone()).into();
     let dir = ServeDir::new(folder).append_index_html_on_directories(true);
     let accept = AcceptLoop {
         name: "file server",
@@ -41,21 +43,23 @@ pub async fn serve(
         open: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
     };
     let make = move |_: ConnInfo| {
-        let dir = dir.clone();
+        let (dir, root) = (dir.clone(), root.clone());
         service_fn(move |req: Request<Incoming>| {
-            let dir = dir.clone();
-            async move { Ok::<_, Infallible>(answer(dir, req).await) }
+            let (dir, root) = (dir.clone(), root.clone());
+            async move { Ok::<_, Infallible>(answer(dir, &root, req).await) }
         })
     };
     accept.run(make, shutdown).await;
 }
 
-async fn answer(dir: ServeDir, req: Request<Incoming>) -> Response<FileBody> {
+async fn answer(dir: ServeDir, root: &std::path::Path, req: Request<Incoming>) -> Response<FileBody> {
     if !matches!(*req.method(), http::Method::GET | http::Method::HEAD) {
         return plain(StatusCode::METHOD_NOT_ALLOWED, "405 Method Not Allowed\n");
     }
-    let path = normalise::path(req.uri().path());
-    if path.split('/').any(|segment| segment.starts_with('.')) {
+    let Some(path) = visible_path(req.uri().path()) else {
+        return plain(StatusCode::NOT_FOUND, "404 Not Found\n");
+    };
+    if escapes(root, &path).await {
         return plain(StatusCode::NOT_FOUND, "404 Not Found\n");
     }
     let mut req = req;
@@ -83,6 +87,55 @@ async fn answer(dir: ServeDir, req: Request<Incoming>) -> Response<FileBody> {
     }
     resp.headers_mut().insert(header::ETAG, etag);
     resp
+}
+
+/// The request's path, fully percent-decoded and normalised, unless it names a dotfile or a
+/// dot-directory in any segment, or carries an encoded separator (`%2F`, `%5C`) or a backslash
+/// that could hide one from this check: then `None` (404). The check runs on what `ServeDir`
+/// will open, not on the raw text.
+fn visible_path(raw: &str) -> Option<String> {
+    let lower = raw.to_ascii_lowercase();
+    if lower.contains("%2f") || lower.contains("%5c") || raw.contains('\\') {
+        return None;
+    }
+    let decoded = percent_decode(raw)?;
+    if decoded.contains('\\') {
+        return None;
+    }
+    let path = normalise::path(&decoded).into_owned();
+    let hidden = path.split('/').any(|segment| segment.starts_with('.'));
+    (!hidden).then_some(path)
+}
+
+/// Every `%XX` decoded; `None` when the result is not UTF-8 (nothing to serve then).
+fn percent_decode(raw: &str) -> Option<String> {
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
+            (b'%', Some(&h), Some(&l)) if hex(h).is_some() && hex(l).is_some() => {
+                out.push((hex(h)? * 16 + hex(l)?) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// Whether `path` under `root` resolves (through symlinks) to somewhere outside `root`. A path
+/// that does not exist escapes nothing (`ServeDir` answers 404).
+async fn escapes(root: &std::path::Path, path: &str) -> bool {
+    let candidate = root.join(path.trim_start_matches('/'));
+    match tokio::fs::canonicalize(&candidate).await {
+        Ok(real) => !real.starts_with(root),
+        Err(_) => false,
+    }
 }
 
 /// `W/"<size>-<last-modified>"` for a successful file response (206 uses the full size).
@@ -131,4 +184,29 @@ fn plain(status: StatusCode, text: &'static str) -> Response<FileBody> {
     let mut resp = Response::new(body);
     *resp.status_mut() = status;
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hidden_and_encoded_paths_are_refused() {
+        for raw in [
+            "/.env",
+            "/sub/.git/config",
+            "/sub%2F.env",
+            "/sub%2f.git%2Fconfig",
+            "/%2e%65nv",
+            "/sub/%2Egit/config",
+            "/a%5C..%5C.env",
+            "/a\\.env",
+            "/x/../.env",
+        ] {
+            assert_eq!(visible_path(raw), None, "{raw}");
+        }
+        assert_eq!(visible_path("/a/b.txt").as_deref(), Some("/a/b.txt"));
+        assert_eq!(visible_path("/a%20b.txt").as_deref(), Some("/a b.txt"));
+        assert_eq!(visible_path("/x/../index.html").as_deref(), Some("/index.html"));
+    }
 }

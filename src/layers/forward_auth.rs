@@ -110,6 +110,7 @@ impl ForwardAuth {
         match verdict {
             Verdict::Allow(identity) => {
                 remove_identity_headers(req.headers_mut());
+                unlist_identity_headers(req.headers_mut());
                 for (name, value) in identity {
                     req.headers_mut().append(name, value);
                 }
@@ -222,6 +223,36 @@ fn remove_identity_headers(h: &mut HeaderMap) {
     }
 }
 
+/// Removes identity header names from the client's `Connection` header: listed there, they would
+/// be stripped as hop-by-hop on the way to the backend, after the auth service set them.
+fn unlist_identity_headers(h: &mut HeaderMap) {
+    let lists_identity = h.get_all(header::CONNECTION).iter().any(|v| {
+        v.to_str().unwrap_or("").split(',').any(|t| {
+            HeaderName::from_bytes(t.trim().as_bytes()).is_ok_and(|n| is_identity_header(&n))
+        })
+    });
+    if !lists_identity {
+        return;
+    }
+    let kept: Vec<String> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .flat_map(|v| v.to_str().unwrap_or("").split(','))
+        .map(str::trim)
+        .filter(|t| {
+            !t.is_empty()
+                && !HeaderName::from_bytes(t.as_bytes()).is_ok_and(|n| is_identity_header(&n))
+        })
+        .map(str::to_string)
+        .collect();
+    h.remove(header::CONNECTION);
+    if let Ok(value) = HeaderValue::from_str(&kept.join(", ")) {
+        if !kept.is_empty() {
+            h.insert(header::CONNECTION, value);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -288,6 +319,18 @@ mod tests {
         assert!(!h.contains_key("remote-user"));
         let head = Request::builder().method("HEAD").body(()).unwrap();
         assert_eq!(rule.question(&conn(), &head).method(), Method::HEAD);
+    }
+
+    #[test]
+    fn connection_cannot_strip_the_identity() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", HeaderValue::from_static("Remote-User, X-Auth-Role, x-trace"));
+        unlist_identity_headers(&mut h);
+        assert_eq!(h["connection"], "x-trace");
+        let mut h = HeaderMap::new();
+        h.insert("connection", HeaderValue::from_static("remote-user"));
+        unlist_identity_headers(&mut h);
+        assert!(!h.contains_key("connection"));
     }
 
     #[test]

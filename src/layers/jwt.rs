@@ -50,6 +50,8 @@ impl Jwt {
         let mut validation = Validation::new(Algorithm::HS256);
         validation.leeway = 0;
         validation.validate_exp = true;
+        // A token is not valid before its `nbf`, when it has one.
+        validation.validate_nbf = true;
         validation.set_required_spec_claims(&["exp"]);
         let secret = match (secret, keys.jwt_master()) {
             (Some(s), _) => Secret::Key(
@@ -153,6 +155,8 @@ pub(crate) mod tests {
         let good = hs256("k1", &serde_json::json!({"sub": "ann", "exp": exp}));
         let other_secret = hs256("k2", &serde_json::json!({"exp": exp}));
         let expired = hs256("k1", &serde_json::json!({"exp": now() - 5}));
+        let early = hs256("k1", &serde_json::json!({"exp": exp, "nbf": now() + 300}));
+        let begun = hs256("k1", &serde_json::json!({"exp": exp, "nbf": now() - 5}));
         let no_exp = hs256("k1", &serde_json::json!({"sub": "ann"}));
         let none = forged("none", &serde_json::json!({"exp": exp}), "");
         let rs256 = {
@@ -162,9 +166,11 @@ pub(crate) mod tests {
         };
         let bearer = |t: &str| format!("Bearer {t}");
         assert_eq!(check(&jwt, "/", Some(&bearer(&good))).0, Ok(()));
+        assert_eq!(check(&jwt, "/", Some(&bearer(&begun))).0, Ok(()));
         for (name, token) in [
             ("wrong secret", &other_secret),
             ("expired", &expired),
+            ("not yet valid", &early),
             ("no exp", &no_exp),
             ("alg none", &none),
             ("RS256", &rs256),

@@ -140,10 +140,11 @@ impl LocalBody for Full<Bytes> {
     }
 }
 
-/// Runs `req` through a route's policies, in SPEC §8 order, then `forward`.
+/// Runs `req` through a route's policies, then `forward`.
 ///
 /// Redirects (`to_https`, `redirect_to`) come first, so a redirected request meets no other
-/// policy. (A plain function returning a named future rather than an `async fn`: the compiler
+/// policy. The 4xx limit comes before auth, so refused credentials count toward it and a client
+/// guessing passwords is blocked (429) like any other client drawing 4xx. (A plain function returning a named future rather than an `async fn`: the compiler
 /// can then see it is `Send`.)
 pub fn apply<'a, B, S>(
     policies: &'a Policies,
@@ -160,9 +161,9 @@ where
     let client_ip = conn.peer.ip();
     ServiceBuilder::new()
         .layer(RedirectLayer::new(policies.redirect.as_ref(), conn.tls))
+        .layer(X4xxLayer::new(policies.x4xx_limit.as_ref(), client_ip))
         .layer(AuthLayer::new(policies.auth.as_ref(), conn))
         .layer(RateLimitLayer::new(policies.rate_limit.as_ref(), client_ip))
-        .layer(X4xxLayer::new(policies.x4xx_limit.as_ref(), client_ip))
         .layer(StickyLayer::new(
             policies.sticky.as_ref(),
             backends,

@@ -58,23 +58,30 @@ impl Redirect {
         })
     }
 
-    /// Where a request should go instead, if anywhere.
-    fn target<B>(&self, req: &Request<B>, tls: bool) -> Option<(StatusCode, String)> {
+    /// Where a request should go instead, if anywhere. A plain request to a `to_https` route
+    /// with no host to redirect to is refused (400), never served in plain text.
+    fn target<B>(
+        &self,
+        req: &Request<B>,
+        tls: bool,
+    ) -> Result<Option<(StatusCode, String)>, ProxyError> {
         let path_and_query = req.uri().path_and_query().map_or("/", |p| p.as_str());
         if let Some(base) = &self.redirect_to {
-            return Some((
+            return Ok(Some((
                 StatusCode::MOVED_PERMANENTLY,
                 format!("{base}{path_and_query}"),
-            ));
+            )));
         }
         if !self.to_https || tls {
-            return None;
+            return Ok(None);
         }
         let host = req
             .headers()
             .get(header::HOST)
             .and_then(|h| h.to_str().ok())
-            .or_else(|| req.uri().authority().map(|a| a.as_str()))?;
+            .or_else(|| req.uri().authority().map(|a| a.as_str()))
+            .filter(|h| !strip_port(h).is_empty())
+            .ok_or(ProxyError::MissingHost)?;
         let host = strip_port(host);
         let port = self.tls_port.url_suffix();
         let status = if matches!(*req.method(), Method::GET | Method::HEAD) {
@@ -82,7 +89,7 @@ impl Redirect {
         } else {
             StatusCode::PERMANENT_REDIRECT
         };
-        Some((status, format!("https://{host}{port}{path_and_query}")))
+        Ok(Some((status, format!("https://{host}{port}{path_and_query}"))))
     }
 }
 
@@ -132,7 +139,12 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let Some((status, location)) = self.rule.and_then(|r| r.target(&req, self.tls)) else {
+        let target = match self.rule.map(|r| r.target(&req, self.tls)) {
+            Some(Err(refused)) => return Either::Left(ready(Err(refused))),
+            Some(Ok(target)) => target,
+            None => None,
+        };
+        let Some((status, location)) = target else {
             return Either::Right(self.inner.call(req));
         };
         let Ok(location) = HeaderValue::from_str(&location) else {
@@ -162,7 +174,9 @@ mod tests {
             .header("host", host)
             .body(())
             .unwrap();
-        rule.target(&req, tls).map(|(s, l)| (s.as_u16(), l))
+        rule.target(&req, tls)
+            .unwrap()
+            .map(|(s, l)| (s.as_u16(), l))
     }
 
     #[test]
@@ -198,5 +212,7 @@ mod tests {
             Some((301, "https://www.example.com/x?y".into()))
         );
         assert!(Redirect::compile(Some(false), None, &port).is_none());
+        let no_host = Request::builder().uri("/a").body(()).unwrap();
+        assert_eq!(https.target(&no_host, false), Err(ProxyError::MissingHost));
     }
 }

@@ -57,7 +57,10 @@ pub fn take<B>(req: &mut Request<B>) -> Option<ClientUpgrade> {
             .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
     });
     let protocol = req.headers().get(header::UPGRADE)?.clone();
-    if !wants {
+    if !wants || names_h2c(&protocol) {
+        // `Upgrade: h2c` is refused (RFC 9113 §3.1 removed it; smuggling tools use it to reach a
+        // backend's HTTP/2 side past the proxy's checks): the request goes on as plain HTTP/1.1
+        // and its hop-by-hop headers, `HTTP2-Settings` included, are removed.
         return None;
     }
     let on_client = req.extensions_mut().remove::<OnUpgrade>()?;
@@ -68,6 +71,15 @@ pub fn take<B>(req: &mut Request<B>) -> Option<ClientUpgrade> {
         },
         on_client,
     })
+}
+
+/// Whether an `Upgrade` value lists `h2c`.
+fn names_h2c(protocol: &HeaderValue) -> bool {
+    protocol
+        .to_str()
+        .unwrap_or("")
+        .split(',')
+        .any(|p| p.trim().eq_ignore_ascii_case("h2c"))
 }
 
 fn take_extended_connect<B>(req: &mut Request<B>) -> Option<ClientUpgrade> {

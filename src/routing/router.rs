@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use http::header::HeaderValue;
-use http::{Method, Request, Response};
+use http::{Method, Request, Response, Version};
 use http_body_util::Either;
 use hyper::body::Incoming;
 
@@ -44,6 +44,9 @@ impl Router {
         if req.method() == Method::CONNECT && !is_extended_connect(&req) {
             return self.refuse(conn, ProxyError::MethodNotAllowed, grpc);
         }
+        if let Err(err) = one_host(&req) {
+            return self.refuse(conn, err, grpc);
+        }
         let snapshot = self.snapshot.load();
         let route = {
             let host = req.headers().get(http::header::HOST);
@@ -72,10 +75,25 @@ impl Router {
         }
     }
 
+    /// Answers with `err` (the one place a `ProxyError` becomes a response).
     fn refuse(&self, conn: &ClientConn, err: ProxyError, grpc: bool) -> Response<RespBody> {
         if matches!(err, ProxyError::RateLimited | ProxyError::TooMany4xx) {
             self.metrics.rate_limited(conn.worker);
         }
         err.response_for(grpc).map(Either::Right)
     }
+}
+
+/// RFC 9112 §3.2: an HTTP/1.1 request carries exactly one `Host`; no request may carry two (the
+/// route would be chosen by one and the backend could read the other).
+fn one_host<B>(req: &Request<B>) -> Result<(), ProxyError> {
+    let mut hosts = req.headers().get_all(http::header::HOST).iter();
+    let first = hosts.next();
+    if hosts.next().is_some() {
+        return Err(ProxyError::DuplicateHost);
+    }
+    if first.is_none() && req.version() == Version::HTTP_11 {
+        return Err(ProxyError::MissingHost);
+    }
+    Ok(())
 }

@@ -27,6 +27,13 @@ pub enum ProxyError {
     BackendReset,
     #[error("method not supported by this proxy")]
     MethodNotAllowed,
+    /// An HTTP/1.1 request without `Host`, or a `to_https` redirect with no host to send the
+    /// client to (RFC 9112 §3.2).
+    #[error("the request has no Host header")]
+    MissingHost,
+    /// More than one `Host` header: routing and the backend could disagree on which counts.
+    #[error("the request has more than one Host header")]
+    DuplicateHost,
     /// `basic` auth: credentials missing or wrong.
     #[error("authentication required")]
     BasicAuthRequired,
@@ -77,6 +84,7 @@ impl ProxyError {
             ProxyError::RateLimited | ProxyError::TooMany4xx => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::ConnectTimeout | ProxyError::ResponseTimeout => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ProxyError::MissingHost | ProxyError::DuplicateHost => StatusCode::BAD_REQUEST,
         }
     }
 
@@ -87,6 +95,7 @@ impl ProxyError {
             ProxyError::BasicAuthRequired | ProxyError::TokenRequired => "16",
             ProxyError::ApiKeyRequired => "7",
             ProxyError::RateLimited | ProxyError::TooMany4xx => "8",
+            ProxyError::MissingHost | ProxyError::DuplicateHost => "3",
             _ => "14",
         }
     }
@@ -174,6 +183,8 @@ mod tests {
             (ProxyError::ConnectTimeout, 504),
             (ProxyError::ResponseTimeout, 504),
             (ProxyError::MethodNotAllowed, 405),
+            (ProxyError::MissingHost, 400),
+            (ProxyError::DuplicateHost, 400),
             (ProxyError::NoJwtSecret, 503),
             (ProxyError::AuthServiceTimeout, 503),
             (ProxyError::AuthServiceFailed, 502),

@@ -10,9 +10,11 @@ static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-prot
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+static HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
 
 /// Removes hop-by-hop headers: `Connection` and every header it names, `Keep-Alive`,
-/// `Proxy-Connection`, `Transfer-Encoding`, `Upgrade`, and `TE` unless it is exactly `trailers`.
+/// `Proxy-Connection`, `Transfer-Encoding`, `Upgrade`, `HTTP2-Settings` (it only ever belongs to
+/// an `h2c` upgrade, which is refused), and `TE` unless it is exactly `trailers`.
 ///
 /// One pass over the names finds what is present, so the common case (none of them, or only
 /// `Connection: keep-alive`) costs no hashing beyond that.
@@ -27,6 +29,7 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
             || name == header::UPGRADE
             || name == KEEP_ALIVE
             || name == PROXY_CONNECTION
+            || name == HTTP2_SETTINGS
         {
             fixed = true;
         }
@@ -37,6 +40,7 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
     if fixed {
         headers.remove(&KEEP_ALIVE);
         headers.remove(&PROXY_CONNECTION);
+        headers.remove(&HTTP2_SETTINGS);
         headers.remove(header::TRANSFER_ENCODING);
         headers.remove(header::UPGRADE);
     }
