@@ -33,7 +33,9 @@ pub async fn serve(
     shutdown: watch::Receiver<bool>,
 ) {
     // Symlinks are checked against the real folder; resolved once here, off the request path.
-    let root: Arc<std::path::Path> = std::fs::canonicalize(&folder).unwrap_or(folder.clone()).into();
+    let root: Arc<std::path::Path> = std::fs::canonicalize(&folder)
+        .unwrap_or(folder.clone())
+        .into();
     let dir = ServeDir::new(folder).append_index_html_on_directories(true);
     let accept = AcceptLoop {
         name: "file server",
@@ -52,7 +54,11 @@ pub async fn serve(
     accept.run(make, shutdown).await;
 }
 
-async fn answer(dir: ServeDir, root: &std::path::Path, req: Request<Incoming>) -> Response<FileBody> {
+async fn answer(
+    dir: ServeDir,
+    root: &std::path::Path,
+    req: Request<Incoming>,
+) -> Response<FileBody> {
     if !matches!(*req.method(), http::Method::GET | http::Method::HEAD) {
         return plain(StatusCode::METHOD_NOT_ALLOWED, "405 Method Not Allowed\n");
     }
@@ -207,6 +213,9 @@ mod tests {
         }
         assert_eq!(visible_path("/a/b.txt").as_deref(), Some("/a/b.txt"));
         assert_eq!(visible_path("/a%20b.txt").as_deref(), Some("/a b.txt"));
-        assert_eq!(visible_path("/x/../index.html").as_deref(), Some("/index.html"));
+        assert_eq!(
+            visible_path("/x/../index.html").as_deref(),
+            Some("/index.html")
+        );
     }
 }

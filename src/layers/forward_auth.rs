@@ -324,7 +324,10 @@ mod tests {
     #[test]
     fn connection_cannot_strip_the_identity() {
         let mut h = HeaderMap::new();
-        h.insert("connection", HeaderValue::from_static("Remote-User, X-Auth-Role, x-trace"));
+        h.insert(
+            "connection",
+            HeaderValue::from_static("Remote-User, X-Auth-Role, x-trace"),
+        );
         unlist_identity_headers(&mut h);
         assert_eq!(h["connection"], "x-trace");
         let mut h = HeaderMap::new();

@@ -89,7 +89,10 @@ impl Redirect {
         } else {
             StatusCode::PERMANENT_REDIRECT
         };
-        Ok(Some((status, format!("https://{host}{port}{path_and_query}"))))
+        Ok(Some((
+            status,
+            format!("https://{host}{port}{path_and_query}"),
+        )))
     }
 }
 

@@ -1,0 +1,213 @@
+//! Probes from the adversarial review (issue 13), each sent the way it was reproduced against
+//! the binary, through the in-process proxy on tokio's paused clock: raw request heads over TCP
+//! where the client library would refuse to send them.
+
+mod inproc;
+mod policies_support;
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use inproc::Proxy;
+use policies_support::AuthService;
+use support::{Backend, Host, Path, Upstreams};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Sends a raw request head (the connection is closed after it) and returns the whole answer.
+async fn exchange(addr: SocketAddr, head: &str) -> String {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut got)).await;
+    assert!(read.is_ok(), "no answer to {head:?}");
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+fn status(answer: &str) -> u16 {
+    answer
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"))
+}
+
+/// The value of `name` in a raw answer ("" when absent).
+fn header_of(answer: &str, name: &str) -> String {
+    answer
+        .lines()
+        .find_map(|l| {
+            let (n, v) = l.split_once(':')?;
+            n.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(start_paused = true)]
+async fn host_headers_missing_or_twice_are_refused() {
+    let backend = Backend::start("b").await;
+    let open = Path::servers(&[&backend]).healthcheck(false);
+    let yaml = Upstreams::new()
+        .host("a.test", Host::new().path("/", open.clone()))
+        .host("DEFAULT", Host::new().path("/", open))
+        .render();
+    let proxy = Proxy::start(&yaml, "").await;
+    let twice = "GET / HTTP/1.1\r\nHost: a.test\r\nHost: evil.test\r\nConnection: close\r\n\r\n";
+    assert_eq!(status(&exchange(proxy.addr, twice).await), 400);
+    let none = "GET / HTTP/1.1\r\nConnection: close\r\n\r\n";
+    assert_eq!(status(&exchange(proxy.addr, none).await), 400);
+    assert_eq!(backend.requests(), 0, "neither reached a backend");
+    // HTTP/1.0 may leave Host out: it is routed to DEFAULT...
+    let old = "GET / HTTP/1.0\r\n\r\n";
+    assert_eq!(status(&exchange(proxy.addr, old).await), 200);
+    // ...but a to_https route with no host to send it to fails closed instead of serving plain.
+    let yaml = Upstreams::new()
+        .host(
+            "DEFAULT",
+            Host::new().path("/", Path::servers(&[&backend]).to_https(true)),
+        )
+        .render();
+    let proxy = Proxy::start(&yaml, "").await;
+    let served_before = backend.requests();
+    assert_eq!(status(&exchange(proxy.addr, old).await), 400);
+    assert_eq!(backend.requests(), served_before);
+    let with_host = "GET /x HTTP/1.0\r\nHost: s.test\r\n\r\n";
+    let answer = exchange(proxy.addr, with_host).await;
+    assert_eq!(status(&answer), 301);
+    assert_eq!(header_of(&answer, "location"), "https://s.test/x");
+}
+
+#[tokio::test(start_paused = true)]
+async fn h2c_upgrades_are_refused() {
+    let backend = Backend::start("b").await;
+    let yaml = support::default_route(&[&backend]);
+    let proxy = Proxy::start(&yaml, "").await;
+    let smuggle =
+        "GET / HTTP/1.1\r\nHost: a.test\r\nConnection: Upgrade, HTTP2-Settings, close\r\n\
+                   Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n";
+    let answer = exchange(proxy.addr, smuggle).await;
+    assert_eq!(status(&answer), 200, "{answer}");
+    let seen = header_of(&answer, "x-seen-headers");
+    assert!(!seen.contains("upgrade"), "the backend saw {seen}");
+    assert!(!seen.contains("http2-settings"), "the backend saw {seen}");
+    // Without `Connection` listing it, HTTP2-Settings is still never forwarded.
+    let bare =
+        "GET / HTTP/1.1\r\nHost: a.test\r\nHTTP2-Settings: AAMA\r\nConnection: close\r\n\r\n";
+    let seen = header_of(&exchange(proxy.addr, bare).await, "x-seen-headers");
+    assert!(!seen.contains("http2-settings"), "the backend saw {seen}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn password_guessing_meets_the_4xx_limit() {
+    let backend = Backend::start("b").await;
+    let yaml = Upstreams::new()
+        .host(
+            "basic.test",
+            Host::new().x4xx_limit(5).path(
+                "/",
+                Path::servers(&[&backend])
+                    .healthcheck(false)
+                    .authorization_data("basic", "ann:secret"),
+            ),
+        )
+        .render();
+    let proxy = Proxy::start(&yaml, "").await;
+    let guess = "GET / HTTP/1.1\r\nHost: basic.test\r\nAuthorization: Basic YW5uOndyb25n\r\nConnection: close\r\n\r\n";
+    let mut statuses = Vec::new();
+    for _ in 0..8 {
+        statuses.push(status(&exchange(proxy.addr, guess).await));
+    }
+    assert_eq!(statuses, [401, 401, 401, 401, 401, 401, 429, 429]);
+    // Even the right password waits for a quiet second.
+    let right = "GET / HTTP/1.1\r\nHost: basic.test\r\nAuthorization: Basic YW5uOnNlY3JldA==\r\nConnection: close\r\n\r\n";
+    assert_eq!(status(&exchange(proxy.addr, right).await), 429);
+    proxy.pass(Duration::from_millis(1001)).await;
+    assert_eq!(status(&exchange(proxy.addr, right).await), 200);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_connection_header_cannot_strip_forward_auth_identity() {
+    let backend = Backend::start("b").await;
+    let auth = AuthService::start().await;
+    let forward = format!("http://{}/check", auth.addr);
+    let yaml = Upstreams::new()
+        .host(
+            "fwd.test",
+            Host::new().path(
+                "/",
+                Path::servers(&[&backend])
+                    .healthcheck(false)
+                    .authorization_data("forward", &forward),
+            ),
+        )
+        .render();
+    let proxy = Proxy::start(&yaml, "").await;
+    let head = "GET /ok HTTP/1.1\r\nHost: fwd.test\r\nConnection: Remote-User, X-Auth-Groups, close\r\n\r\n";
+    let answer = exchange(proxy.addr, head).await;
+    assert_eq!(status(&answer), 200, "{answer}");
+    assert_eq!(header_of(&answer, "x-seen-remote-user"), "alice");
+    assert_eq!(header_of(&answer, "x-seen-auth-groups"), "staff");
+}
+
+#[tokio::test(start_paused = true)]
+async fn tokens_in_the_query_never_reach_the_access_log() {
+    let backend = Backend::start("b").await;
+    let logs = tempfile::tempdir().unwrap();
+    let log_file = logs.path().join("access.log");
+    let main = format!("access_log: all\nlog_file: \"{}\"", log_file.display());
+    let proxy = Proxy::start(&support::default_route(&[&backend]), &main).await;
+    let head = "GET /a?x=1&araleztoken=eyJhbGciOi.secret-claims.signature&y=2 HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n";
+    assert_eq!(status(&exchange(proxy.addr, head).await), 200);
+    proxy.ctx.access_log.flush();
+    let text = std::fs::read_to_string(&log_file).unwrap();
+    assert!(
+        text.contains("target=\"/a?x=1&araleztoken=REDACTED&y=2\""),
+        "{text}"
+    );
+    assert!(!text.contains("secret-claims"), "{text}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_file_server_hides_dotfiles_however_encoded_and_stays_in_its_folder() {
+    let root = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("sub/.git")).unwrap();
+    std::fs::write(root.path().join("sub/.env"), "SECRET=1").unwrap();
+    std::fs::write(root.path().join("sub/.git/config"), "[core]").unwrap();
+    std::fs::write(root.path().join("sub/page.txt"), "page").unwrap();
+    std::fs::write(outside.path().join("hostname"), "elsewhere").unwrap();
+    std::os::unix::fs::symlink(outside.path(), root.path().join("outlink")).unwrap();
+    std::os::unix::fs::symlink(root.path().join("sub"), root.path().join("inlink")).unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (_stop, stop_rx) = tokio::sync::watch::channel(false);
+    let limits = aralez::server::Limits {
+        header_timeout: Duration::from_secs(5),
+        max_header_bytes: 16 * 1024,
+        max_connections: 16,
+        keepalive: None,
+        grace_period: Duration::from_secs(1),
+        idle_timeout: Duration::from_secs(5),
+        max_streams: 16,
+    };
+    let folder = root.path().to_path_buf();
+    tokio::spawn(aralez::fileserver::serve(listener, folder, limits, stop_rx));
+    let get = |path: &str| format!("GET {path} HTTP/1.1\r\nHost: f\r\nConnection: close\r\n\r\n");
+    for hidden in [
+        "/sub/.env",
+        "/sub%2F.env",
+        "/sub%2f.git%2Fconfig",
+        "/sub/%2Eenv",
+        "/sub%5C.env",
+        "/outlink/hostname",
+    ] {
+        let answer = exchange(addr, &get(hidden)).await;
+        assert_eq!(status(&answer), 404, "{hidden}: {answer}");
+        assert!(!answer.contains("SECRET") && !answer.contains("elsewhere"));
+    }
+    // A link that stays inside the folder still works, as does the plain file.
+    assert_eq!(status(&exchange(addr, &get("/sub/page.txt")).await), 200);
+    assert_eq!(status(&exchange(addr, &get("/inlink/page.txt")).await), 200);
+}
