@@ -211,3 +211,40 @@ async fn the_file_server_hides_dotfiles_however_encoded_and_stays_in_its_folder(
     assert_eq!(status(&exchange(addr, &get("/sub/page.txt")).await), 200);
     assert_eq!(status(&exchange(addr, &get("/inlink/page.txt")).await), 200);
 }
+
+#[tokio::test(start_paused = true)]
+async fn paths_cannot_slip_past_a_protected_prefix() {
+    // `/` is open, `/admin` needs a key; each probe reached the backend as `/admin` before.
+    let backend = Backend::start("b").await;
+    let to = || Path::servers(&[&backend]).healthcheck(false);
+    let yaml = Upstreams::new()
+        .host(
+            "app.test",
+            Host::new()
+                .path("/", to())
+                .path("/admin", to().authorization_data("apikey", "k")),
+        )
+        .render();
+    let proxy = Proxy::start(&yaml, "").await;
+    let get =
+        |path: &str| format!("GET {path} HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n");
+    for (path, want) in [
+        ("/admin;x", 400),
+        ("/public/..;/admin", 400),
+        ("/public/../admin", 400),
+        ("/admin%2Fsecret", 400),
+        ("/admin%5Csecret", 400),
+        ("/admin\\secret", 400),
+        ("/ADMIN", 403),
+        ("/Admin/secret", 403),
+        ("/admin", 403),
+        ("/public", 200),
+    ] {
+        assert_eq!(
+            status(&exchange(proxy.addr, &get(path)).await),
+            want,
+            "{path}"
+        );
+    }
+    assert_eq!(backend.requests(), 1, "only /public reached the backend");
+}

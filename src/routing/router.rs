@@ -16,6 +16,7 @@ use crate::metrics::Metrics;
 use crate::proxy::upgrade::is_extended_connect;
 use crate::proxy::{Forwarder, RespBody};
 use crate::vocab::error::is_grpc;
+use crate::vocab::normalise;
 use crate::vocab::{ClientConn, ProxyError};
 
 /// Routes requests with the snapshot in force; shared by every connection of every worker.
@@ -46,6 +47,9 @@ impl Router {
         }
         if let Err(err) = one_host(&req) {
             return self.refuse(conn, err, grpc);
+        }
+        if normalise::is_ambiguous(req.uri().path()) {
+            return self.refuse(conn, ProxyError::AmbiguousPath, grpc);
         }
         let snapshot = self.snapshot.load();
         let route = {

@@ -34,6 +34,10 @@ pub enum ProxyError {
     /// More than one `Host` header: routing and the backend could disagree on which counts.
     #[error("the request has more than one Host header")]
     DuplicateHost,
+    /// A path with `;` parameters, encoded separators, backslashes or dot segments: routing and
+    /// a backend could read it differently.
+    #[error("the request path is ambiguous (path parameters, encoded separators or dot segments)")]
+    AmbiguousPath,
     /// `basic` auth: credentials missing or wrong.
     #[error("authentication required")]
     BasicAuthRequired,
@@ -84,7 +88,9 @@ impl ProxyError {
             ProxyError::RateLimited | ProxyError::TooMany4xx => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::ConnectTimeout | ProxyError::ResponseTimeout => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ProxyError::MissingHost | ProxyError::DuplicateHost => StatusCode::BAD_REQUEST,
+            ProxyError::MissingHost | ProxyError::DuplicateHost | ProxyError::AmbiguousPath => {
+                StatusCode::BAD_REQUEST
+            }
         }
     }
 
@@ -95,7 +101,7 @@ impl ProxyError {
             ProxyError::BasicAuthRequired | ProxyError::TokenRequired => "16",
             ProxyError::ApiKeyRequired => "7",
             ProxyError::RateLimited | ProxyError::TooMany4xx => "8",
-            ProxyError::MissingHost | ProxyError::DuplicateHost => "3",
+            ProxyError::MissingHost | ProxyError::DuplicateHost | ProxyError::AmbiguousPath => "3",
             _ => "14",
         }
     }
@@ -185,6 +191,7 @@ mod tests {
             (ProxyError::MethodNotAllowed, 405),
             (ProxyError::MissingHost, 400),
             (ProxyError::DuplicateHost, 400),
+            (ProxyError::AmbiguousPath, 400),
             (ProxyError::NoJwtSecret, 503),
             (ProxyError::AuthServiceTimeout, 503),
             (ProxyError::AuthServiceFailed, 502),

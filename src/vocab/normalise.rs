@@ -132,12 +132,42 @@ fn remove_dot_segments(path: &str) -> String {
     out
 }
 
-/// Whether `prefix` matches `path` on a segment boundary (`/api` matches `/api`, `/api/x`, not `/apix`).
+/// Whether `prefix` matches `path` on a segment boundary (`/api` matches `/api`, `/api/x`, not
+/// `/apix`), ignoring ASCII case: `/ADMIN` is `/admin` to many backends, so it must meet
+/// `/admin`'s policies here too.
 pub fn prefix_matches(prefix: &str, path: &str) -> bool {
-    path.starts_with(prefix)
-        && (prefix.ends_with('/')
-            || path.len() == prefix.len()
-            || path.as_bytes()[prefix.len()] == b'/')
+    let (p, q) = (prefix.as_bytes(), path.as_bytes());
+    q.len() >= p.len()
+        && q[..p.len()].eq_ignore_ascii_case(p)
+        && (p.last() == Some(&b'/') || q.len() == p.len() || q[p.len()] == b'/')
+}
+
+/// Whether a request path could mean one thing to routing and another to a backend, and so is
+/// refused (400) before routing: `;` path parameters (`/public/..;/admin` is `/admin` to
+/// Tomcat), encoded separators (`%2F`, `%5C`, and `%3B`), backslashes, and dot segments, plain or
+/// encoded. What is routed is then exactly what the backend receives.
+pub fn is_ambiguous(raw: &str) -> bool {
+    let bytes = raw.as_bytes();
+    if bytes.iter().any(|b| matches!(b, b';' | b'\\')) {
+        return true;
+    }
+    if bytes.contains(&b'%') {
+        let encoded_separator = bytes.windows(3).any(|w| {
+            w[0] == b'%'
+                && matches!(
+                    (w[1], w[2].to_ascii_lowercase()),
+                    (b'2', b'f') | (b'5', b'c') | (b'3', b'b')
+                )
+        });
+        if encoded_separator {
+            return true;
+        }
+    }
+    let dot = |segment: &str| {
+        let s = segment.to_ascii_lowercase().replace("%2e", ".");
+        s == "." || s == ".."
+    };
+    raw.split('/').any(dot)
 }
 
 #[cfg(test)]
@@ -147,6 +177,44 @@ mod tests {
     fn h(raw: &str) -> Option<String> {
         let mut buf = [0u8; MAX_HOST];
         host(raw.as_bytes(), &mut buf).map(str::to_string)
+    }
+
+    #[test]
+    fn ambiguous_paths_are_recognised() {
+        for raw in [
+            "/admin;x",
+            "/public/..;/admin",
+            "/admin%2Fsecret",
+            "/admin%2fsecret",
+            "/a%5Cb",
+            "/a%3bb",
+            "/a\\b",
+            "/public/../admin",
+            "/./admin",
+            "/a/%2e%2e/admin",
+            "/a/.%2E/admin",
+            "/a/..",
+        ] {
+            assert!(is_ambiguous(raw), "{raw}");
+        }
+        for raw in [
+            "/",
+            "/admin",
+            "/a/b.c",
+            "/.well-known/x",
+            "/a%20b",
+            "/a..b/..c",
+        ] {
+            assert!(!is_ambiguous(raw), "{raw}");
+        }
+    }
+
+    #[test]
+    fn prefixes_match_whatever_the_case() {
+        assert!(prefix_matches("/admin", "/ADMIN"));
+        assert!(prefix_matches("/admin", "/Admin/x"));
+        assert!(!prefix_matches("/admin", "/ADMINX"));
+        assert!(prefix_matches("/", "/anything"));
     }
 
     #[test]
