@@ -20,7 +20,7 @@ async fn exchange(addr: SocketAddr, head: &str) -> String {
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.write_all(head.as_bytes()).await.unwrap();
     let mut got = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut got)).await;
+    let read = tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut got)).await;
     assert!(read.is_ok(), "no answer to {head:?}");
     String::from_utf8_lossy(&got).into_owned()
 }
@@ -247,4 +247,64 @@ async fn paths_cannot_slip_past_a_protected_prefix() {
         );
     }
     assert_eq!(backend.requests(), 1, "only /public reached the backend");
+}
+
+/// The admin API in the test's runtime, with `master_key` (or none).
+async fn admin_api(proxy: &Proxy, master_key: Option<&str>) -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let admin = std::sync::Arc::new(aralez::admin::Admin {
+        reloader: proxy.ctx.reloader.clone(),
+        master_key: master_key.map(str::to_string),
+        config_api_enabled: true,
+        metrics: proxy.ctx.metrics.clone(),
+    });
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    std::mem::forget(stop);
+    let limits = aralez::process::limits(&proxy.main);
+    tokio::spawn(aralez::admin::serve(listener, admin, None, limits, stop_rx));
+    addr
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_admin_api_never_buffers_much_for_strangers() {
+    let backend = Backend::start("b").await;
+    let proxy = Proxy::start(&support::default_route(&[&backend]), "").await;
+    let keyed = admin_api(&proxy, Some("k")).await;
+    let keyless = admin_api(&proxy, None).await;
+    // Announcing a huge body gets an answer at once, before any byte of it is read.
+    let huge = |addr| async move {
+        let head =
+            "POST /jwt HTTP/1.1\r\nHost: a\r\nContent-Length: 4000000\r\nConnection: close\r\n\r\n";
+        status(&exchange(addr, head).await)
+    };
+    assert_eq!(huge(keyless).await, 403, "no master key: nothing to read");
+    assert_eq!(huge(keyed).await, 413, "a /jwt body is at most 4 KiB");
+    let wrong = "POST /jwt HTTP/1.1\r\nHost: a\r\nx-api-key: nope\r\nContent-Length: 100\r\nConnection: close\r\n\r\n";
+    assert_eq!(
+        status(&exchange(keyed, wrong).await),
+        403,
+        "a wrong header key"
+    );
+    let conf =
+        "POST /conf HTTP/1.1\r\nHost: a\r\nContent-Length: 4000000\r\nConnection: close\r\n\r\n";
+    assert_eq!(
+        status(&exchange(keyed, conf).await),
+        403,
+        "/conf checks its key first"
+    );
+    // A body that stalls is given up after 10 s.
+    let started = tokio::time::Instant::now();
+    let stalled =
+        "POST /jwt HTTP/1.1\r\nHost: a\r\nContent-Length: 1000\r\nConnection: close\r\n\r\n{\"mas";
+    assert_eq!(status(&exchange(keyed, stalled).await), 408);
+    assert!(started.elapsed() >= Duration::from_secs(10));
+    // The real thing still works.
+    let body = r#"{"master_key":"k","owner":"ops","valid":10}"#;
+    let good = format!(
+        "POST /jwt HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    assert_eq!(status(&exchange(keyed, &good).await), 201);
 }

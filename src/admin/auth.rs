@@ -28,6 +28,11 @@ pub fn presented_key<B>(req: &Request<B>) -> Option<String> {
     })
 }
 
+/// Whether the request presents a key at all (header or query).
+pub fn carries_key<B>(req: &Request<B>) -> bool {
+    presented_key(req).is_some()
+}
+
 fn percent_decode(text: &str) -> String {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());

@@ -20,8 +20,12 @@ use crate::metrics::{BackendUp, Metrics};
 use crate::server::{AcceptLoop, ConnInfo, Limits};
 use auth::Access;
 
-/// Largest `POST /conf` or `/jwt` body accepted.
-const MAX_BODY: usize = 4 * 1024 * 1024;
+/// Largest `POST /conf` body accepted (read only once the key has been checked).
+const MAX_CONF_BODY: usize = 4 * 1024 * 1024;
+/// Largest `POST /jwt` body: its key travels inside it, so it is read unauthenticated.
+const MAX_JWT_BODY: usize = 4 * 1024;
+/// How long a request body may take to arrive.
+const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Connections the admin API serves at once (each listener).
 pub const MAX_CONNECTIONS: usize = 64;
@@ -122,7 +126,7 @@ impl Admin {
             .uri()
             .query()
             .is_some_and(|q| q.split('&').any(|p| p == "save" || p.starts_with("save=")));
-        let body = match read_body(req).await {
+        let body = match read_body(req, MAX_CONF_BODY).await {
             Ok(b) => b,
             Err(resp) => return resp,
         };
@@ -156,7 +160,21 @@ impl Admin {
     }
 
     async fn jwt(&self, req: Request<Incoming>) -> Reply {
-        let body = match read_body(req).await {
+        if self.master_key.is_none() {
+            return text(
+                StatusCode::FORBIDDEN,
+                "forbidden: no master_key is configured",
+            );
+        }
+        // A key sent as a header is checked before any body is read; the body itself is small.
+        if matches!(
+            auth::check(&req, self.master_key.as_deref()),
+            Access::Denied
+        ) && auth::carries_key(&req)
+        {
+            return text(StatusCode::FORBIDDEN, "forbidden: missing or wrong key");
+        }
+        let body = match read_body(req, MAX_JWT_BODY).await {
             Ok(b) => b,
             Err(resp) => return resp,
         };
@@ -237,8 +255,23 @@ impl Admin {
     }
 }
 
-async fn read_body(req: Request<Incoming>) -> Result<Bytes, Reply> {
-    match Limited::new(req.into_body(), MAX_BODY).collect().await {
+async fn read_body(req: Request<Incoming>, max: usize) -> Result<Bytes, Reply> {
+    use http_body::Body as _;
+    // A body announced too large is refused before a byte of it is read.
+    if req.body().size_hint().lower() > max as u64 {
+        return Err(text(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("body over {max} bytes"),
+        ));
+    }
+    let collect = Limited::new(req.into_body(), max).collect();
+    let Ok(collected) = tokio::time::timeout(BODY_TIMEOUT, collect).await else {
+        return Err(text(
+            StatusCode::REQUEST_TIMEOUT,
+            format!("the body did not arrive within {BODY_TIMEOUT:?}"),
+        ));
+    };
+    match collected {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e)
             if e.downcast_ref::<http_body_util::LengthLimitError>()
@@ -246,7 +279,7 @@ async fn read_body(req: Request<Incoming>) -> Result<Bytes, Reply> {
         {
             Err(text(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                format!("body over {MAX_BODY} bytes"),
+                format!("body over {max} bytes"),
             ))
         }
         Err(e) => Err(text(
