@@ -453,3 +453,17 @@ fn refuses_to_start_when_the_user_does_not_exist() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("no-such-user-aralez"), "{stderr}");
 }
+
+#[tokio::test]
+async fn the_open_files_limit_is_raised_to_the_hard_limit() {
+    let backend = Backend::start("a").await;
+    let proxy = ProxyProcess::start_after(&default_route(&[&backend]), "", "ulimit -Sn 256");
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", proxy.pid())).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("an open files line");
+    let numbers: Vec<&str> = line.split_whitespace().skip(3).take(2).collect();
+    assert_eq!(numbers[0], numbers[1], "soft limit not raised: {line}");
+    assert_ne!(numbers[0], "256", "{line}");
+}

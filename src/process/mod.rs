@@ -170,6 +170,7 @@ pub fn run(main_path: &Path, options: RunOptions) -> Result<(), StartError> {
     for warning in issues.warnings() {
         tracing::warn!("{warning}");
     }
+    raise_open_files_limit();
     let ctx = Context::build(&main, upstreams)?;
 
     let bound = sockets::open(&main, options.upgrade)?;
@@ -279,6 +280,21 @@ pub fn run(main_path: &Path, options: RunOptions) -> Result<(), StartError> {
     pid_file.remove();
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Raises the soft limit on open files to the hard limit: every client connection, backend
+/// connection and TLS session holds a descriptor, and the usual soft limit (1024) is what an
+/// attacker exhausts first.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => tracing::info!("open files limit raised from {soft} to {hard}"),
+            Err(e) => tracing::warn!("cannot raise the open files limit from {soft}: {e}"),
+        },
+        Ok(_) => {}
+        Err(e) => tracing::warn!("cannot read the open files limit: {e}"),
+    }
 }
 
 /// The admin API, on the control runtime; its tasks end after their drain.

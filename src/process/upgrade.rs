@@ -79,13 +79,36 @@ impl Sockets {
 /// stopped process no longer keeps its ports open).
 pub type Offer = Arc<Mutex<Option<Sockets>>>;
 
-/// Connects to the running instance and receives its listening sockets.
+/// Connects to the running instance and receives its listening sockets. The socket file and the
+/// process answering on it must belong to this user (or root): anyone else could hand us
+/// listeners of their choosing.
 pub fn receive(path: &Path) -> Result<Sockets, UpgradeError> {
+    let bad = |what: String| UpgradeError::Receive(what);
+    let owner = std::fs::symlink_metadata(path)
+        .map_err(|source| UpgradeError::Connect {
+            path: path.display().to_string(),
+            source,
+        })?
+        .uid();
+    if !trusted_uid(owner) {
+        return Err(bad(format!(
+            "{} belongs to uid {owner}, not to this user or root",
+            path.display()
+        )));
+    }
     let mut stream = UnixStream::connect(path).map_err(|source| UpgradeError::Connect {
         path: path.display().to_string(),
         source,
     })?;
-    let bad = |what: String| UpgradeError::Receive(what);
+    let peer = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
+        .map_err(|e| bad(format!("cannot read the peer's credentials: {e}")))?;
+    if !trusted_uid(peer.uid()) {
+        return Err(bad(format!(
+            "the process on {} runs as uid {}, not as this user or root",
+            path.display(),
+            peer.uid()
+        )));
+    }
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(|e| bad(e.to_string()))?;
@@ -229,6 +252,11 @@ fn answer(stream: &tokio::net::UnixStream, offer: &Offer) {
     }
 }
 
+/// Root, or the user this process runs as.
+fn trusted_uid(uid: u32) -> bool {
+    uid == 0 || uid == nix::unistd::geteuid().as_raw()
+}
+
 /// Only root or our own user may take our sockets (the file mode already says so).
 fn peer_allowed(stream: &tokio::net::UnixStream) -> bool {
     let me = nix::unistd::geteuid().as_raw();
@@ -258,4 +286,37 @@ fn hand_over(stream: &tokio::net::UnixStream, offer: &Offer) -> Result<usize, St
         return Err(format!("sent {sent} of {} bytes", payload.len()));
     }
     Ok(raw.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_root_and_this_user_are_trusted() {
+        let me = nix::unistd::geteuid().as_raw();
+        assert!(trusted_uid(0));
+        assert!(trusted_uid(me));
+        let stranger = if me == 65534 { 65533 } else { 65534 };
+        assert!(!trusted_uid(stranger));
+    }
+
+    #[test]
+    fn a_socket_file_of_another_user_is_refused() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("upgrade.sock");
+        let _listener = UnixListener::bind(&path).expect("bind");
+        let stranger = nix::unistd::Uid::from_raw(65534);
+        match nix::unistd::chown(&path, Some(stranger), None) {
+            Ok(()) => {
+                let refused = receive(&path)
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default();
+                assert!(refused.contains("uid 65534"), "{refused}");
+            }
+            // Not root: only root can give a file away; the check is then covered above.
+            Err(e) => assert_ne!(nix::unistd::geteuid().as_raw(), 0, "chown failed: {e}"),
+        }
+    }
 }

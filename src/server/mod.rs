@@ -23,8 +23,9 @@ use crate::vocab::{ClientConn, WorkerId};
 pub use accept::{AcceptLoop, ConnInfo, Limits};
 pub use listener::{bind_reuseport, TcpKeepalive};
 
-/// Streams one client HTTP/2 connection may open at once on the proxy listeners.
-pub const MAX_CLIENT_STREAMS: u32 = 256;
+/// Streams one client HTTP/2 connection may open at once on the proxy listeners (RFC 9113's
+/// recommended minimum; more only multiplies what one connection can hold open upstream).
+pub const MAX_CLIENT_STREAMS: u32 = 100;
 
 /// The listening sockets of the workers: one plain and (with TLS) one TLS listener each.
 pub struct Listeners {

@@ -292,6 +292,24 @@ impl ProxyProcess {
         Self::spawn_command(command, dir)
     }
 
+    /// [`ProxyProcess::start`] from a shell that first runs `prelude` (e.g. `ulimit -Sn 256`).
+    pub fn start_after(upstreams: &str, main_extra: &str, prelude: &str) -> ProxyProcess {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(dir.path().join("upstreams.yaml"), upstreams).expect("write upstreams");
+        let main = format!(
+            "threads: 2\nproxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: \"upstreams.yaml\"\nlog_level: info\npid_file: \"{}\"\n{main_extra}\n",
+            dir.path().join("aralez.pid").display()
+        );
+        std::fs::write(dir.path().join("main.yaml"), main).expect("write main");
+        let mut command = Command::new("sh");
+        command
+            .arg("-c")
+            .arg(format!("{prelude} && exec \"$0\" -c \"$1\""))
+            .arg(env!("CARGO_BIN_EXE_aralez"))
+            .arg(dir.path().join("main.yaml"));
+        Self::spawn_command(command, dir)
+    }
+
     fn spawn_command(mut command: Command, dir: tempfile::TempDir) -> ProxyProcess {
         let mut child = command
             .stdout(Stdio::piped())
