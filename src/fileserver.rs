@@ -134,13 +134,17 @@ fn percent_decode(raw: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// Whether `path` under `root` resolves (through symlinks) to somewhere outside `root`. A path
-/// that does not exist escapes nothing (`ServeDir` answers 404).
+/// Whether `path` under `root` resolves (through symlinks) to somewhere outside the folder's
+/// real location (resolved per request: the folder may be created or moved while serving). A
+/// path that does not exist escapes nothing (`ServeDir` answers 404).
 async fn escapes(root: &std::path::Path, path: &str) -> bool {
     let candidate = root.join(path.trim_start_matches('/'));
-    match tokio::fs::canonicalize(&candidate).await {
-        Ok(real) => !real.starts_with(root),
-        Err(_) => false,
+    let Ok(real) = tokio::fs::canonicalize(&candidate).await else {
+        return false;
+    };
+    match tokio::fs::canonicalize(root).await {
+        Ok(real_root) => !real.starts_with(real_root),
+        Err(_) => true,
     }
 }
 

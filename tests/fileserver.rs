@@ -148,3 +148,34 @@ async fn never_escapes_the_folder_or_shows_dotfiles() {
         "the checks above must not pass by refusing everything"
     );
 }
+
+#[tokio::test]
+async fn file_server_connections_have_their_own_cap() {
+    let proxy = ProxyProcess::start(
+        &unused_route(),
+        "file_server_folder: \"www\"\nfile_server_address: \"127.0.0.1:0\"\nfile_server_max_connections: 2",
+    );
+    std::fs::create_dir_all(proxy.path("www")).unwrap();
+    std::fs::write(proxy.path("www/a.txt"), CONTENT).unwrap();
+    let addr = proxy
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("file server: serving"))
+        .find_map(|l| address_after(l, " on http://"))
+        .expect("file server address in the log");
+    // Two idle connections hold both places...
+    let _held = [
+        tokio::net::TcpStream::connect(addr).await.unwrap(),
+        tokio::net::TcpStream::connect(addr).await.unwrap(),
+    ];
+    let mut third = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(std::time::Duration::from_secs(5), third.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "a third connection was kept: {read:?}"
+    );
+    // ...while the proxy's own listener still answers.
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    assert!(client.get("any", "/").await.status().as_u16() > 0);
+}

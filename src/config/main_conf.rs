@@ -55,6 +55,8 @@ pub struct MainConfig {
     pub hc_interval: Duration,
     pub file_server_folder: Option<PathBuf>,
     pub file_server_address: Option<SocketAddr>,
+    /// Connections the file server serves at once (its own count, apart from the proxy's).
+    pub file_server_max_connections: usize,
     pub tcp_keepalive_idle: Option<Duration>,
     pub tcp_keepalive_interval: Duration,
     pub tcp_keepalive_count: u32,
@@ -95,6 +97,7 @@ const KEYS: &[&str] = &[
     "hc_interval",
     "file_server_folder",
     "file_server_address",
+    "file_server_max_connections",
     "tcp_keepalive_idle",
     "tcp_keepalive_interval",
     "tcp_keepalive_count",
@@ -154,6 +157,7 @@ impl MainConfig {
             hc_interval: Duration::from_secs(2),
             file_server_folder: None,
             file_server_address: None,
+            file_server_max_connections: 1024,
             tcp_keepalive_idle: None,
             tcp_keepalive_interval: Duration::from_secs(10),
             tcp_keepalive_count: 5,
@@ -286,6 +290,10 @@ impl MainConfig {
                 ),
                 "max_connections" => set(
                     &mut cfg.max_connections,
+                    r.uint(value, k, 1, 10_000_000).map(|n| n as usize),
+                ),
+                "file_server_max_connections" => set(
+                    &mut cfg.file_server_max_connections,
                     r.uint(value, k, 1, 10_000_000).map(|n| n as usize),
                 ),
                 _ if PINGORA_KEYS.contains(&k) => true,

@@ -236,7 +236,11 @@ pub fn run(main_path: &Path, options: RunOptions) -> Result<(), StartError> {
     let upgrade_sock = bound.upgrade_sock;
     control.block_on(async {
         if let Some((listener, folder)) = bound.files {
-            let served = crate::fileserver::serve(listener, folder, limits(&main), stop_rx);
+            let limits = Limits {
+                max_connections: main.file_server_max_connections,
+                ..limits(&main)
+            };
+            let served = crate::fileserver::serve(listener, folder, limits, stop_rx);
             side_tasks.push(tokio::spawn(served));
         }
         if let Some(sock) = &upgrade_sock {
