@@ -58,7 +58,7 @@ impl Forwarder {
         let resp = balancer::send(backends, out, conn.worker, self.timeouts).await?;
         match client_upgrade {
             Some(client) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
-                Ok(upgrade::bridge(resp, client))
+                Ok(upgrade::bridge(resp, client, &conn.tunnels))
             }
             _ => Ok(finish_response(resp, rules, head)),
         }

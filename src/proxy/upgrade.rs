@@ -9,7 +9,10 @@
 //! requests do not carry), and the backend's `101` becomes the `200` that opens the client's
 //! stream. The WebSocket frames are the same on both sides, so only bytes are copied.
 //!
-//! Upgraded connections leave hyper's HTTP handling, so HTTP timeouts no longer apply to them.
+//! Upgraded connections leave hyper's HTTP handling, so HTTP timeouts no longer apply to them;
+//! instead a tunnel counts among the listener's open connections (`max_connections`) until it
+//! ends, and is closed when no byte has crossed it, either way, for `client_idle_timeout` (as
+//! nginx's `proxy_read_timeout` closes an idle WebSocket).
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -19,8 +22,18 @@ use http_body_util::{Either, Full};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Instant;
+
 use super::RespBody;
 use crate::upstream::PooledBody;
+use crate::vocab::TunnelLimits;
 
 /// A client's request to switch protocols.
 pub struct ClientUpgrade {
@@ -124,8 +137,12 @@ fn fresh_websocket_key() -> Option<HeaderValue> {
 }
 
 /// Answers the client with the backend's 101 (a 200 for an extended CONNECT) and joins the two
-/// upgraded connections.
-pub fn bridge(resp: Response<PooledBody>, client: ClientUpgrade) -> Response<RespBody> {
+/// upgraded connections under `limits`.
+pub fn bridge(
+    resp: Response<PooledBody>,
+    client: ClientUpgrade,
+    limits: &Arc<TunnelLimits>,
+) -> Response<RespBody> {
     let (mut parts, _body) = resp.into_parts();
     let protocol = parts
         .headers
@@ -145,6 +162,7 @@ pub fn bridge(resp: Response<PooledBody>, client: ClientUpgrade) -> Response<Res
         parts.headers.insert(header::UPGRADE, protocol);
         parts.status = StatusCode::SWITCHING_PROTOCOLS;
     }
+    let limits = limits.clone();
     tokio::spawn(async move {
         let Some(on_server) = on_server else {
             tracing::warn!("backend switched protocols but its connection cannot be upgraded");
@@ -152,13 +170,101 @@ pub fn bridge(resp: Response<PooledBody>, client: ClientUpgrade) -> Response<Res
         };
         match tokio::try_join!(client.on_client, on_server) {
             Ok((client_io, server_io)) => {
-                let (mut c, mut s) = (TokioIo::new(client_io), TokioIo::new(server_io));
-                if let Err(e) = tokio::io::copy_bidirectional(&mut c, &mut s).await {
-                    tracing::debug!("upgraded connection ended: {e}");
-                }
+                let _counted = limits.count_tunnel();
+                let (c, s) = (TokioIo::new(client_io), TokioIo::new(server_io));
+                tunnel(c, s, limits.idle).await;
             }
             Err(e) => tracing::debug!("upgrade did not complete: {e}"),
         }
     });
     Response::from_parts(parts, Either::Right(Full::new(Bytes::new())))
+}
+
+/// Copies both ways until either side closes (half-closes pass through) or nothing has moved for
+/// `idle`.
+async fn tunnel<C, S>(client: C, server: S, idle: Duration)
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let started = Instant::now();
+    let last = Arc::new(AtomicU64::new(0));
+    let mut c = Watched::new(client, started, last.clone());
+    let mut s = Watched::new(server, started, last.clone());
+    let copy = tokio::io::copy_bidirectional(&mut c, &mut s);
+    tokio::pin!(copy);
+    let mut check = Box::pin(tokio::time::sleep(idle));
+    loop {
+        tokio::select! {
+            done = &mut copy => {
+                if let Err(e) = done {
+                    tracing::debug!("upgraded connection ended: {e}");
+                }
+                return;
+            }
+            () = &mut check => {
+                let since = started + Duration::from_nanos(last.load(Ordering::Relaxed));
+                let quiet = Instant::now().saturating_duration_since(since);
+                if quiet >= idle {
+                    tracing::debug!("closing an upgraded connection idle for {quiet:?}");
+                    return;
+                }
+                check.as_mut().reset(since + idle);
+            }
+        }
+    }
+}
+
+/// An upgraded IO that notes when a byte last crossed it.
+struct Watched<IO> {
+    io: IO,
+    started: Instant,
+    last: Arc<AtomicU64>,
+}
+
+impl<IO> Watched<IO> {
+    fn new(io: IO, started: Instant, last: Arc<AtomicU64>) -> Watched<IO> {
+        Watched { io, started, last }
+    }
+
+    fn touch(&self) {
+        let nanos = Instant::now()
+            .saturating_duration_since(self.started)
+            .as_nanos();
+        self.last
+            .store(u64::try_from(nanos).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Watched<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.touch();
+        }
+        polled
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, data)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
 }

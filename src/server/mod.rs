@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use crate::accesslog::AccessLog;
 use crate::metrics::Metrics;
 use crate::routing::Router;
-use crate::vocab::{ClientConn, WorkerId};
+use crate::vocab::{ClientConn, TunnelLimits, WorkerId};
 pub use accept::{AcceptLoop, ConnInfo, Limits};
 pub use listener::{bind_reuseport, TcpKeepalive};
 
@@ -98,15 +98,21 @@ pub async fn serve_worker(
     shutdown: watch::Receiver<bool>,
 ) {
     let open = serving.metrics.open_connections.clone();
+    // Upgraded connections still count, and still close when idle.
+    let tunnels = Arc::new(TunnelLimits {
+        open: open.clone(),
+        idle: limits.idle_timeout,
+    });
     // The service of one proxy connection: every request through [`observe::answer`].
     let proxy_service = |hsts: bool| {
-        let serving = serving.clone();
+        let (serving, tunnels) = (serving.clone(), tunnels.clone());
         move |info: ConnInfo| {
+            let client = ClientConn::with_tunnels(info.peer, info.tls, worker, tunnels.clone());
             let ctx = Arc::new(observe::ConnCtx {
                 router: serving.router.clone(),
                 metrics: serving.metrics.clone(),
                 access_log: serving.access_log.clone(),
-                client: ClientConn::new(info.peer, info.tls, worker),
+                client,
                 hsts,
             });
             service_fn(move |req| observe::answer(ctx.clone(), req))

@@ -10,6 +10,9 @@ pub mod normalise;
 pub mod token_param;
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use http::HeaderValue;
 
@@ -29,16 +32,62 @@ pub struct ClientConn {
     pub worker: WorkerId,
     /// The peer's IP, ready to append to `X-Forwarded-For`.
     pub forwarded_for: HeaderValue,
+    /// What an upgraded connection (WebSocket) of this client still answers to.
+    pub tunnels: Arc<TunnelLimits>,
 }
 
 impl ClientConn {
     pub fn new(peer: SocketAddr, tls: bool, worker: WorkerId) -> ClientConn {
+        ClientConn::with_tunnels(peer, tls, worker, Arc::default())
+    }
+
+    pub fn with_tunnels(
+        peer: SocketAddr,
+        tls: bool,
+        worker: WorkerId,
+        tunnels: Arc<TunnelLimits>,
+    ) -> ClientConn {
         ClientConn {
             peer,
             tls,
             worker,
             forwarded_for: headers::client_ip_value(peer.ip()),
+            tunnels,
         }
+    }
+}
+
+/// Limits an upgraded connection keeps once it has left HTTP: it still counts among the
+/// listener's open connections, and it is closed when no byte has crossed it for `idle`.
+#[derive(Debug)]
+pub struct TunnelLimits {
+    /// The listener family's count of open connections (the one `max_connections` caps).
+    pub open: Arc<AtomicUsize>,
+    pub idle: Duration,
+}
+
+impl Default for TunnelLimits {
+    fn default() -> TunnelLimits {
+        TunnelLimits {
+            open: Arc::default(),
+            idle: Duration::from_secs(60),
+        }
+    }
+}
+
+/// An open tunnel, counted until it is dropped.
+pub struct TunnelSlot(Arc<AtomicUsize>);
+
+impl TunnelLimits {
+    pub fn count_tunnel(&self) -> TunnelSlot {
+        self.open.fetch_add(1, Ordering::Relaxed);
+        TunnelSlot(self.open.clone())
+    }
+}
+
+impl Drop for TunnelSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -30,7 +30,9 @@ pub mod upstreams;
 
 pub use backend::*;
 #[allow(unused_imports)] // each test file uses some of them
-pub use upstreams::{default_route, unused_route, Discovery, Host, Path, Service, Upstreams};
+pub use upstreams::{
+    default_route, default_route_to, unused_route, Discovery, Host, Path, Service, Upstreams,
+};
 
 pub type ClientBody = BoxBody<Bytes, Infallible>;
 

@@ -506,6 +506,16 @@ pub fn default_route(backends: &[&Backend]) -> String {
         .render()
 }
 
+/// upstreams.yaml sending every host and path to these addresses, without health checks.
+pub fn default_route_to(servers: &[std::net::SocketAddr]) -> String {
+    Upstreams::new()
+        .host(
+            "DEFAULT",
+            Host::new().path("/", Path::addrs(servers).healthcheck(false)),
+        )
+        .render()
+}
+
 /// upstreams.yaml with one DEFAULT route to 127.0.0.1:9 (nothing listens there), for tests that
 /// need a valid file but never proxy.
 pub fn unused_route() -> String {
