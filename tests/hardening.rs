@@ -308,3 +308,113 @@ async fn the_admin_api_never_buffers_much_for_strangers() {
     );
     assert_eq!(status(&exchange(keyed, &good).await), 201);
 }
+
+/// A TLS backend that answers `x-seen-sni` (the server name of its connection) and, with
+/// `only`, fails every handshake for another name, as servers with name-based certificates do.
+async fn sni_backend(only: Option<&str>) -> SocketAddr {
+    use rustls::server::{ClientHello, ResolvesServerCert};
+    use rustls::sign::CertifiedKey;
+    #[derive(Debug)]
+    struct Names {
+        cert: std::sync::Arc<CertifiedKey>,
+        only: Option<String>,
+    }
+    impl ResolvesServerCert for Names {
+        fn resolve(&self, hello: ClientHello<'_>) -> Option<std::sync::Arc<CertifiedKey>> {
+            let name = hello.server_name().unwrap_or("");
+            match &self.only {
+                Some(only) if only != name => None,
+                _ => Some(self.cert.clone()),
+            }
+        }
+    }
+    let rcgen::CertifiedKey { cert, signing_key } =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let key = rustls_pki_types::PrivateKeyDer::Pkcs8(signing_key.serialize_der().into());
+    let signer = rustls::crypto::aws_lc_rs::sign::any_supported_type(&key).unwrap();
+    let certified = std::sync::Arc::new(CertifiedKey::new(vec![cert.der().clone()], signer));
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_cert_resolver(std::sync::Arc::new(Names {
+            cert: certified,
+            only: only.map(str::to_string),
+        }));
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    support::serve_tls(acceptor, support::any_local(), |tls| async move {
+        let sni = tls.get_ref().1.server_name().unwrap_or("-").to_string();
+        let svc = hyper::service::service_fn(move |_req| {
+            let sni = sni.clone();
+            async move {
+                let resp = http::Response::builder()
+                    .header("x-seen-sni", sni)
+                    .body(http_body_util::Full::new(bytes::Bytes::from_static(b"ok")))
+                    .unwrap();
+                Ok::<_, std::convert::Infallible>(resp)
+            }
+        });
+        let io = hyper_util::rt::TokioIo::new(tls);
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(io, svc)
+            .await;
+    })
+    .await
+}
+
+fn get_host(host: &str) -> String {
+    format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n")
+}
+
+#[tokio::test(start_paused = true)]
+async fn client_chosen_names_cannot_take_a_tls_backend_down() {
+    let strict = sni_backend(Some("localhost")).await;
+    let server = format!("https://localhost:{}", strict.port());
+    let to = || Path::addrs(&[server.as_str()]).healthcheck(false);
+    let yaml = Upstreams::new()
+        .host("app.test", Host::new().path("/", to()))
+        .host("DEFAULT", Host::new().path("/", to()))
+        .render();
+    let proxy = Proxy::start(&yaml, "hc_interval: 30").await;
+    // Made-up hosts land on DEFAULT, which asks for the backend by its own name.
+    for n in 0..10 {
+        let answer = exchange(proxy.addr, &get_host(&format!("made-up-{n}.example"))).await;
+        assert_eq!(status(&answer), 200, "{answer}");
+        assert_eq!(header_of(&answer, "x-seen-sni"), "localhost");
+    }
+    // A named route presents its host, which this backend refuses: 502 each time...
+    for _ in 0..5 {
+        assert_eq!(
+            status(&exchange(proxy.addr, &get_host("app.test")).await),
+            502
+        );
+    }
+    // ...and those refusals did not mark the backend down for everyone else.
+    let answer = exchange(proxy.addr, &get_host("someone.example")).await;
+    assert_eq!(status(&answer), 200, "{answer}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn pooled_tls_connections_are_kept_per_server_name() {
+    let any_name = sni_backend(None).await;
+    let server = format!("https://localhost:{}", any_name.port());
+    let to = || Path::addrs(&[server.as_str()]).healthcheck(false);
+    let yaml = Upstreams::new()
+        .host("a.test", Host::new().path("/", to()))
+        .host("b.test", Host::new().path("/", to()))
+        .render();
+    let proxy = Proxy::start(&yaml, "").await;
+    let mut client = support::Client::connect(support::Proto::H1, proxy.addr).await;
+    for host in ["a.test", "b.test", "a.test", "b.test"] {
+        let resp = client.get(host, "/").await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(
+            support::header(&resp, "x-seen-sni"),
+            host,
+            "a session of another name"
+        );
+        support::body_bytes(resp).await;
+    }
+}

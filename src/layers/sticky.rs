@@ -241,7 +241,7 @@ mod tests {
             servers.iter().map(|s| registry.backend(s, false)).collect();
         let sticky = Sticky::compile(Duration::from_secs(120), &backends, &Keys::for_tests(None));
         Route {
-            backends: BackendSet::new(backends, true),
+            backends: BackendSet::new(backends, true, true),
             sticky,
         }
     }

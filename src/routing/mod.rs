@@ -100,7 +100,9 @@ impl Snapshot {
                     Arc::new(Route {
                         host: host.name.as_str().into(),
                         prefix: p.prefix.as_str().into(),
-                        backends: BackendSet::new(backends, health_checked),
+                        // A `DEFAULT` route takes any host a client makes up: its TLS backends
+                        // are always asked for by their own name.
+                        backends: BackendSet::new(backends, health_checked, host.name != "DEFAULT"),
                         headers: HeaderRules {
                             to_backend: boxed(&settings.server_headers),
                             to_client: boxed(&settings.client_headers),

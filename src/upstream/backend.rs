@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 pub use super::connector::Wire;
-use super::connector::{self, ConnectError, Endpoint, Fresh};
+use super::connector::{self, ConnectError, ConnectErrorKind, Endpoint, Fresh};
 use super::slot::WorkerSlot;
 use crate::config::values::{Scheme, ServerSpec};
 use crate::metrics::Metrics;
@@ -44,6 +44,8 @@ pub struct Backend {
     pub(super) idle_per_worker: usize,
     /// Where this backend's connections are counted.
     pub(super) metrics: Arc<Metrics>,
+    /// The pool key of plain connections (no server name), shared so a request clones it.
+    pub(super) plain_key: Arc<str>,
 }
 
 impl std::fmt::Debug for Backend {
@@ -120,19 +122,23 @@ impl Backend {
     }
 
     /// Opens a connection (see [`connector::open`]); the outcome counts in passive health (TCP
-    /// and TLS failures count; a handshake the backend completes is a success).
+    /// and TLS failures count; a handshake the backend completes is a success), except a TLS
+    /// failure for a server name the client chose (`sni_by_client`): a made-up `Host` must not
+    /// take a backend out of rotation for everyone.
     pub async fn connect(
         &self,
         wire: Wire,
         sni: &str,
+        sni_by_client: bool,
         timeout: Duration,
         offer_h2: bool,
     ) -> Result<Fresh, ConnectError> {
         let addrs = self.addrs();
-        let opened =
-            connector::open(self.endpoint(&addrs, wire), sni, timeout, offer_h2, None).await;
+        let ep = self.endpoint(&addrs, wire);
+        let opened = connector::open(ep, sni, timeout, offer_h2, None).await;
         match &opened {
             Ok(_) => self.connect_succeeded(),
+            Err(e) if sni_by_client && e.kind() == ConnectErrorKind::Tls => {}
             Err(e) if e.is_retryable() => self.connect_failed(),
             Err(_) => {}
         }
@@ -207,6 +213,7 @@ impl Backend {
             slots: (0..workers).map(|_| WorkerSlot::default()).collect(),
             idle_per_worker: pool_size.div_ceil(workers),
             metrics: registry.metrics.clone(),
+            plain_key: Arc::from(""),
         }
     }
 

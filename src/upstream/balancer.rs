@@ -31,14 +31,21 @@ pub struct BackendSet {
     backends: Box<[Arc<Backend>]>,
     /// Active health checks run for this route; without them only passive health counts.
     health_checked: bool,
+    /// The request's host may name the TLS server (a named route; never `DEFAULT`).
+    sni_from_request: bool,
     next: AtomicUsize,
 }
 
 impl BackendSet {
-    pub fn new(backends: Box<[Arc<Backend>]>, health_checked: bool) -> BackendSet {
+    pub fn new(
+        backends: Box<[Arc<Backend>]>,
+        health_checked: bool,
+        sni_from_request: bool,
+    ) -> BackendSet {
         BackendSet {
             backends,
             health_checked,
+            sni_from_request,
             next: AtomicUsize::new(0),
         }
     }
@@ -125,6 +132,7 @@ pub async fn send(
             backend,
             worker,
             timeouts,
+            sni_from_request: set.sni_from_request,
         };
         match send_with_stale_replay(x, request, replay.as_ref()).await {
             Ok(mut resp) => {

@@ -60,6 +60,18 @@ pub struct Exchange<'a> {
     pub backend: &'a Arc<Backend>,
     pub worker: WorkerId,
     pub timeouts: Timeouts,
+    /// The TLS server name may come from the request's host (a named route); on a `DEFAULT`
+    /// route, which takes any host a client makes up, it is always the backend's own name.
+    pub sni_from_request: bool,
+}
+
+/// How one request reaches its backend: the wire and, for TLS, the server name its connection
+/// is opened and pooled under (empty for plain wires).
+struct Target {
+    wire: Wire,
+    sni: Arc<str>,
+    /// The name came from the client: a handshake it makes fail says nothing of the backend.
+    sni_by_client: bool,
 }
 
 /// Sends `req` (HTTP/1.1 form) to the backend, reusing a pooled connection when one has room.
@@ -77,7 +89,8 @@ pub async fn send(
             Err(error) => return Err(connect_error(error, req)),
         },
     };
-    let sent = send_over(x, wire, req).await;
+    let target = target(&req, x, wire);
+    let sent = send_over(x, &target, req).await;
     if let Err(SendError::BadResponse(_) | SendError::Reset { reused: false, .. }) = &sent {
         // A new connection failed: the backend may speak something else now.
         backend.forget_detection();
@@ -87,29 +100,29 @@ pub async fn send(
 
 async fn send_over(
     x: Exchange<'_>,
-    wire: Wire,
+    t: &Target,
     req: Request<UpBody>,
 ) -> Result<Response<PooledBody>, SendError> {
-    let (backend, worker) = (x.backend, x.worker);
+    let (backend, wire) = (x.backend, t.wire);
+    let slot = backend.slot(x.worker);
     // Upgrades (WebSocket) only exist in HTTP/1.1.
     if wire == Wire::Http1 || req.headers().contains_key(header::UPGRADE) {
-        return send_h1(x, wire, req).await;
+        return send_h1(x, t, req).await;
     }
-    if let Some(stream) = backend.slot(worker).h2_stream() {
+    if let Some(stream) = slot.h2_stream(&t.sni) {
         return send_on_h2(x, stream, h2_form(req, backend, wire), true).await;
     }
-    let slot = backend.slot(worker);
     if wire == Wire::Tls && slot.tls_chose_h1.load(Ordering::Relaxed) {
-        return send_h1(x, wire, req).await;
+        return send_h1(x, t, req).await;
     }
     let opening = slot.opening_h2.lock().await;
-    if let Some(stream) = backend.slot(worker).h2_stream() {
+    if let Some(stream) = slot.h2_stream(&t.sni) {
         drop(opening);
         return send_on_h2(x, stream, h2_form(req, backend, wire), true).await;
     }
-    let sni = sni_host(&req, backend);
-    match backend.connect(wire, &sni, x.timeouts.connect, true).await {
-        Ok(fresh) => send_on_fresh(x, wire, fresh, true, Some(opening), req).await,
+    let connecting = backend.connect(wire, &t.sni, t.sni_by_client, x.timeouts.connect, true);
+    match connecting.await {
+        Ok(fresh) => send_on_fresh(x, t, fresh, true, Some(opening), req).await,
         Err(error) => Err(connect_error(error, req)),
     }
 }
@@ -119,13 +132,13 @@ async fn send_over(
 /// h2 was offered to a TLS backend, its choice is remembered for the next connection.
 async fn send_on_fresh(
     x: Exchange<'_>,
-    wire: Wire,
+    t: &Target,
     fresh: Fresh,
     h2_offered: bool,
     opening: Option<tokio::sync::MutexGuard<'_, ()>>,
     req: Request<UpBody>,
 ) -> Result<Response<PooledBody>, SendError> {
-    let backend = x.backend;
+    let (backend, wire) = (x.backend, t.wire);
     if wire == Wire::Tls && h2_offered {
         let chose_h1 = matches!(fresh, Fresh::H1(_));
         backend
@@ -136,10 +149,12 @@ async fn send_on_fresh(
     match fresh {
         Fresh::H1(conn) => {
             drop(opening);
-            send_on_new_h1(x, conn, req).await
+            send_on_new_h1(x, t, conn, req).await
         }
         Fresh::H2(conn, limit) => {
-            let ticket = backend.slot(x.worker).add_h2(conn.clone(), limit);
+            let ticket = backend
+                .slot(x.worker)
+                .add_h2(t.sni.clone(), conn.clone(), limit);
             drop(opening);
             send_on_h2(x, (conn, ticket), h2_form(req, backend, wire), false).await
         }
@@ -155,16 +170,16 @@ fn connect_error(error: ConnectError, req: Request<UpBody>) -> SendError {
 
 async fn send_h1(
     x: Exchange<'_>,
-    wire: Wire,
+    t: &Target,
     mut req: Request<UpBody>,
 ) -> Result<Response<PooledBody>, SendError> {
     let backend = x.backend;
-    while let Some(mut conn) = backend.slot(x.worker).take_idle() {
+    while let Some(mut conn) = backend.slot(x.worker).take_idle(&t.sni) {
         match tokio::time::timeout(x.timeouts.response, conn.try_send_request(req)).await {
             Err(_) => return Err(SendError::Timeout),
             Ok(Ok(resp)) => {
                 backend.metrics.upstream_connection(x.worker, true);
-                return Ok(wrap_h1(x, resp, conn));
+                return Ok(wrap_h1(x, t, resp, conn));
             }
             Ok(Err(mut err)) => match err.take_message() {
                 // Never written: try the next idle connection, or a new one.
@@ -173,19 +188,23 @@ async fn send_h1(
             },
         }
     }
-    let sni = sni_host(&req, backend);
     let offer_h2 = !req.headers().contains_key(header::UPGRADE);
-    match backend
-        .connect(wire, &sni, x.timeouts.connect, offer_h2)
-        .await
-    {
-        Ok(fresh) => send_on_fresh(x, wire, fresh, offer_h2, None, req).await,
+    let connecting = backend.connect(
+        t.wire,
+        &t.sni,
+        t.sni_by_client,
+        x.timeouts.connect,
+        offer_h2,
+    );
+    match connecting.await {
+        Ok(fresh) => send_on_fresh(x, t, fresh, offer_h2, None, req).await,
         Err(error) => Err(connect_error(error, req)),
     }
 }
 
 async fn send_on_new_h1(
     x: Exchange<'_>,
+    t: &Target,
     mut conn: http1::SendRequest<UpBody>,
     req: Request<UpBody>,
 ) -> Result<Response<PooledBody>, SendError> {
@@ -193,7 +212,7 @@ async fn send_on_new_h1(
         Err(_) => Err(SendError::Timeout),
         Ok(Ok(resp)) => {
             x.backend.metrics.upstream_connection(x.worker, false);
-            Ok(wrap_h1(x, resp, conn))
+            Ok(wrap_h1(x, t, resp, conn))
         }
         Ok(Err(err)) => Err(classify(err, false)),
     }
@@ -203,11 +222,16 @@ async fn send_on_new_h1(
 /// connection belongs to the upgrade now, never to the pool.
 fn wrap_h1(
     x: Exchange<'_>,
+    t: &Target,
     resp: Response<Incoming>,
     conn: http1::SendRequest<UpBody>,
 ) -> Response<PooledBody> {
-    let conn = (resp.status() != http::StatusCode::SWITCHING_PROTOCOLS)
-        .then(|| (conn, x.backend.clone(), x.worker));
+    let conn = (resp.status() != http::StatusCode::SWITCHING_PROTOCOLS).then(|| Reusable {
+        conn,
+        backend: x.backend.clone(),
+        worker: x.worker,
+        sni: t.sni.clone(),
+    });
     PooledBody::wrap(resp, conn, None)
 }
 
@@ -231,16 +255,35 @@ fn h2_form(req: Request<UpBody>, backend: &Backend, wire: Wire) -> Request<UpBod
     connector::to_h2_form(req, wire == Wire::Tls, &backend.authority)
 }
 
-/// The TLS server name: the request's host when it is a name, else the backend's host.
-fn sni_host(req: &Request<UpBody>, backend: &Backend) -> String {
-    let from_request = req
-        .headers()
-        .get(header::HOST)
+/// The request's target: on TLS the server name is the request's host when it is a name and
+/// the route lets the request choose, else the backend's host.
+fn target(req: &Request<UpBody>, x: Exchange<'_>, wire: Wire) -> Target {
+    if wire != Wire::Tls {
+        return Target {
+            wire,
+            sni: x.backend.plain_key.clone(),
+            sni_by_client: false,
+        };
+    }
+    let from_request = x
+        .sni_from_request
+        .then(|| req.headers().get(header::HOST))
+        .flatten()
         .and_then(|h| h.to_str().ok())
-        .map(|h| strip_port(h).trim_end_matches('.').to_string());
-    from_request
-        .filter(|h| !h.is_empty() && !h.starts_with('[') && h.parse::<std::net::IpAddr>().is_err())
-        .unwrap_or_else(|| backend.spec.host.clone())
+        .map(|h| strip_port(h).trim_end_matches('.').to_ascii_lowercase())
+        .filter(|h| !h.is_empty() && !h.starts_with('[') && h.parse::<std::net::IpAddr>().is_err());
+    match from_request {
+        Some(name) if name != x.backend.spec.host => Target {
+            wire,
+            sni: name.into(),
+            sni_by_client: true,
+        },
+        _ => Target {
+            wire,
+            sni: x.backend.spec.host.as_str().into(),
+            sni_by_client: false,
+        },
+    }
 }
 
 fn classify(error: hyper::Error, reused: bool) -> SendError {
@@ -250,10 +293,19 @@ fn classify(error: hyper::Error, reused: bool) -> SendError {
     }
 }
 
+/// An HTTP/1.1 connection that goes back to its worker's pool, under its server name, once its
+/// response has been read.
+struct Reusable {
+    conn: http1::SendRequest<UpBody>,
+    backend: Arc<Backend>,
+    worker: WorkerId,
+    sni: Arc<str>,
+}
+
 /// A backend's response body that hands its HTTP/1.1 connection back to the pool once read to the end.
 pub struct PooledBody {
     inner: Incoming,
-    conn: Option<(http1::SendRequest<UpBody>, Arc<Backend>, WorkerId)>,
+    conn: Option<Reusable>,
     /// The stream's place on a shared HTTP/2 connection, freed with the body.
     _stream: Option<StreamTicket>,
 }
@@ -261,7 +313,7 @@ pub struct PooledBody {
 impl PooledBody {
     fn wrap(
         resp: Response<Incoming>,
-        conn: Option<(http1::SendRequest<UpBody>, Arc<Backend>, WorkerId)>,
+        conn: Option<Reusable>,
         stream: Option<StreamTicket>,
     ) -> Response<PooledBody> {
         resp.map(|inner| {
@@ -277,8 +329,9 @@ impl PooledBody {
 
     fn release_if_done(&mut self) {
         if self.inner.is_end_stream() {
-            if let Some((conn, backend, worker)) = self.conn.take() {
-                backend.slot(worker).put_idle(conn, backend.idle_per_worker);
+            if let Some(r) = self.conn.take() {
+                let max = r.backend.idle_per_worker;
+                r.backend.slot(r.worker).put_idle(r.sni, r.conn, max);
             }
         }
     }

@@ -1,6 +1,8 @@
 //! One worker's connections to one backend: a short list of idle HTTP/1.1 connections and its
 //! shared HTTP/2 connections with their open-stream counts. Only its own worker touches a slot,
-//! so its mutexes are never contended.
+//! so its mutexes are never contended. Connections are kept under the TLS server name they were
+//! opened for (empty for plain ones), and a request only ever reuses one opened for its own
+//! name: a session set up for one name never carries another's requests.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,7 +15,7 @@ use super::h2_settings::StreamLimit;
 /// One worker's connections to one backend.
 #[derive(Default)]
 pub struct WorkerSlot {
-    idle: Mutex<Vec<http1::SendRequest<UpBody>>>,
+    idle: Mutex<Vec<(Arc<str>, http1::SendRequest<UpBody>)>>,
     h2: Mutex<Vec<H2Conn>>,
     /// Held while opening a connection that may be HTTP/2, so a burst waits for it.
     pub opening_h2: tokio::sync::Mutex<()>,
@@ -23,6 +25,7 @@ pub struct WorkerSlot {
 }
 
 struct H2Conn {
+    sni: Arc<str>,
     sender: http2::SendRequest<UpBody>,
     open_streams: Arc<AtomicUsize>,
     limit: Arc<StreamLimit>,
@@ -38,25 +41,22 @@ impl Drop for StreamTicket {
 }
 
 impl WorkerSlot {
-    /// An idle HTTP/1.1 connection that is ready for a request.
-    pub fn take_idle(&self) -> Option<http1::SendRequest<UpBody>> {
+    /// An idle HTTP/1.1 connection opened for `sni` that is ready for a request.
+    pub fn take_idle(&self, sni: &str) -> Option<http1::SendRequest<UpBody>> {
         let mut idle = lock(&self.idle);
-        while let Some(conn) = idle.pop() {
-            if conn.is_ready() {
-                return Some(conn);
-            }
-            // Closed, or not yet ready after its last response: neither is worth keeping.
-        }
-        None
+        // Closed, or not yet ready after its last response: neither is worth keeping.
+        idle.retain(|(_, conn)| conn.is_ready());
+        let at = idle.iter().rposition(|(name, _)| &**name == sni)?;
+        Some(idle.swap_remove(at).1)
     }
 
-    /// A place on one of this worker's HTTP/2 connections that has room.
-    pub fn h2_stream(&self) -> Option<(http2::SendRequest<UpBody>, StreamTicket)> {
+    /// A place on one of this worker's HTTP/2 connections for `sni` that has room.
+    pub fn h2_stream(&self, sni: &str) -> Option<(http2::SendRequest<UpBody>, StreamTicket)> {
         let mut conns = lock(&self.h2);
         conns.retain(|c| !c.sender.is_closed());
         let conn = conns
             .iter()
-            .find(|c| c.open_streams.load(Ordering::Relaxed) < c.limit.get())?;
+            .find(|c| &*c.sni == sni && c.open_streams.load(Ordering::Relaxed) < c.limit.get())?;
         conn.open_streams.fetch_add(1, Ordering::Relaxed);
         Some((conn.sender.clone(), StreamTicket(conn.open_streams.clone())))
     }
@@ -65,11 +65,13 @@ impl WorkerSlot {
     /// first request's place on it.
     pub fn add_h2(
         &self,
+        sni: Arc<str>,
         sender: http2::SendRequest<UpBody>,
         limit: Arc<StreamLimit>,
     ) -> StreamTicket {
         let open_streams = Arc::new(AtomicUsize::new(1));
         lock(&self.h2).push(H2Conn {
+            sni,
             sender,
             open_streams: open_streams.clone(),
             limit,
@@ -77,14 +79,14 @@ impl WorkerSlot {
         StreamTicket(open_streams)
     }
 
-    /// Keeps `conn` for the next request, unless `max` are idle already.
-    pub fn put_idle(&self, conn: http1::SendRequest<UpBody>, max: usize) {
+    /// Keeps `conn` (opened for `sni`) for the next request, unless `max` are idle already.
+    pub fn put_idle(&self, sni: Arc<str>, conn: http1::SendRequest<UpBody>, max: usize) {
         if conn.is_closed() {
             return;
         }
         let mut idle = lock(&self.idle);
         if idle.len() < max {
-            idle.push(conn);
+            idle.push((sni, conn));
         }
     }
 }
