@@ -190,6 +190,7 @@ async fn the_file_server_hides_dotfiles_however_encoded_and_stays_in_its_folder(
         keepalive: None,
         grace_period: Duration::from_secs(1),
         idle_timeout: Duration::from_secs(5),
+        send_timeout: Duration::from_secs(60),
         max_streams: 16,
     };
     let folder = root.path().to_path_buf();
@@ -417,4 +418,84 @@ async fn pooled_tls_connections_are_kept_per_server_name() {
         );
         support::body_bytes(resp).await;
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_never_reads_is_cut_off_after_the_send_timeout() {
+    // An HTTP/2 client with a zero flow-control window: its streams can never move, and each
+    // holds a backend connection. Before, nothing ever timed them out.
+    let backend = Backend::start("b").await;
+    let proxy = Proxy::start(
+        &support::default_route(&[&backend]),
+        "client_send_timeout: 5",
+    )
+    .await;
+    let s = TcpStream::connect(proxy.addr).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .initial_stream_window_size(0)
+            .handshake(hyper_util::rt::TokioIo::new(s))
+            .await
+            .unwrap();
+    let mut conn = tokio::spawn(conn);
+    send.ready().await.unwrap();
+    let started = tokio::time::Instant::now();
+    for _ in 0..8 {
+        let req = http::Request::builder()
+            .uri(format!("http://{}/big/1048576", proxy.addr))
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap();
+        let mut send = send.clone();
+        tokio::spawn(async move { send.send_request(req).await });
+    }
+    let ended = tokio::time::timeout(Duration::from_secs(30), &mut conn).await;
+    assert!(ended.is_ok(), "the stuck connection was never closed");
+    let after = started.elapsed();
+    assert!(
+        after >= Duration::from_secs(4) && after < Duration::from_secs(6),
+        "closed after {after:?}"
+    );
+    // A client that reads is served all along.
+    let mut ok = support::Client::connect(support::Proto::H2c, proxy.addr).await;
+    assert_eq!(ok.get("any", "/").await.status(), 200);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_backend_gets_no_more_connections_than_its_limit() {
+    let backend = Backend::start("b").await;
+    let pinned = format!("http://{}", backend.addr);
+    let yaml = Upstreams::new()
+        .host(
+            "DEFAULT",
+            Host::new().path("/", Path::addrs(&[pinned]).healthcheck(false)),
+        )
+        .render();
+    let proxy = Proxy::start(&yaml, "upstream_max_connections: 2").await;
+    let mut calls = Vec::new();
+    for _ in 0..3 {
+        let addr = proxy.addr;
+        calls.push(tokio::spawn(async move {
+            let slow = "GET /slow/2000 HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n";
+            status(&exchange(addr, slow).await)
+        }));
+        tokio::task::yield_now().await;
+    }
+    let mut statuses = Vec::new();
+    for call in calls {
+        statuses.push(call.await.unwrap());
+    }
+    statuses.sort_unstable();
+    assert_eq!(
+        statuses,
+        [200, 200, 503],
+        "the third found both connections busy"
+    );
+    assert!(
+        backend.accepts() <= 2,
+        "{} backend connections",
+        backend.accepts()
+    );
+    // Once they are free again, requests flow.
+    let again = "GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n";
+    assert_eq!(status(&exchange(proxy.addr, again).await), 200);
 }

@@ -318,6 +318,7 @@ pub fn start(
         keepalive: None,
         grace_period: main.grace_period,
         idle_timeout: main.client_idle_timeout,
+        send_timeout: main.client_send_timeout,
         max_streams: 16,
     };
     // SO_REUSEPORT, like the proxy's listeners: during a live upgrade the new process binds the

@@ -40,6 +40,8 @@ pub struct MainConfig {
     pub rungroup: Option<String>,
     pub upgrade_sock: PathBuf,
     pub upstream_keepalive_pool_size: usize,
+    /// Open connections per backend, across workers; past it requests get 503.
+    pub upstream_max_connections: usize,
     pub proxy_address_http: SocketAddr,
     pub proxy_address_tls: Option<SocketAddr>,
     pub certificates_dir: Option<PathBuf>,
@@ -62,6 +64,9 @@ pub struct MainConfig {
     pub tcp_keepalive_count: u32,
     pub client_header_timeout: Duration,
     pub client_idle_timeout: Duration,
+    /// How long a connection with requests in flight may go without any of them making
+    /// progress (a response head or body bytes going out) before it is closed.
+    pub client_send_timeout: Duration,
     pub upstream_connect_timeout: Duration,
     pub upstream_response_timeout: Duration,
     pub grace_period: Duration,
@@ -81,6 +86,7 @@ const KEYS: &[&str] = &[
     "rungroup",
     "upgrade_sock",
     "upstream_keepalive_pool_size",
+    "upstream_max_connections",
     "proxy_address_http",
     "proxy_address_tls",
     "proxy_certificates",
@@ -103,6 +109,7 @@ const KEYS: &[&str] = &[
     "tcp_keepalive_count",
     "client_header_timeout",
     "client_idle_timeout",
+    "client_send_timeout",
     "upstream_connect_timeout",
     "upstream_response_timeout",
     "grace_period_seconds",
@@ -142,6 +149,7 @@ impl MainConfig {
             rungroup: None,
             upgrade_sock: PathBuf::from("/tmp/aralez.sock"),
             upstream_keepalive_pool_size: 128,
+            upstream_max_connections: 1024,
             proxy_address_http: SocketAddr::from(([0, 0, 0, 0], 0)),
             proxy_address_tls: None,
             certificates_dir: None,
@@ -163,6 +171,7 @@ impl MainConfig {
             tcp_keepalive_count: 5,
             client_header_timeout: Duration::from_secs(10),
             client_idle_timeout: Duration::from_secs(60),
+            client_send_timeout: Duration::from_secs(60),
             upstream_connect_timeout: Duration::from_secs(5),
             upstream_response_timeout: Duration::from_secs(60),
             grace_period: Duration::from_secs(30),
@@ -212,6 +221,10 @@ impl MainConfig {
                 "upstream_keepalive_pool_size" => set(
                     &mut cfg.upstream_keepalive_pool_size,
                     r.uint(value, k, 0, 1_000_000).map(|n| n as usize),
+                ),
+                "upstream_max_connections" => set(
+                    &mut cfg.upstream_max_connections,
+                    r.uint(value, k, 1, 10_000_000).map(|n| n as usize),
                 ),
                 "proxy_address_http" => {
                     seen_http = true;
@@ -271,6 +284,10 @@ impl MainConfig {
                 ),
                 "client_idle_timeout" => set(
                     &mut cfg.client_idle_timeout,
+                    seconds(value, k, 1, 86_400, r),
+                ),
+                "client_send_timeout" => set(
+                    &mut cfg.client_send_timeout,
                     seconds(value, k, 1, 86_400, r),
                 ),
                 "upstream_connect_timeout" => set(

@@ -121,7 +121,8 @@ impl Context {
             main.upstream_keepalive_pool_size,
             main.hc_interval,
             metrics.clone(),
-        );
+        )
+        .with_max_connections(main.upstream_max_connections);
         let reloader = Arc::new(Reloader::new(
             main.upstreams_conf.clone(),
             registry,
@@ -336,6 +337,7 @@ pub fn limits(main: &MainConfig) -> Limits {
         }),
         grace_period: main.grace_period,
         idle_timeout: main.client_idle_timeout,
+        send_timeout: main.client_send_timeout,
         max_streams: server::MAX_CLIENT_STREAMS,
     }
 }

@@ -26,7 +26,7 @@ use hyper_util::server::conn::auto;
 use pin_project_lite::pin_project;
 use tokio::sync::watch;
 
-use super::idle::{self, Activity, InFlight};
+use super::idle::{self, Activity, InFlight, Timers};
 use super::listener::{apply_keepalive, TcpKeepalive};
 
 /// How long a draining listener lets busy HTTP/1 connections finish their next request
@@ -46,8 +46,19 @@ pub struct Limits {
     pub grace_period: Duration,
     /// A connection that carries no request for this long is asked to close.
     pub idle_timeout: Duration,
+    /// A connection whose open requests make no progress for this long is closed.
+    pub send_timeout: Duration,
     /// Streams one HTTP/2 connection may open at once.
     pub max_streams: u32,
+}
+
+impl Limits {
+    fn timers(&self) -> Timers {
+        Timers {
+            idle: self.idle_timeout,
+            send: self.send_timeout,
+        }
+    }
 }
 
 /// The client side of an accepted connection, for the per-connection service.
@@ -273,7 +284,7 @@ fn serve_plain<F, S, B>(
         conn.into_owned(),
         shared.drain.clone(),
         activity,
-        shared.limits.idle_timeout,
+        shared.limits.timers(),
     );
     tokio::spawn(counted.run(conn));
 }
@@ -311,7 +322,7 @@ fn serve_tls<F, S, B>(
             }
         };
         let (service, activity) = tracked(&shared, ConnInfo { peer, tls: true });
-        let (drain, idle) = (shared.drain.clone(), shared.limits.idle_timeout);
+        let (drain, idle) = (shared.drain.clone(), shared.limits.timers());
         let io = TokioIo::new(stream);
         if io.inner().get_ref().1.alpn_protocol() == Some(b"h2") {
             let conn = shared.builders.h2_only.serve_connection(io, service);
@@ -413,6 +424,9 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let Ok(mut resp) = std::task::ready!(this.inner.poll(cx));
+        if let Some(in_flight) = this.in_flight.as_ref() {
+            in_flight.progress();
+        }
         if this
             .close_when_draining
             .as_ref()
@@ -446,7 +460,12 @@ impl<B: Body> Body for ActiveBody<B> {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        self.project().inner.poll_frame(cx)
+        let this = self.project();
+        let polled = this.inner.poll_frame(cx);
+        if let (Poll::Ready(Some(Ok(_))), Some(in_flight)) = (&polled, this._in_flight.as_ref()) {
+            in_flight.progress();
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {

@@ -28,6 +28,9 @@ pub struct Activity {
     open: AtomicUsize,
     /// Nanoseconds from `base` to the end of the last request (0: none yet).
     last_end: AtomicU64,
+    /// Nanoseconds from `base` to the last sign of life of an open request: its start, its
+    /// response head, a body frame sent.
+    last_progress: AtomicU64,
 }
 
 impl Activity {
@@ -36,13 +39,34 @@ impl Activity {
             base: Instant::now(),
             open: AtomicUsize::new(0),
             last_end: AtomicU64::new(0),
+            last_progress: AtomicU64::new(0),
         })
     }
 
     /// A request starts; it ends when the guard drops.
     pub fn begin(self: &Arc<Self>) -> InFlight {
         self.open.fetch_add(1, Ordering::Relaxed);
+        self.progress();
         InFlight(self.clone())
+    }
+
+    fn now_nanos(&self) -> u64 {
+        let since_base = Instant::now().saturating_duration_since(self.base);
+        u64::try_from(since_base.as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn progress(&self) {
+        self.last_progress
+            .store(self.now_nanos(), Ordering::Relaxed);
+    }
+
+    /// How long the open requests have made no progress, or `None` while none is open.
+    fn stalled_for(&self, now: Instant) -> Option<Duration> {
+        if self.open.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let last = self.base + Duration::from_nanos(self.last_progress.load(Ordering::Relaxed));
+        Some(now.saturating_duration_since(last))
     }
 
     /// How long the connection has carried no request, or `None` while one is open.
@@ -58,10 +82,16 @@ impl Activity {
 /// One request of a connection, from its start until its response body is done or dropped.
 pub struct InFlight(Arc<Activity>);
 
+impl InFlight {
+    /// The request made progress (its response head, or a body frame, went out).
+    pub fn progress(&self) {
+        self.0.progress();
+    }
+}
+
 impl Drop for InFlight {
     fn drop(&mut self) {
-        let since_base = Instant::now().saturating_duration_since(self.0.base);
-        let nanos = u64::try_from(since_base.as_nanos()).unwrap_or(u64::MAX);
+        let nanos = self.0.now_nanos();
         self.0.last_end.store(nanos, Ordering::Relaxed);
         self.0.open.fetch_sub(1, Ordering::Relaxed);
     }
@@ -94,20 +124,35 @@ macro_rules! graceful_for {
 graceful_for!(Connection);
 graceful_for!(UpgradeableConnection);
 
+/// The timers of one connection.
+#[derive(Clone, Copy, Debug)]
+pub struct Timers {
+    /// No request at all for this long: asked to close gracefully.
+    pub idle: Duration,
+    /// Requests open but none making progress for this long: closed at once (nginx's
+    /// `send_timeout`; a client that stops reading, or an HTTP/2 client that never opens its
+    /// flow-control window, would otherwise hold its streams and their backend connections).
+    pub send: Duration,
+}
+
 /// Polls `conn` to its end; asks it to shut down once, when `drain` turns true (or its sender
-/// is gone) or when `activity` has been idle for `idle`.
+/// is gone) or when `activity` has been idle for `timers.idle`; drops it when its requests have
+/// made no progress for `timers.send`.
 pub async fn drive<C, E>(
     conn: C,
     mut drain: watch::Receiver<bool>,
     activity: Arc<Activity>,
-    idle: Duration,
+    timers: Timers,
 ) -> Result<(), E>
 where
     C: Graceful<Output = Result<(), E>>,
 {
+    let idle = timers.idle;
     tokio::pin!(conn);
     let check = tokio::time::sleep(idle);
     tokio::pin!(check);
+    let stall = tokio::time::sleep(timers.send);
+    tokio::pin!(stall);
     let mut asked = *drain.borrow();
     if asked {
         conn.as_mut().shut_down();
@@ -130,6 +175,17 @@ where
                     }
                     Some(for_short) => check.as_mut().reset(now + (idle - for_short)),
                     None => check.as_mut().reset(now + idle),
+                }
+            }
+            () = &mut stall => {
+                let now = Instant::now();
+                match activity.stalled_for(now) {
+                    Some(stuck) if stuck >= timers.send => {
+                        tracing::debug!("closing a connection whose requests made no progress for {stuck:?}");
+                        return Ok(());
+                    }
+                    Some(moving) => stall.as_mut().reset(now + (timers.send - moving)),
+                    None => stall.as_mut().reset(now + timers.send),
                 }
             }
         }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 pub use super::connector::Wire;
-use super::connector::{self, ConnectError, ConnectErrorKind, Endpoint, Fresh};
+use super::connector::{self, ConnectError, ConnectErrorKind, Counted, Endpoint, Fresh};
 use super::slot::WorkerSlot;
 use crate::config::values::{Scheme, ServerSpec};
 use crate::metrics::Metrics;
@@ -46,6 +46,9 @@ pub struct Backend {
     pub(super) metrics: Arc<Metrics>,
     /// The pool key of plain connections (no server name), shared so a request clones it.
     pub(super) plain_key: Arc<str>,
+    /// Open pooled connections, across workers, and how many there may be.
+    open_conns: Arc<std::sync::atomic::AtomicUsize>,
+    max_conns: usize,
 }
 
 impl std::fmt::Debug for Backend {
@@ -133,9 +136,13 @@ impl Backend {
         timeout: Duration,
         offer_h2: bool,
     ) -> Result<Fresh, ConnectError> {
+        let Some(counted) = Counted::reserve(&self.open_conns, self.max_conns) else {
+            let detail = format!("{} connections open", self.max_conns);
+            return Err(ConnectError::new(ConnectErrorKind::Capacity, detail));
+        };
         let addrs = self.addrs();
         let ep = self.endpoint(&addrs, wire);
-        let opened = connector::open(ep, sni, timeout, offer_h2, None).await;
+        let opened = connector::open(ep, sni, timeout, offer_h2, None, Some(counted)).await;
         match &opened {
             Ok(_) => self.connect_succeeded(),
             Err(e) if sni_by_client && e.kind() == ConnectErrorKind::Tls => {}
@@ -214,6 +221,8 @@ impl Backend {
             idle_per_worker: pool_size.div_ceil(workers),
             metrics: registry.metrics.clone(),
             plain_key: Arc::from(""),
+            open_conns: Arc::default(),
+            max_conns: registry.max_conns,
         }
     }
 
@@ -278,6 +287,8 @@ impl Backend {
 pub struct Registry {
     workers: usize,
     pool_size: usize,
+    /// `upstream_max_connections`: open connections per backend, across workers.
+    max_conns: usize,
     down_for: Duration,
     metrics: Arc<Metrics>,
     live: Mutex<HashMap<(ServerSpec, bool), Weak<Backend>>>,
@@ -295,10 +306,17 @@ impl Registry {
         Registry {
             workers,
             pool_size,
+            max_conns: usize::MAX,
             down_for,
             metrics,
             live: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// At most `max` open connections per backend (`upstream_max_connections`).
+    pub fn with_max_connections(mut self, max: usize) -> Registry {
+        self.max_conns = max.max(1);
+        self
     }
 
     /// A registry with its own metrics and a pool of 8 (unit tests).

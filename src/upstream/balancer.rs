@@ -12,6 +12,7 @@ use http::{Request, Response};
 use http_body_util::{Either, Empty};
 
 use super::backend::Backend;
+use super::connector::ConnectErrorKind;
 use super::pool::{self, Exchange, PooledBody, SendError, Timeouts, UpBody};
 use crate::vocab::{ProxyError, WorkerId};
 
@@ -142,7 +143,9 @@ pub async fn send(
             Err(SendError::Connect { error, request }) => {
                 tracing::warn!(backend = %backend.label, "{error}");
                 pending = Some(*request);
-                last_error = Some(if error.is_timeout() {
+                last_error = Some(if error.kind() == ConnectErrorKind::Capacity {
+                    ProxyError::BackendBusy
+                } else if error.is_timeout() {
                     ProxyError::ConnectTimeout
                 } else {
                     ProxyError::ConnectFailed

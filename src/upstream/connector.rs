@@ -77,6 +77,8 @@ pub enum ConnectErrorKind {
     BadResponse,
     /// A body was larger than the caller accepts.
     BodyTooLarge,
+    /// The backend already has as many connections as it may (`upstream_max_connections`).
+    Capacity,
 }
 
 impl ConnectErrorKind {
@@ -89,6 +91,7 @@ impl ConnectErrorKind {
             ConnectErrorKind::Exchange => "exchange",
             ConnectErrorKind::BadResponse => "invalid response",
             ConnectErrorKind::BodyTooLarge => "body too large",
+            ConnectErrorKind::Capacity => "connection limit",
         }
     }
 }
@@ -135,6 +138,7 @@ impl ConnectError {
                 | ConnectErrorKind::Tcp
                 | ConnectErrorKind::Tls
                 | ConnectErrorKind::Handshake
+                | ConnectErrorKind::Capacity
         )
     }
 }
@@ -148,6 +152,26 @@ pub struct Endpoint<'a> {
     pub wire: Wire,
     /// Check the certificate chain and name (`upstream_tls_verify: true`).
     pub verify_tls: bool,
+}
+
+/// One open connection in its backend's count, released when the connection's task ends.
+pub struct Counted(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Counted {
+    /// Takes a place among at most `max` in `count`, if one is free.
+    pub fn reserve(count: &Arc<std::sync::atomic::AtomicUsize>, max: usize) -> Option<Counted> {
+        use std::sync::atomic::Ordering;
+        let taken = count.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+            (n < max).then_some(n + 1)
+        });
+        taken.is_ok().then(|| Counted(count.clone()))
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// A freshly opened connection, by the protocol it speaks.
@@ -184,18 +208,24 @@ pub async fn tcp(
 /// Opens a connection to `ep`: HTTP/1.1 or h2c on plain TCP; on TLS, whatever ALPN picks
 /// (`offer_h2: false` asks for HTTP/1.1 only, for upgrades). `sni` is the name to present.
 /// With `task_limit`, the connection's task ends after that long at the latest (one-shot use).
+/// With `counted`, the connection holds that place in its backend's count until its task ends.
 pub async fn open(
     ep: Endpoint<'_>,
     sni: &str,
     timeout: Duration,
     offer_h2: bool,
     task_limit: Option<Duration>,
+    counted: Option<Counted>,
 ) -> Result<Fresh, ConnectError> {
+    let task = TaskBounds {
+        limit: task_limit,
+        counted,
+    };
     let stream = tcp(ep.addrs, ep.host, timeout).await?;
     match ep.wire {
-        Wire::Http1 => return h1_over(stream, task_limit).await,
-        Wire::H2c if offer_h2 => return h2_over(stream, timeout, task_limit).await,
-        Wire::H2c => return h1_over(stream, task_limit).await,
+        Wire::Http1 => return h1_over(stream, task).await,
+        Wire::H2c if offer_h2 => return h2_over(stream, timeout, task).await,
+        Wire::H2c => return h1_over(stream, task).await,
         Wire::Tls => {}
     }
     let handshake = super::tls::handshake(stream, sni, offer_h2, ep.verify_tls);
@@ -205,23 +235,35 @@ pub async fn open(
         Err(_) => return Err(ConnectError::timeout(ConnectErrorKind::Tls, timeout)),
     };
     if h2 {
-        h2_over(tls, timeout, task_limit).await
+        h2_over(tls, timeout, task).await
     } else {
-        h1_over(tls, task_limit).await
+        h1_over(tls, task).await
     }
 }
 
-fn spawn_bounded<F>(task: F, limit: Option<Duration>)
+/// What bounds a connection's task: how long it may live (one-shot use), and the place it holds
+/// in its backend's count.
+struct TaskBounds {
+    limit: Option<Duration>,
+    counted: Option<Counted>,
+}
+
+fn spawn_bounded<F>(task: F, bounds: TaskBounds)
 where
     F: std::future::Future<Output = ()> + Send + 'static,
 {
-    match limit {
+    let counted = bounds.counted;
+    let task = async move {
+        task.await;
+        drop(counted);
+    };
+    match bounds.limit {
         Some(limit) => drop(tokio::spawn(tokio::time::timeout(limit, task))),
         None => drop(tokio::spawn(task)),
     }
 }
 
-async fn h1_over<IO>(io: IO, task_limit: Option<Duration>) -> Result<Fresh, ConnectError>
+async fn h1_over<IO>(io: IO, bounds: TaskBounds) -> Result<Fresh, ConnectError>
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -234,17 +276,13 @@ where
             tracing::debug!("upstream connection ended: {e}");
         }
     };
-    spawn_bounded(task, task_limit);
+    spawn_bounded(task, bounds);
     Ok(Fresh::H1(sender))
 }
 
 /// The HTTP/2 handshake, then a wait (at most `timeout`) for the upstream's SETTINGS, so the
 /// first burst of requests knows how many streams this connection takes.
-async fn h2_over<IO>(
-    io: IO,
-    timeout: Duration,
-    task_limit: Option<Duration>,
-) -> Result<Fresh, ConnectError>
+async fn h2_over<IO>(io: IO, timeout: Duration, bounds: TaskBounds) -> Result<Fresh, ConnectError>
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -264,7 +302,7 @@ where
             tracing::debug!("upstream h2 connection ended: {e}");
         }
     };
-    spawn_bounded(task, task_limit);
+    spawn_bounded(task, bounds);
     let _ = tokio::time::timeout(timeout, limit.learned()).await;
     Ok(Fresh::H2(sender, limit))
 }
@@ -315,7 +353,7 @@ pub async fn exchange_once(
 ) -> Result<Response<Incoming>, ConnectError> {
     let attempt = async {
         let offer_h2 = ep.wire != Wire::Http1;
-        match open(ep, sni, limit, offer_h2, Some(limit)).await? {
+        match open(ep, sni, limit, offer_h2, Some(limit), None).await? {
             Fresh::H1(mut sender) => {
                 req.headers_mut()
                     .insert(header::CONNECTION, http::HeaderValue::from_static("close"));

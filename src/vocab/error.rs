@@ -15,6 +15,9 @@ pub enum ProxyError {
     NoPath,
     #[error("every backend of this route is down")]
     AllBackendsDown,
+    /// Every usable backend already has `upstream_max_connections` open.
+    #[error("every backend of this route is at its connection limit")]
+    BackendBusy,
     #[error("no backend could be reached")]
     ConnectFailed,
     #[error("connecting to the backend timed out")]
@@ -77,6 +80,7 @@ impl ProxyError {
         match self {
             ProxyError::NoHost | ProxyError::NoPath => StatusCode::NOT_FOUND,
             ProxyError::AllBackendsDown
+            | ProxyError::BackendBusy
             | ProxyError::NoJwtSecret
             | ProxyError::AuthServiceTimeout => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::ConnectFailed
@@ -183,6 +187,7 @@ mod tests {
             (ProxyError::NoHost, 404),
             (ProxyError::NoPath, 404),
             (ProxyError::AllBackendsDown, 503),
+            (ProxyError::BackendBusy, 503),
             (ProxyError::ConnectFailed, 502),
             (ProxyError::BadResponse, 502),
             (ProxyError::BackendReset, 502),
