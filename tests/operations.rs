@@ -467,3 +467,31 @@ async fn the_open_files_limit_is_raised_to_the_hard_limit() {
     assert_eq!(numbers[0], numbers[1], "soft limit not raised: {line}");
     assert_ne!(numbers[0], "256", "{line}");
 }
+
+#[tokio::test]
+async fn accept_failures_are_logged_at_a_bounded_rate() {
+    // Out of descriptors (hard limit 64, so it cannot be raised): every accept fails while the
+    // clients wait. The warning comes at most once a second, with a count, not once per try.
+    let backend = Backend::start("a").await;
+    let proxy = ProxyProcess::start_after(&default_route(&[&backend]), "", "ulimit -n 64");
+    let mut clients = Vec::new();
+    for _ in 0..120 {
+        if let Ok(s) = TcpStream::connect(proxy.addr).await {
+            clients.push(s);
+        }
+    }
+    let failing = proxy.wait_log_count("accept failed", 1, Duration::from_secs(5)).await;
+    assert!(failing, "descriptors never ran out:\n{}", proxy.log_text());
+    let first = Instant::now();
+    // Real time is the point: the rate is per wall-clock second.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let lines = proxy.log_count("accept failed");
+    assert!(
+        lines <= 2 + first.elapsed().as_secs() as usize,
+        "{lines} accept warnings in {:?}:\n{}",
+        first.elapsed(),
+        proxy.log_text()
+    );
+    assert!(proxy.log_text().contains("more since the last report"));
+    drop(clients);
+}
