@@ -480,14 +480,18 @@ async fn accept_failures_are_logged_at_a_bounded_rate() {
             clients.push(s);
         }
     }
-    let failing = proxy.wait_log_count("accept failed", 1, Duration::from_secs(5)).await;
+    let failing = proxy
+        .wait_log_count("accept failed", 1, Duration::from_secs(5))
+        .await;
     assert!(failing, "descriptors never ran out:\n{}", proxy.log_text());
     let first = Instant::now();
     // Real time is the point: the rate is per wall-clock second.
     tokio::time::sleep(Duration::from_millis(2500)).await;
+    // Each of the two workers' accept loops reports at most once a second (unthrottled, each
+    // would log every 20 ms retry: about 250 lines here).
     let lines = proxy.log_count("accept failed");
     assert!(
-        lines <= 2 + first.elapsed().as_secs() as usize,
+        lines <= 2 * (2 + first.elapsed().as_secs() as usize),
         "{lines} accept warnings in {:?}:\n{}",
         first.elapsed(),
         proxy.log_text()

@@ -68,6 +68,43 @@ pub struct ConnInfo {
     pub tls: bool,
 }
 
+/// What a listener serves: a function making each connection's hyper service, whose answers
+/// are never errors (errors are responses).
+pub trait MakeService: Send + Sync + 'static {
+    type Service: Service<
+            Request<Incoming>,
+            Response = Response<Self::Body>,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static;
+    type Body: Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
+        + Send
+        + 'static;
+
+    fn make(&self, info: ConnInfo) -> Self::Service;
+}
+
+impl<F, S, B> MakeService for F
+where
+    F: Fn(ConnInfo) -> S + Send + Sync + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Service = S;
+    type Body = B;
+
+    fn make(&self, info: ConnInfo) -> S {
+        self(info)
+    }
+}
+
 /// One listener's accept loop: where it listens, with TLS or not, under which limits, counting
 /// open connections in `open` (shared by every loop of the same listener family, so the cap
 /// holds across workers).
@@ -186,17 +223,7 @@ impl AcceptLoop {
     /// Accepts until `shutdown` turns true, then drains: no new connections, HTTP/1 keep-alive
     /// stops, idle connections close, and in-flight requests finish within the grace period.
     /// `make` builds the service of each connection.
-    pub async fn run<F, S, B>(self, make: F, mut shutdown: watch::Receiver<bool>)
-    where
-        F: Fn(ConnInfo) -> S + Send + Sync + 'static,
-        S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
-            + Clone
-            + Send
-            + 'static,
-        S::Future: Send + 'static,
-        B: Body<Data = Bytes> + Send + 'static,
-        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    {
+    pub async fn run<F: MakeService>(self, make: F, mut shutdown: watch::Receiver<bool>) {
         let listener = match tokio::net::TcpListener::from_std(self.listener) {
             Ok(l) => l,
             Err(e) => {
@@ -257,20 +284,11 @@ impl AcceptLoop {
     }
 }
 
-fn serve_plain<F, S, B>(
+fn serve_plain<F: MakeService>(
     shared: &Arc<Shared<F>>,
     counted: OpenConnection,
     stream: tokio::net::TcpStream,
-) where
-    F: Fn(ConnInfo) -> S + Send + Sync + 'static,
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
+) {
     let info = ConnInfo {
         peer: counted.peer,
         tls: false,
@@ -291,21 +309,12 @@ fn serve_plain<F, S, B>(
 
 /// Runs the TLS handshake (bounded by the header timeout) in the connection's own task, then
 /// serves: HTTP/2 only when ALPN chose h2.
-fn serve_tls<F, S, B>(
+fn serve_tls<F: MakeService>(
     shared: &Arc<Shared<F>>,
     counted: OpenConnection,
     stream: tokio::net::TcpStream,
     acceptor: tokio_rustls::TlsAcceptor,
-) where
-    F: Fn(ConnInfo) -> S + Send + Sync + 'static,
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
+) {
     let shared = shared.clone();
     tokio::spawn(async move {
         let peer = counted.peer;
@@ -340,13 +349,13 @@ fn serve_tls<F, S, B>(
 }
 
 /// The connection's service from `make`, wrapped to track activity and the drain.
-fn tracked<F, S>(shared: &Arc<Shared<F>>, info: ConnInfo) -> (Tracked<S>, Arc<Activity>)
-where
-    F: Fn(ConnInfo) -> S,
-{
+fn tracked<F: MakeService>(
+    shared: &Arc<Shared<F>>,
+    info: ConnInfo,
+) -> (Tracked<F::Service>, Arc<Activity>) {
     let activity = Activity::new();
     let service = Tracked {
-        inner: (shared.make)(info),
+        inner: shared.make.make(info),
         activity: activity.clone(),
         draining: shared.draining.clone(),
     };

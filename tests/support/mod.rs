@@ -213,6 +213,20 @@ pub fn header(resp: &Response<Incoming>, name: &str) -> String {
 /// How often the polling helpers look again.
 const POLL: Duration = Duration::from_millis(20);
 
+/// A temp dir with `upstreams.yaml` and a `main.yaml` (two workers, port 0, info logs, the pid
+/// file inside) plus `main_extra`; returns the dir and main.yaml's path.
+fn write_config(upstreams: &str, main_extra: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("upstreams.yaml"), upstreams).expect("write upstreams");
+    let main = format!(
+        "threads: 2\nproxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: \"upstreams.yaml\"\nlog_level: info\npid_file: \"{}\"\n{main_extra}\n",
+        dir.path().join("aralez.pid").display()
+    );
+    let path = dir.path().join("main.yaml");
+    std::fs::write(&path, main).expect("write main");
+    (dir, path)
+}
+
 /// Polls `check` until it holds or `limit` passes; whether it held.
 pub async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
     // tokio's clock: the wall clock, or virtual time in a paused-clock test.
@@ -281,34 +295,22 @@ impl ProxyProcess {
 
     /// Like `start`, with environment variables for the proxy.
     pub fn start_env(upstreams: &str, main_extra: &str, env: &[(&str, &str)]) -> ProxyProcess {
-        let dir = tempfile::tempdir().expect("temp dir");
-        std::fs::write(dir.path().join("upstreams.yaml"), upstreams).expect("write upstreams");
-        let main = format!(
-            "threads: 2\nproxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: \"upstreams.yaml\"\nlog_level: info\npid_file: \"{}\"\n{main_extra}\n",
-            dir.path().join("aralez.pid").display()
-        );
-        std::fs::write(dir.path().join("main.yaml"), main).expect("write main");
+        let (dir, main) = write_config(upstreams, main_extra);
         let mut command = Command::new(env!("CARGO_BIN_EXE_aralez"));
-        command.arg("-c").arg(dir.path().join("main.yaml"));
+        command.arg("-c").arg(main);
         command.envs(env.iter().copied());
         Self::spawn_command(command, dir)
     }
 
     /// [`ProxyProcess::start`] from a shell that first runs `prelude` (e.g. `ulimit -Sn 256`).
     pub fn start_after(upstreams: &str, main_extra: &str, prelude: &str) -> ProxyProcess {
-        let dir = tempfile::tempdir().expect("temp dir");
-        std::fs::write(dir.path().join("upstreams.yaml"), upstreams).expect("write upstreams");
-        let main = format!(
-            "threads: 2\nproxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: \"upstreams.yaml\"\nlog_level: info\npid_file: \"{}\"\n{main_extra}\n",
-            dir.path().join("aralez.pid").display()
-        );
-        std::fs::write(dir.path().join("main.yaml"), main).expect("write main");
+        let (dir, main) = write_config(upstreams, main_extra);
         let mut command = Command::new("sh");
         command
             .arg("-c")
             .arg(format!("{prelude} && exec \"$0\" -c \"$1\""))
             .arg(env!("CARGO_BIN_EXE_aralez"))
-            .arg(dir.path().join("main.yaml"));
+            .arg(main);
         Self::spawn_command(command, dir)
     }
 
