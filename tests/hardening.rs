@@ -452,7 +452,7 @@ async fn a_client_that_never_reads_is_cut_off_after_the_send_timeout() {
     assert!(ended.is_ok(), "the stuck connection was never closed");
     let after = started.elapsed();
     assert!(
-        after >= Duration::from_secs(4) && after < Duration::from_secs(6),
+        after >= Duration::from_secs(5) && after < Duration::from_secs(11),
         "closed after {after:?}"
     );
     // A client that reads is served all along.

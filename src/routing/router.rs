@@ -45,15 +45,15 @@ impl Router {
         if req.method() == Method::CONNECT && !is_extended_connect(&req) {
             return self.refuse(conn, ProxyError::MethodNotAllowed, grpc);
         }
-        if let Err(err) = one_host(&req) {
-            return self.refuse(conn, err, grpc);
-        }
+        let host = match one_host(&req) {
+            Ok(host) => host,
+            Err(err) => return self.refuse(conn, err, grpc),
+        };
         if normalise::is_ambiguous(req.uri().path()) {
             return self.refuse(conn, ProxyError::AmbiguousPath, grpc);
         }
         let snapshot = self.snapshot.load();
         let route = {
-            let host = req.headers().get(http::header::HOST);
             let host = host.map(HeaderValue::as_bytes);
             let host = host.or_else(|| req.uri().authority().map(|a| a.as_str().as_bytes()));
             match snapshot.route(host, req.uri().path()) {
@@ -88,9 +88,10 @@ impl Router {
     }
 }
 
-/// RFC 9112 §3.2: an HTTP/1.1 request carries exactly one `Host`; no request may carry two (the
-/// route would be chosen by one and the backend could read the other).
-fn one_host<B>(req: &Request<B>) -> Result<(), ProxyError> {
+/// The request's one `Host`, if any. RFC 9112 §3.2: an HTTP/1.1 request carries exactly one;
+/// no request may carry two (the route would be chosen by one and the backend could read the
+/// other).
+fn one_host<B>(req: &Request<B>) -> Result<Option<&HeaderValue>, ProxyError> {
     let mut hosts = req.headers().get_all(http::header::HOST).iter();
     let first = hosts.next();
     if hosts.next().is_some() {
@@ -99,5 +100,5 @@ fn one_host<B>(req: &Request<B>) -> Result<(), ProxyError> {
     if first.is_none() && req.version() == Version::HTTP_11 {
         return Err(ProxyError::MissingHost);
     }
-    Ok(())
+    Ok(first)
 }

@@ -353,11 +353,10 @@ fn tracked<F: MakeService>(
     shared: &Arc<Shared<F>>,
     info: ConnInfo,
 ) -> (Tracked<F::Service>, Arc<Activity>) {
-    let activity = Activity::new();
+    let activity = Activity::new(shared.draining.clone());
     let service = Tracked {
         inner: shared.make.make(info),
         activity: activity.clone(),
-        draining: shared.draining.clone(),
     };
     (service, activity)
 }
@@ -392,7 +391,6 @@ async fn drain<F>(shared: &Shared<F>, drain: &watch::Sender<bool>) {
 pub struct Tracked<S> {
     inner: S,
     activity: Arc<Activity>,
-    draining: Arc<AtomicBool>,
 }
 
 impl<S, B> Service<Request<Incoming>> for Tracked<S>
@@ -405,11 +403,11 @@ where
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         let in_flight = Some(self.activity.begin());
-        let close = req.version() < Version::HTTP_2;
+        let close_when_draining = req.version() < Version::HTTP_2;
         TrackedAnswer {
             inner: self.inner.call(req),
             in_flight,
-            close_when_draining: close.then(|| self.draining.clone()),
+            close_when_draining,
         }
     }
 }
@@ -420,7 +418,7 @@ pin_project! {
         #[pin]
         inner: F,
         in_flight: Option<InFlight>,
-        close_when_draining: Option<Arc<AtomicBool>>,
+        close_when_draining: bool,
     }
 }
 
@@ -433,14 +431,12 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let Ok(mut resp) = std::task::ready!(this.inner.poll(cx));
+        let mut draining = false;
         if let Some(in_flight) = this.in_flight.as_ref() {
             in_flight.progress();
+            draining = in_flight.draining();
         }
-        if this
-            .close_when_draining
-            .as_ref()
-            .is_some_and(|d| d.load(Ordering::Relaxed))
-        {
+        if *this.close_when_draining && draining {
             resp.headers_mut()
                 .insert(CONNECTION, HeaderValue::from_static("close"));
         }

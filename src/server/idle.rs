@@ -25,21 +25,25 @@ use tokio::time::Instant;
 /// When a connection last carried a request, and how many it carries now.
 pub struct Activity {
     base: Instant,
+    /// The listener is draining: HTTP/1 responses ask the client to close.
+    draining: Arc<std::sync::atomic::AtomicBool>,
     open: AtomicUsize,
     /// Nanoseconds from `base` to the end of the last request (0: none yet).
     last_end: AtomicU64,
-    /// Nanoseconds from `base` to the last sign of life of an open request: its start, its
-    /// response head, a body frame sent.
-    last_progress: AtomicU64,
+    /// Signs of life of open requests so far (a start, a response head, a body frame): a
+    /// counter, so the request path never reads the clock for it; the connection's timer
+    /// notices when it stops moving.
+    progress: AtomicU64,
 }
 
 impl Activity {
-    pub fn new() -> Arc<Activity> {
+    pub fn new(draining: Arc<std::sync::atomic::AtomicBool>) -> Arc<Activity> {
         Arc::new(Activity {
             base: Instant::now(),
+            draining,
             open: AtomicUsize::new(0),
             last_end: AtomicU64::new(0),
-            last_progress: AtomicU64::new(0),
+            progress: AtomicU64::new(0),
         })
     }
 
@@ -56,17 +60,7 @@ impl Activity {
     }
 
     fn progress(&self) {
-        self.last_progress
-            .store(self.now_nanos(), Ordering::Relaxed);
-    }
-
-    /// How long the open requests have made no progress, or `None` while none is open.
-    fn stalled_for(&self, now: Instant) -> Option<Duration> {
-        if self.open.load(Ordering::Relaxed) == 0 {
-            return None;
-        }
-        let last = self.base + Duration::from_nanos(self.last_progress.load(Ordering::Relaxed));
-        Some(now.saturating_duration_since(last))
+        self.progress.fetch_add(1, Ordering::Relaxed);
     }
 
     /// How long the connection has carried no request, or `None` while one is open.
@@ -86,6 +80,11 @@ impl InFlight {
     /// The request made progress (its response head, or a body frame, went out).
     pub fn progress(&self) {
         self.0.progress();
+    }
+
+    /// Whether the listener is draining.
+    pub fn draining(&self) -> bool {
+        self.0.draining.load(Ordering::Relaxed)
     }
 }
 
@@ -151,8 +150,11 @@ where
     tokio::pin!(conn);
     let check = tokio::time::sleep(idle);
     tokio::pin!(check);
-    let stall = tokio::time::sleep(timers.send);
+    // The stall check looks every half send timeout whether the progress counter moved.
+    let look_every = timers.send / 2;
+    let stall = tokio::time::sleep(look_every);
     tokio::pin!(stall);
+    let mut seen = (activity.progress.load(Ordering::Relaxed), Instant::now());
     let mut asked = *drain.borrow();
     if asked {
         conn.as_mut().shut_down();
@@ -179,14 +181,15 @@ where
             }
             () = &mut stall => {
                 let now = Instant::now();
-                match activity.stalled_for(now) {
-                    Some(stuck) if stuck >= timers.send => {
-                        tracing::debug!("closing a connection whose requests made no progress for {stuck:?}");
-                        return Ok(());
-                    }
-                    Some(moving) => stall.as_mut().reset(now + (timers.send - moving)),
-                    None => stall.as_mut().reset(now + timers.send),
+                let progress = activity.progress.load(Ordering::Relaxed);
+                let open = activity.open.load(Ordering::Relaxed) > 0;
+                if progress != seen.0 || !open {
+                    seen = (progress, now);
+                } else if now.saturating_duration_since(seen.1) >= timers.send {
+                    tracing::debug!("closing a connection whose requests made no progress for {:?}", now - seen.1);
+                    return Ok(());
                 }
+                stall.as_mut().reset(now + look_every);
             }
         }
     }

@@ -44,8 +44,6 @@ pub struct Backend {
     pub(super) idle_per_worker: usize,
     /// Where this backend's connections are counted.
     pub(super) metrics: Arc<Metrics>,
-    /// The pool key of plain connections (no server name), shared so a request clones it.
-    pub(super) plain_key: Arc<str>,
     /// Open pooled connections, across workers, and how many there may be.
     open_conns: Arc<std::sync::atomic::AtomicUsize>,
     max_conns: usize,
@@ -220,7 +218,6 @@ impl Backend {
             slots: (0..workers).map(|_| WorkerSlot::default()).collect(),
             idle_per_worker: pool_size.div_ceil(workers),
             metrics: registry.metrics.clone(),
-            plain_key: Arc::from(""),
             open_conns: Arc::default(),
             max_conns: registry.max_conns,
         }

@@ -66,10 +66,10 @@ pub struct Exchange<'a> {
 }
 
 /// How one request reaches its backend: the wire and, for TLS, the server name its connection
-/// is opened and pooled under (empty for plain wires).
+/// is opened and pooled under (`None` for plain wires).
 struct Target {
     wire: Wire,
-    sni: Arc<str>,
+    sni: Option<Arc<str>>,
     /// The name came from the client: a handshake it makes fail says nothing of the backend.
     sni_by_client: bool,
 }
@@ -109,18 +109,24 @@ async fn send_over(
     if wire == Wire::Http1 || req.headers().contains_key(header::UPGRADE) {
         return send_h1(x, t, req).await;
     }
-    if let Some(stream) = slot.h2_stream(&t.sni) {
+    if let Some(stream) = slot.h2_stream(t.sni.as_deref()) {
         return send_on_h2(x, stream, h2_form(req, backend, wire), true).await;
     }
     if wire == Wire::Tls && slot.tls_chose_h1.load(Ordering::Relaxed) {
         return send_h1(x, t, req).await;
     }
     let opening = slot.opening_h2.lock().await;
-    if let Some(stream) = slot.h2_stream(&t.sni) {
+    if let Some(stream) = slot.h2_stream(t.sni.as_deref()) {
         drop(opening);
         return send_on_h2(x, stream, h2_form(req, backend, wire), true).await;
     }
-    let connecting = backend.connect(wire, &t.sni, t.sni_by_client, x.timeouts.connect, true);
+    let connecting = backend.connect(
+        wire,
+        t.server_name(backend),
+        t.sni_by_client,
+        x.timeouts.connect,
+        true,
+    );
     match connecting.await {
         Ok(fresh) => send_on_fresh(x, t, fresh, true, Some(opening), req).await,
         Err(error) => Err(connect_error(error, req)),
@@ -174,7 +180,7 @@ async fn send_h1(
     mut req: Request<UpBody>,
 ) -> Result<Response<PooledBody>, SendError> {
     let backend = x.backend;
-    while let Some(mut conn) = backend.slot(x.worker).take_idle(&t.sni) {
+    while let Some(mut conn) = backend.slot(x.worker).take_idle(t.sni.as_deref()) {
         match tokio::time::timeout(x.timeouts.response, conn.try_send_request(req)).await {
             Err(_) => return Err(SendError::Timeout),
             Ok(Ok(resp)) => {
@@ -191,7 +197,7 @@ async fn send_h1(
     let offer_h2 = !req.headers().contains_key(header::UPGRADE);
     let connecting = backend.connect(
         t.wire,
-        &t.sni,
+        t.server_name(backend),
         t.sni_by_client,
         x.timeouts.connect,
         offer_h2,
@@ -255,13 +261,20 @@ fn h2_form(req: Request<UpBody>, backend: &Backend, wire: Wire) -> Request<UpBod
     connector::to_h2_form(req, wire == Wire::Tls, &backend.authority)
 }
 
+impl Target {
+    /// The name to present (plain wires present none; the backend's host stands in).
+    fn server_name<'a>(&'a self, backend: &'a Backend) -> &'a str {
+        self.sni.as_deref().unwrap_or(&backend.spec.host)
+    }
+}
+
 /// The request's target: on TLS the server name is the request's host when it is a name and
 /// the route lets the request choose, else the backend's host.
 fn target(req: &Request<UpBody>, x: Exchange<'_>, wire: Wire) -> Target {
     if wire != Wire::Tls {
         return Target {
             wire,
-            sni: x.backend.plain_key.clone(),
+            sni: None,
             sni_by_client: false,
         };
     }
@@ -275,12 +288,12 @@ fn target(req: &Request<UpBody>, x: Exchange<'_>, wire: Wire) -> Target {
     match from_request {
         Some(name) if name != x.backend.spec.host => Target {
             wire,
-            sni: name.into(),
+            sni: Some(name.into()),
             sni_by_client: true,
         },
         _ => Target {
             wire,
-            sni: x.backend.spec.host.as_str().into(),
+            sni: Some(x.backend.spec.host.as_str().into()),
             sni_by_client: false,
         },
     }
@@ -299,7 +312,7 @@ struct Reusable {
     conn: http1::SendRequest<UpBody>,
     backend: Arc<Backend>,
     worker: WorkerId,
-    sni: Arc<str>,
+    sni: Option<Arc<str>>,
 }
 
 /// A backend's response body that hands its HTTP/1.1 connection back to the pool once read to the end.

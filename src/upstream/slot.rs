@@ -15,7 +15,7 @@ use super::h2_settings::StreamLimit;
 /// One worker's connections to one backend.
 #[derive(Default)]
 pub struct WorkerSlot {
-    idle: Mutex<Vec<(Arc<str>, http1::SendRequest<UpBody>)>>,
+    idle: Mutex<Vec<(Option<Arc<str>>, http1::SendRequest<UpBody>)>>,
     h2: Mutex<Vec<H2Conn>>,
     /// Held while opening a connection that may be HTTP/2, so a burst waits for it.
     pub opening_h2: tokio::sync::Mutex<()>,
@@ -25,7 +25,7 @@ pub struct WorkerSlot {
 }
 
 struct H2Conn {
-    sni: Arc<str>,
+    sni: Option<Arc<str>>,
     sender: http2::SendRequest<UpBody>,
     open_streams: Arc<AtomicUsize>,
     limit: Arc<StreamLimit>,
@@ -41,22 +41,29 @@ impl Drop for StreamTicket {
 }
 
 impl WorkerSlot {
-    /// An idle HTTP/1.1 connection opened for `sni` that is ready for a request.
-    pub fn take_idle(&self, sni: &str) -> Option<http1::SendRequest<UpBody>> {
+    /// An idle HTTP/1.1 connection opened for `sni` (`None`: plain) that is ready for a request.
+    pub fn take_idle(&self, sni: Option<&str>) -> Option<http1::SendRequest<UpBody>> {
         let mut idle = lock(&self.idle);
-        // Closed, or not yet ready after its last response: neither is worth keeping.
-        idle.retain(|(_, conn)| conn.is_ready());
-        let at = idle.iter().rposition(|(name, _)| &**name == sni)?;
-        Some(idle.swap_remove(at).1)
+        while let Some(at) = idle.iter().rposition(|(name, _)| name.as_deref() == sni) {
+            let (_, conn) = idle.swap_remove(at);
+            if conn.is_ready() {
+                return Some(conn);
+            }
+            // Closed, or not yet ready after its last response: not worth keeping.
+        }
+        None
     }
 
     /// A place on one of this worker's HTTP/2 connections for `sni` that has room.
-    pub fn h2_stream(&self, sni: &str) -> Option<(http2::SendRequest<UpBody>, StreamTicket)> {
+    pub fn h2_stream(
+        &self,
+        sni: Option<&str>,
+    ) -> Option<(http2::SendRequest<UpBody>, StreamTicket)> {
         let mut conns = lock(&self.h2);
         conns.retain(|c| !c.sender.is_closed());
-        let conn = conns
-            .iter()
-            .find(|c| &*c.sni == sni && c.open_streams.load(Ordering::Relaxed) < c.limit.get())?;
+        let conn = conns.iter().find(|c| {
+            c.sni.as_deref() == sni && c.open_streams.load(Ordering::Relaxed) < c.limit.get()
+        })?;
         conn.open_streams.fetch_add(1, Ordering::Relaxed);
         Some((conn.sender.clone(), StreamTicket(conn.open_streams.clone())))
     }
@@ -65,7 +72,7 @@ impl WorkerSlot {
     /// first request's place on it.
     pub fn add_h2(
         &self,
-        sni: Arc<str>,
+        sni: Option<Arc<str>>,
         sender: http2::SendRequest<UpBody>,
         limit: Arc<StreamLimit>,
     ) -> StreamTicket {
@@ -80,7 +87,7 @@ impl WorkerSlot {
     }
 
     /// Keeps `conn` (opened for `sni`) for the next request, unless `max` are idle already.
-    pub fn put_idle(&self, sni: Arc<str>, conn: http1::SendRequest<UpBody>, max: usize) {
+    pub fn put_idle(&self, sni: Option<Arc<str>>, conn: http1::SendRequest<UpBody>, max: usize) {
         if conn.is_closed() {
             return;
         }

@@ -163,11 +163,29 @@ pub fn is_ambiguous(raw: &str) -> bool {
             return true;
         }
     }
-    let dot = |segment: &str| {
-        let s = segment.to_ascii_lowercase().replace("%2e", ".");
-        s == "." || s == ".."
-    };
-    raw.split('/').any(dot)
+    raw.split('/').any(is_dot_segment)
+}
+
+/// `.` or `..`, each dot plain or `%2E`; checked without allocating (this runs per request).
+fn is_dot_segment(segment: &str) -> bool {
+    let bytes = segment.as_bytes();
+    let (mut i, mut dots) = (0, 0);
+    while i < bytes.len() {
+        if bytes[i] == b'.' {
+            i += 1;
+        } else if bytes[i] == b'%'
+            && bytes.get(i + 1) == Some(&b'2')
+            && bytes
+                .get(i + 2)
+                .is_some_and(|b| b.eq_ignore_ascii_case(&b'e'))
+        {
+            i += 3;
+        } else {
+            return false;
+        }
+        dots += 1;
+    }
+    dots == 1 || dots == 2
 }
 
 #[cfg(test)]
