@@ -12,10 +12,13 @@ use hyper::client::conn::{http1, http2};
 use super::connector::UpBody;
 use super::h2_settings::StreamLimit;
 
+/// An idle HTTP/1.1 connection and the server name it was opened for (`None`: plain).
+type IdleH1 = (Option<Arc<str>>, http1::SendRequest<UpBody>);
+
 /// One worker's connections to one backend.
 #[derive(Default)]
 pub struct WorkerSlot {
-    idle: Mutex<Vec<(Option<Arc<str>>, http1::SendRequest<UpBody>)>>,
+    idle: Mutex<Vec<IdleH1>>,
     h2: Mutex<Vec<H2Conn>>,
     /// Held while opening a connection that may be HTTP/2, so a burst waits for it.
     pub opening_h2: tokio::sync::Mutex<()>,

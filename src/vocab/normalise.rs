@@ -148,20 +148,28 @@ pub fn prefix_matches(prefix: &str, path: &str) -> bool {
 /// encoded. What is routed is then exactly what the backend receives.
 pub fn is_ambiguous(raw: &str) -> bool {
     let bytes = raw.as_bytes();
-    if bytes.iter().any(|b| matches!(b, b';' | b'\\')) {
-        return true;
-    }
-    if bytes.contains(&b'%') {
-        let encoded_separator = bytes.windows(3).any(|w| {
-            w[0] == b'%'
-                && matches!(
-                    (w[1], w[2].to_ascii_lowercase()),
-                    (b'2', b'f') | (b'5', b'c') | (b'3', b'b')
-                )
-        });
-        if encoded_separator {
-            return true;
+    // One pass decides the common case: no `%` and no `.` means no encoded separator and no
+    // dot segment.
+    let mut suspicious = false;
+    for &b in bytes {
+        match b {
+            b';' | b'\\' => return true,
+            b'%' | b'.' => suspicious = true,
+            _ => {}
         }
+    }
+    if !suspicious {
+        return false;
+    }
+    let encoded_separator = bytes.windows(3).any(|w| {
+        w[0] == b'%'
+            && matches!(
+                (w[1], w[2].to_ascii_lowercase()),
+                (b'2', b'f') | (b'5', b'c') | (b'3', b'b')
+            )
+    });
+    if encoded_separator {
+        return true;
     }
     raw.split('/').any(is_dot_segment)
 }
