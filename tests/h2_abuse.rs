@@ -1,0 +1,141 @@
+//! HTTP/2 abuse, written frame by frame (no client library would send these), against the
+//! in-process proxy: the abusive connection is refused (GOAWAY or closed) and a normal client is
+//! served meanwhile. Part of issue 13's judges: rapid reset (CVE-2023-44487) and CONTINUATION
+//! flood (CVE-2024-27316 family). The zero-window case is in `hardening.rs`.
+
+mod inproc;
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use inproc::Proxy;
+use support::{default_route, Backend, Client, Proto};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const HEADERS: u8 = 0x1;
+const RST_STREAM: u8 = 0x3;
+const SETTINGS: u8 = 0x4;
+const GOAWAY: u8 = 0x7;
+const CONTINUATION: u8 = 0x9;
+const END_STREAM: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut out = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+    out.extend_from_slice(&(stream & 0x7fff_ffff).to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// `GET http://a/` in HPACK from the static table (`:method GET`, `:scheme http`, `:path /`)
+/// and a literal `:authority a`.
+fn get_block() -> Vec<u8> {
+    vec![0x82, 0x86, 0x84, 0x41, 0x01, b'a']
+}
+
+/// Writes `bytes` and reads everything the proxy sends back until it closes or `limit` passes;
+/// whether a GOAWAY came, and whether the connection was closed.
+async fn outcome(mut s: TcpStream, limit: Duration) -> (bool, bool) {
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let closed = loop {
+        match tokio::time::timeout(limit, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break true,
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Err(_) => break false,
+        }
+    };
+    (has_frame(&got, GOAWAY), closed)
+}
+
+/// Whether a frame of `kind` is among the frames in `bytes` (which follow no preface).
+fn has_frame(bytes: &[u8], kind: u8) -> bool {
+    let mut at = 0;
+    while at + 9 <= bytes.len() {
+        let len = (usize::from(bytes[at]) << 16)
+            | (usize::from(bytes[at + 1]) << 8)
+            | usize::from(bytes[at + 2]);
+        if bytes[at + 3] == kind {
+            return true;
+        }
+        at += 9 + len;
+    }
+    false
+}
+
+async fn opened(addr: SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(PREFACE).await.unwrap();
+    s.write_all(&frame(SETTINGS, 0, 0, &[])).await.unwrap();
+    s
+}
+
+async fn a_normal_client_is_served(addr: SocketAddr) {
+    let mut c = Client::connect(Proto::H2c, addr).await;
+    assert_eq!(c.get("a", "/").await.status(), 200);
+}
+
+#[tokio::test(start_paused = true)]
+async fn rapid_reset_is_refused() {
+    let backend = Backend::start("b").await;
+    let proxy = Proxy::start(&default_route(&[&backend]), "").await;
+    let mut s = opened(proxy.addr).await;
+    let mut burst = Vec::new();
+    for i in 0..5_000u32 {
+        let stream = 2 * i + 1;
+        burst.extend(frame(
+            HEADERS,
+            END_STREAM | END_HEADERS,
+            stream,
+            &get_block(),
+        ));
+        burst.extend(frame(RST_STREAM, 0, stream, &8u32.to_be_bytes()));
+    }
+    // The proxy may close before taking it all.
+    let _ = s.write_all(&burst).await;
+    let (goaway, closed) = outcome(s, Duration::from_secs(10)).await;
+    assert!(
+        goaway || closed,
+        "5,000 opened-and-reset streams were taken quietly"
+    );
+    a_normal_client_is_served(proxy.addr).await;
+    assert!(
+        backend.requests() < 5_000,
+        "{} reset requests reached the backend",
+        backend.requests()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn continuation_flood_is_refused() {
+    let backend = Backend::start("b").await;
+    let proxy = Proxy::start(&default_route(&[&backend]), "").await;
+    let mut s = opened(proxy.addr).await;
+    // A header block that never ends: HEADERS without END_HEADERS, then CONTINUATION frames of
+    // literal headers, far past max_request_header_bytes (64 KiB).
+    let _ = s
+        .write_all(&frame(HEADERS, END_STREAM, 1, &get_block()))
+        .await;
+    let mut literal = vec![0x40, 0x04, b'x', b'-', b'a', b'b', 0x7f, 0x81, 0x07];
+    literal.extend(std::iter::repeat_n(b'v', 1024 - 9));
+    let mut flood = Vec::new();
+    for _ in 0..1_000 {
+        flood.extend(frame(CONTINUATION, 0, 1, &literal));
+    }
+    let _ = s.write_all(&flood).await;
+    let (goaway, closed) = outcome(s, Duration::from_secs(10)).await;
+    assert!(
+        goaway || closed,
+        "1 MiB of CONTINUATION frames was taken quietly"
+    );
+    assert_eq!(
+        backend.requests(),
+        0,
+        "the endless header block reached the backend"
+    );
+    a_normal_client_is_served(proxy.addr).await;
+}
