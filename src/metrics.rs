@@ -216,22 +216,38 @@ impl Metrics {
                 let _ = writeln!(out, "aralez_responses_total{{status=\"{status}\"}} {n}");
             }
         }
-        let name = "aralez_requests_by_method_total";
-        header(
+        let methods = METHODS.iter().chain(["OTHER"].iter());
+        self.labelled(
             out,
-            name,
-            "counter",
+            ("aralez_requests_by_method_total", "method"),
             "Requests by method (others as OTHER).",
+            methods
+                .enumerate()
+                .map(|(i, m)| (*m, move |s: &Shard| load(&s.by_method[i]))),
         );
-        for (index, method) in METHODS.iter().chain(["OTHER"].iter()).enumerate() {
-            let n = self.sum(|s| load(&s.by_method[index]));
-            let _ = writeln!(out, "{name}{{method=\"{method}\"}} {n}");
-        }
-        let name = "aralez_requests_by_version_total";
-        header(out, name, "counter", "Requests by HTTP version.");
-        for (index, version) in VERSIONS.iter().enumerate() {
-            let n = self.sum(|s| load(&s.by_version[index]));
-            let _ = writeln!(out, "{name}{{version=\"{version}\"}} {n}");
+        self.labelled(
+            out,
+            ("aralez_requests_by_version_total", "version"),
+            "Requests by HTTP version.",
+            VERSIONS
+                .iter()
+                .enumerate()
+                .map(|(i, v)| (*v, move |s: &Shard| load(&s.by_version[i]))),
+        );
+    }
+
+    /// A counter family with one label, each value summed over the shards.
+    fn labelled<'a, F: Fn(&Shard) -> u64>(
+        &self,
+        out: &mut String,
+        (name, label): (&str, &str),
+        help: &str,
+        values: impl Iterator<Item = (&'a str, F)>,
+    ) {
+        header(out, name, "counter", help);
+        for (value, counter) in values {
+            let n = self.sum(counter);
+            let _ = writeln!(out, "{name}{{{label}=\"{value}\"}} {n}");
         }
     }
 
@@ -283,17 +299,15 @@ impl Metrics {
         for (label, n) in totals {
             let _ = writeln!(out, "{name}{{upstream=\"{}\"}} {n}", escape(&label));
         }
-        let name = "aralez_upstream_connections_total";
-        header(
+        self.labelled(
             out,
-            name,
-            "counter",
+            ("aralez_upstream_connections_total", "reused"),
             "Backend connections used, new or reused from the pool.",
+            ["false", "true"]
+                .iter()
+                .enumerate()
+                .map(|(i, r)| (*r, move |s: &Shard| load(&s.upstream_connections[i]))),
         );
-        for (index, reused) in ["false", "true"].iter().enumerate() {
-            let n = self.sum(|s| load(&s.upstream_connections[index]));
-            let _ = writeln!(out, "{name}{{reused=\"{reused}\"}} {n}");
-        }
         let name = "aralez_backend_up";
         header(
             out,
