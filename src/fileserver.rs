@@ -104,34 +104,14 @@ fn visible_path(raw: &str) -> Option<String> {
     if lower.contains("%2f") || lower.contains("%5c") || raw.contains('\\') {
         return None;
     }
-    let decoded = percent_decode(raw)?;
+    // Not UTF-8 once decoded: there is nothing to serve.
+    let decoded = String::from_utf8(normalise::percent_decode(raw)).ok()?;
     if decoded.contains('\\') {
         return None;
     }
     let path = normalise::path(&decoded).into_owned();
     let hidden = path.split('/').any(|segment| segment.starts_with('.'));
     (!hidden).then_some(path)
-}
-
-/// Every `%XX` decoded; `None` when the result is not UTF-8 (nothing to serve then).
-fn percent_decode(raw: &str) -> Option<String> {
-    let bytes = raw.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
-            (b'%', Some(&h), Some(&l)) if hex(h).is_some() && hex(l).is_some() => {
-                out.push((hex(h)? * 16 + hex(l)?) as u8);
-                i += 3;
-            }
-            (b, _, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 /// Whether `path` under `root` resolves (through symlinks) to somewhere outside the folder's

@@ -28,37 +28,10 @@ pub fn presented_key<B>(req: &Request<B>) -> Option<String> {
     })
 }
 
-/// Whether the request presents a key at all (header or query).
-pub fn carries_key<B>(req: &Request<B>) -> bool {
-    presented_key(req).is_some()
-}
-
+/// A query value: `+` is a space, then every `%XX` decoded.
 fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
-        match (
-            bytes[i],
-            bytes.get(i + 1).copied().and_then(hex),
-            bytes.get(i + 2).copied().and_then(hex),
-        ) {
-            (b'%', Some(h), Some(l)) => {
-                out.push(h * 16 + l);
-                i += 3;
-            }
-            (b'+', _, _) => {
-                out.push(b' ');
-                i += 1;
-            }
-            (b, _, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    let decoded = crate::vocab::normalise::percent_decode(&text.replace('+', " "));
+    String::from_utf8_lossy(&decoded).into_owned()
 }
 
 /// The outcome of checking a request's key.

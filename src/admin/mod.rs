@@ -166,12 +166,9 @@ impl Admin {
                 "forbidden: no master_key is configured",
             );
         }
-        // A key sent as a header is checked before any body is read; the body itself is small.
-        if matches!(
-            auth::check(&req, self.master_key.as_deref()),
-            Access::Denied
-        ) && auth::carries_key(&req)
-        {
+        // A key presented outside the body (header or query) is checked before any body is read.
+        let presents_key = auth::presented_key(&req).is_some();
+        if presents_key && auth::check(&req, self.master_key.as_deref()) == Access::Denied {
             return text(StatusCode::FORBIDDEN, "forbidden: missing or wrong key");
         }
         let body = match read_body(req, MAX_JWT_BODY).await {
