@@ -44,6 +44,9 @@ pub struct Backend {
     pub(super) idle_per_worker: usize,
     /// Where this backend's connections are counted.
     pub(super) metrics: Arc<Metrics>,
+    /// `spec.host`, shared: the TLS server name and pool key when the backend is asked for by
+    /// its own name (cloned per request, never re-allocated).
+    pub(super) own_name: Arc<str>,
     /// Open pooled connections, across workers, and how many there may be.
     open_conns: Arc<std::sync::atomic::AtomicUsize>,
     max_conns: usize,
@@ -186,6 +189,7 @@ impl Backend {
     }
 
     fn new(spec: ServerSpec, verify_tls: bool, registry: &Registry) -> Backend {
+        let own_name: Arc<str> = spec.host.as_str().into();
         let (workers, pool_size) = (registry.workers, registry.pool_size);
         let label: Arc<str> = spec.authority().into();
         let addrs = arc_swap::ArcSwap::from_pointee(resolve(&spec));
@@ -218,6 +222,7 @@ impl Backend {
             slots: (0..workers).map(|_| WorkerSlot::default()).collect(),
             idle_per_worker: pool_size.div_ceil(workers),
             metrics: registry.metrics.clone(),
+            own_name,
             open_conns: Arc::default(),
             max_conns: registry.max_conns,
         }

@@ -283,17 +283,18 @@ fn target(req: &Request<UpBody>, x: Exchange<'_>, wire: Wire) -> Target {
         .then(|| req.headers().get(header::HOST))
         .flatten()
         .and_then(|h| h.to_str().ok())
-        .map(|h| strip_port(h).trim_end_matches('.').to_ascii_lowercase())
+        .map(|h| strip_port(h).trim_end_matches('.'))
         .filter(|h| !h.is_empty() && !h.starts_with('[') && h.parse::<std::net::IpAddr>().is_err());
     match from_request {
-        Some(name) if name != x.backend.spec.host => Target {
+        // Allocated only for a name other than the backend's own.
+        Some(name) if !name.eq_ignore_ascii_case(&x.backend.spec.host) => Target {
             wire,
-            sni: Some(name.into()),
+            sni: Some(name.to_ascii_lowercase().into()),
             sni_by_client: true,
         },
         _ => Target {
             wire,
-            sni: Some(x.backend.spec.host.as_str().into()),
+            sni: Some(x.backend.own_name.clone()),
             sni_by_client: false,
         },
     }
