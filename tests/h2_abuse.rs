@@ -1,7 +1,8 @@
 //! HTTP/2 abuse, written frame by frame (no client library would send these), against the
 //! in-process proxy: the abusive connection is refused (GOAWAY or closed) and a normal client is
 //! served meanwhile. Part of issue 13's judges: rapid reset (CVE-2023-44487) and CONTINUATION
-//! flood (CVE-2024-27316 family). The zero-window case is in `hardening.rs`.
+//! flood (CVE-2024-27316 family), PING flood and SETTINGS flood (CVE-2019-9512, -9515). The
+//! zero-window case is in `hardening.rs`.
 
 mod inproc;
 mod support;
@@ -18,6 +19,7 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const HEADERS: u8 = 0x1;
 const RST_STREAM: u8 = 0x3;
 const SETTINGS: u8 = 0x4;
+const PING: u8 = 0x6;
 const GOAWAY: u8 = 0x7;
 const CONTINUATION: u8 = 0x9;
 const END_STREAM: u8 = 0x1;
@@ -136,6 +138,66 @@ async fn continuation_flood_is_refused() {
         backend.requests(),
         0,
         "the endless header block reached the backend"
+    );
+    a_normal_client_is_served(proxy.addr).await;
+}
+
+/// Sends `count` copies of one frame while reading what comes back (a flooder that reads its
+/// answers, so the proxy is never slowed by a full socket); whether the proxy closed or
+/// GOAWAYed the connection before it was all sent and answered.
+async fn flood_is_refused(addr: SocketAddr, one: Vec<u8>, count: usize) -> bool {
+    let s = opened(addr).await;
+    let (mut rd, mut wr) = s.into_split();
+    let writer = tokio::spawn(async move {
+        let batch: Vec<u8> = one
+            .iter()
+            .copied()
+            .cycle()
+            .take(one.len() * 1_000)
+            .collect();
+        for _ in 0..count / 1_000 {
+            if wr.write_all(&batch).await.is_err() {
+                return;
+            }
+        }
+        // Keep the connection open: only the proxy may end it.
+        std::future::pending::<()>().await;
+        drop(wr);
+    });
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let refused = loop {
+        match tokio::time::timeout(Duration::from_secs(10), rd.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break true,
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Err(_) => break has_frame(&got, GOAWAY),
+        }
+    };
+    writer.abort();
+    refused
+}
+
+#[tokio::test(start_paused = true)]
+async fn ping_flood_is_refused() {
+    let backend = Backend::start("b").await;
+    let proxy = Proxy::start(&default_route(&[&backend]), "").await;
+    let ping = frame(PING, 0, 0, b"12345678");
+    assert!(
+        flood_is_refused(proxy.addr, ping, 100_000).await,
+        "100,000 PINGs were all answered"
+    );
+    a_normal_client_is_served(proxy.addr).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn settings_flood_is_refused() {
+    let backend = Backend::start("b").await;
+    let proxy = Proxy::start(&default_route(&[&backend]), "").await;
+    // SETTINGS_INITIAL_WINDOW_SIZE = 65535, over and over.
+    let settings = frame(SETTINGS, 0, 0, &[0, 4, 0, 0, 0xff, 0xff]);
+    assert!(
+        flood_is_refused(proxy.addr, settings, 100_000).await,
+        "100,000 SETTINGS frames were all acknowledged"
     );
     a_normal_client_is_served(proxy.addr).await;
 }

@@ -1,7 +1,7 @@
 //! The one way to accept and serve connections, used by every listener (the proxy's plain and
 //! TLS listeners, the admin API, the file server): a connection cap, the TLS handshake and the
 //! request head under `client_header_timeout`, the idle timeout, header size limits, and the
-//! drain on shutdown. What a listener serves is a hyper service made per connection by its
+//! drain on shutdown, and the HTTP/2 control-frame flood guard ([`super::h2_guard`]). What a listener serves is a hyper service made per connection by its
 //! caller; this module wraps it so each request counts as activity (for the idle timeout and
 //! the drain) until its response body is done, and so HTTP/1 responses say `Connection: close`
 //! while draining.
@@ -26,6 +26,7 @@ use hyper_util::server::conn::auto;
 use pin_project_lite::pin_project;
 use tokio::sync::watch;
 
+use super::h2_guard::FloodGuard;
 use super::idle::{self, Activity, InFlight, Timers};
 use super::listener::{apply_keepalive, TcpKeepalive};
 
@@ -297,7 +298,7 @@ fn serve_plain<F: MakeService>(
     let conn = shared
         .builders
         .sniffing
-        .serve_connection_with_upgrades(TokioIo::new(stream), service);
+        .serve_connection_with_upgrades(TokioIo::new(FloodGuard::new(stream, info.peer)), service);
     let conn = idle::drive(
         conn.into_owned(),
         shared.drain.clone(),
@@ -332,8 +333,9 @@ fn serve_tls<F: MakeService>(
         };
         let (service, activity) = tracked(&shared, ConnInfo { peer, tls: true });
         let (drain, idle) = (shared.drain.clone(), shared.limits.timers());
-        let io = TokioIo::new(stream);
-        if io.inner().get_ref().1.alpn_protocol() == Some(b"h2") {
+        let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+        let io = TokioIo::new(FloodGuard::new(stream, peer));
+        if h2 {
             let conn = shared.builders.h2_only.serve_connection(io, service);
             let conn = idle::drive(conn.into_owned(), drain, activity, idle);
             counted.run(conn).await;

@@ -7,6 +7,7 @@
 //! [`Router`] with the connection's facts.
 
 pub mod accept;
+mod h2_guard;
 mod idle;
 pub mod listener;
 mod observe;
