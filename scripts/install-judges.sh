@@ -4,11 +4,14 @@
 #   sslyze     from PyPI, into a venv at target/judges/venv
 #   testssl.sh from Debian (package testssl.sh)
 #   h2spec     from the Go module proxy, into target/judges/bin
+#   grpc-go's interop client and server (grpc-interop-client, grpc-interop-server), likewise
+#   slowhttptest from Debian (package slowhttptest)
 #
 # Idempotent: a tool already in place is kept. As root it may apt-get install what it needs
 # (python3-venv, golang-go, testssl.sh). Any failure exits non-zero with a message saying which
 # judge could not be installed. On success it prints, on stdout, the lines
-#   ARALEZ_SSLYZE=... ARALEZ_TESTSSL=... ARALEZ_H2SPEC=...
+#   ARALEZ_SSLYZE=... ARALEZ_TESTSSL=... ARALEZ_H2SPEC=... ARALEZ_GRPC_INTEROP_CLIENT=...
+#   ARALEZ_GRPC_INTEROP_SERVER=... ARALEZ_SLOWHTTPTEST=...
 # for the caller to export (scripts/test.sh does).
 #
 #   bash scripts/install-judges.sh
@@ -18,6 +21,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 JUDGES="$PWD/target/judges"
 SSLYZE_VERSION="6.3.1"
 H2SPEC_MODULE="github.com/summerwind/h2spec/cmd/h2spec@latest"
+GRPC_VERSION="v1.85.0"
 
 log() { printf '[judges] %s\n' "$*" >&2; }
 fail() {
@@ -61,28 +65,45 @@ install_testssl() {
     fail "testssl.sh is not on PATH after apt-get install testssl.sh"
 }
 
-install_h2spec() {
-  local bin="$JUDGES/bin"
-  [ -x "$bin/h2spec" ] && return
-  if ! command -v go >/dev/null 2>&1; then
-    if [ -x /usr/local/go/bin/go ]; then
-      export PATH="/usr/local/go/bin:$PATH"
-    else
-      apt_install golang-go ca-certificates
-    fi
+need_go() {
+  command -v go >/dev/null 2>&1 && return
+  if [ -x /usr/local/go/bin/go ]; then
+    export PATH="/usr/local/go/bin:$PATH"
+  else
+    apt_install golang-go ca-certificates
   fi
-  log "h2spec: go install $H2SPEC_MODULE"
-  mkdir -p "$bin"
-  GOBIN="$bin" go install "$H2SPEC_MODULE" >&2 || fail "go install $H2SPEC_MODULE"
-  [ -x "$bin/h2spec" ] || fail "h2spec missing from $bin after go install"
+}
+
+# go_install MODULE@VERSION NAME: builds the module's command into target/judges/bin/NAME.
+go_install() {
+  local module="$1" name="$2" bin="$JUDGES/bin"
+  [ -x "$bin/$name" ] && return
+  need_go
+  log "$name: go install $module"
+  mkdir -p "$bin" "$JUDGES/gobuild"
+  GOBIN="$JUDGES/gobuild" go install "$module" >&2 || fail "go install $module"
+  local built="$JUDGES/gobuild/$(basename "${module%@*}")"
+  [ -x "$built" ] || fail "$name missing from $JUDGES/gobuild after go install $module"
+  mv "$built" "$bin/$name"
+}
+
+install_slowhttptest() {
+  command -v slowhttptest >/dev/null 2>&1 || apt_install slowhttptest
+  command -v slowhttptest >/dev/null 2>&1 || fail "slowhttptest is not on PATH after apt-get install"
 }
 
 mkdir -p "$JUDGES"
 install_sslyze
 install_testssl
-install_h2spec
+go_install "$H2SPEC_MODULE" h2spec
+go_install "google.golang.org/grpc/interop/client@$GRPC_VERSION" grpc-interop-client
+go_install "google.golang.org/grpc/interop/server@$GRPC_VERSION" grpc-interop-server
+install_slowhttptest
 
 testssl=$(command -v testssl || command -v testssl.sh)
 echo "ARALEZ_SSLYZE=$JUDGES/venv/bin/sslyze"
 echo "ARALEZ_TESTSSL=$testssl"
 echo "ARALEZ_H2SPEC=$JUDGES/bin/h2spec"
+echo "ARALEZ_GRPC_INTEROP_CLIENT=$JUDGES/bin/grpc-interop-client"
+echo "ARALEZ_GRPC_INTEROP_SERVER=$JUDGES/bin/grpc-interop-server"
+echo "ARALEZ_SLOWHTTPTEST=$(command -v slowhttptest)"

@@ -10,7 +10,8 @@
 //!   is printed by id and name.
 //!
 //! The tools come from `scripts/install-judges.sh` (which `scripts/test.sh` runs) and are found
-//! through `ARALEZ_SSLYZE`, `ARALEZ_TESTSSL`, `ARALEZ_H2SPEC`, then `target/judges/`, then PATH.
+//! through `ARALEZ_SSLYZE`, `ARALEZ_TESTSSL`, `ARALEZ_H2SPEC`, then `target/judges/`, then PATH
+//! (see `support::tools`).
 //! A missing tool fails the test when `ARALEZ_REQUIRE_JUDGES=1`, and is reported as skipped
 //! otherwise. The judges run one at a time (a lock), so a slow scan never starves another.
 
@@ -18,11 +19,10 @@ mod support;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
+use support::tools::{find, run, Run, Tool};
 use support::*;
 
 /// h2spec cases that must pass, of the 145 it runs by default, as the issue asks (hyper's own h2
@@ -50,17 +50,7 @@ const TESTSSL_ALLOWED: &[(&str, &str)] = &[(
     "the test certificate names no CRL or OCSP URI",
 )];
 
-/// One judge at a time: they are timing-sensitive and the machine may have two cores.
-static ONE_JUDGE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-// ---- Finding the tools ----
-
-/// An external tool: the env var that names it, where the install script puts it, its PATH names.
-struct Tool {
-    env: &'static str,
-    installed: &'static str,
-    on_path: &'static [&'static str],
-}
+// ---- The tools ----
 
 const SSLYZE: Tool = Tool {
     env: "ARALEZ_SSLYZE",
@@ -77,37 +67,6 @@ const H2SPEC: Tool = Tool {
     installed: "target/judges/bin/h2spec",
     on_path: &["h2spec"],
 };
-
-/// The tool's path; `None` (after saying so) when it is missing and judges are optional.
-fn find(tool: &Tool) -> Option<PathBuf> {
-    let named = std::env::var_os(tool.env).map(PathBuf::from);
-    let installed = Path::new(env!("CARGO_MANIFEST_DIR")).join(tool.installed);
-    let on_path = tool.on_path.iter().find_map(|name| which(name));
-    let found = named
-        .into_iter()
-        .chain([installed])
-        .chain(on_path)
-        .find(|p| p.is_file());
-    if found.is_none() {
-        let why = format!(
-            "{} not found (set {} or run `bash scripts/install-judges.sh`)",
-            tool.on_path[0], tool.env
-        );
-        assert!(
-            std::env::var("ARALEZ_REQUIRE_JUDGES").as_deref() != Ok("1"),
-            "ARALEZ_REQUIRE_JUDGES=1 and {why}"
-        );
-        eprintln!("SKIPPED: {why}");
-    }
-    found
-}
-
-fn which(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
-}
 
 // ---- The proxy and its certificate ----
 
@@ -147,61 +106,6 @@ fn write_ca_signed_pair(dir: &Path, ca_file: &Path) {
     std::fs::write(dir.join("default.crt"), &pki.leaf_pem).expect("write default.crt");
     std::fs::write(dir.join("default.key"), &pki.leaf_key_pem).expect("write key");
     std::fs::write(ca_file, &pki.ca_pem).expect("write CA file");
-}
-
-// ---- Running a tool ----
-
-/// What a finished tool left: exit code, stdout and stderr, and how long it took.
-struct Run {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-    took: Duration,
-}
-
-/// Runs `program args` in `dir` (one judge at a time), killing it after `limit`.
-async fn run(program: PathBuf, args: Vec<String>, dir: PathBuf, limit: Duration) -> Run {
-    tokio::task::spawn_blocking(move || {
-        let _one = ONE_JUDGE_AT_A_TIME
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        run_blocking(&program, &args, &dir, limit)
-    })
-    .await
-    .expect("judge thread")
-}
-
-fn run_blocking(program: &Path, args: &[String], dir: &Path, limit: Duration) -> Run {
-    let (out, err) = (dir.join("stdout.txt"), dir.join("stderr.txt"));
-    let started = Instant::now();
-    let mut child = Command::new(program)
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&out).expect("stdout file"))
-        .stderr(std::fs::File::create(&err).expect("stderr file"))
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", program.display()));
-    let mut status = None;
-    eventually_blocking(limit, || {
-        status = child.try_wait().expect("wait for judge");
-        status.is_some()
-    });
-    let Some(status) = status else {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!(
-            "{} {args:?} still running after {limit:?}; output so far:\n{}",
-            program.display(),
-            std::fs::read_to_string(&out).unwrap_or_default()
-        );
-    };
-    Run {
-        code: status.code(),
-        stdout: std::fs::read_to_string(&out).unwrap_or_default(),
-        stderr: std::fs::read_to_string(&err).unwrap_or_default(),
-        took: started.elapsed(),
-    }
 }
 
 fn read_json(path: &Path, run: &Run) -> Value {
