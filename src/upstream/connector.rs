@@ -263,11 +263,17 @@ where
     }
 }
 
+/// The most an HTTP/1.1 upstream connection reads ahead of its client. hyper's default (about
+/// 400 KiB) is what each slow-reading client could pin; nginx reads upstreams in 4-8 KiB
+/// buffers. 64 KiB keeps a fast download's reads large.
+const UPSTREAM_READ_BUFFER: usize = 64 * 1024;
+
 async fn h1_over<IO>(io: IO, bounds: TaskBounds) -> Result<Fresh, ConnectError>
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (sender, conn) = http1::Builder::new()
+        .max_buf_size(UPSTREAM_READ_BUFFER)
         .handshake(TokioIo::new(io))
         .await
         .map_err(|e| ConnectError::new(ConnectErrorKind::Handshake, e.to_string()))?;

@@ -1,0 +1,208 @@
+//! slowhttptest (Debian's package, installed by `scripts/install-judges.sh`) against the real
+//! binary with its default timeouts: slowloris (request heads sent a line every 10 s), slow body
+//! (a POST body sent a few bytes every 10 s) and slow read (a 10 MB answer read a byte at a time
+//! through a one-byte window), 300 connections each, all three at once for 30 s. Meanwhile a
+//! probe opens a fresh connection every 250 ms and must be answered within 2 s every time, and
+//! slowhttptest's own probe must find the service available every second. How many slow
+//! connections the proxy closed by itself is printed per attack (from slowhttptest's CSV).
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use support::tools::{find, run_blocking, Run, Tool};
+use support::*;
+
+const SLOWHTTPTEST: Tool = Tool {
+    env: "ARALEZ_SLOWHTTPTEST",
+    installed: "/usr/bin/slowhttptest", // Debian's package
+    on_path: &["slowhttptest"],
+};
+
+const CONNECTIONS: &str = "300";
+const SECONDS: u64 = 30;
+
+/// One attack: its name, slowhttptest's mode flags and the path it targets.
+struct Attack {
+    name: &'static str,
+    flags: &'static [&'static str],
+    path: &'static str,
+}
+
+const ATTACKS: [Attack; 3] = [
+    Attack {
+        name: "slowloris",
+        flags: &["-H", "-i", "10", "-s", "8192", "-t", "GET"],
+        path: "/",
+    },
+    Attack {
+        name: "slow-body",
+        flags: &["-B", "-i", "10", "-s", "8192", "-t", "POST"],
+        path: "/echo",
+    },
+    Attack {
+        name: "slow-read",
+        flags: &["-X", "-w", "1", "-y", "2", "-n", "5", "-z", "1", "-k", "3"],
+        path: "/big/10000000",
+    },
+];
+
+fn args(attack: &Attack, proxy: SocketAddr) -> Vec<String> {
+    let seconds = SECONDS.to_string();
+    let common = [
+        "-c",
+        CONNECTIONS,
+        "-r",
+        CONNECTIONS,
+        "-l",
+        &seconds,
+        "-p",
+        "3",
+        "-g",
+        "-o",
+        attack.name,
+    ];
+    let url = format!("http://{proxy}{}", attack.path);
+    attack
+        .flags
+        .iter()
+        .chain(common.iter())
+        .map(|s| s.to_string())
+        .chain(["-u".to_string(), url])
+        .collect()
+}
+
+/// slowhttptest's per-second statistics: (closed, connected, service available) for each row.
+fn read_csv(path: &Path, run: &Run) -> Vec<(u64, u64, bool)> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| {
+        panic!(
+            "no CSV at {} ({e}); exit {:?}, stdout:\n{}\nstderr:\n{}",
+            path.display(),
+            run.code,
+            run.stdout,
+            run.stderr
+        )
+    });
+    text.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.split(',').map(str::trim).collect();
+            let closed = cols.get(1)?.parse().ok()?;
+            let connected = cols.get(3)?.parse().ok()?;
+            let available = cols.get(4)?.parse::<u64>().ok()? > 0;
+            Some((closed, connected, available))
+        })
+        .collect()
+}
+
+/// What the probe saw: how many it sent, the ones not answered 200 within 2 s (with what
+/// happened), and the proxy's largest RSS meanwhile, in KiB.
+struct Probed {
+    sent: usize,
+    failed: Vec<String>,
+    peak_rss_kib: u64,
+}
+
+/// A fresh connection every 250 ms for `how_long`.
+async fn probe(proxy: &ProxyProcess, how_long: Duration) -> Probed {
+    let end = Instant::now() + how_long;
+    let (mut sent, mut failed, mut peak_rss_kib) = (0, Vec::new(), 0);
+    while Instant::now() < end {
+        peak_rss_kib = peak_rss_kib.max(proxy.rss_kib());
+        let proxy = proxy.addr;
+        sent += 1;
+        let started = Instant::now();
+        let answer = tokio::time::timeout(Duration::from_secs(2), async {
+            let mut c = Client::connect(Proto::H1, proxy).await;
+            c.get("probe", "/").await.status()
+        })
+        .await;
+        match answer {
+            Ok(status) if status == 200 => {}
+            Ok(status) => failed.push(format!("{status} after {:?}", started.elapsed())),
+            Err(_) => failed.push(format!("no answer at {:?}", started.elapsed())),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Probed {
+        sent,
+        failed,
+        peak_rss_kib,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slowloris_slow_body_and_slow_read_at_once_leave_the_proxy_answering() {
+    let Some(program) = find(&SLOWHTTPTEST) else {
+        return;
+    };
+    // HTTP/1.1 to the backend: a connection upstream for each slow client, the costlier case.
+    let backend = Backend::builder("b").h1_only().start().await;
+    let proxy = ProxyProcess::start(&default_route(&[&backend]), "");
+    let work = tempfile::tempdir().expect("work dir");
+    let limit = Duration::from_secs(SECONDS + 60);
+    let attacks: Vec<_> = ATTACKS
+        .iter()
+        .map(|attack| {
+            let (program, args) = (program.clone(), args(attack, proxy.addr));
+            let dir: PathBuf = work.path().to_path_buf();
+            std::thread::spawn(move || run_blocking(&program, &args, &dir.clone(), limit))
+        })
+        .collect();
+    // Give the attacks their first second to open their connections, then probe throughout.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let idle_rss = proxy.rss_kib();
+    let probed = probe(&proxy, Duration::from_secs(SECONDS - 2)).await;
+    let runs: Vec<Run> = attacks
+        .into_iter()
+        .map(|t| t.join().expect("slowhttptest thread"))
+        .collect();
+
+    let mut unavailable = Vec::new();
+    for (attack, run) in ATTACKS.iter().zip(&runs) {
+        let rows = read_csv(&work.path().join(format!("{}.csv", attack.name)), run);
+        let peak = rows.iter().map(|r| r.1).max().unwrap_or(0);
+        let closed = rows.last().map_or(0, |r| r.0);
+        let down = rows.iter().filter(|r| !r.2).count();
+        eprintln!(
+            "slowhttptest {}: {CONNECTIONS} connections, peak {peak} connected, {closed} closed by the proxy within {SECONDS} s, service unavailable in {down} of {} seconds",
+            attack.name,
+            rows.len()
+        );
+        assert!(
+            peak > 0,
+            "{}: slowhttptest never connected:\n{}",
+            attack.name,
+            run.stdout
+        );
+        if down > 0 {
+            unavailable.push(format!("{}: {down} seconds", attack.name));
+        }
+    }
+    eprintln!(
+        "probe: {} of {} fresh connections answered within 2 s; proxy RSS {} KiB at the start, {} KiB at most",
+        probed.sent - probed.failed.len(),
+        probed.sent,
+        idle_rss,
+        probed.peak_rss_kib
+    );
+    assert!(
+        probed.failed.is_empty(),
+        "probes failed during the attacks: {:?}",
+        probed.failed
+    );
+    // 900 slow connections, 300 of them with a 10 MB answer pending: what is buffered per
+    // connection is bounded (a few socket and frame buffers), never the answer. (Measured: 120
+    // MiB at most; 228 MiB when upstream reads could grow to hyper's 400 KiB default.)
+    assert!(
+        probed.peak_rss_kib < 192 * 1024,
+        "the proxy grew to {} KiB under 900 slow connections",
+        probed.peak_rss_kib
+    );
+    assert!(
+        unavailable.is_empty(),
+        "slowhttptest found the service unavailable: {unavailable:?}"
+    );
+}
