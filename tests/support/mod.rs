@@ -285,6 +285,14 @@ pub async fn eventually_some<T>(limit: Duration, mut find: impl FnMut() -> Optio
 
 // ---- Operations helpers (process control, signals, logs) ----
 
+/// The binary under test: this build's, or `ARALEZ_TEST_BINARY` (e.g. a release build, for a
+/// measurement the debug build would distort).
+pub fn binary() -> PathBuf {
+    std::env::var_os("ARALEZ_TEST_BINARY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_aralez")))
+}
+
 impl ProxyProcess {
     /// Starts the binary with extra arguments on the config `conf` (another process's dir).
     pub fn spawn_args(conf: &std::path::Path, args: &[&str]) -> ProxyProcess {
@@ -297,7 +305,7 @@ impl ProxyProcess {
     /// Like `start`, with environment variables for the proxy.
     pub fn start_env(upstreams: &str, main_extra: &str, env: &[(&str, &str)]) -> ProxyProcess {
         let (dir, main) = write_config(upstreams, main_extra);
-        let mut command = Command::new(env!("CARGO_BIN_EXE_aralez"));
+        let mut command = Command::new(binary());
         command.arg("-c").arg(main);
         command.envs(env.iter().copied());
         Self::spawn_command(command, dir)
