@@ -6,12 +6,13 @@
 #   h2spec     from the Go module proxy, into target/judges/bin
 #   grpc-go's interop client and server (grpc-interop-client, grpc-interop-server), likewise
 #   slowhttptest from Debian (package slowhttptest)
+#   cargo-fuzz from crates.io (cargo install), into target/judges/cargo-fuzz (scripts/fuzz.sh)
 #
 # Idempotent: a tool already in place is kept. As root it may apt-get install what it needs
 # (python3-venv, golang-go, testssl.sh). Any failure exits non-zero with a message saying which
 # judge could not be installed. On success it prints, on stdout, the lines
 #   ARALEZ_SSLYZE=... ARALEZ_TESTSSL=... ARALEZ_H2SPEC=... ARALEZ_GRPC_INTEROP_CLIENT=...
-#   ARALEZ_GRPC_INTEROP_SERVER=... ARALEZ_SLOWHTTPTEST=...
+#   ARALEZ_GRPC_INTEROP_SERVER=... ARALEZ_SLOWHTTPTEST=... ARALEZ_CARGO_FUZZ=...
 # for the caller to export (scripts/test.sh does).
 #
 #   bash scripts/install-judges.sh
@@ -22,6 +23,7 @@ JUDGES="$PWD/target/judges"
 SSLYZE_VERSION="6.3.1"
 H2SPEC_MODULE="github.com/summerwind/h2spec/cmd/h2spec@latest"
 GRPC_VERSION="v1.85.0"
+CARGO_FUZZ_VERSION="0.13.2"
 
 log() { printf '[judges] %s\n' "$*" >&2; }
 fail() {
@@ -92,6 +94,17 @@ install_slowhttptest() {
   command -v slowhttptest >/dev/null 2>&1 || fail "slowhttptest is not on PATH after apt-get install"
 }
 
+install_cargo_fuzz() {
+  local root="$JUDGES/cargo-fuzz"
+  if [ -x "$root/bin/cargo-fuzz" ] && "$root/bin/cargo-fuzz" --version | grep -q "$CARGO_FUZZ_VERSION"; then
+    return
+  fi
+  command -v c++ >/dev/null 2>&1 || apt_install g++ # libFuzzer is C++
+  log "cargo-fuzz $CARGO_FUZZ_VERSION: cargo install"
+  cargo install -q cargo-fuzz --version "$CARGO_FUZZ_VERSION" --locked --root "$root" >&2 ||
+    fail "cargo install cargo-fuzz $CARGO_FUZZ_VERSION"
+}
+
 mkdir -p "$JUDGES"
 install_sslyze
 install_testssl
@@ -99,6 +112,7 @@ go_install "$H2SPEC_MODULE" h2spec
 go_install "google.golang.org/grpc/interop/client@$GRPC_VERSION" grpc-interop-client
 go_install "google.golang.org/grpc/interop/server@$GRPC_VERSION" grpc-interop-server
 install_slowhttptest
+install_cargo_fuzz
 
 testssl=$(command -v testssl || command -v testssl.sh)
 echo "ARALEZ_SSLYZE=$JUDGES/venv/bin/sslyze"
@@ -107,3 +121,4 @@ echo "ARALEZ_H2SPEC=$JUDGES/bin/h2spec"
 echo "ARALEZ_GRPC_INTEROP_CLIENT=$JUDGES/bin/grpc-interop-client"
 echo "ARALEZ_GRPC_INTEROP_SERVER=$JUDGES/bin/grpc-interop-server"
 echo "ARALEZ_SLOWHTTPTEST=$(command -v slowhttptest)"
+echo "ARALEZ_CARGO_FUZZ=$JUDGES/cargo-fuzz/bin"

@@ -47,7 +47,16 @@ cargo test --all-targets --locked --no-fail-fast 2>&1 | tee target/test-output.t
 status=${PIPESTATUS[0]}
 set -e
 
+# Fuzzing (cargo-fuzz on stable, FUZZ_SECONDS per target, default 20): a crash fails the run.
+log "fuzzing: config, path, request_head, jwt"
+set +e
+bash scripts/fuzz.sh 2>&1 | tee target/fuzz-output.txt
+fuzz_status=${PIPESTATUS[0]}
+set -e
+
 # One closing line for the whole run, summed over every test binary.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed/) p += $(i-1); if ($i ~ /^failed/) f += $(i-1); if ($i ~ /^ignored/) s += $(i-1) } }
      END { printf "all tests: %d passed, %d failed, %d skipped\n", p, f, s }' target/test-output.txt
-exit "$status"
+grep -E '^\[fuzz\] [a-z_]+: ' target/fuzz-output.txt || echo "fuzzing: no result (see target/fuzz-output.txt)"
+[ "$status" = 0 ] || exit "$status"
+exit "$fuzz_status"

@@ -148,6 +148,14 @@ pub fn parse_upstreams_text(
     UpstreamsConfig::read(&root, &mut r)
 }
 
+/// Parses main.yaml text held in memory as if read from `path` (relative paths in it are taken
+/// from beside `path`; nothing is read from disk).
+pub fn parse_main_text(text: &str, path: &Path, issues: &mut Issues) -> Option<MainConfig> {
+    let mut r = Reader::new(Arc::from(path.display().to_string()), issues);
+    let root = parse_tree(text, &mut r)?;
+    MainConfig::read(&root, path, &mut r)
+}
+
 /// `conf.d/*.yaml` beside `upstreams`, sorted by name.
 pub fn conf_d_files(upstreams: &Path) -> Vec<PathBuf> {
     let dir = upstreams.parent().unwrap_or(Path::new(".")).join("conf.d");

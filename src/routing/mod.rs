@@ -18,7 +18,7 @@ use crate::proxy::HeaderRules;
 use crate::upstream::{Backend, BackendSet, Registry};
 use crate::vocab::normalise;
 
-pub use router::Router;
+pub use router::{check_head, Router};
 
 /// Everything a request needs once its route is known.
 #[derive(Debug)]

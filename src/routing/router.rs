@@ -42,16 +42,10 @@ impl Router {
     /// Handles one request end to end; never fails (errors become responses).
     pub async fn handle(&self, conn: &ClientConn, req: Request<Incoming>) -> Response<RespBody> {
         let grpc = is_grpc(req.headers());
-        if req.method() == Method::CONNECT && !is_extended_connect(&req) {
-            return self.refuse(conn, ProxyError::MethodNotAllowed, grpc);
-        }
-        let host = match one_host(&req) {
+        let host = match check_head(&req) {
             Ok(host) => host,
             Err(err) => return self.refuse(conn, err, grpc),
         };
-        if normalise::is_ambiguous(req.uri().path()) {
-            return self.refuse(conn, ProxyError::AmbiguousPath, grpc);
-        }
         let snapshot = self.snapshot.load();
         let route = {
             let host = host.map(HeaderValue::as_bytes);
@@ -86,6 +80,20 @@ impl Router {
         }
         err.response_for(grpc).map(Either::Right)
     }
+}
+
+/// What a request head must pass before routing: no plain CONNECT (a tunnel to anywhere), one
+/// `Host` at most and one on HTTP/1.1, a path that means one thing to every backend. Gives the
+/// `Host`, if any.
+pub fn check_head<B>(req: &Request<B>) -> Result<Option<&HeaderValue>, ProxyError> {
+    if req.method() == Method::CONNECT && !is_extended_connect(req) {
+        return Err(ProxyError::MethodNotAllowed);
+    }
+    let host = one_host(req)?;
+    if normalise::is_ambiguous(req.uri().path()) {
+        return Err(ProxyError::AmbiguousPath);
+    }
+    Ok(host)
 }
 
 /// The request's one `Host`, if any. RFC 9112 §3.2: an HTTP/1.1 request carries exactly one;

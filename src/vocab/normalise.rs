@@ -75,29 +75,32 @@ pub fn path(raw: &str) -> Cow<'_, str> {
 
 fn decode_unreserved(raw: &str) -> String {
     let bytes = raw.as_bytes();
-    let mut out = String::with_capacity(raw.len());
+    let mut out = Vec::with_capacity(raw.len());
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] == b'%' && i + 2 < bytes.len() {
             if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
                 let c = h * 16 + l;
                 if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~') {
-                    out.push(c as char);
-                    i += 3;
-                    continue;
+                    out.push(c);
+                } else {
+                    // Reserved or non-ASCII: keep the escape, upper-cased so comparisons agree.
+                    out.extend([
+                        b'%',
+                        bytes[i + 1].to_ascii_uppercase(),
+                        bytes[i + 2].to_ascii_uppercase(),
+                    ]);
                 }
-                // Reserved or non-ASCII: keep the escape, upper-cased so comparisons agree.
-                out.push('%');
-                out.push(bytes[i + 1].to_ascii_uppercase() as char);
-                out.push(bytes[i + 2].to_ascii_uppercase() as char);
                 i += 3;
                 continue;
             }
         }
-        out.push(bytes[i] as char);
+        // Bytes, not chars: a UTF-8 sequence (which `http` lets into a path) is copied whole.
+        out.push(bytes[i]);
         i += 1;
     }
-    out
+    // Only ASCII was decoded and every other byte copied from valid UTF-8, so this is UTF-8.
+    String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 /// Every `%XX` of `raw` decoded (a `%` not followed by two hex digits stays as it is).
@@ -167,8 +170,10 @@ pub fn prefix_matches(prefix: &str, path: &str) -> bool {
 
 /// Whether a request path could mean one thing to routing and another to a backend, and so is
 /// refused (400) before routing: `;` path parameters (`/public/..;/admin` is `/admin` to
-/// Tomcat), encoded separators (`%2F`, `%5C`, and `%3B`), backslashes, and dot segments, plain or
-/// encoded. What is routed is then exactly what the backend receives.
+/// Tomcat), encoded separators (`%2F`, `%5C`, and `%3B`), backslashes, dot segments, plain or
+/// encoded, and a `%` not followed by two hex digits (nginx refuses those too: `/%4%34` is
+/// `/%44` to one decoder and `/D` to one that decodes twice). What is routed is then exactly
+/// what the backend receives.
 pub fn is_ambiguous(raw: &str) -> bool {
     let bytes = raw.as_bytes();
     // One pass decides the common case: no `%` and no `.` means no encoded separator and no
@@ -191,10 +196,19 @@ pub fn is_ambiguous(raw: &str) -> bool {
                 (b'2', b'f') | (b'5', b'c') | (b'3', b'b')
             )
     });
-    if encoded_separator {
+    if encoded_separator || has_malformed_escape(bytes) {
         return true;
     }
     raw.split('/').any(is_dot_segment)
+}
+
+/// Whether some `%` is not followed by two hex digits.
+fn has_malformed_escape(bytes: &[u8]) -> bool {
+    bytes.iter().enumerate().any(|(i, &b)| {
+        b == b'%'
+            && !(bytes.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                && bytes.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
+    })
 }
 
 /// `.` or `..`, each dot plain or `%2E`; checked without allocating (this runs per request).
@@ -222,6 +236,33 @@ fn is_dot_segment(segment: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the `path` fuzz target: `/%4%34=bg` normalised to `/%44=bg`, which normalises
+    /// again to `/D=bg`. A malformed escape is now refused before routing, as nginx does.
+    #[test]
+    fn malformed_escapes_are_ambiguous() {
+        for raw in ["/%4%34=bg", "/%", "/a%2", "/%zz", "/x/%4"] {
+            assert!(is_ambiguous(raw), "{raw:?}");
+        }
+        for raw in ["/%41", "/a%20b", "/%e2%82%ac"] {
+            assert!(!is_ambiguous(raw), "{raw:?}");
+        }
+    }
+
+    /// Found by the `path` fuzz target: non-ASCII bytes were copied as Latin-1 chars, so a
+    /// path needing work came out as mojibake (and changed again when normalised twice).
+    #[test]
+    fn non_ascii_paths_keep_their_bytes_and_normalise_once() {
+        for (raw, want) in [
+            ("//a//.\u{463}", "/a/.\u{463}"),
+            ("/%b\u{59d}\u{35a}2ex", "/%b\u{59d}\u{35a}2ex"),
+            ("/caf\u{e9}/../%41", "/A"),
+        ] {
+            let once = path(raw);
+            assert_eq!(once, want, "{raw:?}");
+            assert_eq!(path(&once), once, "{raw:?} twice");
+        }
+    }
 
     fn h(raw: &str) -> Option<String> {
         let mut buf = [0u8; MAX_HOST];
