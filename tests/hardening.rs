@@ -236,6 +236,10 @@ async fn paths_cannot_slip_past_a_protected_prefix() {
         ("/admin%2Fsecret", 400),
         ("/admin%5Csecret", 400),
         ("/admin\\secret", 400),
+        // Malformed escapes (found by fuzzing): `/%61dmin%4%34` is `/admin%44` decoded once and
+        // `/adminD` decoded twice.
+        ("/%61dmin%4%34", 400),
+        ("/public%", 400),
         ("/ADMIN", 403),
         ("/Admin/secret", 403),
         ("/admin", 403),
