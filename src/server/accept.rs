@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderValue, CONNECTION};
-use http::{Request, Response, Version};
+use http::{Method, Request, Response, Version};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::service::Service;
@@ -406,10 +406,12 @@ where
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         let in_flight = Some(self.activity.begin());
         let close_when_draining = req.version() < Version::HTTP_2;
+        let head = req.method() == Method::HEAD;
         TrackedAnswer {
             inner: self.inner.call(req),
             in_flight,
             close_when_draining,
+            head,
         }
     }
 }
@@ -421,6 +423,7 @@ pin_project! {
         inner: F,
         in_flight: Option<InFlight>,
         close_when_draining: bool,
+        head: bool,
     }
 }
 
@@ -443,19 +446,25 @@ where
                 .insert(CONNECTION, HeaderValue::from_static("close"));
         }
         let in_flight = this.in_flight.take();
+        let head = *this.head;
         Poll::Ready(Ok(resp.map(|inner| ActiveBody {
             inner,
             _in_flight: in_flight,
+            head,
         })))
     }
 }
 
 pin_project! {
     /// A response body that keeps its request counted as activity until it is done or dropped.
+    /// The answer to a HEAD request has no body whoever wrote it (RFC 9110 §9.3.2): hyper leaves
+    /// it out on HTTP/1.1 but would send it as DATA on HTTP/2, which clients take as a protocol
+    /// error. Its length still describes the body a GET would get.
     pub struct ActiveBody<B> {
         #[pin]
         inner: B,
         _in_flight: Option<InFlight>,
+        head: bool,
     }
 }
 
@@ -468,6 +477,9 @@ impl<B: Body> Body for ActiveBody<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = self.project();
+        if *this.head {
+            return Poll::Ready(None);
+        }
         let polled = this.inner.poll_frame(cx);
         if let (Poll::Ready(Some(Ok(_))), Some(in_flight)) = (&polled, this._in_flight.as_ref()) {
             in_flight.progress();
@@ -476,7 +488,7 @@ impl<B: Body> Body for ActiveBody<B> {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.head || self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
