@@ -15,7 +15,8 @@ use std::fmt::Write as _;
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::net::IpAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -56,11 +57,15 @@ enum Msg {
     Line(Box<Entry>),
     /// Write everything queued, then answer.
     Flush(std::sync::mpsc::Sender<()>),
+    /// Wakes the writer to reopen the log file (SIGUSR1; the flag in [`Sink`] says so).
+    Reopen,
 }
 
 struct Sink {
     mode: Mode,
     tx: SyncSender<Msg>,
+    /// Set by SIGUSR1: the writer opens the file's path again before it writes more.
+    reopen: Arc<AtomicBool>,
     /// Where dropped and unwritten lines are counted.
     metrics: Arc<Metrics>,
 }
@@ -91,7 +96,7 @@ pub fn start(
     if mode == Mode::Off {
         return Ok(AccessLog::default());
     }
-    let out: Box<dyn Write + Send> = match log_file {
+    let writer: Box<dyn Write + Send> = match log_file {
         Some(path) => Box::new(
             OpenOptions::new()
                 .create(true)
@@ -110,11 +115,22 @@ pub fn start(
         .unwrap_or(DEFAULT_QUEUE);
     let (tx, rx) = sync_channel::<Msg>(queue);
     let writer_metrics = metrics.clone();
+    let out = Output {
+        path: log_file.map(Path::to_path_buf),
+        out: writer,
+    };
+    let reopen = Arc::new(AtomicBool::new(false));
+    let writer_reopen = reopen.clone();
     std::thread::Builder::new()
         .name("aralez-access-log".into())
-        .spawn(move || write_loop(rx, out, &writer_metrics))
+        .spawn(move || write_loop(rx, out, &writer_reopen, &writer_metrics))
         .map_err(AccessLogError::Thread)?;
-    Ok(AccessLog(Some(Arc::new(Sink { mode, tx, metrics }))))
+    Ok(AccessLog(Some(Arc::new(Sink {
+        mode,
+        tx,
+        reopen,
+        metrics,
+    }))))
 }
 
 impl AccessLog {
@@ -193,6 +209,16 @@ impl Drop for Record {
 }
 
 impl AccessLog {
+    /// Has the writer open its file's path again before it writes more (SIGUSR1); lines queued
+    /// before go to the old file or the new one.
+    pub fn reopen(&self) {
+        if let Some(sink) = &self.0 {
+            sink.reopen.store(true, Ordering::Relaxed);
+            // A wake-up only: a full queue means the writer is busy and sees the flag anyway.
+            let _ = sink.tx.try_send(Msg::Reopen);
+        }
+    }
+
     /// Writes what is queued before the process exits (waits up to one second).
     pub fn flush(&self) {
         if let Some(sink) = &self.0 {
@@ -218,34 +244,68 @@ fn flush_sink(sink: &Sink) {
     let _ = done_rx.recv_timeout(deadline.saturating_duration_since(Instant::now()));
 }
 
-fn write_loop(rx: Receiver<Msg>, mut out: Box<dyn Write + Send>, metrics: &Metrics) {
+/// Where lines go: stdout, or a file that SIGUSR1 reopens at its path.
+struct Output {
+    path: Option<PathBuf>,
+    out: Box<dyn Write + Send>,
+}
+
+impl Output {
+    fn reopen(&mut self) {
+        let Some(path) = &self.path else {
+            return;
+        };
+        match OpenOptions::new().create(true).append(true).open(path) {
+            Ok(file) => self.out = Box::new(file),
+            Err(e) => tracing::warn!(
+                "access log: cannot reopen {}: {e}; still writing to the old file",
+                path.display()
+            ),
+        }
+    }
+}
+
+/// What a gathered burst of messages asked for besides lines.
+#[derive(Default)]
+struct Asked {
+    flushed: Option<std::sync::mpsc::Sender<()>>,
+}
+
+impl Asked {
+    fn take(&mut self, msg: Msg, batch: &mut String, clock: &mut Clock, lines: &mut u64) {
+        match msg {
+            Msg::Line(entry) => {
+                format_line(batch, clock, &entry);
+                *lines += 1;
+            }
+            Msg::Flush(done) => self.flushed = Some(done),
+            Msg::Reopen => {}
+        }
+    }
+}
+
+fn write_loop(rx: Receiver<Msg>, mut out: Output, reopen: &AtomicBool, metrics: &Metrics) {
     let mut batch = String::with_capacity(BATCH_BYTES * 2);
     let mut clock = Clock::default();
     let mut lines = 0;
     while let Ok(msg) = rx.recv() {
-        let mut flushed = None;
-        match msg {
-            Msg::Line(entry) => {
-                format_line(&mut batch, &mut clock, &entry);
-                lines += 1;
-                std::thread::sleep(GATHER);
-            }
-            Msg::Flush(done) => flushed = Some(done),
+        let mut asked = Asked::default();
+        let gather = matches!(msg, Msg::Line(_));
+        asked.take(msg, &mut batch, &mut clock, &mut lines);
+        if gather {
+            std::thread::sleep(GATHER);
+        }
+        if reopen.swap(false, Ordering::Relaxed) {
+            out.reopen();
         }
         while let Ok(msg) = rx.try_recv() {
-            match msg {
-                Msg::Line(entry) => {
-                    format_line(&mut batch, &mut clock, &entry);
-                    lines += 1;
-                }
-                Msg::Flush(done) => flushed = Some(done),
-            }
+            asked.take(msg, &mut batch, &mut clock, &mut lines);
             if batch.len() >= BATCH_BYTES {
-                write_batch(&mut out, &mut batch, &mut lines, metrics);
+                write_batch(&mut out.out, &mut batch, &mut lines, metrics);
             }
         }
-        write_batch(&mut out, &mut batch, &mut lines, metrics);
-        if let Some(done) = flushed {
+        write_batch(&mut out.out, &mut batch, &mut lines, metrics);
+        if let Some(done) = asked.flushed {
             let _ = done.send(());
         }
     }

@@ -380,6 +380,17 @@ impl MainConfig {
             }
         };
         fix(&mut self.upstreams_conf);
+        // Files the process writes are always beside main.yaml: which directory a service is
+        // started from (`/` under systemd) must not decide where its logs go.
+        let beside = |p: &mut PathBuf| {
+            if p.is_relative() && !p.as_os_str().is_empty() {
+                *p = base.join(&*p);
+            }
+        };
+        beside(&mut self.pid_file);
+        if let Some(log) = &mut self.log_file {
+            beside(log);
+        }
         for p in [
             &mut self.certificates_dir,
             &mut self.file_server_folder,
@@ -464,11 +475,18 @@ fn read_access_log(node: &Node, r: &mut Reader) -> Option<AccessLog> {
     one_of(node, "access_log", r, &choices)
 }
 
+/// The grade names, and Aralez's SSL Labs spellings for them: `high` is the A+ profile, `medium`
+/// an A; `b` and `c` ask for something weaker, which rustls cannot offer, so they are `unsafe`
+/// (as medium, with its warning).
 fn read_grade(node: &Node, r: &mut Reader) -> Option<TlsGrade> {
     let choices = [
         ("high", TlsGrade::High),
         ("medium", TlsGrade::Medium),
         ("unsafe", TlsGrade::Unsafe),
+        ("a+", TlsGrade::High),
+        ("a", TlsGrade::Medium),
+        ("b", TlsGrade::Unsafe),
+        ("c", TlsGrade::Unsafe),
     ];
     one_of(node, "proxy_tls_grade", r, &choices)
 }

@@ -167,7 +167,7 @@ impl Context {
 /// Reads the config and runs the proxy until a stop signal. Returns after the drain.
 pub fn run(main_path: &Path, options: RunOptions) -> Result<(), StartError> {
     let (main, upstreams, issues) = load(main_path)?;
-    logging::init(&main).map_err(StartError::Logging)?;
+    let app_log = logging::init(&main).map_err(StartError::Logging)?;
     for warning in issues.warnings() {
         tracing::warn!("{warning}");
     }
@@ -254,7 +254,13 @@ pub fn run(main_path: &Path, options: RunOptions) -> Result<(), StartError> {
         };
         notify::notify(&ready);
         match signals {
-            Some(signals) => signals.wait(&ctx.reloader).await,
+            Some(signals) => {
+                let logs = LogFiles {
+                    app: app_log,
+                    access: ctx.access_log.clone(),
+                };
+                signals.wait(&ctx.reloader, &logs).await
+            }
             None => {
                 tracing::error!("cannot install signal handlers; stop with SIGKILL");
                 std::future::pending::<()>().await;
@@ -348,6 +354,29 @@ struct Signals {
     int: tokio::signal::unix::Signal,
     quit: tokio::signal::unix::Signal,
     hup: tokio::signal::unix::Signal,
+    usr1: tokio::signal::unix::Signal,
+    usr2: tokio::signal::unix::Signal,
+}
+
+/// The files SIGUSR1 reopens.
+struct LogFiles {
+    app: Option<Arc<logging::LogFile>>,
+    access: AccessLog,
+}
+
+impl LogFiles {
+    fn reopen(&self) {
+        if let Some(app) = &self.app {
+            match app.reopen() {
+                Ok(()) => tracing::info!("SIGUSR1: reopened {}", app.path().display()),
+                Err(e) => tracing::warn!(
+                    "SIGUSR1: cannot reopen {}: {e}; still writing to the old file",
+                    app.path().display()
+                ),
+            }
+        }
+        self.access.reopen();
+    }
 }
 
 impl Signals {
@@ -359,12 +388,15 @@ impl Signals {
             int: signal(SignalKind::interrupt()).ok()?,
             quit: signal(SignalKind::quit()).ok()?,
             hup: signal(SignalKind::hangup()).ok()?,
+            usr1: signal(SignalKind::user_defined1()).ok()?,
+            usr2: signal(SignalKind::user_defined2()).ok()?,
         })
     }
 
     /// Returns on SIGTERM, SIGINT or SIGQUIT (the live upgrade's "drain and exit"); reloads on
-    /// SIGHUP.
-    async fn wait(mut self, reloader: &Reloader) {
+    /// SIGHUP; reopens the log files on SIGUSR1 (logrotate); ignores SIGUSR2 (nginx's binary
+    /// upgrade, which `aralez -u` does here), saying so.
+    async fn wait(mut self, reloader: &Reloader, logs: &LogFiles) {
         loop {
             tokio::select! {
                 _ = self.term.recv() => return,
@@ -376,6 +408,10 @@ impl Signals {
                 _ = self.hup.recv() => {
                     // The reloader counts it in aralez_config_reloads_total.
                     let _ = reloader.reload_files("SIGHUP");
+                }
+                _ = self.usr1.recv() => logs.reopen(),
+                _ = self.usr2.recv() => {
+                    tracing::info!("SIGUSR2 ignored: for a new binary, run `aralez -u` (see the README)");
                 }
             }
         }

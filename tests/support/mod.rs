@@ -217,10 +217,18 @@ const POLL: Duration = Duration::from_millis(20);
 /// A temp dir with `upstreams.yaml` and a `main.yaml` (two workers, port 0, info logs, the pid
 /// file inside) plus `main_extra`; returns the dir and main.yaml's path.
 fn write_config(upstreams: &str, main_extra: &str) -> (tempfile::TempDir, PathBuf) {
+    write_config_listening(upstreams, main_extra, "127.0.0.1:0")
+}
+
+fn write_config_listening(
+    upstreams: &str,
+    main_extra: &str,
+    listen: &str,
+) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().expect("temp dir");
     std::fs::write(dir.path().join("upstreams.yaml"), upstreams).expect("write upstreams");
     let main = format!(
-        "threads: 2\nproxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: \"upstreams.yaml\"\nlog_level: info\npid_file: \"{}\"\n{main_extra}\n",
+        "threads: 2\nproxy_address_http: \"{listen}\"\nupstreams_conf: \"upstreams.yaml\"\nlog_level: info\npid_file: \"{}\"\n{main_extra}\n",
         dir.path().join("aralez.pid").display()
     );
     let path = dir.path().join("main.yaml");
@@ -321,6 +329,39 @@ impl ProxyProcess {
             .arg(env!("CARGO_BIN_EXE_aralez"))
             .arg(main);
         Self::spawn_command(command, dir)
+    }
+
+    /// Starts the binary logging to `log_file` in its directory (nothing on stdout), on a port
+    /// chosen here; ready when the port accepts. Its log is the file: `log_text` stays empty.
+    pub fn start_logging_to_file(upstreams: &str, main_extra: &str) -> ProxyProcess {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let extra = format!("log_file: \"aralez.log\"\n{main_extra}");
+        let (dir, main) = write_config_listening(upstreams, &extra, &addr.to_string());
+        let mut child = Command::new(binary())
+            .arg("-c")
+            .arg(main)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn aralez");
+        let up = eventually_blocking(Duration::from_secs(20), || {
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+        });
+        if !up {
+            let _ = child.kill();
+            let log = std::fs::read_to_string(dir.path().join("aralez.log")).unwrap_or_default();
+            panic!("proxy did not start on {addr}; aralez.log:\n{log}");
+        }
+        ProxyProcess {
+            child,
+            addr,
+            dir,
+            log: Arc::default(),
+        }
     }
 
     fn spawn_command(mut command: Command, dir: tempfile::TempDir) -> ProxyProcess {

@@ -1,0 +1,100 @@
+//! Operators' defects (issue 19), each through the real binary, each reproducing the failure
+//! first: HEAD over HTTP/2 on replies aralez writes itself, log reopening on SIGUSR1 (and
+//! SIGUSR2 not killing the process).
+
+mod support;
+
+use std::time::Duration;
+
+use http::Method;
+use http_body_util::BodyExt;
+use support::*;
+
+/// Routes: `a.test` to a live backend, `auth.test` behind basic auth, `down.test` to nothing.
+fn head_routes(backend: &Backend) -> String {
+    let live = || Path::servers(&[backend]).healthcheck(false);
+    Upstreams::new()
+        .host("a.test", Host::new().path("/", live()))
+        .host(
+            "auth.test",
+            Host::new().path("/", live().authorization_data("basic", "u:p")),
+        )
+        .host(
+            "down.test",
+            Host::new().path("/", Path::addrs(&["127.0.0.1:9"]).healthcheck(false)),
+        )
+        .render()
+}
+
+/// HEAD answered by aralez itself (404, 401, 502) and by a backend: no body on either protocol,
+/// and on HTTP/2 no stream error (curl exits 92 on one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn head_gets_no_body_over_http2_whoever_answers() {
+    let backend = Backend::start("b").await;
+    let proxy = ProxyProcess::start(&head_routes(&backend), "");
+    for proto in PROTOCOLS {
+        let mut c = Client::connect(proto, proxy.addr).await;
+        for (host, want) in [
+            ("a.test", 200),
+            ("nowhere.test", 404),
+            ("auth.test", 401),
+            ("down.test", 502),
+        ] {
+            let resp = c.send(Method::HEAD, Some(host), "/", &[], full("")).await;
+            assert_eq!(resp.status(), want, "{proto:?} HEAD {host}");
+            let body = resp.into_body().collect().await;
+            let body = body.unwrap_or_else(|e| panic!("{proto:?} HEAD {host}: {e}"));
+            assert!(
+                body.to_bytes().is_empty(),
+                "{proto:?} HEAD {host}: a body came back"
+            );
+        }
+    }
+}
+
+/// logrotate's way: move the files away, `kill -USR1`, and the proxy writes new ones at the
+/// configured path (the app log and the access log share `log_file` here). SIGUSR2 changes
+/// nothing but a log line. Both used to kill the process (exit 138/140).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigusr1_reopens_the_log_files_and_sigusr2_is_ignored() {
+    use nix::sys::signal::Signal;
+    let backend = Backend::start("b").await;
+    let routes = default_route(&[&backend]);
+    let proxy = ProxyProcess::start_logging_to_file(&routes, "access_log: all");
+    let log = proxy.path("aralez.log");
+    let rotated = proxy.path("aralez.log.1");
+    let get = |path: &'static str| {
+        let addr = proxy.addr;
+        async move {
+            let mut c = Client::connect(Proto::H1, addr).await;
+            assert_eq!(c.get("a.test", path).await.status(), 200, "{path}");
+        }
+    };
+    let logged = |file: &std::path::Path, needle: &str| {
+        std::fs::read_to_string(file).is_ok_and(|text| text.contains(needle))
+    };
+
+    get("/before-rotation").await;
+    let before = eventually(Duration::from_secs(5), || logged(&log, "/before-rotation"));
+    assert!(
+        before.await,
+        "the first request was not logged in {}",
+        log.display()
+    );
+    std::fs::rename(&log, &rotated).expect("rotate");
+    proxy.signal(Signal::SIGUSR1);
+    let reopened = eventually(Duration::from_secs(5), || logged(&log, "SIGUSR1: reopened"));
+    assert!(reopened.await, "no new aralez.log after SIGUSR1");
+    get("/after-rotation").await;
+    let after = eventually(Duration::from_secs(5), || logged(&log, "/after-rotation"));
+    assert!(after.await, "the access log did not move to the new file");
+    assert!(
+        !logged(&rotated, "/after-rotation"),
+        "still writing to the rotated file"
+    );
+
+    proxy.signal(Signal::SIGUSR2);
+    let ignored = eventually(Duration::from_secs(5), || logged(&log, "SIGUSR2 ignored"));
+    assert!(ignored.await, "SIGUSR2 left no trace");
+    get("/after-usr2").await;
+}
