@@ -175,14 +175,14 @@ fn tls12_aes128_only(roots: &[CertificateDer<'static>]) -> Arc<rustls::ClientCon
     Arc::new(config)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn grade_high_refuses_weak_clients_and_sends_hsts() {
-    let high = start("high").await;
+/// `high` (Aralez also spells it `A+`, any case) refuses a TLS 1.2 AES-128 client and adds HSTS.
+async fn assert_grade_high(grade: &str) {
+    let high = start(grade).await;
     assert!(
         served_cert(high.tls, "alpha.local", tls12_aes128_only(&high.roots))
             .await
             .is_err(),
-        "high accepted TLS 1.2 AES-128"
+        "{grade} accepted TLS 1.2 AES-128"
     );
     let mut client = Client::connect_tls(
         high.tls,
@@ -193,15 +193,19 @@ async fn grade_high_refuses_weak_clients_and_sends_hsts() {
     let resp = client.get("alpha.local", "/").await;
     assert_eq!(
         header(&resp, "strict-transport-security"),
-        "max-age=31536000"
+        "max-age=31536000",
+        "{grade}"
     );
+}
 
-    let medium = start("medium").await;
+/// `medium` (Aralez's `a`) accepts that client and adds no HSTS.
+async fn assert_grade_medium(grade: &str) {
+    let medium = start(grade).await;
     assert!(
         served_cert(medium.tls, "alpha.local", tls12_aes128_only(&medium.roots))
             .await
             .is_ok(),
-        "medium refused TLS 1.2 AES-128"
+        "{grade} refused TLS 1.2 AES-128"
     );
     let mut client = Client::connect_tls(
         medium.tls,
@@ -210,7 +214,25 @@ async fn grade_high_refuses_weak_clients_and_sends_hsts() {
     )
     .await;
     let resp = client.get("alpha.local", "/").await;
-    assert!(resp.headers().get("strict-transport-security").is_none());
+    assert!(
+        resp.headers().get("strict-transport-security").is_none(),
+        "{grade}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grade_high_refuses_weak_clients_and_sends_hsts() {
+    assert_grade_high("high").await;
+    assert_grade_medium("medium").await;
+}
+
+/// The Rust-proxy comparison's Aralez main.yaml says `proxy_tls_grade: a+`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aralez_letter_grades_are_the_grades_they_mean() {
+    assert_grade_high("a+").await;
+    assert_grade_high("A+").await;
+    assert_grade_medium("a").await;
+    assert_grade_medium("B").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
