@@ -99,14 +99,20 @@ fn main() -> ExitCode {
         upgrade: cli.upgrade,
     };
     // Fork (when asked) before anything starts a thread.
-    if let Err(e) = aralez::process::daemonize_if_asked(&cli.conf, options) {
-        eprintln!("aralez: {e}");
-        return ExitCode::FAILURE;
-    }
-    match aralez::process::run(&cli.conf, options) {
+    let mut ready = match aralez::process::daemonize_if_asked(&cli.conf, options) {
+        Ok(ready) => ready,
+        Err(e) => {
+            eprintln!("aralez: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match aralez::process::run(&cli.conf, options, &mut ready) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("aralez: {e}");
+            if let Some(pipe) = ready.take() {
+                pipe.failed(&e.to_string());
+            }
             ExitCode::FAILURE
         }
     }

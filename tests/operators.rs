@@ -98,3 +98,82 @@ async fn sigusr1_reopens_the_log_files_and_sigusr2_is_ignored() {
     assert!(ignored.await, "SIGUSR2 left no trace");
     get("/after-usr2").await;
 }
+
+/// A config for `aralez -d` in its own directory, listening on `listen`, logging to a file.
+fn daemon_config(listen: std::net::SocketAddr) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("upstreams.yaml"), unused_route()).expect("upstreams");
+    let main = format!(
+        "threads: 1\nproxy_address_http: \"{listen}\"\nupstreams_conf: \"upstreams.yaml\"\npid_file: \"aralez.pid\"\nlog_file: \"aralez.log\"\nupgrade_sock: \"s.sock\"\n"
+    );
+    std::fs::write(dir.path().join("main.yaml"), main).expect("main");
+    dir
+}
+
+/// Runs `aralez -d` to its exit (at most 30 s): its status and stderr.
+fn run_daemon(dir: &std::path::Path) -> (std::process::ExitStatus, String) {
+    let mut child = std::process::Command::new(binary())
+        .arg("-d")
+        .arg("-c")
+        .arg(dir.join("main.yaml"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn aralez -d");
+    let mut status = None;
+    eventually_blocking(Duration::from_secs(30), || {
+        status = child.try_wait().expect("wait");
+        status.is_some()
+    });
+    let Some(status) = status else {
+        let _ = child.kill();
+        panic!("aralez -d did not return within 30 s");
+    };
+    let mut stderr = String::new();
+    use std::io::Read;
+    let _ = child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr);
+    (status, stderr)
+}
+
+/// `-d` used to exit 0 before binding: an address in use went unnoticed but for the log.
+#[test]
+fn daemon_that_cannot_bind_exits_non_zero_with_the_error() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let dir = daemon_config(taken.local_addr().expect("addr"));
+    let (status, stderr) = run_daemon(dir.path());
+    assert_eq!(status.code(), Some(1), "stderr: {stderr}");
+    assert!(
+        stderr.contains("did not start") && stderr.contains("127.0.0.1"),
+        "the error does not say what failed: {stderr}"
+    );
+}
+
+/// `-d` returns 0 only once the port serves.
+#[test]
+fn daemon_returns_once_it_serves() {
+    let free = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = free.local_addr().expect("addr");
+    drop(free);
+    let dir = daemon_config(addr);
+    let (status, stderr) = run_daemon(dir.path());
+    assert_eq!(status.code(), Some(0), "stderr: {stderr}");
+    let served = std::net::TcpStream::connect(addr);
+    let pid = std::fs::read_to_string(dir.path().join("aralez.pid"))
+        .ok()
+        .and_then(|t| t.trim().parse::<i32>().ok());
+    if let Some(pid) = pid {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        eventually_blocking(Duration::from_secs(10), || {
+            !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        });
+    }
+    assert!(served.is_ok(), "-d returned before the port served");
+    assert!(pid.is_some(), "no pid file once -d returned");
+}

@@ -70,15 +70,20 @@ pub struct RunOptions {
 
 /// Goes to the background when `-d` or `daemon: true` asks for it. Call from `main` before
 /// anything starts a thread. A config with errors stays in the foreground, so `run` reports it.
-pub fn daemonize_if_asked(main_path: &Path, options: RunOptions) -> Result<(), StartError> {
+/// In the background process, gives the pipe on which to tell the starting command whether it
+/// serves (hand it to [`run`]).
+pub fn daemonize_if_asked(
+    main_path: &Path,
+    options: RunOptions,
+) -> Result<Option<daemon::ReadyPipe>, StartError> {
     let mut issues = Issues::default();
     let Some(main) = config::load_main(main_path, &mut issues) else {
-        return Ok(());
+        return Ok(None);
     };
     if (options.daemon || main.daemon) && !issues.has_errors() {
-        daemon::daemonize(main.log_file.as_deref())?;
+        return Ok(Some(daemon::daemonize(main.log_file.as_deref())?));
     }
-    Ok(())
+    Ok(None)
 }
 
 fn load(main_path: &Path) -> Result<(MainConfig, UpstreamsConfig, Issues), StartError> {
@@ -165,7 +170,13 @@ impl Context {
 }
 
 /// Reads the config and runs the proxy until a stop signal. Returns after the drain.
-pub fn run(main_path: &Path, options: RunOptions) -> Result<(), StartError> {
+/// `daemon_ready`, in a background process, is taken and told once the proxy serves; left in place if it fails
+/// before that, for the caller to report the error on it.
+pub fn run(
+    main_path: &Path,
+    options: RunOptions,
+    daemon_ready: &mut Option<daemon::ReadyPipe>,
+) -> Result<(), StartError> {
     let (main, upstreams, issues) = load(main_path)?;
     let app_log = logging::init(&main).map_err(StartError::Logging)?;
     for warning in issues.warnings() {
@@ -253,6 +264,9 @@ pub fn run(main_path: &Path, options: RunOptions) -> Result<(), StartError> {
             "READY=1".to_string()
         };
         notify::notify(&ready);
+        if let Some(pipe) = daemon_ready.take() {
+            pipe.ready();
+        }
         match signals {
             Some(signals) => {
                 let logs = LogFiles {
