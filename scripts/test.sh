@@ -11,12 +11,8 @@ log() { printf '[test] %s\n' "$*" >&2; }
 
 need_apt=()
 command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
-command -v curl >/dev/null 2>&1 || need_apt+=(curl)
+command -v curl >/dev/null 2>&1 || need_apt+=(curl ca-certificates)
 command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
-if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
-  export PATH="$HOME/.cargo/bin:$PATH"
-fi
-command -v cargo >/dev/null 2>&1 || need_apt+=(cargo rustc)
 if [ "${#need_apt[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     log "installing: ${need_apt[*]}"
@@ -28,6 +24,14 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
     exit 1
   fi
 fi
+
+# Rust from rustup when cargo is missing or older than Cargo.toml's rust-version (never Debian's
+# cargo package: 1.63 on Debian 12 cannot build this crate).
+source scripts/rust-toolchain.sh
+ensure_rust || {
+  log "no Rust toolchain $(rust_needed) or newer, and rustup could not install one"
+  exit 1
+}
 
 # The external judges of tests/judges.rs (sslyze, testssl.sh, h2spec): installed when missing, and
 # required, so a judge that cannot run fails the suite instead of being skipped.
