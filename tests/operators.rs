@@ -177,3 +177,114 @@ fn daemon_returns_once_it_serves() {
     assert!(served.is_ok(), "-d returned before the port served");
     assert!(pid.is_some(), "no pid file once -d returned");
 }
+
+/// A second instance with the same paths and port used to start and share everything with the
+/// first (the pid file, the upgrade socket, the port through SO_REUSEPORT). Each of the three
+/// now refuses it, with what to do; `-u` still takes over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_instance_on_the_same_paths_or_port_is_refused() {
+    let backend = Backend::start("b").await;
+    let routes = default_route(&[&backend]);
+    let first = ProxyProcess::start(&routes, "");
+    let second = |main: String| {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(dir.path().join("upstreams.yaml"), &routes).expect("upstreams");
+        std::fs::write(dir.path().join("main.yaml"), main).expect("main");
+        let out = std::process::Command::new(binary())
+            .arg("-c")
+            .arg(dir.path().join("main.yaml"))
+            .output()
+            .expect("run a second aralez");
+        (
+            out.status,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let own = |name: &str| format!("/tmp/aralez-test-{}-{name}", std::process::id());
+    let cases = [
+        (
+            "the same upgrade_sock",
+            format!(
+                "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: \"upstreams.yaml\"\npid_file: \"{}\"\nupgrade_sock: \"{}\"\n",
+                own("a.pid"),
+                first.path("aralez.sock").display()
+            ),
+            "answers on upgrade_sock",
+        ),
+        (
+            "the same pid_file",
+            format!(
+                "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: \"upstreams.yaml\"\npid_file: \"{}\"\nupgrade_sock: \"{}\"\n",
+                first.path("aralez.pid").display(),
+                own("b.sock")
+            ),
+            "names aralez process",
+        ),
+        (
+            "the same port",
+            format!(
+                "proxy_address_http: \"{}\"\nupstreams_conf: \"upstreams.yaml\"\npid_file: \"{}\"\nupgrade_sock: \"{}\"\n",
+                first.addr,
+                own("c.pid"),
+                own("c.sock")
+            ),
+            "already in use",
+        ),
+    ];
+    for (what, main, said) in cases {
+        let (status, stderr) = second(main);
+        assert_eq!(status.code(), Some(1), "{what}: {stderr}");
+        assert!(
+            stderr.contains("another instance is running") && stderr.contains(said),
+            "{what}: {stderr}"
+        );
+    }
+    let mut c = Client::connect(Proto::H1, first.addr).await;
+    assert_eq!(
+        c.get("a.test", "/").await.status(),
+        200,
+        "the first one still serves"
+    );
+}
+
+/// systemd's reload in the seed unit stops the old process first, then runs `aralez -u -d`:
+/// with nobody on `upgrade_sock`, the new one binds afresh instead of exiting 0 unserved.
+#[test]
+fn upgrade_with_nobody_to_take_over_from_starts_fresh() {
+    let free = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = free.local_addr().expect("addr");
+    drop(free);
+    let dir = daemon_config(addr);
+    let mut child = std::process::Command::new(binary())
+        .args(["-u", "-d", "-c"])
+        .arg(dir.path().join("main.yaml"))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn aralez -u -d");
+    let mut status = None;
+    eventually_blocking(Duration::from_secs(30), || {
+        status = child.try_wait().expect("wait");
+        status.is_some()
+    });
+    let served = std::net::TcpStream::connect(addr);
+    let pid = std::fs::read_to_string(dir.path().join("aralez.pid"))
+        .ok()
+        .and_then(|t| t.trim().parse::<i32>().ok());
+    if let Some(pid) = pid {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(0),
+        "aralez -u -d did not succeed"
+    );
+    assert!(
+        served.is_ok(),
+        "aralez -u -d returned without serving {addr}"
+    );
+    let log = std::fs::read_to_string(dir.path().join("aralez.log")).unwrap_or_default();
+    assert!(log.contains("binding the listeners afresh"), "{log}");
+}

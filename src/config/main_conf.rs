@@ -380,7 +380,7 @@ impl MainConfig {
             }
         };
         fix(&mut self.upstreams_conf);
-        // Files the process writes are always beside main.yaml: which directory a service is
+        // Files the process creates are always beside main.yaml: which directory a service is
         // started from (`/` under systemd) must not decide where its logs go.
         let beside = |p: &mut PathBuf| {
             if p.is_relative() && !p.as_os_str().is_empty() {
@@ -388,6 +388,7 @@ impl MainConfig {
             }
         };
         beside(&mut self.pid_file);
+        beside(&mut self.upgrade_sock);
         if let Some(log) = &mut self.log_file {
             beside(log);
         }

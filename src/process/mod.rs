@@ -7,6 +7,7 @@ mod logging;
 mod notify;
 pub mod pidfile;
 pub mod privileges;
+mod single;
 mod sockets;
 pub mod upgrade;
 
@@ -53,6 +54,8 @@ pub enum StartError {
     Upgrade(#[from] upgrade::UpgradeError),
     #[error("cannot go to the background: {0}")]
     Daemon(#[from] daemon::DaemonError),
+    #[error("another instance is running: {0}")]
+    AlreadyRunning(String),
 }
 
 fn render_errors(issues: &Issues) -> String {

@@ -5,7 +5,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use super::upgrade::{self, Offer, Sockets, UpgradeSock};
+use super::upgrade::{self, Offer, Sockets, UpgradeError, UpgradeSock};
 use super::StartError;
 use crate::config::MainConfig;
 use crate::server;
@@ -24,13 +24,28 @@ pub struct Bound {
 /// Binds (or, with `upgrade`, receives from the running instance) every listener.
 pub fn open(main: &MainConfig, upgrade: bool) -> Result<Bound, StartError> {
     let mut inherited = if upgrade {
-        let sockets = upgrade::receive(&main.upgrade_sock).map_err(StartError::Upgrade)?;
-        tracing::info!(
-            "live upgrade: received {:?} from the running instance",
-            sockets.names()
-        );
-        sockets
+        match upgrade::receive(&main.upgrade_sock) {
+            Ok(sockets) => {
+                tracing::info!(
+                    "live upgrade: received {:?} from the running instance",
+                    sockets.names()
+                );
+                sockets
+            }
+            // Nobody answers (the old process is already gone: systemd's reload that stops it
+            // first): start as a fresh instance would, binding every port.
+            Err(UpgradeError::Connect { path, source }) => {
+                tracing::warn!(
+                    "live upgrade: no running instance answers on {path} ({source}); binding the listeners afresh"
+                );
+                Sockets::default()
+            }
+            Err(e) => return Err(StartError::Upgrade(e)),
+        }
     } else {
+        if let Some(why) = super::single::another_instance(main) {
+            return Err(StartError::AlreadyRunning(why));
+        }
         Sockets::default()
     };
     let mut http = inherited.take(upgrade::HTTP);

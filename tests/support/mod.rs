@@ -227,8 +227,17 @@ fn write_config_listening(
 ) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().expect("temp dir");
     std::fs::write(dir.path().join("upstreams.yaml"), upstreams).expect("write upstreams");
+    // Each proxy its own upgrade socket: a second instance on the same one is refused.
+    let upgrade_sock = if main_extra.contains("upgrade_sock:") {
+        String::new()
+    } else {
+        format!(
+            "upgrade_sock: \"{}\"\n",
+            dir.path().join("aralez.sock").display()
+        )
+    };
     let main = format!(
-        "threads: 2\nproxy_address_http: \"{listen}\"\nupstreams_conf: \"upstreams.yaml\"\nlog_level: info\npid_file: \"{}\"\n{main_extra}\n",
+        "threads: 2\nproxy_address_http: \"{listen}\"\nupstreams_conf: \"upstreams.yaml\"\nlog_level: info\npid_file: \"{}\"\n{upgrade_sock}{main_extra}\n",
         dir.path().join("aralez.pid").display()
     );
     let path = dir.path().join("main.yaml");
