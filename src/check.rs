@@ -26,14 +26,17 @@ pub fn check(main_path: &Path) -> Report {
     let mut issues = Issues::default();
     let mut files = vec![main_path.display().to_string()];
     let mut shape = None;
-    if let Some(main) = config::load_main(main_path, &mut issues) {
-        files.push(main.upstreams_conf.display().to_string());
+    // Every file's issues at once: a broken main.yaml still says where upstreams.yaml is.
+    let main = config::load_main(main_path, &mut issues);
+    let upstreams_conf = config::upstreams_conf_of(main.as_ref(), main_path);
+    if let Some(upstreams_conf) = upstreams_conf {
+        files.push(upstreams_conf.display().to_string());
         files.extend(
-            config::conf_d_files(&main.upstreams_conf)
+            config::conf_d_files(&upstreams_conf)
                 .iter()
                 .map(|p| p.display().to_string()),
         );
-        if let Some(ups) = config::load_upstreams(&main.upstreams_conf, &mut issues) {
+        if let Some(ups) = config::load_upstreams(&upstreams_conf, &mut issues) {
             shape = Some(ups.shape);
         }
     }

@@ -568,6 +568,40 @@ fn cases() -> Vec<Case> {
                 warn(M, 6, "threds", "did you mean `threads`?"),
             ],
         ),
+        // ---- what main.yaml names must exist (as nginx -t opens its files) ----
+        Case::main(
+            "named_files_and_accounts_missing",
+            "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: upstreams.yaml\n\
+             proxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: no-certs\n\
+             config_tls_certificate: no.crt\nconfig_tls_key_file: no.key\n\
+             file_server_folder: no-www\nfile_server_address: \"127.0.0.1:0\"\n\
+             ca_file: no-ca.pem\nrunuser: no-such-user-aralez\nrungroup: no-such-group-aralez\n",
+            vec![
+                err(M, 4, "proxy_certificates", "`").also("no-certs` does not exist"),
+                err(M, 5, "config_tls_certificate", "no.crt` does not exist"),
+                err(M, 6, "config_tls_key_file", "no.key` does not exist"),
+                err(M, 7, "file_server_folder", "no-www` does not exist"),
+                err(M, 9, "ca_file", "no-ca.pem` does not exist"),
+                err(M, 10, "runuser", "no user `no-such-user-aralez` on this system"),
+                err(M, 11, "rungroup", "no group `no-such-group-aralez` on this system"),
+            ],
+        ),
+        Case::main(
+            "file_server_folder_is_a_file",
+            "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: upstreams.yaml\n\
+             file_server_folder: upstreams.yaml\nfile_server_address: \"127.0.0.1:0\"\n",
+            vec![err(M, 3, "file_server_folder", "upstreams.yaml` is not a directory")],
+        ),
+        // ---- one file's errors do not hide the other's ----
+        Case::broken(
+            "errors_in_both_files_are_all_reported",
+            "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: upstreams.yaml\nthreads: many\n",
+            &format!("{PATH_HEAD}        servers: [\"127.0.0.1:8000\"]\n        rate_limit: \"ten\"\n"),
+            vec![
+                err(M, 3, "threads", "expected a whole number"),
+                err(U, 6, pk("rate_limit"), "expected a whole number, found a string `ten`"),
+            ],
+        ),
     ]
 }
 

@@ -10,14 +10,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const CONTENT: &str = "0123456789abcdefghijklmnopqrstuvwxyz";
 
-/// A proxy whose file server serves a folder with a file, an index, dotfiles and a subfolder.
-fn start() -> (ProxyProcess, SocketAddr) {
-    let proxy = ProxyProcess::start(
-        &unused_route(),
-        "file_server_folder: \"www\"\nfile_server_address: \"127.0.0.1:0\"",
-    );
-    let www = proxy.path("www");
-    // The folder is created after start: ServeDir reads the disk per request.
+/// The served files: a folder with a file, an index, dotfiles and a subfolder, in a directory
+/// that also holds a file outside it. The folder must exist before the proxy starts.
+fn files() -> (tempfile::TempDir, std::path::PathBuf) {
+    let root = tempfile::tempdir().unwrap();
+    let www = root.path().join("www");
     std::fs::create_dir_all(www.join("sub")).unwrap();
     std::fs::create_dir_all(www.join(".git")).unwrap();
     std::fs::create_dir_all(www.join("empty")).unwrap();
@@ -26,14 +23,37 @@ fn start() -> (ProxyProcess, SocketAddr) {
     std::fs::write(www.join("sub/index.html"), "<h1>sub</h1>").unwrap();
     std::fs::write(www.join(".env"), "SECRET=1").unwrap();
     std::fs::write(www.join(".git/config"), "[core]").unwrap();
-    std::fs::write(proxy.path("outside.txt"), "outside").unwrap();
-    let log = proxy.log_text();
-    let addr = log
+    std::fs::write(root.path().join("outside.txt"), "outside").unwrap();
+    (root, www)
+}
+
+/// The file server's address, from the proxy's log.
+fn file_server_addr(proxy: &ProxyProcess) -> SocketAddr {
+    proxy
+        .log_text()
         .lines()
         .filter(|l| l.contains("file server: serving"))
         .find_map(|l| address_after(l, " on http://"))
-        .expect("file server address in the log");
-    (proxy, addr)
+        .expect("file server address in the log")
+}
+
+/// A proxy whose file server serves [`files`]; the folder's path, kept alive with the proxy.
+fn start() -> (
+    ProxyProcess,
+    SocketAddr,
+    tempfile::TempDir,
+    std::path::PathBuf,
+) {
+    let (root, www) = files();
+    let proxy = ProxyProcess::start(
+        &unused_route(),
+        &format!(
+            "file_server_folder: \"{}\"\nfile_server_address: \"127.0.0.1:0\"",
+            www.display()
+        ),
+    );
+    let addr = file_server_addr(&proxy);
+    (proxy, addr, root, www)
 }
 
 /// Sends `target` byte for byte (no client-side normalisation) and returns the status line.
@@ -54,7 +74,7 @@ async fn raw_status(addr: SocketAddr, target: &str) -> (u16, String) {
 
 #[tokio::test]
 async fn serves_files_index_and_ranges() {
-    let (_proxy, addr) = start();
+    let (_proxy, addr, _root, _) = start();
     let (status, headers, body) = http_get(addr, "/a.txt", &[]).await;
     assert_eq!(status, 200);
     assert_eq!(&body[..], CONTENT.as_bytes());
@@ -80,7 +100,7 @@ async fn serves_files_index_and_ranges() {
 
 #[tokio::test]
 async fn conditional_requests_answer_304() {
-    let (_proxy, addr) = start();
+    let (_proxy, addr, _root, www) = start();
     let (_, headers, _) = http_get(addr, "/a.txt", &[]).await;
     let etag = headers["etag"].to_str().unwrap().to_string();
     let modified = headers["last-modified"].to_str().unwrap().to_string();
@@ -106,7 +126,7 @@ async fn conditional_requests_answer_304() {
     let (status, _, _) = http_get(addr, "/a.txt", &[("if-modified-since", &modified)]).await;
     assert_eq!(status, 304);
 
-    std::fs::write(_proxy.path("www/a.txt"), "changed, and longer than before").unwrap();
+    std::fs::write(www.join("a.txt"), "changed, and longer than before").unwrap();
     let (status, headers, _) = http_get(addr, "/a.txt", &[("if-none-match", &etag)]).await;
     assert_eq!(status, 200, "a changed file must not match the old tag");
     assert_ne!(headers["etag"], etag.as_str());
@@ -114,7 +134,7 @@ async fn conditional_requests_answer_304() {
 
 #[tokio::test]
 async fn never_escapes_the_folder_or_shows_dotfiles() {
-    let (_proxy, addr) = start();
+    let (_proxy, addr, _root, _) = start();
     for target in [
         "/../outside.txt",
         "/../../../../etc/passwd",
@@ -151,18 +171,15 @@ async fn never_escapes_the_folder_or_shows_dotfiles() {
 
 #[tokio::test]
 async fn file_server_connections_have_their_own_cap() {
+    let (_root, www) = files();
     let proxy = ProxyProcess::start(
         &unused_route(),
-        "file_server_folder: \"www\"\nfile_server_address: \"127.0.0.1:0\"\nfile_server_max_connections: 2",
+        &format!(
+            "file_server_folder: \"{}\"\nfile_server_address: \"127.0.0.1:0\"\nfile_server_max_connections: 2",
+            www.display()
+        ),
     );
-    std::fs::create_dir_all(proxy.path("www")).unwrap();
-    std::fs::write(proxy.path("www/a.txt"), CONTENT).unwrap();
-    let addr = proxy
-        .log_text()
-        .lines()
-        .filter(|l| l.contains("file server: serving"))
-        .find_map(|l| address_after(l, " on http://"))
-        .expect("file server address in the log");
+    let addr = file_server_addr(&proxy);
     // Two idle connections hold both places...
     let _held = [
         tokio::net::TcpStream::connect(addr).await.unwrap(),

@@ -110,16 +110,17 @@ fn daemon_config(listen: std::net::SocketAddr) -> tempfile::TempDir {
     dir
 }
 
-/// Runs `aralez -d` to its exit (at most 30 s): its status and stderr.
-fn run_daemon(dir: &std::path::Path) -> (std::process::ExitStatus, String) {
+/// Runs `aralez <args> -c main.yaml` (a command that returns, like `-d`) to its exit, at most
+/// 30 s: its status and stderr.
+fn run_to_exit(dir: &std::path::Path, args: &[&str]) -> (std::process::ExitStatus, String) {
     let mut child = std::process::Command::new(binary())
-        .arg("-d")
+        .args(args)
         .arg("-c")
         .arg(dir.join("main.yaml"))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .expect("spawn aralez -d");
+        .expect("spawn aralez");
     let mut status = None;
     eventually_blocking(Duration::from_secs(30), || {
         status = child.try_wait().expect("wait");
@@ -127,7 +128,7 @@ fn run_daemon(dir: &std::path::Path) -> (std::process::ExitStatus, String) {
     });
     let Some(status) = status else {
         let _ = child.kill();
-        panic!("aralez -d did not return within 30 s");
+        panic!("aralez {args:?} did not return within 30 s");
     };
     let mut stderr = String::new();
     use std::io::Read;
@@ -139,12 +140,38 @@ fn run_daemon(dir: &std::path::Path) -> (std::process::ExitStatus, String) {
     (status, stderr)
 }
 
+/// A local address nothing listens on (bound, then let go).
+fn free_addr() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+}
+
+/// Stops the background process named by the pid file in `dir` (SIGTERM, up to 10 s for it to
+/// go); whether there was one.
+fn stop_daemon(dir: &std::path::Path) -> bool {
+    let pid = std::fs::read_to_string(dir.join("aralez.pid"))
+        .ok()
+        .and_then(|t| t.trim().parse::<i32>().ok());
+    let Some(pid) = pid else {
+        return false;
+    };
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    eventually_blocking(Duration::from_secs(10), || {
+        !std::path::Path::new(&format!("/proc/{pid}")).exists()
+    });
+    true
+}
+
 /// `-d` used to exit 0 before binding: an address in use went unnoticed but for the log.
 #[test]
 fn daemon_that_cannot_bind_exits_non_zero_with_the_error() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let dir = daemon_config(taken.local_addr().expect("addr"));
-    let (status, stderr) = run_daemon(dir.path());
+    let (status, stderr) = run_to_exit(dir.path(), &["-d"]);
     assert_eq!(status.code(), Some(1), "stderr: {stderr}");
     assert!(
         stderr.contains("did not start") && stderr.contains("127.0.0.1"),
@@ -155,27 +182,14 @@ fn daemon_that_cannot_bind_exits_non_zero_with_the_error() {
 /// `-d` returns 0 only once the port serves.
 #[test]
 fn daemon_returns_once_it_serves() {
-    let free = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = free.local_addr().expect("addr");
-    drop(free);
+    let addr = free_addr();
     let dir = daemon_config(addr);
-    let (status, stderr) = run_daemon(dir.path());
+    let (status, stderr) = run_to_exit(dir.path(), &["-d"]);
     assert_eq!(status.code(), Some(0), "stderr: {stderr}");
     let served = std::net::TcpStream::connect(addr);
-    let pid = std::fs::read_to_string(dir.path().join("aralez.pid"))
-        .ok()
-        .and_then(|t| t.trim().parse::<i32>().ok());
-    if let Some(pid) = pid {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        eventually_blocking(Duration::from_secs(10), || {
-            !std::path::Path::new(&format!("/proc/{pid}")).exists()
-        });
-    }
+    let had_pid_file = stop_daemon(dir.path());
     assert!(served.is_ok(), "-d returned before the port served");
-    assert!(pid.is_some(), "no pid file once -d returned");
+    assert!(had_pid_file, "no pid file once -d returned");
 }
 
 /// A second instance with the same paths and port used to start and share everything with the
@@ -251,36 +265,12 @@ async fn a_second_instance_on_the_same_paths_or_port_is_refused() {
 /// with nobody on `upgrade_sock`, the new one binds afresh instead of exiting 0 unserved.
 #[test]
 fn upgrade_with_nobody_to_take_over_from_starts_fresh() {
-    let free = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = free.local_addr().expect("addr");
-    drop(free);
+    let addr = free_addr();
     let dir = daemon_config(addr);
-    let mut child = std::process::Command::new(binary())
-        .args(["-u", "-d", "-c"])
-        .arg(dir.path().join("main.yaml"))
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn aralez -u -d");
-    let mut status = None;
-    eventually_blocking(Duration::from_secs(30), || {
-        status = child.try_wait().expect("wait");
-        status.is_some()
-    });
+    let (status, stderr) = run_to_exit(dir.path(), &["-u", "-d"]);
     let served = std::net::TcpStream::connect(addr);
-    let pid = std::fs::read_to_string(dir.path().join("aralez.pid"))
-        .ok()
-        .and_then(|t| t.trim().parse::<i32>().ok());
-    if let Some(pid) = pid {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-    }
-    assert_eq!(
-        status.and_then(|s| s.code()),
-        Some(0),
-        "aralez -u -d did not succeed"
-    );
+    stop_daemon(dir.path());
+    assert_eq!(status.code(), Some(0), "aralez -u -d failed: {stderr}");
     assert!(
         served.is_ok(),
         "aralez -u -d returned without serving {addr}"

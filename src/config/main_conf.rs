@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::exists;
 use super::reader::Reader;
 use super::yaml::Node;
 
@@ -189,9 +190,12 @@ impl MainConfig {
         let mut seen_upstreams = false;
         let mut upstreams_pos = root.pos;
         let mut proxy_configs: Option<PathBuf> = None;
+        let mut ca_file: Option<PathBuf> = None;
+        let mut positions = exists::Positions::default();
         let mut failed = false;
         for (key, value) in entries {
             let k = key.name.as_str();
+            positions.note(k, value.pos);
             let ok = match k {
                 "threads" => set(
                     &mut cfg.threads,
@@ -313,6 +317,12 @@ impl MainConfig {
                     &mut cfg.file_server_max_connections,
                     r.uint(value, k, 1, 10_000_000).map(|n| n as usize),
                 ),
+                // Pingora's CA for upstream TLS: aralez uses the system trust store instead,
+                // but the file must exist, as it must for Aralez to start.
+                "ca_file" => {
+                    ca_file = r.non_empty_string(value, k).map(PathBuf::from);
+                    ca_file.is_some()
+                }
                 _ if PINGORA_KEYS.contains(&k) => true,
                 _ => {
                     r.unknown_key(key, k, KEYS);
@@ -345,6 +355,8 @@ impl MainConfig {
         }
         let written = cfg.upstreams_conf.clone();
         cfg.resolve_paths();
+        let ca_file = ca_file.map(|p| cfg.base_dir.join(p));
+        let everything_exists = exists::check(&cfg, ca_file.as_deref(), &positions, r);
         let resolved = &cfg.upstreams_conf;
         let problem = match std::fs::metadata(resolved) {
             Ok(meta) if meta.is_dir() => Some("is a directory, not a file"),
@@ -365,7 +377,7 @@ impl MainConfig {
             r.error(upstreams_pos, "upstreams_conf", shown);
             return None;
         }
-        Some(cfg)
+        everything_exists.then_some(cfg)
     }
 
     /// Makes relative paths relative to main.yaml's directory, unless only the cwd-relative one exists.

@@ -4,6 +4,7 @@
 //! file, line, column and key. No I/O happens here beyond reading the files themselves.
 
 pub mod discovery_conf;
+mod exists;
 pub mod issues;
 pub mod main_conf;
 mod reader;
@@ -154,6 +155,36 @@ pub fn parse_main_text(text: &str, path: &Path, issues: &mut Issues) -> Option<M
     let mut r = Reader::new(Arc::from(path.display().to_string()), issues);
     let root = parse_tree(text, &mut r)?;
     MainConfig::read(&root, path, &mut r)
+}
+
+/// The upstreams file to read: `main`'s, or when main.yaml has errors, where its YAML alone
+/// says (so errors in main.yaml do not hide those of the routes). `None` when it cannot say.
+pub fn upstreams_conf_of(main: Option<&MainConfig>, main_path: &Path) -> Option<PathBuf> {
+    match main {
+        Some(main) => Some(main.upstreams_conf.clone()),
+        None => upstreams_conf_in(main_path).filter(|p| p.is_file()),
+    }
+}
+
+/// Where main.yaml points `upstreams_conf`, read from its YAML alone (the rest of it may be
+/// broken) and resolved like `upstreams_conf`.
+fn upstreams_conf_in(main_path: &Path) -> Option<PathBuf> {
+    let text = std::fs::read_to_string(main_path).ok()?;
+    let root = yaml::parse(&text).ok()?;
+    let yaml::Value::Map(entries) = &root.value else {
+        return None;
+    };
+    let (_, node) = entries.iter().find(|(k, _)| k.name == "upstreams_conf")?;
+    let yaml::Value::Str(written) = &node.value else {
+        return None;
+    };
+    let beside = main_path.parent().unwrap_or(Path::new(".")).join(written);
+    let as_written = PathBuf::from(written);
+    Some(if beside.exists() || !as_written.exists() {
+        beside
+    } else {
+        as_written
+    })
 }
 
 /// `conf.d/*.yaml` beside `upstreams`, sorted by name.

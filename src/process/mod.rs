@@ -92,9 +92,8 @@ pub fn daemonize_if_asked(
 fn load(main_path: &Path) -> Result<(MainConfig, UpstreamsConfig, Issues), StartError> {
     let mut issues = Issues::default();
     let main = config::load_main(main_path, &mut issues);
-    let upstreams = main
-        .as_ref()
-        .and_then(|m| config::load_upstreams(&m.upstreams_conf, &mut issues));
+    let upstreams = config::upstreams_conf_of(main.as_ref(), main_path)
+        .and_then(|path| config::load_upstreams(&path, &mut issues));
     let (Some(main), Some(upstreams)) = (main, upstreams) else {
         return Err(StartError::Config(render_errors(&issues)));
     };
