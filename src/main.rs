@@ -8,13 +8,42 @@ use clap::{ArgAction, Parser, Subcommand, ValueEnum};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// `aralez --version`: version, the commit built from, and what is compiled in.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("ARALEZ_COMMIT"),
+    ")\nfeatures: HTTP/1.1, HTTP/2 (h2c and ALPN), TLS (rustls: TLS 1.2 and 1.3), WebSocket \
+     (also over HTTP/2), gRPC, Consul and Kubernetes discovery, file server, admin API, \
+     Prometheus metrics; allocator mimalloc"
+);
+
+/// `aralez --help`, after the options: signals and environment variables.
+const AFTER_HELP: &str = "\
+Signals:
+  TERM, INT   stop accepting, finish in-flight requests (grace_period_seconds), exit 0
+  QUIT        the same drain, for the old process of a live upgrade (aralez -u)
+  HUP         re-read upstreams.yaml and conf.d
+  USR1        reopen log_file (logrotate)
+  USR2        ignored (nginx's binary upgrade is `aralez -u` here)
+
+Environment:
+  RUST_LOG                   overrides log_level (tracing filter syntax)
+  JWT_KEY                    overrides master_key for JWTs and sticky cookies
+  SSL_CERT_FILE, SSL_CERT_DIR  trust store for upstream_tls_verify
+  NOTIFY_SOCKET              set by systemd (Type=notify): READY, STOPPING, MAINPID
+  KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT_HTTPS, POD_NAMESPACE
+                             in-cluster Kubernetes discovery
+  ARALEZ_ACCESS_LOG_QUEUE    access log queue length (default 16384 lines)";
+
 /// A fast reverse proxy that reads Aralez's main.yaml and upstreams.yaml.
 #[derive(Parser, Debug)]
 #[command(
     name = "aralez",
-    version,
+    version = VERSION,
     disable_version_flag = true,
-    args_conflicts_with_subcommands = true
+    args_conflicts_with_subcommands = true,
+    after_help = AFTER_HELP
 )]
 struct Cli {
     #[command(subcommand)]

@@ -188,6 +188,7 @@ impl Metrics {
         self.render_upstreams(&mut out, backends);
         self.render_process(&mut out);
         self.render_control(&mut out);
+        render_standard(&mut out);
         out
     }
 
@@ -406,6 +407,92 @@ fn load(counter: &AtomicU64) -> u64 {
 
 fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// The standard `process_*` metrics of Prometheus' client libraries (from /proc, whose times
+/// are in USER_HZ = 100 ticks a second), and `aralez_build_info`.
+fn render_standard(out: &mut String) {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
+    let field = |n: usize| fields.get(n).and_then(|f| f.parse::<f64>().ok());
+    const TICKS: f64 = 100.0;
+    // utime and stime are fields 14 and 15 of stat(5); `fields[0]` is field 3.
+    if let (Some(user), Some(system)) = (field(11), field(12)) {
+        header(
+            out,
+            "process_cpu_seconds_total",
+            "counter",
+            "Total user and system CPU time spent in seconds.",
+        );
+        let _ = writeln!(out, "process_cpu_seconds_total {}", (user + system) / TICKS);
+    }
+    let boot = std::fs::read_to_string("/proc/stat")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    if let (Some(boot), Some(start)) = (boot, field(19)) {
+        header(
+            out,
+            "process_start_time_seconds",
+            "gauge",
+            "Start time of the process since unix epoch in seconds.",
+        );
+        let _ = writeln!(out, "process_start_time_seconds {}", boot + start / TICKS);
+    }
+    if let Some(virt) = field(20) {
+        header(
+            out,
+            "process_virtual_memory_bytes",
+            "gauge",
+            "Virtual memory size in bytes.",
+        );
+        let _ = writeln!(out, "process_virtual_memory_bytes {virt}");
+    }
+    header(
+        out,
+        "process_resident_memory_bytes",
+        "gauge",
+        "Resident memory size in bytes.",
+    );
+    let _ = writeln!(out, "process_resident_memory_bytes {}", resident_bytes());
+    header(
+        out,
+        "process_open_fds",
+        "gauge",
+        "Number of open file descriptors.",
+    );
+    let fds = std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count);
+    let _ = writeln!(out, "process_open_fds {fds}");
+    let max_fds = std::fs::read_to_string("/proc/self/limits")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3).map(str::to_string));
+    if let Some(max) = max_fds.filter(|m| m.bytes().all(|b| b.is_ascii_digit())) {
+        header(
+            out,
+            "process_max_fds",
+            "gauge",
+            "Maximum number of open file descriptors.",
+        );
+        let _ = writeln!(out, "process_max_fds {max}");
+    }
+    header(
+        out,
+        "aralez_build_info",
+        "gauge",
+        "The running build: version and git commit.",
+    );
+    let _ = writeln!(
+        out,
+        "aralez_build_info{{version=\"{}\",commit=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION"),
+        env!("ARALEZ_COMMIT")
+    );
 }
 
 fn resident_bytes() -> u64 {

@@ -587,6 +587,11 @@ fn cases() -> Vec<Case> {
             ],
         ),
         Case::main(
+            "pingora_user_names_no_account",
+            "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: upstreams.yaml\nuser: no-such-user-aralez\n",
+            vec![err(M, 3, "user", "no user `no-such-user-aralez` on this system")],
+        ),
+        Case::main(
             "file_server_folder_is_a_file",
             "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: upstreams.yaml\n\
              file_server_folder: upstreams.yaml\nfile_server_address: \"127.0.0.1:0\"\n",

@@ -264,6 +264,7 @@ async fn admin_api(proxy: &Proxy, master_key: Option<&str>) -> SocketAddr {
         master_key: master_key.map(str::to_string),
         config_api_enabled: true,
         metrics: proxy.ctx.metrics.clone(),
+        metrics_key: None,
     });
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     std::mem::forget(stop);

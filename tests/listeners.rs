@@ -68,6 +68,7 @@ async fn start() -> Listeners {
         master_key: Some("k".into()),
         config_api_enabled: false,
         metrics: proxy.ctx.metrics.clone(),
+        metrics_key: None,
     });
     let served = aralez::admin::serve(admin_listener, admin, None, limits(3), stop_rx.clone());
     tokio::spawn(served);

@@ -396,43 +396,46 @@ async fn drops_to_runuser_after_binding_a_low_port() {
         .gid
         .as_raw();
     let backend = Backend::start("low").await;
-    let port = (600..1000)
-        .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
-        .expect("a free low port");
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    std::fs::write(dir.path().join("upstreams.yaml"), upstreams_for(&backend)).unwrap();
-    let main = format!(
-        "threads: 2\nproxy_address_http: \"127.0.0.1:{port}\"\nupstreams_conf: \"upstreams.yaml\"\npid_file: \"{1}/p.pid\"\nupgrade_sock: \"{1}/u.sock\"\nrunuser: \"{0}\"\nrungroup: \"{0}\"\n",
-        user.0,
-        dir.path().display()
-    );
-    std::fs::write(dir.path().join("main.yaml"), main).unwrap();
-    let proxy = ProxyProcess::spawn_args(&dir.path().join("main.yaml"), &[]);
-    assert_eq!(proxy.addr.port(), port);
-    let uids = status_ids(proxy.pid(), "Uid:");
-    let gids = status_ids(proxy.pid(), "Gid:");
-    assert_eq!(
-        uids,
-        vec![uid.to_string(); 4],
-        "real, effective, saved, fs uid"
-    );
-    assert_eq!(
-        gids,
-        vec![gid.to_string(); 4],
-        "real, effective, saved, fs gid"
-    );
-    assert!(
-        status_ids(proxy.pid(), "Groups:").is_empty(),
-        "supplementary groups kept"
-    );
-    let mut client = Client::connect(Proto::H1, proxy.addr).await;
-    let resp = client.get("x.test", "/").await;
-    assert_eq!(resp.status(), 200, "{}", proxy.log_text());
+    // Aralez's README names Pingora's `user`/`group`; aralez reads both spellings.
+    for (user_key, group_key) in [("runuser", "rungroup"), ("user", "group")] {
+        let port = (600..1000)
+            .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+            .expect("a free low port");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("upstreams.yaml"), upstreams_for(&backend)).unwrap();
+        let main = format!(
+            "threads: 2\nproxy_address_http: \"127.0.0.1:{port}\"\nupstreams_conf: \"upstreams.yaml\"\npid_file: \"{1}/p.pid\"\nupgrade_sock: \"{1}/u.sock\"\n{user_key}: \"{0}\"\n{group_key}: \"{0}\"\n",
+            user.0,
+            dir.path().display()
+        );
+        std::fs::write(dir.path().join("main.yaml"), main).unwrap();
+        let proxy = ProxyProcess::spawn_args(&dir.path().join("main.yaml"), &[]);
+        assert_eq!(proxy.addr.port(), port);
+        let uids = status_ids(proxy.pid(), "Uid:");
+        let gids = status_ids(proxy.pid(), "Gid:");
+        assert_eq!(
+            uids,
+            vec![uid.to_string(); 4],
+            "real, effective, saved, fs uid"
+        );
+        assert_eq!(
+            gids,
+            vec![gid.to_string(); 4],
+            "real, effective, saved, fs gid"
+        );
+        assert!(
+            status_ids(proxy.pid(), "Groups:").is_empty(),
+            "supplementary groups kept"
+        );
+        let mut client = Client::connect(Proto::H1, proxy.addr).await;
+        let resp = client.get("x.test", "/").await;
+        assert_eq!(resp.status(), 200, "{}", proxy.log_text());
+    }
 }
 
 #[test]

@@ -278,3 +278,98 @@ fn upgrade_with_nobody_to_take_over_from_starts_fresh() {
     let log = std::fs::read_to_string(dir.path().join("aralez.log")).unwrap_or_default();
     assert!(log.contains("binding the listeners afresh"), "{log}");
 }
+
+/// `--version` names the version, the commit and what is compiled in; `--help` lists the
+/// signals and the environment variables.
+#[test]
+fn version_and_help_say_what_an_operator_needs() {
+    let run = |arg: &str| {
+        let out = std::process::Command::new(binary())
+            .arg(arg)
+            .output()
+            .expect("run aralez");
+        assert!(out.status.success(), "aralez {arg}: {:?}", out.status);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let version = run("--version");
+    assert!(
+        version.contains(env!("CARGO_PKG_VERSION")) && version.contains("(commit "),
+        "{version}"
+    );
+    assert!(
+        version.contains("features:") && version.contains("HTTP/2"),
+        "{version}"
+    );
+    let help = run("--help");
+    for needle in [
+        "USR1",
+        "HUP",
+        "QUIT",
+        "RUST_LOG",
+        "JWT_KEY",
+        "SSL_CERT_FILE",
+        "NOTIFY_SOCKET",
+    ] {
+        assert!(
+            help.contains(needle),
+            "--help does not mention {needle}:\n{help}"
+        );
+    }
+}
+
+/// Scraping without the key that rewrites the config: `metrics_key` opens `/metrics` and
+/// `/status` (GET and HEAD) and nothing else; the standard `process_*` metrics and
+/// `aralez_build_info` are there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_key_reads_metrics_and_status_only() {
+    let backend = Backend::start("b").await;
+    let proxy = ProxyProcess::start(
+        &default_route(&[&backend]),
+        "config_address: \"127.0.0.1:0\"\nconfig_api_enabled: true\nmaster_key: \"master\"\nmetrics_key: \"scrape\"",
+    );
+    let admin = proxy.logged_addr("admin API on http://");
+    let ask = |method: Method, path: &'static str, key: &'static str| async move {
+        let mut c = Client::connect(Proto::H1, admin).await;
+        let resp = c
+            .send(method, Some("admin"), path, &[("x-api-key", key)], full(""))
+            .await;
+        let status = resp.status().as_u16();
+        let body = resp.into_body().collect().await.map(|b| b.to_bytes());
+        (
+            status,
+            String::from_utf8_lossy(&body.unwrap_or_default()).into_owned(),
+        )
+    };
+    let (status, metrics) = ask(Method::GET, "/metrics", "scrape").await;
+    assert_eq!(status, 200, "{metrics}");
+    for name in [
+        "process_cpu_seconds_total ",
+        "process_resident_memory_bytes ",
+        "process_open_fds ",
+        "process_max_fds ",
+        "process_start_time_seconds ",
+        &format!(
+            "aralez_build_info{{version=\"{}\",commit=\"",
+            env!("CARGO_PKG_VERSION")
+        ),
+    ] {
+        assert!(metrics.contains(name), "no {name} in:\n{metrics}");
+    }
+    assert_eq!(ask(Method::GET, "/status", "scrape").await.0, 200);
+    let (status, body) = ask(Method::HEAD, "/metrics", "scrape").await;
+    assert_eq!((status, body.as_str()), (200, ""), "HEAD /metrics");
+    // The scrape key cannot push a config; the master key still can do everything.
+    let mut c = Client::connect(Proto::H1, admin).await;
+    let refused = c
+        .send(
+            Method::POST,
+            Some("admin"),
+            "/conf",
+            &[("x-api-key", "scrape")],
+            full("upstreams: {}\n"),
+        )
+        .await;
+    assert_eq!(refused.status(), 403);
+    assert_eq!(ask(Method::GET, "/metrics", "master").await.0, 200);
+    assert_eq!(ask(Method::GET, "/metrics", "wrong").await.0, 403);
+}

@@ -1,6 +1,6 @@
 //! The admin API (SPEC §9) on `config_address`: `POST /conf`, `POST /jwt`, `GET /status`,
-//! `GET /metrics`. Every endpoint needs the master key; with none configured they answer 403 and
-//! say why. It runs on the control-plane runtime and never touches the request path.
+//! `GET /metrics` (and `HEAD`). Every endpoint needs the master key, except that `metrics_key`
+//! also opens the two read-only ones; with no key configured they answer 403 and say why. It runs on the control-plane runtime and never touches the request path.
 
 mod auth;
 mod jwt;
@@ -37,6 +37,8 @@ pub struct Admin {
     pub master_key: Option<String>,
     pub config_api_enabled: bool,
     pub metrics: Arc<Metrics>,
+    /// `metrics_key`: opens `/metrics` and `/status` (read-only) and nothing else.
+    pub metrics_key: Option<String>,
 }
 
 type Reply = Response<Full<Bytes>>;
@@ -88,8 +90,8 @@ impl Admin {
         match (req.method(), req.uri().path()) {
             (&Method::POST, "/jwt") => self.jwt(req).await,
             (&Method::POST, "/conf") => self.guarded(req, Self::conf).await,
-            (&Method::GET, "/status") => self.guarded(req, Self::status).await,
-            (&Method::GET, "/metrics") => self.guarded(req, Self::metrics).await,
+            (&Method::GET | &Method::HEAD, "/status") => self.read_only(req, Self::status).await,
+            (&Method::GET | &Method::HEAD, "/metrics") => self.read_only(req, Self::metrics).await,
             (_, "/jwt" | "/conf" | "/status" | "/metrics") => {
                 text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
             }
@@ -113,6 +115,21 @@ impl Admin {
             ),
             Access::Denied => text(StatusCode::FORBIDDEN, "forbidden: missing or wrong key"),
         }
+    }
+
+    /// For what only reads (`/metrics`, `/status`): the `metrics_key` opens it too, so a
+    /// scraper never holds the key that can rewrite the config.
+    async fn read_only<'a, F, Fut>(&'a self, req: Request<Incoming>, handler: F) -> Reply
+    where
+        F: FnOnce(&'a Self, Request<Incoming>) -> Fut,
+        Fut: std::future::Future<Output = Reply>,
+    {
+        if self.metrics_key.is_some()
+            && auth::check(&req, self.metrics_key.as_deref()) == Access::Granted
+        {
+            return handler(self, req).await;
+        }
+        self.guarded(req, handler).await
     }
 
     async fn conf(&self, req: Request<Incoming>) -> Reply {

@@ -5,9 +5,21 @@
 
 use std::path::Path;
 
-use super::main_conf::MainConfig;
 use super::reader::Reader;
 use super::yaml::Pos;
+
+/// What main.yaml names, as read and resolved.
+pub struct Named<'a> {
+    /// The TLS listener is on (so the certificate directory is needed).
+    pub tls: bool,
+    pub certificates_dir: Option<&'a Path>,
+    pub config_tls_certificate: Option<&'a Path>,
+    pub config_tls_key_file: Option<&'a Path>,
+    pub file_server_folder: Option<&'a Path>,
+    pub ca_file: Option<&'a Path>,
+    pub runuser: Option<&'a str>,
+    pub rungroup: Option<&'a str>,
+}
 
 /// Keys whose positions [`check`] needs (recorded while main.yaml is read).
 pub const NAMING_KEYS: &[&str] = &[
@@ -19,6 +31,8 @@ pub const NAMING_KEYS: &[&str] = &[
     "ca_file",
     "runuser",
     "rungroup",
+    "user",
+    "group",
 ];
 
 /// Where each key of [`NAMING_KEYS`] was found.
@@ -44,8 +58,8 @@ enum Kind {
     Directory,
 }
 
-/// Checks everything `cfg` names; false if something is missing (each reported).
-pub fn check(cfg: &MainConfig, ca_file: Option<&Path>, at: &Positions, r: &mut Reader) -> bool {
+/// Checks everything main.yaml names; false if something is missing (each reported).
+pub fn check(named: &Named<'_>, at: &Positions, r: &mut Reader) -> bool {
     let mut ok = true;
     let mut path = |key: &str, path: Option<&Path>, kind: Kind| {
         if let (Some(path), Some(pos)) = (path, at.of(key)) {
@@ -55,31 +69,27 @@ pub fn check(cfg: &MainConfig, ca_file: Option<&Path>, at: &Positions, r: &mut R
             }
         }
     };
-    if cfg.proxy_address_tls.is_some() {
+    if named.tls {
         let key = if at.of("proxy_certificates").is_some() {
             "proxy_certificates"
         } else {
             "proxy_configs"
         };
-        path(key, cfg.certificates_dir.as_deref(), Kind::Directory);
+        path(key, named.certificates_dir, Kind::Directory);
     }
     path(
         "config_tls_certificate",
-        cfg.config_tls_certificate.as_deref(),
+        named.config_tls_certificate,
         Kind::File,
     );
-    path(
-        "config_tls_key_file",
-        cfg.config_tls_key_file.as_deref(),
-        Kind::File,
-    );
+    path("config_tls_key_file", named.config_tls_key_file, Kind::File);
     path(
         "file_server_folder",
-        cfg.file_server_folder.as_deref(),
+        named.file_server_folder,
         Kind::Directory,
     );
-    path("ca_file", ca_file, Kind::File);
-    ok &= accounts(cfg, at, r);
+    path("ca_file", named.ca_file, Kind::File);
+    ok &= accounts(named, at, r);
     ok
 }
 
@@ -93,27 +103,38 @@ fn problem(path: &Path, kind: Kind) -> Option<&'static str> {
     }
 }
 
-/// `runuser` and `rungroup` must name accounts of this system (names or numeric ids).
-fn accounts(cfg: &MainConfig, at: &Positions, r: &mut Reader) -> bool {
+/// `runuser` and `rungroup` (or Pingora's `user` and `group`) must name accounts of this system
+/// (names or numeric ids).
+fn accounts(named: &Named<'_>, at: &Positions, r: &mut Reader) -> bool {
     use nix::unistd::{Gid, Group, Uid, User};
     let mut ok = true;
-    if let (Some(name), Some(pos)) = (&cfg.runuser, at.of("runuser")) {
+    let user_key = if at.of("runuser").is_some() {
+        "runuser"
+    } else {
+        "user"
+    };
+    let group_key = if at.of("rungroup").is_some() {
+        "rungroup"
+    } else {
+        "group"
+    };
+    if let (Some(name), Some(pos)) = (named.runuser, at.of(user_key)) {
         let found = match name.parse::<u32>() {
             Ok(id) => User::from_uid(Uid::from_raw(id)),
             Err(_) => User::from_name(name),
         };
         if !matches!(found, Ok(Some(_))) {
-            r.error(pos, "runuser", format!("no user `{name}` on this system"));
+            r.error(pos, user_key, format!("no user `{name}` on this system"));
             ok = false;
         }
     }
-    if let (Some(name), Some(pos)) = (&cfg.rungroup, at.of("rungroup")) {
+    if let (Some(name), Some(pos)) = (named.rungroup, at.of(group_key)) {
         let found = match name.parse::<u32>() {
             Ok(id) => Group::from_gid(Gid::from_raw(id)),
             Err(_) => Group::from_name(name),
         };
         if !matches!(found, Ok(Some(_))) {
-            r.error(pos, "rungroup", format!("no group `{name}` on this system"));
+            r.error(pos, group_key, format!("no group `{name}` on this system"));
             ok = false;
         }
     }

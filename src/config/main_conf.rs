@@ -54,6 +54,8 @@ pub struct MainConfig {
     pub config_tls_certificate: Option<PathBuf>,
     pub config_tls_key_file: Option<PathBuf>,
     pub master_key: Option<String>,
+    /// Opens the admin API's `/metrics` and `/status` only.
+    pub metrics_key: Option<String>,
     pub hc_method: http::Method,
     pub hc_interval: Duration,
     pub file_server_folder: Option<PathBuf>,
@@ -100,6 +102,7 @@ const KEYS: &[&str] = &[
     "config_tls_certificate",
     "config_tls_key_file",
     "master_key",
+    "metrics_key",
     "hc_method",
     "hc_interval",
     "file_server_folder",
@@ -126,8 +129,6 @@ const PINGORA_KEYS: &[&str] = &[
     "error_log_level",
     "upstream_keepalive_pool_size_per_thread",
     "ca_file",
-    "user",
-    "group",
     "client_bind_to_ipv4",
     "client_bind_to_ipv6",
     "upstream_connect_offload_threadpools",
@@ -162,6 +163,7 @@ impl MainConfig {
             config_tls_certificate: None,
             config_tls_key_file: None,
             master_key: None,
+            metrics_key: None,
             hc_method: http::Method::HEAD,
             hc_interval: Duration::from_secs(2),
             file_server_folder: None,
@@ -191,6 +193,7 @@ impl MainConfig {
         let mut upstreams_pos = root.pos;
         let mut proxy_configs: Option<PathBuf> = None;
         let mut ca_file: Option<PathBuf> = None;
+        let (mut pingora_user, mut pingora_group) = (None, None);
         let mut positions = exists::Positions::default();
         let mut failed = false;
         for (key, value) in entries {
@@ -218,6 +221,18 @@ impl MainConfig {
                 "access_log" => set(&mut cfg.access_log, read_access_log(value, r)),
                 "runuser" => opt(&mut cfg.runuser, r.non_empty_string(value, k)),
                 "rungroup" => opt(&mut cfg.rungroup, r.non_empty_string(value, k)),
+                // Pingora's names for them (Aralez's README uses these): `runuser`/`rungroup`
+                // win whatever the order.
+                "user" => {
+                    let name = r.non_empty_string(value, k);
+                    pingora_user = name.clone();
+                    name.is_some()
+                }
+                "group" => {
+                    let name = r.non_empty_string(value, k);
+                    pingora_group = name.clone();
+                    name.is_some()
+                }
                 "upgrade_sock" => set(
                     &mut cfg.upgrade_sock,
                     r.non_empty_string(value, k).map(PathBuf::from),
@@ -264,6 +279,7 @@ impl MainConfig {
                     r.non_empty_string(value, k).map(PathBuf::from),
                 ),
                 "master_key" => opt(&mut cfg.master_key, r.non_empty_string(value, k)),
+                "metrics_key" => opt(&mut cfg.metrics_key, r.non_empty_string(value, k)),
                 "hc_method" => set(&mut cfg.hc_method, read_hc_method(value, r)),
                 "hc_interval" => set(&mut cfg.hc_interval, seconds(value, k, 1, 3600, r)),
                 "file_server_folder" => opt(
@@ -350,13 +366,25 @@ impl MainConfig {
         if cfg.certificates_dir.is_none() {
             cfg.certificates_dir = proxy_configs.map(|dir| dir.join("certificates"));
         }
+        cfg.runuser = cfg.runuser.take().or(pingora_user);
+        cfg.rungroup = cfg.rungroup.take().or(pingora_group);
         if failed {
             return None;
         }
         let written = cfg.upstreams_conf.clone();
         cfg.resolve_paths();
         let ca_file = ca_file.map(|p| cfg.base_dir.join(p));
-        let everything_exists = exists::check(&cfg, ca_file.as_deref(), &positions, r);
+        let named = exists::Named {
+            tls: cfg.proxy_address_tls.is_some(),
+            certificates_dir: cfg.certificates_dir.as_deref(),
+            config_tls_certificate: cfg.config_tls_certificate.as_deref(),
+            config_tls_key_file: cfg.config_tls_key_file.as_deref(),
+            file_server_folder: cfg.file_server_folder.as_deref(),
+            ca_file: ca_file.as_deref(),
+            runuser: cfg.runuser.as_deref(),
+            rungroup: cfg.rungroup.as_deref(),
+        };
+        let everything_exists = exists::check(&named, &positions, r);
         let resolved = &cfg.upstreams_conf;
         let problem = match std::fs::metadata(resolved) {
             Ok(meta) if meta.is_dir() => Some("is a directory, not a file"),

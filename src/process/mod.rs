@@ -336,6 +336,7 @@ fn start_side_listeners(
         master_key: ctx.policy_state.keys.master().map(str::to_string),
         config_api_enabled: main.config_api_enabled,
         metrics: ctx.metrics.clone(),
+        metrics_key: main.metrics_key.clone(),
     });
     match crate::admin::start(control, main, admin, stop) {
         Ok(tasks) => tasks,
