@@ -15,7 +15,7 @@ RUN apk add --no-cache musl-dev cmake perl clang make g++ linux-headers ca-certi
 WORKDIR /src
 ENV RUSTFLAGS="-C target-feature=+crt-static"
 # Dependencies first, so a source change does not rebuild them.
-COPY Cargo.toml Cargo.lock ./
+COPY Cargo.toml Cargo.lock build.rs ./
 RUN mkdir src && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
     && cargo build --release --locked || true
 COPY src ./src
