@@ -53,14 +53,13 @@ impl Forwarder {
             return Err(ProxyError::MethodNotAllowed);
         }
         let ask = client_upgrade.as_ref().map(|u| &u.ask);
-        let head = req.method() == Method::HEAD;
         let out = outgoing(conn, rules, req, ask);
         let resp = balancer::send(backends, out, conn.worker, self.timeouts).await?;
         match client_upgrade {
             Some(client) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
                 Ok(upgrade::bridge(resp, client, &conn.tunnels))
             }
-            _ => Ok(finish_response(resp, rules, head)),
+            _ => Ok(finish_response(resp, rules)),
         }
     }
 }
@@ -127,21 +126,17 @@ fn to_origin_form(head: &mut Parts) {
 
 /// Strips hop-by-hop headers from the backend's response and adds the route's client headers.
 ///
-/// A response that has no body by definition (to HEAD, 204, 304) gets an empty one and the
-/// backend's is never read: its `Content-Length` describes a body that is not there, which an
-/// HTTP/2 backend connection reports as a protocol error (the client would get RST_STREAM).
-fn finish_response(
-    resp: Response<PooledBody>,
-    rules: &HeaderRules,
-    head: bool,
-) -> Response<RespBody> {
+/// A 204 or 304 has no body by definition: it gets an empty one and the backend's is never read
+/// (its `Content-Length` describes a body that is not there, which an HTTP/2 backend connection
+/// reports as a protocol error). The answer to HEAD is made bodiless for every listener where
+/// responses leave the server (`server::accept`), so the backend's is never read either.
+fn finish_response(resp: Response<PooledBody>, rules: &HeaderRules) -> Response<RespBody> {
     let (mut parts, body) = resp.into_parts();
     headers::remove_hop_by_hop(&mut parts.headers);
     for (name, value) in rules.to_client.iter() {
         parts.headers.insert(name.clone(), value.clone());
     }
-    let bodiless = head
-        || parts.status == http::StatusCode::NO_CONTENT
+    let bodiless = parts.status == http::StatusCode::NO_CONTENT
         || parts.status == http::StatusCode::NOT_MODIFIED;
     if bodiless {
         return Response::from_parts(parts, Either::Right(Full::new(Bytes::new())));
