@@ -12,11 +12,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 pub use super::connector::Wire;
-use super::connector::{self, ConnectError, ConnectErrorKind, Counted, Endpoint, Fresh};
+use super::connector::{self, ConnectError, ConnectErrorKind, Endpoint, Fresh};
 use super::slot::WorkerSlot;
 use crate::config::values::{Scheme, ServerSpec};
 use crate::metrics::Metrics;
-use crate::vocab::WorkerId;
+use crate::vocab::{CountedSlot, WorkerId};
 
 /// Consecutive connect failures after which a backend is taken out of rotation.
 const FAILS_BEFORE_DOWN: u32 = 3;
@@ -137,7 +137,7 @@ impl Backend {
         timeout: Duration,
         offer_h2: bool,
     ) -> Result<Fresh, ConnectError> {
-        let Some(counted) = Counted::reserve(&self.open_conns, self.max_conns) else {
+        let Some(counted) = CountedSlot::reserve(&self.open_conns, self.max_conns) else {
             let detail = format!("{} connections open", self.max_conns);
             return Err(ConnectError::new(ConnectErrorKind::Capacity, detail));
         };

@@ -23,6 +23,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use super::h2_settings::{SettingsWatch, StreamLimit};
+use crate::vocab::CountedSlot;
 
 /// HTTP/2 flow-control windows the proxy offers its backends.
 const UPSTREAM_STREAM_WINDOW: u32 = 1 << 20;
@@ -154,26 +155,6 @@ pub struct Endpoint<'a> {
     pub verify_tls: bool,
 }
 
-/// One open connection in its backend's count, released when the connection's task ends.
-pub struct Counted(Arc<std::sync::atomic::AtomicUsize>);
-
-impl Counted {
-    /// Takes a place among at most `max` in `count`, if one is free.
-    pub fn reserve(count: &Arc<std::sync::atomic::AtomicUsize>, max: usize) -> Option<Counted> {
-        use std::sync::atomic::Ordering;
-        let taken = count.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-            (n < max).then_some(n + 1)
-        });
-        taken.is_ok().then(|| Counted(count.clone()))
-    }
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
 /// A freshly opened connection, by the protocol it speaks.
 pub enum Fresh {
     H1(http1::SendRequest<UpBody>),
@@ -215,7 +196,7 @@ pub async fn open(
     timeout: Duration,
     offer_h2: bool,
     task_limit: Option<Duration>,
-    counted: Option<Counted>,
+    counted: Option<CountedSlot>,
 ) -> Result<Fresh, ConnectError> {
     let task = TaskBounds {
         limit: task_limit,
@@ -245,7 +226,7 @@ pub async fn open(
 /// in its backend's count.
 struct TaskBounds {
     limit: Option<Duration>,
-    counted: Option<Counted>,
+    counted: Option<CountedSlot>,
 }
 
 fn spawn_bounded<F>(task: F, bounds: TaskBounds)

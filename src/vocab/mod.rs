@@ -75,17 +75,34 @@ impl Default for TunnelLimits {
     }
 }
 
-/// An open tunnel, counted until it is dropped.
-pub struct TunnelSlot(Arc<AtomicUsize>);
-
 impl TunnelLimits {
-    pub fn count_tunnel(&self) -> TunnelSlot {
-        self.open.fetch_add(1, Ordering::Relaxed);
-        TunnelSlot(self.open.clone())
+    /// Counts an open tunnel among the listener's connections until the slot is dropped.
+    pub fn count_tunnel(&self) -> CountedSlot {
+        CountedSlot::take(&self.open)
     }
 }
 
-impl Drop for TunnelSlot {
+/// One place in a shared count (open connections of a listener or of a backend), given back
+/// when dropped.
+pub struct CountedSlot(Arc<AtomicUsize>);
+
+impl CountedSlot {
+    /// Takes a place whatever the count.
+    pub fn take(count: &Arc<AtomicUsize>) -> CountedSlot {
+        count.fetch_add(1, Ordering::Relaxed);
+        CountedSlot(count.clone())
+    }
+
+    /// Takes a place among at most `max`, if one is free.
+    pub fn reserve(count: &Arc<AtomicUsize>, max: usize) -> Option<CountedSlot> {
+        let taken = count.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+            (n < max).then_some(n + 1)
+        });
+        taken.is_ok().then(|| CountedSlot(count.clone()))
+    }
+}
+
+impl Drop for CountedSlot {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
