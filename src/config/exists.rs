@@ -103,38 +103,26 @@ fn problem(path: &Path, kind: Kind) -> Option<&'static str> {
     }
 }
 
-/// `runuser` and `rungroup` (or Pingora's `user` and `group`) must name accounts of this system
-/// (names or numeric ids).
+/// `runuser` and `rungroup` (or Pingora's `user` and `group`) must name accounts of this system,
+/// looked up by name as the privilege drop at start does.
 fn accounts(named: &Named<'_>, at: &Positions, r: &mut Reader) -> bool {
-    use nix::unistd::{Gid, Group, Uid, User};
+    use nix::unistd::{Group, User};
+    let user = named
+        .runuser
+        .map(|name| (name, matches!(User::from_name(name), Ok(Some(_)))));
+    let group = named
+        .rungroup
+        .map(|name| (name, matches!(Group::from_name(name), Ok(Some(_)))));
     let mut ok = true;
-    let user_key = if at.of("runuser").is_some() {
-        "runuser"
-    } else {
-        "user"
-    };
-    let group_key = if at.of("rungroup").is_some() {
-        "rungroup"
-    } else {
-        "group"
-    };
-    if let (Some(name), Some(pos)) = (named.runuser, at.of(user_key)) {
-        let found = match name.parse::<u32>() {
-            Ok(id) => User::from_uid(Uid::from_raw(id)),
-            Err(_) => User::from_name(name),
+    for (keys, what, looked_up) in [
+        (["runuser", "user"], "user", user),
+        (["rungroup", "group"], "group", group),
+    ] {
+        let Some((name, false)) = looked_up else {
+            continue;
         };
-        if !matches!(found, Ok(Some(_))) {
-            r.error(pos, user_key, format!("no user `{name}` on this system"));
-            ok = false;
-        }
-    }
-    if let (Some(name), Some(pos)) = (named.rungroup, at.of(group_key)) {
-        let found = match name.parse::<u32>() {
-            Ok(id) => Group::from_gid(Gid::from_raw(id)),
-            Err(_) => Group::from_name(name),
-        };
-        if !matches!(found, Ok(Some(_))) {
-            r.error(pos, group_key, format!("no group `{name}` on this system"));
+        if let Some((key, pos)) = keys.iter().find_map(|k| at.of(k).map(|p| (*k, p))) {
+            r.error(pos, key, format!("no {what} `{name}` on this system"));
             ok = false;
         }
     }
