@@ -186,9 +186,10 @@ impl Metrics {
         self.render_requests(&mut out);
         self.render_latency(&mut out);
         self.render_upstreams(&mut out, backends);
-        self.render_process(&mut out);
+        let process = ProcessNow::read();
+        self.render_process(&mut out, &process);
         self.render_control(&mut out);
-        render_standard(&mut out);
+        render_standard(&mut out, &process);
         out
     }
 
@@ -328,7 +329,7 @@ impl Metrics {
         }
     }
 
-    fn render_process(&self, out: &mut String) {
+    fn render_process(&self, out: &mut String, process: &ProcessNow) {
         header(
             out,
             "aralez_active_sessions",
@@ -343,10 +344,9 @@ impl Metrics {
             "gauge",
             "Resident memory of the process.",
         );
-        let _ = writeln!(out, "aralez_memory_bytes {}", resident_bytes());
+        let _ = writeln!(out, "aralez_memory_bytes {}", process.resident_bytes);
         header(out, "aralez_open_files", "gauge", "Open file descriptors.");
-        let files = std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count);
-        let _ = writeln!(out, "aralez_open_files {files}");
+        let _ = writeln!(out, "aralez_open_files {}", process.open_fds);
         let name = "aralez_logging_errors";
         header(
             out,
@@ -409,9 +409,25 @@ fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 
+/// What /proc says of this process at a scrape, read once for both aralez's own names
+/// (SPEC §11) and the standard `process_*` ones.
+struct ProcessNow {
+    resident_bytes: u64,
+    open_fds: usize,
+}
+
+impl ProcessNow {
+    fn read() -> ProcessNow {
+        ProcessNow {
+            resident_bytes: resident_bytes(),
+            open_fds: std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count),
+        }
+    }
+}
+
 /// The standard `process_*` metrics of Prometheus' client libraries (from /proc, whose times
 /// are in USER_HZ = 100 ticks a second), and `aralez_build_info`.
-fn render_standard(out: &mut String) {
+fn render_standard(out: &mut String, process: &ProcessNow) {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
     // Fields after the command name, which is in parentheses and may hold spaces.
     let fields: Vec<&str> = stat
@@ -458,15 +474,18 @@ fn render_standard(out: &mut String) {
         "gauge",
         "Resident memory size in bytes.",
     );
-    let _ = writeln!(out, "process_resident_memory_bytes {}", resident_bytes());
+    let _ = writeln!(
+        out,
+        "process_resident_memory_bytes {}",
+        process.resident_bytes
+    );
     header(
         out,
         "process_open_fds",
         "gauge",
         "Number of open file descriptors.",
     );
-    let fds = std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count);
-    let _ = writeln!(out, "process_open_fds {fds}");
+    let _ = writeln!(out, "process_open_fds {}", process.open_fds);
     let max_fds = std::fs::read_to_string("/proc/self/limits")
         .unwrap_or_default()
         .lines()
