@@ -97,16 +97,10 @@ pub fn start(
         return Ok(AccessLog::default());
     }
     let writer: Box<dyn Write + Send> = match log_file {
-        Some(path) => Box::new(
-            OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .map_err(|source| AccessLogError::Open {
-                    path: path.display().to_string(),
-                    source,
-                })?,
-        ),
+        Some(path) => Box::new(open_append(path).map_err(|source| AccessLogError::Open {
+            path: path.display().to_string(),
+            source,
+        })?),
         None => Box::new(std::io::stdout()),
     };
     let queue = std::env::var("ARALEZ_ACCESS_LOG_QUEUE")
@@ -244,6 +238,11 @@ fn flush_sink(sink: &Sink) {
     let _ = done_rx.recv_timeout(deadline.saturating_duration_since(Instant::now()));
 }
 
+/// The log file, created if missing, written at its end (at start and on SIGUSR1 alike).
+fn open_append(path: &Path) -> std::io::Result<std::fs::File> {
+    OpenOptions::new().create(true).append(true).open(path)
+}
+
 /// Where lines go: stdout, or a file that SIGUSR1 reopens at its path.
 struct Output {
     path: Option<PathBuf>,
@@ -255,7 +254,7 @@ impl Output {
         let Some(path) = &self.path else {
             return;
         };
-        match OpenOptions::new().create(true).append(true).open(path) {
+        match open_append(path) {
             Ok(file) => self.out = Box::new(file),
             Err(e) => tracing::warn!(
                 "access log: cannot reopen {}: {e}; still writing to the old file",
