@@ -209,6 +209,19 @@ async fn conf_d_hosts_are_merged_and_sighup_with_unchanged_files_swaps_nothing()
         "conf.d host never appeared:\n{}",
         proxy.log_text()
     );
+    // The snapshot is served before its "configuration applied" line reaches the log: wait for
+    // the line, or the count below may miss it and see it arrive after the SIGHUP.
+    let logged = eventually(Duration::from_secs(5), || {
+        proxy
+            .log_text()
+            .lines()
+            .any(|l| l.contains("configuration applied") && l.contains("extra.example"))
+    });
+    assert!(
+        logged.await,
+        "no log line for the conf.d host:\n{}",
+        proxy.log_text()
+    );
     // SIGHUP with unchanged files does not swap anything; with a change, it applies it.
     let before = proxy.log_text().matches("configuration applied").count();
     let pid = proxy.pid().to_string();
