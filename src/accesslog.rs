@@ -2,7 +2,7 @@
 //!
 //! The sink ([`AccessLog`]) is built once at start and handed to the server; nothing here is
 //! process-wide. Workers hand a small [`Entry`] to a bounded channel and never wait: when the writer falls
-//! behind (a slow disk, a full pipe) the entry is dropped and counted in `aralez_logging_errors`.
+//! behind (a slow disk, a full pipe) the entry is dropped and counted in `aralez_logging_errors_total`.
 //! The line is formatted and written on the writer thread, off the request path. Lines go to
 //! `log_file` (appended, whole lines per write) or, without one, to stdout.
 //!

@@ -27,6 +27,8 @@ const METHODS: [&str; 9] = [
     "GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH", "TRACE", "CONNECT",
 ];
 const VERSIONS: [&str; 4] = ["HTTP/1.0", "HTTP/1.1", "HTTP/2", "OTHER"];
+/// Method x version pairs counted per shard.
+const KINDS: usize = (METHODS.len() + 1) * VERSIONS.len();
 /// Upper bounds (seconds) of the latency histogram buckets; `+Inf` is implied.
 const BUCKETS: [f64; 12] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
@@ -55,10 +57,9 @@ pub struct Metrics {
 
 #[repr(align(128))]
 struct Shard {
-    requests: AtomicU64,
     by_status: [AtomicU64; STATUS_COUNT],
-    by_method: [AtomicU64; METHODS.len() + 1],
-    by_version: [AtomicU64; VERSIONS.len()],
+    /// Requests by method (row; `OTHER` last) and HTTP version (column).
+    by_method_version: [AtomicU64; KINDS],
     latency_buckets: [AtomicU64; BUCKETS.len()],
     latency_sum_micros: AtomicU64,
     latency_count: AtomicU64,
@@ -70,10 +71,8 @@ struct Shard {
 impl Shard {
     const fn new() -> Shard {
         Shard {
-            requests: AtomicU64::new(0),
             by_status: [const { AtomicU64::new(0) }; STATUS_COUNT],
-            by_method: [const { AtomicU64::new(0) }; METHODS.len() + 1],
-            by_version: [const { AtomicU64::new(0) }; VERSIONS.len()],
+            by_method_version: [const { AtomicU64::new(0) }; KINDS],
             latency_buckets: [const { AtomicU64::new(0) }; BUCKETS.len()],
             latency_sum_micros: AtomicU64::new(0),
             latency_count: AtomicU64::new(0),
@@ -103,20 +102,17 @@ impl Metrics {
 
     /// Counts a request as it arrives.
     pub fn request_started(&self, worker: WorkerId, method: &Method, version: Version) {
-        let shard = self.shard(worker);
-        bump(&shard.requests);
         let m = METHODS
             .iter()
             .position(|m| *m == method.as_str())
             .unwrap_or(METHODS.len());
-        bump(&shard.by_method[m]);
         let v = match version {
             Version::HTTP_10 => 0,
             Version::HTTP_11 => 1,
             Version::HTTP_2 => 2,
             _ => 3,
         };
-        bump(&shard.by_version[v]);
+        bump(&self.shard(worker).by_method_version[m * VERSIONS.len() + v]);
     }
 
     /// Counts a response head: its status, the time it took, and the backend that sent it.
@@ -194,17 +190,25 @@ impl Metrics {
     }
 
     fn render_requests(&self, out: &mut String) {
+        let name = "aralez_requests_total";
         header(
             out,
-            "aralez_requests_total",
+            name,
             "counter",
-            "Requests received.",
+            "Requests received, by method (others as OTHER) and HTTP version.",
         );
-        let _ = writeln!(
-            out,
-            "aralez_requests_total {}",
-            self.sum(|s| load(&s.requests))
-        );
+        let methods = METHODS.iter().chain(["OTHER"].iter());
+        for (m, method) in methods.enumerate() {
+            for (v, version) in VERSIONS.iter().enumerate() {
+                let n = self.sum(|s| load(&s.by_method_version[m * VERSIONS.len() + v]));
+                if n > 0 {
+                    let _ = writeln!(
+                        out,
+                        "{name}{{method=\"{method}\",version=\"{version}\"}} {n}"
+                    );
+                }
+            }
+        }
         header(
             out,
             "aralez_responses_total",
@@ -218,24 +222,11 @@ impl Metrics {
                 let _ = writeln!(out, "aralez_responses_total{{status=\"{status}\"}} {n}");
             }
         }
-        let methods = METHODS.iter().chain(["OTHER"].iter());
-        self.labelled(
-            out,
-            ("aralez_requests_by_method_total", "method"),
-            "Requests by method (others as OTHER).",
-            methods
-                .enumerate()
-                .map(|(i, m)| (*m, move |s: &Shard| load(&s.by_method[i]))),
-        );
-        self.labelled(
-            out,
-            ("aralez_requests_by_version_total", "version"),
-            "Requests by HTTP version.",
-            VERSIONS
-                .iter()
-                .enumerate()
-                .map(|(i, v)| (*v, move |s: &Shard| load(&s.by_version[i]))),
-        );
+    }
+
+    /// Requests received, summed over methods, versions and shards.
+    pub fn requests(&self) -> u64 {
+        self.sum(|s| s.by_method_version.iter().map(load).sum())
     }
 
     /// A counter family with one label, each value summed over the shards.
@@ -278,7 +269,7 @@ impl Metrics {
         out: &mut String,
         backends: impl Iterator<Item = BackendUp<'a>>,
     ) {
-        let name = "aralez_requests_by_upstream";
+        let name = "aralez_upstream_responses_total";
         header(
             out,
             name,
@@ -347,7 +338,7 @@ impl Metrics {
         let _ = writeln!(out, "aralez_memory_bytes {}", process.resident_bytes);
         header(out, "aralez_open_files", "gauge", "Open file descriptors.");
         let _ = writeln!(out, "aralez_open_files {}", process.open_fds);
-        let name = "aralez_logging_errors";
+        let name = "aralez_logging_errors_total";
         header(
             out,
             name,
@@ -555,9 +546,30 @@ mod tests {
             text.contains("aralez_responses_total{status=\"418\"} 3\n"),
             "{text}"
         );
-        assert!(text.contains("aralez_requests_by_method_total{method=\"OTHER\"} 3\n"));
+        assert!(text.contains("aralez_requests_total{method=\"OTHER\",version=\"HTTP/2\"} 3\n"));
+        assert!(text.contains("aralez_requests_total{method=\"GET\",version=\"HTTP/1.1\"} 3\n"));
+        assert_eq!(metrics.requests(), 6);
         assert!(text.contains("aralez_response_latency_seconds_bucket{le=\"0.005\"} 3\n"));
         assert!(text.contains("aralez_response_latency_seconds_bucket{le=\"0.0025\"} 0\n"));
+    }
+
+    #[test]
+    fn names_follow_prometheus_conventions() {
+        let metrics = Metrics::new(1);
+        metrics.request_started(WorkerId(0), &Method::GET, Version::HTTP_11);
+        metrics.response_ready(WorkerId(0), StatusCode::OK, Duration::ZERO, Some("b:1"));
+        metrics.config_reload("file", true);
+        let text = metrics.render_prometheus(std::iter::empty());
+        let mut counters = 0;
+        for line in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+            let (name, kind) = line.split_once(' ').unwrap_or((line, ""));
+            if kind == "counter" {
+                counters += 1;
+                assert!(name.ends_with("_total"), "counter {name} does not end in _total");
+            }
+            assert!(!name.contains("_by_"), "{name} carries a label name");
+        }
+        assert!(counters >= 6, "{text}");
     }
 
     #[test]
