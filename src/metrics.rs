@@ -565,7 +565,10 @@ mod tests {
             let (name, kind) = line.split_once(' ').unwrap_or((line, ""));
             if kind == "counter" {
                 counters += 1;
-                assert!(name.ends_with("_total"), "counter {name} does not end in _total");
+                assert!(
+                    name.ends_with("_total"),
+                    "counter {name} does not end in _total"
+                );
             }
             assert!(!name.contains("_by_"), "{name} carries a label name");
         }

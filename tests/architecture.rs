@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 const RANKS: &[(&str, u8)] = &[
     ("vocab", 0),
     ("config", 0),
+    ("utc", 0),
     ("metrics", 1),
+    ("logfile", 1),
     ("accesslog", 2),
     ("upstream", 3),
     ("proxy", 4),

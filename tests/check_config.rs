@@ -568,6 +568,18 @@ fn cases() -> Vec<Case> {
                 warn(M, 6, "threds", "did you mean `threads`?"),
             ],
         ),
+        Case::main(
+            "log_keys_bad",
+            "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: upstreams.yaml\n\
+             log_file: \"a.log, 0, 3, true\"\nlog_pattern: \"{d} {q}\"\n\
+             access_log_file: \"b.log, 10, 2, maybe\"\naccess_log_format: xml\n",
+            vec![
+                err(M, 3, "log_file", "max MB `0` is not a whole number from 1"),
+                err(M, 4, "log_pattern", "`{q}` is not a known piece"),
+                err(M, 5, "access_log_file", "compress `maybe` is not true or false"),
+                err(M, 6, "access_log_format", "`xml` is not one of: logfmt, json"),
+            ],
+        ),
         // ---- what main.yaml names must exist (as nginx -t opens its files) ----
         Case::main(
             "named_files_and_accounts_missing",

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::exists;
+use super::log_conf::{self, AccessLogFormat, LogTarget, PatternPiece, Rotation};
 use super::reader::Reader;
 use super::yaml::Node;
 
@@ -35,8 +36,16 @@ pub struct MainConfig {
     pub daemon: bool,
     pub pid_file: PathBuf,
     pub log_file: Option<PathBuf>,
+    /// Size rotation of `log_file` (Aralez 0.95's `"path, max MB, keep, compress"`).
+    pub log_rotation: Option<Rotation>,
+    /// `log_pattern`: how app log lines look (tracing's default format when absent).
+    pub log_pattern: Option<Vec<PatternPiece>>,
     pub log_level: String,
     pub access_log: AccessLog,
+    /// Where the access log goes; with the app log when absent.
+    pub access_log_file: Option<PathBuf>,
+    pub access_log_rotation: Option<Rotation>,
+    pub access_log_format: AccessLogFormat,
     pub runuser: Option<String>,
     pub rungroup: Option<String>,
     pub upgrade_sock: PathBuf,
@@ -84,7 +93,10 @@ const KEYS: &[&str] = &[
     "error_log",
     "log_file",
     "log_level",
+    "log_pattern",
     "access_log",
+    "access_log_file",
+    "access_log_format",
     "runuser",
     "rungroup",
     "upgrade_sock",
@@ -145,6 +157,11 @@ impl MainConfig {
             daemon: false,
             pid_file: PathBuf::from("/tmp/aralez.pid"),
             log_file: None,
+            log_rotation: None,
+            log_pattern: None,
+            access_log_file: None,
+            access_log_rotation: None,
+            access_log_format: AccessLogFormat::Logfmt,
             log_level: "info".into(),
             access_log: AccessLog::Off,
             runuser: None,
@@ -210,15 +227,39 @@ impl MainConfig {
                     r.non_empty_string(value, k).map(PathBuf::from),
                 ),
                 "error_log" | "log_file" => {
-                    let file = r.non_empty_string(value, k).map(PathBuf::from);
+                    let target = read_log_target(value, k, r);
                     // `log_file` wins over `error_log` whatever their order.
                     if k == "log_file" || cfg.log_file.is_none() {
-                        cfg.log_file = file.clone();
+                        if let Some(t) = &target {
+                            cfg.log_file = Some(t.path.clone());
+                            cfg.log_rotation = t.rotation;
+                        }
                     }
-                    file.is_some()
+                    target.is_some()
                 }
+                "log_pattern" => opt(&mut cfg.log_pattern, read_log_pattern(value, r)),
                 "log_level" => set(&mut cfg.log_level, read_log_level(value, r)),
                 "access_log" => set(&mut cfg.access_log, read_access_log(value, r)),
+                "access_log_file" => match read_log_target(value, k, r) {
+                    Some(t) => {
+                        cfg.access_log_file = Some(t.path);
+                        cfg.access_log_rotation = t.rotation;
+                        true
+                    }
+                    None => false,
+                },
+                "access_log_format" => set(
+                    &mut cfg.access_log_format,
+                    one_of(
+                        value,
+                        k,
+                        r,
+                        &[
+                            ("logfmt", AccessLogFormat::Logfmt),
+                            ("json", AccessLogFormat::Json),
+                        ],
+                    ),
+                ),
                 "runuser" => opt(&mut cfg.runuser, r.non_empty_string(value, k)),
                 "rungroup" => opt(&mut cfg.rungroup, r.non_empty_string(value, k)),
                 // Pingora's names for them (Aralez's README uses these): `runuser`/`rungroup`
@@ -429,7 +470,10 @@ impl MainConfig {
         };
         beside(&mut self.pid_file);
         beside(&mut self.upgrade_sock);
-        if let Some(log) = &mut self.log_file {
+        for log in [&mut self.log_file, &mut self.access_log_file]
+            .into_iter()
+            .flatten()
+        {
             beside(log);
         }
         for p in [
@@ -490,6 +534,20 @@ fn one_of<T: Copy>(node: &Node, key: &str, r: &mut Reader, choices: &[(&str, T)]
         format!("`{text}` is not one of: {}", names.join(", ")),
     );
     None
+}
+
+fn read_log_target(node: &Node, key: &str, r: &mut Reader) -> Option<LogTarget> {
+    let text = r.non_empty_string(node, key)?;
+    log_conf::parse_log_target(&text)
+        .map_err(|msg| r.error(node.pos, key, msg))
+        .ok()
+}
+
+fn read_log_pattern(node: &Node, r: &mut Reader) -> Option<Vec<PatternPiece>> {
+    let text = r.non_empty_string(node, "log_pattern")?;
+    log_conf::parse_log_pattern(&text)
+        .map_err(|msg| r.error(node.pos, "log_pattern", msg))
+        .ok()
 }
 
 fn read_log_level(node: &Node, r: &mut Reader) -> Option<String> {

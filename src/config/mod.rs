@@ -6,6 +6,7 @@
 pub mod discovery_conf;
 mod exists;
 pub mod issues;
+pub mod log_conf;
 pub mod main_conf;
 mod reader;
 pub mod settings;

@@ -204,7 +204,7 @@ where
             let served = resp
                 .extensions()
                 .get::<ServedBy>()
-                .and_then(|ServedBy(b)| this.backends.position(b));
+                .and_then(|ServedBy(b, _)| this.backends.position(b));
             // Duplicate entries of one backend share an id, so `position` finds the same index.
             if let Some(served) = served.filter(|s| *this.pinned != Some(*s)) {
                 if let Some(cookie) = this.sticky.set_cookie(served, *this.secure) {
@@ -266,7 +266,7 @@ mod tests {
                 .append(header::SET_COOKIE, HeaderValue::from_static("theme=dark"));
             let index = pinned.unwrap_or(serve_by);
             resp.extensions_mut()
-                .insert(ServedBy(backends[index].clone()));
+                .insert(ServedBy(backends[index].clone(), std::time::Instant::now()));
             ready(Ok::<_, ProxyError>(resp))
         });
         let mut req = Request::builder();

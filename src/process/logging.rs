@@ -1,67 +1,31 @@
-//! Logging set-up: `tracing` to stdout or `log_file`, filtered by `log_level`. A log file is
-//! reopened on SIGUSR1 (logrotate's `postrotate kill -USR1`), as nginx does.
+//! Logging set-up: `tracing` to stdout or `log_file`, filtered by `log_level`, each line in
+//! tracing's format or `log_pattern`'s. The log file is reopened on SIGUSR1 (logrotate's
+//! `postrotate kill -USR1`), as nginx does, and rotates itself when `log_file` gives a size.
 
-use std::fs::{File, OpenOptions};
 use std::io::{self, IsTerminal, Write};
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::EnvFilter;
 
+use super::log_pattern::PatternFormat;
 use crate::config::MainConfig;
+use crate::logfile::LogFile;
 
-/// A log file that can be reopened at its path, for the rotation tool to move the old one away.
-pub struct LogFile {
-    path: PathBuf,
-    file: Mutex<File>,
-}
-
-fn open_append(path: &Path) -> io::Result<File> {
-    OpenOptions::new().create(true).append(true).open(path)
-}
-
-impl LogFile {
-    pub fn open(path: &Path) -> io::Result<Arc<LogFile>> {
-        Ok(Arc::new(LogFile {
-            path: path.to_path_buf(),
-            file: Mutex::new(open_append(path)?),
-        }))
-    }
-
-    /// Opens the path again (creating it) and writes there from now on; on failure the old file
-    /// stays in use.
-    pub fn reopen(&self) -> io::Result<()> {
-        let fresh = open_append(&self.path)?;
-        *self.lock() = fresh;
-        Ok(())
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    fn lock(&self) -> MutexGuard<'_, File> {
-        // A panic while writing a log line leaves a usable file behind.
-        self.file
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
-/// `tracing`'s writer for a [`LogFile`].
+/// `tracing`'s writer for a [`LogFile`]: each event arrives formatted, in one write.
 struct SharedLog(Arc<LogFile>);
 
-/// One log line's hold on the file.
-struct LogLine<'a>(MutexGuard<'a, File>);
+/// One log line on its way to the file.
+struct LogLine<'a>(&'a LogFile);
 
 impl Write for LogLine<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.write(buf)
+        self.0.append(buf)?;
+        Ok(buf.len())
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        self.0.flush()
+        Ok(())
     }
 }
 
@@ -69,35 +33,42 @@ impl<'a> MakeWriter<'a> for SharedLog {
     type Writer = LogLine<'a>;
 
     fn make_writer(&'a self) -> LogLine<'a> {
-        LogLine(self.0.lock())
+        LogLine(&self.0)
     }
 }
 
-/// Installs the global subscriber. `RUST_LOG`, when set, overrides `log_level`. Returns the log
-/// file, when there is one, for SIGUSR1 to reopen.
-pub fn init(main: &MainConfig) -> Result<Option<Arc<LogFile>>, String> {
+/// Opens `log_file` (rotating as it says), when there is one: the app log's file, which the
+/// access log shares unless it has its own.
+pub fn open_app_log(main: &MainConfig) -> Result<Option<Arc<LogFile>>, String> {
+    let Some(path) = &main.log_file else {
+        return Ok(None);
+    };
+    LogFile::open(path, main.log_rotation)
+        .map(|f| Some(Arc::new(f)))
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Installs the global subscriber, writing to `file` or stdout. `RUST_LOG`, when set,
+/// overrides `log_level`.
+pub fn init(main: &MainConfig, file: Option<&Arc<LogFile>>) -> Result<(), String> {
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new(format!("{},h2=warn,hyper=warn", main.log_level)));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false);
-    match &main.log_file {
-        Some(path) => {
-            let file = LogFile::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            builder
-                .with_ansi(false)
-                .with_writer(SharedLog(file.clone()))
-                .try_init()
-                .map_err(|e| e.to_string())?;
-            Ok(Some(file))
-        }
-        None => {
-            builder
-                .with_ansi(std::io::stdout().is_terminal())
-                .with_writer(std::io::stdout)
-                .try_init()
-                .map_err(|e| e.to_string())?;
-            Ok(None)
-        }
-    }
+    let ansi = file.is_none() && std::io::stdout().is_terminal();
+    let builder = builder.with_ansi(ansi);
+    let result = match (file, &main.log_pattern) {
+        (Some(file), Some(pattern)) => builder
+            .event_format(PatternFormat::new(pattern.clone()))
+            .with_writer(SharedLog(file.clone()))
+            .try_init(),
+        (Some(file), None) => builder.with_writer(SharedLog(file.clone())).try_init(),
+        (None, Some(pattern)) => builder
+            .event_format(PatternFormat::new(pattern.clone()))
+            .with_writer(std::io::stdout)
+            .try_init(),
+        (None, None) => builder.with_writer(std::io::stdout).try_init(),
+    };
+    result.map_err(|e| e.to_string())
 }

@@ -3,6 +3,7 @@
 //! SIGQUIT drain and exit, SIGHUP reloads) and clean up.
 
 pub mod daemon;
+mod log_pattern;
 mod logging;
 mod notify;
 pub mod pidfile;
@@ -16,10 +17,11 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use crate::accesslog::AccessLog;
+use crate::accesslog::{AccessLog, Destination};
 use crate::config::{self, Issues, MainConfig, UpstreamsConfig};
 use crate::discovery::Reloader;
 use crate::layers::{Keys, PolicyState};
+use crate::logfile::LogFile;
 use crate::metrics::Metrics;
 use crate::proxy::Forwarder;
 use crate::routing::Router;
@@ -114,12 +116,22 @@ pub struct Context {
 
 impl Context {
     /// Metrics, the access log sink, keys and limiter tables, the backend registry, and the
-    /// reloader with `upstreams` installed as the first snapshot.
-    pub fn build(main: &MainConfig, upstreams: UpstreamsConfig) -> Result<Context, StartError> {
+    /// reloader with `upstreams` installed as the first snapshot. `app_log` is `log_file`
+    /// opened, which the access log shares unless `access_log_file` names its own.
+    pub fn build(
+        main: &MainConfig,
+        upstreams: UpstreamsConfig,
+        app_log: Option<&Arc<LogFile>>,
+    ) -> Result<Context, StartError> {
         let metrics = Arc::new(Metrics::new(main.threads));
-        let access_log =
-            crate::accesslog::start(main.access_log, main.log_file.as_deref(), metrics.clone())
-                .map_err(|e| StartError::Logging(e.to_string()))?;
+        let destination = access_log_destination(main, app_log)?;
+        let access_log = crate::accesslog::start(
+            main.access_log,
+            main.access_log_format,
+            destination,
+            metrics.clone(),
+        )
+        .map_err(|e| StartError::Logging(e.to_string()))?;
         let policy_state = Arc::new(PolicyState::new(Keys::from_config(
             main.master_key.as_deref(),
         )));
@@ -171,6 +183,25 @@ impl Context {
     }
 }
 
+/// Where the access log writes: its own file, the app log's, or stdout.
+fn access_log_destination(
+    main: &MainConfig,
+    app_log: Option<&Arc<LogFile>>,
+) -> Result<Destination, StartError> {
+    if main.access_log == config::main_conf::AccessLog::Off {
+        return Ok(Destination::Stdout);
+    }
+    Ok(match (&main.access_log_file, app_log) {
+        (Some(path), _) => {
+            let file = LogFile::open(path, main.access_log_rotation)
+                .map_err(|e| StartError::Logging(format!("{}: {e}", path.display())))?;
+            Destination::File(Arc::new(file))
+        }
+        (None, Some(shared)) => Destination::File(shared.clone()),
+        (None, None) => Destination::Stdout,
+    })
+}
+
 /// Reads the config and runs the proxy until a stop signal. Returns after the drain.
 /// `daemon_ready`, in a background process, is taken and told once the proxy serves; left in place if it fails
 /// before that, for the caller to report the error on it.
@@ -180,12 +211,13 @@ pub fn run(
     daemon_ready: &mut Option<daemon::ReadyPipe>,
 ) -> Result<(), StartError> {
     let (main, upstreams, issues) = load(main_path)?;
-    let app_log = logging::init(&main).map_err(StartError::Logging)?;
+    let app_log = logging::open_app_log(&main).map_err(StartError::Logging)?;
+    logging::init(&main, app_log.as_ref()).map_err(StartError::Logging)?;
     for warning in issues.warnings() {
         tracing::warn!("{warning}");
     }
     raise_open_files_limit();
-    let ctx = Context::build(&main, upstreams)?;
+    let ctx = Context::build(&main, upstreams, app_log.as_ref())?;
 
     let bound = sockets::open(&main, options.upgrade)?;
     let pid_file =
@@ -377,7 +409,7 @@ struct Signals {
 
 /// The files SIGUSR1 reopens.
 struct LogFiles {
-    app: Option<Arc<logging::LogFile>>,
+    app: Option<Arc<LogFile>>,
     access: AccessLog,
 }
 
@@ -392,7 +424,9 @@ impl LogFiles {
                 ),
             }
         }
+        // The access log's writer opens its own file before it writes its next line.
         self.access.reopen();
+        tracing::info!("SIGUSR1: access log reopening");
     }
 }
 

@@ -29,6 +29,7 @@ use tokio::sync::watch;
 use super::h2_guard::FloodGuard;
 use super::idle::{self, Activity, InFlight, Timers};
 use super::listener::{apply_keepalive, TcpKeepalive};
+use crate::vocab::TlsFacts;
 
 /// How long a draining listener lets busy HTTP/1 connections finish their next request
 /// (answered with `Connection: close`, so the client closes cleanly between requests) before it
@@ -63,10 +64,12 @@ impl Limits {
 }
 
 /// The client side of an accepted connection, for the per-connection service.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct ConnInfo {
     pub peer: SocketAddr,
     pub tls: bool,
+    /// The handshake's version and server name, on TLS connections.
+    pub tls_facts: TlsFacts,
 }
 
 /// What a listener serves: a function making each connection's hyper service, whose answers
@@ -293,12 +296,13 @@ fn serve_plain<F: MakeService>(
     let info = ConnInfo {
         peer: counted.peer,
         tls: false,
+        tls_facts: TlsFacts::default(),
     };
     let (service, activity) = tracked(shared, info);
-    let conn = shared
-        .builders
-        .sniffing
-        .serve_connection_with_upgrades(TokioIo::new(FloodGuard::new(stream, info.peer)), service);
+    let conn = shared.builders.sniffing.serve_connection_with_upgrades(
+        TokioIo::new(FloodGuard::new(stream, counted.peer)),
+        service,
+    );
     let conn = idle::drive(
         conn.into_owned(),
         shared.drain.clone(),
@@ -331,9 +335,15 @@ fn serve_tls<F: MakeService>(
                 return;
             }
         };
-        let (service, activity) = tracked(&shared, ConnInfo { peer, tls: true });
+        let session = stream.get_ref().1;
+        let info = ConnInfo {
+            peer,
+            tls: true,
+            tls_facts: tls_facts(session),
+        };
+        let h2 = session.alpn_protocol() == Some(b"h2");
+        let (service, activity) = tracked(&shared, info);
         let (drain, idle) = (shared.drain.clone(), shared.limits.timers());
-        let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
         let io = TokioIo::new(FloodGuard::new(stream, peer));
         if h2 {
             let conn = shared.builders.h2_only.serve_connection(io, service);
@@ -348,6 +358,18 @@ fn serve_tls<F: MakeService>(
             counted.run(conn).await;
         }
     });
+}
+
+/// What the access log shows of a finished handshake.
+fn tls_facts(session: &rustls::ServerConnection) -> TlsFacts {
+    TlsFacts {
+        version: session.protocol_version().map(|v| match v {
+            rustls::ProtocolVersion::TLSv1_3 => "TLSv1.3",
+            rustls::ProtocolVersion::TLSv1_2 => "TLSv1.2",
+            _ => "TLS",
+        }),
+        sni: session.server_name().map(Arc::from),
+    }
 }
 
 /// The connection's service from `make`, wrapped to track activity and the drain.

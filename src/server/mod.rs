@@ -108,7 +108,8 @@ pub async fn serve_worker(
     let proxy_service = |hsts: bool| {
         let (serving, tunnels) = (serving.clone(), tunnels.clone());
         move |info: ConnInfo| {
-            let client = ClientConn::with_tunnels(info.peer, info.tls, worker, tunnels.clone());
+            let mut client = ClientConn::with_tunnels(info.peer, info.tls, worker, tunnels.clone());
+            client.tls_facts = info.tls_facts;
             let ctx = Arc::new(observe::ConnCtx {
                 router: serving.router.clone(),
                 metrics: serving.metrics.clone(),

@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, HOST, STRICT_TRANSPORT_SECURITY};
+use http::header::{HeaderValue, STRICT_TRANSPORT_SECURITY};
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
@@ -80,20 +80,20 @@ pub async fn handle(ctx: &ConnCtx, req: Request<Incoming>) -> Response<LoggedBod
     let version = req.version();
     ctx.metrics
         .request_started(client.worker, req.method(), version);
-    let mut record = ctx.access_log.begin(
-        client.peer.ip(),
-        req.method(),
-        req.uri(),
-        version,
-        req.headers().get(HOST),
-        start,
-    );
+    let tls = (client.tls_facts.version, client.tls_facts.sni.as_ref());
+    let mut record = ctx.access_log.begin(client.peer.ip(), tls, &req, start);
     let mut resp = ctx.router.handle(client, req).await;
-    let served = resp.extensions().get::<ServedBy>().map(|s| &s.0.label);
+    let served = resp.extensions().get::<ServedBy>();
     let status = resp.status();
+    let now = Instant::now();
+    let label = served.map(|s| &s.0.label);
     ctx.metrics
-        .response_ready(client.worker, status, start.elapsed(), served.map(|l| &**l));
-    record.respond(status.as_u16(), served);
+        .response_ready(client.worker, status, now - start, label.map(|l| &**l));
+    record.respond(
+        status.as_u16(),
+        label,
+        served.map(|s| now.saturating_duration_since(s.1)),
+    );
     if ctx.hsts && !resp.headers().contains_key(STRICT_TRANSPORT_SECURITY) {
         resp.headers_mut().insert(
             STRICT_TRANSPORT_SECURITY,

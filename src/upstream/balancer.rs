@@ -22,9 +22,10 @@ use crate::vocab::{ProxyError, WorkerId};
 pub struct Pinned(pub usize);
 
 /// Response extension: the backend that answered (for metrics, the access log and sticky
-/// cookies).
+/// cookies), and when the exchange with it began (the access log's `upstream_ms` runs from
+/// there to the response head).
 #[derive(Clone, Debug)]
-pub struct ServedBy(pub Arc<Backend>);
+pub struct ServedBy(pub Arc<Backend>, pub std::time::Instant);
 
 /// A route's backends, in config order, with its round-robin position.
 #[derive(Debug)]
@@ -135,9 +136,11 @@ pub async fn send(
             timeouts,
             sni_from_request: set.sni_from_request,
         };
+        let began = std::time::Instant::now();
         match send_with_stale_replay(x, request, replay.as_ref()).await {
             Ok(mut resp) => {
-                resp.extensions_mut().insert(ServedBy(backend.clone()));
+                resp.extensions_mut()
+                    .insert(ServedBy(backend.clone(), began));
                 return Ok(resp);
             }
             Err(SendError::Connect { error, request }) => {

@@ -34,6 +34,16 @@ pub struct ClientConn {
     pub forwarded_for: HeaderValue,
     /// What an upgraded connection (WebSocket) of this client still answers to.
     pub tunnels: Arc<TunnelLimits>,
+    /// What the TLS handshake settled (empty on plain connections), for the access log.
+    pub tls_facts: TlsFacts,
+}
+
+/// The TLS version and server name of a client connection.
+#[derive(Clone, Debug, Default)]
+pub struct TlsFacts {
+    /// `TLSv1.2` or `TLSv1.3`.
+    pub version: Option<&'static str>,
+    pub sni: Option<Arc<str>>,
 }
 
 impl ClientConn {
@@ -53,6 +63,7 @@ impl ClientConn {
             worker,
             forwarded_for: headers::client_ip_value(peer.ip()),
             tunnels,
+            tls_facts: TlsFacts::default(),
         }
     }
 }

@@ -100,7 +100,7 @@ impl Proxy {
         let ups = config::load_upstreams(&main.upstreams_conf, &mut issues)
             .expect("upstreams.yaml loads");
         assert!(!issues.has_errors(), "config errors: {issues:?}");
-        let ctx = Context::build(&main, ups).expect("context");
+        let ctx = Context::build(&main, ups, None).expect("context");
 
         let any_port: SocketAddr = "127.0.0.1:0".parse().expect("address");
         let listeners = aralez::server::bind_reuseport(any_port, workers).expect("bind proxy");

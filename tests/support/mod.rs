@@ -343,12 +343,17 @@ impl ProxyProcess {
     /// Starts the binary logging to `log_file` in its directory (nothing on stdout), on a port
     /// chosen here; ready when the port accepts. Its log is the file: `log_text` stays empty.
     pub fn start_logging_to_file(upstreams: &str, main_extra: &str) -> ProxyProcess {
+        Self::start_logging_to(upstreams, "aralez.log", main_extra)
+    }
+
+    /// [`ProxyProcess::start_logging_to_file`] with `log_file: "{log_file}"` (a rotation form, say).
+    pub fn start_logging_to(upstreams: &str, log_file: &str, main_extra: &str) -> ProxyProcess {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-        let extra = format!("log_file: \"aralez.log\"\n{main_extra}");
+        let extra = format!("log_file: \"{log_file}\"\n{main_extra}");
         let (dir, main) = write_config_listening(upstreams, &extra, &addr.to_string());
         let mut child = Command::new(binary())
             .arg("-c")

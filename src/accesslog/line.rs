@@ -1,0 +1,366 @@
+//! The access log's line formats (`access_log_format`): `logfmt` (the default) and `json`, one
+//! line per request, fields always in the same order. Formatting runs on the writer thread, off
+//! the request path, into a reused buffer.
+//!
+//! `araleztoken` query values are replaced by `REDACTED` in both formats: a token must not
+//! outlive the request in a log file.
+
+use std::fmt::Write as _;
+use std::net::IpAddr;
+use std::time::{Duration, SystemTime};
+
+use http::Version;
+
+use super::Entry;
+use crate::config::log_conf::AccessLogFormat;
+use crate::utc::UtcTime;
+use crate::vocab::token_param::QUERY_PARAM;
+
+/// The formatted `YYYY-MM-DDTHH:MM:SS` of the last second seen, reused within that second.
+#[derive(Default)]
+pub struct Clock {
+    second: u64,
+    text: String,
+}
+
+/// How a value is quoted and escaped in one format.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Style {
+    Logfmt,
+    Json,
+}
+
+/// Appends one access log line (with its newline) for `e`.
+pub fn format_line(out: &mut String, clock: &mut Clock, format: AccessLogFormat, e: &Entry) {
+    let style = match format {
+        AccessLogFormat::Logfmt => Style::Logfmt,
+        AccessLogFormat::Json => Style::Json,
+    };
+    let mut line = Line { out, style };
+    line.open();
+    line.time(clock, e.time);
+    line.raw_field("client", |out| push_ip(out, e.client));
+    line.text("method", Some(e.method.as_str().as_bytes()));
+    // Origin form for every version: HTTP/2's absolute URI loses its authority (that is `host`).
+    let target = e.target.path_and_query().map_or("/", |p| p.as_str());
+    line.quoted_field("target", |out, style| push_target(out, style, target));
+    line.text("host", e.host.as_ref().map(|h| h.as_bytes()));
+    line.text("version", Some(version_name(e.version).as_bytes()));
+    line.number("status", e.status.map(u64::from));
+    line.number("bytes", Some(e.bytes));
+    line.millis("duration_ms", Some(e.duration));
+    line.text("backend", e.backend.as_ref().map(|b| b.as_bytes()));
+    line.millis("upstream_ms", e.upstream_time);
+    line.number("bytes_in", e.bytes_in);
+    line.text("request_id", e.request_id.as_ref().map(|v| v.as_bytes()));
+    line.text("tls", e.tls_version.map(str::as_bytes));
+    line.text("sni", e.sni.as_ref().map(|s| s.as_bytes()));
+    line.text("referer", e.referer.as_ref().map(|v| v.as_bytes()));
+    line.text("user_agent", e.user_agent.as_ref().map(|v| v.as_bytes()));
+    line.close();
+}
+
+fn version_name(version: Version) -> &'static str {
+    match version {
+        Version::HTTP_09 => "HTTP/0.9",
+        Version::HTTP_10 => "HTTP/1.0",
+        Version::HTTP_11 => "HTTP/1.1",
+        Version::HTTP_2 => "HTTP/2.0",
+        _ => "HTTP/3.0",
+    }
+}
+
+/// One line being written: logfmt's `access key=value ...` or a JSON object.
+struct Line<'a> {
+    out: &'a mut String,
+    style: Style,
+}
+
+impl Line<'_> {
+    fn open(&mut self) {
+        self.out.push_str(if self.style == Style::Json {
+            "{"
+        } else {
+            "access "
+        });
+    }
+
+    fn close(&mut self) {
+        self.out.push_str(if self.style == Style::Json {
+            "}\n"
+        } else {
+            "\n"
+        });
+    }
+
+    fn key(&mut self, key: &str) {
+        match self.style {
+            Style::Logfmt => {
+                if !self.out.ends_with(' ') {
+                    self.out.push(' ');
+                }
+                self.out.push_str(key);
+                self.out.push('=');
+            }
+            Style::Json => {
+                if !self.out.ends_with('{') {
+                    self.out.push(',');
+                }
+                self.out.push('"');
+                self.out.push_str(key);
+                self.out.push_str("\":");
+            }
+        }
+    }
+
+    /// What an absent value looks like.
+    fn absent(&mut self) {
+        self.out.push_str(if self.style == Style::Json {
+            "null"
+        } else {
+            "-"
+        });
+    }
+
+    fn time(&mut self, clock: &mut Clock, time: SystemTime) {
+        self.key("time");
+        let quote = self.style == Style::Json;
+        if quote {
+            self.out.push('"');
+        }
+        write_time(self.out, clock, time);
+        if quote {
+            self.out.push('"');
+        }
+    }
+
+    /// A value written as is in logfmt and quoted in JSON (addresses).
+    fn raw_field(&mut self, key: &str, write: impl FnOnce(&mut String)) {
+        self.key(key);
+        let quote = self.style == Style::Json;
+        if quote {
+            self.out.push('"');
+        }
+        write(self.out);
+        if quote {
+            self.out.push('"');
+        }
+    }
+
+    /// A value always quoted.
+    fn quoted_field(&mut self, key: &str, write: impl FnOnce(&mut String, Style)) {
+        self.key(key);
+        self.out.push('"');
+        write(self.out, self.style);
+        self.out.push('"');
+    }
+
+    /// Bytes from the request (header values, names): quoted in logfmt when they may hold
+    /// spaces, always quoted in JSON, escaped either way.
+    fn text(&mut self, key: &str, value: Option<&[u8]>) {
+        self.key(key);
+        let Some(bytes) = value else {
+            return self.absent();
+        };
+        let quote = self.style == Style::Json || !bytes.iter().all(|b| b.is_ascii_graphic());
+        let quote = quote
+            || matches!(
+                key,
+                "host" | "referer" | "user_agent" | "request_id" | "sni"
+            );
+        if quote {
+            self.out.push('"');
+        }
+        push_escaped(self.out, self.style, bytes);
+        if quote {
+            self.out.push('"');
+        }
+    }
+
+    fn number(&mut self, key: &str, value: Option<u64>) {
+        self.key(key);
+        match value {
+            Some(n) => push_int(self.out, n),
+            None => self.absent(),
+        }
+    }
+
+    /// Milliseconds with three decimals.
+    fn millis(&mut self, key: &str, value: Option<Duration>) {
+        self.key(key);
+        let Some(d) = value else {
+            return self.absent();
+        };
+        let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        push_int(self.out, micros / 1000);
+        self.out.push('.');
+        push_padded(self.out, micros % 1000, 3);
+    }
+}
+
+/// The target with the value of every `araleztoken` query parameter replaced by `REDACTED`.
+fn push_target(out: &mut String, style: Style, target: &str) {
+    let Some((path, query)) = target
+        .split_once('?')
+        .filter(|(_, q)| q.contains(QUERY_PARAM))
+    else {
+        push_escaped(out, style, target.as_bytes());
+        return;
+    };
+    push_escaped(out, style, path.as_bytes());
+    for (i, pair) in query.split('&').enumerate() {
+        out.push(if i == 0 { '?' } else { '&' });
+        match pair.split_once('=') {
+            Some((name, _)) if name == QUERY_PARAM => {
+                out.push_str(QUERY_PARAM);
+                out.push_str("=REDACTED");
+            }
+            _ => push_escaped(out, style, pair.as_bytes()),
+        }
+    }
+}
+
+fn push_int(out: &mut String, n: u64) {
+    out.push_str(itoa::Buffer::new().format(n));
+}
+
+/// `n` with leading zeros to `width` digits.
+fn push_padded(out: &mut String, n: u64, width: usize) {
+    let mut buf = itoa::Buffer::new();
+    let digits = buf.format(n);
+    for _ in digits.len()..width {
+        out.push('0');
+    }
+    out.push_str(digits);
+}
+
+fn push_ip(out: &mut String, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().iter().enumerate() {
+                if i > 0 {
+                    out.push('.');
+                }
+                push_int(out, u64::from(*octet));
+            }
+        }
+        IpAddr::V6(v6) => {
+            let _ = write!(out, "{v6}");
+        }
+    }
+}
+
+/// Copies printable ASCII and spaces except `"` and `\\`; every other byte becomes `\\xNN`
+/// (logfmt) or `\\u00NN` (JSON), so a line stays one line of valid text.
+fn push_escaped(out: &mut String, style: Style, bytes: &[u8]) {
+    let plain = |b: &u8| (b.is_ascii_graphic() && *b != b'"' && *b != b'\\') || *b == b' ';
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let run = rest.iter().position(|b| !plain(b)).unwrap_or(rest.len());
+        // The run is printable ASCII, hence UTF-8.
+        out.push_str(std::str::from_utf8(&rest[..run]).unwrap_or_default());
+        let Some(&odd) = rest.get(run) else { break };
+        let _ = match style {
+            Style::Logfmt => write!(out, "\\x{odd:02x}"),
+            Style::Json => write!(out, "\\u{odd:04x}"),
+        };
+        rest = &rest[run + 1..];
+    }
+}
+
+/// RFC 3339 UTC with milliseconds; the part up to the second is formatted once per second.
+fn write_time(out: &mut String, clock: &mut Clock, time: SystemTime) {
+    let t = UtcTime::of(time);
+    if clock.text.is_empty() || clock.second != t.epoch_second {
+        clock.text.clear();
+        let _ = write!(
+            clock.text,
+            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}",
+            t.year, t.month, t.day, t.hour, t.minute, t.second
+        );
+        clock.second = t.epoch_second;
+    }
+    out.push_str(&clock.text);
+    out.push('.');
+    push_padded(out, u64::from(t.nanos / 1_000_000), 3);
+    out.push('Z');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{HeaderValue, Method};
+    use std::time::{Instant, UNIX_EPOCH};
+
+    fn entry() -> Entry {
+        Entry {
+            time: UNIX_EPOCH + Duration::from_millis(1_700_000_000_123),
+            start: Instant::now(),
+            client: "10.0.0.1".parse().unwrap(),
+            method: Method::GET,
+            target: "/a?b=1".parse().unwrap(),
+            version: Version::HTTP_11,
+            host: Some(HeaderValue::from_static("x\".org")),
+            status: Some(200),
+            bytes: 5,
+            duration: Duration::from_micros(1500),
+            backend: None,
+            upstream_time: None,
+            bytes_in: Some(0),
+            request_id: Some(HeaderValue::from_static("r-1")),
+            tls_version: None,
+            sni: None,
+            referer: None,
+            user_agent: Some(HeaderValue::from_static("curl/8 (x)")),
+        }
+    }
+
+    #[test]
+    fn tokens_never_reach_the_log() {
+        for style in [Style::Logfmt, Style::Json] {
+            let mut out = String::new();
+            push_target(&mut out, style, "/a?x=1&araleztoken=eyJ.secret.sig&y=2");
+            assert_eq!(out, "/a?x=1&araleztoken=REDACTED&y=2");
+            out.clear();
+            push_target(&mut out, style, "/a?araleztokenx=1");
+            assert_eq!(out, "/a?araleztokenx=1");
+        }
+    }
+
+    #[test]
+    fn logfmt_line_has_every_field_and_escapes_quotes() {
+        let mut line = String::new();
+        format_line(
+            &mut line,
+            &mut Clock::default(),
+            AccessLogFormat::Logfmt,
+            &entry(),
+        );
+        assert_eq!(
+            line,
+            "access time=2023-11-14T22:13:20.123Z client=10.0.0.1 method=GET target=\"/a?b=1\" \
+             host=\"x\\x22.org\" version=HTTP/1.1 status=200 bytes=5 duration_ms=1.500 backend=- \
+             upstream_ms=- bytes_in=0 request_id=\"r-1\" tls=- sni=- referer=- user_agent=\"curl/8 (x)\"\n"
+        );
+    }
+
+    #[test]
+    fn json_line_is_one_valid_object() {
+        let mut e = entry();
+        e.referer = Some(HeaderValue::from_bytes(b"http://r/\t\xff").unwrap());
+        e.tls_version = Some("TLSv1.3");
+        e.upstream_time = Some(Duration::from_micros(1200));
+        let mut line = String::new();
+        format_line(&mut line, &mut Clock::default(), AccessLogFormat::Json, &e);
+        assert!(line.ends_with("}\n"));
+        let v: serde_json::Value = serde_json::from_str(line.trim_end()).unwrap();
+        assert_eq!(v["host"], "x\".org");
+        assert_eq!(v["status"], 200);
+        assert_eq!(v["backend"], serde_json::Value::Null);
+        assert_eq!(v["upstream_ms"], 1.2);
+        assert_eq!(v["tls"], "TLSv1.3");
+        assert_eq!(v["referer"], "http://r/\t\u{ff}");
+        assert_eq!(v["user_agent"], "curl/8 (x)");
+        assert_eq!(v["time"], "2023-11-14T22:13:20.123Z");
+    }
+}

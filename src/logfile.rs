@@ -1,0 +1,242 @@
+//! Log files: what the app log and the access log write to when they go to a file. A
+//! [`LogFile`] appends whole writes at its path, is reopened at that path on SIGUSR1 (for
+//! logrotate), and, when `log_file`/`access_log_file` give Aralez 0.95's
+//! `"path, max MB, keep, compress"` form, rotates itself: past `max MB` the file becomes `path.1`
+//! (older ones shift to `path.2` ... `path.keep`, the oldest is removed) and a fresh one is opened;
+//! with `compress` a rotated file is gzipped to `path.1.gz` on a background thread.
+//!
+//! Writers hold a mutex only for their write (and, once per `max MB`, for the renames). A
+//! compression still running when the next rotation comes is waited for first, so the names never
+//! race. It never panics on I/O: errors go back to the writer, which counts or reports them.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use crate::config::log_conf::Rotation;
+
+/// An append-only log file, reopened on demand and rotated by size.
+pub struct LogFile {
+    path: PathBuf,
+    rotation: Option<Rotation>,
+    state: Mutex<State>,
+}
+
+struct State {
+    file: File,
+    /// Bytes in the current file (its size at open, plus what was written since).
+    size: u64,
+    /// The gzip of the last rotated file, while it runs.
+    compressing: Option<JoinHandle<()>>,
+}
+
+fn open_append(path: &Path) -> io::Result<(File, u64)> {
+    let file = OpenOptions::new().create(true).append(true).open(path)?;
+    let size = file.metadata().map_or(0, |m| m.len());
+    Ok((file, size))
+}
+
+impl LogFile {
+    /// Opens (creating) `path` for appending.
+    pub fn open(path: &Path, rotation: Option<Rotation>) -> io::Result<LogFile> {
+        let (file, size) = open_append(path)?;
+        Ok(LogFile {
+            path: path.to_path_buf(),
+            rotation,
+            state: Mutex::new(State {
+                file,
+                size,
+                compressing: None,
+            }),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Opens the path again (creating it) and writes there from now on; on failure the old file
+    /// stays in use.
+    pub fn reopen(&self) -> io::Result<()> {
+        let (file, size) = open_append(&self.path)?;
+        let mut state = self.lock();
+        state.file = file;
+        state.size = size;
+        Ok(())
+    }
+
+    /// Writes `buf` whole at the end of the file, then rotates when the file has grown past
+    /// its limit. A failed rotation is reported once to stderr and writing goes on in the same
+    /// file.
+    pub fn append(&self, buf: &[u8]) -> io::Result<()> {
+        let mut state = self.lock();
+        state.file.write_all(buf)?;
+        state.size += buf.len() as u64;
+        if let Some(rotation) = self.rotation {
+            if state.size >= rotation.max_bytes {
+                if let Err(e) = self.rotate(&mut state, rotation) {
+                    // The log itself is what failed; stderr is the one place left to say so.
+                    eprintln!("aralez: cannot rotate {}: {e}", self.path.display());
+                    // Try again only after another full size, not on every write.
+                    state.size = 0;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while writing leaves a usable file behind.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn rotate(&self, state: &mut State, rotation: Rotation) -> io::Result<()> {
+        if let Some(running) = state.compressing.take() {
+            let _ = running.join();
+        }
+        self.shift(rotation.keep)?;
+        if rotation.keep == 0 {
+            std::fs::remove_file(&self.path)?;
+        } else {
+            std::fs::rename(&self.path, numbered(&self.path, 1, false))?;
+        }
+        let (file, size) = open_append(&self.path)?;
+        state.file = file;
+        state.size = size;
+        if rotation.compress && rotation.keep > 0 {
+            let rotated = numbered(&self.path, 1, false);
+            state.compressing = std::thread::Builder::new()
+                .name("aralez-log-gzip".into())
+                .spawn(move || {
+                    if let Err(e) = gzip_in_place(&rotated) {
+                        eprintln!("aralez: cannot compress {}: {e}", rotated.display());
+                    }
+                })
+                .ok();
+        }
+        Ok(())
+    }
+
+    /// Makes room for a new `path.1`: removes `path.keep` and moves `path.i` to `path.i+1`.
+    fn shift(&self, keep: u32) -> io::Result<()> {
+        for gz in [false, true] {
+            remove_if_there(&numbered(&self.path, keep.max(1), gz))?;
+        }
+        for i in (1..keep).rev() {
+            for gz in [false, true] {
+                let from = numbered(&self.path, i, gz);
+                if from.exists() {
+                    std::fs::rename(&from, numbered(&self.path, i + 1, gz))?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for LogFile {
+    fn drop(&mut self) {
+        if let Some(running) = self.lock().compressing.take() {
+            let _ = running.join();
+        }
+    }
+}
+
+/// `path.N` or `path.N.gz`.
+pub fn numbered(path: &Path, n: u32, gz: bool) -> PathBuf {
+    let mut name = path.as_os_str().to_os_string();
+    name.push(format!(".{n}"));
+    if gz {
+        name.push(".gz");
+    }
+    PathBuf::from(name)
+}
+
+fn remove_if_there(path: &Path) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Writes `path.gz` (through a temporary name, so a half-written archive is never taken for a
+/// whole one) and removes `path`.
+fn gzip_in_place(path: &Path) -> io::Result<()> {
+    let mut gz_name = path.as_os_str().to_os_string();
+    gz_name.push(".gz");
+    let gz = PathBuf::from(gz_name);
+    let mut tmp_name = gz.as_os_str().to_os_string();
+    tmp_name.push(".tmp");
+    let tmp = PathBuf::from(tmp_name);
+    let mut input = File::open(path)?;
+    let mut encoder =
+        flate2::write::GzEncoder::new(File::create(&tmp)?, flate2::Compression::default());
+    io::copy(&mut input, &mut encoder)?;
+    encoder.finish()?.sync_all()?;
+    std::fs::rename(&tmp, &gz)?;
+    std::fs::remove_file(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    fn rotation(max_bytes: u64, keep: u32, compress: bool) -> Option<Rotation> {
+        Some(Rotation {
+            max_bytes,
+            keep,
+            compress,
+        })
+    }
+
+    #[test]
+    fn rotates_past_the_size_and_keeps_the_newest() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.log");
+        let log = LogFile::open(&path, rotation(100, 2, false)).unwrap();
+        for i in 0..5 {
+            log.append(format!("{i}{}\n", "x".repeat(99)).as_bytes())
+                .unwrap();
+        }
+        log.append(b"last\n").unwrap();
+        let read = |p: PathBuf| std::fs::read_to_string(p).unwrap();
+        assert_eq!(read(path.clone()), "last\n");
+        assert!(read(numbered(&path, 1, false)).starts_with('4'));
+        assert!(read(numbered(&path, 2, false)).starts_with('3'));
+        assert!(!numbered(&path, 3, false).exists());
+    }
+
+    #[test]
+    fn compressed_rotations_are_whole_gzip_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("b.log");
+        let log = LogFile::open(&path, rotation(1000, 3, true)).unwrap();
+        for round in 0..4u8 {
+            log.append(&vec![b'a' + round; 1000]).unwrap();
+        }
+        drop(log);
+        let gunzip = |n: u32| {
+            let mut text = Vec::new();
+            let file = File::open(numbered(&path, n, true)).unwrap();
+            flate2::read::GzDecoder::new(file)
+                .read_to_end(&mut text)
+                .unwrap();
+            text
+        };
+        assert_eq!(gunzip(1), vec![b'd'; 1000]);
+        assert_eq!(gunzip(3), vec![b'b'; 1000]);
+        assert!(!numbered(&path, 1, false).exists());
+        assert!(!numbered(&path, 4, true).exists());
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+            .collect();
+        assert!(leftovers.is_empty());
+    }
+}
