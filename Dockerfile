@@ -38,6 +38,9 @@ COPY config/www /etc/aralez/www
 # nobody:nogroup; the sample listens on a high port, so no capability is needed.
 USER 65534:65534
 EXPOSE 6193
+# `scratch` has no curl: the binary probes its own listener (any HTTP answer is healthy).
+HEALTHCHECK --interval=30s --timeout=5s --start-period=10s --retries=3 \
+    CMD ["/usr/local/bin/aralez", "healthcheck", "-c", "/etc/aralez/main.yaml", "--timeout", "4"]
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["/usr/local/bin/aralez"]
 CMD ["-c", "/etc/aralez/main.yaml"]

@@ -6,13 +6,14 @@
 #   h2spec     from the Go module proxy, into target/judges/bin
 #   grpc-go's interop client and server (grpc-interop-client, grpc-interop-server), likewise
 #   slowhttptest from Debian (package slowhttptest)
+#   actionlint from the Go module proxy (checks .github/workflows), into target/judges/bin
 #   cargo-fuzz from crates.io (cargo install), into target/judges/cargo-fuzz (scripts/fuzz.sh)
 #
 # Idempotent: a tool already in place is kept. As root it may apt-get install what it needs
 # (python3-venv, golang-go, testssl.sh). Any failure exits non-zero with a message saying which
 # judge could not be installed. On success it prints, on stdout, the lines
 #   ARALEZ_SSLYZE=... ARALEZ_TESTSSL=... ARALEZ_H2SPEC=... ARALEZ_GRPC_INTEROP_CLIENT=...
-#   ARALEZ_GRPC_INTEROP_SERVER=... ARALEZ_SLOWHTTPTEST=... ARALEZ_CARGO_FUZZ=...
+#   ARALEZ_GRPC_INTEROP_SERVER=... ARALEZ_SLOWHTTPTEST=... ARALEZ_CARGO_FUZZ=... ARALEZ_ACTIONLINT=...
 # for the caller to export (scripts/test.sh does).
 #
 #   bash scripts/install-judges.sh
@@ -24,6 +25,7 @@ SSLYZE_VERSION="6.3.1"
 H2SPEC_MODULE="github.com/summerwind/h2spec/cmd/h2spec@latest"
 GRPC_VERSION="v1.85.0"
 CARGO_FUZZ_VERSION="0.13.2"
+ACTIONLINT_VERSION="v1.7.7"
 
 log() { printf '[judges] %s\n' "$*" >&2; }
 fail() {
@@ -113,6 +115,7 @@ go_install "google.golang.org/grpc/interop/client@$GRPC_VERSION" grpc-interop-cl
 go_install "google.golang.org/grpc/interop/server@$GRPC_VERSION" grpc-interop-server
 install_slowhttptest
 install_cargo_fuzz
+go_install "github.com/rhysd/actionlint/cmd/actionlint@$ACTIONLINT_VERSION" actionlint
 
 testssl=$(command -v testssl || command -v testssl.sh)
 echo "ARALEZ_SSLYZE=$JUDGES/venv/bin/sslyze"
@@ -122,3 +125,4 @@ echo "ARALEZ_GRPC_INTEROP_CLIENT=$JUDGES/bin/grpc-interop-client"
 echo "ARALEZ_GRPC_INTEROP_SERVER=$JUDGES/bin/grpc-interop-server"
 echo "ARALEZ_SLOWHTTPTEST=$(command -v slowhttptest)"
 echo "ARALEZ_CARGO_FUZZ=$JUDGES/cargo-fuzz/bin"
+echo "ARALEZ_ACTIONLINT=$JUDGES/bin/actionlint"

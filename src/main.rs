@@ -24,7 +24,7 @@ Signals:
   TERM, INT   stop accepting, finish in-flight requests (grace_period_seconds), exit 0
   QUIT        the same drain, for the old process of a live upgrade (aralez -u)
   HUP         re-read upstreams.yaml and conf.d
-  USR1        reopen log_file (logrotate)
+  USR1        reopen log_file and access_log_file (logrotate)
   USR2        ignored (nginx's binary upgrade is `aralez -u` here)
 
 Environment:
@@ -89,6 +89,24 @@ enum Command {
         #[arg(long)]
         deny_warnings: bool,
     },
+    /// Ask the running proxy for a response (a container HEALTHCHECK): exit 0 when it answers
+    /// HTTP, 1 otherwise.
+    Healthcheck {
+        /// Path of main.yaml (its `proxy_address_http` is probed).
+        #[arg(
+            short = 'c',
+            long = "conf",
+            value_name = "FILE",
+            default_value = "/etc/aralez/main.yaml"
+        )]
+        conf: PathBuf,
+        /// Probe this http://host:port/path instead.
+        #[arg(long)]
+        url: Option<String>,
+        /// Seconds to wait for the answer.
+        #[arg(long, default_value_t = 3)]
+        timeout: u64,
+    },
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -110,15 +128,32 @@ fn check(conf: &std::path::Path, format: Format, deny_warnings: bool) -> ExitCod
     }
 }
 
+fn healthcheck(conf: &std::path::Path, url: Option<&str>, timeout: u64) -> ExitCode {
+    let limit = std::time::Duration::from_secs(timeout.clamp(1, 300));
+    match aralez::process::probe::probe(conf, url, limit) {
+        Ok(status) => {
+            println!("healthy: {status}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("unhealthy: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Some(Command::CheckConfig {
-        conf,
-        format,
-        deny_warnings,
-    }) = &cli.command
-    {
-        return check(conf, *format, *deny_warnings);
+    match &cli.command {
+        Some(Command::CheckConfig {
+            conf,
+            format,
+            deny_warnings,
+        }) => return check(conf, *format, *deny_warnings),
+        Some(Command::Healthcheck { conf, url, timeout }) => {
+            return healthcheck(conf, url.as_deref(), *timeout)
+        }
+        None => {}
     }
     if cli.test {
         return check(&cli.conf, Format::Text, false);

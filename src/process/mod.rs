@@ -8,6 +8,7 @@ mod logging;
 mod notify;
 pub mod pidfile;
 pub mod privileges;
+pub mod probe;
 mod single;
 mod sockets;
 pub mod upgrade;
