@@ -1,12 +1,13 @@
 //! The admin API (SPEC §9) on `config_address`: `POST /conf`, `POST /jwt`, `GET /status`
 //! (`?history` adds the traffic totals and the last minutes' samples), `GET /metrics` (and
-//! `HEAD`). Every endpoint needs the master key, except that `metrics_key` also opens the
-//! two read-only ones; with no key configured they answer 403 and say why. It runs on the
-//! control-plane runtime and never touches the request path.
+//! `HEAD`), and the status page `GET /`. Every endpoint needs the master key, except that
+//! `metrics_key` also opens the three read-only ones; with no key configured they answer 403 and
+//! say why. It runs on the control-plane runtime and never touches the request path.
 
 mod auth;
 mod history;
 mod jwt;
+mod status_page;
 
 pub use history::History;
 
@@ -42,7 +43,8 @@ pub struct Admin {
     pub master_key: Option<String>,
     pub config_api_enabled: bool,
     pub metrics: Arc<Metrics>,
-    /// `metrics_key`: opens `/metrics` and `/status` (read-only) and nothing else.
+    /// `metrics_key`: opens `/metrics`, `/status` and the status page (read-only) and nothing
+    /// else.
     pub metrics_key: Option<String>,
     /// The last minutes of traffic, sampled by a task [`start`] spawns.
     pub history: Arc<History>,
@@ -99,12 +101,16 @@ impl Admin {
             (&Method::POST, "/conf") => self.guarded(req, Self::conf).await,
             (&Method::GET | &Method::HEAD, "/status") => self.read_only(req, Self::status).await,
             (&Method::GET | &Method::HEAD, "/metrics") => self.read_only(req, Self::metrics).await,
-            (_, "/jwt" | "/conf" | "/status" | "/metrics") => {
+            (&Method::GET | &Method::HEAD, "/") => {
+                self.read_only(req, |_, _| async { status_page::response() })
+                    .await
+            }
+            (_, "/" | "/jwt" | "/conf" | "/status" | "/metrics") => {
                 text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
             }
             _ => text(
                 StatusCode::NOT_FOUND,
-                "unknown endpoint (try /conf, /jwt, /status, /metrics)",
+                "unknown endpoint (try /, /conf, /jwt, /status, /metrics)",
             ),
         }
     }
@@ -124,7 +130,7 @@ impl Admin {
         }
     }
 
-    /// For what only reads (`/metrics`, `/status`): the `metrics_key` opens it too, so a
+    /// For what only reads (`/metrics`, `/status`, `/`): the `metrics_key` opens it too, so a
     /// scraper never holds the key that can rewrite the config.
     async fn read_only<'a, F, Fut>(&'a self, req: Request<Incoming>, handler: F) -> Reply
     where
