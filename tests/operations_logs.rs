@@ -200,8 +200,11 @@ async fn blocked_access_log_drops_and_counts_but_never_delays_requests() {
     let text = tokio::task::block_in_place(|| drain.join().unwrap());
     let lines = access_lines(&text).len();
     // A line is submitted when hyper drops the response body, a moment after the client has it.
-    let dropped_now =
-        || async { metric(admin, "aralez_logging_errors_total").await.unwrap_or(0.0) as usize };
+    let dropped_now = || async {
+        metric(admin, "aralez_logging_errors_total")
+            .await
+            .unwrap_or(0.0) as usize
+    };
     let dropped = match eventually_async(Duration::from_secs(2), || async {
         let dropped = dropped_now().await;
         (lines + dropped >= total).then_some(dropped)
