@@ -8,12 +8,14 @@
 #   slowhttptest from Debian (package slowhttptest)
 #   actionlint from the Go module proxy (checks .github/workflows), into target/judges/bin
 #   cargo-fuzz from crates.io (cargo install), into target/judges/cargo-fuzz (scripts/fuzz.sh)
+#   chromium   from Debian (package chromium), headless, for tests/status_page.rs
 #
 # Idempotent: a tool already in place is kept. As root it may apt-get install what it needs
-# (python3-venv, golang-go, testssl.sh). Any failure exits non-zero with a message saying which
-# judge could not be installed. On success it prints, on stdout, the lines
+# (python3-venv, golang-go, testssl.sh, chromium). Any failure exits non-zero with a message saying
+# which judge could not be installed. On success it prints, on stdout, the lines
 #   ARALEZ_SSLYZE=... ARALEZ_TESTSSL=... ARALEZ_H2SPEC=... ARALEZ_GRPC_INTEROP_CLIENT=...
-#   ARALEZ_GRPC_INTEROP_SERVER=... ARALEZ_SLOWHTTPTEST=... ARALEZ_CARGO_FUZZ=... ARALEZ_ACTIONLINT=...
+#   ARALEZ_GRPC_INTEROP_SERVER=... ARALEZ_SLOWHTTPTEST=... ARALEZ_CARGO_FUZZ=...
+#   ARALEZ_ACTIONLINT=... ARALEZ_CHROMIUM=...
 # for the caller to export (scripts/test.sh does).
 #
 #   bash scripts/install-judges.sh
@@ -96,6 +98,12 @@ install_slowhttptest() {
   command -v slowhttptest >/dev/null 2>&1 || fail "slowhttptest is not on PATH after apt-get install"
 }
 
+install_chromium() {
+  # DejaVu: the page screenshots need some font on a minimal machine.
+  command -v chromium >/dev/null 2>&1 || apt_install chromium fonts-dejavu-core
+  command -v chromium >/dev/null 2>&1 || fail "chromium is not on PATH after apt-get install chromium"
+}
+
 install_cargo_fuzz() {
   local root="$JUDGES/cargo-fuzz"
   if [ -x "$root/bin/cargo-fuzz" ] && "$root/bin/cargo-fuzz" --version | grep -q "$CARGO_FUZZ_VERSION"; then
@@ -114,6 +122,7 @@ go_install "$H2SPEC_MODULE" h2spec
 go_install "google.golang.org/grpc/interop/client@$GRPC_VERSION" grpc-interop-client
 go_install "google.golang.org/grpc/interop/server@$GRPC_VERSION" grpc-interop-server
 install_slowhttptest
+install_chromium
 install_cargo_fuzz
 go_install "github.com/rhysd/actionlint/cmd/actionlint@$ACTIONLINT_VERSION" actionlint
 
@@ -126,3 +135,4 @@ echo "ARALEZ_GRPC_INTEROP_SERVER=$JUDGES/bin/grpc-interop-server"
 echo "ARALEZ_SLOWHTTPTEST=$(command -v slowhttptest)"
 echo "ARALEZ_CARGO_FUZZ=$JUDGES/cargo-fuzz/bin"
 echo "ARALEZ_ACTIONLINT=$JUDGES/bin/actionlint"
+echo "ARALEZ_CHROMIUM=$(command -v chromium)"

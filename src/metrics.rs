@@ -44,6 +44,25 @@ pub struct BackendUp<'a> {
     pub up: bool,
 }
 
+/// Upper bounds (seconds) of the latency buckets of [`Totals::latency_buckets`], in order; the
+/// last bucket there counts what took longer than the largest bound.
+pub const LATENCY_BOUNDS: &[f64] = &BUCKETS;
+
+/// The request counters summed over the shards at one moment, since start (for the admin
+/// side's history; reading them costs the request path nothing).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// Requests received.
+    pub requests: u64,
+    /// Responses by status class: 1xx, 2xx, 3xx, 4xx, 5xx.
+    pub responses: [u64; 5],
+    /// Responses per latency bucket of [`LATENCY_BOUNDS`] (not cumulative), then one for
+    /// those slower than the largest bound.
+    pub latency_buckets: [u64; BUCKETS.len() + 1],
+    /// Sum of the response latencies, in microseconds.
+    pub latency_sum_micros: u64,
+}
+
 /// Every counter of one proxy.
 pub struct Metrics {
     /// One per worker, then one for every other thread.
@@ -227,6 +246,29 @@ impl Metrics {
     /// Requests received, summed over methods, versions and shards.
     pub fn requests(&self) -> u64 {
         self.sum(|s| s.by_method_version.iter().map(load).sum())
+    }
+
+    /// The request counters now, summed over the shards (see [`Totals`]).
+    pub fn totals(&self) -> Totals {
+        let mut responses = [0; 5];
+        for (index, class) in responses.iter_mut().enumerate() {
+            let codes = index * 100..(index + 1) * 100;
+            *class = self.sum(|s| s.by_status[codes.clone()].iter().map(load).sum());
+        }
+        let mut latency_buckets = [0; BUCKETS.len() + 1];
+        for (index, bucket) in latency_buckets.iter_mut().take(BUCKETS.len()).enumerate() {
+            *bucket = self.sum(|s| load(&s.latency_buckets[index]));
+        }
+        let counted: u64 = latency_buckets.iter().sum();
+        // Read one after the other, the count may run ahead of the buckets: never below zero.
+        let count = self.sum(|s| load(&s.latency_count));
+        latency_buckets[BUCKETS.len()] = count.saturating_sub(counted);
+        Totals {
+            requests: self.requests(),
+            responses,
+            latency_buckets,
+            latency_sum_micros: self.sum(|s| load(&s.latency_sum_micros)),
+        }
     }
 
     /// A counter family with one label, each value summed over the shards.
@@ -551,6 +593,29 @@ mod tests {
         assert_eq!(metrics.requests(), 6);
         assert!(text.contains("aralez_response_latency_seconds_bucket{le=\"0.005\"} 3\n"));
         assert!(text.contains("aralez_response_latency_seconds_bucket{le=\"0.0025\"} 0\n"));
+    }
+
+    #[test]
+    fn totals_sum_the_shards_by_status_class_and_latency_bucket() {
+        let metrics = Metrics::new(1);
+        let cases = [(200, 2), (204, 3), (404, 30), (503, 20_000), (101, 1)];
+        for (worker, (status, ms)) in cases.into_iter().enumerate() {
+            let worker = WorkerId(worker % 2);
+            metrics.request_started(worker, &Method::GET, Version::HTTP_11);
+            let status = StatusCode::from_u16(status).unwrap();
+            metrics.response_ready(worker, status, Duration::from_millis(ms), None);
+        }
+        let totals = metrics.totals();
+        assert_eq!(totals.requests, 5);
+        assert_eq!(totals.responses, [1, 2, 0, 1, 1]);
+        let mut buckets = [0; BUCKETS.len() + 1];
+        buckets[0] = 1; // 1 ms
+        buckets[1] = 1; // 2 ms
+        buckets[2] = 1; // 3 ms
+        buckets[5] = 1; // 30 ms
+        buckets[BUCKETS.len()] = 1; // 20 s, past the largest bound
+        assert_eq!(totals.latency_buckets, buckets);
+        assert_eq!(totals.latency_sum_micros, 20_036_000);
     }
 
     #[test]

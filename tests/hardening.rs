@@ -265,6 +265,7 @@ async fn admin_api(proxy: &Proxy, master_key: Option<&str>) -> SocketAddr {
         config_api_enabled: true,
         metrics: proxy.ctx.metrics.clone(),
         metrics_key: None,
+        history: Default::default(),
     });
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     std::mem::forget(stop);

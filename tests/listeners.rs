@@ -69,6 +69,7 @@ async fn start() -> Listeners {
         config_api_enabled: false,
         metrics: proxy.ctx.metrics.clone(),
         metrics_key: None,
+        history: Default::default(),
     });
     let served = aralez::admin::serve(admin_listener, admin, None, limits(3), stop_rx.clone());
     tokio::spawn(served);

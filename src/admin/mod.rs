@@ -1,9 +1,15 @@
-//! The admin API (SPEC §9) on `config_address`: `POST /conf`, `POST /jwt`, `GET /status`,
-//! `GET /metrics` (and `HEAD`). Every endpoint needs the master key, except that `metrics_key`
-//! also opens the two read-only ones; with no key configured they answer 403 and say why. It runs on the control-plane runtime and never touches the request path.
+//! The admin API (SPEC §9) on `config_address`: `POST /conf`, `POST /jwt`, `GET /status`
+//! (`?history` adds the traffic totals and the last minutes' samples), `GET /metrics` (and
+//! `HEAD`), and the status page `GET /`. Every endpoint needs the master key, except that
+//! `metrics_key` also opens the three read-only ones; with no key configured they answer 403 and
+//! say why. It runs on the control-plane runtime and never touches the request path.
 
 mod auth;
+mod history;
 mod jwt;
+mod status_page;
+
+pub use history::History;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -37,8 +43,11 @@ pub struct Admin {
     pub master_key: Option<String>,
     pub config_api_enabled: bool,
     pub metrics: Arc<Metrics>,
-    /// `metrics_key`: opens `/metrics` and `/status` (read-only) and nothing else.
+    /// `metrics_key`: opens `/metrics`, `/status` and the status page (read-only) and nothing
+    /// else.
     pub metrics_key: Option<String>,
+    /// The last minutes of traffic, sampled by a task [`start`] spawns.
+    pub history: Arc<History>,
 }
 
 type Reply = Response<Full<Bytes>>;
@@ -92,12 +101,16 @@ impl Admin {
             (&Method::POST, "/conf") => self.guarded(req, Self::conf).await,
             (&Method::GET | &Method::HEAD, "/status") => self.read_only(req, Self::status).await,
             (&Method::GET | &Method::HEAD, "/metrics") => self.read_only(req, Self::metrics).await,
-            (_, "/jwt" | "/conf" | "/status" | "/metrics") => {
+            (&Method::GET | &Method::HEAD, "/") => {
+                self.read_only(req, |_, _| async { status_page::response() })
+                    .await
+            }
+            (_, "/" | "/jwt" | "/conf" | "/status" | "/metrics") => {
                 text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
             }
             _ => text(
                 StatusCode::NOT_FOUND,
-                "unknown endpoint (try /conf, /jwt, /status, /metrics)",
+                "unknown endpoint (try /, /conf, /jwt, /status, /metrics)",
             ),
         }
     }
@@ -117,7 +130,7 @@ impl Admin {
         }
     }
 
-    /// For what only reads (`/metrics`, `/status`): the `metrics_key` opens it too, so a
+    /// For what only reads (`/metrics`, `/status`, `/`): the `metrics_key` opens it too, so a
     /// scraper never holds the key that can rewrite the config.
     async fn read_only<'a, F, Fut>(&'a self, req: Request<Incoming>, handler: F) -> Reply
     where
@@ -224,10 +237,12 @@ impl Admin {
     }
 
     async fn status(&self, req: Request<Incoming>) -> Reply {
-        let live_only = req
-            .uri()
-            .query()
-            .is_some_and(|q| q.split('&').any(|p| p == "live"));
+        let flag = |name: &str| {
+            req.uri()
+                .query()
+                .is_some_and(|q| q.split('&').any(|p| p == name))
+        };
+        let (live_only, with_history) = (flag("live"), flag("history"));
         let snapshot = self.reloader.snapshot.load_full();
         let mut routes: Vec<serde_json::Value> = snapshot
             .routes()
@@ -244,11 +259,12 @@ impl Admin {
         routes.sort_by(|a, b| {
             (a["host"].as_str(), a["path"].as_str()).cmp(&(b["host"].as_str(), b["path"].as_str()))
         });
-        reply(
-            StatusCode::OK,
-            "application/json",
-            serde_json::json!({ "routes": routes }).to_string(),
-        )
+        let mut answer = serde_json::json!({ "routes": routes });
+        if with_history {
+            answer["totals"] = history::totals_json(&self.metrics.totals());
+            answer["history"] = self.history.to_json(tokio::time::Instant::now());
+        }
+        reply(StatusCode::OK, "application/json", answer.to_string())
     }
 
     async fn metrics(&self, _req: Request<Incoming>) -> Reply {
@@ -367,8 +383,22 @@ pub fn start(
         if let Ok(local) = listener.local_addr() {
             tracing::info!("admin API on https://{local}");
         }
-        let served = serve(listener, admin, Some(acceptor), limits, shutdown.clone());
+        let served = serve(
+            listener,
+            admin.clone(),
+            Some(acceptor),
+            limits,
+            shutdown.clone(),
+        );
         tasks.push(runtime.spawn(served));
+    }
+    // The status page's history, sampled while someone may read it.
+    if !tasks.is_empty() {
+        let sampler = admin
+            .history
+            .clone()
+            .run(admin.metrics.clone(), shutdown.clone());
+        tasks.push(runtime.spawn(sampler));
     }
     Ok(tasks)
 }

@@ -370,6 +370,7 @@ fn start_side_listeners(
         config_api_enabled: main.config_api_enabled,
         metrics: ctx.metrics.clone(),
         metrics_key: main.metrics_key.clone(),
+        history: Default::default(),
     });
     match crate::admin::start(control, main, admin, stop) {
         Ok(tasks) => tasks,

@@ -46,6 +46,44 @@ pub fn find(tool: &Tool) -> Option<PathBuf> {
     found
 }
 
+/// Debian's chromium, run headless (tests/status_page.rs).
+pub const CHROMIUM: Tool = Tool {
+    env: "ARALEZ_CHROMIUM",
+    installed: "/usr/bin/chromium", // Debian's package
+    on_path: &["chromium", "chromium-browser"],
+};
+
+/// Chromium's path; `None` (after saying so) when it is missing and judges are optional.
+pub fn chromium() -> Option<PathBuf> {
+    find(&CHROMIUM)
+}
+
+/// The flags of one headless chromium run with a fresh profile in `profile`: no sandbox (the
+/// tests may run as root), no GPU, no first-run or background services, and no name but
+/// 127.0.0.1 resolves, so nothing leaves the machine and an external asset could not load.
+pub fn headless_chromium_args(profile: &Path) -> Vec<String> {
+    [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--no-default-browser-check",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-default-apps",
+        "--disable-extensions",
+        "--disable-sync",
+        "--metrics-recording-only",
+        "--hide-scrollbars",
+        "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
+    ]
+    .iter()
+    .map(|flag| flag.to_string())
+    .chain([format!("--user-data-dir={}", profile.display())])
+    .collect()
+}
+
 pub fn which(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
