@@ -100,7 +100,12 @@ impl Proxy {
         let ups = config::load_upstreams(&main.upstreams_conf, &mut issues)
             .expect("upstreams.yaml loads");
         assert!(!issues.has_errors(), "config errors: {issues:?}");
-        let ctx = Context::build(&main, ups, None).expect("context");
+        // The app log stays with the test harness; `log_file` still receives the access log.
+        let log_file = main.log_file.as_ref().map(|path| {
+            let file = aralez::logfile::LogFile::open(path, main.log_rotation).expect("log_file");
+            std::sync::Arc::new(file)
+        });
+        let ctx = Context::build(&main, ups, log_file.as_ref()).expect("context");
 
         let any_port: SocketAddr = "127.0.0.1:0".parse().expect("address");
         let listeners = aralez::server::bind_reuseport(any_port, workers).expect("bind proxy");
