@@ -29,7 +29,9 @@ RUN mkdir -p /out/run/aralez /out/tmp && chmod 1777 /out/tmp && chown 65534:6553
 # ---- runtime: nothing but the binary, CA roots, and the config ----
 FROM scratch
 COPY --from=build /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
-COPY --from=build /out/ /
+COPY --from=build /out/tmp /tmp
+# nobody writes its pid file and upgrade socket here; --chown, as COPY makes everything root's.
+COPY --from=build --chown=65534:65534 /out/run/aralez /run/aralez
 COPY --from=build /aralez /usr/local/bin/aralez
 COPY deploy/docker/main.yaml /etc/aralez/main.yaml
 COPY config/upstreams.yaml /etc/aralez/upstreams.yaml

@@ -53,6 +53,8 @@ fi
 stage="dist/aralez-$version-$target"
 rm -rf "$stage" && mkdir -p "$stage"
 cp "$bin" README.md "$stage/"
+# Debug info stays in target/ for profiling; the archive gets the stripped binary.
+strip --strip-debug "$stage/aralez" 2>/dev/null || log "strip failed: packing the binary with its debug info"
 cp -r config "$stage/config"
 rm -f "$stage"/config/*.key
 tar -C dist -czf "$stage.tar.gz" "aralez-$version-$target"

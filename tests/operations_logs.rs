@@ -153,6 +153,20 @@ async fn metrics_count_exactly_the_requests_sent() {
         "{reused:?} {fresh:?}"
     );
     assert!(metric(admin, "aralez_memory_bytes").await.unwrap_or(0.0) > 1e6);
+    // Prometheus naming across the whole scrape: counters end in `_total`, and no metric name
+    // carries a label's name (`_by_method`).
+    let (_, _, body) = http_get(admin, "/metrics", &[("x-api-key", "k")]).await;
+    let text = String::from_utf8_lossy(&body);
+    let mut counters = 0;
+    for line in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+        let (name, kind) = line.split_once(' ').unwrap_or((line, ""));
+        if kind == "counter" {
+            counters += 1;
+            assert!(name.ends_with("_total"), "counter {name} does not end in _total");
+        }
+        assert!(!name.contains("_by_"), "{name} names a label");
+    }
+    assert!(counters >= 6, "{text}");
 }
 
 /// The log goes to a FIFO the test stops reading: the pipe fills, the writer blocks, and the
