@@ -8,7 +8,8 @@
 //!
 //! Line format (logfmt, one per request, fields always in this order):
 //! `access time=2026-01-02T03:04:05.678Z client=10.0.0.1 method=GET target="/a?b=1" host="x.org"
-//! version=HTTP/1.1 status=200 bytes=512 duration_ms=1.234 backend=10.0.0.5:8000`
+//! version=HTTP/1.1 status=200 bytes=512 duration_ms=1.234 request_id=5f0c... backend=10.0.0.5:8000`
+//! (`client` is the real client: behind a trusted proxy, the one its `X-Forwarded-For` names)
 //! (`status=-` when the client went away before a response; `host=-`, `backend=-` when absent).
 
 use std::fmt::Write as _;
@@ -41,6 +42,8 @@ pub struct Entry {
     pub time: SystemTime,
     pub start: Instant,
     pub client: IpAddr,
+    /// The request's `X-Request-Id` (kept from a trusted proxy, or made).
+    pub request_id: HeaderValue,
     pub method: Method,
     pub target: Uri,
     pub version: Version,
@@ -132,6 +135,7 @@ impl AccessLog {
     pub fn begin(
         &self,
         client: IpAddr,
+        request_id: &HeaderValue,
         method: &Method,
         target: &Uri,
         version: Version,
@@ -145,6 +149,7 @@ impl AccessLog {
             time: SystemTime::now(),
             start,
             client,
+            request_id: request_id.clone(),
             method: method.clone(),
             target: target.clone(),
             version,
@@ -380,6 +385,8 @@ pub fn format_line(out: &mut String, clock: &mut Clock, e: &Entry) {
     push_int(out, micros / 1000);
     out.push('.');
     push_padded(out, micros % 1000, 3);
+    out.push_str(" request_id=");
+    push_escaped(out, e.request_id.as_bytes());
     out.push_str(" backend=");
     match &e.backend {
         Some(b) => push_escaped(out, b.as_bytes()),
@@ -519,6 +526,7 @@ mod tests {
             time: UNIX_EPOCH + Duration::from_millis(1_700_000_000_123),
             start: Instant::now(),
             client: "10.0.0.1".parse().unwrap(),
+            request_id: HeaderValue::from_static("id-1"),
             method: Method::GET,
             target: "/a?b=1".parse().unwrap(),
             version: Version::HTTP_11,
@@ -533,7 +541,7 @@ mod tests {
         assert_eq!(
             line,
             "access time=2023-11-14T22:13:20.123Z client=10.0.0.1 method=GET target=\"/a?b=1\" \
-             host=\"x\\x22.org\" version=HTTP/1.1 status=200 bytes=5 duration_ms=1.500 backend=-\n"
+             host=\"x\\x22.org\" version=HTTP/1.1 status=200 bytes=5 duration_ms=1.500 request_id=id-1 backend=-\n"
         );
     }
 }

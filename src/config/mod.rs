@@ -7,6 +7,7 @@ pub mod discovery_conf;
 mod exists;
 pub mod issues;
 pub mod main_conf;
+pub mod net_conf;
 mod reader;
 pub mod settings;
 pub mod upstreams;

@@ -2,8 +2,8 @@
 //! serving HTTP/1.1 and HTTP/2 (h2c prior knowledge, or ALPN over TLS) through the one accept
 //! helper ([`accept`]) that every listener of the process uses.
 //!
-//! Owns connection-level limits (header timeout, header size, max connections, idle timeout)
-//! and the drain on shutdown; knows nothing about routes beyond handing each request to the
+//! Owns connection-level limits (header timeout, header size, max connections, idle timeout),
+//! the PROXY protocol, who a request is from ([`real_client`]) and the drain on shutdown; knows nothing about routes beyond handing each request to the
 //! [`Router`] with the connection's facts.
 
 pub mod accept;
@@ -11,6 +11,8 @@ mod h2_guard;
 mod idle;
 pub mod listener;
 mod observe;
+pub mod proxy_protocol;
+pub mod real_client;
 
 use std::sync::Arc;
 
@@ -22,7 +24,7 @@ use crate::metrics::Metrics;
 use crate::routing::Router;
 use crate::vocab::{ClientConn, TunnelLimits, WorkerId};
 pub use accept::{AcceptLoop, ConnInfo, Limits};
-pub use listener::{bind_reuseport, TcpKeepalive};
+pub use listener::{bind_listeners, bind_reuseport, ListenOptions, TcpKeepalive};
 
 /// Streams one client HTTP/2 connection may open at once on the proxy listeners (RFC 9113's
 /// recommended minimum; more only multiplies what one connection can hold open upstream).
@@ -50,6 +52,10 @@ pub struct Serving {
     pub router: Arc<Router>,
     pub metrics: Arc<Metrics>,
     pub access_log: AccessLog,
+    /// `trusted_proxies`.
+    pub trusted: Arc<real_client::TrustedProxies>,
+    /// The proxy listeners read a PROXY protocol header first.
+    pub proxy_protocol: bool,
 }
 
 /// Starts one worker thread per plain listener; a worker also serves the TLS listener of its
@@ -104,17 +110,22 @@ pub async fn serve_worker(
         open: open.clone(),
         idle: limits.idle_timeout,
     });
+    let request_ids = Arc::new(real_client::RequestIds::new());
     // The service of one proxy connection: every request through [`observe::answer`].
     let proxy_service = |hsts: bool| {
         let (serving, tunnels) = (serving.clone(), tunnels.clone());
+        let request_ids = request_ids.clone();
         move |info: ConnInfo| {
-            let client = ClientConn::with_tunnels(info.peer, info.tls, worker, tunnels.clone());
+            let mut client = ClientConn::with_tunnels(info.peer, info.tls, worker, tunnels.clone());
+            client.trusted = serving.trusted.trusts(info.peer.ip());
             let ctx = Arc::new(observe::ConnCtx {
                 router: serving.router.clone(),
                 metrics: serving.metrics.clone(),
                 access_log: serving.access_log.clone(),
                 client,
                 hsts,
+                trusted: serving.trusted.clone(),
+                request_ids: request_ids.clone(),
             });
             service_fn(move |req| observe::answer(ctx.clone(), req))
         }
@@ -125,6 +136,7 @@ pub async fn serve_worker(
         tls: None,
         limits: limits.clone(),
         open: open.clone(),
+        proxy_protocol: serving.proxy_protocol,
     };
     let plain = plain_loop.run(proxy_service(false), shutdown.clone());
     match tls {
@@ -135,6 +147,7 @@ pub async fn serve_worker(
                 tls: Some(side.acceptor),
                 limits,
                 open,
+                proxy_protocol: serving.proxy_protocol,
             };
             let secure = tls_loop.run(proxy_service(side.hsts), shutdown);
             tokio::join!(plain, secure);
