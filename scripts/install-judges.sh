@@ -7,12 +7,13 @@
 #   grpc-go's interop client and server (grpc-interop-client, grpc-interop-server), likewise
 #   slowhttptest from Debian (package slowhttptest)
 #   cargo-fuzz from crates.io (cargo install), into target/judges/cargo-fuzz (scripts/fuzz.sh)
+#   haproxy    from Debian (package haproxy): the load balancer in front (tests/real_client.rs)
 #
 # Idempotent: a tool already in place is kept. As root it may apt-get install what it needs
 # (python3-venv, golang-go, testssl.sh). Any failure exits non-zero with a message saying which
 # judge could not be installed. On success it prints, on stdout, the lines
 #   ARALEZ_SSLYZE=... ARALEZ_TESTSSL=... ARALEZ_H2SPEC=... ARALEZ_GRPC_INTEROP_CLIENT=...
-#   ARALEZ_GRPC_INTEROP_SERVER=... ARALEZ_SLOWHTTPTEST=... ARALEZ_CARGO_FUZZ=...
+#   ARALEZ_GRPC_INTEROP_SERVER=... ARALEZ_SLOWHTTPTEST=... ARALEZ_CARGO_FUZZ=... ARALEZ_HAPROXY=...
 # for the caller to export (scripts/test.sh does).
 #
 #   bash scripts/install-judges.sh
@@ -94,6 +95,15 @@ install_slowhttptest() {
   command -v slowhttptest >/dev/null 2>&1 || fail "slowhttptest is not on PATH after apt-get install"
 }
 
+haproxy_path() {
+  command -v haproxy 2>/dev/null || { [ -x /usr/sbin/haproxy ] && echo /usr/sbin/haproxy; }
+}
+
+install_haproxy() {
+  haproxy_path >/dev/null || apt_install haproxy
+  haproxy_path >/dev/null || fail "haproxy is not installed after apt-get install haproxy"
+}
+
 install_cargo_fuzz() {
   local root="$JUDGES/cargo-fuzz"
   if [ -x "$root/bin/cargo-fuzz" ] && "$root/bin/cargo-fuzz" --version | grep -q "$CARGO_FUZZ_VERSION"; then
@@ -113,6 +123,7 @@ go_install "google.golang.org/grpc/interop/client@$GRPC_VERSION" grpc-interop-cl
 go_install "google.golang.org/grpc/interop/server@$GRPC_VERSION" grpc-interop-server
 install_slowhttptest
 install_cargo_fuzz
+install_haproxy
 
 testssl=$(command -v testssl || command -v testssl.sh)
 echo "ARALEZ_SSLYZE=$JUDGES/venv/bin/sslyze"
@@ -122,3 +133,4 @@ echo "ARALEZ_GRPC_INTEROP_CLIENT=$JUDGES/bin/grpc-interop-client"
 echo "ARALEZ_GRPC_INTEROP_SERVER=$JUDGES/bin/grpc-interop-server"
 echo "ARALEZ_SLOWHTTPTEST=$(command -v slowhttptest)"
 echo "ARALEZ_CARGO_FUZZ=$JUDGES/cargo-fuzz/bin"
+echo "ARALEZ_HAPROXY=$(haproxy_path)"

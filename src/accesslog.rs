@@ -43,7 +43,7 @@ pub struct Entry {
     pub start: Instant,
     pub client: IpAddr,
     /// The request's `X-Request-Id` (kept from a trusted proxy, or made).
-    pub request_id: HeaderValue,
+    pub request_id: Option<HeaderValue>,
     pub method: Method,
     pub target: Uri,
     pub version: Version,
@@ -135,7 +135,6 @@ impl AccessLog {
     pub fn begin(
         &self,
         client: IpAddr,
-        request_id: &HeaderValue,
         method: &Method,
         target: &Uri,
         version: Version,
@@ -149,7 +148,7 @@ impl AccessLog {
             time: SystemTime::now(),
             start,
             client,
-            request_id: request_id.clone(),
+            request_id: None,
             method: method.clone(),
             target: target.clone(),
             version,
@@ -182,6 +181,13 @@ impl Record {
         }
         entry.status = Some(status);
         entry.backend = backend.cloned();
+    }
+
+    /// Notes the request's id.
+    pub fn request_id(&mut self, id: &HeaderValue) {
+        if let Some((entry, _)) = self.0.as_mut() {
+            entry.request_id = Some(id.clone());
+        }
     }
 
     /// Adds body bytes sent to the client.
@@ -386,7 +392,10 @@ pub fn format_line(out: &mut String, clock: &mut Clock, e: &Entry) {
     out.push('.');
     push_padded(out, micros % 1000, 3);
     out.push_str(" request_id=");
-    push_escaped(out, e.request_id.as_bytes());
+    match &e.request_id {
+        Some(id) => push_escaped(out, id.as_bytes()),
+        None => out.push('-'),
+    }
     out.push_str(" backend=");
     match &e.backend {
         Some(b) => push_escaped(out, b.as_bytes()),
@@ -526,7 +535,7 @@ mod tests {
             time: UNIX_EPOCH + Duration::from_millis(1_700_000_000_123),
             start: Instant::now(),
             client: "10.0.0.1".parse().unwrap(),
-            request_id: HeaderValue::from_static("id-1"),
+            request_id: Some(HeaderValue::from_static("id-1")),
             method: Method::GET,
             target: "/a?b=1".parse().unwrap(),
             version: Version::HTTP_11,

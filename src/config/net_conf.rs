@@ -68,9 +68,7 @@ pub fn read_tcp(
     let Some(block) = block else {
         return ok.then_some(tcp);
     };
-    let Some(entries) = r.map(block, "tcp") else {
-        return None;
-    };
+    let entries = r.map(block, "tcp")?;
     for (key, value) in entries {
         let path = format!("tcp.{}", key.name);
         if !TCP_KEYS.contains(&key.name.as_str()) {

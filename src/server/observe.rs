@@ -94,13 +94,13 @@ pub async fn handle(ctx: &ConnCtx, mut req: Request<Incoming>) -> Response<Logge
         .request_started(client.worker, req.method(), version);
     let mut record = ctx.access_log.begin(
         client.client_ip,
-        &request_id,
         req.method(),
         req.uri(),
         version,
         req.headers().get(HOST),
         start,
     );
+    record.request_id(&request_id);
     let mut resp = ctx.router.handle(client, req).await;
     let served = resp.extensions().get::<ServedBy>().map(|s| &s.0.label);
     let status = resp.status();

@@ -83,7 +83,7 @@ pub fn parse(buf: &[u8]) -> Result<Parsed, ProxyHeaderError> {
 fn parse_v1(buf: &[u8]) -> Result<Parsed, ProxyHeaderError> {
     let window = &buf[..buf.len().min(V1_MAX)];
     let Some(cr) = window.iter().position(|&b| b == b'\r') else {
-        if window.iter().any(|&b| b == b'\n') {
+        if window.contains(&b'\n') {
             return Err(ProxyHeaderError::BadV1("line ends without CR"));
         }
         return if buf.len() >= V1_MAX {

@@ -11,7 +11,9 @@
 //!   request to the backend; the caller returns it on the response and logs it.
 //!
 //! Ids are 32 hex digits: a random 64-bit prefix drawn when a worker starts, then that
-//! worker's counter, so ids are unique across workers and restarts without a shared lock.
+//! worker's counter (offset by a random key and scrambled by a bijective mix, so ids do not
+//! tell how many requests came before), so ids are unique across workers and restarts without
+//! a shared lock.
 
 use std::borrow::Cow;
 use std::net::IpAddr;
@@ -85,6 +87,7 @@ fn parse_element(text: &str) -> Option<IpAddr> {
 #[derive(Debug)]
 pub struct RequestIds {
     prefix: u64,
+    key: u64,
     next: AtomicU64,
 }
 
@@ -97,19 +100,25 @@ impl Default for RequestIds {
 impl RequestIds {
     /// A generator with a fresh random prefix.
     pub fn new() -> RequestIds {
-        let mut seed = [0u8; 8];
-        let prefix = match aws_lc_rs::rand::fill(&mut seed) {
-            Ok(()) => u64::from_le_bytes(seed),
+        let mut seed = [0u8; 16];
+        let (prefix, key) = match aws_lc_rs::rand::fill(&mut seed) {
+            Ok(()) => {
+                let (a, b) = seed.split_at(8);
+                let word = |s: &[u8]| u64::from_le_bytes(s.try_into().unwrap_or_default());
+                (word(a), word(b))
+            }
             // Unique enough for log correlation if the system's RNG fails.
             Err(_) => {
                 let now = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .unwrap_or_default();
-                (now.as_nanos() as u64) ^ (u64::from(std::process::id()) << 40)
+                let t = now.as_nanos() as u64;
+                (t ^ (u64::from(std::process::id()) << 40), mix(t))
             }
         };
         RequestIds {
             prefix,
+            key,
             next: AtomicU64::new(0),
         }
     }
@@ -119,7 +128,8 @@ impl RequestIds {
         const HEX: &[u8; 16] = b"0123456789abcdef";
         let counter = self.next.fetch_add(1, Ordering::Relaxed);
         let mut out = [0u8; 32];
-        for (i, word) in [self.prefix, counter].into_iter().enumerate() {
+        let tail = mix(counter.wrapping_add(self.key));
+        for (i, word) in [self.prefix, tail].into_iter().enumerate() {
             for j in 0..16 {
                 let nibble = (word >> (60 - 4 * j)) & 0xf;
                 out[i * 16 + j] = HEX[nibble as usize];
@@ -127,6 +137,13 @@ impl RequestIds {
         }
         HeaderValue::from_bytes(&out).unwrap_or_else(|_| HeaderValue::from_static("-"))
     }
+}
+
+/// SplitMix64's finaliser: a bijection on u64, so distinct counters give distinct ids.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// Whether a received request id may be kept: 1 to [`MAX_REQUEST_ID`] visible ASCII characters.
@@ -263,6 +280,8 @@ mod tests {
         }
         assert_ne!(ids[0], ids[1]);
         assert_ne!(ids[0], ids[2]);
-        assert!(ids[1].as_bytes().ends_with(b"01"));
+        // One worker's ids share the prefix; the rest does not count up visibly.
+        assert_eq!(ids[0].as_bytes()[..16], ids[1].as_bytes()[..16]);
+        assert!(!ids[1].as_bytes().ends_with(b"0000001"));
     }
 }
