@@ -1,5 +1,6 @@
 //! Every listening socket the process needs, bound or inherited before privileges are dropped:
-//! the proxy's listeners (SO_REUSEPORT, or one shared socket: `tcp.so_reuseport`), the file server's, and `upgrade_sock`.
+//! the proxy's listeners (SO_REUSEPORT, or one shared socket: `tcp.so_reuseport`), the file
+//! server's, and `upgrade_sock`.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;

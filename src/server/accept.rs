@@ -3,10 +3,10 @@
 //! request head under `client_header_timeout`, the idle timeout, header size limits, and the
 //! drain on shutdown, the HTTP/2 control-frame flood guard ([`super::h2_guard`]), and on
 //! listeners that ask for it the PROXY protocol header ([`super::proxy_protocol`]), read under
-//! the header timeout before TLS and HTTP. What a listener serves is a hyper service made per connection by its
-//! caller; this module wraps it so each request counts as activity (for the idle timeout and
-//! the drain) until its response body is done, and so HTTP/1 responses say `Connection: close`
-//! while draining.
+//! the header timeout before TLS and HTTP. What a listener serves is a hyper service made per
+//! connection by its caller; this module wraps it so each request counts as activity (for the
+//! idle timeout and the drain) until its response body is done, and so HTTP/1 responses say
+//! `Connection: close` while draining.
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -3,8 +3,9 @@
 //! helper ([`accept`]) that every listener of the process uses.
 //!
 //! Owns connection-level limits (header timeout, header size, max connections, idle timeout),
-//! the PROXY protocol, who a request is from ([`real_client`]) and the drain on shutdown; knows nothing about routes beyond handing each request to the
-//! [`Router`] with the connection's facts.
+//! the PROXY protocol, who a request is from ([`real_client`]) and the drain on shutdown; knows
+//! nothing about routes beyond handing each request to the [`Router`] with the connection's
+//! facts.
 
 pub mod accept;
 mod h2_guard;

@@ -82,16 +82,16 @@ pub fn parse(buf: &[u8]) -> Result<Parsed, ProxyHeaderError> {
 
 fn parse_v1(buf: &[u8]) -> Result<Parsed, ProxyHeaderError> {
     let window = &buf[..buf.len().min(V1_MAX)];
-    let Some(cr) = window.iter().position(|&b| b == b'\r') else {
-        if window.contains(&b'\n') {
-            return Err(ProxyHeaderError::BadV1("line ends without CR"));
-        }
+    let Some(cr) = window.iter().position(|&b| b == b'\r' || b == b'\n') else {
         return if buf.len() >= V1_MAX {
             Err(ProxyHeaderError::V1TooLong)
         } else {
             Ok(Parsed::Incomplete)
         };
     };
+    if buf[cr] == b'\n' {
+        return Err(ProxyHeaderError::BadV1("line ends without CR"));
+    }
     match buf.get(cr + 1) {
         None if cr + 1 < V1_MAX => return Ok(Parsed::Incomplete),
         Some(b'\n') => {}
@@ -344,6 +344,9 @@ mod tests {
             b"PROXY TCP4 1.2.3.4 1.2.3.4 1 1\rX",
             b"PROXY  TCP4 1.2.3.4 1.2.3.4 1 1\r\n",
             b"PROXY\r\n",
+            // Found by fuzzing: a bare LF before a CR (its prefix without the CR was refused
+            // while the whole was taken as incomplete).
+            b"PROXY TCP4 192.0.2.1 198.51.1\x01\x00.2\x00\x00\x00s 563$4 H\n\r",
         ];
         for bytes in cases {
             assert!(parse(bytes).is_err(), "{}", String::from_utf8_lossy(bytes));
