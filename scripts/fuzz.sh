@@ -22,7 +22,7 @@ command -v cargo-fuzz >/dev/null 2>&1 || {
   exit 1
 }
 targets=("$@")
-[ "${#targets[@]}" -gt 0 ] || targets=(config path request_head jwt)
+[ "${#targets[@]}" -gt 0 ] || targets=(config path request_head jwt proxy_header)
 
 log "building ${targets[*]} (stable, no sanitizer)"
 for target in "${targets[@]}"; do cargo fuzz build -s none "$target"; done

@@ -9,13 +9,14 @@
 #   actionlint from the Go module proxy (checks .github/workflows), into target/judges/bin
 #   cargo-fuzz from crates.io (cargo install), into target/judges/cargo-fuzz (scripts/fuzz.sh)
 #   chromium   from Debian (package chromium), headless, for tests/status_page.rs
+#   haproxy    from Debian (package haproxy): the load balancer in front (tests/real_client.rs)
 #
 # Idempotent: a tool already in place is kept. As root it may apt-get install what it needs
 # (python3-venv, golang-go, testssl.sh, chromium). Any failure exits non-zero with a message saying
 # which judge could not be installed. On success it prints, on stdout, the lines
 #   ARALEZ_SSLYZE=... ARALEZ_TESTSSL=... ARALEZ_H2SPEC=... ARALEZ_GRPC_INTEROP_CLIENT=...
 #   ARALEZ_GRPC_INTEROP_SERVER=... ARALEZ_SLOWHTTPTEST=... ARALEZ_CARGO_FUZZ=...
-#   ARALEZ_ACTIONLINT=... ARALEZ_CHROMIUM=...
+#   ARALEZ_ACTIONLINT=... ARALEZ_CHROMIUM=... ARALEZ_HAPROXY=...
 # for the caller to export (scripts/test.sh does).
 #
 #   bash scripts/install-judges.sh
@@ -104,6 +105,15 @@ install_chromium() {
   command -v chromium >/dev/null 2>&1 || fail "chromium is not on PATH after apt-get install chromium"
 }
 
+haproxy_path() {
+  command -v haproxy 2>/dev/null || { [ -x /usr/sbin/haproxy ] && echo /usr/sbin/haproxy; }
+}
+
+install_haproxy() {
+  haproxy_path >/dev/null || apt_install haproxy
+  haproxy_path >/dev/null || fail "haproxy is not installed after apt-get install haproxy"
+}
+
 install_cargo_fuzz() {
   local root="$JUDGES/cargo-fuzz"
   if [ -x "$root/bin/cargo-fuzz" ] && "$root/bin/cargo-fuzz" --version | grep -q "$CARGO_FUZZ_VERSION"; then
@@ -125,6 +135,7 @@ install_slowhttptest
 install_chromium
 install_cargo_fuzz
 go_install "github.com/rhysd/actionlint/cmd/actionlint@$ACTIONLINT_VERSION" actionlint
+install_haproxy
 
 testssl=$(command -v testssl || command -v testssl.sh)
 echo "ARALEZ_SSLYZE=$JUDGES/venv/bin/sslyze"
@@ -136,3 +147,4 @@ echo "ARALEZ_SLOWHTTPTEST=$(command -v slowhttptest)"
 echo "ARALEZ_CARGO_FUZZ=$JUDGES/cargo-fuzz/bin"
 echo "ARALEZ_ACTIONLINT=$JUDGES/bin/actionlint"
 echo "ARALEZ_CHROMIUM=$(command -v chromium)"
+echo "ARALEZ_HAPROXY=$(haproxy_path)"

@@ -52,7 +52,7 @@ status=${PIPESTATUS[0]}
 set -e
 
 # Fuzzing (cargo-fuzz on stable, FUZZ_SECONDS per target, default 20): a crash fails the run.
-log "fuzzing: config, path, request_head, jwt"
+log "fuzzing: config, path, request_head, jwt, proxy_header"
 set +e
 bash scripts/fuzz.sh 2>&1 | tee target/fuzz-output.txt
 fuzz_status=${PIPESTATUS[0]}

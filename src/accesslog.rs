@@ -27,9 +27,6 @@ use crate::logfile::LogFile;
 use crate::metrics::Metrics;
 pub use line::{format_line, Clock};
 
-/// The request id header, as the request-id step leaves it on the request.
-const X_REQUEST_ID: &str = "x-request-id";
-
 /// Entries that may wait for the writer before new ones are dropped.
 const DEFAULT_QUEUE: usize = 16384;
 /// Bytes gathered before one write.
@@ -172,7 +169,9 @@ impl AccessLog {
             backend: None,
             upstream_time: None,
             bytes_in: body_length(req),
-            request_id: headers.get(X_REQUEST_ID).cloned(),
+            // Set by the request-id step (`Record::request_id`): a client's own is not logged
+            // unless it was trusted.
+            request_id: None,
             tls_version: tls.0,
             sni: tls.1.cloned(),
             referer: headers.get(REFERER).cloned(),
@@ -217,6 +216,13 @@ impl Record {
         entry.status = Some(status);
         entry.backend = backend.cloned();
         entry.upstream_time = upstream_time;
+    }
+
+    /// Notes the request's id.
+    pub fn request_id(&mut self, id: &HeaderValue) {
+        if let Some((entry, _)) = self.0.as_mut() {
+            entry.request_id = Some(id.clone());
+        }
     }
 
     /// Adds body bytes sent to the client.

@@ -162,7 +162,10 @@ async fn metrics_count_exactly_the_requests_sent() {
         let (name, kind) = line.split_once(' ').unwrap_or((line, ""));
         if kind == "counter" {
             counters += 1;
-            assert!(name.ends_with("_total"), "counter {name} does not end in _total");
+            assert!(
+                name.ends_with("_total"),
+                "counter {name} does not end in _total"
+            );
         }
         assert!(!name.contains("_by_"), "{name} names a label");
     }

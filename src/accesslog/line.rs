@@ -163,11 +163,7 @@ impl Line<'_> {
             return self.absent();
         };
         let quote = self.style == Style::Json || !bytes.iter().all(|b| b.is_ascii_graphic());
-        let quote = quote
-            || matches!(
-                key,
-                "host" | "referer" | "user_agent" | "request_id" | "sni"
-            );
+        let quote = quote || matches!(key, "host" | "referer" | "user_agent" | "sni");
         if quote {
             self.out.push('"');
         }
@@ -340,7 +336,7 @@ mod tests {
             line,
             "access time=2023-11-14T22:13:20.123Z client=10.0.0.1 method=GET target=\"/a?b=1\" \
              host=\"x\\x22.org\" version=HTTP/1.1 status=200 bytes=5 duration_ms=1.500 backend=- \
-             upstream_ms=- bytes_in=0 request_id=\"r-1\" tls=- sni=- referer=- user_agent=\"curl/8 (x)\"\n"
+             upstream_ms=- bytes_in=0 request_id=r-1 tls=- sni=- referer=- user_agent=\"curl/8 (x)\"\n"
         );
     }
 

@@ -83,6 +83,7 @@ pub async fn serve(
         tls,
         limits,
         open: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        proxy_protocol: false,
     };
     let make = move |_: ConnInfo| {
         let admin = admin.clone();

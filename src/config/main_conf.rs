@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::exists;
 use super::log_conf::{self, AccessLogFormat, LogTarget, PatternPiece, Rotation};
+use super::net_conf::{self, Cidr, TcpSettings};
 use super::reader::Reader;
 use super::yaml::Node;
 
@@ -71,9 +72,12 @@ pub struct MainConfig {
     pub file_server_address: Option<SocketAddr>,
     /// Connections the file server serves at once (its own count, apart from the proxy's).
     pub file_server_max_connections: usize,
-    pub tcp_keepalive_idle: Option<Duration>,
-    pub tcp_keepalive_interval: Duration,
-    pub tcp_keepalive_count: u32,
+    /// The `tcp:` block (and the keep-alive keys at the top level).
+    pub tcp: TcpSettings,
+    /// The proxy listeners expect a PROXY protocol header (v1 or v2) on every connection.
+    pub proxy_protocol: bool,
+    /// Peers whose `X-Forwarded-For` and `X-Request-Id` are believed.
+    pub trusted_proxies: Vec<Cidr>,
     pub client_header_timeout: Duration,
     pub client_idle_timeout: Duration,
     /// How long a connection with requests in flight may go without any of them making
@@ -123,6 +127,9 @@ const KEYS: &[&str] = &[
     "tcp_keepalive_idle",
     "tcp_keepalive_interval",
     "tcp_keepalive_count",
+    "tcp",
+    "proxy_protocol",
+    "trusted_proxies",
     "client_header_timeout",
     "client_idle_timeout",
     "client_send_timeout",
@@ -186,9 +193,9 @@ impl MainConfig {
             file_server_folder: None,
             file_server_address: None,
             file_server_max_connections: 1024,
-            tcp_keepalive_idle: None,
-            tcp_keepalive_interval: Duration::from_secs(10),
-            tcp_keepalive_count: 5,
+            tcp: TcpSettings::default(),
+            proxy_protocol: false,
+            trusted_proxies: Vec::new(),
             client_header_timeout: Duration::from_secs(10),
             client_idle_timeout: Duration::from_secs(60),
             client_send_timeout: Duration::from_secs(60),
@@ -212,6 +219,7 @@ impl MainConfig {
         let mut ca_file: Option<PathBuf> = None;
         let (mut pingora_user, mut pingora_group) = (None, None);
         let mut positions = exists::Positions::default();
+        let (mut tcp_top, mut tcp_block) = (Vec::new(), None);
         let mut failed = false;
         for (key, value) in entries {
             let k = key.name.as_str();
@@ -328,16 +336,18 @@ impl MainConfig {
                     r.non_empty_string(value, k).map(PathBuf::from),
                 ),
                 "file_server_address" => opt(&mut cfg.file_server_address, listen(value, k, r)),
-                "tcp_keepalive_idle" => {
-                    opt(&mut cfg.tcp_keepalive_idle, seconds(value, k, 1, 86_400, r))
+                _ if net_conf::is_top_level_tcp_key(k) => {
+                    tcp_top.push((key, value));
+                    true
                 }
-                "tcp_keepalive_interval" => set(
-                    &mut cfg.tcp_keepalive_interval,
-                    seconds(value, k, 1, 86_400, r),
-                ),
-                "tcp_keepalive_count" => set(
-                    &mut cfg.tcp_keepalive_count,
-                    r.uint(value, k, 1, 100).map(|n| n as u32),
+                "tcp" => {
+                    tcp_block = Some(value);
+                    true
+                }
+                "proxy_protocol" => set(&mut cfg.proxy_protocol, r.boolean(value, k)),
+                "trusted_proxies" => set(
+                    &mut cfg.trusted_proxies,
+                    net_conf::read_trusted_proxies(value, k, r),
                 ),
                 "client_header_timeout" => set(
                     &mut cfg.client_header_timeout,
@@ -387,6 +397,10 @@ impl MainConfig {
                 }
             };
             failed |= !ok;
+        }
+        match net_conf::read_tcp(&tcp_top, tcp_block, r) {
+            Some(tcp) => cfg.tcp = tcp,
+            None => failed = true,
         }
         if !seen_http {
             r.error(

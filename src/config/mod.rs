@@ -8,6 +8,7 @@ mod exists;
 pub mod issues;
 pub mod log_conf;
 pub mod main_conf;
+pub mod net_conf;
 mod reader;
 pub mod settings;
 pub mod upstreams;

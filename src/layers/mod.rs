@@ -158,7 +158,7 @@ where
     S: Service<Request<B>, Response = Response<RespBody>, Error = ProxyError> + Clone + Send + 'a,
     S::Future: Send,
 {
-    let client_ip = conn.peer.ip();
+    let client_ip = conn.client_ip;
     ServiceBuilder::new()
         .layer(RedirectLayer::new(policies.redirect.as_ref(), conn.tls))
         .layer(X4xxLayer::new(policies.x4xx_limit.as_ref(), client_ip))

@@ -180,6 +180,10 @@ impl Context {
             router: self.router(main),
             metrics: self.metrics.clone(),
             access_log: self.access_log.clone(),
+            trusted: Arc::new(server::real_client::TrustedProxies::new(
+                &main.trusted_proxies,
+            )),
+            proxy_protocol: main.proxy_protocol,
         }
     }
 }
@@ -387,10 +391,10 @@ pub fn limits(main: &MainConfig) -> Limits {
         header_timeout: main.client_header_timeout,
         max_header_bytes: main.max_request_header_bytes,
         max_connections: main.max_connections,
-        keepalive: main.tcp_keepalive_idle.map(|idle| TcpKeepalive {
+        keepalive: main.tcp.keepalive_idle.map(|idle| TcpKeepalive {
             idle,
-            interval: main.tcp_keepalive_interval,
-            count: main.tcp_keepalive_count,
+            interval: main.tcp.keepalive_interval,
+            count: main.tcp.keepalive_count,
         }),
         grace_period: main.grace_period,
         idle_timeout: main.client_idle_timeout,

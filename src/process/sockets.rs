@@ -1,5 +1,6 @@
 //! Every listening socket the process needs, bound or inherited before privileges are dropped:
-//! the proxy's SO_REUSEPORT listeners, the file server's, and `upgrade_sock`.
+//! the proxy's listeners (SO_REUSEPORT, or one shared socket: `tcp.so_reuseport`), the file
+//! server's, and `upgrade_sock`.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -50,7 +51,7 @@ pub fn open(main: &MainConfig, upgrade: bool) -> Result<Bound, StartError> {
     };
     let mut http = inherited.take(upgrade::HTTP);
     if http.is_empty() {
-        http = server::bind_reuseport(main.proxy_address_http, main.threads)
+        http = server::bind_listeners(main.proxy_address_http, main.threads, listen_options(main))
             .map_err(|source| bind_error(main.proxy_address_http, source))?;
     } else if http.len() != main.threads {
         tracing::warn!(
@@ -63,7 +64,7 @@ pub fn open(main: &MainConfig, upgrade: bool) -> Result<Bound, StartError> {
     let mut tls = inherited.take(upgrade::TLS);
     if let Some(addr) = main.proxy_address_tls {
         if tls.is_empty() {
-            tls = server::bind_reuseport(addr, http.len())
+            tls = server::bind_listeners(addr, http.len(), listen_options(main))
                 .map_err(|source| bind_error(addr, source))?;
         }
     }
@@ -89,6 +90,14 @@ pub fn open(main: &MainConfig, upgrade: bool) -> Result<Bound, StartError> {
         upgrade_sock,
         offer,
     })
+}
+
+/// The `tcp:` block's listener options.
+fn listen_options(main: &MainConfig) -> server::ListenOptions {
+    server::ListenOptions {
+        reuseport: main.tcp.so_reuseport,
+        fastopen: main.tcp.fastopen,
+    }
 }
 
 fn bind_error(addr: SocketAddr, source: std::io::Error) -> StartError {

@@ -1,10 +1,12 @@
 //! The one way to accept and serve connections, used by every listener (the proxy's plain and
 //! TLS listeners, the admin API, the file server): a connection cap, the TLS handshake and the
 //! request head under `client_header_timeout`, the idle timeout, header size limits, and the
-//! drain on shutdown, and the HTTP/2 control-frame flood guard ([`super::h2_guard`]). What a listener serves is a hyper service made per connection by its
-//! caller; this module wraps it so each request counts as activity (for the idle timeout and
-//! the drain) until its response body is done, and so HTTP/1 responses say `Connection: close`
-//! while draining.
+//! drain on shutdown, the HTTP/2 control-frame flood guard ([`super::h2_guard`]), and on
+//! listeners that ask for it the PROXY protocol header ([`super::proxy_protocol`]), read under
+//! the header timeout before TLS and HTTP. What a listener serves is a hyper service made per
+//! connection by its caller; this module wraps it so each request counts as activity (for the
+//! idle timeout and the drain) until its response body is done, and so HTTP/1 responses say
+//! `Connection: close` while draining.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -29,6 +31,7 @@ use tokio::sync::watch;
 use super::h2_guard::FloodGuard;
 use super::idle::{self, Activity, InFlight, Timers};
 use super::listener::{apply_keepalive, TcpKeepalive};
+use super::proxy_protocol::{self, Header};
 use crate::vocab::TlsFacts;
 
 /// How long a draining listener lets busy HTTP/1 connections finish their next request
@@ -119,6 +122,8 @@ pub struct AcceptLoop {
     pub tls: Option<tokio_rustls::TlsAcceptor>,
     pub limits: Limits,
     pub open: Arc<AtomicUsize>,
+    /// Every connection starts with a PROXY protocol header naming the client.
+    pub proxy_protocol: bool,
 }
 
 fn http_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
@@ -221,6 +226,7 @@ struct Shared<F> {
     open: Arc<AtomicUsize>,
     limits: Limits,
     name: &'static str,
+    proxy_protocol: bool,
 }
 
 impl AcceptLoop {
@@ -249,6 +255,7 @@ impl AcceptLoop {
             open: self.open,
             limits: self.limits,
             name: self.name,
+            proxy_protocol: self.proxy_protocol,
         });
         let mut accept_errors = Throttled {
             last: None,
@@ -278,9 +285,10 @@ impl AcceptLoop {
                 apply_keepalive(&stream, ka);
             }
             let counted = OpenConnection::new(peer, &shared.open, &shared.live);
-            match &self.tls {
-                None => serve_plain(&shared, counted, stream),
-                Some(acceptor) => serve_tls(&shared, counted, stream, acceptor.clone()),
+            match (&self.tls, shared.proxy_protocol) {
+                (None, false) => serve_plain(&shared, counted, stream),
+                (Some(acceptor), false) => serve_tls(&shared, counted, stream, acceptor.clone()),
+                (tls, true) => serve_proxied(&shared, counted, stream, tls.clone()),
             }
         }
         drop(listener);
@@ -310,6 +318,39 @@ fn serve_plain<F: MakeService>(
         shared.limits.timers(),
     );
     tokio::spawn(counted.run(conn));
+}
+
+/// Reads the PROXY header (bounded by the header timeout) in the connection's own task, then
+/// serves the connection as its listener does, with the client the header names as its peer.
+/// A connection without a valid header is closed.
+fn serve_proxied<F: MakeService>(
+    shared: &Arc<Shared<F>>,
+    mut counted: OpenConnection,
+    mut stream: tokio::net::TcpStream,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) {
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        let limit = shared.limits.header_timeout;
+        let (name, socket_peer) = (shared.name, counted.peer);
+        let read = tokio::time::timeout(limit, proxy_protocol::read_header(&mut stream)).await;
+        match read {
+            Ok(Ok(Header::Proxied { source, .. })) => counted.peer = source,
+            Ok(Ok(Header::Local)) => {}
+            Ok(Err(e)) => {
+                tracing::debug!(peer = %socket_peer, "{name}: connection closed: {e}");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(peer = %socket_peer, "{name}: no PROXY header within {limit:?}; connection closed");
+                return;
+            }
+        }
+        match tls {
+            None => serve_plain(&shared, counted, stream),
+            Some(acceptor) => serve_tls(&shared, counted, stream, acceptor),
+        }
+    });
 }
 
 /// Runs the TLS handshake (bounded by the header timeout) in the connection's own task, then

@@ -2,15 +2,18 @@
 //! serving HTTP/1.1 and HTTP/2 (h2c prior knowledge, or ALPN over TLS) through the one accept
 //! helper ([`accept`]) that every listener of the process uses.
 //!
-//! Owns connection-level limits (header timeout, header size, max connections, idle timeout)
-//! and the drain on shutdown; knows nothing about routes beyond handing each request to the
-//! [`Router`] with the connection's facts.
+//! Owns connection-level limits (header timeout, header size, max connections, idle timeout),
+//! the PROXY protocol, who a request is from ([`real_client`]) and the drain on shutdown; knows
+//! nothing about routes beyond handing each request to the [`Router`] with the connection's
+//! facts.
 
 pub mod accept;
 mod h2_guard;
 mod idle;
 pub mod listener;
 mod observe;
+pub mod proxy_protocol;
+pub mod real_client;
 
 use std::sync::Arc;
 
@@ -22,7 +25,7 @@ use crate::metrics::Metrics;
 use crate::routing::Router;
 use crate::vocab::{ClientConn, TunnelLimits, WorkerId};
 pub use accept::{AcceptLoop, ConnInfo, Limits};
-pub use listener::{bind_reuseport, TcpKeepalive};
+pub use listener::{bind_listeners, bind_reuseport, ListenOptions, TcpKeepalive};
 
 /// Streams one client HTTP/2 connection may open at once on the proxy listeners (RFC 9113's
 /// recommended minimum; more only multiplies what one connection can hold open upstream).
@@ -50,6 +53,10 @@ pub struct Serving {
     pub router: Arc<Router>,
     pub metrics: Arc<Metrics>,
     pub access_log: AccessLog,
+    /// `trusted_proxies`.
+    pub trusted: Arc<real_client::TrustedProxies>,
+    /// The proxy listeners read a PROXY protocol header first.
+    pub proxy_protocol: bool,
 }
 
 /// Starts one worker thread per plain listener; a worker also serves the TLS listener of its
@@ -104,11 +111,14 @@ pub async fn serve_worker(
         open: open.clone(),
         idle: limits.idle_timeout,
     });
+    let request_ids = Arc::new(real_client::RequestIds::new());
     // The service of one proxy connection: every request through [`observe::answer`].
     let proxy_service = |hsts: bool| {
         let (serving, tunnels) = (serving.clone(), tunnels.clone());
+        let request_ids = request_ids.clone();
         move |info: ConnInfo| {
             let mut client = ClientConn::with_tunnels(info.peer, info.tls, worker, tunnels.clone());
+            client.trusted = serving.trusted.trusts(info.peer.ip());
             client.tls_facts = info.tls_facts;
             let ctx = Arc::new(observe::ConnCtx {
                 router: serving.router.clone(),
@@ -116,6 +126,8 @@ pub async fn serve_worker(
                 access_log: serving.access_log.clone(),
                 client,
                 hsts,
+                trusted: serving.trusted.clone(),
+                request_ids: request_ids.clone(),
             });
             service_fn(move |req| observe::answer(ctx.clone(), req))
         }
@@ -126,6 +138,7 @@ pub async fn serve_worker(
         tls: None,
         limits: limits.clone(),
         open: open.clone(),
+        proxy_protocol: serving.proxy_protocol,
     };
     let plain = plain_loop.run(proxy_service(false), shutdown.clone());
     match tls {
@@ -136,6 +149,7 @@ pub async fn serve_worker(
                 tls: Some(side.acceptor),
                 limits,
                 open,
+                proxy_protocol: serving.proxy_protocol,
             };
             let secure = tls_loop.run(proxy_service(side.hsts), shutdown);
             tokio::join!(plain, secure);

@@ -1,7 +1,9 @@
 //! The per-request wrapper around the router on the proxy listeners: counts metrics, starts and
-//! finishes the access log record, and adds HSTS on TLS listeners of grade `high`.
+//! finishes the access log record, and adds HSTS on TLS listeners of grade `high`. Who the
+//! request is from (real client address, `X-Request-Id`) is decided first ([`real_client`]);
+//! the id goes back on the response.
 //!
-//! It only observes: the router's response passes through unchanged apart from HSTS.
+//! It only observes: the router's response passes through unchanged apart from HSTS and the id.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -15,6 +17,7 @@ use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
+use super::real_client::{self, RequestIds, TrustedProxies, X_REQUEST_ID};
 use crate::accesslog::{AccessLog, Record};
 use crate::metrics::Metrics;
 use crate::proxy::RespBody;
@@ -63,6 +66,9 @@ pub struct ConnCtx {
     pub client: ClientConn,
     /// Add `Strict-Transport-Security` to responses that lack it (TLS grade `high`).
     pub hsts: bool,
+    pub trusted: Arc<TrustedProxies>,
+    /// The worker's request id generator.
+    pub request_ids: Arc<RequestIds>,
 }
 
 /// [`handle`] as a hyper service answers.
@@ -74,14 +80,21 @@ pub async fn answer(
 }
 
 /// Handles one request through the router, with metrics and the access log around it.
-pub async fn handle(ctx: &ConnCtx, req: Request<Incoming>) -> Response<LoggedBody> {
-    let client = &ctx.client;
+pub async fn handle(ctx: &ConnCtx, mut req: Request<Incoming>) -> Response<LoggedBody> {
+    let (client, request_id) = real_client::identify(
+        &ctx.trusted,
+        &ctx.request_ids,
+        &ctx.client,
+        req.headers_mut(),
+    );
+    let client = &*client;
     let start = Instant::now();
     let version = req.version();
     ctx.metrics
         .request_started(client.worker, req.method(), version);
     let tls = (client.tls_facts.version, client.tls_facts.sni.as_ref());
-    let mut record = ctx.access_log.begin(client.peer.ip(), tls, &req, start);
+    let mut record = ctx.access_log.begin(client.client_ip, tls, &req, start);
+    record.request_id(&request_id);
     let mut resp = ctx.router.handle(client, req).await;
     let served = resp.extensions().get::<ServedBy>();
     let status = resp.status();
@@ -94,6 +107,7 @@ pub async fn handle(ctx: &ConnCtx, req: Request<Incoming>) -> Response<LoggedBod
         label,
         served.map(|s| now.saturating_duration_since(s.1)),
     );
+    resp.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
     if ctx.hsts && !resp.headers().contains_key(STRICT_TRANSPORT_SECURITY) {
         resp.headers_mut().insert(
             STRICT_TRANSPORT_SECURITY,

@@ -9,7 +9,7 @@ pub mod headers;
 pub mod normalise;
 pub mod token_param;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,7 +26,13 @@ pub struct WorkerId(pub usize);
 /// Facts about the client connection a request came in on.
 #[derive(Clone, Debug)]
 pub struct ClientConn {
+    /// The connection's peer: the socket's, or the client a PROXY protocol header named.
     pub peer: SocketAddr,
+    /// The client the request is from: the peer, or, when the peer is a trusted proxy, the
+    /// address its `X-Forwarded-For` gives (set per request). Limits and logs key on it.
+    pub client_ip: IpAddr,
+    /// The peer is in `trusted_proxies`: its `X-Forwarded-For` and `X-Request-Id` are believed.
+    pub trusted: bool,
     pub tls: bool,
     /// The worker serving the connection.
     pub worker: WorkerId,
@@ -59,6 +65,8 @@ impl ClientConn {
     ) -> ClientConn {
         ClientConn {
             peer,
+            client_ip: peer.ip(),
+            trusted: false,
             tls,
             worker,
             forwarded_for: headers::client_ip_value(peer.ip()),

@@ -156,7 +156,7 @@ impl BackendBuilder {
 
 /// A test backend: answers every request with facts about what it saw.
 ///
-/// Response headers: `x-backend` (its name), `x-seen-host`, `x-seen-xff`, `x-seen-proto`,
+/// Response headers: `x-backend` (its name), `x-seen-host`, `x-seen-xff`, `x-seen-request-id`, `x-seen-proto`,
 /// `x-seen-fwd-host`, `x-seen-uri` (path and query), `x-seen-target` (the request target as
 /// received: absolute over HTTP/2), `x-seen-version`, `x-seen-headers` (every header name, sorted,
 /// comma-joined), `x-seen-remote-user`, `x-seen-auth-groups`. Paths: `/big/<bytes>` streams that
@@ -304,6 +304,7 @@ pub(crate) async fn answer(
         .header("x-backend", name)
         .header("x-seen-host", seen("host"))
         .header("x-seen-xff", seen("x-forwarded-for"))
+        .header("x-seen-request-id", seen("x-request-id"))
         .header("x-seen-proto", seen("x-forwarded-proto"))
         .header("x-seen-fwd-host", seen("x-forwarded-host"))
         .header(

@@ -1,0 +1,287 @@
+//! Who a request is from, decided once per request before routing: the real client address
+//! (`trusted_proxies` + `X-Forwarded-For`) and the request id (`X-Request-Id`).
+//!
+//! - A peer in `trusted_proxies` speaks for its clients: the client address is read from
+//!   `X-Forwarded-For`, walking from the right and skipping trusted addresses (nginx's
+//!   `real_ip_recursive on`); from any other peer the header is not believed. Without
+//!   `trusted_proxies` nothing is parsed. The header sent upstream is left to forwarding (it
+//!   appends the peer, as always).
+//! - `X-Request-Id` from a trusted peer is kept when it is sane (1 to [`MAX_REQUEST_ID`]
+//!   visible ASCII characters); otherwise a new one replaces it. Either way it is set on the
+//!   request to the backend; the caller returns it on the response and logs it.
+//!
+//! Ids are 32 hex digits: a random 64-bit prefix drawn when a worker starts, then that
+//! worker's counter (offset by a random key and scrambled by a bijective mix, so ids do not
+//! tell how many requests came before), so ids are unique across workers and restarts without
+//! a shared lock.
+
+use std::borrow::Cow;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::config::net_conf::Cidr;
+use crate::vocab::ClientConn;
+
+/// The request id header.
+pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+/// The longest `X-Request-Id` kept from a trusted peer.
+pub const MAX_REQUEST_ID: usize = 200;
+
+/// The peers whose forwarding headers are believed (`trusted_proxies`), built once at start.
+#[derive(Debug, Default)]
+pub struct TrustedProxies(Box<[Cidr]>);
+
+impl TrustedProxies {
+    pub fn new(cidrs: &[Cidr]) -> TrustedProxies {
+        TrustedProxies(cidrs.into())
+    }
+
+    /// Whether `ip` is a trusted proxy.
+    pub fn trusts(&self, ip: IpAddr) -> bool {
+        self.0.iter().any(|cidr| cidr.contains(ip))
+    }
+
+    /// The client behind trusted `peer`: the right-most address of `X-Forwarded-For` that is
+    /// not trusted; the left-most one when all are; the last good one before an entry that is
+    /// not an address (what is left of it cannot be believed).
+    pub fn client_behind(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        let mut client = peer;
+        for value in headers.get_all(&X_FORWARDED_FOR).iter().rev() {
+            let Ok(text) = value.to_str() else {
+                return client;
+            };
+            for element in text.rsplit(',') {
+                let element = element.trim_matches([' ', '\t']);
+                if element.is_empty() {
+                    continue;
+                }
+                let Some(ip) = parse_element(element) else {
+                    return client;
+                };
+                client = ip;
+                if !self.trusts(ip) {
+                    return client;
+                }
+            }
+        }
+        client
+    }
+}
+
+/// An `X-Forwarded-For` element: an IP, or `IP:port` / `[IPv6]:port` as some proxies write.
+fn parse_element(text: &str) -> Option<IpAddr> {
+    if let Ok(ip) = text.parse::<IpAddr>() {
+        return Some(ip);
+    }
+    if let Some(inner) = text.strip_prefix('[').and_then(|t| t.strip_suffix(']')) {
+        return inner.parse().ok();
+    }
+    text.parse::<std::net::SocketAddr>().ok().map(|a| a.ip())
+}
+
+/// One worker's request ids.
+#[derive(Debug)]
+pub struct RequestIds {
+    prefix: u64,
+    key: u64,
+    next: AtomicU64,
+}
+
+impl Default for RequestIds {
+    fn default() -> RequestIds {
+        RequestIds::new()
+    }
+}
+
+impl RequestIds {
+    /// A generator with a fresh random prefix.
+    pub fn new() -> RequestIds {
+        let mut seed = [0u8; 16];
+        let (prefix, key) = match aws_lc_rs::rand::fill(&mut seed) {
+            Ok(()) => {
+                let (a, b) = seed.split_at(8);
+                let word = |s: &[u8]| u64::from_le_bytes(s.try_into().unwrap_or_default());
+                (word(a), word(b))
+            }
+            // Unique enough for log correlation if the system's RNG fails.
+            Err(_) => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default();
+                let t = now.as_nanos() as u64;
+                (t ^ (u64::from(std::process::id()) << 40), mix(t))
+            }
+        };
+        RequestIds {
+            prefix,
+            key,
+            next: AtomicU64::new(0),
+        }
+    }
+
+    /// The next id.
+    pub fn next_id(&self) -> HeaderValue {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let counter = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut out = [0u8; 32];
+        let tail = mix(counter.wrapping_add(self.key));
+        for (i, word) in [self.prefix, tail].into_iter().enumerate() {
+            for j in 0..16 {
+                let nibble = (word >> (60 - 4 * j)) & 0xf;
+                out[i * 16 + j] = HEX[nibble as usize];
+            }
+        }
+        HeaderValue::from_bytes(&out).unwrap_or_else(|_| HeaderValue::from_static("-"))
+    }
+}
+
+/// SplitMix64's finaliser: a bijection on u64, so distinct counters give distinct ids.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Whether a received request id may be kept: 1 to [`MAX_REQUEST_ID`] visible ASCII characters.
+pub fn is_sane(value: &HeaderValue) -> bool {
+    let bytes = value.as_bytes();
+    !bytes.is_empty() && bytes.len() <= MAX_REQUEST_ID && bytes.iter().all(u8::is_ascii_graphic)
+}
+
+/// Decides the request's client and id: `conn` itself, or a copy naming the client behind a
+/// trusted peer; the id kept or made, and set in `headers` (every earlier value replaced).
+pub fn identify<'a>(
+    trusted: &TrustedProxies,
+    ids: &RequestIds,
+    conn: &'a ClientConn,
+    headers: &mut HeaderMap,
+) -> (Cow<'a, ClientConn>, HeaderValue) {
+    let mut kept = None;
+    if conn.trusted {
+        let mut values = headers.get_all(&X_REQUEST_ID).iter();
+        if let (Some(first), None) = (values.next(), values.next()) {
+            kept = is_sane(first).then(|| first.clone());
+        }
+    }
+    let id = match kept {
+        Some(id) => id,
+        None => {
+            let id = ids.next_id();
+            headers.insert(X_REQUEST_ID.clone(), id.clone());
+            id
+        }
+    };
+    if !conn.trusted {
+        return (Cow::Borrowed(conn), id);
+    }
+    let client_ip = trusted.client_behind(conn.peer.ip(), headers);
+    if client_ip == conn.client_ip {
+        return (Cow::Borrowed(conn), id);
+    }
+    let mut behind = conn.clone();
+    behind.client_ip = client_ip;
+    (Cow::Owned(behind), id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trusted(list: &[&str]) -> TrustedProxies {
+        let cidrs: Vec<Cidr> = list.iter().map(|c| Cidr::parse(c).unwrap()).collect();
+        TrustedProxies::new(&cidrs)
+    }
+
+    fn xff(values: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(X_FORWARDED_FOR.clone(), HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn the_client_is_the_first_untrusted_address_from_the_right() {
+        let t = trusted(&["10.0.0.0/8", "2001:db8::/32"]);
+        let peer: IpAddr = "10.0.0.1".parse().unwrap();
+        let cases: &[(&[&str], &str)] = &[
+            (&[], "10.0.0.1"),
+            (&["203.0.113.5"], "203.0.113.5"),
+            (&["198.51.100.1, 203.0.113.5, 10.1.1.1"], "203.0.113.5"),
+            (&["198.51.100.1", "203.0.113.5,10.1.1.1"], "203.0.113.5"),
+            (&["10.9.9.9, 10.1.1.1"], "10.9.9.9"),
+            (&["spoofed, 10.1.1.1"], "10.1.1.1"),
+            (&["203.0.113.5, garbage"], "10.0.0.1"),
+            (&["[2001:db9::7]:443, 2001:db8::1"], "2001:db9::7"),
+            (&["203.0.113.5:1234"], "203.0.113.5"),
+            (&["203.0.113.5, , 10.1.1.1"], "203.0.113.5"),
+        ];
+        for (values, want) in cases {
+            let got = t.client_behind(peer, &xff(values));
+            assert_eq!(got, want.parse::<IpAddr>().unwrap(), "{values:?}");
+        }
+    }
+
+    fn conn(peer: &str, is_trusted: bool) -> ClientConn {
+        let mut c = ClientConn::new(peer.parse().unwrap(), false, Default::default());
+        c.trusted = is_trusted;
+        c
+    }
+
+    #[test]
+    fn request_ids_are_kept_only_from_trusted_peers() {
+        let t = trusted(&["10.0.0.0/8"]);
+        let ids = RequestIds::new();
+        let mut h = HeaderMap::new();
+        h.insert(X_REQUEST_ID.clone(), HeaderValue::from_static("abc-123"));
+        h.insert(
+            X_FORWARDED_FOR.clone(),
+            HeaderValue::from_static("203.0.113.9"),
+        );
+        let from_lb = conn("10.0.0.1:5000", true);
+        let (client, id) = identify(&t, &ids, &from_lb, &mut h.clone());
+        assert_eq!(id, "abc-123");
+        assert_eq!(client.client_ip, "203.0.113.9".parse::<IpAddr>().unwrap());
+        let outsider = conn("192.0.2.1:5000", false);
+        let mut sent = h.clone();
+        let (client, id) = identify(&t, &ids, &outsider, &mut sent);
+        assert_ne!(id, "abc-123");
+        assert_eq!(sent.get(&X_REQUEST_ID), Some(&id));
+        assert_eq!(client.client_ip, "192.0.2.1".parse::<IpAddr>().unwrap());
+        // Insane or repeated values from a trusted peer are replaced too.
+        for bad in ["", "a b", "\u{7f}", "x".repeat(MAX_REQUEST_ID + 1).as_str()] {
+            let mut sent = HeaderMap::new();
+            if let Ok(v) = HeaderValue::from_str(bad) {
+                sent.insert(X_REQUEST_ID.clone(), v);
+            }
+            let (_, id) = identify(&t, &ids, &from_lb, &mut sent);
+            assert_eq!(id.len(), 32, "{bad:?}");
+            assert_eq!(sent.get_all(&X_REQUEST_ID).iter().count(), 1);
+        }
+        let mut twice = HeaderMap::new();
+        twice.append(X_REQUEST_ID.clone(), HeaderValue::from_static("a"));
+        twice.append(X_REQUEST_ID.clone(), HeaderValue::from_static("b"));
+        let (_, id) = identify(&t, &ids, &from_lb, &mut twice);
+        assert_eq!(id.len(), 32);
+        assert_eq!(twice.get_all(&X_REQUEST_ID).iter().count(), 1);
+    }
+
+    #[test]
+    fn ids_are_hex_and_distinct() {
+        let (a, b) = (RequestIds::new(), RequestIds::new());
+        let ids = [a.next_id(), a.next_id(), b.next_id()];
+        for id in &ids {
+            assert_eq!(id.len(), 32);
+            assert!(id.as_bytes().iter().all(u8::is_ascii_hexdigit));
+        }
+        assert_ne!(ids[0], ids[1]);
+        assert_ne!(ids[0], ids[2]);
+        // One worker's ids share the prefix; the rest does not count up visibly.
+        assert_eq!(ids[0].as_bytes()[..16], ids[1].as_bytes()[..16]);
+        assert!(!ids[1].as_bytes().ends_with(b"0000001"));
+    }
+}
