@@ -172,8 +172,22 @@ fn read_compress(node: &Node, path: &str, r: &mut Reader) -> Option<Option<Compr
     let on = match &node.value {
         Value::Map(_) => None,
         Value::Bool(b) => Some(*b),
-        Value::Str(s) if s.trim().eq_ignore_ascii_case("true") => Some(true),
-        Value::Str(s) if s.trim().eq_ignore_ascii_case("false") => Some(false),
+        Value::Str(s)
+            if matches!(
+                s.trim().to_ascii_lowercase().as_str(),
+                "true" | "yes" | "on"
+            ) =>
+        {
+            Some(true)
+        }
+        Value::Str(s)
+            if matches!(
+                s.trim().to_ascii_lowercase().as_str(),
+                "false" | "no" | "off"
+            ) =>
+        {
+            Some(false)
+        }
         _ => {
             r.wrong_type(node, path, "true, false or a mapping of min_size and types");
             return None;
