@@ -312,6 +312,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_body_that_compresses_to_nothing_still_yields_to_other_tasks() {
+        // 4 MiB of zeros, all ready at once: the input budget, not the output size, ends each poll.
+        let zeros = Bytes::from(vec![0u8; 64 * 1024]);
+        let frames = (0..64).map(|_| Ok::<_, Infallible>(Frame::data(zeros.clone())));
+        let source = StreamBody::new(stream::iter(frames));
+        let Ok(mut encoded) = Encoded::new(source, Coding::Gzip) else {
+            panic!("encoder")
+        };
+        let waker = futures_util::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        let mut pending = 0;
+        let mut out = Vec::new();
+        loop {
+            match Pin::new(&mut encoded).poll_frame(&mut cx) {
+                Poll::Pending => pending += 1,
+                Poll::Ready(Some(frame)) => {
+                    out.extend_from_slice(&frame.unwrap().into_data().unwrap());
+                }
+                Poll::Ready(None) => break,
+            }
+        }
+        assert!(pending >= 4 * 1024 * 1024 / INPUT_BUDGET - 1, "{pending}");
+        assert_eq!(decode(Coding::Gzip, &out), vec![0u8; 4 * 1024 * 1024]);
+    }
+
+    #[tokio::test]
     async fn an_empty_body_is_a_valid_empty_stream() {
         for coding in [Coding::Gzip, Coding::Brotli, Coding::Zstd] {
             let Ok(encoded) = Encoded::new(http_body_util::Empty::<Bytes>::new(), coding) else {
