@@ -169,31 +169,16 @@ fn read_sticky(node: &Node, path: &str, r: &mut Reader) -> Option<Option<Duratio
 /// `compress: true|false`, or a mapping `{min_size: BYTES, types: [TYPE, ...]}` (on, and what
 /// it leaves out takes the defaults).
 fn read_compress(node: &Node, path: &str, r: &mut Reader) -> Option<Option<CompressRule>> {
-    let on = match &node.value {
-        Value::Map(_) => None,
-        Value::Bool(b) => Some(*b),
-        Value::Str(s)
-            if matches!(
-                s.trim().to_ascii_lowercase().as_str(),
-                "true" | "yes" | "on"
-            ) =>
-        {
-            Some(true)
-        }
-        Value::Str(s)
-            if matches!(
-                s.trim().to_ascii_lowercase().as_str(),
-                "false" | "no" | "off"
-            ) =>
-        {
-            Some(false)
-        }
-        _ => {
+    if !matches!(node.value, Value::Map(_)) {
+        let on = match &node.value {
+            Value::Bool(b) => Some(*b),
+            Value::Str(s) => bool_word(s),
+            _ => None,
+        };
+        let Some(on) = on else {
             r.wrong_type(node, path, "true, false or a mapping of min_size and types");
             return None;
-        }
-    };
-    if let Some(on) = on {
+        };
         return Some(on.then(CompressRule::default));
     }
     let entries = r.map(node, path)?;
@@ -214,6 +199,15 @@ fn read_compress(node: &Node, path: &str, r: &mut Reader) -> Option<Option<Compr
         }
     }
     ok.then_some(Some(rule))
+}
+
+/// The spellings of a boolean that `Reader::boolean` takes.
+fn bool_word(text: &str) -> Option<bool> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "true" | "yes" | "on" => Some(true),
+        "false" | "no" | "off" => Some(false),
+        _ => None,
+    }
 }
 
 /// A non-empty list of media types, lower-cased; each one checked.

@@ -501,6 +501,31 @@ mod tests {
     }
 
     #[test]
+    fn the_nearest_level_decides_whole() {
+        let yaml = "upstreams:\n  a.com:\n    compress: {min_size: 10, types: [\"Text/*\"]}\n    paths:\n      /: {servers: [\"127.0.0.1:1\"]}\n      /off: {servers: [\"127.0.0.1:1\"], compress: off}\n      /on: {servers: [\"127.0.0.1:1\"], compress: true}\n";
+        let mut issues = crate::config::Issues::default();
+        let cfg = crate::config::parse_upstreams_text(yaml, "test", &mut issues).expect("valid");
+        let host = &cfg.hosts[0];
+        let route = |prefix: &str| {
+            let path = host
+                .paths
+                .iter()
+                .find(|p| p.prefix == prefix)
+                .expect("path");
+            path.settings
+                .inherit(&host.settings.inherit(&cfg.globals))
+                .compress
+        };
+        let custom = CompressRule {
+            min_size: 10,
+            types: vec!["text/*".to_string()],
+        };
+        assert_eq!(route("/"), Some(Some(custom)));
+        assert_eq!(route("/off"), Some(None));
+        assert_eq!(route("/on"), Some(Some(CompressRule::default())));
+    }
+
+    #[test]
     fn vary_and_etag() {
         let mut h = HeaderMap::new();
         add_vary(&mut h);
