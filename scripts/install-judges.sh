@@ -7,6 +7,7 @@
 #   grpc-go's interop client and server (grpc-interop-client, grpc-interop-server), likewise
 #   slowhttptest from Debian (package slowhttptest)
 #   actionlint from the Go module proxy (checks .github/workflows), into target/judges/bin
+#   gzip, brotli and zstd from Debian: independent decoders for tests/compression.rs
 #   cargo-fuzz from crates.io (cargo install), into target/judges/cargo-fuzz (scripts/fuzz.sh)
 #   chromium   from Debian (package chromium), headless, for tests/status_page.rs
 #   haproxy    from Debian (package haproxy): the load balancer in front (tests/real_client.rs)
@@ -17,6 +18,7 @@
 #   ARALEZ_SSLYZE=... ARALEZ_TESTSSL=... ARALEZ_H2SPEC=... ARALEZ_GRPC_INTEROP_CLIENT=...
 #   ARALEZ_GRPC_INTEROP_SERVER=... ARALEZ_SLOWHTTPTEST=... ARALEZ_CARGO_FUZZ=...
 #   ARALEZ_ACTIONLINT=... ARALEZ_CHROMIUM=... ARALEZ_HAPROXY=...
+#   ARALEZ_GZIP=... ARALEZ_BROTLI=... ARALEZ_ZSTD=...
 # for the caller to export (scripts/test.sh does).
 #
 #   bash scripts/install-judges.sh
@@ -114,6 +116,14 @@ install_haproxy() {
   haproxy_path >/dev/null || fail "haproxy is not installed after apt-get install haproxy"
 }
 
+install_decoders() {
+  local tool
+  for tool in gzip brotli zstd; do
+    command -v "$tool" >/dev/null 2>&1 || apt_install "$tool"
+    command -v "$tool" >/dev/null 2>&1 || fail "$tool is not on PATH after apt-get install $tool"
+  done
+}
+
 install_cargo_fuzz() {
   local root="$JUDGES/cargo-fuzz"
   if [ -x "$root/bin/cargo-fuzz" ] && "$root/bin/cargo-fuzz" --version | grep -q "$CARGO_FUZZ_VERSION"; then
@@ -133,6 +143,7 @@ go_install "google.golang.org/grpc/interop/client@$GRPC_VERSION" grpc-interop-cl
 go_install "google.golang.org/grpc/interop/server@$GRPC_VERSION" grpc-interop-server
 install_slowhttptest
 install_chromium
+install_decoders
 install_cargo_fuzz
 go_install "github.com/rhysd/actionlint/cmd/actionlint@$ACTIONLINT_VERSION" actionlint
 install_haproxy
@@ -148,3 +159,6 @@ echo "ARALEZ_CARGO_FUZZ=$JUDGES/cargo-fuzz/bin"
 echo "ARALEZ_ACTIONLINT=$JUDGES/bin/actionlint"
 echo "ARALEZ_CHROMIUM=$(command -v chromium)"
 echo "ARALEZ_HAPROXY=$(haproxy_path)"
+echo "ARALEZ_GZIP=$(command -v gzip)"
+echo "ARALEZ_BROTLI=$(command -v brotli)"
+echo "ARALEZ_ZSTD=$(command -v zstd)"

@@ -322,6 +322,33 @@ fn cases() -> Vec<Case> {
             "        servers: [\"127.0.0.1:8000\"]\n        server_headers: [\"X-From aralez\"]\n",
             vec![err(U, 6, pk("server_headers[0]"), "`X-From aralez` has no `:`")],
         ),
+        // ---- compress ----
+        Case::path(
+            "compress_not_a_boolean",
+            "        servers: [\"127.0.0.1:8000\"]\n        compress: gzip\n",
+            vec![err(U, 6, pk("compress"), "expected true, false or a mapping of min_size and types")],
+        ),
+        Case::path(
+            "compress_negative_min_size",
+            "        servers: [\"127.0.0.1:8000\"]\n        compress: {min_size: -5}\n",
+            vec![err(U, 6, pk("compress.min_size"), "must not be negative")],
+        ),
+        Case::path(
+            "compress_bad_media_type",
+            "        servers: [\"127.0.0.1:8000\"]\n        compress:\n          types: [\"text/html\", \"text/html; charset=utf-8\"]\n",
+            vec![err(U, 7, pk("compress.types[1]"), "is not a media type").also("no parameters")],
+        ),
+        Case::path(
+            "compress_empty_types",
+            "        servers: [\"127.0.0.1:8000\"]\n        compress: {types: []}\n",
+            vec![err(U, 6, pk("compress.types"), "the list of types is empty")],
+        ),
+        Case::path(
+            "compress_unknown_key",
+            "        servers: [\"127.0.0.1:8000\"]\n        compress: {min_size: 10, level: 9}\n",
+            vec![warn(U, 6, pk("compress.level"), "unknown key `level`")],
+        )
+        .warnings_only(),
         Case::path(
             "header_name_with_space",
             "        servers: [\"127.0.0.1:8000\"]\n        client_headers:\n          - \"X-Ok: 1\"\n          - \"Bad Name: x\"\n",

@@ -25,6 +25,57 @@ pub struct RouteSettings {
     pub healthcheck: Option<bool>,
     pub redirect_to: Option<String>,
     pub upstream_tls_verify: Option<bool>,
+    /// `Some(None)`: explicitly off; `Some(Some(rule))`: responses compressed by that rule.
+    pub compress: Option<Option<CompressRule>>,
+}
+
+/// `compress`: which responses of a route are compressed (`layers::compress`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompressRule {
+    /// Responses whose length is known and below this many bytes are sent as they are.
+    pub min_size: u64,
+    /// Media types (`type/subtype`, `type/*` or `*/*`), lower case.
+    pub types: Vec<String>,
+}
+
+/// nginx's `gzip_min_length` is 20; below about a kilobyte compression rarely saves a packet.
+pub const DEFAULT_COMPRESS_MIN_SIZE: u64 = 1024;
+
+/// Text formats that compress well; images, video, archives and fonts other than TrueType and
+/// OpenType are compressed already.
+pub const DEFAULT_COMPRESS_TYPES: &[&str] = &[
+    "text/html",
+    "text/css",
+    "text/plain",
+    "text/xml",
+    "text/javascript",
+    "text/csv",
+    "text/markdown",
+    "application/javascript",
+    "application/json",
+    "application/ld+json",
+    "application/manifest+json",
+    "application/xml",
+    "application/xhtml+xml",
+    "application/rss+xml",
+    "application/atom+xml",
+    "application/wasm",
+    "image/svg+xml",
+    "image/x-icon",
+    "font/ttf",
+    "font/otf",
+];
+
+impl Default for CompressRule {
+    fn default() -> CompressRule {
+        CompressRule {
+            min_size: DEFAULT_COMPRESS_MIN_SIZE,
+            types: DEFAULT_COMPRESS_TYPES
+                .iter()
+                .map(|t| t.to_string())
+                .collect(),
+        }
+    }
 }
 
 impl RouteSettings {
@@ -51,6 +102,7 @@ impl RouteSettings {
                 .clone()
                 .or_else(|| parent.redirect_to.clone()),
             upstream_tls_verify: self.upstream_tls_verify.or(parent.upstream_tls_verify),
+            compress: self.compress.clone().or_else(|| parent.compress.clone()),
         }
     }
 }
@@ -67,6 +119,7 @@ pub(super) const SETTING_KEYS: &[&str] = &[
     "healthcheck",
     "redirect_to",
     "upstream_tls_verify",
+    "compress",
 ];
 pub(super) fn read_setting(
     settings: &mut RouteSettings,
@@ -88,6 +141,7 @@ pub(super) fn read_setting(
         "healthcheck" => settings.healthcheck = r.boolean(node, p),
         "redirect_to" => settings.redirect_to = read_redirect(node, p, r),
         "upstream_tls_verify" => settings.upstream_tls_verify = r.boolean(node, p),
+        "compress" => settings.compress = read_compress(node, p, r),
         _ => {}
     }
 }
@@ -109,6 +163,102 @@ fn read_sticky(node: &Node, path: &str, r: &mut Reader) -> Option<Option<Duratio
             r.wrong_type(node, path, "true, false or a number of seconds");
             None
         }
+    }
+}
+
+/// `compress: true|false`, or a mapping `{min_size: BYTES, types: [TYPE, ...]}` (on, and what
+/// it leaves out takes the defaults).
+fn read_compress(node: &Node, path: &str, r: &mut Reader) -> Option<Option<CompressRule>> {
+    if !matches!(node.value, Value::Map(_)) {
+        let on = match &node.value {
+            Value::Bool(b) => Some(*b),
+            Value::Str(s) => bool_word(s),
+            _ => None,
+        };
+        let Some(on) = on else {
+            r.wrong_type(node, path, "true, false or a mapping of min_size and types");
+            return None;
+        };
+        return Some(on.then(CompressRule::default));
+    }
+    let entries = r.map(node, path)?;
+    let mut rule = CompressRule::default();
+    let mut ok = true;
+    for (key, value) in entries {
+        let key_path = join(path, &key.name);
+        match key.name.as_str() {
+            "min_size" => match r.uint(value, &key_path, 0, u64::from(u32::MAX)) {
+                Some(n) => rule.min_size = n,
+                None => ok = false,
+            },
+            "types" => match read_media_types(value, &key_path, r) {
+                Some(types) => rule.types = types,
+                None => ok = false,
+            },
+            _ => r.unknown_key(key, &key_path, &["min_size", "types"]),
+        }
+    }
+    ok.then_some(Some(rule))
+}
+
+/// The spellings of a boolean that `Reader::boolean` takes.
+fn bool_word(text: &str) -> Option<bool> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "true" | "yes" | "on" => Some(true),
+        "false" | "no" | "off" => Some(false),
+        _ => None,
+    }
+}
+
+/// A non-empty list of media types, lower-cased; each one checked.
+fn read_media_types(node: &Node, path: &str, r: &mut Reader) -> Option<Vec<String>> {
+    let items = r.string_list(node, path)?;
+    if items.is_empty() {
+        r.error(
+            node.pos,
+            path,
+            "the list of types is empty (write `compress: false` to turn compression off)",
+        );
+        return None;
+    }
+    let mut types = Vec::with_capacity(items.len());
+    let mut ok = true;
+    for (pos, item_path, text) in items {
+        match media_range(&text) {
+            Ok(t) => types.push(t),
+            Err(msg) => {
+                r.error(pos, &item_path, msg);
+                ok = false;
+            }
+        }
+    }
+    ok.then_some(types)
+}
+
+/// `type/subtype`, `type/*` or `*/*` (`*` alone too), lower-cased; parameters are not allowed.
+fn media_range(text: &str) -> Result<String, String> {
+    let t = text.trim().to_ascii_lowercase();
+    if t == "*" {
+        return Ok("*/*".to_string());
+    }
+    let token = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$&-^_.+".contains(&b))
+    };
+    let valid = match t.split_once('/') {
+        Some(("*", "*")) => true,
+        Some((ty, "*")) => token(ty),
+        Some((ty, sub)) => token(ty) && token(sub),
+        None => false,
+    };
+    if valid {
+        Ok(t)
+    } else {
+        Err(format!(
+            "`{}` is not a media type such as text/html, text/* or */* (no parameters)",
+            super::reader::shorten(text)
+        ))
     }
 }
 

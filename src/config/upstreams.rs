@@ -6,7 +6,7 @@
 use super::issues::did_you_mean;
 use super::reader::{join, Reader};
 use super::settings::{read_setting, SETTING_KEYS};
-pub use super::settings::{HeaderList, RouteSettings};
+pub use super::settings::{CompressRule, HeaderList, RouteSettings};
 use super::values::{parse_server, ServerSpec};
 use super::yaml::{Key, Node, Pos, Value};
 

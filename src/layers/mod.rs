@@ -13,6 +13,7 @@
 //! hop-by-hop removal so that they win, which only forwarding knows.
 
 pub mod auth;
+pub mod compress;
 pub mod forward_auth;
 pub mod jwt;
 mod jwt_cache;
@@ -38,6 +39,7 @@ use crate::upstream::{Backend, BackendSet};
 use crate::vocab::{ClientConn, ProxyError};
 
 pub use auth::{Auth, AuthLayer};
+pub use compress::{Compress, CompressLayer};
 pub use keys::Keys;
 pub use limiter::Rate;
 use limiter::{Strikes, Table, Tat};
@@ -76,6 +78,7 @@ pub struct Policies {
     pub rate_limit: Option<RateLimit>,
     pub x4xx_limit: Option<X4xxLimit>,
     pub sticky: Option<Sticky>,
+    pub compress: Option<Compress>,
 }
 
 impl Policies {
@@ -119,6 +122,11 @@ impl Policies {
                 .sticky_sessions
                 .flatten()
                 .map(|max_age| Sticky::compile(max_age, backends, &state.keys)),
+            compress: settings
+                .compress
+                .as_ref()
+                .and_then(Option::as_ref)
+                .map(Compress::compile),
         }
     }
 }
@@ -144,7 +152,8 @@ impl LocalBody for Full<Bytes> {
 ///
 /// Redirects (`to_https`, `redirect_to`) come first, so a redirected request meets no other
 /// policy. The 4xx limit comes before auth, so refused credentials count toward it and a client
-/// guessing passwords is blocked (429) like any other client drawing 4xx. (A plain function returning a named future rather than an `async fn`: the compiler
+/// guessing passwords is blocked (429) like any other client drawing 4xx. Compression comes
+/// last, next to forwarding: it only ever touches what the backend sent. (A plain function returning a named future rather than an `async fn`: the compiler
 /// can then see it is `Send`.)
 pub fn apply<'a, B, S>(
     policies: &'a Policies,
@@ -169,6 +178,7 @@ where
             backends,
             conn.tls,
         ))
+        .layer(CompressLayer::new(policies.compress.as_ref()))
         .service(forward)
         .oneshot(req)
 }

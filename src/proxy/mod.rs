@@ -3,8 +3,9 @@
 //! the backend's response into the client's (SPEC §5, §6.2).
 //!
 //! It knows nothing of routes or policies: the router gives it the route's backends and header
-//! rules. Bodies stream both ways.
+//! rules. Bodies stream both ways; [`encode`] compresses one on the way when a policy asks.
 
+pub mod encode;
 pub mod upgrade;
 
 use bytes::Bytes;
@@ -20,8 +21,11 @@ use crate::upstream::balancer::{self, copy_head};
 use crate::upstream::{BackendSet, Outgoing, PooledBody, Timeouts};
 use crate::vocab::{headers, request_host, token_param, ClientConn, ProxyError};
 
+/// The backend's body as it came, or compressed on the way (`layers::compress`).
+pub type BackendBody = Either<PooledBody, encode::Encoded<PooledBody>>;
+
 /// What the client gets: the backend's body, or one the proxy wrote itself.
-pub type RespBody = Either<PooledBody, Full<Bytes>>;
+pub type RespBody = Either<BackendBody, Full<Bytes>>;
 
 /// A route's header rules, compiled once per snapshot.
 #[derive(Debug, Default)]
@@ -141,5 +145,5 @@ fn finish_response(resp: Response<PooledBody>, rules: &HeaderRules) -> Response<
     if bodiless {
         return Response::from_parts(parts, Either::Right(Full::new(Bytes::new())));
     }
-    Response::from_parts(parts, Either::Left(body))
+    Response::from_parts(parts, Either::Left(Either::Left(body)))
 }
