@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{ArgAction, Parser, Subcommand, ValueEnum};
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -48,14 +48,8 @@ Environment:
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
-    /// Path of main.yaml.
-    #[arg(
-        short = 'c',
-        long = "conf",
-        value_name = "FILE",
-        default_value = "/etc/aralez/main.yaml"
-    )]
-    conf: PathBuf,
+    #[command(flatten)]
+    conf: Conf,
     /// Run in the background (also `daemon: true` in main.yaml).
     #[arg(short = 'd', long)]
     daemon: bool,
@@ -70,18 +64,25 @@ struct Cli {
     version: Option<bool>,
 }
 
+/// `-c FILE`: the main.yaml every mode reads.
+#[derive(Args, Debug)]
+struct Conf {
+    /// Path of main.yaml.
+    #[arg(
+        short = 'c',
+        long = "conf",
+        value_name = "FILE",
+        default_value = "/etc/aralez/main.yaml"
+    )]
+    path: PathBuf,
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Validate main.yaml, the upstreams file and conf.d; print every error and warning.
     CheckConfig {
-        /// Path of main.yaml.
-        #[arg(
-            short = 'c',
-            long = "conf",
-            value_name = "FILE",
-            default_value = "/etc/aralez/main.yaml"
-        )]
-        conf: PathBuf,
+        #[command(flatten)]
+        conf: Conf,
         /// Output format.
         #[arg(long, value_enum, default_value_t = Format::Text)]
         format: Format,
@@ -92,14 +93,9 @@ enum Command {
     /// Ask the running proxy for a response (a container HEALTHCHECK): exit 0 when it answers
     /// HTTP, 1 otherwise.
     Healthcheck {
-        /// Path of main.yaml (its `proxy_address_http` is probed).
-        #[arg(
-            short = 'c',
-            long = "conf",
-            value_name = "FILE",
-            default_value = "/etc/aralez/main.yaml"
-        )]
-        conf: PathBuf,
+        /// main.yaml, whose `proxy_address_http` is probed.
+        #[command(flatten)]
+        conf: Conf,
         /// Probe this http://host:port/path instead.
         #[arg(long)]
         url: Option<String>,
@@ -149,28 +145,28 @@ fn main() -> ExitCode {
             conf,
             format,
             deny_warnings,
-        }) => return check(conf, *format, *deny_warnings),
+        }) => return check(&conf.path, *format, *deny_warnings),
         Some(Command::Healthcheck { conf, url, timeout }) => {
-            return healthcheck(conf, url.as_deref(), *timeout)
+            return healthcheck(&conf.path, url.as_deref(), *timeout)
         }
         None => {}
     }
     if cli.test {
-        return check(&cli.conf, Format::Text, false);
+        return check(&cli.conf.path, Format::Text, false);
     }
     let options = aralez::process::RunOptions {
         daemon: cli.daemon,
         upgrade: cli.upgrade,
     };
     // Fork (when asked) before anything starts a thread.
-    let mut ready = match aralez::process::daemonize_if_asked(&cli.conf, options) {
+    let mut ready = match aralez::process::daemonize_if_asked(&cli.conf.path, options) {
         Ok(ready) => ready,
         Err(e) => {
             eprintln!("aralez: {e}");
             return ExitCode::FAILURE;
         }
     };
-    match aralez::process::run(&cli.conf, options, &mut ready) {
+    match aralez::process::run(&cli.conf.path, options, &mut ready) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("aralez: {e}");

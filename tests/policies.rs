@@ -290,6 +290,12 @@ async fn forward_auth_allows_relays_and_times_out() {
         assert_eq!(st, 200, "{proto:?}");
         assert_eq!(h["x-seen-remote-user"], "alice");
         assert_eq!(h["x-seen-auth-groups"], "staff");
+        // The auth service and the backend see one request id, the one the client gets back.
+        assert_eq!(
+            auth.last_header("x-request-id").as_deref(),
+            h["x-request-id"].to_str().ok()
+        );
+        assert_eq!(h["x-seen-request-id"], h["x-request-id"]);
         assert_eq!(
             auth.last_header("authorization").as_deref(),
             Some("Bearer t")

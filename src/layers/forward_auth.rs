@@ -37,6 +37,9 @@ static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-prot
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 static X_FORWARDED_URI: HeaderName = HeaderName::from_static("x-forwarded-uri");
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+/// The request's id (set by the server before routing), so the auth service's log and the
+/// backend's name the same request.
+static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// A compiled `forward` rule.
 #[derive(Debug)]
@@ -133,7 +136,7 @@ impl ForwardAuth {
         let h = q.headers_mut();
         h.insert(header::HOST, self.authority.clone());
         h.insert(header::CONNECTION, HeaderValue::from_static("close"));
-        for name in [header::AUTHORIZATION, header::COOKIE] {
+        for name in [header::AUTHORIZATION, header::COOKIE, X_REQUEST_ID.clone()] {
             for value in req.headers().get_all(&name) {
                 h.append(name.clone(), value.clone());
             }
