@@ -13,18 +13,19 @@ mod line;
 
 use std::io::Write;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use http::header::{CONTENT_LENGTH, HOST, REFERER, USER_AGENT};
+use http::header::{HOST, REFERER, USER_AGENT};
 use http::{HeaderValue, Method, Request, Uri, Version};
 
 use crate::config::log_conf::AccessLogFormat;
 use crate::config::main_conf::AccessLog as Mode;
 use crate::logfile::LogFile;
 use crate::metrics::Metrics;
+use crate::vocab::request_body::{BodyCounter, BytesIn};
 pub use line::{format_line, Clock};
 
 /// Entries that may wait for the writer before new ones are dropped.
@@ -52,7 +53,7 @@ pub struct Entry {
     pub backend: Option<Arc<str>>,
     /// From the start of the exchange with the backend that answered to its response head.
     pub upstream_time: Option<Duration>,
-    /// The request body's length, as announced by `Content-Length` (`None`: streamed).
+    /// Request body bytes read from the client and passed on.
     pub bytes_in: Option<u64>,
     pub request_id: Option<HeaderValue>,
     /// `TLSv1.2`/`TLSv1.3` on TLS connections.
@@ -147,7 +148,7 @@ impl AccessLog {
         start: Instant,
     ) -> Record {
         let Some(sink) = &self.0 else {
-            return Record(None);
+            return Record(None, None);
         };
         let headers = req.headers();
         let target = req.uri();
@@ -168,7 +169,7 @@ impl AccessLog {
             duration: Duration::ZERO,
             backend: None,
             upstream_time: None,
-            bytes_in: body_length(req),
+            bytes_in: None,
             // Set by the request-id step (`Record::request_id`): a client's own is not logged
             // unless it was trusted.
             request_id: None,
@@ -177,25 +178,37 @@ impl AccessLog {
             referer: headers.get(REFERER).cloned(),
             user_agent: headers.get(USER_AGENT).cloned(),
         });
-        Record(Some((entry, sink.clone())))
+        Record(Some((entry, sink.clone())), None)
     }
 }
 
-/// The request body's announced length: 0 for methods that send none without saying so.
-fn body_length<B>(req: &Request<B>) -> Option<u64> {
-    match req.headers().get(CONTENT_LENGTH) {
-        Some(v) => v.to_str().ok().and_then(|n| n.parse().ok()),
-        None if req.version() < Version::HTTP_2
-            && !req.headers().contains_key(http::header::TRANSFER_ENCODING) =>
-        {
-            Some(0)
+/// One request's pending line; submitted when dropped (after the body, or when the client left),
+/// or, when the request body is counted, once that body is done too.
+pub struct Record(Option<(Box<Entry>, Arc<Sink>)>, Option<Arc<BodyDone>>);
+
+/// A line that waits for the request body's end as well: the body's counter holds it, and the
+/// last of the two to let go submits it.
+struct BodyDone {
+    line: Mutex<Option<Box<Entry>>>,
+    sink: Arc<Sink>,
+    bytes_in: AtomicU64,
+}
+
+impl BodyCounter for BodyDone {
+    fn add(&self, bytes: u64) {
+        self.bytes_in.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
+impl Drop for BodyDone {
+    fn drop(&mut self) {
+        let line = self.line.get_mut().map_or(None, Option::take);
+        if let Some(mut entry) = line {
+            entry.bytes_in = Some(self.bytes_in.load(Ordering::Relaxed));
+            submit(&self.sink, entry);
         }
-        None => None,
     }
 }
-
-/// One request's pending line; submitted when dropped (after the body, or when the client left).
-pub struct Record(Option<(Box<Entry>, Arc<Sink>)>);
 
 impl Record {
     /// Notes the response head (and, when a backend sent it, how long the backend took). In
@@ -225,6 +238,19 @@ impl Record {
         }
     }
 
+    /// Has the request's body counted for `bytes_in`: the extension to put on the request
+    /// (`None` when the access log is off, so nothing counts).
+    pub fn count_body(&mut self) -> Option<BytesIn> {
+        let (_, sink) = self.0.as_ref()?;
+        let done = Arc::new(BodyDone {
+            line: Mutex::new(None),
+            sink: sink.clone(),
+            bytes_in: AtomicU64::new(0),
+        });
+        self.1 = Some(done.clone());
+        Some(BytesIn(done))
+    }
+
     /// Adds body bytes sent to the client.
     pub fn add_bytes(&mut self, n: usize) {
         if let Some((entry, _)) = self.0.as_mut() {
@@ -239,11 +265,23 @@ impl Drop for Record {
             return;
         };
         entry.duration = entry.start.elapsed();
-        match sink.tx.try_send(Msg::Line(entry)) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                sink.metrics.logging_error();
+        match self.1.take() {
+            // The request body's counter may still be counting: the later of the two submits.
+            Some(done) => {
+                if let Ok(mut line) = done.line.lock() {
+                    *line = Some(entry);
+                }
             }
+            None => submit(&sink, entry),
+        }
+    }
+}
+
+fn submit(sink: &Sink, entry: Box<Entry>) {
+    match sink.tx.try_send(Msg::Line(entry)) {
+        Ok(()) => {}
+        Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+            sink.metrics.logging_error();
         }
     }
 }

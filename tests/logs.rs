@@ -127,14 +127,27 @@ async fn access_log_file_in_json_has_the_operators_fields() {
         .await;
     assert_eq!(resp.status(), 200);
     let sent_back = body_bytes(resp).await.len();
+    // A streamed upload (chunked, no Content-Length), echoed back by the backend: counted as it
+    // passes, and the line waits for its end.
+    let resp = plain
+        .send(
+            Method::PUT,
+            Some("x.test"),
+            "/echo",
+            &[],
+            generated_body(300_001),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    body_bytes(resp).await;
 
     let path = proxy.dir.path().join("access.json");
-    assert!(eventually(Duration::from_secs(5), || read(&path).lines().count() >= 2).await);
+    assert!(eventually(Duration::from_secs(5), || read(&path).lines().count() >= 3).await);
     let lines: Vec<serde_json::Value> = read(&path)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
         .collect();
-    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines.len(), 3, "{lines:?}");
     let get = &lines[0];
     assert_eq!(get["target"], "/tls");
     assert_eq!(get["version"], "HTTP/2.0");
@@ -155,6 +168,10 @@ async fn access_log_file_in_json_has_the_operators_fields() {
     assert_eq!(post["bytes"], sent_back as u64);
     assert_eq!(post["tls"], serde_json::Value::Null);
     assert_eq!(post["client"], "127.0.0.1");
+    assert_eq!(get["bytes_in"], 0);
+    assert_eq!(lines[2]["method"], "PUT");
+    assert_eq!(lines[2]["bytes_in"], 300_001);
+    assert_eq!(lines[2]["bytes"], 300_001, "the echo sent it all back");
     // The app log stays on stdout, with no access lines in it.
     assert!(
         !proxy.log_text().contains("\"target\""),

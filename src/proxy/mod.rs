@@ -19,6 +19,7 @@ use hyper::body::Incoming;
 
 use crate::upstream::balancer::{self, copy_head};
 use crate::upstream::{BackendSet, Outgoing, PooledBody, Timeouts};
+use crate::vocab::request_body::{BytesIn, RequestBody};
 use crate::vocab::{headers, request_host, token_param, ClientConn, ProxyError};
 
 /// The backend's body as it came, or compressed on the way (`layers::compress`).
@@ -85,9 +86,10 @@ fn outgoing(
     to_origin_form(&mut parts);
     let replayable = is_idempotent(&parts.method) && body.is_end_stream();
     let replay = replayable.then(|| copy_head(&parts));
+    let counter = parts.extensions.remove::<BytesIn>();
     Outgoing {
         head: parts,
-        body: Either::Left(body),
+        body: Either::Left(RequestBody::new(body, counter)),
         replay,
     }
 }

@@ -95,6 +95,9 @@ pub async fn handle(ctx: &ConnCtx, mut req: Request<Incoming>) -> Response<Logge
     let tls = (client.tls_facts.version, client.tls_facts.sni.as_ref());
     let mut record = ctx.access_log.begin(client.client_ip, tls, &req, start);
     record.request_id(&request_id);
+    if let Some(counter) = record.count_body() {
+        req.extensions_mut().insert(counter);
+    }
     let mut resp = ctx.router.handle(client, req).await;
     let served = resp.extensions().get::<ServedBy>();
     let status = resp.status();

@@ -23,6 +23,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use super::h2_settings::{SettingsWatch, StreamLimit};
+use crate::vocab::request_body::RequestBody;
 use crate::vocab::CountedSlot;
 
 /// HTTP/2 flow-control windows the proxy offers its backends.
@@ -30,7 +31,7 @@ const UPSTREAM_STREAM_WINDOW: u32 = 1 << 20;
 const UPSTREAM_CONNECTION_WINDOW: u32 = 16 << 20;
 
 /// Body of a request sent upstream: the client's own body, or nothing (a retry, a probe).
-pub type UpBody = Either<Incoming, Empty<Bytes>>;
+pub type UpBody = Either<RequestBody, Empty<Bytes>>;
 
 /// What an upstream's connections are: plain HTTP/1.1, h2c (prior knowledge), or TLS (where
 /// ALPN picks h2 or HTTP/1.1). Pinned by a scheme prefix, else detected (`detect.rs`).

@@ -7,6 +7,7 @@
 pub mod error;
 pub mod headers;
 pub mod normalise;
+pub mod request_body;
 pub mod token_param;
 
 use std::net::{IpAddr, SocketAddr};

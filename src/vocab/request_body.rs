@@ -1,0 +1,73 @@
+//! The client's request body on its way to a backend, counting the bytes that pass when the
+//! access log asked for them (`bytes_in`): [`BytesIn`] is the request extension that asks,
+//! [`RequestBody`] the body that counts. Without the extension nothing is counted and the body
+//! is the client's, frame for frame. The counter is held until the body is dropped, so whoever
+//! counts can tell when the request side is over.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+
+/// What counts a request's body bytes.
+pub trait BodyCounter: Send + Sync {
+    fn add(&self, bytes: u64);
+}
+
+/// Request extension: where the request's body bytes are counted.
+#[derive(Clone)]
+pub struct BytesIn(pub Arc<dyn BodyCounter>);
+
+/// The client's body, counted into a [`BytesIn`] when there is one.
+pub struct RequestBody {
+    inner: Incoming,
+    counter: Option<Arc<dyn BodyCounter>>,
+}
+
+impl std::fmt::Debug for RequestBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestBody")
+            .field("inner", &self.inner)
+            .field("counted", &self.counter.is_some())
+            .finish()
+    }
+}
+
+impl RequestBody {
+    pub fn new(inner: Incoming, counter: Option<BytesIn>) -> RequestBody {
+        RequestBody {
+            inner,
+            counter: counter.map(|c| c.0),
+        }
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let (Some(counter), Poll::Ready(Some(Ok(frame)))) = (&this.counter, &polled) {
+            if let Some(data) = frame.data_ref() {
+                counter.add(data.len() as u64);
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
