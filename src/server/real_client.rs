@@ -135,7 +135,11 @@ impl RequestIds {
                 out[i * 16 + j] = HEX[nibble as usize];
             }
         }
-        HeaderValue::from_bytes(&out).unwrap_or_else(|_| HeaderValue::from_static("-"))
+        let mut id =
+            HeaderValue::from_bytes(&out).unwrap_or_else(|_| HeaderValue::from_static("-"));
+        // Never indexed by HPACK: a value seen once would only churn the h2 header table.
+        id.set_sensitive(true);
+        id
     }
 }
 
