@@ -206,6 +206,10 @@ async fn log_pattern_shapes_app_log_lines() {
     let extra = "log_pattern: \"{d(%Y-%m-%d %H:%M:%S%.3f)} [{l:<5}] pid={P} {m}{n}\"";
     let proxy = ProxyProcess::start(&upstreams_for(&backend), extra);
     let pid = proxy.pid();
+    // The address is handed over before the line reaches the captured log: wait for the line.
+    proxy
+        .wait_log("listening on http://", Duration::from_secs(5))
+        .await;
     let log = proxy.log_text();
     let line = log
         .lines()
