@@ -26,7 +26,8 @@ use crate::config::main_conf::AccessLog as Mode;
 use crate::logfile::LogFile;
 use crate::metrics::Metrics;
 use crate::vocab::request_body::{BodyCounter, BytesIn};
-pub use line::{format_line, Clock};
+use crate::vocab::TlsFacts;
+use line::{format_line, Clock};
 
 /// Entries that may wait for the writer before new ones are dropped.
 const DEFAULT_QUEUE: usize = 16384;
@@ -143,7 +144,7 @@ impl AccessLog {
     pub fn begin<B>(
         &self,
         client: IpAddr,
-        tls: (Option<&'static str>, Option<&Arc<str>>),
+        tls: &TlsFacts,
         req: &Request<B>,
         start: Instant,
     ) -> Record {
@@ -169,12 +170,13 @@ impl AccessLog {
             duration: Duration::ZERO,
             backend: None,
             upstream_time: None,
-            bytes_in: None,
+            // A counted body (`Record::count_body`) replaces this when the line is written.
+            bytes_in: Some(0),
             // Set by the request-id step (`Record::request_id`): a client's own is not logged
             // unless it was trusted.
             request_id: None,
-            tls_version: tls.0,
-            sni: tls.1.cloned(),
+            tls_version: tls.version,
+            sni: tls.sni.clone(),
             referer: headers.get(REFERER).cloned(),
             user_agent: headers.get(USER_AGENT).cloned(),
         });
@@ -239,9 +241,12 @@ impl Record {
     }
 
     /// Has the request's body counted for `bytes_in`: the extension to put on the request
-    /// (`None` when the access log is off, so nothing counts).
-    pub fn count_body(&mut self) -> Option<BytesIn> {
+    /// (`None` when the access log is off or the request has no body, so nothing counts).
+    pub fn count_body<B: http_body::Body>(&mut self, req: &Request<B>) -> Option<BytesIn> {
         let (_, sink) = self.0.as_ref()?;
+        if req.body().is_end_stream() {
+            return None;
+        }
         let done = Arc::new(BodyDone {
             line: Mutex::new(None),
             sink: sink.clone(),

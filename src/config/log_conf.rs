@@ -216,21 +216,11 @@ fn piece(spec: &str) -> Result<PatternPiece, String> {
 
 /// `{h({l})}`: the one piece inside a highlight.
 fn single(inner: &str) -> Result<PatternPiece, String> {
-    let pieces = parse_log_pattern_inner(inner)?;
-    match pieces.as_slice() {
-        [one] => Ok(one.clone()),
-        _ => Err(format!(
-            "`{{h({inner})}}`: aralez highlights one piece only"
-        )),
-    }
-}
-
-fn parse_log_pattern_inner(inner: &str) -> Result<Vec<PatternPiece>, String> {
     let inner = inner.trim();
-    let Some(spec) = inner.strip_prefix('{').and_then(|s| s.strip_suffix('}')) else {
-        return Err(format!("`{{h({inner})}}`: expected one `{{piece}}` inside"));
-    };
-    Ok(vec![piece(spec)?])
+    match inner.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
+        Some(spec) => piece(spec),
+        None => Err(format!("`{{h({inner})}}`: expected one `{{piece}}` inside")),
+    }
 }
 
 fn padding(text: &str) -> Result<Padding, String> {

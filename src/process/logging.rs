@@ -5,6 +5,7 @@
 use std::io::{self, IsTerminal, Write};
 use std::sync::Arc;
 
+use tracing_subscriber::fmt::writer::BoxMakeWriter;
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::EnvFilter;
 
@@ -58,17 +59,16 @@ pub fn init(main: &MainConfig, file: Option<&Arc<LogFile>>) -> Result<(), String
         .with_target(false);
     let ansi = file.is_none() && std::io::stdout().is_terminal();
     let builder = builder.with_ansi(ansi);
-    let result = match (file, &main.log_pattern) {
-        (Some(file), Some(pattern)) => builder
+    let writer = match file {
+        Some(file) => BoxMakeWriter::new(SharedLog(file.clone())),
+        None => BoxMakeWriter::new(std::io::stdout),
+    };
+    let builder = builder.with_writer(writer);
+    let result = match &main.log_pattern {
+        Some(pattern) => builder
             .event_format(PatternFormat::new(pattern.clone()))
-            .with_writer(SharedLog(file.clone()))
             .try_init(),
-        (Some(file), None) => builder.with_writer(SharedLog(file.clone())).try_init(),
-        (None, Some(pattern)) => builder
-            .event_format(PatternFormat::new(pattern.clone()))
-            .with_writer(std::io::stdout)
-            .try_init(),
-        (None, None) => builder.with_writer(std::io::stdout).try_init(),
+        None => builder.try_init(),
     };
     result.map_err(|e| e.to_string())
 }

@@ -92,10 +92,11 @@ pub async fn handle(ctx: &ConnCtx, mut req: Request<Incoming>) -> Response<Logge
     let version = req.version();
     ctx.metrics
         .request_started(client.worker, req.method(), version);
-    let tls = (client.tls_facts.version, client.tls_facts.sni.as_ref());
-    let mut record = ctx.access_log.begin(client.client_ip, tls, &req, start);
+    let mut record = ctx
+        .access_log
+        .begin(client.client_ip, &client.tls_facts, &req, start);
     record.request_id(&request_id);
-    if let Some(counter) = record.count_body() {
+    if let Some(counter) = record.count_body(&req) {
         req.extensions_mut().insert(counter);
     }
     let mut resp = ctx.router.handle(client, req).await;
