@@ -79,9 +79,10 @@ struct Shard {
     by_status: [AtomicU64; STATUS_COUNT],
     /// Requests by method (row; `OTHER` last) and HTTP version (column).
     by_method_version: [AtomicU64; KINDS],
-    latency_buckets: [AtomicU64; BUCKETS.len()],
+    /// Responses per latency bucket; the last one counts what took longer than every bound, so
+    /// the buckets add up to the count and no separate counter can run ahead of them.
+    latency_buckets: [AtomicU64; BUCKETS.len() + 1],
     latency_sum_micros: AtomicU64,
-    latency_count: AtomicU64,
     upstream_connections: [AtomicU64; 2],
     rate_limited: AtomicU64,
     by_upstream: Mutex<Vec<(Box<str>, u64)>>,
@@ -92,9 +93,8 @@ impl Shard {
         Shard {
             by_status: [const { AtomicU64::new(0) }; STATUS_COUNT],
             by_method_version: [const { AtomicU64::new(0) }; KINDS],
-            latency_buckets: [const { AtomicU64::new(0) }; BUCKETS.len()],
+            latency_buckets: [const { AtomicU64::new(0) }; BUCKETS.len() + 1],
             latency_sum_micros: AtomicU64::new(0),
-            latency_count: AtomicU64::new(0),
             upstream_connections: [const { AtomicU64::new(0) }; 2],
             rate_limited: AtomicU64::new(0),
             by_upstream: Mutex::new(Vec::new()),
@@ -148,14 +148,15 @@ impl Metrics {
             bump(counter);
         }
         let secs = elapsed.as_secs_f64();
-        if let Some(b) = BUCKETS.iter().position(|upper| secs <= *upper) {
-            bump(&shard.latency_buckets[b]);
-        }
+        let bucket = BUCKETS
+            .iter()
+            .position(|upper| secs <= *upper)
+            .unwrap_or(BUCKETS.len());
+        bump(&shard.latency_buckets[bucket]);
         let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
         shard
             .latency_sum_micros
             .fetch_add(micros, Ordering::Relaxed);
-        bump(&shard.latency_count);
         if let Some(label) = upstream {
             count_upstream(shard, label);
         }
@@ -256,13 +257,9 @@ impl Metrics {
             *class = self.sum(|s| s.by_status[codes.clone()].iter().map(load).sum());
         }
         let mut latency_buckets = [0; BUCKETS.len() + 1];
-        for (index, bucket) in latency_buckets.iter_mut().take(BUCKETS.len()).enumerate() {
+        for (index, bucket) in latency_buckets.iter_mut().enumerate() {
             *bucket = self.sum(|s| load(&s.latency_buckets[index]));
         }
-        let counted: u64 = latency_buckets.iter().sum();
-        // Read one after the other, the count may run ahead of the buckets: never below zero.
-        let count = self.sum(|s| load(&s.latency_count));
-        latency_buckets[BUCKETS.len()] = count.saturating_sub(counted);
         Totals {
             requests: self.requests(),
             responses,
@@ -299,7 +296,8 @@ impl Metrics {
             cumulative += self.sum(|s| load(&s.latency_buckets[index]));
             let _ = writeln!(out, "{name}_bucket{{le=\"{upper}\"}} {cumulative}");
         }
-        let count = self.sum(|s| load(&s.latency_count));
+        // The `+Inf` bucket is every response: the buckets above plus the overflow one.
+        let count = cumulative + self.sum(|s| load(&s.latency_buckets[BUCKETS.len()]));
         let micros = self.sum(|s| load(&s.latency_sum_micros));
         let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
         let _ = writeln!(out, "{name}_sum {}", micros as f64 / 1e6);

@@ -317,9 +317,9 @@ fn version_and_help_say_what_an_operator_needs() {
     }
 }
 
-/// Scraping without the key that rewrites the config: `metrics_key` opens `/metrics`,
-/// `/status` (GET and HEAD) and the read-only status page `/` (tests/status_page.rs), nothing
-/// that writes; the standard `process_*` metrics and
+/// Scraping without the key that rewrites the config: `metrics_key` opens `GET|HEAD /metrics`,
+/// `GET /status` and the read-only status page `/` (tests/status_page.rs), nothing that
+/// writes; the standard `process_*` metrics and
 /// `aralez_build_info` are there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_key_reads_metrics_and_status_only() {

@@ -24,7 +24,7 @@ pub fn response() -> Response<Full<Bytes>> {
         }
     };
     set(header::CONTENT_TYPE, "text/html; charset=utf-8");
-    set(header::CONTENT_SECURITY_POLICY, &content_security_policy());
+    set(header::CONTENT_SECURITY_POLICY, &CSP);
     set(header::X_CONTENT_TYPE_OPTIONS, "nosniff");
     set(header::CACHE_CONTROL, "no-store");
     // The key may be in the page's address: never send it on as a Referer.
@@ -32,6 +32,9 @@ pub fn response() -> Response<Full<Bytes>> {
     set(header::X_FRAME_OPTIONS, "DENY");
     resp
 }
+
+/// The page's policy, hashed once: the page is a constant.
+static CSP: std::sync::LazyLock<String> = std::sync::LazyLock::new(content_security_policy);
 
 /// Nothing but the page's own inline script and style (by hash), fetches to this listener,
 /// and `data:` images; no frames, forms or base changes.
@@ -96,6 +99,9 @@ mod tests {
         assert_eq!(get(header::X_CONTENT_TYPE_OPTIONS), Some("nosniff"));
         assert_eq!(get(header::CACHE_CONTROL), Some("no-store"));
         assert_eq!(get(header::REFERRER_POLICY), Some("no-referrer"));
-        assert!(get(header::CONTENT_SECURITY_POLICY).is_some());
+        assert_eq!(get(header::X_FRAME_OPTIONS), Some("DENY"));
+        let csp = get(header::CONTENT_SECURITY_POLICY).unwrap_or_default();
+        assert_eq!(csp, content_security_policy());
+        assert!(csp.contains("frame-ancestors 'none'"), "{csp}");
     }
 }
