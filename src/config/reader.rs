@@ -116,10 +116,9 @@ impl<'a> Reader<'a> {
     pub fn boolean(&mut self, node: &Node, key: &str) -> Option<bool> {
         match &node.value {
             Value::Bool(b) => Some(*b),
-            Value::Str(s) => match s.to_ascii_lowercase().as_str() {
-                "true" | "yes" | "on" => Some(true),
-                "false" | "no" | "off" => Some(false),
-                _ => {
+            Value::Str(s) => match bool_word(s) {
+                Some(b) => Some(b),
+                None => {
                     self.wrong_type(node, key, "true or false");
                     None
                 }
@@ -186,5 +185,14 @@ pub fn join(parent: &str, child: &str) -> String {
         child.to_string()
     } else {
         format!("{parent}.{child}")
+    }
+}
+
+/// The spellings of a boolean in a string: `true`/`yes`/`on`, `false`/`no`/`off`, any case.
+pub fn bool_word(text: &str) -> Option<bool> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "true" | "yes" | "on" => Some(true),
+        "false" | "no" | "off" => Some(false),
+        _ => None,
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
 
-use super::reader::{join, Reader};
+use super::reader::{bool_word, join, Reader};
 use super::values::{parse_auth, parse_header, AuthError, AuthRule};
 use super::yaml::{Key, Node, Pos, Value};
 
@@ -199,15 +199,6 @@ fn read_compress(node: &Node, path: &str, r: &mut Reader) -> Option<Option<Compr
         }
     }
     ok.then_some(Some(rule))
-}
-
-/// The spellings of a boolean that `Reader::boolean` takes.
-fn bool_word(text: &str) -> Option<bool> {
-    match text.trim().to_ascii_lowercase().as_str() {
-        "true" | "yes" | "on" => Some(true),
-        "false" | "no" | "off" => Some(false),
-        _ => None,
-    }
 }
 
 /// A non-empty list of media types, lower-cased; each one checked.

@@ -3,7 +3,7 @@
 //! on a tie zstd, then br, then gzip).
 //!
 //! A response is compressed only when all of these hold, else it passes untouched:
-//! - the request is not `HEAD` and has no `Range` (nginx's gzip skips both too);
+//! - the request is not `HEAD` (its headers stay those of the uncompressed answer, as nginx's);
 //! - the body comes from the backend (the proxy's own short answers are never compressed);
 //! - its status allows a body and is not 206 (not 1xx, 204, 206, 304), it has no
 //!   `Content-Encoding` and no `Content-Range`, and no `Cache-Control: no-transform`;
@@ -76,10 +76,6 @@ impl Compress {
         let Some((ty, _)) = essence.split_once('/') else {
             return false;
         };
-        // gRPC messages carry their own compression flag.
-        if essence.len() >= 16 && essence[..16].eq_ignore_ascii_case("application/grpc") {
-            return false;
-        }
         self.types.iter().any(|range| match range {
             MediaRange::Any => true,
             MediaRange::Type(t) => ty.eq_ignore_ascii_case(t),
@@ -102,9 +98,11 @@ impl Compress {
         {
             return false;
         }
-        if !headers
-            .get(header::CONTENT_TYPE)
-            .is_some_and(|ct| self.takes_type(ct))
+        // gRPC messages carry their own compression flag.
+        if crate::vocab::error::is_grpc(headers)
+            || !headers
+                .get(header::CONTENT_TYPE)
+                .is_some_and(|ct| self.takes_type(ct))
         {
             return false;
         }
@@ -120,13 +118,14 @@ impl Compress {
         if !matches!(resp.body(), Either::Left(Either::Left(_))) || !self.takes(&resp) {
             return resp;
         }
+        let length = known_length(&resp);
         let (mut parts, body) = resp.into_parts();
         add_vary(&mut parts.headers);
         let (coding, plain) = match (coding, body) {
             (Some(coding), Either::Left(Either::Left(plain))) => (coding, plain),
             (_, body) => return Response::from_parts(parts, body),
         };
-        let encoded = match Encoded::new(plain, coding) {
+        let encoded = match Encoded::new(plain, coding, length) {
             Ok(encoded) => encoded,
             Err(plain) => return Response::from_parts(parts, Either::Left(Either::Left(plain))),
         };
@@ -314,7 +313,9 @@ where
         let Some(compress) = self.compress else {
             return FutEither::Right(self.inner.call(req));
         };
-        if req.method() == Method::HEAD || req.headers().contains_key(header::RANGE) {
+        // A ranged answer is recognised by its own 206 / `Content-Range` (a backend that ignores
+        // `Range` sends a whole body, which may be compressed like any other).
+        if req.method() == Method::HEAD {
             return FutEither::Right(self.inner.call(req));
         }
         let coding = preferred(req.headers());
@@ -448,11 +449,20 @@ mod tests {
         assert!(!takes("text/plain"));
         assert!(!takes("text/htmlx"));
         assert!(!takes("html"));
-        assert!(!takes("application/grpc"));
-        assert!(!takes("application/grpc+proto"));
         let any = compress(&["*/*"], 0);
         assert!(any.takes_type(&HeaderValue::from_static("image/png")));
-        assert!(!any.takes_type(&HeaderValue::from_static("application/grpc-web")));
+        // gRPC is refused by the response check, whatever the types say.
+        for grpc in [
+            "application/grpc",
+            "application/grpc+proto",
+            "application/grpc-web",
+        ] {
+            let resp = Response::builder()
+                .header(header::CONTENT_TYPE, grpc)
+                .body(http_body_util::Empty::<bytes::Bytes>::new())
+                .unwrap();
+            assert!(!any.takes(&resp), "{grpc}");
+        }
     }
 
     fn response(

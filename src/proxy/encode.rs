@@ -27,8 +27,11 @@ const ZSTD_LEVEL: i32 = 3;
 const WINDOW_LOG: u32 = 19;
 /// Compressed output is handed on in frames of about this size.
 const OUTPUT_CHUNK: usize = 32 * 1024;
-/// Input read in one poll before giving the worker back to other tasks.
-const INPUT_BUDGET: usize = 256 * 1024;
+/// Input read in one poll before giving the worker back to other tasks (a few hundred
+/// microseconds of gzip at most).
+const INPUT_BUDGET: usize = 64 * 1024;
+/// The smallest brotli and zstd window (1 KiB).
+const MIN_WINDOW_LOG: u32 = 10;
 
 /// A content coding the proxy can apply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,8 +65,14 @@ enum Encoder {
 }
 
 impl Encoder {
-    fn new(coding: Coding) -> io::Result<Encoder> {
-        let out = Vec::with_capacity(OUTPUT_CHUNK);
+    /// `length`, when known, bounds the window: a small body gets small tables (zstd sizes its
+    /// hash and chain tables to the window), not the 512 KiB window's megabyte and more.
+    fn new(coding: Coding, length: Option<u64>) -> io::Result<Encoder> {
+        let out = Vec::new();
+        let window = length.map_or(WINDOW_LOG, |n| {
+            let bits = u64::BITS - n.saturating_sub(1).leading_zeros();
+            bits.clamp(MIN_WINDOW_LOG, WINDOW_LOG)
+        });
         Ok(match coding {
             Coding::Gzip => Encoder::Gzip(flate2::write::GzEncoder::new(
                 out,
@@ -73,11 +82,11 @@ impl Encoder {
                 out,
                 4096,
                 BROTLI_QUALITY,
-                WINDOW_LOG,
+                window,
             ))),
             Coding::Zstd => {
                 let mut z = zstd::stream::write::Encoder::new(out, ZSTD_LEVEL)?;
-                z.window_log(WINDOW_LOG)?;
+                z.window_log(window)?;
                 Encoder::Zstd(z)
             }
         })
@@ -105,7 +114,8 @@ impl Encoder {
         if out.is_empty() {
             return Bytes::new();
         }
-        Bytes::from(std::mem::replace(out, Vec::with_capacity(OUTPUT_CHUNK)))
+        // The next frame's buffer grows to what is written into it (an SSE event stays small).
+        Bytes::from(std::mem::take(out))
     }
 
     /// Ends the stream; the last compressed bytes.
@@ -140,10 +150,11 @@ pin_project! {
 }
 
 impl<B> Encoded<B> {
-    /// Compresses `inner` with `coding`; `Err(inner)` when the encoder cannot be made (zstd
-    /// could not allocate its context), so the body can still go out as it is.
-    pub fn new(inner: B, coding: Coding) -> Result<Encoded<B>, B> {
-        match Encoder::new(coding) {
+    /// Compresses `inner` (of `length` bytes, when known) with `coding`; `Err(inner)` when the
+    /// encoder cannot be made (zstd could not allocate its context), so the body can still go
+    /// out as it is.
+    pub fn new(inner: B, coding: Coding, length: Option<u64>) -> Result<Encoded<B>, B> {
+        match Encoder::new(coding, length) {
             Ok(encoder) => Ok(Encoded {
                 inner,
                 state: Box::new(State {
@@ -193,6 +204,7 @@ where
                 }
             };
             budget = budget.saturating_sub(data.len());
+            // Only `finish` takes the encoder, and it returns.
             let Some(encoder) = state.encoder.as_mut() else {
                 return Poll::Ready(None);
             };
@@ -296,7 +308,7 @@ mod tests {
             trailers.insert("x-sum", HeaderValue::from_static("1"));
             frames.push(Ok(Frame::trailers(trailers)));
             let source = StreamBody::new(stream::iter(frames));
-            let Ok(encoded) = Encoded::new(source, coding) else {
+            let Ok(encoded) = Encoded::new(source, coding, None) else {
                 panic!("encoder")
             };
             let collected = encoded.collect().await.unwrap();
@@ -317,7 +329,7 @@ mod tests {
         let zeros = Bytes::from(vec![0u8; 64 * 1024]);
         let frames = (0..64).map(|_| Ok::<_, Infallible>(Frame::data(zeros.clone())));
         let source = StreamBody::new(stream::iter(frames));
-        let Ok(mut encoded) = Encoded::new(source, Coding::Gzip) else {
+        let Ok(mut encoded) = Encoded::new(source, Coding::Gzip, None) else {
             panic!("encoder")
         };
         let waker = futures_util::task::noop_waker();
@@ -340,7 +352,8 @@ mod tests {
     #[tokio::test]
     async fn an_empty_body_is_a_valid_empty_stream() {
         for coding in [Coding::Gzip, Coding::Brotli, Coding::Zstd] {
-            let Ok(encoded) = Encoded::new(http_body_util::Empty::<Bytes>::new(), coding) else {
+            let Ok(encoded) = Encoded::new(http_body_util::Empty::<Bytes>::new(), coding, None)
+            else {
                 panic!("encoder")
             };
             let out = encoded.collect().await.unwrap().to_bytes();
@@ -356,7 +369,7 @@ mod tests {
                 rx,
                 |mut rx| async move { rx.recv().await.map(|f| (f, rx)) },
             )));
-            let Ok(mut encoded) = Encoded::new(source, coding) else {
+            let Ok(mut encoded) = Encoded::new(source, coding, None) else {
                 panic!("encoder")
             };
             tx.send(Ok(Frame::data(Bytes::from_static(b"data: one\n\n"))))
