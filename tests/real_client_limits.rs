@@ -93,8 +93,12 @@ async fn limits_key_on_the_client_behind_a_trusted_peer() {
         200,
         "another client behind it"
     );
-    // A chain of trusted hops is skipped; forged entries left of the client change nothing.
-    assert_eq!(get_as(&mut lb, "6.6.6.6, 203.0.113.1").await, 429);
+    // A trusted hop right of the client (the balancer itself, 127.0.0.2) is skipped; forged
+    // entries left of the client change nothing.
+    assert_eq!(
+        get_as(&mut lb, "6.6.6.6, 203.0.113.1, 127.0.0.2").await,
+        429
+    );
     // An untrusted peer's XFF is ignored: its own address is the key.
     let mut outsider = connect_from(support::Proto::H2c, proxy.addr, ip("127.0.0.3")).await;
     let statuses: Vec<u16> = {

@@ -75,7 +75,7 @@ async fn the_tcp_block_is_applied() {
         joiner.map(drop).map_err(|e| e.kind()),
         Err(std::io::ErrorKind::AddrInUse)
     );
-    // Both workers still serve (they share the one socket).
+    // The proxy still serves, its workers on the one shared socket.
     for _ in 0..6 {
         let mut c = Client::connect(Proto::H1, proxy.addr).await;
         assert_eq!(get(&mut c).await, 200);

@@ -179,6 +179,12 @@ impl Cidr {
                 ))
             }
         };
+        // `::ffff:10.0.0.0/104` is the IPv4 block 10.0.0.0/8: addresses are compared in their
+        // IPv4 form (see `contains`), so the block must be too.
+        let (ip, prefix) = match ip.to_canonical() {
+            IpAddr::V4(v4) if ip.is_ipv6() && prefix >= 96 => (IpAddr::V4(v4), prefix - 96),
+            _ => (ip, prefix),
+        };
         let cidr = Cidr {
             network: ip,
             prefix,
@@ -270,6 +276,11 @@ mod tests {
             ),
             ("::1", &["::1"], &["::2"]),
             ("::/0", &["fe80::1"], &["127.0.0.1"]),
+            (
+                "::ffff:10.0.0.0/104",
+                &["10.1.2.3", "::ffff:10.2.3.4"],
+                &["11.0.0.1"],
+            ),
         ];
         for (text, inside, outside) in cases {
             let cidr = Cidr::parse(text).unwrap_or_else(|e| panic!("{text}: {e}"));

@@ -24,7 +24,7 @@ use tower::Service;
 use super::LocalBody;
 use crate::upstream::connector::{self, ConnectError};
 use crate::upstream::{Endpoint, UpBody, Wire};
-use crate::vocab::headers;
+use crate::vocab::headers::{self, X_REQUEST_ID};
 use crate::vocab::{ClientConn, ProxyError};
 
 /// How long the auth service has to answer (connect, head and body).
@@ -37,9 +37,6 @@ static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-prot
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 static X_FORWARDED_URI: HeaderName = HeaderName::from_static("x-forwarded-uri");
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-/// The request's id (set by the server before routing), so the auth service's log and the
-/// backend's name the same request.
-static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// A compiled `forward` rule.
 #[derive(Debug)]
@@ -136,6 +133,7 @@ impl ForwardAuth {
         let h = q.headers_mut();
         h.insert(header::HOST, self.authority.clone());
         h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        // The request id too, so the auth service's log and the backend's name one request.
         for name in [header::AUTHORIZATION, header::COOKIE, X_REQUEST_ID.clone()] {
             for value in req.headers().get_all(&name) {
                 h.append(name.clone(), value.clone());

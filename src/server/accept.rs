@@ -285,18 +285,47 @@ impl AcceptLoop {
                 apply_keepalive(&stream, ka);
             }
             let counted = OpenConnection::new(peer, &shared.open, &shared.live);
-            match (&self.tls, shared.proxy_protocol) {
-                (None, false) => serve_plain(&shared, counted, stream),
-                (Some(acceptor), false) => serve_tls(&shared, counted, stream, acceptor.clone()),
-                (tls, true) => serve_proxied(&shared, counted, stream, tls.clone()),
-            }
+            tokio::spawn(serve(shared.clone(), counted, stream, self.tls.clone()));
         }
         drop(listener);
         drain(&shared, &drain_tx).await;
     }
 }
 
-fn serve_plain<F: MakeService>(
+/// One connection, in its own task: the PROXY header (with `proxy_protocol`) and the TLS
+/// handshake, both within one header timeout counted from the accept, then HTTP. A connection
+/// without a valid PROXY header, or whose handshake fails or is late, is closed.
+async fn serve<F: MakeService>(
+    shared: Arc<Shared<F>>,
+    mut counted: OpenConnection,
+    mut stream: tokio::net::TcpStream,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) {
+    let limit = shared.limits.header_timeout;
+    let deadline = tokio::time::Instant::now() + limit;
+    let (name, socket_peer) = (shared.name, counted.peer);
+    if shared.proxy_protocol {
+        let read = tokio::time::timeout_at(deadline, proxy_protocol::read_header(&mut stream));
+        match read.await {
+            Ok(Ok(Header::Proxied { source, .. })) => counted.peer = source,
+            Ok(Ok(Header::Local)) => {}
+            Ok(Err(e)) => {
+                tracing::debug!(peer = %socket_peer, "{name}: connection closed: {e}");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(peer = %socket_peer, "{name}: no PROXY header within {limit:?}; connection closed");
+                return;
+            }
+        }
+    }
+    match tls {
+        None => serve_plain(&shared, counted, stream).await,
+        Some(acceptor) => serve_tls(&shared, counted, stream, acceptor, deadline).await,
+    }
+}
+
+async fn serve_plain<F: MakeService>(
     shared: &Arc<Shared<F>>,
     counted: OpenConnection,
     stream: tokio::net::TcpStream,
@@ -317,88 +346,51 @@ fn serve_plain<F: MakeService>(
         activity,
         shared.limits.timers(),
     );
-    tokio::spawn(counted.run(conn));
+    counted.run(conn).await;
 }
 
-/// Reads the PROXY header (bounded by the header timeout) in the connection's own task, then
-/// serves the connection as its listener does, with the client the header names as its peer.
-/// A connection without a valid header is closed.
-fn serve_proxied<F: MakeService>(
-    shared: &Arc<Shared<F>>,
-    mut counted: OpenConnection,
-    mut stream: tokio::net::TcpStream,
-    tls: Option<tokio_rustls::TlsAcceptor>,
-) {
-    let shared = shared.clone();
-    tokio::spawn(async move {
-        let limit = shared.limits.header_timeout;
-        let (name, socket_peer) = (shared.name, counted.peer);
-        let read = tokio::time::timeout(limit, proxy_protocol::read_header(&mut stream)).await;
-        match read {
-            Ok(Ok(Header::Proxied { source, .. })) => counted.peer = source,
-            Ok(Ok(Header::Local)) => {}
-            Ok(Err(e)) => {
-                tracing::debug!(peer = %socket_peer, "{name}: connection closed: {e}");
-                return;
-            }
-            Err(_) => {
-                tracing::debug!(peer = %socket_peer, "{name}: no PROXY header within {limit:?}; connection closed");
-                return;
-            }
-        }
-        match tls {
-            None => serve_plain(&shared, counted, stream),
-            Some(acceptor) => serve_tls(&shared, counted, stream, acceptor),
-        }
-    });
-}
-
-/// Runs the TLS handshake (bounded by the header timeout) in the connection's own task, then
-/// serves: HTTP/2 only when ALPN chose h2.
-fn serve_tls<F: MakeService>(
+/// Runs the TLS handshake (by `deadline`), then serves: HTTP/2 only when ALPN chose h2.
+async fn serve_tls<F: MakeService>(
     shared: &Arc<Shared<F>>,
     counted: OpenConnection,
     stream: tokio::net::TcpStream,
     acceptor: tokio_rustls::TlsAcceptor,
+    deadline: tokio::time::Instant,
 ) {
-    let shared = shared.clone();
-    tokio::spawn(async move {
-        let peer = counted.peer;
-        let limit = shared.limits.header_timeout;
-        let stream = match tokio::time::timeout(limit, acceptor.accept(stream)).await {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(e)) => {
-                tracing::debug!(%peer, "{}: TLS handshake failed: {e}", shared.name);
-                return;
-            }
-            Err(_) => {
-                tracing::debug!(%peer, "{}: TLS handshake timed out", shared.name);
-                return;
-            }
-        };
-        let session = stream.get_ref().1;
-        let info = ConnInfo {
-            peer,
-            tls: true,
-            tls_facts: tls_facts(session),
-        };
-        let h2 = session.alpn_protocol() == Some(b"h2");
-        let (service, activity) = tracked(&shared, info);
-        let (drain, idle) = (shared.drain.clone(), shared.limits.timers());
-        let io = TokioIo::new(FloodGuard::new(stream, peer));
-        if h2 {
-            let conn = shared.builders.h2_only.serve_connection(io, service);
-            let conn = idle::drive(conn.into_owned(), drain, activity, idle);
-            counted.run(conn).await;
-        } else {
-            let conn = shared
-                .builders
-                .sniffing
-                .serve_connection_with_upgrades(io, service);
-            let conn = idle::drive(conn.into_owned(), drain, activity, idle);
-            counted.run(conn).await;
+    let peer = counted.peer;
+    let stream = match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, "{}: TLS handshake failed: {e}", shared.name);
+            return;
         }
-    });
+        Err(_) => {
+            tracing::debug!(%peer, "{}: TLS handshake timed out", shared.name);
+            return;
+        }
+    };
+    let session = stream.get_ref().1;
+    let info = ConnInfo {
+        peer,
+        tls: true,
+        tls_facts: tls_facts(session),
+    };
+    let h2 = session.alpn_protocol() == Some(b"h2");
+    let (service, activity) = tracked(shared, info);
+    let (drain, idle) = (shared.drain.clone(), shared.limits.timers());
+    let io = TokioIo::new(FloodGuard::new(stream, peer));
+    if h2 {
+        let conn = shared.builders.h2_only.serve_connection(io, service);
+        let conn = idle::drive(conn.into_owned(), drain, activity, idle);
+        counted.run(conn).await;
+    } else {
+        let conn = shared
+            .builders
+            .sniffing
+            .serve_connection_with_upgrades(io, service);
+        let conn = idle::drive(conn.into_owned(), drain, activity, idle);
+        counted.run(conn).await;
+    }
 }
 
 /// What the access log shows of a finished handshake.

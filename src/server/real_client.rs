@@ -19,14 +19,15 @@ use std::borrow::Cow;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use http::header::{HeaderMap, HeaderName, HeaderValue};
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderValue};
 
 use crate::config::net_conf::Cidr;
+use crate::vocab::headers::X_FORWARDED_FOR;
+pub use crate::vocab::headers::X_REQUEST_ID;
 use crate::vocab::ClientConn;
 
 /// The request id header.
-pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
-static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// The longest `X-Request-Id` kept from a trusted peer.
 pub const MAX_REQUEST_ID: usize = 200;
@@ -135,8 +136,9 @@ impl RequestIds {
                 out[i * 16 + j] = HEX[nibble as usize];
             }
         }
-        let mut id =
-            HeaderValue::from_bytes(&out).unwrap_or_else(|_| HeaderValue::from_static("-"));
+        // One allocation, shared by every later clone (request, response, access log).
+        let mut id = HeaderValue::from_maybe_shared(Bytes::from_owner(out))
+            .unwrap_or_else(|_| HeaderValue::from_static("-"));
         // Never indexed by HPACK: a value seen once would only churn the h2 header table.
         id.set_sensitive(true);
         id

@@ -5,7 +5,10 @@ use std::net::IpAddr;
 use bytes::{BufMut, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+/// The request's id: kept from a trusted peer or made by the server, sent upstream (and to a
+/// forward-auth service), returned and logged.
+pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
