@@ -27,8 +27,6 @@ use crate::vocab::headers::X_FORWARDED_FOR;
 pub use crate::vocab::headers::X_REQUEST_ID;
 use crate::vocab::ClientConn;
 
-/// The request id header.
-
 /// The longest `X-Request-Id` kept from a trusted peer.
 pub const MAX_REQUEST_ID: usize = 200;
 
