@@ -81,9 +81,10 @@ pub fn parse(buf: &[u8]) -> Result<Parsed, ProxyHeaderError> {
 }
 
 fn parse_v1(buf: &[u8]) -> Result<Parsed, ProxyHeaderError> {
-    let window = &buf[..buf.len().min(V1_MAX)];
+    // The CR of a full-length line is its 106th byte: the LF after it makes the 107.
+    let window = &buf[..buf.len().min(V1_MAX - 1)];
     let Some(cr) = window.iter().position(|&b| b == b'\r' || b == b'\n') else {
-        return if buf.len() >= V1_MAX {
+        return if buf.len() >= V1_MAX - 1 {
             Err(ProxyHeaderError::V1TooLong)
         } else {
             Ok(Parsed::Incomplete)
@@ -93,7 +94,7 @@ fn parse_v1(buf: &[u8]) -> Result<Parsed, ProxyHeaderError> {
         return Err(ProxyHeaderError::BadV1("line ends without CR"));
     }
     match buf.get(cr + 1) {
-        None if cr + 1 < V1_MAX => return Ok(Parsed::Incomplete),
+        None => return Ok(Parsed::Incomplete),
         Some(b'\n') => {}
         _ => return Err(ProxyHeaderError::BadV1("CR not followed by LF")),
     }
@@ -353,6 +354,24 @@ mod tests {
         }
         let long = [b"PROXY UNKNOWN ".as_slice(), &[b'x'; 100]].concat();
         assert_eq!(parse(&long), Err(ProxyHeaderError::V1TooLong));
+    }
+
+    /// Found by fuzzing: a line whose CR was the 107th byte was taken whole (108 bytes, over the
+    /// limit) while its 107-byte prefix was refused.
+    #[test]
+    fn v1_lines_end_within_107_bytes() {
+        let line =
+            |body: usize| [b"PROXY UNKNOWN ".as_slice(), &vec![b'x'; body], b"\r\n"].concat();
+        let longest = line(V1_MAX - 16);
+        assert_eq!(longest.len(), V1_MAX);
+        assert!(matches!(
+            parse(&longest),
+            Ok(Parsed::Complete { len: V1_MAX, .. })
+        ));
+        assert_eq!(parse(&longest[..V1_MAX - 1]), Ok(Parsed::Incomplete));
+        let over = line(V1_MAX - 15);
+        assert_eq!(parse(&over), Err(ProxyHeaderError::V1TooLong));
+        assert_eq!(parse(&over[..V1_MAX]), Err(ProxyHeaderError::V1TooLong));
     }
 
     #[test]
