@@ -285,48 +285,69 @@ impl AcceptLoop {
                 apply_keepalive(&stream, ka);
             }
             let counted = OpenConnection::new(peer, &shared.open, &shared.live);
-            tokio::spawn(serve(shared.clone(), counted, stream, self.tls.clone()));
+            spawn_serving(&shared, counted, stream, self.tls.as_ref());
         }
         drop(listener);
         drain(&shared, &drain_tx).await;
     }
 }
 
-/// One connection, in its own task: the PROXY header (with `proxy_protocol`) and the TLS
+/// Serves one connection in its own task: the PROXY header (with `proxy_protocol`) and the TLS
 /// handshake, both within one header timeout counted from the accept, then HTTP. A connection
 /// without a valid PROXY header, or whose handshake fails or is late, is closed.
-async fn serve<F: MakeService>(
+///
+/// Each kind of connection is a task of its own type, holding only its own state: a plain
+/// connection's task has no room for a TLS handshake or session.
+fn spawn_serving<F: MakeService>(
+    shared: &Arc<Shared<F>>,
+    counted: OpenConnection,
+    stream: tokio::net::TcpStream,
+    tls: Option<&tokio_rustls::TlsAcceptor>,
+) {
+    let deadline = tokio::time::Instant::now() + shared.limits.header_timeout;
+    let shared = shared.clone();
+    let task = match (tls.cloned(), shared.proxy_protocol) {
+        (None, false) => tokio::spawn(serve_plain(shared, counted, stream)),
+        (Some(acceptor), false) => {
+            tokio::spawn(serve_tls(shared, counted, stream, acceptor, deadline))
+        }
+        (tls, true) => tokio::spawn(serve_proxied(shared, counted, stream, tls, deadline)),
+    };
+    drop(task);
+}
+
+/// A connection that starts with a PROXY protocol header naming the client.
+async fn serve_proxied<F: MakeService>(
     shared: Arc<Shared<F>>,
     mut counted: OpenConnection,
     mut stream: tokio::net::TcpStream,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    deadline: tokio::time::Instant,
 ) {
-    let limit = shared.limits.header_timeout;
-    let deadline = tokio::time::Instant::now() + limit;
     let (name, socket_peer) = (shared.name, counted.peer);
-    if shared.proxy_protocol {
-        let read = tokio::time::timeout_at(deadline, proxy_protocol::read_header(&mut stream));
-        match read.await {
-            Ok(Ok(Header::Proxied { source, .. })) => counted.peer = source,
-            Ok(Ok(Header::Local)) => {}
-            Ok(Err(e)) => {
-                tracing::debug!(peer = %socket_peer, "{name}: connection closed: {e}");
-                return;
-            }
-            Err(_) => {
-                tracing::debug!(peer = %socket_peer, "{name}: no PROXY header within {limit:?}; connection closed");
-                return;
-            }
+    let read = tokio::time::timeout_at(deadline, proxy_protocol::read_header(&mut stream));
+    match read.await {
+        Ok(Ok(Header::Proxied { source, .. })) => counted.peer = source,
+        Ok(Ok(Header::Local)) => {}
+        Ok(Err(e)) => {
+            tracing::debug!(peer = %socket_peer, "{name}: connection closed: {e}");
+            return;
+        }
+        Err(_) => {
+            let limit = shared.limits.header_timeout;
+            tracing::debug!(peer = %socket_peer, "{name}: no PROXY header within {limit:?}; connection closed");
+            return;
         }
     }
     match tls {
-        None => serve_plain(&shared, counted, stream).await,
-        Some(acceptor) => serve_tls(&shared, counted, stream, acceptor, deadline).await,
+        None => serve_plain(shared, counted, stream).await,
+        // Boxed: the handshake and the session would make every plain connection's task larger.
+        Some(acceptor) => Box::pin(serve_tls(shared, counted, stream, acceptor, deadline)).await,
     }
 }
 
 async fn serve_plain<F: MakeService>(
-    shared: &Arc<Shared<F>>,
+    shared: Arc<Shared<F>>,
     counted: OpenConnection,
     stream: tokio::net::TcpStream,
 ) {
@@ -335,7 +356,7 @@ async fn serve_plain<F: MakeService>(
         tls: false,
         tls_facts: TlsFacts::default(),
     };
-    let (service, activity) = tracked(shared, info);
+    let (service, activity) = tracked(&shared, info);
     let conn = shared.builders.sniffing.serve_connection_with_upgrades(
         TokioIo::new(FloodGuard::new(stream, counted.peer)),
         service,
@@ -351,7 +372,7 @@ async fn serve_plain<F: MakeService>(
 
 /// Runs the TLS handshake (by `deadline`), then serves: HTTP/2 only when ALPN chose h2.
 async fn serve_tls<F: MakeService>(
-    shared: &Arc<Shared<F>>,
+    shared: Arc<Shared<F>>,
     counted: OpenConnection,
     stream: tokio::net::TcpStream,
     acceptor: tokio_rustls::TlsAcceptor,
@@ -376,7 +397,7 @@ async fn serve_tls<F: MakeService>(
         tls_facts: tls_facts(session),
     };
     let h2 = session.alpn_protocol() == Some(b"h2");
-    let (service, activity) = tracked(shared, info);
+    let (service, activity) = tracked(&shared, info);
     let (drain, idle) = (shared.drain.clone(), shared.limits.timers());
     let io = TokioIo::new(FloodGuard::new(stream, peer));
     if h2 {
