@@ -6,7 +6,7 @@
 #
 # Env knobs:
 #   DURATION   seconds of measured load per proxy x scenario (default 10); a 2 s warm-up precedes it
-#   SCENARIOS  any of "h1 post h2c https h2tls tlsnew" (default all six)
+#   SCENARIOS  any of "h1 post tcpnew h2c https h2tls tlsnew" (default all seven)
 #   PROXIES    any of "aralez nginx haproxy" (default all three)
 #   ROUNDS     rounds per scenario (default 1). Each round measures every proxy once, the order
 #              rotated from round to round; the table shows each figure's median over the rounds
@@ -29,7 +29,7 @@ set -euo pipefail
 
 DURATION=${DURATION:-10}
 ROUNDS=${ROUNDS:-1}
-SCENARIOS=${SCENARIOS:-"h1 post h2c https h2tls tlsnew"}
+SCENARIOS=${SCENARIOS:-"h1 post tcpnew h2c https h2tls tlsnew"}
 PROXIES=${PROXIES:-"aralez nginx haproxy"}
 BASE_PORT=${BASE_PORT:-18080}
 PROXY_CPU=${PROXY_CPU:-0}
@@ -46,7 +46,7 @@ source "$SCRIPT_DIR/lib.sh"
 # ---------------------------------------------------------------- argument checks
 [[ "$DURATION" =~ ^[1-9][0-9]*$ ]] || die "DURATION must be a positive integer (seconds), got '$DURATION'"
 for s in $SCENARIOS; do
-  case "$s" in h1|post|h2c|https|h2tls|tlsnew) ;; *) die "unknown scenario '$s' (known: h1 post h2c https h2tls tlsnew)";; esac
+  case "$s" in h1|post|tcpnew|h2c|https|h2tls|tlsnew) ;; *) die "unknown scenario '$s' (known: h1 post tcpnew h2c https h2tls tlsnew)";; esac
 done
 for p in $PROXIES; do
   case "$p" in aralez|nginx|haproxy) ;; *) die "unknown proxy '$p' (known: aralez nginx haproxy)";; esac
@@ -314,7 +314,7 @@ run_load() {  # run_load SCENARIO URL DURATION OUTFILE [h2load log file]
   case "$sc" in
     h1|https) run_wrk "$url" "$dur" "$out" ;;
     post) run_wrk "$url" "$dur" "$out" -s "$TMP/post.lua" ;;
-    tlsnew) run_wrk "$url" "$dur" "$out" -H "Connection: close" ;;
+    tlsnew|tcpnew) run_wrk "$url" "$dur" "$out" -H "Connection: close" ;;
     h2c) run_h2load "$url" "$dur" "$out" "$logf" ;;
     h2tls) run_h2load "$url" "$dur" "$out" "$logf" --tls13-ciphers=TLS_AES_256_GCM_SHA384 ;;
   esac
@@ -324,6 +324,7 @@ scenario_title() {  # scenario_title SCENARIO
   case "$1" in
     h1) echo "h1: HTTP/1.1 keep-alive GET, small response (wrk -t1 -c32 -d${DURATION}s)" ;;
     post) echo "post: HTTP/1.1 keep-alive POST, 1 KiB body (wrk -t1 -c32 -d${DURATION}s, lua script)" ;;
+    tcpnew) echo "tcpnew: a new TCP connection per request, plain HTTP/1.1 (wrk -t1 -c32 -d${DURATION}s -H 'Connection: close')" ;;
     h2c) echo "h2c: HTTP/2 cleartext prior knowledge GET (h2load -c16 -m16 -D ${DURATION})" ;;
     https) echo "https: HTTPS/1.1 keep-alive GET, TLS 1.3 (wrk -t1 -c32 -d${DURATION}s)" ;;
     h2tls) echo "h2tls: HTTP/2 over TLS 1.3, ALPN h2 (h2load -c16 -m16 -D ${DURATION})" ;;
@@ -375,7 +376,7 @@ measure() {  # measure PROXY SCENARIO
   OTHER_PCT=$(awk -v o="$other" -v t=$((mb1 - mb0 + mi1 - mi0)) 'BEGIN {printf "%.0f", (t > 0 ? 100 * o / t : 0)}')
   RSS_MB=$(awk -v k="$(hwm_kb "${pids[@]}")" 'BEGIN {printf "%.1f", k / 1024}')
   case "$sc" in
-    h1|post|https|tlsnew) parse_wrk "$out" ;;
+    h1|post|tcpnew|https|tlsnew) parse_wrk "$out" ;;
     h2c|h2tls) parse_h2load "$out" "$logf" ;;
   esac
   if [[ "$sc" == h2tls ]] && ! grep -q '^Application protocol: h2$' "$out"; then
