@@ -116,27 +116,31 @@ wait_ok() {  # wait_ok NAME URL WANT_VER PID [curl args...]
   die "$name: $url did not answer 200 within 10 s (last status: ${code:-none})"
 }
 
-# Stop a started server at once (SIGKILL): for peers whose SIGTERM path sleeps (Aralez 0.95 waits
-# 5 s before exiting), where nothing is left to flush in a benchmark.
+# Stop a started server and its children at once (SIGKILL to the whole tree, so that no nginx worker
+# is orphaned): for peers whose SIGTERM path sleeps (Aralez 0.95 waits 5 s before exiting), where
+# nothing is left to flush in a benchmark.
 kill_started() {  # kill_started PID
-  local pid=$1 keep=() p
-  kill -KILL "$pid" 2>/dev/null || true
+  local pid=$1 keep=() p tree
+  mapfile -t tree < <(pid_tree "$pid")
+  kill -KILL "${tree[@]}" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
   for p in "${STARTED_PIDS[@]}"; do [[ "$p" == "$pid" ]] || keep+=("$p"); done
   STARTED_PIDS=("${keep[@]}")
 }
 
-# Raise this shell's open-file limit (inherited by every process it starts) as far as allowed, up to
-# WANT; sets NOFILE to the limit in force. Root may raise the hard limit too, unless a container
-# forbids it.
+# Raise this shell's open-file limit (inherited by every process it starts): the hard limit to WANT
+# if it is lower and this is allowed (root, unless a container forbids it), then the soft limit to
+# the hard one. Sets NOFILE to the soft limit in force.
 raise_nofile() {  # raise_nofile WANT
   local want=$1 hard
-  ulimit -Hn "$want" 2>/dev/null || true
   hard=$(ulimit -Hn)
-  [[ "$hard" == unlimited ]] && hard=$want
-  ((hard < want)) && want=$hard
-  ulimit -Sn "$want" 2>/dev/null || true
+  if [[ "$hard" != unlimited ]] && ((hard < want)); then
+    ulimit -Hn "$want" 2>/dev/null || true
+  fi
+  ulimit -Sn "$(ulimit -Hn)" 2>/dev/null || true
   NOFILE=$(ulimit -Sn)
+  [[ "$NOFILE" == unlimited ]] && NOFILE=1048576
+  return 0
 }
 
 # Global part of an nginx config rooted in $TMP/NAME. With CONNS, worker_connections is CONNS and the
@@ -187,6 +191,55 @@ peer_bin() {
   [[ -x "$root/bin/$crate" ]] || return 1
   grep -q "^\"$crate $version (" "$root/.crates.toml" 2>/dev/null || return 1
   echo "$root/bin/$crate"
+}
+
+# ---------------------------------------------------------------- aralez and Aralez configs
+# The main.yaml of aralez (this repository) in DIR for the high-connection benchmarks: one worker,
+# errors only, pid file and upgrade socket of its own (so it never meets another aralez on the
+# machine), POOL idle upstream connections, and no connection caps below 100,000 (client
+# connections: max_connections; open upstream connections: upstream_max_connections, whose default
+# 1024 would turn concurrency above 1024 into 503s). Routes: DIR/upstreams.yaml.
+aralez_main_yaml() {  # aralez_main_yaml DIR PLAIN_PORT TLS_PORT CERT_DIR POOL
+  cat >"$1/main.yaml" <<EOF
+threads: 1
+proxy_address_http: "127.0.0.1:$2"
+proxy_address_tls: "127.0.0.1:$3"
+proxy_certificates: "$4"
+proxy_tls_grade: medium
+upstreams_conf: "$1/upstreams.yaml"
+log_level: error
+upstream_keepalive_pool_size: $5
+upstream_max_connections: 100000
+max_connections: 100000
+pid_file: "$1/aralez.pid"
+upgrade_sock: "$1/aralez.sock"
+EOF
+}
+
+# The main.yaml of Aralez 0.95 (Pingora) in DIR: the same choices where it has the key (threads,
+# pool, TLS grade, log level, pid file, upgrade socket; it has no connection cap). Its certificates
+# are read from DIR/certificates (copied from CERT_DIR); its admin API, which it always binds, on
+# ADMIN_PORT with config pushes off; health checks every 2 s as aralez's default. Pingora reads the
+# same file for its server settings (threads, pid_file, upgrade_sock).
+pingora_main_yaml() {  # pingora_main_yaml DIR PLAIN_PORT TLS_PORT CERT_DIR POOL ADMIN_PORT
+  mkdir -p "$1/certificates"
+  cp "$4/default.crt" "$4/default.key" "$1/certificates/"
+  cat >"$1/main.yaml" <<EOF
+threads: 1
+proxy_address_http: "127.0.0.1:$2"
+proxy_address_tls: "127.0.0.1:$3"
+proxy_configs: "$1"
+proxy_tls_grade: medium
+upstreams_conf: "$1/upstreams.yaml"
+log_level: error
+upstream_keepalive_pool_size: $5
+pid_file: "$1/aralez.pid"
+upgrade_sock: "$1/aralez.sock"
+config_address: "127.0.0.1:$6"
+config_api_enabled: false
+hc_interval: 2
+hc_method: HEAD
+EOF
 }
 
 # ---------------------------------------------------------------- measured windows
