@@ -373,9 +373,10 @@ parse_h2load() {  # parse_h2load OUTFILE LOGFILE
   local out=$1 logf=$2 failed
   RPS=$(awk '/^finished in/ {gsub(",", "", $4); printf "%.0f", $4}' "$out")
   OK=$(awk '/^status codes:/ {print $3}' "$out")
-  # non-2xx status codes + requests that failed/errored/timed out without a status
-  BAD=$(awk '/^status codes:/ {gsub(",", ""); print $5 + $7 + $9}' "$out")
-  failed=$(awk '/^requests:/ {gsub(",", ""); print $10 + $12 + $14}' "$out")
+  # h2load's "N failed" already counts the responses with a status outside 2xx-3xx and the errored
+  # and timed-out requests ("E errored, T timeout" are parts of it), so: 3xx + failed.
+  BAD=$(awk '/^status codes:/ {gsub(",", ""); print $5}' "$out")
+  failed=$(awk '/^requests:/ {gsub(",", ""); print $10}' "$out")
   [[ -n "$RPS" && -n "$OK" && -n "$BAD" && -n "$failed" ]] || { cat "$out" >&2; die "could not parse h2load output"; }
   BAD=$((BAD + failed))
   # "time for request:  min  max  mean  sd  +/- sd"

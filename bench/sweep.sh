@@ -284,7 +284,11 @@ measure_point() {  # measure_point PROXY PROTO C ROUND
   fi
   # Under 10 ticks (0.1 s of CPU) the figure is mostly rounding: n/a.
   if ((W_TICKS >= 10)); then CPU_US=$(us_per_req "$W_TICKS" "$OK"); else CPU_US=nan; fi
-  ((BAD > 0)) && note="$BAD of $n requests failed or non-2xx${note:+; $note}"
+  if ((BAD > 0)); then
+    note="$BAD of $n requests failed or non-2xx${note:+; $note}"
+    log "$proto c=$c / $proxy: h2load's output (without progress lines):"
+    grep -v -e '^progress:' -e '^spawning thread' "$out" | head -n 40 >&2 || true
+  fi
   log "$proto c=$c / $proxy: $RPS req/s, $OK 2xx, $BAD bad, mean $(fmt_ms "$MEAN_US"), p99 $(fmt_ms "$P99_US"), cpu $W_TICKS ticks (user $W_USER, sys $W_SYS) -> $CPU_US us/req, rss $RSS_MB MB, other CPU ${OTHER_PCT}%${note:+ -- $note}"
   ((OTHER_PCT > OTHER_WARN_PCT)) && log "WARNING: ${OTHER_PCT}% of the machine went to other processes during this point"
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$proto" "$c" "$round" "$proxy" "$RPS" "$OK" "$BAD" \
