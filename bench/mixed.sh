@@ -294,16 +294,22 @@ measure() {  # measure PROXY ROUND
     ct+=(--connect-to "$h:${P_PLAIN[$proxy]}:127.0.0.1:${P_PLAIN[$proxy]}" --connect-to "$h:${P_TLS[$proxy]}:127.0.0.1:${P_TLS[$proxy]}")
   done
   rm -f "$TMP"/load/oha-*
+  # --insecure as on Aralez's page: rustls refuses the self-signed test certificate, which OpenSSL
+  # makes a CA (CaUsedAsEndEntity), and a refused handshake sends oha to another URL, often plain
+  # HTTP, which would quietly turn the load into mostly plain HTTP. curl verified the certificate.
   log "$proxy: oha GET and oha POST at once, ${CONNS_EACH} connections each, ${DURATION}s, 60 URLs over ${HOSTS[*]}"
   window_start "$PROXY_PID" "$BACKEND_PID"
   for m in GET POST; do
     local extra=()
     [[ "$m" == POST ]] && extra=(-D "$TMP/body.json" -T application/json)
     timeout $((DURATION + 60)) taskset -c "$LOAD_CPU" "$OHA_BIN" -c "$CONNS_EACH" -z "${DURATION}s" -m "$m" "${extra[@]}" \
-      --urls-from-file "$TMP/urls-$proxy.txt" "${ct[@]}" --cacert "$TMP/certs/default.crt" --worker-threads 1 --no-tui \
+      --urls-from-file "$TMP/urls-$proxy.txt" "${ct[@]}" --insecure --worker-threads 1 --no-tui \
       --output-format json -o "$TMP/load/oha-$m.json" --db-url "$TMP/load/oha-$m.db" >"$TMP/load/oha-$m.out" 2>&1 &
     [[ "$m" == GET ]] && pid_get=$! || pid_post=$!
   done
+  # Half-way through, count the client connections on each listener (the share that is TLS).
+  sleep $((DURATION / 2))
+  CONN_SPLIT="$(ss -Htn state established "( sport = :${P_TLS[$proxy]} )" 2>/dev/null | wc -l) TLS / $(ss -Htn state established "( sport = :${P_PLAIN[$proxy]} )" 2>/dev/null | wc -l) plain"
   wait "$pid_get" || rc_get=$?
   wait "$pid_post" || rc_post=$?
   window_end
@@ -315,9 +321,9 @@ measure() {  # measure PROXY ROUND
     "$TMP/load/oha-GET.db" "$TMP/load/oha-POST.db") || die "mixed_stats.py failed"
   ok=$(cut -f5 <<<"$stats")
   if ((W_TICKS >= 10)); then CPU_US=$(us_per_req "$W_TICKS" "$ok"); else CPU_US=nan; fi
-  log "$proxy: $(cut -f1 <<<"$stats") req/s (2xx), p50/p90/p99/p99.9/p99.99 $(cut -f9-13 <<<"$stats" | tr '\t' '/') ms, non-2xx $(cut -f6 <<<"$stats"), errors $(cut -f7 <<<"$stats"), cpu $W_TICKS ticks (user $W_USER, sys $W_SYS) -> $CPU_US us/req, rss $RSS_MB MB, other CPU ${OTHER_PCT}%"
+  log "$proxy: connections half-way $CONN_SPLIT; $(cut -f1 <<<"$stats") req/s (2xx), p50/p90/p99/p99.9/p99.99 $(cut -f9-13 <<<"$stats" | tr '\t' '/') ms, non-2xx $(cut -f6 <<<"$stats"), errors $(cut -f7 <<<"$stats"), cpu $W_TICKS ticks (user $W_USER, sys $W_SYS) -> $CPU_US us/req, rss $RSS_MB MB, other CPU ${OTHER_PCT}%"
   ((OTHER_PCT > OTHER_WARN_PCT)) && log "WARNING: ${OTHER_PCT}% of the machine went to other processes during the run"
-  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$proxy" "$stats" "$CPU_US" "$RSS_MB" "$OTHER_PCT" >>"$TMP/raw.tsv"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$proxy" "$stats" "$CPU_US" "$RSS_MB" "$OTHER_PCT" "$CONN_SPLIT" >>"$TMP/raw.tsv"
   kill_started "$PROXY_PID"
 }
 
@@ -348,7 +354,7 @@ ELAPSED=$(($(date +%s) - T0))
 # ---------------------------------------------------------------- report
 # raw.tsv columns: 1 round, 2 proxy, 3 ok_rps, 4 get_rps, 5 post_rps, 6 responses, 7 ok, 8 non2xx,
 # 9 errors, 10 deadline, 11-15 p50 p90 p99 p99.9 p99.99, 16 statuses, 17 errs, 18 cpu_us, 19 rss_mb,
-# 20 other_pct
+# 20 other_pct, 21 client connections half-way (TLS / plain)
 col() { awk -F'\t' -v x="$1" -v i="$2" '$2 == x {print $i}' "$TMP/raw.tsv"; }
 sum() { col "$1" "$2" | awk '{s += $1} END {print s + 0}'; }
 num() { awk -v v="$1" 'BEGIN { if (v == "nan" || v == "") print "n/a"; else printf "%.2f", v }'; }
@@ -405,7 +411,7 @@ REPORT="$TMP/report.md"
   echo
   echo "Status codes and error kinds:"
   echo
-  for p in $PROXIES; do echo "- $(proxy_label "$p"): statuses $(col "$p" 16 | paste -sd ' ' -); errors $(col "$p" 17 | paste -sd ' ' -)"; done
+  for p in $PROXIES; do echo "- $(proxy_label "$p"): statuses $(col "$p" 16 | paste -sd ' ' -); errors $(col "$p" 17 | paste -sd ' ' -); client connections half-way: $(col "$p" 21 | paste -sd ',' - | sed 's/,/, /g')"; done
   hot=$(awk -F'\t' -v w="$OTHER_WARN_PCT" '$20 > w {print $2 " (" $20 "%)"}' "$TMP/raw.tsv" | paste -sd ',' - | sed 's/,/, /g')
   [[ -n "$hot" ]] && { echo; echo "**WARNING: other processes used more than ${OTHER_WARN_PCT}% of the machine during: $hot -- those numbers are distorted.**"; }
   true
