@@ -214,6 +214,8 @@ max_connections: 100000
 pid_file: "$1/aralez.pid"
 upgrade_sock: "$1/aralez.sock"
 EOF
+  # Experiments: ARALEZ_EXTRA_YAML holds more main.yaml lines (e.g. "client_header_timeout: 60").
+  if [[ -n "${ARALEZ_EXTRA_YAML:-}" ]]; then printf '%s\n' "$ARALEZ_EXTRA_YAML" >>"$1/main.yaml"; fi
 }
 
 # The main.yaml of Aralez 0.95 (Pingora) in DIR: the same choices where it has the key (threads,
@@ -388,8 +390,9 @@ parse_h2load() {  # parse_h2load OUTFILE LOGFILE
       { v[NR] = $1 }
       END {
         if (NR == 0) { print "nan nan"; exit }
-        i50 = int(NR * 0.50); if (i50 < 1) i50 = 1
-        i99 = int(NR * 0.99); if (i99 < 1) i99 = 1
+        # nearest rank: the smallest value with at least p of the values at or below it
+        i50 = int(NR * 0.50); if (i50 < NR * 0.50) i50++; if (i50 < 1) i50 = 1
+        i99 = int(NR * 0.99); if (i99 < NR * 0.99) i99++; if (i99 < 1) i99 = 1
         printf "%.1f %.1f\n", v[i50], v[i99]
       }')
   else

@@ -20,6 +20,7 @@
 #                table shows medians (RSS: the highest; counts: summed)
 #   POOL         idle upstream keep-alive connections per backend of each proxy (default 1024)
 #   ARALEZ_BIN   aralez binary (default target/release/aralez; never built by this script)
+#   ARALEZ_EXTRA_YAML  more lines for aralez's main.yaml, for experiments
 #   ARALEZ_PEER_BIN / OHA_BIN  Aralez 0.95 and oha binaries (default: bench/peers.sh's installs)
 #   BASE_PORT    first of 12 consecutive localhost ports (default 18380)
 #   PROXY_CPU / LOAD_CPU  cores (default 0 / 1)
@@ -372,6 +373,7 @@ REPORT="$TMP/report.md"
   echo "- versions: $(nginx -v 2>&1 | sed 's/^nginx version: //')$(has_proxy haproxy && echo ", $(haproxy -v 2>/dev/null | head -1 | awk '{print "HAProxy " $3}')"), oha $OHA_VERSION, $(openssl version | awk '{print $1, $2}')$(has_proxy aralez && echo ", aralez $ARALEZ_BIN (git $(git -C "$REPO_ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown))")$(has_proxy Aralez && echo ", Aralez $ARALEZ_PEER_VERSION $ARALEZ_PEER_BIN")"
   ((ROUNDS > 1)) && echo "- $ROUNDS rounds, order rotated; medians shown (RSS: the highest round; counts: summed over rounds)"
   echo "- CPUs busy in the 1 s before the run: ${BUSY_PCT}%$( ((BUSY_PCT > 10)) && echo " -- WARNING: machine not idle, numbers distorted")"
+  [[ -n "${ARALEZ_EXTRA_YAML:-}" ]] && echo "- aralez main.yaml extra lines (ARALEZ_EXTRA_YAML): \`$(printf '%s' "$ARALEZ_EXTRA_YAML" | paste -sd ';' -)\`"
   [[ -n "$SKIPPED" ]] && echo "- **$SKIPPED**"
   [[ -n "$FD_NOTE" ]] && echo "- **WARNING: $FD_NOTE**"
   echo

@@ -21,6 +21,7 @@
 #   POOL           idle upstream keep-alive connections of each proxy (default 1024)
 #   POINT_TIMEOUT  seconds allowed for one h2load run (default 600); a run cut short is a failed point
 #   ARALEZ_BIN     aralez binary (default target/release/aralez; never built by this script)
+#   ARALEZ_EXTRA_YAML  more lines for aralez's main.yaml, for experiments (e.g. "client_header_timeout: 60")
 #   ARALEZ_PEER_BIN  Aralez 0.95 binary (default: bench/peers.sh's install under target/peers)
 #   BASE_PORT      first of 10 consecutive localhost ports (default 18280)
 #   PROXY_CPU / LOAD_CPU  cores (default 0 / 1)
@@ -366,6 +367,7 @@ PEERS_LIST=$(printf '%s\n' $PROXIES | grep -vx aralez | tr '\n' ' ' || true)
   echo "- versions: $(nginx -v 2>&1 | sed 's/^nginx version: //')$(has_proxy haproxy && echo ", $(haproxy -v 2>/dev/null | head -1 | awk '{print "HAProxy " $3}')"), $(h2load --version 2>/dev/null | head -1), $(openssl version | awk '{print $1, $2}')$(has_proxy aralez && echo ", aralez $ARALEZ_BIN (git $(git -C "$REPO_ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown))")$(has_proxy Aralez && echo ", Aralez $ARALEZ_PEER_VERSION $ARALEZ_PEER_BIN")"
   ((ROUNDS > 1)) && echo "- $ROUNDS rounds per point, order rotated; medians shown (RSS: the highest round; failures: summed)"
   echo "- CPUs busy in the 1 s before the run: ${BUSY_PCT}%$( ((BUSY_PCT > 10)) && echo " -- WARNING: machine not idle, numbers distorted")"
+  [[ -n "${ARALEZ_EXTRA_YAML:-}" ]] && echo "- aralez main.yaml extra lines (ARALEZ_EXTRA_YAML): \`$(printf '%s' "$ARALEZ_EXTRA_YAML" | paste -sd ';' -)\`"
   [[ -n "$SKIPPED" ]] && echo "- **$SKIPPED**"
   [[ -n "$FD_NOTE" ]] && echo "- **WARNING: $FD_NOTE**"
   for proto in $PROTOCOLS; do
