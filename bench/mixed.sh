@@ -359,6 +359,7 @@ ELAPSED=$(($(date +%s) - T0))
 col() { awk -F'\t' -v x="$1" -v i="$2" '$2 == x {print $i}' "$TMP/raw.tsv"; }
 sum() { col "$1" "$2" | awk '{s += $1} END {print s + 0}'; }
 num() { awk -v v="$1" 'BEGIN { if (v == "nan" || v == "") print "n/a"; else printf "%.2f", v }'; }
+int() { awk -v v="$1" 'BEGIN { if (v == "nan" || v == "") print "n/a"; else printf "%.0f", v }'; }
 declare -A P99=() P999=()
 REPORT="$TMP/report.md"
 {
@@ -382,7 +383,7 @@ REPORT="$TMP/report.md"
   for p in $PROXIES; do
     P99[$p]=$(median $(col "$p" 13)) P999[$p]=$(median $(col "$p" 14))
     printf '| %s | %s (%s + %s) | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$(proxy_label "$p")" \
-      "$(median $(col "$p" 3))" "$(median $(col "$p" 4))" "$(median $(col "$p" 5))" \
+      "$(int "$(median $(col "$p" 3))")" "$(int "$(median $(col "$p" 4))")" "$(int "$(median $(col "$p" 5))")" \
       "$(num "$(median $(col "$p" 11))")" "$(num "$(median $(col "$p" 12))")" "$(num "${P99[$p]}")" \
       "$(num "${P999[$p]}")" "$(num "$(median $(col "$p" 15))")" "$(sum "$p" 6)" "$(sum "$p" 8)" "$(sum "$p" 9)" \
       "$(sum "$p" 10)" "$(median $(col "$p" 18) | sed 's/^nan$/n\/a/')" "$(maximum $(col "$p" 19))"
