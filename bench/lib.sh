@@ -1,4 +1,5 @@
-# Shared functions of bench/run.sh (sourced, not run): tool checks, process start/stop, CPU and
+# Shared functions of bench/run.sh, sweep.sh, mixed.sh and peers.sh (sourced, not run): tool checks,
+# peers installed under target/peers, open-file limits, process start/stop, nginx config heads, CPU and
 # memory sampling, load generators and their parsers, TLS certificate and probe, table printing.
 #
 # Uses these globals of the caller: TMP (temp dir), STARTED_PIDS (array), LOAD_CPU, CLK_TCK,
@@ -94,7 +95,8 @@ stop_started() {  # stop_started PID: stop it and drop it from the cleanup list
 }
 
 # Wait (bounded, 10 s) until URL answers 200 with the expected body over HTTP/WANT_VER (1.1 or 2).
-# Extra curl arguments (protocol flags, --cacert) follow the pid.
+# Extra curl arguments (protocol flags, --cacert) follow the pid. The expected body is the global
+# WANT_BODY if set, else the run.sh backend's "hello, world".
 wait_ok() {  # wait_ok NAME URL WANT_VER PID [curl args...]
   local name=$1 url=$2 want_ver=$3 pid=$4 i code="" ver="" body
   shift 4
@@ -104,7 +106,7 @@ wait_ok() {  # wait_ok NAME URL WANT_VER PID [curl args...]
       --max-time 2 "$url" 2>/dev/null || true) || true
     if [[ "${code:-}" == 200 ]]; then
       body=$(cat "$TMP/curl.body")
-      [[ "$body" == "hello, world" ]] || die "$name: $url answered 200 but with body '$body'"
+      [[ "$body" == "${WANT_BODY:-hello, world}" ]] || die "$name: $url answered 200 but with body '$body'"
       [[ "$ver" == "$want_ver" ]] || die "$name: $url answered over HTTP/$ver, expected HTTP/$want_ver"
       return 0
     fi
@@ -113,6 +115,166 @@ wait_ok() {  # wait_ok NAME URL WANT_VER PID [curl args...]
   cat "$TMP/load/$name.out" >&2 || true
   die "$name: $url did not answer 200 within 10 s (last status: ${code:-none})"
 }
+
+# Stop a started server and its children at once (SIGKILL to the whole tree, so that no nginx worker
+# is orphaned): for peers whose SIGTERM path sleeps (Aralez 0.95 waits 5 s before exiting), where
+# nothing is left to flush in a benchmark.
+kill_started() {  # kill_started PID
+  local pid=$1 keep=() p tree
+  mapfile -t tree < <(pid_tree "$pid")
+  kill -KILL "${tree[@]}" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  for p in "${STARTED_PIDS[@]}"; do [[ "$p" == "$pid" ]] || keep+=("$p"); done
+  STARTED_PIDS=("${keep[@]}")
+}
+
+# Raise this shell's open-file limit (inherited by every process it starts): the hard limit to WANT
+# if it is lower and this is allowed (root, unless a container forbids it), then the soft limit to
+# the hard one. Sets NOFILE to the soft limit in force.
+raise_nofile() {  # raise_nofile WANT
+  local want=$1 hard
+  hard=$(ulimit -Hn)
+  if [[ "$hard" != unlimited ]] && ((hard < want)); then
+    ulimit -Hn "$want" 2>/dev/null || true
+  fi
+  ulimit -Sn "$(ulimit -Hn)" 2>/dev/null || true
+  NOFILE=$(ulimit -Sn)
+  [[ "$NOFILE" == unlimited ]] && NOFILE=1048576
+  return 0
+}
+
+# Global part of an nginx config rooted in $TMP/NAME. With CONNS, worker_connections is CONNS and the
+# worker's open-file limit NOFILE (set by raise_nofile); without, the 1024 of bench/run.sh.
+nginx_common() {  # nginx_common NAME [CONNS]
+  local d="$TMP/$1"
+  mkdir -p "$d"
+  cat <<EOF
+worker_processes 1;
+daemon off;
+master_process on;
+pid $d/nginx.pid;
+error_log $d/error.log error;
+EOF
+  if [[ -n "${2:-}" ]]; then
+    printf 'worker_rlimit_nofile %s;\nevents { worker_connections %s; }\n' "$NOFILE" "$2"
+  else
+    echo 'events { worker_connections 1024; }'
+  fi
+}
+
+# The nginx temp paths of an instance rooted in $TMP/NAME (http block lines).
+nginx_temp_paths() {  # nginx_temp_paths NAME
+  local d="$TMP/$1"
+  cat <<EOF
+    client_body_temp_path $d/body;
+    proxy_temp_path $d/proxy;
+    fastcgi_temp_path $d/fastcgi;
+    uwsgi_temp_path $d/uwsgi;
+    scgi_temp_path $d/scgi;
+EOF
+}
+
+# ---------------------------------------------------------------- peers (bench/peers.sh)
+# Proxies and tools that are not Debian packages, built with `cargo install` into
+# $PEERS_DIR/NAME (default target/peers/NAME under the repository). Versions pinned here, so that
+# peers.sh and the benchmarks agree.
+ARALEZ_PEER_VERSION=${ARALEZ_PEER_VERSION:-0.95.4}
+OHA_VERSION=${OHA_VERSION:-1.16.0}
+
+peers_dir() { echo "${PEERS_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/target/peers}"; }
+
+# peer_bin CRATE VERSION: the installed binary's path if `cargo install` recorded CRATE at VERSION in
+# its root, else nothing (status 1).
+peer_bin() {
+  local crate=$1 version=$2 root
+  root="$(peers_dir)/$crate"
+  [[ -x "$root/bin/$crate" ]] || return 1
+  grep -q "^\"$crate $version (" "$root/.crates.toml" 2>/dev/null || return 1
+  echo "$root/bin/$crate"
+}
+
+# ---------------------------------------------------------------- aralez and Aralez configs
+# The main.yaml of aralez (this repository) in DIR for the high-connection benchmarks: one worker,
+# errors only, pid file and upgrade socket of its own (so it never meets another aralez on the
+# machine), POOL idle upstream connections, and no connection caps below 100,000 (client
+# connections: max_connections; open upstream connections: upstream_max_connections, whose default
+# 1024 would turn concurrency above 1024 into 503s). Routes: DIR/upstreams.yaml.
+aralez_main_yaml() {  # aralez_main_yaml DIR PLAIN_PORT TLS_PORT CERT_DIR POOL
+  cat >"$1/main.yaml" <<EOF
+threads: 1
+proxy_address_http: "127.0.0.1:$2"
+proxy_address_tls: "127.0.0.1:$3"
+proxy_certificates: "$4"
+proxy_tls_grade: medium
+upstreams_conf: "$1/upstreams.yaml"
+log_level: error
+upstream_keepalive_pool_size: $5
+upstream_max_connections: 100000
+max_connections: 100000
+pid_file: "$1/aralez.pid"
+upgrade_sock: "$1/aralez.sock"
+EOF
+  # Experiments: ARALEZ_EXTRA_YAML holds more main.yaml lines (e.g. "client_header_timeout: 60").
+  if [[ -n "${ARALEZ_EXTRA_YAML:-}" ]]; then printf '%s\n' "$ARALEZ_EXTRA_YAML" >>"$1/main.yaml"; fi
+}
+
+# The main.yaml of Aralez 0.95 (Pingora) in DIR: the same choices where it has the key (threads,
+# pool, TLS grade, log level, pid file, upgrade socket; it has no connection cap). Its certificates
+# are read from DIR/certificates (copied from CERT_DIR); its admin API, which it always binds, on
+# ADMIN_PORT with config pushes off; health checks every 2 s as aralez's default. Pingora reads the
+# same file for its server settings (threads, pid_file, upgrade_sock).
+pingora_main_yaml() {  # pingora_main_yaml DIR PLAIN_PORT TLS_PORT CERT_DIR POOL ADMIN_PORT
+  mkdir -p "$1/certificates"
+  cp "$4/default.crt" "$4/default.key" "$1/certificates/"
+  cat >"$1/main.yaml" <<EOF
+threads: 1
+proxy_address_http: "127.0.0.1:$2"
+proxy_address_tls: "127.0.0.1:$3"
+proxy_configs: "$1"
+proxy_tls_grade: medium
+upstreams_conf: "$1/upstreams.yaml"
+log_level: error
+upstream_keepalive_pool_size: $5
+pid_file: "$1/aralez.pid"
+upgrade_sock: "$1/aralez.sock"
+config_address: "127.0.0.1:$6"
+config_api_enabled: false
+hc_interval: 2
+hc_method: HEAD
+EOF
+}
+
+# ---------------------------------------------------------------- measured windows
+# window_start PROXY_PID BACKEND_PID and window_end around a measured load: window_end sets
+# W_TICKS (CPU ticks of the proxy's processes), W_USER/W_SYS, OTHER_PCT (CPU used by anything but
+# the proxy, the backend and this shell's reaped children, i.e. the load generators, in % of the
+# machine) and RSS_MB (sum of VmHWM of the proxy's processes).
+window_start() {
+  mapfile -t W_PIDS < <(pid_tree "$1")
+  mapfile -t W_BPIDS < <(pid_tree "$2")
+  read -r W_MB0 W_MI0 < <(cpu_busy_idle)
+  read -r W_BU0 W_BS0 < <(cpu_ticks "${W_BPIDS[@]}")
+  read -r W_U0 W_S0 < <(cpu_ticks "${W_PIDS[@]}")
+  W_C0=$(child_ticks)
+}
+
+window_end() {
+  local u1 s1 bu1 bs1 mb1 mi1 c1 other
+  c1=$(child_ticks)
+  read -r u1 s1 < <(cpu_ticks "${W_PIDS[@]}")
+  read -r bu1 bs1 < <(cpu_ticks "${W_BPIDS[@]}")
+  read -r mb1 mi1 < <(cpu_busy_idle)
+  [[ -n "${u1:-}" && -n "${bu1:-}" && -n "${mb1:-}" ]] || die "could not read CPU times at the end of a window"
+  W_USER=$((u1 - W_U0)) W_SYS=$((s1 - W_S0))
+  W_TICKS=$((W_USER + W_SYS))
+  other=$(((mb1 - W_MB0) - W_TICKS - (bu1 + bs1 - W_BU0 - W_BS0) - (c1 - W_C0)))
+  ((other >= 0)) || other=0
+  OTHER_PCT=$(awk -v o="$other" -v t=$((mb1 - W_MB0 + mi1 - W_MI0)) 'BEGIN {printf "%.0f", (t > 0 ? 100 * o / t : 0)}')
+  RSS_MB=$(awk -v k="$(hwm_kb "${W_PIDS[@]}")" 'BEGIN {printf "%.1f", k / 1024}')
+}
+
+# CPU microseconds per request: us_per_req TICKS REQUESTS (nan without requests).
+us_per_req() { awk -v d="$1" -v hz="$CLK_TCK" -v n="$2" 'BEGIN { if (n > 0) printf "%.2f", d / hz * 1e6 / n; else print "nan" }'; }
 
 # All pids of a process tree (root first).
 pid_tree() {
@@ -213,9 +375,10 @@ parse_h2load() {  # parse_h2load OUTFILE LOGFILE
   local out=$1 logf=$2 failed
   RPS=$(awk '/^finished in/ {gsub(",", "", $4); printf "%.0f", $4}' "$out")
   OK=$(awk '/^status codes:/ {print $3}' "$out")
-  # non-2xx status codes + requests that failed/errored/timed out without a status
-  BAD=$(awk '/^status codes:/ {gsub(",", ""); print $5 + $7 + $9}' "$out")
-  failed=$(awk '/^requests:/ {gsub(",", ""); print $10 + $12 + $14}' "$out")
+  # h2load's "N failed" already counts the responses with a status outside 2xx-3xx and the errored
+  # and timed-out requests ("E errored, T timeout" are parts of it), so: 3xx + failed.
+  BAD=$(awk '/^status codes:/ {gsub(",", ""); print $5}' "$out")
+  failed=$(awk '/^requests:/ {gsub(",", ""); print $10}' "$out")
   [[ -n "$RPS" && -n "$OK" && -n "$BAD" && -n "$failed" ]] || { cat "$out" >&2; die "could not parse h2load output"; }
   BAD=$((BAD + failed))
   # "time for request:  min  max  mean  sd  +/- sd"
@@ -227,8 +390,9 @@ parse_h2load() {  # parse_h2load OUTFILE LOGFILE
       { v[NR] = $1 }
       END {
         if (NR == 0) { print "nan nan"; exit }
-        i50 = int(NR * 0.50); if (i50 < 1) i50 = 1
-        i99 = int(NR * 0.99); if (i99 < 1) i99 = 1
+        # nearest rank: the smallest value with at least p of the values at or below it
+        i50 = int(NR * 0.50); if (i50 < NR * 0.50) i50++; if (i50 < 1) i50 = 1
+        i99 = int(NR * 0.99); if (i99 < NR * 0.99) i99++; if (i99 < 1) i99 = 1
         printf "%.1f %.1f\n", v[i50], v[i99]
       }')
   else
@@ -238,13 +402,16 @@ parse_h2load() {  # parse_h2load OUTFILE LOGFILE
 }
 
 # ---------------------------------------------------------------- TLS
-# make_cert DIR: ECDSA P-256 self-signed pair DIR/default.crt + DIR/default.key for CN=localhost,
-# SAN localhost and 127.0.0.1, plus DIR/../haproxy.pem (certificate and key in one file).
-make_cert() {
-  local dir=$1
+# make_cert DIR [NAMES...]: ECDSA P-256 self-signed pair DIR/default.crt + DIR/default.key for
+# CN=localhost, SAN localhost, 127.0.0.1 and any more DNS NAMES, plus DIR/../haproxy.pem (certificate
+# and key in one file).
+make_cert() {  # make_cert DIR [MORE DNS NAMES...]
+  local dir=$1 san=DNS:localhost,IP:127.0.0.1 n
+  shift
+  for n in "$@"; do san+=",DNS:$n"; done
   mkdir -p "$dir"
   openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 30 -subj /CN=localhost \
-    -addext subjectAltName=DNS:localhost,IP:127.0.0.1 \
+    -addext "subjectAltName=$san" \
     -keyout "$dir/default.key" -out "$dir/default.crt" >"$TMP/openssl-req.out" 2>&1 \
     || { cat "$TMP/openssl-req.out" >&2; die "openssl could not make the test certificate"; }
   cat "$dir/default.crt" "$dir/default.key" >"$dir/../haproxy.pem"

@@ -119,19 +119,7 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # ---------------------------------------------------------------- configs
-nginx_common() {  # nginx_common NAME : global part of an nginx config rooted in $TMP/NAME
-  local d="$TMP/$1"
-  mkdir -p "$d"
-  cat <<EOF
-worker_processes 1;
-daemon off;
-master_process on;
-pid $d/nginx.pid;
-error_log $d/error.log error;
-events { worker_connections 1024; }
-EOF
-}
-
+# nginx_common (lib.sh) writes the global part of each nginx config.
 write_backend_conf() {
   { nginx_common backend; cat <<EOF
 http {
