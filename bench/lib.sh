@@ -244,6 +244,117 @@ hc_method: HEAD
 EOF
 }
 
+# ---------------------------------------------------------------- set-up shared by sweep.sh and mixed.sh
+# (bench/run.sh keeps its own: three proxies, nine ports.) Callers set PROXIES, REPO_ROOT,
+# PROXY_CPU and LOAD_CPU.
+
+# Dies on a proxy name other than aralez, nginx, haproxy and Aralez, or an empty list.
+check_proxy_names() {
+  local p
+  for p in $PROXIES; do
+    case "$p" in aralez|nginx|haproxy|Aralez) ;; *) die "unknown proxy '$p' (known: aralez nginx haproxy Aralez)";; esac
+  done
+  [[ -n "${PROXIES// }" ]] || die "PROXIES is empty"
+}
+
+# Sets ARALEZ_BIN (this repository's build) and ARALEZ_PEER_BIN (Aralez from bench/peers.sh) for the
+# proxies in PROXIES; an Aralez that is not installed is dropped from PROXIES, and SKIPPED says why.
+resolve_proxy_bins() {
+  SKIPPED=""
+  if has_proxy aralez; then
+    ARALEZ_BIN=${ARALEZ_BIN:-$REPO_ROOT/target/release/aralez}
+    case "$ARALEZ_BIN" in /*) ;; *) ARALEZ_BIN="$REPO_ROOT/$ARALEZ_BIN";; esac
+    [[ -x "$ARALEZ_BIN" ]] || die "aralez binary not found: $ARALEZ_BIN (cargo build --release, or set ARALEZ_BIN, or drop aralez from PROXIES)"
+  fi
+  if has_proxy Aralez; then
+    if [[ -n "${ARALEZ_PEER_BIN:-}" ]]; then
+      [[ -x "$ARALEZ_PEER_BIN" ]] || die "ARALEZ_PEER_BIN is not an executable: $ARALEZ_PEER_BIN"
+    elif ! ARALEZ_PEER_BIN=$(peer_bin aralez "$ARALEZ_PEER_VERSION"); then
+      SKIPPED="Aralez $ARALEZ_PEER_VERSION (Pingora): skipped, not installed under $(peers_dir)/aralez -- run \`bash bench/peers.sh\` (see bench/README.md)"
+      log "$SKIPPED"
+      PROXIES=$(printf '%s\n' $PROXIES | grep -vx Aralez | tr '\n' ' ' || true)
+      [[ -n "${PROXIES// }" ]] || die "no proxy left to measure"
+    fi
+  fi
+}
+
+# Checks that the proxy's and the load's cores exist; sets CLK_TCK.
+check_cores() {
+  local ncpu
+  ncpu=$(nproc)
+  ((ncpu > PROXY_CPU && ncpu > LOAD_CPU)) || die "need cores $PROXY_CPU and $LOAD_CPU, this machine has $ncpu (set PROXY_CPU/LOAD_CPU)"
+  CLK_TCK=$(getconf CLK_TCK)
+}
+
+# Raises the open-file limit to WANT; FD_NOTE (logged) says so when it stays below NEED, what WHY
+# asks for. HAPROXY_MAXCONN is what the limit allows HAProxy (two descriptors a connection and a
+# margin: it refuses to start otherwise), 100,000 at most.
+fd_budget() {  # fd_budget WANT NEED WHY
+  raise_nofile "$1"
+  FD_NOTE=""
+  if ((NOFILE < $2)); then
+    FD_NOTE="open-file limit $NOFILE (could not be raised further here) is below the $2 $3"
+    log "WARNING: $FD_NOTE"
+  fi
+  HAPROXY_MAXCONN=$(((NOFILE - 1000) / 2))
+  ((HAPROXY_MAXCONN > 100000)) && HAPROXY_MAXCONN=100000
+  return 0
+}
+
+# The run's temp dir (TMP, with load/, aralez/ and Aralez/), removed with every process started
+# (STARTED_PIDS) on exit.
+make_run_dir() {  # make_run_dir NAME
+  TMP=$(mktemp -d "/tmp/aralez-$1.XXXXXX")
+  chmod 755 "$TMP"   # nginx workers run as an unprivileged user when started as root
+  mkdir -p "$TMP/load" "$TMP/aralez" "$TMP/Aralez"
+  STARTED_PIDS=()
+  trap cleanup EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+}
+
+proxy_label() {
+  case "$1" in
+    aralez) echo aralez ;;
+    nginx) echo nginx ;;
+    haproxy) echo HAProxy ;;
+    Aralez) echo "Aralez $ARALEZ_PEER_VERSION (Pingora)" ;;
+  esac
+}
+
+# Starts PROXY from the config write_configs made for it, pinned to PROXY_CPU; sets PROXY_PID.
+launch_proxy() {  # launch_proxy PROXY
+  case "$1" in
+    aralez) start_bg aralez "$PROXY_CPU" "$ARALEZ_BIN" -c "$TMP/aralez/main.yaml" ;;
+    nginx) start_bg nginx "$PROXY_CPU" nginx -p "$TMP/nginx" -e "$TMP/nginx/error.log" -c "$TMP/nginx.conf" ;;
+    haproxy) start_bg haproxy "$PROXY_CPU" haproxy -db -f "$TMP/haproxy.cfg" ;;
+    Aralez) start_bg Aralez "$PROXY_CPU" "$ARALEZ_PEER_BIN" -c "$TMP/Aralez/main.yaml" ;;
+  esac
+  PROXY_PID=$LAST_PID
+}
+
+# The global and defaults sections of HAProxy's config and a frontend `fe` on the plain and TLS
+# ports P_PLAIN[haproxy] and P_TLS[haproxy] (certificate $TMP/haproxy.pem).
+haproxy_head() {
+  cat <<EOF
+global
+    nbthread 1
+    maxconn $HAPROXY_MAXCONN
+
+defaults
+    mode http
+    maxconn $HAPROXY_MAXCONN
+    timeout connect 5s
+    timeout client 60s
+    timeout server 60s
+    http-reuse always
+
+frontend fe
+    bind 127.0.0.1:${P_PLAIN[haproxy]}
+    bind 127.0.0.1:${P_TLS[haproxy]} ssl crt $TMP/haproxy.pem alpn h2,http/1.1
+EOF
+}
+
 # ---------------------------------------------------------------- measured windows
 # window_start PROXY_PID BACKEND_PID and window_end around a measured load: window_end sets
 # W_TICKS (CPU ticks of the proxy's processes), W_USER/W_SYS, OTHER_PCT (CPU used by anything but

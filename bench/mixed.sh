@@ -52,10 +52,7 @@ source "$SCRIPT_DIR/lib.sh"
 for v in CONNS_EACH DURATION ROUNDS POOL BASE_PORT; do
   [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer, got '${!v}'"
 done
-for p in $PROXIES; do
-  case "$p" in aralez|nginx|haproxy|Aralez) ;; *) die "unknown proxy '$p' (known: aralez nginx haproxy Aralez)";; esac
-done
-[[ -n "${PROXIES// }" ]] || die "PROXIES is empty"
+check_proxy_names
 
 # ---------------------------------------------------------------- binaries
 if [[ -n "${OHA_BIN:-}" ]]; then
@@ -63,36 +60,12 @@ if [[ -n "${OHA_BIN:-}" ]]; then
 elif ! OHA_BIN=$(peer_bin oha "$OHA_VERSION"); then
   die "oha $OHA_VERSION is not installed under $(peers_dir)/oha: run \`bash bench/peers.sh\` first (or set OHA_BIN)"
 fi
-SKIPPED=""
-if has_proxy aralez; then
-  ARALEZ_BIN=${ARALEZ_BIN:-$REPO_ROOT/target/release/aralez}
-  case "$ARALEZ_BIN" in /*) ;; *) ARALEZ_BIN="$REPO_ROOT/$ARALEZ_BIN";; esac
-  [[ -x "$ARALEZ_BIN" ]] || die "aralez binary not found: $ARALEZ_BIN (cargo build --release, or set ARALEZ_BIN, or drop aralez from PROXIES)"
-fi
-if has_proxy Aralez; then
-  if [[ -n "${ARALEZ_PEER_BIN:-}" ]]; then
-    [[ -x "$ARALEZ_PEER_BIN" ]] || die "ARALEZ_PEER_BIN is not an executable: $ARALEZ_PEER_BIN"
-  elif ! ARALEZ_PEER_BIN=$(peer_bin aralez "$ARALEZ_PEER_VERSION"); then
-    SKIPPED="Aralez $ARALEZ_PEER_VERSION (Pingora): skipped, not installed under $(peers_dir)/aralez -- run \`bash bench/peers.sh\` (see bench/README.md)"
-    log "$SKIPPED"
-    PROXIES=$(printf '%s\n' $PROXIES | grep -vx Aralez | tr '\n' ' ' || true)
-    [[ -n "${PROXIES// }" ]] || die "no proxy left to measure"
-  fi
-fi
-
+resolve_proxy_bins
 ensure_tools nginx taskset curl pgrep getconf openssl python3
 has_proxy haproxy && ensure_tools haproxy
-NCPU=$(nproc)
-((NCPU > PROXY_CPU && NCPU > LOAD_CPU)) || die "need cores $PROXY_CPU and $LOAD_CPU, this machine has $NCPU (set PROXY_CPU/LOAD_CPU)"
-CLK_TCK=$(getconf CLK_TCK)
-raise_nofile $((8 * CONNS_EACH + 4096))
-FD_NOTE=""
-if ((NOFILE < 4 * CONNS_EACH + 1024)); then
-  FD_NOTE="open-file limit $NOFILE (could not be raised further here) is below the $((4 * CONNS_EACH + 1024)) a proxy may need (2 x $CONNS_EACH client connections and as many upstream ones)"
-  log "WARNING: $FD_NOTE"
-fi
-HAPROXY_MAXCONN=$(((NOFILE - 1000) / 2))
-((HAPROXY_MAXCONN > 100000)) && HAPROXY_MAXCONN=100000
+check_cores
+fd_budget $((8 * CONNS_EACH + 4096)) $((4 * CONNS_EACH + 1024)) \
+  "a proxy may need (2 x $CONNS_EACH client connections and as many upstream ones)"
 
 # ---------------------------------------------------------------- ports, temp dir
 P_BACK=($BASE_PORT $((BASE_PORT + 1)) $((BASE_PORT + 2)))
@@ -103,13 +76,7 @@ for ((p = BASE_PORT; p <= BASE_PORT + 11; p++)); do
   port_in_use "$p" && die "port $p is already in use (set BASE_PORT to a free range of 12 ports)"
 done
 
-TMP=$(mktemp -d /tmp/aralez-mixed.XXXXXX)
-chmod 755 "$TMP"
-mkdir -p "$TMP/load" "$TMP/aralez" "$TMP/Aralez"
-STARTED_PIDS=()
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+make_run_dir mixed
 
 # ---------------------------------------------------------------- the load's files
 # The backend's answer for host number I: a small JSON document naming the host.
@@ -208,23 +175,7 @@ EOF
   } >"$TMP/nginx.conf"
 
   {
-    cat <<EOF
-global
-    nbthread 1
-    maxconn $HAPROXY_MAXCONN
-
-defaults
-    mode http
-    maxconn $HAPROXY_MAXCONN
-    timeout connect 5s
-    timeout client 60s
-    timeout server 60s
-    http-reuse always
-
-frontend fe
-    bind 127.0.0.1:${P_PLAIN[haproxy]}
-    bind 127.0.0.1:${P_TLS[haproxy]} ssl crt $TMP/haproxy.pem alpn h2,http/1.1
-EOF
+    haproxy_head
     for i in 0 1 2; do echo "    use_backend b$i if { req.hdr(host),field(1,:),lower -m str ${HOSTS[$i]} }"; done
     echo "    http-request return status 404 if !{ req.hdr(host),field(1,:),lower -m str ${HOSTS[*]} }"
     for i in 0 1 2; do printf '\nbackend b%s\n    server s1 127.0.0.1:%s pool-max-conn %s\n' "$i" "${P_BACK[$i]}" "$POOL"; done
@@ -242,14 +193,6 @@ EOF
 }
 
 # ---------------------------------------------------------------- proxies
-proxy_label() {
-  case "$1" in
-    aralez) echo aralez ;;
-    nginx) echo nginx ;;
-    haproxy) echo HAProxy ;;
-    Aralez) echo "Aralez $ARALEZ_PEER_VERSION (Pingora)" ;;
-  esac
-}
 
 # curl arguments that send HOST:PORT to 127.0.0.1 and trust the test certificate
 resolve_args() {  # resolve_args PROXY
@@ -264,13 +207,7 @@ resolve_args() {  # resolve_args PROXY
 # plain HTTP and TLS, for GET and POST, and that an unknown host is not served.
 start_proxy() {  # start_proxy PROXY -> PROXY_PID
   local proxy=$1 args i url body code
-  case "$proxy" in
-    aralez) start_bg aralez "$PROXY_CPU" "$ARALEZ_BIN" -c "$TMP/aralez/main.yaml" ;;
-    nginx) start_bg nginx "$PROXY_CPU" nginx -p "$TMP/nginx" -e "$TMP/nginx/error.log" -c "$TMP/nginx.conf" ;;
-    haproxy) start_bg haproxy "$PROXY_CPU" haproxy -db -f "$TMP/haproxy.cfg" ;;
-    Aralez) start_bg Aralez "$PROXY_CPU" "$ARALEZ_PEER_BIN" -c "$TMP/Aralez/main.yaml" ;;
-  esac
-  PROXY_PID=$LAST_PID
+  launch_proxy "$proxy"
   mapfile -t args < <(resolve_args "$proxy")
   WANT_BODY=$(host_body 0) wait_ok "$proxy" "https://${HOSTS[0]}:${P_TLS[$proxy]}/api" 1.1 "$PROXY_PID" "${args[@]}"
   for i in 0 1 2; do

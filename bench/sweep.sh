@@ -63,51 +63,21 @@ for c in $CONNS; do [[ "$c" =~ ^[1-9][0-9]*$ ]] || die "CONNS: '$c' is not a pos
 for p in $PROTOCOLS; do
   case "$p" in h2|h1|h1c) ;; *) die "unknown protocol '$p' (known: h2 h1 h1c)";; esac
 done
-for p in $PROXIES; do
-  case "$p" in aralez|nginx|haproxy|Aralez) ;; *) die "unknown proxy '$p' (known: aralez nginx haproxy Aralez)";; esac
-done
+check_proxy_names
 [[ -n "${PROTOCOLS// }" ]] || die "PROTOCOLS is empty"
-[[ -n "${PROXIES// }" ]] || die "PROXIES is empty"
 MAXC=$(printf '%s\n' $CONNS | sort -n | tail -1)
 
 # ---------------------------------------------------------------- binaries
-SKIPPED=""
-if has_proxy aralez; then
-  ARALEZ_BIN=${ARALEZ_BIN:-$REPO_ROOT/target/release/aralez}
-  case "$ARALEZ_BIN" in /*) ;; *) ARALEZ_BIN="$REPO_ROOT/$ARALEZ_BIN";; esac
-  [[ -x "$ARALEZ_BIN" ]] || die "aralez binary not found: $ARALEZ_BIN (cargo build --release, or set ARALEZ_BIN, or drop aralez from PROXIES)"
-fi
-if has_proxy Aralez; then
-  if [[ -n "${ARALEZ_PEER_BIN:-}" ]]; then
-    [[ -x "$ARALEZ_PEER_BIN" ]] || die "ARALEZ_PEER_BIN is not an executable: $ARALEZ_PEER_BIN"
-  elif ! ARALEZ_PEER_BIN=$(peer_bin aralez "$ARALEZ_PEER_VERSION"); then
-    SKIPPED="Aralez $ARALEZ_PEER_VERSION (Pingora): skipped, not installed under $(peers_dir)/aralez -- run \`bash bench/peers.sh\` (see bench/README.md)"
-    log "$SKIPPED"
-    PROXIES=$(printf '%s\n' $PROXIES | grep -vx Aralez | tr '\n' ' ' || true)
-    [[ -n "${PROXIES// }" ]] || die "no proxy left to measure"
-  fi
-fi
-
+resolve_proxy_bins
 ensure_tools nginx h2load taskset curl pgrep getconf openssl python3
 has_proxy haproxy && ensure_tools haproxy
-NCPU=$(nproc)
-((NCPU > PROXY_CPU && NCPU > LOAD_CPU)) || die "need cores $PROXY_CPU and $LOAD_CPU, this machine has $NCPU (set PROXY_CPU/LOAD_CPU)"
+check_cores
 nginx -V 2>&1 | grep -q -- '--with-http_v2_module' || die "this nginx has no http_v2 module"
-CLK_TCK=$(getconf CLK_TCK)
 
 # Every proxy holds a client connection and, for a request in flight, an upstream one; h2load and the
 # backend hold one per connection too.
-raise_nofile $((4 * MAXC + 4096))
-FD_NOTE=""
-if ((NOFILE < 2 * MAXC + 1024)); then
-  FD_NOTE="open-file limit $NOFILE (could not be raised further here) is below the $((2 * MAXC + 1024)) a proxy may need at c=$MAXC (a client and an upstream connection per request in flight): points near c=$MAXC can fail with EMFILE for reasons of this machine, not of the proxy"
-  log "WARNING: $FD_NOTE"
-fi
-
-# HAProxy refuses to start when its maxconn needs more descriptors than it may open (two per
-# connection, plus a margin): 100,000 where the limit allows, else what the limit allows.
-HAPROXY_MAXCONN=$(((NOFILE - 1000) / 2))
-((HAPROXY_MAXCONN > 100000)) && HAPROXY_MAXCONN=100000
+fd_budget $((4 * MAXC + 4096)) $((2 * MAXC + 1024)) \
+  "a proxy may need at c=$MAXC (a client and an upstream connection per request in flight): points near c=$MAXC can fail with EMFILE for reasons of this machine, not of the proxy"
 
 # ---------------------------------------------------------------- ports, temp dir
 P_BACKEND=$BASE_PORT
@@ -118,13 +88,7 @@ for ((p = BASE_PORT; p <= BASE_PORT + 9; p++)); do
   port_in_use "$p" && die "port $p is already in use (set BASE_PORT to a free range of 10 ports)"
 done
 
-TMP=$(mktemp -d /tmp/aralez-sweep.XXXXXX)
-chmod 755 "$TMP"
-mkdir -p "$TMP/load" "$TMP/aralez" "$TMP/Aralez"
-STARTED_PIDS=()
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+make_run_dir sweep
 
 # ---------------------------------------------------------------- configs
 write_configs() {
@@ -172,27 +136,13 @@ $(nginx_temp_paths nginx)
 EOF
   } >"$TMP/nginx.conf"
 
-  cat >"$TMP/haproxy.cfg" <<EOF
-global
-    nbthread 1
-    maxconn $HAPROXY_MAXCONN
-
-defaults
-    mode http
-    maxconn $HAPROXY_MAXCONN
-    timeout connect 5s
-    timeout client 60s
-    timeout server 60s
-    http-reuse always
-
-frontend fe
-    bind 127.0.0.1:${P_PLAIN[haproxy]}
-    bind 127.0.0.1:${P_TLS[haproxy]} ssl crt $TMP/haproxy.pem alpn h2,http/1.1
+  { haproxy_head; cat <<EOF
     default_backend be
 
 backend be
     server s1 127.0.0.1:$P_BACKEND pool-max-conn $POOL
 EOF
+  } >"$TMP/haproxy.cfg"
 
   local d
   for d in aralez Aralez; do
@@ -210,14 +160,6 @@ EOF
 }
 
 # ---------------------------------------------------------------- proxies
-proxy_label() {
-  case "$1" in
-    aralez) echo aralez ;;
-    nginx) echo nginx ;;
-    haproxy) echo HAProxy ;;
-    Aralez) echo "Aralez $ARALEZ_PEER_VERSION (Pingora)" ;;
-  esac
-}
 
 proto_url() {  # proto_url PROXY PROTO
   case "$2" in
@@ -227,13 +169,7 @@ proto_url() {  # proto_url PROXY PROTO
 }
 
 start_proxy() {  # start_proxy PROXY PROTO -> PROXY_PID
-  case "$1" in
-    aralez) start_bg aralez "$PROXY_CPU" "$ARALEZ_BIN" -c "$TMP/aralez/main.yaml" ;;
-    nginx) start_bg nginx "$PROXY_CPU" nginx -p "$TMP/nginx" -e "$TMP/nginx/error.log" -c "$TMP/nginx.conf" ;;
-    haproxy) start_bg haproxy "$PROXY_CPU" haproxy -db -f "$TMP/haproxy.cfg" ;;
-    Aralez) start_bg Aralez "$PROXY_CPU" "$ARALEZ_PEER_BIN" -c "$TMP/Aralez/main.yaml" ;;
-  esac
-  PROXY_PID=$LAST_PID
+  launch_proxy "$1"
   local url
   url=$(proto_url "$1" "$2")
   case "$2" in
