@@ -323,7 +323,7 @@ scenario_title() {  # scenario_title SCENARIO
 # ---------------------------------------------------------------- one measurement
 # Globals filled: RPS OK BAD P50_US P99_US MEAN_US SD_US CPU_US RSS_MB NOTE
 measure() {  # measure PROXY SCENARIO
-  local proxy=$1 sc=$2 url pids bpids u0 s0 u1 s1 bu0 bs0 bu1 bs1 mb0 mi0 mb1 mi1 c0 c1 other ticks out="$TMP/load/$1-$2.txt" logf="$TMP/load/$1-$2.h2log"
+  local proxy=$1 sc=$2 url out="$TMP/load/$1-$2.txt" logf="$TMP/load/$1-$2.h2log"
   url=$(proxy_url "$proxy" "$sc")
   start_proxy "$proxy" "$sc"
   log "$sc / $proxy: warm-up ${WARMUP}s, then ${DURATION}s against $url"
@@ -332,12 +332,7 @@ measure() {  # measure PROXY SCENARIO
     TLS_INFO=$(tls_probe "$(proxy_port "$url")")
   fi
   run_load "$sc" "$url" "$WARMUP" "$TMP/load/warmup.txt"
-  mapfile -t pids < <(pid_tree "$PROXY_PID")
-  mapfile -t bpids < <(pid_tree "$BACKEND_PID")
-  read -r mb0 mi0 < <(cpu_busy_idle)
-  read -r bu0 bs0 < <(cpu_ticks "${bpids[@]}")
-  read -r u0 s0 < <(cpu_ticks "${pids[@]}")
-  c0=$(child_ticks)
+  window_start "$PROXY_PID" "$BACKEND_PID"
   local reloader_pid=""
   if [[ "$proxy" == aralez && -n "${RELOAD_MS:-}" ]]; then
     # Rewrite the routes every RELOAD_MS ms (content changes each time, so each is a real reload).
@@ -346,23 +341,13 @@ measure() {  # measure PROXY SCENARIO
     reloader_pid=$!
   fi
   run_load "$sc" "$url" "$DURATION" "$out" "$logf"
-  c1=$(child_ticks)
+  # OTHER_PCT: CPU used during the window by anything but the proxy, the backend and the load
+  # generator (a compile, say), in % of the machine's total capacity over the window.
+  window_end
   if [[ -n "$reloader_pid" ]]; then
     kill "$reloader_pid" 2>/dev/null || true
     wait "$reloader_pid" 2>/dev/null || true
   fi
-  read -r u1 s1 < <(cpu_ticks "${pids[@]}")
-  read -r bu1 bs1 < <(cpu_ticks "${bpids[@]}")
-  read -r mb1 mi1 < <(cpu_busy_idle)
-  [[ -n "${u1:-}" && -n "${s1:-}" && -n "${u0:-}" && -n "${s0:-}" ]] || die "could not read the CPU time of $proxy"
-  [[ -n "${bu1:-}" && -n "${bu0:-}" && -n "${mb1:-}" && -n "${mb0:-}" ]] || die "could not read the CPU time of the backend/machine"
-  ticks=$((u1 + s1 - u0 - s0))
-  # CPU used during the window by anything other than the proxy, the backend and the load generator
-  # (a compile, say), in % of the machine's total capacity over the window.
-  other=$(((mb1 - mb0) - ticks - (bu1 + bs1 - bu0 - bs0) - (c1 - c0)))
-  ((other >= 0)) || other=0
-  OTHER_PCT=$(awk -v o="$other" -v t=$((mb1 - mb0 + mi1 - mi0)) 'BEGIN {printf "%.0f", (t > 0 ? 100 * o / t : 0)}')
-  RSS_MB=$(awk -v k="$(hwm_kb "${pids[@]}")" 'BEGIN {printf "%.1f", k / 1024}')
   case "$sc" in
     h1|post|tcpnew|https|tlsnew) parse_wrk "$out" ;;
     h2c|h2tls) parse_h2load "$out" "$logf" ;;
@@ -372,13 +357,9 @@ measure() {  # measure PROXY SCENARIO
     die "h2tls / $proxy: h2load did not negotiate h2 with ALPN"
   fi
   rm -f "$logf"
-  if ((OK > 0)); then
-    CPU_US=$(awk -v d="$ticks" -v hz="$CLK_TCK" -v n="$OK" 'BEGIN {printf "%.2f", d / hz * 1e6 / n}')
-  else
-    CPU_US=nan
-  fi
+  CPU_US=$(us_per_req "$W_TICKS" "$OK")
   stop_started "$PROXY_PID"
-  log "$sc / $proxy: ${RPS} req/s, ${OK} 2xx, ${BAD} bad, cpu $ticks ticks (user $((u1 - u0)), sys $((s1 - s0))) -> ${CPU_US} us/req, rss ${RSS_MB} MB, other CPU activity ${OTHER_PCT}%"
+  log "$sc / $proxy: ${RPS} req/s, ${OK} 2xx, ${BAD} bad, cpu $W_TICKS ticks (user $W_USER, sys $W_SYS) -> ${CPU_US} us/req, rss ${RSS_MB} MB, other CPU activity ${OTHER_PCT}%"
   if ((OTHER_PCT > OTHER_WARN_PCT)); then
     log "WARNING: $sc / $proxy: ${OTHER_PCT}% of the machine's CPU went to other processes during the window"
   fi
