@@ -215,10 +215,14 @@ pub fn run(
     options: RunOptions,
     daemon_ready: &mut Option<daemon::ReadyPipe>,
 ) -> Result<(), StartError> {
-    no_huge_pages();
+    // First, so that what start-up allocates is not on huge pages either; said once logs work.
+    let small_pages = no_huge_pages();
     let (main, upstreams, issues) = load(main_path)?;
     let app_log = logging::open_app_log(&main).map_err(StartError::Logging)?;
     logging::init(&main, app_log.as_ref()).map_err(StartError::Logging)?;
+    if let Err(e) = small_pages {
+        tracing::debug!("cannot turn transparent huge pages off: {e}");
+    }
     for warning in issues.warnings() {
         tracing::warn!("{warning}");
     }
@@ -367,10 +371,8 @@ fn raise_open_files_limit() {
 /// client connection cost about 41 KiB of RSS with them and 31 KiB without (10,000 keep-alive
 /// connections, bench/RESULTS.md), and the process starts 10 MB smaller. A proxy's working set
 /// is small and scattered over many connections, which is where huge pages waste the most.
-fn no_huge_pages() {
-    if let Err(e) = nix::sys::prctl::set_thp_disable(true) {
-        tracing::debug!("cannot turn transparent huge pages off: {e}");
-    }
+fn no_huge_pages() -> nix::Result<()> {
+    nix::sys::prctl::set_thp_disable(true)
 }
 
 /// The admin API, on the control runtime; its tasks end after their drain.
