@@ -51,7 +51,8 @@ cargo test --all-targets --locked --no-fail-fast 2>&1 | tee target/test-output.t
 status=${PIPESTATUS[0]}
 set -e
 
-# Fuzzing (cargo-fuzz on stable, FUZZ_SECONDS per target, default 20): a crash fails the run.
+# Fuzzing (cargo-fuzz on stable): the reproducible gate of scripts/fuzz.sh, a fixed seed and number of
+# executions per target; a crash fails the run. FUZZ_SECONDS=N switches it to exploring instead.
 log "fuzzing: config, path, request_head, jwt, proxy_header"
 set +e
 bash scripts/fuzz.sh 2>&1 | tee target/fuzz-output.txt

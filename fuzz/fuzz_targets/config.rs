@@ -25,8 +25,5 @@ fuzz_target!(|data: &[u8]| {
         assert!(issue.line >= 1, "an issue without a line: {issue}");
         let _ = issue.to_string();
     }
-    assert!(
-        read || issues.has_errors(),
-        "refused without saying why"
-    );
+    assert!(read || issues.has_errors(), "refused without saying why");
 });

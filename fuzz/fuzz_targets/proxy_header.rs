@@ -12,7 +12,11 @@ fuzz_target!(|data: &[u8]| {
     match parse(data) {
         Ok(Parsed::Complete { header, len }) => {
             assert!(len <= data.len(), "claims {len} of {} bytes", data.len());
-            let max = if data.starts_with(b"PROXY ") { V1_MAX } else { 16 + V2_MAX_PAYLOAD };
+            let max = if data.starts_with(b"PROXY ") {
+                V1_MAX
+            } else {
+                16 + V2_MAX_PAYLOAD
+            };
             assert!(len <= max, "{len} bytes");
             assert_eq!(
                 parse(&data[..len]),
@@ -21,11 +25,19 @@ fuzz_target!(|data: &[u8]| {
             );
             // The reader consumes whatever is Incomplete: every proper prefix must be.
             if len > 0 {
-                assert_eq!(parse(&data[..len - 1]), Ok(Parsed::Incomplete), "a prefix of a header");
+                assert_eq!(
+                    parse(&data[..len - 1]),
+                    Ok(Parsed::Incomplete),
+                    "a prefix of a header"
+                );
             }
         }
         Ok(Parsed::Incomplete) => {
-            assert!(data.len() < 16 + V2_MAX_PAYLOAD, "{} bytes still incomplete", data.len());
+            assert!(
+                data.len() < 16 + V2_MAX_PAYLOAD,
+                "{} bytes still incomplete",
+                data.len()
+            );
             if let Some(shorter) = data.len().checked_sub(1) {
                 assert_eq!(parse(&data[..shorter]), Ok(Parsed::Incomplete));
             }

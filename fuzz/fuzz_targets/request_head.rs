@@ -67,11 +67,15 @@ fuzz_target!(|data: &[u8]| {
         .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
         .collect();
     headers::remove_hop_by_hop(headers);
-    for name in listed
-        .iter()
-        .chain([&header::CONNECTION, &header::UPGRADE, &header::TRANSFER_ENCODING])
-    {
-        assert!(!headers.contains_key(name), "{name} survived hop-by-hop removal");
+    for name in listed.iter().chain([
+        &header::CONNECTION,
+        &header::UPGRADE,
+        &header::TRANSFER_ENCODING,
+    ]) {
+        assert!(
+            !headers.contains_key(name),
+            "{name} survived hop-by-hop removal"
+        );
     }
     let ip = headers::client_ip_value("127.0.0.1".parse().unwrap());
     headers::append_forwarded_for(headers, &ip);
