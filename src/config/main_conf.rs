@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::cache_conf::{self, CacheConfig};
 use super::exists;
 use super::log_conf::{self, AccessLogFormat, LogTarget, PatternPiece, Rotation};
 use super::net_conf::{self, Cidr, TcpSettings};
@@ -88,6 +89,8 @@ pub struct MainConfig {
     pub grace_period: Duration,
     pub max_request_header_bytes: usize,
     pub max_connections: usize,
+    /// The `cache:` block; no caching when absent.
+    pub cache: Option<CacheConfig>,
 }
 
 const KEYS: &[&str] = &[
@@ -138,6 +141,7 @@ const KEYS: &[&str] = &[
     "grace_period_seconds",
     "max_request_header_bytes",
     "max_connections",
+    "cache",
 ];
 
 /// Keys of Pingora's server config that Aralez files carry; accepted and ignored.
@@ -204,6 +208,7 @@ impl MainConfig {
             grace_period: Duration::from_secs(30),
             max_request_header_bytes: 64 * 1024,
             max_connections: 100_000,
+            cache: None,
         }
     }
 
@@ -340,6 +345,7 @@ impl MainConfig {
                     tcp_top.push((key, value));
                     true
                 }
+                "cache" => opt(&mut cfg.cache, cache_conf::read_cache(value, r)),
                 "tcp" => {
                     tcp_block = Some(value);
                     true

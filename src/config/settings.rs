@@ -27,6 +27,10 @@ pub struct RouteSettings {
     pub upstream_tls_verify: Option<bool>,
     /// `Some(None)`: explicitly off; `Some(Some(rule))`: responses compressed by that rule.
     pub compress: Option<Option<CompressRule>>,
+    /// `cache: false` keeps a route out of main.yaml's cache.
+    pub cache: Option<bool>,
+    /// `cache_ttl`: replaces main.yaml's `cache.ttl` for the route (responses without freshness).
+    pub cache_ttl: Option<Duration>,
 }
 
 /// `compress`: which responses of a route are compressed (`layers::compress`).
@@ -103,6 +107,8 @@ impl RouteSettings {
                 .or_else(|| parent.redirect_to.clone()),
             upstream_tls_verify: self.upstream_tls_verify.or(parent.upstream_tls_verify),
             compress: self.compress.clone().or_else(|| parent.compress.clone()),
+            cache: self.cache.or(parent.cache),
+            cache_ttl: self.cache_ttl.or(parent.cache_ttl),
         }
     }
 }
@@ -120,6 +126,8 @@ pub(super) const SETTING_KEYS: &[&str] = &[
     "redirect_to",
     "upstream_tls_verify",
     "compress",
+    "cache",
+    "cache_ttl",
 ];
 pub(super) fn read_setting(
     settings: &mut RouteSettings,
@@ -142,6 +150,10 @@ pub(super) fn read_setting(
         "redirect_to" => settings.redirect_to = read_redirect(node, p, r),
         "upstream_tls_verify" => settings.upstream_tls_verify = r.boolean(node, p),
         "compress" => settings.compress = read_compress(node, p, r),
+        "cache" => settings.cache = r.boolean(node, p),
+        "cache_ttl" => {
+            settings.cache_ttl = r.uint(node, p, 1, 365 * 86_400).map(Duration::from_secs)
+        }
         _ => {}
     }
 }

@@ -114,7 +114,9 @@ pub fn parse(text: &str) -> Result<Node, ParseFailure> {
                     line: u32::try_from(loc.line()).unwrap_or(u32::MAX),
                     column: u32::try_from(loc.column()).unwrap_or(u32::MAX),
                 })
-                .unwrap_or_default();
+                // Some errors carry no location (a top-level integer too large for i64): the
+                // document's start is the place to look, never line 0.
+                .unwrap_or(Pos { line: 1, column: 1 });
             let mut message = describe(&err);
             if !message.contains("unclosed") {
                 if let Some((open, line)) = unclosed_flow_before(text, pos) {
@@ -401,6 +403,17 @@ mod tests {
         let err = parse("a: 1\nb: [1, 2\nc: 3\n").unwrap_err();
         assert!(err.pos.line >= 2, "{err:?}");
         assert!(!err.message.is_empty());
+    }
+
+    #[test]
+    fn an_error_without_a_location_points_at_the_start() {
+        // Found by the config fuzz target: serde-saphyr gives this error no location.
+        let text = "                    11111111111111111111          # threads\nlog_level: info\n";
+        let failure = parse(text).expect_err("refused");
+        assert!(
+            failure.pos.line >= 1 && failure.pos.column >= 1,
+            "{failure:?}"
+        );
     }
 
     #[test]

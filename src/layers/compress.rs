@@ -115,26 +115,29 @@ impl Compress {
     /// Turns an eligible response into the client's: `Vary`, and when `coding` is chosen the
     /// coding's headers and the compressed body.
     fn apply(&self, resp: Response<RespBody>, coding: Option<Coding>) -> Response<RespBody> {
-        if !matches!(resp.body(), Either::Left(Either::Left(_))) || !self.takes(&resp) {
+        if !matches!(resp.body(), Either::Left(Either::Left(Either::Left(_)))) || !self.takes(&resp)
+        {
             return resp;
         }
         let length = known_length(&resp);
         let (mut parts, body) = resp.into_parts();
         add_vary(&mut parts.headers);
         let (coding, plain) = match (coding, body) {
-            (Some(coding), Either::Left(Either::Left(plain))) => (coding, plain),
+            (Some(coding), Either::Left(Either::Left(Either::Left(plain)))) => (coding, plain),
             (_, body) => return Response::from_parts(parts, body),
         };
         let encoded = match Encoded::new(plain, coding, length) {
             Ok(encoded) => encoded,
-            Err(plain) => return Response::from_parts(parts, Either::Left(Either::Left(plain))),
+            Err(plain) => {
+                return Response::from_parts(parts, Either::Left(Either::Left(Either::Left(plain))))
+            }
         };
         let headers = &mut parts.headers;
         headers.insert(header::CONTENT_ENCODING, coding.header_value());
         headers.remove(header::CONTENT_LENGTH);
         headers.remove(header::ACCEPT_RANGES);
         weaken_etag(headers);
-        Response::from_parts(parts, Either::Left(Either::Right(encoded)))
+        Response::from_parts(parts, Either::Left(Either::Left(Either::Right(encoded))))
     }
 }
 

@@ -13,6 +13,7 @@
 //! hop-by-hop removal so that they win, which only forwarding knows.
 
 pub mod auth;
+pub mod cache;
 pub mod compress;
 pub mod forward_auth;
 pub mod jwt;
@@ -39,6 +40,7 @@ use crate::upstream::{Backend, BackendSet};
 use crate::vocab::{ClientConn, ProxyError};
 
 pub use auth::{Auth, AuthLayer};
+pub use cache::{CacheLayer, RouteCache};
 pub use compress::{Compress, CompressLayer};
 pub use keys::Keys;
 pub use limiter::Rate;
@@ -57,6 +59,8 @@ pub struct PolicyState {
     pub tls_port: Arc<TlsPort>,
     requests: Arc<Table<Tat>>,
     strikes: Arc<Table<Strikes>>,
+    /// The response cache (main.yaml's `cache:`), when there is one.
+    pub cache: Option<Arc<cache::Store>>,
 }
 
 impl PolicyState {
@@ -66,7 +70,14 @@ impl PolicyState {
             tls_port: Arc::new(TlsPort::default()),
             requests: Arc::new(Table::new()),
             strikes: Arc::new(Table::new()),
+            cache: None,
         }
+    }
+
+    /// The same state with a response cache.
+    pub fn with_cache(mut self, cache: Option<Arc<cache::Store>>) -> PolicyState {
+        self.cache = cache;
+        self
     }
 }
 
@@ -79,6 +90,7 @@ pub struct Policies {
     pub x4xx_limit: Option<X4xxLimit>,
     pub sticky: Option<Sticky>,
     pub compress: Option<Compress>,
+    pub cache: Option<RouteCache>,
 }
 
 impl Policies {
@@ -127,6 +139,7 @@ impl Policies {
                 .as_ref()
                 .and_then(Option::as_ref)
                 .map(Compress::compile),
+            cache: RouteCache::compile(settings, state.cache.as_ref()),
         }
     }
 }
@@ -152,8 +165,10 @@ impl LocalBody for Full<Bytes> {
 ///
 /// Redirects (`to_https`, `redirect_to`) come first, so a redirected request meets no other
 /// policy. The 4xx limit comes before auth, so refused credentials count toward it and a client
-/// guessing passwords is blocked (429) like any other client drawing 4xx. Compression comes
-/// last, next to forwarding: it only ever touches what the backend sent. (A plain function returning a named future rather than an `async fn`: the compiler
+/// guessing passwords is blocked (429) like any other client drawing 4xx. The cache comes after
+/// every policy that can refuse (a hit still counts toward limits) and outside compression, so
+/// it keeps what the client was sent. Compression comes last, next to forwarding: it only ever
+/// touches what the backend sent. (A plain function returning a named future rather than an `async fn`: the compiler
 /// can then see it is `Send`.)
 pub fn apply<'a, B, S>(
     policies: &'a Policies,
@@ -178,6 +193,7 @@ where
             backends,
             conn.tls,
         ))
+        .layer(CacheLayer::new(policies.cache.as_ref(), conn.tls))
         .layer(CompressLayer::new(policies.compress.as_ref()))
         .service(forward)
         .oneshot(req)

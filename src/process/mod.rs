@@ -133,9 +133,13 @@ impl Context {
             metrics.clone(),
         )
         .map_err(|e| StartError::Logging(e.to_string()))?;
-        let policy_state = Arc::new(PolicyState::new(Keys::from_config(
-            main.master_key.as_deref(),
-        )));
+        let cache = main
+            .cache
+            .as_ref()
+            .map(|c| Arc::new(crate::layers::cache::Store::new(c)));
+        let policy_state = Arc::new(
+            PolicyState::new(Keys::from_config(main.master_key.as_deref())).with_cache(cache),
+        );
         let registry = Registry::new(
             main.threads,
             main.upstream_keepalive_pool_size,

@@ -6,6 +6,7 @@
 //! rules. Bodies stream both ways; [`encode`] compresses one on the way when a policy asks.
 
 pub mod encode;
+pub mod tee;
 pub mod upgrade;
 
 use bytes::Bytes;
@@ -25,8 +26,12 @@ use crate::vocab::{headers, request_host, token_param, ClientConn, ProxyError};
 /// The backend's body as it came, or compressed on the way (`layers::compress`).
 pub type BackendBody = Either<PooledBody, encode::Encoded<PooledBody>>;
 
+/// The backend's body on its way to the client: as it comes, or copied aside as it passes
+/// (`layers::cache` keeps the copy).
+pub type StreamedBody = Either<BackendBody, tee::Tee<BackendBody>>;
+
 /// What the client gets: the backend's body, or one the proxy wrote itself.
-pub type RespBody = Either<BackendBody, Full<Bytes>>;
+pub type RespBody = Either<StreamedBody, Full<Bytes>>;
 
 /// A route's header rules, compiled once per snapshot.
 #[derive(Debug, Default)]
@@ -147,5 +152,5 @@ fn finish_response(resp: Response<PooledBody>, rules: &HeaderRules) -> Response<
     if bodiless {
         return Response::from_parts(parts, Either::Right(Full::new(Bytes::new())));
     }
-    Response::from_parts(parts, Either::Left(Either::Left(body)))
+    Response::from_parts(parts, Either::Left(Either::Left(Either::Left(body))))
 }

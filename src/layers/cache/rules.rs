@@ -1,0 +1,345 @@
+//! RFC 9111 for a shared cache, as pure functions of heads: what a request may take from the
+//! cache, whether a response may be stored, and for how long it is fresh. No I/O, no clock but
+//! the one passed in.
+
+use std::time::{Duration, SystemTime};
+
+use http::header::{self, HeaderMap, HeaderName};
+use http::{Method, StatusCode};
+
+/// The `Cache-Control` directives a shared cache acts on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheControl {
+    pub no_store: bool,
+    pub no_cache: bool,
+    pub private: bool,
+    pub public: bool,
+    pub must_revalidate: bool,
+    pub max_age: Option<u64>,
+    pub s_maxage: Option<u64>,
+}
+
+impl CacheControl {
+    /// Reads every `Cache-Control` field of `headers` (directive names in any case; a bad
+    /// number makes that directive count as absent, except that a bad `max-age` is stale).
+    pub fn of(headers: &HeaderMap) -> CacheControl {
+        let mut cc = CacheControl::default();
+        for value in headers.get_all(header::CACHE_CONTROL) {
+            let Ok(text) = value.to_str() else { continue };
+            for directive in text.split(',') {
+                let (name, arg) = match directive.split_once('=') {
+                    Some((n, a)) => (n.trim(), Some(a.trim().trim_matches('"'))),
+                    None => (directive.trim(), None),
+                };
+                let seconds = || arg.map(|a| a.parse::<u64>().unwrap_or(0));
+                match name.to_ascii_lowercase().as_str() {
+                    "no-store" => cc.no_store = true,
+                    // `no-cache="field"` names fields; a cache that cannot strip them treats it
+                    // as a plain `no-cache`.
+                    "no-cache" => cc.no_cache = true,
+                    "private" => cc.private = true,
+                    "public" => cc.public = true,
+                    "must-revalidate" | "proxy-revalidate" => cc.must_revalidate = true,
+                    "max-age" => cc.max_age = seconds().or(Some(0)),
+                    "s-maxage" => cc.s_maxage = seconds().or(Some(0)),
+                    _ => {}
+                }
+            }
+        }
+        cc
+    }
+}
+
+/// Whether a request may be answered from the cache, and why not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// GET or HEAD: look for a stored response.
+    Look,
+    /// The client asked for a fresh answer (`no-cache`, `max-age=0`, `Pragma: no-cache`): go to
+    /// the backend, and store what comes back.
+    Refresh,
+    /// `no-store`: neither served from nor stored.
+    Skip,
+    /// A method that changes the resource (POST, PUT, DELETE, PATCH): stored answers for its URL
+    /// are dropped.
+    Invalidate,
+    /// Any other method passes by the cache.
+    Pass,
+}
+
+pub fn lookup(method: &Method, headers: &HeaderMap) -> Lookup {
+    if *method == Method::POST
+        || *method == Method::PUT
+        || *method == Method::DELETE
+        || *method == Method::PATCH
+    {
+        return Lookup::Invalidate;
+    }
+    if *method != Method::GET && *method != Method::HEAD {
+        return Lookup::Pass;
+    }
+    let cc = CacheControl::of(headers);
+    if cc.no_store {
+        return Lookup::Skip;
+    }
+    let pragma_no_cache = headers
+        .get_all(header::PRAGMA)
+        .iter()
+        .any(|v| v.as_bytes().eq_ignore_ascii_case(b"no-cache"));
+    if cc.no_cache
+        || cc.max_age == Some(0)
+        || (pragma_no_cache && headers.get(header::CACHE_CONTROL).is_none())
+    {
+        return Lookup::Refresh;
+    }
+    Lookup::Look
+}
+
+/// Statuses a cache may store with explicit freshness (RFC 9110 §15.1 "heuristically
+/// cacheable", less 206, which needs range merging).
+fn storable_status(status: StatusCode) -> bool {
+    matches!(
+        status.as_u16(),
+        200 | 203 | 204 | 300 | 301 | 308 | 404 | 405 | 410 | 414 | 501
+    )
+}
+
+/// Statuses that get the configured `ttl` when the response gives no freshness (Aralez's rule).
+fn default_ttl_status(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 200 | 301 | 404)
+}
+
+/// A response that may be stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Storable {
+    /// How long it stays fresh from the moment it was received, its `Age` already taken off.
+    pub fresh_for: Duration,
+    /// The upstream's `Age` (the entry's age when it arrived).
+    pub initial_age: Duration,
+    /// May answer a request that carries `Authorization` (RFC 9111 §3.5).
+    pub shared_with_auth: bool,
+    /// The request headers named by `Vary`, lower case.
+    pub vary: Vec<HeaderName>,
+}
+
+/// Decides whether a GET's response may be stored and for how long. `default_ttl` is the
+/// route's `cache_ttl` or main.yaml's `cache.ttl`.
+pub fn storable(
+    req_headers: &HeaderMap,
+    status: StatusCode,
+    headers: &HeaderMap,
+    default_ttl: Duration,
+    now: SystemTime,
+) -> Option<Storable> {
+    if !storable_status(status) || headers.contains_key(header::SET_COOKIE) {
+        return None;
+    }
+    let cc = CacheControl::of(headers);
+    // No revalidation yet: a response that must be revalidated before each use is not kept.
+    if cc.no_store || cc.private || cc.no_cache {
+        return None;
+    }
+    let shared_with_auth = cc.public || cc.s_maxage.is_some() || cc.must_revalidate;
+    if req_headers.contains_key(header::AUTHORIZATION) && !shared_with_auth {
+        return None;
+    }
+    let vary = vary_names(headers)?;
+    let lifetime = match explicit_lifetime(&cc, headers) {
+        Some(lifetime) => lifetime,
+        None if default_ttl_status(status) => default_ttl,
+        None => return None,
+    };
+    let initial_age = age_of(headers, now);
+    let fresh_for = lifetime.checked_sub(initial_age).filter(|d| !d.is_zero())?;
+    Some(Storable {
+        fresh_for,
+        initial_age,
+        shared_with_auth,
+        vary,
+    })
+}
+
+/// `s-maxage`, else `max-age`, else `Expires` less `Date`; `None` when the response gives none.
+fn explicit_lifetime(cc: &CacheControl, headers: &HeaderMap) -> Option<Duration> {
+    if let Some(s) = cc.s_maxage.or(cc.max_age) {
+        return Some(Duration::from_secs(s));
+    }
+    let expires = headers.get(header::EXPIRES)?;
+    // An Expires that cannot be read means "already expired" (RFC 9111 §5.3).
+    let Some(expires) = expires.to_str().ok().and_then(parse_http_date) else {
+        return Some(Duration::ZERO);
+    };
+    let date = headers
+        .get(header::DATE)
+        .and_then(|d| d.to_str().ok())
+        .and_then(parse_http_date)
+        .unwrap_or_else(SystemTime::now);
+    Some(expires.duration_since(date).unwrap_or(Duration::ZERO))
+}
+
+/// The response's age on arrival: `Age`, or how far `Date` lies in the past (RFC 9111 §4.2.3).
+fn age_of(headers: &HeaderMap, now: SystemTime) -> Duration {
+    let age = headers
+        .get(header::AGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs)
+        .unwrap_or_default();
+    let apparent = headers
+        .get(header::DATE)
+        .and_then(|d| d.to_str().ok())
+        .and_then(parse_http_date)
+        .and_then(|date| now.duration_since(date).ok())
+        .unwrap_or_default();
+    age.max(apparent)
+}
+
+/// The names `Vary` lists, lower case; `None` for `Vary: *` (never matches a later request).
+fn vary_names(headers: &HeaderMap) -> Option<Vec<HeaderName>> {
+    let mut names = Vec::new();
+    for value in headers.get_all(header::VARY) {
+        let text = value.to_str().ok()?;
+        for name in text.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            if name == "*" {
+                return None;
+            }
+            let name = HeaderName::from_bytes(name.as_bytes()).ok()?;
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+    }
+    Some(names)
+}
+
+/// An HTTP date (IMF-fixdate and the two obsolete forms RFC 9110 still asks to read).
+fn parse_http_date(text: &str) -> Option<SystemTime> {
+    httpdate::parse_http_date(text.trim()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut m = HeaderMap::new();
+        for (k, v) in pairs {
+            m.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        m
+    }
+
+    const TTL: Duration = Duration::from_secs(300);
+
+    fn fresh_for(status: u16, resp: &[(&str, &str)], req: &[(&str, &str)]) -> Option<u64> {
+        let status = StatusCode::from_u16(status).unwrap();
+        storable(&map(req), status, &map(resp), TTL, SystemTime::now())
+            .map(|s| s.fresh_for.as_secs())
+    }
+
+    #[test]
+    fn freshness_comes_from_s_maxage_max_age_expires_then_the_ttl() {
+        assert_eq!(
+            fresh_for(200, &[("cache-control", "max-age=60, s-maxage=30")], &[]),
+            Some(30)
+        );
+        assert_eq!(
+            fresh_for(200, &[("cache-control", "public, Max-Age=\"60\"")], &[]),
+            Some(60)
+        );
+        let dated = [
+            ("date", "Sun, 06 Nov 1994 08:49:37 GMT"),
+            ("expires", "Sun, 06 Nov 1994 08:50:37 GMT"),
+        ];
+        // 60 s of freshness, but the Date is decades old: the response is stale on arrival.
+        assert_eq!(fresh_for(200, &dated, &[]), None);
+        assert_eq!(fresh_for(200, &[("expires", "0")], &[]), None);
+        assert_eq!(fresh_for(200, &[], &[]), Some(300));
+        assert_eq!(fresh_for(404, &[], &[]), Some(300));
+        assert_eq!(fresh_for(410, &[], &[]), None);
+        assert_eq!(
+            fresh_for(410, &[("cache-control", "max-age=9")], &[]),
+            Some(9)
+        );
+        assert_eq!(fresh_for(500, &[("cache-control", "max-age=9")], &[]), None);
+        assert_eq!(
+            fresh_for(200, &[("cache-control", "max-age=9"), ("age", "4")], &[]),
+            Some(5)
+        );
+        assert_eq!(
+            fresh_for(200, &[("cache-control", "max-age=9"), ("age", "9")], &[]),
+            None
+        );
+    }
+
+    #[test]
+    fn what_is_never_stored() {
+        for resp in [
+            [("cache-control", "no-store")],
+            [("cache-control", "private, max-age=60")],
+            [("cache-control", "no-cache")],
+            [("set-cookie", "a=b")],
+            [("vary", "*")],
+        ] {
+            assert_eq!(fresh_for(200, &resp, &[]), None, "{resp:?}");
+        }
+        let auth = [("authorization", "Basic eDp5")];
+        assert_eq!(fresh_for(200, &[], &auth), None);
+        assert_eq!(
+            fresh_for(200, &[("cache-control", "public")], &auth),
+            Some(300)
+        );
+        assert_eq!(
+            fresh_for(200, &[("cache-control", "s-maxage=5")], &auth),
+            Some(5)
+        );
+    }
+
+    #[test]
+    fn requests_say_how_they_use_the_cache() {
+        assert_eq!(lookup(&Method::GET, &map(&[])), Lookup::Look);
+        assert_eq!(lookup(&Method::HEAD, &map(&[])), Lookup::Look);
+        assert_eq!(
+            lookup(&Method::GET, &map(&[("cache-control", "no-cache")])),
+            Lookup::Refresh
+        );
+        assert_eq!(
+            lookup(&Method::GET, &map(&[("cache-control", "max-age=0")])),
+            Lookup::Refresh
+        );
+        assert_eq!(
+            lookup(&Method::GET, &map(&[("pragma", "no-cache")])),
+            Lookup::Refresh
+        );
+        assert_eq!(
+            lookup(&Method::GET, &map(&[("cache-control", "no-store")])),
+            Lookup::Skip
+        );
+        assert_eq!(lookup(&Method::POST, &map(&[])), Lookup::Invalidate);
+        assert_eq!(lookup(&Method::DELETE, &map(&[])), Lookup::Invalidate);
+        assert_eq!(lookup(&Method::OPTIONS, &map(&[])), Lookup::Pass);
+    }
+
+    #[test]
+    fn vary_names_are_collected_once() {
+        let s = storable(
+            &map(&[]),
+            StatusCode::OK,
+            &map(&[
+                ("vary", "Accept-Encoding, accept-language"),
+                ("vary", "accept-encoding"),
+            ]),
+            TTL,
+            SystemTime::now(),
+        )
+        .unwrap();
+        assert_eq!(
+            s.vary,
+            vec![header::ACCEPT_ENCODING, header::ACCEPT_LANGUAGE]
+        );
+    }
+}

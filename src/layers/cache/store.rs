@@ -1,0 +1,217 @@
+//! The cache's memory tier: stored responses by key (scheme, host, path and query), each key
+//! holding its `Vary` variants; bounded in bytes (quick_cache, S3-FIFO eviction, sharded so a
+//! hit takes one shard's read lock). It also owns request coalescing: the first miss for a key
+//! fetches, later ones wait for it (bounded) and then look again.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::StatusCode;
+use quick_cache::sync::Cache;
+use quick_cache::Weighter;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::config::cache_conf::CacheConfig;
+
+/// One stored response.
+#[derive(Debug)]
+pub struct Entry {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    /// The request's values of the headers `Vary` names, in `Vary`'s order.
+    pub vary: Vec<(HeaderName, Option<HeaderValue>)>,
+    pub shared_with_auth: bool,
+    pub stored_at: Instant,
+    pub initial_age: Duration,
+    pub fresh_for: Duration,
+}
+
+impl Entry {
+    pub fn age(&self, now: Instant) -> Duration {
+        self.initial_age + now.saturating_duration_since(self.stored_at)
+    }
+
+    pub fn is_fresh(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.stored_at) < self.fresh_for
+    }
+
+    /// The request carries the same values of the `Vary` headers as the one stored.
+    pub fn matches(&self, req: &HeaderMap) -> bool {
+        self.vary
+            .iter()
+            .all(|(name, value)| vary_value(req, name) == *value)
+    }
+
+    fn weight(&self) -> u64 {
+        let head: usize = self
+            .headers
+            .iter()
+            .map(|(n, v)| n.as_str().len() + v.len() + 32)
+            .sum();
+        (self.body.len() + head + 256) as u64
+    }
+}
+
+/// A request's value of a header `Vary` names: all its fields joined, as one value.
+pub fn vary_value(req: &HeaderMap, name: &HeaderName) -> Option<HeaderValue> {
+    let mut values = req.get_all(name).iter();
+    let first = values.next()?;
+    let Some(second) = values.next() else {
+        return Some(first.clone());
+    };
+    let mut joined = first.as_bytes().to_vec();
+    for v in std::iter::once(second).chain(values) {
+        joined.extend_from_slice(b", ");
+        joined.extend_from_slice(v.as_bytes());
+    }
+    HeaderValue::from_bytes(&joined).ok()
+}
+
+/// The variants stored under one key.
+type Variants = Arc<[Arc<Entry>]>;
+
+#[derive(Clone)]
+struct ByBytes;
+
+impl Weighter<Box<str>, Variants> for ByBytes {
+    fn weight(&self, key: &Box<str>, variants: &Variants) -> u64 {
+        key.len() as u64 + variants.iter().map(|e| e.weight()).sum::<u64>()
+    }
+}
+
+/// Counters of the cache, read by `/metrics`.
+#[derive(Debug, Default)]
+pub struct CacheCounters {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub stored: AtomicU64,
+    pub bytes_stored: AtomicU64,
+}
+
+/// The memory tier, shared by every worker and every snapshot (built once at start).
+pub struct CacheStore {
+    entries: Cache<Box<str>, Variants, ByBytes>,
+    in_flight: Mutex<HashMap<Box<str>, watch::Receiver<()>>>,
+    pub item_max_size: usize,
+    pub default_ttl: Duration,
+    pub counters: CacheCounters,
+}
+
+impl std::fmt::Debug for CacheStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CacheStore")
+            .field("entries", &self.entries.len())
+            .field("bytes", &self.entries.weight())
+            .finish()
+    }
+}
+
+/// How long a miss waits for another request fetching the same key (nginx's
+/// `proxy_cache_lock_timeout` default); then it goes to the backend itself.
+pub const COALESCE_WAIT: Duration = Duration::from_secs(5);
+
+impl CacheStore {
+    pub fn new(cfg: &CacheConfig) -> CacheStore {
+        let items = (cfg.mem_size / 4096).clamp(64, 1 << 20) as usize;
+        CacheStore {
+            entries: Cache::with_weighter(items, cfg.mem_size, ByBytes),
+            in_flight: Mutex::new(HashMap::new()),
+            item_max_size: usize::try_from(cfg.item_max_size).unwrap_or(usize::MAX),
+            default_ttl: cfg.ttl,
+            counters: CacheCounters::default(),
+        }
+    }
+
+    /// The stored variant that answers a request with `req` headers, fresh or not.
+    pub fn find(&self, key: &str, req: &HeaderMap) -> Option<Arc<Entry>> {
+        let variants = self.entries.get(key)?;
+        let found = variants.iter().find(|e| e.matches(req)).cloned();
+        found
+    }
+
+    /// Stores `entry` under `key`, replacing the variant with the same `Vary` values and
+    /// dropping stale ones.
+    pub fn insert(&self, key: &str, entry: Entry) {
+        let now = Instant::now();
+        let mut variants: Vec<Arc<Entry>> = match self.entries.get(key) {
+            Some(old) => old
+                .iter()
+                .filter(|e| e.is_fresh(now) && e.vary != entry.vary)
+                .cloned()
+                .collect(),
+            None => Vec::new(),
+        };
+        self.counters.stored.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .bytes_stored
+            .fetch_add(entry.body.len() as u64, Ordering::Relaxed);
+        variants.push(Arc::new(entry));
+        self.entries.insert(key.into(), variants.into());
+    }
+
+    /// Drops every variant stored under `key`.
+    pub fn invalidate(&self, key: &str) {
+        self.entries.remove(key);
+    }
+
+    /// What the memory tier holds now, in bytes.
+    pub fn weight(&self) -> u64 {
+        self.entries.weight()
+    }
+
+    /// Joins the fetch of `key`: `Lead` when no one is fetching it (the guard ends the fetch
+    /// when dropped), `Follow` with what to wait on otherwise.
+    pub fn join_flight(self: &Arc<Self>, key: &str) -> Flight {
+        let mut map = match self.in_flight.lock() {
+            Ok(map) => map,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if let Some(rx) = map.get(key) {
+            return Flight::Follow(rx.clone());
+        }
+        let (tx, rx) = watch::channel(());
+        map.insert(key.into(), rx);
+        Flight::Lead(FlightGuard {
+            store: self.clone(),
+            key: key.into(),
+            _done: tx,
+        })
+    }
+}
+
+/// A request's part in fetching a key.
+pub enum Flight {
+    Lead(FlightGuard),
+    Follow(watch::Receiver<()>),
+}
+
+/// Held by the request fetching a key; dropping it (the response stored, or given up) wakes the
+/// requests waiting for it.
+pub struct FlightGuard {
+    store: Arc<CacheStore>,
+    key: Box<str>,
+    _done: watch::Sender<()>,
+}
+
+impl Drop for FlightGuard {
+    fn drop(&mut self) {
+        let mut map = match self.store.in_flight.lock() {
+            Ok(map) => map,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        map.remove(&self.key);
+        // `_done` drops after this: the waiters see the channel close once the key is free.
+    }
+}
+
+/// Waits until the fetch that `rx` follows is over, at most `limit`.
+pub async fn wait_for(mut rx: watch::Receiver<()>, limit: Duration) {
+    // `changed` fails once the sender is dropped, which is the end of the fetch.
+    let _ = tokio::time::timeout(limit, async { while rx.changed().await.is_ok() {} }).await;
+}

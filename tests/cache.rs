@@ -1,0 +1,371 @@
+//! The response cache (main.yaml's `cache:`) through the real binary, against an origin that
+//! counts its requests: a count that does not move proves a hit. Freshness from the response,
+//! the default `ttl`, what is never stored, `Vary`, `Age`, the request's own `Cache-Control`,
+//! invalidation by unsafe methods, `cache: false` and `cache_ttl` routes, bodies past
+//! `item_max_size`, coalescing of concurrent misses, HEAD from a stored GET, over HTTP/1.1 and h2c.
+
+mod support;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use support::*;
+
+/// An origin whose answer the query describes: `cc` (Cache-Control), `vary`, `cookie`
+/// (a Set-Cookie), `status`, `age` (an Age header), `slow` (ms before answering), `len` (body
+/// bytes). The body is `#<n>` (its request count) unless `len` is given. `X-Lang` echoes the
+/// request's Accept-Language.
+struct Origin {
+    addr: SocketAddr,
+    requests: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Origin {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Origin {
+    async fn start() -> Origin {
+        let listener = bind_local().await;
+        let addr = listener.local_addr().expect("origin address");
+        let requests = Arc::new(AtomicUsize::new(0));
+        let count = requests.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let count = count.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req| answer(count.clone(), req));
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Origin {
+            addr,
+            requests,
+            task,
+        }
+    }
+
+    fn requests(&self) -> usize {
+        self.requests.load(Ordering::SeqCst)
+    }
+}
+
+async fn answer(
+    count: Arc<AtomicUsize>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    // The proxy's health probes are not requests of the test.
+    if req
+        .headers()
+        .get("user-agent")
+        .is_some_and(|v| v == PROBE_AGENT)
+    {
+        return Ok(Response::new(Full::new(Bytes::new())));
+    }
+    let n = count.fetch_add(1, Ordering::SeqCst) + 1;
+    let query = req.uri().query().unwrap_or("").to_string();
+    let get = |k: &str| {
+        query
+            .split('&')
+            .filter_map(|p| p.split_once('='))
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| v.replace('+', " "))
+    };
+    if let Some(ms) = get("slow").and_then(|s| s.parse().ok()) {
+        // The point of `slow`: a fetch that is still running when the other requests arrive.
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    let status: u16 = get("status").and_then(|s| s.parse().ok()).unwrap_or(200);
+    let mut resp = Response::builder().status(status);
+    for (param, name) in [
+        ("cc", "cache-control"),
+        ("vary", "vary"),
+        ("cookie", "set-cookie"),
+        ("age", "age"),
+    ] {
+        if let Some(value) = get(param) {
+            resp = resp.header(name, value);
+        }
+    }
+    if let Some(lang) = req.headers().get("accept-language") {
+        resp = resp.header("x-lang", lang);
+    }
+    let body = match get("len").and_then(|s| s.parse::<usize>().ok()) {
+        Some(len) => Bytes::from(vec![b'c'; len]),
+        None => Bytes::from(format!("#{n}")),
+    };
+    Ok(resp.body(Full::new(body)).expect("response"))
+}
+
+/// `c.test` cached (its `/short` path with `cache_ttl: 1`, `/off` with `cache: false`,
+/// `/auth` behind basic auth); 16 MB of memory, items up to 1 MB, `ttl` 60 s.
+fn proxy_for(origin: &Origin) -> ProxyProcess {
+    let yaml = Upstreams::new()
+        .host(
+            "c.test",
+            Host::new()
+                .path("/", Path::addrs(&[origin.addr]))
+                .path("/short", Path::addrs(&[origin.addr]).set("cache_ttl", 1u64))
+                .path("/off", Path::addrs(&[origin.addr]).set("cache", false))
+                .path(
+                    "/auth",
+                    Path::addrs(&[origin.addr]).authorization_data("basic", "user:pass"),
+                ),
+        )
+        .render();
+    let main = "cache:\n  storage: memory\n  mem_size_mb: 16\n  item_max_size: 1\n  ttl: 60\n";
+    ProxyProcess::start(&yaml, main)
+}
+
+async fn send(
+    client: &mut Client,
+    method: Method,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (Response<()>, String) {
+    let resp = client
+        .send(method, Some("c.test"), path, headers, full(Bytes::new()))
+        .await;
+    let (parts, body) = resp.into_parts();
+    let bytes = body.collect().await.expect("response body").to_bytes();
+    (
+        Response::from_parts(parts, ()),
+        String::from_utf8_lossy(&bytes).into_owned(),
+    )
+}
+
+async fn get(client: &mut Client, path: &str) -> (String, String) {
+    let (resp, body) = send(client, Method::GET, path, &[]).await;
+    (hdr(&resp, "x-cache-status"), body)
+}
+
+fn hdr(resp: &Response<()>, name: &str) -> String {
+    resp.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap_or("?").to_string())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn fresh_answers_are_served_from_the_cache_with_their_age() {
+    let origin = Origin::start().await;
+    let proxy = proxy_for(&origin);
+    for proto in PROTOCOLS {
+        let mut c = Client::connect(proto, proxy.addr).await;
+        let path = format!("/fresh-{proto:?}?cc=max-age=60");
+        assert_eq!(get(&mut c, &path).await.0, "MISS");
+        let before = origin.requests();
+        let (resp, body) = send(&mut c, Method::GET, &path, &[]).await;
+        assert_eq!(hdr(&resp, "x-cache-status"), "HIT", "{proto:?}");
+        assert_eq!(origin.requests(), before, "a hit never reaches the origin");
+        assert!(body.starts_with('#'), "{body}");
+        let age: u64 = hdr(&resp, "age").parse().expect("an Age header");
+        assert!(age <= 2, "{age}");
+        // HEAD is answered from the stored GET, without a body.
+        let (head, body) = send(&mut c, Method::HEAD, &path, &[]).await;
+        assert_eq!(
+            (hdr(&head, "x-cache-status").as_str(), body.as_str()),
+            ("HIT", "")
+        );
+        assert_eq!(origin.requests(), before);
+    }
+    // The origin's own Age counts toward the entry's age.
+    let mut c = Client::connect(Proto::H1, proxy.addr).await;
+    get(&mut c, "/aged?cc=max-age=600&age=100").await;
+    let (resp, _) = send(&mut c, Method::GET, "/aged?cc=max-age=600&age=100", &[]).await;
+    let age: u64 = hdr(&resp, "age").parse().expect("an Age header");
+    assert!((100..=102).contains(&age), "{age}");
+}
+
+#[tokio::test]
+async fn what_may_not_be_stored_always_reaches_the_origin() {
+    let origin = Origin::start().await;
+    let proxy = proxy_for(&origin);
+    let mut c = Client::connect(Proto::H1, proxy.addr).await;
+    for path in [
+        "/a?cc=no-store",
+        "/b?cc=private,+max-age=60",
+        "/c?cc=no-cache",
+        "/d?cc=max-age=60&cookie=s=1",
+        "/e?cc=max-age=60&vary=*",
+        "/f?status=500&cc=max-age=60",
+        "/g?status=410",
+        "/h?cc=max-age=5&age=9",
+    ] {
+        let before = origin.requests();
+        assert_eq!(get(&mut c, path).await.0, "MISS", "{path}");
+        assert_eq!(get(&mut c, path).await.0, "MISS", "{path}");
+        assert_eq!(origin.requests(), before + 2, "{path}");
+    }
+    // Without freshness of its own, a 200 or 404 gets the configured ttl.
+    for path in ["/plain", "/missing?status=404"] {
+        get(&mut c, path).await;
+        assert_eq!(get(&mut c, path).await.0, "HIT", "{path}");
+    }
+    // A body past item_max_size (1 MB) streams whole and is not kept.
+    let big = "/big?cc=max-age=60&len=1500000";
+    for _ in 0..2 {
+        let (resp, body) = send(&mut c, Method::GET, big, &[]).await;
+        assert_eq!(
+            (hdr(&resp, "x-cache-status").as_str(), body.len()),
+            ("MISS", 1_500_000)
+        );
+    }
+    let (resp, body) = send(&mut c, Method::GET, "/small?cc=max-age=60&len=900000", &[]).await;
+    assert_eq!(hdr(&resp, "x-cache-status"), "MISS");
+    assert_eq!(body.len(), 900_000);
+    assert_eq!(
+        get(&mut c, "/small?cc=max-age=60&len=900000").await.0,
+        "HIT"
+    );
+}
+
+#[tokio::test]
+async fn vary_keeps_one_answer_per_variant() {
+    let origin = Origin::start().await;
+    let proxy = proxy_for(&origin);
+    let mut c = Client::connect(Proto::H2c, proxy.addr).await;
+    let path = "/v?cc=max-age=60&vary=Accept-Language";
+    let lang = |l: &'static str| [("accept-language", l)];
+    let (fr, _) = send(&mut c, Method::GET, path, &lang("fr")).await;
+    let (de, _) = send(&mut c, Method::GET, path, &lang("de")).await;
+    assert_eq!(
+        (hdr(&fr, "x-cache-status"), hdr(&de, "x-cache-status")),
+        ("MISS".into(), "MISS".into())
+    );
+    let before = origin.requests();
+    for l in ["fr", "de"] {
+        let (resp, _) = send(&mut c, Method::GET, path, &lang(l)).await;
+        assert_eq!(hdr(&resp, "x-cache-status"), "HIT");
+        assert_eq!(
+            hdr(&resp, "x-lang"),
+            l,
+            "each variant answers its own language"
+        );
+    }
+    assert_eq!(origin.requests(), before);
+    // Headers Vary does not name (X-Forwarded-Host, ...) are not part of the key and cannot
+    // replace what is stored.
+    let (resp, _) = send(
+        &mut c,
+        Method::GET,
+        path,
+        &[("accept-language", "fr"), ("x-forwarded-host", "evil.test")],
+    )
+    .await;
+    assert_eq!(hdr(&resp, "x-cache-status"), "HIT");
+    assert_eq!(hdr(&resp, "x-lang"), "fr");
+}
+
+#[tokio::test]
+async fn the_client_and_unsafe_methods_can_refresh_the_cache() {
+    let origin = Origin::start().await;
+    let proxy = proxy_for(&origin);
+    let mut c = Client::connect(Proto::H1, proxy.addr).await;
+    let path = "/r?cc=max-age=60";
+    let (_, first) = get(&mut c, path).await;
+    // `Cache-Control: no-cache` from the client: fetched again, and the new answer stored.
+    let (resp, second) = send(&mut c, Method::GET, path, &[("cache-control", "no-cache")]).await;
+    assert_eq!(hdr(&resp, "x-cache-status"), "MISS");
+    assert_ne!(first, second);
+    assert_eq!(get(&mut c, path).await, ("HIT".to_string(), second.clone()));
+    // `no-store` from the client: not served from the cache.
+    let (resp, _) = send(&mut c, Method::GET, path, &[("cache-control", "no-store")]).await;
+    assert_eq!(hdr(&resp, "x-cache-status"), "BYPASS");
+    // A POST to the URL drops what is stored for it.
+    send(&mut c, Method::POST, path, &[]).await;
+    assert_eq!(get(&mut c, path).await.0, "MISS");
+}
+
+#[tokio::test]
+async fn routes_choose_their_ttl_or_no_cache() {
+    let origin = Origin::start().await;
+    let proxy = proxy_for(&origin);
+    let mut c = Client::connect(Proto::H1, proxy.addr).await;
+    // `cache: false`: never cached, no status header.
+    for _ in 0..2 {
+        let (resp, _) = send(&mut c, Method::GET, "/off?cc=max-age=60", &[]).await;
+        assert_eq!(hdr(&resp, "x-cache-status"), "");
+    }
+    // An authorization policy keeps the route out of the cache.
+    let creds = [("authorization", "Basic dXNlcjpwYXNz")];
+    for _ in 0..2 {
+        let (resp, _) = send(&mut c, Method::GET, "/auth?cc=public,+max-age=60", &creds).await;
+        assert_eq!(
+            (resp.status().as_u16(), hdr(&resp, "x-cache-status")),
+            (200, String::new())
+        );
+    }
+    // `cache_ttl: 1` on /short: the answer without freshness expires after a second.
+    get(&mut c, "/short").await;
+    assert_eq!(get(&mut c, "/short").await.0, "HIT");
+    // Real time is the point here: the entry must age past its one-second ttl.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(get(&mut c, "/short").await.0, "EXPIRED");
+    assert_eq!(get(&mut c, "/short").await.0, "HIT");
+}
+
+#[tokio::test]
+async fn concurrent_misses_make_one_origin_request() {
+    let origin = Origin::start().await;
+    let proxy = proxy_for(&origin);
+    let path = "/slow?cc=max-age=60&slow=300";
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..100 {
+        let addr = proxy.addr;
+        let proto = if i % 2 == 0 { Proto::H1 } else { Proto::H2c };
+        tasks.spawn(async move {
+            let mut c = Client::connect(proto, addr).await;
+            get(&mut c, path).await
+        });
+    }
+    let mut bodies = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        bodies.push(done.expect("request task").1);
+    }
+    assert_eq!(
+        origin.requests(),
+        1,
+        "100 concurrent misses, one origin request"
+    );
+    assert!(bodies.iter().all(|b| b == "#1"), "{bodies:?}");
+}
+
+#[test]
+fn check_config_names_the_line_of_a_bad_cache_value() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let main = dir.path().join("main.yaml");
+    std::fs::write(dir.path().join("upstreams.yaml"), "upstreams: {}\n").expect("write");
+    std::fs::write(
+        &main,
+        "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: \"upstreams.yaml\"\ncache:\n  storage: memory\n  mem_size_mb: lots\n",
+    )
+    .expect("write");
+    let out = std::process::Command::new(binary())
+        .args(["check-config", "-c"])
+        .arg(&main)
+        .output()
+        .expect("run check-config");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("main.yaml:5:") && text.contains("cache.mem_size_mb"),
+        "{text}"
+    );
+}
