@@ -82,7 +82,7 @@ async fn answer(
     let Some(etag) = entity_tag(&resp) else {
         return resp;
     };
-    if if_none_match.is_some_and(|v| etag_matches(&v, &etag)) {
+    if if_none_match.is_some_and(|v| crate::vocab::headers::etag_matches(&v, &etag)) {
         let mut not_modified = plain(StatusCode::NOT_MODIFIED, "");
         for name in [header::LAST_MODIFIED, header::CACHE_CONTROL] {
             if let Some(v) = resp.headers().get(&name) {
@@ -155,17 +155,6 @@ fn fold_date(date: &str) -> u64 {
         hash = (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
     }
     hash
-}
-
-/// Weak comparison (RFC 9110 §8.8.3.2) against a comma-separated list, or `*`.
-fn etag_matches(list: &HeaderValue, etag: &HeaderValue) -> bool {
-    let Ok(list) = list.to_str() else {
-        return false;
-    };
-    let ours = etag.to_str().unwrap_or("").trim_start_matches("W/");
-    list.split(',')
-        .map(str::trim)
-        .any(|tag| tag == "*" || tag.trim_start_matches("W/") == ours)
 }
 
 fn plain(status: StatusCode, text: &'static str) -> Response<FileBody> {

@@ -8,7 +8,7 @@ mod support;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,12 +21,14 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use support::*;
 
 /// An origin whose answer the query describes: `cc` (Cache-Control), `vary`, `cookie`
-/// (a Set-Cookie), `status`, `age` (an Age header), `slow` (ms before answering), `len` (body
-/// bytes). The body is `#<n>` (its request count) unless `len` is given. `X-Lang` echoes the
-/// request's Accept-Language.
+/// (a Set-Cookie), `status`, `age` (an Age header on a 200), `slow` (ms before answering), `len`
+/// (body bytes), `etag` (an ETag; a request whose If-None-Match names it gets a 304 with the
+/// same Cache-Control). The body is `#<n>` (its request count) unless `len` is given. `X-Lang`
+/// echoes the request's Accept-Language. While `failing` is set every answer is a 503.
 struct Origin {
     addr: SocketAddr,
     requests: Arc<AtomicUsize>,
+    failing: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -41,12 +43,13 @@ impl Origin {
         let listener = bind_local().await;
         let addr = listener.local_addr().expect("origin address");
         let requests = Arc::new(AtomicUsize::new(0));
-        let count = requests.clone();
+        let failing = Arc::new(AtomicBool::new(false));
+        let (count, fail) = (requests.clone(), failing.clone());
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                let count = count.clone();
+                let (count, fail) = (count.clone(), fail.clone());
                 tokio::spawn(async move {
-                    let svc = service_fn(move |req| answer(count.clone(), req));
+                    let svc = service_fn(move |req| answer(count.clone(), fail.clone(), req));
                     let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                         .serve_connection(TokioIo::new(stream), svc)
                         .await;
@@ -56,6 +59,7 @@ impl Origin {
         Origin {
             addr,
             requests,
+            failing,
             task,
         }
     }
@@ -67,6 +71,7 @@ impl Origin {
 
 async fn answer(
     count: Arc<AtomicUsize>,
+    failing: Arc<AtomicBool>,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     // The proxy's health probes are not requests of the test.
@@ -90,8 +95,31 @@ async fn answer(
         // The point of `slow`: a fetch that is still running when the other requests arrive.
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
+    if failing.load(Ordering::SeqCst) {
+        let resp = Response::builder()
+            .status(503)
+            .body(Full::new(Bytes::from("down")));
+        return Ok(resp.expect("response"));
+    }
+    let etag = get("etag").map(|t| format!("\"{t}\""));
+    let asked = req
+        .headers()
+        .get("if-none-match")
+        .and_then(|v| v.to_str().ok());
+    if let (Some(etag), Some(asked)) = (&etag, asked) {
+        if asked == etag {
+            let mut resp = Response::builder().status(304).header("etag", etag);
+            if let Some(cc) = get("cc") {
+                resp = resp.header("cache-control", cc);
+            }
+            return Ok(resp.body(Full::new(Bytes::new())).expect("response"));
+        }
+    }
     let status: u16 = get("status").and_then(|s| s.parse().ok()).unwrap_or(200);
     let mut resp = Response::builder().status(status);
+    if let Some(etag) = etag {
+        resp = resp.header("etag", etag);
+    }
     for (param, name) in [
         ("cc", "cache-control"),
         ("vary", "vary"),
@@ -344,6 +372,107 @@ async fn concurrent_misses_make_one_origin_request() {
         "100 concurrent misses, one origin request"
     );
     assert!(bodies.iter().all(|b| b == "#1"), "{bodies:?}");
+}
+
+#[tokio::test]
+async fn stale_entries_are_revalidated_and_a_304_refreshes_them() {
+    let origin = Origin::start().await;
+    let proxy = proxy_for(&origin);
+    let mut c = Client::connect(Proto::H1, proxy.addr).await;
+    // Stale on arrival (Age = max-age) but it has a validator: kept, and asked about next time.
+    let path = "/rv?cc=max-age=60&age=60&etag=v1";
+    assert_eq!(
+        get(&mut c, path).await,
+        ("MISS".to_string(), "#1".to_string())
+    );
+    assert_eq!(
+        get(&mut c, path).await,
+        ("REVALIDATED".to_string(), "#1".to_string())
+    );
+    assert_eq!(origin.requests(), 2, "the revalidation reached the origin");
+    // The 304 (no Age) made it fresh for 60 s.
+    assert_eq!(
+        get(&mut c, path).await,
+        ("HIT".to_string(), "#1".to_string())
+    );
+    assert_eq!(origin.requests(), 2);
+    // `no-cache` answers with a validator are kept and revalidated on every use.
+    let path = "/nc?cc=no-cache&etag=v2";
+    get(&mut c, path).await;
+    for n in 0..2 {
+        assert_eq!(get(&mut c, path).await.0, "REVALIDATED");
+        assert_eq!(origin.requests(), 4 + n);
+    }
+}
+
+#[tokio::test]
+async fn clients_validators_and_ranges_are_answered_from_the_cache() {
+    let origin = Origin::start().await;
+    let proxy = proxy_for(&origin);
+    let mut c = Client::connect(Proto::H2c, proxy.addr).await;
+    let path = "/obj?cc=max-age=60&etag=v3&len=100";
+    get(&mut c, path).await;
+    let (resp, body) = send(&mut c, Method::GET, path, &[("if-none-match", "\"v3\"")]).await;
+    assert_eq!((resp.status().as_u16(), body.as_str()), (304, ""));
+    assert_eq!(hdr(&resp, "x-cache-status"), "HIT");
+    let (resp, body) = send(&mut c, Method::GET, path, &[("if-none-match", "\"other\"")]).await;
+    assert_eq!((resp.status().as_u16(), body.len()), (200, 100));
+    let (resp, body) = send(&mut c, Method::GET, path, &[("range", "bytes=10-19")]).await;
+    assert_eq!((resp.status().as_u16(), body.as_str()), (206, "cccccccccc"));
+    assert_eq!(hdr(&resp, "content-range"), "bytes 10-19/100");
+    let (resp, _) = send(&mut c, Method::GET, path, &[("range", "bytes=-5")]).await;
+    assert_eq!(hdr(&resp, "content-range"), "bytes 95-99/100");
+    let (resp, _) = send(&mut c, Method::GET, path, &[("range", "bytes=200-")]).await;
+    assert_eq!(
+        (resp.status().as_u16(), hdr(&resp, "content-range")),
+        (416, "bytes */100".into())
+    );
+    // If-Range with another validator: the whole object.
+    let stale_copy = [("range", "bytes=0-9"), ("if-range", "\"v0\"")];
+    let (resp, body) = send(&mut c, Method::GET, path, &stale_copy).await;
+    assert_eq!((resp.status().as_u16(), body.len()), (200, 100));
+    assert_eq!(origin.requests(), 1, "every answer came from the cache");
+}
+
+#[tokio::test]
+async fn stale_answers_while_updating_and_when_the_origin_fails() {
+    let origin = Origin::start().await;
+    let proxy = proxy_for(&origin);
+    let mut c = Client::connect(Proto::H1, proxy.addr).await;
+    // stale-while-revalidate: one request refreshes (slowly), the others get the stale copy.
+    let path = "/swr?cc=max-age=5,+stale-while-revalidate=60&age=5&slow=400";
+    assert_eq!(get(&mut c, path).await.0, "MISS");
+    let proxy_addr = proxy.addr;
+    let refresh = tokio::spawn(async move {
+        let mut c = Client::connect(Proto::H1, proxy_addr).await;
+        get(&mut c, path).await
+    });
+    assert!(eventually(Duration::from_secs(5), || origin.requests() == 2).await);
+    let (word, body) = get(&mut c, path).await;
+    assert_eq!((word.as_str(), body.as_str()), ("UPDATING", "#1"));
+    assert_eq!(
+        refresh.await.expect("refresh"),
+        ("EXPIRED".to_string(), "#2".to_string())
+    );
+    // stale-if-error: served while the origin fails, within its allowance.
+    let path = "/sie?cc=max-age=5,+stale-if-error=60&age=5";
+    assert_eq!(get(&mut c, path).await.0, "MISS");
+    origin.failing.store(true, Ordering::SeqCst);
+    let (resp, body) = send(&mut c, Method::GET, path, &[]).await;
+    assert_eq!(
+        (resp.status().as_u16(), hdr(&resp, "x-cache-status"), body),
+        (200, "STALE".into(), "#3".into())
+    );
+    // Without an allowance (or with must-revalidate) the failure reaches the client.
+    let path = "/strict?cc=max-age=5,+must-revalidate,+stale-if-error=60&age=5&etag=s";
+    origin.failing.store(false, Ordering::SeqCst);
+    get(&mut c, path).await;
+    origin.failing.store(true, Ordering::SeqCst);
+    let (resp, _) = send(&mut c, Method::GET, path, &[]).await;
+    assert_eq!(
+        (resp.status().as_u16(), hdr(&resp, "x-cache-status")),
+        (503, "EXPIRED".into())
+    );
 }
 
 #[test]

@@ -124,6 +124,17 @@ pub fn set_forwarded_proto_host(headers: &mut HeaderMap, tls: bool, host: Option
     }
 }
 
+/// Weak comparison (RFC 9110 §8.8.3.2) of `etag` against an `If-None-Match` list, or `*`.
+pub fn etag_matches(list: &HeaderValue, etag: &HeaderValue) -> bool {
+    let Ok(list) = list.to_str() else {
+        return false;
+    };
+    let ours = etag.to_str().unwrap_or("").trim_start_matches("W/");
+    list.split(',')
+        .map(str::trim)
+        .any(|tag| tag == "*" || tag.trim_start_matches("W/") == ours)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,20 +1,25 @@
 //! The response cache (RFC 9111, shared cache): a fresh stored response answers GET and HEAD
 //! without the backend; a miss fetches, streams the answer to the client and keeps a copy when
 //! the rules allow ([`rules`]); concurrent misses for one key make one backend request
-//! ([`store`]). Every answer of a cached route says what happened in `X-Cache-Status` (nginx's
-//! words: HIT, MISS, EXPIRED, BYPASS).
+//! ([`store`]). A stale entry is revalidated with the backend (`If-None-Match` /
+//! `If-Modified-Since`; a 304 refreshes it), served to other clients meanwhile within its
+//! `stale-while-revalidate`, and served when the backend fails within `stale-if-error`
+//! (RFC 5861). Clients' own validators and byte ranges are answered from stored objects
+//! ([`respond`]). Every answer of a cached route says what happened in `X-Cache-Status`
+//! (nginx's words: HIT, MISS, EXPIRED, REVALIDATED, UPDATING, STALE, BYPASS).
 //!
 //! It sits outside compression, so what it keeps is what the client was sent (the compressed
 //! variant, keyed by `Accept-Encoding` through the `Vary` that compression adds). Routes with
-//! an `authorization` policy and `cache: false` routes are never cached. Not built yet:
-//! revalidation (If-None-Match / If-Modified-Since), ranges served from stored objects,
-//! stale-while-revalidate / stale-if-error, the disk and Redis tiers, purge.
+//! an `authorization` policy and `cache: false` routes are never cached. Not built yet: the disk
+//! and Redis tiers.
 
+mod respond;
 pub mod rules;
 pub mod store;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
@@ -22,8 +27,8 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use futures_util::future::Either as FutEither;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Request, Response};
-use http_body_util::{Either, Full};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::Either;
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
@@ -151,7 +156,7 @@ async fn answer<S, B>(
     cache: &RouteCache,
     key: String,
     lookup: Lookup,
-    req: Request<B>,
+    mut req: Request<B>,
     mut inner: S,
 ) -> Answer
 where
@@ -159,53 +164,178 @@ where
 {
     let store = &cache.store;
     let auth = req.headers().contains_key(header::AUTHORIZATION);
-    let usable = |e: &Entry| !auth || e.shared_with_auth;
-    let mut status = match lookup {
-        Lookup::Skip => "BYPASS",
-        _ => "MISS",
-    };
+    let usable = |e: &Arc<Entry>| !auth || e.shared_with_auth;
+    let mut stale = None;
     let mut guard = None;
     if lookup == Lookup::Look {
         let now = Instant::now();
-        match store.find(&key, req.headers()) {
-            Some(e) if usable(&e) && e.is_fresh(now) => return Ok(hit(store, &e, now)),
-            Some(_) => status = "EXPIRED",
-            None => {}
+        match store.find(&key, req.headers()).filter(usable) {
+            Some(e) if e.is_fresh(now) => return Ok(served(store, &e, req.headers(), now, "HIT")),
+            found => stale = found,
         }
         if req.method() == Method::GET {
             match store.join_flight(&key) {
                 Flight::Lead(g) => guard = Some(g),
                 Flight::Follow(rx) => {
+                    if let Some(e) = stale.as_ref().filter(|e| e.may_serve_while_updating(now)) {
+                        return Ok(served(store, e, req.headers(), now, "UPDATING"));
+                    }
                     store::wait_for(rx, store::COALESCE_WAIT).await;
                     let now = Instant::now();
-                    if let Some(e) = store.find(&key, req.headers()) {
-                        if usable(&e) && e.is_fresh(now) {
-                            return Ok(hit(store, &e, now));
+                    match store.find(&key, req.headers()).filter(usable) {
+                        Some(e) if e.is_fresh(now) => {
+                            return Ok(served(store, &e, req.headers(), now, "HIT"))
                         }
+                        found => stale = found,
                     }
                 }
             }
         }
     }
-    store
-        .counters
-        .misses
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    store.counters.misses.fetch_add(1, Ordering::Relaxed);
     let keep = lookup != Lookup::Skip && req.method() == Method::GET;
-    let req_headers = keep.then(|| req.headers().clone());
-    let mut resp = inner.call(req).await?;
+    let req_headers = (keep || stale.is_some()).then(|| req.headers().clone());
+    if let Some(e) = &stale {
+        ask_with_validators(&mut req, e);
+    }
+    let asked_sie = rules::CacheControl::of(req.headers())
+        .stale_if_error
+        .map(Duration::from_secs);
+    let result = inner.call(req).await;
+    let (Some(req_headers), Some(e)) = (&req_headers, &stale) else {
+        let word = if lookup == Lookup::Skip {
+            "BYPASS"
+        } else {
+            "MISS"
+        };
+        return finish(cache, key, req_headers, result?, word, guard);
+    };
+    let now = Instant::now();
+    match result {
+        Ok(resp) if resp.status() == StatusCode::NOT_MODIFIED => {
+            let fresh = revalidated(cache, &key, req_headers, e, resp.headers());
+            Ok(served(store, &fresh, req_headers, now, "REVALIDATED"))
+        }
+        Ok(resp) if resp.status().is_server_error() && e.may_serve_on_error(now, asked_sie) => {
+            Ok(served(store, e, req_headers, now, "STALE"))
+        }
+        Err(_) if e.may_serve_on_error(now, asked_sie) => {
+            Ok(served(store, e, req_headers, now, "STALE"))
+        }
+        result => finish(
+            cache,
+            key,
+            Some(req_headers.clone()),
+            result?,
+            "EXPIRED",
+            guard,
+        ),
+    }
+}
+
+/// Labels a fetched answer and, when it may be stored, keeps a copy as it streams.
+fn finish(
+    cache: &RouteCache,
+    key: String,
+    req_headers: Option<HeaderMap>,
+    mut resp: Response<RespBody>,
+    word: &'static str,
+    guard: Option<FlightGuard>,
+) -> Answer {
     resp.headers_mut()
-        .insert(X_CACHE_STATUS.clone(), HeaderValue::from_static(status));
+        .insert(X_CACHE_STATUS.clone(), HeaderValue::from_static(word));
     let Some(req_headers) = req_headers else {
         return Ok(resp);
     };
     let now = SystemTime::now();
-    let Some(storable) =
-        rules::storable(&req_headers, resp.status(), resp.headers(), cache.ttl, now)
-    else {
-        return Ok(resp);
+    let head = (resp.status(), resp.headers());
+    match rules::storable(&req_headers, head.0, head.1, cache.ttl, now) {
+        Some(storable) => Ok(keep_copy(
+            &cache.store,
+            key,
+            &req_headers,
+            storable,
+            resp,
+            guard,
+        )),
+        None => Ok(resp),
+    }
+}
+
+/// The conditional request that revalidates `stale`: the client's own validators give way to
+/// the entry's (the client's are answered from the entry afterwards).
+fn ask_with_validators<B>(req: &mut Request<B>, stale: &Entry) {
+    let headers = req.headers_mut();
+    headers.remove(header::IF_NONE_MATCH);
+    headers.remove(header::IF_MODIFIED_SINCE);
+    if let Some(etag) = stale.headers.get(header::ETAG) {
+        headers.insert(header::IF_NONE_MATCH, etag.clone());
+    }
+    if let Some(date) = stale.headers.get(header::LAST_MODIFIED) {
+        headers.insert(header::IF_MODIFIED_SINCE, date.clone());
+    }
+}
+
+/// The entry after the backend said `304 Not Modified`: its head refreshed, stored again.
+fn revalidated(
+    cache: &RouteCache,
+    key: &str,
+    req_headers: &HeaderMap,
+    stale: &Entry,
+    not_modified: &HeaderMap,
+) -> Arc<Entry> {
+    let head = rules::refreshed_head(&stale.headers, not_modified);
+    let storable = rules::storable(
+        req_headers,
+        stale.status,
+        &head,
+        cache.ttl,
+        SystemTime::now(),
+    );
+    let Some(storable) = storable else {
+        cache.store.invalidate(key);
+        let mut gone = Entry::new(
+            stale.status,
+            head,
+            stale.body.clone(),
+            stale.vary.clone(),
+            &NOW_STALE,
+        );
+        gone.must_revalidate = true;
+        return Arc::new(gone);
     };
-    Ok(keep_copy(store, key, &req_headers, storable, resp, guard))
+    let entry = Arc::new(Entry::new(
+        stale.status,
+        head,
+        stale.body.clone(),
+        stale.vary.clone(),
+        &storable,
+    ));
+    cache.store.insert_shared(key, entry.clone());
+    entry
+}
+
+/// Freshness of an answer that may no longer be stored: none.
+const NOW_STALE: Storable = Storable {
+    fresh_for: Duration::ZERO,
+    initial_age: Duration::ZERO,
+    shared_with_auth: false,
+    vary: Vec::new(),
+    must_revalidate: true,
+    stale_while_revalidate: Duration::ZERO,
+    stale_if_error: Duration::ZERO,
+};
+
+/// An answer from the cache, counted as a hit.
+fn served(
+    store: &CacheStore,
+    entry: &Entry,
+    req: &HeaderMap,
+    now: Instant,
+    word: &'static str,
+) -> Response<RespBody> {
+    store.counters.hits.fetch_add(1, Ordering::Relaxed);
+    respond::from_entry(entry, req, now, word)
 }
 
 /// Wraps the response's body so that a copy is stored once it has passed in full.
@@ -256,32 +386,8 @@ struct Keeper {
 
 impl TeeSink for Keeper {
     fn complete(self: Box<Self>, body: Bytes) {
-        let entry = Entry {
-            status: self.status,
-            headers: self.headers,
-            body,
-            vary: self.vary,
-            shared_with_auth: self.storable.shared_with_auth,
-            stored_at: Instant::now(),
-            initial_age: self.storable.initial_age,
-            fresh_for: self.storable.fresh_for,
-        };
+        let entry = Entry::new(self.status, self.headers, body, self.vary, &self.storable);
         self.store.insert(&self.key, entry);
         // The guard drops after the entry is in: waiting requests find it.
     }
-}
-
-/// The stored answer, with its `Age`.
-fn hit(store: &CacheStore, entry: &Entry, now: Instant) -> Response<RespBody> {
-    store
-        .counters
-        .hits
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let mut resp = Response::new(Either::Right(Full::new(entry.body.clone())));
-    *resp.status_mut() = entry.status;
-    let headers = resp.headers_mut();
-    *headers = entry.headers.clone();
-    headers.insert(header::AGE, HeaderValue::from(entry.age(now).as_secs()));
-    headers.insert(X_CACHE_STATUS.clone(), HeaderValue::from_static("HIT"));
-    resp
 }

@@ -17,6 +17,9 @@ pub struct CacheControl {
     pub must_revalidate: bool,
     pub max_age: Option<u64>,
     pub s_maxage: Option<u64>,
+    /// RFC 5861.
+    pub stale_while_revalidate: Option<u64>,
+    pub stale_if_error: Option<u64>,
 }
 
 impl CacheControl {
@@ -42,6 +45,8 @@ impl CacheControl {
                     "must-revalidate" | "proxy-revalidate" => cc.must_revalidate = true,
                     "max-age" => cc.max_age = seconds().or(Some(0)),
                     "s-maxage" => cc.s_maxage = seconds().or(Some(0)),
+                    "stale-while-revalidate" => cc.stale_while_revalidate = seconds(),
+                    "stale-if-error" => cc.stale_if_error = seconds(),
                     _ => {}
                 }
             }
@@ -120,6 +125,12 @@ pub struct Storable {
     pub shared_with_auth: bool,
     /// The request headers named by `Vary`, lower case.
     pub vary: Vec<HeaderName>,
+    /// Never served stale: `must-revalidate`, `proxy-revalidate` or `no-cache`.
+    pub must_revalidate: bool,
+    /// How long past its freshness it may be served while one request refreshes it.
+    pub stale_while_revalidate: Duration,
+    /// How long past its freshness it may be served when the backend fails.
+    pub stale_if_error: Duration,
 }
 
 /// Decides whether a GET's response may be stored and for how long. `default_ttl` is the
@@ -135,8 +146,13 @@ pub fn storable(
         return None;
     }
     let cc = CacheControl::of(headers);
-    // No revalidation yet: a response that must be revalidated before each use is not kept.
-    if cc.no_store || cc.private || cc.no_cache {
+    if cc.no_store || cc.private {
+        return None;
+    }
+    // Kept without freshness when it can be revalidated: each use asks the backend first.
+    let validator =
+        headers.contains_key(header::ETAG) || headers.contains_key(header::LAST_MODIFIED);
+    if cc.no_cache && !validator {
         return None;
     }
     let shared_with_auth = cc.public || cc.s_maxage.is_some() || cc.must_revalidate;
@@ -149,14 +165,51 @@ pub fn storable(
         None if default_ttl_status(status) => default_ttl,
         None => return None,
     };
+    let lifetime = if cc.no_cache {
+        Duration::ZERO
+    } else {
+        lifetime
+    };
     let initial_age = age_of(headers, now);
-    let fresh_for = lifetime.checked_sub(initial_age).filter(|d| !d.is_zero())?;
+    let fresh_for = lifetime.saturating_sub(initial_age);
+    let secs = |s: Option<u64>| Duration::from_secs(s.unwrap_or(0));
+    let (swr, sie) = (secs(cc.stale_while_revalidate), secs(cc.stale_if_error));
+    // Stale on arrival, with no validator and no stale allowance: nothing to gain by keeping it.
+    if fresh_for.is_zero() && !validator && swr.is_zero() && sie.is_zero() {
+        return None;
+    }
+    let must_revalidate = cc.must_revalidate || cc.no_cache;
     Some(Storable {
         fresh_for,
         initial_age,
         shared_with_auth,
         vary,
+        must_revalidate,
+        stale_while_revalidate: if must_revalidate { Duration::ZERO } else { swr },
+        stale_if_error: if must_revalidate { Duration::ZERO } else { sie },
     })
+}
+
+/// The stored head updated by a `304 Not Modified` (RFC 9111 §4.3.4): every field the 304
+/// carries replaces the stored one, except those that describe the body.
+pub fn refreshed_head(stored: &HeaderMap, not_modified: &HeaderMap) -> HeaderMap {
+    let mut head = stored.clone();
+    let mut replaced: Vec<&HeaderName> = Vec::new();
+    for (name, value) in not_modified {
+        if *name == header::CONTENT_LENGTH
+            || *name == header::CONTENT_ENCODING
+            || *name == header::TRANSFER_ENCODING
+            || *name == header::CONTENT_RANGE
+        {
+            continue;
+        }
+        if !replaced.contains(&name) {
+            head.remove(name);
+            replaced.push(name);
+        }
+        head.append(name.clone(), value.clone());
+    }
+    head
 }
 
 /// `s-maxage`, else `max-age`, else `Expires` less `Date`; `None` when the response gives none.
@@ -282,11 +335,22 @@ mod tests {
             [("cache-control", "no-store")],
             [("cache-control", "private, max-age=60")],
             [("cache-control", "no-cache")],
+            [("cache-control", "max-age=0")],
             [("set-cookie", "a=b")],
             [("vary", "*")],
         ] {
             assert_eq!(fresh_for(200, &resp, &[]), None, "{resp:?}");
         }
+        // With a validator, `no-cache` and `max-age=0` answers are kept to be revalidated.
+        let etag = ("etag", "\"v1\"");
+        assert_eq!(
+            fresh_for(200, &[("cache-control", "no-cache"), etag], &[]),
+            Some(0)
+        );
+        assert_eq!(
+            fresh_for(200, &[("cache-control", "max-age=0"), etag], &[]),
+            Some(0)
+        );
         let auth = [("authorization", "Basic eDp5")];
         assert_eq!(fresh_for(200, &[], &auth), None);
         assert_eq!(
@@ -341,5 +405,47 @@ mod tests {
             s.vary,
             vec![header::ACCEPT_ENCODING, header::ACCEPT_LANGUAGE]
         );
+    }
+
+    #[test]
+    fn stale_allowances_and_revalidation_flags() {
+        let now = SystemTime::now();
+        let cc = "max-age=5, stale-while-revalidate=30, stale-if-error=60";
+        let s = storable(
+            &map(&[]),
+            StatusCode::OK,
+            &map(&[("cache-control", cc)]),
+            TTL,
+            now,
+        )
+        .unwrap();
+        assert_eq!(s.stale_while_revalidate, Duration::from_secs(30));
+        assert_eq!(s.stale_if_error, Duration::from_secs(60));
+        let strict = map(&[(
+            "cache-control",
+            "max-age=5, must-revalidate, stale-if-error=60",
+        )]);
+        let s = storable(&map(&[]), StatusCode::OK, &strict, TTL, now).unwrap();
+        assert!(s.must_revalidate && s.stale_if_error.is_zero());
+    }
+
+    #[test]
+    fn a_304_refreshes_the_head_but_not_the_body_fields() {
+        let stored = map(&[
+            ("etag", "\"a\""),
+            ("cache-control", "max-age=1"),
+            ("content-length", "5"),
+            ("x-kept", "1"),
+        ]);
+        let not_modified = map(&[
+            ("cache-control", "max-age=60"),
+            ("content-length", "0"),
+            ("date", "Sun, 06 Nov 1994 08:49:37 GMT"),
+        ]);
+        let head = refreshed_head(&stored, &not_modified);
+        assert_eq!(head["cache-control"], "max-age=60");
+        assert_eq!(head["content-length"], "5");
+        assert_eq!(head["x-kept"], "1");
+        assert!(head.contains_key("date"));
     }
 }

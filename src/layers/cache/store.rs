@@ -16,6 +16,7 @@ use quick_cache::Weighter;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::rules::Storable;
 use crate::config::cache_conf::CacheConfig;
 
 /// One stored response.
@@ -30,9 +31,54 @@ pub struct Entry {
     pub stored_at: Instant,
     pub initial_age: Duration,
     pub fresh_for: Duration,
+    /// Never served stale (`must-revalidate`, `no-cache`).
+    pub must_revalidate: bool,
+    pub stale_while_revalidate: Duration,
+    pub stale_if_error: Duration,
 }
 
 impl Entry {
+    /// A stored answer with `storable`'s freshness, stored now.
+    pub fn new(
+        status: StatusCode,
+        headers: HeaderMap,
+        body: Bytes,
+        vary: Vec<(HeaderName, Option<HeaderValue>)>,
+        storable: &Storable,
+    ) -> Entry {
+        Entry {
+            status,
+            headers,
+            body,
+            vary,
+            shared_with_auth: storable.shared_with_auth,
+            stored_at: Instant::now(),
+            initial_age: storable.initial_age,
+            fresh_for: storable.fresh_for,
+            must_revalidate: storable.must_revalidate,
+            stale_while_revalidate: storable.stale_while_revalidate,
+            stale_if_error: storable.stale_if_error,
+        }
+    }
+
+    /// How far past its freshness the entry is.
+    pub fn staleness(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.stored_at)
+            .saturating_sub(self.fresh_for)
+    }
+
+    /// May be served while one request refreshes it (RFC 5861 `stale-while-revalidate`).
+    pub fn may_serve_while_updating(&self, now: Instant) -> bool {
+        !self.must_revalidate && self.staleness(now) <= self.stale_while_revalidate
+    }
+
+    /// May be served when the backend fails (RFC 5861 `stale-if-error`, from the stored answer
+    /// or the request).
+    pub fn may_serve_on_error(&self, now: Instant, asked: Option<Duration>) -> bool {
+        let allowance = self.stale_if_error.max(asked.unwrap_or_default());
+        !self.must_revalidate && self.staleness(now) <= allowance
+    }
+
     pub fn age(&self, now: Instant) -> Duration {
         self.initial_age + now.saturating_duration_since(self.stored_at)
     }
@@ -112,6 +158,9 @@ impl std::fmt::Debug for CacheStore {
     }
 }
 
+/// Variants kept under one key at most.
+const MAX_VARIANTS: usize = 16;
+
 /// How long a miss waits for another request fetching the same key (nginx's
 /// `proxy_cache_lock_timeout` default); then it goes to the backend itself.
 pub const COALESCE_WAIT: Duration = Duration::from_secs(5);
@@ -135,23 +184,30 @@ impl CacheStore {
         found
     }
 
-    /// Stores `entry` under `key`, replacing the variant with the same `Vary` values and
-    /// dropping stale ones.
+    /// Stores `entry` under `key`, replacing the variant with the same `Vary` values.
     pub fn insert(&self, key: &str, entry: Entry) {
-        let now = Instant::now();
-        let mut variants: Vec<Arc<Entry>> = match self.entries.get(key) {
-            Some(old) => old
-                .iter()
-                .filter(|e| e.is_fresh(now) && e.vary != entry.vary)
-                .cloned()
-                .collect(),
-            None => Vec::new(),
-        };
         self.counters.stored.fetch_add(1, Ordering::Relaxed);
         self.counters
             .bytes_stored
             .fetch_add(entry.body.len() as u64, Ordering::Relaxed);
-        variants.push(Arc::new(entry));
+        self.insert_shared(key, Arc::new(entry));
+    }
+
+    /// Stores an entry already shared (a revalidated one, also being served).
+    pub fn insert_shared(&self, key: &str, entry: Arc<Entry>) {
+        let mut variants: Vec<Arc<Entry>> = match self.entries.get(key) {
+            Some(old) => old
+                .iter()
+                .filter(|e| e.vary != entry.vary)
+                .cloned()
+                .collect(),
+            None => Vec::new(),
+        };
+        // A client can make up any number of `Vary` values: the oldest variants give way.
+        if variants.len() >= MAX_VARIANTS {
+            variants.drain(..=variants.len() - MAX_VARIANTS);
+        }
+        variants.push(entry);
         self.entries.insert(key.into(), variants.into());
     }
 

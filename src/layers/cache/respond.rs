@@ -1,0 +1,149 @@
+//! Answers made from a stored entry: the whole object, a `304 Not Modified` when the client's
+//! own validators match (`If-None-Match`, else `If-Modified-Since`), or one byte range of it
+//! (`Range: bytes=...`, honouring `If-Range`; a range past the end is a 416). Several ranges in
+//! one request get the whole object, which RFC 9110 §14.2 allows.
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Response, StatusCode};
+use http_body_util::{Either, Full};
+use tokio::time::Instant;
+
+use super::store::Entry;
+use super::X_CACHE_STATUS;
+use crate::proxy::RespBody;
+use crate::vocab::headers::etag_matches;
+
+/// The client's answer from `entry`, labelled `word` in `X-Cache-Status`.
+pub fn from_entry(
+    entry: &Entry,
+    req: &HeaderMap,
+    now: Instant,
+    word: &'static str,
+) -> Response<RespBody> {
+    if not_modified(entry, req) {
+        let mut resp = with_head(entry, StatusCode::NOT_MODIFIED, Bytes::new(), now, word);
+        let headers = resp.headers_mut();
+        headers.remove(header::CONTENT_LENGTH);
+        headers.remove(header::CONTENT_TYPE);
+        return resp;
+    }
+    if entry.status == StatusCode::OK {
+        if let Some(range) = wanted_range(entry, req) {
+            return ranged(entry, range, now, word);
+        }
+    }
+    with_head(entry, entry.status, entry.body.clone(), now, word)
+}
+
+fn with_head(
+    entry: &Entry,
+    status: StatusCode,
+    body: Bytes,
+    now: Instant,
+    word: &'static str,
+) -> Response<RespBody> {
+    let mut resp = Response::new(Either::Right(Full::new(body)));
+    *resp.status_mut() = status;
+    let headers = resp.headers_mut();
+    *headers = entry.headers.clone();
+    headers.insert(header::AGE, HeaderValue::from(entry.age(now).as_secs()));
+    headers.insert(X_CACHE_STATUS.clone(), HeaderValue::from_static(word));
+    resp
+}
+
+/// The client's validators match the entry: its answer would not change.
+fn not_modified(entry: &Entry, req: &HeaderMap) -> bool {
+    if !entry.status.is_success() {
+        return false;
+    }
+    if let Some(list) = req.get(header::IF_NONE_MATCH) {
+        // With If-None-Match, If-Modified-Since is ignored (RFC 9110 §13.1.3).
+        return entry
+            .headers
+            .get(header::ETAG)
+            .is_some_and(|etag| etag_matches(list, etag));
+    }
+    let since = req
+        .get(header::IF_MODIFIED_SINCE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| httpdate::parse_http_date(v).ok());
+    let modified = entry
+        .headers
+        .get(header::LAST_MODIFIED)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| httpdate::parse_http_date(v).ok());
+    matches!((since, modified), (Some(since), Some(modified)) if modified <= since)
+}
+
+/// A byte range of the entry: `Some(Ok(range))` to send, `Some(Err(()))` when it starts past
+/// the end, `None` for the whole object.
+type Wanted = Option<Result<(usize, usize), ()>>;
+
+fn wanted_range(entry: &Entry, req: &HeaderMap) -> Wanted {
+    let spec = req.get(header::RANGE)?.to_str().ok()?.trim();
+    if let Some(validator) = req.get(header::IF_RANGE) {
+        // If-Range: the range only when the client's copy is this entry (strong comparison).
+        let etag = entry.headers.get(header::ETAG);
+        let same_tag = etag.is_some_and(|e| e == validator && !e.as_bytes().starts_with(b"W/"));
+        let same_date = entry.headers.get(header::LAST_MODIFIED) == Some(validator);
+        if !same_tag && !same_date {
+            return None;
+        }
+    }
+    let spec = spec.strip_prefix("bytes=")?.trim();
+    if spec.contains(',') {
+        return None;
+    }
+    let (first, last) = spec.split_once('-')?;
+    let len = entry.body.len();
+    let (first, last) = match (first.trim(), last.trim()) {
+        ("", suffix) => {
+            let n: usize = suffix.parse().ok()?;
+            if n == 0 {
+                return Some(Err(()));
+            }
+            (len.saturating_sub(n), len.checked_sub(1)?)
+        }
+        (from, "") => (from.parse().ok()?, len.saturating_sub(1)),
+        (from, to) => {
+            let (from, to): (usize, usize) = (from.parse().ok()?, to.parse().ok()?);
+            if to < from {
+                return None;
+            }
+            (from, to.min(len.saturating_sub(1)))
+        }
+    };
+    if first >= len {
+        return Some(Err(()));
+    }
+    Some(Ok((first, last)))
+}
+
+fn ranged(
+    entry: &Entry,
+    range: Result<(usize, usize), ()>,
+    now: Instant,
+    word: &'static str,
+) -> Response<RespBody> {
+    let len = entry.body.len();
+    let (status, body, content_range) = match range {
+        Ok((first, last)) => (
+            StatusCode::PARTIAL_CONTENT,
+            entry.body.slice(first..=last),
+            format!("bytes {first}-{last}/{len}"),
+        ),
+        Err(()) => (
+            StatusCode::RANGE_NOT_SATISFIABLE,
+            Bytes::new(),
+            format!("bytes */{len}"),
+        ),
+    };
+    let mut resp = with_head(entry, status, body.clone(), now, word);
+    let headers = resp.headers_mut();
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+    if let Ok(value) = HeaderValue::from_str(&content_range) {
+        headers.insert(header::CONTENT_RANGE, value);
+    }
+    resp
+}
