@@ -143,6 +143,11 @@ async fn answer(
 /// `c.test` cached (its `/short` path with `cache_ttl: 1`, `/off` with `cache: false`,
 /// `/auth` behind basic auth); 16 MB of memory, items up to 1 MB, `ttl` 60 s.
 fn proxy_for(origin: &Origin) -> ProxyProcess {
+    proxy_with(origin, 16, "")
+}
+
+/// The same routes with `mem_size_mb` and extra main.yaml lines.
+fn proxy_with(origin: &Origin, mem_size_mb: u64, extra: &str) -> ProxyProcess {
     let yaml = Upstreams::new()
         .host(
             "c.test",
@@ -156,8 +161,10 @@ fn proxy_for(origin: &Origin) -> ProxyProcess {
                 ),
         )
         .render();
-    let main = "cache:\n  storage: memory\n  mem_size_mb: 16\n  item_max_size: 1\n  ttl: 60\n";
-    ProxyProcess::start(&yaml, main)
+    let main = format!(
+        "cache:\n  storage: memory\n  mem_size_mb: {mem_size_mb}\n  item_max_size: 1\n  ttl: 60\n{extra}"
+    );
+    ProxyProcess::start(&yaml, &main)
 }
 
 async fn send(
@@ -472,6 +479,114 @@ async fn stale_answers_while_updating_and_when_the_origin_fails() {
     assert_eq!(
         (resp.status().as_u16(), hdr(&resp, "x-cache-status")),
         (503, "EXPIRED".into())
+    );
+}
+
+const ADMIN: &str = "config_address: \"127.0.0.1:0\"\nmaster_key: \"k\"\n";
+
+async fn purge(admin: SocketAddr, key: &str, json: &str) -> (u16, String) {
+    let mut c = Client::connect(Proto::H1, admin).await;
+    let resp = c
+        .send(
+            Method::POST,
+            Some("localhost"),
+            "/cache/purge",
+            &[("x-api-key", key)],
+            full(json.to_string()),
+        )
+        .await;
+    let status = resp.status().as_u16();
+    (
+        status,
+        String::from_utf8_lossy(&body_bytes(resp).await).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn purge_by_url_or_prefix_and_the_metrics() {
+    let origin = Origin::start().await;
+    let proxy = proxy_with(&origin, 16, ADMIN);
+    let admin = proxy.logged_addr("admin API on http://");
+    let mut c = Client::connect(Proto::H1, proxy.addr).await;
+    let lang = |l: &'static str| [("accept-language", l)];
+    let a = "/p/a?cc=max-age=60&vary=Accept-Language";
+    for path in [
+        "/p/b?cc=max-age=60",
+        "/pq?cc=max-age=60",
+        "/q/c?cc=max-age=60",
+    ] {
+        get(&mut c, path).await;
+    }
+    for l in ["fr", "de"] {
+        send(&mut c, Method::GET, a, &lang(l)).await;
+    }
+    assert_eq!(
+        purge(admin, "wrong", "{\"url\": \"http://c.test/p/a\"}")
+            .await
+            .0,
+        403
+    );
+    let url = format!("{{\"url\": \"http://C.test:80{a}\"}}");
+    assert_eq!(
+        purge(admin, "k", &url).await,
+        (200, "{\"purged\":2}".to_string())
+    );
+    let (resp, _) = send(&mut c, Method::GET, a, &lang("fr")).await;
+    assert_eq!(hdr(&resp, "x-cache-status"), "MISS");
+    // A prefix takes whole segments: /pq stays, /p/a (stored again) and /p/b go.
+    let prefix = "{\"host\": \"c.test\", \"prefix\": \"/p\"}";
+    assert_eq!(
+        purge(admin, "k", prefix).await,
+        (200, "{\"purged\":2}".to_string())
+    );
+    assert_eq!(get(&mut c, "/p/b?cc=max-age=60").await.0, "MISS");
+    assert_eq!(get(&mut c, "/pq?cc=max-age=60").await.0, "HIT");
+    assert_eq!(get(&mut c, "/q/c?cc=max-age=60").await.0, "HIT");
+    assert_eq!(purge(admin, "k", "{\"nope\": 1}").await.0, 400);
+    let series = |name: &str| format!("aralez_cache_{name}{{tier=\"memory\"}}");
+    assert_eq!(metric(admin, &series("hits_total")).await, Some(2.0));
+    assert_eq!(metric(admin, &series("purged_total")).await, Some(4.0));
+    assert!(metric(admin, &series("misses_total")).await >= Some(7.0));
+    assert!(metric(admin, &series("bytes")).await > Some(0.0));
+}
+
+#[tokio::test]
+async fn memory_stays_within_mem_size_mb_under_ten_times_the_working_set() {
+    let origin = Origin::start().await;
+    let proxy = proxy_with(&origin, 2, ADMIN);
+    let admin = proxy.logged_addr("admin API on http://");
+    let mut c = Client::connect(Proto::H2c, proxy.addr).await;
+    let rss_before = proxy.rss_kib();
+    // 200 answers of 100 KB: 20 MB through a 2 MB cache.
+    for i in 0..200 {
+        let (resp, body) = send(
+            &mut c,
+            Method::GET,
+            &format!("/w/{i}?cc=max-age=60&len=100000"),
+            &[],
+        )
+        .await;
+        assert_eq!(
+            (hdr(&resp, "x-cache-status").as_str(), body.len()),
+            ("MISS", 100_000)
+        );
+    }
+    let held = metric(admin, "aralez_cache_bytes{tier=\"memory\"}")
+        .await
+        .expect("bytes");
+    let evicted = metric(admin, "aralez_cache_evictions_total{tier=\"memory\"}")
+        .await
+        .expect("evictions");
+    assert!(held <= 2.0 * 1024.0 * 1024.0, "{held}");
+    assert!(evicted >= 150.0, "{evicted}");
+    // The most recent answers are still there.
+    assert_eq!(
+        get(&mut c, "/w/199?cc=max-age=60&len=100000").await.0,
+        "HIT"
+    );
+    println!(
+        "cache held {held} bytes, {evicted} evicted; RSS {rss_before} -> {} KiB",
+        proxy.rss_kib()
     );
 }
 

@@ -266,6 +266,7 @@ async fn admin_api(proxy: &Proxy, master_key: Option<&str>) -> SocketAddr {
         metrics: proxy.ctx.metrics.clone(),
         metrics_key: None,
         history: Default::default(),
+        cache: None,
     });
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     std::mem::forget(stop);

@@ -70,6 +70,7 @@ async fn start() -> Listeners {
         metrics: proxy.ctx.metrics.clone(),
         metrics_key: None,
         history: Default::default(),
+        cache: None,
     });
     let served = aralez::admin::serve(admin_listener, admin, None, limits(3), stop_rx.clone());
     tokio::spawn(served);

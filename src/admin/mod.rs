@@ -7,6 +7,7 @@
 mod auth;
 mod history;
 mod jwt;
+mod purge;
 mod status_page;
 
 pub use history::History;
@@ -48,6 +49,8 @@ pub struct Admin {
     pub metrics_key: Option<String>,
     /// The last minutes of traffic, sampled by a task [`start`] spawns.
     pub history: Arc<History>,
+    /// The response cache, for `POST /cache/purge` and its series in `/metrics`.
+    pub cache: Option<Arc<crate::layers::cache::Store>>,
 }
 
 type Reply = Response<Full<Bytes>>;
@@ -100,13 +103,14 @@ impl Admin {
         match (req.method(), req.uri().path()) {
             (&Method::POST, "/jwt") => self.jwt(req).await,
             (&Method::POST, "/conf") => self.guarded(req, Self::conf).await,
+            (&Method::POST, "/cache/purge") => self.guarded(req, Self::purge).await,
             (&Method::GET | &Method::HEAD, "/status") => self.read_only(req, Self::status).await,
             (&Method::GET | &Method::HEAD, "/metrics") => self.read_only(req, Self::metrics).await,
             (&Method::GET | &Method::HEAD, "/") => {
                 self.read_only(req, |_, _| async { status_page::response() })
                     .await
             }
-            (_, "/" | "/jwt" | "/conf" | "/status" | "/metrics") => {
+            (_, "/" | "/jwt" | "/conf" | "/status" | "/metrics" | "/cache/purge") => {
                 text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
             }
             _ => text(
@@ -188,6 +192,15 @@ impl Admin {
                 format!("not applied: {e}"),
             ),
         }
+    }
+
+    async fn purge(&self, req: Request<Incoming>) -> Reply {
+        let body = match read_body(req, MAX_JWT_BODY).await {
+            Ok(b) => b,
+            Err(resp) => return resp,
+        };
+        let (status, json) = purge::purge(self.cache.as_deref(), &body);
+        reply(status, "application/json", json)
     }
 
     async fn jwt(&self, req: Request<Incoming>) -> Reply {
@@ -278,10 +291,14 @@ impl Admin {
                 up: b.is_up(),
             })
         });
+        let mut text = self.metrics.render_prometheus(backends);
+        if let Some(cache) = &self.cache {
+            cache.render_prometheus(&mut text);
+        }
         reply(
             StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",
-            self.metrics.render_prometheus(backends),
+            text,
         )
     }
 }

@@ -393,6 +393,7 @@ fn start_side_listeners(
         metrics: ctx.metrics.clone(),
         metrics_key: main.metrics_key.clone(),
         history: Default::default(),
+        cache: ctx.policy_state.cache.clone(),
     });
     match crate::admin::start(control, main, admin, stop) {
         Ok(tasks) => tasks,

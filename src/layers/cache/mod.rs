@@ -35,7 +35,7 @@ use tower::{Layer, Service};
 use crate::config::settings::RouteSettings;
 use crate::proxy::tee::{Tee, TeeSink};
 use crate::proxy::RespBody;
-use crate::vocab::{request_host, ProxyError};
+use crate::vocab::{normalise, request_host, ProxyError};
 use rules::{Lookup, Storable};
 use store::{CacheStore, Entry, Flight, FlightGuard};
 
@@ -139,17 +139,20 @@ where
     }
 }
 
-/// The cache key: scheme, host (lower case) and path with query, as routed.
+/// The cache key: scheme, host (normalised as for routing: lower case, no port) and path with
+/// query.
 fn key_of<B>(req: &Request<B>, tls: bool) -> Option<String> {
     let host = request_host(req.headers(), req.uri())?;
-    let host = host.to_str().ok()?;
     let target = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
-    let scheme = if tls { "https://" } else { "http://" };
-    let mut key = String::with_capacity(scheme.len() + host.len() + target.len());
-    key.push_str(scheme);
-    key.extend(host.chars().map(|c| c.to_ascii_lowercase()));
-    key.push_str(target);
-    Some(key)
+    key_for(tls, host.as_bytes(), target)
+}
+
+/// The key of `target` (path and query) on `host` over `https` or not.
+pub fn key_for(https: bool, host: &[u8], target: &str) -> Option<String> {
+    let mut buf = [0u8; normalise::MAX_HOST];
+    let host = normalise::host(host, &mut buf)?;
+    let scheme = if https { "https://" } else { "http://" };
+    Some([scheme, host, target].concat())
 }
 
 async fn answer<S, B>(

@@ -12,12 +12,13 @@ use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
 use quick_cache::sync::Cache;
-use quick_cache::Weighter;
+use quick_cache::{DefaultHashBuilder, Lifecycle, OptionsBuilder, Weighter};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::rules::Storable;
 use crate::config::cache_conf::CacheConfig;
+use crate::vocab::normalise;
 
 /// One stored response.
 #[derive(Debug)]
@@ -125,6 +126,18 @@ type Variants = Arc<[Arc<Entry>]>;
 #[derive(Clone)]
 struct ByBytes;
 
+/// Counts what the memory tier evicts to stay within `mem_size_mb`.
+#[derive(Clone)]
+struct CountEvictions(Arc<AtomicU64>);
+
+impl Lifecycle<Box<str>, Variants> for CountEvictions {
+    type RequestState = ();
+
+    fn on_evict(&self, _: &mut (), _: Box<str>, variants: Variants) {
+        self.0.fetch_add(variants.len() as u64, Ordering::Relaxed);
+    }
+}
+
 impl Weighter<Box<str>, Variants> for ByBytes {
     fn weight(&self, key: &Box<str>, variants: &Variants) -> u64 {
         key.len() as u64 + variants.iter().map(|e| e.weight()).sum::<u64>()
@@ -138,11 +151,13 @@ pub struct CacheCounters {
     pub misses: AtomicU64,
     pub stored: AtomicU64,
     pub bytes_stored: AtomicU64,
+    pub evictions: Arc<AtomicU64>,
+    pub purged: AtomicU64,
 }
 
 /// The memory tier, shared by every worker and every snapshot (built once at start).
 pub struct CacheStore {
-    entries: Cache<Box<str>, Variants, ByBytes>,
+    entries: Cache<Box<str>, Variants, ByBytes, DefaultHashBuilder, CountEvictions>,
     in_flight: Mutex<HashMap<Box<str>, watch::Receiver<()>>>,
     pub item_max_size: usize,
     pub default_ttl: Duration,
@@ -168,12 +183,31 @@ pub const COALESCE_WAIT: Duration = Duration::from_secs(5);
 impl CacheStore {
     pub fn new(cfg: &CacheConfig) -> CacheStore {
         let items = (cfg.mem_size / 4096).clamp(64, 1 << 20) as usize;
+        let counters = CacheCounters::default();
+        let options = OptionsBuilder::new()
+            .estimated_items_capacity(items)
+            .weight_capacity(cfg.mem_size)
+            .build();
+        let lifecycle = CountEvictions(counters.evictions.clone());
+        let entries = match options {
+            Ok(options) => {
+                Cache::with_options(options, ByBytes, DefaultHashBuilder::default(), lifecycle)
+            }
+            // Only an estimate of zero items is refused, and `items` is at least 64.
+            Err(_) => Cache::with(
+                items,
+                cfg.mem_size,
+                ByBytes,
+                DefaultHashBuilder::default(),
+                lifecycle,
+            ),
+        };
         CacheStore {
-            entries: Cache::with_weighter(items, cfg.mem_size, ByBytes),
+            entries,
             in_flight: Mutex::new(HashMap::new()),
             item_max_size: usize::try_from(cfg.item_max_size).unwrap_or(usize::MAX),
             default_ttl: cfg.ttl,
-            counters: CacheCounters::default(),
+            counters,
         }
     }
 
@@ -214,6 +248,99 @@ impl CacheStore {
     /// Drops every variant stored under `key`.
     pub fn invalidate(&self, key: &str) {
         self.entries.remove(key);
+    }
+
+    /// Drops every variant stored under `key`; returns how many.
+    pub fn purge_key(&self, key: &str) -> usize {
+        let removed = self.entries.remove(key).map_or(0, |(_, v)| v.len());
+        self.counters
+            .purged
+            .fetch_add(removed as u64, Ordering::Relaxed);
+        removed
+    }
+
+    /// Drops every entry of `host` (normalised; both schemes) whose path lies under `prefix`
+    /// (whole segments); returns how many variants went.
+    pub fn purge_prefix(&self, host: &str, prefix: &str) -> usize {
+        let removed = AtomicU64::new(0);
+        self.entries.retain(|key, variants| {
+            let rest = key
+                .strip_prefix("https://")
+                .or_else(|| key.strip_prefix("http://"))
+                .unwrap_or(key);
+            let Some(target) = rest.strip_prefix(host).filter(|t| t.starts_with('/')) else {
+                return true;
+            };
+            let path = target.split('?').next().unwrap_or(target);
+            if !normalise::prefix_matches(prefix, path) {
+                return true;
+            }
+            removed.fetch_add(variants.len() as u64, Ordering::Relaxed);
+            false
+        });
+        let removed = removed.into_inner();
+        self.counters.purged.fetch_add(removed, Ordering::Relaxed);
+        removed as usize
+    }
+
+    /// The cache's series in Prometheus' text format.
+    pub fn render_prometheus(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let c = &self.counters;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let series: [(&str, &str, &str, u64); 8] = [
+            (
+                "aralez_cache_hits_total",
+                "counter",
+                "answers served from the cache",
+                load(&c.hits),
+            ),
+            (
+                "aralez_cache_misses_total",
+                "counter",
+                "requests the cache sent to a backend",
+                load(&c.misses),
+            ),
+            (
+                "aralez_cache_stores_total",
+                "counter",
+                "answers stored",
+                load(&c.stored),
+            ),
+            (
+                "aralez_cache_stored_bytes_total",
+                "counter",
+                "body bytes stored",
+                load(&c.bytes_stored),
+            ),
+            (
+                "aralez_cache_evictions_total",
+                "counter",
+                "entries evicted to stay within mem_size_mb",
+                load(&c.evictions),
+            ),
+            (
+                "aralez_cache_purged_total",
+                "counter",
+                "entries removed by POST /cache/purge",
+                load(&c.purged),
+            ),
+            (
+                "aralez_cache_bytes",
+                "gauge",
+                "what the tier holds now (bodies and heads)",
+                self.entries.weight(),
+            ),
+            (
+                "aralez_cache_entries",
+                "gauge",
+                "keys held now",
+                self.entries.len() as u64,
+            ),
+        ];
+        for (name, kind, help, value) in series {
+            let _ = writeln!(out, "# HELP {name} Cache: {help}.\n# TYPE {name} {kind}\n{name}{{tier=\"memory\"}} {value}");
+        }
     }
 
     /// What the memory tier holds now, in bytes.
