@@ -148,6 +148,13 @@ fn proxy_for(origin: &Origin) -> ProxyProcess {
 
 /// The same routes with `mem_size_mb` and extra main.yaml lines.
 fn proxy_with(origin: &Origin, mem_size_mb: u64, extra: &str) -> ProxyProcess {
+    let cache =
+        format!("  storage: memory\n  mem_size_mb: {mem_size_mb}\n  item_max_size: 1\n  ttl: 60\n");
+    proxy_cache(origin, &cache, extra)
+}
+
+/// The same routes with the `cache:` block's lines and extra main.yaml lines.
+fn proxy_cache(origin: &Origin, cache: &str, extra: &str) -> ProxyProcess {
     let yaml = Upstreams::new()
         .host(
             "c.test",
@@ -161,10 +168,7 @@ fn proxy_with(origin: &Origin, mem_size_mb: u64, extra: &str) -> ProxyProcess {
                 ),
         )
         .render();
-    let main = format!(
-        "cache:\n  storage: memory\n  mem_size_mb: {mem_size_mb}\n  item_max_size: 1\n  ttl: 60\n{extra}"
-    );
-    ProxyProcess::start(&yaml, &main)
+    ProxyProcess::start(&yaml, &format!("cache:\n{cache}{extra}"))
 }
 
 async fn send(
@@ -480,6 +484,90 @@ async fn stale_answers_while_updating_and_when_the_origin_fails() {
         (resp.status().as_u16(), hdr(&resp, "x-cache-status")),
         (503, "EXPIRED".into())
     );
+}
+
+/// The files of the disk tier in `dir` and their total size.
+fn files_in(dir: &std::path::Path) -> (Vec<std::path::PathBuf>, u64) {
+    let mut files = Vec::new();
+    let mut total = 0;
+    for item in std::fs::read_dir(dir).expect("cache dir").flatten() {
+        total += item.metadata().map(|m| m.len()).unwrap_or(0);
+        files.push(item.path());
+    }
+    (files, total)
+}
+
+#[tokio::test]
+async fn hybrid_keeps_answers_across_a_restart_and_refuses_broken_files() {
+    let origin = Origin::start().await;
+    let dir = tempfile::tempdir().expect("cache dir");
+    let cache = format!(
+        "  storage: hybrid\n  file_path: \"{}\"\n  ttl: 60\n",
+        dir.path().display()
+    );
+    let path = "/d?cc=max-age=600";
+    let mut first = proxy_cache(&origin, &cache, "");
+    let mut c = Client::connect(Proto::H1, first.addr).await;
+    assert_eq!(
+        get(&mut c, path).await,
+        ("MISS".to_string(), "#1".to_string())
+    );
+    assert!(eventually(Duration::from_secs(5), || files_in(dir.path()).0.len() == 1).await);
+    first.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(first
+        .wait_exit(Duration::from_secs(20))
+        .is_some_and(|s| s.success()));
+
+    let second = proxy_cache(&origin, &cache, "");
+    let mut c = Client::connect(Proto::H2c, second.addr).await;
+    let (resp, body) = send(&mut c, Method::GET, path, &[]).await;
+    assert_eq!(
+        (hdr(&resp, "x-cache-status").as_str(), body.as_str()),
+        ("HIT", "#1")
+    );
+    let age: u64 = hdr(&resp, "age").parse().expect("Age");
+    assert!(age < 60, "{age}");
+    assert_eq!(
+        origin.requests(),
+        1,
+        "served from the file after the restart"
+    );
+    drop(second);
+
+    // A file cut short is a miss, and is removed when the next run reads the directory.
+    let (files, _) = files_in(dir.path());
+    let bytes = std::fs::read(&files[0]).expect("read");
+    std::fs::write(&files[0], &bytes[..bytes.len() - 10]).expect("truncate");
+    let third = proxy_cache(&origin, &cache, "");
+    let mut c = Client::connect(Proto::H1, third.addr).await;
+    assert_eq!(
+        get(&mut c, path).await,
+        ("MISS".to_string(), "#2".to_string())
+    );
+    assert!(third
+        .log_text()
+        .contains("cache: removing a broken or unfinished file"));
+}
+
+#[tokio::test]
+async fn the_disk_tier_stays_within_file_size_mb() {
+    let origin = Origin::start().await;
+    let dir = tempfile::tempdir().expect("cache dir");
+    let cache = format!(
+        "  storage: hybrid\n  file_path: \"{}\"\n  file_size_mb: 1\n  item_max_size: 1\n",
+        dir.path().display()
+    );
+    let proxy = proxy_cache(&origin, &cache, "");
+    let mut c = Client::connect(Proto::H1, proxy.addr).await;
+    for i in 0..30 {
+        get(&mut c, &format!("/f/{i}?cc=max-age=600&len=100000")).await;
+    }
+    // Writes are queued off the request path: wait for the newest to land.
+    let newest_written = || files_in(dir.path()).0.len() >= 9;
+    assert!(eventually(Duration::from_secs(5), newest_written).await);
+    let (files, total) = files_in(dir.path());
+    assert!(total <= 1024 * 1024, "{} files, {total} bytes", files.len());
+    assert!(files.len() >= 9, "{}", files.len());
 }
 
 const ADMIN: &str = "config_address: \"127.0.0.1:0\"\nmaster_key: \"k\"\n";

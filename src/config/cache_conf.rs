@@ -11,8 +11,7 @@ use super::yaml::Node;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Storage {
     Memory,
-    /// Memory plus files under `file_path` (Aralez's `hybrid`); the disk tier is not built yet,
-    /// so the memory tier serves alone (check-config warns).
+    /// Memory plus files under `file_path` (Aralez's `hybrid`), read back after a restart.
     Hybrid,
     /// `redis://host:port[/db]`; not built yet: the memory tier serves (check-config warns).
     Redis(String),
@@ -116,10 +115,7 @@ fn read_storage(node: &Node, path: &str, r: &mut Reader) -> Option<Storage> {
     };
     match lower.as_str() {
         "memory" => Some(Storage::Memory),
-        "hybrid" => {
-            not_built(r, "the disk tier of `hybrid`");
-            Some(Storage::Hybrid)
-        }
+        "hybrid" => Some(Storage::Hybrid),
         _ if lower.starts_with("redis://") || lower.starts_with("rediss://") => {
             not_built(r, "the Redis tier");
             Some(Storage::Redis(text.trim().to_string()))

@@ -133,10 +133,17 @@ impl Context {
             metrics.clone(),
         )
         .map_err(|e| StartError::Logging(e.to_string()))?;
-        let cache = main
-            .cache
-            .as_ref()
-            .map(|c| Arc::new(crate::layers::cache::Store::new(c)));
+        let cache = match &main.cache {
+            Some(c) => Some(Arc::new(
+                crate::layers::cache::Store::new(c, &main.base_dir).map_err(|source| {
+                    StartError::Runtime {
+                        what: "the cache's disk tier",
+                        source,
+                    }
+                })?,
+            )),
+            None => None,
+        };
         let policy_state = Arc::new(
             PolicyState::new(Keys::from_config(main.master_key.as_deref())).with_cache(cache),
         );
@@ -347,6 +354,9 @@ pub fn run(
     });
     control.shutdown_timeout(std::time::Duration::from_millis(200));
     ctx.access_log.flush();
+    if let Some(cache) = &ctx.policy_state.cache {
+        cache.flush(std::time::Duration::from_secs(10));
+    }
     if let Some(sock) = upgrade_sock {
         sock.remove();
     }

@@ -13,6 +13,7 @@
 //! an `authorization` policy and `cache: false` routes are never cached. Not built yet: the disk
 //! and Redis tiers.
 
+mod disk;
 mod respond;
 pub mod rules;
 pub mod store;
@@ -172,7 +173,7 @@ where
     let mut guard = None;
     if lookup == Lookup::Look {
         let now = Instant::now();
-        match store.find(&key, req.headers()).filter(usable) {
+        match store.lookup(&key, req.headers()).await.filter(usable) {
             Some(e) if e.is_fresh(now) => return Ok(served(store, &e, req.headers(), now, "HIT")),
             found => stale = found,
         }
@@ -185,7 +186,7 @@ where
                     }
                     store::wait_for(rx, store::COALESCE_WAIT).await;
                     let now = Instant::now();
-                    match store.find(&key, req.headers()).filter(usable) {
+                    match store.lookup(&key, req.headers()).await.filter(usable) {
                         Some(e) if e.is_fresh(now) => {
                             return Ok(served(store, &e, req.headers(), now, "HIT"))
                         }
@@ -314,7 +315,7 @@ fn revalidated(
         stale.vary.clone(),
         &storable,
     ));
-    cache.store.insert_shared(key, entry.clone());
+    cache.store.insert_arc(key, entry.clone());
     entry
 }
 

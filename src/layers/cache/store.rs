@@ -16,8 +16,9 @@ use quick_cache::{DefaultHashBuilder, Lifecycle, OptionsBuilder, Weighter};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::disk::DiskTier;
 use super::rules::Storable;
-use crate::config::cache_conf::CacheConfig;
+use crate::config::cache_conf::{CacheConfig, Storage};
 use crate::vocab::normalise;
 
 /// One stored response.
@@ -159,6 +160,8 @@ pub struct CacheCounters {
 pub struct CacheStore {
     entries: Cache<Box<str>, Variants, ByBytes, DefaultHashBuilder, CountEvictions>,
     in_flight: Mutex<HashMap<Box<str>, watch::Receiver<()>>>,
+    /// `hybrid`'s files.
+    disk: Option<Arc<DiskTier>>,
     pub item_max_size: usize,
     pub default_ttl: Duration,
     pub counters: CacheCounters,
@@ -181,7 +184,9 @@ const MAX_VARIANTS: usize = 16;
 pub const COALESCE_WAIT: Duration = Duration::from_secs(5);
 
 impl CacheStore {
-    pub fn new(cfg: &CacheConfig) -> CacheStore {
+    /// The tiers `cfg` asks for; `base_dir` resolves a relative `file_path`. Fails when the
+    /// disk tier's directory cannot be made or read.
+    pub fn new(cfg: &CacheConfig, base_dir: &std::path::Path) -> std::io::Result<CacheStore> {
         let items = (cfg.mem_size / 4096).clamp(64, 1 << 20) as usize;
         let counters = CacheCounters::default();
         let options = OptionsBuilder::new()
@@ -202,13 +207,21 @@ impl CacheStore {
                 lifecycle,
             ),
         };
-        CacheStore {
+        let disk = match cfg.storage {
+            Storage::Hybrid => Some(DiskTier::open(
+                &base_dir.join(&cfg.file_path),
+                cfg.file_size,
+            )?),
+            _ => None,
+        };
+        Ok(CacheStore {
             entries,
             in_flight: Mutex::new(HashMap::new()),
+            disk,
             item_max_size: usize::try_from(cfg.item_max_size).unwrap_or(usize::MAX),
             default_ttl: cfg.ttl,
             counters,
-        }
+        })
     }
 
     /// The stored variant that answers a request with `req` headers, fresh or not.
@@ -218,17 +231,47 @@ impl CacheStore {
         found
     }
 
+    /// The stored variant that answers a request, from memory or else from disk (read on a
+    /// blocking thread and kept in memory from then on).
+    pub async fn lookup(&self, key: &str, req: &HeaderMap) -> Option<Arc<Entry>> {
+        if let Some(found) = self.find(key, req) {
+            return Some(found);
+        }
+        let disk = self.disk.clone().filter(|d| d.has(key))?;
+        let owned = key.to_string();
+        let read = tokio::task::spawn_blocking(move || disk.read_key(&owned)).await;
+        for entry in read.ok()? {
+            self.insert_shared(key, Arc::new(entry));
+        }
+        self.find(key, req)
+    }
+
+    /// Waits for the disk tier's queued writes (SIGTERM), at most `limit`.
+    pub fn flush(&self, limit: Duration) {
+        if let Some(disk) = &self.disk {
+            disk.flush(limit);
+        }
+    }
+
     /// Stores `entry` under `key`, replacing the variant with the same `Vary` values.
     pub fn insert(&self, key: &str, entry: Entry) {
+        self.insert_arc(key, Arc::new(entry));
+    }
+
+    /// [`insert`](Self::insert) for an entry already shared (a revalidated one, being served).
+    pub fn insert_arc(&self, key: &str, entry: Arc<Entry>) {
+        if let Some(disk) = &self.disk {
+            disk.write(key, &entry);
+        }
         self.counters.stored.fetch_add(1, Ordering::Relaxed);
         self.counters
             .bytes_stored
             .fetch_add(entry.body.len() as u64, Ordering::Relaxed);
-        self.insert_shared(key, Arc::new(entry));
+        self.insert_shared(key, entry);
     }
 
-    /// Stores an entry already shared (a revalidated one, also being served).
-    pub fn insert_shared(&self, key: &str, entry: Arc<Entry>) {
+    /// Puts an entry in the memory tier only (one read back from disk).
+    fn insert_shared(&self, key: &str, entry: Arc<Entry>) {
         let mut variants: Vec<Arc<Entry>> = match self.entries.get(key) {
             Some(old) => old
                 .iter()
@@ -248,11 +291,16 @@ impl CacheStore {
     /// Drops every variant stored under `key`.
     pub fn invalidate(&self, key: &str) {
         self.entries.remove(key);
+        if let Some(disk) = &self.disk {
+            disk.remove_key(key);
+        }
     }
 
-    /// Drops every variant stored under `key`; returns how many.
+    /// Drops every variant stored under `key`, in memory and on disk; returns how many.
     pub fn purge_key(&self, key: &str) -> usize {
-        let removed = self.entries.remove(key).map_or(0, |(_, v)| v.len());
+        let in_memory = self.entries.remove(key).map_or(0, |(_, v)| v.len());
+        let on_disk = self.disk.as_ref().map_or(0, |d| d.remove_key(key));
+        let removed = in_memory.max(on_disk);
         self.counters
             .purged
             .fetch_add(removed as u64, Ordering::Relaxed);
@@ -262,25 +310,25 @@ impl CacheStore {
     /// Drops every entry of `host` (normalised; both schemes) whose path lies under `prefix`
     /// (whole segments); returns how many variants went.
     pub fn purge_prefix(&self, host: &str, prefix: &str) -> usize {
-        let removed = AtomicU64::new(0);
+        let in_memory = AtomicU64::new(0);
         self.entries.retain(|key, variants| {
-            let rest = key
-                .strip_prefix("https://")
-                .or_else(|| key.strip_prefix("http://"))
-                .unwrap_or(key);
-            let Some(target) = rest.strip_prefix(host).filter(|t| t.starts_with('/')) else {
-                return true;
-            };
-            let path = target.split('?').next().unwrap_or(target);
-            if !normalise::prefix_matches(prefix, path) {
-                return true;
+            let under = key_under(key, host, prefix);
+            if under {
+                in_memory.fetch_add(variants.len() as u64, Ordering::Relaxed);
             }
-            removed.fetch_add(variants.len() as u64, Ordering::Relaxed);
-            false
+            !under
         });
-        let removed = removed.into_inner();
-        self.counters.purged.fetch_add(removed, Ordering::Relaxed);
-        removed as usize
+        let in_memory = in_memory.into_inner() as usize;
+        let on_disk = self.disk.as_ref().map_or(0, |disk| {
+            let keys = disk.keys();
+            let under = keys.iter().filter(|k| key_under(k, host, prefix));
+            under.map(|k| disk.remove_key(k)).sum()
+        });
+        let removed = in_memory.max(on_disk);
+        self.counters
+            .purged
+            .fetch_add(removed as u64, Ordering::Relaxed);
+        removed
     }
 
     /// The cache's series in Prometheus' text format.
@@ -366,6 +414,19 @@ impl CacheStore {
             _done: tx,
         })
     }
+}
+
+/// The key (`scheme://host/target`) belongs to `host` and its path lies under `prefix`.
+fn key_under(key: &str, host: &str, prefix: &str) -> bool {
+    let rest = key
+        .strip_prefix("https://")
+        .or_else(|| key.strip_prefix("http://"))
+        .unwrap_or(key);
+    let Some(target) = rest.strip_prefix(host).filter(|t| t.starts_with('/')) else {
+        return false;
+    };
+    let path = target.split('?').next().unwrap_or(target);
+    normalise::prefix_matches(prefix, path)
 }
 
 /// A request's part in fetching a key.
