@@ -11,13 +11,14 @@
 #   cargo-fuzz from crates.io (cargo install), into target/judges/cargo-fuzz (scripts/fuzz.sh)
 #   chromium   from Debian (package chromium), headless, for tests/status_page.rs
 #   haproxy    from Debian (package haproxy): the load balancer in front (tests/real_client.rs)
+#   redis-server from Debian (package redis-server): the cache's shared tier (tests/cache_redis.rs)
 #
 # Idempotent: a tool already in place is kept. As root it may apt-get install what it needs
 # (python3-venv, golang-go, testssl.sh, chromium). Any failure exits non-zero with a message saying
 # which judge could not be installed. On success it prints, on stdout, the lines
 #   ARALEZ_SSLYZE=... ARALEZ_TESTSSL=... ARALEZ_H2SPEC=... ARALEZ_GRPC_INTEROP_CLIENT=...
 #   ARALEZ_GRPC_INTEROP_SERVER=... ARALEZ_SLOWHTTPTEST=... ARALEZ_CARGO_FUZZ=...
-#   ARALEZ_ACTIONLINT=... ARALEZ_CHROMIUM=... ARALEZ_HAPROXY=...
+#   ARALEZ_ACTIONLINT=... ARALEZ_CHROMIUM=... ARALEZ_HAPROXY=... ARALEZ_REDIS_SERVER=...
 #   ARALEZ_GZIP=... ARALEZ_BROTLI=... ARALEZ_ZSTD=...
 # for the caller to export (scripts/test.sh does).
 #
@@ -111,6 +112,17 @@ haproxy_path() {
   command -v haproxy 2>/dev/null || { [ -x /usr/sbin/haproxy ] && echo /usr/sbin/haproxy; }
 }
 
+redis_path() {
+  command -v redis-server 2>/dev/null || { [ -x /usr/bin/redis-server ] && echo /usr/bin/redis-server; }
+}
+
+# Only the binary is used: the tests start their own servers on loopback ports. Debian's package
+# also enables a system service; it is left as the package sets it up.
+install_redis() {
+  redis_path >/dev/null || apt_install redis-server
+  redis_path >/dev/null || fail "redis-server is not installed after apt-get install redis-server"
+}
+
 install_haproxy() {
   haproxy_path >/dev/null || apt_install haproxy
   haproxy_path >/dev/null || fail "haproxy is not installed after apt-get install haproxy"
@@ -147,6 +159,7 @@ install_decoders
 install_cargo_fuzz
 go_install "github.com/rhysd/actionlint/cmd/actionlint@$ACTIONLINT_VERSION" actionlint
 install_haproxy
+install_redis
 
 testssl=$(command -v testssl || command -v testssl.sh)
 echo "ARALEZ_SSLYZE=$JUDGES/venv/bin/sslyze"
@@ -159,6 +172,7 @@ echo "ARALEZ_CARGO_FUZZ=$JUDGES/cargo-fuzz/bin"
 echo "ARALEZ_ACTIONLINT=$JUDGES/bin/actionlint"
 echo "ARALEZ_CHROMIUM=$(command -v chromium)"
 echo "ARALEZ_HAPROXY=$(haproxy_path)"
+echo "ARALEZ_REDIS_SERVER=$(redis_path)"
 echo "ARALEZ_GZIP=$(command -v gzip)"
 echo "ARALEZ_BROTLI=$(command -v brotli)"
 echo "ARALEZ_ZSTD=$(command -v zstd)"

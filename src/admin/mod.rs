@@ -199,7 +199,7 @@ impl Admin {
             Ok(b) => b,
             Err(resp) => return resp,
         };
-        let (status, json) = purge::purge(self.cache.as_deref(), &body);
+        let (status, json) = purge::purge(self.cache.as_deref(), &body).await;
         reply(status, "application/json", json)
     }
 

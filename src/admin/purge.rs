@@ -17,7 +17,7 @@ struct Purge {
 }
 
 /// Runs a purge request's JSON `body` against `store`: the status and the JSON to answer.
-pub fn purge(store: Option<&Store>, body: &[u8]) -> (StatusCode, String) {
+pub async fn purge(store: Option<&Store>, body: &[u8]) -> (StatusCode, String) {
     let Some(store) = store else {
         return refuse(
             StatusCode::NOT_FOUND,
@@ -35,7 +35,7 @@ pub fn purge(store: Option<&Store>, body: &[u8]) -> (StatusCode, String) {
     };
     let purged = match (request.url, request.host) {
         (Some(url), None) => match url_key(&url) {
-            Some(key) => store.purge_key(&key),
+            Some(key) => store.purge_key(&key).await,
             None => {
                 return refuse(
                     StatusCode::BAD_REQUEST,
@@ -52,7 +52,7 @@ pub fn purge(store: Option<&Store>, body: &[u8]) -> (StatusCode, String) {
             if !prefix.starts_with('/') {
                 return refuse(StatusCode::BAD_REQUEST, "prefix must start with /");
             }
-            store.purge_prefix(host, &prefix)
+            store.purge_prefix(host, &prefix).await
         }
         _ => {
             return refuse(

@@ -13,7 +13,7 @@ pub enum Storage {
     Memory,
     /// Memory plus files under `file_path` (Aralez's `hybrid`), read back after a restart.
     Hybrid,
-    /// `redis://host:port[/db]`; not built yet: the memory tier serves (check-config warns).
+    /// `redis://host:port[/db]`: shared by every instance that names it, memory in front.
     Redis(String),
 }
 
@@ -116,10 +116,7 @@ fn read_storage(node: &Node, path: &str, r: &mut Reader) -> Option<Storage> {
     match lower.as_str() {
         "memory" => Some(Storage::Memory),
         "hybrid" => Some(Storage::Hybrid),
-        _ if lower.starts_with("redis://") || lower.starts_with("rediss://") => {
-            not_built(r, "the Redis tier");
-            Some(Storage::Redis(text.trim().to_string()))
-        }
+        _ if lower.starts_with("redis://") => Some(Storage::Redis(text.trim().to_string())),
         _ if lower.contains("://") => {
             not_built(r, &format!("storage `{}`", text.trim()));
             Some(Storage::Memory)
@@ -128,7 +125,7 @@ fn read_storage(node: &Node, path: &str, r: &mut Reader) -> Option<Storage> {
             r.error(
                 node.pos,
                 path,
-                format!("`{text}` is not memory, hybrid or redis://host:port[/db]"),
+                format!("`{text}` is not memory, hybrid or redis://host:port[/db] (rediss:// is not supported)"),
             );
             None
         }
@@ -165,8 +162,10 @@ mod tests {
         assert!(cfg.is_none() && issues.has_errors());
         let (cfg, issues) = read("storage: \"redis://127.0.0.1:6379/0\"\n");
         assert!(matches!(cfg.map(|c| c.storage), Some(Storage::Redis(_))));
-        assert!(!issues.has_errors());
-        assert!(issues.warnings().any(|w| w.message.contains("Redis tier")));
+        assert!(!issues.has_errors() && issues.warnings().next().is_none());
+        let (cfg, issues) = read("storage: \"tikv://127.0.0.1:2379\"\n");
+        assert_eq!(cfg.map(|c| c.storage), Some(Storage::Memory));
+        assert!(issues.warnings().any(|w| w.message.contains("memory only")));
         let (cfg, issues) = read("mem_size_mb: 0\n");
         assert!(cfg.is_none() && issues.has_errors());
     }

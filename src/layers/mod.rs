@@ -193,7 +193,11 @@ where
             backends,
             conn.tls,
         ))
-        .layer(CacheLayer::new(policies.cache.as_ref(), conn.tls))
+        .layer(CacheLayer::new(
+            policies.cache.as_ref(),
+            conn.tls,
+            conn.worker.0,
+        ))
         .layer(CompressLayer::new(policies.compress.as_ref()))
         .service(forward)
         .oneshot(req)

@@ -135,12 +135,12 @@ impl Context {
         .map_err(|e| StartError::Logging(e.to_string()))?;
         let cache = match &main.cache {
             Some(c) => Some(Arc::new(
-                crate::layers::cache::Store::new(c, &main.base_dir).map_err(|source| {
-                    StartError::Runtime {
+                crate::layers::cache::Store::new(c, &main.base_dir, main.threads).map_err(
+                    |source| StartError::Runtime {
                         what: "the cache's disk tier",
                         source,
-                    }
-                })?,
+                    },
+                )?,
             )),
             None => None,
         };

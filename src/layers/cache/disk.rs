@@ -305,7 +305,7 @@ fn write_loop(dir: &Path, jobs: Receiver<Job>) {
 }
 
 /// One file per key and variant: a SHA-256 of both, in hex.
-fn file_name(key: &str, entry: &Entry) -> String {
+pub(super) fn file_name(key: &str, entry: &Entry) -> String {
     let mut ctx = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
     ctx.update(key.as_bytes());
     for (name, value) in &entry.vary {
@@ -347,7 +347,7 @@ fn encoded_len(key: &str, e: &Entry) -> u64 {
     (MAGIC.len() + 4 + key.len() + 2 + 5 * 8 + 1 + 8 + headers + vary + 4 + e.body.len() + 4) as u64
 }
 
-fn encode(key: &str, e: &Entry) -> Vec<u8> {
+pub(super) fn encode(key: &str, e: &Entry) -> Vec<u8> {
     let mut out = Vec::with_capacity(e.body.len() + 512);
     out.extend_from_slice(MAGIC);
     put(&mut out, key.as_bytes());
@@ -411,7 +411,7 @@ impl<'a> Fields<'a> {
 }
 
 /// A file's key, entry and wall-clock time stored; `None` when it is short, altered or not ours.
-fn decode(file: &[u8]) -> Option<(String, Entry, u64)> {
+pub(super) fn decode(file: &[u8]) -> Option<(String, Entry, u64)> {
     let (data, crc) = file.split_at(file.len().checked_sub(4)?);
     if crc32fast::hash(data).to_le_bytes() != crc {
         return None;

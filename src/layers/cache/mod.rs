@@ -14,6 +14,7 @@
 //! and Redis tiers.
 
 mod disk;
+mod remote;
 mod respond;
 pub mod rules;
 pub mod store;
@@ -75,11 +76,13 @@ impl RouteCache {
 pub struct CacheLayer<'a> {
     cache: Option<&'a RouteCache>,
     tls: bool,
+    /// The worker serving the request (its Redis connection slot).
+    slot: usize,
 }
 
 impl<'a> CacheLayer<'a> {
-    pub fn new(cache: Option<&'a RouteCache>, tls: bool) -> Self {
-        CacheLayer { cache, tls }
+    pub fn new(cache: Option<&'a RouteCache>, tls: bool, slot: usize) -> Self {
+        CacheLayer { cache, tls, slot }
     }
 }
 
@@ -130,13 +133,19 @@ where
             return FutEither::Left(self.inner.call(req));
         };
         if lookup == Lookup::Invalidate {
-            cache.store.invalidate(&key);
+            cache.store.invalidate(&key, self.layer.slot);
             return FutEither::Left(self.inner.call(req));
         }
         // The ready service goes to the request; its clone stays for the next.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        FutEither::Right(Box::pin(answer(cache, key, lookup, req, inner)))
+        let ask = Ask {
+            cache,
+            key,
+            lookup,
+            slot: self.layer.slot,
+        };
+        FutEither::Right(Box::pin(answer(ask, req, inner)))
     }
 }
 
@@ -156,27 +165,41 @@ pub fn key_for(https: bool, host: &[u8], target: &str) -> Option<String> {
     Some([scheme, host, target].concat())
 }
 
-async fn answer<S, B>(
-    cache: &RouteCache,
+/// What a cacheable request asks of the cache.
+struct Ask<'a> {
+    cache: &'a RouteCache,
     key: String,
     lookup: Lookup,
-    mut req: Request<B>,
-    mut inner: S,
-) -> Answer
+    slot: usize,
+}
+
+async fn answer<S, B>(ask: Ask<'_>, mut req: Request<B>, mut inner: S) -> Answer
 where
     S: Service<Request<B>, Response = Response<RespBody>, Error = ProxyError>,
 {
+    let Ask {
+        cache,
+        key,
+        mut lookup,
+        slot,
+    } = ask;
     let store = &cache.store;
     let auth = req.headers().contains_key(header::AUTHORIZATION);
     let usable = |e: &Arc<Entry>| !auth || e.shared_with_auth;
     let mut stale = None;
     let mut guard = None;
+    let now = Instant::now();
     if lookup == Lookup::Look {
-        let now = Instant::now();
-        match store.lookup(&key, req.headers()).await.filter(usable) {
-            Some(e) if e.is_fresh(now) => return Ok(served(store, &e, req.headers(), now, "HIT")),
-            found => stale = found,
+        match store.lookup(&key, req.headers(), slot).await {
+            Ok(Some(e)) if usable(&e) && e.is_fresh(now) => {
+                return Ok(served(store, &e, req.headers(), now, "HIT"))
+            }
+            Ok(found) => stale = found.filter(usable),
+            // The shared tier is down or slow: straight to the backend, nothing waited for.
+            Err(_) => lookup = Lookup::Skip,
         }
+    }
+    if lookup == Lookup::Look {
         if req.method() == Method::GET {
             match store.join_flight(&key) {
                 Flight::Lead(g) => guard = Some(g),
@@ -186,11 +209,12 @@ where
                     }
                     store::wait_for(rx, store::COALESCE_WAIT).await;
                     let now = Instant::now();
-                    match store.lookup(&key, req.headers()).await.filter(usable) {
-                        Some(e) if e.is_fresh(now) => {
+                    match store.lookup(&key, req.headers(), slot).await {
+                        Ok(Some(e)) if usable(&e) && e.is_fresh(now) => {
                             return Ok(served(store, &e, req.headers(), now, "HIT"))
                         }
-                        found => stale = found,
+                        Ok(found) => stale = found.filter(usable),
+                        Err(_) => {}
                     }
                 }
             }
@@ -212,12 +236,12 @@ where
         } else {
             "MISS"
         };
-        return finish(cache, key, req_headers, result?, word, guard);
+        return finish(cache, (key, slot), req_headers, result?, word, guard);
     };
     let now = Instant::now();
     match result {
         Ok(resp) if resp.status() == StatusCode::NOT_MODIFIED => {
-            let fresh = revalidated(cache, &key, req_headers, e, resp.headers());
+            let fresh = revalidated(cache, &key, slot, req_headers, e, resp.headers());
             Ok(served(store, &fresh, req_headers, now, "REVALIDATED"))
         }
         Ok(resp) if resp.status().is_server_error() && e.may_serve_on_error(now, asked_sie) => {
@@ -228,7 +252,7 @@ where
         }
         result => finish(
             cache,
-            key,
+            (key, slot),
             Some(req_headers.clone()),
             result?,
             "EXPIRED",
@@ -240,7 +264,7 @@ where
 /// Labels a fetched answer and, when it may be stored, keeps a copy as it streams.
 fn finish(
     cache: &RouteCache,
-    key: String,
+    (key, slot): (String, usize),
     req_headers: Option<HeaderMap>,
     mut resp: Response<RespBody>,
     word: &'static str,
@@ -256,7 +280,7 @@ fn finish(
     match rules::storable(&req_headers, head.0, head.1, cache.ttl, now) {
         Some(storable) => Ok(keep_copy(
             &cache.store,
-            key,
+            (key, slot),
             &req_headers,
             storable,
             resp,
@@ -284,6 +308,7 @@ fn ask_with_validators<B>(req: &mut Request<B>, stale: &Entry) {
 fn revalidated(
     cache: &RouteCache,
     key: &str,
+    slot: usize,
     req_headers: &HeaderMap,
     stale: &Entry,
     not_modified: &HeaderMap,
@@ -297,7 +322,7 @@ fn revalidated(
         SystemTime::now(),
     );
     let Some(storable) = storable else {
-        cache.store.invalidate(key);
+        cache.store.invalidate(key, slot);
         let mut gone = Entry::new(
             stale.status,
             head,
@@ -315,7 +340,7 @@ fn revalidated(
         stale.vary.clone(),
         &storable,
     ));
-    cache.store.insert_arc(key, entry.clone());
+    cache.store.insert_arc(key, entry.clone(), slot);
     entry
 }
 
@@ -345,7 +370,7 @@ fn served(
 /// Wraps the response's body so that a copy is stored once it has passed in full.
 fn keep_copy(
     store: &Arc<CacheStore>,
-    key: String,
+    (key, slot): (String, usize),
     req_headers: &HeaderMap,
     storable: Storable,
     resp: Response<RespBody>,
@@ -366,6 +391,7 @@ fn keep_copy(
     let keeper = Keeper {
         store: store.clone(),
         key,
+        slot,
         status: parts.status,
         headers,
         vary,
@@ -381,6 +407,7 @@ fn keep_copy(
 struct Keeper {
     store: Arc<CacheStore>,
     key: String,
+    slot: usize,
     status: http::StatusCode,
     headers: HeaderMap,
     vary: Vec<(HeaderName, Option<HeaderValue>)>,
@@ -391,7 +418,7 @@ struct Keeper {
 impl TeeSink for Keeper {
     fn complete(self: Box<Self>, body: Bytes) {
         let entry = Entry::new(self.status, self.headers, body, self.vary, &self.storable);
-        self.store.insert(&self.key, entry);
+        self.store.insert(&self.key, entry, self.slot);
         // The guard drops after the entry is in: waiting requests find it.
     }
 }

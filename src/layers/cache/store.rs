@@ -17,6 +17,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::disk::DiskTier;
+use super::remote::{Fetched, RemoteTier};
 use super::rules::Storable;
 use crate::config::cache_conf::{CacheConfig, Storage};
 use crate::vocab::normalise;
@@ -162,6 +163,8 @@ pub struct CacheStore {
     in_flight: Mutex<HashMap<Box<str>, watch::Receiver<()>>>,
     /// `hybrid`'s files.
     disk: Option<Arc<DiskTier>>,
+    /// `redis://`'s shared tier.
+    remote: Option<Arc<RemoteTier>>,
     pub item_max_size: usize,
     pub default_ttl: Duration,
     pub counters: CacheCounters,
@@ -184,9 +187,14 @@ const MAX_VARIANTS: usize = 16;
 pub const COALESCE_WAIT: Duration = Duration::from_secs(5);
 
 impl CacheStore {
-    /// The tiers `cfg` asks for; `base_dir` resolves a relative `file_path`. Fails when the
-    /// disk tier's directory cannot be made or read.
-    pub fn new(cfg: &CacheConfig, base_dir: &std::path::Path) -> std::io::Result<CacheStore> {
+    /// The tiers `cfg` asks for; `base_dir` resolves a relative `file_path`, `workers` is how
+    /// many connection slots the Redis tier keeps. Fails when the disk tier's directory cannot
+    /// be made or read, or the Redis URL cannot be read.
+    pub fn new(
+        cfg: &CacheConfig,
+        base_dir: &std::path::Path,
+        workers: usize,
+    ) -> std::io::Result<CacheStore> {
         let items = (cfg.mem_size / 4096).clamp(64, 1 << 20) as usize;
         let counters = CacheCounters::default();
         let options = OptionsBuilder::new()
@@ -214,10 +222,17 @@ impl CacheStore {
             )?),
             _ => None,
         };
+        let remote = match &cfg.storage {
+            Storage::Redis(url) => {
+                Some(RemoteTier::new(url, workers).map_err(std::io::Error::other)?)
+            }
+            _ => None,
+        };
         Ok(CacheStore {
             entries,
             in_flight: Mutex::new(HashMap::new()),
             disk,
+            remote,
             item_max_size: usize::try_from(cfg.item_max_size).unwrap_or(usize::MAX),
             default_ttl: cfg.ttl,
             counters,
@@ -231,19 +246,35 @@ impl CacheStore {
         found
     }
 
-    /// The stored variant that answers a request, from memory or else from disk (read on a
-    /// blocking thread and kept in memory from then on).
-    pub async fn lookup(&self, key: &str, req: &HeaderMap) -> Option<Arc<Entry>> {
+    /// The stored variant that answers a request: from memory, else from disk (read on a
+    /// blocking thread) or Redis, kept in memory from then on. `Err` when Redis could not be
+    /// asked in time (the request then bypasses the cache). `slot` is the worker's.
+    pub async fn lookup(
+        &self,
+        key: &str,
+        req: &HeaderMap,
+        slot: usize,
+    ) -> Result<Option<Arc<Entry>>, Unreachable> {
         if let Some(found) = self.find(key, req) {
-            return Some(found);
+            return Ok(Some(found));
         }
-        let disk = self.disk.clone().filter(|d| d.has(key))?;
-        let owned = key.to_string();
-        let read = tokio::task::spawn_blocking(move || disk.read_key(&owned)).await;
-        for entry in read.ok()? {
+        let entries = if let Some(disk) = self.disk.clone().filter(|d| d.has(key)) {
+            let owned = key.to_string();
+            let read = tokio::task::spawn_blocking(move || disk.read_key(&owned)).await;
+            read.unwrap_or_default()
+        } else if let Some(remote) = &self.remote {
+            match remote.get(slot, key).await {
+                Fetched::Found(entries) => entries,
+                Fetched::Missing => Vec::new(),
+                Fetched::Unreachable => return Err(Unreachable),
+            }
+        } else {
+            Vec::new()
+        };
+        for entry in entries {
             self.insert_shared(key, Arc::new(entry));
         }
-        self.find(key, req)
+        Ok(self.find(key, req))
     }
 
     /// Waits for the disk tier's queued writes (SIGTERM), at most `limit`.
@@ -254,14 +285,17 @@ impl CacheStore {
     }
 
     /// Stores `entry` under `key`, replacing the variant with the same `Vary` values.
-    pub fn insert(&self, key: &str, entry: Entry) {
-        self.insert_arc(key, Arc::new(entry));
+    pub fn insert(&self, key: &str, entry: Entry, slot: usize) {
+        self.insert_arc(key, Arc::new(entry), slot);
     }
 
     /// [`insert`](Self::insert) for an entry already shared (a revalidated one, being served).
-    pub fn insert_arc(&self, key: &str, entry: Arc<Entry>) {
+    pub fn insert_arc(&self, key: &str, entry: Arc<Entry>, slot: usize) {
         if let Some(disk) = &self.disk {
             disk.write(key, &entry);
+        }
+        if let Some(remote) = &self.remote {
+            remote.put(slot, key, entry.clone());
         }
         self.counters.stored.fetch_add(1, Ordering::Relaxed);
         self.counters
@@ -289,18 +323,25 @@ impl CacheStore {
     }
 
     /// Drops every variant stored under `key`.
-    pub fn invalidate(&self, key: &str) {
+    pub fn invalidate(&self, key: &str, slot: usize) {
         self.entries.remove(key);
         if let Some(disk) = &self.disk {
             disk.remove_key(key);
         }
+        if let Some(remote) = &self.remote {
+            remote.remove_later(slot, key);
+        }
     }
 
     /// Drops every variant stored under `key`, in memory and on disk; returns how many.
-    pub fn purge_key(&self, key: &str) -> usize {
+    pub async fn purge_key(&self, key: &str) -> usize {
         let in_memory = self.entries.remove(key).map_or(0, |(_, v)| v.len());
         let on_disk = self.disk.as_ref().map_or(0, |d| d.remove_key(key));
-        let removed = in_memory.max(on_disk);
+        let shared = match &self.remote {
+            Some(remote) => remote.remove(remote.admin_slot(), key).await,
+            None => 0,
+        };
+        let removed = in_memory.max(on_disk).max(shared);
         self.counters
             .purged
             .fetch_add(removed as u64, Ordering::Relaxed);
@@ -309,7 +350,7 @@ impl CacheStore {
 
     /// Drops every entry of `host` (normalised; both schemes) whose path lies under `prefix`
     /// (whole segments); returns how many variants went.
-    pub fn purge_prefix(&self, host: &str, prefix: &str) -> usize {
+    pub async fn purge_prefix(&self, host: &str, prefix: &str) -> usize {
         let in_memory = AtomicU64::new(0);
         self.entries.retain(|key, variants| {
             let under = key_under(key, host, prefix);
@@ -324,7 +365,16 @@ impl CacheStore {
             let under = keys.iter().filter(|k| key_under(k, host, prefix));
             under.map(|k| disk.remove_key(k)).sum()
         });
-        let removed = in_memory.max(on_disk);
+        let mut shared = 0;
+        if let Some(remote) = &self.remote {
+            let slot = remote.admin_slot();
+            for key in remote.keys(slot).await {
+                if key_under(&key, host, prefix) {
+                    shared += remote.remove(slot, &key).await;
+                }
+            }
+        }
+        let removed = in_memory.max(on_disk).max(shared);
         self.counters
             .purged
             .fetch_add(removed as u64, Ordering::Relaxed);
@@ -389,6 +439,11 @@ impl CacheStore {
         for (name, kind, help, value) in series {
             let _ = writeln!(out, "# HELP {name} Cache: {help}.\n# TYPE {name} {kind}\n{name}{{tier=\"memory\"}} {value}");
         }
+        if let Some(remote) = &self.remote {
+            let name = "aralez_cache_errors_total";
+            let errors = remote.errors.load(Ordering::Relaxed);
+            let _ = writeln!(out, "# HELP {name} Cache: a tier that failed or was too slow (the request went on without it).\n# TYPE {name} counter\n{name}{{tier=\"redis\"}} {errors}");
+        }
     }
 
     /// What the memory tier holds now, in bytes.
@@ -428,6 +483,10 @@ fn key_under(key: &str, host: &str, prefix: &str) -> bool {
     let path = target.split('?').next().unwrap_or(target);
     normalise::prefix_matches(prefix, path)
 }
+
+/// Redis could not be asked in time: the request goes on without the cache.
+#[derive(Debug)]
+pub struct Unreachable;
 
 /// A request's part in fetching a key.
 pub enum Flight {

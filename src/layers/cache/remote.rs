@@ -1,0 +1,263 @@
+//! The shared tier of `storage: redis://host:port[/db]`: every stored answer also goes to
+//! Redis (one hash per key, a field per `Vary` variant, in the disk tier's checksummed format),
+//! so several aralez instances share what one of them fetched. Memory stays the first tier.
+//!
+//! Redis never holds a request up for long: a lookup waits at most [`LOOKUP_DEADLINE`]; on an
+//! error or a timeout the tier is skipped for [`RETRY_AFTER`] (the request is served from the
+//! backend, `X-Cache-Status: BYPASS`), the incident is logged once and counted, and the next
+//! request after that tries again. Writes run in tasks of their own. Each worker has its own
+//! multiplexed connection, made on first use; the admin API has one more.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ::redis::aio::MultiplexedConnection;
+use ::redis::{AsyncConnectionConfig, Client};
+use tokio::time::Instant;
+
+use super::disk;
+use super::store::Entry;
+
+/// How long a request waits for Redis before it goes to the backend without it.
+pub const LOOKUP_DEADLINE: Duration = Duration::from_millis(50);
+/// How long a write or a purge may take.
+const WRITE_DEADLINE: Duration = Duration::from_secs(1);
+/// How long Redis is left alone after it failed.
+pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// Prefix of every key aralez writes.
+const PREFIX: &str = "aralez:cache:";
+
+/// What a lookup in Redis found.
+pub enum Fetched {
+    Found(Vec<Entry>),
+    Missing,
+    /// Down, slow or refusing: the request goes on without the tier.
+    Unreachable,
+}
+
+pub struct RemoteTier {
+    client: Client,
+    /// One connection per worker, and one for the admin API (the last).
+    conns: Box<[Mutex<Option<MultiplexedConnection>>]>,
+    started: Instant,
+    /// Milliseconds since `started` until which Redis is skipped.
+    down_until: AtomicU64,
+    in_incident: AtomicBool,
+    pub errors: AtomicU64,
+}
+
+impl std::fmt::Debug for RemoteTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteTier").finish_non_exhaustive()
+    }
+}
+
+impl RemoteTier {
+    /// The tier for `url` with a connection slot per worker; connects on first use.
+    pub fn new(url: &str, workers: usize) -> Result<Arc<RemoteTier>, ::redis::RedisError> {
+        let client = Client::open(url)?;
+        let conns = (0..=workers).map(|_| Mutex::new(None)).collect();
+        Ok(Arc::new(RemoteTier {
+            client,
+            conns,
+            started: Instant::now(),
+            down_until: AtomicU64::new(0),
+            in_incident: AtomicBool::new(false),
+            errors: AtomicU64::new(0),
+        }))
+    }
+
+    /// The admin API's slot.
+    pub fn admin_slot(&self) -> usize {
+        self.conns.len() - 1
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn is_down(&self) -> bool {
+        self.now_ms() < self.down_until.load(Ordering::Relaxed)
+    }
+
+    fn slot(&self, slot: usize) -> std::sync::MutexGuard<'_, Option<MultiplexedConnection>> {
+        let slot = &self.conns[slot.min(self.conns.len() - 1)];
+        slot.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The slot's connection, made now if there is none (within `deadline`); true when it
+    /// was made before (it may have been dropped by the server since).
+    async fn conn(&self, slot: usize, deadline: Duration) -> Option<(MultiplexedConnection, bool)> {
+        if self.is_down() {
+            return None;
+        }
+        if let Some(conn) = self.slot(slot).clone() {
+            return Some((conn, true));
+        }
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(deadline))
+            .set_response_timeout(Some(deadline));
+        let made = self
+            .client
+            .get_multiplexed_async_connection_with_config(&config);
+        match tokio::time::timeout(deadline, made).await {
+            Ok(Ok(conn)) => {
+                *self.slot(slot) = Some(conn.clone());
+                Some((conn, false))
+            }
+            Ok(Err(e)) => self.failed(slot, &e.to_string()),
+            Err(_) => self.failed(slot, "timed out connecting"),
+        }
+    }
+
+    /// Marks Redis down for [`RETRY_AFTER`]; logs once per incident.
+    fn failed<T>(&self, slot: usize, why: &str) -> Option<T> {
+        *self.slot(slot) = None;
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        let until = self.now_ms() + u64::try_from(RETRY_AFTER.as_millis()).unwrap_or(1000);
+        self.down_until.store(until, Ordering::Relaxed);
+        if !self.in_incident.swap(true, Ordering::Relaxed) {
+            tracing::warn!("cache: Redis unreachable ({why}); requests bypass it until it answers");
+        }
+        None
+    }
+
+    fn succeeded(&self) {
+        if self.in_incident.swap(false, Ordering::Relaxed) {
+            tracing::info!("cache: Redis answers again");
+        }
+    }
+
+    /// Runs `cmd` on the slot's connection within `deadline`. A kept connection the server
+    /// dropped (Redis restarted) is replaced once, at once.
+    async fn run<T: ::redis::FromRedisValue>(
+        &self,
+        slot: usize,
+        deadline: Duration,
+        cmd: &::redis::Pipeline,
+    ) -> Option<T> {
+        for _ in 0..2 {
+            let (mut conn, kept) = self.conn(slot, deadline).await?;
+            match tokio::time::timeout(deadline, cmd.query_async::<T>(&mut conn)).await {
+                Ok(Ok(value)) => {
+                    self.succeeded();
+                    return Some(value);
+                }
+                Ok(Err(e)) if kept && (e.is_connection_dropped() || e.is_io_error()) => {
+                    *self.slot(slot) = None;
+                }
+                Ok(Err(e)) => return self.failed(slot, &e.to_string()),
+                Err(_) => return self.failed(slot, "timed out"),
+            }
+        }
+        self.failed(slot, "connection dropped")
+    }
+
+    /// The variants stored for `key`.
+    pub async fn get(&self, slot: usize, key: &str) -> Fetched {
+        let mut cmd = ::redis::pipe();
+        cmd.cmd("HGETALL").arg(redis_key(key));
+        let Some((fields,)) = self
+            .run::<(Vec<(Vec<u8>, Vec<u8>)>,)>(slot, LOOKUP_DEADLINE, &cmd)
+            .await
+        else {
+            return Fetched::Unreachable;
+        };
+        let entries: Vec<Entry> = fields
+            .iter()
+            .filter_map(|(_, value)| disk::decode(value))
+            .filter(|(stored_key, ..)| stored_key == key)
+            .map(|(_, entry, _)| entry)
+            .collect();
+        if entries.is_empty() {
+            Fetched::Missing
+        } else {
+            Fetched::Found(entries)
+        }
+    }
+
+    /// Writes `entry` in a task of its own (when there is a runtime to run it).
+    pub fn put(self: &Arc<Self>, slot: usize, key: &str, entry: Arc<Entry>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.is_down() {
+            return;
+        }
+        let (tier, key) = (self.clone(), key.to_string());
+        runtime.spawn(async move {
+            let value = disk::encode(&key, &entry);
+            let keep = entry.fresh_for + entry.stale_while_revalidate.max(entry.stale_if_error);
+            // Kept past its freshness for revalidation; at most a week.
+            let ttl = (keep + Duration::from_secs(600)).min(Duration::from_secs(7 * 86_400));
+            let mut cmd = ::redis::pipe();
+            cmd.cmd("HSET")
+                .arg(redis_key(&key))
+                .arg(disk::file_name(&key, &entry))
+                .arg(value)
+                .ignore()
+                .cmd("PEXPIRE")
+                .arg(redis_key(&key))
+                .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
+                .ignore();
+            tier.run::<()>(slot, WRITE_DEADLINE, &cmd).await;
+        });
+    }
+
+    /// Drops `key`'s variants; returns how many there were.
+    pub async fn remove(&self, slot: usize, key: &str) -> usize {
+        let mut cmd = ::redis::pipe();
+        cmd.cmd("HLEN")
+            .arg(redis_key(key))
+            .cmd("DEL")
+            .arg(redis_key(key))
+            .ignore();
+        self.run::<(usize,)>(slot, WRITE_DEADLINE, &cmd)
+            .await
+            .map_or(0, |(n,)| n)
+    }
+
+    /// Drops, in a task of its own, `key`'s variants (an unsafe method's invalidation).
+    pub fn remove_later(self: &Arc<Self>, slot: usize, key: &str) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (tier, key) = (self.clone(), key.to_string());
+        runtime.spawn(async move { tier.remove(slot, &key).await });
+    }
+
+    /// Every key aralez stored in Redis, for a purge by prefix (SCAN, never KEYS).
+    pub async fn keys(&self, slot: usize) -> Vec<String> {
+        let mut keys = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let mut cmd = ::redis::pipe();
+            cmd.cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(format!("{PREFIX}*"))
+                .arg("COUNT")
+                .arg(1000);
+            let Some(((next, batch),)) = self
+                .run::<((u64, Vec<String>),)>(slot, WRITE_DEADLINE, &cmd)
+                .await
+            else {
+                return keys;
+            };
+            keys.extend(
+                batch
+                    .into_iter()
+                    .filter_map(|k| k.strip_prefix(PREFIX).map(str::to_string)),
+            );
+            if next == 0 || keys.len() > 1_000_000 {
+                return keys;
+            }
+            cursor = next;
+        }
+    }
+}
+
+fn redis_key(key: &str) -> String {
+    [PREFIX, key].concat()
+}

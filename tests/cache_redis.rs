@@ -1,0 +1,193 @@
+//! The cache's shared tier (`storage: redis://...`) against Debian's real `redis-server`,
+//! started by the test on a loopback port: two aralez instances share what one fetched; with
+//! Redis down, or silent, requests go to the backend within a bounded delay (BYPASS) and are
+//! counted; when Redis is back the tier is used again.
+
+mod cache_support;
+mod support;
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cache_support::*;
+use support::tools::{self, Tool};
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const REDIS_SERVER: Tool = Tool {
+    env: "ARALEZ_REDIS_SERVER",
+    installed: "/usr/bin/redis-server", // Debian's package
+    on_path: &["redis-server"],
+};
+
+/// A redis-server of the test's own, killed on drop.
+struct Redis {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Redis {
+    async fn start(program: &std::path::Path, port: u16) -> Redis {
+        let child = Command::new(program)
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server");
+        let redis = Redis { child, port };
+        let up = eventually_async(Duration::from_secs(10), || async {
+            command(port, &["PING"])
+                .await
+                .filter(|r| r.starts_with("+PONG"))
+        });
+        assert!(up.await.is_some(), "redis-server did not answer");
+        redis
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+}
+
+/// One command in RESP on a new connection; the reply's first line.
+async fn command(port: u16, args: &[&str]) -> Option<String> {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let mut out = format!("*{}\r\n", args.len());
+    for a in args {
+        out.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    }
+    stream.write_all(out.as_bytes()).await.ok()?;
+    let mut buf = vec![0u8; 256];
+    let n = tokio::time::timeout(Duration::from_secs(2), stream.read(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn redis_cache(url: &str) -> String {
+    format!("  storage: \"{url}\"\n  ttl: 60\n")
+}
+
+const ADMIN: &str = "config_address: \"127.0.0.1:0\"\nmaster_key: \"k\"\n";
+
+async fn stored_in_redis(port: u16, key: &str) -> bool {
+    let key = format!("aralez:cache:{key}");
+    eventually_async(Duration::from_secs(5), || async {
+        command(port, &["EXISTS", &key])
+            .await
+            .filter(|r| r.starts_with(":1"))
+    })
+    .await
+    .is_some()
+}
+
+#[tokio::test]
+async fn two_instances_share_entries_and_survive_redis_going_away() {
+    let Some(program) = tools::find(&REDIS_SERVER) else {
+        return;
+    };
+    let port = free_port();
+    let redis = Redis::start(&program, port).await;
+    let origin = Origin::start().await;
+    let first = proxy_cache(&origin, &redis_cache(&redis.url()), ADMIN);
+    let second = proxy_cache(&origin, &redis_cache(&redis.url()), "");
+    let mut a = Client::connect(Proto::H1, first.addr).await;
+    let mut b = Client::connect(Proto::H2c, second.addr).await;
+
+    let path = "/shared?cc=max-age=60";
+    assert_eq!(
+        get(&mut a, path).await,
+        ("MISS".to_string(), "#1".to_string())
+    );
+    assert!(stored_in_redis(port, &format!("http://c.test{path}")).await);
+    assert_eq!(
+        get(&mut b, path).await,
+        ("HIT".to_string(), "#1".to_string())
+    );
+    assert_eq!(
+        origin.requests(),
+        1,
+        "a miss on one instance is a hit on the other"
+    );
+
+    // Redis goes away: requests still get answers, from the backend, promptly.
+    drop(redis);
+    let started = Instant::now();
+    let (word, body) = get(&mut a, "/while-down?cc=max-age=60").await;
+    assert_eq!((word.as_str(), body.as_str()), ("BYPASS", "#2"));
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    // What the memory tier holds is still served.
+    assert_eq!(get(&mut a, path).await.0, "HIT");
+    let admin = first.logged_addr("admin API on http://");
+    let errors = metric(admin, "aralez_cache_errors_total{tier=\"redis\"}").await;
+    assert!(errors >= Some(1.0), "{errors:?}");
+    assert!(first.log_text().contains("cache: Redis unreachable"));
+
+    // Redis is back (same port): after the retry pause the tier is used again.
+    let redis = Redis::start(&program, port).await;
+    let back = eventually_async(Duration::from_secs(10), || async {
+        let mut c = Client::connect(Proto::H1, first.addr).await;
+        let path = format!("/back-{}?cc=max-age=60", origin.requests());
+        let (word, _) = get(&mut c, &path).await;
+        (word == "MISS").then_some(path)
+    })
+    .await
+    .expect("the shared tier is used again");
+    assert!(stored_in_redis(port, &format!("http://c.test{back}")).await);
+    assert_eq!(get(&mut b, &back).await.0, "HIT");
+    drop(redis);
+}
+
+#[tokio::test]
+async fn a_silent_redis_delays_a_request_by_a_bounded_time() {
+    // Something that accepts connections on the Redis port and never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr: SocketAddr = silent.local_addr().expect("address");
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((stream, _)) = silent.accept().await {
+            open.push(stream);
+        }
+    });
+    let origin = Origin::start().await;
+    let proxy = proxy_cache(&origin, &redis_cache(&format!("redis://{addr}/0")), "");
+    let mut c = Client::connect(Proto::H1, proxy.addr).await;
+    for i in 0..3 {
+        let started = Instant::now();
+        let (word, body) = get(&mut c, &format!("/s{i}?cc=max-age=60")).await;
+        assert_eq!(word, "BYPASS");
+        assert!(body.starts_with('#'));
+        // 50 ms for the lookup at most, then the backend.
+        assert!(
+            started.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+    held.abort();
+}
