@@ -334,7 +334,7 @@ async fn hybrid_keeps_answers_across_a_restart_and_refuses_broken_files() {
         .wait_exit(Duration::from_secs(20))
         .is_some_and(|s| s.success()));
 
-    let second = proxy_cache(&origin, &cache, "");
+    let second = proxy_cache(&origin, &cache, ADMIN);
     let mut c = Client::connect(Proto::H2c, second.addr).await;
     let (resp, body) = send(&mut c, Method::GET, path, &[]).await;
     assert_eq!(
@@ -348,6 +348,9 @@ async fn hybrid_keeps_answers_across_a_restart_and_refuses_broken_files() {
         1,
         "served from the file after the restart"
     );
+    let admin = second.logged_addr("admin API on http://");
+    let read_back = metric(admin, "aralez_cache_hits_total{tier=\"disk\"}").await;
+    assert_eq!(read_back, Some(1.0));
     drop(second);
 
     // A file cut short is a miss, and is removed when the next run reads the directory.
@@ -373,7 +376,7 @@ async fn the_disk_tier_stays_within_file_size_mb() {
         "  storage: hybrid\n  file_path: \"{}\"\n  file_size_mb: 1\n  item_max_size: 1\n",
         dir.path().display()
     );
-    let proxy = proxy_cache(&origin, &cache, "");
+    let proxy = proxy_cache(&origin, &cache, ADMIN);
     let mut c = Client::connect(Proto::H1, proxy.addr).await;
     for i in 0..30 {
         get(&mut c, &format!("/f/{i}?cc=max-age=600&len=100000")).await;
@@ -384,6 +387,14 @@ async fn the_disk_tier_stays_within_file_size_mb() {
     let (files, total) = files_in(dir.path());
     assert!(total <= 1024 * 1024, "{} files, {total} bytes", files.len());
     assert!(files.len() >= 9, "{}", files.len());
+    let admin = proxy.logged_addr("admin API on http://");
+    let evicted = metric(admin, "aralez_cache_evictions_total{tier=\"disk\"}").await;
+    assert!(evicted >= Some(20.0), "{evicted:?}");
+    let held = metric(admin, "aralez_cache_bytes{tier=\"disk\"}").await;
+    assert!(
+        held <= Some(1024.0 * 1024.0) && held > Some(0.0),
+        "{held:?}"
+    );
 }
 
 const ADMIN: &str = "config_address: \"127.0.0.1:0\"\nmaster_key: \"k\"\n";

@@ -109,7 +109,7 @@ async fn two_instances_share_entries_and_survive_redis_going_away() {
     let redis = Redis::start(&program, port).await;
     let origin = Origin::start().await;
     let first = proxy_cache(&origin, &redis_cache(&redis.url()), ADMIN);
-    let second = proxy_cache(&origin, &redis_cache(&redis.url()), "");
+    let second = proxy_cache(&origin, &redis_cache(&redis.url()), ADMIN);
     let mut a = Client::connect(Proto::H1, first.addr).await;
     let mut b = Client::connect(Proto::H2c, second.addr).await;
 
@@ -128,6 +128,9 @@ async fn two_instances_share_entries_and_survive_redis_going_away() {
         1,
         "a miss on one instance is a hit on the other"
     );
+    let admin_b = second.logged_addr("admin API on http://");
+    let read = metric(admin_b, "aralez_cache_hits_total{tier=\"redis\"}").await;
+    assert_eq!(read, Some(1.0));
 
     // Redis goes away: requests still get answers, from the backend, promptly.
     drop(redis);

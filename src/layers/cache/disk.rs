@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -19,7 +20,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
 use tokio::time::Instant;
 
-use super::store::Entry;
+use super::entry::Entry;
 
 const MAGIC: &[u8; 5] = b"ARZC\x01";
 /// Writes waiting for the disk at most; past it an answer is kept in memory only.
@@ -56,6 +57,10 @@ pub struct DiskTier {
     max_bytes: u64,
     index: Mutex<Index>,
     writer: SyncSender<Job>,
+    /// Keys read back into memory.
+    pub reads: AtomicU64,
+    /// Files removed to stay within `file_size_mb`.
+    pub evictions: AtomicU64,
 }
 
 impl std::fmt::Debug for DiskTier {
@@ -75,6 +80,8 @@ impl DiskTier {
             max_bytes,
             index: Mutex::new(Index::default()),
             writer,
+            reads: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
         });
         tier.scan()?;
         let dir = dir.to_path_buf();
@@ -142,6 +149,8 @@ impl DiskTier {
             .is_some_and(|files| files.iter().any(|f| f.name == name));
         drop(index);
         if !evicted.is_empty() {
+            self.evictions
+                .fetch_add(evicted.len() as u64, Ordering::Relaxed);
             self.send(Job::Remove(evicted));
         }
         // Larger than the whole tier: it was evicted at once and is not written.
@@ -174,6 +183,11 @@ impl DiskTier {
         let n = names.len();
         self.send(Job::Remove(names));
         n
+    }
+
+    /// What the files hold now, in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.index().total
     }
 
     /// Some file is indexed for `key` (no disk access).

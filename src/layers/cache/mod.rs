@@ -14,6 +14,7 @@
 //! and Redis tiers.
 
 mod disk;
+mod entry;
 mod remote;
 mod respond;
 pub mod rules;
@@ -38,13 +39,12 @@ use crate::config::settings::RouteSettings;
 use crate::proxy::tee::{Tee, TeeSink};
 use crate::proxy::RespBody;
 use crate::vocab::{normalise, request_host, ProxyError};
+use entry::Entry;
+pub use respond::X_CACHE_STATUS;
 use rules::{Lookup, Storable};
-use store::{CacheStore, Entry, Flight, FlightGuard};
+use store::{CacheStore, Flight, FlightGuard};
 
 pub use store::CacheStore as Store;
-
-/// `X-Cache-Status`, nginx's name for it.
-pub static X_CACHE_STATUS: HeaderName = HeaderName::from_static("x-cache-status");
 
 /// A route's cache settings, compiled with the snapshot.
 #[derive(Debug)]
@@ -386,7 +386,7 @@ fn keep_copy(
     let vary = storable
         .vary
         .iter()
-        .map(|name| (name.clone(), store::vary_value(req_headers, name)))
+        .map(|name| (name.clone(), entry::vary_value(req_headers, name)))
         .collect();
     let keeper = Keeper {
         store: store.clone(),

@@ -17,7 +17,7 @@ use ::redis::{AsyncConnectionConfig, Client};
 use tokio::time::Instant;
 
 use super::disk;
-use super::store::Entry;
+use super::entry::Entry;
 
 /// How long a request waits for Redis before it goes to the backend without it.
 pub const LOOKUP_DEADLINE: Duration = Duration::from_millis(50);
@@ -45,6 +45,8 @@ pub struct RemoteTier {
     down_until: AtomicU64,
     in_incident: AtomicBool,
     pub errors: AtomicU64,
+    /// Lookups that found the key.
+    pub reads: AtomicU64,
 }
 
 impl std::fmt::Debug for RemoteTier {
@@ -65,6 +67,7 @@ impl RemoteTier {
             down_until: AtomicU64::new(0),
             in_incident: AtomicBool::new(false),
             errors: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
         }))
     }
 

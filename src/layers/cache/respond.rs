@@ -4,15 +4,17 @@
 //! one request get the whole object, which RFC 9110 §14.2 allows.
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode};
 use http_body_util::{Either, Full};
 use tokio::time::Instant;
 
-use super::store::Entry;
-use super::X_CACHE_STATUS;
+use super::entry::Entry;
 use crate::proxy::RespBody;
 use crate::vocab::headers::etag_matches;
+
+/// `X-Cache-Status`, nginx's name for it.
+pub static X_CACHE_STATUS: HeaderName = HeaderName::from_static("x-cache-status");
 
 /// The client's answer from `entry`, labelled `word` in `X-Cache-Status`.
 pub fn from_entry(

@@ -8,119 +8,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::header::{HeaderMap, HeaderName, HeaderValue};
-use http::StatusCode;
+use http::header::HeaderMap;
 use quick_cache::sync::Cache;
 use quick_cache::{DefaultHashBuilder, Lifecycle, OptionsBuilder, Weighter};
 use tokio::sync::watch;
-use tokio::time::Instant;
 
 use super::disk::DiskTier;
+use super::entry::Entry;
 use super::remote::{Fetched, RemoteTier};
-use super::rules::Storable;
 use crate::config::cache_conf::{CacheConfig, Storage};
 use crate::vocab::normalise;
-
-/// One stored response.
-#[derive(Debug)]
-pub struct Entry {
-    pub status: StatusCode,
-    pub headers: HeaderMap,
-    pub body: Bytes,
-    /// The request's values of the headers `Vary` names, in `Vary`'s order.
-    pub vary: Vec<(HeaderName, Option<HeaderValue>)>,
-    pub shared_with_auth: bool,
-    pub stored_at: Instant,
-    pub initial_age: Duration,
-    pub fresh_for: Duration,
-    /// Never served stale (`must-revalidate`, `no-cache`).
-    pub must_revalidate: bool,
-    pub stale_while_revalidate: Duration,
-    pub stale_if_error: Duration,
-}
-
-impl Entry {
-    /// A stored answer with `storable`'s freshness, stored now.
-    pub fn new(
-        status: StatusCode,
-        headers: HeaderMap,
-        body: Bytes,
-        vary: Vec<(HeaderName, Option<HeaderValue>)>,
-        storable: &Storable,
-    ) -> Entry {
-        Entry {
-            status,
-            headers,
-            body,
-            vary,
-            shared_with_auth: storable.shared_with_auth,
-            stored_at: Instant::now(),
-            initial_age: storable.initial_age,
-            fresh_for: storable.fresh_for,
-            must_revalidate: storable.must_revalidate,
-            stale_while_revalidate: storable.stale_while_revalidate,
-            stale_if_error: storable.stale_if_error,
-        }
-    }
-
-    /// How far past its freshness the entry is.
-    pub fn staleness(&self, now: Instant) -> Duration {
-        now.saturating_duration_since(self.stored_at)
-            .saturating_sub(self.fresh_for)
-    }
-
-    /// May be served while one request refreshes it (RFC 5861 `stale-while-revalidate`).
-    pub fn may_serve_while_updating(&self, now: Instant) -> bool {
-        !self.must_revalidate && self.staleness(now) <= self.stale_while_revalidate
-    }
-
-    /// May be served when the backend fails (RFC 5861 `stale-if-error`, from the stored answer
-    /// or the request).
-    pub fn may_serve_on_error(&self, now: Instant, asked: Option<Duration>) -> bool {
-        let allowance = self.stale_if_error.max(asked.unwrap_or_default());
-        !self.must_revalidate && self.staleness(now) <= allowance
-    }
-
-    pub fn age(&self, now: Instant) -> Duration {
-        self.initial_age + now.saturating_duration_since(self.stored_at)
-    }
-
-    pub fn is_fresh(&self, now: Instant) -> bool {
-        now.saturating_duration_since(self.stored_at) < self.fresh_for
-    }
-
-    /// The request carries the same values of the `Vary` headers as the one stored.
-    pub fn matches(&self, req: &HeaderMap) -> bool {
-        self.vary
-            .iter()
-            .all(|(name, value)| vary_value(req, name) == *value)
-    }
-
-    fn weight(&self) -> u64 {
-        let head: usize = self
-            .headers
-            .iter()
-            .map(|(n, v)| n.as_str().len() + v.len() + 32)
-            .sum();
-        (self.body.len() + head + 256) as u64
-    }
-}
-
-/// A request's value of a header `Vary` names: all its fields joined, as one value.
-pub fn vary_value(req: &HeaderMap, name: &HeaderName) -> Option<HeaderValue> {
-    let mut values = req.get_all(name).iter();
-    let first = values.next()?;
-    let Some(second) = values.next() else {
-        return Some(first.clone());
-    };
-    let mut joined = first.as_bytes().to_vec();
-    for v in std::iter::once(second).chain(values) {
-        joined.extend_from_slice(b", ");
-        joined.extend_from_slice(v.as_bytes());
-    }
-    HeaderValue::from_bytes(&joined).ok()
-}
 
 /// The variants stored under one key.
 type Variants = Arc<[Arc<Entry>]>;
@@ -160,7 +57,9 @@ pub struct CacheCounters {
 /// The memory tier, shared by every worker and every snapshot (built once at start).
 pub struct CacheStore {
     entries: Cache<Box<str>, Variants, ByBytes, DefaultHashBuilder, CountEvictions>,
-    in_flight: Mutex<HashMap<Box<str>, watch::Receiver<()>>>,
+    /// Keys being fetched, sharded by the key's hash so misses of different keys rarely meet.
+    in_flight: Box<[Mutex<HashMap<Box<str>, watch::Receiver<()>>>]>,
+    flight_hasher: DefaultHashBuilder,
     /// `hybrid`'s files.
     disk: Option<Arc<DiskTier>>,
     /// `redis://`'s shared tier.
@@ -178,6 +77,9 @@ impl std::fmt::Debug for CacheStore {
             .finish()
     }
 }
+
+/// Shards of the table of fetches in flight.
+const FLIGHT_SHARDS: usize = 32;
 
 /// Variants kept under one key at most.
 const MAX_VARIANTS: usize = 16;
@@ -230,7 +132,10 @@ impl CacheStore {
         };
         Ok(CacheStore {
             entries,
-            in_flight: Mutex::new(HashMap::new()),
+            in_flight: (0..FLIGHT_SHARDS)
+                .map(|_| Mutex::new(HashMap::new()))
+                .collect(),
+            flight_hasher: DefaultHashBuilder::default(),
             disk,
             remote,
             item_max_size: usize::try_from(cfg.item_max_size).unwrap_or(usize::MAX),
@@ -260,11 +165,19 @@ impl CacheStore {
         }
         let entries = if let Some(disk) = self.disk.clone().filter(|d| d.has(key)) {
             let owned = key.to_string();
-            let read = tokio::task::spawn_blocking(move || disk.read_key(&owned)).await;
-            read.unwrap_or_default()
+            let reader = disk.clone();
+            let read = tokio::task::spawn_blocking(move || reader.read_key(&owned)).await;
+            let read = read.unwrap_or_default();
+            if !read.is_empty() {
+                disk.reads.fetch_add(1, Ordering::Relaxed);
+            }
+            read
         } else if let Some(remote) = &self.remote {
             match remote.get(slot, key).await {
-                Fetched::Found(entries) => entries,
+                Fetched::Found(entries) => {
+                    remote.reads.fetch_add(1, Ordering::Relaxed);
+                    entries
+                }
                 Fetched::Missing => Vec::new(),
                 Fetched::Unreachable => return Err(Unreachable),
             }
@@ -381,68 +294,97 @@ impl CacheStore {
         removed
     }
 
-    /// The cache's series in Prometheus' text format.
+    /// The cache's series in Prometheus' text format, a `tier` label on each.
     pub fn render_prometheus(&self, out: &mut String) {
         use std::fmt::Write as _;
         let c = &self.counters;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let series: [(&str, &str, &str, u64); 8] = [
+        let disk = self.disk.as_deref();
+        let remote = self.remote.as_deref();
+        let lower = |d: Option<u64>, r: Option<u64>| {
+            let mut tiers = Vec::new();
+            tiers.extend(d.map(|v| ("disk", v)));
+            tiers.extend(r.map(|v| ("redis", v)));
+            tiers
+        };
+        let with_memory = |v: u64, more: Vec<(&'static str, u64)>| {
+            let mut tiers = vec![("memory", v)];
+            tiers.extend(more);
+            tiers
+        };
+        let series: Vec<(&str, &str, &str, Vec<(&str, u64)>)> = vec![
             (
                 "aralez_cache_hits_total",
                 "counter",
-                "answers served from the cache",
-                load(&c.hits),
+                "answers served from memory; for disk and redis, entries read back from them",
+                with_memory(
+                    load(&c.hits),
+                    lower(disk.map(|d| load(&d.reads)), remote.map(|r| load(&r.reads))),
+                ),
             ),
             (
                 "aralez_cache_misses_total",
                 "counter",
                 "requests the cache sent to a backend",
-                load(&c.misses),
+                with_memory(load(&c.misses), Vec::new()),
             ),
             (
                 "aralez_cache_stores_total",
                 "counter",
                 "answers stored",
-                load(&c.stored),
+                with_memory(load(&c.stored), Vec::new()),
             ),
             (
                 "aralez_cache_stored_bytes_total",
                 "counter",
                 "body bytes stored",
-                load(&c.bytes_stored),
+                with_memory(load(&c.bytes_stored), Vec::new()),
             ),
             (
                 "aralez_cache_evictions_total",
                 "counter",
-                "entries evicted to stay within mem_size_mb",
-                load(&c.evictions),
+                "entries evicted to stay within the tier's size",
+                with_memory(
+                    load(&c.evictions),
+                    lower(disk.map(|d| load(&d.evictions)), None),
+                ),
             ),
             (
                 "aralez_cache_purged_total",
                 "counter",
                 "entries removed by POST /cache/purge",
-                load(&c.purged),
+                with_memory(load(&c.purged), Vec::new()),
             ),
             (
                 "aralez_cache_bytes",
                 "gauge",
-                "what the tier holds now (bodies and heads)",
-                self.entries.weight(),
+                "what the tier holds now",
+                with_memory(
+                    self.entries.weight(),
+                    lower(disk.map(DiskTier::bytes), None),
+                ),
             ),
             (
                 "aralez_cache_entries",
                 "gauge",
-                "keys held now",
-                self.entries.len() as u64,
+                "keys held in memory now",
+                with_memory(self.entries.len() as u64, Vec::new()),
+            ),
+            (
+                "aralez_cache_errors_total",
+                "counter",
+                "a tier that failed or was too slow (the request went on without it)",
+                lower(None, remote.map(|r| load(&r.errors))),
             ),
         ];
-        for (name, kind, help, value) in series {
-            let _ = writeln!(out, "# HELP {name} Cache: {help}.\n# TYPE {name} {kind}\n{name}{{tier=\"memory\"}} {value}");
-        }
-        if let Some(remote) = &self.remote {
-            let name = "aralez_cache_errors_total";
-            let errors = remote.errors.load(Ordering::Relaxed);
-            let _ = writeln!(out, "# HELP {name} Cache: a tier that failed or was too slow (the request went on without it).\n# TYPE {name} counter\n{name}{{tier=\"redis\"}} {errors}");
+        for (name, kind, help, tiers) in series {
+            if tiers.is_empty() {
+                continue;
+            }
+            let _ = writeln!(out, "# HELP {name} Cache: {help}.\n# TYPE {name} {kind}");
+            for (tier, value) in tiers {
+                let _ = writeln!(out, "{name}{{tier=\"{tier}\"}} {value}");
+            }
         }
     }
 
@@ -451,10 +393,18 @@ impl CacheStore {
         self.entries.weight()
     }
 
+    /// The shard of fetches in flight that `key` belongs to.
+    fn flights(&self, key: &str) -> &Mutex<HashMap<Box<str>, watch::Receiver<()>>> {
+        use std::hash::{BuildHasher, Hash, Hasher};
+        let mut h = self.flight_hasher.build_hasher();
+        key.hash(&mut h);
+        &self.in_flight[h.finish() as usize % self.in_flight.len()]
+    }
+
     /// Joins the fetch of `key`: `Lead` when no one is fetching it (the guard ends the fetch
     /// when dropped), `Follow` with what to wait on otherwise.
     pub fn join_flight(self: &Arc<Self>, key: &str) -> Flight {
-        let mut map = match self.in_flight.lock() {
+        let mut map = match self.flights(key).lock() {
             Ok(map) => map,
             Err(poisoned) => poisoned.into_inner(),
         };
@@ -504,7 +454,7 @@ pub struct FlightGuard {
 
 impl Drop for FlightGuard {
     fn drop(&mut self) {
-        let mut map = match self.store.in_flight.lock() {
+        let mut map = match self.store.flights(&self.key).lock() {
             Ok(map) => map,
             Err(poisoned) => poisoned.into_inner(),
         };
