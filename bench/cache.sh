@@ -12,13 +12,14 @@
 #         cache's lookup, its fetch and its storability check and on to the backend; aralez with the
 #         cache block ("aralez") against aralez without one ("aralez-nocache")
 #
-# Env knobs: DURATION (10), ROUNDS (3), BASE_PORT (18180, 6 ports), PROXY_CPU / LOAD_CPU (0 / 1),
+# Env knobs: DURATION (10), ROUNDS (3), SCENARIOS ("hit miss"), BASE_PORT (18180, 6 ports), PROXY_CPU / LOAD_CPU (0 / 1),
 # ARALEZ_BIN (target/release/aralez). Targets (issue 15): hit CPU <= 0.8x nginx's; miss CPU with
 # the cache <= 1.05x without.
 set -euo pipefail
 
 DURATION=${DURATION:-10}
 ROUNDS=${ROUNDS:-3}
+SCENARIOS=${SCENARIOS:-"hit miss"}
 BASE_PORT=${BASE_PORT:-18180}
 PROXY_CPU=${PROXY_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
@@ -183,11 +184,15 @@ BACKEND_PID=$LAST_PID
 WANT_BODY="hello, world" wait_ok backend "http://127.0.0.1:$P_BACKEND/hit" 1.1 "$BACKEND_PID"
 
 for ((round = 0; round < ROUNDS; round++)); do
-  for proxy in $(rotate "$round" aralez nginx haproxy); do measure "$proxy" hit; done
-  for proxy in $(rotate "$round" aralez aralez-nocache); do measure "$proxy" miss; done
+  if [[ " $SCENARIOS " == *" hit "* ]]; then
+    for proxy in $(rotate "$round" aralez nginx haproxy); do measure "$proxy" hit; done
+  fi
+  if [[ " $SCENARIOS " == *" miss "* ]]; then
+    for proxy in $(rotate "$round" aralez aralez-nocache); do measure "$proxy" miss; done
+  fi
 done
 
-med() { median ${ROUNDS_CPU[$1]}; }
+med() { median ${ROUNDS_CPU[$1]:-}; }
 hit_a=$(med aralez/hit) hit_n=$(med nginx/hit) hit_h=$(med haproxy/hit)
 miss_on=$(med aralez/miss) miss_off=$(med aralez-nocache/miss)
 cat <<EOF
@@ -204,6 +209,6 @@ $(date -u '+%Y-%m-%d %H:%M UTC'), aralez $(cd "$REPO_ROOT" && git rev-parse --sh
 | --- | ---: | ---: | ---: |
 | miss | $miss_on | $miss_off | $(ratio "$miss_on" "$miss_off") |
 
-Per round (us/req): hit aralez ${ROUNDS_CPU[aralez/hit]}/ nginx ${ROUNDS_CPU[nginx/hit]}/ HAProxy ${ROUNDS_CPU[haproxy/hit]}; miss on ${ROUNDS_CPU[aralez/miss]}/ off ${ROUNDS_CPU[aralez-nocache/miss]}
-req/s per round: hit aralez ${RPS_OF[aralez/hit]}/ nginx ${RPS_OF[nginx/hit]}/ HAProxy ${RPS_OF[haproxy/hit]}
+Per round (us/req): hit aralez ${ROUNDS_CPU[aralez/hit]:-}/ nginx ${ROUNDS_CPU[nginx/hit]:-}/ HAProxy ${ROUNDS_CPU[haproxy/hit]:-}; miss on ${ROUNDS_CPU[aralez/miss]:-}/ off ${ROUNDS_CPU[aralez-nocache/miss]:-}
+req/s per round: hit aralez ${RPS_OF[aralez/hit]:-}/ nginx ${RPS_OF[nginx/hit]:-}/ HAProxy ${RPS_OF[haproxy/hit]:-}; miss on ${RPS_OF[aralez/miss]:-}/ off ${RPS_OF[aralez-nocache/miss]:-}
 EOF

@@ -6,21 +6,27 @@
 #   bash bench/callgrind.sh target/release/aralez policies 4000    # jwt + rate limit + 3+3 headers (issue 4)
 #   bash bench/callgrind.sh target/release/aralez accesslog 4000   # plain route, access_log: all (issue 6)
 #   bash bench/callgrind.sh target/release/aralez h2c 4000         # plain route, h2c clients (16 streams each)
+#   bash bench/callgrind.sh target/release/aralez cachemiss 4000   # plain route, cache on, backend says no-store (issue 15)
+#   bash bench/callgrind.sh target/release/aralez cachehit 4000    # plain route, cache on, every request a hit (issue 15)
+#   bash bench/callgrind.sh target/release/aralez cacheoff 4000    # cachemiss's requests and backend, no cache: its baseline
 # CG_KEEP=FILE keeps the profile for callgrind_annotate.
 # Every mode sends the same `Authorization: Bearer` header, so routes differ only in what they do.
 set -euo pipefail
 BIN=$1 MODE=$2 N=${3:-4000}
-case "$MODE" in plain|policies|accesslog|h2c) ;; *) echo "mode: plain, policies, accesslog or h2c" >&2; exit 2;; esac
+case "$MODE" in plain|policies|accesslog|h2c|cachemiss|cachehit|cacheoff) ;; *) echo "mode: plain, policies, accesslog, h2c, cachemiss, cachehit or cacheoff" >&2; exit 2;; esac
 LOAD=(--h1 -c 4); [ "$MODE" = h2c ] && LOAD=(-c 4 -m 16)
 D=$(mktemp -d /tmp/cgb.XXXX)
 trap 'kill ${VPID:-} ${NPID:-} 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$D"' EXIT
 mkdir -p $D/nginx
+BACKEND_CC=""
+case "$MODE" in cachemiss|cacheoff) BACKEND_CC='add_header Cache-Control "no-store";' ;; esac
+[ "$MODE" = cachehit ] && BACKEND_CC='add_header Cache-Control "max-age=3600";'
 cat > $D/nginx.conf <<Y
 worker_processes 1; daemon off; pid $D/nginx/pid; error_log $D/nginx/err;
 events { worker_connections 256; }
 http { access_log off; client_body_temp_path $D/nginx; proxy_temp_path $D/nginx; fastcgi_temp_path $D/nginx;
   uwsgi_temp_path $D/nginx; scgi_temp_path $D/nginx;
-  server { listen 127.0.0.1:18080; keepalive_requests 1000000; location / { return 200 "ok\n"; } } }
+  server { listen 127.0.0.1:18080; keepalive_requests 1000000; location / { $BACKEND_CC return 200 "ok\n"; } } }
 Y
 nginx -c $D/nginx.conf & NPID=$!
 SECRET=bench-secret
@@ -60,8 +66,11 @@ log_level: warn
 access_log: $ACCESS
 log_file: "$D/log"
 Y
+case "$MODE" in cachemiss|cachehit) printf 'cache:\n  mem_size_mb: 64\n' >> $D/main.yaml ;; esac
 valgrind --tool=callgrind --callgrind-out-file=$D/cg.%p "$BIN" -c $D/main.yaml >/dev/null 2>$D/vg.err & VPID=$!
 AUTH="Authorization: Bearer $TOKEN"
+# A request with Authorization is never stored (RFC 9111 §3.5): the cache modes send none.
+case "$MODE" in cachemiss|cachehit|cacheoff) AUTH="X-Bench: 1" ;; esac
 for i in $(seq 1 300); do curl -sf -o /dev/null -H "$AUTH" http://127.0.0.1:18193/ && break; sleep 0.1; done
 h2load "${LOAD[@]}" -n 500 -H "$AUTH" http://127.0.0.1:18193/ >/dev/null   # warm-up: pools, allocator
 sleep 1

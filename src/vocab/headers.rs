@@ -135,19 +135,25 @@ pub fn etag_matches(list: &HeaderValue, etag: &HeaderValue) -> bool {
         .any(|tag| tag == "*" || tag.trim_start_matches("W/") == ours)
 }
 
+/// A header map from (name, value) pairs, for unit tests here and in the layers.
+#[cfg(test)]
+pub(crate) fn map_of(pairs: &[(&str, &str)]) -> HeaderMap {
+    let mut m = HeaderMap::new();
+    for (k, v) in pairs {
+        m.append(
+            HeaderName::from_bytes(k.as_bytes()).unwrap(),
+            HeaderValue::from_str(v).unwrap(),
+        );
+    }
+    m
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn map(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut m = HeaderMap::new();
-        for (k, v) in pairs {
-            m.append(
-                HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                HeaderValue::from_str(v).unwrap(),
-            );
-        }
-        m
+        map_of(pairs)
     }
 
     #[test]

@@ -97,15 +97,39 @@ impl Entry {
 
 /// A request's value of a header `Vary` names: all its fields joined, as one value.
 pub fn vary_value(req: &HeaderMap, name: &HeaderName) -> Option<HeaderValue> {
-    let mut values = req.get_all(name).iter();
+    joined(req.get_all(name).iter())
+}
+
+/// Several fields of one name as one value (`a, b`), the way `Vary` compares them.
+fn joined<'a>(mut values: impl Iterator<Item = &'a HeaderValue>) -> Option<HeaderValue> {
     let first = values.next()?;
     let Some(second) = values.next() else {
         return Some(first.clone());
     };
-    let mut joined = first.as_bytes().to_vec();
+    let mut all = first.as_bytes().to_vec();
     for v in std::iter::once(second).chain(values) {
-        joined.extend_from_slice(b", ");
-        joined.extend_from_slice(v.as_bytes());
+        all.extend_from_slice(b", ");
+        all.extend_from_slice(v.as_bytes());
     }
-    HeaderValue::from_bytes(&joined).ok()
+    HeaderValue::from_bytes(&all).ok()
+}
+
+/// The request's headers as it was sent on, for the `Vary` values of the answer that comes back
+/// (a list, not a map: copying it is a fraction of cloning a `HeaderMap`, and it is read once).
+pub struct SentHeaders(Vec<(HeaderName, HeaderValue)>);
+
+impl SentHeaders {
+    pub fn of(headers: &HeaderMap) -> SentHeaders {
+        SentHeaders(
+            headers
+                .iter()
+                .map(|(n, v)| (n.clone(), v.clone()))
+                .collect(),
+        )
+    }
+
+    /// The request's value of `name`, its fields joined.
+    pub fn vary_value(&self, name: &HeaderName) -> Option<HeaderValue> {
+        joined(self.0.iter().filter(|(n, _)| n == name).map(|(_, v)| v))
+    }
 }

@@ -39,7 +39,7 @@ use crate::config::settings::RouteSettings;
 use crate::proxy::tee::{Tee, TeeSink};
 use crate::proxy::RespBody;
 use crate::vocab::{normalise, request_host, ProxyError};
-use entry::Entry;
+use entry::{Entry, SentHeaders};
 pub use respond::X_CACHE_STATUS;
 use rules::{Lookup, Storable};
 use store::{CacheStore, Flight, FlightGuard};
@@ -188,13 +188,17 @@ where
     let usable = |e: &Arc<Entry>| !auth || e.shared_with_auth;
     let mut stale = None;
     let mut guard = None;
-    let now = Instant::now();
     if lookup == Lookup::Look {
         match store.lookup(&key, req.headers(), slot).await {
-            Ok(Some(e)) if usable(&e) && e.is_fresh(now) => {
-                return Ok(served(store, &e, req.headers(), now, "HIT"))
+            Ok(Some(e)) if usable(&e) => {
+                // The clock is read only when there is an entry to judge.
+                let now = Instant::now();
+                if e.is_fresh(now) {
+                    return Ok(served(store, &e, req.headers(), now, "HIT"));
+                }
+                stale = Some(e);
             }
-            Ok(found) => stale = found.filter(usable),
+            Ok(_) => {}
             // The shared tier is down or slow: straight to the backend, nothing waited for.
             Err(_) => lookup = Lookup::Skip,
         }
@@ -204,10 +208,12 @@ where
             match store.join_flight(&key) {
                 Flight::Lead(g) => guard = Some(g),
                 Flight::Follow(rx) => {
+                    let now = Instant::now();
                     if let Some(e) = stale.as_ref().filter(|e| e.may_serve_while_updating(now)) {
                         return Ok(served(store, e, req.headers(), now, "UPDATING"));
                     }
-                    store::wait_for(rx, store::COALESCE_WAIT).await;
+                    // Boxed: a timer is large, and only followers need one.
+                    Box::pin(store::wait_for(rx, store::COALESCE_WAIT)).await;
                     let now = Instant::now();
                     match store.lookup(&key, req.headers(), slot).await {
                         Ok(Some(e)) if usable(&e) && e.is_fresh(now) => {
@@ -222,42 +228,46 @@ where
     }
     store.counters.misses.fetch_add(1, Ordering::Relaxed);
     let keep = lookup != Lookup::Skip && req.method() == Method::GET;
-    let req_headers = (keep || stale.is_some()).then(|| req.headers().clone());
-    if let Some(e) = &stale {
-        ask_with_validators(&mut req, e);
-    }
-    let asked_sie = rules::CacheControl::of(req.headers())
-        .stale_if_error
-        .map(Duration::from_secs);
-    let result = inner.call(req).await;
-    let (Some(req_headers), Some(e)) = (&req_headers, &stale) else {
+    // What an answer may vary on, copied before the request goes on (no index: cheaper than
+    // cloning the map).
+    let sent = keep.then(|| SentHeaders::of(req.headers()));
+    let Some(stale) = stale else {
         let word = if lookup == Lookup::Skip {
             "BYPASS"
         } else {
             "MISS"
         };
-        return finish(cache, (key, slot), req_headers, result?, word, guard);
+        let resp = inner.call(req).await?;
+        return Ok(finish(cache, (key, slot), auth, sent, resp, word, guard));
     };
+    // A stale entry: ask the backend whether it still holds, answer the client from the entry.
+    let client = req.headers().clone();
+    ask_with_validators(&mut req, &stale);
+    let asked_sie = rules::CacheControl::of(&client)
+        .stale_if_error
+        .map(Duration::from_secs);
+    let result = inner.call(req).await;
     let now = Instant::now();
     match result {
         Ok(resp) if resp.status() == StatusCode::NOT_MODIFIED => {
-            let fresh = revalidated(cache, &key, slot, req_headers, e, resp.headers());
-            Ok(served(store, &fresh, req_headers, now, "REVALIDATED"))
+            let fresh = revalidated(cache, &key, slot, auth, &stale, resp.headers());
+            Ok(served(store, &fresh, &client, now, "REVALIDATED"))
         }
-        Ok(resp) if resp.status().is_server_error() && e.may_serve_on_error(now, asked_sie) => {
-            Ok(served(store, e, req_headers, now, "STALE"))
+        Ok(resp) if resp.status().is_server_error() && stale.may_serve_on_error(now, asked_sie) => {
+            Ok(served(store, &stale, &client, now, "STALE"))
         }
-        Err(_) if e.may_serve_on_error(now, asked_sie) => {
-            Ok(served(store, e, req_headers, now, "STALE"))
+        Err(_) if stale.may_serve_on_error(now, asked_sie) => {
+            Ok(served(store, &stale, &client, now, "STALE"))
         }
-        result => finish(
+        result => Ok(finish(
             cache,
             (key, slot),
-            Some(req_headers.clone()),
+            auth,
+            sent,
             result?,
             "EXPIRED",
             guard,
-        ),
+        )),
     }
 }
 
@@ -265,28 +275,21 @@ where
 fn finish(
     cache: &RouteCache,
     (key, slot): (String, usize),
-    req_headers: Option<HeaderMap>,
+    auth: bool,
+    sent: Option<SentHeaders>,
     mut resp: Response<RespBody>,
     word: &'static str,
     guard: Option<FlightGuard>,
-) -> Answer {
+) -> Response<RespBody> {
     resp.headers_mut()
         .insert(X_CACHE_STATUS.clone(), HeaderValue::from_static(word));
-    let Some(req_headers) = req_headers else {
-        return Ok(resp);
+    let Some(sent) = sent else {
+        return resp;
     };
-    let now = SystemTime::now();
     let head = (resp.status(), resp.headers());
-    match rules::storable(&req_headers, head.0, head.1, cache.ttl, now) {
-        Some(storable) => Ok(keep_copy(
-            &cache.store,
-            (key, slot),
-            &req_headers,
-            storable,
-            resp,
-            guard,
-        )),
-        None => Ok(resp),
+    match rules::storable(auth, head.0, head.1, cache.ttl, SystemTime::now) {
+        Some(storable) => keep_copy(&cache.store, (key, slot), &sent, storable, resp, guard),
+        None => resp,
     }
 }
 
@@ -309,18 +312,12 @@ fn revalidated(
     cache: &RouteCache,
     key: &str,
     slot: usize,
-    req_headers: &HeaderMap,
+    auth: bool,
     stale: &Entry,
     not_modified: &HeaderMap,
 ) -> Arc<Entry> {
     let head = rules::refreshed_head(&stale.headers, not_modified);
-    let storable = rules::storable(
-        req_headers,
-        stale.status,
-        &head,
-        cache.ttl,
-        SystemTime::now(),
-    );
+    let storable = rules::storable(auth, stale.status, &head, cache.ttl, SystemTime::now);
     let Some(storable) = storable else {
         cache.store.invalidate(key, slot);
         let mut gone = Entry::new(
@@ -371,7 +368,7 @@ fn served(
 fn keep_copy(
     store: &Arc<CacheStore>,
     (key, slot): (String, usize),
-    req_headers: &HeaderMap,
+    sent: &SentHeaders,
     storable: Storable,
     resp: Response<RespBody>,
     guard: Option<FlightGuard>,
@@ -386,7 +383,7 @@ fn keep_copy(
     let vary = storable
         .vary
         .iter()
-        .map(|name| (name.clone(), entry::vary_value(req_headers, name)))
+        .map(|name| (name.clone(), sent.vary_value(name)))
         .collect();
     let keeper = Keeper {
         store: store.clone(),

@@ -28,30 +28,54 @@ impl CacheControl {
     pub fn of(headers: &HeaderMap) -> CacheControl {
         let mut cc = CacheControl::default();
         for value in headers.get_all(header::CACHE_CONTROL) {
-            let Ok(text) = value.to_str() else { continue };
-            for directive in text.split(',') {
-                let (name, arg) = match directive.split_once('=') {
-                    Some((n, a)) => (n.trim(), Some(a.trim().trim_matches('"'))),
-                    None => (directive.trim(), None),
-                };
-                let seconds = || arg.map(|a| a.parse::<u64>().unwrap_or(0));
-                match name.to_ascii_lowercase().as_str() {
-                    "no-store" => cc.no_store = true,
-                    // `no-cache="field"` names fields; a cache that cannot strip them treats it
-                    // as a plain `no-cache`.
-                    "no-cache" => cc.no_cache = true,
-                    "private" => cc.private = true,
-                    "public" => cc.public = true,
-                    "must-revalidate" | "proxy-revalidate" => cc.must_revalidate = true,
-                    "max-age" => cc.max_age = seconds().or(Some(0)),
-                    "s-maxage" => cc.s_maxage = seconds().or(Some(0)),
-                    "stale-while-revalidate" => cc.stale_while_revalidate = seconds(),
-                    "stale-if-error" => cc.stale_if_error = seconds(),
-                    _ => {}
-                }
+            for directive in value.as_bytes().split(|b| *b == b',') {
+                cc.read(directive);
             }
         }
         cc
+    }
+
+    /// One directive, `name` or `name=value` (bytes: a value that is not a number counts as
+    /// 0 seconds).
+    fn read(&mut self, directive: &[u8]) {
+        let (name, arg) = match directive.iter().position(|b| *b == b'=') {
+            Some(at) => (&directive[..at], Some(&directive[at + 1..])),
+            None => (directive, None),
+        };
+        let name = name.trim_ascii();
+        let seconds = || {
+            arg.map(|a| {
+                let a = a.trim_ascii();
+                let a = a.strip_prefix(b"\"").unwrap_or(a);
+                let a = a.strip_suffix(b"\"").unwrap_or(a);
+                std::str::from_utf8(a)
+                    .ok()
+                    .and_then(|t| t.parse::<u64>().ok())
+                    .unwrap_or(0)
+            })
+        };
+        let is = |known: &[u8]| name.eq_ignore_ascii_case(known);
+        if is(b"no-store") {
+            self.no_store = true;
+        } else if is(b"no-cache") {
+            // `no-cache="field"` names fields; a cache that cannot strip them treats it as a
+            // plain `no-cache`.
+            self.no_cache = true;
+        } else if is(b"private") {
+            self.private = true;
+        } else if is(b"public") {
+            self.public = true;
+        } else if is(b"must-revalidate") || is(b"proxy-revalidate") {
+            self.must_revalidate = true;
+        } else if is(b"max-age") {
+            self.max_age = seconds().or(Some(0));
+        } else if is(b"s-maxage") {
+            self.s_maxage = seconds().or(Some(0));
+        } else if is(b"stale-while-revalidate") {
+            self.stale_while_revalidate = seconds();
+        } else if is(b"stale-if-error") {
+            self.stale_if_error = seconds();
+        }
     }
 }
 
@@ -83,6 +107,11 @@ pub fn lookup(method: &Method, headers: &HeaderMap) -> Lookup {
     if *method != Method::GET && *method != Method::HEAD {
         return Lookup::Pass;
     }
+    // Most requests say nothing about caching: two lookups, no parsing.
+    let has_cc = headers.contains_key(header::CACHE_CONTROL);
+    if !has_cc && !headers.contains_key(header::PRAGMA) {
+        return Lookup::Look;
+    }
     let cc = CacheControl::of(headers);
     if cc.no_store {
         return Lookup::Skip;
@@ -91,10 +120,7 @@ pub fn lookup(method: &Method, headers: &HeaderMap) -> Lookup {
         .get_all(header::PRAGMA)
         .iter()
         .any(|v| v.as_bytes().eq_ignore_ascii_case(b"no-cache"));
-    if cc.no_cache
-        || cc.max_age == Some(0)
-        || (pragma_no_cache && headers.get(header::CACHE_CONTROL).is_none())
-    {
+    if cc.no_cache || cc.max_age == Some(0) || (pragma_no_cache && !has_cc) {
         return Lookup::Refresh;
     }
     Lookup::Look
@@ -133,20 +159,20 @@ pub struct Storable {
     pub stale_if_error: Duration,
 }
 
-/// Decides whether a GET's response may be stored and for how long. `default_ttl` is the
-/// route's `cache_ttl` or main.yaml's `cache.ttl`.
+/// Decides whether a GET's response may be stored and for how long. `req_auth`: the request
+/// carried `Authorization`. `default_ttl` is the route's `cache_ttl` or main.yaml's `cache.ttl`.
 pub fn storable(
-    req_headers: &HeaderMap,
+    req_auth: bool,
     status: StatusCode,
     headers: &HeaderMap,
     default_ttl: Duration,
-    now: SystemTime,
+    now: fn() -> SystemTime,
 ) -> Option<Storable> {
-    if !storable_status(status) || headers.contains_key(header::SET_COOKIE) {
+    if !storable_status(status) {
         return None;
     }
     let cc = CacheControl::of(headers);
-    if cc.no_store || cc.private {
+    if cc.no_store || cc.private || headers.contains_key(header::SET_COOKIE) {
         return None;
     }
     // Kept without freshness when it can be revalidated: each use asks the backend first.
@@ -156,7 +182,7 @@ pub fn storable(
         return None;
     }
     let shared_with_auth = cc.public || cc.s_maxage.is_some() || cc.must_revalidate;
-    if req_headers.contains_key(header::AUTHORIZATION) && !shared_with_auth {
+    if req_auth && !shared_with_auth {
         return None;
     }
     let vary = vary_names(headers)?;
@@ -231,7 +257,7 @@ fn explicit_lifetime(cc: &CacheControl, headers: &HeaderMap) -> Option<Duration>
 }
 
 /// The response's age on arrival: `Age`, or how far `Date` lies in the past (RFC 9111 §4.2.3).
-fn age_of(headers: &HeaderMap, now: SystemTime) -> Duration {
+fn age_of(headers: &HeaderMap, now: fn() -> SystemTime) -> Duration {
     let age = headers
         .get(header::AGE)
         .and_then(|v| v.to_str().ok())
@@ -242,7 +268,7 @@ fn age_of(headers: &HeaderMap, now: SystemTime) -> Duration {
         .get(header::DATE)
         .and_then(|d| d.to_str().ok())
         .and_then(parse_http_date)
-        .and_then(|date| now.duration_since(date).ok())
+        .and_then(|date| now().duration_since(date).ok())
         .unwrap_or_default();
     age.max(apparent)
 }
@@ -273,25 +299,14 @@ fn parse_http_date(text: &str) -> Option<SystemTime> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
-
-    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut m = HeaderMap::new();
-        for (k, v) in pairs {
-            m.append(
-                HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                HeaderValue::from_str(v).unwrap(),
-            );
-        }
-        m
-    }
+    use crate::vocab::headers::map_of as map;
 
     const TTL: Duration = Duration::from_secs(300);
 
     fn fresh_for(status: u16, resp: &[(&str, &str)], req: &[(&str, &str)]) -> Option<u64> {
         let status = StatusCode::from_u16(status).unwrap();
-        storable(&map(req), status, &map(resp), TTL, SystemTime::now())
-            .map(|s| s.fresh_for.as_secs())
+        let auth = map(req).contains_key(header::AUTHORIZATION);
+        storable(auth, status, &map(resp), TTL, SystemTime::now).map(|s| s.fresh_for.as_secs())
     }
 
     #[test]
@@ -391,14 +406,14 @@ mod tests {
     #[test]
     fn vary_names_are_collected_once() {
         let s = storable(
-            &map(&[]),
+            false,
             StatusCode::OK,
             &map(&[
                 ("vary", "Accept-Encoding, accept-language"),
                 ("vary", "accept-encoding"),
             ]),
             TTL,
-            SystemTime::now(),
+            SystemTime::now,
         )
         .unwrap();
         assert_eq!(
@@ -409,10 +424,10 @@ mod tests {
 
     #[test]
     fn stale_allowances_and_revalidation_flags() {
-        let now = SystemTime::now();
+        let now = SystemTime::now;
         let cc = "max-age=5, stale-while-revalidate=30, stale-if-error=60";
         let s = storable(
-            &map(&[]),
+            false,
             StatusCode::OK,
             &map(&[("cache-control", cc)]),
             TTL,
@@ -425,7 +440,7 @@ mod tests {
             "cache-control",
             "max-age=5, must-revalidate, stale-if-error=60",
         )]);
-        let s = storable(&map(&[]), StatusCode::OK, &strict, TTL, now).unwrap();
+        let s = storable(false, StatusCode::OK, &strict, TTL, now).unwrap();
         assert!(s.must_revalidate && s.stale_if_error.is_zero());
     }
 
