@@ -203,25 +203,23 @@ where
             Err(_) => lookup = Lookup::Skip,
         }
     }
-    if lookup == Lookup::Look {
-        if req.method() == Method::GET {
-            match store.join_flight(&key) {
-                Flight::Lead(g) => guard = Some(g),
-                Flight::Follow(rx) => {
-                    let now = Instant::now();
-                    if let Some(e) = stale.as_ref().filter(|e| e.may_serve_while_updating(now)) {
-                        return Ok(served(store, e, req.headers(), now, "UPDATING"));
+    if lookup == Lookup::Look && req.method() == Method::GET {
+        match store.join_flight(&key) {
+            Flight::Lead(g) => guard = Some(g),
+            Flight::Follow(rx) => {
+                let now = Instant::now();
+                if let Some(e) = stale.as_ref().filter(|e| e.may_serve_while_updating(now)) {
+                    return Ok(served(store, e, req.headers(), now, "UPDATING"));
+                }
+                // Boxed: a timer is large, and only followers need one.
+                Box::pin(store::wait_for(rx, store::COALESCE_WAIT)).await;
+                let now = Instant::now();
+                match store.lookup(&key, req.headers(), slot).await {
+                    Ok(Some(e)) if usable(&e) && e.is_fresh(now) => {
+                        return Ok(served(store, &e, req.headers(), now, "HIT"))
                     }
-                    // Boxed: a timer is large, and only followers need one.
-                    Box::pin(store::wait_for(rx, store::COALESCE_WAIT)).await;
-                    let now = Instant::now();
-                    match store.lookup(&key, req.headers(), slot).await {
-                        Ok(Some(e)) if usable(&e) && e.is_fresh(now) => {
-                            return Ok(served(store, &e, req.headers(), now, "HIT"))
-                        }
-                        Ok(found) => stale = found.filter(usable),
-                        Err(_) => {}
-                    }
+                    Ok(found) => stale = found.filter(usable),
+                    Err(_) => {}
                 }
             }
         }

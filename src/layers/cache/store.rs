@@ -59,7 +59,7 @@ pub struct CacheStore {
     /// Keys being fetched, sharded by the key's hash so misses of different keys rarely meet.
     /// Each shard lists (key hash, what to wait on); two keys that share a 64-bit hash share a
     /// fetch, and the follower, finding nothing for its own key, fetches it itself.
-    in_flight: Box<[Mutex<Vec<(u64, Arc<InFlight>)>>]>,
+    in_flight: Box<[Mutex<Flights>]>,
     flight_hasher: DefaultHashBuilder,
     /// `hybrid`'s files.
     disk: Option<Arc<DiskTier>>,
@@ -78,6 +78,12 @@ impl std::fmt::Debug for CacheStore {
             .finish()
     }
 }
+
+/// One shard of the fetches in flight: (key hash, the fetch).
+type Flights = Vec<(u64, Arc<InFlight>)>;
+
+/// One series of `/metrics`: name, type, help, and a value per tier.
+type Series<'a> = (&'a str, &'a str, &'a str, Vec<(&'a str, u64)>);
 
 /// Shards of the table of fetches in flight.
 const FLIGHT_SHARDS: usize = 32;
@@ -328,7 +334,7 @@ impl CacheStore {
             tiers.extend(more);
             tiers
         };
-        let series: Vec<(&str, &str, &str, Vec<(&str, u64)>)> = vec![
+        let series: Vec<Series> = vec![
             (
                 "aralez_cache_hits_total",
                 "counter",
@@ -410,7 +416,7 @@ impl CacheStore {
     }
 
     /// The shard of fetches in flight that `key` belongs to.
-    fn flights(&self, hash: u64) -> std::sync::MutexGuard<'_, Vec<(u64, Arc<InFlight>)>> {
+    fn flights(&self, hash: u64) -> std::sync::MutexGuard<'_, Flights> {
         let shard = &self.in_flight[hash as usize % self.in_flight.len()];
         shard.lock().unwrap_or_else(|p| p.into_inner())
     }
