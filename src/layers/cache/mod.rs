@@ -159,9 +159,16 @@ fn key_of<B>(req: &Request<B>, tls: bool) -> Option<String> {
 
 /// The key of `target` (path and query) on `host` over `https` or not.
 pub fn key_for(https: bool, host: &[u8], target: &str) -> Option<String> {
+    let scheme = if https { "https://" } else { "http://" };
+    // Most hosts are already in normal form (lower case, no port, no trailing dot).
+    let plain = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'.' || *b == b'-';
+    let short = !host.is_empty() && host.len() <= normalise::MAX_HOST;
+    if short && host.iter().all(plain) && host.last() != Some(&b'.') {
+        let host = std::str::from_utf8(host).ok()?;
+        return Some([scheme, host, target].concat());
+    }
     let mut buf = [0u8; normalise::MAX_HOST];
     let host = normalise::host(host, &mut buf)?;
-    let scheme = if https { "https://" } else { "http://" };
     Some([scheme, host, target].concat())
 }
 

@@ -79,8 +79,9 @@ impl std::fmt::Debug for CacheStore {
     }
 }
 
-/// One shard of the fetches in flight: (key hash, the fetch).
-type Flights = Vec<(u64, Arc<InFlight>)>;
+/// One shard of the fetches in flight: (key hash, what waiters wait on, made by the first of
+/// them: an uncontended miss allocates nothing here).
+type Flights = Vec<(u64, Option<Arc<InFlight>>)>;
 
 /// One series of `/metrics`: name, type, help, and a value per tier.
 type Series<'a> = (&'a str, &'a str, &'a str, Vec<(&'a str, u64)>);
@@ -426,15 +427,14 @@ impl CacheStore {
     pub fn join_flight(self: &Arc<Self>, key: &str) -> Flight {
         let hash = std::hash::BuildHasher::hash_one(&self.flight_hasher, key);
         let mut flights = self.flights(hash);
-        if let Some((_, fetch)) = flights.iter().find(|(h, _)| *h == hash) {
+        if let Some((_, waited_on)) = flights.iter_mut().find(|(h, _)| *h == hash) {
+            let fetch = waited_on.get_or_insert_with(Default::default);
             return Flight::Follow(fetch.clone());
         }
-        let fetch = Arc::new(InFlight::default());
-        flights.push((hash, fetch.clone()));
+        flights.push((hash, None));
         Flight::Lead(FlightGuard {
             store: self.clone(),
             hash,
-            fetch,
         })
     }
 }
@@ -474,18 +474,20 @@ pub struct InFlight {
 pub struct FlightGuard {
     store: Arc<CacheStore>,
     hash: u64,
-    fetch: Arc<InFlight>,
 }
 
 impl Drop for FlightGuard {
     fn drop(&mut self) {
         let mut flights = self.store.flights(self.hash);
-        if let Some(at) = flights.iter().position(|(h, _)| *h == self.hash) {
-            flights.swap_remove(at);
-        }
+        let Some(at) = flights.iter().position(|(h, _)| *h == self.hash) else {
+            return;
+        };
+        let (_, waited_on) = flights.swap_remove(at);
         drop(flights);
-        self.fetch.done.store(true, Ordering::Release);
-        self.fetch.over.notify_waiters();
+        if let Some(fetch) = waited_on {
+            fetch.done.store(true, Ordering::Release);
+            fetch.over.notify_waiters();
+        }
     }
 }
 
