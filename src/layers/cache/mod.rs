@@ -28,6 +28,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use futures_util::future::Either as FutEither;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Either;
@@ -113,19 +114,15 @@ where
 {
     type Response = Response<RespBody>;
     type Error = ProxyError;
-    type Future = CacheFuture<'a, S::Future>;
+    type Future = FutEither<S::Future, Cached<'a>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
         self.inner.poll_ready(cx)
     }
 
-    /// The common cases are answered here without a boxed future: a fresh entry in memory (a
-    /// hit), and a miss that leads its key's fetch (or a refresh or a bypass). Stale entries,
-    /// the lower tiers and requests that wait for another's fetch take [`answer`].
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let pass = |inner: S::Future| CacheFuture::Pass { inner };
         let Some(cache) = self.layer.cache else {
-            return pass(self.inner.call(req));
+            return FutEither::Left(self.inner.call(req));
         };
         let lookup = rules::lookup(req.method(), req.headers());
         let key = match lookup {
@@ -133,71 +130,12 @@ where
             _ => key_of(&req, self.layer.tls),
         };
         let Some(key) = key else {
-            return pass(self.inner.call(req));
+            return FutEither::Left(self.inner.call(req));
         };
-        let slot = self.layer.slot;
         if lookup == Lookup::Invalidate {
-            cache.store.invalidate(&key, slot);
-            return pass(self.inner.call(req));
+            cache.store.invalidate(&key, self.layer.slot);
+            return FutEither::Left(self.inner.call(req));
         }
-        let store = &cache.store;
-        let auth = req.headers().contains_key(header::AUTHORIZATION);
-        let get = req.method() == Method::GET;
-        let (word, guard) = match lookup {
-            Lookup::Look => match store.find(&key, req.headers()) {
-                Some(e) => {
-                    let now = Instant::now();
-                    if (!auth || e.shared_with_auth) && e.is_fresh(now) {
-                        let hit = served(store, &e, req.headers(), now, "HIT");
-                        return CacheFuture::Done { answer: Some(hit) };
-                    }
-                    return self.slow(cache, key, lookup, req);
-                }
-                None if store.has_lower_tier() => return self.slow(cache, key, lookup, req),
-                None if get => match store.join_flight(&key) {
-                    Flight::Lead(guard) => ("MISS", Some(guard)),
-                    Flight::Follow(_) => return self.slow(cache, key, lookup, req),
-                },
-                None => ("MISS", None),
-            },
-            Lookup::Skip => ("BYPASS", None),
-            _ => ("MISS", None),
-        };
-        store.counters.misses.fetch_add(1, Ordering::Relaxed);
-        let keep = get && lookup != Lookup::Skip;
-        let then = Fetched {
-            cache,
-            key,
-            slot,
-            auth,
-            sent: keep.then(|| SentHeaders::of(req.headers())),
-            word,
-            guard,
-        };
-        CacheFuture::Fetch {
-            inner: self.inner.call(req),
-            then: Some(then),
-        }
-    }
-}
-
-impl<'a, S> CacheService<'a, S> {
-    /// The boxed path ([`answer`]) for what the fast one does not cover.
-    fn slow<B>(
-        &mut self,
-        cache: &'a RouteCache,
-        key: String,
-        lookup: Lookup,
-        req: Request<B>,
-    ) -> CacheFuture<'a, S::Future>
-    where
-        S: Service<Request<B>, Response = Response<RespBody>, Error = ProxyError>
-            + Clone
-            + Send
-            + 'a,
-        S::Future: Send + 'a,
-        B: Send + 'a,
-    {
         // The ready service goes to the request; its clone stays for the next.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
@@ -207,65 +145,7 @@ impl<'a, S> CacheService<'a, S> {
             lookup,
             slot: self.layer.slot,
         };
-        CacheFuture::Slow {
-            fut: Box::pin(answer(ask, req, inner)),
-        }
-    }
-}
-
-/// What becomes of a fetched answer once it arrives (see [`finish`]).
-struct Fetched<'a> {
-    cache: &'a RouteCache,
-    key: String,
-    slot: usize,
-    auth: bool,
-    sent: Option<SentHeaders>,
-    word: &'static str,
-    guard: Option<FlightGuard>,
-}
-
-pin_project_lite::pin_project! {
-    /// The cache's answer: passed by, ready (a hit), fetched (then labelled and maybe kept),
-    /// or the boxed path.
-    #[project = CacheFutureProj]
-    pub enum CacheFuture<'a, F> {
-        Pass { #[pin] inner: F },
-        Done { answer: Option<Response<RespBody>> },
-        Fetch { #[pin] inner: F, then: Option<Fetched<'a>> },
-        Slow { fut: Cached<'a> },
-    }
-}
-
-impl<'a, F> Future for CacheFuture<'a, F>
-where
-    F: Future<Output = Answer>,
-{
-    type Output = Answer;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Answer> {
-        match self.project() {
-            CacheFutureProj::Pass { inner } => inner.poll(cx),
-            // Polled again after its answer: a caller's bug, answered as a failed backend.
-            CacheFutureProj::Done { answer } => {
-                Poll::Ready(answer.take().ok_or(ProxyError::BadResponse))
-            }
-            CacheFutureProj::Fetch { inner, then } => {
-                let fetched = std::task::ready!(inner.poll(cx));
-                Poll::Ready(match (fetched, then.take()) {
-                    (Ok(resp), Some(t)) => Ok(finish(
-                        t.cache,
-                        (t.key, t.slot),
-                        t.auth,
-                        t.sent,
-                        resp,
-                        t.word,
-                        t.guard,
-                    )),
-                    (fetched, _) => fetched,
-                })
-            }
-            CacheFutureProj::Slow { fut } => fut.as_mut().poll(cx),
-        }
+        FutEither::Right(Box::pin(answer(ask, req, inner)))
     }
 }
 

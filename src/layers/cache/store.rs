@@ -213,11 +213,6 @@ impl CacheStore {
         Ok(self.find(key, req))
     }
 
-    /// A disk or Redis tier stands behind memory.
-    pub fn has_lower_tier(&self) -> bool {
-        self.disk.is_some() || self.remote.is_some()
-    }
-
     /// Waits for the disk tier's queued writes (SIGTERM), at most `limit`.
     pub fn flush(&self, limit: Duration) {
         if let Some(disk) = &self.disk {
