@@ -10,8 +10,8 @@
 //!
 //! It sits outside compression, so what it keeps is what the client was sent (the compressed
 //! variant, keyed by `Accept-Encoding` through the `Vary` that compression adds). Routes with
-//! an `authorization` policy and `cache: false` routes are never cached. Not built yet: the disk
-//! and Redis tiers.
+//! an `authorization` policy and `cache: false` routes are never cached. Behind memory the store
+//! may keep a disk tier (`hybrid`) or a Redis tier (`redis://`).
 
 mod disk;
 mod entry;

@@ -153,17 +153,15 @@ impl CacheStore {
     /// The stored variant that answers a request with `req` headers, fresh or not.
     pub fn find(&self, key: &str, req: &HeaderMap) -> Option<Arc<Entry>> {
         let variants = self.entries.get(key)?;
-        let found = variants.iter().find(|e| e.matches(req)).cloned();
-        found
+        variants.iter().find(|e| e.matches(req)).cloned()
     }
 
     /// The stored variant that answers a request: from memory, else from disk (read on a
     /// blocking thread) or Redis, kept in memory from then on. `Err` when Redis could not be
     /// asked in time (the request then bypasses the cache). `slot` is the worker's.
     ///
-    /// Memory answers without a future; only a miss with a tier behind it awaits, in a boxed
-    /// future of its own, so the request's future stays small (callgrind: the lower tiers'
-    /// futures inline cost the miss path 4k instructions of copying).
+    /// Memory answers without awaiting; only a miss with a tier behind it awaits, in a boxed
+    /// future, so the request's own future does not carry the lower tiers' (Redis, timers).
     pub async fn lookup(
         &self,
         key: &str,
@@ -409,11 +407,6 @@ impl CacheStore {
                 let _ = writeln!(out, "{name}{{tier=\"{tier}\"}} {value}");
             }
         }
-    }
-
-    /// What the memory tier holds now, in bytes.
-    pub fn weight(&self) -> u64 {
-        self.entries.weight()
     }
 
     /// The shard of fetches in flight that `key` belongs to.
