@@ -173,7 +173,7 @@ impl LocalBody for Full<Bytes> {
 pub fn apply<'a, B, S>(
     policies: &'a Policies,
     backends: &'a BackendSet,
-    conn: &'a ClientConn,
+    (conn, host): (&'a ClientConn, Option<&'a str>),
     req: Request<B>,
     forward: S,
 ) -> impl Future<Output = Result<Response<RespBody>, ProxyError>> + Send + 'a
@@ -195,7 +195,7 @@ where
         ))
         .layer(CacheLayer::new(
             policies.cache.as_ref(),
-            conn.tls,
+            (conn.tls, host),
             conn.worker.0,
         ))
         .layer(CompressLayer::new(policies.compress.as_ref()))

@@ -39,6 +39,13 @@ impl<B> Tee<B> {
     }
 }
 
+impl<B> Tee<B> {
+    /// The copy is still being made: the body has neither ended nor outgrown the limit.
+    pub fn keeping(&self) -> bool {
+        self.sink.is_some()
+    }
+}
+
 impl<B: Body<Data = Bytes>> Body for Tee<B> {
     type Data = Bytes;
     type Error = B::Error;

@@ -126,8 +126,13 @@ impl Snapshot {
     /// Finds the route for a request's host (raw `Host`/`:authority` bytes) and path.
     pub fn route(&self, raw_host: Option<&[u8]>, raw_path: &str) -> Lookup<'_> {
         let mut buf = [0u8; normalise::MAX_HOST];
-        let table = raw_host
-            .and_then(|raw| normalise::host(raw, &mut buf))
+        let host = raw_host.and_then(|raw| normalise::host(raw, &mut buf));
+        self.route_normalised(host, raw_path)
+    }
+
+    /// [`route`](Self::route) for a host already normalised (`normalise::host`).
+    pub fn route_normalised(&self, host: Option<&str>, raw_path: &str) -> Lookup<'_> {
+        let table = host
             .and_then(|name| self.hosts.get(name))
             .or(self.default.as_ref());
         let Some(table) = table else {

@@ -47,10 +47,13 @@ impl Router {
             Err(err) => return self.refuse(conn, err, grpc),
         };
         let snapshot = self.snapshot.load();
+        // Normalised once: the route is chosen by it and the cache keys by it.
+        let mut host_buf = [0u8; normalise::MAX_HOST];
+        let raw_host = host.map(HeaderValue::as_bytes);
+        let raw_host = raw_host.or_else(|| req.uri().authority().map(|a| a.as_str().as_bytes()));
+        let host = raw_host.and_then(|raw| normalise::host(raw, &mut host_buf));
         let route = {
-            let host = host.map(HeaderValue::as_bytes);
-            let host = host.or_else(|| req.uri().authority().map(|a| a.as_str().as_bytes()));
-            match snapshot.route(host, req.uri().path()) {
+            match snapshot.route_normalised(host, req.uri().path()) {
                 Lookup::Found(route) => route.clone(),
                 Lookup::NoPath => return self.refuse(conn, ProxyError::NoPath, grpc),
                 Lookup::NoHost => return self.refuse(conn, ProxyError::NoHost, grpc),
@@ -66,7 +69,8 @@ impl Router {
             Box::pin(forwarder.forward(conn, &route.backends, &route.headers, req))
         });
         let answer =
-            crate::layers::apply(&route.policies, &route.backends, conn, req, forward).await;
+            crate::layers::apply(&route.policies, &route.backends, (conn, host), req, forward)
+                .await;
         match answer {
             Ok(resp) => resp,
             Err(err) => self.refuse(conn, err, grpc),

@@ -22,12 +22,54 @@ use crate::support::*;
 /// (a Set-Cookie), `status`, `age` (an Age header on a 200), `slow` (ms before answering), `len`
 /// (body bytes), `etag` (an ETag; a request whose If-None-Match names it gets a 304 with the
 /// same Cache-Control). The body is `#<n>` (its request count) unless `len` is given. `X-Lang`
-/// echoes the request's Accept-Language. While `failing` is set every answer is a 503.
+/// echoes the request's Accept-Language. While `failing` is set every answer is a 503. `flip`
+/// answers `no-store` until `flipped` is set, then `max-age=60`. `seen` keeps what it was
+/// asked (method, requests in progress when it arrived, counting itself).
 pub struct Origin {
     pub addr: SocketAddr,
     pub requests: Arc<AtomicUsize>,
     pub failing: Arc<AtomicBool>,
+    pub flipped: Arc<AtomicBool>,
+    pub seen: Arc<Seen>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// What the origin was asked.
+#[derive(Default)]
+pub struct Seen {
+    in_progress: AtomicUsize,
+    pub log: std::sync::Mutex<Vec<(Method, usize)>>,
+}
+
+impl Seen {
+    pub fn methods(&self) -> Vec<Method> {
+        let log = self.log.lock().expect("origin log");
+        log.iter().map(|(m, _)| m.clone()).collect()
+    }
+
+    /// The most requests the origin was answering at once.
+    pub fn most_at_once(&self) -> usize {
+        let log = self.log.lock().expect("origin log");
+        log.iter().map(|(_, n)| *n).max().unwrap_or(0)
+    }
+}
+
+/// Counts a request in progress until dropped.
+struct InProgress(Arc<Seen>);
+
+impl InProgress {
+    fn start(seen: &Arc<Seen>, method: &Method) -> InProgress {
+        let now = seen.in_progress.fetch_add(1, Ordering::SeqCst) + 1;
+        let mut log = seen.log.lock().expect("origin log");
+        log.push((method.clone(), now));
+        InProgress(seen.clone())
+    }
+}
+
+impl Drop for InProgress {
+    fn drop(&mut self) {
+        self.0.in_progress.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Drop for Origin {
@@ -42,12 +84,19 @@ impl Origin {
         let addr = listener.local_addr().expect("origin address");
         let requests = Arc::new(AtomicUsize::new(0));
         let failing = Arc::new(AtomicBool::new(false));
-        let (count, fail) = (requests.clone(), failing.clone());
+        let flipped = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(Seen::default());
+        let state = OriginState {
+            count: requests.clone(),
+            failing: failing.clone(),
+            flipped: flipped.clone(),
+            seen: seen.clone(),
+        };
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                let (count, fail) = (count.clone(), fail.clone());
+                let state = state.clone();
                 tokio::spawn(async move {
-                    let svc = service_fn(move |req| answer(count.clone(), fail.clone(), req));
+                    let svc = service_fn(move |req| answer(state.clone(), req));
                     let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                         .serve_connection(TokioIo::new(stream), svc)
                         .await;
@@ -58,6 +107,8 @@ impl Origin {
             addr,
             requests,
             failing,
+            flipped,
+            seen,
             task,
         }
     }
@@ -67,11 +118,24 @@ impl Origin {
     }
 }
 
-async fn answer(
+#[derive(Clone)]
+struct OriginState {
     count: Arc<AtomicUsize>,
     failing: Arc<AtomicBool>,
+    flipped: Arc<AtomicBool>,
+    seen: Arc<Seen>,
+}
+
+async fn answer(
+    state: OriginState,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    let OriginState {
+        count,
+        failing,
+        flipped,
+        seen,
+    } = state;
     // The proxy's health probes are not requests of the test.
     if req
         .headers()
@@ -81,6 +145,7 @@ async fn answer(
         return Ok(Response::new(Full::new(Bytes::new())));
     }
     let n = count.fetch_add(1, Ordering::SeqCst) + 1;
+    let _in_progress = InProgress::start(&seen, req.method());
     let query = req.uri().query().unwrap_or("").to_string();
     let get = |k: &str| {
         query
@@ -112,6 +177,20 @@ async fn answer(
             }
             return Ok(resp.body(Full::new(Bytes::new())).expect("response"));
         }
+    }
+    if get("flip").is_some() {
+        let cc = if flipped.load(Ordering::SeqCst) {
+            "max-age=60"
+        } else {
+            "no-store"
+        };
+        let mut resp = Response::builder().header("cache-control", cc);
+        if let Some(vary) = get("vary") {
+            resp = resp.header("vary", vary);
+        }
+        return Ok(resp
+            .body(Full::new(Bytes::from(format!("#{n}"))))
+            .expect("response"));
     }
     let status: u16 = get("status").and_then(|s| s.parse().ok()).unwrap_or(200);
     let mut resp = Response::builder().status(status);

@@ -116,6 +116,7 @@ fn joined<'a>(mut values: impl Iterator<Item = &'a HeaderValue>) -> Option<Heade
 
 /// The request's headers as it was sent on, for the `Vary` values of the answer that comes back
 /// (a list, not a map: copying it is a fraction of cloning a `HeaderMap`, and it is read once).
+#[derive(Default)]
 pub struct SentHeaders(Vec<(HeaderName, HeaderValue)>);
 
 impl SentHeaders {

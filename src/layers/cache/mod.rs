@@ -31,18 +31,18 @@ use bytes::Bytes;
 use futures_util::future::Either as FutEither;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::Either;
+use http_body_util::{BodyExt, Either, Full};
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
 use crate::config::settings::RouteSettings;
 use crate::proxy::tee::{Tee, TeeSink};
 use crate::proxy::RespBody;
-use crate::vocab::{normalise, request_host, ProxyError};
+use crate::vocab::{normalise, ProxyError};
 use entry::{Entry, SentHeaders};
 pub use respond::X_CACHE_STATUS;
 use rules::{Lookup, Storable};
-use store::{CacheStore, Flight, FlightGuard};
+use store::{CacheStore, Flight, FlightGuard, Found};
 
 pub use store::CacheStore as Store;
 
@@ -76,13 +76,24 @@ impl RouteCache {
 pub struct CacheLayer<'a> {
     cache: Option<&'a RouteCache>,
     tls: bool,
+    /// The request's host as routed (normalised), if it named one.
+    host: Option<&'a str>,
     /// The worker serving the request (its Redis connection slot).
     slot: usize,
 }
 
 impl<'a> CacheLayer<'a> {
-    pub fn new(cache: Option<&'a RouteCache>, tls: bool, slot: usize) -> Self {
-        CacheLayer { cache, tls, slot }
+    pub fn new(
+        cache: Option<&'a RouteCache>,
+        (tls, host): (bool, Option<&'a str>),
+        slot: usize,
+    ) -> Self {
+        CacheLayer {
+            cache,
+            tls,
+            host,
+            slot,
+        }
     }
 }
 
@@ -125,9 +136,9 @@ where
             return FutEither::Left(self.inner.call(req));
         };
         let lookup = rules::lookup(req.method(), req.headers());
-        let key = match lookup {
-            Lookup::Pass => None,
-            _ => key_of(&req, self.layer.tls),
+        let key = match (lookup, self.layer.host) {
+            (Lookup::Pass, _) | (_, None) => None,
+            (_, Some(host)) => Some(key_of(self.layer.tls, host, req.uri())),
         };
         let Some(key) = key else {
             return FutEither::Left(self.inner.call(req));
@@ -151,22 +162,15 @@ where
 
 /// The cache key: scheme, host (normalised as for routing: lower case, no port) and path with
 /// query.
-fn key_of<B>(req: &Request<B>, tls: bool) -> Option<String> {
-    let host = request_host(req.headers(), req.uri())?;
-    let target = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
-    key_for(tls, host.as_bytes(), target)
+fn key_of(https: bool, host: &str, uri: &http::Uri) -> String {
+    let scheme = if https { "https://" } else { "http://" };
+    let target = uri.path_and_query().map_or("/", |pq| pq.as_str());
+    [scheme, host, target].concat()
 }
 
 /// The key of `target` (path and query) on `host` over `https` or not.
 pub fn key_for(https: bool, host: &[u8], target: &str) -> Option<String> {
     let scheme = if https { "https://" } else { "http://" };
-    // Most hosts are already in normal form (lower case, no port, no trailing dot).
-    let plain = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'.' || *b == b'-';
-    let short = !host.is_empty() && host.len() <= normalise::MAX_HOST;
-    if short && host.iter().all(plain) && host.last() != Some(&b'.') {
-        let host = std::str::from_utf8(host).ok()?;
-        return Some([scheme, host, target].concat());
-    }
     let mut buf = [0u8; normalise::MAX_HOST];
     let host = normalise::host(host, &mut buf)?;
     Some([scheme, host, target].concat())
@@ -195,9 +199,10 @@ where
     let usable = |e: &Arc<Entry>| !auth || e.shared_with_auth;
     let mut stale = None;
     let mut guard = None;
+    let mut uncacheable = false;
     if lookup == Lookup::Look {
         match store.lookup(&key, req.headers(), slot).await {
-            Ok(Some(e)) if usable(&e) => {
+            Ok(Found::Stored(e)) if usable(&e) => {
                 // The clock is read only when there is an entry to judge.
                 let now = Instant::now();
                 if e.is_fresh(now) {
@@ -205,12 +210,13 @@ where
                 }
                 stale = Some(e);
             }
+            Ok(Found::Uncacheable) => uncacheable = true,
             Ok(_) => {}
             // The shared tier is down or slow: straight to the backend, nothing waited for.
             Err(_) => lookup = Lookup::Skip,
         }
     }
-    if lookup == Lookup::Look && req.method() == Method::GET {
+    if lookup == Lookup::Look && !uncacheable {
         match store.join_flight(&key) {
             Flight::Lead(g) => guard = Some(g),
             Flight::Follow(rx) => {
@@ -222,20 +228,31 @@ where
                 Box::pin(store::wait_for(rx, store::COALESCE_WAIT)).await;
                 let now = Instant::now();
                 match store.lookup(&key, req.headers(), slot).await {
-                    Ok(Some(e)) if usable(&e) && e.is_fresh(now) => {
+                    Ok(Found::Stored(e)) if usable(&e) && e.is_fresh(now) => {
                         return Ok(served(store, &e, req.headers(), now, "HIT"))
                     }
-                    Ok(found) => stale = found.filter(usable),
-                    Err(_) => {}
+                    Ok(Found::Stored(e)) => stale = Some(e).filter(usable),
+                    Ok(Found::Uncacheable) => uncacheable = true,
+                    Ok(Found::Nothing) | Err(_) => {}
                 }
             }
         }
     }
     store.counters.misses.fetch_add(1, Ordering::Relaxed);
-    let keep = lookup != Lookup::Skip && req.method() == Method::GET;
-    // What an answer may vary on, copied before the request goes on (no index: cheaper than
-    // cloning the map).
-    let sent = keep.then(|| SentHeaders::of(req.headers()));
+    // A HEAD that missed is asked as a GET, so that its answer can be kept (nginx's
+    // `proxy_cache_convert_head`); the client gets the head alone.
+    let head = req.method() == Method::HEAD && lookup != Lookup::Skip && !uncacheable;
+    if head {
+        *req.method_mut() = Method::GET;
+    }
+    let keep = match lookup {
+        Lookup::Skip => Keep::No,
+        _ if req.method() != Method::GET => Keep::No,
+        _ if uncacheable => Keep::Unvaried,
+        // What an answer may vary on, copied before the request goes on (no index: cheaper
+        // than cloning the map).
+        _ => Keep::Entry(SentHeaders::of(req.headers())),
+    };
     let Some(stale) = stale else {
         let word = if lookup == Lookup::Skip {
             "BYPASS"
@@ -243,7 +260,8 @@ where
             "MISS"
         };
         let resp = inner.call(req).await?;
-        return Ok(finish(cache, (key, slot), auth, sent, resp, word, guard));
+        let resp = finish(cache, (key, slot), auth, keep, resp, word, guard);
+        return Ok(if head { head_only(resp).await } else { resp });
     };
     // A stale entry: ask the backend whether it still holds, answer the client from the entry.
     let client = req.headers().clone();
@@ -264,38 +282,77 @@ where
         Err(_) if stale.may_serve_on_error(now, asked_sie) => {
             Ok(served(store, &stale, &client, now, "STALE"))
         }
-        result => Ok(finish(
-            cache,
-            (key, slot),
-            auth,
-            sent,
-            result?,
-            "EXPIRED",
-            guard,
-        )),
+        result => {
+            let resp = finish(cache, (key, slot), auth, keep, result?, "EXPIRED", guard);
+            Ok(if head { head_only(resp).await } else { resp })
+        }
     }
 }
 
-/// Labels a fetched answer and, when it may be stored, keeps a copy as it streams.
+/// What a fetched answer may become.
+enum Keep {
+    /// Nothing: a bypass, or a method whose answers are not kept.
+    No,
+    /// An entry, with the request's headers for the values of its `Vary`.
+    Entry(SentHeaders),
+    /// The key was marked uncacheable and the request's headers were not copied: the answer is
+    /// kept only if it can be now and varies on nothing (else the mark goes, for the next one).
+    Unvaried,
+}
+
+/// Labels a fetched answer and, when it may be stored, keeps a copy as it streams; an answer
+/// that may not be stored marks its key uncacheable.
 fn finish(
     cache: &RouteCache,
     (key, slot): (String, usize),
     auth: bool,
-    sent: Option<SentHeaders>,
+    keep: Keep,
     mut resp: Response<RespBody>,
     word: &'static str,
     guard: Option<FlightGuard>,
 ) -> Response<RespBody> {
     resp.headers_mut()
         .insert(X_CACHE_STATUS.clone(), HeaderValue::from_static(word));
-    let Some(sent) = sent else {
+    if matches!(keep, Keep::No) {
         return resp;
-    };
-    let head = (resp.status(), resp.headers());
-    match rules::storable(auth, head.0, head.1, cache.ttl, SystemTime::now) {
-        Some(storable) => keep_copy(&cache.store, (key, slot), &sent, storable, resp, guard),
-        None => resp,
     }
+    let store = &cache.store;
+    let (status, headers) = (resp.status(), resp.headers());
+    let storable = rules::storable(auth, status, headers, cache.ttl, SystemTime::now);
+    match (keep, storable) {
+        (Keep::Entry(sent), Some(storable)) => {
+            keep_copy(store, (key, slot), &sent, storable, resp, guard)
+        }
+        (Keep::Unvaried, Some(storable)) if storable.vary.is_empty() => {
+            let none = SentHeaders::default();
+            keep_copy(store, (key, slot), &none, storable, resp, guard)
+        }
+        (Keep::Unvaried, Some(_)) => {
+            store.unmark(&key);
+            resp
+        }
+        // Not the key's fault: another client's request, or a backend in trouble.
+        (Keep::Entry(_), None) if !auth && !status.is_server_error() => {
+            store.mark_uncacheable(&key);
+            resp
+        }
+        _ => resp,
+    }
+}
+
+/// The answer to a HEAD that was asked as a GET: its body is read here while a copy is being
+/// kept (bounded by `item_max_size`, past which the copy is given up), then dropped.
+async fn head_only(resp: Response<RespBody>) -> Response<RespBody> {
+    let (parts, mut body) = resp.into_parts();
+    if let Either::Left(Either::Right(tee)) = &mut body {
+        while tee.keeping() {
+            match tee.frame().await {
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => break,
+            }
+        }
+    }
+    Response::from_parts(parts, Either::Right(Full::new(Bytes::new())))
 }
 
 /// The conditional request that revalidates `stale`: the client's own validators give way to

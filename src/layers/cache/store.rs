@@ -1,7 +1,9 @@
 //! The cache's memory tier: stored responses by key (scheme, host, path and query), each key
 //! holding its `Vary` variants; bounded in bytes (quick_cache, S3-FIFO eviction, sharded so a
 //! hit takes one shard's read lock). It also owns request coalescing: the first miss for a key
-//! fetches, later ones wait for it (bounded) and then look again.
+//! fetches, later ones wait for it (bounded) and then look again. A key whose last answer could
+//! not be stored is marked for a while ([`UNCACHEABLE_FOR`], Varnish's "hit-for-miss"): its
+//! requests go straight to the backend, side by side, without waiting for one another.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,6 +13,7 @@ use http::header::HeaderMap;
 use quick_cache::sync::Cache;
 use quick_cache::{DefaultHashBuilder, Lifecycle, OptionsBuilder, Weighter};
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use super::disk::DiskTier;
 use super::entry::Entry;
@@ -18,8 +21,34 @@ use super::remote::{Fetched, RemoteTier};
 use crate::config::cache_conf::{CacheConfig, Storage};
 use crate::vocab::normalise;
 
-/// The variants stored under one key.
-type Variants = Arc<[Arc<Entry>]>;
+/// What memory holds under one key.
+#[derive(Clone)]
+enum Held {
+    /// The variants stored (by their `Vary` values).
+    Variants(Arc<[Arc<Entry>]>),
+    /// The key's last answer could not be stored; until then, its requests are not coalesced.
+    Uncacheable(Instant),
+}
+
+impl Held {
+    fn variant_count(&self) -> usize {
+        match self {
+            Held::Variants(v) => v.len(),
+            Held::Uncacheable(_) => 0,
+        }
+    }
+}
+
+/// What memory says of a request.
+pub enum Found {
+    Stored(Arc<Entry>),
+    /// The key is marked uncacheable: no entry, and no fetch to wait for.
+    Uncacheable,
+    Nothing,
+}
+
+/// How long a key whose answer could not be stored stays marked (Varnish's default).
+pub const UNCACHEABLE_FOR: Duration = Duration::from_secs(120);
 
 #[derive(Clone)]
 struct ByBytes;
@@ -28,17 +57,22 @@ struct ByBytes;
 #[derive(Clone)]
 struct CountEvictions(Arc<AtomicU64>);
 
-impl Lifecycle<Box<str>, Variants> for CountEvictions {
+impl Lifecycle<Box<str>, Held> for CountEvictions {
     type RequestState = ();
 
-    fn on_evict(&self, _: &mut (), _: Box<str>, variants: Variants) {
-        self.0.fetch_add(variants.len() as u64, Ordering::Relaxed);
+    fn on_evict(&self, _: &mut (), _: Box<str>, held: Held) {
+        self.0
+            .fetch_add(held.variant_count() as u64, Ordering::Relaxed);
     }
 }
 
-impl Weighter<Box<str>, Variants> for ByBytes {
-    fn weight(&self, key: &Box<str>, variants: &Variants) -> u64 {
-        key.len() as u64 + variants.iter().map(|e| e.weight()).sum::<u64>()
+impl Weighter<Box<str>, Held> for ByBytes {
+    fn weight(&self, key: &Box<str>, held: &Held) -> u64 {
+        let held = match held {
+            Held::Variants(v) => v.iter().map(|e| e.weight()).sum::<u64>(),
+            Held::Uncacheable(_) => 64,
+        };
+        key.len() as u64 + held
     }
 }
 
@@ -55,7 +89,7 @@ pub struct CacheCounters {
 
 /// The memory tier, shared by every worker and every snapshot (built once at start).
 pub struct CacheStore {
-    entries: Cache<Box<str>, Variants, ByBytes, DefaultHashBuilder, CountEvictions>,
+    entries: Cache<Box<str>, Held, ByBytes, DefaultHashBuilder, CountEvictions>,
     /// Keys being fetched, sharded by the key's hash so misses of different keys rarely meet.
     /// Each shard lists (key hash, what to wait on); two keys that share a 64-bit hash share a
     /// fetch, and the follower, finding nothing for its own key, fetches it itself.
@@ -151,9 +185,30 @@ impl CacheStore {
     }
 
     /// The stored variant that answers a request with `req` headers, fresh or not.
-    pub fn find(&self, key: &str, req: &HeaderMap) -> Option<Arc<Entry>> {
-        let variants = self.entries.get(key)?;
-        variants.iter().find(|e| e.matches(req)).cloned()
+    fn find(&self, key: &str, req: &HeaderMap) -> Found {
+        match self.entries.get(key) {
+            Some(Held::Variants(variants)) => match variants.iter().find(|e| e.matches(req)) {
+                Some(entry) => Found::Stored(entry.clone()),
+                None => Found::Nothing,
+            },
+            Some(Held::Uncacheable(until)) if Instant::now() < until => Found::Uncacheable,
+            _ => Found::Nothing,
+        }
+    }
+
+    /// Marks `key` uncacheable for [`UNCACHEABLE_FOR`], unless it holds variants (another
+    /// variant's answer may well be storable).
+    pub fn mark_uncacheable(&self, key: &str) {
+        if self.entries.get(key).is_none() {
+            let until = Instant::now() + UNCACHEABLE_FOR;
+            self.entries.insert(key.into(), Held::Uncacheable(until));
+        }
+    }
+
+    /// Drops the mark of `key`: its answer varies now, so the next request keeps what it sent.
+    pub fn unmark(&self, key: &str) {
+        self.entries
+            .remove_if(key, |held| matches!(held, Held::Uncacheable(_)));
     }
 
     /// The stored variant that answers a request: from memory, else from disk (read on a
@@ -167,12 +222,10 @@ impl CacheStore {
         key: &str,
         req: &HeaderMap,
         slot: usize,
-    ) -> Result<Option<Arc<Entry>>, Unreachable> {
-        if let Some(found) = self.find(key, req) {
-            return Ok(Some(found));
-        }
-        if self.disk.is_none() && self.remote.is_none() {
-            return Ok(None);
+    ) -> Result<Found, Unreachable> {
+        let found = self.find(key, req);
+        if !matches!(found, Found::Nothing) || (self.disk.is_none() && self.remote.is_none()) {
+            return Ok(found);
         }
         Box::pin(self.lookup_lower(key, req, slot)).await
     }
@@ -183,7 +236,7 @@ impl CacheStore {
         key: &str,
         req: &HeaderMap,
         slot: usize,
-    ) -> Result<Option<Arc<Entry>>, Unreachable> {
+    ) -> Result<Found, Unreachable> {
         let entries = if let Some(disk) = self.disk.clone().filter(|d| d.has(key)) {
             let owned = key.to_string();
             let reader = disk.clone();
@@ -241,19 +294,20 @@ impl CacheStore {
     /// Puts an entry in the memory tier only (one read back from disk).
     fn insert_shared(&self, key: &str, entry: Arc<Entry>) {
         let mut variants: Vec<Arc<Entry>> = match self.entries.get(key) {
-            Some(old) => old
+            Some(Held::Variants(old)) => old
                 .iter()
                 .filter(|e| e.vary != entry.vary)
                 .cloned()
                 .collect(),
-            None => Vec::new(),
+            _ => Vec::new(),
         };
         // A client can make up any number of `Vary` values: the oldest variants give way.
         if variants.len() >= MAX_VARIANTS {
             variants.drain(..=variants.len() - MAX_VARIANTS);
         }
         variants.push(entry);
-        self.entries.insert(key.into(), variants.into());
+        self.entries
+            .insert(key.into(), Held::Variants(variants.into()));
     }
 
     /// Drops every variant stored under `key`.
@@ -269,7 +323,10 @@ impl CacheStore {
 
     /// Drops every variant stored under `key`, in memory and on disk; returns how many.
     pub async fn purge_key(&self, key: &str) -> usize {
-        let in_memory = self.entries.remove(key).map_or(0, |(_, v)| v.len());
+        let in_memory = self
+            .entries
+            .remove(key)
+            .map_or(0, |(_, held)| held.variant_count());
         let on_disk = self.disk.as_ref().map_or(0, |d| d.remove_key(key));
         let shared = match &self.remote {
             Some(remote) => remote.remove(remote.admin_slot(), key).await,
@@ -286,10 +343,10 @@ impl CacheStore {
     /// (whole segments); returns how many variants went.
     pub async fn purge_prefix(&self, host: &str, prefix: &str) -> usize {
         let in_memory = AtomicU64::new(0);
-        self.entries.retain(|key, variants| {
+        self.entries.retain(|key, held| {
             let under = key_under(key, host, prefix);
             if under {
-                in_memory.fetch_add(variants.len() as u64, Ordering::Relaxed);
+                in_memory.fetch_add(held.variant_count() as u64, Ordering::Relaxed);
             }
             !under
         });
