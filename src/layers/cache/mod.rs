@@ -135,7 +135,7 @@ where
         let Some(cache) = self.layer.cache else {
             return FutEither::Left(self.inner.call(req));
         };
-        let lookup = rules::lookup(req.method(), req.headers());
+        let (lookup, auth) = rules::ask(req.method(), req.headers());
         let key = match (lookup, self.layer.host) {
             (Lookup::Pass, _) | (_, None) => None,
             (_, Some(host)) => Some(key_of(self.layer.tls, host, req.uri())),
@@ -154,6 +154,7 @@ where
             cache,
             key,
             lookup,
+            auth,
             slot: self.layer.slot,
         };
         FutEither::Right(Box::pin(answer(ask, req, inner)))
@@ -181,6 +182,8 @@ struct Ask<'a> {
     cache: &'a RouteCache,
     key: String,
     lookup: Lookup,
+    /// The request carries `Authorization`.
+    auth: bool,
     slot: usize,
 }
 
@@ -192,10 +195,10 @@ where
         cache,
         key,
         mut lookup,
+        auth,
         slot,
     } = ask;
     let store = &cache.store;
-    let auth = req.headers().contains_key(header::AUTHORIZATION);
     let usable = |e: &Arc<Entry>| !auth || e.shared_with_auth;
     let mut stale = None;
     let mut guard = None;
@@ -261,7 +264,7 @@ where
         };
         let resp = inner.call(req).await?;
         let resp = finish(cache, (key, slot), auth, keep, resp, word, guard);
-        return Ok(if head { head_only(resp).await } else { resp });
+        return Ok(if head { Box::pin(head_only(resp)).await } else { resp });
     };
     // A stale entry: ask the backend whether it still holds, answer the client from the entry.
     let client = req.headers().clone();
@@ -284,7 +287,7 @@ where
         }
         result => {
             let resp = finish(cache, (key, slot), auth, keep, result?, "EXPIRED", guard);
-            Ok(if head { head_only(resp).await } else { resp })
+            Ok(if head { Box::pin(head_only(resp)).await } else { resp })
         }
     }
 }
