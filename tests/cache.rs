@@ -8,7 +8,6 @@
 mod cache_support;
 mod support;
 
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -398,24 +397,6 @@ async fn the_disk_tier_stays_within_file_size_mb() {
 }
 
 const ADMIN: &str = "config_address: \"127.0.0.1:0\"\nmaster_key: \"k\"\n";
-
-async fn purge(admin: SocketAddr, key: &str, json: &str) -> (u16, String) {
-    let mut c = Client::connect(Proto::H1, admin).await;
-    let resp = c
-        .send(
-            Method::POST,
-            Some("localhost"),
-            "/cache/purge",
-            &[("x-api-key", key)],
-            full(json.to_string()),
-        )
-        .await;
-    let status = resp.status().as_u16();
-    (
-        status,
-        String::from_utf8_lossy(&body_bytes(resp).await).into_owned(),
-    )
-}
 
 #[tokio::test]
 async fn purge_by_url_or_prefix_and_the_metrics() {

@@ -1,7 +1,8 @@
 //! The cache's shared tier (`storage: redis://...`) against Debian's real `redis-server`,
 //! started by the test on a loopback port: two aralez instances share what one fetched; with
 //! Redis down, or silent, requests go to the backend within a bounded delay (BYPASS) and are
-//! counted; when Redis is back the tier is used again.
+//! counted; when Redis is back the tier is used again. What one instance purges or invalidates
+//! leaves the other's memory too.
 
 mod cache_support;
 mod support;
@@ -11,6 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cache_support::*;
+use http::Method;
 use support::tools::{self, Tool};
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -193,4 +195,63 @@ async fn a_silent_redis_delays_a_request_by_a_bounded_time() {
         );
     }
     held.abort();
+}
+
+#[tokio::test]
+async fn what_one_instance_drops_leaves_every_instances_memory() {
+    let Some(program) = tools::find(&REDIS_SERVER) else {
+        return;
+    };
+    let port = free_port();
+    let redis = Redis::start(&program, port).await;
+    let origin = Origin::start().await;
+    let first = proxy_cache(&origin, &redis_cache(&redis.url()), ADMIN);
+    let second = proxy_cache(&origin, &redis_cache(&redis.url()), ADMIN);
+    let admin_a = first.logged_addr("admin API on http://");
+    let mut a = Client::connect(Proto::H1, first.addr).await;
+    let mut b = Client::connect(Proto::H1, second.addr).await;
+    in_both(&mut a, &mut b, port, "/u?cc=max-age=60").await;
+    let url = "{\"url\": \"http://c.test/u?cc=max-age=60\"}";
+    assert_eq!(purge(admin_a, "k", url).await.0, 200);
+    assert!(
+        misses_soon(&mut b, "/u?cc=max-age=60").await,
+        "purged by URL"
+    );
+
+    in_both(&mut a, &mut b, port, "/p/x?cc=max-age=60").await;
+    let prefix = "{\"host\": \"c.test\", \"prefix\": \"/p\"}";
+    assert_eq!(purge(admin_a, "k", prefix).await.0, 200);
+    assert!(
+        misses_soon(&mut b, "/p/x?cc=max-age=60").await,
+        "purged by prefix"
+    );
+
+    in_both(&mut a, &mut b, port, "/w?cc=max-age=60").await;
+    let (resp, _) = send(&mut a, Method::POST, "/w?cc=max-age=60", &[]).await;
+    assert!(resp.status().is_success());
+    assert!(
+        misses_soon(&mut b, "/w?cc=max-age=60").await,
+        "invalidated by a POST"
+    );
+    drop(redis);
+}
+
+/// Puts `path` in both instances' memories: a miss on `a`, read from Redis by `b`.
+async fn in_both(a: &mut Client, b: &mut Client, port: u16, path: &str) {
+    assert_eq!(get(a, path).await.0, "MISS", "{path}");
+    assert!(stored_in_redis(port, &format!("http://c.test{path}")).await);
+    assert_eq!(get(b, path).await.0, "HIT", "{path}");
+    assert_eq!(get(b, path).await.0, "HIT", "{path}");
+}
+
+/// `path` is a miss within 5 s (a drop travels through Redis).
+async fn misses_soon(c: &mut Client, path: &str) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if get(c, path).await.0 == "MISS" {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
 }

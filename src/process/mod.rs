@@ -396,6 +396,9 @@ fn start_side_listeners(
     ctx: &Context,
     stop: &watch::Receiver<bool>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
+    if let Some(cache) = &ctx.policy_state.cache {
+        cache.follow_drops(control.handle());
+    }
     let admin = Arc::new(crate::admin::Admin {
         reloader: ctx.reloader.clone(),
         master_key: ctx.policy_state.keys.master().map(str::to_string),

@@ -276,3 +276,22 @@ pub fn hdr(resp: &Response<()>, name: &str) -> String {
         .map(|v| v.to_str().unwrap_or("?").to_string())
         .unwrap_or_default()
 }
+
+/// `POST /cache/purge` on the admin API with `key`: the status and the body.
+pub async fn purge(admin: SocketAddr, key: &str, json: &str) -> (u16, String) {
+    let mut c = Client::connect(Proto::H1, admin).await;
+    let resp = c
+        .send(
+            Method::POST,
+            Some("localhost"),
+            "/cache/purge",
+            &[("x-api-key", key)],
+            full(json.to_string()),
+        )
+        .await;
+    let status = resp.status().as_u16();
+    (
+        status,
+        String::from_utf8_lossy(&body_bytes(resp).await).into_owned(),
+    )
+}

@@ -264,7 +264,11 @@ where
         };
         let resp = inner.call(req).await?;
         let resp = finish(cache, (key, slot), auth, keep, resp, word, guard);
-        return Ok(if head { Box::pin(head_only(resp)).await } else { resp });
+        return Ok(if head {
+            Box::pin(head_only(resp)).await
+        } else {
+            resp
+        });
     };
     // A stale entry: ask the backend whether it still holds, answer the client from the entry.
     let client = req.headers().clone();
@@ -287,7 +291,11 @@ where
         }
         result => {
             let resp = finish(cache, (key, slot), auth, keep, result?, "EXPIRED", guard);
-            Ok(if head { Box::pin(head_only(resp)).await } else { resp })
+            Ok(if head {
+                Box::pin(head_only(resp)).await
+            } else {
+                resp
+            })
         }
     }
 }

@@ -7,6 +7,12 @@
 //! backend, `X-Cache-Status: BYPASS`), the incident is logged once and counted, and the next
 //! request after that tries again. Writes run in tasks of their own. Each worker has its own
 //! multiplexed connection, made on first use; the admin API has one more.
+//!
+//! What one instance drops (a purge, an unsafe method's invalidation) it also publishes on
+//! [`DROPS`]; every instance listens there and drops the same from its memory tier, which would
+//! otherwise go on serving it. After the subscription was lost (Redis restarted or unreachable)
+//! an instance empties its memory tier once subscribed again, since messages may have been
+//! missed meanwhile: Redis still holds what it dropped.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -27,6 +33,51 @@ const WRITE_DEADLINE: Duration = Duration::from_secs(1);
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// Prefix of every key aralez writes.
 const PREFIX: &str = "aralez:cache:";
+/// The channel of drops, which every instance follows.
+const DROPS: &str = "aralez:cache-drops";
+
+/// What an instance dropped, and every other must drop from memory.
+#[derive(Debug, PartialEq)]
+pub enum Dropped {
+    Key(String),
+    /// Every key of `host` under the path `prefix`.
+    Under {
+        host: String,
+        prefix: String,
+    },
+    /// Everything: drops may have been missed.
+    All,
+}
+
+impl Dropped {
+    fn message(&self) -> String {
+        match self {
+            Dropped::Key(key) => format!("key {key}"),
+            Dropped::Under { host, prefix } => format!("under {host} {prefix}"),
+            Dropped::All => "all".to_string(),
+        }
+    }
+
+    /// A message of [`message`](Self::message)'s form (hosts have no spaces; keys and prefixes
+    /// are the rest of the line).
+    fn parse(text: &str) -> Option<Dropped> {
+        if text == "all" {
+            return Some(Dropped::All);
+        }
+        let (kind, rest) = text.split_once(' ')?;
+        match kind {
+            "key" => Some(Dropped::Key(rest.to_string())),
+            "under" => {
+                let (host, prefix) = rest.split_once(' ')?;
+                Some(Dropped::Under {
+                    host: host.to_string(),
+                    prefix: prefix.to_string(),
+                })
+            }
+            _ => None,
+        }
+    }
+}
 
 /// What a lookup in Redis found.
 pub enum Fetched {
@@ -208,13 +259,18 @@ impl RemoteTier {
         });
     }
 
-    /// Drops `key`'s variants; returns how many there were.
+    /// Drops `key`'s variants, here and (through [`DROPS`]) in every instance's memory;
+    /// returns how many there were.
     pub async fn remove(&self, slot: usize, key: &str) -> usize {
         let mut cmd = ::redis::pipe();
         cmd.cmd("HLEN")
             .arg(redis_key(key))
             .cmd("DEL")
             .arg(redis_key(key))
+            .ignore()
+            .cmd("PUBLISH")
+            .arg(DROPS)
+            .arg(Dropped::Key(key.to_string()).message())
             .ignore();
         self.run::<(usize,)>(slot, WRITE_DEADLINE, &cmd)
             .await
@@ -259,8 +315,65 @@ impl RemoteTier {
             cursor = next;
         }
     }
+
+    /// Tells every instance to drop what `dropped` names from memory.
+    pub async fn publish(&self, slot: usize, dropped: &Dropped) {
+        let mut cmd = ::redis::pipe();
+        cmd.cmd("PUBLISH")
+            .arg(DROPS)
+            .arg(dropped.message())
+            .ignore();
+        self.run::<()>(slot, WRITE_DEADLINE, &cmd).await;
+    }
+
+    /// Follows [`DROPS`] for as long as the process runs, handing each drop to `on_drop`;
+    /// subscribes again [`RETRY_AFTER`] after losing the channel, and then hands on
+    /// [`Dropped::All`].
+    pub async fn listen(self: Arc<Self>, on_drop: impl Fn(Dropped) + Send + 'static) {
+        use futures_util::StreamExt as _;
+        loop {
+            let subscribed = tokio::time::timeout(WRITE_DEADLINE, async {
+                let mut pubsub = self.client.get_async_pubsub().await?;
+                pubsub.subscribe(DROPS).await?;
+                Ok::<_, ::redis::RedisError>(pubsub)
+            });
+            if let Ok(Ok(pubsub)) = subscribed.await {
+                on_drop(Dropped::All);
+                let mut messages = pubsub.into_on_message();
+                while let Some(msg) = messages.next().await {
+                    let text = msg.get_payload::<String>().ok();
+                    if let Some(dropped) = text.as_deref().and_then(Dropped::parse) {
+                        on_drop(dropped);
+                    }
+                }
+            }
+            tokio::time::sleep(RETRY_AFTER).await;
+        }
+    }
 }
 
 fn redis_key(key: &str) -> String {
     [PREFIX, key].concat()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Dropped;
+
+    #[test]
+    fn drops_read_back_as_written() {
+        let all = [
+            Dropped::Key("http://a.test/x?q=a b".into()),
+            Dropped::Under {
+                host: "a.test".into(),
+                prefix: "/p q".into(),
+            },
+            Dropped::All,
+        ];
+        for dropped in all {
+            assert_eq!(Dropped::parse(&dropped.message()), Some(dropped));
+        }
+        assert_eq!(Dropped::parse("keys x"), None);
+        assert_eq!(Dropped::parse("under a.test"), None);
+    }
 }

@@ -416,7 +416,10 @@ mod tests {
         );
         let with_auth = map(&[("authorization", "Basic eDp5"), ("pragma", "no-cache")]);
         assert_eq!(ask(&Method::GET, &with_auth), (Lookup::Refresh, true));
-        assert_eq!(ask(&Method::GET, &map(&[("x-a", "1")])), (Lookup::Look, false));
+        assert_eq!(
+            ask(&Method::GET, &map(&[("x-a", "1")])),
+            (Lookup::Look, false)
+        );
         assert_eq!(lookup(&Method::POST, &map(&[])), Lookup::Invalidate);
         assert_eq!(lookup(&Method::DELETE, &map(&[])), Lookup::Invalidate);
         assert_eq!(lookup(&Method::OPTIONS, &map(&[])), Lookup::Pass);

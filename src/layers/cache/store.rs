@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use super::disk::DiskTier;
 use super::entry::Entry;
-use super::remote::{Fetched, RemoteTier};
+use super::remote::{Dropped, Fetched, RemoteTier};
 use crate::config::cache_conf::{CacheConfig, Storage};
 use crate::vocab::normalise;
 
@@ -364,12 +364,40 @@ impl CacheStore {
                     shared += remote.remove(slot, &key).await;
                 }
             }
+            let (host, prefix) = (host.to_string(), prefix.to_string());
+            remote.publish(slot, &Dropped::Under { host, prefix }).await;
         }
         let removed = in_memory.max(on_disk).max(shared);
         self.counters
             .purged
             .fetch_add(removed as u64, Ordering::Relaxed);
         removed
+    }
+
+    /// Follows the other instances' drops (through Redis) on `runtime`, dropping the same
+    /// from memory; nothing without a Redis tier.
+    pub fn follow_drops(self: &Arc<Self>, runtime: &tokio::runtime::Handle) {
+        let Some(remote) = self.remote.clone() else {
+            return;
+        };
+        let store = Arc::downgrade(self);
+        runtime.spawn(remote.listen(move |dropped| {
+            if let Some(store) = store.upgrade() {
+                store.drop_from_memory(&dropped);
+            }
+        }));
+    }
+
+    fn drop_from_memory(&self, dropped: &Dropped) {
+        match dropped {
+            Dropped::Key(key) => {
+                self.entries.remove(key.as_str());
+            }
+            Dropped::Under { host, prefix } => {
+                self.entries.retain(|key, _| !key_under(key, host, prefix));
+            }
+            Dropped::All => self.entries.clear(),
+        }
     }
 
     /// The cache's series in Prometheus' text format, a `tier` label on each.
