@@ -3,7 +3,10 @@
 //! never sees half a file), bounded by `file_size_mb` (oldest files go first), and read back
 //! when the memory tier misses, including after a restart. A file whose checksum fails, or that
 //! is short, is a miss and is removed. Files are written by one thread of their own, so the
-//! request path never waits for the disk; SIGTERM waits for what is queued.
+//! request path never waits for the disk; SIGTERM waits for what is queued. A written file
+//! reaches the disk itself (`syncfs`) at most `flush_interval` after it was written, and on
+//! SIGTERM: one sync for all that was written meanwhile, so a crash loses at most that much
+//! (and what it leaves half-written fails its checksum).
 //!
 //! File layout: `ARZC` 1, then length-prefixed fields (key, status, wall-clock time stored,
 //! ages and allowances in ms, flags, headers, `Vary` values, body), then a CRC-32 of all of it.
@@ -11,7 +14,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -72,7 +75,11 @@ impl std::fmt::Debug for DiskTier {
 impl DiskTier {
     /// Opens `dir` (made if missing), indexes the files a previous run left and removes the
     /// broken ones, and starts the writer thread.
-    pub fn open(dir: &Path, max_bytes: u64) -> std::io::Result<Arc<DiskTier>> {
+    pub fn open(
+        dir: &Path,
+        max_bytes: u64,
+        flush_interval: Duration,
+    ) -> std::io::Result<Arc<DiskTier>> {
         std::fs::create_dir_all(dir)?;
         let (writer, jobs) = sync_channel(QUEUE);
         let tier = Arc::new(DiskTier {
@@ -87,7 +94,7 @@ impl DiskTier {
         let dir = dir.to_path_buf();
         std::thread::Builder::new()
             .name("aralez-cache-disk".into())
-            .spawn(move || write_loop(&dir, jobs))?;
+            .spawn(move || write_loop(&dir, &jobs, flush_interval, sync_disk))?;
         Ok(tier)
     }
 
@@ -294,10 +301,19 @@ fn evict(index: &mut Index, max: u64) -> Vec<String> {
     gone
 }
 
-fn write_loop(dir: &Path, jobs: Receiver<Job>) {
-    while let Ok(job) = jobs.recv() {
+/// The writer thread: runs `jobs` in order, and `sync`s `dir` at most `interval` after the
+/// first write since the last sync, on a flush, and when the tier goes.
+fn write_loop(dir: &Path, jobs: &Receiver<Job>, interval: Duration, sync: fn(&Path)) {
+    let mut sync_due: Option<std::time::Instant> = None;
+    loop {
+        let job = match sync_due {
+            Some(due) => {
+                jobs.recv_timeout(due.saturating_duration_since(std::time::Instant::now()))
+            }
+            None => jobs.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        };
         match job {
-            Job::Write { name, key, entry } => {
+            Ok(Job::Write { name, key, entry }) => {
                 let tmp = dir.join(format!("{name}.tmp"));
                 let written = std::fs::write(&tmp, encode(&key, &entry))
                     .and_then(|()| std::fs::rename(&tmp, dir.join(&name)));
@@ -305,16 +321,40 @@ fn write_loop(dir: &Path, jobs: Receiver<Job>) {
                     tracing::warn!(file = %tmp.display(), "cache: cannot write: {e}");
                     let _ = std::fs::remove_file(&tmp);
                 }
+                sync_due.get_or_insert_with(|| std::time::Instant::now() + interval);
             }
-            Job::Remove(names) => {
+            Ok(Job::Remove(names)) => {
                 for name in names {
                     let _ = std::fs::remove_file(dir.join(name));
                 }
             }
-            Job::Flush(done) => {
+            Ok(Job::Flush(done)) => {
+                if sync_due.take().is_some() {
+                    sync(dir);
+                }
                 let _ = done.send(());
             }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => {
+                if sync_due.is_some() {
+                    sync(dir);
+                }
+                return;
+            }
         }
+        if sync_due.is_some_and(|due| std::time::Instant::now() >= due) {
+            sync_due = None;
+            sync(dir);
+        }
+    }
+}
+
+/// Makes what was written under `dir` durable: one `syncfs` for the whole file system.
+fn sync_disk(dir: &Path) {
+    let synced = std::fs::File::open(dir)
+        .and_then(|d| nix::unistd::syncfs(&d).map_err(std::io::Error::from));
+    if let Err(e) = synced {
+        tracing::warn!(dir = %dir.display(), "cache: cannot sync the disk tier: {e}");
     }
 }
 
@@ -534,5 +574,50 @@ mod tests {
         let mut flipped = bytes.clone();
         flipped[20] ^= 1;
         assert!(decode(&flipped).is_none());
+    }
+
+    #[test]
+    fn written_files_reach_the_disk_within_the_interval_and_on_a_flush() {
+        use std::sync::atomic::AtomicUsize;
+        static SYNCS: AtomicUsize = AtomicUsize::new(0);
+        fn count(_: &Path) {
+            SYNCS.fetch_add(1, Ordering::SeqCst);
+        }
+        let syncs = || SYNCS.load(Ordering::SeqCst);
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let run = |interval: Duration| {
+            let (jobs, queue) = sync_channel(8);
+            let path = dir.path().to_path_buf();
+            let thread = std::thread::spawn(move || write_loop(&path, &queue, interval, count));
+            (jobs, thread)
+        };
+        let write = |jobs: &SyncSender<Job>, name: &str| {
+            let (name, key, entry) = (name.to_string(), "http://a/b".into(), Arc::new(entry()));
+            jobs.send(Job::Write { name, key, entry }).expect("queued");
+        };
+        let flush = |jobs: &SyncSender<Job>| {
+            let (done, wait) = std::sync::mpsc::channel();
+            jobs.send(Job::Flush(done)).expect("queued");
+            wait.recv().expect("flushed");
+        };
+        // An hour's interval: nothing written, nothing synced; a flush syncs what was written.
+        let (jobs, thread) = run(Duration::from_secs(3600));
+        flush(&jobs);
+        assert_eq!(syncs(), 0);
+        write(&jobs, "one");
+        write(&jobs, "two");
+        flush(&jobs);
+        assert_eq!(syncs(), 1, "one sync for both");
+        assert!(dir.path().join("two").is_file());
+        drop(jobs);
+        thread.join().expect("writer thread");
+        assert_eq!(syncs(), 1, "nothing left to sync at the end");
+        // No interval: each write is synced as it is written; the flush finds nothing left.
+        let (jobs, thread) = run(Duration::ZERO);
+        write(&jobs, "three");
+        flush(&jobs);
+        assert_eq!(syncs(), 2);
+        drop(jobs);
+        thread.join().expect("writer thread");
     }
 }

@@ -163,6 +163,7 @@ impl CacheStore {
             Storage::Hybrid => Some(DiskTier::open(
                 &base_dir.join(&cfg.file_path),
                 cfg.file_size,
+                cfg.flush_interval,
             )?),
             _ => None,
         };
