@@ -1,7 +1,7 @@
 //! The cache's answers that cannot be stored, and HEAD misses, through the real binary: a key
 //! whose answer could not be stored is marked, so that its requests go to the origin side by
 //! side instead of queueing behind one another (Varnish's "hit-for-miss"); the mark gives way
-//! when the answer becomes storable; a HEAD that misses is asked as a GET and its answer kept
+//! when the answer becomes storable (and a 304 to the client's own validator sets none); a HEAD that misses is asked as a GET and its answer kept
 //! (nginx's `proxy_cache_convert_head`).
 
 mod cache_support;
@@ -35,7 +35,29 @@ async fn requests_for_an_uncacheable_answer_are_not_queued_behind_each_other() {
     assert_eq!(origin.requests(), 11);
     // Coalesced, the ten would have reached the origin one, then nine.
     assert_eq!(origin.seen.most_at_once(), 10, "all ten at once");
-    // A cacheable answer still makes concurrent misses wait for one fetch (tests/cache.rs).
+}
+
+#[tokio::test]
+async fn a_304_to_the_clients_own_validator_does_not_mark_the_key() {
+    let origin = Origin::start().await;
+    let proxy = proxy_for(&origin);
+    let path = "/e?cc=max-age=60&etag=v1&slow=500";
+    let mut c = Client::connect(Proto::H1, proxy.addr).await;
+    let (resp, _) = send(&mut c, Method::GET, path, &[("if-none-match", "\"v1\"")]).await;
+    assert_eq!(resp.status(), 304);
+    // Concurrent misses of the key still make one origin request.
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..10 {
+        let addr = proxy.addr;
+        tasks.spawn(async move {
+            let mut c = Client::connect(Proto::H1, addr).await;
+            get(&mut c, path).await.1
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        assert_eq!(done.expect("request task"), "#2");
+    }
+    assert_eq!(origin.requests(), 2);
 }
 
 #[tokio::test]

@@ -342,13 +342,21 @@ fn finish(
             store.unmark(&key);
             resp
         }
-        // Not the key's fault: another client's request, or a backend in trouble.
-        (Keep::Entry(_), None) if !auth && !status.is_server_error() => {
+        // Not the key's fault: a request with credentials, a part or a 304 (what the client
+        // asked), or a backend in trouble.
+        (Keep::Entry(_), None) if !auth && says_uncacheable(status) => {
             store.mark_uncacheable(&key);
             resp
         }
         _ => resp,
     }
+}
+
+/// An answer that could not be stored says the key's answers cannot be.
+fn says_uncacheable(status: StatusCode) -> bool {
+    !(status.is_server_error()
+        || status == StatusCode::PARTIAL_CONTENT
+        || status == StatusCode::NOT_MODIFIED)
 }
 
 /// The answer to a HEAD that was asked as a GET: its body is read here while a copy is being
