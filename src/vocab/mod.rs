@@ -2,11 +2,13 @@
 //! imports nothing from the crate. It owns the proxy's error type and its one mapping to
 //! responses ([`ProxyError`]), the facts about a client connection ([`ClientConn`], with the
 //! [`WorkerId`] serving it), header rules of forwarding ([`headers`]), host and path
-//! normalisation ([`normalise`]) and the `araleztoken` query parameter ([`token_param`]).
+//! normalisation ([`normalise`]), the `araleztoken` query parameter ([`token_param`]) and the
+//! link to a Redis server that shared state uses ([`redis_link`]).
 
 pub mod error;
 pub mod headers;
 pub mod normalise;
+pub mod redis_link;
 pub mod request_body;
 pub mod token_param;
 

@@ -14,23 +14,19 @@
 //! an instance empties its memory tier once subscribed again, since messages may have been
 //! missed meanwhile: Redis still holds what it dropped.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 use std::time::Duration;
-
-use ::redis::aio::MultiplexedConnection;
-use ::redis::{AsyncConnectionConfig, Client};
-use tokio::time::Instant;
 
 use super::disk;
 use super::entry::Entry;
+use crate::vocab::redis_link::{Incident, RedisLink};
 
 /// How long a request waits for Redis before it goes to the backend without it.
 pub const LOOKUP_DEADLINE: Duration = Duration::from_millis(50);
 /// How long a write or a purge may take.
 const WRITE_DEADLINE: Duration = Duration::from_secs(1);
-/// How long Redis is left alone after it failed.
-pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+pub use crate::vocab::redis_link::RETRY_AFTER;
 /// Prefix of every key aralez writes.
 const PREFIX: &str = "aralez:cache:";
 /// The channel of drops, which every instance follows.
@@ -88,14 +84,7 @@ pub enum Fetched {
 }
 
 pub struct RemoteTier {
-    client: Client,
-    /// One connection per worker, and one for the admin API (the last).
-    conns: Box<[Mutex<Option<MultiplexedConnection>>]>,
-    started: Instant,
-    /// Milliseconds since `started` until which Redis is skipped.
-    down_until: AtomicU64,
-    in_incident: AtomicBool,
-    pub errors: AtomicU64,
+    link: RedisLink,
     /// Lookups that found the key.
     pub reads: AtomicU64,
 }
@@ -107,105 +96,36 @@ impl std::fmt::Debug for RemoteTier {
 }
 
 impl RemoteTier {
-    /// The tier for `url` with a connection slot per worker; connects on first use.
+    /// The tier for `url` with a connection slot per worker and one for the admin API;
+    /// connects on first use.
     pub fn new(url: &str, workers: usize) -> Result<Arc<RemoteTier>, ::redis::RedisError> {
-        let client = Client::open(url)?;
-        let conns = (0..=workers).map(|_| Mutex::new(None)).collect();
+        let incident = Incident {
+            user: "cache",
+            meanwhile: "requests bypass it",
+        };
         Ok(Arc::new(RemoteTier {
-            client,
-            conns,
-            started: Instant::now(),
-            down_until: AtomicU64::new(0),
-            in_incident: AtomicBool::new(false),
-            errors: AtomicU64::new(0),
+            link: RedisLink::new(url, workers + 1, incident)?,
             reads: AtomicU64::new(0),
         }))
     }
 
     /// The admin API's slot.
     pub fn admin_slot(&self) -> usize {
-        self.conns.len() - 1
+        self.link.last_slot()
     }
 
-    fn now_ms(&self) -> u64 {
-        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    /// Commands that failed or timed out.
+    pub fn errors(&self) -> u64 {
+        self.link.errors.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    fn is_down(&self) -> bool {
-        self.now_ms() < self.down_until.load(Ordering::Relaxed)
-    }
-
-    fn slot(&self, slot: usize) -> std::sync::MutexGuard<'_, Option<MultiplexedConnection>> {
-        let slot = &self.conns[slot.min(self.conns.len() - 1)];
-        slot.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The slot's connection, made now if there is none (within `deadline`); true when it
-    /// was made before (it may have been dropped by the server since).
-    async fn conn(&self, slot: usize, deadline: Duration) -> Option<(MultiplexedConnection, bool)> {
-        if self.is_down() {
-            return None;
-        }
-        if let Some(conn) = self.slot(slot).clone() {
-            return Some((conn, true));
-        }
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(deadline))
-            .set_response_timeout(Some(deadline));
-        let made = self
-            .client
-            .get_multiplexed_async_connection_with_config(&config);
-        match tokio::time::timeout(deadline, made).await {
-            Ok(Ok(conn)) => {
-                *self.slot(slot) = Some(conn.clone());
-                Some((conn, false))
-            }
-            Ok(Err(e)) => self.failed(slot, &e.to_string()),
-            Err(_) => self.failed(slot, "timed out connecting"),
-        }
-    }
-
-    /// Marks Redis down for [`RETRY_AFTER`]; logs once per incident.
-    fn failed<T>(&self, slot: usize, why: &str) -> Option<T> {
-        *self.slot(slot) = None;
-        self.errors.fetch_add(1, Ordering::Relaxed);
-        let until = self.now_ms() + u64::try_from(RETRY_AFTER.as_millis()).unwrap_or(1000);
-        self.down_until.store(until, Ordering::Relaxed);
-        if !self.in_incident.swap(true, Ordering::Relaxed) {
-            tracing::warn!("cache: Redis unreachable ({why}); requests bypass it until it answers");
-        }
-        None
-    }
-
-    fn succeeded(&self) {
-        if self.in_incident.swap(false, Ordering::Relaxed) {
-            tracing::info!("cache: Redis answers again");
-        }
-    }
-
-    /// Runs `cmd` on the slot's connection within `deadline`. A kept connection the server
-    /// dropped (Redis restarted) is replaced once, at once.
     async fn run<T: ::redis::FromRedisValue>(
         &self,
         slot: usize,
         deadline: Duration,
         cmd: &::redis::Pipeline,
     ) -> Option<T> {
-        for _ in 0..2 {
-            let (mut conn, kept) = self.conn(slot, deadline).await?;
-            match tokio::time::timeout(deadline, cmd.query_async::<T>(&mut conn)).await {
-                Ok(Ok(value)) => {
-                    self.succeeded();
-                    return Some(value);
-                }
-                Ok(Err(e)) if kept && (e.is_connection_dropped() || e.is_io_error()) => {
-                    *self.slot(slot) = None;
-                }
-                Ok(Err(e)) => return self.failed(slot, &e.to_string()),
-                Err(_) => return self.failed(slot, "timed out"),
-            }
-        }
-        self.failed(slot, "connection dropped")
+        self.link.run(slot, deadline, cmd).await
     }
 
     /// The variants stored for `key`.
@@ -236,7 +156,7 @@ impl RemoteTier {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        if self.is_down() {
+        if self.link.is_down() {
             return;
         }
         let (tier, key) = (self.clone(), key.to_string());
@@ -333,7 +253,7 @@ impl RemoteTier {
         use futures_util::StreamExt as _;
         loop {
             let subscribed = tokio::time::timeout(WRITE_DEADLINE, async {
-                let mut pubsub = self.client.get_async_pubsub().await?;
+                let mut pubsub = self.link.client().get_async_pubsub().await?;
                 pubsub.subscribe(DROPS).await?;
                 Ok::<_, ::redis::RedisError>(pubsub)
             });

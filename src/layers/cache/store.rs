@@ -481,7 +481,7 @@ impl CacheStore {
                 "aralez_cache_errors_total",
                 "counter",
                 "a tier that failed or was too slow (the request went on without it)",
-                lower(None, remote.map(|r| load(&r.errors))),
+                lower(None, remote.map(RemoteTier::errors)),
             ),
         ];
         for (name, kind, help, tiers) in series {

@@ -1,0 +1,152 @@
+//! One Redis server as the proxy's shared state uses it (the cache's `redis://` tier,
+//! `limits_store`): a multiplexed connection per slot (a worker's, or the admin API's), made on
+//! first use; every command within a deadline; after an error or a timeout the server is left
+//! alone for [`RETRY_AFTER`] (callers go on without it), the incident logged once and counted,
+//! and the first command after the pause tries again. A kept connection the server dropped
+//! (Redis restarted) is replaced once, at once.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client, FromRedisValue, Pipeline, RedisError};
+use tokio::time::Instant;
+
+/// How long Redis is left alone after it failed.
+pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// What the log says of an incident: who uses Redis, and what happens meanwhile.
+#[derive(Clone, Copy, Debug)]
+pub struct Incident {
+    pub user: &'static str,
+    pub meanwhile: &'static str,
+}
+
+pub struct RedisLink {
+    client: Client,
+    /// One connection per slot.
+    conns: Box<[Mutex<Option<MultiplexedConnection>>]>,
+    started: Instant,
+    /// Milliseconds since `started` until which Redis is skipped.
+    down_until: AtomicU64,
+    in_incident: AtomicBool,
+    incident: Incident,
+    /// Commands that failed or timed out.
+    pub errors: AtomicU64,
+}
+
+impl std::fmt::Debug for RedisLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisLink")
+            .field("user", &self.incident.user)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisLink {
+    /// A link to `url` with `slots` connection slots; connects on first use.
+    pub fn new(url: &str, slots: usize, incident: Incident) -> Result<RedisLink, RedisError> {
+        Ok(RedisLink {
+            client: Client::open(url)?,
+            conns: (0..slots.max(1)).map(|_| Mutex::new(None)).collect(),
+            started: Instant::now(),
+            down_until: AtomicU64::new(0),
+            in_incident: AtomicBool::new(false),
+            incident,
+            errors: AtomicU64::new(0),
+        })
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The last slot (the admin API's, by convention).
+    pub fn last_slot(&self) -> usize {
+        self.conns.len() - 1
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Redis failed less than [`RETRY_AFTER`] ago.
+    pub fn is_down(&self) -> bool {
+        self.now_ms() < self.down_until.load(Ordering::Relaxed)
+    }
+
+    fn slot(&self, slot: usize) -> MutexGuard<'_, Option<MultiplexedConnection>> {
+        let slot = &self.conns[slot.min(self.conns.len() - 1)];
+        slot.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The slot's connection, made now if there is none (within `deadline`); true when it
+    /// was made before (it may have been dropped by the server since).
+    async fn conn(&self, slot: usize, deadline: Duration) -> Option<(MultiplexedConnection, bool)> {
+        if self.is_down() {
+            return None;
+        }
+        if let Some(conn) = self.slot(slot).clone() {
+            return Some((conn, true));
+        }
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(deadline))
+            .set_response_timeout(Some(deadline));
+        let made = self
+            .client
+            .get_multiplexed_async_connection_with_config(&config);
+        match tokio::time::timeout(deadline, made).await {
+            Ok(Ok(conn)) => {
+                *self.slot(slot) = Some(conn.clone());
+                Some((conn, false))
+            }
+            Ok(Err(e)) => self.failed(slot, &e.to_string()),
+            Err(_) => self.failed(slot, "timed out connecting"),
+        }
+    }
+
+    /// Marks Redis down for [`RETRY_AFTER`]; logs once per incident.
+    fn failed<T>(&self, slot: usize, why: &str) -> Option<T> {
+        *self.slot(slot) = None;
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        let until = self.now_ms() + u64::try_from(RETRY_AFTER.as_millis()).unwrap_or(1000);
+        self.down_until.store(until, Ordering::Relaxed);
+        if !self.in_incident.swap(true, Ordering::Relaxed) {
+            let Incident { user, meanwhile } = self.incident;
+            tracing::warn!("{user}: Redis unreachable ({why}); {meanwhile} until it answers");
+        }
+        None
+    }
+
+    fn succeeded(&self) {
+        if self.in_incident.swap(false, Ordering::Relaxed) {
+            tracing::info!("{}: Redis answers again", self.incident.user);
+        }
+    }
+
+    /// Runs `cmd` on the slot's connection within `deadline`; `None` when Redis is down, slow
+    /// or refusing (then it is left alone for [`RETRY_AFTER`]).
+    pub async fn run<T: FromRedisValue>(
+        &self,
+        slot: usize,
+        deadline: Duration,
+        cmd: &Pipeline,
+    ) -> Option<T> {
+        for _ in 0..2 {
+            let (mut conn, kept) = self.conn(slot, deadline).await?;
+            match tokio::time::timeout(deadline, cmd.query_async::<T>(&mut conn)).await {
+                Ok(Ok(value)) => {
+                    self.succeeded();
+                    return Some(value);
+                }
+                Ok(Err(e)) if kept && (e.is_connection_dropped() || e.is_io_error()) => {
+                    *self.slot(slot) = None;
+                }
+                Ok(Err(e)) => return self.failed(slot, &e.to_string()),
+                Err(_) => return self.failed(slot, "timed out"),
+            }
+        }
+        self.failed(slot, "connection dropped")
+    }
+}
