@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::cache_conf::{self, CacheConfig};
+use super::cluster_conf::ClusterConfig;
 use super::exists;
 use super::log_conf::{self, AccessLogFormat, LogTarget, PatternPiece, Rotation};
 use super::net_conf::{self, Cidr, TcpSettings};
@@ -91,6 +92,8 @@ pub struct MainConfig {
     pub max_connections: usize,
     /// The `cache:` block; no caching when absent.
     pub cache: Option<CacheConfig>,
+    /// `cluster_member`, `worker_nodes`, `limits_store`.
+    pub cluster: ClusterConfig,
 }
 
 const KEYS: &[&str] = &[
@@ -142,6 +145,9 @@ const KEYS: &[&str] = &[
     "max_request_header_bytes",
     "max_connections",
     "cache",
+    "cluster_member",
+    "worker_nodes",
+    "limits_store",
 ];
 
 /// Keys of Pingora's server config that Aralez files carry; accepted and ignored.
@@ -209,6 +215,7 @@ impl MainConfig {
             max_request_header_bytes: 64 * 1024,
             max_connections: 100_000,
             cache: None,
+            cluster: ClusterConfig::default(),
         }
     }
 
@@ -346,6 +353,8 @@ impl MainConfig {
                     true
                 }
                 "cache" => opt(&mut cfg.cache, cache_conf::read_cache(value, r)),
+                _ if cfg.cluster.read(k, value, r).is_some_and(|read| !read) => false,
+                "cluster_member" | "worker_nodes" | "limits_store" => true,
                 "tcp" => {
                     tcp_block = Some(value);
                     true
@@ -404,6 +413,7 @@ impl MainConfig {
             };
             failed |= !ok;
         }
+        failed |= !cfg.cluster.check(cfg.master_key.is_some(), r);
         match net_conf::read_tcp(&tcp_top, tcp_block, r) {
             Some(tcp) => cfg.tcp = tcp,
             None => failed = true,

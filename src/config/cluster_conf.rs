@@ -1,0 +1,205 @@
+//! main.yaml's keys for several instances run as one (SPEC §14): Aralez 0.95's cluster mode
+//! (`cluster_member: master|worker`, `worker_nodes`) and ours, `limits_store`. Only parsing and
+//! validation live here; the push is `control::cluster`, the shared limits
+//! `layers::shared_limits`.
+
+use super::reader::Reader;
+use super::yaml::{Node, Pos, Value};
+
+/// What an instance is in a cluster.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Member {
+    /// No `cluster_member`: an instance on its own.
+    #[default]
+    Alone,
+    /// Serves no proxy traffic; pushes every accepted configuration to `worker_nodes`.
+    Master,
+    /// An ordinary instance (the master pushes to its admin API).
+    Worker,
+}
+
+/// The cluster keys of main.yaml.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterConfig {
+    pub member: Member,
+    /// The workers' admin APIs (`http://host:port`, `https://host:port`).
+    pub worker_nodes: Vec<String>,
+    /// `redis://host:port[/db]`: where `rate_limit` and `x4xx_limit` are counted across instances.
+    pub limits_store: Option<String>,
+    /// Where `cluster_member` was written, for the checks that involve other keys.
+    pub member_pos: Option<Pos>,
+}
+
+impl ClusterConfig {
+    /// Reads `key` if it is one of the cluster keys; `None` when it is not, else whether it
+    /// was read.
+    pub fn read(&mut self, key: &str, node: &Node, r: &mut Reader) -> Option<bool> {
+        let read = match key {
+            "cluster_member" => read_member(node, key, r).map(|m| {
+                self.member = m;
+                self.member_pos = Some(node.pos);
+            }),
+            "worker_nodes" => read_nodes(node, key, r).map(|n| self.worker_nodes = n),
+            "limits_store" => read_store(node, key, r).map(|s| self.limits_store = Some(s)),
+            _ => return None,
+        };
+        Some(read.is_some())
+    }
+
+    /// A master needs workers to push to and the master key to push with.
+    pub fn check(&self, has_master_key: bool, r: &mut Reader) -> bool {
+        let (Member::Master, Some(pos)) = (self.member, self.member_pos) else {
+            return true;
+        };
+        let mut ok = true;
+        if self.worker_nodes.is_empty() {
+            let why = "a master needs `worker_nodes` (the workers' admin APIs, e.g. \"http://10.0.0.2:3000, http://10.0.0.3:3000\")";
+            r.error(pos, "cluster_member", why);
+            ok = false;
+        }
+        if !has_master_key {
+            let why =
+                "a master needs `master_key` (it pushes configurations to the workers with it)";
+            r.error(pos, "cluster_member", why);
+            ok = false;
+        }
+        ok
+    }
+}
+
+fn read_member(node: &Node, key: &str, r: &mut Reader) -> Option<Member> {
+    let text = r.non_empty_string(node, key)?;
+    match text.trim().to_ascii_lowercase().as_str() {
+        "master" => Some(Member::Master),
+        "worker" => Some(Member::Worker),
+        _ => {
+            r.error(node.pos, key, format!("`{text}` is not master or worker"));
+            None
+        }
+    }
+}
+
+/// Aralez's form, one string of comma-separated URLs, or a list of them.
+fn read_nodes(node: &Node, key: &str, r: &mut Reader) -> Option<Vec<String>> {
+    let items: Vec<(Pos, String)> = match &node.value {
+        Value::Seq(items) => items
+            .iter()
+            .map(|n| r.non_empty_string(n, key).map(|s| (n.pos, s)))
+            .collect::<Option<_>>()?,
+        _ => {
+            let text = r.non_empty_string(node, key)?;
+            text.split(',').map(|s| (node.pos, s.to_string())).collect()
+        }
+    };
+    let mut nodes = Vec::with_capacity(items.len());
+    for (pos, item) in items {
+        let url = item.trim().trim_end_matches('/');
+        let rest = url
+            .strip_prefix("http://")
+            .or_else(|| url.strip_prefix("https://"));
+        match rest {
+            Some(authority) if !authority.is_empty() && !authority.contains('/') => {
+                nodes.push(url.to_string())
+            }
+            _ => {
+                let why = format!(
+                    "`{}` is not http://host:port or https://host:port",
+                    item.trim()
+                );
+                r.error(pos, key, why);
+                return None;
+            }
+        }
+    }
+    Some(nodes)
+}
+
+fn read_store(node: &Node, key: &str, r: &mut Reader) -> Option<String> {
+    let text = r.non_empty_string(node, key)?;
+    let url = text.trim();
+    let host = url
+        .strip_prefix("redis://")
+        .map(|rest| rest.split('/').next());
+    match host {
+        Some(Some(authority)) if !authority.is_empty() => Some(url.to_string()),
+        _ => {
+            r.error(
+                node.pos,
+                key,
+                format!("`{url}` is not redis://host:port[/db]"),
+            );
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::issues::Issues;
+    use crate::config::yaml;
+
+    fn read(text: &str, master_key: bool) -> (ClusterConfig, bool, Issues) {
+        let mut issues = Issues::default();
+        let root = yaml::parse(text).expect("yaml");
+        let mut cfg = ClusterConfig::default();
+        let mut ok = true;
+        {
+            let mut r = Reader::new("main.yaml".into(), &mut issues);
+            if let Value::Map(entries) = &root.value {
+                for (key, node) in entries {
+                    ok &= cfg.read(&key.name, node, &mut r) == Some(true);
+                }
+            }
+            ok &= cfg.check(master_key, &mut r);
+        }
+        (cfg, ok, issues)
+    }
+
+    #[test]
+    fn a_master_names_its_workers_and_has_the_master_key() {
+        let text =
+            "cluster_member: master\nworker_nodes: \"http://127.0.0.1:3001, https://w2:3000/\"\n";
+        let (cfg, ok, _) = read(text, true);
+        assert!(ok);
+        assert_eq!(cfg.member, Member::Master);
+        assert_eq!(
+            cfg.worker_nodes,
+            ["http://127.0.0.1:3001", "https://w2:3000"]
+        );
+        let (_, ok, issues) = read(text, false);
+        assert!(!ok);
+        let error = issues.errors().next().expect("an error");
+        assert_eq!((error.line, error.key.as_str()), (1, "cluster_member"));
+        assert!(error.message.contains("master_key"), "{}", error.message);
+        let (_, ok, issues) = read("cluster_member: master\n", true);
+        assert!(!ok && issues.errors().any(|e| e.message.contains("worker_nodes")));
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        for (text, says) in [
+            ("cluster_member: boss\n", "not master or worker"),
+            ("worker_nodes: \"ftp://x:1\"\n", "not http://host:port"),
+            (
+                "worker_nodes: [\"http://a:1/conf\"]\n",
+                "not http://host:port",
+            ),
+            ("limits_store: \"memcached://x\"\n", "not redis://"),
+        ] {
+            let (_, ok, issues) = read(text, true);
+            assert!(!ok, "{text}");
+            assert!(issues.errors().any(|e| e.message.contains(says)), "{text}");
+        }
+        let (cfg, ok, _) = read(
+            "limits_store: \"redis://127.0.0.1:6379/2\"\ncluster_member: worker\n",
+            false,
+        );
+        assert!(ok);
+        assert_eq!(
+            cfg.limits_store.as_deref(),
+            Some("redis://127.0.0.1:6379/2")
+        );
+        assert_eq!(cfg.member, Member::Worker);
+    }
+}
