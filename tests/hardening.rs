@@ -267,6 +267,7 @@ async fn admin_api(proxy: &Proxy, master_key: Option<&str>) -> SocketAddr {
         metrics_key: None,
         history: Default::default(),
         cache: None,
+        shared_limits: None,
     });
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     std::mem::forget(stop);

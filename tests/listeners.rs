@@ -71,6 +71,7 @@ async fn start() -> Listeners {
         metrics_key: None,
         history: Default::default(),
         cache: None,
+        shared_limits: None,
     });
     let served = aralez::admin::serve(admin_listener, admin, None, limits(3), stop_rx.clone());
     tokio::spawn(served);

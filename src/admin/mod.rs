@@ -51,6 +51,8 @@ pub struct Admin {
     pub history: Arc<History>,
     /// The response cache, for `POST /cache/purge` and its series in `/metrics`.
     pub cache: Option<Arc<crate::layers::cache::Store>>,
+    /// `limits_store`'s series in `/metrics`.
+    pub shared_limits: Option<Arc<crate::layers::shared_limits::SharedLimits>>,
 }
 
 type Reply = Response<Full<Bytes>>;
@@ -294,6 +296,9 @@ impl Admin {
         let mut text = self.metrics.render_prometheus(backends);
         if let Some(cache) = &self.cache {
             cache.render_prometheus(&mut text);
+        }
+        if let Some(limits) = &self.shared_limits {
+            limits.render_prometheus(&mut text);
         }
         reply(
             StatusCode::OK,

@@ -53,6 +53,16 @@ impl Rate {
         })
     }
 
+    /// Time one event costs (ns).
+    pub fn emission_ns(self) -> u64 {
+        self.emission_ns
+    }
+
+    /// How far ahead of now the arrival time may run (ns): the burst less one event.
+    pub fn tolerance_ns(self) -> u64 {
+        self.tolerance_ns
+    }
+
     /// Charges one event against `tat` at `now`; `None` when over the limit (nothing charged).
     fn charge(self, tat: u64, now: u64) -> Option<u64> {
         let tat = tat.max(now);
@@ -254,6 +264,20 @@ impl Table<Strikes> {
             ),
             other => (other, true),
         })
+    }
+
+    /// Blocks the client for `span` (another instance saw it go over its 4xx limit).
+    pub fn block(&self, key: u64, span: Duration) {
+        let now = self.now();
+        let until = now.saturating_add(span.as_nanos() as u64);
+        self.update(key, now, |slot| {
+            let s = slot.unwrap_or(Strikes {
+                tat: now,
+                blocked_until: 0,
+            });
+            let blocked_until = s.blocked_until.max(until);
+            (Some(Strikes { blocked_until, ..s }), ())
+        });
     }
 
     /// Records a 4xx response; over `rate`, the client is blocked.

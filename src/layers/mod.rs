@@ -22,6 +22,7 @@ pub mod keys;
 pub mod limiter;
 pub mod rate_limit;
 pub mod redirect;
+pub mod shared_limits;
 pub mod sticky;
 pub mod x4xx;
 
@@ -61,6 +62,8 @@ pub struct PolicyState {
     strikes: Arc<Table<Strikes>>,
     /// The response cache (main.yaml's `cache:`), when there is one.
     pub cache: Option<Arc<cache::Store>>,
+    /// `limits_store`: limits counted across instances, when named.
+    pub shared_limits: Option<Arc<shared_limits::SharedLimits>>,
 }
 
 impl PolicyState {
@@ -71,6 +74,7 @@ impl PolicyState {
             requests: Arc::new(Table::new()),
             strikes: Arc::new(Table::new()),
             cache: None,
+            shared_limits: None,
         }
     }
 
@@ -78,6 +82,21 @@ impl PolicyState {
     pub fn with_cache(mut self, cache: Option<Arc<cache::Store>>) -> PolicyState {
         self.cache = cache;
         self
+    }
+
+    /// The same state with limits counted in the Redis at `url` (`limits_store`), with a
+    /// connection for each of `workers`.
+    pub fn with_limits_store(
+        mut self,
+        url: Option<&str>,
+        workers: usize,
+    ) -> Result<PolicyState, redis::RedisError> {
+        if let Some(url) = url {
+            let (requests, strikes) = (self.requests.clone(), self.strikes.clone());
+            let shared = shared_limits::SharedLimits::new(url, workers, requests, strikes)?;
+            self.shared_limits = Some(Arc::new(shared));
+        }
+        Ok(self)
     }
 }
 
@@ -125,10 +144,12 @@ impl Policies {
             rate_limit: settings.rate_limit.and_then(Rate::per_second).map(|rate| {
                 let scope = scope(own.rate_limit.is_some());
                 RateLimit::new(rate, scope, state.requests.clone())
+                    .shared(state.shared_limits.clone())
             }),
             x4xx_limit: settings.x4xx_limit.and_then(Rate::per_second).map(|rate| {
                 let scope = scope(own.x4xx_limit.is_some());
                 X4xxLimit::new(rate, scope, state.strikes.clone())
+                    .shared(state.shared_limits.clone())
             }),
             sticky: settings
                 .sticky_sessions
@@ -187,7 +208,11 @@ where
         .layer(RedirectLayer::new(policies.redirect.as_ref(), conn.tls))
         .layer(X4xxLayer::new(policies.x4xx_limit.as_ref(), client_ip))
         .layer(AuthLayer::new(policies.auth.as_ref(), conn))
-        .layer(RateLimitLayer::new(policies.rate_limit.as_ref(), client_ip))
+        .layer(RateLimitLayer::new(
+            policies.rate_limit.as_ref(),
+            client_ip,
+            conn.worker.0,
+        ))
         .layer(StickyLayer::new(
             policies.sticky.as_ref(),
             backends,

@@ -3,7 +3,9 @@
 //! further. The counters live in one process-wide [`Table`] (built at start, passed in), so the limit holds
 //! across workers.
 
+use std::future::Future;
 use std::net::IpAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -12,6 +14,7 @@ use http::Request;
 use tower::{Layer, Service};
 
 use super::limiter::{Rate, Table, Tat};
+use super::shared_limits::{Counter, SharedLimits, Verdict};
 use crate::vocab::ProxyError;
 
 /// A route's compiled rate limit.
@@ -21,18 +24,35 @@ pub struct RateLimit {
     /// Which host (or path) the counters belong to.
     scope: u64,
     table: Arc<Table<Tat>>,
+    /// `limits_store`: counted across instances.
+    shared: Option<Arc<SharedLimits>>,
 }
 
 impl RateLimit {
     /// A limit counting in `table`, the one table of its kind built at start and shared by
     /// every route and worker, so a limit holds process-wide.
     pub fn new(rate: Rate, scope: u64, table: Arc<Table<Tat>>) -> RateLimit {
-        RateLimit { rate, scope, table }
+        RateLimit {
+            rate,
+            scope,
+            table,
+            shared: None,
+        }
     }
 
-    fn admit(&self, ip: IpAddr) -> bool {
-        self.table
-            .admit(self.table.key((ip, self.scope)), self.rate)
+    /// The same limit counted across instances through `shared`, when given.
+    pub fn shared(mut self, shared: Option<Arc<SharedLimits>>) -> RateLimit {
+        self.shared = shared;
+        self
+    }
+
+    fn verdict(&self, ip: IpAddr) -> Verdict {
+        let (scope, rate) = (self.scope, self.rate);
+        match &self.shared {
+            Some(shared) => shared.check(Counter { ip, scope, rate }),
+            None if self.table.admit(self.table.key((ip, scope)), rate) => Verdict::Admit,
+            None => Verdict::Refuse,
+        }
     }
 }
 
@@ -41,11 +61,17 @@ impl RateLimit {
 pub struct RateLimitLayer<'a> {
     limit: Option<&'a RateLimit>,
     client: IpAddr,
+    /// The worker serving the request (its Redis connection).
+    slot: usize,
 }
 
 impl<'a> RateLimitLayer<'a> {
-    pub fn new(limit: Option<&'a RateLimit>, client: IpAddr) -> Self {
-        RateLimitLayer { limit, client }
+    pub fn new(limit: Option<&'a RateLimit>, client: IpAddr, slot: usize) -> Self {
+        RateLimitLayer {
+            limit,
+            client,
+            slot,
+        }
     }
 }
 
@@ -54,8 +80,7 @@ impl<'a, S> Layer<S> for RateLimitLayer<'a> {
 
     fn layer(&self, inner: S) -> Self::Service {
         RateLimitService {
-            limit: self.limit,
-            client: self.client,
+            layer: *self,
             inner,
         }
     }
@@ -63,29 +88,51 @@ impl<'a, S> Layer<S> for RateLimitLayer<'a> {
 
 #[derive(Clone)]
 pub struct RateLimitService<'a, S> {
-    limit: Option<&'a RateLimit>,
-    client: IpAddr,
+    layer: RateLimitLayer<'a>,
     inner: S,
 }
 
-impl<S, B> Service<Request<B>> for RateLimitService<'_, S>
+type Answer<R> = Result<R, ProxyError>;
+/// A request waiting for Redis's decision, then the inner answer.
+type Asking<'a, R> = Pin<Box<dyn Future<Output = Answer<R>> + Send + 'a>>;
+
+impl<'a, S, B> Service<Request<B>> for RateLimitService<'a, S>
 where
-    S: Service<Request<B>, Error = ProxyError>,
+    S: Service<Request<B>, Error = ProxyError> + Clone + Send + 'a,
+    S::Future: Send + 'a,
+    B: Send + 'a,
 {
     type Response = S::Response;
     type Error = ProxyError;
-    type Future = Either<Ready<Result<S::Response, ProxyError>>, S::Future>;
+    type Future = Either<Ready<Answer<S::Response>>, Either<S::Future, Asking<'a, S::Response>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        match self.limit {
-            Some(limit) if !limit.admit(self.client) => {
-                Either::Left(ready(Err(ProxyError::RateLimited)))
+        let Some(limit) = self.layer.limit else {
+            return Either::Right(Either::Left(self.inner.call(req)));
+        };
+        match limit.verdict(self.layer.client) {
+            Verdict::Admit => Either::Right(Either::Left(self.inner.call(req))),
+            Verdict::Refuse => Either::Left(ready(Err(ProxyError::RateLimited))),
+            Verdict::Ask(counter, unseen) => {
+                let Some(shared) = limit.shared.as_deref() else {
+                    return Either::Right(Either::Left(self.inner.call(req)));
+                };
+                // The ready service goes to the request; its clone stays for the next.
+                let clone = self.inner.clone();
+                let mut inner = std::mem::replace(&mut self.inner, clone);
+                let slot = self.layer.slot;
+                Either::Right(Either::Right(Box::pin(async move {
+                    if shared.ask(counter, unseen, slot).await {
+                        inner.call(req).await
+                    } else {
+                        Err(ProxyError::RateLimited)
+                    }
+                })))
             }
-            _ => Either::Right(self.inner.call(req)),
         }
     }
 }
@@ -108,7 +155,7 @@ mod tests {
     > + Clone {
         tower::service_fn(move |_req: Request<()>| {
             count.fetch_add(1, Ordering::SeqCst);
-            ready(Ok::<_, ProxyError>(200))
+            ready(Ok::<_, ProxyError>(200u16))
         })
     }
 
@@ -117,7 +164,7 @@ mod tests {
         ip: [u8; 4],
         inner_count: &Arc<AtomicUsize>,
     ) -> Result<u16, ProxyError> {
-        RateLimitLayer::new(limit, IpAddr::from(ip))
+        RateLimitLayer::new(limit, IpAddr::from(ip), 0)
             .layer(counting_inner(inner_count.clone()))
             .oneshot(Request::new(()))
             .await

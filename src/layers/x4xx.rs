@@ -15,6 +15,7 @@ use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
 use super::limiter::{Rate, Strikes, Table};
+use super::shared_limits::{Counter, SharedLimits};
 use crate::vocab::ProxyError;
 
 /// A route's compiled 4xx limit.
@@ -23,13 +24,35 @@ pub struct X4xxLimit {
     pub rate: Rate,
     scope: u64,
     table: Arc<Table<Strikes>>,
+    /// `limits_store`: 4xx answers counted across instances, blocks shared.
+    shared: Option<Arc<SharedLimits>>,
 }
 
 impl X4xxLimit {
     /// A limit counting in `table`, the one table of its kind built at start and shared by
     /// every route and worker, so a limit holds process-wide.
     pub fn new(rate: Rate, scope: u64, table: Arc<Table<Strikes>>) -> X4xxLimit {
-        X4xxLimit { rate, scope, table }
+        X4xxLimit {
+            rate,
+            scope,
+            table,
+            shared: None,
+        }
+    }
+
+    /// The same limit counted across instances through `shared`, when given.
+    pub fn shared(mut self, shared: Option<Arc<SharedLimits>>) -> X4xxLimit {
+        self.shared = shared;
+        self
+    }
+
+    /// Counts a 4xx answer to `ip`, here and (when shared) in Redis.
+    fn record(&self, key: u64, ip: std::net::IpAddr) {
+        self.table.record_4xx(key, self.rate);
+        if let Some(shared) = &self.shared {
+            let (scope, rate) = (self.scope, self.rate);
+            shared.record_4xx(Counter { ip, scope, rate });
+        }
     }
 }
 
@@ -91,6 +114,7 @@ where
             inner: self.inner.call(req),
             limit,
             key,
+            client: self.client,
         }))
     }
 }
@@ -102,6 +126,7 @@ pin_project! {
         inner: F,
         limit: &'a X4xxLimit,
         key: u64,
+        client: IpAddr,
     }
 }
 
@@ -119,7 +144,7 @@ where
             Err(err) => err.status(),
         };
         if status.is_client_error() {
-            this.limit.table.record_4xx(*this.key, this.limit.rate);
+            this.limit.record(*this.key, *this.client);
         }
         Poll::Ready(answer)
     }

@@ -144,9 +144,12 @@ impl Context {
             )),
             None => None,
         };
-        let policy_state = Arc::new(
-            PolicyState::new(Keys::from_config(main.master_key.as_deref())).with_cache(cache),
-        );
+        let limits_store = main.cluster.limits_store.as_deref();
+        let policy_state = PolicyState::new(Keys::from_config(main.master_key.as_deref()))
+            .with_cache(cache)
+            .with_limits_store(limits_store, main.threads)
+            .map_err(|e| StartError::Config(format!("limits_store: {e}")))?;
+        let policy_state = Arc::new(policy_state);
         let registry = Registry::new(
             main.threads,
             main.upstream_keepalive_pool_size,
@@ -399,6 +402,9 @@ fn start_side_listeners(
     if let Some(cache) = &ctx.policy_state.cache {
         cache.follow_drops(control.handle());
     }
+    if let Some(limits) = &ctx.policy_state.shared_limits {
+        limits.start(control.handle());
+    }
     let admin = Arc::new(crate::admin::Admin {
         reloader: ctx.reloader.clone(),
         master_key: ctx.policy_state.keys.master().map(str::to_string),
@@ -407,6 +413,7 @@ fn start_side_listeners(
         metrics_key: main.metrics_key.clone(),
         history: Default::default(),
         cache: ctx.policy_state.cache.clone(),
+        shared_limits: ctx.policy_state.shared_limits.clone(),
     });
     match crate::admin::start(control, main, admin, stop) {
         Ok(tasks) => tasks,

@@ -1,8 +1,9 @@
 //! One Redis server as the proxy's shared state uses it (the cache's `redis://` tier,
 //! `limits_store`): a multiplexed connection per slot (a worker's, or the admin API's), made on
-//! first use; every command within a deadline; after an error or a timeout the server is left
-//! alone for [`RETRY_AFTER`] (callers go on without it), the incident logged once and counted,
-//! and the first command after the pause tries again. A kept connection the server dropped
+//! first use (or [`warm`](RedisLink::warm)ed at start); every command within a deadline; after
+//! an error, or [`TIMEOUTS_IN_A_ROW`] timeouts, the server is left alone for [`RETRY_AFTER`]
+//! (callers go on without it), the incident logged once and counted, and the first command after
+//! the pause tries again. A single late answer costs only the command that waited for it. A kept connection the server dropped
 //! (Redis restarted) is replaced once, at once.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -15,6 +16,8 @@ use tokio::time::Instant;
 
 /// How long Redis is left alone after it failed.
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// Timeouts in a row that count as Redis failing (one late answer is a busy moment).
+pub const TIMEOUTS_IN_A_ROW: u32 = 3;
 
 /// What the log says of an incident: who uses Redis, and what happens meanwhile.
 #[derive(Clone, Copy, Debug)]
@@ -31,6 +34,7 @@ pub struct RedisLink {
     /// Milliseconds since `started` until which Redis is skipped.
     down_until: AtomicU64,
     in_incident: AtomicBool,
+    timeouts: std::sync::atomic::AtomicU32,
     incident: Incident,
     /// Commands that failed or timed out.
     pub errors: AtomicU64,
@@ -53,6 +57,7 @@ impl RedisLink {
             started: Instant::now(),
             down_until: AtomicU64::new(0),
             in_incident: AtomicBool::new(false),
+            timeouts: std::sync::atomic::AtomicU32::new(0),
             incident,
             errors: AtomicU64::new(0),
         })
@@ -119,7 +124,28 @@ impl RedisLink {
         None
     }
 
+    /// A command that waited past its deadline: counted; Redis is failing only after
+    /// [`TIMEOUTS_IN_A_ROW`].
+    fn timed_out<T>(&self, slot: usize) -> Option<T> {
+        if self.timeouts.fetch_add(1, Ordering::Relaxed) + 1 >= TIMEOUTS_IN_A_ROW {
+            self.timeouts.store(0, Ordering::Relaxed);
+            return self.failed(slot, "timed out");
+        }
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+
+    /// Makes every slot's connection now (at start), each within `deadline`.
+    pub async fn warm(&self, deadline: Duration) {
+        for slot in 0..self.conns.len() {
+            if self.conn(slot, deadline).await.is_none() {
+                return;
+            }
+        }
+    }
+
     fn succeeded(&self) {
+        self.timeouts.store(0, Ordering::Relaxed);
         if self.in_incident.swap(false, Ordering::Relaxed) {
             tracing::info!("{}: Redis answers again", self.incident.user);
         }
@@ -144,9 +170,33 @@ impl RedisLink {
                     *self.slot(slot) = None;
                 }
                 Ok(Err(e)) => return self.failed(slot, &e.to_string()),
-                Err(_) => return self.failed(slot, "timed out"),
+                Err(_) => return self.timed_out(slot),
             }
         }
         self.failed(slot, "connection dropped")
+    }
+
+    /// Follows `channel` for as long as the process runs, `on_message` getting each message's
+    /// text. Subscribes again [`RETRY_AFTER`] after losing the channel, and runs
+    /// `on_subscribed` each time the subscription is made (messages may have been missed).
+    pub async fn follow(&self, channel: &str, on_subscribed: impl Fn(), on_message: impl Fn(&str)) {
+        use futures_util::StreamExt as _;
+        loop {
+            let subscribed = tokio::time::timeout(RETRY_AFTER, async {
+                let mut pubsub = self.client.get_async_pubsub().await?;
+                pubsub.subscribe(channel).await?;
+                Ok::<_, RedisError>(pubsub)
+            });
+            if let Ok(Ok(pubsub)) = subscribed.await {
+                on_subscribed();
+                let mut messages = pubsub.into_on_message();
+                while let Some(msg) = messages.next().await {
+                    if let Ok(text) = msg.get_payload::<String>() {
+                        on_message(&text);
+                    }
+                }
+            }
+            tokio::time::sleep(RETRY_AFTER).await;
+        }
     }
 }

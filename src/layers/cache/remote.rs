@@ -3,7 +3,7 @@
 //! so several aralez instances share what one of them fetched. Memory stays the first tier.
 //!
 //! Redis never holds a request up for long: a lookup waits at most [`LOOKUP_DEADLINE`]; on an
-//! error or a timeout the tier is skipped for [`RETRY_AFTER`] (the request is served from the
+//! error or a timeout the tier is skipped for a second (the request is served from the
 //! backend, `X-Cache-Status: BYPASS`), the incident is logged once and counted, and the next
 //! request after that tries again. Writes run in tasks of their own. Each worker has its own
 //! multiplexed connection, made on first use; the admin API has one more.
@@ -26,7 +26,6 @@ use crate::vocab::redis_link::{Incident, RedisLink};
 pub const LOOKUP_DEADLINE: Duration = Duration::from_millis(50);
 /// How long a write or a purge may take.
 const WRITE_DEADLINE: Duration = Duration::from_secs(1);
-pub use crate::vocab::redis_link::RETRY_AFTER;
 /// Prefix of every key aralez writes.
 const PREFIX: &str = "aralez:cache:";
 /// The channel of drops, which every instance follows.
@@ -246,29 +245,17 @@ impl RemoteTier {
         self.run::<()>(slot, WRITE_DEADLINE, &cmd).await;
     }
 
-    /// Follows [`DROPS`] for as long as the process runs, handing each drop to `on_drop`;
-    /// subscribes again [`RETRY_AFTER`] after losing the channel, and then hands on
-    /// [`Dropped::All`].
+    /// Follows [`DROPS`] for as long as the process runs, handing each drop to `on_drop`,
+    /// and [`Dropped::All`] each time it (re)subscribes.
     pub async fn listen(self: Arc<Self>, on_drop: impl Fn(Dropped) + Send + 'static) {
-        use futures_util::StreamExt as _;
-        loop {
-            let subscribed = tokio::time::timeout(WRITE_DEADLINE, async {
-                let mut pubsub = self.link.client().get_async_pubsub().await?;
-                pubsub.subscribe(DROPS).await?;
-                Ok::<_, ::redis::RedisError>(pubsub)
-            });
-            if let Ok(Ok(pubsub)) = subscribed.await {
-                on_drop(Dropped::All);
-                let mut messages = pubsub.into_on_message();
-                while let Some(msg) = messages.next().await {
-                    let text = msg.get_payload::<String>().ok();
-                    if let Some(dropped) = text.as_deref().and_then(Dropped::parse) {
-                        on_drop(dropped);
-                    }
-                }
+        let message = |text: &str| {
+            if let Some(dropped) = Dropped::parse(text) {
+                on_drop(dropped);
             }
-            tokio::time::sleep(RETRY_AFTER).await;
-        }
+        };
+        self.link
+            .follow(DROPS, || on_drop(Dropped::All), message)
+            .await;
     }
 }
 
