@@ -37,10 +37,11 @@ ensure_tools() {
   nginx_pkg=nginx-light
   apt-cache show nginx-light >/dev/null 2>&1 || nginx_pkg=nginx
   timeout 900 apt-get install -y -qq "$nginx_pkg" haproxy wrk nghttp2-client util-linux procps curl openssl \
-    || die "apt-get install failed"
+    redis-server || die "apt-get install failed"
   # The packages may start (and enable) their system services; we run our own instances only.
   stop_system_service nginx
   stop_system_service haproxy
+  stop_system_service redis-server
   for c in "$@"; do command -v "$c" >/dev/null 2>&1 || die "'$c' still missing after install"; done
 }
 
