@@ -268,6 +268,7 @@ async fn admin_api(proxy: &Proxy, master_key: Option<&str>) -> SocketAddr {
         history: Default::default(),
         cache: None,
         shared_limits: None,
+        cluster: None,
     });
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     std::mem::forget(stop);

@@ -72,6 +72,7 @@ async fn start() -> Listeners {
         history: Default::default(),
         cache: None,
         shared_limits: None,
+        cluster: None,
     });
     let served = aralez::admin::serve(admin_listener, admin, None, limits(3), stop_rx.clone());
     tokio::spawn(served);

@@ -5,6 +5,7 @@
 //! say why. It runs on the control-plane runtime and never touches the request path.
 
 mod auth;
+pub mod cluster;
 mod history;
 mod jwt;
 mod purge;
@@ -53,6 +54,8 @@ pub struct Admin {
     pub cache: Option<Arc<crate::layers::cache::Store>>,
     /// `limits_store`'s series in `/metrics`.
     pub shared_limits: Option<Arc<crate::layers::shared_limits::SharedLimits>>,
+    /// Cluster mode's master: where accepted configurations go on to.
+    pub cluster: Option<Arc<cluster::Cluster>>,
 }
 
 type Reply = Response<Full<Bytes>>;
@@ -171,13 +174,24 @@ impl Admin {
             return text(StatusCode::BAD_REQUEST, "the body is not UTF-8 text");
         };
         let reloader = self.reloader.clone();
-        let yaml = yaml.to_string();
-        let outcome = tokio::task::spawn_blocking(move || reloader.apply_text(&yaml, save)).await;
+        let text_of = yaml.to_string();
+        let outcome =
+            tokio::task::spawn_blocking(move || reloader.apply_text(&text_of, save)).await;
         match outcome {
-            Ok(Ok(_)) => text(
-                StatusCode::OK,
-                if save { "applied and saved" } else { "applied" },
-            ),
+            Ok(Ok(_)) => {
+                let done = if save { "applied and saved" } else { "applied" };
+                let Some(cluster) = &self.cluster else {
+                    return text(StatusCode::OK, done);
+                };
+                // The master passes what it accepted on to every worker.
+                let (all, lines) = cluster.push_all(yaml, save).await;
+                let status = if all {
+                    StatusCode::OK
+                } else {
+                    StatusCode::BAD_GATEWAY
+                };
+                text(status, format!("{done}\nworkers:\n{}", lines.join("\n")))
+            }
             Ok(Err(ReloadError::Invalid(issues))) => {
                 let lines: Vec<String> = issues.errors().map(ToString::to_string).collect();
                 text(
@@ -275,7 +289,11 @@ impl Admin {
         routes.sort_by(|a, b| {
             (a["host"].as_str(), a["path"].as_str()).cmp(&(b["host"].as_str(), b["path"].as_str()))
         });
-        let mut answer = serde_json::json!({ "routes": routes });
+        let digest = self.reloader.config_digest();
+        let mut answer = serde_json::json!({ "routes": routes, "config_digest": digest });
+        if let Some(cluster) = &self.cluster {
+            answer["workers"] = cluster.status_json();
+        }
         if with_history {
             answer["totals"] = history::totals_json(&self.metrics.totals());
             answer["history"] = self.history.to_json(tokio::time::Instant::now());

@@ -46,12 +46,34 @@ impl ClusterConfig {
         Some(read.is_some())
     }
 
-    /// A master needs workers to push to and the master key to push with.
-    pub fn check(&self, has_master_key: bool, r: &mut Reader) -> bool {
-        let (Member::Master, Some(pos)) = (self.member, self.member_pos) else {
+    /// A master needs workers to push to, the master key to push with and the config API on
+    /// (as its workers do, to be pushed to).
+    pub fn check(&self, has_master_key: bool, config_api: bool, r: &mut Reader) -> bool {
+        let Some(pos) = self.member_pos else {
             return true;
         };
+        let off = "the config API is off (config_api_enabled: false)";
+        match self.member {
+            Member::Worker if !config_api => {
+                r.warn(
+                    pos,
+                    "cluster_member",
+                    format!("a worker takes the master's pushes through POST /conf, and {off}"),
+                );
+                return true;
+            }
+            Member::Master => {}
+            _ => return true,
+        }
         let mut ok = true;
+        if !config_api {
+            r.error(
+                pos,
+                "cluster_member",
+                format!("a master takes configurations through POST /conf, and {off}"),
+            );
+            ok = false;
+        }
         if self.worker_nodes.is_empty() {
             let why = "a master needs `worker_nodes` (the workers' admin APIs, e.g. \"http://10.0.0.2:3000, http://10.0.0.3:3000\")";
             r.error(pos, "cluster_member", why);
@@ -151,7 +173,7 @@ mod tests {
                     ok &= cfg.read(&key.name, node, &mut r) == Some(true);
                 }
             }
-            ok &= cfg.check(master_key, &mut r);
+            ok &= cfg.check(master_key, true, &mut r);
         }
         (cfg, ok, issues)
     }

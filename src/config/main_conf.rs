@@ -413,7 +413,9 @@ impl MainConfig {
             };
             failed |= !ok;
         }
-        failed |= !cfg.cluster.check(cfg.master_key.is_some(), r);
+        failed |= !cfg
+            .cluster
+            .check(cfg.master_key.is_some(), cfg.config_api_enabled, r);
         match net_conf::read_tcp(&tcp_top, tcp_block, r) {
             Some(tcp) => cfg.tcp = tcp,
             None => failed = true,

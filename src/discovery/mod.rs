@@ -54,6 +54,9 @@ struct Sources {
     file: Option<UpstreamsConfig>,
     /// Digest of the files' bytes behind `file`, to skip reloading identical content.
     file_digest: u64,
+    /// SHA-256 of the text behind `file` when it came through `POST /conf` (what a cluster
+    /// master compares with what it pushed).
+    text_digest: Option<String>,
     /// Hosts found by each discovery source (`consul`, `kubernetes`).
     discovered: BTreeMap<String, Vec<HostConfig>>,
 }
@@ -88,6 +91,16 @@ impl Reloader {
 
     fn sources(&self) -> std::sync::MutexGuard<'_, Sources> {
         self.sources.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What identifies the configuration serving: the SHA-256 of the text `POST /conf` gave
+    /// (as [`text_digest`]), else `file:` and the digest of the files.
+    pub fn config_digest(&self) -> String {
+        let sources = self.sources();
+        match &sources.text_digest {
+            Some(digest) => digest.clone(),
+            None => format!("file:{:016x}", sources.file_digest),
+        }
     }
 
     /// The file config currently serving (for consul/kubernetes settings and status pages).
@@ -149,6 +162,7 @@ impl Reloader {
             digest = files_digest(&self.upstreams_path);
         }
         self.install_file_config(cfg, digest, origin);
+        self.sources().text_digest = Some(text_digest(text));
         self.metrics.config_reload("api", true);
         Ok(Applied::Changed)
     }
@@ -171,6 +185,7 @@ impl Reloader {
         let old = merged(&sources);
         sources.file = Some(cfg);
         sources.file_digest = digest;
+        sources.text_digest = None;
         self.publish_locked(&sources, old.as_ref(), source);
     }
 
@@ -216,6 +231,12 @@ fn metric_source(source: &str) -> &'static str {
         "file watch" => "file",
         _ => "other",
     }
+}
+
+/// The SHA-256 of a configuration's text, in hex.
+pub fn text_digest(text: &str) -> String {
+    let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, text.as_bytes());
+    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A digest of the upstreams file and every conf.d file (names and bytes).

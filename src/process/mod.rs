@@ -181,11 +181,13 @@ impl Context {
                 response: main.upstream_response_timeout,
             },
         };
-        Arc::new(Router::new(
+        let master = main.cluster.member == crate::config::cluster_conf::Member::Master;
+        let router = Router::new(
             self.reloader.snapshot.clone(),
             forwarder,
             self.metrics.clone(),
-        ))
+        );
+        Arc::new(router.for_cluster_master(master))
     }
 
     /// What the proxy listeners' connections share.
@@ -414,6 +416,7 @@ fn start_side_listeners(
         history: Default::default(),
         cache: ctx.policy_state.cache.clone(),
         shared_limits: ctx.policy_state.shared_limits.clone(),
+        cluster: cluster_master(control, main, ctx),
     });
     match crate::admin::start(control, main, admin, stop) {
         Ok(tasks) => tasks,
@@ -422,6 +425,26 @@ fn start_side_listeners(
             Vec::new()
         }
     }
+}
+
+/// Cluster mode's master, pushing to `worker_nodes` (with its retries on `control`); `None`
+/// for any other instance.
+fn cluster_master(
+    control: &tokio::runtime::Runtime,
+    main: &MainConfig,
+    ctx: &Context,
+) -> Option<Arc<crate::admin::cluster::Cluster>> {
+    use crate::config::cluster_conf::Member;
+    let key = ctx.policy_state.keys.master()?;
+    if main.cluster.member != Member::Master {
+        return None;
+    }
+    let cluster = Arc::new(crate::admin::cluster::Cluster::new(
+        &main.cluster.worker_nodes,
+        key,
+    ));
+    control.spawn(cluster.clone().keep_workers_current());
+    Some(cluster)
 }
 
 /// The limits of the proxy listeners (and the file server).

@@ -24,6 +24,8 @@ pub struct Router {
     snapshot: Arc<ArcSwap<Snapshot>>,
     forwarder: Forwarder,
     metrics: Arc<Metrics>,
+    /// `cluster_member: master`: every request gets a 400 (as Aralez's master).
+    cluster_master: bool,
 }
 
 impl Router {
@@ -36,12 +38,22 @@ impl Router {
             snapshot,
             forwarder,
             metrics,
+            cluster_master: false,
         }
+    }
+
+    /// The same router for a cluster master: no proxy traffic.
+    pub fn for_cluster_master(mut self, master: bool) -> Router {
+        self.cluster_master = master;
+        self
     }
 
     /// Handles one request end to end; never fails (errors become responses).
     pub async fn handle(&self, conn: &ClientConn, req: Request<Incoming>) -> Response<RespBody> {
         let grpc = is_grpc(req.headers());
+        if self.cluster_master {
+            return self.refuse(conn, ProxyError::ClusterMaster, grpc);
+        }
         let host = match check_head(&req) {
             Ok(host) => host,
             Err(err) => return self.refuse(conn, err, grpc),

@@ -37,6 +37,9 @@ pub enum ProxyError {
     /// More than one `Host` header: routing and the backend could disagree on which counts.
     #[error("the request has more than one Host header")]
     DuplicateHost,
+    /// This instance is a cluster master (`cluster_member: master`): it serves no proxy traffic.
+    #[error("this instance is a cluster master and serves no proxy traffic")]
+    ClusterMaster,
     /// A path with `;` parameters, encoded separators, backslashes or dot segments: routing and
     /// a backend could read it differently.
     #[error("the request path is ambiguous (path parameters, encoded separators or dot segments)")]
@@ -92,9 +95,10 @@ impl ProxyError {
             ProxyError::RateLimited | ProxyError::TooMany4xx => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::ConnectTimeout | ProxyError::ResponseTimeout => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ProxyError::MissingHost | ProxyError::DuplicateHost | ProxyError::AmbiguousPath => {
-                StatusCode::BAD_REQUEST
-            }
+            ProxyError::MissingHost
+            | ProxyError::DuplicateHost
+            | ProxyError::AmbiguousPath
+            | ProxyError::ClusterMaster => StatusCode::BAD_REQUEST,
         }
     }
 
@@ -197,6 +201,7 @@ mod tests {
             (ProxyError::MissingHost, 400),
             (ProxyError::DuplicateHost, 400),
             (ProxyError::AmbiguousPath, 400),
+            (ProxyError::ClusterMaster, 400),
             (ProxyError::NoJwtSecret, 503),
             (ProxyError::AuthServiceTimeout, 503),
             (ProxyError::AuthServiceFailed, 502),

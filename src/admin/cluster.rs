@@ -1,0 +1,295 @@
+//! Cluster mode's master (`cluster_member: master`, Aralez 0.95): every configuration the
+//! master's `POST /conf` accepts goes on to each of `worker_nodes` (their admin APIs, with the
+//! master key), and the answer lists each worker's result. A configuration the master refuses
+//! reaches no worker. A worker that could not take it (down, unreachable) is sent it again
+//! with backoff (1 s, doubling to 60 s) until it does; every [`CHECK_EVERY`] the master also
+//! reads each worker's `config_digest` from its `/status`, and a worker that no longer has
+//! what was pushed (it restarted from its file) is sent it again. `GET /status` on the master
+//! shows each worker: the digest it reports, what was pushed and when, and how that went.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::{header, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use tokio::time::Instant;
+
+use crate::discovery::text_digest;
+use crate::upstream::{connector, tls};
+use crate::utc::UtcTime;
+
+/// How long one push (or one status read) may take.
+const EXCHANGE_DEADLINE: Duration = Duration::from_secs(5);
+/// How often each worker's digest is checked.
+pub const CHECK_EVERY: Duration = Duration::from_secs(5);
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+const LAST_RETRY: Duration = Duration::from_secs(60);
+/// A worker's answer is read up to this many bytes.
+const MAX_ANSWER: usize = 64 * 1024;
+
+/// A configuration to push.
+#[derive(Debug)]
+struct Pushed {
+    yaml: Bytes,
+    save: bool,
+    digest: String,
+}
+
+#[derive(Debug, Default)]
+struct WorkerState {
+    /// The digest the worker took last (what was pushed, confirmed by a 2xx).
+    taken: Option<String>,
+    /// The digest its `/status` reported last.
+    reported: Option<String>,
+    last_push: Option<SystemTime>,
+    last_result: Option<String>,
+    backoff: Duration,
+    next_try: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct Worker {
+    url: String,
+    state: Mutex<WorkerState>,
+}
+
+impl Worker {
+    fn state(&self) -> std::sync::MutexGuard<'_, WorkerState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The master's side of cluster mode.
+#[derive(Debug)]
+pub struct Cluster {
+    workers: Vec<Worker>,
+    master_key: String,
+    /// The configuration pushed last; what every worker must have.
+    current: Mutex<Option<Arc<Pushed>>>,
+}
+
+impl Cluster {
+    pub fn new(worker_nodes: &[String], master_key: &str) -> Cluster {
+        let worker = |url: &String| Worker {
+            url: url.clone(),
+            state: Mutex::new(WorkerState::default()),
+        };
+        Cluster {
+            workers: worker_nodes.iter().map(worker).collect(),
+            master_key: master_key.to_string(),
+            current: Mutex::new(None),
+        }
+    }
+
+    fn current(&self) -> Option<Arc<Pushed>> {
+        self.current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Sends `yaml` (accepted here) to every worker at once; one line per worker, and whether
+    /// all took it.
+    pub async fn push_all(&self, yaml: &str, save: bool) -> (bool, Vec<String>) {
+        let pushed = Arc::new(Pushed {
+            yaml: Bytes::copy_from_slice(yaml.as_bytes()),
+            save,
+            digest: text_digest(yaml),
+        });
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(pushed.clone());
+        let pushes = self.workers.iter().map(|w| self.push(w, &pushed));
+        let results = futures_util::future::join_all(pushes).await;
+        let lines = self
+            .workers
+            .iter()
+            .zip(&results)
+            .map(|(w, r)| format!("{}: {}", w.url, r.as_deref().unwrap_or_else(|e| e)))
+            .collect();
+        (results.iter().all(Result::is_ok), lines)
+    }
+
+    /// One push to one worker; its state follows the outcome.
+    async fn push(&self, worker: &Worker, pushed: &Pushed) -> Result<String, String> {
+        let path = if pushed.save { "/conf?save" } else { "/conf" };
+        let outcome = self
+            .exchange(&worker.url, Method::POST, path, pushed.yaml.clone())
+            .await;
+        let outcome = match outcome {
+            Ok((status, body)) if status.is_success() => {
+                Ok(format!("{} {}", status.as_u16(), body))
+            }
+            Ok((status, body)) => Err(format!("{} {}", status.as_u16(), body)),
+            Err(e) => Err(format!("unreachable ({e}); will retry")),
+        };
+        let mut state = worker.state();
+        state.last_push = Some(SystemTime::now());
+        match &outcome {
+            Ok(_) => {
+                state.taken = Some(pushed.digest.clone());
+                state.reported = Some(pushed.digest.clone());
+                state.backoff = Duration::ZERO;
+                state.next_try = None;
+            }
+            Err(_) => {
+                state.taken = None;
+                state.backoff = (state.backoff * 2).clamp(FIRST_RETRY, LAST_RETRY);
+                state.next_try = Some(Instant::now() + state.backoff);
+            }
+        }
+        state.last_result = Some(match &outcome {
+            Ok(text) | Err(text) => text.clone(),
+        });
+        if let Err(e) = &outcome {
+            tracing::warn!(worker = %worker.url, "cluster: push failed: {e}");
+        }
+        outcome
+    }
+
+    /// One request to a worker's admin API, with the master key; its status and body text.
+    async fn exchange(
+        &self,
+        base: &str,
+        method: Method,
+        path: &str,
+        body: Bytes,
+    ) -> Result<(StatusCode, String), String> {
+        let (https, authority) = match base.split_once("://") {
+            Some(("https", rest)) => (true, rest),
+            Some((_, rest)) => (false, rest),
+            None => (false, base),
+        };
+        let exchange = async {
+            let addrs: Vec<_> = tokio::net::lookup_host(authority)
+                .await
+                .map_err(|e| format!("cannot resolve {authority}: {e}"))?
+                .collect();
+            let host = authority.rsplit_once(':').map_or(authority, |(h, _)| h);
+            let tcp = connector::tcp(&addrs, host, EXCHANGE_DEADLINE)
+                .await
+                .map_err(|e| e.to_string())?;
+            let req = Request::builder()
+                .method(method)
+                .uri(path)
+                .header(header::HOST, authority)
+                .header("x-api-key", &self.master_key)
+                .header(header::CONNECTION, "close")
+                .body(Full::new(body))
+                .map_err(|e| e.to_string())?;
+            let resp = if https {
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                let (stream, _) = tls::handshake(tcp, host, false, false)
+                    .await
+                    .map_err(|e| format!("TLS: {e}"))?;
+                send(stream, req).await?
+            } else {
+                send(tcp, req).await?
+            };
+            Ok(resp)
+        };
+        match tokio::time::timeout(EXCHANGE_DEADLINE, exchange).await {
+            Ok(result) => result,
+            Err(_) => Err(format!("no answer within {EXCHANGE_DEADLINE:?}")),
+        }
+    }
+
+    /// Reads a worker's `config_digest`; a worker that lost what it took must take it again.
+    async fn check(&self, worker: &Worker, pushed: &Pushed) {
+        let answer = self
+            .exchange(&worker.url, Method::GET, "/status", Bytes::new())
+            .await;
+        let Ok((StatusCode::OK, body)) = answer else {
+            return;
+        };
+        let json: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        let reported = json["config_digest"].as_str().map(str::to_string);
+        let mut state = worker.state();
+        if reported.as_deref() != Some(pushed.digest.as_str()) && state.taken.is_some() {
+            state.taken = None;
+            state.next_try = Some(Instant::now());
+        }
+        state.reported = reported;
+    }
+
+    /// The master's background work, for as long as the process runs: retries and checks.
+    pub async fn keep_workers_current(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(FIRST_RETRY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_check = Instant::now();
+        loop {
+            tick.tick().await;
+            let Some(pushed) = self.current() else {
+                continue;
+            };
+            let checking = last_check.elapsed() >= CHECK_EVERY;
+            if checking {
+                last_check = Instant::now();
+            }
+            for worker in &self.workers {
+                let due = {
+                    let state = worker.state();
+                    state.taken.is_none() && state.next_try.is_none_or(|at| Instant::now() >= at)
+                };
+                if due {
+                    let _ = self.push(worker, &pushed).await;
+                } else if checking {
+                    self.check(worker, &pushed).await;
+                }
+            }
+        }
+    }
+
+    /// Each worker for `/status`.
+    pub fn status_json(&self) -> serde_json::Value {
+        let pushed = self.current().map(|p| p.digest.clone());
+        let workers: Vec<serde_json::Value> = self
+            .workers
+            .iter()
+            .map(|w| {
+                let state = w.state();
+                serde_json::json!({
+                    "url": w.url,
+                    "config_digest": state.reported,
+                    "pushed_digest": pushed,
+                    "current": pushed.is_some() && state.taken == pushed,
+                    "last_push": state.last_push.map(rfc3339),
+                    "last_result": state.last_result,
+                })
+            })
+            .collect();
+        serde_json::Value::Array(workers)
+    }
+}
+
+fn rfc3339(time: SystemTime) -> String {
+    let t = UtcTime::of(time);
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
+        t.year, t.month, t.day, t.hour, t.minute, t.second
+    )
+}
+
+/// One HTTP/1.1 exchange on `stream`; the status and up to [`MAX_ANSWER`] bytes of the body.
+async fn send<S>(stream: S, req: Request<Full<Bytes>>) -> Result<(StatusCode, String), String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
+        .await
+        .map_err(|e| e.to_string())?;
+    let driving = tokio::spawn(conn);
+    let resp = sender.send_request(req).await.map_err(|e| e.to_string());
+    let resp = match resp {
+        Ok(resp) => resp,
+        Err(e) => {
+            driving.abort();
+            return Err(e);
+        }
+    };
+    let status = resp.status();
+    let body = Limited::new(resp.into_body(), MAX_ANSWER).collect().await;
+    driving.abort();
+    let body = body.map(|b| b.to_bytes()).unwrap_or_default();
+    Ok((status, String::from_utf8_lossy(&body).trim().to_string()))
+}

@@ -1,0 +1,188 @@
+//! Cluster mode through the real binary (Aralez 0.95's `cluster_member`, `worker_nodes`): a
+//! master and two workers. The master serves no proxy traffic (400); a `POST /conf` to it changes
+//! both workers' routes (checked by requests through each); a bad configuration is refused by the
+//! master with its error lines and reaches no worker; a worker that was down during a push gets
+//! the configuration once it is back; `GET /status` on the master shows each worker's digest
+//! and last push.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use http::Method;
+use support::redis::free_port;
+use support::*;
+
+const KEY: &str = "k";
+
+fn routes_to(backend: &Backend) -> String {
+    Upstreams::new()
+        .host(
+            "c.test",
+            Host::new().path("/", Path::servers(&[backend]).healthcheck(false)),
+        )
+        .render()
+}
+
+fn worker(backend: &Backend, admin_port: u16) -> ProxyProcess {
+    let main = format!(
+        "cluster_member: worker\nmaster_key: \"{KEY}\"\nconfig_api_enabled: true\nconfig_address: \"127.0.0.1:{admin_port}\"\n"
+    );
+    ProxyProcess::start(&routes_to(backend), &main)
+}
+
+/// The body a GET of `c.test/` gets through `proxy` (the backend's name).
+async fn served_by(proxy: SocketAddr) -> String {
+    let mut c = Client::connect(Proto::H1, proxy).await;
+    let resp = c
+        .send(
+            Method::GET,
+            Some("c.test"),
+            "/",
+            &[],
+            full(bytes::Bytes::new()),
+        )
+        .await;
+    String::from_utf8_lossy(&body_bytes(resp).await).into_owned()
+}
+
+/// Status and body text of an admin request.
+async fn admin(addr: SocketAddr, method: Method, path: &str, body: String) -> (u16, String) {
+    let mut c = Client::connect(Proto::H1, addr).await;
+    let resp = c
+        .send(
+            method,
+            Some("localhost"),
+            path,
+            &[("x-api-key", KEY)],
+            full(body),
+        )
+        .await;
+    let status = resp.status().as_u16();
+    (
+        status,
+        String::from_utf8_lossy(&body_bytes(resp).await).into_owned(),
+    )
+}
+
+/// `proxy` serves `c.test/` from `name` within 20 s.
+async fn comes_to(proxy: SocketAddr, name: &str) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if served_by(proxy).await.contains(name) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn a_master_pushes_configurations_to_its_workers() {
+    let (a, b, c) = (
+        Backend::start("backend-a").await,
+        Backend::start("backend-b").await,
+        Backend::start("backend-c").await,
+    );
+    let ports = [free_port(), free_port()];
+    let mut workers = vec![worker(&a, ports[0]), worker(&a, ports[1])];
+    let nodes = format!(
+        "\"http://127.0.0.1:{}, http://127.0.0.1:{}\"",
+        ports[0], ports[1]
+    );
+    let master = ProxyProcess::start(
+        &routes_to(&a),
+        &format!("cluster_member: master\nworker_nodes: {nodes}\nmaster_key: \"{KEY}\"\nconfig_api_enabled: true\nconfig_address: \"127.0.0.1:0\"\n"),
+    );
+    let master_admin = master.logged_addr("admin API on http://");
+    for w in &workers {
+        assert!(served_by(w.addr).await.contains("backend-a"));
+    }
+    // The master serves no proxy traffic.
+    let mut client = Client::connect(Proto::H1, master.addr).await;
+    let resp = client
+        .send(
+            Method::GET,
+            Some("c.test"),
+            "/",
+            &[],
+            full(bytes::Bytes::new()),
+        )
+        .await;
+    assert_eq!(resp.status(), 400);
+
+    // A push reaches both workers.
+    let (status, answer) = admin(master_admin, Method::POST, "/conf", routes_to(&b)).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer.matches(": 200 applied").count(), 2, "{answer}");
+    for w in &workers {
+        assert!(served_by(w.addr).await.contains("backend-b"));
+    }
+
+    // A bad configuration is refused by the master, with its lines, and reaches no worker.
+    let bad = "upstreams:\n  c.test:\n    paths:\n      \"/\":\n        servers: [\"nowhere\"]\n";
+    let (status, answer) = admin(master_admin, Method::POST, "/conf", bad.to_string()).await;
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        answer.contains(":5:") && answer.contains("servers"),
+        "{answer}"
+    );
+    assert!(!answer.contains("workers:"), "{answer}");
+    for w in &workers {
+        assert!(served_by(w.addr).await.contains("backend-b"));
+    }
+
+    // The second worker is down during the next push: the master says so, and sends the
+    // configuration again once the worker is back (restarted from its own file: backend-a).
+    drop(workers.pop());
+    let (status, answer) = admin(master_admin, Method::POST, "/conf", routes_to(&c)).await;
+    assert_eq!(status, 502, "{answer}");
+    assert!(answer.contains("unreachable"), "{answer}");
+    assert!(served_by(workers[0].addr).await.contains("backend-c"));
+    workers.push(worker(&a, ports[1]));
+    assert!(
+        comes_to(workers[1].addr, "backend-c").await,
+        "the returning worker got the push"
+    );
+
+    // The master's status shows each worker's digest and last push.
+    let (status, json) = admin(master_admin, Method::GET, "/status", String::new()).await;
+    assert_eq!(status, 200);
+    let json: serde_json::Value = serde_json::from_str(&json).expect("status JSON");
+    let listed = json["workers"].as_array().expect("workers").clone();
+    assert_eq!(listed.len(), 2, "{json}");
+    for w in &listed {
+        assert_eq!(w["current"], true, "{w}");
+        assert_eq!(w["config_digest"], w["pushed_digest"], "{w}");
+        assert!(
+            w["last_push"].as_str().is_some_and(|t| t.ends_with('Z')),
+            "{w}"
+        );
+    }
+}
+
+#[test]
+fn check_config_names_what_a_master_lacks_and_bad_cluster_values() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("upstreams.yaml"), "upstreams: {}\n").expect("write");
+    let base = "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: \"upstreams.yaml\"\n";
+    for (extra, want) in [
+        ("cluster_member: master\nworker_nodes: \"http://10.0.0.2:3000\"\nconfig_api_enabled: true\n", "main.yaml:3:"),
+        ("cluster_member: master\nmaster_key: \"k\"\nconfig_api_enabled: true\n", "worker_nodes"),
+        ("limits_store: \"memcached://x:1\"\n", "main.yaml:3:"),
+        ("worker_nodes: \"10.0.0.2:3000\"\n", "not http://host:port"),
+    ] {
+        let main = dir.path().join("main.yaml");
+        std::fs::write(&main, format!("{base}{extra}")).expect("write");
+        let out = std::process::Command::new(binary())
+            .args(["check-config", "-c"])
+            .arg(&main)
+            .output()
+            .expect("run check-config");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{extra}: {text}");
+        assert!(text.contains(want), "{extra}: {text}");
+    }
+}
