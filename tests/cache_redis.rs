@@ -33,16 +33,49 @@ async fn stored_in_redis(port: u16, key: &str) -> bool {
     .is_some()
 }
 
+/// Redis and two instances caching in it, in front of one origin; `None` without Debian's
+/// redis-server.
+struct Pair {
+    program: std::path::PathBuf,
+    port: u16,
+    redis: Redis,
+    origin: Origin,
+    first: ProxyProcess,
+    second: ProxyProcess,
+}
+
+impl Pair {
+    async fn start() -> Option<Pair> {
+        let program = tools::find(&REDIS_SERVER)?;
+        let port = free_port();
+        let redis = Redis::start(&program, port).await;
+        let origin = Origin::start().await;
+        let first = proxy_cache(&origin, &redis_cache(&redis.url()), ADMIN);
+        let second = proxy_cache(&origin, &redis_cache(&redis.url()), ADMIN);
+        Some(Pair {
+            program,
+            port,
+            redis,
+            origin,
+            first,
+            second,
+        })
+    }
+}
+
 #[tokio::test]
 async fn two_instances_share_entries_and_survive_redis_going_away() {
-    let Some(program) = tools::find(&REDIS_SERVER) else {
+    let Some(Pair {
+        program,
+        port,
+        redis,
+        origin,
+        first,
+        second,
+    }) = Pair::start().await
+    else {
         return;
     };
-    let port = free_port();
-    let redis = Redis::start(&program, port).await;
-    let origin = Origin::start().await;
-    let first = proxy_cache(&origin, &redis_cache(&redis.url()), ADMIN);
-    let second = proxy_cache(&origin, &redis_cache(&redis.url()), ADMIN);
     let mut a = Client::connect(Proto::H1, first.addr).await;
     let mut b = Client::connect(Proto::H2c, second.addr).await;
 
@@ -130,14 +163,17 @@ async fn a_silent_redis_delays_a_request_by_a_bounded_time() {
 
 #[tokio::test]
 async fn what_one_instance_drops_leaves_every_instances_memory() {
-    let Some(program) = tools::find(&REDIS_SERVER) else {
+    let Some(Pair {
+        program: _,
+        port,
+        redis,
+        origin: _origin,
+        first,
+        second,
+    }) = Pair::start().await
+    else {
         return;
     };
-    let port = free_port();
-    let redis = Redis::start(&program, port).await;
-    let origin = Origin::start().await;
-    let first = proxy_cache(&origin, &redis_cache(&redis.url()), ADMIN);
-    let second = proxy_cache(&origin, &redis_cache(&redis.url()), ADMIN);
     let admin_a = first.logged_addr("admin API on http://");
     let mut a = Client::connect(Proto::H1, first.addr).await;
     let mut b = Client::connect(Proto::H1, second.addr).await;

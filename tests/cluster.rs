@@ -32,8 +32,8 @@ fn worker(backend: &Backend, admin_port: u16) -> ProxyProcess {
     ProxyProcess::start(&routes_to(backend), &main)
 }
 
-/// The body a GET of `c.test/` gets through `proxy` (the backend's name).
-async fn served_by(proxy: SocketAddr) -> String {
+/// Status and body of a GET of `c.test/` through `proxy`.
+async fn get(proxy: SocketAddr) -> (u16, String) {
     let mut c = Client::connect(Proto::H1, proxy).await;
     let resp = c
         .send(
@@ -44,7 +44,16 @@ async fn served_by(proxy: SocketAddr) -> String {
             full(bytes::Bytes::new()),
         )
         .await;
-    String::from_utf8_lossy(&body_bytes(resp).await).into_owned()
+    let status = resp.status().as_u16();
+    (
+        status,
+        String::from_utf8_lossy(&body_bytes(resp).await).into_owned(),
+    )
+}
+
+/// The body a GET of `c.test/` gets through `proxy` (the backend's name).
+async fn served_by(proxy: SocketAddr) -> String {
+    get(proxy).await.1
 }
 
 /// Status and body text of an admin request.
@@ -100,17 +109,7 @@ async fn a_master_pushes_configurations_to_its_workers() {
         assert!(served_by(w.addr).await.contains("backend-a"));
     }
     // The master serves no proxy traffic.
-    let mut client = Client::connect(Proto::H1, master.addr).await;
-    let resp = client
-        .send(
-            Method::GET,
-            Some("c.test"),
-            "/",
-            &[],
-            full(bytes::Bytes::new()),
-        )
-        .await;
-    assert_eq!(resp.status(), 400);
+    assert_eq!(get(master.addr).await.0, 400);
 
     // A push reaches both workers.
     let (status, answer) = admin(master_admin, Method::POST, "/conf", routes_to(&b)).await;
