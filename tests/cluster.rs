@@ -151,7 +151,11 @@ async fn a_master_pushes_configurations_to_its_workers() {
     let json: serde_json::Value = serde_json::from_str(&json).expect("status JSON");
     let listed = json["workers"].as_array().expect("workers").clone();
     assert_eq!(listed.len(), 2, "{json}");
+    let worker_admin = workers[0].logged_addr("admin API on http://");
+    let (_, own) = admin(worker_admin, Method::GET, "/status?digest", String::new()).await;
+    let own: serde_json::Value = serde_json::from_str(&own).expect("worker status JSON");
     for w in &listed {
+        assert_eq!(w["pushed_digest"], own["config_digest"], "{w} / {own}");
         assert_eq!(w["current"], true, "{w}");
         assert_eq!(w["config_digest"], w["pushed_digest"], "{w}");
         assert!(

@@ -3,7 +3,7 @@
 //! master key), and the answer lists each worker's result. A configuration the master refuses
 //! reaches no worker. A worker that could not take it (down, unreachable) is sent it again
 //! with backoff (1 s, doubling to 60 s) until it does; every [`CHECK_EVERY`] the master also
-//! reads each worker's `config_digest` from its `/status`, and a worker that no longer has
+//! reads each worker's `config_digest` from its `/status?digest`, and a worker that no longer has
 //! what was pushed (it restarted from its file) is sent it again. `GET /status` on the master
 //! shows each worker: the digest it reports, what was pushed and when, and how that went.
 
@@ -196,7 +196,7 @@ impl Cluster {
     /// Reads a worker's `config_digest`; a worker that lost what it took must take it again.
     async fn check(&self, worker: &Worker, pushed: &Pushed) {
         let answer = self
-            .exchange(&worker.url, Method::GET, "/status", Bytes::new())
+            .exchange(&worker.url, Method::GET, "/status?digest", Bytes::new())
             .await;
         let Ok((StatusCode::OK, body)) = answer else {
             return;
