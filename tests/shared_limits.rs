@@ -113,10 +113,15 @@ async fn instances_share_limits_through_redis_and_fail_open_without_it() {
         assert!(three.await.is_some(), "instance {i} sees three");
     }
 
-    // 60 requests over the three instances: the limit, not three times it.
+    // 60 requests over the three instances: the limit, not three times it. (A request Redis
+    // did not answer within 5 ms, on a loaded machine, is decided by its instance alone: the
+    // bound grows by those.)
+    let before = cluster.fell_back().await;
     let (admitted, _, elapsed) = cluster.spread("203.0.113.1", 60).await;
+    let alone = cluster.fell_back().await - before;
+    assert!(alone <= 5, "{alone} requests decided without Redis");
     assert!(
-        (RATE..=allowed(elapsed)).contains(&admitted),
+        (RATE..=allowed(elapsed) + alone).contains(&admitted),
         "{admitted} admitted in {elapsed:?}; {}",
         cluster.proxies[0].log_text()
     );
@@ -174,6 +179,16 @@ async fn instances_share_limits_through_redis_and_fail_open_without_it() {
 }
 
 impl Cluster {
+    /// Requests the instances decided without Redis, all together.
+    async fn fell_back(&self) -> u64 {
+        let mut sum = 0.0;
+        for i in 0..INSTANCES as usize {
+            let n = metric(self.admin(i), "aralez_limits_store_fell_back_total").await;
+            sum += n.unwrap_or(0.0);
+        }
+        sum as u64
+    }
+
     /// Instance `i` answers `ip` with `status` within 5 s (a block travels through Redis).
     async fn turns(&mut self, i: usize, path: &str, ip: &str, status: u16) -> bool {
         let deadline = Instant::now() + Duration::from_secs(5);
