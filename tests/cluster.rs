@@ -145,6 +145,19 @@ async fn a_master_pushes_configurations_to_its_workers() {
         "the returning worker got the push"
     );
 
+    // `?save` goes on too: each worker writes what it took to its own upstreams file.
+    let (status, answer) = admin(master_admin, Method::POST, "/conf?save", routes_to(&b)).await;
+    assert_eq!(
+        (status, answer.matches(": 200 applied and saved").count()),
+        (200, 2),
+        "{answer}"
+    );
+    for w in &workers {
+        let saved = std::fs::read_to_string(w.path("upstreams.yaml")).expect("upstreams file");
+        assert!(saved.contains(&b.addr.to_string()), "{saved}");
+        assert!(served_by(w.addr).await.contains("backend-b"));
+    }
+
     // The master's status shows each worker's digest and last push.
     let (status, json) = admin(master_admin, Method::GET, "/status", String::new()).await;
     assert_eq!(status, 200);
@@ -188,4 +201,31 @@ fn check_config_names_what_a_master_lacks_and_bad_cluster_values() {
         assert!(!out.status.success(), "{extra}: {text}");
         assert!(text.contains(want), "{extra}: {text}");
     }
+}
+
+#[tokio::test]
+async fn a_master_pushes_to_a_worker_over_https() {
+    let (a, b) = (
+        Backend::start("backend-a").await,
+        Backend::start("backend-b").await,
+    );
+    let certs = tempfile::tempdir().expect("temp dir");
+    write_self_signed(certs.path(), "admin", &["localhost"]);
+    let port = free_port();
+    let worker = ProxyProcess::start(
+        &routes_to(&a),
+        &format!(
+            "cluster_member: worker\nmaster_key: \"{KEY}\"\nconfig_api_enabled: true\nconfig_tls_address: \"127.0.0.1:{port}\"\nconfig_tls_certificate: \"{0}/admin.crt\"\nconfig_tls_key_file: \"{0}/admin.key\"\n",
+            certs.path().display()
+        ),
+    );
+    worker.logged_addr("admin API on https://");
+    let master = ProxyProcess::start(
+        &routes_to(&a),
+        &format!("cluster_member: master\nworker_nodes: [\"https://127.0.0.1:{port}\"]\nmaster_key: \"{KEY}\"\nconfig_api_enabled: true\nconfig_address: \"127.0.0.1:0\"\n"),
+    );
+    let master_admin = master.logged_addr("admin API on http://");
+    let (status, answer) = admin(master_admin, Method::POST, "/conf", routes_to(&b)).await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(served_by(worker.addr).await.contains("backend-b"));
 }

@@ -287,8 +287,12 @@ impl SharedLimits {
     /// Tells Redis what was admitted here since the last flush, in one pipeline, and renews
     /// those views.
     async fn flush(&self) {
+        // While Redis is down the keys wait (their counts go with the next flush or ask).
+        if self.link.is_down() {
+            return;
+        }
         let keys = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
-        if keys.is_empty() || self.link.is_down() {
+        if keys.is_empty() {
             return;
         }
         let now = self.views.now();
