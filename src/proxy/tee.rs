@@ -27,11 +27,13 @@ pin_project_lite::pin_project! {
     }
 }
 
-impl<B> Tee<B> {
+impl<B: Body> Tee<B> {
+    /// A body announced larger than `limit` is not copied at all.
     pub fn new(inner: B, sink: Box<dyn TeeSink>, limit: usize) -> Tee<B> {
+        let too_large = inner.size_hint().lower() > limit as u64;
         Tee {
             inner,
-            sink: Some(sink),
+            sink: (!too_large).then_some(sink),
             chunks: Vec::new(),
             size: 0,
             limit,
@@ -153,5 +155,12 @@ mod tests {
         let one = Tee::new(Full::new(Bytes::from("x")), Box::new(Keep(kept.clone())), 5);
         assert_eq!(one.collect().await.unwrap().to_bytes(), "x");
         assert_eq!(kept.lock().unwrap().as_deref(), Some(&b"x"[..]));
+        // Announced too large: never copied, and says so before the first byte.
+        let big = Tee::new(
+            Full::new(Bytes::from("abcdef")),
+            Box::new(Keep(kept.clone())),
+            5,
+        );
+        assert!(!big.keeping());
     }
 }
