@@ -12,6 +12,7 @@
 #   chromium   from Debian (package chromium), headless, for tests/status_page.rs
 #   haproxy    from Debian (package haproxy): the load balancer in front (tests/real_client.rs)
 #   redis-server from Debian (package redis-server): the cache's shared tier (tests/cache_redis.rs)
+#   pebble and pebble-challtestsrv from Debian (package pebble): the ACME server (tests/acme.rs)
 #
 # Idempotent: a tool already in place is kept. As root it may apt-get install what it needs
 # (python3-venv, golang-go, testssl.sh, chromium). Any failure exits non-zero with a message saying
@@ -19,6 +20,7 @@
 #   ARALEZ_SSLYZE=... ARALEZ_TESTSSL=... ARALEZ_H2SPEC=... ARALEZ_GRPC_INTEROP_CLIENT=...
 #   ARALEZ_GRPC_INTEROP_SERVER=... ARALEZ_SLOWHTTPTEST=... ARALEZ_CARGO_FUZZ=...
 #   ARALEZ_ACTIONLINT=... ARALEZ_CHROMIUM=... ARALEZ_HAPROXY=... ARALEZ_REDIS_SERVER=...
+#   ARALEZ_PEBBLE=... ARALEZ_PEBBLE_CHALLTESTSRV=...
 #   ARALEZ_GZIP=... ARALEZ_BROTLI=... ARALEZ_ZSTD=...
 # for the caller to export (scripts/test.sh does).
 #
@@ -123,6 +125,12 @@ install_redis() {
   redis_path >/dev/null || fail "redis-server is not installed after apt-get install redis-server"
 }
 
+install_pebble() {
+  [ -x /usr/bin/pebble ] && [ -x /usr/bin/pebble-challtestsrv ] || apt_install pebble
+  [ -x /usr/bin/pebble ] || fail "pebble is not installed after apt-get install pebble"
+  [ -x /usr/bin/pebble-challtestsrv ] || fail "pebble-challtestsrv is missing from the pebble package"
+}
+
 install_haproxy() {
   haproxy_path >/dev/null || apt_install haproxy
   haproxy_path >/dev/null || fail "haproxy is not installed after apt-get install haproxy"
@@ -160,6 +168,7 @@ install_cargo_fuzz
 go_install "github.com/rhysd/actionlint/cmd/actionlint@$ACTIONLINT_VERSION" actionlint
 install_haproxy
 install_redis
+install_pebble
 
 testssl=$(command -v testssl || command -v testssl.sh)
 echo "ARALEZ_SSLYZE=$JUDGES/venv/bin/sslyze"
@@ -173,6 +182,8 @@ echo "ARALEZ_ACTIONLINT=$JUDGES/bin/actionlint"
 echo "ARALEZ_CHROMIUM=$(command -v chromium)"
 echo "ARALEZ_HAPROXY=$(haproxy_path)"
 echo "ARALEZ_REDIS_SERVER=$(redis_path)"
+echo "ARALEZ_PEBBLE=/usr/bin/pebble"
+echo "ARALEZ_PEBBLE_CHALLTESTSRV=/usr/bin/pebble-challtestsrv"
 echo "ARALEZ_GZIP=$(command -v gzip)"
 echo "ARALEZ_BROTLI=$(command -v brotli)"
 echo "ARALEZ_ZSTD=$(command -v zstd)"

@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::acme_conf::{self, AcmeConfig};
 use super::cache_conf::{self, CacheConfig};
 use super::cluster_conf::ClusterConfig;
 use super::exists;
@@ -94,6 +95,8 @@ pub struct MainConfig {
     pub cache: Option<CacheConfig>,
     /// `cluster_member`, `worker_nodes`, `limits_store`.
     pub cluster: ClusterConfig,
+    /// The `acme:` block: certificates ordered and renewed automatically.
+    pub acme: Option<AcmeConfig>,
 }
 
 const KEYS: &[&str] = &[
@@ -148,6 +151,7 @@ const KEYS: &[&str] = &[
     "cluster_member",
     "worker_nodes",
     "limits_store",
+    "acme",
 ];
 
 /// Keys of Pingora's server config that Aralez files carry; accepted and ignored.
@@ -216,6 +220,7 @@ impl MainConfig {
             max_connections: 100_000,
             cache: None,
             cluster: ClusterConfig::default(),
+            acme: None,
         }
     }
 
@@ -231,6 +236,7 @@ impl MainConfig {
         let mut ca_file: Option<PathBuf> = None;
         let (mut pingora_user, mut pingora_group) = (None, None);
         let mut positions = exists::Positions::default();
+        let mut acme_pos = root.pos;
         let (mut tcp_top, mut tcp_block) = (Vec::new(), None);
         let mut failed = false;
         for (key, value) in entries {
@@ -353,6 +359,10 @@ impl MainConfig {
                     true
                 }
                 "cache" => opt(&mut cfg.cache, cache_conf::read_cache(value, r)),
+                "acme" => {
+                    acme_pos = value.pos;
+                    opt(&mut cfg.acme, acme_conf::read_acme(value, r))
+                }
                 _ if cfg.cluster.read(k, value, r).is_some_and(|read| !read) => false,
                 "cluster_member" | "worker_nodes" | "limits_store" => true,
                 "tcp" => {
@@ -439,6 +449,12 @@ impl MainConfig {
         if cfg.certificates_dir.is_none() {
             cfg.certificates_dir = proxy_configs.map(|dir| dir.join("certificates"));
         }
+        if cfg.acme.is_some() && cfg.certificates_dir.is_none() {
+            let pos = acme_pos;
+            let why = "writes certificates into proxy_certificates (or <proxy_configs>/certificates): set one";
+            r.error(pos, "acme", why);
+            failed = true;
+        }
         cfg.runuser = cfg.runuser.take().or(pingora_user);
         cfg.rungroup = cfg.rungroup.take().or(pingora_group);
         if failed {
@@ -518,6 +534,20 @@ impl MainConfig {
         .flatten()
         {
             fix(p);
+        }
+        if let Some(acme) = &mut self.acme {
+            let dir = self.certificates_dir.as_ref().and_then(|c| c.parent());
+            let state = acme.state_dir.take().unwrap_or_else(|| match dir {
+                Some(configs) => configs.join("autoconfigs"),
+                None => PathBuf::from("autoconfigs"),
+            });
+            acme.state_dir = Some(state);
+            for p in [&mut acme.state_dir, &mut acme.ca_file]
+                .into_iter()
+                .flatten()
+            {
+                beside(p);
+            }
         }
     }
 }

@@ -3,6 +3,7 @@
 //! Reading never panics and never stops at the first problem: every issue is collected with its
 //! file, line, column and key. No I/O happens here beyond reading the files themselves.
 
+pub mod acme_conf;
 pub mod cache_conf;
 pub mod cluster_conf;
 pub mod discovery_conf;

@@ -1,8 +1,9 @@
 //! Control-plane tasks that watch the serving snapshot's backends, off the request path: active
 //! health checks ([`health`]) and periodic re-resolution of backends named by host name
 //! ([`resolve`]). They only read the snapshot and write each backend's health and addresses;
-//! the data path never calls into them.
+//! the data path never calls into them. [`acme`] orders and renews certificates.
 
+pub mod acme;
 pub mod health;
 pub mod resolve;
 

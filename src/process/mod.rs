@@ -113,6 +113,8 @@ pub struct Context {
     pub access_log: AccessLog,
     pub policy_state: Arc<PolicyState>,
     pub reloader: Arc<Reloader>,
+    /// `acme:`: the certificates ordered and renewed automatically.
+    pub acme: Option<Arc<crate::control::acme::Acme>>,
 }
 
 impl Context {
@@ -165,11 +167,15 @@ impl Context {
         ));
         let digest = crate::discovery::files_digest(&main.upstreams_conf);
         reloader.install_file_config(upstreams, digest, "start");
+        let acme = main.acme.as_ref().zip(main.certificates_dir.as_ref());
+        let acme = acme
+            .map(|(cfg, dir)| Arc::new(crate::control::acme::Acme::new(cfg.clone(), dir.clone())));
         Ok(Context {
             metrics,
             access_log,
             policy_state,
             reloader,
+            acme,
         })
     }
 
@@ -187,7 +193,12 @@ impl Context {
             forwarder,
             self.metrics.clone(),
         );
-        Arc::new(router.for_cluster_master(master))
+        let challenges = self.acme.as_ref().map(|acme| acme.challenges());
+        Arc::new(
+            router
+                .for_cluster_master(master)
+                .with_acme_challenges(challenges),
+        )
     }
 
     /// What the proxy listeners' connections share.
@@ -406,6 +417,9 @@ fn start_side_listeners(
     }
     if let Some(limits) = &ctx.policy_state.shared_limits {
         limits.start(control.handle());
+    }
+    if let Some(acme) = &ctx.acme {
+        control.spawn(acme.clone().run());
     }
     let admin = Arc::new(crate::admin::Admin {
         reloader: ctx.reloader.clone(),

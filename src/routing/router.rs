@@ -6,15 +6,17 @@
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use bytes::Bytes;
 use http::header::HeaderValue;
 use http::{Method, Request, Response, Version};
-use http_body_util::Either;
+use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
 use super::{Lookup, Snapshot};
 use crate::metrics::Metrics;
 use crate::proxy::upgrade::is_extended_connect;
 use crate::proxy::{Forwarder, RespBody};
+use crate::vocab::acme_challenges::Challenges;
 use crate::vocab::error::is_grpc;
 use crate::vocab::normalise;
 use crate::vocab::{ClientConn, ProxyError};
@@ -26,6 +28,8 @@ pub struct Router {
     metrics: Arc<Metrics>,
     /// `cluster_member: master`: every request gets a 400 (as Aralez's master).
     cluster_master: bool,
+    /// ACME HTTP-01 challenges in flight, answered before routing.
+    acme: Option<Arc<Challenges>>,
 }
 
 impl Router {
@@ -39,7 +43,14 @@ impl Router {
             forwarder,
             metrics,
             cluster_master: false,
+            acme: None,
         }
+    }
+
+    /// The same router answering the ACME HTTP-01 challenges in `acme`.
+    pub fn with_acme_challenges(mut self, acme: Option<Arc<Challenges>>) -> Router {
+        self.acme = acme;
+        self
     }
 
     /// The same router for a cluster master: no proxy traffic.
@@ -58,6 +69,9 @@ impl Router {
             Ok(host) => host,
             Err(err) => return self.refuse(conn, err, grpc),
         };
+        if let Some(answer) = self.acme.as_ref().and_then(|a| a.answer(req.uri().path())) {
+            return Response::new(Either::Right(Full::new(Bytes::from(answer))));
+        }
         let snapshot = self.snapshot.load();
         // Normalised once: the route is chosen by it and the cache keys by it.
         let mut host_buf = [0u8; normalise::MAX_HOST];

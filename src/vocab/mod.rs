@@ -5,6 +5,7 @@
 //! normalisation ([`normalise`]), the `araleztoken` query parameter ([`token_param`]) and the
 //! link to a Redis server that shared state uses ([`redis_link`]).
 
+pub mod acme_challenges;
 pub mod error;
 pub mod headers;
 pub mod normalise;

@@ -329,6 +329,14 @@ impl ProxyProcess {
         Self::spawn_command(command, dir)
     }
 
+    /// [`ProxyProcess::start`] with the plain listener on `listen` (a port chosen by the test).
+    pub fn start_on(upstreams: &str, main_extra: &str, listen: SocketAddr) -> ProxyProcess {
+        let (dir, main) = write_config_listening(upstreams, main_extra, &listen.to_string());
+        let mut command = Command::new(binary());
+        command.arg("-c").arg(main);
+        Self::spawn_command(command, dir)
+    }
+
     /// [`ProxyProcess::start`] from a shell that first runs `prelude` (e.g. `ulimit -Sn 256`).
     pub fn start_after(upstreams: &str, main_extra: &str, prelude: &str) -> ProxyProcess {
         let (dir, main) = write_config(upstreams, main_extra);

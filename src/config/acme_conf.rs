@@ -1,0 +1,205 @@
+//! main.yaml's `acme:` block (automatic certificates, SPEC §14): which ACME directory, which
+//! challenge, where the account and orders are kept, which names. Only parsing and validation
+//! live here; the client is `control::acme`.
+
+use std::path::PathBuf;
+
+use super::reader::{join, Reader};
+use super::yaml::{Node, Value};
+
+/// Let's Encrypt's production directory (the default).
+pub const LETS_ENCRYPT: &str = "https://acme-v02.api.letsencrypt.org/directory";
+/// Let's Encrypt's staging directory (`directory: staging`).
+pub const LETS_ENCRYPT_STAGING: &str = "https://acme-staging-v02.api.letsencrypt.org/directory";
+
+/// How the ACME server checks that aralez answers for a name.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Challenge {
+    /// `/.well-known/acme-challenge/<token>` on `proxy_address_http`.
+    #[default]
+    Http01,
+}
+
+/// The `acme:` block with its defaults filled in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AcmeConfig {
+    pub directory: String,
+    pub email: Option<String>,
+    /// Trust roots for the ACME server's own TLS (a private server).
+    pub ca_file: Option<PathBuf>,
+    pub challenge: Challenge,
+    /// Where the account and the orders are kept; `None`: `<proxy_configs>/autoconfigs`, else
+    /// `autoconfigs` beside main.yaml.
+    pub state_dir: Option<PathBuf>,
+    pub domains: Vec<String>,
+    /// Renew this many days before expiry; `None`: when a third of the lifetime is left.
+    pub renew_before_days: Option<u64>,
+}
+
+const KEYS: &[&str] = &[
+    "directory",
+    "email",
+    "ca_file",
+    "challenge",
+    "state_dir",
+    "domains",
+    "renew_before_days",
+];
+
+/// Reads the `acme:` block. `None` when a value is wrong (each error already reported).
+pub fn read_acme(block: &Node, r: &mut Reader) -> Option<AcmeConfig> {
+    let mut cfg = AcmeConfig {
+        directory: LETS_ENCRYPT.to_string(),
+        email: None,
+        ca_file: None,
+        challenge: Challenge::Http01,
+        state_dir: None,
+        domains: Vec::new(),
+        renew_before_days: None,
+    };
+    let entries = r.map(block, "acme")?;
+    let mut ok = true;
+    for (key, value) in entries {
+        let path = join("acme", &key.name);
+        let p = path.as_str();
+        let read = match key.name.as_str() {
+            "directory" => read_directory(value, p, r).map(|d| cfg.directory = d),
+            "email" => r.non_empty_string(value, p).map(|e| cfg.email = Some(e)),
+            "ca_file" => r
+                .non_empty_string(value, p)
+                .map(|f| cfg.ca_file = Some(PathBuf::from(f))),
+            "challenge" => read_challenge(value, p, r).map(|c| cfg.challenge = c),
+            "state_dir" => r
+                .non_empty_string(value, p)
+                .map(|d| cfg.state_dir = Some(PathBuf::from(d))),
+            "domains" => read_domains(value, p, r).map(|d| cfg.domains = d),
+            "renew_before_days" => r
+                .uint(value, p, 1, 365)
+                .map(|n| cfg.renew_before_days = Some(n)),
+            _ => {
+                r.unknown_key(key, p, KEYS);
+                Some(())
+            }
+        };
+        ok &= read.is_some();
+    }
+    if ok && cfg.domains.is_empty() {
+        r.error(
+            block.pos,
+            "acme.domains",
+            "required: the names to get a certificate for",
+        );
+        ok = false;
+    }
+    ok.then_some(cfg)
+}
+
+fn read_directory(node: &Node, path: &str, r: &mut Reader) -> Option<String> {
+    let text = r.non_empty_string(node, path)?;
+    let text = text.trim();
+    if text.eq_ignore_ascii_case("staging") {
+        return Some(LETS_ENCRYPT_STAGING.to_string());
+    }
+    if !text.starts_with("https://") {
+        r.error(
+            node.pos,
+            path,
+            format!("`{text}` is not an https:// URL or `staging`"),
+        );
+        return None;
+    }
+    Some(text.to_string())
+}
+
+fn read_challenge(node: &Node, path: &str, r: &mut Reader) -> Option<Challenge> {
+    let text = r.non_empty_string(node, path)?;
+    match text.trim().to_ascii_lowercase().as_str() {
+        "http-01" => Some(Challenge::Http01),
+        "tls-alpn-01" | "dns-01" => {
+            let why = format!("`{}` is not built yet; only http-01 is", text.trim());
+            r.error(node.pos, path, why);
+            None
+        }
+        _ => {
+            let why = format!("`{}` is not http-01, tls-alpn-01 or dns-01", text.trim());
+            r.error(node.pos, path, why);
+            None
+        }
+    }
+}
+
+fn read_domains(node: &Node, path: &str, r: &mut Reader) -> Option<Vec<String>> {
+    let Value::Seq(items) = &node.value else {
+        r.error(node.pos, path, "expected a list of names");
+        return None;
+    };
+    let mut domains = Vec::with_capacity(items.len());
+    for item in items {
+        let name = r.non_empty_string(item, path)?.trim().to_ascii_lowercase();
+        let valid = name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+        if !valid || name.len() > 253 {
+            r.error(item.pos, path, format!("`{name}` is not a DNS name"));
+            return None;
+        }
+        domains.push(name);
+    }
+    Some(domains)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::issues::Issues;
+    use crate::config::yaml;
+
+    fn read(text: &str) -> (Option<AcmeConfig>, Issues) {
+        let mut issues = Issues::default();
+        let root = yaml::parse(text).expect("yaml");
+        let cfg = {
+            let mut r = Reader::new("main.yaml".into(), &mut issues);
+            read_acme(&root, &mut r)
+        };
+        (cfg, issues)
+    }
+
+    #[test]
+    fn defaults_and_values() {
+        let (cfg, _) = read("domains: [\"Example.com\", \"www.example.com\"]\n");
+        let cfg = cfg.expect("valid");
+        assert_eq!(cfg.directory, LETS_ENCRYPT);
+        assert_eq!(cfg.domains, ["example.com", "www.example.com"]);
+        let (cfg, _) = read("directory: staging\ndomains: [a.test]\nrenew_before_days: 20\n");
+        let cfg = cfg.expect("valid");
+        assert_eq!(
+            (cfg.directory.as_str(), cfg.renew_before_days),
+            (LETS_ENCRYPT_STAGING, Some(20))
+        );
+    }
+
+    #[test]
+    fn errors_name_their_line() {
+        for (text, line, says) in [
+            ("domains: []\n", 1, "required"),
+            ("domains: [a.test]\nchallenge: dns-01\n", 2, "not built yet"),
+            ("domains: [a.test]\nchallenge: smoke\n", 2, "not http-01"),
+            ("domains: [\"a b\"]\n", 1, "not a DNS name"),
+            (
+                "domains: [a.test]\ndirectory: \"http://x\"\n",
+                2,
+                "not an https://",
+            ),
+        ] {
+            let (cfg, issues) = read(text);
+            assert!(cfg.is_none(), "{text}");
+            let e = issues.errors().next().expect("an error");
+            assert_eq!(e.line, line, "{text}");
+            assert!(e.message.contains(says), "{text}: {}", e.message);
+        }
+    }
+}

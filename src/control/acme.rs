@@ -1,0 +1,263 @@
+//! Automatic certificates (main.yaml's `acme:`): an ACME account (RFC 8555) kept in
+//! `state_dir`, and an order for the configured names whenever the certificate in the
+//! certificate directory is missing or due for renewal (`renew_before_days` before it expires,
+//! else when a third of its lifetime is left). HTTP-01 challenges are answered by the router
+//! from [`Challenges`]. The certificate and its key are written atomically (temporary name, then
+//! rename) into the watched certificate directory, so the TLS listener serves them with no
+//! restart, and a restart does not order again while the certificate is fresh. A failure is
+//! logged with the ACME problem and retried with backoff (1 min doubling to 6 h); the serving
+//! certificate is never taken away. Client: instant-acme (the crate Aralez uses).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use instant_acme::{
+    Account, AccountBuilder, AccountCredentials, AuthorizationStatus, ChallengeType, Identifier,
+    NewAccount, NewOrder, OrderStatus, RetryPolicy,
+};
+
+use crate::config::acme_conf::AcmeConfig;
+use crate::vocab::acme_challenges::Challenges;
+
+const FIRST_RETRY: Duration = Duration::from_secs(60);
+const LAST_RETRY: Duration = Duration::from_secs(6 * 3600);
+/// The longest the task sleeps between two looks at the certificate.
+const LOOK_EVERY: Duration = Duration::from_secs(12 * 3600);
+
+/// Why an order failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AcmeError {
+    #[error("ACME: {0}")]
+    Protocol(#[from] instant_acme::Error),
+    #[error("{what} {path}: {source}")]
+    File {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the account file {0} cannot be read: {1}")]
+    Account(PathBuf, serde_json::Error),
+    #[error("{0}")]
+    Order(String),
+}
+
+/// The ACME client of one process.
+pub struct Acme {
+    cfg: AcmeConfig,
+    state_dir: PathBuf,
+    certs_dir: PathBuf,
+    challenges: Arc<Challenges>,
+    /// Orders that failed (for `/metrics`).
+    pub failures: AtomicU64,
+    /// Certificates issued.
+    pub issued: AtomicU64,
+}
+
+impl Acme {
+    pub fn new(cfg: AcmeConfig, certs_dir: PathBuf) -> Acme {
+        let state_dir = cfg
+            .state_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("autoconfigs"));
+        Acme {
+            cfg,
+            state_dir,
+            certs_dir,
+            challenges: Arc::new(Challenges::default()),
+            failures: AtomicU64::new(0),
+            issued: AtomicU64::new(0),
+        }
+    }
+
+    /// The challenges the router answers.
+    pub fn challenges(&self) -> Arc<Challenges> {
+        self.challenges.clone()
+    }
+
+    /// Where the certificate of the configured names is kept (`<first name>.crt` / `.key`).
+    fn cert_path(&self, ext: &str) -> PathBuf {
+        self.certs_dir
+            .join(format!("{}.{ext}", self.cfg.domains[0]))
+    }
+
+    /// Keeps the certificate fresh for as long as the process runs.
+    pub async fn run(self: Arc<Self>) {
+        let mut backoff = Duration::ZERO;
+        loop {
+            let wait = match self.renew_in() {
+                Some(wait) if !wait.is_zero() => {
+                    tracing::info!(domain = %self.cfg.domains[0], "acme: a fresh certificate exists; renewal in {}h", wait.as_secs() / 3600);
+                    wait.min(LOOK_EVERY)
+                }
+                _ => match self.order().await {
+                    Ok(()) => {
+                        backoff = Duration::ZERO;
+                        continue;
+                    }
+                    Err(e) => {
+                        self.failures.fetch_add(1, Ordering::Relaxed);
+                        backoff = (backoff * 2).clamp(FIRST_RETRY, LAST_RETRY);
+                        tracing::warn!(domain = %self.cfg.domains[0], "acme: order failed, retry in {}s: {e}", backoff.as_secs());
+                        backoff
+                    }
+                },
+            };
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// How long until the certificate on disk is due for renewal; `None` when there is none
+    /// (or it cannot be read, or does not cover every configured name).
+    fn renew_in(&self) -> Option<Duration> {
+        let pem = std::fs::read(self.cert_path("crt")).ok()?;
+        let (_, block) = x509_parser::pem::parse_x509_pem(&pem).ok()?;
+        let cert = block.parse_x509().ok()?;
+        let names: Vec<String> = cert
+            .subject_alternative_name()
+            .ok()
+            .flatten()
+            .map(|san| {
+                san.value
+                    .general_names
+                    .iter()
+                    .filter_map(|n| match n {
+                        x509_parser::extensions::GeneralName::DNSName(d) => {
+                            Some(d.to_ascii_lowercase())
+                        }
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !self.cfg.domains.iter().all(|d| names.contains(d)) {
+            return None;
+        }
+        let not_before = cert.validity().not_before.timestamp().max(0) as u64;
+        let not_after = cert.validity().not_after.timestamp().max(0) as u64;
+        let lifetime = not_after.saturating_sub(not_before);
+        let before = match self.cfg.renew_before_days {
+            Some(days) => days * 86_400,
+            None => lifetime / 3,
+        };
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).ok()?.as_secs();
+        Some(Duration::from_secs(
+            not_after.saturating_sub(before).saturating_sub(now),
+        ))
+    }
+
+    fn builder(&self) -> Result<AccountBuilder, AcmeError> {
+        Ok(match &self.cfg.ca_file {
+            Some(ca) => Account::builder_with_root(ca)?,
+            None => Account::builder()?,
+        })
+    }
+
+    /// The account in `state_dir`, created (and kept there) when there is none.
+    pub async fn account(&self) -> Result<Account, AcmeError> {
+        let path = self.state_dir.join("account.json");
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            let creds: AccountCredentials =
+                serde_json::from_str(&text).map_err(|e| AcmeError::Account(path.clone(), e))?;
+            return Ok(self.builder()?.from_credentials(creds).await?);
+        }
+        let contact = self.cfg.email.as_ref().map(|e| format!("mailto:{e}"));
+        let contacts: Vec<&str> = contact.iter().map(String::as_str).collect();
+        let new = NewAccount {
+            contact: &contacts,
+            terms_of_service_agreed: true,
+            only_return_existing: false,
+        };
+        let (account, creds) = self
+            .builder()?
+            .create(&new, self.cfg.directory.clone(), None)
+            .await?;
+        let json =
+            serde_json::to_string(&creds).map_err(|e| AcmeError::Account(path.clone(), e))?;
+        write_atomically(&path, json.as_bytes(), "the account file")?;
+        tracing::info!(account = account.id(), "acme: account created");
+        Ok(account)
+    }
+
+    /// Orders a certificate for the configured names and writes it.
+    async fn order(&self) -> Result<(), AcmeError> {
+        let account = self.account().await?;
+        let identifiers: Vec<Identifier> = self
+            .cfg
+            .domains
+            .iter()
+            .map(|d| Identifier::Dns(d.clone()))
+            .collect();
+        let mut order = account.new_order(&NewOrder::new(&identifiers)).await?;
+        let mut tokens = Vec::new();
+        let mut authorizations = order.authorizations();
+        while let Some(authz) = authorizations.next().await {
+            let mut authz = authz?;
+            if authz.status == AuthorizationStatus::Valid {
+                continue;
+            }
+            let mut challenge = authz
+                .challenge(ChallengeType::Http01)
+                .ok_or_else(|| AcmeError::Order("the server offers no http-01 challenge".into()))?;
+            let token = challenge.token.clone();
+            self.challenges
+                .put(&token, challenge.key_authorization().as_str());
+            tokens.push(token);
+            challenge.set_ready().await?;
+        }
+        let retries = RetryPolicy::new().timeout(Duration::from_secs(90));
+        let status = order.poll_ready(&retries).await;
+        for token in &tokens {
+            self.challenges.remove(token);
+        }
+        match status? {
+            OrderStatus::Ready => {}
+            other => {
+                let problems = order.state().error.as_ref().map(|p| format!("{p:?}"));
+                return Err(AcmeError::Order(format!(
+                    "order {other:?}: {}",
+                    problems.unwrap_or_default()
+                )));
+            }
+        }
+        let key = order.finalize().await?;
+        let chain = order.poll_certificate(&retries).await?;
+        // The key first: the directory watcher loads a pair once both are there.
+        write_atomically(
+            &self.cert_path("key"),
+            key.as_bytes(),
+            "the certificate key",
+        )?;
+        write_atomically(&self.cert_path("crt"), chain.as_bytes(), "the certificate")?;
+        self.issued.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(domains = ?self.cfg.domains, "acme: certificate issued");
+        Ok(())
+    }
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename (mode 0600).
+fn write_atomically(path: &Path, bytes: &[u8], what: &'static str) -> Result<(), AcmeError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let failed = |source| AcmeError::File {
+        what,
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(failed)?;
+    }
+    let tmp = path.with_extension("acme-tmp");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(failed)?;
+    file.write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .map_err(failed)?;
+    std::fs::rename(&tmp, path).map_err(failed)
+}

@@ -1,0 +1,212 @@
+//! Automatic certificates (`acme:` in main.yaml) against Debian's `pebble` (an ACME server for
+//! tests) and `pebble-challtestsrv` (its DNS, which points every name at 127.0.0.1), both
+//! started here on loopback ports; pebble's own HTTPS listener uses a certificate of a CA the
+//! test makes, which aralez trusts through `acme.ca_file`. HTTP-01: pebble fetches the token
+//! from aralez's plain listener, which answers it before routing; the certificate lands in the
+//! watched directory and is served on SNI at once, verified against pebble's root; a restart
+//! does not order again.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::redis::free_port;
+use support::tools::{self, Tool};
+use support::*;
+
+const PEBBLE: Tool = Tool {
+    env: "ARALEZ_PEBBLE",
+    installed: "/usr/bin/pebble", // Debian's package
+    on_path: &["pebble"],
+};
+const CHALLTESTSRV: Tool = Tool {
+    env: "ARALEZ_PEBBLE_CHALLTESTSRV",
+    installed: "/usr/bin/pebble-challtestsrv",
+    on_path: &["pebble-challtestsrv"],
+};
+
+/// A child process killed on drop.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// pebble and its DNS, with the CA pebble's listener is signed by.
+struct Pebble {
+    _dns: Running,
+    _server: Running,
+    directory: String,
+    management: SocketAddr,
+    ca_file: std::path::PathBuf,
+    ca: rustls_pki_types::CertificateDer<'static>,
+    _dir: tempfile::TempDir,
+}
+
+impl Pebble {
+    /// pebble validating HTTP-01 on `http_port` of whatever its DNS says (127.0.0.1).
+    async fn start(http_port: u16) -> Option<Pebble> {
+        let pebble = tools::find(&PEBBLE)?;
+        let challtestsrv = tools::find(&CHALLTESTSRV)?;
+        let dir = tempfile::tempdir().expect("temp dir");
+        // The test's CA, and pebble's listener certificate signed by it.
+        let pki = test_pki(&["127.0.0.1", "localhost"]);
+        let ca_file = dir.path().join("ca.pem");
+        std::fs::write(&ca_file, &pki.ca_pem).expect("write CA");
+        std::fs::write(dir.path().join("pebble.crt"), &pki.leaf_pem).expect("write cert");
+        std::fs::write(dir.path().join("pebble.key"), &pki.leaf_key_pem).expect("write key");
+        let (dns_port, acme_port, mgmt_port, tls_port, cts_mgmt) = (
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port(),
+        );
+        let dns = Command::new(challtestsrv)
+            .args([
+                "-dns01",
+                &format!("127.0.0.1:{dns_port}"),
+                "-http01",
+                "",
+                "-https01",
+                "",
+            ])
+            .args([
+                "-tlsalpn01",
+                "",
+                "-management",
+                &format!("127.0.0.1:{cts_mgmt}"),
+            ])
+            .args(["-defaultIPv4", "127.0.0.1", "-defaultIPv6", ""])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start pebble-challtestsrv");
+        let config = serde_json::json!({ "pebble": {
+            "listenAddress": format!("127.0.0.1:{acme_port}"),
+            "managementListenAddress": format!("127.0.0.1:{mgmt_port}"),
+            "certificate": dir.path().join("pebble.crt"),
+            "privateKey": dir.path().join("pebble.key"),
+            "httpPort": http_port,
+            "tlsPort": tls_port,
+            "ocspResponderURL": "",
+            "externalAccountBindingRequired": false,
+        }});
+        let config_file = dir.path().join("pebble.json");
+        std::fs::write(&config_file, config.to_string()).expect("write pebble config");
+        let server = Command::new(pebble)
+            .arg("-config")
+            .arg(&config_file)
+            .args(["-dnsserver", &format!("127.0.0.1:{dns_port}")])
+            .env("PEBBLE_VA_NOSLEEP", "1")
+            .env("PEBBLE_WFE_NONCEREJECT", "0")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start pebble");
+        let up = eventually_async(Duration::from_secs(10), || async move {
+            tokio::net::TcpStream::connect(("127.0.0.1", acme_port))
+                .await
+                .ok()
+        });
+        assert!(up.await.is_some(), "pebble did not start");
+        Some(Pebble {
+            _dns: Running(dns),
+            _server: Running(server),
+            directory: format!("https://127.0.0.1:{acme_port}/dir"),
+            management: ([127, 0, 0, 1], mgmt_port).into(),
+            ca_file,
+            ca: pki.ca,
+            _dir: dir,
+        })
+    }
+
+    /// pebble's current issuing root (its management API), for checking what aralez serves.
+    async fn root(&self) -> rustls_pki_types::CertificateDer<'static> {
+        use rustls_pki_types::pem::PemObject;
+        let config = tls_client_config(std::slice::from_ref(&self.ca), &[b"http/1.1"]);
+        let mut client = Client::connect_tls(self.management, "localhost", config).await;
+        let resp = client
+            .send(
+                http::Method::GET,
+                Some("localhost"),
+                "/roots/0",
+                &[],
+                full(bytes::Bytes::new()),
+            )
+            .await;
+        let pem = body_bytes(resp).await;
+        rustls_pki_types::CertificateDer::from_pem_slice(&pem).expect("pebble's root in PEM")
+    }
+}
+
+#[tokio::test]
+async fn http_01_issues_a_certificate_served_at_once_and_kept_across_a_restart() {
+    let http: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let Some(pebble) = Pebble::start(http.port()).await else {
+        return;
+    };
+    let backend = Backend::start("site").await;
+    let yaml = Upstreams::new()
+        .host(
+            "acme.test",
+            Host::new().path("/", Path::servers(&[&backend]).healthcheck(false)),
+        )
+        .render();
+    let certs = tempfile::tempdir().expect("certificate dir");
+    let state = tempfile::tempdir().expect("state dir");
+    let main = format!(
+        "proxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"\nacme:\n  directory: \"{}\"\n  ca_file: \"{}\"\n  email: \"ops@acme.test\"\n  challenge: http-01\n  state_dir: \"{}\"\n  domains: [\"acme.test\"]\n",
+        certs.path().display(),
+        pebble.directory,
+        pebble.ca_file.display(),
+        state.path().display()
+    );
+    let proxy = ProxyProcess::start_on(&yaml, &main, http);
+    let crt = certs.path().join("acme.test.crt");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !crt.exists() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(crt.exists(), "no certificate: {}", proxy.log_text());
+    assert!(state.path().join("account.json").exists());
+    assert!(proxy.log_text().contains("acme: certificate issued"));
+
+    // Served on SNI at once, and it chains to pebble's root.
+    let tls = proxy.logged_addr("listening on https://");
+    let config = tls_client_config(&[pebble.root().await], &[b"http/1.1"]);
+    let served = eventually_async(Duration::from_secs(10), || {
+        let config = config.clone();
+        async move {
+            let stream = tokio::net::TcpStream::connect(tls).await.ok()?;
+            let name = rustls_pki_types::ServerName::try_from("acme.test").ok()?;
+            tokio_rustls::TlsConnector::from(config)
+                .connect(name, stream)
+                .await
+                .ok()
+        }
+    });
+    assert!(
+        served.await.is_some(),
+        "acme.test is not served with pebble's certificate"
+    );
+
+    // A restart with a fresh certificate orders nothing.
+    let before = std::fs::read(&crt).expect("certificate");
+    drop(proxy);
+    let proxy = ProxyProcess::start_on(&yaml, &main, http);
+    let said = eventually_async(Duration::from_secs(10), || async {
+        proxy
+            .log_text()
+            .contains("a fresh certificate exists")
+            .then_some(())
+    });
+    assert!(said.await.is_some(), "{}", proxy.log_text());
+    assert_eq!(std::fs::read(&crt).expect("certificate"), before);
+    assert!(!proxy.log_text().contains("account created"));
+}
