@@ -10,7 +10,7 @@ mod support;
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::redis::free_port;
 use support::tools::{self, Tool};
@@ -95,6 +95,8 @@ impl Pebble {
             "httpPort": http_port,
             "tlsPort": tls_port,
             "ocspResponderURL": "",
+            // 30 days: a renewal threshold of 60 days makes any certificate due.
+            "certificateValidityPeriod": 30 * 86_400,
             "externalAccountBindingRequired": false,
         }});
         let config_file = dir.path().join("pebble.json");
@@ -145,6 +147,48 @@ impl Pebble {
     }
 }
 
+/// main.yaml lines for `acme.test` from `pebble`, with extra `acme:` lines.
+fn main_for(
+    pebble: &Pebble,
+    certs: &std::path::Path,
+    state: &std::path::Path,
+    extra: &str,
+) -> String {
+    format!(
+        "proxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"\nconfig_address: \"127.0.0.1:0\"\nmaster_key: \"k\"\nacme:\n  directory: \"{}\"\n  ca_file: \"{}\"\n  email: \"ops@acme.test\"\n  challenge: http-01\n  state_dir: \"{}\"\n  domains: [\"acme.test\"]\n{extra}",
+        certs.display(),
+        pebble.directory,
+        pebble.ca_file.display(),
+        state.display()
+    )
+}
+
+/// `acme.test` is served over TLS by `proxy` with a certificate that chains to `root`.
+async fn serves(proxy: &ProxyProcess, root: rustls_pki_types::CertificateDer<'static>) -> bool {
+    let tls = proxy.logged_addr("listening on https://");
+    let config = tls_client_config(&[root], &[b"http/1.1"]);
+    let served = eventually_async(Duration::from_secs(10), || {
+        let config = config.clone();
+        async move {
+            let stream = tokio::net::TcpStream::connect(tls).await.ok()?;
+            let name = rustls_pki_types::ServerName::try_from("acme.test").ok()?;
+            tokio_rustls::TlsConnector::from(config)
+                .connect(name, stream)
+                .await
+                .ok()
+        }
+    });
+    served.await.is_some()
+}
+
+/// `proxy`'s log says `text` within 60 s.
+async fn logs(proxy: &ProxyProcess, text: &str) -> bool {
+    let said = eventually_async(Duration::from_secs(60), || async {
+        proxy.log_text().contains(text).then_some(())
+    });
+    said.await.is_some()
+}
+
 #[tokio::test]
 async fn http_01_issues_a_certificate_served_at_once_and_kept_across_a_restart() {
     let http: SocketAddr = ([127, 0, 0, 1], free_port()).into();
@@ -160,53 +204,100 @@ async fn http_01_issues_a_certificate_served_at_once_and_kept_across_a_restart()
         .render();
     let certs = tempfile::tempdir().expect("certificate dir");
     let state = tempfile::tempdir().expect("state dir");
-    let main = format!(
-        "proxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"\nacme:\n  directory: \"{}\"\n  ca_file: \"{}\"\n  email: \"ops@acme.test\"\n  challenge: http-01\n  state_dir: \"{}\"\n  domains: [\"acme.test\"]\n",
-        certs.path().display(),
-        pebble.directory,
-        pebble.ca_file.display(),
-        state.path().display()
-    );
+    let main = main_for(&pebble, certs.path(), state.path(), "");
     let proxy = ProxyProcess::start_on(&yaml, &main, http);
     let crt = certs.path().join("acme.test.crt");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !crt.exists() && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(crt.exists(), "no certificate: {}", proxy.log_text());
-    assert!(state.path().join("account.json").exists());
-    assert!(proxy.log_text().contains("acme: certificate issued"));
-
-    // Served on SNI at once, and it chains to pebble's root.
-    let tls = proxy.logged_addr("listening on https://");
-    let config = tls_client_config(&[pebble.root().await], &[b"http/1.1"]);
-    let served = eventually_async(Duration::from_secs(10), || {
-        let config = config.clone();
-        async move {
-            let stream = tokio::net::TcpStream::connect(tls).await.ok()?;
-            let name = rustls_pki_types::ServerName::try_from("acme.test").ok()?;
-            tokio_rustls::TlsConnector::from(config)
-                .connect(name, stream)
-                .await
-                .ok()
-        }
-    });
     assert!(
-        served.await.is_some(),
+        logs(&proxy, "acme: certificate issued").await,
+        "{}",
+        proxy.log_text()
+    );
+    assert!(crt.exists() && state.path().join("account.json").exists());
+    // Served on SNI at once, and it chains to pebble's root.
+    let root = pebble.root().await;
+    assert!(
+        serves(&proxy, root.clone()).await,
         "acme.test is not served with pebble's certificate"
     );
+    let admin = proxy.logged_addr("admin API on http://");
+    let issued = "aralez_acme_orders_total{domain=\"acme.test\",result=\"issued\"}";
+    assert_eq!(metric(admin, issued).await, Some(1.0));
+    let expiry = metric(
+        admin,
+        "aralez_acme_certificate_expiry_seconds{domain=\"acme.test\"}",
+    )
+    .await;
+    assert!(expiry.is_some_and(|s| s > 29.0 * 86_400.0), "{expiry:?}");
 
     // A restart with a fresh certificate orders nothing.
-    let before = std::fs::read(&crt).expect("certificate");
+    let first = std::fs::read(&crt).expect("certificate");
     drop(proxy);
     let proxy = ProxyProcess::start_on(&yaml, &main, http);
-    let said = eventually_async(Duration::from_secs(10), || async {
-        proxy
-            .log_text()
-            .contains("a fresh certificate exists")
-            .then_some(())
-    });
-    assert!(said.await.is_some(), "{}", proxy.log_text());
-    assert_eq!(std::fs::read(&crt).expect("certificate"), before);
+    assert!(
+        logs(&proxy, "a fresh certificate exists").await,
+        "{}",
+        proxy.log_text()
+    );
+    assert_eq!(std::fs::read(&crt).expect("certificate"), first);
+    drop(proxy);
+
+    // A renewal threshold past the remaining lifetime renews, with the same account.
+    let renewing = main_for(
+        &pebble,
+        certs.path(),
+        state.path(),
+        "  renew_before_days: 60\n",
+    );
+    let proxy = ProxyProcess::start_on(&yaml, &renewing, http);
+    assert!(
+        logs(&proxy, "acme: certificate issued").await,
+        "{}",
+        proxy.log_text()
+    );
+    let second = std::fs::read(&crt).expect("certificate");
+    assert_ne!(second, first, "renewed");
     assert!(!proxy.log_text().contains("account created"));
+    assert!(logs(&proxy, "next order in an hour at the earliest").await);
+    drop(proxy);
+
+    // A challenge the ACME server cannot check (it asks a port nobody answers on) fails the
+    // order: logged with the problem, counted, and the certificate in place keeps being served.
+    let Some(refusing) = Pebble::start(free_port()).await else {
+        return;
+    };
+    let state_b = tempfile::tempdir().expect("state dir");
+    let failing = main_for(
+        &refusing,
+        certs.path(),
+        state_b.path(),
+        "  renew_before_days: 60\n",
+    );
+    let proxy = ProxyProcess::start_on(&yaml, &failing, http);
+    assert!(
+        logs(&proxy, "acme: order failed").await,
+        "{}",
+        proxy.log_text()
+    );
+    // The line names the domain and carries the ACME problem (pebble's connection error).
+    let log = proxy.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("acme: order failed"))
+        .unwrap_or_default();
+    assert!(
+        line.contains("acme.test") && line.contains("urn:ietf:params:acme:error:"),
+        "{line}"
+    );
+    assert_eq!(
+        std::fs::read(&crt).expect("certificate"),
+        second,
+        "the old one stays"
+    );
+    assert!(
+        serves(&proxy, root).await,
+        "the old certificate is still served"
+    );
+    let admin = proxy.logged_addr("admin API on http://");
+    let failed = "aralez_acme_orders_total{domain=\"acme.test\",result=\"failed\"}";
+    assert_eq!(metric(admin, failed).await, Some(1.0));
 }

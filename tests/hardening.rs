@@ -269,6 +269,7 @@ async fn admin_api(proxy: &Proxy, master_key: Option<&str>) -> SocketAddr {
         cache: None,
         shared_limits: None,
         cluster: None,
+        acme: None,
     });
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     std::mem::forget(stop);

@@ -73,6 +73,7 @@ async fn start() -> Listeners {
         cache: None,
         shared_limits: None,
         cluster: None,
+        acme: None,
     });
     let served = aralez::admin::serve(admin_listener, admin, None, limits(3), stop_rx.clone());
     tokio::spawn(served);

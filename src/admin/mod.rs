@@ -56,6 +56,8 @@ pub struct Admin {
     pub shared_limits: Option<Arc<crate::layers::shared_limits::SharedLimits>>,
     /// Cluster mode's master: where accepted configurations go on to.
     pub cluster: Option<Arc<cluster::Cluster>>,
+    /// `acme:`'s series in `/metrics`.
+    pub acme: Option<Arc<crate::control::acme::Acme>>,
 }
 
 type Reply = Response<Full<Bytes>>;
@@ -320,6 +322,9 @@ impl Admin {
         }
         if let Some(limits) = &self.shared_limits {
             limits.render_prometheus(&mut text);
+        }
+        if let Some(acme) = &self.acme {
+            acme.render_prometheus(&mut text);
         }
         reply(
             StatusCode::OK,

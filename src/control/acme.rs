@@ -6,7 +6,8 @@
 //! rename) into the watched certificate directory, so the TLS listener serves them with no
 //! restart, and a restart does not order again while the certificate is fresh. A failure is
 //! logged with the ACME problem and retried with backoff (1 min doubling to 6 h); the serving
-//! certificate is never taken away. Client: instant-acme (the crate Aralez uses).
+//! certificate is never taken away. The certificate is looked at when the process starts and at
+//! least hourly. Client: instant-acme (the crate Aralez uses).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,7 +25,10 @@ use crate::vocab::acme_challenges::Challenges;
 const FIRST_RETRY: Duration = Duration::from_secs(60);
 const LAST_RETRY: Duration = Duration::from_secs(6 * 3600);
 /// The longest the task sleeps between two looks at the certificate.
-const LOOK_EVERY: Duration = Duration::from_secs(12 * 3600);
+const LOOK_EVERY: Duration = Duration::from_secs(3600);
+/// The shortest time between two successful orders (a renewal threshold longer than the
+/// lifetime would otherwise order again at once, forever).
+const BETWEEN_ORDERS: Duration = Duration::from_secs(3600);
 
 /// Why an order failed.
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +57,8 @@ pub struct Acme {
     pub failures: AtomicU64,
     /// Certificates issued.
     pub issued: AtomicU64,
+    /// When the certificate on disk expires (seconds since the epoch; 0: none).
+    expires: AtomicU64,
 }
 
 impl Acme {
@@ -68,6 +74,7 @@ impl Acme {
             challenges: Arc::new(Challenges::default()),
             failures: AtomicU64::new(0),
             issued: AtomicU64::new(0),
+            expires: AtomicU64::new(0),
         }
     }
 
@@ -92,6 +99,11 @@ impl Acme {
                     wait.min(LOOK_EVERY)
                 }
                 _ => match self.order().await {
+                    Ok(()) if self.renew_in().is_some_and(|w| w.is_zero()) => {
+                        backoff = Duration::ZERO;
+                        tracing::warn!(domain = %self.cfg.domains[0], "acme: the new certificate is already due for renewal (renew_before_days is longer than its lifetime); next order in an hour at the earliest");
+                        BETWEEN_ORDERS
+                    }
                     Ok(()) => {
                         backoff = Duration::ZERO;
                         continue;
@@ -136,6 +148,7 @@ impl Acme {
         }
         let not_before = cert.validity().not_before.timestamp().max(0) as u64;
         let not_after = cert.validity().not_after.timestamp().max(0) as u64;
+        self.expires.store(not_after, Ordering::Relaxed);
         let lifetime = not_after.saturating_sub(not_before);
         let before = match self.cfg.renew_before_days {
             Some(days) => days * 86_400,
@@ -214,11 +227,8 @@ impl Acme {
         match status? {
             OrderStatus::Ready => {}
             other => {
-                let problems = order.state().error.as_ref().map(|p| format!("{p:?}"));
-                return Err(AcmeError::Order(format!(
-                    "order {other:?}: {}",
-                    problems.unwrap_or_default()
-                )));
+                let problems = problems_of(&mut order).await;
+                return Err(AcmeError::Order(format!("order {other:?}: {problems}")));
             }
         }
         let key = order.finalize().await?;
@@ -233,6 +243,55 @@ impl Acme {
         self.issued.fetch_add(1, Ordering::Relaxed);
         tracing::info!(domains = ?self.cfg.domains, "acme: certificate issued");
         Ok(())
+    }
+}
+
+/// The problem documents of a failed order: its own, and each failed challenge's with its name.
+async fn problems_of(order: &mut instant_acme::Order) -> String {
+    let mut problems: Vec<String> = order
+        .state()
+        .error
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let mut authorizations = order.authorizations();
+    while let Some(Ok(authz)) = authorizations.next().await {
+        let name = authz.identifier().to_string();
+        for challenge in &authz.challenges {
+            if let Some(problem) = &challenge.error {
+                problems.push(format!("{name}: {problem}"));
+            }
+        }
+    }
+    if problems.is_empty() {
+        "no problem document".to_string()
+    } else {
+        problems.join("; ")
+    }
+}
+
+impl Acme {
+    /// `aralez_acme_orders_total{domain,result}` and
+    /// `aralez_acme_certificate_expiry_seconds{domain}` (SPEC §14).
+    pub fn render_prometheus(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let domain = &self.cfg.domains[0];
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let _ = writeln!(out, "# HELP aralez_acme_orders_total ACME orders, by result.\n# TYPE aralez_acme_orders_total counter");
+        for (result, n) in [
+            ("issued", load(&self.issued)),
+            ("failed", load(&self.failures)),
+        ] {
+            let _ = writeln!(
+                out,
+                "aralez_acme_orders_total{{domain=\"{domain}\",result=\"{result}\"}} {n}"
+            );
+        }
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let left = load(&self.expires).saturating_sub(now);
+        let _ = writeln!(out, "# HELP aralez_acme_certificate_expiry_seconds Seconds until the certificate expires.\n# TYPE aralez_acme_certificate_expiry_seconds gauge\naralez_acme_certificate_expiry_seconds{{domain=\"{domain}\"}} {left}");
     }
 }
 

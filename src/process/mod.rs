@@ -431,6 +431,7 @@ fn start_side_listeners(
         cache: ctx.policy_state.cache.clone(),
         shared_limits: ctx.policy_state.shared_limits.clone(),
         cluster: cluster_master(control, main, ctx),
+        acme: ctx.acme.clone(),
     });
     match crate::admin::start(control, main, admin, stop) {
         Ok(tasks) => tasks,
