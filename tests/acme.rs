@@ -51,6 +51,15 @@ struct Pebble {
 impl Pebble {
     /// pebble validating HTTP-01 on `http_port` of whatever its DNS says (127.0.0.1).
     async fn start(http_port: u16) -> Option<Pebble> {
+        Pebble::start_on(http_port, free_port()).await
+    }
+
+    /// pebble validating TLS-ALPN-01 on `tls_port`.
+    async fn start_alpn(tls_port: u16) -> Option<Pebble> {
+        Pebble::start_on(free_port(), tls_port).await
+    }
+
+    async fn start_on(http_port: u16, tls_port: u16) -> Option<Pebble> {
         let pebble = tools::find(&PEBBLE)?;
         let challtestsrv = tools::find(&CHALLTESTSRV)?;
         let dir = tempfile::tempdir().expect("temp dir");
@@ -60,13 +69,8 @@ impl Pebble {
         std::fs::write(&ca_file, &pki.ca_pem).expect("write CA");
         std::fs::write(dir.path().join("pebble.crt"), &pki.leaf_pem).expect("write cert");
         std::fs::write(dir.path().join("pebble.key"), &pki.leaf_key_pem).expect("write key");
-        let (dns_port, acme_port, mgmt_port, tls_port, cts_mgmt) = (
-            free_port(),
-            free_port(),
-            free_port(),
-            free_port(),
-            free_port(),
-        );
+        let (dns_port, acme_port, mgmt_port, cts_mgmt) =
+            (free_port(), free_port(), free_port(), free_port());
         let dns = Command::new(challtestsrv)
             .args([
                 "-dns01",
@@ -163,15 +167,19 @@ fn main_for(
     )
 }
 
-/// `acme.test` is served over TLS by `proxy` with a certificate that chains to `root`.
-async fn serves(proxy: &ProxyProcess, root: rustls_pki_types::CertificateDer<'static>) -> bool {
+/// `name` is served over TLS by `proxy` with a certificate that chains to `root`.
+async fn serves(
+    proxy: &ProxyProcess,
+    name: &'static str,
+    root: rustls_pki_types::CertificateDer<'static>,
+) -> bool {
     let tls = proxy.logged_addr("listening on https://");
     let config = tls_client_config(&[root], &[b"http/1.1"]);
     let served = eventually_async(Duration::from_secs(10), || {
         let config = config.clone();
         async move {
             let stream = tokio::net::TcpStream::connect(tls).await.ok()?;
-            let name = rustls_pki_types::ServerName::try_from("acme.test").ok()?;
+            let name = rustls_pki_types::ServerName::try_from(name).ok()?;
             tokio_rustls::TlsConnector::from(config)
                 .connect(name, stream)
                 .await
@@ -216,7 +224,7 @@ async fn http_01_issues_a_certificate_served_at_once_and_kept_across_a_restart()
     // Served on SNI at once, and it chains to pebble's root.
     let root = pebble.root().await;
     assert!(
-        serves(&proxy, root.clone()).await,
+        serves(&proxy, "acme.test", root.clone()).await,
         "acme.test is not served with pebble's certificate"
     );
     let admin = proxy.logged_addr("admin API on http://");
@@ -294,10 +302,49 @@ async fn http_01_issues_a_certificate_served_at_once_and_kept_across_a_restart()
         "the old one stays"
     );
     assert!(
-        serves(&proxy, root).await,
+        serves(&proxy, "acme.test", root).await,
         "the old certificate is still served"
     );
     let admin = proxy.logged_addr("admin API on http://");
     let failed = "aralez_acme_orders_total{domain=\"acme.test\",result=\"failed\"}";
     assert_eq!(metric(admin, failed).await, Some(1.0));
+}
+
+#[tokio::test]
+async fn tls_alpn_01_is_answered_on_the_tls_listener() {
+    let (http, tls): (SocketAddr, SocketAddr) = (
+        ([127, 0, 0, 1], free_port()).into(),
+        ([127, 0, 0, 1], free_port()).into(),
+    );
+    let Some(pebble) = Pebble::start_alpn(tls.port()).await else {
+        return;
+    };
+    let backend = Backend::start("site").await;
+    let yaml = Upstreams::new()
+        .host(
+            "alpn.test",
+            Host::new().path("/", Path::servers(&[&backend]).healthcheck(false)),
+        )
+        .render();
+    let certs = tempfile::tempdir().expect("certificate dir");
+    let state = tempfile::tempdir().expect("state dir");
+    let main = main_for(&pebble, certs.path(), state.path(), "")
+        .replace(
+            "proxy_address_tls: \"127.0.0.1:0\"",
+            &format!("proxy_address_tls: \"{tls}\""),
+        )
+        .replace("challenge: http-01", "challenge: tls-alpn-01")
+        .replace("domains: [\"acme.test\"]", "domains: [\"alpn.test\"]");
+    let proxy = ProxyProcess::start_on(&yaml, &main, http);
+    assert!(
+        logs(&proxy, "acme: certificate issued").await,
+        "{}",
+        proxy.log_text()
+    );
+    assert!(certs.path().join("alpn.test.crt").exists());
+    let root = pebble.root().await;
+    assert!(
+        serves(&proxy, "alpn.test", root).await,
+        "alpn.test is not served with pebble's certificate"
+    );
 }

@@ -18,6 +18,8 @@ pub enum Challenge {
     /// `/.well-known/acme-challenge/<token>` on `proxy_address_http`.
     #[default]
     Http01,
+    /// A challenge certificate on `proxy_address_tls` for ALPN `acme-tls/1` (RFC 8737).
+    TlsAlpn01,
 }
 
 /// The `acme:` block with its defaults filled in.
@@ -115,8 +117,12 @@ fn read_challenge(node: &Node, path: &str, r: &mut Reader) -> Option<Challenge> 
     let text = r.non_empty_string(node, path)?;
     match text.trim().to_ascii_lowercase().as_str() {
         "http-01" => Some(Challenge::Http01),
-        "tls-alpn-01" | "dns-01" => {
-            let why = format!("`{}` is not built yet; only http-01 is", text.trim());
+        "tls-alpn-01" => Some(Challenge::TlsAlpn01),
+        "dns-01" => {
+            let why = format!(
+                "`{}` is not built yet; http-01 and tls-alpn-01 are",
+                text.trim()
+            );
             r.error(node.pos, path, why);
             None
         }

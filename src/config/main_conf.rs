@@ -449,6 +449,12 @@ impl MainConfig {
         if cfg.certificates_dir.is_none() {
             cfg.certificates_dir = proxy_configs.map(|dir| dir.join("certificates"));
         }
+        let alpn = cfg.acme.as_ref().map(|a| a.challenge) == Some(acme_conf::Challenge::TlsAlpn01);
+        if alpn && cfg.proxy_address_tls.is_none() {
+            let why = "tls-alpn-01 is answered on proxy_address_tls: set it, or use http-01";
+            r.error(acme_pos, "acme.challenge", why);
+            failed = true;
+        }
         if cfg.acme.is_some() && cfg.certificates_dir.is_none() {
             let pos = acme_pos;
             let why = "writes certificates into proxy_certificates (or <proxy_configs>/certificates): set one";

@@ -19,7 +19,9 @@ use instant_acme::{
     NewAccount, NewOrder, OrderStatus, RetryPolicy,
 };
 
-use crate::config::acme_conf::AcmeConfig;
+use rustls::sign::CertifiedKey;
+
+use crate::config::acme_conf::{AcmeConfig, Challenge};
 use crate::vocab::acme_challenges::Challenges;
 
 const FIRST_RETRY: Duration = Duration::from_secs(60);
@@ -203,26 +205,46 @@ impl Acme {
             .map(|d| Identifier::Dns(d.clone()))
             .collect();
         let mut order = account.new_order(&NewOrder::new(&identifiers)).await?;
-        let mut tokens = Vec::new();
+        let mut answered = Vec::new();
         let mut authorizations = order.authorizations();
         while let Some(authz) = authorizations.next().await {
             let mut authz = authz?;
             if authz.status == AuthorizationStatus::Valid {
                 continue;
             }
-            let mut challenge = authz
-                .challenge(ChallengeType::Http01)
-                .ok_or_else(|| AcmeError::Order("the server offers no http-01 challenge".into()))?;
-            let token = challenge.token.clone();
-            self.challenges
-                .put(&token, challenge.key_authorization().as_str());
-            tokens.push(token);
+            let name = authz.identifier().to_string();
+            let (kind, label) = match self.cfg.challenge {
+                Challenge::Http01 => (ChallengeType::Http01, "http-01"),
+                Challenge::TlsAlpn01 => (ChallengeType::TlsAlpn01, "tls-alpn-01"),
+            };
+            let Some(mut challenge) = authz.challenge(kind) else {
+                return Err(AcmeError::Order(format!(
+                    "the server offers no {label} challenge for {name}"
+                )));
+            };
+            let key_authorization = challenge.key_authorization();
+            let answer = match self.cfg.challenge {
+                Challenge::Http01 => {
+                    self.challenges
+                        .put(&challenge.token, key_authorization.as_str());
+                    Answered::Token(challenge.token.clone())
+                }
+                Challenge::TlsAlpn01 => {
+                    let cert = alpn_challenge_cert(&name, key_authorization.digest().as_ref())?;
+                    self.challenges.put_cert(&name, cert);
+                    Answered::Name(name)
+                }
+            };
+            answered.push(answer);
             challenge.set_ready().await?;
         }
         let retries = RetryPolicy::new().timeout(Duration::from_secs(90));
         let status = order.poll_ready(&retries).await;
-        for token in &tokens {
-            self.challenges.remove(token);
+        for answer in &answered {
+            match answer {
+                Answered::Token(token) => self.challenges.remove(token),
+                Answered::Name(name) => self.challenges.remove_cert(name),
+            }
         }
         match status? {
             OrderStatus::Ready => {}
@@ -244,6 +266,31 @@ impl Acme {
         tracing::info!(domains = ?self.cfg.domains, "acme: certificate issued");
         Ok(())
     }
+}
+
+/// What was put up for a challenge, to take down after.
+enum Answered {
+    Token(String),
+    Name(String),
+}
+
+/// The TLS-ALPN-01 certificate for `name` (RFC 8737 §3): self-signed, the name its one SAN,
+/// the SHA-256 of the key authorization in a critical `acmeIdentifier` extension.
+fn alpn_challenge_cert(name: &str, digest: &[u8]) -> Result<Arc<CertifiedKey>, AcmeError> {
+    let failed =
+        |e: &dyn std::fmt::Display| AcmeError::Order(format!("tls-alpn-01 certificate: {e}"));
+    let mut params =
+        rcgen::CertificateParams::new(vec![name.to_string()]).map_err(|e| failed(&e))?;
+    params.custom_extensions = vec![rcgen::CustomExtension::new_acme_identifier(digest)];
+    let key = rcgen::KeyPair::generate().map_err(|e| failed(&e))?;
+    let cert = params.self_signed(&key).map_err(|e| failed(&e))?;
+    let der = rustls_pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
+    let signing =
+        rustls::crypto::aws_lc_rs::sign::any_supported_type(&der).map_err(|e| failed(&e))?;
+    Ok(Arc::new(CertifiedKey::new(
+        vec![cert.der().clone()],
+        signing,
+    )))
 }
 
 /// The problem documents of a failed order: its own, and each failed challenge's with its name.

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use crate::accesslog::{AccessLog, Destination};
+use crate::config::acme_conf::Challenge;
 use crate::config::{self, Issues, MainConfig, UpstreamsConfig};
 use crate::discovery::Reloader;
 use crate::layers::{Keys, PolicyState};
@@ -28,6 +29,7 @@ use crate::proxy::Forwarder;
 use crate::routing::Router;
 use crate::server::{self, Limits, TcpKeepalive};
 use crate::upstream::{Registry, Timeouts};
+use crate::vocab::acme_challenges::{Challenges, ACME_TLS_ALPN};
 
 /// Why the proxy could not start.
 #[derive(Debug, thiserror::Error)]
@@ -289,7 +291,7 @@ pub fn run(
     if let Some(addr) = bound.http.first().and_then(|l| l.local_addr().ok()) {
         tracing::info!("listening on http://{addr} with {workers_count} worker(s)");
     }
-    let tls = tls_acceptor(&main, &control)?;
+    let tls = tls_acceptor(&main, &control, ctx.acme.as_ref().map(|a| a.challenges()))?;
     if let Some(addr) = bound.tls.first().and_then(|l| l.local_addr().ok()) {
         ctx.policy_state.tls_port.set(addr.port());
         tracing::info!("listening on https://{addr} with {workers_count} worker(s)");
@@ -557,6 +559,7 @@ impl Signals {
 fn tls_acceptor(
     main: &MainConfig,
     control: &tokio::runtime::Runtime,
+    alpn_challenges: Option<Arc<Challenges>>,
 ) -> Result<Option<server::TlsSide>, StartError> {
     if main.proxy_address_tls.is_none() {
         return Ok(None);
@@ -585,9 +588,25 @@ fn tls_acceptor(
     if main.proxy_tls_grade == crate::config::main_conf::TlsGrade::Unsafe {
         tracing::warn!("proxy_tls_grade: unsafe offers the same as medium: rustls has nothing weaker than TLS 1.2 with AEAD suites");
     }
-    let config =
-        crate::tls::server_config(store.clone(), main.proxy_tls_grade, &[b"h2", b"http/1.1"])
-            .map_err(|e| StartError::Config(format!("  {e}\n")))?;
+    // With TLS-ALPN-01, handshakes offering `acme-tls/1` get the challenge certificates.
+    let resolver: Arc<dyn rustls::server::ResolvesServerCert> = match alpn_challenges {
+        Some(challenges) => Arc::new(crate::tls::WithAcmeChallenges {
+            inner: store.clone(),
+            challenges,
+        }),
+        None => store.clone(),
+    };
+    let alpn: &[&[u8]] = if main
+        .acme
+        .as_ref()
+        .is_some_and(|a| a.challenge == Challenge::TlsAlpn01)
+    {
+        &[b"h2", b"http/1.1", ACME_TLS_ALPN]
+    } else {
+        &[b"h2", b"http/1.1"]
+    };
+    let config = crate::tls::server_config(resolver, main.proxy_tls_grade, alpn)
+        .map_err(|e| StartError::Config(format!("  {e}\n")))?;
     control.spawn(crate::tls::watch(store));
     Ok(Some(server::TlsSide {
         acceptor: tokio_rustls::TlsAcceptor::from(config),

@@ -32,6 +32,7 @@ use super::h2_guard::FloodGuard;
 use super::idle::{self, Activity, InFlight, Timers};
 use super::listener::{apply_keepalive, TcpKeepalive};
 use super::proxy_protocol::{self, Header};
+use crate::vocab::acme_challenges::ACME_TLS_ALPN;
 use crate::vocab::TlsFacts;
 
 /// How long a draining listener lets busy HTTP/1 connections finish their next request
@@ -396,6 +397,10 @@ async fn serve_tls<F: MakeService>(
         tls: true,
         tls_facts: tls_facts(session),
     };
+    // A TLS-ALPN-01 validation (RFC 8737) ends with the handshake: no HTTP on it.
+    if session.alpn_protocol() == Some(ACME_TLS_ALPN) {
+        return;
+    }
     let h2 = session.alpn_protocol() == Some(b"h2");
     let (service, activity) = tracked(&shared, info);
     let (drain, idle) = (shared.drain.clone(), shared.limits.timers());

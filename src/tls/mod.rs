@@ -14,6 +14,7 @@ use rustls::server::ResolvesServerCert;
 use rustls::{CipherSuite, ServerConfig};
 
 use crate::config::main_conf::TlsGrade;
+use crate::vocab::acme_challenges::{Challenges, ACME_TLS_ALPN};
 pub use store::CertStore;
 
 /// Why a TLS server config could not be built.
@@ -94,6 +95,29 @@ impl ResolvesServerCert for OneCert {
         _: rustls::server::ClientHello<'_>,
     ) -> Option<Arc<rustls::sign::CertifiedKey>> {
         Some(self.0.clone())
+    }
+}
+
+/// Certificates from `inner`, except for a handshake that offers ALPN `acme-tls/1`, which gets
+/// the TLS-ALPN-01 challenge certificate of its name (RFC 8737), or none.
+#[derive(Debug)]
+pub struct WithAcmeChallenges {
+    pub inner: Arc<dyn ResolvesServerCert>,
+    pub challenges: Arc<Challenges>,
+}
+
+impl ResolvesServerCert for WithAcmeChallenges {
+    fn resolve(
+        &self,
+        hello: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        let acme = hello
+            .alpn()
+            .is_some_and(|mut offered| offered.any(|p| p == ACME_TLS_ALPN));
+        if acme {
+            return self.challenges.cert_for(hello.server_name()?);
+        }
+        self.inner.resolve(hello)
     }
 }
 
