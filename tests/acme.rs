@@ -237,6 +237,43 @@ async fn http_01_issues_a_certificate_served_at_once_and_kept_across_a_restart()
     .await;
     assert!(expiry.is_some_and(|s| s > 29.0 * 86_400.0), "{expiry:?}");
 
+    // Aralez's admin endpoints, behind the master key.
+    let call = |path: &'static str, key: &'static str| async move {
+        let mut c = Client::connect(Proto::H1, admin).await;
+        let resp = c
+            .send(
+                http::Method::POST,
+                Some("localhost"),
+                path,
+                &[("x-api-key", key)],
+                full(""),
+            )
+            .await;
+        let status = resp.status().as_u16();
+        (
+            status,
+            String::from_utf8_lossy(&body_bytes(resp).await).into_owned(),
+        )
+    };
+    assert_eq!(call("/acme_create", "wrong").await.0, 403);
+    let (status, account) = call("/acme_create", "k").await;
+    assert_eq!(status, 200);
+    assert!(account.contains("/my-account/"), "{account}");
+    assert_eq!(
+        call("/acme_order/acme.test", "k").await,
+        (
+            200,
+            "Fresh certificate exists. Not renewing ! \n".to_string()
+        )
+    );
+    assert_eq!(
+        call("/acme_order/other.test", "k").await,
+        (200, "Certificate is successfully generated \n".to_string())
+    );
+    assert!(certs.path().join("other.test.crt").exists());
+    assert!(serves(&proxy, "other.test", root.clone()).await);
+    assert_eq!(call("/acme_order/..%2Fetc", "k").await.0, 400);
+
     // A restart with a fresh certificate orders nothing.
     let first = std::fs::read(&crt).expect("certificate");
     drop(proxy);

@@ -62,6 +62,8 @@ pub struct Admin {
 
 type Reply = Response<Full<Bytes>>;
 
+const NO_ACME: &str = "acme is not configured (no acme: block in main.yaml)";
+
 fn reply(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Reply {
     let mut resp = Response::new(Full::new(body.into()));
     *resp.status_mut() = status;
@@ -111,6 +113,11 @@ impl Admin {
             (&Method::POST, "/jwt") => self.jwt(req).await,
             (&Method::POST, "/conf") => self.guarded(req, Self::conf).await,
             (&Method::POST, "/cache/purge") => self.guarded(req, Self::purge).await,
+            // Aralez's ACME endpoints, any method, behind the master key.
+            (_, "/acme_create") => self.guarded(req, Self::acme_create).await,
+            (_, path) if path.starts_with("/acme_order/") => {
+                self.guarded(req, Self::acme_order).await
+            }
             (&Method::GET | &Method::HEAD, "/status") => self.read_only(req, Self::status).await,
             (&Method::GET | &Method::HEAD, "/metrics") => self.read_only(req, Self::metrics).await,
             (&Method::GET | &Method::HEAD, "/") => {
@@ -208,6 +215,44 @@ impl Admin {
             Err(e) => text(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 format!("not applied: {e}"),
+            ),
+        }
+    }
+
+    async fn acme_create(&self, _: Request<Incoming>) -> Reply {
+        let Some(acme) = &self.acme else {
+            return text(StatusCode::NOT_FOUND, NO_ACME);
+        };
+        match acme.account().await {
+            Ok(account) => text(StatusCode::OK, account.id()),
+            Err(e) => text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("Failed to create account {e}"),
+            ),
+        }
+    }
+
+    async fn acme_order(&self, req: Request<Incoming>) -> Reply {
+        let Some(acme) = &self.acme else {
+            return text(StatusCode::NOT_FOUND, NO_ACME);
+        };
+        let domain = req.uri().path()["/acme_order/".len()..].trim_matches('/');
+        let is_name = !domain.is_empty()
+            && domain.len() <= 253
+            && domain.split('.').all(|l| {
+                !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            });
+        if !is_name {
+            return text(
+                StatusCode::BAD_REQUEST,
+                format!("`{domain}` is not a DNS name"),
+            );
+        }
+        match acme.order_now(domain).await {
+            Ok(said) => reply(StatusCode::OK, "text/plain", said),
+            Err(e) => text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("Internal Server Error: {e}"),
             ),
         }
     }

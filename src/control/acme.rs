@@ -85,10 +85,10 @@ impl Acme {
         self.challenges.clone()
     }
 
-    /// Where the certificate of the configured names is kept (`<first name>.crt` / `.key`).
-    fn cert_path(&self, ext: &str) -> PathBuf {
-        self.certs_dir
-            .join(format!("{}.{ext}", self.cfg.domains[0]))
+    /// Where the certificate of `domains` is kept (`<first name>.crt` / `.key`).
+    fn cert_path(&self, domains: &[String], ext: &str) -> PathBuf {
+        let first = domains.first().map_or("acme", String::as_str);
+        self.certs_dir.join(format!("{first}.{ext}"))
     }
 
     /// Keeps the certificate fresh for as long as the process runs.
@@ -111,7 +111,6 @@ impl Acme {
                         continue;
                     }
                     Err(e) => {
-                        self.failures.fetch_add(1, Ordering::Relaxed);
                         backoff = (backoff * 2).clamp(FIRST_RETRY, LAST_RETRY);
                         tracing::warn!(domain = %self.cfg.domains[0], "acme: order failed, retry in {}s: {e}", backoff.as_secs());
                         backoff
@@ -125,7 +124,12 @@ impl Acme {
     /// How long until the certificate on disk is due for renewal; `None` when there is none
     /// (or it cannot be read, or does not cover every configured name).
     fn renew_in(&self) -> Option<Duration> {
-        let pem = std::fs::read(self.cert_path("crt")).ok()?;
+        self.renew_in_for(&self.cfg.domains)
+    }
+
+    /// [`renew_in`](Self::renew_in) for the certificate of `domains`.
+    fn renew_in_for(&self, domains: &[String]) -> Option<Duration> {
+        let pem = std::fs::read(self.cert_path(domains, "crt")).ok()?;
         let (_, block) = x509_parser::pem::parse_x509_pem(&pem).ok()?;
         let cert = block.parse_x509().ok()?;
         let names: Vec<String> = cert
@@ -145,7 +149,7 @@ impl Acme {
                     .collect()
             })
             .unwrap_or_default();
-        if !self.cfg.domains.iter().all(|d| names.contains(d)) {
+        if !domains.iter().all(|d| names.contains(d)) {
             return None;
         }
         let not_before = cert.validity().not_before.timestamp().max(0) as u64;
@@ -197,13 +201,32 @@ impl Acme {
 
     /// Orders a certificate for the configured names and writes it.
     async fn order(&self) -> Result<(), AcmeError> {
+        let result = self.order_for(&self.cfg.domains).await;
+        let counter = if result.is_ok() {
+            &self.issued
+        } else {
+            &self.failures
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        result
+    }
+
+    /// `/acme_order/<domain>` (Aralez's answers): a certificate for `domain` now, unless a
+    /// fresh one is there.
+    pub async fn order_now(&self, domain: &str) -> Result<String, AcmeError> {
+        let domains = [domain.to_ascii_lowercase()];
+        if self.renew_in_for(&domains).is_some_and(|w| !w.is_zero()) {
+            return Ok("Fresh certificate exists. Not renewing ! \n".to_string());
+        }
+        self.order_for(&domains).await?;
+        Ok("Certificate is successfully generated \n".to_string())
+    }
+
+    /// Orders a certificate for `domains` and writes it.
+    async fn order_for(&self, domains: &[String]) -> Result<(), AcmeError> {
         let account = self.account().await?;
-        let identifiers: Vec<Identifier> = self
-            .cfg
-            .domains
-            .iter()
-            .map(|d| Identifier::Dns(d.clone()))
-            .collect();
+        let identifiers: Vec<Identifier> =
+            domains.iter().map(|d| Identifier::Dns(d.clone())).collect();
         let mut order = account.new_order(&NewOrder::new(&identifiers)).await?;
         let mut answered = Vec::new();
         let mut authorizations = order.authorizations();
@@ -256,14 +279,13 @@ impl Acme {
         let key = order.finalize().await?;
         let chain = order.poll_certificate(&retries).await?;
         // The key first: the directory watcher loads a pair once both are there.
-        write_atomically(
-            &self.cert_path("key"),
-            key.as_bytes(),
-            "the certificate key",
-        )?;
-        write_atomically(&self.cert_path("crt"), chain.as_bytes(), "the certificate")?;
-        self.issued.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(domains = ?self.cfg.domains, "acme: certificate issued");
+        let (key_file, crt_file) = (
+            self.cert_path(domains, "key"),
+            self.cert_path(domains, "crt"),
+        );
+        write_atomically(&key_file, key.as_bytes(), "the certificate key")?;
+        write_atomically(&crt_file, chain.as_bytes(), "the certificate")?;
+        tracing::info!(?domains, "acme: certificate issued");
         Ok(())
     }
 }
