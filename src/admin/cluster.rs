@@ -11,12 +11,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use http::{header, Method, Request, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http::{Method, Request, StatusCode};
+use http_body_util::Full;
 use tokio::time::Instant;
 
 use crate::discovery::text_digest;
-use crate::upstream::{connector, tls};
+use crate::upstream::call;
 use crate::utc::UtcTime;
 
 /// How long one push (or one status read) may take.
@@ -154,43 +154,15 @@ impl Cluster {
         path: &str,
         body: Bytes,
     ) -> Result<(StatusCode, String), String> {
-        let (https, authority) = match base.split_once("://") {
-            Some(("https", rest)) => (true, rest),
-            Some((_, rest)) => (false, rest),
-            None => (false, base),
-        };
-        let exchange = async {
-            let addrs: Vec<_> = tokio::net::lookup_host(authority)
-                .await
-                .map_err(|e| format!("cannot resolve {authority}: {e}"))?
-                .collect();
-            let host = authority.rsplit_once(':').map_or(authority, |(h, _)| h);
-            let tcp = connector::tcp(&addrs, host, EXCHANGE_DEADLINE)
-                .await
-                .map_err(|e| e.to_string())?;
-            let req = Request::builder()
-                .method(method)
-                .uri(path)
-                .header(header::HOST, authority)
-                .header("x-api-key", &self.master_key)
-                .header(header::CONNECTION, "close")
-                .body(Full::new(body))
-                .map_err(|e| e.to_string())?;
-            let resp = if https {
-                let host = host.trim_start_matches('[').trim_end_matches(']');
-                let (stream, _) = tls::handshake(tcp, host, false, false)
-                    .await
-                    .map_err(|e| format!("TLS: {e}"))?;
-                send(stream, req).await?
-            } else {
-                send(tcp, req).await?
-            };
-            Ok(resp)
-        };
-        match tokio::time::timeout(EXCHANGE_DEADLINE, exchange).await {
-            Ok(result) => result,
-            Err(_) => Err(format!("no answer within {EXCHANGE_DEADLINE:?}")),
-        }
+        let target = call::Target::parse(base)?;
+        let req = Request::builder()
+            .method(method)
+            .uri(target.path(path))
+            .header("x-api-key", &self.master_key)
+            .body(Full::new(body))
+            .map_err(|e| e.to_string())?;
+        let answer = call::send(&target, req, false, EXCHANGE_DEADLINE, MAX_ANSWER).await?;
+        Ok((answer.status, answer.text()))
     }
 
     /// Reads a worker's `config_digest`; a worker that lost what it took must take it again.
@@ -267,29 +239,4 @@ fn rfc3339(time: SystemTime) -> String {
         "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
         t.year, t.month, t.day, t.hour, t.minute, t.second
     )
-}
-
-/// One HTTP/1.1 exchange on `stream`; the status and up to [`MAX_ANSWER`] bytes of the body.
-async fn send<S>(stream: S, req: Request<Full<Bytes>>) -> Result<(StatusCode, String), String>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let io = hyper_util::rt::TokioIo::new(stream);
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
-        .await
-        .map_err(|e| e.to_string())?;
-    let driving = tokio::spawn(conn);
-    let resp = sender.send_request(req).await.map_err(|e| e.to_string());
-    let resp = match resp {
-        Ok(resp) => resp,
-        Err(e) => {
-            driving.abort();
-            return Err(e);
-        }
-    };
-    let status = resp.status();
-    let body = Limited::new(resp.into_body(), MAX_ANSWER).collect().await;
-    driving.abort();
-    let body = body.map(|b| b.to_bytes()).unwrap_or_default();
-    Ok((status, String::from_utf8_lossy(&body).trim().to_string()))
 }

@@ -1,11 +1,13 @@
 //! main.yaml's `acme:` block (automatic certificates, SPEC §14): which ACME directory, which
-//! challenge, where the account and orders are kept, which names. Only parsing and validation
-//! live here; the client is `control::acme`.
+//! challenge, where the account and orders are kept, which names; and Aralez's top-level
+//! `acme_dns_provider` with the environment variables each provider reads. Only parsing and
+//! validation live here; the client is `control::acme`.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use super::reader::{join, Reader};
-use super::yaml::{Node, Value};
+use super::yaml::{Node, Pos, Value};
 
 /// Let's Encrypt's production directory (the default).
 pub const LETS_ENCRYPT: &str = "https://acme-v02.api.letsencrypt.org/directory";
@@ -20,6 +22,49 @@ pub enum Challenge {
     Http01,
     /// A challenge certificate on `proxy_address_tls` for ALPN `acme-tls/1` (RFC 8737).
     TlsAlpn01,
+    /// A TXT record `_acme-challenge.<name>` published through `acme_dns_provider`.
+    Dns01,
+}
+
+/// Aralez's `acme_dns_provider`: whose DNS API publishes DNS-01 records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DnsProvider {
+    Cloudflare,
+    Route53,
+    DigitalOcean,
+}
+
+impl DnsProvider {
+    pub fn name(self) -> &'static str {
+        match self {
+            DnsProvider::Cloudflare => "cloudflare",
+            DnsProvider::Route53 => "route53",
+            DnsProvider::DigitalOcean => "digitalocean",
+        }
+    }
+
+    /// The environment variables the provider cannot work without (each alternative spelling
+    /// joined by `|`).
+    pub fn env_needed(self) -> &'static [&'static str] {
+        match self {
+            DnsProvider::Cloudflare => &["CLOUDFLARE_API_TOKEN", "CLOUDFLARE_ZONE_ID"],
+            DnsProvider::Route53 => &[
+                "AWS_ACCESS_KEY_ID",
+                "AWS_SECRET_ACCESS_KEY",
+                "AWS_HOSTED_ZONE_ID",
+            ],
+            DnsProvider::DigitalOcean => &["DIGITALOCEAN_TOKEN|DO_AUTH_TOKEN"],
+        }
+    }
+
+    /// The first of [`env_needed`](Self::env_needed)'s variables that is not set.
+    pub fn env_missing(self, lookup: impl Fn(&str) -> Option<String>) -> Option<&'static str> {
+        self.env_needed().iter().copied().find(|names| {
+            !names
+                .split('|')
+                .any(|n| lookup(n).is_some_and(|v| !v.trim().is_empty()))
+        })
+    }
 }
 
 /// The `acme:` block with its defaults filled in.
@@ -36,6 +81,12 @@ pub struct AcmeConfig {
     pub domains: Vec<String>,
     /// Renew this many days before expiry; `None`: when a third of the lifetime is left.
     pub renew_before_days: Option<u64>,
+    /// `dns_resolver`: asked whether a DNS-01 record is visible; `None`: the system's.
+    pub dns_resolver: Option<SocketAddr>,
+    /// main.yaml's `acme_dns_provider`.
+    pub dns_provider: Option<DnsProvider>,
+    /// Whether `challenge` was written (Aralez picks DNS-01 from `acme_dns_provider` alone).
+    pub challenge_given: bool,
 }
 
 const KEYS: &[&str] = &[
@@ -46,6 +97,7 @@ const KEYS: &[&str] = &[
     "state_dir",
     "domains",
     "renew_before_days",
+    "dns_resolver",
 ];
 
 /// Reads the `acme:` block. `None` when a value is wrong (each error already reported).
@@ -58,6 +110,9 @@ pub fn read_acme(block: &Node, r: &mut Reader) -> Option<AcmeConfig> {
         state_dir: None,
         domains: Vec::new(),
         renew_before_days: None,
+        dns_resolver: None,
+        dns_provider: None,
+        challenge_given: false,
     };
     let entries = r.map(block, "acme")?;
     let mut ok = true;
@@ -70,7 +125,10 @@ pub fn read_acme(block: &Node, r: &mut Reader) -> Option<AcmeConfig> {
             "ca_file" => r
                 .non_empty_string(value, p)
                 .map(|f| cfg.ca_file = Some(PathBuf::from(f))),
-            "challenge" => read_challenge(value, p, r).map(|c| cfg.challenge = c),
+            "challenge" => read_challenge(value, p, r).map(|c| {
+                cfg.challenge = c;
+                cfg.challenge_given = true;
+            }),
             "state_dir" => r
                 .non_empty_string(value, p)
                 .map(|d| cfg.state_dir = Some(PathBuf::from(d))),
@@ -78,6 +136,7 @@ pub fn read_acme(block: &Node, r: &mut Reader) -> Option<AcmeConfig> {
             "renew_before_days" => r
                 .uint(value, p, 1, 365)
                 .map(|n| cfg.renew_before_days = Some(n)),
+            "dns_resolver" => read_resolver(value, p, r).map(|a| cfg.dns_resolver = Some(a)),
             _ => {
                 r.unknown_key(key, p, KEYS);
                 Some(())
@@ -85,15 +144,77 @@ pub fn read_acme(block: &Node, r: &mut Reader) -> Option<AcmeConfig> {
         };
         ok &= read.is_some();
     }
-    if ok && cfg.domains.is_empty() {
-        r.error(
-            block.pos,
-            "acme.domains",
-            "required: the names to get a certificate for",
-        );
-        ok = false;
-    }
     ok.then_some(cfg)
+}
+
+/// The checks across `acme:` and `acme_dns_provider` (at `provider`'s line), once both are
+/// read. A provider with no `challenge` written means DNS-01, as in Aralez. `false`: an error
+/// was reported.
+pub fn check_with_provider(
+    cfg: &mut AcmeConfig,
+    provider: Option<(Pos, DnsProvider)>,
+    acme_pos: Pos,
+    r: &mut Reader,
+) -> bool {
+    cfg.dns_provider = provider.map(|(_, p)| p);
+    if provider.is_some() && !cfg.challenge_given {
+        cfg.challenge = Challenge::Dns01;
+    }
+    let mut ok = true;
+    match (cfg.challenge, provider) {
+        (Challenge::Dns01, None) => {
+            let why = "dns-01 publishes its records through acme_dns_provider (cloudflare, route53 or digitalocean): set it";
+            r.error(acme_pos, "acme.challenge", why);
+            ok = false;
+        }
+        (Challenge::Dns01, Some((pos, p))) => {
+            if let Some(names) = p.env_missing(|n| std::env::var(n).ok()) {
+                let why = format!("{} reads {} from the environment, which is not set: orders will fail until it is", p.name(), names.replace('|', " or "));
+                r.warn(pos, "acme_dns_provider", why);
+            }
+        }
+        (_, Some((pos, p))) => {
+            let why = format!("`{}` is not used: acme.challenge is not dns-01", p.name());
+            r.warn(pos, "acme_dns_provider", why);
+        }
+        (_, None) => {}
+    }
+    if cfg.challenge != Challenge::Dns01 {
+        if let Some(wild) = cfg.domains.iter().find(|d| d.starts_with("*.")) {
+            let why = format!("`{wild}`: a wildcard name can only be validated by dns-01");
+            r.error(acme_pos, "acme.domains", why);
+            ok = false;
+        }
+    }
+    ok
+}
+
+/// Reads `acme_dns_provider` (any case).
+pub fn read_dns_provider(node: &Node, path: &str, r: &mut Reader) -> Option<DnsProvider> {
+    let text = r.non_empty_string(node, path)?;
+    match text.trim().to_ascii_lowercase().as_str() {
+        "cloudflare" => Some(DnsProvider::Cloudflare),
+        "route53" | "route_53" | "aws" => Some(DnsProvider::Route53),
+        "digitalocean" | "do" => Some(DnsProvider::DigitalOcean),
+        other => {
+            let why = format!("`{other}` is not cloudflare, route53 or digitalocean");
+            r.error(node.pos, path, why);
+            None
+        }
+    }
+}
+
+fn read_resolver(node: &Node, path: &str, r: &mut Reader) -> Option<SocketAddr> {
+    let text = r.non_empty_string(node, path)?;
+    let text = text.trim();
+    let parsed = text.parse::<SocketAddr>().ok().or_else(|| {
+        let ip = text.parse::<std::net::IpAddr>().ok()?;
+        Some(SocketAddr::new(ip, 53))
+    });
+    if parsed.is_none() {
+        r.error(node.pos, path, format!("`{text}` is not ip:port"));
+    }
+    parsed
 }
 
 fn read_directory(node: &Node, path: &str, r: &mut Reader) -> Option<String> {
@@ -118,14 +239,7 @@ fn read_challenge(node: &Node, path: &str, r: &mut Reader) -> Option<Challenge> 
     match text.trim().to_ascii_lowercase().as_str() {
         "http-01" => Some(Challenge::Http01),
         "tls-alpn-01" => Some(Challenge::TlsAlpn01),
-        "dns-01" => {
-            let why = format!(
-                "`{}` is not built yet; http-01 and tls-alpn-01 are",
-                text.trim()
-            );
-            r.error(node.pos, path, why);
-            None
-        }
+        "dns-01" => Some(Challenge::Dns01),
         _ => {
             let why = format!("`{}` is not http-01, tls-alpn-01 or dns-01", text.trim());
             r.error(node.pos, path, why);
@@ -142,13 +256,15 @@ fn read_domains(node: &Node, path: &str, r: &mut Reader) -> Option<Vec<String>> 
     let mut domains = Vec::with_capacity(items.len());
     for item in items {
         let name = r.non_empty_string(item, path)?.trim().to_ascii_lowercase();
-        let valid = name.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        });
+        let bare = name.strip_prefix("*.").unwrap_or(&name);
+        let valid = bare.contains('.')
+            && bare.split('.').all(|label| {
+                !label.is_empty()
+                    && label.len() <= 63
+                    && label
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            });
         if !valid || name.len() > 253 {
             r.error(item.pos, path, format!("`{name}` is not a DNS name"));
             return None;
@@ -191,8 +307,13 @@ mod tests {
     #[test]
     fn errors_name_their_line() {
         for (text, line, says) in [
-            ("domains: []\n", 1, "required"),
-            ("domains: [a.test]\nchallenge: dns-01\n", 2, "not built yet"),
+            ("domains: [a]\n", 1, "not a DNS name"),
+            ("domains: [\"*.*.a.test\"]\n", 1, "not a DNS name"),
+            (
+                "domains: [a.test]\ndns_resolver: \"x:1\"\n",
+                2,
+                "not ip:port",
+            ),
             ("domains: [a.test]\nchallenge: smoke\n", 2, "not http-01"),
             ("domains: [\"a b\"]\n", 1, "not a DNS name"),
             (

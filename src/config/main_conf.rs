@@ -152,6 +152,7 @@ const KEYS: &[&str] = &[
     "worker_nodes",
     "limits_store",
     "acme",
+    "acme_dns_provider",
 ];
 
 /// Keys of Pingora's server config that Aralez files carry; accepted and ignored.
@@ -237,6 +238,7 @@ impl MainConfig {
         let (mut pingora_user, mut pingora_group) = (None, None);
         let mut positions = exists::Positions::default();
         let mut acme_pos = root.pos;
+        let mut dns_provider = None;
         let (mut tcp_top, mut tcp_block) = (Vec::new(), None);
         let mut failed = false;
         for (key, value) in entries {
@@ -363,6 +365,9 @@ impl MainConfig {
                     acme_pos = value.pos;
                     opt(&mut cfg.acme, acme_conf::read_acme(value, r))
                 }
+                "acme_dns_provider" => acme_conf::read_dns_provider(value, k, r)
+                    .map(|p| dns_provider = Some((value.pos, p)))
+                    .is_some(),
                 _ if cfg.cluster.read(k, value, r).is_some_and(|read| !read) => false,
                 "cluster_member" | "worker_nodes" | "limits_store" => true,
                 "tcp" => {
@@ -448,6 +453,11 @@ impl MainConfig {
         }
         if cfg.certificates_dir.is_none() {
             cfg.certificates_dir = proxy_configs.map(|dir| dir.join("certificates"));
+        }
+        if let Some(acme) = &mut cfg.acme {
+            failed |= !acme_conf::check_with_provider(acme, dns_provider, acme_pos, r);
+        } else if let Some((pos, _)) = dns_provider {
+            r.warn(pos, "acme_dns_provider", "not used without an acme: block");
         }
         let alpn = cfg.acme.as_ref().map(|a| a.challenge) == Some(acme_conf::Challenge::TlsAlpn01);
         if alpn && cfg.proxy_address_tls.is_none() {

@@ -31,6 +31,8 @@ pub struct RouteSettings {
     pub cache: Option<bool>,
     /// `cache_ttl`: replaces main.yaml's `cache.ttl` for the route (responses without freshness).
     pub cache_ttl: Option<Duration>,
+    /// `acme: true` on a host: main.yaml's `acme:` gets it a certificate too.
+    pub acme: Option<bool>,
 }
 
 /// `compress`: which responses of a route are compressed (`layers::compress`).
@@ -109,6 +111,7 @@ impl RouteSettings {
             compress: self.compress.clone().or_else(|| parent.compress.clone()),
             cache: self.cache.or(parent.cache),
             cache_ttl: self.cache_ttl.or(parent.cache_ttl),
+            acme: self.acme.or(parent.acme),
         }
     }
 }
@@ -128,6 +131,7 @@ pub(super) const SETTING_KEYS: &[&str] = &[
     "compress",
     "cache",
     "cache_ttl",
+    "acme",
 ];
 pub(super) fn read_setting(
     settings: &mut RouteSettings,
@@ -151,6 +155,7 @@ pub(super) fn read_setting(
         "upstream_tls_verify" => settings.upstream_tls_verify = r.boolean(node, p),
         "compress" => settings.compress = read_compress(node, p, r),
         "cache" => settings.cache = r.boolean(node, p),
+        "acme" => settings.acme = r.boolean(node, p),
         "cache_ttl" => {
             settings.cache_ttl = r.uint(node, p, 1, 365 * 86_400).map(Duration::from_secs)
         }

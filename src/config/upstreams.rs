@@ -63,6 +63,22 @@ fn known_at(level_keys: &[&'static str]) -> Vec<&'static str> {
 }
 
 impl UpstreamsConfig {
+    /// The hosts with `acme: true` (their own, or the file's global one): main.yaml's `acme:`
+    /// keeps a certificate for each. `DEFAULT` and names that are not DNS names are left out.
+    pub fn acme_hosts(&self) -> Vec<String> {
+        self.hosts
+            .iter()
+            .filter(|h| h.settings.acme.or(self.globals.acme) == Some(true))
+            .map(|h| h.name.clone())
+            .filter(|name| {
+                name.contains('.')
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+            })
+            .collect()
+    }
+
     /// Reads the root of upstreams.yaml.
     pub fn read(root: &Node, r: &mut Reader) -> Option<UpstreamsConfig> {
         let entries = r.map(root, "(document)")?;
@@ -294,6 +310,11 @@ fn read_path(key: &Key, node: &Node, path: &str, r: &mut Reader) -> Option<PathC
                 out.servers = servers;
                 empty_list = listed == 0;
             }
+            "acme" => r.warn(
+                value.pos,
+                &key_path,
+                "acme: true applies to a host (its certificate), not to a path: move it up",
+            ),
             name if SETTING_KEYS.contains(&name) => {
                 read_setting(&mut out.settings, k, value, path, r)
             }

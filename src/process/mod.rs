@@ -170,8 +170,20 @@ impl Context {
         let digest = crate::discovery::files_digest(&main.upstreams_conf);
         reloader.install_file_config(upstreams, digest, "start");
         let acme = main.acme.as_ref().zip(main.certificates_dir.as_ref());
-        let acme = acme
-            .map(|(cfg, dir)| Arc::new(crate::control::acme::Acme::new(cfg.clone(), dir.clone())));
+        let acme = acme.map(|(cfg, dir)| {
+            let serving = reloader.clone();
+            let hosts: crate::control::acme::AcmeHosts = Box::new(move || {
+                serving
+                    .file_config()
+                    .map(|c| c.acme_hosts())
+                    .unwrap_or_default()
+            });
+            Arc::new(crate::control::acme::Acme::new(
+                cfg.clone(),
+                dir.clone(),
+                hosts,
+            ))
+        });
         Ok(Context {
             metrics,
             access_log,

@@ -2,9 +2,11 @@
 //! connector every upstream exchange goes through, and the balancer that picks backends and
 //! fails over.
 //!
-//! Only this module opens connections to upstreams (backends, health probes, forward auth).
+//! Only this module opens connections to upstreams (backends, health probes, forward auth) and
+//! to the other HTTP services aralez calls (`call`: cluster workers, DNS providers' APIs).
 pub mod backend;
 pub mod balancer;
+pub mod call;
 pub mod connector;
 pub mod detect;
 mod h2_settings;

@@ -26,6 +26,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpStream;
 
 mod backend;
+pub mod pebble;
 pub mod redis;
 pub mod tools;
 pub mod upstreams;

@@ -1,0 +1,306 @@
+//! Automatic certificates (main.yaml's `acme:`): an ACME account (RFC 8555) kept in
+//! `state_dir`, and a certificate for each set of names it manages: the configured `domains`
+//! (one certificate), and each upstreams.yaml host with `acme: true` that those do not cover
+//! (one each, read from the serving configuration, so a reload adds hosts). A set is ordered
+//! whenever its certificate in the certificate directory is missing or due for renewal
+//! (`renew_before_days` before it expires, else when a third of its lifetime is left). The
+//! challenge is HTTP-01 (answered by the router from [`Challenges`]), TLS-ALPN-01 (by the TLS
+//! listener) or DNS-01 (a TXT record through `acme_dns_provider`, [`dns`]). The certificate
+//! and its key are written atomically into the watched certificate directory, so the TLS
+//! listener serves them with no restart, and a restart does not order again while the
+//! certificate is fresh. A failure is logged with the ACME problem and retried with backoff
+//! (1 min doubling to 6 h); the serving certificate is never taken away. The sets are looked
+//! at when the process starts and every [`LOOK_EVERY`]. Client: instant-acme (the crate
+//! Aralez uses).
+
+mod dns;
+mod files;
+mod order;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use instant_acme::{Account, AccountBuilder, AccountCredentials, NewAccount};
+use tokio::time::Instant;
+
+use crate::config::acme_conf::AcmeConfig;
+use crate::vocab::acme_challenges::Challenges;
+use files::{cert_path, read_covering, write_atomically};
+
+const FIRST_RETRY: Duration = Duration::from_secs(60);
+const LAST_RETRY: Duration = Duration::from_secs(6 * 3600);
+/// How often the sets are looked at (a host given `acme: true` by a reload is seen within it).
+const LOOK_EVERY: Duration = Duration::from_secs(30);
+/// The shortest time between two successful orders of one set (a renewal threshold longer
+/// than the lifetime would otherwise order again at once, forever).
+const BETWEEN_ORDERS: Duration = Duration::from_secs(3600);
+
+/// Why an order failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AcmeError {
+    #[error("ACME: {0}")]
+    Protocol(#[from] instant_acme::Error),
+    #[error("{what} {path}: {source}")]
+    File {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the account file {0} cannot be read: {1}")]
+    Account(PathBuf, serde_json::Error),
+    #[error("DNS-01 through {0}")]
+    Dns(#[from] dns::DnsError),
+    #[error("{0}")]
+    Order(String),
+}
+
+/// The names of upstreams.yaml's hosts with `acme: true`, as serving now.
+pub type AcmeHosts = Box<dyn Fn() -> Vec<String> + Send + Sync>;
+
+/// A set's counters and what its certificate says (for `/metrics`).
+#[derive(Clone, Copy, Debug, Default)]
+struct SetStats {
+    issued: u64,
+    failed: u64,
+    /// When the certificate on disk expires (seconds since the epoch; 0: none).
+    expires: u64,
+}
+
+/// When a set may be ordered again, and the backoff that got it there.
+#[derive(Clone, Copy, Debug)]
+struct Waiting {
+    until: Instant,
+    backoff: Duration,
+}
+
+/// The ACME client of one process.
+pub struct Acme {
+    cfg: AcmeConfig,
+    state_dir: PathBuf,
+    certs_dir: PathBuf,
+    challenges: Arc<Challenges>,
+    hosts: AcmeHosts,
+    /// By a set's first name.
+    stats: Mutex<BTreeMap<String, SetStats>>,
+}
+
+impl Acme {
+    pub fn new(cfg: AcmeConfig, certs_dir: PathBuf, hosts: AcmeHosts) -> Acme {
+        let state_dir = cfg
+            .state_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("autoconfigs"));
+        Acme {
+            cfg,
+            state_dir,
+            certs_dir,
+            challenges: Arc::new(Challenges::default()),
+            hosts,
+            stats: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The challenges the router and the TLS listener answer.
+    pub fn challenges(&self) -> Arc<Challenges> {
+        self.challenges.clone()
+    }
+
+    fn stats(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, SetStats>> {
+        self.stats.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The sets of names to keep a certificate for: `domains`, then each `acme: true` host
+    /// that `domains` does not cover (exactly or by a wildcard).
+    fn sets(&self) -> Vec<Vec<String>> {
+        let domains = &self.cfg.domains;
+        let covered = |host: &str| {
+            domains.iter().any(|d| match d.strip_prefix("*.") {
+                Some(parent) => host.split_once('.').is_some_and(|(_, rest)| rest == parent),
+                None => d == host,
+            })
+        };
+        let mut sets = Vec::new();
+        if !domains.is_empty() {
+            sets.push(domains.clone());
+        }
+        let mut seen = HashSet::new();
+        for host in (self.hosts)() {
+            let host = host.to_ascii_lowercase();
+            if !covered(&host) && seen.insert(host.clone()) {
+                sets.push(vec![host]);
+            }
+        }
+        sets
+    }
+
+    /// Keeps every set's certificate fresh for as long as the process runs.
+    pub async fn run(self: Arc<Self>) {
+        let mut waiting: HashMap<String, Waiting> = HashMap::new();
+        let mut announced: HashSet<String> = HashSet::new();
+        loop {
+            for names in self.sets() {
+                let first = names[0].clone();
+                if waiting
+                    .get(&first)
+                    .is_some_and(|w| Instant::now() < w.until)
+                {
+                    continue;
+                }
+                match self.renew_in(&names) {
+                    Some(wait) if !wait.is_zero() => {
+                        if announced.insert(first.clone()) {
+                            tracing::info!(domain = %first, "acme: a fresh certificate exists; renewal in {}h", wait.as_secs() / 3600);
+                        }
+                    }
+                    _ => {
+                        announced.remove(&first);
+                        let outcome = self.order(&names).await;
+                        self.after_order(&names, outcome, &mut waiting);
+                    }
+                }
+            }
+            tokio::time::sleep(LOOK_EVERY).await;
+        }
+    }
+
+    /// Schedules a set after an order: again in an hour when the new certificate is already
+    /// due, with a doubled backoff after a failure.
+    fn after_order(
+        &self,
+        names: &[String],
+        outcome: Result<(), AcmeError>,
+        waiting: &mut HashMap<String, Waiting>,
+    ) {
+        let first = &names[0];
+        match outcome {
+            Ok(()) if self.renew_in(names).is_some_and(|w| w.is_zero()) => {
+                tracing::warn!(domain = %first, "acme: the new certificate is already due for renewal (renew_before_days is longer than its lifetime); next order in an hour at the earliest");
+                let until = Instant::now() + BETWEEN_ORDERS;
+                waiting.insert(
+                    first.clone(),
+                    Waiting {
+                        until,
+                        backoff: Duration::ZERO,
+                    },
+                );
+            }
+            Ok(()) => {
+                waiting.remove(first);
+            }
+            Err(e) => {
+                let last = waiting.get(first).map_or(Duration::ZERO, |w| w.backoff);
+                let backoff = (last * 2).clamp(FIRST_RETRY, LAST_RETRY);
+                tracing::warn!(domain = %first, "acme: order failed, retry in {}s: {e}", backoff.as_secs());
+                let until = Instant::now() + backoff;
+                waiting.insert(first.clone(), Waiting { until, backoff });
+            }
+        }
+    }
+
+    /// How long until the certificate of `names` on disk is due for renewal; `None` when
+    /// there is none (or it cannot be read, or does not cover every name).
+    fn renew_in(&self, names: &[String]) -> Option<Duration> {
+        let on_disk = read_covering(&cert_path(&self.certs_dir, names, "crt"), names)?;
+        self.stats().entry(names[0].clone()).or_default().expires = on_disk.not_after;
+        let lifetime = on_disk.not_after.saturating_sub(on_disk.not_before);
+        let before = match self.cfg.renew_before_days {
+            Some(days) => days * 86_400,
+            None => lifetime / 3,
+        };
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).ok()?.as_secs();
+        Some(Duration::from_secs(
+            on_disk.not_after.saturating_sub(before).saturating_sub(now),
+        ))
+    }
+
+    fn builder(&self) -> Result<AccountBuilder, AcmeError> {
+        Ok(match &self.cfg.ca_file {
+            Some(ca) => Account::builder_with_root(ca)?,
+            None => Account::builder()?,
+        })
+    }
+
+    /// The account in `state_dir`, created (and kept there) when there is none.
+    pub async fn account(&self) -> Result<Account, AcmeError> {
+        let path = self.state_dir.join("account.json");
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            let creds: AccountCredentials =
+                serde_json::from_str(&text).map_err(|e| AcmeError::Account(path.clone(), e))?;
+            return Ok(self.builder()?.from_credentials(creds).await?);
+        }
+        let contact = self.cfg.email.as_ref().map(|e| format!("mailto:{e}"));
+        let contacts: Vec<&str> = contact.iter().map(String::as_str).collect();
+        let new = NewAccount {
+            contact: &contacts,
+            terms_of_service_agreed: true,
+            only_return_existing: false,
+        };
+        let (account, creds) = self
+            .builder()?
+            .create(&new, self.cfg.directory.clone(), None)
+            .await?;
+        let json =
+            serde_json::to_string(&creds).map_err(|e| AcmeError::Account(path.clone(), e))?;
+        write_atomically(&path, json.as_bytes(), "the account file")?;
+        tracing::info!(account = account.id(), "acme: account created");
+        Ok(account)
+    }
+
+    /// Orders a certificate for `names` and writes it; counted.
+    async fn order(&self, names: &[String]) -> Result<(), AcmeError> {
+        let result = self.order_for(names).await;
+        let mut stats = self.stats();
+        let stats = stats.entry(names[0].clone()).or_default();
+        match result {
+            Ok(()) => stats.issued += 1,
+            Err(_) => stats.failed += 1,
+        }
+        result
+    }
+
+    /// `/acme_order/<domain>` (Aralez's answers): a certificate for `domain` now, unless a
+    /// fresh one is there.
+    pub async fn order_now(&self, domain: &str) -> Result<String, AcmeError> {
+        let names = [domain.to_ascii_lowercase()];
+        if self.renew_in(&names).is_some_and(|w| !w.is_zero()) {
+            return Ok("Fresh certificate exists. Not renewing ! \n".to_string());
+        }
+        self.order_for(&names).await?;
+        Ok("Certificate is successfully generated \n".to_string())
+    }
+
+    /// Orders a certificate for `names` and writes it.
+    async fn order_for(&self, names: &[String]) -> Result<(), AcmeError> {
+        let account = self.account().await?;
+        self.order_with(&account, names).await
+    }
+
+    /// `aralez_acme_orders_total{domain,result}` and
+    /// `aralez_acme_certificate_expiry_seconds{domain}` (SPEC §14), a series per set.
+    pub fn render_prometheus(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let stats = self.stats().clone();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let _ = writeln!(out, "# HELP aralez_acme_orders_total ACME orders, by result.\n# TYPE aralez_acme_orders_total counter");
+        for (domain, s) in &stats {
+            for (result, n) in [("issued", s.issued), ("failed", s.failed)] {
+                let _ = writeln!(
+                    out,
+                    "aralez_acme_orders_total{{domain=\"{domain}\",result=\"{result}\"}} {n}"
+                );
+            }
+        }
+        let _ = writeln!(out, "# HELP aralez_acme_certificate_expiry_seconds Seconds until the certificate expires.\n# TYPE aralez_acme_certificate_expiry_seconds gauge");
+        for (domain, s) in &stats {
+            let left = s.expires.saturating_sub(now);
+            let _ = writeln!(
+                out,
+                "aralez_acme_certificate_expiry_seconds{{domain=\"{domain}\"}} {left}"
+            );
+        }
+    }
+}

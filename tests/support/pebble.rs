@@ -1,0 +1,200 @@
+//! pebble (Debian's ACME server for tests) and pebble-challtestsrv (its DNS, which points
+//! every name at 127.0.0.1 and serves the TXT records its management API is given), both
+//! started on loopback ports; pebble's own HTTPS listener uses a certificate of a CA the test
+//! makes, which aralez trusts through `acme.ca_file`. With helpers to write `acme:` main.yaml
+//! lines and to check what aralez serves.
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use super::redis::free_port;
+use super::tools::{self, Tool};
+use super::*;
+
+const PEBBLE: Tool = Tool {
+    env: "ARALEZ_PEBBLE",
+    installed: "/usr/bin/pebble", // Debian's package
+    on_path: &["pebble"],
+};
+const CHALLTESTSRV: Tool = Tool {
+    env: "ARALEZ_PEBBLE_CHALLTESTSRV",
+    installed: "/usr/bin/pebble-challtestsrv",
+    on_path: &["pebble-challtestsrv"],
+};
+
+/// A child process killed on drop.
+pub struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// pebble and its DNS, with the CA pebble's listener is signed by.
+pub struct Pebble {
+    _dns: Running,
+    _server: Running,
+    pub directory: String,
+    pub management: SocketAddr,
+    pub ca_file: std::path::PathBuf,
+    pub ca: rustls_pki_types::CertificateDer<'static>,
+    /// pebble-challtestsrv's DNS server (what pebble resolves with).
+    pub dns: SocketAddr,
+    /// pebble-challtestsrv's management API (`/set-txt`, `/clear-txt`).
+    pub challtestsrv: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Pebble {
+    /// pebble validating HTTP-01 on `http_port` of whatever its DNS says (127.0.0.1).
+    pub async fn start(http_port: u16) -> Option<Pebble> {
+        Pebble::start_on(http_port, free_port()).await
+    }
+
+    /// pebble validating TLS-ALPN-01 on `tls_port`.
+    pub async fn start_alpn(tls_port: u16) -> Option<Pebble> {
+        Pebble::start_on(free_port(), tls_port).await
+    }
+
+    pub async fn start_on(http_port: u16, tls_port: u16) -> Option<Pebble> {
+        let pebble = tools::find(&PEBBLE)?;
+        let challtestsrv = tools::find(&CHALLTESTSRV)?;
+        let dir = tempfile::tempdir().expect("temp dir");
+        // The test's CA, and pebble's listener certificate signed by it.
+        let pki = test_pki(&["127.0.0.1", "localhost"]);
+        let ca_file = dir.path().join("ca.pem");
+        std::fs::write(&ca_file, &pki.ca_pem).expect("write CA");
+        std::fs::write(dir.path().join("pebble.crt"), &pki.leaf_pem).expect("write cert");
+        std::fs::write(dir.path().join("pebble.key"), &pki.leaf_key_pem).expect("write key");
+        let (dns_port, acme_port, mgmt_port, cts_mgmt) =
+            (free_port(), free_port(), free_port(), free_port());
+        let dns = Command::new(challtestsrv)
+            .args([
+                "-dns01",
+                &format!("127.0.0.1:{dns_port}"),
+                "-http01",
+                "",
+                "-https01",
+                "",
+            ])
+            .args([
+                "-tlsalpn01",
+                "",
+                "-management",
+                &format!("127.0.0.1:{cts_mgmt}"),
+            ])
+            .args(["-defaultIPv4", "127.0.0.1", "-defaultIPv6", ""])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start pebble-challtestsrv");
+        let config = serde_json::json!({ "pebble": {
+            "listenAddress": format!("127.0.0.1:{acme_port}"),
+            "managementListenAddress": format!("127.0.0.1:{mgmt_port}"),
+            "certificate": dir.path().join("pebble.crt"),
+            "privateKey": dir.path().join("pebble.key"),
+            "httpPort": http_port,
+            "tlsPort": tls_port,
+            "ocspResponderURL": "",
+            // 30 days: a renewal threshold of 60 days makes any certificate due.
+            "certificateValidityPeriod": 30 * 86_400,
+            "externalAccountBindingRequired": false,
+        }});
+        let config_file = dir.path().join("pebble.json");
+        std::fs::write(&config_file, config.to_string()).expect("write pebble config");
+        let server = Command::new(pebble)
+            .arg("-config")
+            .arg(&config_file)
+            .args(["-dnsserver", &format!("127.0.0.1:{dns_port}")])
+            .env("PEBBLE_VA_NOSLEEP", "1")
+            .env("PEBBLE_WFE_NONCEREJECT", "0")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start pebble");
+        let up = eventually_async(Duration::from_secs(10), || async move {
+            tokio::net::TcpStream::connect(("127.0.0.1", acme_port))
+                .await
+                .ok()
+        });
+        assert!(up.await.is_some(), "pebble did not start");
+        Some(Pebble {
+            _dns: Running(dns),
+            _server: Running(server),
+            directory: format!("https://127.0.0.1:{acme_port}/dir"),
+            management: ([127, 0, 0, 1], mgmt_port).into(),
+            ca_file,
+            ca: pki.ca,
+            dns: ([127, 0, 0, 1], dns_port).into(),
+            challtestsrv: ([127, 0, 0, 1], cts_mgmt).into(),
+            _dir: dir,
+        })
+    }
+
+    /// pebble's current issuing root (its management API), for checking what aralez serves.
+    pub async fn root(&self) -> rustls_pki_types::CertificateDer<'static> {
+        use rustls_pki_types::pem::PemObject;
+        let config = tls_client_config(std::slice::from_ref(&self.ca), &[b"http/1.1"]);
+        let mut client = Client::connect_tls(self.management, "localhost", config).await;
+        let resp = client
+            .send(
+                http::Method::GET,
+                Some("localhost"),
+                "/roots/0",
+                &[],
+                full(bytes::Bytes::new()),
+            )
+            .await;
+        let pem = body_bytes(resp).await;
+        rustls_pki_types::CertificateDer::from_pem_slice(&pem).expect("pebble's root in PEM")
+    }
+}
+
+/// main.yaml lines for `acme.test` from `pebble`, with extra `acme:` lines.
+pub fn main_for(
+    pebble: &Pebble,
+    certs: &std::path::Path,
+    state: &std::path::Path,
+    extra: &str,
+) -> String {
+    format!(
+        "proxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"\nconfig_address: \"127.0.0.1:0\"\nmaster_key: \"k\"\nacme:\n  directory: \"{}\"\n  ca_file: \"{}\"\n  email: \"ops@acme.test\"\n  challenge: http-01\n  state_dir: \"{}\"\n  domains: [\"acme.test\"]\n{extra}",
+        certs.display(),
+        pebble.directory,
+        pebble.ca_file.display(),
+        state.display()
+    )
+}
+
+/// `name` is served over TLS by `proxy` with a certificate that chains to `root`.
+pub async fn serves(
+    proxy: &ProxyProcess,
+    name: &'static str,
+    root: rustls_pki_types::CertificateDer<'static>,
+) -> bool {
+    let tls = proxy.logged_addr("listening on https://");
+    let config = tls_client_config(&[root], &[b"http/1.1"]);
+    let served = eventually_async(Duration::from_secs(10), || {
+        let config = config.clone();
+        async move {
+            let stream = tokio::net::TcpStream::connect(tls).await.ok()?;
+            let name = rustls_pki_types::ServerName::try_from(name).ok()?;
+            tokio_rustls::TlsConnector::from(config)
+                .connect(name, stream)
+                .await
+                .ok()
+        }
+    });
+    served.await.is_some()
+}
+
+/// `proxy`'s log says `text` within 60 s.
+pub async fn logs(proxy: &ProxyProcess, text: &str) -> bool {
+    let said = eventually_async(Duration::from_secs(60), || async {
+        proxy.log_text().contains(text).then_some(())
+    });
+    said.await.is_some()
+}
