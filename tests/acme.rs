@@ -202,3 +202,55 @@ async fn tls_alpn_01_is_answered_on_the_tls_listener() {
         "alpn.test is not served with pebble's certificate"
     );
 }
+
+#[tokio::test]
+async fn hosts_marked_acme_true_get_a_certificate_each_also_after_a_reload() {
+    let http: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let Some(pebble) = Pebble::start(http.port()).await else {
+        return;
+    };
+    let backend = Backend::start("site").await;
+    let site = || Host::new().path("/", Path::servers(&[&backend]).healthcheck(false));
+    let yaml = Upstreams::new()
+        .host("one.test", site().set("acme", true))
+        .host("plain.test", site())
+        .render();
+    let certs = tempfile::tempdir().expect("certificate dir");
+    let state = tempfile::tempdir().expect("state dir");
+    // No `domains`: the hosts alone say what to get.
+    let main = main_for(&pebble, certs.path(), state.path(), "")
+        .replace("  domains: [\"acme.test\"]\n", "");
+    let proxy = ProxyProcess::start_on(&yaml, &main, http);
+    assert!(
+        logs(&proxy, "acme: certificate issued").await,
+        "{}",
+        proxy.log_text()
+    );
+    let root = pebble.root().await;
+    assert!(serves(&proxy, "one.test", root.clone()).await);
+    assert!(!certs.path().join("plain.test.crt").exists());
+
+    // A reload that marks another host: it gets its own certificate without a restart.
+    let yaml = Upstreams::new()
+        .host("one.test", site().set("acme", true))
+        .host("two.test", site().set("acme", true))
+        .render();
+    std::fs::write(proxy.path("upstreams.yaml"), yaml).expect("rewrite upstreams");
+    assert!(
+        proxy
+            .wait_log_count(
+                "acme: certificate issued",
+                2,
+                std::time::Duration::from_secs(90)
+            )
+            .await,
+        "{}",
+        proxy.log_text()
+    );
+    assert!(serves(&proxy, "two.test", root).await);
+    assert_eq!(
+        proxy.log_count("acme: certificate issued"),
+        2,
+        "one.test is not ordered again"
+    );
+}

@@ -227,6 +227,34 @@ fn cases() -> Vec<Case> {
             &format!("{UPS_OK}---\nb.com: {{}}\n"),
             vec![err(U, 6, "(yaml)", "more than one YAML document")],
         ),
+        // ---- acme: (DNS-01 and its provider) ----
+        Case::main(
+            "acme_dns_01_without_a_provider",
+            &format!("{MAIN_OK}proxy_certificates: \".\"\nacme:\n  challenge: dns-01\n  domains: [a.test]\n"),
+            vec![err(M, 5, "acme.challenge", "set it").also("acme_dns_provider")],
+        ),
+        Case::main(
+            "acme_wildcard_needs_dns_01",
+            &format!("{MAIN_OK}proxy_certificates: \".\"\nacme:\n  domains: [\"*.a.test\"]\n"),
+            vec![err(M, 5, "acme.domains", "only be validated by dns-01")],
+        ),
+        Case::main(
+            "acme_unknown_dns_provider",
+            &format!("{MAIN_OK}proxy_certificates: \".\"\nacme:\n  domains: [a.test]\nacme_dns_provider: godaddy\n"),
+            vec![err(M, 6, "acme_dns_provider", "not cloudflare, route53 or digitalocean")],
+        ),
+        Case::main(
+            "acme_provider_without_its_environment",
+            &format!("{MAIN_OK}proxy_certificates: \".\"\nacme:\n  domains: [\"*.a.test\"]\nacme_dns_provider: route53\n"),
+            vec![warn(M, 6, "acme_dns_provider", "AWS_ACCESS_KEY_ID").also("not set")],
+        )
+        .warnings_only(),
+        Case::path(
+            "acme_on_a_path",
+            "        servers: [\"127.0.0.1:8000\"]\n        acme: true\n",
+            vec![warn(U, 6, pk("acme"), "applies to a host")],
+        )
+        .warnings_only(),
         // ---- wrong types ----
         Case::path(
             "type_string_for_number",
