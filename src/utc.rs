@@ -36,6 +36,15 @@ impl UtcTime {
     }
 }
 
+/// `time` as RFC 3339 in UTC, to the second (`2026-11-25T17:54:00Z`).
+pub fn rfc3339(time: SystemTime) -> String {
+    let t = UtcTime::of(time);
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
+        t.year, t.month, t.day, t.hour, t.minute, t.second
+    )
+}
+
 /// Days since 1970-01-01 to (year, month, day), after Howard Hinnant's `civil_from_days`.
 fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let z = z + 719_468;

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use crate::discovery::text_digest;
 use crate::upstream::call;
-use crate::utc::UtcTime;
+use crate::utc::rfc3339;
 
 /// How long one push (or one status read) may take.
 const EXCHANGE_DEADLINE: Duration = Duration::from_secs(5);
@@ -231,12 +231,4 @@ impl Cluster {
             .collect();
         serde_json::Value::Array(workers)
     }
-}
-
-fn rfc3339(time: SystemTime) -> String {
-    let t = UtcTime::of(time);
-    format!(
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
-        t.year, t.month, t.day, t.hour, t.minute, t.second
-    )
 }

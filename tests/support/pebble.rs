@@ -45,6 +45,9 @@ pub struct Pebble {
     pub dns: SocketAddr,
     /// pebble-challtestsrv's management API (`/set-txt`, `/clear-txt`).
     pub challtestsrv: SocketAddr,
+    /// pebble's own listener certificate and key (for a server standing in front of it).
+    pub listener_cert: rustls_pki_types::CertificateDer<'static>,
+    pub listener_key_pem: String,
     _dir: tempfile::TempDir,
 }
 
@@ -128,6 +131,8 @@ impl Pebble {
             management: ([127, 0, 0, 1], mgmt_port).into(),
             ca_file,
             ca: pki.ca,
+            listener_cert: pki.leaf,
+            listener_key_pem: pki.leaf_key_pem,
             dns: ([127, 0, 0, 1], dns_port).into(),
             challtestsrv: ([127, 0, 0, 1], cts_mgmt).into(),
             _dir: dir,

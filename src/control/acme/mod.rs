@@ -13,6 +13,7 @@
 //! at when the process starts and every [`LOOK_EVERY`]. Client: instant-acme (the crate
 //! Aralez uses).
 
+mod ari;
 mod dns;
 mod files;
 mod order;
@@ -22,7 +23,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use instant_acme::{Account, AccountBuilder, AccountCredentials, NewAccount};
+use instant_acme::{
+    Account, AccountBuilder, AccountCredentials, CertificateIdentifier, NewAccount,
+};
 use tokio::time::Instant;
 
 use crate::config::acme_conf::AcmeConfig;
@@ -56,6 +59,21 @@ pub enum AcmeError {
     Order(String),
 }
 
+/// `e` with every cause under it (`client error (Connect): tcp connect error: ...`).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let said = c.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        cause = c.source();
+    }
+    text
+}
+
 /// The names of upstreams.yaml's hosts with `acme: true`, as serving now.
 pub type AcmeHosts = Box<dyn Fn() -> Vec<String> + Send + Sync>;
 
@@ -84,6 +102,10 @@ pub struct Acme {
     hosts: AcmeHosts,
     /// By a set's first name.
     stats: Mutex<BTreeMap<String, SetStats>>,
+    /// The ACME server's renewal windows (RFC 9773), when it offers them.
+    advisor: ari::Advisor,
+    /// The account, once loaded or created.
+    account: Mutex<Option<Account>>,
 }
 
 impl Acme {
@@ -99,6 +121,8 @@ impl Acme {
             challenges: Arc::new(Challenges::default()),
             hosts,
             stats: Mutex::new(BTreeMap::new()),
+            advisor: ari::Advisor::default(),
+            account: Mutex::new(None),
         }
     }
 
@@ -148,7 +172,7 @@ impl Acme {
                 {
                     continue;
                 }
-                match self.renew_in(&names) {
+                match self.due_in(&names).await {
                     Some(wait) if !wait.is_zero() => {
                         if announced.insert(first.clone()) {
                             tracing::info!(domain = %first, "acme: a fresh certificate exists; renewal in {}h", wait.as_secs() / 3600);
@@ -192,11 +216,33 @@ impl Acme {
             Err(e) => {
                 let last = waiting.get(first).map_or(Duration::ZERO, |w| w.backoff);
                 let backoff = (last * 2).clamp(FIRST_RETRY, LAST_RETRY);
-                tracing::warn!(domain = %first, "acme: order failed, retry in {}s: {e}", backoff.as_secs());
+                tracing::warn!(domain = %first, "acme: order failed, retry in {}s: {}", backoff.as_secs(), with_causes(&e));
                 let until = Instant::now() + backoff;
                 waiting.insert(first.clone(), Waiting { until, backoff });
             }
         }
+    }
+
+    /// How long until the certificate of `names` is due: the lifetime threshold, or the
+    /// moment the ACME server's renewal window suggests (an explicit `renew_before_days`
+    /// that comes sooner still wins). ARI is only asked with an account already in place.
+    async fn due_in(&self, names: &[String]) -> Option<Duration> {
+        let threshold = self.renew_in(names)?;
+        let Some(account) = self.existing_account().await else {
+            return Some(threshold);
+        };
+        let crt = cert_path(&self.certs_dir, names, "crt");
+        let Some(advice) = self.advisor.advice(&account, &names[0], &crt).await else {
+            return Some(threshold);
+        };
+        let suggested = advice
+            .renew_at
+            .duration_since(SystemTime::now())
+            .unwrap_or_default();
+        Some(match self.cfg.renew_before_days {
+            Some(_) => suggested.min(threshold),
+            None => suggested,
+        })
     }
 
     /// How long until the certificate of `names` on disk is due for renewal; `None` when
@@ -222,13 +268,58 @@ impl Acme {
         })
     }
 
+    fn cached_account(&self) -> Option<Account> {
+        self.account
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn keep_account(&self, account: &Account) {
+        *self.account.lock().unwrap_or_else(|p| p.into_inner()) = Some(account.clone());
+    }
+
+    /// The account, when one was created before (none is created here).
+    async fn existing_account(&self) -> Option<Account> {
+        if let Some(account) = self.cached_account() {
+            return Some(account);
+        }
+        self.state_dir.join("account.json").exists().then_some(())?;
+        match self.account().await {
+            Ok(account) => Some(account),
+            Err(e) => {
+                tracing::warn!("acme: the account cannot be used: {}", with_causes(&e));
+                None
+            }
+        }
+    }
+
     /// The account in `state_dir`, created (and kept there) when there is none.
     pub async fn account(&self) -> Result<Account, AcmeError> {
+        if let Some(account) = self.cached_account() {
+            return Ok(account);
+        }
         let path = self.state_dir.join("account.json");
         if let Ok(text) = std::fs::read_to_string(&path) {
-            let creds: AccountCredentials =
+            let json: serde_json::Value =
                 serde_json::from_str(&text).map_err(|e| AcmeError::Account(path.clone(), e))?;
-            return Ok(self.builder()?.from_credentials(creds).await?);
+            let kept_for = json["directory"].as_str().unwrap_or_default().to_string();
+            if kept_for == self.cfg.directory || kept_for.is_empty() {
+                let creds: AccountCredentials = serde_json::from_value(json)
+                    .map_err(|e| AcmeError::Account(path.clone(), e))?;
+                let account = self.builder()?.from_credentials(creds).await?;
+                self.keep_account(&account);
+                return Ok(account);
+            }
+            // Another ACME server's account (the directory changed, e.g. staging to
+            // production): kept aside, and an account made on the configured one.
+            let aside = path.with_extension("json.previous");
+            std::fs::rename(&path, &aside).map_err(|source| AcmeError::File {
+                what: "setting aside the account file",
+                path: path.clone(),
+                source,
+            })?;
+            tracing::warn!(was = %kept_for, now = %self.cfg.directory, "acme: account.json was made on another ACME directory; kept as {}, making one on the configured directory", aside.display());
         }
         let contact = self.cfg.email.as_ref().map(|e| format!("mailto:{e}"));
         let contacts: Vec<&str> = contact.iter().map(String::as_str).collect();
@@ -245,6 +336,7 @@ impl Acme {
             serde_json::to_string(&creds).map_err(|e| AcmeError::Account(path.clone(), e))?;
         write_atomically(&path, json.as_bytes(), "the account file")?;
         tracing::info!(account = account.id(), "acme: account created");
+        self.keep_account(&account);
         Ok(account)
     }
 
@@ -271,10 +363,23 @@ impl Acme {
         Ok("Certificate is successfully generated \n".to_string())
     }
 
-    /// Orders a certificate for `names` and writes it.
+    /// Orders a certificate for `names` and writes it; with renewal information in use, the
+    /// order says which certificate it replaces.
     async fn order_for(&self, names: &[String]) -> Result<(), AcmeError> {
         let account = self.account().await?;
-        self.order_with(&account, names).await
+        let replaces: Option<CertificateIdentifier<'static>> = match self.existing_account().await {
+            Some(account) => {
+                let crt = cert_path(&self.certs_dir, names, "crt");
+                self.advisor
+                    .advice(&account, &names[0], &crt)
+                    .await
+                    .map(|a| a.id)
+            }
+            None => None,
+        };
+        self.order_with(&account, names, replaces).await?;
+        self.advisor.forget(&names[0]);
+        Ok(())
     }
 
     /// `aralez_acme_orders_total{domain,result}` and

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use instant_acme::{
-    Account, AuthorizationStatus, ChallengeType, Identifier, NewOrder, OrderStatus, RetryPolicy,
+    Account, AuthorizationStatus, CertificateIdentifier, ChallengeType, Identifier, NewOrder,
+    OrderStatus, RetryPolicy,
 };
 use rustls::sign::CertifiedKey;
 
@@ -36,10 +37,16 @@ impl Acme {
         &self,
         account: &Account,
         names: &[String],
+        replaces: Option<CertificateIdentifier<'static>>,
     ) -> Result<(), AcmeError> {
         let identifiers: Vec<Identifier> =
             names.iter().map(|d| Identifier::Dns(d.clone())).collect();
-        let mut order = account.new_order(&NewOrder::new(&identifiers)).await?;
+        let new = NewOrder::new(&identifiers);
+        let new = match replaces {
+            Some(id) => new.replaces(id),
+            None => new,
+        };
+        let mut order = account.new_order(&new).await?;
         let dns = match self.cfg.challenge {
             Challenge::Dns01 => Some(self.dns_api()?),
             _ => None,
