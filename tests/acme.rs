@@ -211,8 +211,9 @@ async fn hosts_marked_acme_true_get_a_certificate_each_also_after_a_reload() {
     };
     let backend = Backend::start("site").await;
     let site = || Host::new().path("/", Path::servers(&[&backend]).healthcheck(false));
+    // `to_https` as well: the challenge is answered on the plain listener all the same.
     let yaml = Upstreams::new()
-        .host("one.test", site().set("acme", true))
+        .host("one.test", site().set("acme", true).to_https(true))
         .host("plain.test", site())
         .render();
     let certs = tempfile::tempdir().expect("certificate dir");
