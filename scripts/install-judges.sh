@@ -20,7 +20,7 @@
 #   ARALEZ_SSLYZE=... ARALEZ_TESTSSL=... ARALEZ_H2SPEC=... ARALEZ_GRPC_INTEROP_CLIENT=...
 #   ARALEZ_GRPC_INTEROP_SERVER=... ARALEZ_SLOWHTTPTEST=... ARALEZ_CARGO_FUZZ=...
 #   ARALEZ_ACTIONLINT=... ARALEZ_CHROMIUM=... ARALEZ_HAPROXY=... ARALEZ_REDIS_SERVER=...
-#   ARALEZ_PEBBLE=... ARALEZ_PEBBLE_CHALLTESTSRV=...
+#   ARALEZ_PEBBLE=... ARALEZ_PEBBLE_CHALLTESTSRV=... ARALEZ_H3_PYTHON=... (aioquic's interpreter)
 #   ARALEZ_GZIP=... ARALEZ_BROTLI=... ARALEZ_ZSTD=...
 # for the caller to export (scripts/test.sh does).
 #
@@ -30,6 +30,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 JUDGES="$PWD/target/judges"
 SSLYZE_VERSION="6.3.1"
+AIOQUIC_VERSION="1.7.2"
 H2SPEC_MODULE="github.com/summerwind/h2spec/cmd/h2spec@latest"
 GRPC_VERSION="v1.85.0"
 CARGO_FUZZ_VERSION="0.13.2"
@@ -51,6 +52,20 @@ apt_install() {
   fi
   log "apt-get install $*"
   apt-get install -y -qq --no-install-recommends "$@" >/dev/null || fail "apt-get install $*"
+}
+
+# aioquic (an HTTP/3 client independent of quinn and h3), in a venv of its own (its
+# cryptography is newer than sslyze's allows).
+install_aioquic() {
+  local venv="$JUDGES/h3venv"
+  if "$venv/bin/python" -c "import aioquic, sys; sys.exit(aioquic.__version__ != '$AIOQUIC_VERSION')" 2>/dev/null; then
+    return
+  fi
+  log "aioquic $AIOQUIC_VERSION into $venv"
+  rm -rf "$venv"
+  python3 -m venv "$venv" || fail "python3 -m venv $venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "aioquic==$AIOQUIC_VERSION" >&2 ||
+    fail "pip install aioquic==$AIOQUIC_VERSION"
 }
 
 install_sslyze() {
@@ -156,6 +171,7 @@ install_cargo_fuzz() {
 }
 
 mkdir -p "$JUDGES"
+install_aioquic
 install_sslyze
 install_testssl
 go_install "$H2SPEC_MODULE" h2spec
@@ -172,6 +188,7 @@ install_pebble
 
 testssl=$(command -v testssl || command -v testssl.sh)
 echo "ARALEZ_SSLYZE=$JUDGES/venv/bin/sslyze"
+echo "ARALEZ_H3_PYTHON=$JUDGES/h3venv/bin/python"
 echo "ARALEZ_TESTSSL=$testssl"
 echo "ARALEZ_H2SPEC=$JUDGES/bin/h2spec"
 echo "ARALEZ_GRPC_INTEROP_CLIENT=$JUDGES/bin/grpc-interop-client"

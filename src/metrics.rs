@@ -26,7 +26,7 @@ pub const MAX_UPSTREAMS: usize = 256;
 const METHODS: [&str; 9] = [
     "GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH", "TRACE", "CONNECT",
 ];
-const VERSIONS: [&str; 4] = ["HTTP/1.0", "HTTP/1.1", "HTTP/2", "OTHER"];
+const VERSIONS: [&str; 5] = ["HTTP/1.0", "HTTP/1.1", "HTTP/2", "HTTP/3", "OTHER"];
 /// Method x version pairs counted per shard.
 const KINDS: usize = (METHODS.len() + 1) * VERSIONS.len();
 /// Upper bounds (seconds) of the latency histogram buckets; `+Inf` is implied.
@@ -129,7 +129,8 @@ impl Metrics {
             Version::HTTP_10 => 0,
             Version::HTTP_11 => 1,
             Version::HTTP_2 => 2,
-            _ => 3,
+            Version::HTTP_3 => 3,
+            _ => 4,
         };
         bump(&self.shard(worker).by_method_version[m * VERSIONS.len() + v]);
     }

@@ -255,6 +255,11 @@ fn cases() -> Vec<Case> {
             vec![warn(U, 6, pk("acme"), "applies to a host")],
         )
         .warnings_only(),
+        Case::main(
+            "http3_without_a_tls_listener",
+            &format!("{MAIN_OK}http3: true\n"),
+            vec![err(M, 3, "http3", "proxy_address_tls")],
+        ),
         // ---- wrong types ----
         Case::path(
             "type_string_for_number",

@@ -66,7 +66,8 @@ fn version_name(version: Version) -> &'static str {
         Version::HTTP_10 => "HTTP/1.0",
         Version::HTTP_11 => "HTTP/1.1",
         Version::HTTP_2 => "HTTP/2.0",
-        _ => "HTTP/3.0",
+        Version::HTTP_3 => "HTTP/3.0",
+        _ => "HTTP/?",
     }
 }
 

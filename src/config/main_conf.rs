@@ -97,6 +97,8 @@ pub struct MainConfig {
     pub cluster: ClusterConfig,
     /// The `acme:` block: certificates ordered and renewed automatically.
     pub acme: Option<AcmeConfig>,
+    /// `http3`: HTTP/3 (QUIC) on the UDP port of `proxy_address_tls`.
+    pub http3: bool,
 }
 
 const KEYS: &[&str] = &[
@@ -153,6 +155,7 @@ const KEYS: &[&str] = &[
     "limits_store",
     "acme",
     "acme_dns_provider",
+    "http3",
 ];
 
 /// Keys of Pingora's server config that Aralez files carry; accepted and ignored.
@@ -222,6 +225,7 @@ impl MainConfig {
             cache: None,
             cluster: ClusterConfig::default(),
             acme: None,
+            http3: false,
         }
     }
 
@@ -239,6 +243,7 @@ impl MainConfig {
         let mut positions = exists::Positions::default();
         let mut acme_pos = root.pos;
         let mut dns_provider = None;
+        let mut http3_pos = root.pos;
         let (mut tcp_top, mut tcp_block) = (Vec::new(), None);
         let mut failed = false;
         for (key, value) in entries {
@@ -375,6 +380,10 @@ impl MainConfig {
                     true
                 }
                 "proxy_protocol" => set(&mut cfg.proxy_protocol, r.boolean(value, k)),
+                "http3" => {
+                    http3_pos = value.pos;
+                    set(&mut cfg.http3, r.boolean(value, k))
+                }
                 "trusted_proxies" => set(
                     &mut cfg.trusted_proxies,
                     net_conf::read_trusted_proxies(value, k, r),
@@ -458,6 +467,11 @@ impl MainConfig {
             failed |= !acme_conf::check_with_provider(acme, dns_provider, acme_pos, r);
         } else if let Some((pos, _)) = dns_provider {
             r.warn(pos, "acme_dns_provider", "not used without an acme: block");
+        }
+        if cfg.http3 && cfg.proxy_address_tls.is_none() {
+            let why = "HTTP/3 is served on the UDP port of proxy_address_tls: set it";
+            r.error(http3_pos, "http3", why);
+            failed = true;
         }
         let alpn = cfg.acme.as_ref().map(|a| a.challenge) == Some(acme_conf::Challenge::TlsAlpn01);
         if alpn && cfg.proxy_address_tls.is_none() {

@@ -303,11 +303,16 @@ pub fn run(
     if let Some(addr) = bound.http.first().and_then(|l| l.local_addr().ok()) {
         tracing::info!("listening on http://{addr} with {workers_count} worker(s)");
     }
-    let tls = tls_acceptor(&main, &control, ctx.acme.as_ref().map(|a| a.challenges()))?;
-    if let Some(addr) = bound.tls.first().and_then(|l| l.local_addr().ok()) {
+    let mut tls = tls_acceptor(&main, &control, ctx.acme.as_ref().map(|a| a.challenges()))?;
+    let tls_addr = bound.tls.first().and_then(|l| l.local_addr().ok());
+    if let Some(addr) = tls_addr {
         ctx.policy_state.tls_port.set(addr.port());
         tracing::info!("listening on https://{addr} with {workers_count} worker(s)");
     }
+    let h3 = match (main.http3, tls_addr, tls.as_mut()) {
+        (true, Some(addr), Some(side)) => Some(http3_side(addr, side)?),
+        _ => None,
+    };
     crate::control::start(&control, &main, ctx.reloader.snapshot.clone());
     crate::discovery::start(&control, ctx.reloader.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -328,6 +333,16 @@ pub fn run(
         what: "worker threads",
         source,
     })?;
+
+    let h3_thread = match h3 {
+        Some(side) => {
+            let serving = ctx.serving(&main);
+            let started =
+                server::h3::spawn(side, serving, limits(&main), main.threads, stop_rx.clone());
+            Some(started.map_err(|e| StartError::Config(format!("  http3: {e}\n")))?)
+        }
+        None => None,
+    };
 
     let offer = bound.offer.clone();
     let upgrade_sock = bound.upgrade_sock;
@@ -374,7 +389,7 @@ pub fn run(
         main.grace_period
     );
     let _ = stop_tx.send(true);
-    for worker in workers {
+    for worker in workers.into_iter().chain(h3_thread) {
         let _ = worker.join();
     }
     // The admin API and file server drained alongside the workers.
@@ -566,6 +581,23 @@ impl Signals {
     }
 }
 
+/// HTTP/3's UDP socket on the TLS listener's address, and `Alt-Svc` for the TLS listener.
+fn http3_side(
+    addr: std::net::SocketAddr,
+    side: &mut server::TlsSide,
+) -> Result<server::h3::H3Side, StartError> {
+    let socket =
+        server::h3::bind(addr).map_err(|e| StartError::Config(format!("  http3: {e}\n")))?;
+    let alt_svc = format!("h3=\":{}\"; ma=86400", addr.port());
+    side.alt_svc = http::HeaderValue::from_str(&alt_svc).ok();
+    tracing::info!("listening on h3://{addr} (HTTP/3 over QUIC)");
+    Ok(server::h3::H3Side {
+        socket,
+        resolver: side.resolver.clone(),
+        hsts: side.hsts,
+    })
+}
+
 /// The TLS acceptor of the proxy listener: certificates from the watched directory, the grade's
 /// suites, ALPN h2 + http/1.1. `None` when `proxy_address_tls` is not set.
 fn tls_acceptor(
@@ -617,11 +649,13 @@ fn tls_acceptor(
     } else {
         &[b"h2", b"http/1.1"]
     };
-    let config = crate::tls::server_config(resolver, main.proxy_tls_grade, alpn)
+    let config = crate::tls::server_config(resolver.clone(), main.proxy_tls_grade, alpn)
         .map_err(|e| StartError::Config(format!("  {e}\n")))?;
     control.spawn(crate::tls::watch(store));
     Ok(Some(server::TlsSide {
         acceptor: tokio_rustls::TlsAcceptor::from(config),
         hsts: main.proxy_tls_grade == crate::config::main_conf::TlsGrade::High,
+        resolver,
+        alt_svc: None,
     }))
 }

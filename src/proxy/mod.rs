@@ -16,12 +16,11 @@ use http::uri::PathAndQuery;
 use http::{Method, Request, Response, Uri, Version};
 use http_body::Body as _;
 use http_body_util::{Either, Full};
-use hyper::body::Incoming;
 
 use crate::upstream::balancer::{self, copy_head};
 use crate::upstream::{BackendSet, Outgoing, PooledBody, Timeouts};
 use crate::vocab::request_body::{BytesIn, RequestBody};
-use crate::vocab::{headers, request_host, token_param, ClientConn, ProxyError};
+use crate::vocab::{headers, request_host, token_param, ClientBody, ClientConn, ProxyError};
 
 /// The backend's body as it came, or compressed on the way (`layers::compress`).
 pub type BackendBody = Either<PooledBody, encode::Encoded<PooledBody>>;
@@ -55,7 +54,7 @@ impl Forwarder {
         conn: &ClientConn,
         backends: &BackendSet,
         rules: &HeaderRules,
-        mut req: Request<Incoming>,
+        mut req: Request<ClientBody>,
     ) -> Result<Response<RespBody>, ProxyError> {
         let client_upgrade = upgrade::take(&mut req);
         if client_upgrade.is_none() && req.method() == Method::CONNECT {
@@ -79,7 +78,7 @@ impl Forwarder {
 fn outgoing(
     conn: &ClientConn,
     rules: &HeaderRules,
-    req: Request<Incoming>,
+    req: Request<ClientBody>,
     upgrade: Option<&upgrade::UpgradeAsk>,
 ) -> Outgoing {
     let (mut parts, body) = req.into_parts();

@@ -10,7 +10,6 @@ use bytes::Bytes;
 use http::header::HeaderValue;
 use http::{Method, Request, Response, Version};
 use http_body_util::{Either, Full};
-use hyper::body::Incoming;
 
 use super::{Lookup, Snapshot};
 use crate::metrics::Metrics;
@@ -19,7 +18,7 @@ use crate::proxy::{Forwarder, RespBody};
 use crate::vocab::acme_challenges::Challenges;
 use crate::vocab::error::is_grpc;
 use crate::vocab::normalise;
-use crate::vocab::{ClientConn, ProxyError};
+use crate::vocab::{ClientBody, ClientConn, ProxyError};
 
 /// Routes requests with the snapshot in force; shared by every connection of every worker.
 pub struct Router {
@@ -60,7 +59,7 @@ impl Router {
     }
 
     /// Handles one request end to end; never fails (errors become responses).
-    pub async fn handle(&self, conn: &ClientConn, req: Request<Incoming>) -> Response<RespBody> {
+    pub async fn handle(&self, conn: &ClientConn, req: Request<ClientBody>) -> Response<RespBody> {
         let grpc = is_grpc(req.headers());
         if self.cluster_master {
             return self.refuse(conn, ProxyError::ClusterMaster, grpc);

@@ -9,6 +9,7 @@
 
 pub mod accept;
 mod h2_guard;
+pub mod h3;
 mod idle;
 pub mod listener;
 mod observe;
@@ -44,6 +45,10 @@ pub struct TlsSide {
     pub acceptor: tokio_rustls::TlsAcceptor,
     /// Add HSTS to TLS responses that lack it (grade `high`).
     pub hsts: bool,
+    /// The certificates (HTTP/3 serves the same ones).
+    pub resolver: Arc<dyn rustls::server::ResolvesServerCert>,
+    /// `Alt-Svc` on the TLS listener's responses (`h3=":PORT"; ma=86400` with HTTP/3 on).
+    pub alt_svc: Option<http::HeaderValue>,
 }
 
 /// What every worker's connections share: the router, and where requests are counted and
@@ -113,7 +118,7 @@ pub async fn serve_worker(
     });
     let request_ids = Arc::new(real_client::RequestIds::new());
     // The service of one proxy connection: every request through [`observe::answer`].
-    let proxy_service = |hsts: bool| {
+    let proxy_service = |hsts: bool, alt_svc: Option<http::HeaderValue>| {
         let (serving, tunnels) = (serving.clone(), tunnels.clone());
         let request_ids = request_ids.clone();
         move |info: ConnInfo| {
@@ -126,6 +131,7 @@ pub async fn serve_worker(
                 access_log: serving.access_log.clone(),
                 client,
                 hsts,
+                alt_svc: alt_svc.clone(),
                 trusted: serving.trusted.clone(),
                 request_ids: request_ids.clone(),
             });
@@ -140,7 +146,7 @@ pub async fn serve_worker(
         open: open.clone(),
         proxy_protocol: serving.proxy_protocol,
     };
-    let plain = plain_loop.run(proxy_service(false), shutdown.clone());
+    let plain = plain_loop.run(proxy_service(false, None), shutdown.clone());
     match tls {
         Some((listener, side)) => {
             let tls_loop = AcceptLoop {
@@ -151,7 +157,7 @@ pub async fn serve_worker(
                 open,
                 proxy_protocol: serving.proxy_protocol,
             };
-            let secure = tls_loop.run(proxy_service(side.hsts), shutdown);
+            let secure = tls_loop.run(proxy_service(side.hsts, side.alt_svc), shutdown);
             tokio::join!(plain, secure);
         }
         None => plain.await,

@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, STRICT_TRANSPORT_SECURITY};
+use http::header::{HeaderValue, ALT_SVC, STRICT_TRANSPORT_SECURITY};
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
@@ -23,7 +23,7 @@ use crate::metrics::Metrics;
 use crate::proxy::RespBody;
 use crate::routing::Router;
 use crate::upstream::ServedBy;
-use crate::vocab::ClientConn;
+use crate::vocab::{ClientBody, ClientConn};
 
 /// The client's response body, counting bytes for the access log.
 pub struct LoggedBody {
@@ -66,6 +66,8 @@ pub struct ConnCtx {
     pub client: ClientConn,
     /// Add `Strict-Transport-Security` to responses that lack it (TLS grade `high`).
     pub hsts: bool,
+    /// `Alt-Svc` for responses that lack it (the TLS listener, when HTTP/3 is on).
+    pub alt_svc: Option<HeaderValue>,
     pub trusted: Arc<TrustedProxies>,
     /// The worker's request id generator.
     pub request_ids: Arc<RequestIds>,
@@ -76,11 +78,11 @@ pub async fn answer(
     ctx: Arc<ConnCtx>,
     req: Request<Incoming>,
 ) -> Result<Response<LoggedBody>, Infallible> {
-    Ok(handle(&ctx, req).await)
+    Ok(handle(&ctx, req.map(ClientBody::from)).await)
 }
 
 /// Handles one request through the router, with metrics and the access log around it.
-pub async fn handle(ctx: &ConnCtx, mut req: Request<Incoming>) -> Response<LoggedBody> {
+pub async fn handle(ctx: &ConnCtx, mut req: Request<ClientBody>) -> Response<LoggedBody> {
     let (client, request_id) = real_client::identify(
         &ctx.trusted,
         &ctx.request_ids,
@@ -117,6 +119,11 @@ pub async fn handle(ctx: &ConnCtx, mut req: Request<Incoming>) -> Response<Logge
             STRICT_TRANSPORT_SECURITY,
             HeaderValue::from_static("max-age=31536000"),
         );
+    }
+    if let Some(alt_svc) = &ctx.alt_svc {
+        if !resp.headers().contains_key(ALT_SVC) {
+            resp.headers_mut().insert(ALT_SVC, alt_svc.clone());
+        }
     }
     resp.map(|inner| LoggedBody { inner, record })
 }

@@ -21,6 +21,7 @@ use std::time::Duration;
 use http::HeaderValue;
 
 pub use error::ProxyError;
+pub use request_body::ClientBody;
 
 /// Which worker thread serves a connection: the index of its listener, its slot in every
 /// backend's pool and its shard of the metrics. The one notion of worker identity.

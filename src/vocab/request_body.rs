@@ -2,7 +2,8 @@
 //! access log asked for them (`bytes_in`): [`BytesIn`] is the request extension that asks,
 //! [`RequestBody`] the body that counts. Without the extension nothing is counted and the body
 //! is the client's, frame for frame. The counter is held until the body is dropped, so whoever
-//! counts can tell when the request side is over.
+//! counts can tell when the request side is over. [`ClientBody`] is what a client connection
+//! hands the router: hyper's body (HTTP/1.1, HTTP/2) or an HTTP/3 stream's.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -10,7 +11,61 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
+
+/// An error of a client's body, whatever its protocol.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A client's request body: hyper's (HTTP/1.1, HTTP/2), or another protocol's stream (HTTP/3).
+pub enum ClientBody {
+    Hyper(Incoming),
+    Stream(UnsyncBoxBody<Bytes, BoxError>),
+}
+
+impl std::fmt::Debug for ClientBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClientBody::Hyper(inner) => inner.fmt(f),
+            ClientBody::Stream(_) => f.write_str("ClientBody::Stream"),
+        }
+    }
+}
+
+impl From<Incoming> for ClientBody {
+    fn from(body: Incoming) -> ClientBody {
+        ClientBody::Hyper(body)
+    }
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            ClientBody::Hyper(inner) => Pin::new(inner).poll_frame(cx).map_err(Into::into),
+            ClientBody::Stream(inner) => Pin::new(inner).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ClientBody::Hyper(inner) => inner.is_end_stream(),
+            ClientBody::Stream(inner) => inner.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ClientBody::Hyper(inner) => inner.size_hint(),
+            ClientBody::Stream(inner) => inner.size_hint(),
+        }
+    }
+}
 
 /// What counts a request's body bytes.
 pub trait BodyCounter: Send + Sync {
@@ -23,7 +78,7 @@ pub struct BytesIn(pub Arc<dyn BodyCounter>);
 
 /// The client's body, counted into a [`BytesIn`] when there is one.
 pub struct RequestBody {
-    inner: Incoming,
+    inner: ClientBody,
     counter: Option<Arc<dyn BodyCounter>>,
 }
 
@@ -37,7 +92,7 @@ impl std::fmt::Debug for RequestBody {
 }
 
 impl RequestBody {
-    pub fn new(inner: Incoming, counter: Option<BytesIn>) -> RequestBody {
+    pub fn new(inner: ClientBody, counter: Option<BytesIn>) -> RequestBody {
         RequestBody {
             inner,
             counter: counter.map(|c| c.0),
@@ -47,12 +102,12 @@ impl RequestBody {
 
 impl Body for RequestBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
         if let (Some(counter), Poll::Ready(Some(Ok(frame)))) = (&this.counter, &polled) {

@@ -1,0 +1,307 @@
+//! HTTP/3 on the TLS listener's port (`http3: true`): one QUIC endpoint (quinn) on UDP, shared
+//! by a runtime of its own with as many threads as there are workers, serving hyperium's h3.
+//! One endpoint rather than one per worker with SO_REUSEPORT: the kernel would hash a client
+//! that changed address (a connection migration) to another worker's socket, which does not
+//! know its connection.
+//!
+//! Each request enters the same [`observe::handle`] -> router -> layers -> proxy path as
+//! HTTP/1.1 and HTTP/2. The TLS side is the proxy listener's certificate store (hot reload
+//! applies to new connections), TLS 1.3 only (QUIC's), ALPN `h3`, no 0-RTT (replayable).
+//!
+//! Limits: `max_connections` QUIC connections at once (more are refused), the handshake
+//! within `client_header_timeout`, an idle connection closed after `client_idle_timeout`
+//! (QUIC's idle timeout), [`MAX_CLIENT_STREAMS`] requests at once per connection, headers of at
+//! most `max_header_bytes`; quinn limits what an unvalidated address is sent (3x what it sent)
+//! and, past [`RETRY_ABOVE`] handshakes in progress, new clients must first prove their address
+//! (a stateless retry). Shutdown sends GOAWAY on every connection and lets its requests finish
+//! within the grace period.
+
+mod stream;
+
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use rustls::server::ResolvesServerCert;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use super::observe::ConnCtx;
+use super::real_client::RequestIds;
+use super::{Limits, Serving, MAX_CLIENT_STREAMS};
+use crate::vocab::{ClientConn, TlsFacts, WorkerId};
+
+/// Handshakes in progress past which a new client must first prove its address.
+pub const RETRY_ABOVE: usize = 64;
+
+/// Why HTTP/3 could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum H3Error {
+    #[error("the QUIC TLS configuration: {0}")]
+    Tls(String),
+    #[error("the UDP socket {addr}: {source}")]
+    Socket {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// The rustls side of QUIC: the proxy listener's certificates, TLS 1.3, ALPN `h3`, no 0-RTT.
+fn quic_server_config(
+    resolver: Arc<dyn ResolvesServerCert>,
+    limits: &Limits,
+) -> Result<quinn::ServerConfig, H3Error> {
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| H3Error::Tls(e.to_string()))?
+        .with_no_client_auth()
+        .with_cert_resolver(resolver);
+    tls.alpn_protocols = vec![b"h3".to_vec()];
+    tls.max_early_data_size = 0;
+    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls)
+        .map_err(|e| H3Error::Tls(e.to_string()))?;
+    let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    let mut transport = quinn::TransportConfig::default();
+    transport
+        .max_concurrent_bidi_streams(MAX_CLIENT_STREAMS.into())
+        // The client's control stream and its two QPACK streams, and a spare.
+        .max_concurrent_uni_streams(4u32.into())
+        .max_idle_timeout(limits.idle_timeout.try_into().ok());
+    config.transport_config(Arc::new(transport));
+    config.migration(true);
+    Ok(config)
+}
+
+/// Binds `addr` over UDP (the TLS listener's address and port).
+pub fn bind(addr: SocketAddr) -> Result<UdpSocket, H3Error> {
+    UdpSocket::bind(addr).map_err(|source| H3Error::Socket { addr, source })
+}
+
+/// What the HTTP/3 side needs from start-up.
+pub struct H3Side {
+    pub socket: UdpSocket,
+    pub resolver: Arc<dyn ResolvesServerCert>,
+    /// Add HSTS to responses that lack it (grade `high`), as on the TLS listener.
+    pub hsts: bool,
+}
+
+/// Starts HTTP/3 on a thread of its own; it returns once `shutdown` turned true and its
+/// connections drained (or the grace period ran out).
+pub fn spawn(
+    side: H3Side,
+    serving: Serving,
+    limits: Limits,
+    threads: usize,
+    shutdown: watch::Receiver<bool>,
+) -> Result<std::thread::JoinHandle<()>, H3Error> {
+    let config = quic_server_config(side.resolver, &limits)?;
+    let addr = side.socket.local_addr().map_err(|source| H3Error::Socket {
+        addr: ([0, 0, 0, 0], 0).into(),
+        source,
+    })?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.max(1))
+        .thread_name("aralez-h3")
+        .enable_all()
+        .build()
+        .map_err(|source| H3Error::Socket { addr, source })?;
+    let endpoint = {
+        let _inside = runtime.enter();
+        let quic_runtime = quinn::default_runtime()
+            .ok_or_else(|| H3Error::Tls("no async runtime for QUIC".into()))?;
+        quinn::Endpoint::new(
+            quinn::EndpointConfig::default(),
+            Some(config),
+            side.socket,
+            quic_runtime,
+        )
+        .map_err(|source| H3Error::Socket { addr, source })?
+    };
+    std::thread::Builder::new()
+        .name("aralez-h3".into())
+        .spawn(move || runtime.block_on(serve(endpoint, serving, limits, side.hsts, shutdown)))
+        .map_err(|source| H3Error::Socket { addr, source })
+}
+
+/// Accepts connections until shutdown, then drains them.
+async fn serve(
+    endpoint: quinn::Endpoint,
+    serving: Serving,
+    limits: Limits,
+    hsts: bool,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let open = Arc::new(AtomicUsize::new(0));
+    let handshaking = Arc::new(AtomicUsize::new(0));
+    let request_ids = Arc::new(RequestIds::new());
+    let mut connections = JoinSet::new();
+    loop {
+        let incoming = tokio::select! {
+            incoming = endpoint.accept() => incoming,
+            () = until_stopped(&mut shutdown) => break,
+        };
+        let Some(incoming) = incoming else { break };
+        if open.load(Ordering::Relaxed) >= limits.max_connections {
+            incoming.refuse();
+            continue;
+        }
+        if handshaking.load(Ordering::Relaxed) >= RETRY_ABOVE
+            && !incoming.remote_address_validated()
+        {
+            let _ = incoming.retry();
+            continue;
+        }
+        let conn = Accepted {
+            serving: serving.clone(),
+            limits: limits.clone(),
+            open: open.clone(),
+            handshaking: handshaking.clone(),
+            request_ids: request_ids.clone(),
+            hsts,
+        };
+        connections.spawn(conn.serve(incoming, shutdown.clone()));
+        // Reap what finished, so the set holds only live connections.
+        while connections.try_join_next().is_some() {}
+    }
+    let drained = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(limits.grace_period, drained)
+        .await
+        .is_err()
+    {
+        connections.abort_all();
+    }
+    endpoint.close(0u32.into(), b"shutting down");
+    let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
+}
+
+/// Returns once `shutdown` is true (the guard `wait_for` gives is dropped here).
+async fn until_stopped(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}
+
+/// One accepted QUIC connection and what it shares with the others.
+struct Accepted {
+    serving: Serving,
+    limits: Limits,
+    open: Arc<AtomicUsize>,
+    handshaking: Arc<AtomicUsize>,
+    request_ids: Arc<RequestIds>,
+    hsts: bool,
+}
+
+/// Gives a place back in a shared count when dropped.
+struct Held(Arc<AtomicUsize>);
+
+impl Held {
+    fn take(count: &Arc<AtomicUsize>) -> Held {
+        count.fetch_add(1, Ordering::Relaxed);
+        Held(count.clone())
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Accepted {
+    async fn serve(self, incoming: quinn::Incoming, mut shutdown: watch::Receiver<bool>) {
+        let _open = Held::take(&self.open);
+        let peer = incoming.remote_address();
+        let handshake = {
+            let _handshaking = Held::take(&self.handshaking);
+            let connecting = match incoming.accept() {
+                Ok(connecting) => connecting,
+                Err(e) => {
+                    tracing::debug!(%peer, "http/3: refused: {e}");
+                    return;
+                }
+            };
+            tokio::time::timeout(self.limits.header_timeout, connecting).await
+        };
+        let conn = match handshake {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) => {
+                tracing::debug!(%peer, "http/3: handshake failed: {e}");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(%peer, "http/3: no handshake within {:?}", self.limits.header_timeout);
+                return;
+            }
+        };
+        let ctx = Arc::new(self.context(&conn, peer));
+        let built = h3::server::builder()
+            .max_field_section_size(self.limits.max_header_bytes as u64)
+            .build::<_, Bytes>(h3_quinn::Connection::new(conn))
+            .await;
+        let mut h3 = match built {
+            Ok(h3) => h3,
+            Err(e) => {
+                tracing::debug!(%peer, "http/3: the connection did not start: {e}");
+                return;
+            }
+        };
+        let mut requests = JoinSet::new();
+        let mut closing = false;
+        loop {
+            let accepted = tokio::select! {
+                accepted = h3.accept() => accepted,
+                () = until_stopped(&mut shutdown), if !closing => {
+                    closing = true;
+                    // GOAWAY: no new requests; the ones in flight finish.
+                    let _ = h3.shutdown(0).await;
+                    continue;
+                }
+            };
+            match accepted {
+                Ok(Some(resolver)) => {
+                    let ctx = ctx.clone();
+                    requests.spawn(async move {
+                        match resolver.resolve_request().await {
+                            Ok((head, stream)) => stream::answer(ctx, head, stream).await,
+                            Err(e) => tracing::debug!("http/3: a request head was refused: {e}"),
+                        }
+                    });
+                    while requests.try_join_next().is_some() {}
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::debug!(%peer, "http/3: connection ended: {e}");
+                    break;
+                }
+            }
+        }
+        while requests.join_next().await.is_some() {}
+    }
+
+    /// What every request of the connection shares (as a TLS listener's connection would).
+    fn context(&self, conn: &quinn::Connection, peer: SocketAddr) -> ConnCtx {
+        let sni = conn
+            .handshake_data()
+            .and_then(|data| data.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
+            .and_then(|data| data.server_name)
+            .map(Arc::<str>::from);
+        let serving = &self.serving;
+        let mut client = ClientConn::new(peer, true, WorkerId(usize::MAX));
+        client.trusted = serving.trusted.trusts(peer.ip());
+        client.tls_facts = TlsFacts {
+            version: Some("TLSv1.3"),
+            sni,
+        };
+        ConnCtx {
+            router: serving.router.clone(),
+            metrics: serving.metrics.clone(),
+            access_log: serving.access_log.clone(),
+            client,
+            hsts: self.hsts,
+            alt_svc: None,
+            trusted: serving.trusted.clone(),
+            request_ids: self.request_ids.clone(),
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! One HTTP/3 request stream: its head and body become a `Request<ClientBody>` for the same
+//! [`observe::handle`] every listener's requests go through, and the answer's head, body and
+//! trailers go back on the stream as they come (flow control is QUIC's: a slow client holds
+//! the body where it is, a bounded window at a time).
+
+use std::sync::Arc;
+
+use bytes::{Buf, Bytes};
+use futures_util::StreamExt as _;
+use h3::server::RequestStream;
+use http::{header, HeaderMap, Method, Request, Response, Version};
+use http_body::Frame;
+use http_body_util::{BodyExt, StreamBody};
+
+use crate::server::observe::{self, ConnCtx};
+use crate::vocab::request_body::BoxError;
+use crate::vocab::ClientBody;
+
+type Send = RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
+type Recv = RequestStream<h3_quinn::RecvStream, Bytes>;
+
+/// Answers one request; whatever goes wrong on the stream ends only that stream.
+pub async fn answer(
+    ctx: Arc<ConnCtx>,
+    head: Request<()>,
+    stream: RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>,
+) {
+    let (mut send, recv) = stream.split();
+    let (mut parts, ()) = head.into_parts();
+    parts.version = Version::HTTP_3;
+    let body = request_body(&parts.method, &parts.headers, recv);
+    let resp = observe::handle(&ctx, Request::from_parts(parts, body)).await;
+    if let Err(e) = respond(&mut send, resp).await {
+        tracing::debug!("http/3: the answer did not reach the client: {e}");
+    }
+}
+
+/// The client's body: none for a GET or HEAD that announces none (as HTTP/1.1 reads it: no
+/// `Content-Length`, no body), else the stream's DATA frames and then its trailers.
+fn request_body(method: &Method, headers: &HeaderMap, recv: Recv) -> ClientBody {
+    let length = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let bodiless =
+        length == Some(0) || (length.is_none() && matches!(*method, Method::GET | Method::HEAD));
+    if bodiless {
+        let empty = http_body_util::Empty::<Bytes>::new().map_err(|never| match never {});
+        return ClientBody::Stream(empty.boxed_unsync());
+    }
+    let frames = futures_util::stream::unfold(Some(recv), |recv| async move {
+        let mut recv = recv?;
+        match recv.recv_data().await {
+            Ok(Some(mut data)) => {
+                let bytes = data.copy_to_bytes(data.remaining());
+                Some((Ok(Frame::data(bytes)), Some(recv)))
+            }
+            Ok(None) => match recv.recv_trailers().await {
+                Ok(Some(trailers)) => Some((Ok(Frame::trailers(trailers)), None)),
+                Ok(None) => None,
+                Err(e) => Some((Err(BoxError::from(e)), None)),
+            },
+            Err(e) => Some((Err(BoxError::from(e)), None)),
+        }
+    });
+    ClientBody::Stream(StreamBody::new(frames.boxed()).boxed_unsync())
+}
+
+/// Sends the head, then each frame of the body, then finishes the stream.
+async fn respond(send: &mut Send, resp: Response<observe::LoggedBody>) -> Result<(), BoxError> {
+    let (mut parts, mut body) = resp.into_parts();
+    // Connection-specific fields have no place in HTTP/3 (RFC 9114 §4.2).
+    for name in [
+        header::CONNECTION,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        http::HeaderName::from_static("keep-alive"),
+        http::HeaderName::from_static("proxy-connection"),
+    ] {
+        parts.headers.remove(name);
+    }
+    send.send_response(Response::from_parts(parts, ())).await?;
+    while let Some(frame) = body.frame().await {
+        let frame = frame?;
+        match frame.into_data() {
+            Ok(data) if data.is_empty() => {}
+            Ok(data) => send.send_data(data).await?,
+            Err(frame) => {
+                if let Ok(trailers) = frame.into_trailers() {
+                    send.send_trailers(trailers).await?;
+                    return Ok(());
+                }
+            }
+        }
+    }
+    send.finish().await?;
+    Ok(())
+}

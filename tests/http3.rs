@@ -1,0 +1,329 @@
+//! HTTP/3 (`http3: true`) through the real binary: quinn + h3 as a client here, and aioquic (a
+//! Python HTTP/3 stack from PyPI, `tests/h3/h3_client.py`) as an independent one. Routes,
+//! policies and backends are the ones HTTP/1.1 and HTTP/2 use; the TLS listener's certificates
+//! (replaced while running); `Alt-Svc` on the TCP TLS listener; metrics and the access log say
+//! HTTP/3; SIGTERM lets a request in flight finish.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf, Bytes};
+use http::{Method, Request};
+use support::tools::{self, Tool};
+use support::*;
+
+const AIOQUIC: Tool = Tool {
+    env: "ARALEZ_H3_PYTHON",
+    installed: "target/judges/h3venv/bin/python",
+    on_path: &["aioquic-python"],
+};
+
+/// A proxy with HTTP/3 on, certificates for `h3.test` from a test CA, routes to `backend`
+/// (`/private` behind an API key).
+struct H3Proxy {
+    proxy: ProxyProcess,
+    pki: TestPki,
+    certs: tempfile::TempDir,
+    quic: SocketAddr,
+    tls: SocketAddr,
+}
+
+impl H3Proxy {
+    fn start(backend: &Backend) -> H3Proxy {
+        let pki = test_pki(&["h3.test", "other.test"]);
+        let certs = tempfile::tempdir().expect("certificate dir");
+        std::fs::write(certs.path().join("h3.test.crt"), &pki.leaf_pem).expect("write cert");
+        std::fs::write(certs.path().join("h3.test.key"), &pki.leaf_key_pem).expect("write key");
+        let yaml = Upstreams::new()
+            .host(
+                "h3.test",
+                Host::new()
+                    .path("/", Path::servers(&[backend]).healthcheck(false))
+                    .path(
+                        "/private",
+                        Path::servers(&[backend])
+                            .healthcheck(false)
+                            .authorization_data("apikey", "s3cret"),
+                    ),
+            )
+            .render();
+        let main = format!(
+            "proxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"\nhttp3: true\nconfig_address: \"127.0.0.1:0\"\nmaster_key: \"k\"\naccess_log: all\n",
+            certs.path().display()
+        );
+        let proxy = ProxyProcess::start(&yaml, &main);
+        let quic = proxy.logged_addr("listening on h3://");
+        let tls = proxy.logged_addr("listening on https://");
+        H3Proxy {
+            proxy,
+            pki,
+            certs,
+            quic,
+            tls,
+        }
+    }
+
+    /// A QUIC connection and its h3 client, trusting `roots`.
+    async fn connect(&self, roots: &[rustls_pki_types::CertificateDer<'static>]) -> H3Client {
+        self.try_connect(roots).await.expect("an HTTP/3 connection")
+    }
+
+    /// [`connect`](Self::connect), `None` when the handshake fails.
+    async fn try_connect(
+        &self,
+        roots: &[rustls_pki_types::CertificateDer<'static>],
+    ) -> Option<H3Client> {
+        let mut store = rustls::RootCertStore::empty();
+        for root in roots {
+            store.add(root.clone()).expect("root");
+        }
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .expect("TLS 1.3")
+            .with_root_certificates(store)
+            .with_no_client_auth();
+        tls.alpn_protocols = vec![b"h3".to_vec()];
+        let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).expect("QUIC TLS");
+        let mut endpoint = quinn::Endpoint::client(([127, 0, 0, 1], 0).into()).expect("endpoint");
+        endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
+        let conn = endpoint.connect(self.quic, "h3.test").ok()?.await.ok()?;
+        let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(conn.clone()))
+            .await
+            .ok()?;
+        let driving = tokio::spawn(async move {
+            let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
+        });
+        Some((endpoint, send, driving, conn))
+    }
+}
+
+/// A client endpoint, its h3 requests, the task driving the connection, the connection.
+type H3Client = (
+    quinn::Endpoint,
+    h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>,
+    tokio::task::JoinHandle<()>,
+    quinn::Connection,
+);
+
+/// One request; the status, headers and whole body.
+async fn exchange(
+    send: &mut h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>,
+    method: Method,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Bytes,
+) -> (u16, http::HeaderMap, Bytes) {
+    let mut req = Request::builder()
+        .method(method)
+        .uri(format!("https://h3.test{path}"));
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    if !body.is_empty() {
+        req = req.header("content-length", body.len());
+    }
+    let stream = send
+        .send_request(req.body(()).expect("request"))
+        .await
+        .expect("send request");
+    // The body goes up while the answer comes down (an echo answers as it reads).
+    let (mut up, mut stream) = stream.split();
+    let sending = tokio::spawn(async move {
+        if !body.is_empty() {
+            up.send_data(body).await.expect("send body");
+        }
+        up.finish().await.expect("finish");
+    });
+    let resp = stream.recv_response().await.expect("response");
+    let mut got = Vec::new();
+    while let Some(mut chunk) = stream.recv_data().await.expect("body") {
+        got.extend_from_slice(&chunk.copy_to_bytes(chunk.remaining()));
+    }
+    sending.await.expect("the body went up");
+    (
+        resp.status().as_u16(),
+        resp.headers().clone(),
+        Bytes::from(got),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_over_http3_take_the_same_routes_policies_and_backends() {
+    let backend = Backend::start("h3-backend").await;
+    let h3 = H3Proxy::start(&backend);
+    let (endpoint, mut send, _driving, _conn) = h3.connect(std::slice::from_ref(&h3.pki.ca)).await;
+
+    let (status, headers, body) =
+        exchange(&mut send, Method::GET, "/hello", &[], Bytes::new()).await;
+    assert_eq!(status, 200);
+    assert_eq!(&body[..], b"h3-backend");
+    assert_eq!(headers["x-seen-fwd-host"], "h3.test");
+    assert_eq!(headers["x-seen-proto"], "https");
+
+    // A 10 MiB body both ways, streamed.
+    let big = Bytes::from(vec![7u8; 10 << 20]);
+    let (status, _, echoed) = exchange(&mut send, Method::POST, "/echo", &[], big.clone()).await;
+    assert_eq!((status, echoed.len()), (200, big.len()));
+    assert!(echoed == big);
+
+    // The client moves to another UDP port (a connection migration): the connection goes on.
+    let moved = std::net::UdpSocket::bind("127.0.0.1:0").expect("a new UDP socket");
+    endpoint.rebind(moved).expect("rebind");
+    let (status, _, body) = exchange(&mut send, Method::GET, "/moved", &[], Bytes::new()).await;
+    assert_eq!((status, &body[..]), (200, &b"h3-backend"[..]));
+
+    // The route's policy refuses without the key, lets the key through.
+    let (status, _, _) = exchange(&mut send, Method::GET, "/private/x", &[], Bytes::new()).await;
+    assert_eq!(status, 403);
+    let key = [("x-api-key", "s3cret")];
+    let (status, _, _) = exchange(&mut send, Method::GET, "/private/x", &key, Bytes::new()).await;
+    assert_eq!(status, 200);
+
+    // 100 requests at once on the one connection.
+    let streams = (0..100).map(|i| {
+        let mut send = send.clone();
+        async move {
+            exchange(
+                &mut send,
+                Method::GET,
+                &format!("/n/{i}"),
+                &[],
+                Bytes::new(),
+            )
+            .await
+            .0
+        }
+    });
+    let statuses = futures_util::future::join_all(streams).await;
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+
+    // An unknown host is the router's 404, as on every listener.
+    let (status, _, _) = {
+        let req = Request::get("https://nobody.test/")
+            .body(())
+            .expect("request");
+        let mut stream = send.send_request(req).await.expect("send");
+        stream.finish().await.expect("finish");
+        let resp = stream.recv_response().await.expect("response");
+        (resp.status().as_u16(), (), ())
+    };
+    assert_eq!(status, 404);
+
+    // Metrics and the access log say HTTP/3.
+    let admin = h3.proxy.logged_addr("admin API on http://");
+    let served = metric(
+        admin,
+        "aralez_requests_total{method=\"GET\",version=\"HTTP/3\"}",
+    )
+    .await;
+    assert!(served.is_some_and(|n| n >= 104.0), "{served:?}");
+    assert!(
+        h3.proxy
+            .wait_log_count("version=HTTP/3.0", 104, Duration::from_secs(5))
+            .await,
+        "{}",
+        h3.proxy.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tls_listener_advertises_http3_and_new_connections_get_a_replaced_certificate() {
+    let backend = Backend::start("h3-backend").await;
+    let h3 = H3Proxy::start(&backend);
+    // Alt-Svc on HTTP/1.1 and HTTP/2 over TLS.
+    for alpn in [&b"http/1.1"[..], b"h2"] {
+        let config = tls_client_config(std::slice::from_ref(&h3.pki.ca), &[alpn]);
+        let mut client = Client::connect_tls(h3.tls, "h3.test", config).await;
+        let resp = client.get("h3.test", "/").await;
+        let want = format!("h3=\":{}\"; ma=86400", h3.quic.port());
+        assert_eq!(resp.headers()["alt-svc"], want.as_str());
+    }
+    // A new pair from another CA replaces the served one: new QUIC connections get it.
+    let fresh = test_pki(&["h3.test"]);
+    std::fs::write(h3.certs.path().join("h3.test.key"), &fresh.leaf_key_pem).expect("key");
+    std::fs::write(h3.certs.path().join("h3.test.crt"), &fresh.leaf_pem).expect("cert");
+    let switched = eventually_async(Duration::from_secs(10), || async {
+        let roots = std::slice::from_ref(&fresh.ca);
+        let attempt = tokio::time::timeout(Duration::from_secs(2), h3.try_connect(roots)).await;
+        attempt.ok().flatten()
+    })
+    .await;
+    let (_endpoint, mut send, _driving, _conn) = switched.expect("the new certificate is served");
+    let (status, _, _) = exchange(&mut send, Method::GET, "/", &[], Bytes::new()).await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_an_http3_request_in_flight_finish() {
+    let backend = Backend::start("h3-backend").await;
+    let h3 = H3Proxy::start(&backend);
+    let (_endpoint, mut send, _driving, _conn) = h3.connect(std::slice::from_ref(&h3.pki.ca)).await;
+    let slow = tokio::spawn(async move {
+        exchange(&mut send, Method::GET, "/slow/1500", &[], Bytes::new()).await
+    });
+    assert!(eventually_async(Duration::from_secs(5), || async {
+        (backend.requests() >= 1).then_some(())
+    })
+    .await
+    .is_some());
+    h3.proxy.signal(nix::sys::signal::Signal::SIGTERM);
+    let (status, _, body) = slow.await.expect("the slow request");
+    assert_eq!((status, &body[..]), (200, &b"h3-backend"[..]));
+}
+
+#[tokio::test]
+async fn an_independent_client_aioquic_gets_the_same_answers() {
+    let Some(python) = tools::find(&AIOQUIC) else {
+        return;
+    };
+    let backend = Backend::start("h3-backend").await;
+    let h3 = H3Proxy::start(&backend);
+    let ca = h3.certs.path().join("ca.pem");
+    std::fs::write(&ca, &h3.pki.ca_pem).expect("write CA");
+    let mut requests = vec![
+        serde_json::json!({"method": "GET", "path": "/", "authority": "h3.test"}),
+        serde_json::json!({"method": "POST", "path": "/echo", "authority": "h3.test", "body_size": 10 << 20}),
+        serde_json::json!({"method": "GET", "path": "/private", "authority": "h3.test"}),
+        serde_json::json!({"method": "GET", "path": "/", "authority": "nobody.test"}),
+    ];
+    for i in 0..100 {
+        requests.push(
+            serde_json::json!({"method": "GET", "path": format!("/n/{i}"), "authority": "h3.test"}),
+        );
+    }
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/h3/h3_client.py");
+    let port = h3.quic.port().to_string();
+    let requests = serde_json::Value::Array(requests).to_string();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python)
+            .arg(script)
+            .args(["127.0.0.1", &port, "h3.test"])
+            .arg(&ca)
+            .arg(requests)
+            .output()
+            .expect("run the aioquic client")
+    })
+    .await
+    .expect("client");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(result["alpn"], "h3");
+    let answers = result["answers"].as_array().expect("answers");
+    assert_eq!(answers[0]["status"], 200, "{}", answers[0]);
+    assert_eq!(answers[0]["body_head"], "h3-backend");
+    assert_eq!(answers[1]["status"], 200, "{}", answers[1]);
+    assert_eq!(answers[1]["body_len"], 10 << 20);
+    assert_eq!(answers[1]["body_sha256"], answers[1]["sent_sha256"]);
+    assert_eq!(answers[2]["status"], 403, "{}", answers[2]);
+    assert_eq!(answers[3]["status"], 404, "{}", answers[3]);
+    assert!(answers[4..].iter().all(|a| a["status"] == 200), "{text}");
+}
