@@ -33,6 +33,11 @@ struct H3Proxy {
 
 impl H3Proxy {
     fn start(backend: &Backend) -> H3Proxy {
+        H3Proxy::start_with(backend, "")
+    }
+
+    /// [`start`](Self::start) with more main.yaml lines.
+    fn start_with(backend: &Backend, extra: &str) -> H3Proxy {
         let pki = test_pki(&["h3.test", "other.test"]);
         let certs = tempfile::tempdir().expect("certificate dir");
         std::fs::write(certs.path().join("h3.test.crt"), &pki.leaf_pem).expect("write cert");
@@ -51,7 +56,7 @@ impl H3Proxy {
             )
             .render();
         let main = format!(
-            "proxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"\nhttp3: true\nconfig_address: \"127.0.0.1:0\"\nmaster_key: \"k\"\naccess_log: all\n",
+            "proxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"\nhttp3: true\nconfig_address: \"127.0.0.1:0\"\nmaster_key: \"k\"\naccess_log: all\n{extra}",
             certs.path().display()
         );
         let proxy = ProxyProcess::start(&yaml, &main);
@@ -76,6 +81,16 @@ impl H3Proxy {
         &self,
         roots: &[rustls_pki_types::CertificateDer<'static>],
     ) -> Option<H3Client> {
+        connect_to(self.quic, roots).await
+    }
+}
+
+/// An HTTP/3 connection to `quic` for `h3.test`, trusting `roots`; `None` when it fails.
+async fn connect_to(
+    quic: SocketAddr,
+    roots: &[rustls_pki_types::CertificateDer<'static>],
+) -> Option<H3Client> {
+    {
         let mut store = rustls::RootCertStore::empty();
         for root in roots {
             store.add(root.clone()).expect("root");
@@ -90,7 +105,7 @@ impl H3Proxy {
         let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).expect("QUIC TLS");
         let mut endpoint = quinn::Endpoint::client(([127, 0, 0, 1], 0).into()).expect("endpoint");
         endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
-        let conn = endpoint.connect(self.quic, "h3.test").ok()?.await.ok()?;
+        let conn = endpoint.connect(quic, "h3.test").ok()?.await.ok()?;
         let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(conn.clone()))
             .await
             .ok()?;
@@ -326,4 +341,84 @@ async fn an_independent_client_aioquic_gets_the_same_answers() {
     assert_eq!(answers[2]["status"], 403, "{}", answers[2]);
     assert_eq!(answers[3]["status"], 404, "{}", answers[3]);
     assert!(answers[4..].iter().all(|a| a["status"] == 200), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_upgrade_hands_the_quic_socket_over_and_no_request_is_lost() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let backend = Backend::start("h3-backend").await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let sock = dir.path().join("upgrade.sock");
+    let extra = format!(
+        "upgrade_sock: \"{}\"\ngrace_period_seconds: 10\n",
+        sock.display()
+    );
+    let mut h3 = H3Proxy::start_with(&backend, &extra);
+    let (stop, ok, failed) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    // A client that opens a fresh connection for every request.
+    let client = {
+        let (stop, ok, failed) = (stop.clone(), ok.clone(), failed.clone());
+        let (quic, ca) = (h3.quic, h3.pki.ca.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let attempt = tokio::time::timeout(Duration::from_secs(15), async {
+                    let (_endpoint, mut send, _driving, conn) =
+                        connect_to(quic, std::slice::from_ref(&ca)).await?;
+                    let req = Request::get("https://h3.test/").body(()).ok()?;
+                    let mut stream = send.send_request(req).await.ok()?;
+                    stream.finish().await.ok()?;
+                    let status = stream.recv_response().await.ok()?.status();
+                    while stream.recv_data().await.ok()?.is_some() {}
+                    conn.close(0u32.into(), b"done");
+                    Some(status)
+                })
+                .await;
+                match attempt {
+                    Ok(Some(status)) if status == 200 => ok.fetch_add(1, Ordering::Relaxed),
+                    _ => failed.fetch_add(1, Ordering::Relaxed),
+                };
+            }
+        })
+    };
+    let served = |n: usize| {
+        let ok = ok.clone();
+        async move {
+            eventually_async(Duration::from_secs(20), || async {
+                (ok.load(Ordering::Relaxed) >= n).then_some(())
+            })
+            .await
+            .is_some()
+        }
+    };
+    assert!(served(20).await, "{}", h3.proxy.log_text());
+    let conf = h3.proxy.path("main.yaml");
+    let new = tokio::task::block_in_place(|| ProxyProcess::spawn_args(&conf, &["-u"]));
+    assert!(new.log_text().contains("received"), "{}", new.log_text());
+    let before = ok.load(Ordering::Relaxed);
+    h3.proxy.signal(nix::sys::signal::Signal::SIGQUIT);
+    let status = tokio::task::block_in_place(|| h3.proxy.wait_exit(Duration::from_secs(15)));
+    assert_eq!(
+        status.map(|s| s.code()),
+        Some(Some(0)),
+        "{}",
+        h3.proxy.log_text()
+    );
+    // The new instance answers HTTP/3 on the same port now.
+    assert!(served(before + 20).await, "{}", new.log_text());
+    stop.store(true, Ordering::Relaxed);
+    client.await.expect("client");
+    assert_eq!(
+        failed.load(Ordering::Relaxed),
+        0,
+        "{}\n---\n{}",
+        h3.proxy.log_text(),
+        new.log_text()
+    );
+    assert!(new
+        .log_text()
+        .contains("the previous instance exited; serving HTTP/3"));
 }

@@ -270,7 +270,7 @@ pub fn run(
     raise_open_files_limit();
     let ctx = Context::build(&main, upstreams, app_log.as_ref())?;
 
-    let bound = sockets::open(&main, options.upgrade)?;
+    let mut bound = sockets::open(&main, options.upgrade)?;
     let pid_file =
         pidfile::PidFile::write(&main.pid_file).map_err(|source| StartError::PidFile {
             path: main.pid_file.display().to_string(),
@@ -309,8 +309,8 @@ pub fn run(
         ctx.policy_state.tls_port.set(addr.port());
         tracing::info!("listening on https://{addr} with {workers_count} worker(s)");
     }
-    let h3 = match (main.http3, tls_addr, tls.as_mut()) {
-        (true, Some(addr), Some(side)) => Some(http3_side(addr, side)?),
+    let h3 = match (bound.quic.take(), tls.as_mut()) {
+        (Some(socket), Some(side)) => Some(http3_side(socket, bound.quic_owner, side)),
         _ => None,
     };
     crate::control::start(&control, &main, ctx.reloader.snapshot.clone());
@@ -581,21 +581,25 @@ impl Signals {
     }
 }
 
-/// HTTP/3's UDP socket on the TLS listener's address, and `Alt-Svc` for the TLS listener.
+/// HTTP/3's side (its UDP socket, the TLS listener's certificates), and `Alt-Svc` for the TLS
+/// listener.
 fn http3_side(
-    addr: std::net::SocketAddr,
+    socket: std::net::UdpSocket,
+    previous_owner: Option<i32>,
     side: &mut server::TlsSide,
-) -> Result<server::h3::H3Side, StartError> {
-    let socket =
-        server::h3::bind(addr).map_err(|e| StartError::Config(format!("  http3: {e}\n")))?;
-    let alt_svc = format!("h3=\":{}\"; ma=86400", addr.port());
+) -> server::h3::H3Side {
+    let port = socket.local_addr().map_or(0, |a| a.port());
+    let alt_svc = format!("h3=\":{port}\"; ma=86400");
     side.alt_svc = http::HeaderValue::from_str(&alt_svc).ok();
-    tracing::info!("listening on h3://{addr} (HTTP/3 over QUIC)");
-    Ok(server::h3::H3Side {
+    if let Ok(addr) = socket.local_addr() {
+        tracing::info!("listening on h3://{addr} (HTTP/3 over QUIC)");
+    }
+    server::h3::H3Side {
         socket,
         resolver: side.resolver.clone(),
         hsts: side.hsts,
-    })
+        previous_owner,
+    }
 }
 
 /// The TLS acceptor of the proxy listener: certificates from the watched directory, the grade's

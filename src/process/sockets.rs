@@ -20,6 +20,11 @@ pub struct Bound {
     pub upgrade_sock: Option<UpgradeSock>,
     /// Duplicates of every listener, handed to a new process on a live upgrade.
     pub offer: Offer,
+    /// HTTP/3's UDP socket (`http3: true`), on the TLS listener's address.
+    pub quic: Option<std::net::UdpSocket>,
+    /// The process the QUIC socket came from on a live upgrade: it reads the socket until it
+    /// exits, and two readers would split each connection's packets between them.
+    pub quic_owner: Option<i32>,
 }
 
 /// Binds (or, with `upgrade`, receives from the running instance) every listener.
@@ -69,6 +74,7 @@ pub fn open(main: &MainConfig, upgrade: bool) -> Result<Bound, StartError> {
         }
     }
     let files = file_server(main, &mut inherited)?;
+    let (quic, quic_owner) = quic_socket(main, &tls, &mut inherited)?;
     if !inherited.names().is_empty() {
         tracing::warn!(
             "live upgrade: unused inherited sockets {:?}",
@@ -82,13 +88,15 @@ pub fn open(main: &MainConfig, upgrade: bool) -> Result<Bound, StartError> {
             None
         }
     };
-    let offer = offer(&http, &tls, files.as_ref().map(|(l, _)| l))?;
+    let offer = offer(&http, &tls, files.as_ref().map(|(l, _)| l), quic.as_ref())?;
     Ok(Bound {
         http,
         tls,
         files,
         upgrade_sock,
         offer,
+        quic,
+        quic_owner,
     })
 }
 
@@ -130,10 +138,31 @@ fn file_server(
     Ok(Some((listener, folder.clone())))
 }
 
+/// HTTP/3's UDP socket: inherited (with the process that still reads it), else bound on the
+/// TLS listener's address (its port, when the configured one is 0).
+fn quic_socket(
+    main: &MainConfig,
+    tls: &[TcpListener],
+    inherited: &mut Sockets,
+) -> Result<(Option<std::net::UdpSocket>, Option<i32>), StartError> {
+    if !main.http3 {
+        return Ok((None, None));
+    }
+    if let Some(socket) = inherited.take_udp(upgrade::QUIC) {
+        return Ok((Some(socket), inherited.from_pid()));
+    }
+    let Some(addr) = tls.first().and_then(|l| l.local_addr().ok()) else {
+        return Ok((None, None));
+    };
+    let socket = std::net::UdpSocket::bind(addr).map_err(|source| bind_error(addr, source))?;
+    Ok((Some(socket), None))
+}
+
 fn offer(
     http: &[TcpListener],
     tls: &[TcpListener],
     files: Option<&TcpListener>,
+    quic: Option<&std::net::UdpSocket>,
 ) -> Result<Offer, StartError> {
     let mut sockets = Sockets::default();
     let dup_error = |source| StartError::Runtime {
@@ -148,6 +177,9 @@ fn offer(
     }
     if let Some(listener) = files {
         sockets.add(upgrade::FILES, listener).map_err(dup_error)?;
+    }
+    if let Some(socket) = quic {
+        sockets.add_udp(upgrade::QUIC, socket).map_err(dup_error)?;
     }
     Ok(Arc::new(Mutex::new(Some(sockets))))
 }

@@ -23,6 +23,8 @@ pub const HTTP: &str = "http";
 pub const FILES: &str = "files";
 /// Name of the TLS proxy listeners in the hand-over.
 pub const TLS: &str = "tls";
+/// Name of HTTP/3's UDP socket in the hand-over.
+pub const QUIC: &str = "quic";
 
 const MAGIC: &str = "aralez-upgrade/1";
 /// At most this many sockets are handed over (the kernel's SCM_MAX_FD is 253).
@@ -45,9 +47,10 @@ pub enum UpgradeError {
     },
 }
 
-/// Listening sockets with their names, in the order they were handed over.
+/// Listening sockets with their names, in the order they were handed over, and the process
+/// that handed them (when they were received).
 #[derive(Debug, Default)]
-pub struct Sockets(Vec<(String, OwnedFd)>);
+pub struct Sockets(Vec<(String, OwnedFd)>, Option<i32>);
 
 impl Sockets {
     /// Adds a duplicate of `listener` under `name`.
@@ -55,6 +58,24 @@ impl Sockets {
         let dup = listener.try_clone()?;
         self.0.push((name.to_string(), OwnedFd::from(dup)));
         Ok(())
+    }
+
+    /// Adds a duplicate of the UDP `socket` under `name`.
+    pub fn add_udp(&mut self, name: &str, socket: &std::net::UdpSocket) -> std::io::Result<()> {
+        let dup = socket.try_clone()?;
+        self.0.push((name.to_string(), OwnedFd::from(dup)));
+        Ok(())
+    }
+
+    /// Takes the UDP socket named `name`.
+    pub fn take_udp(&mut self, name: &str) -> Option<std::net::UdpSocket> {
+        let at = self.0.iter().position(|(n, _)| n == name)?;
+        Some(std::net::UdpSocket::from(self.0.remove(at).1))
+    }
+
+    /// The process the sockets came from.
+    pub fn from_pid(&self) -> Option<i32> {
+        self.1
     }
 
     /// Takes every socket named `name`.
@@ -132,7 +153,7 @@ pub fn receive(path: &Path) -> Result<Sockets, UpgradeError> {
         )));
     }
     let pairs = names.into_iter().map(str::to_string).zip(fds).collect();
-    Ok(Sockets(pairs))
+    Ok(Sockets(pairs, Some(peer.pid())))
 }
 
 /// One `recvmsg`: the payload length and the descriptors that came with it.

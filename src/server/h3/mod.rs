@@ -33,6 +33,9 @@ use super::real_client::RequestIds;
 use super::{Limits, Serving, MAX_CLIENT_STREAMS};
 use crate::vocab::{ClientConn, TlsFacts, WorkerId};
 
+/// How long a finished connection waits for the client to close it.
+const LINGER: Duration = Duration::from_secs(2);
+
 /// Handshakes in progress past which a new client must first prove its address.
 pub const RETRY_ABOVE: usize = 64;
 
@@ -75,17 +78,14 @@ fn quic_server_config(
     Ok(config)
 }
 
-/// Binds `addr` over UDP (the TLS listener's address and port).
-pub fn bind(addr: SocketAddr) -> Result<UdpSocket, H3Error> {
-    UdpSocket::bind(addr).map_err(|source| H3Error::Socket { addr, source })
-}
-
 /// What the HTTP/3 side needs from start-up.
 pub struct H3Side {
     pub socket: UdpSocket,
     pub resolver: Arc<dyn ResolvesServerCert>,
     /// Add HSTS to responses that lack it (grade `high`), as on the TLS listener.
     pub hsts: bool,
+    /// After a live upgrade: the previous instance, which reads the socket until it exits.
+    pub previous_owner: Option<i32>,
 }
 
 /// Starts HTTP/3 on a thread of its own; it returns once `shutdown` turned true and its
@@ -108,22 +108,47 @@ pub fn spawn(
         .enable_all()
         .build()
         .map_err(|source| H3Error::Socket { addr, source })?;
-    let endpoint = {
-        let _inside = runtime.enter();
-        let quic_runtime = quinn::default_runtime()
-            .ok_or_else(|| H3Error::Tls("no async runtime for QUIC".into()))?;
-        quinn::Endpoint::new(
-            quinn::EndpointConfig::default(),
-            Some(config),
-            side.socket,
-            quic_runtime,
-        )
-        .map_err(|source| H3Error::Socket { addr, source })?
-    };
     std::thread::Builder::new()
         .name("aralez-h3".into())
-        .spawn(move || runtime.block_on(serve(endpoint, serving, limits, side.hsts, shutdown)))
+        .spawn(move || {
+            runtime.block_on(async move {
+                let mut shutdown = shutdown;
+                if let Some(pid) = side.previous_owner {
+                    tokio::select! {
+                        () = previous_exits(pid) => {}
+                        () = until_stopped(&mut shutdown) => return,
+                    }
+                }
+                let quic_runtime = match quinn::default_runtime() {
+                    Some(rt) => rt,
+                    None => return tracing::error!("http/3: no async runtime for QUIC"),
+                };
+                let endpoint = quinn::Endpoint::new(
+                    quinn::EndpointConfig::default(),
+                    Some(config),
+                    side.socket,
+                    quic_runtime,
+                );
+                match endpoint {
+                    Ok(endpoint) => serve(endpoint, serving, limits, side.hsts, shutdown).await,
+                    Err(e) => tracing::error!("http/3: the QUIC endpoint on {addr}: {e}"),
+                }
+            })
+        })
         .map_err(|source| H3Error::Socket { addr, source })
+}
+
+/// Returns once process `pid` is gone. Two readers of one UDP socket would split each QUIC
+/// connection's packets between them, so after a live upgrade the new instance reads only once
+/// the old one (draining its own connections) has exited; meanwhile the kernel queues what
+/// arrives, and a client's handshake waits (or retransmits) rather than fails.
+async fn previous_exits(pid: i32) {
+    tracing::info!("http/3: waiting for the previous instance (pid {pid}) to exit before reading the QUIC socket");
+    let pid = nix::unistd::Pid::from_raw(pid);
+    while nix::sys::signal::kill(pid, None).is_ok() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tracing::info!("http/3: the previous instance exited; serving HTTP/3");
 }
 
 /// Accepts connections until shutdown, then drains them.
@@ -148,10 +173,11 @@ async fn serve(
             incoming.refuse();
             continue;
         }
-        if handshaking.load(Ordering::Relaxed) >= RETRY_ABOVE
-            && !incoming.remote_address_validated()
-        {
-            let _ = incoming.retry();
+        let busy = handshaking.load(Ordering::Relaxed) >= RETRY_ABOVE;
+        if busy && !incoming.remote_address_validated() && incoming.may_retry() {
+            if let Err(e) = incoming.retry() {
+                e.into_incoming().refuse();
+            }
             continue;
         }
         let conn = Accepted {
@@ -166,15 +192,28 @@ async fn serve(
         // Reap what finished, so the set holds only live connections.
         while connections.try_join_next().is_some() {}
     }
-    let drained = async { while connections.join_next().await.is_some() {} };
+    // While the connections drain, new ones are neither served nor refused: their clients
+    // retransmit, and after a live upgrade the next instance answers them once this one exits.
+    let drained = async {
+        loop {
+            tokio::select! {
+                next = connections.join_next() => if next.is_none() { break },
+                Some(incoming) = endpoint.accept() => incoming.ignore(),
+            }
+        }
+    };
     if tokio::time::timeout(limits.grace_period, drained)
         .await
         .is_err()
     {
+        // Those still open are told so; a closing endpoint refuses new connections, so this
+        // is kept short.
         connections.abort_all();
+        endpoint.close(0u32.into(), b"shutting down");
+        let _ = tokio::time::timeout(Duration::from_millis(200), endpoint.wait_idle()).await;
     }
-    endpoint.close(0u32.into(), b"shutting down");
-    let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
+    // Otherwise no connection is left: the endpoint stops reading when it is dropped, and what
+    // arrives later waits in the socket for the next instance, if any.
 }
 
 /// Returns once `shutdown` is true (the guard `wait_for` gives is dropped here).
@@ -235,6 +274,7 @@ impl Accepted {
             }
         };
         let ctx = Arc::new(self.context(&conn, peer));
+        let quic = conn.clone();
         let built = h3::server::builder()
             .max_field_section_size(self.limits.max_header_bytes as u64)
             .build::<_, Bytes>(h3_quinn::Connection::new(conn))
@@ -277,6 +317,9 @@ impl Accepted {
             }
         }
         while requests.join_next().await.is_some() {}
+        // The last answers may still be on their way: closing now would cut them short, so
+        // the client is given a moment to read them and close the connection itself.
+        let _ = tokio::time::timeout(LINGER, quic.closed()).await;
     }
 
     /// What every request of the connection shares (as a TLS listener's connection would).

@@ -28,16 +28,20 @@ pub async fn answer(
     let (mut send, recv) = stream.split();
     let (mut parts, ()) = head.into_parts();
     parts.version = Version::HTTP_3;
-    let body = request_body(&parts.method, &parts.headers, recv);
+    let (body, unread) = request_body(&parts.method, &parts.headers, recv);
     let resp = observe::handle(&ctx, Request::from_parts(parts, body)).await;
     if let Err(e) = respond(&mut send, resp).await {
         tracing::debug!("http/3: the answer did not reach the client: {e}");
     }
+    // Held until the answer is out: dropped earlier, an unread request side is stopped
+    // (STOP_SENDING), and a client that had not finished its request yet sees an error.
+    drop(unread);
 }
 
 /// The client's body: none for a GET or HEAD that announces none (as HTTP/1.1 reads it: no
-/// `Content-Length`, no body), else the stream's DATA frames and then its trailers.
-fn request_body(method: &Method, headers: &HeaderMap, recv: Recv) -> ClientBody {
+/// `Content-Length`, no body), else the stream's DATA frames and then its trailers. The
+/// request side left unread comes back too.
+fn request_body(method: &Method, headers: &HeaderMap, recv: Recv) -> (ClientBody, Option<Recv>) {
     let length = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -46,7 +50,7 @@ fn request_body(method: &Method, headers: &HeaderMap, recv: Recv) -> ClientBody 
         length == Some(0) || (length.is_none() && matches!(*method, Method::GET | Method::HEAD));
     if bodiless {
         let empty = http_body_util::Empty::<Bytes>::new().map_err(|never| match never {});
-        return ClientBody::Stream(empty.boxed_unsync());
+        return (ClientBody::Stream(empty.boxed_unsync()), Some(recv));
     }
     let frames = futures_util::stream::unfold(Some(recv), |recv| async move {
         let mut recv = recv?;
@@ -63,7 +67,10 @@ fn request_body(method: &Method, headers: &HeaderMap, recv: Recv) -> ClientBody 
             Err(e) => Some((Err(BoxError::from(e)), None)),
         }
     });
-    ClientBody::Stream(StreamBody::new(frames.boxed()).boxed_unsync())
+    (
+        ClientBody::Stream(StreamBody::new(frames.boxed()).boxed_unsync()),
+        None,
+    )
 }
 
 /// Sends the head, then each frame of the body, then finishes the stream.
