@@ -21,12 +21,7 @@ async fn http_01_issues_a_certificate_served_at_once_and_kept_across_a_restart()
         return;
     };
     let backend = Backend::start("site").await;
-    let yaml = Upstreams::new()
-        .host(
-            "acme.test",
-            Host::new().path("/", Path::servers(&[&backend]).healthcheck(false)),
-        )
-        .render();
+    let yaml = host_route("acme.test", &backend);
     let certs = tempfile::tempdir().expect("certificate dir");
     let state = tempfile::tempdir().expect("state dir");
     let main = main_for(&pebble, certs.path(), state.path(), "");
@@ -174,12 +169,7 @@ async fn tls_alpn_01_is_answered_on_the_tls_listener() {
         return;
     };
     let backend = Backend::start("site").await;
-    let yaml = Upstreams::new()
-        .host(
-            "alpn.test",
-            Host::new().path("/", Path::servers(&[&backend]).healthcheck(false)),
-        )
-        .render();
+    let yaml = host_route("alpn.test", &backend);
     let certs = tempfile::tempdir().expect("certificate dir");
     let state = tempfile::tempdir().expect("state dir");
     let main = main_for(&pebble, certs.path(), state.path(), "")

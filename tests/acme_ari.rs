@@ -208,12 +208,7 @@ async fn the_servers_renewal_window_decides_when_a_fresh_certificate_is_renewed(
         return;
     };
     let backend = Backend::start("site").await;
-    let yaml = Upstreams::new()
-        .host(
-            "acme.test",
-            Host::new().path("/", Path::servers(&[&backend]).healthcheck(false)),
-        )
-        .render();
+    let yaml = host_route("acme.test", &backend);
     let certs = tempfile::tempdir().expect("certificate dir");
     let state = tempfile::tempdir().expect("state dir");
     let direct = main_for(&pebble, certs.path(), state.path(), "");

@@ -52,7 +52,12 @@ impl H3Proxy {
                         Path::servers(&[backend])
                             .healthcheck(false)
                             .authorization_data("apikey", "s3cret"),
-                    ),
+                    )
+                    .path(
+                        "/limited",
+                        Path::servers(&[backend]).healthcheck(false).rate_limit(2),
+                    )
+                    .path("/moved-away", Path::redirect("https://elsewhere.test/")),
             )
             .render();
         let main = format!(
@@ -197,6 +202,26 @@ async fn requests_over_http3_take_the_same_routes_policies_and_backends() {
     let key = [("x-api-key", "s3cret")];
     let (status, _, _) = exchange(&mut send, Method::GET, "/private/x", &key, Bytes::new()).await;
     assert_eq!(status, 200);
+
+    // The route's rate limit and redirect, as on every listener.
+    let mut limited = Vec::new();
+    for _ in 0..6 {
+        limited.push(
+            exchange(&mut send, Method::GET, "/limited", &[], Bytes::new())
+                .await
+                .0,
+        );
+    }
+    assert!(
+        limited.contains(&200) && limited.contains(&429),
+        "{limited:?}"
+    );
+    let (status, headers, _) =
+        exchange(&mut send, Method::GET, "/moved-away", &[], Bytes::new()).await;
+    assert_eq!(
+        (status, headers["location"].to_str().ok()),
+        (301, Some("https://elsewhere.test/moved-away"))
+    );
 
     // 100 requests at once on the one connection.
     let streams = (0..100).map(|i| {

@@ -34,7 +34,8 @@ pub mod upstreams;
 pub use backend::*;
 #[allow(unused_imports)] // each test file uses some of them
 pub use upstreams::{
-    default_route, default_route_to, unused_route, Discovery, Host, Path, Service, Upstreams,
+    default_route, default_route_to, host_route, unused_route, Discovery, Host, Path, Service,
+    Upstreams,
 };
 
 pub type ClientBody = BoxBody<Bytes, Infallible>;

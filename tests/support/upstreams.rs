@@ -497,6 +497,16 @@ impl Display for Upstreams {
 }
 
 /// upstreams.yaml sending every host and path to `backends`, without health checks.
+/// upstreams.yaml sending every path of host `name` to `backend`, without health checks.
+pub fn host_route(name: &str, backend: &Backend) -> String {
+    Upstreams::new()
+        .host(
+            name,
+            Host::new().path("/", Path::servers(&[backend]).healthcheck(false)),
+        )
+        .render()
+}
+
 pub fn default_route(backends: &[&Backend]) -> String {
     Upstreams::new()
         .host(
