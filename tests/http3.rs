@@ -447,3 +447,27 @@ async fn a_live_upgrade_hands_the_quic_socket_over_and_no_request_is_lost() {
         .log_text()
         .contains("the previous instance exited; serving HTTP/3"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_head_that_never_completes_is_dropped_and_the_connection_serves_on() {
+    let backend = Backend::start("h3-backend").await;
+    let h3 = H3Proxy::start_with(&backend, "client_header_timeout: 1\n");
+    let (_endpoint, mut send, _driving, conn) = h3.connect(std::slice::from_ref(&h3.pki.ca)).await;
+    // A request stream with the start of a HEADERS frame (type 0x01, 100 bytes announced) and
+    // then nothing more.
+    let (mut up, mut down) = conn.open_bi().await.expect("a stream");
+    up.write_all(&[0x01, 0x40, 0x64, 0x00, 0x00])
+        .await
+        .expect("partial head");
+    let started = std::time::Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(10), down.read_to_end(1024)).await;
+    assert!(ended.is_ok(), "the stream is still held after 10 s");
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
+    // The connection itself goes on.
+    let (status, _, body) = exchange(&mut send, Method::GET, "/", &[], Bytes::new()).await;
+    assert_eq!((status, &body[..]), (200, &b"h3-backend"[..]));
+}

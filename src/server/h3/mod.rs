@@ -301,10 +301,19 @@ impl Accepted {
             match accepted {
                 Ok(Some(resolver)) => {
                     let ctx = ctx.clone();
+                    // Each request head within `client_header_timeout`, as on TCP: a stream that
+                    // trickles its head (or sends none) is dropped, not held.
+                    let head_within = self.limits.header_timeout;
                     requests.spawn(async move {
-                        match resolver.resolve_request().await {
-                            Ok((head, stream)) => stream::answer(ctx, head, stream).await,
-                            Err(e) => tracing::debug!("http/3: a request head was refused: {e}"),
+                        let head = tokio::time::timeout(head_within, resolver.resolve_request());
+                        match head.await {
+                            Ok(Ok((head, stream))) => stream::answer(ctx, head, stream).await,
+                            Ok(Err(e)) => {
+                                tracing::debug!("http/3: a request head was refused: {e}")
+                            }
+                            Err(_) => {
+                                tracing::debug!("http/3: no request head within {head_within:?}")
+                            }
                         }
                     });
                     while requests.try_join_next().is_some() {}
