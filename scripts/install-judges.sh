@@ -54,6 +54,14 @@ apt_install() {
   apt-get install -y -qq --no-install-recommends "$@" >/dev/null || fail "apt-get install $*"
 }
 
+# Python with venv and ensurepip (Debian splits them into python3-venv).
+need_venv() {
+  command -v python3 >/dev/null 2>&1 || apt_install python3
+  if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' 2>/dev/null; then
+    apt_install python3-venv
+  fi
+}
+
 # aioquic (an HTTP/3 client independent of quinn and h3), in a venv of its own (its
 # cryptography is newer than sslyze's allows).
 install_aioquic() {
@@ -61,9 +69,10 @@ install_aioquic() {
   if "$venv/bin/python" -c "import aioquic, sys; sys.exit(aioquic.__version__ != '$AIOQUIC_VERSION')" 2>/dev/null; then
     return
   fi
+  need_venv
   log "aioquic $AIOQUIC_VERSION into $venv"
   rm -rf "$venv"
-  python3 -m venv "$venv" || fail "python3 -m venv $venv"
+  python3 -m venv "$venv" || fail "python3 -m venv $venv (is python3-venv installed?)"
   "$venv/bin/pip" install -q --disable-pip-version-check "aioquic==$AIOQUIC_VERSION" >&2 ||
     fail "pip install aioquic==$AIOQUIC_VERSION"
 }
@@ -73,10 +82,7 @@ install_sslyze() {
   if [ -x "$venv/bin/sslyze" ] && "$venv/bin/sslyze" --help >/dev/null 2>&1; then
     return
   fi
-  command -v python3 >/dev/null 2>&1 || apt_install python3
-  if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' 2>/dev/null; then
-    apt_install python3-venv
-  fi
+  need_venv
   log "sslyze $SSLYZE_VERSION into $venv"
   rm -rf "$venv"
   python3 -m venv "$venv" || fail "python3 -m venv $venv (is python3-venv installed?)"
