@@ -106,6 +106,8 @@ pub struct Acme {
     advisor: ari::Advisor,
     /// The account, once loaded or created.
     account: Mutex<Option<Account>>,
+    /// The last attempt to load the account failed (and said so).
+    account_failing: std::sync::atomic::AtomicBool,
 }
 
 impl Acme {
@@ -123,6 +125,7 @@ impl Acme {
             stats: Mutex::new(BTreeMap::new()),
             advisor: ari::Advisor::default(),
             account: Mutex::new(None),
+            account_failing: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -276,6 +279,8 @@ impl Acme {
     }
 
     fn keep_account(&self, account: &Account) {
+        self.account_failing
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         *self.account.lock().unwrap_or_else(|p| p.into_inner()) = Some(account.clone());
     }
 
@@ -288,7 +293,13 @@ impl Acme {
         match self.account().await {
             Ok(account) => Some(account),
             Err(e) => {
-                tracing::warn!("acme: the account cannot be used: {}", with_causes(&e));
+                // Once per failure streak: this is asked every LOOK_EVERY for every set.
+                if !self
+                    .account_failing
+                    .swap(true, std::sync::atomic::Ordering::Relaxed)
+                {
+                    tracing::warn!("acme: the account cannot be used: {}", with_causes(&e));
+                }
                 None
             }
         }
@@ -367,19 +378,23 @@ impl Acme {
     /// order says which certificate it replaces.
     async fn order_for(&self, names: &[String]) -> Result<(), AcmeError> {
         let account = self.account().await?;
-        let replaces: Option<CertificateIdentifier<'static>> = match self.existing_account().await {
-            Some(account) => {
-                let crt = cert_path(&self.certs_dir, names, "crt");
-                self.advisor
-                    .advice(&account, &names[0], &crt)
-                    .await
-                    .map(|a| a.id)
-            }
+        // Only a certificate of these very names is replaced.
+        let replaces = match self.renew_in(names) {
+            Some(_) => self.replaced(names).await,
             None => None,
         };
         self.order_with(&account, names, replaces).await?;
         self.advisor.forget(&names[0]);
         Ok(())
+    }
+
+    /// The certificate of `names` a new order replaces, when the server offers renewal
+    /// information and an account is in place.
+    async fn replaced(&self, names: &[String]) -> Option<CertificateIdentifier<'static>> {
+        let account = self.existing_account().await?;
+        let crt = cert_path(&self.certs_dir, names, "crt");
+        let advice = self.advisor.advice(&account, &names[0], &crt).await?;
+        Some(advice.id)
     }
 
     /// `aralez_acme_orders_total{domain,result}` and

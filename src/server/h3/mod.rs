@@ -31,7 +31,7 @@ use tokio::task::JoinSet;
 use super::observe::ConnCtx;
 use super::real_client::RequestIds;
 use super::{Limits, Serving, MAX_CLIENT_STREAMS};
-use crate::vocab::{ClientConn, TlsFacts, WorkerId};
+use crate::vocab::{ClientConn, CountedSlot, TlsFacts, WorkerId};
 
 /// How long a finished connection waits for the client to close it.
 const LINGER: Duration = Duration::from_secs(2);
@@ -169,10 +169,10 @@ async fn serve(
             () = until_stopped(&mut shutdown) => break,
         };
         let Some(incoming) = incoming else { break };
-        if open.load(Ordering::Relaxed) >= limits.max_connections {
+        let Some(place) = CountedSlot::reserve(&open, limits.max_connections) else {
             incoming.refuse();
             continue;
-        }
+        };
         let busy = handshaking.load(Ordering::Relaxed) >= RETRY_ABOVE;
         if busy && !incoming.remote_address_validated() && incoming.may_retry() {
             if let Err(e) = incoming.retry() {
@@ -183,12 +183,11 @@ async fn serve(
         let conn = Accepted {
             serving: serving.clone(),
             limits: limits.clone(),
-            open: open.clone(),
             handshaking: handshaking.clone(),
             request_ids: request_ids.clone(),
             hsts,
         };
-        connections.spawn(conn.serve(incoming, shutdown.clone()));
+        connections.spawn(conn.serve(incoming, place, shutdown.clone()));
         // Reap what finished, so the set holds only live connections.
         while connections.try_join_next().is_some() {}
     }
@@ -225,34 +224,22 @@ async fn until_stopped(shutdown: &mut watch::Receiver<bool>) {
 struct Accepted {
     serving: Serving,
     limits: Limits,
-    open: Arc<AtomicUsize>,
     handshaking: Arc<AtomicUsize>,
     request_ids: Arc<RequestIds>,
     hsts: bool,
 }
 
-/// Gives a place back in a shared count when dropped.
-struct Held(Arc<AtomicUsize>);
-
-impl Held {
-    fn take(count: &Arc<AtomicUsize>) -> Held {
-        count.fetch_add(1, Ordering::Relaxed);
-        Held(count.clone())
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 impl Accepted {
-    async fn serve(self, incoming: quinn::Incoming, mut shutdown: watch::Receiver<bool>) {
-        let _open = Held::take(&self.open);
+    /// Serves the connection `incoming` asks for, holding its `place` among the open ones.
+    async fn serve(
+        self,
+        incoming: quinn::Incoming,
+        _place: CountedSlot,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
         let peer = incoming.remote_address();
         let handshake = {
-            let _handshaking = Held::take(&self.handshaking);
+            let _handshaking = CountedSlot::take(&self.handshaking);
             let connecting = match incoming.accept() {
                 Ok(connecting) => connecting,
                 Err(e) => {
