@@ -17,6 +17,9 @@ use crate::vocab::request_body::BoxError;
 use crate::vocab::ClientBody;
 
 type Send = RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
+
+/// How long a bodiless request's end may come after its answer.
+const REQUEST_END_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 type Recv = RequestStream<h3_quinn::RecvStream, Bytes>;
 
 /// Answers one request; whatever goes wrong on the stream ends only that stream.
@@ -33,9 +36,20 @@ pub async fn answer(
     if let Err(e) = respond(&mut send, resp).await {
         tracing::debug!("http/3: the answer did not reach the client: {e}");
     }
-    // Held until the answer is out: dropped earlier, an unread request side is stopped
-    // (STOP_SENDING), and a client that had not finished its request yet sees an error.
-    drop(unread);
+    if let Some(unread) = unread {
+        close_request_side(unread).await;
+    }
+}
+
+/// The request side of a bodiless request, once the answer is out: its end is waited for a
+/// moment (it usually came with the head), then reading stops with H3_NO_ERROR (RFC 9114
+/// §4.1). Dropped unread it would be stopped at once with a code that is no HTTP/3 code, and a
+/// client still finishing its request would see an error.
+async fn close_request_side(mut recv: Recv) {
+    let ended = tokio::time::timeout(REQUEST_END_WITHIN, recv.recv_data()).await;
+    if !matches!(ended, Ok(Ok(None))) {
+        recv.stop_sending(h3::error::Code::H3_NO_ERROR);
+    }
 }
 
 /// The client's body: none for a GET or HEAD that announces none (as HTTP/1.1 reads it: no
