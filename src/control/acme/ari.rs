@@ -103,9 +103,12 @@ fn pick(start: SystemTime, end: SystemTime, id: &CertificateIdentifier<'_>) -> S
 /// RFC 9773 §4.1's identifier: the AKI `keyIdentifier` and the serial's DER content, each
 /// base64url without padding.
 pub fn certificate_id(crt: &Path) -> Option<CertificateIdentifier<'static>> {
-    let pem = std::fs::read(crt).ok()?;
-    let (_, block) = x509_parser::pem::parse_x509_pem(&pem).ok()?;
-    let cert = block.parse_x509().ok()?;
+    super::files::with_certificate(crt, identifier)
+}
+
+fn identifier(
+    cert: &x509_parser::certificate::X509Certificate<'_>,
+) -> Option<CertificateIdentifier<'static>> {
     let aki = cert
         .extensions()
         .iter()

@@ -31,9 +31,24 @@ pub fn cert_path(dir: &Path, names: &[String], ext: &str) -> PathBuf {
 
 /// The certificate at `path`, when it can be read and covers every one of `names`.
 pub fn read_covering(path: &Path, names: &[String]) -> Option<OnDisk> {
+    with_certificate(path, |cert| covering(cert, names))
+}
+
+/// `read` applied to the (first) certificate of the PEM file at `path`.
+pub fn with_certificate<T>(
+    path: &Path,
+    read: impl FnOnce(&x509_parser::certificate::X509Certificate<'_>) -> Option<T>,
+) -> Option<T> {
     let pem = std::fs::read(path).ok()?;
     let (_, block) = x509_parser::pem::parse_x509_pem(&pem).ok()?;
     let cert = block.parse_x509().ok()?;
+    read(&cert)
+}
+
+fn covering(
+    cert: &x509_parser::certificate::X509Certificate<'_>,
+    names: &[String],
+) -> Option<OnDisk> {
     let sans: Vec<String> = cert
         .subject_alternative_name()
         .ok()

@@ -16,11 +16,11 @@ use crate::server::observe::{self, ConnCtx};
 use crate::vocab::request_body::BoxError;
 use crate::vocab::ClientBody;
 
-type Send = RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
+type SendSide = RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
 
 /// How long a bodiless request's end may come after its answer.
 const REQUEST_END_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
-type Recv = RequestStream<h3_quinn::RecvStream, Bytes>;
+type RecvSide = RequestStream<h3_quinn::RecvStream, Bytes>;
 
 /// Answers one request; whatever goes wrong on the stream ends only that stream.
 pub async fn answer(
@@ -45,7 +45,7 @@ pub async fn answer(
 /// moment (it usually came with the head), then reading stops with H3_NO_ERROR (RFC 9114
 /// §4.1). Dropped unread it would be stopped at once with a code that is no HTTP/3 code, and a
 /// client still finishing its request would see an error.
-async fn close_request_side(mut recv: Recv) {
+async fn close_request_side(mut recv: RecvSide) {
     let ended = tokio::time::timeout(REQUEST_END_WITHIN, recv.recv_data()).await;
     if !matches!(ended, Ok(Ok(None))) {
         recv.stop_sending(h3::error::Code::H3_NO_ERROR);
@@ -55,7 +55,11 @@ async fn close_request_side(mut recv: Recv) {
 /// The client's body: none for a GET or HEAD that announces none (as HTTP/1.1 reads it: no
 /// `Content-Length`, no body), else the stream's DATA frames and then its trailers. The
 /// request side left unread comes back too.
-fn request_body(method: &Method, headers: &HeaderMap, recv: Recv) -> (ClientBody, Option<Recv>) {
+fn request_body(
+    method: &Method,
+    headers: &HeaderMap,
+    recv: RecvSide,
+) -> (ClientBody, Option<RecvSide>) {
     let length = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -88,7 +92,7 @@ fn request_body(method: &Method, headers: &HeaderMap, recv: Recv) -> (ClientBody
 }
 
 /// Sends the head, then each frame of the body, then finishes the stream.
-async fn respond(send: &mut Send, resp: Response<observe::LoggedBody>) -> Result<(), BoxError> {
+async fn respond(send: &mut SendSide, resp: Response<observe::LoggedBody>) -> Result<(), BoxError> {
     let (mut parts, mut body) = resp.into_parts();
     // Connection-specific fields have no place in HTTP/3 (RFC 9114 §4.2).
     for name in [
