@@ -63,15 +63,19 @@ fn remove_connection_listed(headers: &mut HeaderMap) {
     let mut listed: [Option<HeaderName>; 4] = Default::default();
     let mut overflow: Vec<HeaderName> = Vec::new();
     let mut count = 0;
+    // The common options are matched without allocating a name; a header of that name still goes.
+    let mut common = [false; COMMON_OPTIONS.len()];
     for value in headers.get_all(header::CONNECTION) {
         for token in value.to_str().unwrap_or("").split(',') {
             let token = token.trim();
-            // Standard tokens name nothing extra (`keep-alive`/`upgrade` headers go anyway).
-            if token.is_empty()
-                || ["close", "keep-alive", "upgrade", "trailers"]
-                    .iter()
-                    .any(|t| token.eq_ignore_ascii_case(t))
+            if token.is_empty() {
+                continue;
+            }
+            if let Some(i) = COMMON_OPTIONS
+                .iter()
+                .position(|t| token.eq_ignore_ascii_case(t))
             {
+                common[i] = true;
                 continue;
             }
             if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
@@ -87,7 +91,15 @@ fn remove_connection_listed(headers: &mut HeaderMap) {
     for name in listed.into_iter().flatten().chain(overflow) {
         headers.remove(name);
     }
+    for (option, seen) in COMMON_OPTIONS.iter().zip(common) {
+        if seen {
+            headers.remove(*option);
+        }
+    }
 }
+
+/// Connection options so common that they are matched by text, not parsed into a `HeaderName`.
+const COMMON_OPTIONS: [&str; 4] = ["close", "keep-alive", "upgrade", "trailers"];
 
 /// The client IP as an `X-Forwarded-For` element, formatted once per connection.
 pub fn client_ip_value(ip: IpAddr) -> HeaderValue {
@@ -194,6 +206,11 @@ mod tests {
                 &[("connection", "close"), ("host", "a")],
                 &["host"],
                 &["connection"],
+            ),
+            (
+                &[("connection", "y-a, CLOSE"), ("close", "x"), ("y-a", "1")],
+                &[],
+                &["connection", "close", "y-a"],
             ),
         ];
         for (input, kept, gone) in cases {

@@ -161,6 +161,20 @@ impl Client {
         headers: &[(&str, &str)],
         body: ClientBody,
     ) -> Response<Incoming> {
+        self.try_send(method, host, path, headers, body)
+            .await
+            .expect("response from proxy")
+    }
+
+    /// [`Client::send`], with a failed exchange as an error instead of a panic.
+    pub async fn try_send(
+        &mut self,
+        method: Method,
+        host: Option<&str>,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: ClientBody,
+    ) -> Result<Response<Incoming>, hyper::Error> {
         let mut builder = Request::builder().method(method);
         match self {
             Client::H1(_) => {
@@ -178,17 +192,16 @@ impl Client {
             builder = builder.header(*k, *v);
         }
         let req = builder.body(body).expect("request");
-        let sent = match self {
+        match self {
             Client::H1(s) => {
-                s.ready().await.expect("h1 ready");
+                s.ready().await?;
                 s.send_request(req).await
             }
             Client::H2(s) => {
-                s.ready().await.expect("h2 ready");
+                s.ready().await?;
                 s.send_request(req).await
             }
-        };
-        sent.expect("response from proxy")
+        }
     }
 
     pub async fn get(&mut self, host: &str, path: &str) -> Response<Incoming> {
