@@ -162,6 +162,32 @@ async fn a_half_sent_head_is_closed_after_the_header_timeout() {
     }
 }
 
+#[tokio::test(start_paused = true)]
+async fn http1_waits_for_a_request_head_at_most_the_header_timeout() {
+    let listeners = start().await;
+    for (name, addr, request) in &listeners.table {
+        // A connection that sends nothing, and a keep-alive one after its answer: both close
+        // at the header timeout, well before the idle timeout.
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        let mut kept = TcpStream::connect(addr).await.unwrap();
+        assert!(
+            answered(&mut kept, request).await.starts_with("HTTP/1.1 "),
+            "{name}"
+        );
+        let started = tokio::time::Instant::now();
+        for (which, stream) in [("silent", &mut silent), ("keep-alive", &mut kept)] {
+            let closed = closed_within(stream, HEADER_TIMEOUT * 2).await;
+            assert!(closed.is_some(), "{name}: a {which} connection stayed open");
+            let waited = started.elapsed();
+            assert!(
+                waited >= HEADER_TIMEOUT - Duration::from_millis(1)
+                    && waited < HEADER_TIMEOUT + Duration::from_millis(100),
+                "{name}: the {which} connection closed after {waited:?}"
+            );
+        }
+    }
+}
+
 /// An HTTP/2 (prior knowledge) connection that has carried one request: its sender (the client
 /// would close the connection without one) and its task, which ends when the server closes it.
 async fn h2_after_one_request(

@@ -62,6 +62,7 @@ impl Limits {
     fn timers(&self) -> Timers {
         Timers {
             idle: self.idle_timeout,
+            head: self.header_timeout,
             send: self.send_timeout,
         }
     }
@@ -131,8 +132,9 @@ fn http_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout)
+        // The request-head deadline is the connection's own timer (`idle::drive`), not hyper's
+        // per-request one.
+        .header_read_timeout(None)
         .max_buf_size(limits.max_header_bytes.max(8192))
         .keep_alive(true);
     builder
@@ -406,6 +408,7 @@ async fn serve_tls<F: MakeService>(
     let (drain, idle) = (shared.drain.clone(), shared.limits.timers());
     let io = TokioIo::new(FloodGuard::new(stream, peer));
     if h2 {
+        activity.mark_http2();
         let conn = shared.builders.h2_only.serve_connection(io, service);
         let conn = idle::drive(conn.into_owned(), drain, activity, idle);
         counted.run(conn).await;
@@ -487,6 +490,9 @@ where
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         let in_flight = Some(self.activity.begin());
         let close_when_draining = req.version() < Version::HTTP_2;
+        if !close_when_draining {
+            self.activity.mark_http2();
+        }
         let head = req.method() == Method::HEAD;
         TrackedAnswer {
             inner: self.inner.call(req),

@@ -6,13 +6,16 @@
 //! an [`InFlight`] guard that lives in the response body, so a stream counts until its body has
 //! been sent (a long download, a WebSocket tunnel over extended CONNECT) and never as idle.
 //!
-//! HTTP/1 keep-alive connections also have hyper's header-read timer, which runs while a
-//! connection waits for its next request: such a connection closes after the shorter of
-//! `client_header_timeout` and `client_idle_timeout`.
+//! An HTTP/1 connection (or one that has not said which protocol it speaks) must also bring a
+//! request head within `client_header_timeout` of its start or of its previous request's end,
+//! or it is closed at once: a half-sent head (slowloris) and a keep-alive connection left
+//! waiting both end there, as with nginx's `client_header_timeout`. This is the connection's
+//! own timer rather than hyper's header-read timer, which registers and drops a timer for every
+//! request; here one timer per connection serves the idle, head and stall checks.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,7 +29,7 @@ use tokio::time::Instant;
 pub struct Activity {
     base: Instant,
     /// The listener is draining: HTTP/1 responses ask the client to close.
-    draining: Arc<std::sync::atomic::AtomicBool>,
+    draining: Arc<AtomicBool>,
     open: AtomicUsize,
     /// Nanoseconds from `base` to the end of the last request (0: none yet).
     last_end: AtomicU64,
@@ -34,17 +37,27 @@ pub struct Activity {
     /// counter, so the request path never reads the clock for it; the connection's timer
     /// notices when it stops moving.
     progress: AtomicU64,
+    /// The connection speaks HTTP/2: no request-head deadline between requests.
+    http2: AtomicBool,
 }
 
 impl Activity {
-    pub fn new(draining: Arc<std::sync::atomic::AtomicBool>) -> Arc<Activity> {
+    pub fn new(draining: Arc<AtomicBool>) -> Arc<Activity> {
         Arc::new(Activity {
             base: Instant::now(),
             draining,
             open: AtomicUsize::new(0),
             last_end: AtomicU64::new(0),
             progress: AtomicU64::new(0),
+            http2: AtomicBool::new(false),
         })
+    }
+
+    /// The connection turned out to speak HTTP/2 (ALPN, or its first request).
+    pub fn mark_http2(&self) {
+        if !self.http2.load(Ordering::Relaxed) {
+            self.http2.store(true, Ordering::Relaxed);
+        }
     }
 
     /// A request starts; it ends when the guard drops.
@@ -128,15 +141,44 @@ graceful_for!(UpgradeableConnection);
 pub struct Timers {
     /// No request at all for this long: asked to close gracefully.
     pub idle: Duration,
+    /// HTTP/1: no request head for this long after the connection's start or its previous
+    /// request's end: closed at once.
+    pub head: Duration,
     /// Requests open but none making progress for this long: closed at once (nginx's
     /// `send_timeout`; a client that stops reading, or an HTTP/2 client that never opens its
     /// flow-control window, would otherwise hold its streams and their backend connections).
     pub send: Duration,
 }
 
+/// What the idle check decided.
+enum IdleStep {
+    /// Look again at this instant.
+    LookAt(Instant),
+    /// Ask the connection to finish gracefully (idle timeout).
+    ShutDown,
+    /// Close it now (no request head in time).
+    Close,
+}
+
+/// The idle and head rules, looked at `now`.
+fn idle_step(activity: &Activity, timers: Timers, now: Instant) -> IdleStep {
+    let http1 = !activity.http2.load(Ordering::Relaxed);
+    let limit = if http1 {
+        timers.idle.min(timers.head)
+    } else {
+        timers.idle
+    };
+    match activity.idle_for(now) {
+        None => IdleStep::LookAt(now + limit),
+        Some(waited) if http1 && waited >= timers.head => IdleStep::Close,
+        Some(waited) if waited >= timers.idle => IdleStep::ShutDown,
+        Some(waited) => IdleStep::LookAt(now + limit.saturating_sub(waited)),
+    }
+}
+
 /// Polls `conn` to its end; asks it to shut down once, when `drain` turns true (or its sender
-/// is gone) or when `activity` has been idle for `timers.idle`; drops it when its requests have
-/// made no progress for `timers.send`.
+/// is gone) or when `activity` has been idle for `timers.idle`; drops it when an HTTP/1 request
+/// head is late (`timers.head`) or its requests have made no progress for `timers.send`.
 pub async fn drive<C, E>(
     conn: C,
     mut drain: watch::Receiver<bool>,
@@ -146,15 +188,19 @@ pub async fn drive<C, E>(
 where
     C: Graceful<Output = Result<(), E>>,
 {
-    let idle = timers.idle;
     tokio::pin!(conn);
-    let check = tokio::time::sleep(idle);
-    tokio::pin!(check);
+    let start = Instant::now();
     // The stall check looks every half send timeout whether the progress counter moved.
     let look_every = timers.send / 2;
-    let stall = tokio::time::sleep(look_every);
-    tokio::pin!(stall);
-    let mut seen = (activity.progress.load(Ordering::Relaxed), Instant::now());
+    let mut stall_at = start + look_every;
+    let mut idle_at = match idle_step(&activity, timers, start) {
+        IdleStep::LookAt(at) => at,
+        _ => start,
+    };
+    // One timer for both checks: the earlier of the two.
+    let timer = tokio::time::sleep_until(idle_at.min(stall_at));
+    tokio::pin!(timer);
+    let mut seen = (activity.progress.load(Ordering::Relaxed), start);
     let mut asked = *drain.borrow();
     if asked {
         conn.as_mut().shut_down();
@@ -167,29 +213,38 @@ where
                 asked = true;
                 conn.as_mut().shut_down();
             }
-            () = &mut check, if !asked => {
+            () = &mut timer => {
                 let now = Instant::now();
-                match activity.idle_for(now) {
-                    Some(for_long) if for_long >= idle => {
-                        tracing::debug!("closing a connection idle for {for_long:?}");
-                        asked = true;
-                        conn.as_mut().shut_down();
+                if now >= idle_at {
+                    match idle_step(&activity, timers, now) {
+                        IdleStep::LookAt(at) => idle_at = at,
+                        IdleStep::Close => {
+                            tracing::debug!("closing a connection that sent no request head within {:?}", timers.head);
+                            return Ok(());
+                        }
+                        IdleStep::ShutDown => {
+                            if !asked {
+                                tracing::debug!("closing a connection idle for {:?}", timers.idle);
+                                asked = true;
+                                conn.as_mut().shut_down();
+                            }
+                            // Asked already: only the head rule may still close it.
+                            idle_at = now + timers.head;
+                        }
                     }
-                    Some(for_short) => check.as_mut().reset(now + (idle - for_short)),
-                    None => check.as_mut().reset(now + idle),
                 }
-            }
-            () = &mut stall => {
-                let now = Instant::now();
-                let progress = activity.progress.load(Ordering::Relaxed);
-                let open = activity.open.load(Ordering::Relaxed) > 0;
-                if progress != seen.0 || !open {
-                    seen = (progress, now);
-                } else if now.saturating_duration_since(seen.1) >= timers.send {
-                    tracing::debug!("closing a connection whose requests made no progress for {:?}", now - seen.1);
-                    return Ok(());
+                if now >= stall_at {
+                    let progress = activity.progress.load(Ordering::Relaxed);
+                    let open = activity.open.load(Ordering::Relaxed) > 0;
+                    if progress != seen.0 || !open {
+                        seen = (progress, now);
+                    } else if now.saturating_duration_since(seen.1) >= timers.send {
+                        tracing::debug!("closing a connection whose requests made no progress for {:?}", now - seen.1);
+                        return Ok(());
+                    }
+                    stall_at = now + look_every;
                 }
-                stall.as_mut().reset(now + look_every);
+                timer.as_mut().reset(idle_at.min(stall_at));
             }
         }
     }
