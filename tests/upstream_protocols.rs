@@ -215,3 +215,44 @@ async fn a_full_h2_connection_gets_another_at_the_backends_stream_limit() {
     assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
     assert_eq!(accepts(), 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http1_backend_connection_is_reused_streams_both_ways_and_is_dropped_when_closed() {
+    let backend = Backend::builder("h1").h1_only().start().await;
+    let yaml = Upstreams::new()
+        .host("h1.local", unprobed(format!("http://{}", backend.addr)))
+        .render();
+    let proxy = ProxyProcess::start(&yaml, "");
+    let accepts = || backend.accepts.load(std::sync::atomic::Ordering::SeqCst);
+    for proto in [Proto::H1, Proto::H2c] {
+        let mut client = Client::connect(proto, proxy.addr).await;
+        for _ in 0..50 {
+            assert_eq!(seen(&mut client, "h1.local").await.0, 200, "{proto:?}");
+        }
+        // 1 MiB up and echoed back down on the pooled connection.
+        let total = 1024 * 1024;
+        let resp = client
+            .send(
+                http::Method::POST,
+                Some("h1.local"),
+                "/echo",
+                &[],
+                generated_body(total),
+            )
+            .await;
+        assert_eq!(resp.status(), 200, "{proto:?}");
+        assert_eq!(body_bytes(resp).await.len(), total, "{proto:?}");
+    }
+    // One worker serves both clients in turn: one connection was enough for all of it.
+    assert!(accepts() <= 2, "{} backend connections", accepts());
+    // The backend closes every connection (its pooled one included) and comes back on the same
+    // address: the next request finds the closed one, drops it, and is answered on a new one.
+    let addr = backend.addr;
+    backend.stop();
+    drop(backend);
+    let again = Backend::builder("h1-again").h1_only().start_on(addr).await;
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    let got = seen(&mut client, "h1.local").await;
+    assert_eq!((got.0, got.1.as_str()), (200, "h1-again"));
+    assert_eq!(again.accepts.load(std::sync::atomic::Ordering::SeqCst), 1);
+}

@@ -91,8 +91,9 @@ fn remove_connection_listed(headers: &mut HeaderMap) {
     for name in listed.into_iter().flatten().chain(overflow) {
         headers.remove(name);
     }
+    // `keep-alive` and `upgrade` headers went with the fixed hop-by-hop ones already.
     for (option, seen) in COMMON_OPTIONS.iter().zip(common) {
-        if seen {
+        if seen && *option != "keep-alive" && *option != "upgrade" {
             headers.remove(*option);
         }
     }
