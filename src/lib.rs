@@ -12,6 +12,7 @@
 
 pub mod accesslog;
 pub mod admin;
+pub mod allocator;
 pub mod check;
 pub mod config;
 pub mod control;

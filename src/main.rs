@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: aralez::allocator::Mimalloc = aralez::allocator::Mimalloc;
 
 /// `aralez --version`: version, the commit built from, and what is compiled in.
 const VERSION: &str = concat!(

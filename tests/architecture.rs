@@ -13,6 +13,7 @@ const RANKS: &[(&str, u8)] = &[
     ("vocab", 0),
     ("config", 0),
     ("utc", 0),
+    ("allocator", 0),
     ("metrics", 1),
     ("logfile", 1),
     ("accesslog", 2),

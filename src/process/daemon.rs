@@ -5,7 +5,8 @@
 //! failed to start (exit 1, its error on stderr): the child reports over a pipe ([`ReadyPipe`]).
 //!
 //! This is the only place in the crate that forks, and the only `unsafe` besides taking ownership
-//! of the descriptors received in a live upgrade (`upgrade.rs`).
+//! of the descriptors received in a live upgrade (`upgrade.rs`) and the global allocator
+//! (`allocator.rs`).
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};

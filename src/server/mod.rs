@@ -135,7 +135,9 @@ pub async fn serve_worker(
                 trusted: serving.trusted.clone(),
                 request_ids: request_ids.clone(),
             });
-            service_fn(move |req| observe::answer(ctx.clone(), req))
+            // Boxed: hyper moves the answer a few times (into its dispatcher, or into the task
+            // of an HTTP/2 stream); a pointer is cheaper to move than the whole state machine.
+            service_fn(move |req| Box::pin(observe::answer(ctx.clone(), req)))
         }
     };
     let plain_loop = AcceptLoop {
