@@ -18,6 +18,8 @@ pub mod upstreams;
 pub mod values;
 pub mod yaml;
 
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -30,6 +32,16 @@ use yaml::{Node, Pos};
 
 /// Reads and parses one YAML file into a spanned tree, recording why when it cannot.
 fn read_tree(path: &Path, issues: &mut Issues) -> Option<Node> {
+    read_tree_digested(path, issues, &mut DefaultHasher::new())
+}
+
+/// [`read_tree`], hashing into `digest` the bytes it parses (nothing when it cannot read them),
+/// as [`files_digest`] hashes a file.
+fn read_tree_digested(
+    path: &Path,
+    issues: &mut Issues,
+    digest: &mut DefaultHasher,
+) -> Option<Node> {
     let file: Arc<str> = Arc::from(path.display().to_string());
     let mut r = Reader::new(file, issues);
     let start = Pos { line: 1, column: 1 };
@@ -63,6 +75,7 @@ fn read_tree(path: &Path, issues: &mut Issues) -> Option<Node> {
             return None;
         }
     };
+    bytes.hash(digest);
     let text = match String::from_utf8(bytes) {
         Ok(t) => t,
         Err(e) => {
@@ -128,19 +141,41 @@ pub fn load_main(path: &Path, issues: &mut Issues) -> Option<MainConfig> {
 
 /// Reads upstreams.yaml and merges `conf.d/*.yaml` beside it, in name order (SPEC §3.5).
 pub fn load_upstreams(path: &Path, issues: &mut Issues) -> Option<UpstreamsConfig> {
-    let root = read_tree(path, issues)?;
+    load_upstreams_digested(path, issues).map(|(cfg, _)| cfg)
+}
+
+/// [`load_upstreams`], with the [`files_digest`] of the very bytes it parsed: a file replaced
+/// between a digest and a read cannot pair one file's digest with another's routes.
+pub fn load_upstreams_digested(path: &Path, issues: &mut Issues) -> Option<(UpstreamsConfig, u64)> {
+    let mut digest = DefaultHasher::new();
+    let root = read_tree_digested(path, issues, &mut digest)?;
     let mut r = Reader::new(Arc::from(path.display().to_string()), issues);
     let mut cfg = UpstreamsConfig::read(&root, &mut r)?;
     let mut ok = true;
     for file in conf_d_files(path) {
-        let Some(root) = read_tree(&file, issues) else {
+        file.hash(&mut digest);
+        let Some(root) = read_tree_digested(&file, issues, &mut digest) else {
             ok = false;
             continue;
         };
         let mut r = Reader::new(Arc::from(file.display().to_string()), issues);
         ok &= cfg.merge_conf_d(&root, &mut r);
     }
-    ok.then_some(cfg)
+    ok.then(|| (cfg, digest.finish()))
+}
+
+/// What identifies the upstreams file and conf.d as they are on disk: file names and bytes,
+/// hashed the way [`load_upstreams_digested`] hashes what it parses.
+pub fn files_digest(upstreams: &Path) -> u64 {
+    let mut digest = DefaultHasher::new();
+    std::fs::read(upstreams)
+        .unwrap_or_default()
+        .hash(&mut digest);
+    for file in conf_d_files(upstreams) {
+        file.hash(&mut digest);
+        std::fs::read(&file).unwrap_or_default().hash(&mut digest);
+    }
+    digest.finish()
 }
 
 /// Parses upstreams YAML handed over in memory (the admin API), named `origin` in issues.
@@ -205,4 +240,38 @@ pub fn conf_d_files(upstreams: &Path) -> Vec<PathBuf> {
         .collect();
     files.sort();
     files
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: &str = "upstreams:\n  a.example:\n    paths:\n      \"/\":\n        servers: [\"127.0.0.1:8000\"]\n";
+    const B: &str = "upstreams:\n  b.example:\n    paths:\n      \"/\":\n        servers: [\"127.0.0.1:8001\"]\n";
+    /// A conf.d file holds hosts at its top level.
+    const EXTRA: &str = "c.example:\n  paths:\n    \"/\":\n      servers: [\"127.0.0.1:8002\"]\n";
+
+    #[test]
+    fn the_digest_of_a_load_is_that_of_the_bytes_it_parsed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("upstreams.yaml");
+        std::fs::create_dir(dir.path().join("conf.d")).unwrap();
+        std::fs::write(dir.path().join("conf.d/extra.yaml"), EXTRA).unwrap();
+        std::fs::write(&path, A).unwrap();
+        let mut issues = Issues::default();
+        let loaded = load_upstreams_digested(&path, &mut issues);
+        let (cfg, digest) = loaded.unwrap_or_else(|| panic!("{:?}", issues.errors().collect::<Vec<_>>()));
+        assert!(!issues.has_errors());
+        assert!(cfg.hosts.iter().any(|h| h.name == "a.example"));
+        assert!(cfg.hosts.iter().any(|h| h.name == "c.example"));
+        assert_eq!(
+            digest,
+            files_digest(&path),
+            "the same files, the same digest"
+        );
+        std::fs::write(&path, B).unwrap();
+        assert_ne!(digest, files_digest(&path));
+        std::fs::write(&path, A).unwrap();
+        assert_eq!(digest, files_digest(&path));
+    }
 }

@@ -11,7 +11,6 @@ pub mod file_watch;
 pub mod kubernetes;
 
 use std::collections::BTreeMap;
-use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -110,14 +109,17 @@ impl Reloader {
 
     /// Reads the upstreams file (and conf.d) and publishes it unless it is unchanged.
     pub fn reload_files(&self, source: &str) -> Result<Applied, Issues> {
-        let digest = files_digest(&self.upstreams_path);
+        let digest = config::files_digest(&self.upstreams_path);
         if self.sources().file.is_some() && self.sources().file_digest == digest {
             tracing::debug!(source, "configuration files unchanged; nothing to reload");
             return Ok(Applied::Unchanged);
         }
         let mut issues = Issues::default();
-        match config::load_upstreams(&self.upstreams_path, &mut issues) {
-            Some(cfg) if !issues.has_errors() => {
+        // The digest kept is that of the bytes parsed, not the one above: a write landing
+        // between the two must not leave one file's digest beside another's routes (the
+        // write after it, if it brought the digest back, would then be skipped as unchanged).
+        match config::load_upstreams_digested(&self.upstreams_path, &mut issues) {
+            Some((cfg, digest)) if !issues.has_errors() => {
                 for warning in issues.warnings() {
                     tracing::warn!(source, "{warning}");
                 }
@@ -159,7 +161,7 @@ impl Reloader {
                 }
             })?;
             // The watcher will see the rename; the same digest makes it a no-op.
-            digest = files_digest(&self.upstreams_path);
+            digest = config::files_digest(&self.upstreams_path);
         }
         self.install_file_config(cfg, digest, origin);
         self.sources().text_digest = Some(text_digest(text));
@@ -240,18 +242,6 @@ pub fn text_digest(text: &str) -> String {
 }
 
 /// A digest of the upstreams file and every conf.d file (names and bytes).
-pub fn files_digest(upstreams: &Path) -> u64 {
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    std::fs::read(upstreams)
-        .unwrap_or_default()
-        .hash(&mut hasher);
-    for file in config::conf_d_files(upstreams) {
-        file.hash(&mut hasher);
-        std::fs::read(&file).unwrap_or_default().hash(&mut hasher);
-    }
-    hasher.finish()
-}
-
 fn save_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     let dir = path.parent().unwrap_or(Path::new("."));

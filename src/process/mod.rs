@@ -94,11 +94,14 @@ pub fn daemonize_if_asked(
     Ok(None)
 }
 
-fn load(main_path: &Path) -> Result<(MainConfig, UpstreamsConfig, Issues), StartError> {
+/// The upstreams config read at start, with the digest of the bytes it came from.
+type DigestedUpstreams = (UpstreamsConfig, u64);
+
+fn load(main_path: &Path) -> Result<(MainConfig, DigestedUpstreams, Issues), StartError> {
     let mut issues = Issues::default();
     let main = config::load_main(main_path, &mut issues);
     let upstreams = config::upstreams_conf_of(main.as_ref(), main_path)
-        .and_then(|path| config::load_upstreams(&path, &mut issues));
+        .and_then(|path| config::load_upstreams_digested(&path, &mut issues));
     let (Some(main), Some(upstreams)) = (main, upstreams) else {
         return Err(StartError::Config(render_errors(&issues)));
     };
@@ -126,6 +129,16 @@ impl Context {
     pub fn build(
         main: &MainConfig,
         upstreams: UpstreamsConfig,
+        app_log: Option<&Arc<LogFile>>,
+    ) -> Result<Context, StartError> {
+        let digest = config::files_digest(&main.upstreams_conf);
+        Self::build_digested(main, (upstreams, digest), app_log)
+    }
+
+    /// [`Context::build`] with the digest of the bytes `upstreams` was read from.
+    fn build_digested(
+        main: &MainConfig,
+        (upstreams, digest): DigestedUpstreams,
         app_log: Option<&Arc<LogFile>>,
     ) -> Result<Context, StartError> {
         let metrics = Arc::new(Metrics::new(main.threads));
@@ -167,7 +180,6 @@ impl Context {
             policy_state.clone(),
             metrics.clone(),
         ));
-        let digest = crate::discovery::files_digest(&main.upstreams_conf);
         reloader.install_file_config(upstreams, digest, "start");
         let acme = main.acme.as_ref().zip(main.certificates_dir.as_ref());
         let acme = acme.map(|(cfg, dir)| {
@@ -268,7 +280,7 @@ pub fn run(
         tracing::warn!("{warning}");
     }
     raise_open_files_limit();
-    let ctx = Context::build(&main, upstreams, app_log.as_ref())?;
+    let ctx = Context::build_digested(&main, upstreams, app_log.as_ref())?;
 
     let mut bound = sockets::open(&main, options.upgrade)?;
     let pid_file =
