@@ -260,7 +260,8 @@ mod tests {
         std::fs::write(&path, A).unwrap();
         let mut issues = Issues::default();
         let loaded = load_upstreams_digested(&path, &mut issues);
-        let (cfg, digest) = loaded.unwrap_or_else(|| panic!("{:?}", issues.errors().collect::<Vec<_>>()));
+        let (cfg, digest) =
+            loaded.unwrap_or_else(|| panic!("{:?}", issues.errors().collect::<Vec<_>>()));
         assert!(!issues.has_errors());
         assert!(cfg.hosts.iter().any(|h| h.name == "a.example"));
         assert!(cfg.hosts.iter().any(|h| h.name == "c.example"));
