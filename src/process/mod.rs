@@ -94,8 +94,9 @@ pub fn daemonize_if_asked(
     Ok(None)
 }
 
-/// The upstreams config read at start, with the digest of the bytes it came from.
-type DigestedUpstreams = (UpstreamsConfig, u64);
+/// The upstreams config read at start, with the digest of the bytes it came from
+/// ([`config::load_upstreams_digested`]).
+pub type DigestedUpstreams = (UpstreamsConfig, u64);
 
 fn load(main_path: &Path) -> Result<(MainConfig, DigestedUpstreams, Issues), StartError> {
     let mut issues = Issues::default();
@@ -127,16 +128,6 @@ impl Context {
     /// reloader with `upstreams` installed as the first snapshot. `app_log` is `log_file`
     /// opened, which the access log shares unless `access_log_file` names its own.
     pub fn build(
-        main: &MainConfig,
-        upstreams: UpstreamsConfig,
-        app_log: Option<&Arc<LogFile>>,
-    ) -> Result<Context, StartError> {
-        let digest = config::files_digest(&main.upstreams_conf);
-        Self::build_digested(main, (upstreams, digest), app_log)
-    }
-
-    /// [`Context::build`] with the digest of the bytes `upstreams` was read from.
-    fn build_digested(
         main: &MainConfig,
         (upstreams, digest): DigestedUpstreams,
         app_log: Option<&Arc<LogFile>>,
@@ -280,7 +271,7 @@ pub fn run(
         tracing::warn!("{warning}");
     }
     raise_open_files_limit();
-    let ctx = Context::build_digested(&main, upstreams, app_log.as_ref())?;
+    let ctx = Context::build(&main, upstreams, app_log.as_ref())?;
 
     let mut bound = sockets::open(&main, options.upgrade)?;
     let pid_file =

@@ -63,19 +63,18 @@ fn remove_connection_listed(headers: &mut HeaderMap) {
     let mut listed: [Option<HeaderName>; 4] = Default::default();
     let mut overflow: Vec<HeaderName> = Vec::new();
     let mut count = 0;
-    // The common options are matched without allocating a name; a header of that name still goes.
-    let mut common = [false; COMMON_OPTIONS.len()];
+    let mut named_by_text = [false; NAMED_BY_TEXT.len()];
     for value in headers.get_all(header::CONNECTION) {
         for token in value.to_str().unwrap_or("").split(',') {
             let token = token.trim();
-            if token.is_empty() {
+            if token.is_empty() || GONE_ANYWAY.iter().any(|t| token.eq_ignore_ascii_case(t)) {
                 continue;
             }
-            if let Some(i) = COMMON_OPTIONS
+            if let Some(i) = NAMED_BY_TEXT
                 .iter()
                 .position(|t| token.eq_ignore_ascii_case(t))
             {
-                common[i] = true;
+                named_by_text[i] = true;
                 continue;
             }
             if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
@@ -91,16 +90,19 @@ fn remove_connection_listed(headers: &mut HeaderMap) {
     for name in listed.into_iter().flatten().chain(overflow) {
         headers.remove(name);
     }
-    // `keep-alive` and `upgrade` headers went with the fixed hop-by-hop ones already.
-    for (option, seen) in COMMON_OPTIONS.iter().zip(common) {
-        if seen && *option != "keep-alive" && *option != "upgrade" {
-            headers.remove(*option);
+    for (name, seen) in NAMED_BY_TEXT.iter().zip(named_by_text) {
+        if seen {
+            headers.remove(*name);
         }
     }
 }
 
-/// Connection options so common that they are matched by text, not parsed into a `HeaderName`.
-const COMMON_OPTIONS: [&str; 4] = ["close", "keep-alive", "upgrade", "trailers"];
+/// Common `Connection` options whose headers go with the fixed hop-by-hop ones whenever present.
+const GONE_ANYWAY: [&str; 2] = ["keep-alive", "upgrade"];
+
+/// Common `Connection` options matched by text, not parsed into a `HeaderName` (which would
+/// allocate): a header of that name still goes (RFC 9110 §7.6.1).
+const NAMED_BY_TEXT: [&str; 2] = ["close", "trailers"];
 
 /// The client IP as an `X-Forwarded-For` element, formatted once per connection.
 pub fn client_ip_value(ip: IpAddr) -> HeaderValue {

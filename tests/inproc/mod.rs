@@ -97,7 +97,7 @@ impl Proxy {
         let mut issues = Issues::default();
         let main = config::load_main(&main_path, &mut issues);
         let main = main.unwrap_or_else(|| panic!("main.yaml does not load: {issues:?}"));
-        let ups = config::load_upstreams(&main.upstreams_conf, &mut issues)
+        let ups = config::load_upstreams_digested(&main.upstreams_conf, &mut issues)
             .expect("upstreams.yaml loads");
         assert!(!issues.has_errors(), "config errors: {issues:?}");
         // The app log stays with the test harness; `log_file` still receives the access log.
