@@ -67,7 +67,7 @@ access_log: $ACCESS
 log_file: "$D/log"
 Y
 case "$MODE" in cachemiss|cachehit) printf 'cache:\n  mem_size_mb: 64\n' >> $D/main.yaml ;; esac
-valgrind --tool=callgrind --callgrind-out-file=$D/cg.%p "$BIN" -c $D/main.yaml >/dev/null 2>$D/vg.err & VPID=$!
+valgrind --tool=callgrind --compress-strings=no --callgrind-out-file=$D/cg.%p "$BIN" -c $D/main.yaml >/dev/null 2>$D/vg.err & VPID=$!
 AUTH="Authorization: Bearer $TOKEN"
 # A request with Authorization is never stored (RFC 9111 §3.5): the cache modes send none.
 case "$MODE" in cachemiss|cachehit|cacheoff) AUTH="X-Bench: 1" ;; esac

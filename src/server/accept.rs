@@ -24,6 +24,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::service::Service;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use futures_util::FutureExt;
 use hyper_util::server::conn::auto;
 use pin_project_lite::pin_project;
 use tokio::sync::watch;
@@ -204,11 +205,21 @@ impl OpenConnection {
         }
     }
 
-    /// Drives the connection to its end.
-    async fn run<E: std::fmt::Display>(self, conn: impl Future<Output = Result<(), E>>) {
-        if let Err(e) = conn.await {
-            tracing::debug!(peer = %self.peer, "connection ended with an error: {e}");
-        }
+    /// Drives the connection to its end. Not an `async fn`: one would hold `conn` twice (as its
+    /// argument and as the future it awaits), and this future is most of a connection's task.
+    fn run<E: std::fmt::Display>(
+        self,
+        conn: impl Future<Output = Result<(), E>>,
+    ) -> impl Future<Output = ()> {
+        // The whole of `self` is moved in (a closure naming only `self.peer` would take only
+        // that): the connection stays counted until it ends.
+        let counted = self;
+        conn.map(move |ended| {
+            if let Err(e) = ended {
+                tracing::debug!(peer = %counted.peer, "connection ended with an error: {e}");
+            }
+            drop(counted);
+        })
     }
 }
 
@@ -365,7 +376,7 @@ async fn serve_plain<F: MakeService>(
         service,
     );
     let conn = idle::drive(
-        conn.into_owned(),
+        Box::pin(conn.into_owned()),
         shared.drain.clone(),
         activity,
         shared.limits.timers(),
@@ -410,14 +421,14 @@ async fn serve_tls<F: MakeService>(
     if h2 {
         activity.mark_http2();
         let conn = shared.builders.h2_only.serve_connection(io, service);
-        let conn = idle::drive(conn.into_owned(), drain, activity, idle);
+        let conn = idle::drive(Box::pin(conn.into_owned()), drain, activity, idle);
         counted.run(conn).await;
     } else {
         let conn = shared
             .builders
             .sniffing
             .serve_connection_with_upgrades(io, service);
-        let conn = idle::drive(conn.into_owned(), drain, activity, idle);
+        let conn = idle::drive(Box::pin(conn.into_owned()), drain, activity, idle);
         counted.run(conn).await;
     }
 }

@@ -114,6 +114,13 @@ pub trait Graceful: Future {
     fn shut_down(self: Pin<&mut Self>);
 }
 
+/// A boxed connection: the box is what the connection's task holds and moves.
+impl<C: Graceful + ?Sized> Graceful for Pin<Box<C>> {
+    fn shut_down(self: Pin<&mut Self>) {
+        self.get_mut().as_mut().shut_down();
+    }
+}
+
 /// The bounds under which hyper-util offers `graceful_shutdown` (as in its own `graceful`).
 macro_rules! graceful_for {
     ($conn:ident) => {
