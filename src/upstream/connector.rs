@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use futures_util::FutureExt;
 use http::uri::Scheme;
 use http::{header, Request, Response, Uri};
 use http_body::Body as _;
@@ -235,10 +236,8 @@ where
     F: std::future::Future<Output = ()> + Send + 'static,
 {
     let counted = bounds.counted;
-    let task = async move {
-        task.await;
-        drop(counted);
-    };
+    // A map, not an `async move` block: that would hold `task` twice (captured and awaited).
+    let task = task.map(move |()| drop(counted));
     match bounds.limit {
         Some(limit) => drop(tokio::spawn(tokio::time::timeout(limit, task))),
         None => drop(tokio::spawn(task)),
@@ -259,11 +258,11 @@ where
         .handshake(TokioIo::new(io))
         .await
         .map_err(|e| ConnectError::new(ConnectErrorKind::Handshake, e.to_string()))?;
-    let task = async move {
-        if let Err(e) = conn.with_upgrades().await {
+    let task = conn.with_upgrades().map(|ended| {
+        if let Err(e) = ended {
             tracing::debug!("upstream connection ended: {e}");
         }
-    };
+    });
     spawn_bounded(task, bounds);
     Ok(Fresh::H1(sender))
 }
@@ -285,11 +284,11 @@ where
         .handshake(TokioIo::new(io))
         .await
         .map_err(|e| ConnectError::new(ConnectErrorKind::Handshake, e.to_string()))?;
-    let task = async move {
-        if let Err(e) = conn.await {
+    let task = conn.map(|ended| {
+        if let Err(e) = ended {
             tracing::debug!("upstream h2 connection ended: {e}");
         }
-    };
+    });
     spawn_bounded(task, bounds);
     let _ = tokio::time::timeout(timeout, limit.learned()).await;
     Ok(Fresh::H2(sender, limit))
