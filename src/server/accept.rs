@@ -18,13 +18,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 use http::header::{HeaderValue, CONNECTION};
 use http::{Method, Request, Response, Version};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::service::Service;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use futures_util::FutureExt;
 use hyper_util::server::conn::auto;
 use pin_project_lite::pin_project;
 use tokio::sync::watch;
