@@ -34,7 +34,7 @@ use super::idle::{self, Activity, InFlight, Timers};
 use super::listener::{apply_keepalive, TcpKeepalive};
 use super::proxy_protocol::{self, Header};
 use crate::vocab::acme_challenges::ACME_TLS_ALPN;
-use crate::vocab::TlsFacts;
+use crate::vocab::{headers, TlsFacts};
 
 /// How long a draining listener lets busy HTTP/1 connections finish their next request
 /// (answered with `Connection: close`, so the client closes cleanly between requests) before it
@@ -542,6 +542,10 @@ where
         if *this.close_when_draining && draining {
             resp.headers_mut()
                 .insert(CONNECTION, HeaderValue::from_static("close"));
+        }
+        if !*this.close_when_draining {
+            // HTTP/2: HPACK keeps what it indexes; it must not keep a backend's buffers.
+            headers::detach_values(resp.headers_mut());
         }
         let in_flight = this.in_flight.take();
         let head = *this.head;
