@@ -241,7 +241,8 @@ pub fn text_digest(text: &str) -> String {
     digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A digest of the upstreams file and every conf.d file (names and bytes).
+/// Writes `bytes` to `path` through a temporary file beside it and a rename, so a reader (the
+/// watcher, a reload) never sees half a file.
 fn save_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     let dir = path.parent().unwrap_or(Path::new("."));

@@ -500,15 +500,15 @@ where
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         let in_flight = Some(self.activity.begin());
-        let close_when_draining = req.version() < Version::HTTP_2;
-        if !close_when_draining {
+        let http1 = req.version() < Version::HTTP_2;
+        if !http1 {
             self.activity.mark_http2();
         }
         let head = req.method() == Method::HEAD;
         TrackedAnswer {
             inner: self.inner.call(req),
             in_flight,
-            close_when_draining,
+            http1,
             head,
         }
     }
@@ -520,7 +520,8 @@ pin_project! {
         #[pin]
         inner: F,
         in_flight: Option<InFlight>,
-        close_when_draining: bool,
+        // HTTP/1: told `Connection: close` when draining. HTTP/2: its header values detached.
+        http1: bool,
         head: bool,
     }
 }
@@ -539,11 +540,11 @@ where
             in_flight.progress();
             draining = in_flight.draining();
         }
-        if *this.close_when_draining && draining {
+        if *this.http1 && draining {
             resp.headers_mut()
                 .insert(CONNECTION, HeaderValue::from_static("close"));
         }
-        if !*this.close_when_draining {
+        if !*this.http1 {
             // HTTP/2: HPACK keeps what it indexes; it must not keep a backend's buffers.
             headers::detach_values(resp.headers_mut());
         }
