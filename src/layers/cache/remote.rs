@@ -246,16 +246,22 @@ impl RemoteTier {
     }
 
     /// Follows [`DROPS`] for as long as the process runs, handing each drop to `on_drop`,
-    /// and [`Dropped::All`] each time it (re)subscribes.
+    /// and [`Dropped::All`] each time it subscribes again (drops may have been missed while it
+    /// was not). Not on the first subscription: nothing was missed before it, and what the
+    /// memory tier stored while it was being made must stay.
     pub async fn listen(self: Arc<Self>, on_drop: impl Fn(Dropped) + Send + 'static) {
         let message = |text: &str| {
             if let Some(dropped) = Dropped::parse(text) {
                 on_drop(dropped);
             }
         };
-        self.link
-            .follow(DROPS, || on_drop(Dropped::All), message)
-            .await;
+        let subscribed_before = std::sync::atomic::AtomicBool::new(false);
+        let resubscribed = || {
+            if subscribed_before.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                on_drop(Dropped::All);
+            }
+        };
+        self.link.follow(DROPS, resubscribed, message).await;
     }
 }
 
