@@ -70,6 +70,8 @@ pub struct Metrics {
     /// Open client connections of the proxy listeners (`aralez_active_sessions`), kept by the
     /// server, which also enforces `max_connections` with it.
     pub open_connections: Arc<AtomicUsize>,
+    /// Of those, the ones parked between HTTP/1 requests (`aralez_parked_sessions`).
+    pub parked_connections: Arc<AtomicUsize>,
     logging_errors: AtomicU64,
     reloads: Mutex<Vec<(Box<str>, bool, u64)>>,
 }
@@ -108,6 +110,7 @@ impl Metrics {
         Metrics {
             shards: (0..=workers).map(|_| Shard::new()).collect(),
             open_connections: Arc::new(AtomicUsize::new(0)),
+            parked_connections: Arc::new(AtomicUsize::new(0)),
             logging_errors: AtomicU64::new(0),
             reloads: Mutex::new(Vec::new()),
         }
@@ -370,6 +373,14 @@ impl Metrics {
         );
         let open = self.open_connections.load(Ordering::Relaxed);
         let _ = writeln!(out, "aralez_active_sessions {open}");
+        header(
+            out,
+            "aralez_parked_sessions",
+            "gauge",
+            "Open client connections idle between HTTP/1 requests, holding no HTTP buffers.",
+        );
+        let parked = self.parked_connections.load(Ordering::Relaxed);
+        let _ = writeln!(out, "aralez_parked_sessions {parked}");
         header(
             out,
             "aralez_memory_bytes",

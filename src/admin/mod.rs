@@ -95,6 +95,7 @@ pub async fn serve(
         tls,
         limits,
         open: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        parked: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         proxy_protocol: false,
     };
     let make = move |_: ConnInfo| {

@@ -11,35 +11,39 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::FutureExt;
-use http::header::{HeaderValue, CONNECTION};
-use http::{Method, Request, Response, Version};
-use http_body::{Body, Frame, SizeHint};
+use http::{Request, Response};
+use http_body::Body;
 use hyper::body::Incoming;
+use hyper::server::conn::http1;
 use hyper::service::Service;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use pin_project_lite::pin_project;
 use tokio::sync::watch;
 
 use super::h2_guard::FloodGuard;
-use super::idle::{self, Activity, InFlight, Timers};
+use super::idle::{self, Activity, Timers};
 use super::listener::{apply_keepalive, TcpKeepalive};
+use super::park::{self, ClientSocket, Dock, Parkable, Wake};
 use super::proxy_protocol::{self, Header};
+use super::tracked::Tracked;
 use crate::vocab::acme_challenges::ACME_TLS_ALPN;
-use crate::vocab::{headers, TlsFacts};
+use crate::vocab::TlsFacts;
 
 /// How long a draining listener lets busy HTTP/1 connections finish their next request
 /// (answered with `Connection: close`, so the client closes cleanly between requests) before it
 /// closes the idle ones.
 const DRAIN_LINGER: Duration = Duration::from_secs(2);
+
+/// How long an HTTP/1 connection carries no request before it parks ([`super::park`]): long
+/// enough that a busy keep-alive connection never does, short enough that idle ones give their
+/// buffers back soon.
+const PARK_AFTER: Duration = Duration::from_secs(1);
 
 /// Connection-level limits of one listener.
 #[derive(Clone, Debug)]
@@ -65,6 +69,7 @@ impl Limits {
             idle: self.idle_timeout,
             head: self.header_timeout,
             send: self.send_timeout,
+            park: PARK_AFTER,
         }
     }
 }
@@ -125,6 +130,8 @@ pub struct AcceptLoop {
     pub tls: Option<tokio_rustls::TlsAcceptor>,
     pub limits: Limits,
     pub open: Arc<AtomicUsize>,
+    /// Connections parked between HTTP/1 requests ([`super::park`]), counted like `open`.
+    pub parked: Arc<AtomicUsize>,
     /// Every connection starts with a PROXY protocol header naming the client.
     pub proxy_protocol: bool,
 }
@@ -149,14 +156,27 @@ fn http_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
     builder
 }
 
-/// The HTTP server settings, two ways: sniffing the protocol from the first bytes, with
+/// The HTTP/1 settings of [`http_builder`], for connections known to speak HTTP/1: a parked
+/// connection served again.
+fn http1_builder(limits: &Limits) -> http1::Builder {
+    let mut builder = http1::Builder::new();
+    builder
+        .header_read_timeout(None)
+        .max_buf_size(limits.max_header_bytes.max(8192))
+        .keep_alive(true);
+    builder
+}
+
+/// The HTTP server settings, three ways: sniffing the protocol from the first bytes, with
 /// HTTP/1.1 upgrades (plain connections, and TLS unless ALPN chose h2), and HTTP/2 only for TLS
 /// connections whose ALPN chose h2: a client that agreed on h2 and then sends something else
 /// gets the connection closed (RFC 9113 §3.4), not an HTTP/1.1 answer. (hyper-util ignores
 /// `http2_only` when serving with upgrades; HTTP/2 needs none, CONNECT is handled inside.)
+/// And HTTP/1 only, with upgrades, for a parked connection served again.
 struct Builders {
     sniffing: auto::Builder<TokioExecutor>,
     h2_only: auto::Builder<TokioExecutor>,
+    http1: http1::Builder,
 }
 
 /// Logs a repeated warning at most once a second, with how many were held back.
@@ -238,6 +258,7 @@ struct Shared<F> {
     draining: Arc<AtomicBool>,
     live: Arc<AtomicUsize>,
     open: Arc<AtomicUsize>,
+    parked: Arc<AtomicUsize>,
     limits: Limits,
     name: &'static str,
     proxy_protocol: bool,
@@ -262,11 +283,13 @@ impl AcceptLoop {
             builders: Builders {
                 h2_only: sniffing.clone().http2_only(),
                 sniffing,
+                http1: http1_builder(&self.limits),
             },
             drain: drain_rx,
             draining: Arc::new(AtomicBool::new(false)),
             live: Arc::new(AtomicUsize::new(0)),
             open: self.open,
+            parked: self.parked,
             limits: self.limits,
             name: self.name,
             proxy_protocol: self.proxy_protocol,
@@ -370,18 +393,61 @@ async fn serve_plain<F: MakeService>(
         tls: false,
         tls_facts: TlsFacts::default(),
     };
-    let (service, activity) = tracked(&shared, info);
-    let conn = shared.builders.sniffing.serve_connection_with_upgrades(
-        TokioIo::new(FloodGuard::new(stream, counted.peer)),
-        service,
+    serve_parking(shared, counted, stream, info).await;
+}
+
+/// Serves a connection that is HTTP/1 or says which by its first bytes (HTTP/2 prior
+/// knowledge), parking it whenever it is HTTP/1 and idle ([`super::park`]) and serving it
+/// again, HTTP/1 only, when the client sends more.
+async fn serve_parking<F: MakeService, S: ClientSocket>(
+    shared: Arc<Shared<F>>,
+    counted: OpenConnection,
+    socket: S,
+    info: ConnInfo,
+) {
+    let (peer, timers) = (counted.peer, shared.limits.timers());
+    let activity = Activity::new(shared.draining.clone());
+    let dock = Dock::new();
+    let io = |socket| {
+        let parkable = Parkable::new(socket, activity.clone(), dock.clone());
+        TokioIo::new(FloodGuard::new(parkable, peer))
+    };
+    let service = Tracked::new(shared.make.make(info.clone()), activity.clone());
+    let conn = Box::pin(
+        shared
+            .builders
+            .sniffing
+            .serve_connection_with_upgrades(io(socket), service)
+            .into_owned(),
     );
-    let conn = idle::drive(
-        Box::pin(conn.into_owned()),
-        shared.drain.clone(),
-        activity,
-        shared.limits.timers(),
-    );
-    counted.run(conn).await;
+    let ended = idle::drive(conn, shared.drain.clone(), activity.clone(), timers).await;
+    let mut served_cleanly = ended_cleanly(ended, peer);
+    let mut drain = shared.drain.clone();
+    while served_cleanly {
+        // Not parked: the connection ended.
+        let Some(socket) = dock.take() else { break };
+        let woke = park::wait_parked(&socket, &activity, timers, &mut drain, &shared.parked);
+        if woke.await == Wake::Close {
+            break;
+        }
+        let service = Tracked::new(shared.make.make(info.clone()), activity.clone());
+        let builder = &shared.builders.http1;
+        let conn = Box::pin(builder.serve_connection(io(socket), service).with_upgrades());
+        let ended = idle::drive(conn, drain.clone(), activity.clone(), timers).await;
+        served_cleanly = ended_cleanly(ended, peer);
+    }
+    drop(counted);
+}
+
+/// Whether a connection ended without an error; logs the error otherwise.
+fn ended_cleanly<E: std::fmt::Display>(ended: Result<(), E>, peer: SocketAddr) -> bool {
+    match ended {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::debug!(%peer, "connection ended with an error: {e}");
+            false
+        }
+    }
 }
 
 /// Runs the TLS handshake (by `deadline`), then serves: HTTP/2 only when ALPN chose h2.
@@ -414,23 +480,17 @@ async fn serve_tls<F: MakeService>(
     if session.alpn_protocol() == Some(ACME_TLS_ALPN) {
         return;
     }
-    let h2 = session.alpn_protocol() == Some(b"h2");
-    let (service, activity) = tracked(&shared, info);
+    if session.alpn_protocol() != Some(b"h2") {
+        return serve_parking(shared, counted, stream, info).await;
+    }
+    let activity = Activity::new(shared.draining.clone());
+    activity.mark_http2();
+    let service = Tracked::new(shared.make.make(info), activity.clone());
     let (drain, idle) = (shared.drain.clone(), shared.limits.timers());
     let io = TokioIo::new(FloodGuard::new(stream, peer));
-    if h2 {
-        activity.mark_http2();
-        let conn = shared.builders.h2_only.serve_connection(io, service);
-        let conn = idle::drive(Box::pin(conn.into_owned()), drain, activity, idle);
-        counted.run(conn).await;
-    } else {
-        let conn = shared
-            .builders
-            .sniffing
-            .serve_connection_with_upgrades(io, service);
-        let conn = idle::drive(Box::pin(conn.into_owned()), drain, activity, idle);
-        counted.run(conn).await;
-    }
+    let conn = shared.builders.h2_only.serve_connection(io, service);
+    let conn = idle::drive(Box::pin(conn.into_owned()), drain, activity, idle);
+    counted.run(conn).await;
 }
 
 /// What the access log shows of a finished handshake.
@@ -443,19 +503,6 @@ fn tls_facts(session: &rustls::ServerConnection) -> TlsFacts {
         }),
         sni: session.server_name().map(Arc::from),
     }
-}
-
-/// The connection's service from `make`, wrapped to track activity and the drain.
-fn tracked<F: MakeService>(
-    shared: &Arc<Shared<F>>,
-    info: ConnInfo,
-) -> (Tracked<F::Service>, Arc<Activity>) {
-    let activity = Activity::new(shared.draining.clone());
-    let service = Tracked {
-        inner: shared.make.make(info),
-        activity: activity.clone(),
-    };
-    (service, activity)
 }
 
 /// Stops keep-alive: HTTP/1 responses say `Connection: close` for [`DRAIN_LINGER`], then idle
@@ -479,122 +526,5 @@ async fn drain<F>(shared: &Shared<F>, drain: &watch::Sender<bool>) {
             "{}: grace period over; closing the connections still open",
             shared.name
         );
-    }
-}
-
-/// A connection's service: each request counts as activity until its response body is done;
-/// while draining, HTTP/1 responses ask the client to close.
-#[derive(Clone)]
-pub struct Tracked<S> {
-    inner: S,
-    activity: Arc<Activity>,
-}
-
-impl<S, B> Service<Request<Incoming>> for Tracked<S>
-where
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>,
-{
-    type Response = Response<ActiveBody<B>>;
-    type Error = Infallible;
-    type Future = TrackedAnswer<S::Future>;
-
-    fn call(&self, req: Request<Incoming>) -> Self::Future {
-        let in_flight = Some(self.activity.begin());
-        let http1 = req.version() < Version::HTTP_2;
-        if !http1 {
-            self.activity.mark_http2();
-        }
-        let head = req.method() == Method::HEAD;
-        TrackedAnswer {
-            inner: self.inner.call(req),
-            in_flight,
-            http1,
-            head,
-        }
-    }
-}
-
-pin_project! {
-    /// The inner service's answer, its body carrying the request's [`InFlight`] guard.
-    pub struct TrackedAnswer<F> {
-        #[pin]
-        inner: F,
-        in_flight: Option<InFlight>,
-        // HTTP/1: told `Connection: close` when draining. HTTP/2: its header values detached.
-        http1: bool,
-        head: bool,
-    }
-}
-
-impl<F, B> Future for TrackedAnswer<F>
-where
-    F: Future<Output = Result<Response<B>, Infallible>>,
-{
-    type Output = Result<Response<ActiveBody<B>>, Infallible>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let Ok(mut resp) = std::task::ready!(this.inner.poll(cx));
-        let mut draining = false;
-        if let Some(in_flight) = this.in_flight.as_ref() {
-            in_flight.progress();
-            draining = in_flight.draining();
-        }
-        if *this.http1 && draining {
-            resp.headers_mut()
-                .insert(CONNECTION, HeaderValue::from_static("close"));
-        }
-        if !*this.http1 {
-            // HTTP/2: HPACK keeps what it indexes; it must not keep a backend's buffers.
-            headers::detach_values(resp.headers_mut());
-        }
-        let in_flight = this.in_flight.take();
-        let head = *this.head;
-        Poll::Ready(Ok(resp.map(|inner| ActiveBody {
-            inner,
-            _in_flight: in_flight,
-            head,
-        })))
-    }
-}
-
-pin_project! {
-    /// A response body that keeps its request counted as activity until it is done or dropped.
-    /// The answer to a HEAD request has no body whoever wrote it (RFC 9110 §9.3.2): hyper leaves
-    /// it out on HTTP/1.1 but would send it as DATA on HTTP/2, which clients take as a protocol
-    /// error. Its length still describes the body a GET would get.
-    pub struct ActiveBody<B> {
-        #[pin]
-        inner: B,
-        _in_flight: Option<InFlight>,
-        head: bool,
-    }
-}
-
-impl<B: Body> Body for ActiveBody<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let this = self.project();
-        if *this.head {
-            return Poll::Ready(None);
-        }
-        let polled = this.inner.poll_frame(cx);
-        if let (Poll::Ready(Some(Ok(_))), Some(in_flight)) = (&polled, this._in_flight.as_ref()) {
-            in_flight.progress();
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.head || self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }

@@ -39,6 +39,12 @@ pub struct Activity {
     progress: AtomicU64,
     /// The connection speaks HTTP/2: no request-head deadline between requests.
     http2: AtomicBool,
+    /// The timer asks the connection to park ([`super::park`]): hyper's next read that would
+    /// wait ends it instead.
+    park_asked: AtomicBool,
+    /// Bytes came from the client since the last request ended: part of a head may sit in
+    /// hyper's buffer, so the connection must not park.
+    read_since_end: AtomicBool,
 }
 
 impl Activity {
@@ -50,6 +56,8 @@ impl Activity {
             last_end: AtomicU64::new(0),
             progress: AtomicU64::new(0),
             http2: AtomicBool::new(false),
+            park_asked: AtomicBool::new(false),
+            read_since_end: AtomicBool::new(false),
         })
     }
 
@@ -74,6 +82,35 @@ impl Activity {
 
     fn progress(&self) {
         self.progress.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Bytes came from the client: no parking until the next request has ended.
+    pub fn note_read(&self) {
+        if !self.read_since_end.load(Ordering::Relaxed) {
+            self.read_since_end.store(true, Ordering::Relaxed);
+        }
+        if self.park_asked.load(Ordering::Relaxed) {
+            self.park_asked.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether parking was asked; asking again is needed for the next time.
+    pub fn take_park_ask(&self) -> bool {
+        self.park_asked.swap(false, Ordering::Relaxed)
+    }
+
+    /// An HTTP/1 connection that has ended a request and read nothing since.
+    fn may_park(&self) -> bool {
+        !self.http2.load(Ordering::Relaxed)
+            && self.last_end.load(Ordering::Relaxed) > 0
+            && !self.read_since_end.load(Ordering::Relaxed)
+            && !self.park_asked.load(Ordering::Relaxed)
+    }
+
+    /// When a parked connection closes: its idle or request-head deadline, whichever is first.
+    pub fn parked_until(&self, timers: Timers) -> Instant {
+        let last = self.base + Duration::from_nanos(self.last_end.load(Ordering::Relaxed));
+        last + timers.idle.min(timers.head)
     }
 
     /// How long the connection has carried no request, or `None` while one is open.
@@ -103,8 +140,10 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        let nanos = self.0.now_nanos();
+        // At least 1: 0 means no request has ended yet.
+        let nanos = self.0.now_nanos().max(1);
         self.0.last_end.store(nanos, Ordering::Relaxed);
+        self.0.read_since_end.store(false, Ordering::Relaxed);
         self.0.open.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -143,6 +182,20 @@ macro_rules! graceful_for {
 graceful_for!(Connection);
 graceful_for!(UpgradeableConnection);
 
+/// An HTTP/1-only connection (a parked connection served again).
+impl<I, B, S> Graceful for hyper::server::conn::http1::UpgradeableConnection<I, S>
+where
+    S: hyper::service::HttpService<Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    B: Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn shut_down(self: Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
 /// The timers of one connection.
 #[derive(Clone, Copy, Debug)]
 pub struct Timers {
@@ -155,6 +208,9 @@ pub struct Timers {
     /// `send_timeout`; a client that stops reading, or an HTTP/2 client that never opens its
     /// flow-control window, would otherwise hold its streams and their backend connections).
     pub send: Duration,
+    /// HTTP/1: no request for this long and nothing read since the last one: parked
+    /// ([`super::park`]).
+    pub park: Duration,
 }
 
 /// What the idle check decided.
@@ -165,6 +221,8 @@ enum IdleStep {
     ShutDown,
     /// Close it now (no request head in time).
     Close,
+    /// Ask it to park.
+    Park,
 }
 
 /// The idle and head rules, looked at `now`.
@@ -175,11 +233,18 @@ fn idle_step(activity: &Activity, timers: Timers, now: Instant) -> IdleStep {
     } else {
         timers.idle
     };
+    // HTTP/1 looks at least every `park`: a request's end is noticed in time to park.
+    let look = |after: Duration| match http1 {
+        true => IdleStep::LookAt(now + after.min(timers.park)),
+        false => IdleStep::LookAt(now + after),
+    };
     match activity.idle_for(now) {
-        None => IdleStep::LookAt(now + limit),
+        None => look(limit),
         Some(waited) if http1 && waited >= timers.head => IdleStep::Close,
         Some(waited) if waited >= timers.idle => IdleStep::ShutDown,
-        Some(waited) => IdleStep::LookAt(now + limit.saturating_sub(waited)),
+        Some(waited) if waited >= timers.park && activity.may_park() => IdleStep::Park,
+        Some(waited) if activity.may_park() => look(timers.park - waited),
+        Some(waited) => look(limit.saturating_sub(waited)),
     }
 }
 
@@ -237,6 +302,12 @@ where
                             }
                             // Asked already: only the head rule may still close it.
                             idle_at = now + timers.head;
+                        }
+                        IdleStep::Park => {
+                            // The connection is polled again next turn: its read that would
+                            // wait now ends it, unless the client sent something meanwhile.
+                            activity.park_asked.store(true, Ordering::Relaxed);
+                            idle_at = now + timers.park;
                         }
                     }
                 }

@@ -13,8 +13,10 @@ pub mod h3;
 mod idle;
 pub mod listener;
 mod observe;
+mod park;
 pub mod proxy_protocol;
 pub mod real_client;
+mod tracked;
 
 use std::sync::Arc;
 
@@ -111,6 +113,7 @@ pub async fn serve_worker(
     shutdown: watch::Receiver<bool>,
 ) {
     let open = serving.metrics.open_connections.clone();
+    let parked = serving.metrics.parked_connections.clone();
     // Upgraded connections still count, and still close when idle.
     let tunnels = Arc::new(TunnelLimits {
         open: open.clone(),
@@ -146,6 +149,7 @@ pub async fn serve_worker(
         tls: None,
         limits: limits.clone(),
         open: open.clone(),
+        parked: parked.clone(),
         proxy_protocol: serving.proxy_protocol,
     };
     let plain = plain_loop.run(proxy_service(false, None), shutdown.clone());
@@ -157,6 +161,7 @@ pub async fn serve_worker(
                 tls: Some(side.acceptor),
                 limits,
                 open,
+                parked,
                 proxy_protocol: serving.proxy_protocol,
             };
             let secure = tls_loop.run(proxy_service(side.hsts, side.alt_svc), shutdown);

@@ -1,0 +1,226 @@
+//! Parking: an HTTP/1 client connection that has carried no request for a while gives back
+//! everything hyper keeps for it (its 8 KiB read and 8 KiB write buffers, its connection state)
+//! and waits as a bare socket until the client sends again. Then a new hyper connection is
+//! built on the same socket. nginx does the same when a connection goes to keep-alive; hyper
+//! keeps its buffers for a connection's whole life and has no way to give them back, hence this.
+//!
+//! How: the connection's timer ([`super::idle::drive`]) asks for parking once the connection
+//! has been idle for [`super::idle::Timers::park`] with nothing read since its last request
+//! ended. The IO under hyper ([`Parkable`]) then answers hyper's next read that would wait with
+//! an end of stream: hyper, idle between requests, takes it as the client closing, ends the
+//! connection cleanly and drops the IO, which hands its socket to a [`Dock`] instead of closing
+//! it. Bytes that come before that read cancel the parking.
+//!
+//! A parked connection closes at the same deadline as an idle one (`client_header_timeout` or
+//! `client_idle_timeout` after its last request, whichever is first) and at once when the
+//! listener drains. A client that pipelined half a request head and then went quiet cannot be
+//! told from one that sent nothing (the half head sits in hyper's buffer); its connection is
+//! closed instead of parked, and a pipelining client resends unanswered requests on a new one.
+
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use super::idle::{Activity, Timers};
+
+/// A client socket: plain TCP, or TLS over it.
+pub trait ClientSocket: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// The TCP socket underneath, to wait on while parked.
+    fn tcp(&self) -> &TcpStream;
+}
+
+impl ClientSocket for TcpStream {
+    fn tcp(&self) -> &TcpStream {
+        self
+    }
+}
+
+impl ClientSocket for tokio_rustls::server::TlsStream<TcpStream> {
+    fn tcp(&self) -> &TcpStream {
+        self.get_ref().0
+    }
+}
+
+/// Where a parking connection's socket is left when hyper drops its IO.
+pub struct Dock<S>(Mutex<Option<S>>);
+
+impl<S> Dock<S> {
+    pub fn new() -> Arc<Dock<S>> {
+        Arc::new(Dock(Mutex::new(None)))
+    }
+
+    /// The socket left here, if the connection parked.
+    pub fn take(&self) -> Option<S> {
+        self.0.lock().ok()?.take()
+    }
+
+    fn leave(&self, socket: S) {
+        if let Ok(mut slot) = self.0.lock() {
+            *slot = Some(socket);
+        }
+    }
+}
+
+/// The IO under a hyper connection that may park: passes everything through until parking is
+/// asked and a read would wait; from then on reads see the end of the stream, shutting down
+/// does nothing, and dropping it leaves the socket in the dock.
+pub struct Parkable<S> {
+    socket: Option<S>,
+    activity: Arc<Activity>,
+    dock: Arc<Dock<S>>,
+    parked: bool,
+}
+
+impl<S> Parkable<S> {
+    pub fn new(socket: S, activity: Arc<Activity>, dock: Arc<Dock<S>>) -> Parkable<S> {
+        Parkable {
+            socket: Some(socket),
+            activity,
+            dock,
+            parked: false,
+        }
+    }
+
+    fn socket(&mut self) -> io::Result<&mut S> {
+        match self.socket.as_mut() {
+            Some(socket) if !self.parked => Ok(socket),
+            _ => Err(io::ErrorKind::NotConnected.into()),
+        }
+    }
+}
+
+impl<S> Drop for Parkable<S> {
+    fn drop(&mut self) {
+        if let (true, Some(socket)) = (self.parked, self.socket.take()) {
+            self.dock.leave(socket);
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Parkable<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.parked {
+            return Poll::Ready(Ok(()));
+        }
+        let Some(socket) = this.socket.as_mut() else {
+            return Poll::Ready(Ok(()));
+        };
+        let before = buf.filled().len();
+        match Pin::new(socket).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before {
+                    this.activity.note_read();
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending if this.activity.take_park_ask() => {
+                this.parked = true;
+                Poll::Ready(Ok(()))
+            }
+            other => other,
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Parkable<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut().socket() {
+            Ok(socket) => Pin::new(socket).poll_write(cx, buf),
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut().socket() {
+            Ok(socket) => Pin::new(socket).poll_write_vectored(cx, bufs),
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.socket.as_ref().is_some_and(|s| s.is_write_vectored())
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        match this.socket.as_mut() {
+            Some(socket) if !this.parked => Pin::new(socket).poll_flush(cx),
+            _ => Poll::Ready(Ok(())),
+        }
+    }
+
+    /// A parking connection is not shut down: its socket goes on.
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        match this.socket.as_mut() {
+            Some(socket) if !this.parked => Pin::new(socket).poll_shutdown(cx),
+            _ => Poll::Ready(Ok(())),
+        }
+    }
+}
+
+/// What ended a parked wait.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Wake {
+    /// The client sent something (or closed): serve it again.
+    Readable,
+    /// The idle or head deadline passed, or the listener drains: close.
+    Close,
+}
+
+/// Counts a connection as parked while it lives.
+struct ParkedCount<'a>(&'a AtomicUsize);
+
+impl<'a> ParkedCount<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        ParkedCount(count)
+    }
+}
+
+impl Drop for ParkedCount<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Waits, parked, until the client sends again, counted in `parked`; or until the connection's
+/// idle deadline passes or `drain` turns true (or its sender is gone).
+pub async fn wait_parked<S: ClientSocket>(
+    socket: &S,
+    activity: &Activity,
+    timers: Timers,
+    drain: &mut watch::Receiver<bool>,
+    parked: &AtomicUsize,
+) -> Wake {
+    let _counted = ParkedCount::new(parked);
+    let deadline = activity.parked_until(timers);
+    tokio::select! {
+        biased;
+        _ = drain.wait_for(|d| *d) => Wake::Close,
+        ready = socket.tcp().readable() => match ready {
+            Ok(()) => Wake::Readable,
+            Err(_) => Wake::Close,
+        },
+        () = tokio::time::sleep_until(deadline) => Wake::Close,
+    }
+}

@@ -1,0 +1,144 @@
+//! The service wrapper every served connection gets: each request counts as activity (for the
+//! idle timeout, the drain and parking) until its response body is done or dropped; while the
+//! listener drains, HTTP/1 responses ask the client to close; HTTP/2 responses get their
+//! header values detached from backend buffers (HPACK keeps what it indexes); and the answer to
+//! a HEAD request never carries a body.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::header::{HeaderValue, CONNECTION};
+use http::{Method, Request, Response, Version};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::service::Service;
+use pin_project_lite::pin_project;
+
+use super::idle::{Activity, InFlight};
+use crate::vocab::headers;
+
+/// A connection's service: each request counts as activity until its response body is done;
+/// while draining, HTTP/1 responses ask the client to close.
+#[derive(Clone)]
+pub struct Tracked<S> {
+    inner: S,
+    activity: Arc<Activity>,
+}
+
+impl<S> Tracked<S> {
+    pub fn new(inner: S, activity: Arc<Activity>) -> Tracked<S> {
+        Tracked { inner, activity }
+    }
+}
+
+impl<S, B> Service<Request<Incoming>> for Tracked<S>
+where
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>,
+{
+    type Response = Response<ActiveBody<B>>;
+    type Error = Infallible;
+    type Future = TrackedAnswer<S::Future>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        let in_flight = Some(self.activity.begin());
+        let http1 = req.version() < Version::HTTP_2;
+        if !http1 {
+            self.activity.mark_http2();
+        }
+        let head = req.method() == Method::HEAD;
+        TrackedAnswer {
+            inner: self.inner.call(req),
+            in_flight,
+            http1,
+            head,
+        }
+    }
+}
+
+pin_project! {
+    /// The inner service's answer, its body carrying the request's [`InFlight`] guard.
+    pub struct TrackedAnswer<F> {
+        #[pin]
+        inner: F,
+        in_flight: Option<InFlight>,
+        // HTTP/1: told `Connection: close` when draining. HTTP/2: its header values detached.
+        http1: bool,
+        head: bool,
+    }
+}
+
+impl<F, B> Future for TrackedAnswer<F>
+where
+    F: Future<Output = Result<Response<B>, Infallible>>,
+{
+    type Output = Result<Response<ActiveBody<B>>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let Ok(mut resp) = std::task::ready!(this.inner.poll(cx));
+        let mut draining = false;
+        if let Some(in_flight) = this.in_flight.as_ref() {
+            in_flight.progress();
+            draining = in_flight.draining();
+        }
+        if *this.http1 && draining {
+            resp.headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+        }
+        if !*this.http1 {
+            // HTTP/2: HPACK keeps what it indexes; it must not keep a backend's buffers.
+            headers::detach_values(resp.headers_mut());
+        }
+        let in_flight = this.in_flight.take();
+        let head = *this.head;
+        Poll::Ready(Ok(resp.map(|inner| ActiveBody {
+            inner,
+            _in_flight: in_flight,
+            head,
+        })))
+    }
+}
+
+pin_project! {
+    /// A response body that keeps its request counted as activity until it is done or dropped.
+    /// The answer to a HEAD request has no body whoever wrote it (RFC 9110 §9.3.2): hyper leaves
+    /// it out on HTTP/1.1 but would send it as DATA on HTTP/2, which clients take as a protocol
+    /// error. Its length still describes the body a GET would get.
+    pub struct ActiveBody<B> {
+        #[pin]
+        inner: B,
+        _in_flight: Option<InFlight>,
+        head: bool,
+    }
+}
+
+impl<B: Body> Body for ActiveBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.project();
+        if *this.head {
+            return Poll::Ready(None);
+        }
+        let polled = this.inner.poll_frame(cx);
+        if let (Poll::Ready(Some(Ok(_))), Some(in_flight)) = (&polled, this._in_flight.as_ref()) {
+            in_flight.progress();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.head || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
