@@ -237,7 +237,7 @@ async fn a_tls_connection_parks_and_is_served_again() {
         pki.leaf_key.clone_key(),
         &[b"http/1.1"],
     )));
-    let config = support::tls_client_config(&[pki.ca.clone()], &[b"http/1.1"]);
+    let config = support::tls_client_config(std::slice::from_ref(&pki.ca), &[b"http/1.1"]);
     let tcp = connect(served.addr).await;
     let name = rustls_pki_types::ServerName::try_from("park.test").expect("name");
     let mut s = tokio_rustls::TlsConnector::from(config)
