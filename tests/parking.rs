@@ -196,7 +196,11 @@ async fn a_parked_connection_closes_at_its_head_deadline_and_on_drain() {
     served.shutdown.send_replace(true);
     let started = tokio::time::Instant::now();
     assert!(closed(&mut drained).await);
-    assert!(started.elapsed() <= Duration::from_secs(3), "drain took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() <= Duration::from_secs(3),
+        "drain took {:?}",
+        started.elapsed()
+    );
     assert_eq!(served.parked(), 0);
 }
 
@@ -224,8 +228,15 @@ async fn half_a_pipelined_head_closes_instead_of_parking() {
     idle(Duration::from_secs(2)).await;
     // Closed when it would have parked, not at the head deadline (10 s).
     let started = tokio::time::Instant::now();
-    assert!(closed(&mut s).await, "half a pipelined head: expected a close");
-    assert!(started.elapsed() < Duration::from_secs(1), "closed after {:?}", started.elapsed());
+    assert!(
+        closed(&mut s).await,
+        "half a pipelined head: expected a close"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "closed after {:?}",
+        started.elapsed()
+    );
     assert_eq!(served.parked(), 0);
 }
 

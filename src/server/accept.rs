@@ -432,7 +432,11 @@ async fn serve_parking<F: MakeService, S: ClientSocket>(
         }
         let service = Tracked::new(shared.make.make(info.clone()), activity.clone());
         let builder = &shared.builders.http1;
-        let conn = Box::pin(builder.serve_connection(io(socket), service).with_upgrades());
+        let conn = Box::pin(
+            builder
+                .serve_connection(io(socket), service)
+                .with_upgrades(),
+        );
         let ended = idle::drive(conn, drain.clone(), activity.clone(), timers).await;
         served_cleanly = ended_cleanly(ended, peer);
     }
