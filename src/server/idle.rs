@@ -12,6 +12,11 @@
 //! waiting both end there, as with nginx's `client_header_timeout`. This is the connection's
 //! own timer rather than hyper's header-read timer, which registers and drops a timer for every
 //! request; here one timer per connection serves the idle, head and stall checks.
+//!
+//! The same timer asks an HTTP/1 connection to park ([`super::park`]) once it has carried no
+//! request for [`Timers::park`] and read nothing since its last one. To notice a request's end
+//! in time it looks at least that often on HTTP/1 connections (once a second: a cheap poll of
+//! an idle connection, instead of resetting the timer on every request).
 
 use std::future::Future;
 use std::pin::Pin;
