@@ -365,31 +365,16 @@ impl Metrics {
     }
 
     fn render_process(&self, out: &mut String, process: &ProcessNow) {
-        header(
-            out,
-            "aralez_active_sessions",
-            "gauge",
-            "Open client connections.",
-        );
         let open = self.open_connections.load(Ordering::Relaxed);
-        let _ = writeln!(out, "aralez_active_sessions {open}");
-        header(
-            out,
-            "aralez_parked_sessions",
-            "gauge",
-            "Open client connections idle between HTTP/1 requests, holding no HTTP buffers.",
-        );
+        let help = "Open client connections.";
+        gauge(out, "aralez_active_sessions", help, open);
         let parked = self.parked_connections.load(Ordering::Relaxed);
-        let _ = writeln!(out, "aralez_parked_sessions {parked}");
-        header(
-            out,
-            "aralez_memory_bytes",
-            "gauge",
-            "Resident memory of the process.",
-        );
-        let _ = writeln!(out, "aralez_memory_bytes {}", process.resident_bytes);
-        header(out, "aralez_open_files", "gauge", "Open file descriptors.");
-        let _ = writeln!(out, "aralez_open_files {}", process.open_fds);
+        let help = "Open client connections idle between HTTP/1 requests, holding no HTTP buffers.";
+        gauge(out, "aralez_parked_sessions", help, parked);
+        let help = "Resident memory of the process.";
+        gauge(out, "aralez_memory_bytes", help, process.resident_bytes);
+        let help = "Open file descriptors.";
+        gauge(out, "aralez_open_files", help, process.open_fds);
         let name = "aralez_logging_errors_total";
         header(
             out,
@@ -450,6 +435,12 @@ fn load(counter: &AtomicU64) -> u64 {
 
 fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// One unlabelled gauge, with its header.
+fn gauge(out: &mut String, name: &str, help: &str, value: impl std::fmt::Display) {
+    header(out, name, "gauge", help);
+    let _ = writeln!(out, "{name} {value}");
 }
 
 /// What /proc says of this process at a scrape, read once for both aralez's own names
