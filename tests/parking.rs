@@ -16,7 +16,7 @@ use aralez::server::{AcceptLoop, ConnInfo, Limits};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
-use hyper::body::Incoming;
+use hyper::body::{Body as _, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -27,8 +27,14 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: park\r\n\r\n";
 const ANSWER: &str = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n";
 
-/// Answers `ok`; an `Upgrade` request gets 101 and its tunnel echoes.
+/// Answers `ok`; an `Upgrade` request gets 101 and its tunnel echoes; a request body is read
+/// after the answer, in the background (as a proxy streaming it upstream may).
 async fn answer(mut req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    if !req.body().is_end_stream() {
+        let body = req.into_body();
+        tokio::spawn(http_body_util::BodyExt::collect(body));
+        return Ok(Response::new(Full::new(Bytes::from_static(b"ok"))));
+    }
     if req.headers().contains_key(http::header::UPGRADE) {
         let upgrade = hyper::upgrade::on(&mut req);
         tokio::spawn(async move {
@@ -260,4 +266,48 @@ async fn a_tls_connection_parks_and_is_served_again() {
     assert_eq!(served.parked(), 1);
     assert!(ask(&mut s).await.starts_with(ANSWER));
     assert_eq!(served.parked(), 0);
+}
+
+/// Reads whatever comes within `wait`; the number of answers in it.
+async fn answers_within<S: AsyncRead + Unpin>(s: &mut S, wait: Duration) -> usize {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while let Ok(Ok(n)) = tokio::time::timeout(wait, s.read(&mut buf)).await {
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&got)
+        .matches("HTTP/1.1 200 OK")
+        .count()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_body_still_coming_is_never_taken_for_a_request() {
+    // The service answers before the body has come; the client sends half of it, waits past the
+    // park time, then sends the rest, which looks like a request. It must stay body bytes: a
+    // connection parked there would read them as a request (a desync).
+    let served = serve(None);
+    let mut s = connect(served.addr).await;
+    let hidden = b"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n";
+    let head = format!(
+        "POST / HTTP/1.1\r\nHost: park\r\nContent-Length: {}\r\n\r\n",
+        5 + hidden.len()
+    );
+    s.write_all(head.as_bytes()).await.expect("write");
+    s.write_all(b"12345").await.expect("write");
+    assert_eq!(answers_within(&mut s, Duration::from_millis(100)).await, 1);
+    idle(Duration::from_secs(3)).await;
+    assert_eq!(served.parked(), 0, "parked with a request body unread");
+    s.write_all(hidden).await.expect("write");
+    s.write_all(GET).await.expect("write");
+    assert_eq!(
+        answers_within(&mut s, Duration::from_secs(1)).await,
+        1,
+        "the unread body was answered as a request"
+    );
+    // A request without a body ended last: the connection parks again.
+    idle(Duration::from_secs(2)).await;
+    assert_eq!(served.parked(), 1);
 }

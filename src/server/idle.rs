@@ -50,6 +50,9 @@ pub struct Activity {
     /// Bytes came from the client since the last request ended: part of a head may sit in
     /// hyper's buffer, so the connection must not park.
     read_since_end: AtomicBool,
+    /// The last request carried a body: hyper may still be reading it after the response, so
+    /// the connection must not park (the rest of the body would be read as a request).
+    request_body: AtomicBool,
 }
 
 impl Activity {
@@ -63,6 +66,7 @@ impl Activity {
             http2: AtomicBool::new(false),
             park_asked: AtomicBool::new(false),
             read_since_end: AtomicBool::new(false),
+            request_body: AtomicBool::new(false),
         })
     }
 
@@ -73,9 +77,12 @@ impl Activity {
         }
     }
 
-    /// A request starts; it ends when the guard drops.
-    pub fn begin(self: &Arc<Self>) -> InFlight {
+    /// A request starts, with a body or not; it ends when the guard drops.
+    pub fn begin(self: &Arc<Self>, with_body: bool) -> InFlight {
         self.open.fetch_add(1, Ordering::Relaxed);
+        if self.request_body.load(Ordering::Relaxed) != with_body {
+            self.request_body.store(with_body, Ordering::Relaxed);
+        }
         self.progress();
         InFlight(self.clone())
     }
@@ -104,10 +111,11 @@ impl Activity {
         self.park_asked.swap(false, Ordering::Relaxed)
     }
 
-    /// An HTTP/1 connection that has ended a request and read nothing since.
+    /// An HTTP/1 connection that has ended a request without a body and read nothing since.
     fn may_park(&self) -> bool {
         !self.http2.load(Ordering::Relaxed)
             && self.last_end.load(Ordering::Relaxed) > 0
+            && !self.request_body.load(Ordering::Relaxed)
             && !self.read_since_end.load(Ordering::Relaxed)
             && !self.park_asked.load(Ordering::Relaxed)
     }

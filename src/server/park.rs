@@ -6,7 +6,10 @@
 //!
 //! How: the connection's timer ([`super::idle::drive`]) asks for parking once the connection
 //! has been idle for [`super::idle::Timers::park`] with nothing read since its last request
-//! ended. The IO under hyper ([`Parkable`]) then answers hyper's next read that would wait with
+//! ended, and that request had no body: hyper may still be reading a body after the response
+//! has gone (a proxy streams it upstream as it comes), and a connection parked in the middle of
+//! one would read the rest of it as a request (a desync). A connection whose last request had a
+//! body therefore stays in hyper until its next request or its deadline. The IO under hyper ([`Parkable`]) then answers hyper's next read that would wait with
 //! an end of stream: hyper, idle between requests, takes it as the client closing, ends the
 //! connection cleanly and drops the IO, which hands its socket to a [`Dock`] instead of closing
 //! it. Bytes that come before that read cancel the parking.

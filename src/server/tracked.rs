@@ -43,7 +43,7 @@ where
     type Future = TrackedAnswer<S::Future>;
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
-        let in_flight = Some(self.activity.begin());
+        let in_flight = Some(self.activity.begin(!req.body().is_end_stream()));
         let http1 = req.version() < Version::HTTP_2;
         if !http1 {
             self.activity.mark_http2();
