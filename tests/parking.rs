@@ -26,10 +26,15 @@ use tokio::sync::watch;
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: park\r\n\r\n";
 const ANSWER: &str = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n";
+/// An answer larger than the sockets' buffers.
+const BIG: usize = 16 << 20;
 
 /// Answers `ok`; an `Upgrade` request gets 101 and its tunnel echoes; a request body is read
 /// after the answer, in the background (as a proxy streaming it upstream may).
 async fn answer(mut req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    if req.uri().path() == "/big" {
+        return Ok(Response::new(Full::new(Bytes::from(vec![b'x'; BIG]))));
+    }
     if !req.body().is_end_stream() {
         let body = req.into_body();
         tokio::spawn(http_body_util::BodyExt::collect(body));
@@ -310,4 +315,30 @@ async fn a_request_body_still_coming_is_never_taken_for_a_request() {
     // A request without a body ended last: the connection parks again.
     idle(Duration::from_secs(2)).await;
     assert_eq!(served.parked(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_the_client_is_slow_to_read_is_never_cut_by_parking() {
+    let served = serve(None);
+    let mut s = connect(served.addr).await;
+    s.write_all(b"GET /big HTTP/1.1\r\nHost: park\r\n\r\n")
+        .await
+        .expect("write");
+    // Not reading: the answer's tail waits in the proxy's buffers.
+    idle(Duration::from_secs(3)).await;
+    assert_eq!(served.parked(), 0, "parked with an answer not yet sent");
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    while got.len() < BIG + 30 {
+        match tokio::time::timeout(Duration::from_secs(1), s.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
+            _ => break,
+        }
+    }
+    let head_end = got
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a head")
+        + 4;
+    assert_eq!(got.len() - head_end, BIG, "the answer was cut");
 }

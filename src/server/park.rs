@@ -12,7 +12,9 @@
 //! body therefore stays in hyper until its next request or its deadline. The IO under hyper ([`Parkable`]) then answers hyper's next read that would wait with
 //! an end of stream: hyper, idle between requests, takes it as the client closing, ends the
 //! connection cleanly and drops the IO, which hands its socket to a [`Dock`] instead of closing
-//! it. Bytes that come before that read cancel the parking.
+//! it. Bytes that come before that read cancel the parking, and so does an answer still
+//! waiting in hyper's buffer for the client to read (hyper's last write waited on the socket):
+//! ending the connection then would cut the answer.
 //!
 //! A parked connection closes at the same deadline as an idle one (`client_header_timeout` or
 //! `client_idle_timeout` after its last request, whichever is first) and at once when the
@@ -78,6 +80,9 @@ pub struct Parkable<S> {
     activity: Arc<Activity>,
     dock: Arc<Dock<S>>,
     parked: bool,
+    /// hyper's last write or flush waited on the socket: part of an answer is still in its
+    /// buffer, and ending the connection now would cut it.
+    write_blocked: bool,
 }
 
 impl<S> Parkable<S> {
@@ -87,6 +92,7 @@ impl<S> Parkable<S> {
             activity,
             dock,
             parked: false,
+            write_blocked: false,
         }
     }
 
@@ -127,7 +133,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Parkable<S> {
                 }
                 Poll::Ready(Ok(()))
             }
-            Poll::Pending if this.activity.take_park_ask() => {
+            Poll::Pending if !this.write_blocked && this.activity.take_park_ask() => {
                 this.parked = true;
                 Poll::Ready(Ok(()))
             }
@@ -142,10 +148,13 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Parkable<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut().socket() {
+        let this = self.get_mut();
+        let written = match this.socket() {
             Ok(socket) => Pin::new(socket).poll_write(cx, buf),
             Err(e) => Poll::Ready(Err(e)),
-        }
+        };
+        this.write_blocked = written.is_pending();
+        written
     }
 
     fn poll_write_vectored(
@@ -153,10 +162,13 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Parkable<S> {
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut().socket() {
+        let this = self.get_mut();
+        let written = match this.socket() {
             Ok(socket) => Pin::new(socket).poll_write_vectored(cx, bufs),
             Err(e) => Poll::Ready(Err(e)),
-        }
+        };
+        this.write_blocked = written.is_pending();
+        written
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -165,10 +177,12 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Parkable<S> {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        match this.socket.as_mut() {
+        let flushed = match this.socket.as_mut() {
             Some(socket) if !this.parked => Pin::new(socket).poll_flush(cx),
             _ => Poll::Ready(Ok(())),
-        }
+        };
+        this.write_blocked = flushed.is_pending();
+        flushed
     }
 
     /// A parking connection is not shut down: its socket goes on.
