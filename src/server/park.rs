@@ -9,8 +9,10 @@
 //! ended, and that request had no body: hyper may still be reading a body after the response
 //! has gone (a proxy streams it upstream as it comes), and a connection parked in the middle of
 //! one would read the rest of it as a request (a desync). A connection whose last request had a
-//! body therefore stays in hyper until its next request or its deadline. The IO under hyper ([`Parkable`]) then answers hyper's next read that would wait with
-//! an end of stream: hyper, idle between requests, takes it as the client closing, ends the
+//! body therefore stays in hyper until its next request or its deadline.
+//!
+//! The IO under hyper ([`Parkable`]) then answers hyper's next read that would wait with an
+//! end of stream: hyper, idle between requests, takes it as the client closing, ends the
 //! connection cleanly and drops the IO, which hands its socket to a [`Dock`] instead of closing
 //! it. Bytes that come before that read cancel the parking, and so does an answer still
 //! waiting in hyper's buffer for the client to read (hyper's last write waited on the socket):
@@ -96,11 +98,20 @@ impl<S> Parkable<S> {
         }
     }
 
-    fn socket(&mut self) -> io::Result<&mut S> {
-        match self.socket.as_mut() {
-            Some(socket) if !self.parked => Ok(socket),
-            _ => Err(io::ErrorKind::NotConnected.into()),
-        }
+    /// A write or flush, remembering whether it waited on the socket; an error once parked.
+    fn write_with<T>(
+        &mut self,
+        op: impl FnOnce(Pin<&mut S>) -> Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>>
+    where
+        S: Unpin,
+    {
+        let polled = match self.socket.as_mut() {
+            Some(socket) if !self.parked => op(Pin::new(socket)),
+            _ => Poll::Ready(Err(io::ErrorKind::NotConnected.into())),
+        };
+        self.write_blocked = polled.is_pending();
+        polled
     }
 }
 
@@ -148,13 +159,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Parkable<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let written = match this.socket() {
-            Ok(socket) => Pin::new(socket).poll_write(cx, buf),
-            Err(e) => Poll::Ready(Err(e)),
-        };
-        this.write_blocked = written.is_pending();
-        written
+        self.get_mut().write_with(|s| s.poll_write(cx, buf))
     }
 
     fn poll_write_vectored(
@@ -162,13 +167,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Parkable<S> {
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let written = match this.socket() {
-            Ok(socket) => Pin::new(socket).poll_write_vectored(cx, bufs),
-            Err(e) => Poll::Ready(Err(e)),
-        };
-        this.write_blocked = written.is_pending();
-        written
+        self.get_mut()
+            .write_with(|s| s.poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -177,12 +177,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Parkable<S> {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let flushed = match this.socket.as_mut() {
-            Some(socket) if !this.parked => Pin::new(socket).poll_flush(cx),
-            _ => Poll::Ready(Ok(())),
-        };
-        this.write_blocked = flushed.is_pending();
-        flushed
+        if this.parked {
+            return Poll::Ready(Ok(()));
+        }
+        this.write_with(|s| s.poll_flush(cx))
     }
 
     /// A parking connection is not shut down: its socket goes on.
