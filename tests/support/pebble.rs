@@ -72,8 +72,50 @@ impl Pebble {
         std::fs::write(&ca_file, &pki.ca_pem).expect("write CA");
         std::fs::write(dir.path().join("pebble.crt"), &pki.leaf_pem).expect("write cert");
         std::fs::write(dir.path().join("pebble.key"), &pki.leaf_key_pem).expect("write key");
-        let (dns_port, acme_port, mgmt_port, cts_mgmt) =
-            (free_port(), free_port(), free_port(), free_port());
+        // A port picked free may be taken by someone else before pebble binds it (tests run in
+        // parallel): a pebble that does not come up is started again on other ports.
+        for _attempt in 0..3 {
+            let ports = (free_port(), free_port(), free_port(), free_port());
+            let Some((dns, server)) = Self::spawn_pair(
+                &pebble,
+                &challtestsrv,
+                dir.path(),
+                ports,
+                http_port,
+                tls_port,
+            )
+            .await
+            else {
+                continue;
+            };
+            let (dns_port, acme_port, mgmt_port, cts_mgmt) = ports;
+            return Some(Pebble {
+                _dns: dns,
+                _server: server,
+                directory: format!("https://127.0.0.1:{acme_port}/dir"),
+                management: ([127, 0, 0, 1], mgmt_port).into(),
+                ca_file,
+                ca: pki.ca,
+                listener_cert: pki.leaf,
+                listener_key_pem: pki.leaf_key_pem,
+                dns: ([127, 0, 0, 1], dns_port).into(),
+                challtestsrv: ([127, 0, 0, 1], cts_mgmt).into(),
+                _dir: dir,
+            });
+        }
+        panic!("pebble did not start (3 attempts)");
+    }
+
+    /// pebble-challtestsrv and pebble on `ports` (DNS, ACME, management, challtestsrv management),
+    /// once pebble answers on its ACME port (within 10 s); `None` if it does not.
+    async fn spawn_pair(
+        pebble: &std::path::Path,
+        challtestsrv: &std::path::Path,
+        dir: &std::path::Path,
+        (dns_port, acme_port, mgmt_port, cts_mgmt): (u16, u16, u16, u16),
+        http_port: u16,
+        tls_port: u16,
+    ) -> Option<(Running, Running)> {
         let dns = Command::new(challtestsrv)
             .args([
                 "-dns01",
@@ -94,11 +136,12 @@ impl Pebble {
             .stderr(Stdio::null())
             .spawn()
             .expect("start pebble-challtestsrv");
+        let dns = Running(dns);
         let config = serde_json::json!({ "pebble": {
             "listenAddress": format!("127.0.0.1:{acme_port}"),
             "managementListenAddress": format!("127.0.0.1:{mgmt_port}"),
-            "certificate": dir.path().join("pebble.crt"),
-            "privateKey": dir.path().join("pebble.key"),
+            "certificate": dir.join("pebble.crt"),
+            "privateKey": dir.join("pebble.key"),
             "httpPort": http_port,
             "tlsPort": tls_port,
             "ocspResponderURL": "",
@@ -106,7 +149,7 @@ impl Pebble {
             "certificateValidityPeriod": 30 * 86_400,
             "externalAccountBindingRequired": false,
         }});
-        let config_file = dir.path().join("pebble.json");
+        let config_file = dir.join("pebble.json");
         std::fs::write(&config_file, config.to_string()).expect("write pebble config");
         let server = Command::new(pebble)
             .arg("-config")
@@ -118,25 +161,13 @@ impl Pebble {
             .stderr(Stdio::null())
             .spawn()
             .expect("start pebble");
+        let server = Running(server);
         let up = eventually_async(Duration::from_secs(10), || async move {
             tokio::net::TcpStream::connect(("127.0.0.1", acme_port))
                 .await
                 .ok()
         });
-        assert!(up.await.is_some(), "pebble did not start");
-        Some(Pebble {
-            _dns: Running(dns),
-            _server: Running(server),
-            directory: format!("https://127.0.0.1:{acme_port}/dir"),
-            management: ([127, 0, 0, 1], mgmt_port).into(),
-            ca_file,
-            ca: pki.ca,
-            listener_cert: pki.leaf,
-            listener_key_pem: pki.leaf_key_pem,
-            dns: ([127, 0, 0, 1], dns_port).into(),
-            challtestsrv: ([127, 0, 0, 1], cts_mgmt).into(),
-            _dir: dir,
-        })
+        up.await.map(|_| (dns, server))
     }
 
     /// pebble's current issuing root (its management API), for checking what aralez serves.
