@@ -52,6 +52,13 @@ impl Pair {
         let origin = Origin::start().await;
         let first = proxy_cache(&origin, &redis_cache(&redis.url()), ADMIN);
         let second = proxy_cache(&origin, &redis_cache(&redis.url()), ADMIN);
+        // Each instance empties its memory tier when its subscription to drops is in place
+        // (drops sent before it are not delivered): the tests start once both are.
+        for proxy in [&first, &second] {
+            proxy
+                .wait_log("following other instances' drops", Duration::from_secs(10))
+                .await;
+        }
         Some(Pair {
             program,
             port,

@@ -246,22 +246,20 @@ impl RemoteTier {
     }
 
     /// Follows [`DROPS`] for as long as the process runs, handing each drop to `on_drop`,
-    /// and [`Dropped::All`] each time it subscribes again (drops may have been missed while it
-    /// was not). Not on the first subscription: nothing was missed before it, and what the
-    /// memory tier stored while it was being made must stay.
+    /// and [`Dropped::All`] each time it subscribes, the first time included: drops published
+    /// before a subscription is in place are not delivered, and what the memory tier took in
+    /// meanwhile may be one of them (it is read again from Redis).
     pub async fn listen(self: Arc<Self>, on_drop: impl Fn(Dropped) + Send + 'static) {
         let message = |text: &str| {
             if let Some(dropped) = Dropped::parse(text) {
                 on_drop(dropped);
             }
         };
-        let subscribed_before = std::sync::atomic::AtomicBool::new(false);
-        let resubscribed = || {
-            if subscribed_before.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                on_drop(Dropped::All);
-            }
+        let subscribed = || {
+            on_drop(Dropped::All);
+            tracing::info!("cache: following other instances' drops through Redis");
         };
-        self.link.follow(DROPS, resubscribed, message).await;
+        self.link.follow(DROPS, subscribed, message).await;
     }
 }
 
