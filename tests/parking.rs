@@ -139,6 +139,13 @@ async fn connect(addr: SocketAddr) -> TcpStream {
     s
 }
 
+/// A client connection that has asked one thing and had its answer.
+async fn answered_once(served: &Served) -> TcpStream {
+    let mut s = connect(served.addr).await;
+    assert!(ask(&mut s).await.starts_with(ANSWER));
+    s
+}
+
 async fn idle(d: Duration) {
     tokio::time::sleep(d).await;
 }
@@ -146,8 +153,7 @@ async fn idle(d: Duration) {
 #[tokio::test(start_paused = true)]
 async fn an_idle_connection_parks_and_its_next_request_is_served_on_the_same_socket() {
     let served = serve(None);
-    let mut s = connect(served.addr).await;
-    assert!(ask(&mut s).await.starts_with(ANSWER));
+    let mut s = answered_once(&served).await;
     idle(Duration::from_millis(500)).await;
     assert_eq!(served.parked(), 0, "parked after half a second");
     idle(Duration::from_millis(700)).await;
@@ -163,8 +169,7 @@ async fn an_idle_connection_parks_and_its_next_request_is_served_on_the_same_soc
 #[tokio::test(start_paused = true)]
 async fn a_parked_connection_upgrades() {
     let served = serve(None);
-    let mut s = connect(served.addr).await;
-    assert!(ask(&mut s).await.starts_with(ANSWER));
+    let mut s = answered_once(&served).await;
     idle(Duration::from_secs(2)).await;
     assert_eq!(served.parked(), 1);
     s.write_all(b"GET /ws HTTP/1.1\r\nHost: park\r\nConnection: upgrade\r\nUpgrade: echo\r\n\r\n")
@@ -187,12 +192,10 @@ async fn a_parked_connection_upgrades() {
 #[tokio::test(start_paused = true)]
 async fn a_parked_connection_closes_at_its_head_deadline_and_on_drain() {
     let served = serve(None);
-    let mut late = connect(served.addr).await;
-    assert!(ask(&mut late).await.starts_with(ANSWER));
+    let mut late = answered_once(&served).await;
     let asked = tokio::time::Instant::now();
     idle(Duration::from_secs(3)).await;
-    let mut drained = connect(served.addr).await;
-    assert!(ask(&mut drained).await.starts_with(ANSWER));
+    let mut drained = answered_once(&served).await;
     idle(Duration::from_secs(2)).await;
     assert_eq!(served.parked(), 2);
     // client_header_timeout (10 s) after the last request: closed.
@@ -218,8 +221,7 @@ async fn a_parked_connection_closes_at_its_head_deadline_and_on_drain() {
 #[tokio::test(start_paused = true)]
 async fn half_a_head_is_never_cut_by_parking() {
     let served = serve(None);
-    let mut s = connect(served.addr).await;
-    assert!(ask(&mut s).await.starts_with(ANSWER));
+    let mut s = answered_once(&served).await;
     s.write_all(&GET[..9]).await.expect("write");
     idle(Duration::from_secs(3)).await;
     assert_eq!(served.parked(), 0, "parked with half a head read");

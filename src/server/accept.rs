@@ -235,9 +235,7 @@ impl OpenConnection {
         // that): the connection stays counted until it ends.
         let counted = self;
         conn.map(move |ended| {
-            if let Err(e) = ended {
-                tracing::debug!(peer = %counted.peer, "connection ended with an error: {e}");
-            }
+            ended_cleanly(ended, counted.peer);
             drop(counted);
         })
     }
@@ -420,9 +418,9 @@ async fn serve_parking<F: MakeService, S: ClientSocket>(
             .serve_connection_with_upgrades(io(socket), service)
             .into_owned(),
     );
-    let ended = idle::drive(conn, shared.drain.clone(), activity.clone(), timers).await;
-    let mut served_cleanly = ended_cleanly(ended, peer);
     let mut drain = shared.drain.clone();
+    let ended = idle::drive(conn, drain.clone(), activity.clone(), timers).await;
+    let mut served_cleanly = ended_cleanly(ended, peer);
     while served_cleanly {
         // Not parked: the connection ended.
         let Some(socket) = dock.take() else { break };

@@ -251,12 +251,13 @@ fn idle_step(activity: &Activity, timers: Timers, now: Instant) -> IdleStep {
         true => IdleStep::LookAt(now + after.min(timers.park)),
         false => IdleStep::LookAt(now + after),
     };
+    let may_park = activity.may_park();
     match activity.idle_for(now) {
         None => look(limit),
         Some(waited) if http1 && waited >= timers.head => IdleStep::Close,
         Some(waited) if waited >= timers.idle => IdleStep::ShutDown,
-        Some(waited) if waited >= timers.park && activity.may_park() => IdleStep::Park,
-        Some(waited) if activity.may_park() => look(timers.park - waited),
+        Some(waited) if may_park && waited >= timers.park => IdleStep::Park,
+        Some(waited) if may_park => look(timers.park - waited),
         Some(waited) => look(limit.saturating_sub(waited)),
     }
 }

@@ -26,7 +26,7 @@
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -35,6 +35,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use super::idle::{Activity, Timers};
+use crate::vocab::CountedSlot;
 
 /// A client socket: plain TCP, or TLS over it.
 pub trait ClientSocket: AsyncRead + AsyncWrite + Unpin + Send + 'static {
@@ -202,22 +203,6 @@ pub enum Wake {
     Close,
 }
 
-/// Counts a connection as parked while it lives.
-struct ParkedCount<'a>(&'a AtomicUsize);
-
-impl<'a> ParkedCount<'a> {
-    fn new(count: &'a AtomicUsize) -> Self {
-        count.fetch_add(1, Ordering::Relaxed);
-        ParkedCount(count)
-    }
-}
-
-impl Drop for ParkedCount<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 /// Waits, parked, until the client sends again, counted in `parked`; or until the connection's
 /// idle deadline passes or `drain` turns true (or its sender is gone).
 pub async fn wait_parked<S: ClientSocket>(
@@ -225,9 +210,9 @@ pub async fn wait_parked<S: ClientSocket>(
     activity: &Activity,
     timers: Timers,
     drain: &mut watch::Receiver<bool>,
-    parked: &AtomicUsize,
+    parked: &Arc<AtomicUsize>,
 ) -> Wake {
-    let _counted = ParkedCount::new(parked);
+    let _counted = CountedSlot::take(parked);
     let deadline = activity.parked_until(timers);
     tokio::select! {
         biased;
