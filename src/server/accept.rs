@@ -461,16 +461,8 @@ async fn serve_tls<F: MakeService>(
     deadline: tokio::time::Instant,
 ) {
     let peer = counted.peer;
-    let stream = match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
-        Ok(Ok(stream)) => stream,
-        Ok(Err(e)) => {
-            tracing::debug!(%peer, "{}: TLS handshake failed: {e}", shared.name);
-            return;
-        }
-        Err(_) => {
-            tracing::debug!(%peer, "{}: TLS handshake timed out", shared.name);
-            return;
-        }
+    let Some(stream) = handshake(acceptor, stream, deadline, peer, shared.name).await else {
+        return;
     };
     let session = stream.get_ref().1;
     let info = ConnInfo {
@@ -493,6 +485,30 @@ async fn serve_tls<F: MakeService>(
     let conn = shared.builders.h2_only.serve_connection(io, service);
     let conn = idle::drive(Box::pin(conn.into_owned()), drain, activity, idle);
     counted.run(conn).await;
+}
+
+/// The TLS handshake, by `deadline`; `None` (logged) when it fails or is late. Its state is
+/// boxed, freed once it ends, and so is the session it makes (over a kilobyte), which moves as
+/// a pointer from then on: a connection's task keeps room for neither.
+async fn handshake(
+    acceptor: tokio_rustls::TlsAcceptor,
+    stream: tokio::net::TcpStream,
+    deadline: tokio::time::Instant,
+    peer: SocketAddr,
+    listener: &str,
+) -> Option<Box<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>> {
+    let handshake = Box::pin(tokio::time::timeout_at(deadline, acceptor.accept(stream)));
+    match handshake.await {
+        Ok(Ok(stream)) => Some(Box::new(stream)),
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, "{listener}: TLS handshake failed: {e}");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "{listener}: TLS handshake timed out");
+            None
+        }
+    }
 }
 
 /// What the access log shows of a finished handshake.

@@ -55,6 +55,14 @@ impl ClientSocket for tokio_rustls::server::TlsStream<TcpStream> {
     }
 }
 
+/// A boxed socket: a TLS session (over a kilobyte) moves as a pointer, so a parked connection
+/// keeps it once, not in both its task and its dock.
+impl<S: ClientSocket> ClientSocket for Box<S> {
+    fn tcp(&self) -> &TcpStream {
+        (**self).tcp()
+    }
+}
+
 /// Where a parking connection's socket is left when hyper drops its IO.
 pub struct Dock<S>(Mutex<Option<S>>);
 
