@@ -411,15 +411,14 @@ async fn serve_parking<F: MakeService, S: ClientSocket>(
         TokioIo::new(FloodGuard::new(parkable, peer))
     };
     let service = Tracked::new(shared.make.make(info.clone()), activity.clone());
-    let conn = Box::pin(
-        shared
-            .builders
-            .sniffing
-            .serve_connection_with_upgrades(io(socket), service)
-            .into_owned(),
-    );
+    let conn = shared
+        .builders
+        .sniffing
+        .serve_connection_with_upgrades(io(socket), service)
+        .into_owned();
     let mut drain = shared.drain.clone();
-    let ended = idle::drive(conn, drain.clone(), activity.clone(), timers).await;
+    // Boxed with its timers: the task itself keeps only what a parked connection needs.
+    let ended = Box::pin(idle::drive(conn, drain.clone(), activity.clone(), timers)).await;
     let mut served_cleanly = ended_cleanly(ended, peer);
     while served_cleanly {
         // Not parked: the connection ended.
@@ -430,12 +429,10 @@ async fn serve_parking<F: MakeService, S: ClientSocket>(
         }
         let service = Tracked::new(shared.make.make(info.clone()), activity.clone());
         let builder = &shared.builders.http1;
-        let conn = Box::pin(
-            builder
-                .serve_connection(io(socket), service)
-                .with_upgrades(),
-        );
-        let ended = idle::drive(conn, drain.clone(), activity.clone(), timers).await;
+        let conn = builder
+            .serve_connection(io(socket), service)
+            .with_upgrades();
+        let ended = Box::pin(idle::drive(conn, drain.clone(), activity.clone(), timers)).await;
         served_cleanly = ended_cleanly(ended, peer);
     }
     drop(counted);
