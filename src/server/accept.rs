@@ -417,8 +417,7 @@ async fn serve_parking<F: MakeService, S: ClientSocket>(
         .serve_connection_with_upgrades(io(socket), service)
         .into_owned();
     let mut drain = shared.drain.clone();
-    // Boxed with its timers: the task itself keeps only what a parked connection needs.
-    let ended = Box::pin(idle::drive(conn, drain.clone(), activity.clone(), timers)).await;
+    let ended = idle::drive_boxed(conn, drain.clone(), activity.clone(), timers).await;
     let mut served_cleanly = ended_cleanly(ended, peer);
     while served_cleanly {
         // Not parked: the connection ended.
@@ -432,7 +431,7 @@ async fn serve_parking<F: MakeService, S: ClientSocket>(
         let conn = builder
             .serve_connection(io(socket), service)
             .with_upgrades();
-        let ended = Box::pin(idle::drive(conn, drain.clone(), activity.clone(), timers)).await;
+        let ended = idle::drive_boxed(conn, drain.clone(), activity.clone(), timers).await;
         served_cleanly = ended_cleanly(ended, peer);
     }
     drop(counted);
@@ -480,7 +479,7 @@ async fn serve_tls<F: MakeService>(
     let (drain, idle) = (shared.drain.clone(), shared.limits.timers());
     let io = TokioIo::new(FloodGuard::new(stream, peer));
     let conn = shared.builders.h2_only.serve_connection(io, service);
-    let conn = idle::drive(Box::pin(conn.into_owned()), drain, activity, idle);
+    let conn = idle::drive_boxed(conn.into_owned(), drain, activity, idle);
     counted.run(conn).await;
 }
 

@@ -166,13 +166,6 @@ pub trait Graceful: Future {
     fn shut_down(self: Pin<&mut Self>);
 }
 
-/// A boxed connection: the box is what the connection's task holds and moves.
-impl<C: Graceful + ?Sized> Graceful for Pin<Box<C>> {
-    fn shut_down(self: Pin<&mut Self>) {
-        self.get_mut().as_mut().shut_down();
-    }
-}
-
 /// The bounds under which hyper-util offers `graceful_shutdown` (as in its own `graceful`).
 macro_rules! graceful_for {
     ($conn:ident) => {
@@ -260,6 +253,20 @@ fn idle_step(activity: &Activity, timers: Timers, now: Instant) -> IdleStep {
         Some(waited) if may_park => look(timers.park - waited),
         Some(waited) => look(limit.saturating_sub(waited)),
     }
+}
+
+/// [`drive`], boxed together with `conn`: a connection's task holds a pointer, not hyper's
+/// connection and its timers, so a parked connection's task keeps room for neither.
+pub fn drive_boxed<C, E>(
+    conn: C,
+    drain: watch::Receiver<bool>,
+    activity: Arc<Activity>,
+    timers: Timers,
+) -> Pin<Box<impl Future<Output = Result<(), E>>>>
+where
+    C: Graceful<Output = Result<(), E>>,
+{
+    Box::pin(drive(conn, drain, activity, timers))
 }
 
 /// Polls `conn` to its end; asks it to shut down once, when `drain` turns true (or its sender
