@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 pub use super::connector::Wire;
 use super::connector::{self, ConnectError, ConnectErrorKind, Endpoint, Fresh};
+use super::inline::InlineConn;
 use super::slot::WorkerSlot;
 use crate::config::values::{Scheme, ServerSpec};
 use crate::metrics::Metrics;
@@ -151,6 +152,20 @@ impl Backend {
             Err(_) => {}
         }
         opened
+    }
+
+    /// A plain connection for requests that drive it themselves ([`super::inline`]), counted
+    /// among the backend's open connections and in its passive health.
+    pub async fn connect_inline(
+        &self,
+        timeout: Duration,
+    ) -> Result<Box<InlineConn>, ConnectError> {
+        let Some(counted) = CountedSlot::reserve(&self.open_conns, self.max_conns) else {
+            let detail = format!("{} connections open", self.max_conns);
+            return Err(ConnectError::new(ConnectErrorKind::Capacity, detail));
+        };
+        let tcp = self.tcp(timeout).await?;
+        Ok(InlineConn::new(tcp, Some(counted)))
     }
 
     /// A TCP connection, counted in passive health (protocol detection).

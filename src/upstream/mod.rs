@@ -10,6 +10,7 @@ pub mod call;
 pub mod connector;
 pub mod detect;
 mod h2_settings;
+pub mod inline;
 pub mod pool;
 mod slot;
 pub mod tls;

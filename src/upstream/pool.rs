@@ -26,8 +26,10 @@ use super::backend::Backend;
 pub use super::connector::UpBody;
 use super::connector::{self, ConnectError, ConnectErrorKind, Fresh, Wire};
 use super::detect;
+use super::inline::{self, InlineBody, InlineConn, SendFailure};
 use super::slot::StreamTicket;
 use crate::vocab::normalise::strip_port;
+use crate::vocab::request_body::BoxError;
 use crate::vocab::WorkerId;
 
 /// Limits for one exchange with a backend.
@@ -47,9 +49,9 @@ pub enum SendError {
         request: Box<Request<UpBody>>,
     },
     /// The connection broke after the request started; `reused` if it came from the pool.
-    Reset { error: hyper::Error, reused: bool },
+    Reset { error: BoxError, reused: bool },
     /// The backend answered with something that is not HTTP.
-    BadResponse(hyper::Error),
+    BadResponse(BoxError),
     /// No response head within the response timeout.
     Timeout,
 }
@@ -104,6 +106,9 @@ async fn send_over(
     req: Request<UpBody>,
 ) -> Result<Response<PooledBody>, SendError> {
     let (backend, wire) = (x.backend, t.wire);
+    if wire == Wire::Http1 && goes_inline(&req) {
+        return send_inline(x, req).await;
+    }
     let slot = backend.slot(x.worker);
     // Upgrades (WebSocket) only exist in HTTP/1.1.
     if wire == Wire::Http1 || req.headers().contains_key(header::UPGRADE) {
@@ -302,8 +307,95 @@ fn target(req: &Request<UpBody>, x: Exchange<'_>, wire: Wire) -> Target {
 
 fn classify(error: hyper::Error, reused: bool) -> SendError {
     match connector::exchange_error(&error) {
-        ConnectErrorKind::BadResponse => SendError::BadResponse(error),
-        _ => SendError::Reset { error, reused },
+        ConnectErrorKind::BadResponse => SendError::BadResponse(error.into()),
+        _ => SendError::Reset {
+            error: error.into(),
+            reused,
+        },
+    }
+}
+
+/// A request with no body and no upgrade: its task can drive a plain connection itself.
+fn goes_inline(req: &Request<UpBody>) -> bool {
+    req.body().is_end_stream()
+        && !req.headers().contains_key(header::UPGRADE)
+        && req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .is_none_or(|v| v.as_bytes() == b"0")
+}
+
+/// Sends a request without a body on an idle plain connection (one the backend closed while
+/// idle, or that breaks before a byte of the request is written, is passed over), else on a
+/// new one, driving the exchange from this task ([`inline`]).
+async fn send_inline(
+    x: Exchange<'_>,
+    req: Request<UpBody>,
+) -> Result<Response<PooledBody>, SendError> {
+    let backend = x.backend;
+    let (head, body) = req.into_parts();
+    while let Some(conn) = backend.slot(x.worker).take_inline() {
+        match send_on_inline(x, conn, &head, true).await {
+            Err(SendError::Reset { error, reused: true }) if is_unsent(&error) => continue,
+            sent => return sent,
+        }
+    }
+    let conn = match backend.connect_inline(x.timeouts.connect).await {
+        Ok(conn) => conn,
+        Err(error) => return Err(connect_error(error, Request::from_parts(head, body))),
+    };
+    send_on_inline(x, conn, &head, false).await
+}
+
+async fn send_on_inline(
+    x: Exchange<'_>,
+    conn: Box<InlineConn>,
+    head: &http::request::Parts,
+    reused: bool,
+) -> Result<Response<PooledBody>, SendError> {
+    let home = PoolHome {
+        backend: x.backend.clone(),
+        worker: x.worker,
+    };
+    match tokio::time::timeout(x.timeouts.response, conn.send(head, home)).await {
+        Err(_) => Err(SendError::Timeout),
+        Ok(Ok(resp)) => {
+            x.backend.metrics.upstream_connection(x.worker, reused);
+            Ok(resp.map(|body| PooledBody {
+                inner: Inner::Inline(body),
+                conn: None,
+                _stream: None,
+            }))
+        }
+        Ok(Err(SendFailure { error, .. })) if error.is_bad_response() => {
+            Err(SendError::BadResponse(error.into()))
+        }
+        Ok(Err(SendFailure { error, unsent })) => Err(SendError::Reset {
+            error: if unsent { Box::new(Unsent(error)) } else { error.into() },
+            reused,
+        }),
+    }
+}
+
+/// A request that broke its connection before a byte of it was written.
+#[derive(Debug, thiserror::Error)]
+#[error("{0} (before the request was written)")]
+struct Unsent(inline::InlineError);
+
+fn is_unsent(error: &BoxError) -> bool {
+    error.is::<Unsent>()
+}
+
+/// The pool an inline connection goes back to: its backend, in the sending worker's slot.
+pub struct PoolHome {
+    backend: Arc<Backend>,
+    worker: WorkerId,
+}
+
+impl inline::Home for PoolHome {
+    fn keep(self, conn: Box<InlineConn>) {
+        let max = self.backend.idle_per_worker;
+        self.backend.slot(self.worker).put_inline(conn, max);
     }
 }
 
@@ -318,10 +410,17 @@ struct Reusable {
 
 /// A backend's response body that hands its HTTP/1.1 connection back to the pool once read to the end.
 pub struct PooledBody {
-    inner: Incoming,
+    inner: Inner,
     conn: Option<Reusable>,
     /// The stream's place on a shared HTTP/2 connection, freed with the body.
     _stream: Option<StreamTicket>,
+}
+
+/// Where the body comes from: hyper's client connection, or a connection this body reads
+/// itself (which goes home on its own).
+enum Inner {
+    Hyper(Incoming),
+    Inline(InlineBody<PoolHome>),
 }
 
 impl PooledBody {
@@ -332,7 +431,7 @@ impl PooledBody {
     ) -> Response<PooledBody> {
         resp.map(|inner| {
             let mut body = PooledBody {
-                inner,
+                inner: Inner::Hyper(inner),
                 conn,
                 _stream: stream,
             };
@@ -357,15 +456,27 @@ impl Drop for PooledBody {
     }
 }
 
+impl Inner {
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Inner::Hyper(b) => b.is_end_stream(),
+            Inner::Inline(b) => b.is_end_stream(),
+        }
+    }
+}
+
 impl Body for PooledBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = match &mut self.inner {
+            Inner::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(BoxError::from),
+            Inner::Inline(b) => return Pin::new(b).poll_frame(cx).map_err(BoxError::from),
+        };
         match &polled {
             Poll::Ready(None) => self.release_if_done(),
             Poll::Ready(Some(Ok(_))) => self.release_if_done(),
@@ -380,6 +491,9 @@ impl Body for PooledBody {
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match &self.inner {
+            Inner::Hyper(b) => b.size_hint(),
+            Inner::Inline(b) => b.size_hint(),
+        }
     }
 }

@@ -1,5 +1,5 @@
-//! One worker's connections to one backend: a short list of idle HTTP/1.1 connections and its
-//! shared HTTP/2 connections with their open-stream counts. Only its own worker touches a slot,
+//! One worker's connections to one backend: short lists of idle HTTP/1.1 connections (hyper's,
+//! and the plain ones requests drive themselves, `inline`) and its shared HTTP/2 connections with their open-stream counts. Only its own worker touches a slot,
 //! so its mutexes are never contended. Connections are kept under the TLS server name they were
 //! opened for (empty for plain ones), and a request only ever reuses one opened for its own
 //! name: a session set up for one name never carries another's requests.
@@ -11,6 +11,7 @@ use hyper::client::conn::{http1, http2};
 
 use super::connector::UpBody;
 use super::h2_settings::StreamLimit;
+use super::inline::InlineConn;
 
 /// An idle HTTP/1.1 connection and the server name it was opened for (`None`: plain).
 type IdleH1 = (Option<Arc<str>>, http1::SendRequest<UpBody>);
@@ -19,6 +20,7 @@ type IdleH1 = (Option<Arc<str>>, http1::SendRequest<UpBody>);
 #[derive(Default)]
 pub struct WorkerSlot {
     idle: Mutex<Vec<IdleH1>>,
+    idle_inline: Mutex<Vec<Box<InlineConn>>>,
     h2: Mutex<Vec<H2Conn>>,
     /// Held while opening a connection that may be HTTP/2, so a burst waits for it.
     pub opening_h2: tokio::sync::Mutex<()>,
@@ -55,6 +57,25 @@ impl WorkerSlot {
             // Closed, or not yet ready after its last response: not worth keeping.
         }
         None
+    }
+
+    /// An idle plain connection for a request without a body, the latest first.
+    pub fn take_inline(&self) -> Option<Box<InlineConn>> {
+        let mut idle = lock(&self.idle_inline);
+        while let Some(mut conn) = idle.pop() {
+            if conn.is_reusable_now() {
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    /// Keeps a plain connection whose response has been read, unless `max` are idle already.
+    pub fn put_inline(&self, conn: Box<InlineConn>, max: usize) {
+        let mut idle = lock(&self.idle_inline);
+        if idle.len() < max {
+            idle.push(conn);
+        }
     }
 
     /// A place on one of this worker's HTTP/2 connections for `sni` that has room.

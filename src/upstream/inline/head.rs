@@ -1,0 +1,146 @@
+//! The two heads of an inline exchange: the request head written (origin-form target, the
+//! fields as they are) and the response head read with `httparse`, its field values slices of
+//! one shared buffer, with the body's framing decided from it.
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::request::Parts;
+use http::{Method, Response, StatusCode, Version};
+
+use super::body::Framing;
+use super::{InlineError, MAX_HEADERS};
+
+/// Writes the head of a request without a body into `out` (cleared first).
+pub fn encode_request(out: &mut Vec<u8>, head: &Parts) {
+    out.clear();
+    out.extend_from_slice(head.method.as_str().as_bytes());
+    out.push(b' ');
+    let target = head.uri.path_and_query().map_or("/", |p| p.as_str());
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in &head.headers {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    // A method whose requests normally carry a body says that this one is empty, as hyper's
+    // client does: some servers answer 411 otherwise.
+    if expects_body(&head.method) && !head.headers.contains_key(header::CONTENT_LENGTH) {
+        out.extend_from_slice(b"content-length: 0\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+fn expects_body(method: &Method) -> bool {
+    !matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::DELETE | Method::OPTIONS | Method::TRACE
+    )
+}
+
+/// Where a field's name and value lie in the head.
+#[derive(Clone, Copy, Default)]
+struct FieldAt {
+    name: (u32, u32),
+    value: (u32, u32),
+}
+
+/// What the parser found in a complete head.
+struct Found {
+    len: usize,
+    status: u16,
+    version: Version,
+    fields: usize,
+}
+
+/// Takes a final response head off the front of `buf` when it is complete (`None`: more bytes
+/// are needed); informational heads before it are consumed and dropped.
+pub fn parse_response(
+    buf: &mut BytesMut,
+    headless: bool,
+) -> Result<Option<(http::response::Parts, Framing)>, InlineError> {
+    loop {
+        let mut at = [FieldAt::default(); MAX_HEADERS];
+        let Some(found) = locate(buf, &mut at)? else {
+            return Ok(None);
+        };
+        let head = buf.split_to(found.len).freeze();
+        if (100..200).contains(&found.status) {
+            if found.status == 101 {
+                return Err(InlineError::Invalid("101 Switching Protocols without an upgrade"));
+            }
+            continue;
+        }
+        let status = StatusCode::from_u16(found.status)
+            .map_err(|_| InlineError::Invalid("status code"))?;
+        let headers = build_fields(&head, &at[..found.fields])?;
+        let framing = Framing::of(status, found.version, &headers, headless)?;
+        let (mut parts, ()) = Response::new(()).into_parts();
+        parts.status = status;
+        parts.version = found.version;
+        parts.headers = headers;
+        return Ok(Some((parts, framing)));
+    }
+}
+
+/// Parses the head at the front of `buf`, noting where each field lies.
+fn locate(buf: &[u8], at: &mut [FieldAt; MAX_HEADERS]) -> Result<Option<Found>, InlineError> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut fields);
+    let len = match resp.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(InlineError::Invalid("too many header fields"))
+        }
+        Err(_) => return Err(InlineError::Invalid("malformed response head")),
+    };
+    let version = match resp.version {
+        Some(1) => Version::HTTP_11,
+        _ => Version::HTTP_10,
+    };
+    let status = resp.code.unwrap_or(0);
+    let base = buf.as_ptr() as usize;
+    let offset = |s: &[u8]| {
+        let start = s.as_ptr() as usize - base;
+        (start as u32, (start + s.len()) as u32)
+    };
+    let count = resp.headers.len();
+    for (slot, field) in at.iter_mut().zip(resp.headers.iter()) {
+        *slot = FieldAt {
+            name: offset(field.name.as_bytes()),
+            value: offset(field.value),
+        };
+    }
+    Ok(Some(Found {
+        len,
+        status,
+        version,
+        fields: count,
+    }))
+}
+
+/// The fields of `head`, their values sharing its bytes.
+fn build_fields(head: &Bytes, at: &[FieldAt]) -> Result<HeaderMap, InlineError> {
+    let mut headers = HeaderMap::with_capacity(at.len());
+    for field in at {
+        let (ns, ne) = field.name;
+        let (vs, ve) = field.value;
+        let name = HeaderName::from_bytes(&head[ns as usize..ne as usize])
+            .map_err(|_| InlineError::Invalid("header field name"))?;
+        let value = HeaderValue::from_maybe_shared(head.slice(vs as usize..ve as usize))
+            .map_err(|_| InlineError::Invalid("header field value"))?;
+        headers.append(name, value);
+    }
+    Ok(headers)
+}
+
+/// Whether the comma-separated values of `name` include `token` (ASCII case-insensitive).
+pub fn has_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
+    headers
+        .get_all(name)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+}

@@ -1,0 +1,220 @@
+//! HTTP/1.1 to a plain backend, driven from the request's own task.
+//!
+//! hyper's client runs each backend connection as a task of its own and hands it requests,
+//! responses and body chunks through channels: two task hand-overs per exchange and a third of
+//! a proxied request's instructions. Here the request's task writes the head and reads the
+//! answer itself, and the response body reads the socket as the client's side polls it. When
+//! the body has been read to its end the connection goes back to its worker's pool
+//! ([`super::slot`]); one dropped early is closed.
+//!
+//! Only requests without a body take this path (`pool` decides): with no body to send there is
+//! nothing to interleave with reading an early answer, which hyper's client does for uploads.
+//! Upgrades, TLS and HTTP/2 backends stay on hyper's client.
+//!
+//! Framing follows RFC 9112 §6.3: no body for HEAD, 1xx, 204 and 304; `Transfer-Encoding`
+//! before `Content-Length` (and a response that carries both never reuses its connection);
+//! differing or malformed `Content-Length` values are an invalid response, as is a head over
+//! [`MAX_HEAD`] bytes or more than [`MAX_HEADERS`] fields. Informational answers before the
+//! real one (100, 103) are skipped; a 101 nobody asked for is invalid.
+
+mod body;
+mod head;
+
+use std::io;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::BytesMut;
+use http::request::Parts;
+use http::Response;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+pub use body::InlineBody;
+use body::Framing;
+
+use crate::vocab::CountedSlot;
+
+/// The largest response head read (status line and fields), as hyper's client was configured.
+pub const MAX_HEAD: usize = 64 * 1024;
+/// The most header fields a response head may have (hyper's default).
+pub const MAX_HEADERS: usize = 100;
+/// Room made in the read buffer before a read: it starts at 8 KiB and doubles each time a read
+/// fills it, up to 64 KiB (hyper's client was bounded the same way), so large bodies are read
+/// in large reads.
+const READ_ROOM: usize = 8 * 1024;
+const MAX_READ_ROOM: usize = 64 * 1024;
+/// A buffer larger than this is not kept by an idle connection.
+const MAX_IDLE_BUFFER: usize = 16 * 1024;
+
+/// Why an exchange on an inline connection failed.
+#[derive(Debug, thiserror::Error)]
+pub enum InlineError {
+    #[error("the backend closed the connection before answering")]
+    ClosedEarly,
+    #[error("the backend closed the connection before the end of the response")]
+    ClosedMidway,
+    #[error("connection error: {0}")]
+    Io(#[from] io::Error),
+    #[error("invalid response: {0}")]
+    Invalid(&'static str),
+}
+
+impl InlineError {
+    /// The backend answered with something that is not an HTTP/1.1 response.
+    pub fn is_bad_response(&self) -> bool {
+        matches!(self, InlineError::Invalid(_))
+    }
+}
+
+/// How far a failed exchange got.
+#[derive(Debug)]
+pub struct SendFailure {
+    pub error: InlineError,
+    /// No byte of the request reached the connection: it may go on another one, whatever
+    /// its method.
+    pub unsent: bool,
+}
+
+/// Where a connection goes when its response has been read to the end and it can carry
+/// another request (the pool, for the worker that sent the request).
+pub trait Home: Send + Unpin + 'static {
+    fn keep(self, conn: Box<InlineConn>);
+}
+
+/// A plain TCP connection to a backend, with what was read past the last response. It lives
+/// boxed, so the response and the futures that carry it move a pointer.
+pub struct InlineConn {
+    io: TcpStream,
+    buf: BytesMut,
+    /// The room the next read is given.
+    room: usize,
+    /// The encoded request head, its allocation kept for the next request.
+    out: Vec<u8>,
+    /// This connection's place in its backend's count of open connections.
+    _counted: Option<CountedSlot>,
+}
+
+impl InlineConn {
+    pub fn new(io: TcpStream, counted: Option<CountedSlot>) -> Box<InlineConn> {
+        Box::new(InlineConn {
+            io,
+            buf: BytesMut::new(),
+            room: READ_ROOM,
+            out: Vec::new(),
+            _counted: counted,
+        })
+    }
+
+    /// Whether an idle connection can carry a request: the backend has neither closed it nor
+    /// sent bytes nobody asked for since its last response. Costs a system call only when the
+    /// socket became readable while idle.
+    pub fn is_reusable_now(&mut self) -> bool {
+        if !self.buf.is_empty() {
+            return false;
+        }
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match self.io.poll_read_ready(&mut cx) {
+            Poll::Pending => true,
+            Poll::Ready(Err(_)) => false,
+            Poll::Ready(Ok(())) => {
+                let mut probe = [0u8; 1];
+                matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+            }
+        }
+    }
+
+    /// Sends `head` (a request without a body, HTTP/1.1 form) and reads the response head;
+    /// the body reads the rest from this connection and sends it `home` when done.
+    pub async fn send<H: Home>(
+        mut self: Box<Self>,
+        head: &Parts,
+        home: H,
+    ) -> Result<Response<InlineBody<H>>, SendFailure> {
+        head::encode_request(&mut self.out, head);
+        if let Err(error) = self.write_request().await {
+            return Err(error);
+        }
+        let headless = head.method == http::Method::HEAD;
+        let (parts, framing) = self.read_head(headless).await.map_err(|error| SendFailure {
+            error,
+            unsent: false,
+        })?;
+        Ok(Response::from_parts(parts, InlineBody::new(self, framing, home)))
+    }
+
+    async fn write_request(&mut self) -> Result<(), SendFailure> {
+        let mut written = 0;
+        while written < self.out.len() {
+            match self.io.write(&self.out[written..]).await {
+                Ok(0) => {
+                    let error = InlineError::ClosedEarly;
+                    return Err(SendFailure {
+                        error,
+                        unsent: written == 0,
+                    });
+                }
+                Ok(n) => written += n,
+                Err(e) => {
+                    return Err(SendFailure {
+                        error: e.into(),
+                        unsent: written == 0,
+                    })
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads until a final response head is complete, skipping informational ones.
+    async fn read_head(
+        &mut self,
+        headless: bool,
+    ) -> Result<(http::response::Parts, Framing), InlineError> {
+        loop {
+            if let Some(parsed) = head::parse_response(&mut self.buf, headless)? {
+                return Ok(parsed);
+            }
+            if self.buf.len() >= MAX_HEAD {
+                return Err(InlineError::Invalid("response head too large"));
+            }
+            let had = self.buf.len();
+            if std::future::poll_fn(|cx| self.poll_fill(cx)).await? == 0 {
+                return Err(if had == 0 {
+                    InlineError::ClosedEarly
+                } else {
+                    InlineError::ClosedMidway
+                });
+            }
+        }
+    }
+
+    /// Reads what the socket has into the buffer; `Ok(0)` at the end of the stream.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.buf.capacity() - self.buf.len() < self.room / 4 {
+            self.buf.reserve(self.room);
+        }
+        let spare = self.buf.capacity() - self.buf.len();
+        // `AsyncRead::poll_read` underneath: a short read marks the socket drained, so an idle
+        // check after a response costs no system call.
+        let n = ready!(tokio_util::io::poll_read_buf(
+            Pin::new(&mut self.io),
+            cx,
+            &mut self.buf
+        ))?;
+        if n == spare && self.room < MAX_READ_ROOM {
+            self.room *= 2;
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    /// Lets go of a large read buffer before the connection idles in the pool.
+    fn trim_for_idle(&mut self) {
+        if self.buf.capacity() > MAX_IDLE_BUFFER {
+            self.buf = BytesMut::new();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
