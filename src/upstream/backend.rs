@@ -156,10 +156,7 @@ impl Backend {
 
     /// A plain connection for requests that drive it themselves ([`super::inline`]), counted
     /// among the backend's open connections and in its passive health.
-    pub async fn connect_inline(
-        &self,
-        timeout: Duration,
-    ) -> Result<Box<InlineConn>, ConnectError> {
+    pub async fn connect_inline(&self, timeout: Duration) -> Result<Box<InlineConn>, ConnectError> {
         let Some(counted) = CountedSlot::reserve(&self.open_conns, self.max_conns) else {
             let detail = format!("{} connections open", self.max_conns);
             return Err(ConnectError::new(ConnectErrorKind::Capacity, detail));

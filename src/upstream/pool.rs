@@ -26,7 +26,7 @@ use super::backend::Backend;
 pub use super::connector::UpBody;
 use super::connector::{self, ConnectError, ConnectErrorKind, Fresh, Wire};
 use super::detect;
-use super::inline::{self, InlineBody, InlineConn, SendFailure};
+use super::inline::{self, BodyLength, InlineBody, InlineConn, SendFailure};
 use super::slot::StreamTicket;
 use crate::vocab::normalise::strip_port;
 use crate::vocab::request_body::BoxError;
@@ -106,8 +106,10 @@ async fn send_over(
     req: Request<UpBody>,
 ) -> Result<Response<PooledBody>, SendError> {
     let (backend, wire) = (x.backend, t.wire);
-    if wire == Wire::Http1 && goes_inline(&req) {
-        return send_inline(x, req).await;
+    if wire == Wire::Http1 {
+        if let Some(length) = inline_body_length(&req) {
+            return send_inline(x, req, length).await;
+        }
     }
     let slot = backend.slot(x.worker);
     // Upgrades (WebSocket) only exist in HTTP/1.1.
@@ -315,50 +317,71 @@ fn classify(error: hyper::Error, reused: bool) -> SendError {
     }
 }
 
-/// A request with no body and no upgrade: its task can drive a plain connection itself.
-fn goes_inline(req: &Request<UpBody>) -> bool {
-    req.body().is_end_stream()
-        && !req.headers().contains_key(header::UPGRADE)
-        && req
-            .headers()
-            .get(header::CONTENT_LENGTH)
-            .is_none_or(|v| v.as_bytes() == b"0")
+/// How the body of a request its task can send on a plain connection itself is framed: by its
+/// one `Content-Length`, else chunked unless it is empty. Not for an upgrade, nor a request
+/// waiting for `100 Continue` (hyper's client handles both).
+fn inline_body_length(req: &Request<UpBody>) -> Option<BodyLength> {
+    let headers = req.headers();
+    if headers.contains_key(header::UPGRADE)
+        || headers.contains_key(header::EXPECT)
+        || headers.contains_key(header::TRANSFER_ENCODING)
+    {
+        return None;
+    }
+    let mut lengths = headers.get_all(header::CONTENT_LENGTH).iter();
+    match (lengths.next(), lengths.next()) {
+        (None, _) if req.body().is_end_stream() => Some(BodyLength::Known(0)),
+        (None, _) => Some(BodyLength::Chunked),
+        (Some(length), None) => length.to_str().ok()?.parse().ok().map(BodyLength::Known),
+        (Some(_), Some(_)) => None,
+    }
 }
 
-/// Sends a request without a body on an idle plain connection (one the backend closed while
-/// idle, or that breaks before a byte of the request is written, is passed over), else on a
-/// new one, driving the exchange from this task ([`inline`]).
+/// Sends a request on an idle plain connection (one the backend closed while idle, or that
+/// breaks before a byte of the request is written, is passed over), else on a new one,
+/// driving the exchange from this task ([`inline`]).
 async fn send_inline(
     x: Exchange<'_>,
     req: Request<UpBody>,
+    length: BodyLength,
 ) -> Result<Response<PooledBody>, SendError> {
     let backend = x.backend;
-    let (head, body) = req.into_parts();
+    let (head, mut body) = req.into_parts();
     while let Some(conn) = backend.slot(x.worker).take_inline() {
-        match send_on_inline(x, conn, &head, true).await {
-            Err(SendError::Reset { error, reused: true }) if is_unsent(&error) => continue,
-            sent => return sent,
+        match send_on_inline(x, conn, &head, (body, length), true).await {
+            Ok(resp) => return Ok(resp),
+            Err((error, Some(unsent))) => {
+                tracing::debug!(backend = %backend.label, "pooled connection unusable ({error:?}); trying another");
+                body = unsent;
+            }
+            Err((error, None)) => return Err(error),
         }
     }
     let conn = match backend.connect_inline(x.timeouts.connect).await {
         Ok(conn) => conn,
         Err(error) => return Err(connect_error(error, Request::from_parts(head, body))),
     };
-    send_on_inline(x, conn, &head, false).await
+    send_on_inline(x, conn, &head, (body, length), false)
+        .await
+        .map_err(|(error, _)| error)
 }
 
+/// One exchange on an inline connection; a failure before any of the request went out gives
+/// the body back.
 async fn send_on_inline(
     x: Exchange<'_>,
     conn: Box<InlineConn>,
     head: &http::request::Parts,
+    (body, length): (UpBody, BodyLength),
     reused: bool,
-) -> Result<Response<PooledBody>, SendError> {
+) -> Result<Response<PooledBody>, (SendError, Option<UpBody>)> {
     let home = PoolHome {
         backend: x.backend.clone(),
         worker: x.worker,
     };
-    match tokio::time::timeout(x.timeouts.response, conn.send(head, home)).await {
-        Err(_) => Err(SendError::Timeout),
+    let sending = conn.send(head, body, length, home);
+    match tokio::time::timeout(x.timeouts.response, sending).await {
+        Err(_) => Err((SendError::Timeout, None)),
         Ok(Ok(resp)) => {
             x.backend.metrics.upstream_connection(x.worker, reused);
             Ok(resp.map(|body| PooledBody {
@@ -368,22 +391,13 @@ async fn send_on_inline(
             }))
         }
         Ok(Err(SendFailure { error, .. })) if error.is_bad_response() => {
-            Err(SendError::BadResponse(error.into()))
+            Err((SendError::BadResponse(error.into()), None))
         }
-        Ok(Err(SendFailure { error, unsent })) => Err(SendError::Reset {
-            error: if unsent { Box::new(Unsent(error)) } else { error.into() },
-            reused,
-        }),
+        Ok(Err(SendFailure { error, unsent })) => {
+            let error = error.into();
+            Err((SendError::Reset { error, reused }, unsent))
+        }
     }
-}
-
-/// A request that broke its connection before a byte of it was written.
-#[derive(Debug, thiserror::Error)]
-#[error("{0} (before the request was written)")]
-struct Unsent(inline::InlineError);
-
-fn is_unsent(error: &BoxError) -> bool {
-    error.is::<Unsent>()
 }
 
 /// The pool an inline connection goes back to: its backend, in the sending worker's slot.
@@ -420,7 +434,7 @@ pub struct PooledBody {
 /// itself (which goes home on its own).
 enum Inner {
     Hyper(Incoming),
-    Inline(InlineBody<PoolHome>),
+    Inline(InlineBody<PoolHome, UpBody>),
 }
 
 impl PooledBody {

@@ -6,12 +6,13 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes};
-use http::header::{self, HeaderMap};
+use http::header::{self, HeaderMap, HeaderName};
 use http::{StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 
-use super::head::has_token;
+use super::upload::Upload;
 use super::{Home, InlineConn, InlineError};
+use crate::vocab::request_body::BoxError;
 
 /// The longest chunk-size line (size, extensions and CRLF) read.
 const MAX_CHUNK_LINE: usize = 4 * 1024;
@@ -25,7 +26,7 @@ const MAX_TRAILER_FIELDS: usize = 32;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Framing {
     state: State,
-    keep_alive: bool,
+    pub keep_alive: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,8 +85,20 @@ impl Framing {
     }
 }
 
+/// Whether the comma-separated values of `name` include `token` (ASCII case-insensitive).
+fn has_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
+    headers
+        .get_all(name)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+}
+
 fn last_coding_is_chunked(headers: &HeaderMap) -> bool {
-    let last = headers.get_all(header::TRANSFER_ENCODING).iter().next_back();
+    let last = headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .next_back();
     last.and_then(|v| v.as_bytes().rsplit(|&b| b == b',').next())
         .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"))
 }
@@ -96,8 +109,8 @@ fn content_length(headers: &HeaderMap) -> Result<Option<u64>, InlineError> {
     let mut found = None;
     for value in headers.get_all(header::CONTENT_LENGTH) {
         for item in value.as_bytes().split(|&b| b == b',') {
-            let n = parse_decimal(item.trim_ascii())
-                .ok_or(InlineError::Invalid("Content-Length"))?;
+            let n =
+                parse_decimal(item.trim_ascii()).ok_or(InlineError::Invalid("Content-Length"))?;
             if found.is_some_and(|f| f != n) {
                 return Err(InlineError::Invalid("differing Content-Length values"));
             }
@@ -117,22 +130,35 @@ fn parse_decimal(digits: &[u8]) -> Option<u64> {
 }
 
 /// A backend's response body read straight off its connection.
-pub struct InlineBody<H> {
+pub struct InlineBody<H, B> {
     conn: Option<Box<InlineConn>>,
     state: State,
     keep_alive: bool,
     home: Option<H>,
+    /// What is left of the request, when the backend answered before it had all of it.
+    upload: Option<Box<Upload<B>>>,
     /// Whether the connection could carry another request once the body ended.
     ended_reusable: bool,
 }
 
-impl<H: Home> InlineBody<H> {
-    pub(super) fn new(conn: Box<InlineConn>, framing: Framing, home: H) -> InlineBody<H> {
+impl<H, B> InlineBody<H, B>
+where
+    H: Home,
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    pub(super) fn new(
+        conn: Box<InlineConn>,
+        framing: Framing,
+        home: H,
+        upload: Option<Box<Upload<B>>>,
+    ) -> InlineBody<H, B> {
         let mut body = InlineBody {
             conn: Some(conn),
             state: framing.state,
             keep_alive: framing.keep_alive,
             home: Some(home),
+            upload,
             ended_reusable: false,
         };
         if body.state == State::Length(0) {
@@ -152,7 +178,9 @@ impl<H: Home> InlineBody<H> {
         let Some(mut conn) = self.conn.take() else {
             return;
         };
-        self.ended_reusable = self.keep_alive && conn.buf.is_empty();
+        // An answer that ended before its request did leaves half a request on the wire.
+        self.ended_reusable = self.keep_alive && conn.buf.is_empty() && self.upload.is_none();
+        self.upload = None;
         if !self.ended_reusable {
             return;
         }
@@ -163,10 +191,24 @@ impl<H: Home> InlineBody<H> {
     }
 
     /// One step of the body; the connection is dropped at an error and goes home at the end.
-    fn poll_step(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, InlineError>>> {
+    fn poll_step(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, InlineError>>> {
         let Some(conn) = self.conn.as_mut() else {
             return Poll::Ready(None);
         };
+        if let Some(upload) = self.upload.as_mut() {
+            match upload.poll(conn, cx) {
+                Poll::Ready(Err(error)) => {
+                    self.state = State::Done;
+                    self.conn = None;
+                    return Poll::Ready(Some(Err(error)));
+                }
+                _ if upload.is_done() => self.upload = None,
+                _ => {}
+            }
+        }
         match ready!(decode(conn, &mut self.state, cx)) {
             Err(error) => {
                 self.state = State::Done;
@@ -196,7 +238,10 @@ fn decode(
                 if !ready!(poll_want(conn, cx, 1))? {
                     return Poll::Ready(Err(InlineError::ClosedMidway));
                 }
-                let n = conn.buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+                let n = conn
+                    .buf
+                    .len()
+                    .min(usize::try_from(left).unwrap_or(usize::MAX));
                 let data = conn.buf.split_to(n).freeze();
                 let left = left - n as u64;
                 *state = match *state {
@@ -238,7 +283,11 @@ fn decode(
 }
 
 /// Fills the buffer until it holds `want` bytes; `Ok(false)` if the stream ends first.
-fn poll_want(conn: &mut InlineConn, cx: &mut Context<'_>, want: usize) -> Poll<Result<bool, InlineError>> {
+fn poll_want(
+    conn: &mut InlineConn,
+    cx: &mut Context<'_>,
+    want: usize,
+) -> Poll<Result<bool, InlineError>> {
     while conn.buf.len() < want {
         if ready!(conn.poll_fill(cx))? == 0 {
             return Poll::Ready(Ok(false));
@@ -327,7 +376,12 @@ fn parse_chunk_size(line: &[u8]) -> Result<u64, InlineError> {
     u64::from_str_radix(text, 16).map_err(|_| InlineError::Invalid("chunk size"))
 }
 
-impl<H: Home> Body for InlineBody<H> {
+impl<H, B> Body for InlineBody<H, B>
+where
+    H: Home,
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
     type Data = Bytes;
     type Error = InlineError;
 

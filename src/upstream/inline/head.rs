@@ -7,11 +7,11 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::{Method, Response, StatusCode, Version};
 
-use super::body::Framing;
+use super::upload::BodyLength;
 use super::{InlineError, MAX_HEADERS};
 
-/// Writes the head of a request without a body into `out` (cleared first).
-pub fn encode_request(out: &mut Vec<u8>, head: &Parts) {
+/// Writes the head of a request whose body is `length` into `out` (cleared first).
+pub fn encode_request(out: &mut Vec<u8>, head: &Parts, length: BodyLength) {
     out.clear();
     out.extend_from_slice(head.method.as_str().as_bytes());
     out.push(b' ');
@@ -24,10 +24,16 @@ pub fn encode_request(out: &mut Vec<u8>, head: &Parts) {
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
-    // A method whose requests normally carry a body says that this one is empty, as hyper's
-    // client does: some servers answer 411 otherwise.
-    if expects_body(&head.method) && !head.headers.contains_key(header::CONTENT_LENGTH) {
-        out.extend_from_slice(b"content-length: 0\r\n");
+    match length {
+        BodyLength::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        // A method whose requests normally carry a body says that this one is empty, as
+        // hyper's client does: some servers answer 411 otherwise.
+        BodyLength::Known(0)
+            if expects_body(&head.method) && !head.headers.contains_key(header::CONTENT_LENGTH) =>
+        {
+            out.extend_from_slice(b"content-length: 0\r\n")
+        }
+        BodyLength::Known(_) => {}
     }
     out.extend_from_slice(b"\r\n");
 }
@@ -56,10 +62,7 @@ struct Found {
 
 /// Takes a final response head off the front of `buf` when it is complete (`None`: more bytes
 /// are needed); informational heads before it are consumed and dropped.
-pub fn parse_response(
-    buf: &mut BytesMut,
-    headless: bool,
-) -> Result<Option<(http::response::Parts, Framing)>, InlineError> {
+pub fn parse_response(buf: &mut BytesMut) -> Result<Option<http::response::Parts>, InlineError> {
     loop {
         let mut at = [FieldAt::default(); MAX_HEADERS];
         let Some(found) = locate(buf, &mut at)? else {
@@ -68,19 +71,20 @@ pub fn parse_response(
         let head = buf.split_to(found.len).freeze();
         if (100..200).contains(&found.status) {
             if found.status == 101 {
-                return Err(InlineError::Invalid("101 Switching Protocols without an upgrade"));
+                return Err(InlineError::Invalid(
+                    "101 Switching Protocols without an upgrade",
+                ));
             }
             continue;
         }
-        let status = StatusCode::from_u16(found.status)
-            .map_err(|_| InlineError::Invalid("status code"))?;
+        let status =
+            StatusCode::from_u16(found.status).map_err(|_| InlineError::Invalid("status code"))?;
         let headers = build_fields(&head, &at[..found.fields])?;
-        let framing = Framing::of(status, found.version, &headers, headless)?;
         let (mut parts, ()) = Response::new(()).into_parts();
         parts.status = status;
         parts.version = found.version;
         parts.headers = headers;
-        return Ok(Some((parts, framing)));
+        return Ok(Some(parts));
     }
 }
 
@@ -134,13 +138,4 @@ fn build_fields(head: &Bytes, at: &[FieldAt]) -> Result<HeaderMap, InlineError> 
         headers.append(name, value);
     }
     Ok(headers)
-}
-
-/// Whether the comma-separated values of `name` include `token` (ASCII case-insensitive).
-pub fn has_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
-    headers
-        .get_all(name)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
 }

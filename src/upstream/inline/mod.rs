@@ -19,6 +19,7 @@
 
 mod body;
 mod head;
+mod upload;
 
 use std::io;
 use std::pin::Pin;
@@ -27,12 +28,14 @@ use std::task::{ready, Context, Poll};
 use bytes::BytesMut;
 use http::request::Parts;
 use http::Response;
-use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-pub use body::InlineBody;
 use body::Framing;
+pub use body::InlineBody;
+pub use upload::BodyLength;
+use upload::Upload;
 
+use crate::vocab::request_body::BoxError;
 use crate::vocab::CountedSlot;
 
 /// The largest response head read (status line and fields), as hyper's client was configured.
@@ -58,6 +61,8 @@ pub enum InlineError {
     Io(#[from] io::Error),
     #[error("invalid response: {0}")]
     Invalid(&'static str),
+    #[error("the request body: {0}")]
+    RequestBody(BoxError),
 }
 
 impl InlineError {
@@ -69,11 +74,11 @@ impl InlineError {
 
 /// How far a failed exchange got.
 #[derive(Debug)]
-pub struct SendFailure {
+pub struct SendFailure<B> {
     pub error: InlineError,
-    /// No byte of the request reached the connection: it may go on another one, whatever
-    /// its method.
-    pub unsent: bool,
+    /// The request body, when no byte of the request reached the connection: it may go on
+    /// another one, whatever its method.
+    pub unsent: Option<B>,
 }
 
 /// Where a connection goes when its response has been read to the end and it can carry
@@ -124,67 +129,74 @@ impl InlineConn {
         }
     }
 
-    /// Sends `head` (a request without a body, HTTP/1.1 form) and reads the response head;
-    /// the body reads the rest from this connection and sends it `home` when done.
-    pub async fn send<H: Home>(
+    /// Sends `head` (HTTP/1.1 form) and `body` (framed as `length` says) and reads the
+    /// response head; the response body reads the rest from this connection (and writes what
+    /// is left of the request, if the backend answered early) and sends it `home` when done.
+    pub async fn send<H, B>(
         mut self: Box<Self>,
         head: &Parts,
+        body: B,
+        length: BodyLength,
         home: H,
-    ) -> Result<Response<InlineBody<H>>, SendFailure> {
-        head::encode_request(&mut self.out, head);
-        if let Err(error) = self.write_request().await {
-            return Err(error);
+    ) -> Result<Response<InlineBody<H, B>>, SendFailure<B>>
+    where
+        H: Home,
+        B: http_body::Body<Data = bytes::Bytes> + Unpin,
+        B::Error: Into<BoxError>,
+    {
+        head::encode_request(&mut self.out, head, length);
+        let mut upload = Upload::new(body, length);
+        if let Err(error) = std::future::poll_fn(|cx| upload.poll(&mut self, cx)).await {
+            let unsent = upload.into_unsent_body();
+            return Err(SendFailure { error, unsent });
         }
-        let headless = head.method == http::Method::HEAD;
-        let (parts, framing) = self.read_head(headless).await.map_err(|error| SendFailure {
+        let failed = |error| SendFailure {
             error,
-            unsent: false,
-        })?;
-        Ok(Response::from_parts(parts, InlineBody::new(self, framing, home)))
+            unsent: None,
+        };
+        let parts = std::future::poll_fn(|cx| self.poll_head(&mut upload, cx))
+            .await
+            .map_err(failed)?;
+        let headless = head.method == http::Method::HEAD;
+        let framing =
+            Framing::of(parts.status, parts.version, &parts.headers, headless).map_err(failed)?;
+        let rest = (!upload.is_done()).then(|| Box::new(upload));
+        Ok(Response::from_parts(
+            parts,
+            InlineBody::new(self, framing, home, rest),
+        ))
     }
 
-    async fn write_request(&mut self) -> Result<(), SendFailure> {
-        let mut written = 0;
-        while written < self.out.len() {
-            match self.io.write(&self.out[written..]).await {
-                Ok(0) => {
-                    let error = InlineError::ClosedEarly;
-                    return Err(SendFailure {
-                        error,
-                        unsent: written == 0,
-                    });
-                }
-                Ok(n) => written += n,
-                Err(e) => {
-                    return Err(SendFailure {
-                        error: e.into(),
-                        unsent: written == 0,
-                    })
+    /// Reads until a final response head is complete (informational ones skipped), writing
+    /// the rest of the request as the backend takes it.
+    fn poll_head<B>(
+        &mut self,
+        upload: &mut Upload<B>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<http::response::Parts, InlineError>>
+    where
+        B: http_body::Body<Data = bytes::Bytes> + Unpin,
+        B::Error: Into<BoxError>,
+    {
+        loop {
+            if !upload.is_done() {
+                if let Poll::Ready(Err(error)) = upload.poll(self, cx) {
+                    return Poll::Ready(Err(error));
                 }
             }
-        }
-        Ok(())
-    }
-
-    /// Reads until a final response head is complete, skipping informational ones.
-    async fn read_head(
-        &mut self,
-        headless: bool,
-    ) -> Result<(http::response::Parts, Framing), InlineError> {
-        loop {
-            if let Some(parsed) = head::parse_response(&mut self.buf, headless)? {
-                return Ok(parsed);
+            if let Some(parsed) = head::parse_response(&mut self.buf)? {
+                return Poll::Ready(Ok(parsed));
             }
             if self.buf.len() >= MAX_HEAD {
-                return Err(InlineError::Invalid("response head too large"));
+                return Poll::Ready(Err(InlineError::Invalid("response head too large")));
             }
             let had = self.buf.len();
-            if std::future::poll_fn(|cx| self.poll_fill(cx)).await? == 0 {
-                return Err(if had == 0 {
+            if ready!(self.poll_fill(cx))? == 0 {
+                return Poll::Ready(Err(if had == 0 {
                     InlineError::ClosedEarly
                 } else {
                     InlineError::ClosedMidway
-                });
+                }));
             }
         }
     }

@@ -13,6 +13,11 @@ use tokio::net::{TcpListener, TcpStream};
 
 use super::*;
 
+/// More than this much body data is written from its own buffer, not copied.
+const COALESCE_LIMIT_FOR_TESTS: usize = 16 * 1024;
+
+type Nothing = http_body_util::Empty<Bytes>;
+
 /// The pool of the tests: connections that went home.
 #[derive(Clone, Default)]
 struct Kept(Arc<Mutex<Vec<Box<InlineConn>>>>);
@@ -23,6 +28,17 @@ impl Home for Kept {
     }
 }
 
+impl InlineConn {
+    async fn send_bodiless(
+        self: Box<Self>,
+        head: &Parts,
+        home: Kept,
+    ) -> Result<Response<InlineBody<Kept, Nothing>>, SendFailure<Nothing>> {
+        self.send(head, Nothing::new(), BodyLength::Known(0), home)
+            .await
+    }
+}
+
 impl Kept {
     fn take(&self) -> Option<Box<InlineConn>> {
         self.0.lock().unwrap().pop()
@@ -30,10 +46,19 @@ impl Kept {
 }
 
 /// How the backend writes each answer.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq)]
 enum Pace {
     Whole,
     ByteByByte,
+    /// Answers as soon as it has the head, then reads (and drops) all until the close.
+    EarlyThenLinger,
+}
+
+/// The `content-length` of a request head (0 without one).
+fn declared_length(head: &str) -> usize {
+    head.lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .map_or(0, |n| n.trim().parse().unwrap())
 }
 
 /// A backend that, for each request head it reads, writes the next answer; it closes the
@@ -56,9 +81,20 @@ async fn backend(
                 }
                 head.push(byte[0]);
             }
-            heads.push(String::from_utf8(head).unwrap());
+            let mut head = String::from_utf8(head).unwrap();
+            if pace != Pace::EarlyThenLinger {
+                let mut body = vec![0u8; declared_length(&head)];
+                sock.read_exact(&mut body).await.unwrap();
+                head.push_str(std::str::from_utf8(&body).unwrap());
+            }
+            heads.push(head);
             match pace {
                 Pace::Whole => sock.write_all(answer).await.unwrap(),
+                Pace::EarlyThenLinger => {
+                    sock.write_all(answer).await.unwrap();
+                    let mut rest = Vec::new();
+                    let _ = sock.read_to_end(&mut rest).await;
+                }
                 Pace::ByteByByte => {
                     for b in answer {
                         sock.write_all(&[*b]).await.unwrap();
@@ -93,11 +129,14 @@ async fn exchange(
     head: Parts,
     answers: Vec<&'static [u8]>,
     pace: Pace,
-) -> (Result<(http::response::Parts, http_body_util::Collected<Bytes>), InlineError>, Kept) {
+) -> (
+    Result<(http::response::Parts, http_body_util::Collected<Bytes>), InlineError>,
+    Kept,
+) {
     let (sock, _served) = backend(answers, pace).await;
     let kept = Kept::default();
     let conn = InlineConn::new(sock, None);
-    let resp = match conn.send(&head, kept.clone()).await {
+    let resp = match conn.send_bodiless(&head, kept.clone()).await {
         Ok(resp) => resp,
         Err(failure) => return (Err(failure.error), kept),
     };
@@ -114,7 +153,7 @@ async fn a_content_length_body_is_read_and_the_connection_reused() {
     let (sock, served) = backend(answers, Pace::Whole).await;
     let kept = Kept::default();
     let resp = InlineConn::new(sock, None)
-        .send(&get("/a?b=c"), kept.clone())
+        .send_bodiless(&get("/a?b=c"), kept.clone())
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
@@ -125,14 +164,17 @@ async fn a_content_length_body_is_read_and_the_connection_reused() {
     let mut conn = kept.take().expect("the connection went home");
     assert!(conn.is_reusable_now());
     let resp = conn
-        .send(&request(Method::POST, "/up"), kept.clone())
+        .send_bodiless(&request(Method::POST, "/up"), kept.clone())
         .await
         .unwrap();
     assert_eq!(resp.status(), 404);
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(&body[..], b"no!");
     let heads = served.await.unwrap();
-    assert_eq!(heads[0], "GET /a?b=c HTTP/1.1\r\nhost: backend.test\r\n\r\n");
+    assert_eq!(
+        heads[0],
+        "GET /a?b=c HTTP/1.1\r\nhost: backend.test\r\n\r\n"
+    );
     assert_eq!(
         heads[1],
         "POST /up HTTP/1.1\r\nhost: backend.test\r\ncontent-length: 0\r\n\r\n"
@@ -149,12 +191,16 @@ async fn chunks_and_trailers_arrive_one_byte_at_a_time() {
     let trailers = collected.trailers().cloned().expect("trailers");
     assert_eq!(trailers["x-sum"], "12");
     assert_eq!(&collected.to_bytes()[..], b"hello, world");
-    assert!(kept.take().is_some(), "a complete chunked body leaves the connection reusable");
+    assert!(
+        kept.take().is_some(),
+        "a complete chunked body leaves the connection reusable"
+    );
 }
 
 #[tokio::test]
 async fn chunked_without_trailers_and_a_split_head() {
-    let answer: &[u8] = b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
+    let answer: &[u8] =
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
     let (got, kept) = exchange(get("/"), vec![answer], Pace::ByteByByte).await;
     let (_, collected) = got.unwrap();
     assert!(collected.trailers().is_none());
@@ -173,25 +219,35 @@ async fn a_body_without_length_runs_to_the_close_and_the_connection_is_not_kept(
 #[tokio::test]
 async fn bodiless_answers_end_at_once_and_go_home() {
     let cases: [(Method, &'static [u8]); 3] = [
-        (Method::HEAD, b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"),
+        (
+            Method::HEAD,
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n",
+        ),
         (Method::GET, b"HTTP/1.1 204 No Content\r\n\r\n"),
-        (Method::GET, b"HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\n"),
+        (
+            Method::GET,
+            b"HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\n",
+        ),
     ];
     for (method, answer) in cases {
         let (sock, _served) = backend(vec![answer], Pace::Whole).await;
         let kept = Kept::default();
         let resp = InlineConn::new(sock, None)
-            .send(&request(method.clone(), "/"), kept.clone())
+            .send_bodiless(&request(method.clone(), "/"), kept.clone())
             .await
             .unwrap();
         assert!(resp.body().is_end_stream(), "{method}: no body to read");
-        assert!(kept.take().is_some(), "{method}: home before the body is polled");
+        assert!(
+            kept.take().is_some(),
+            "{method}: home before the body is polled"
+        );
     }
 }
 
 #[tokio::test]
 async fn informational_answers_are_skipped() {
-    let answer: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n\
+    let answer: &[u8] =
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n\
         HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok";
     let (got, _) = exchange(get("/"), vec![answer], Pace::Whole).await;
     let (parts, body) = got.unwrap();
@@ -202,7 +258,8 @@ async fn informational_answers_are_skipped() {
 
 #[tokio::test]
 async fn both_lengths_decode_as_chunked_and_close_the_connection() {
-    let answer: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n\
+    let answer: &[u8] =
+        b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n\
         2\r\nok\r\n0\r\n\r\n";
     let (got, kept) = exchange(get("/"), vec![answer], Pace::Whole).await;
     assert_eq!(&got.unwrap().1.to_bytes()[..], b"ok");
@@ -290,7 +347,7 @@ async fn an_idle_connection_the_backend_closed_is_not_reused() {
     let (sock, served) = backend(vec![answer], Pace::Whole).await;
     let kept = Kept::default();
     let resp = InlineConn::new(sock, None)
-        .send(&get("/"), kept.clone())
+        .send_bodiless(&get("/"), kept.clone())
         .await
         .unwrap();
     drop(resp);
@@ -312,14 +369,17 @@ async fn a_large_body_arrives_whole_and_the_reads_grow() {
     let (sock, _served) = backend(vec![answer], Pace::Whole).await;
     let kept = Kept::default();
     let resp = InlineConn::new(sock, None)
-        .send(&get("/big"), kept.clone())
+        .send_bodiless(&get("/big"), kept.clone())
         .await
         .unwrap();
     let mut body = resp.into_body();
     let (mut total, mut largest) = (0usize, 0usize);
     while let Some(frame) = body.frame().await {
         let data = frame.unwrap().into_data().unwrap();
-        assert!(data.iter().enumerate().all(|(i, b)| *b == ((total + i) % 251) as u8));
+        assert!(data
+            .iter()
+            .enumerate()
+            .all(|(i, b)| *b == ((total + i) % 251) as u8));
         total += data.len();
         largest = largest.max(data.len());
     }
@@ -327,4 +387,246 @@ async fn a_large_body_arrives_whole_and_the_reads_grow() {
     assert!(largest > READ_ROOM, "reads stayed at {largest} bytes");
     let conn = kept.take().expect("home");
     assert!(conn.buf.capacity() <= MAX_IDLE_BUFFER);
+}
+
+/// A request body the test feeds piece by piece.
+fn fed_body() -> (
+    tokio::sync::mpsc::Sender<Result<http_body::Frame<Bytes>, std::convert::Infallible>>,
+    http_body_util::StreamBody<
+        tokio_stream_like::Receiver<Result<http_body::Frame<Bytes>, std::convert::Infallible>>,
+    >,
+) {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    (
+        tx,
+        http_body_util::StreamBody::new(tokio_stream_like::Receiver(rx)),
+    )
+}
+
+/// `futures` Stream over a tokio channel (the tests' only need for one).
+mod tokio_stream_like {
+    #[derive(Debug)]
+    pub struct Receiver<T>(pub tokio::sync::mpsc::Receiver<T>);
+
+    impl<T> futures_util::Stream for Receiver<T> {
+        type Item = T;
+        fn poll_next(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<T>> {
+            self.0.poll_recv(cx)
+        }
+    }
+}
+
+fn post(path: &str, length: usize) -> Parts {
+    let mut head = request(Method::POST, path);
+    head.headers.insert("content-length", length.into());
+    head
+}
+
+#[tokio::test]
+async fn a_body_goes_out_with_its_head_and_the_connection_is_reused() {
+    let answer: &[u8] = b"HTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n";
+    let (sock, served) = backend(vec![answer, answer], Pace::Whole).await;
+    let kept = Kept::default();
+    let body = http_body_util::Full::new(Bytes::from_static(b"{\"a\":1}"));
+    let resp = InlineConn::new(sock, None)
+        .send(&post("/p", 7), body, BodyLength::Known(7), kept.clone())
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    drop(resp);
+    // A body fed in two pieces, the second after the head went out.
+    let (tx, body) = fed_body();
+    tx.send(Ok(http_body::Frame::data(Bytes::from_static(b"abc"))))
+        .await
+        .unwrap();
+    let conn = kept.take().expect("home after the first exchange");
+    let sending = tokio::spawn(async move {
+        let resp = conn
+            .send(&post("/q", 6), body, BodyLength::Known(6), kept.clone())
+            .await;
+        (
+            resp.map(|r| r.status()).map_err(|f| f.error.to_string()),
+            kept,
+        )
+    });
+    tokio::task::yield_now().await;
+    tx.send(Ok(http_body::Frame::data(Bytes::from_static(b"def"))))
+        .await
+        .unwrap();
+    let (status, kept) = sending.await.unwrap();
+    assert_eq!(status.unwrap(), 201);
+    drop(kept.take());
+    let heads = served.await.unwrap();
+    assert!(
+        heads[0].ends_with("content-length: 7\r\n\r\n{\"a\":1}"),
+        "{}",
+        heads[0]
+    );
+    assert!(heads[1].ends_with("\r\n\r\nabcdef"), "{}", heads[1]);
+}
+
+#[tokio::test]
+async fn a_backend_that_answers_before_the_body_ends_is_heard() {
+    let answer: &[u8] = b"HTTP/1.1 413 Content Too Large\r\nContent-Length: 4\r\n\r\nbig!";
+    let (sock, _served) = backend(vec![answer], Pace::EarlyThenLinger).await;
+    let kept = Kept::default();
+    let (tx, body) = fed_body();
+    tx.send(Ok(http_body::Frame::data(Bytes::from_static(b"start"))))
+        .await
+        .unwrap();
+    let resp = InlineConn::new(sock, None)
+        .send(
+            &post("/upload", 1_000_000),
+            body,
+            BodyLength::Known(1_000_000),
+            kept.clone(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 413);
+    let got = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&got[..], b"big!");
+    assert!(
+        kept.take().is_none(),
+        "a connection with half a request on it is not kept"
+    );
+    drop(tx);
+}
+
+#[tokio::test]
+async fn a_body_that_does_not_match_its_length_fails() {
+    for (declared, sent) in [(10u64, &b"short"[..]), (2, &b"longer"[..])] {
+        let (sock, _served) = backend(vec![b""], Pace::EarlyThenLinger).await;
+        let body = http_body_util::Full::new(Bytes::from_static(sent));
+        let got = InlineConn::new(sock, None)
+            .send(
+                &post("/p", declared as usize),
+                body,
+                BodyLength::Known(declared),
+                Kept::default(),
+            )
+            .await;
+        match got {
+            Err(f) => assert!(
+                matches!(f.error, InlineError::RequestBody(_)),
+                "{}",
+                f.error
+            ),
+            Ok(r) => panic!("{declared} declared, {} sent: {:?}", sent.len(), r.status()),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_body_of_unknown_length_goes_chunked_with_its_trailers() {
+    let answer: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let served = tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.unwrap();
+        let mut got = Vec::new();
+        // Up to the end of the trailer section.
+        while !got.ends_with(b"x-sum: 9\r\n\r\n") {
+            let mut byte = [0u8; 1];
+            assert_eq!(sock.read(&mut byte).await.unwrap(), 1);
+            got.push(byte[0]);
+        }
+        sock.write_all(answer).await.unwrap();
+        String::from_utf8(got).unwrap()
+    });
+    let sock = TcpStream::connect(addr).await.unwrap();
+    let (tx, body) = fed_body();
+    let big = Bytes::from(vec![b'z'; COALESCE_LIMIT_FOR_TESTS + 1]);
+    for piece in [Bytes::from_static(b"abc"), Bytes::new(), big.clone()] {
+        tx.send(Ok(http_body::Frame::data(piece))).await.unwrap();
+    }
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("x-sum", "9".parse().unwrap());
+    tx.send(Ok(http_body::Frame::trailers(trailers)))
+        .await
+        .unwrap();
+    drop(tx);
+    let resp = InlineConn::new(sock, None)
+        .send(
+            &request(Method::PUT, "/c"),
+            body,
+            BodyLength::Chunked,
+            Kept::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let got = served.await.unwrap();
+    let expected = format!(
+        "PUT /c HTTP/1.1\r\nhost: backend.test\r\ntransfer-encoding: chunked\r\n\r\n\
+         3\r\nabc\r\n{:x}\r\n{}\r\n0\r\nx-sum: 9\r\n\r\n",
+        big.len(),
+        "z".repeat(big.len())
+    );
+    assert!(got == expected, "{}", &got[..200.min(got.len())]);
+}
+
+#[tokio::test]
+async fn an_echo_streams_back_while_the_body_goes_up() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    // Echoes each piece of a 9-byte body as a chunk as soon as it has it.
+    tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut byte = [0u8; 1];
+            sock.read_exact(&mut byte).await.unwrap();
+            head.push(byte[0]);
+        }
+        sock.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+            .await
+            .unwrap();
+        let mut left = 9;
+        while left > 0 {
+            let mut piece = [0u8; 64];
+            let n = sock.read(&mut piece).await.unwrap();
+            assert!(n > 0, "the body stopped");
+            left -= n;
+            let chunk = format!("{n:x}\r\n{}\r\n", std::str::from_utf8(&piece[..n]).unwrap());
+            sock.write_all(chunk.as_bytes()).await.unwrap();
+        }
+        sock.write_all(b"0\r\n\r\n").await.unwrap();
+        let mut rest = Vec::new();
+        let _ = sock.read_to_end(&mut rest).await;
+    });
+    let sock = TcpStream::connect(addr).await.unwrap();
+    let (tx, body) = fed_body();
+    let kept = Kept::default();
+    let home = kept.clone();
+    let sending = tokio::spawn(async move {
+        let head = post("/echo", 9);
+        InlineConn::new(sock, None)
+            .send(&head, body, BodyLength::Known(9), home)
+            .await
+    });
+    tx.send(Ok(http_body::Frame::data(Bytes::from_static(b"one"))))
+        .await
+        .unwrap();
+    let resp = sending.await.unwrap().map_err(|f| f.error).unwrap();
+    let mut echo = resp.into_body();
+    for (piece, next) in [("one", Some("two")), ("two", Some("333")), ("333", None)] {
+        let got = echo.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(&got[..], piece.as_bytes(), "the echo of {piece}");
+        if let Some(next) = next {
+            tx.send(Ok(http_body::Frame::data(Bytes::from_static(
+                next.as_bytes(),
+            ))))
+            .await
+            .unwrap();
+        }
+    }
+    assert!(echo.frame().await.is_none());
+    assert!(
+        kept.take().is_some(),
+        "the whole request went up: the connection is kept"
+    );
 }

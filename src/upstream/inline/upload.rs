@@ -1,0 +1,237 @@
+//! Writing a request: its head, then its body as the client sends it, either of declared length
+//! or chunked (with trailers, when the client sent some). A small piece of body goes out in
+//! the same write as what precedes it. While the body waits (on the client, or on a backend
+//! that reads slowly) the connection is watched: a backend that begins to answer before it
+//! has the whole body (a 413, or an echo that streams back as it reads) is heard at once, and
+//! the rest of the body goes on being sent beside the answer, full duplex, as long as the
+//! backend takes it. A connection whose answer ended before its request did is not reused.
+
+use std::io::{self, Write as _};
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, Bytes};
+use http::HeaderMap;
+use http_body::Body;
+use tokio::io::AsyncWrite;
+use tokio::net::TcpStream;
+
+use super::{InlineConn, InlineError};
+use crate::vocab::request_body::BoxError;
+
+/// The most body bytes copied behind a head (or a chunk header) to go out in one write.
+const COALESCE_MAX: usize = 16 * 1024;
+
+/// How a request body is delimited on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyLength {
+    /// `Content-Length` (0: no body).
+    Known(u64),
+    Chunked,
+}
+
+/// How an upload ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Uploaded {
+    /// The head and the whole body were written.
+    All,
+    /// The backend started answering before the body was all written.
+    AnsweredEarly,
+}
+
+/// An upload in progress: `conn.out` holds bytes to write before `piece` (the head, a chunk
+/// header), then `piece` (body data not copied into `out`).
+pub struct Upload<B> {
+    body: B,
+    framing: Framing,
+    /// How much of `conn.out` is written.
+    written: usize,
+    piece: Bytes,
+    /// A byte went out, or a piece was taken from the client: the request cannot go elsewhere.
+    committed: bool,
+    done: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    Length { left: u64 },
+    Chunked { chunks: u64 },
+    Finished,
+}
+
+impl<B> Upload<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    pub fn new(body: B, length: BodyLength) -> Upload<B> {
+        let framing = match length {
+            BodyLength::Known(0) => Framing::Finished,
+            BodyLength::Known(left) => Framing::Length { left },
+            BodyLength::Chunked => Framing::Chunked { chunks: 0 },
+        };
+        Upload {
+            body,
+            framing,
+            written: 0,
+            piece: Bytes::new(),
+            committed: false,
+            done: false,
+        }
+    }
+
+    /// Moves the upload on as far as the socket and the client allow.
+    pub fn poll(
+        &mut self,
+        conn: &mut InlineConn,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Uploaded, InlineError>> {
+        if !self.committed && self.framing != Framing::Finished {
+            // The first piece, when the client has sent it already, joins the head.
+            if let Poll::Ready(next) = self.poll_next(conn, cx) {
+                next?;
+            }
+        }
+        loop {
+            let step = if self.written < conn.out.len() {
+                match poll_write(&mut conn.io, cx, &conn.out[self.written..]) {
+                    Poll::Ready(Ok(n)) => {
+                        self.written += n;
+                        self.committed = true;
+                        Poll::Ready(Ok(()))
+                    }
+                    other => other.map(|r| r.map(drop)),
+                }
+            } else if !self.piece.is_empty() {
+                match poll_write(&mut conn.io, cx, &self.piece) {
+                    Poll::Ready(Ok(n)) => Poll::Ready(Ok(self.piece.advance(n))),
+                    other => other.map(|r| r.map(drop)),
+                }
+            } else if self.framing == Framing::Finished {
+                self.done = true;
+                return Poll::Ready(Ok(Uploaded::All));
+            } else {
+                conn.out.clear();
+                self.written = 0;
+                self.poll_next(conn, cx)
+            };
+            match step {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
+                Poll::Pending => {
+                    // Waiting: has the backend begun to answer?
+                    if conn.io.poll_read_ready(cx).is_ready() {
+                        return Poll::Ready(Ok(Uploaded::AnsweredEarly));
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
+    }
+
+    /// Whether the whole request is written.
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// The body back, when nothing of the request went out and no piece was taken from it:
+    /// the request can still go on another connection.
+    pub fn into_unsent_body(self) -> Option<B> {
+        (!self.committed).then_some(self.body)
+    }
+
+    /// Takes the next frame from the client and frames it behind what `conn.out` holds.
+    fn poll_next(
+        &mut self,
+        conn: &mut InlineConn,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), InlineError>> {
+        loop {
+            let frame = match ready!(Pin::new(&mut self.body).poll_frame(cx)) {
+                Some(Err(e)) => return Poll::Ready(Err(InlineError::RequestBody(e.into()))),
+                Some(Ok(frame)) => frame,
+                None => return Poll::Ready(self.end(&mut conn.out, None)),
+            };
+            self.committed = true;
+            let data = match frame.into_data() {
+                Ok(data) if data.is_empty() => continue,
+                Ok(data) => data,
+                Err(frame) => {
+                    let trailers = frame.into_trailers().ok();
+                    return Poll::Ready(self.end(&mut conn.out, trailers.as_ref()));
+                }
+            };
+            return Poll::Ready(self.frame_data(&mut conn.out, data));
+        }
+    }
+
+    fn frame_data(&mut self, out: &mut Vec<u8>, data: Bytes) -> Result<(), InlineError> {
+        let len = data.len() as u64;
+        match &mut self.framing {
+            Framing::Length { left } => {
+                if len > *left {
+                    let error = "longer than its Content-Length".into();
+                    return Err(InlineError::RequestBody(error));
+                }
+                *left -= len;
+                if *left == 0 {
+                    self.framing = Framing::Finished;
+                }
+            }
+            Framing::Chunked { chunks } => {
+                if *chunks > 0 {
+                    out.extend_from_slice(b"\r\n");
+                }
+                *chunks += 1;
+                let _ = write!(out, "{len:x}\r\n");
+            }
+            Framing::Finished => {
+                return Err(InlineError::RequestBody("data after its end".into()));
+            }
+        }
+        if data.len() <= COALESCE_MAX {
+            out.extend_from_slice(&data);
+        } else {
+            self.piece = data;
+        }
+        Ok(())
+    }
+
+    /// The end of the client's body (with its trailers): the last chunk, or a length check.
+    fn end(&mut self, out: &mut Vec<u8>, trailers: Option<&HeaderMap>) -> Result<(), InlineError> {
+        match self.framing {
+            Framing::Length { .. } => {
+                let error = "shorter than its Content-Length".into();
+                return Err(InlineError::RequestBody(error));
+            }
+            Framing::Chunked { chunks } => {
+                if chunks > 0 {
+                    out.extend_from_slice(b"\r\n");
+                }
+                out.extend_from_slice(b"0\r\n");
+                for (name, value) in trailers.into_iter().flatten() {
+                    out.extend_from_slice(name.as_str().as_bytes());
+                    out.extend_from_slice(b": ");
+                    out.extend_from_slice(value.as_bytes());
+                    out.extend_from_slice(b"\r\n");
+                }
+                out.extend_from_slice(b"\r\n");
+            }
+            Framing::Finished => {}
+        }
+        self.framing = Framing::Finished;
+        Ok(())
+    }
+}
+
+fn poll_write(
+    io: &mut TcpStream,
+    cx: &mut Context<'_>,
+    bytes: &[u8],
+) -> Poll<Result<usize, InlineError>> {
+    match ready!(Pin::new(io).poll_write(cx, bytes)) {
+        Ok(0) => Poll::Ready(Err(InlineError::Io(io::ErrorKind::WriteZero.into()))),
+        Ok(n) => Poll::Ready(Ok(n)),
+        Err(e) => Poll::Ready(Err(e.into())),
+    }
+}
