@@ -30,14 +30,27 @@ use support::*;
 /// [`h2spec_timing_dependent`], and a failure anywhere else fails the test whatever the count.
 const H2SPEC_MIN_PASSED: usize = 143;
 
-/// The "closed: Sends a ... frame after sending RST_STREAM frame" cases send a request, reset it
-/// and send one more frame on the stream, then take any frame but the error as a failure. When
-/// the response to that request is on the wire before the proxy reads the RST_STREAM (it answers
-/// in well under a millisecond, and h2spec writes its frames one by one), h2spec reads that
-/// response first and fails the case, although RFC 9113 §5.1 allows a peer exactly that. Seen
-/// once in about ten full runs, under the load of the rest of the suite.
+/// One race, two families of cases. h2spec opens a request with a body, then sends a frame
+/// that breaks it: a frame after its own RST_STREAM ("closed: Sends a ... frame after sending
+/// RST_STREAM frame"), or a malformed end of the body (trailers without END_STREAM, a pseudo-header
+/// in trailers, a body that does not add up to its `content-length`). When the backend's answer
+/// to the request is on the wire before the proxy reads that frame (the proxy answers in well
+/// under a millisecond, the test backend does not wait for request bodies, and h2spec writes its
+/// frames one by one), h2spec reads the answer first and fails the case, although RFC 9113 §8.1
+/// lets a server answer before the request is complete. Only a failure whose frame read instead
+/// of the error is that answer (a DATA frame ending stream 1) counts as the race. Seen in about
+/// one full run in ten, more often since plain backends are spoken to from the request's own task
+/// (`upstream::inline`, faster); under two busy loops 3 in 15 runs of h2spec alone.
 fn h2spec_timing_dependent(case: &Case) -> bool {
-    case.id.starts_with("http2/5.1/") && case.name.contains("after sending RST_STREAM frame")
+    let answered_first = matches!(&case.outcome, Outcome::Failed(actual)
+        if actual.trim_end().ends_with("DATA Frame (length:0, flags:0x01, stream_id:1)"));
+    let after_reset =
+        case.id.starts_with("http2/5.1/") && case.name.contains("after sending RST_STREAM frame");
+    let malformed_body_end = matches!(
+        case.id.as_str(),
+        "http2/8.1/1" | "http2/8.1.2.1/3" | "http2/8.1.2.6/1" | "http2/8.1.2.6/2"
+    );
+    answered_first && (after_reset || malformed_body_end)
 }
 
 /// testssl.sh ids allowed at HIGH or CRITICAL, each due to the test certificate, not the proxy.

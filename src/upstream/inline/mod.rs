@@ -220,10 +220,14 @@ impl InlineConn {
         Poll::Ready(Ok(n))
     }
 
-    /// Lets go of a large read buffer before the connection idles in the pool.
+    /// Lets go of large buffers before the connection idles in the pool.
     fn trim_for_idle(&mut self) {
         if self.buf.capacity() > MAX_IDLE_BUFFER {
             self.buf = BytesMut::new();
+        }
+        // The head buffer grows with coalesced body pieces (up to 16 KiB).
+        if self.out.capacity() > MAX_IDLE_BUFFER / 4 {
+            self.out = Vec::new();
         }
     }
 }
