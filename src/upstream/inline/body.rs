@@ -137,8 +137,6 @@ pub struct InlineBody<H, B> {
     home: Option<H>,
     /// What is left of the request, when the backend answered before it had all of it.
     upload: Option<Box<Upload<B>>>,
-    /// Whether the connection could carry another request once the body ended.
-    ended_reusable: bool,
 }
 
 impl<H, B> InlineBody<H, B>
@@ -159,17 +157,11 @@ where
             keep_alive: framing.keep_alive,
             home: Some(home),
             upload,
-            ended_reusable: false,
         };
         if body.state == State::Length(0) {
             body.finish();
         }
         body
-    }
-
-    /// Whether the body ended with its connection fit for another request (tests).
-    pub fn ended_reusable(&self) -> bool {
-        self.ended_reusable
     }
 
     /// The end of the body: the connection goes home when nothing followed the response.
@@ -179,9 +171,9 @@ where
             return;
         };
         // An answer that ended before its request did leaves half a request on the wire.
-        self.ended_reusable = self.keep_alive && conn.buf.is_empty() && self.upload.is_none();
+        let reusable = self.keep_alive && conn.buf.is_empty() && self.upload.is_none();
         self.upload = None;
-        if !self.ended_reusable {
+        if !reusable {
             return;
         }
         conn.trim_for_idle();

@@ -7,9 +7,9 @@
 //! the body has been read to its end the connection goes back to its worker's pool
 //! ([`super::slot`]); one dropped early is closed.
 //!
-//! Only requests without a body take this path (`pool` decides): with no body to send there is
-//! nothing to interleave with reading an early answer, which hyper's client does for uploads.
-//! Upgrades, TLS and HTTP/2 backends stay on hyper's client.
+//! Request bodies go up as the client sends them (`upload`), full duplex: an answer that
+//! begins before the body ends is read at once while the rest goes up beside it. Upgrades,
+//! requests with `Expect`, TLS and HTTP/2 backends stay on hyper's client (`pool` decides).
 //!
 //! Framing follows RFC 9112 §6.3: no body for HEAD, 1xx, 204 and 304; `Transfer-Encoding`
 //! before `Content-Length` (and a response that carries both never reuses its connection);
