@@ -94,6 +94,8 @@ pub struct InlineConn {
     buf: BytesMut,
     /// The room the next read is given.
     room: usize,
+    /// How much of `buf` the last try at a response head saw.
+    head_tried: usize,
     /// The encoded request head, its allocation kept for the next request.
     out: Vec<u8>,
     /// This connection's place in its backend's count of open connections.
@@ -106,6 +108,7 @@ impl InlineConn {
             io,
             buf: BytesMut::new(),
             room: READ_ROOM,
+            head_tried: 0,
             out: Vec::new(),
             _counted: counted,
         })
@@ -184,8 +187,13 @@ impl InlineConn {
                     return Poll::Ready(Err(error));
                 }
             }
-            if let Some(parsed) = head::parse_response(&mut self.buf)? {
-                return Poll::Ready(Ok(parsed));
+            // Parsed again only when bytes came since the last try.
+            if self.buf.len() > self.head_tried {
+                if let Some(parsed) = head::parse_response(&mut self.buf)? {
+                    self.head_tried = 0;
+                    return Poll::Ready(Ok(parsed));
+                }
+                self.head_tried = self.buf.len();
             }
             if self.buf.len() >= MAX_HEAD {
                 return Poll::Ready(Err(InlineError::Invalid("response head too large")));
