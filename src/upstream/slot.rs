@@ -20,6 +20,8 @@ type IdleH1 = (Option<Arc<str>>, http1::SendRequest<UpBody>);
 #[derive(Default)]
 pub struct WorkerSlot {
     idle: Mutex<Vec<IdleH1>>,
+    // Boxed on purpose: a connection moves between this list and a response body as a pointer.
+    #[allow(clippy::vec_box)]
     idle_inline: Mutex<Vec<Box<InlineConn>>>,
     h2: Mutex<Vec<H2Conn>>,
     /// Held while opening a connection that may be HTTP/2, so a burst waits for it.

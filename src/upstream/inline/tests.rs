@@ -20,6 +20,7 @@ type Nothing = http_body_util::Empty<Bytes>;
 
 /// The pool of the tests: connections that went home.
 #[derive(Clone, Default)]
+#[allow(clippy::vec_box)] // the pool's own shape: connections travel boxed
 struct Kept(Arc<Mutex<Vec<Box<InlineConn>>>>);
 
 impl Home for Kept {
@@ -390,18 +391,17 @@ async fn a_large_body_arrives_whole_and_the_reads_grow() {
 }
 
 /// A request body the test feeds piece by piece.
-fn fed_body() -> (
-    tokio::sync::mpsc::Sender<Result<http_body::Frame<Bytes>, std::convert::Infallible>>,
-    http_body_util::StreamBody<
-        tokio_stream_like::Receiver<Result<http_body::Frame<Bytes>, std::convert::Infallible>>,
-    >,
-) {
+fn fed_body() -> (Sender<Fed>, FedBody) {
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     (
         tx,
         http_body_util::StreamBody::new(tokio_stream_like::Receiver(rx)),
     )
 }
+
+type Fed = Result<http_body::Frame<Bytes>, std::convert::Infallible>;
+type Sender<T> = tokio::sync::mpsc::Sender<T>;
+type FedBody = http_body_util::StreamBody<tokio_stream_like::Receiver<Fed>>;
 
 /// `futures` Stream over a tokio channel (the tests' only need for one).
 mod tokio_stream_like {

@@ -104,7 +104,10 @@ where
                 }
             } else if !self.piece.is_empty() {
                 match poll_write(&mut conn.io, cx, &self.piece) {
-                    Poll::Ready(Ok(n)) => Poll::Ready(Ok(self.piece.advance(n))),
+                    Poll::Ready(Ok(n)) => {
+                        self.piece.advance(n);
+                        Poll::Ready(Ok(()))
+                    }
                     other => other.map(|r| r.map(drop)),
                 }
             } else if self.framing == Framing::Finished {
