@@ -30,6 +30,7 @@ use tower::{Layer, Service};
 use crate::config::upstreams::CompressRule;
 use crate::proxy::encode::{Coding, Encoded};
 use crate::proxy::RespBody;
+use crate::vocab::headers::has_token;
 use crate::vocab::ProxyError;
 
 /// One entry of a route's `types`.
@@ -148,19 +149,6 @@ fn known_length<B: http_body::Body>(resp: &Response<B>) -> Option<u64> {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse().ok())
         .or_else(|| resp.body().size_hint().exact())
-}
-
-/// Whether a comma-separated header lists `token` (any case, parameters ignored).
-fn has_token(headers: &HeaderMap, name: &header::HeaderName, token: &str) -> bool {
-    headers
-        .get_all(name)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|item| {
-            let item = item.split(['=', ';']).next().unwrap_or("").trim();
-            item.eq_ignore_ascii_case(token)
-        })
 }
 
 /// Appends `Vary: Accept-Encoding` unless `Vary` already names it (or is `*`).

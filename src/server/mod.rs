@@ -135,7 +135,7 @@ pub async fn serve_worker(
         idle: limits.idle_timeout,
     });
     let request_ids = Arc::new(real_client::RequestIds::new());
-    let _timer_floor = tokio::spawn(timer_floor());
+    let floor = tokio::spawn(timer_floor());
     // The service of one proxy connection: every request through [`observe::answer`].
     let proxy_service = |hsts: bool, alt_svc: Option<http::HeaderValue>| {
         let (serving, tunnels) = (serving.clone(), tunnels.clone());
@@ -185,4 +185,5 @@ pub async fn serve_worker(
         }
         None => plain.await,
     }
+    floor.abort();
 }

@@ -138,10 +138,7 @@ impl Backend {
         timeout: Duration,
         offer_h2: bool,
     ) -> Result<Fresh, ConnectError> {
-        let Some(counted) = CountedSlot::reserve(&self.open_conns, self.max_conns) else {
-            let detail = format!("{} connections open", self.max_conns);
-            return Err(ConnectError::new(ConnectErrorKind::Capacity, detail));
-        };
+        let counted = self.reserve_connection()?;
         let addrs = self.addrs();
         let ep = self.endpoint(&addrs, wire);
         let opened = connector::open(ep, sni, timeout, offer_h2, None, Some(counted)).await;
@@ -157,12 +154,17 @@ impl Backend {
     /// A plain connection for requests that drive it themselves ([`super::inline`]), counted
     /// among the backend's open connections and in its passive health.
     pub async fn connect_inline(&self, timeout: Duration) -> Result<Box<InlineConn>, ConnectError> {
-        let Some(counted) = CountedSlot::reserve(&self.open_conns, self.max_conns) else {
-            let detail = format!("{} connections open", self.max_conns);
-            return Err(ConnectError::new(ConnectErrorKind::Capacity, detail));
-        };
+        let counted = self.reserve_connection()?;
         let tcp = self.tcp(timeout).await?;
         Ok(InlineConn::new(tcp, Some(counted)))
+    }
+
+    /// A place among the backend's open connections (`upstream_max_connections`).
+    fn reserve_connection(&self) -> Result<CountedSlot, ConnectError> {
+        CountedSlot::reserve(&self.open_conns, self.max_conns).ok_or_else(|| {
+            let detail = format!("{} connections open", self.max_conns);
+            ConnectError::new(ConnectErrorKind::Capacity, detail)
+        })
     }
 
     /// A TCP connection, counted in passive health (protocol detection).

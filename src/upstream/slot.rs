@@ -1,6 +1,7 @@
 //! One worker's connections to one backend: short lists of idle HTTP/1.1 connections (hyper's,
-//! and the plain ones requests drive themselves, `inline`) and its shared HTTP/2 connections with their open-stream counts. Only its own worker touches a slot,
-//! so its mutexes are never contended. Connections are kept under the TLS server name they were
+//! and the plain ones requests drive themselves, `inline`) and its shared HTTP/2 connections
+//! with their open-stream counts. Only its own worker touches a slot, so its mutexes are never
+//! contended. Connections are kept under the TLS server name they were
 //! opened for (empty for plain ones), and a request only ever reuses one opened for its own
 //! name: a session set up for one name never carries another's requests.
 
@@ -61,7 +62,7 @@ impl WorkerSlot {
         None
     }
 
-    /// An idle plain connection for a request without a body, the latest first.
+    /// An idle plain connection that can carry a request, the latest first.
     pub fn take_inline(&self) -> Option<Box<InlineConn>> {
         let mut idle = lock(&self.idle_inline);
         while let Some(mut conn) = idle.pop() {

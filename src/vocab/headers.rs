@@ -104,9 +104,22 @@ const GONE_ANYWAY: [&str; 2] = ["keep-alive", "upgrade"];
 /// allocate): a header of that name still goes (RFC 9110 §7.6.1).
 const NAMED_BY_TEXT: [&str; 2] = ["close", "trailers"];
 
+/// Whether a comma-separated header lists `token` (any case, parameters ignored).
+pub fn has_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
+    headers
+        .get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|item| {
+            let item = item.split(['=', ';']).next().unwrap_or("").trim();
+            item.eq_ignore_ascii_case(token)
+        })
+}
+
 /// The client IP as an `X-Forwarded-For` element, formatted once per connection.
 pub fn client_ip_value(ip: IpAddr) -> HeaderValue {
-    let text = match ip {
+    let value = match ip {
         // Once per connection: `Display` through `core::fmt` cost about 1,400 instructions.
         IpAddr::V4(v4) => {
             let mut out = [0u8; 15];
@@ -121,12 +134,11 @@ pub fn client_ip_value(ip: IpAddr) -> HeaderValue {
                 out[len..len + digits.len()].copy_from_slice(digits);
                 len += digits.len();
             }
-            return HeaderValue::from_bytes(&out[..len])
-                .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+            HeaderValue::from_bytes(&out[..len])
         }
-        IpAddr::V6(_) => ip.to_string(),
+        IpAddr::V6(_) => HeaderValue::from_str(&ip.to_string()),
     };
-    HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
+    value.unwrap_or_else(|_| HeaderValue::from_static("unknown"))
 }
 
 /// Appends the client IP (no port) to `X-Forwarded-For`, joining any existing values with `, `.

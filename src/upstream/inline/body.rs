@@ -6,12 +6,13 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes};
-use http::header::{self, HeaderMap, HeaderName};
+use http::header::{self, HeaderMap};
 use http::{StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 
 use super::upload::Upload;
 use super::{Home, InlineConn, InlineError};
+use crate::vocab::headers::has_token;
 use crate::vocab::request_body::BoxError;
 
 /// The longest chunk-size line (size, extensions and CRLF) read.
@@ -26,7 +27,7 @@ const MAX_TRAILER_FIELDS: usize = 32;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Framing {
     state: State,
-    pub keep_alive: bool,
+    keep_alive: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,15 +84,6 @@ impl Framing {
         }
         Ok(Framing { state, keep_alive })
     }
-}
-
-/// Whether the comma-separated values of `name` include `token` (ASCII case-insensitive).
-fn has_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
-    headers
-        .get_all(name)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
 }
 
 fn last_coding_is_chunked(headers: &HeaderMap) -> bool {

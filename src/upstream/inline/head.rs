@@ -9,8 +9,15 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::{Method, Response, StatusCode, Version};
 
-use super::upload::BodyLength;
 use super::{InlineError, MAX_HEADERS};
+
+/// How a request body is delimited on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyLength {
+    /// `Content-Length` (0: no body).
+    Known(u64),
+    Chunked,
+}
 
 /// Writes the head of a request whose body is `length` into `out` (cleared first).
 pub fn encode_request(out: &mut Vec<u8>, head: &Parts, length: BodyLength) {
@@ -20,12 +27,7 @@ pub fn encode_request(out: &mut Vec<u8>, head: &Parts, length: BodyLength) {
     let target = head.uri.path_and_query().map_or("/", |p| p.as_str());
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in &head.headers {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
+    write_fields(out, &head.headers);
     match length {
         BodyLength::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
         // A method whose requests normally carry a body says that this one is empty, as
@@ -38,6 +40,16 @@ pub fn encode_request(out: &mut Vec<u8>, head: &Parts, length: BodyLength) {
         BodyLength::Known(_) => {}
     }
     out.extend_from_slice(b"\r\n");
+}
+
+/// Writes `fields` as `name: value` lines (a head's, or a chunked body's trailers).
+pub fn write_fields(out: &mut Vec<u8>, fields: &HeaderMap) {
+    for (name, value) in fields {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
 }
 
 fn expects_body(method: &Method) -> bool {

@@ -32,7 +32,7 @@ use tokio::net::TcpStream;
 
 use body::Framing;
 pub use body::InlineBody;
-pub use upload::BodyLength;
+pub use head::BodyLength;
 use upload::Upload;
 
 use crate::vocab::request_body::BoxError;

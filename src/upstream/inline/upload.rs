@@ -16,28 +16,12 @@ use http_body::Body;
 use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
 
+use super::head::{write_fields, BodyLength};
 use super::{InlineConn, InlineError};
 use crate::vocab::request_body::BoxError;
 
 /// The most body bytes copied behind a head (or a chunk header) to go out in one write.
 const COALESCE_MAX: usize = 16 * 1024;
-
-/// How a request body is delimited on the wire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BodyLength {
-    /// `Content-Length` (0: no body).
-    Known(u64),
-    Chunked,
-}
-
-/// How an upload ended.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Uploaded {
-    /// The head and the whole body were written.
-    All,
-    /// The backend started answering before the body was all written.
-    AnsweredEarly,
-}
 
 /// An upload in progress: `conn.out` holds bytes to write before `piece` (the head, a chunk
 /// header), then `piece` (body data not copied into `out`).
@@ -80,12 +64,13 @@ where
         }
     }
 
-    /// Moves the upload on as far as the socket and the client allow.
+    /// Moves the upload on as far as the socket and the client allow; ready when it is done
+    /// ([`Upload::is_done`]) or must wait while the backend has begun to answer.
     pub fn poll(
         &mut self,
         conn: &mut InlineConn,
         cx: &mut Context<'_>,
-    ) -> Poll<Result<Uploaded, InlineError>> {
+    ) -> Poll<Result<(), InlineError>> {
         if !self.committed && self.framing != Framing::Finished {
             // The first piece, when the client has sent it already, joins the head.
             if let Poll::Ready(next) = self.poll_next(conn, cx) {
@@ -112,7 +97,7 @@ where
                 }
             } else if self.framing == Framing::Finished {
                 self.done = true;
-                return Poll::Ready(Ok(Uploaded::All));
+                return Poll::Ready(Ok(()));
             } else {
                 conn.out.clear();
                 self.written = 0;
@@ -124,7 +109,7 @@ where
                 Poll::Pending => {
                     // Waiting: has the backend begun to answer?
                     if conn.io.poll_read_ready(cx).is_ready() {
-                        return Poll::Ready(Ok(Uploaded::AnsweredEarly));
+                        return Poll::Ready(Ok(()));
                     }
                     return Poll::Pending;
                 }
@@ -212,11 +197,8 @@ where
                     out.extend_from_slice(b"\r\n");
                 }
                 out.extend_from_slice(b"0\r\n");
-                for (name, value) in trailers.into_iter().flatten() {
-                    out.extend_from_slice(name.as_str().as_bytes());
-                    out.extend_from_slice(b": ");
-                    out.extend_from_slice(value.as_bytes());
-                    out.extend_from_slice(b"\r\n");
+                if let Some(trailers) = trailers {
+                    write_fields(out, trailers);
                 }
                 out.extend_from_slice(b"\r\n");
             }
