@@ -358,7 +358,8 @@ EOF
 
 # ---------------------------------------------------------------- measured windows
 # window_start PROXY_PID BACKEND_PID and window_end around a measured load: window_end sets
-# W_TICKS (CPU ticks of the proxy's processes), W_USER/W_SYS, OTHER_PCT (CPU used by anything but
+# W_TICKS (CPU ticks of the proxy's processes), W_USER/W_SYS, W_LOAD (ticks of the backend and of
+# the load generators this shell reaped), OTHER_PCT (CPU used by anything but
 # the proxy, the backend and this shell's reaped children, i.e. the load generators, in % of the
 # machine) and RSS_MB (sum of VmHWM of the proxy's processes).
 window_start() {
@@ -379,6 +380,7 @@ window_end() {
   [[ -n "${u1:-}" && -n "${bu1:-}" && -n "${mb1:-}" ]] || die "could not read CPU times at the end of a window"
   W_USER=$((u1 - W_U0)) W_SYS=$((s1 - W_S0))
   W_TICKS=$((W_USER + W_SYS))
+  W_LOAD=$((bu1 + bs1 - W_BU0 - W_BS0 + c1 - W_C0))
   other=$(((mb1 - W_MB0) - W_TICKS - (bu1 + bs1 - W_BU0 - W_BS0) - (c1 - W_C0)))
   ((other >= 0)) || other=0
   OTHER_PCT=$(awk -v o="$other" -v t=$((mb1 - W_MB0 + mi1 - W_MI0)) 'BEGIN {printf "%.0f", (t > 0 ? 100 * o / t : 0)}')

@@ -226,7 +226,7 @@ measure_point() {  # measure_point PROXY PROTO C ROUND
     log "$proto c=$c / $proxy: h2load's output (without progress lines):"
     grep -v -e '^progress:' -e '^spawning thread' "$out" | head -n 40 >&2 || true
   fi
-  log "$proto c=$c / $proxy: $RPS req/s, $OK 2xx, $BAD bad, mean $(fmt_ms "$MEAN_US"), p99 $(fmt_ms "$P99_US"), cpu $W_TICKS ticks (user $W_USER, sys $W_SYS) -> $CPU_US us/req, rss $RSS_MB MB, other CPU ${OTHER_PCT}%${note:+ -- $note}"
+  log "$proto c=$c / $proxy: $RPS req/s, $OK 2xx, $BAD bad, mean $(fmt_ms "$MEAN_US"), p99 $(fmt_ms "$P99_US"), cpu $W_TICKS ticks (user $W_USER, sys $W_SYS) -> $CPU_US us/req, load side $(us_per_req "$W_LOAD" "$OK") us/req, rss $RSS_MB MB, other CPU ${OTHER_PCT}%${note:+ -- $note}"
   ((OTHER_PCT > OTHER_WARN_PCT)) && log "WARNING: ${OTHER_PCT}% of the machine went to other processes during this point"
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$proto" "$c" "$round" "$proxy" "$RPS" "$OK" "$BAD" \
     "$MEAN_US" "$P99_US" "$CPU_US" "$RSS_MB" "$OTHER_PCT" "$note" >>"$TMP/raw.tsv"
