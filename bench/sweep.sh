@@ -188,7 +188,7 @@ proto_title() {
 }
 
 # ---------------------------------------------------------------- one point
-# Appends one line to $TMP/raw.tsv: proto c round proxy rps ok bad mean_us p99_us cpu_us rss_mb other note
+# Appends one line to $TMP/raw.tsv: proto c round proxy rps ok bad mean_us p99_us cpu_us rss_mb other load_us note
 measure_point() {  # measure_point PROXY PROTO C ROUND
   local proxy=$1 proto=$2 c=$3 round=$4 n url out="$TMP/load/h2load.txt" logf="$TMP/load/h2load.log" rc=0 note="" args=()
   n=$((c * REQS_PER_CONN))
@@ -221,15 +221,16 @@ measure_point() {  # measure_point PROXY PROTO C ROUND
   fi
   # Under 10 ticks (0.1 s of CPU) the figure is mostly rounding: n/a.
   if ((W_TICKS >= 10)); then CPU_US=$(us_per_req "$W_TICKS" "$OK"); else CPU_US=nan; fi
+  if ((W_LOAD >= 10)); then LOAD_US=$(us_per_req "$W_LOAD" "$OK"); else LOAD_US=nan; fi
   if ((BAD > 0)); then
     note="$BAD of $n requests failed or non-2xx${note:+; $note}"
     log "$proto c=$c / $proxy: h2load's output (without progress lines):"
     grep -v -e '^progress:' -e '^spawning thread' "$out" | head -n 40 >&2 || true
   fi
-  log "$proto c=$c / $proxy: $RPS req/s, $OK 2xx, $BAD bad, mean $(fmt_ms "$MEAN_US"), p99 $(fmt_ms "$P99_US"), cpu $W_TICKS ticks (user $W_USER, sys $W_SYS) -> $CPU_US us/req, load side $(us_per_req "$W_LOAD" "$OK") us/req, rss $RSS_MB MB, other CPU ${OTHER_PCT}%${note:+ -- $note}"
+  log "$proto c=$c / $proxy: $RPS req/s, $OK 2xx, $BAD bad, mean $(fmt_ms "$MEAN_US"), p99 $(fmt_ms "$P99_US"), cpu $W_TICKS ticks (user $W_USER, sys $W_SYS) -> $CPU_US us/req, load side $LOAD_US us/req, rss $RSS_MB MB, other CPU ${OTHER_PCT}%${note:+ -- $note}"
   ((OTHER_PCT > OTHER_WARN_PCT)) && log "WARNING: ${OTHER_PCT}% of the machine went to other processes during this point"
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$proto" "$c" "$round" "$proxy" "$RPS" "$OK" "$BAD" \
-    "$MEAN_US" "$P99_US" "$CPU_US" "$RSS_MB" "$OTHER_PCT" "$note" >>"$TMP/raw.tsv"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$proto" "$c" "$round" "$proxy" "$RPS" "$OK" "$BAD" \
+    "$MEAN_US" "$P99_US" "$CPU_US" "$RSS_MB" "$OTHER_PCT" "$LOAD_US" "$note" >>"$TMP/raw.tsv"
   rm -f "$logf"
   # Nothing to drain in a benchmark, and Aralez's SIGTERM path sleeps 5 s: stop every proxy at once.
   kill_started "$PROXY_PID"
@@ -262,18 +263,18 @@ done
 ELAPSED=$(($(date +%s) - T0))
 
 # ---------------------------------------------------------------- aggregate (medians over rounds)
-# $OUT_TSV: proto c proxy rps ok bad mean_us p99_us cpu_us rss_mb other_pct note.
+# $OUT_TSV: proto c proxy rps ok bad mean_us p99_us cpu_us rss_mb other_pct load_us note.
 # col FIELD: that field of every round of the current (proto, c, proxy) in raw.tsv.
 col() { awk -F'\t' -v p="$proto" -v c="$c" -v x="$proxy" -v i="$1" '$1 == p && $2 == c && $4 == x {print $i}' "$TMP/raw.tsv"; }
 {
-  printf 'proto\tc\tproxy\trps\tok\tbad\tmean_us\tp99_us\tcpu_us\trss_mb\tother_pct\tnote\n'
+  printf 'proto\tc\tproxy\trps\tok\tbad\tmean_us\tp99_us\tcpu_us\trss_mb\tother_pct\tload_us\tnote\n'
   for proto in $PROTOCOLS; do
     for c in $CONNS; do
       for proxy in $PROXIES; do
-        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$proto" "$c" "$proxy" \
+        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$proto" "$c" "$proxy" \
           "$(median $(col 5))" "$(col 6 | awk '{s += $1} END {print s + 0}')" "$(col 7 | awk '{s += $1} END {print s + 0}')" \
           "$(median $(col 8))" "$(median $(col 9))" "$(median $(col 10))" "$(maximum $(col 11))" "$(maximum $(col 12))" \
-          "$(col 13 | awk 'NF' | paste -sd ';' -)"
+          "$(median $(col 13))" "$(col 14 | awk 'NF' | paste -sd ';' -)"
       done
     done
   done
@@ -369,6 +370,19 @@ PEERS_LIST=$(printf '%s\n' $PROXIES | grep -vx aralez | tr '\n' ' ' || true)
       for p in $PROXIES; do printf ' %s / %s |' "$(get "$proto" "$c" "$p" cpu_us | sed 's/^nan$/n\/a/')" "$(get "$proto" "$c" "$p" rss_mb)"; done
       echo
     done
+    echo
+    echo "### load core (backend + h2load): CPU us/req / % of the core busy (near 100 %: the load side, not the proxy, sets req/s)"
+    echo
+    printf '| c |'; for p in $PROXIES; do printf ' %s |' "$(proxy_label "$p")"; done; echo
+    printf '| ---: |'; for p in $PROXIES; do printf ' ---: |'; done; echo
+    for c in $CONNS; do
+      printf '| %s |' "$c"
+      for p in $PROXIES; do
+        printf ' %s |' "$(awk -v l="$(get "$proto" "$c" "$p" load_us)" -v r="$(get "$proto" "$c" "$p" rps)" \
+          'BEGIN { if (l == "nan" || l == "" || r == "nan" || r == "") print "n/a"; else printf "%.1f / %.0f %%", l, l * r / 1e4 }')"
+      done
+      echo
+    done
     if has_proxy aralez; then
       own_max=$(maximum $(for c in $CONNS; do get "$proto" "$c" aralez rps; done))
       own_top=$(get "$proto" "$MAXC" aralez rps)
@@ -391,7 +405,9 @@ PEERS_LIST=$(printf '%s\n' $PROXIES | grep -vx aralez | tr '\n' ' ' || true)
   echo "non-2xx, failed, errored and timed-out requests. Mean latency is h2load's \"time for request\"; p99 is computed from its"
   echo "per-request log (--log-file). CPU us/req = (utime+stime) of the proxy's processes during the run / 2xx responses;"
   echo "runs shorter than about a second (small c) have coarse CPU figures (10 ms ticks). RSS = sum of VmHWM of the proxy's processes."
-  notes=$(awk -F'\t' 'NR > 1 && $12 != "" {print "- " $1 " c=" $2 " " $3 ": " $12}' "$TMP/sweep.tsv")
+  echo "Load core CPU us/req = (utime+stime) of the backend's processes and of h2load during the run / 2xx responses; its busy % is"
+  echo "that times req/s: both share one core, so near 100 % the point measures the load side, and proxies within its noise tie."
+  notes=$(awk -F'\t' 'NR > 1 && $13 != "" {print "- " $1 " c=" $2 " " $3 ": " $13}' "$TMP/sweep.tsv")
   [[ -n "$notes" ]] && { echo; echo "Problems seen:"; echo; echo "$notes"; }
   hot=$(awk -F'\t' -v w="$OTHER_WARN_PCT" 'NR > 1 { n++ } NR > 1 && $11 > w { k++; if ($11 > m) m = $11; l = l (k > 1 ? ", " : "") $1 " c=" $2 " " $3 }
     END { if (k > 8) printf "%d of %d points (up to %d%%)", k, n, m; else if (k) printf "%s (up to %d%%)", l, m }' "$TMP/sweep.tsv")
