@@ -31,7 +31,6 @@ use super::idle::{self, Activity, Timers};
 use super::listener::{apply_keepalive, TcpKeepalive};
 use super::park::{self, ClientSocket, Dock, Parkable, Wake};
 use super::proxy_protocol::{self, Header};
-use super::read_ahead::ReadAhead;
 use super::tracked::Tracked;
 use crate::vocab::acme_challenges::ACME_TLS_ALPN;
 use crate::vocab::TlsFacts;
@@ -392,7 +391,7 @@ async fn serve_plain<F: MakeService>(
         tls: false,
         tls_facts: TlsFacts::default(),
     };
-    serve_parking(shared, counted, ReadAhead::new(stream), info).await;
+    serve_parking(shared, counted, stream, info).await;
 }
 
 /// Serves a connection that is HTTP/1 or says which by its first bytes (HTTP/2 prior

@@ -15,7 +15,6 @@ pub mod listener;
 mod observe;
 mod park;
 pub mod proxy_protocol;
-mod read_ahead;
 pub mod real_client;
 mod tracked;
 

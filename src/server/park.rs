@@ -41,12 +41,6 @@ use crate::vocab::CountedSlot;
 pub trait ClientSocket: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     /// The TCP socket underneath, to wait on while parked.
     fn tcp(&self) -> &TcpStream;
-
-    /// Whether bytes already taken from the socket wait in this IO for a reader: a parked
-    /// connection with such bytes is served again at once, not when the socket turns readable.
-    fn holds_bytes(&self) -> bool {
-        false
-    }
 }
 
 impl ClientSocket for TcpStream {
@@ -66,10 +60,6 @@ impl ClientSocket for tokio_rustls::server::TlsStream<TcpStream> {
 impl<S: ClientSocket> ClientSocket for Box<S> {
     fn tcp(&self) -> &TcpStream {
         (**self).tcp()
-    }
-
-    fn holds_bytes(&self) -> bool {
-        (**self).holds_bytes()
     }
 }
 
@@ -230,9 +220,6 @@ pub async fn wait_parked<S: ClientSocket>(
     drain: &mut watch::Receiver<bool>,
     parked: &Arc<AtomicUsize>,
 ) -> Wake {
-    if socket.holds_bytes() {
-        return Wake::Readable;
-    }
     let _counted = CountedSlot::take(parked);
     let deadline = activity.parked_until(timers);
     // Readiness polled rather than awaited as `readable()`'s future: 150 bytes less in every
