@@ -289,6 +289,28 @@ get() {  # get PROTO C PROXY FIELD (field names of the header of sweep.tsv)
 fmt_rps() { awk -v r="$1" 'BEGIN { if (r == "nan" || r == "") print "n/a"; else printf "%.0f", r }'; }
 ms2() { awk -v u="$1" 'BEGIN { if (u == "nan" || u == "") print "n/a"; else printf "%.2f", u / 1000 }'; }
 
+# point_table PROTO TITLE CELL: a blank line, "### TITLE", then a row per c and a column per proxy,
+# each cell printed by `CELL PROTO C PROXY`.
+point_table() {
+  local proto=$1 title=$2 cell=$3 c p
+  echo
+  echo "### $title"
+  echo
+  printf '| c |'; for p in $PROXIES; do printf ' %s |' "$(proxy_label "$p")"; done; echo
+  printf '| ---: |'; for p in $PROXIES; do printf ' ---: |'; done; echo
+  for c in $CONNS; do
+    printf '| %s |' "$c"
+    for p in $PROXIES; do printf ' %s |' "$("$cell" "$proto" "$c" "$p")"; done
+    echo
+  done
+}
+latency_cell() { printf '%s / %s' "$(ms2 "$(get "$1" "$2" "$3" mean_us)")" "$(ms2 "$(get "$1" "$2" "$3" p99_us)")"; }
+cpu_rss_cell() { printf '%s / %s' "$(get "$1" "$2" "$3" cpu_us | sed 's/^nan$/n\/a/')" "$(get "$1" "$2" "$3" rss_mb)"; }
+load_core_cell() {
+  awk -v l="$(get "$1" "$2" "$3" load_us)" -v r="$(get "$1" "$2" "$3" rps)" \
+    'BEGIN { if (l == "nan" || l == "" || r == "nan" || r == "") print "n/a"; else printf "%.1f / %.0f %%", l, l * r / 1e4 }'
+}
+
 REPORT="$TMP/report.md"
 AHEAD_MISS=()
 CLIFF_LINES=()
@@ -350,39 +372,9 @@ PEERS_LIST=$(printf '%s\n' $PROXIES | grep -vx aralez | tr '\n' ' ' || true)
       fi
       echo
     done
-    echo
-    echo "### latency, mean / p99 (ms)"
-    echo
-    printf '| c |'; for p in $PROXIES; do printf ' %s |' "$(proxy_label "$p")"; done; echo
-    printf '| ---: |'; for p in $PROXIES; do printf ' ---: |'; done; echo
-    for c in $CONNS; do
-      printf '| %s |' "$c"
-      for p in $PROXIES; do printf ' %s / %s |' "$(ms2 "$(get "$proto" "$c" "$p" mean_us)")" "$(ms2 "$(get "$proto" "$c" "$p" p99_us)")"; done
-      echo
-    done
-    echo
-    echo "### proxy CPU us/req / peak RSS MB (CPU n/a: under 0.1 s of CPU in the run, too coarse to divide)"
-    echo
-    printf '| c |'; for p in $PROXIES; do printf ' %s |' "$(proxy_label "$p")"; done; echo
-    printf '| ---: |'; for p in $PROXIES; do printf ' ---: |'; done; echo
-    for c in $CONNS; do
-      printf '| %s |' "$c"
-      for p in $PROXIES; do printf ' %s / %s |' "$(get "$proto" "$c" "$p" cpu_us | sed 's/^nan$/n\/a/')" "$(get "$proto" "$c" "$p" rss_mb)"; done
-      echo
-    done
-    echo
-    echo "### load core (backend + h2load): CPU us/req / % of the core busy (near 100 %: the load side, not the proxy, sets req/s)"
-    echo
-    printf '| c |'; for p in $PROXIES; do printf ' %s |' "$(proxy_label "$p")"; done; echo
-    printf '| ---: |'; for p in $PROXIES; do printf ' ---: |'; done; echo
-    for c in $CONNS; do
-      printf '| %s |' "$c"
-      for p in $PROXIES; do
-        printf ' %s |' "$(awk -v l="$(get "$proto" "$c" "$p" load_us)" -v r="$(get "$proto" "$c" "$p" rps)" \
-          'BEGIN { if (l == "nan" || l == "" || r == "nan" || r == "") print "n/a"; else printf "%.1f / %.0f %%", l, l * r / 1e4 }')"
-      done
-      echo
-    done
+    point_table "$proto" "latency, mean / p99 (ms)" latency_cell
+    point_table "$proto" "proxy CPU us/req / peak RSS MB (CPU n/a: under 0.1 s of CPU in the run, too coarse to divide)" cpu_rss_cell
+    point_table "$proto" "load core (backend + h2load): CPU us/req / % of the core busy (near 100 %: the load side, not the proxy, sets req/s)" load_core_cell
     if has_proxy aralez; then
       own_max=$(maximum $(for c in $CONNS; do get "$proto" "$c" aralez rps; done))
       own_top=$(get "$proto" "$MAXC" aralez rps)
