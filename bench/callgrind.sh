@@ -6,6 +6,7 @@
 #   bash bench/callgrind.sh target/release/aralez policies 4000    # jwt + rate limit + 3+3 headers (issue 4)
 #   bash bench/callgrind.sh target/release/aralez accesslog 4000   # plain route, access_log: all (issue 6)
 #   bash bench/callgrind.sh target/release/aralez h2c 4000         # plain route, h2c clients (16 streams each)
+#   bash bench/callgrind.sh target/release/aralez h2c1 4000        # plain route, 64 h2c clients with 1 stream each (the sweep's shape)
 #   bash bench/callgrind.sh target/release/aralez post 4000        # plain route, POST with a 1 KiB body
 #   bash bench/callgrind.sh target/release/aralez cachemiss 4000   # plain route, cache on, backend says no-store (issue 15)
 #   bash bench/callgrind.sh target/release/aralez cachehit 4000    # plain route, cache on, every request a hit (issue 15)
@@ -14,9 +15,9 @@
 # Every mode sends the same `Authorization: Bearer` header, so routes differ only in what they do.
 set -euo pipefail
 BIN=$1 MODE=$2 N=${3:-4000}
-case "$MODE" in plain|policies|accesslog|h2c|post|cachemiss|cachehit|cacheoff) ;; *) echo "mode: plain, policies, accesslog, h2c, post, cachemiss, cachehit or cacheoff" >&2; exit 2;; esac
+case "$MODE" in plain|policies|accesslog|h2c|h2c1|post|cachemiss|cachehit|cacheoff) ;; *) echo "mode: plain, policies, accesslog, h2c, h2c1, post, cachemiss, cachehit or cacheoff" >&2; exit 2;; esac
 D=$(mktemp -d /tmp/cgb.XXXX)
-LOAD=(--h1 -c 4); [ "$MODE" = h2c ] && LOAD=(-c 4 -m 16)
+LOAD=(--h1 -c 4); [ "$MODE" = h2c ] && LOAD=(-c 4 -m 16); [ "$MODE" = h2c1 ] && LOAD=(-c 64 -m 1)
 if [ "$MODE" = post ]; then
   head -c 1024 /dev/zero | tr '\0' 'x' > $D/body
   LOAD=(--h1 -c 4 -d $D/body)
