@@ -7,6 +7,8 @@
 #   bash bench/callgrind.sh target/release/aralez accesslog 4000   # plain route, access_log: all (issue 6)
 #   bash bench/callgrind.sh target/release/aralez h2c 4000         # plain route, h2c clients (16 streams each)
 #   bash bench/callgrind.sh target/release/aralez h2c1 4000        # plain route, 64 h2c clients with 1 stream each (the sweep's shape)
+#   bash bench/callgrind.sh target/release/aralez h2tls 4000       # h2c's load over TLS 1.3 (ALPN h2, ECDSA P-256 certificate)
+#   bash bench/callgrind.sh target/release/aralez h2tls1 4000      # h2c1's load over TLS 1.3
 #   bash bench/callgrind.sh target/release/aralez post 4000        # plain route, POST with a 1 KiB body
 #   bash bench/callgrind.sh target/release/aralez cachemiss 4000   # plain route, cache on, backend says no-store (issue 15)
 #   bash bench/callgrind.sh target/release/aralez cachehit 4000    # plain route, cache on, every request a hit (issue 15)
@@ -15,9 +17,12 @@
 # Every mode sends the same `Authorization: Bearer` header, so routes differ only in what they do.
 set -euo pipefail
 BIN=$1 MODE=$2 N=${3:-4000}
-case "$MODE" in plain|policies|accesslog|h2c|h2c1|post|cachemiss|cachehit|cacheoff) ;; *) echo "mode: plain, policies, accesslog, h2c, h2c1, post, cachemiss, cachehit or cacheoff" >&2; exit 2;; esac
+case "$MODE" in plain|policies|accesslog|h2c|h2c1|h2tls|h2tls1|post|cachemiss|cachehit|cacheoff) ;; *) echo "mode: plain, policies, accesslog, h2c, h2c1, h2tls, h2tls1, post, cachemiss, cachehit or cacheoff" >&2; exit 2;; esac
 D=$(mktemp -d /tmp/cgb.XXXX)
-LOAD=(--h1 -c 4); [ "$MODE" = h2c ] && LOAD=(-c 4 -m 16); [ "$MODE" = h2c1 ] && LOAD=(-c 64 -m 1)
+LOAD=(--h1 -c 4)
+case "$MODE" in h2c|h2tls) LOAD=(-c 4 -m 16) ;; h2c1|h2tls1) LOAD=(-c 64 -m 1) ;; esac
+URL=http://127.0.0.1:18193/
+case "$MODE" in h2tls|h2tls1) URL=https://127.0.0.1:18194/ ;; esac
 if [ "$MODE" = post ]; then
   head -c 1024 /dev/zero | tr '\0' 'x' > $D/body
   LOAD=(--h1 -c 4 -d $D/body)
@@ -73,15 +78,21 @@ access_log: $ACCESS
 log_file: "$D/log"
 Y
 case "$MODE" in cachemiss|cachehit) printf 'cache:\n  mem_size_mb: 64\n' >> $D/main.yaml ;; esac
+if [ "$URL" != http://127.0.0.1:18193/ ]; then
+  mkdir -p $D/certs
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=localhost \
+    -addext subjectAltName=IP:127.0.0.1 -keyout $D/certs/default.key -out $D/certs/default.crt 2>/dev/null
+  printf 'proxy_address_tls: "127.0.0.1:18194"\nproxy_certificates: "%s"\n' "$D/certs" >> $D/main.yaml
+fi
 valgrind --tool=callgrind --compress-strings=no --callgrind-out-file=$D/cg.%p "$BIN" -c $D/main.yaml >/dev/null 2>$D/vg.err & VPID=$!
 AUTH="Authorization: Bearer $TOKEN"
 # A request with Authorization is never stored (RFC 9111 §3.5): the cache modes send none.
 case "$MODE" in cachemiss|cachehit|cacheoff) AUTH="X-Bench: 1" ;; esac
-for i in $(seq 1 300); do curl -sf -o /dev/null -H "$AUTH" http://127.0.0.1:18193/ && break; sleep 0.1; done
-h2load "${LOAD[@]}" -n 500 -H "$AUTH" http://127.0.0.1:18193/ >/dev/null   # warm-up: pools, allocator
+for i in $(seq 1 300); do curl -ksf -o /dev/null -H "$AUTH" "$URL" && break; sleep 0.1; done
+h2load "${LOAD[@]}" -n 500 -H "$AUTH" "$URL" >/dev/null   # warm-up: pools, allocator
 sleep 1
 callgrind_control -z $VPID >/dev/null
-h2load "${LOAD[@]}" -n $N -H "$AUTH" http://127.0.0.1:18193/ > $D/h2load.out
+h2load "${LOAD[@]}" -n $N -H "$AUTH" "$URL" > $D/h2load.out
 sleep 1   # let the access log writer finish its batch
 callgrind_control -d $VPID >/dev/null
 sleep 1
