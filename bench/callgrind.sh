@@ -21,8 +21,8 @@ case "$MODE" in plain|policies|accesslog|h2c|h2c1|h2tls|h2tls1|post|cachemiss|ca
 D=$(mktemp -d /tmp/cgb.XXXX)
 LOAD=(--h1 -c 4)
 case "$MODE" in h2c|h2tls) LOAD=(-c 4 -m 16) ;; h2c1|h2tls1) LOAD=(-c 64 -m 1) ;; esac
-URL=http://127.0.0.1:18193/
-case "$MODE" in h2tls|h2tls1) URL=https://127.0.0.1:18194/ ;; esac
+TLS=0; case "$MODE" in h2tls|h2tls1) TLS=1 ;; esac
+URL=http://127.0.0.1:18193/; [ $TLS = 1 ] && URL=https://127.0.0.1:18194/
 if [ "$MODE" = post ]; then
   head -c 1024 /dev/zero | tr '\0' 'x' > $D/body
   LOAD=(--h1 -c 4 -d $D/body)
@@ -78,10 +78,10 @@ access_log: $ACCESS
 log_file: "$D/log"
 Y
 case "$MODE" in cachemiss|cachehit) printf 'cache:\n  mem_size_mb: 64\n' >> $D/main.yaml ;; esac
-if [ "$URL" != http://127.0.0.1:18193/ ]; then
-  mkdir -p $D/certs
-  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=localhost \
-    -addext subjectAltName=IP:127.0.0.1 -keyout $D/certs/default.key -out $D/certs/default.crt 2>/dev/null
+if [ $TLS = 1 ]; then
+  # shellcheck source=bench/lib.sh
+  source "$(dirname "$0")/lib.sh"
+  TMP=$D make_cert "$D/certs"
   printf 'proxy_address_tls: "127.0.0.1:18194"\nproxy_certificates: "%s"\n' "$D/certs" >> $D/main.yaml
 fi
 valgrind --tool=callgrind --compress-strings=no --callgrind-out-file=$D/cg.%p "$BIN" -c $D/main.yaml >/dev/null 2>$D/vg.err & VPID=$!
