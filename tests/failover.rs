@@ -7,6 +7,7 @@ mod support;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use http::Method;
 use inproc::Proxy;
 use support::*;
 use tokio::time::Instant;
@@ -189,4 +190,144 @@ async fn failover_walks_past_any_number_of_unreachable_backends() {
         body_bytes(resp).await;
     }
     assert_eq!(a.requests(), 5);
+}
+
+/// A plain HTTP/1.1 backend that answers the first `answered` requests on each connection
+/// (`200 ok`, keep-alive), then reads the next request whole and closes without a word.
+/// Counts the requests it read, answered or not.
+struct Dropper {
+    addr: std::net::SocketAddr,
+    seen: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Dropper {
+    async fn start(answered: usize) -> Dropper {
+        let listener = bind_local().await;
+        let addr = listener.local_addr().unwrap();
+        let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(Dropper::serve(stream, answered, counter.clone()));
+            }
+        });
+        Dropper { addr, seen }
+    }
+
+    async fn serve(
+        mut stream: tokio::net::TcpStream,
+        answered: usize,
+        seen: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buf = Vec::new();
+        for served in 0.. {
+            // The head, then as many body bytes as its Content-Length says.
+            let head_end = loop {
+                if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break end + 4;
+                }
+                let mut chunk = [0u8; 4096];
+                match stream.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            };
+            let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+            let length: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map_or(0, |v| v.trim().parse().unwrap());
+            while buf.len() < head_end + length {
+                let mut chunk = [0u8; 4096];
+                match stream.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            buf.drain(..head_end + length);
+            seen.fetch_add(1, Ordering::SeqCst);
+            if served == answered {
+                return;
+            }
+            let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-backend: dropper\r\n\r\nok";
+            if stream.write_all(answer).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn seen(&self) -> usize {
+        self.seen.load(Ordering::SeqCst)
+    }
+}
+
+fn route_to(servers: &[String]) -> String {
+    Upstreams::new()
+        .host(
+            "DEFAULT",
+            Host::new().path("/", Path::addrs(servers).healthcheck(false)),
+        )
+        .render()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_dropped_unanswered_goes_to_the_next_backend_only_when_idempotent() {
+    for proto in PROTOCOLS {
+        // The dropper is first in the round robin: the first request starts there.
+        let dropper = Dropper::start(0).await;
+        let b = Backend::start("b").await;
+        let servers = [
+            format!("http://{}", dropper.addr),
+            format!("http://{}", b.addr),
+        ];
+        let proxy = Proxy::start(&route_to(&servers), "").await;
+        let mut client = Client::connect(proto, proxy.addr).await;
+        let resp = client.get("any", "/get").await;
+        assert_eq!(resp.status(), 200, "{proto:?}: a GET is sent again");
+        assert_eq!(header(&resp, "x-backend"), "b");
+        body_bytes(resp).await;
+        assert_eq!((dropper.seen(), b.requests()), (1, 1), "{proto:?}");
+
+        // A POST with a body may have been acted on: never sent twice.
+        let dropper = Dropper::start(0).await;
+        let b = Backend::start("b").await;
+        let servers = [
+            format!("http://{}", dropper.addr),
+            format!("http://{}", b.addr),
+        ];
+        let proxy = Proxy::start(&route_to(&servers), "").await;
+        let mut client = Client::connect(proto, proxy.addr).await;
+        let resp = client
+            .send(Method::POST, Some("any"), "/post", &[], full("payload"))
+            .await;
+        assert_eq!(resp.status(), 502, "{proto:?}: a POST is not sent again");
+        body_bytes(resp).await;
+        assert_eq!((dropper.seen(), b.requests()), (1, 0), "{proto:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pooled_connection_dropped_under_a_get_is_replayed_on_a_fresh_one() {
+    for proto in PROTOCOLS {
+        // Each connection answers one request and drops the second: the second GET finds the
+        // pooled connection stale and goes again, on a new connection to the same backend.
+        let dropper = Dropper::start(1).await;
+        let proxy = Proxy::start(&route_to(&[format!("http://{}", dropper.addr)]), "").await;
+        let mut client = Client::connect(proto, proxy.addr).await;
+        for n in 0..3 {
+            let resp = client.get("any", &format!("/{n}")).await;
+            assert_eq!(resp.status(), 200, "{proto:?}: request {n}");
+            assert_eq!(header(&resp, "x-backend"), "dropper");
+            body_bytes(resp).await;
+        }
+        // 3 answered, and the 2 that met a stale connection.
+        assert_eq!(dropper.seen(), 5, "{proto:?}");
+        let resp = client
+            .send(Method::POST, Some("any"), "/post", &[], full("payload"))
+            .await;
+        assert_eq!(resp.status(), 502, "{proto:?}: a POST is not replayed");
+        body_bytes(resp).await;
+        assert_eq!(dropper.seen(), 6, "{proto:?}");
+    }
 }

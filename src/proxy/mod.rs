@@ -17,7 +17,7 @@ use http::{Method, Request, Response, Uri, Version};
 use http_body::Body as _;
 use http_body_util::{Either, Full};
 
-use crate::upstream::balancer::{self, copy_head};
+use crate::upstream::balancer;
 use crate::upstream::{BackendSet, Outgoing, PooledBody, Timeouts};
 use crate::vocab::request_body::{BytesIn, RequestBody};
 use crate::vocab::{headers, request_host, token_param, ClientBody, ClientConn, ProxyError};
@@ -73,8 +73,8 @@ impl Forwarder {
     }
 }
 
-/// The backend request: headers rewritten, the token parameter gone, HTTP/1.1 form, and a copy
-/// of the head when it can safely be sent twice.
+/// The backend request: headers rewritten, the token parameter gone, HTTP/1.1 form, and whether
+/// it can safely be sent twice.
 fn outgoing(
     conn: &ClientConn,
     rules: &HeaderRules,
@@ -89,12 +89,11 @@ fn outgoing(
     token_param::strip_from(&mut parts.uri);
     to_origin_form(&mut parts);
     let replayable = is_idempotent(&parts.method) && body.is_end_stream();
-    let replay = replayable.then(|| copy_head(&parts));
     let counter = parts.extensions.remove::<BytesIn>();
     Outgoing {
         head: parts,
         body: Either::Left(RequestBody::new(body, counter)),
-        replay,
+        replayable,
     }
 }
 

@@ -92,12 +92,12 @@ impl BackendSet {
     }
 }
 
-/// A request ready for the backends: its head (HTTP/1.1 form) and body, and, when it may safely
-/// be sent twice, a copy of the head to replay with an empty body.
+/// A request ready for the backends: its head (HTTP/1.1 form) and body, and whether it may
+/// safely be sent twice (its head replayed with an empty body).
 pub struct Outgoing {
     pub head: Parts,
     pub body: UpBody,
-    pub replay: Option<Parts>,
+    pub replayable: bool,
 }
 
 /// Sends `out` to the set's backends: the pinned one first if any, else the next in round
@@ -114,7 +114,7 @@ pub async fn send(
         Some(Pinned(index)) => *index,
         None => set.next_start(),
     };
-    let replay = out.replay;
+    let replayable = out.replayable;
     let mut pending = Some(Request::from_parts(out.head, out.body));
     let mut last_error = None;
     // Backends already tried; allocated only when a first attempt fails.
@@ -124,10 +124,7 @@ pub async fn send(
         if !set.usable(backend) || tried.contains(&identity(backend)) {
             continue;
         }
-        let Some(request) = pending
-            .take()
-            .or_else(|| replay.as_ref().map(replay_request))
-        else {
+        let Some(request) = pending.take() else {
             break;
         };
         let x = Exchange {
@@ -137,7 +134,7 @@ pub async fn send(
             sni_from_request: set.sni_from_request,
         };
         let began = std::time::Instant::now();
-        match send_with_stale_replay(x, request, replay.as_ref()).await {
+        match send_with_stale_replay(x, request, replayable).await {
             Ok(mut resp) => {
                 resp.extensions_mut()
                     .insert(ServedBy(backend.clone(), began));
@@ -154,11 +151,12 @@ pub async fn send(
                     ProxyError::ConnectFailed
                 });
             }
-            Err(SendError::Reset { error, .. }) => {
+            Err(SendError::Reset { error, replay, .. }) => {
                 tracing::warn!(backend = %backend.label, "backend reset: {error}");
                 last_error = Some(ProxyError::BackendReset);
-                if replay.is_none() {
-                    return Err(ProxyError::BackendReset);
+                match replay {
+                    Some(head) => pending = Some(replay_request(*head)),
+                    None => return Err(ProxyError::BackendReset),
                 }
             }
             Err(SendError::BadResponse(error)) => {
@@ -180,22 +178,17 @@ pub async fn send(
 async fn send_with_stale_replay(
     x: Exchange<'_>,
     request: Request<UpBody>,
-    replay: Option<&Parts>,
+    replayable: bool,
 ) -> Result<Response<PooledBody>, SendError> {
-    match pool::send(x, request).await {
+    match pool::send(x, request, replayable).await {
         Err(SendError::Reset {
             reused: true,
             error,
-        }) => match replay {
-            Some(head) => {
-                tracing::debug!(backend = %x.backend.label, "stale pooled connection ({error}); retrying");
-                pool::send(x, replay_request(head)).await
-            }
-            None => Err(SendError::Reset {
-                reused: true,
-                error,
-            }),
-        },
+            replay: Some(head),
+        }) => {
+            tracing::debug!(backend = %x.backend.label, "stale pooled connection ({error}); retrying");
+            pool::send(x, replay_request(*head), true).await
+        }
         other => other,
     }
 }
@@ -205,16 +198,6 @@ fn identity(backend: &Arc<Backend>) -> usize {
     Arc::as_ptr(backend) as usize
 }
 
-fn replay_request(head: &Parts) -> Request<UpBody> {
-    Request::from_parts(copy_head(head), Either::Right(Empty::new()))
-}
-
-/// A copy of a request head, field by field (cheaper than the request builder).
-pub fn copy_head(parts: &Parts) -> Parts {
-    let (mut head, ()) = Request::new(()).into_parts();
-    head.method = parts.method.clone();
-    head.uri = parts.uri.clone();
-    head.version = parts.version;
-    head.headers = parts.headers.clone();
-    head
+fn replay_request(head: Parts) -> Request<UpBody> {
+    Request::from_parts(head, Either::Right(Empty::new()))
 }

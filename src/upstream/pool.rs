@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header;
+use http::request::Parts;
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
@@ -48,8 +49,13 @@ pub enum SendError {
         /// Boxed: this path is rare and the error stays small on the common one.
         request: Box<Request<UpBody>>,
     },
-    /// The connection broke after the request started; `reused` if it came from the pool.
-    Reset { error: BoxError, reused: bool },
+    /// The connection broke after the request started; `reused` if it came from the pool. A
+    /// request that may be sent again gives its head back (`replay`) to go with an empty body.
+    Reset {
+        error: BoxError,
+        reused: bool,
+        replay: Option<Box<Parts>>,
+    },
     /// The backend answered with something that is not HTTP.
     BadResponse(BoxError),
     /// No response head within the response timeout.
@@ -77,10 +83,12 @@ struct Target {
 }
 
 /// Sends `req` (HTTP/1.1 form) to the backend, reusing a pooled connection when one has room.
-/// A backend whose protocol is not known yet is detected first.
+/// A backend whose protocol is not known yet is detected first. A `replayable` request's head
+/// comes back with a broken connection's error.
 pub async fn send(
     x: Exchange<'_>,
     req: Request<UpBody>,
+    replayable: bool,
 ) -> Result<Response<PooledBody>, SendError> {
     let backend = x.backend;
     let wire = match backend.wire() {
@@ -92,7 +100,7 @@ pub async fn send(
         },
     };
     let target = target(&req, x, wire);
-    let sent = send_over(x, &target, req).await;
+    let sent = send_over(x, &target, req, replayable).await;
     if let Err(SendError::BadResponse(_) | SendError::Reset { reused: false, .. }) = &sent {
         // A new connection failed: the backend may speak something else now.
         backend.forget_detection();
@@ -104,13 +112,32 @@ async fn send_over(
     x: Exchange<'_>,
     t: &Target,
     req: Request<UpBody>,
+    replayable: bool,
 ) -> Result<Response<PooledBody>, SendError> {
-    let (backend, wire) = (x.backend, t.wire);
-    if wire == Wire::Http1 {
+    if t.wire == Wire::Http1 {
         if let Some(length) = inline_body_length(&req) {
-            return send_inline(x, req, length).await;
+            return send_inline(x, req, length, replayable).await;
         }
     }
+    // hyper's client takes the request: a copy of the head stays for a replay.
+    let replay = replayable.then(|| Box::new(copy_head(&req)));
+    match send_by_hyper(x, t, req).await {
+        Err(SendError::Reset { error, reused, .. }) => Err(SendError::Reset {
+            error,
+            reused,
+            replay,
+        }),
+        other => other,
+    }
+}
+
+/// Sends on hyper's client: upgrades, `Expect`, TLS and HTTP/2 backends.
+async fn send_by_hyper(
+    x: Exchange<'_>,
+    t: &Target,
+    req: Request<UpBody>,
+) -> Result<Response<PooledBody>, SendError> {
+    let (backend, wire) = (x.backend, t.wire);
     let slot = backend.slot(x.worker);
     // Upgrades (WebSocket) only exist in HTTP/1.1.
     if wire == Wire::Http1 || req.headers().contains_key(header::UPGRADE) {
@@ -313,6 +340,7 @@ fn classify(error: hyper::Error, reused: bool) -> SendError {
         _ => SendError::Reset {
             error: error.into(),
             reused,
+            replay: None,
         },
     }
 }
@@ -321,19 +349,25 @@ fn classify(error: hyper::Error, reused: bool) -> SendError {
 /// one `Content-Length`, else chunked unless it is empty. Not for an upgrade, nor a request
 /// waiting for `100 Continue` (hyper's client handles both).
 fn inline_body_length(req: &Request<UpBody>) -> Option<BodyLength> {
-    let headers = req.headers();
-    if headers.contains_key(header::UPGRADE)
-        || headers.contains_key(header::EXPECT)
-        || headers.contains_key(header::TRANSFER_ENCODING)
-    {
-        return None;
+    // One pass over the fields: comparing names is cheaper than hashing them for each lookup.
+    let mut length = None;
+    for (name, value) in req.headers() {
+        if name == header::CONTENT_LENGTH {
+            if length.is_some() {
+                return None;
+            }
+            length = Some(value);
+        } else if name == header::UPGRADE
+            || name == header::EXPECT
+            || name == header::TRANSFER_ENCODING
+        {
+            return None;
+        }
     }
-    let mut lengths = headers.get_all(header::CONTENT_LENGTH).iter();
-    match (lengths.next(), lengths.next()) {
-        (None, _) if req.body().is_end_stream() => Some(BodyLength::Known(0)),
-        (None, _) => Some(BodyLength::Chunked),
-        (Some(length), None) => length.to_str().ok()?.parse().ok().map(BodyLength::Known),
-        (Some(_), Some(_)) => None,
+    match length {
+        None if req.body().is_end_stream() => Some(BodyLength::Known(0)),
+        None => Some(BodyLength::Chunked),
+        Some(length) => length.to_str().ok()?.parse().ok().map(BodyLength::Known),
     }
 }
 
@@ -344,6 +378,7 @@ async fn send_inline(
     x: Exchange<'_>,
     req: Request<UpBody>,
     length: BodyLength,
+    replayable: bool,
 ) -> Result<Response<PooledBody>, SendError> {
     let backend = x.backend;
     let (head, mut body) = req.into_parts();
@@ -354,7 +389,7 @@ async fn send_inline(
                 tracing::debug!(backend = %backend.label, "pooled connection unusable ({error:?}); trying another");
                 body = unsent;
             }
-            Err((error, None)) => return Err(error),
+            Err((error, None)) => return Err(give_back(error, head, replayable)),
         }
     }
     let conn = match backend.connect_inline(x.timeouts.connect).await {
@@ -363,7 +398,30 @@ async fn send_inline(
     };
     send_on_inline(x, conn, &head, (body, length), false)
         .await
-        .map_err(|(error, _)| error)
+        .map_err(|(error, _)| give_back(error, head, replayable))
+}
+
+/// A broken inline exchange gives a replayable request's head back: the inline client only
+/// borrowed it.
+fn give_back(error: SendError, head: Parts, replayable: bool) -> SendError {
+    match error {
+        SendError::Reset { error, reused, .. } if replayable => SendError::Reset {
+            error,
+            reused,
+            replay: Some(Box::new(head)),
+        },
+        other => other,
+    }
+}
+
+/// A copy of a request's head, field by field (cheaper than the request builder).
+fn copy_head(req: &Request<UpBody>) -> Parts {
+    let (mut head, ()) = Request::new(()).into_parts();
+    head.method = req.method().clone();
+    head.uri = req.uri().clone();
+    head.version = req.version();
+    head.headers = req.headers().clone();
+    head
 }
 
 /// One exchange on an inline connection; a failure before any of the request went out gives
@@ -395,7 +453,12 @@ async fn send_on_inline(
         }
         Ok(Err(SendFailure { error, unsent })) => {
             let error = error.into();
-            Err((SendError::Reset { error, reused }, unsent))
+            let reset = SendError::Reset {
+                error,
+                reused,
+                replay: None,
+            };
+            Err((reset, unsent))
         }
     }
 }
