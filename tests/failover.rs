@@ -219,7 +219,7 @@ impl Dropper {
         answered: usize,
         seen: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     ) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         let mut buf = Vec::new();
         for served in 0.. {
             // The head, then as many body bytes as its Content-Length says.
@@ -227,10 +227,8 @@ impl Dropper {
                 if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
                     break end + 4;
                 }
-                let mut chunk = [0u8; 4096];
-                match stream.read(&mut chunk).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                if !Dropper::read_more(&mut stream, &mut buf).await {
+                    return;
                 }
             };
             let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
@@ -239,10 +237,8 @@ impl Dropper {
                 .find_map(|l| l.strip_prefix("content-length:"))
                 .map_or(0, |v| v.trim().parse().unwrap());
             while buf.len() < head_end + length {
-                let mut chunk = [0u8; 4096];
-                match stream.read(&mut chunk).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                if !Dropper::read_more(&mut stream, &mut buf).await {
+                    return;
                 }
             }
             buf.drain(..head_end + length);
@@ -253,6 +249,19 @@ impl Dropper {
             let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-backend: dropper\r\n\r\nok";
             if stream.write_all(answer).await.is_err() {
                 return;
+            }
+        }
+    }
+
+    /// Appends what the socket has to `buf`; false once it is closed or broken.
+    async fn read_more(stream: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> bool {
+        use tokio::io::AsyncReadExt;
+        let mut chunk = [0u8; 4096];
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => false,
+            Ok(n) => {
+                buf.extend_from_slice(&chunk[..n]);
+                true
             }
         }
     }
@@ -271,18 +280,24 @@ fn route_to(servers: &[String]) -> String {
         .render()
 }
 
+/// A route over a dropper (first in the round robin, so the first request starts there) and a
+/// real backend, with a client of `proto` connected to it.
+async fn dropper_before_backend(proto: Proto) -> (Dropper, Backend, Proxy, Client) {
+    let dropper = Dropper::start(0).await;
+    let b = Backend::start("b").await;
+    let servers = [
+        format!("http://{}", dropper.addr),
+        format!("http://{}", b.addr),
+    ];
+    let proxy = Proxy::start(&route_to(&servers), "").await;
+    let client = Client::connect(proto, proxy.addr).await;
+    (dropper, b, proxy, client)
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_request_dropped_unanswered_goes_to_the_next_backend_only_when_idempotent() {
     for proto in PROTOCOLS {
-        // The dropper is first in the round robin: the first request starts there.
-        let dropper = Dropper::start(0).await;
-        let b = Backend::start("b").await;
-        let servers = [
-            format!("http://{}", dropper.addr),
-            format!("http://{}", b.addr),
-        ];
-        let proxy = Proxy::start(&route_to(&servers), "").await;
-        let mut client = Client::connect(proto, proxy.addr).await;
+        let (dropper, b, _proxy, mut client) = dropper_before_backend(proto).await;
         let resp = client.get("any", "/get").await;
         assert_eq!(resp.status(), 200, "{proto:?}: a GET is sent again");
         assert_eq!(header(&resp, "x-backend"), "b");
@@ -290,14 +305,7 @@ async fn a_request_dropped_unanswered_goes_to_the_next_backend_only_when_idempot
         assert_eq!((dropper.seen(), b.requests()), (1, 1), "{proto:?}");
 
         // A POST with a body may have been acted on: never sent twice.
-        let dropper = Dropper::start(0).await;
-        let b = Backend::start("b").await;
-        let servers = [
-            format!("http://{}", dropper.addr),
-            format!("http://{}", b.addr),
-        ];
-        let proxy = Proxy::start(&route_to(&servers), "").await;
-        let mut client = Client::connect(proto, proxy.addr).await;
+        let (dropper, b, _proxy, mut client) = dropper_before_backend(proto).await;
         let resp = client
             .send(Method::POST, Some("any"), "/post", &[], full("payload"))
             .await;
