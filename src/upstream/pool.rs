@@ -120,15 +120,10 @@ async fn send_over(
         }
     }
     // hyper's client takes the request: a copy of the head stays for a replay.
-    let replay = replayable.then(|| Box::new(copy_head(&req)));
-    match send_by_hyper(x, t, req).await {
-        Err(SendError::Reset { error, reused, .. }) => Err(SendError::Reset {
-            error,
-            reused,
-            replay,
-        }),
-        other => other,
-    }
+    let replay = replayable.then(|| copy_head(&req));
+    send_by_hyper(x, t, req)
+        .await
+        .map_err(|error| with_replay(error, replay))
 }
 
 /// Sends on hyper's client: upgrades, `Expect`, TLS and HTTP/2 backends.
@@ -389,7 +384,7 @@ async fn send_inline(
                 tracing::debug!(backend = %backend.label, "pooled connection unusable ({error:?}); trying another");
                 body = unsent;
             }
-            Err((error, None)) => return Err(give_back(error, head, replayable)),
+            Err((error, None)) => return Err(with_replay(error, replayable.then_some(head))),
         }
     }
     let conn = match backend.connect_inline(x.timeouts.connect).await {
@@ -398,17 +393,17 @@ async fn send_inline(
     };
     send_on_inline(x, conn, &head, (body, length), false)
         .await
-        .map_err(|(error, _)| give_back(error, head, replayable))
+        .map_err(|(error, _)| with_replay(error, replayable.then_some(head)))
 }
 
-/// A broken inline exchange gives a replayable request's head back: the inline client only
-/// borrowed it.
-fn give_back(error: SendError, head: Parts, replayable: bool) -> SendError {
+/// A reset carries the head to replay, if the request has one (the inline client only borrowed
+/// it; for hyper's client it is a copy); other errors are never replayed.
+fn with_replay(error: SendError, head: Option<Parts>) -> SendError {
     match error {
-        SendError::Reset { error, reused, .. } if replayable => SendError::Reset {
+        SendError::Reset { error, reused, .. } => SendError::Reset {
             error,
             reused,
-            replay: Some(Box::new(head)),
+            replay: head.map(Box::new),
         },
         other => other,
     }
