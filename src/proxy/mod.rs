@@ -9,7 +9,10 @@ pub mod encode;
 pub mod tee;
 pub mod upgrade;
 
+use std::future::Future;
+
 use bytes::Bytes;
+use futures_util::future::{self, FutureExt as _};
 use http::header::{self, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::uri::PathAndQuery;
@@ -49,27 +52,44 @@ pub struct Forwarder {
 impl Forwarder {
     /// Forwards `req` to one of `backends` with `rules` applied; an upgrade request gets its
     /// connections joined when the backend switches protocols.
-    pub async fn forward(
-        &self,
-        conn: &ClientConn,
-        backends: &BackendSet,
-        rules: &HeaderRules,
+    ///
+    /// Not an `async fn`: the request is made the backend's before the future is, and the
+    /// future is the balancer's with the response step mapped on, so every request's future
+    /// holds no copy of the request (an `async fn` keeps its arguments twice).
+    pub fn forward<'a>(
+        &'a self,
+        conn: &'a ClientConn,
+        backends: &'a BackendSet,
+        rules: &'a HeaderRules,
         mut req: Request<ClientBody>,
-    ) -> Result<Response<RespBody>, ProxyError> {
+    ) -> impl Future<Output = Result<Response<RespBody>, ProxyError>> + 'a {
         let client_upgrade = upgrade::take(&mut req);
         if client_upgrade.is_none() && req.method() == Method::CONNECT {
             // An extended CONNECT that cannot become an upgrade never reaches a backend.
-            return Err(ProxyError::MethodNotAllowed);
+            return future::Either::Left(future::ready(Err(ProxyError::MethodNotAllowed)));
         }
         let ask = client_upgrade.as_ref().map(|u| &u.ask);
         let out = outgoing(conn, rules, req, ask);
-        let resp = balancer::send(backends, out, conn.worker, self.timeouts).await?;
-        match client_upgrade {
-            Some(client) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
-                Ok(upgrade::bridge(resp, client, &conn.tunnels))
-            }
-            _ => Ok(finish_response(resp, rules)),
-        }
+        let sending = balancer::send(backends, out, conn.worker, self.timeouts);
+        future::Either::Right(sending.map(move |sent| match client_upgrade {
+            Some(client) => sent.map(|resp| answer_upgrade(resp, client, conn, rules)),
+            None => sent.map(|resp| finish_response(resp, rules)),
+        }))
+    }
+}
+
+/// The backend's answer to an upgrade request: the two connections joined if it switched
+/// protocols, else an ordinary response.
+fn answer_upgrade(
+    resp: Response<PooledBody>,
+    client: upgrade::ClientUpgrade,
+    conn: &ClientConn,
+    rules: &HeaderRules,
+) -> Response<RespBody> {
+    if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+        upgrade::bridge(resp, client, &conn.tunnels)
+    } else {
+        finish_response(resp, rules)
     }
 }
 
@@ -151,4 +171,36 @@ fn finish_response(resp: Response<PooledBody>, rules: &HeaderRules) -> Response<
         return Response::from_parts(parts, Either::Right(Full::new(Bytes::new())));
     }
     Response::from_parts(parts, Either::Left(Either::Left(Either::Left(body))))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use http_body_util::{BodyExt as _, Empty};
+
+    use super::*;
+    use crate::vocab::WorkerId;
+
+    /// The router boxes this future once per request and it lives until the response head:
+    /// its size is memory held per request in flight (10,000 connections, 10,000 of them). It
+    /// was 12,432 bytes before the rare paths (hyper's client, opening a connection) were boxed
+    /// and the request stopped being kept twice at each level; about 3,100 after.
+    #[test]
+    fn the_forwarding_future_stays_small() {
+        let forwarder = Forwarder {
+            timeouts: Timeouts {
+                connect: Duration::from_secs(1),
+                response: Duration::from_secs(1),
+            },
+        };
+        let peer = std::net::SocketAddr::from(([127, 0, 0, 1], 1));
+        let conn = ClientConn::new(peer, false, WorkerId(0));
+        let backends = BackendSet::new(Box::new([]), false, false);
+        let rules = HeaderRules::default();
+        let body = ClientBody::Stream(Empty::new().map_err(|e| match e {}).boxed_unsync());
+        let forwarding = forwarder.forward(&conn, &backends, &rules, Request::new(body));
+        let size = std::mem::size_of_val(&forwarding);
+        assert!(size <= 4096, "the forwarding future grew to {size} bytes");
+    }
 }

@@ -141,7 +141,17 @@ impl Backend {
         let counted = self.reserve_connection()?;
         let addrs = self.addrs();
         let ep = self.endpoint(&addrs, wire);
-        let opened = connector::open(ep, sni, timeout, offer_h2, None, Some(counted)).await;
+        // Boxed: opening a connection (TCP, TLS, an HTTP/2 handshake) is a state machine of
+        // several KiB and rare; unboxed, it would sit inside every request's future.
+        let opening = Box::pin(connector::open(
+            ep,
+            sni,
+            timeout,
+            offer_h2,
+            None,
+            Some(counted),
+        ));
+        let opened = opening.await;
         match &opened {
             Ok(_) => self.connect_succeeded(),
             Err(e) if sni_by_client && e.kind() == ConnectErrorKind::Tls => {}

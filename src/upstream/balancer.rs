@@ -4,6 +4,7 @@
 //! turned out stale. The one place that decides where a request goes next; forwarding hands it
 //! a prepared request and gets back a response or the [`ProxyError`] to answer with.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -103,12 +104,14 @@ pub struct Outgoing {
 /// Sends `out` to the set's backends: the pinned one first if any, else the next in round
 /// robin; on to the next usable backend while connections cannot be made (or a replayable
 /// request's connection broke); each backend is tried once, however often it is listed.
-pub async fn send(
-    set: &BackendSet,
+pub fn send<'a>(
+    set: &'a BackendSet,
     out: Outgoing,
     worker: WorkerId,
     timeouts: Timeouts,
-) -> Result<Response<PooledBody>, ProxyError> {
+) -> impl Future<Output = Result<Response<PooledBody>, ProxyError>> + 'a {
+    // Not an `async fn`: that would keep `out` twice in its state, beside the request made of
+    // it, and this future sits inside every request's.
     let len = set.len();
     let start = match out.head.extensions.get::<Pinned>() {
         Some(Pinned(index)) => *index,
@@ -116,80 +119,85 @@ pub async fn send(
     };
     let replayable = out.replayable;
     let mut pending = Some(Request::from_parts(out.head, out.body));
-    let mut last_error = None;
-    // Backends already tried; allocated only when a first attempt fails.
-    let mut tried: Vec<usize> = Vec::new();
-    for step in 0..len {
-        let backend = &set.backends[(start + step) % len];
-        if !set.usable(backend) || tried.contains(&identity(backend)) {
-            continue;
-        }
-        let Some(request) = pending.take() else {
-            break;
-        };
-        let x = Exchange {
-            backend,
-            worker,
-            timeouts,
-            sni_from_request: set.sni_from_request,
-        };
-        let began = std::time::Instant::now();
-        match send_with_stale_replay(x, request, replayable).await {
-            Ok(mut resp) => {
-                resp.extensions_mut()
-                    .insert(ServedBy(backend.clone(), began));
-                return Ok(resp);
+    async move {
+        let mut last_error = None;
+        // Backends already tried; allocated only when a first attempt fails.
+        let mut tried: Vec<usize> = Vec::new();
+        for step in 0..len {
+            let backend = &set.backends[(start + step) % len];
+            if !set.usable(backend) || tried.contains(&identity(backend)) {
+                continue;
             }
-            Err(SendError::Connect { error, request }) => {
-                tracing::warn!(backend = %backend.label, "{error}");
-                pending = Some(*request);
-                last_error = Some(if error.kind() == ConnectErrorKind::Capacity {
-                    ProxyError::BackendBusy
-                } else if error.is_timeout() {
-                    ProxyError::ConnectTimeout
-                } else {
-                    ProxyError::ConnectFailed
-                });
-            }
-            Err(SendError::Reset { error, replay, .. }) => {
-                tracing::warn!(backend = %backend.label, "backend reset: {error}");
-                last_error = Some(ProxyError::BackendReset);
-                match replay {
-                    Some(head) => pending = Some(replay_request(*head)),
-                    None => return Err(ProxyError::BackendReset),
+            let Some(request) = pending.take() else {
+                break;
+            };
+            let x = Exchange {
+                backend,
+                worker,
+                timeouts,
+                sni_from_request: set.sni_from_request,
+            };
+            let began = std::time::Instant::now();
+            match send_with_stale_replay(x, request, replayable).await {
+                Ok(mut resp) => {
+                    resp.extensions_mut()
+                        .insert(ServedBy(backend.clone(), began));
+                    return Ok(resp);
+                }
+                Err(SendError::Connect { error, request }) => {
+                    tracing::warn!(backend = %backend.label, "{error}");
+                    pending = Some(*request);
+                    last_error = Some(if error.kind() == ConnectErrorKind::Capacity {
+                        ProxyError::BackendBusy
+                    } else if error.is_timeout() {
+                        ProxyError::ConnectTimeout
+                    } else {
+                        ProxyError::ConnectFailed
+                    });
+                }
+                Err(SendError::Reset { error, replay, .. }) => {
+                    tracing::warn!(backend = %backend.label, "backend reset: {error}");
+                    last_error = Some(ProxyError::BackendReset);
+                    match replay {
+                        Some(head) => pending = Some(replay_request(*head)),
+                        None => return Err(ProxyError::BackendReset),
+                    }
+                }
+                Err(SendError::BadResponse(error)) => {
+                    tracing::warn!(backend = %backend.label, "invalid response: {error}");
+                    return Err(ProxyError::BadResponse);
+                }
+                Err(SendError::Timeout) => {
+                    tracing::warn!(backend = %backend.label, "no response within {:?}", timeouts.response);
+                    return Err(ProxyError::ResponseTimeout);
                 }
             }
-            Err(SendError::BadResponse(error)) => {
-                tracing::warn!(backend = %backend.label, "invalid response: {error}");
-                return Err(ProxyError::BadResponse);
-            }
-            Err(SendError::Timeout) => {
-                tracing::warn!(backend = %backend.label, "no response within {:?}", timeouts.response);
-                return Err(ProxyError::ResponseTimeout);
-            }
+            tried.push(identity(backend));
         }
-        tried.push(identity(backend));
+        Err(last_error.unwrap_or(ProxyError::AllBackendsDown))
     }
-    Err(last_error.unwrap_or(ProxyError::AllBackendsDown))
 }
 
 /// Sends once; if a pooled connection turned out stale and the request can be replayed,
 /// sends again on a fresh connection to the same backend.
-async fn send_with_stale_replay(
+fn send_with_stale_replay(
     x: Exchange<'_>,
     request: Request<UpBody>,
     replayable: bool,
-) -> Result<Response<PooledBody>, SendError> {
-    match pool::send(x, request, replayable).await {
-        Err(SendError::Reset {
-            reused: true,
-            error,
-            replay: Some(head),
-        }) => {
-            tracing::debug!(backend = %x.backend.label, "stale pooled connection ({error}); retrying");
-            pool::send(x, replay_request(*head), true).await
+) -> impl Future<Output = Result<Response<PooledBody>, SendError>> + '_ {
+    // Not an `async fn`, as `send`.
+    async move {
+        match pool::send(x, request, replayable).await {
+            Err(SendError::Reset {
+                reused: true,
+                error,
+                replay: Some(head),
+            }) => {
+                tracing::debug!(backend = %x.backend.label, "stale pooled connection ({error}); retrying");
+                pool::send(x, replay_request(*head), true).await
+            }
+            other => other,
         }
-        other => other,
     }
 }
 

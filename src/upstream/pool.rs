@@ -9,6 +9,7 @@
 //! `h2_settings`); past that the worker opens another. A burst that finds no HTTP/2
 //! connection opens one, not one per request.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -85,45 +86,54 @@ struct Target {
 /// Sends `req` (HTTP/1.1 form) to the backend, reusing a pooled connection when one has room.
 /// A backend whose protocol is not known yet is detected first. A `replayable` request's head
 /// comes back with a broken connection's error.
-pub async fn send(
-    x: Exchange<'_>,
+pub fn send<'a>(
+    x: Exchange<'a>,
     req: Request<UpBody>,
     replayable: bool,
-) -> Result<Response<PooledBody>, SendError> {
-    let backend = x.backend;
-    let wire = match backend.wire() {
-        Some(wire) => wire,
-        // Boxed: rare, and the detection future is large.
-        None => match Box::pin(detect::wire_of(backend, x.timeouts.connect)).await {
-            Ok(wire) => wire,
-            Err(error) => return Err(connect_error(error, req)),
-        },
-    };
-    let target = target(&req, x, wire);
-    let sent = send_over(x, &target, req, replayable).await;
-    if let Err(SendError::BadResponse(_) | SendError::Reset { reused: false, .. }) = &sent {
-        // A new connection failed: the backend may speak something else now.
-        backend.forget_detection();
+) -> impl Future<Output = Result<Response<PooledBody>, SendError>> + 'a {
+    // Not an `async fn`: it would keep its arguments twice in its state (rustc moves each into
+    // a local), and this future sits inside every request's.
+    async move {
+        let backend = x.backend;
+        let wire = match backend.wire() {
+            Some(wire) => wire,
+            // Boxed: rare, and the detection future is large.
+            None => match Box::pin(detect::wire_of(backend, x.timeouts.connect)).await {
+                Ok(wire) => wire,
+                Err(error) => return Err(connect_error(error, req)),
+            },
+        };
+        let target = target(&req, x, wire);
+        let sent = send_over(x, &target, req, replayable).await;
+        if let Err(SendError::BadResponse(_) | SendError::Reset { reused: false, .. }) = &sent {
+            // A new connection failed: the backend may speak something else now.
+            backend.forget_detection();
+        }
+        sent
     }
-    sent
 }
 
-async fn send_over(
-    x: Exchange<'_>,
-    t: &Target,
+fn send_over<'a>(
+    x: Exchange<'a>,
+    t: &'a Target,
     req: Request<UpBody>,
     replayable: bool,
-) -> Result<Response<PooledBody>, SendError> {
-    if t.wire == Wire::Http1 {
-        if let Some(length) = inline_body_length(&req) {
-            return send_inline(x, req, length, replayable).await;
+) -> impl Future<Output = Result<Response<PooledBody>, SendError>> + 'a {
+    // Not an `async fn`, as `send`.
+    async move {
+        if t.wire == Wire::Http1 {
+            if let Some(length) = inline_body_length(&req) {
+                return send_inline(x, req, length, replayable).await;
+            }
         }
+        // hyper's client takes the request: a copy of the head stays for a replay. Boxed:
+        // hyper's futures are large, and unboxed they would make every request's future (the
+        // inline path's too) that much larger all the way up to the router.
+        let replay = replayable.then(|| copy_head(&req));
+        Box::pin(send_by_hyper(x, t, req))
+            .await
+            .map_err(|error| with_replay(error, replay))
     }
-    // hyper's client takes the request: a copy of the head stays for a replay.
-    let replay = replayable.then(|| copy_head(&req));
-    send_by_hyper(x, t, req)
-        .await
-        .map_err(|error| with_replay(error, replay))
 }
 
 /// Sends on hyper's client: upgrades, `Expect`, TLS and HTTP/2 backends.
