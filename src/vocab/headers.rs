@@ -117,7 +117,10 @@ pub fn has_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
 /// backend response's `Connection`).
 fn lists_token(value: &[u8], token: &[u8]) -> bool {
     value.split(|&b| b == b',').any(|item| {
-        let item = item.split(|&b| b == b'=' || b == b';').next().unwrap_or(b"");
+        let item = item
+            .split(|&b| b == b'=' || b == b';')
+            .next()
+            .unwrap_or(b"");
         item.trim_ascii().eq_ignore_ascii_case(token)
     })
 }

@@ -42,10 +42,11 @@ use crate::vocab::CountedSlot;
 pub const MAX_HEAD: usize = 64 * 1024;
 /// The most header fields a response head may have (hyper's default).
 pub const MAX_HEADERS: usize = 100;
-/// Room made in the read buffer before a read: it starts at 8 KiB and doubles each time a read
-/// fills it, up to 64 KiB (hyper's client was bounded the same way), so large bodies are read
-/// in large reads.
-const READ_ROOM: usize = 8 * 1024;
+/// Room made in the read buffer before a read: it starts at 4 KiB (one page, nginx's
+/// `proxy_buffer_size`: every request in flight holds one, and most answers are smaller) and
+/// doubles each time a read fills it, up to 64 KiB (hyper's client was bounded the same way),
+/// so large bodies are read in large reads.
+const READ_ROOM: usize = 4 * 1024;
 const MAX_READ_ROOM: usize = 64 * 1024;
 /// A buffer larger than this is not kept by an idle connection.
 const MAX_IDLE_BUFFER: usize = 16 * 1024;
