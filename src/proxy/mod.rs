@@ -183,9 +183,10 @@ mod tests {
     use crate::vocab::WorkerId;
 
     /// The router boxes this future once per request and it lives until the response head:
-    /// its size is memory held per request in flight (10,000 connections, 10,000 of them). It
-    /// was 12,432 bytes before the rare paths (hyper's client, opening a connection) were boxed
-    /// and the request stopped being kept twice at each level; about 3,100 after.
+    /// its size is memory held for every request in flight (as many as there are busy
+    /// connections). It was 12,432 bytes before the rare paths (hyper's client, opening a
+    /// connection) were boxed and the request stopped being kept twice at each level; about
+    /// 3,100 after.
     #[test]
     fn the_forwarding_future_stays_small() {
         let forwarder = Forwarder {
