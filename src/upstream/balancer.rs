@@ -180,7 +180,10 @@ pub fn send<'a>(
 
 /// Sends once; if a pooled connection turned out stale and the request can be replayed,
 /// sends again on a fresh connection to the same backend.
-#[allow(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice")]
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps its arguments twice"
+)]
 fn send_with_stale_replay(
     x: Exchange<'_>,
     request: Request<UpBody>,

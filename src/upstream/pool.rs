@@ -86,7 +86,10 @@ struct Target {
 /// Sends `req` (HTTP/1.1 form) to the backend, reusing a pooled connection when one has room.
 /// A backend whose protocol is not known yet is detected first. A `replayable` request's head
 /// comes back with a broken connection's error.
-#[allow(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice")]
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps its arguments twice"
+)]
 pub fn send<'a>(
     x: Exchange<'a>,
     req: Request<UpBody>,
@@ -114,7 +117,10 @@ pub fn send<'a>(
     }
 }
 
-#[allow(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice")]
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps its arguments twice"
+)]
 fn send_over<'a>(
     x: Exchange<'a>,
     t: &'a Target,
