@@ -142,7 +142,8 @@ impl Backend {
         let addrs = self.addrs();
         let ep = self.endpoint(&addrs, wire);
         // Boxed: opening a connection (TCP, TLS, an HTTP/2 handshake) is a state machine of
-        // several KiB and rare; unboxed, it would sit inside every request's future.
+        // about 7 KiB and rare; unboxed, it would sit inside every future of hyper's client
+        // path (boxed per request itself, `pool::send_over`), making each 8.5 KiB, not 2.8.
         let opening = Box::pin(connector::open(
             ep,
             sni,
