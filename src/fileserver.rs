@@ -13,14 +13,13 @@ use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
 use hyper::service::service_fn;
 use tokio::sync::watch;
 use tower::ServiceExt;
 use tower_http::services::ServeDir;
 
 use crate::server::{AcceptLoop, ConnInfo, Limits};
-use crate::vocab::normalise;
+use crate::vocab::{normalise, ClientBody};
 
 type FileBody = http_body_util::combinators::UnsyncBoxBody<Bytes, std::io::Error>;
 
@@ -48,9 +47,9 @@ pub async fn serve(
     };
     let make = move |_: ConnInfo| {
         let (dir, root) = (dir.clone(), root.clone());
-        service_fn(move |req: Request<Incoming>| {
+        service_fn(move |req: Request<ClientBody>| {
             let (dir, root) = (dir.clone(), root.clone());
-            async move { Ok::<_, Infallible>(answer(dir, &root, req).await) }
+            Box::pin(async move { Ok::<_, Infallible>(answer(dir, &root, req).await) })
         })
     };
     accept.run(make, shutdown).await;
@@ -59,7 +58,7 @@ pub async fn serve(
 async fn answer(
     dir: ServeDir,
     root: &std::path::Path,
-    req: Request<Incoming>,
+    req: Request<ClientBody>,
 ) -> Response<FileBody> {
     if !matches!(*req.method(), http::Method::GET | http::Method::HEAD) {
         return plain(StatusCode::METHOD_NOT_ALLOWED, "405 Method Not Allowed\n");

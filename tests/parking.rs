@@ -13,10 +13,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aralez::server::{AcceptLoop, ConnInfo, Limits};
+use aralez::vocab::ClientBody;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
-use hyper::body::{Body as _, Incoming};
+use hyper::body::Body as _;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -31,7 +32,7 @@ const BIG: usize = 16 << 20;
 
 /// Answers `ok`; an `Upgrade` request gets 101 and its tunnel echoes; a request body is read
 /// after the answer, in the background (as a proxy streaming it upstream may).
-async fn answer(mut req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn answer(mut req: Request<ClientBody>) -> Result<Response<Full<Bytes>>, Infallible> {
     if req.uri().path() == "/big" {
         return Ok(Response::new(Full::new(Bytes::from(vec![b'x'; BIG]))));
     }
@@ -99,7 +100,9 @@ fn serve(tls: Option<tokio_rustls::TlsAcceptor>) -> Served {
         proxy_protocol: false,
     };
     let (shutdown, stop) = watch::channel(false);
-    tokio::spawn(accept.run(|_: ConnInfo| service_fn(answer), stop));
+    // Boxed: a listener's answers are `Unpin`.
+    let service = |_: ConnInfo| service_fn(|req| Box::pin(answer(req)));
+    tokio::spawn(accept.run(service, stop));
     Served {
         addr,
         parked,

@@ -19,13 +19,13 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
 use hyper::service::service_fn;
 use tokio::sync::watch;
 
 use crate::discovery::{ReloadError, Reloader};
 use crate::metrics::{BackendUp, Metrics};
 use crate::server::{AcceptLoop, ConnInfo, Limits};
+use crate::vocab::ClientBody;
 use auth::Access;
 
 /// Largest `POST /conf` body accepted (read only once the key has been checked).
@@ -102,14 +102,14 @@ pub async fn serve(
         let admin = admin.clone();
         service_fn(move |req| {
             let admin = admin.clone();
-            async move { Ok::<_, Infallible>(admin.answer(req).await) }
+            Box::pin(async move { Ok::<_, Infallible>(admin.answer(req).await) })
         })
     };
     accept.run(make, shutdown).await;
 }
 
 impl Admin {
-    async fn answer(&self, req: Request<Incoming>) -> Reply {
+    async fn answer(&self, req: Request<ClientBody>) -> Reply {
         match (req.method(), req.uri().path()) {
             (&Method::POST, "/jwt") => self.jwt(req).await,
             (&Method::POST, "/conf") => self.guarded(req, Self::conf).await,
@@ -135,9 +135,9 @@ impl Admin {
         }
     }
 
-    async fn guarded<'a, F, Fut>(&'a self, req: Request<Incoming>, handler: F) -> Reply
+    async fn guarded<'a, F, Fut>(&'a self, req: Request<ClientBody>, handler: F) -> Reply
     where
-        F: FnOnce(&'a Self, Request<Incoming>) -> Fut,
+        F: FnOnce(&'a Self, Request<ClientBody>) -> Fut,
         Fut: std::future::Future<Output = Reply>,
     {
         match auth::check(&req, self.master_key.as_deref()) {
@@ -152,9 +152,9 @@ impl Admin {
 
     /// For what only reads (`/metrics`, `/status`, `/`): the `metrics_key` opens it too, so a
     /// scraper never holds the key that can rewrite the config.
-    async fn read_only<'a, F, Fut>(&'a self, req: Request<Incoming>, handler: F) -> Reply
+    async fn read_only<'a, F, Fut>(&'a self, req: Request<ClientBody>, handler: F) -> Reply
     where
-        F: FnOnce(&'a Self, Request<Incoming>) -> Fut,
+        F: FnOnce(&'a Self, Request<ClientBody>) -> Fut,
         Fut: std::future::Future<Output = Reply>,
     {
         if self.metrics_key.is_some()
@@ -165,7 +165,7 @@ impl Admin {
         self.guarded(req, handler).await
     }
 
-    async fn conf(&self, req: Request<Incoming>) -> Reply {
+    async fn conf(&self, req: Request<ClientBody>) -> Reply {
         if !self.config_api_enabled {
             return text(
                 StatusCode::FORBIDDEN,
@@ -220,7 +220,7 @@ impl Admin {
         }
     }
 
-    async fn acme_create(&self, _: Request<Incoming>) -> Reply {
+    async fn acme_create(&self, _: Request<ClientBody>) -> Reply {
         let Some(acme) = &self.acme else {
             return text(StatusCode::NOT_FOUND, NO_ACME);
         };
@@ -233,7 +233,7 @@ impl Admin {
         }
     }
 
-    async fn acme_order(&self, req: Request<Incoming>) -> Reply {
+    async fn acme_order(&self, req: Request<ClientBody>) -> Reply {
         let Some(acme) = &self.acme else {
             return text(StatusCode::NOT_FOUND, NO_ACME);
         };
@@ -258,7 +258,7 @@ impl Admin {
         }
     }
 
-    async fn purge(&self, req: Request<Incoming>) -> Reply {
+    async fn purge(&self, req: Request<ClientBody>) -> Reply {
         let body = match read_body(req, MAX_JWT_BODY).await {
             Ok(b) => b,
             Err(resp) => return resp,
@@ -267,7 +267,7 @@ impl Admin {
         reply(status, "application/json", json)
     }
 
-    async fn jwt(&self, req: Request<Incoming>) -> Reply {
+    async fn jwt(&self, req: Request<ClientBody>) -> Reply {
         if self.master_key.is_none() {
             return text(
                 StatusCode::FORBIDDEN,
@@ -314,7 +314,7 @@ impl Admin {
         }
     }
 
-    async fn status(&self, req: Request<Incoming>) -> Reply {
+    async fn status(&self, req: Request<ClientBody>) -> Reply {
         let flag = |name: &str| {
             req.uri()
                 .query()
@@ -352,7 +352,7 @@ impl Admin {
         reply(StatusCode::OK, "application/json", answer.to_string())
     }
 
-    async fn metrics(&self, _req: Request<Incoming>) -> Reply {
+    async fn metrics(&self, _req: Request<ClientBody>) -> Reply {
         let snapshot = self.reloader.snapshot.load_full();
         let backends = snapshot.routes().flat_map(|route| {
             route.backends.iter().map(move |b| BackendUp {
@@ -380,7 +380,7 @@ impl Admin {
     }
 }
 
-async fn read_body(req: Request<Incoming>, max: usize) -> Result<Bytes, Reply> {
+async fn read_body(req: Request<ClientBody>, max: usize) -> Result<Bytes, Reply> {
     use http_body::Body as _;
     // A body announced too large is refused before a byte of it is read.
     if req.body().size_hint().lower() > max as u64 {

@@ -15,17 +15,17 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
 use http::{Request, Response};
 use http_body::Body;
-use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::Service;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::sync::watch;
 
+use super::h1;
 use super::h2_guard::FloodGuard;
 use super::idle::{self, Activity, Timers};
 use super::listener::{apply_keepalive, TcpKeepalive};
@@ -33,7 +33,7 @@ use super::park::{self, ClientSocket, Dock, Parkable, Wake};
 use super::proxy_protocol::{self, Header};
 use super::tracked::Tracked;
 use crate::vocab::acme_challenges::ACME_TLS_ALPN;
-use crate::vocab::TlsFacts;
+use crate::vocab::{ClientBody, TlsFacts};
 
 /// How long a draining listener lets busy HTTP/1 connections finish their next request
 /// (answered with `Connection: close`, so the client closes cleanly between requests) before it
@@ -87,15 +87,17 @@ pub struct ConnInfo {
 /// are never errors (errors are responses).
 pub trait MakeService: Send + Sync + 'static {
     type Service: Service<
-            Request<Incoming>,
+            Request<ClientBody>,
             Response = Response<Self::Body>,
             Error = Infallible,
-            Future: Send + 'static,
+            Future: Send + Unpin + 'static,
         > + Clone
         + Send
+        + Unpin
         + 'static;
     type Body: Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
         + Send
+        + Unpin
         + 'static;
 
     fn make(&self, info: ConnInfo) -> Self::Service;
@@ -104,12 +106,13 @@ pub trait MakeService: Send + Sync + 'static {
 impl<F, S, B> MakeService for F
 where
     F: Fn(ConnInfo) -> S + Send + Sync + 'static,
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+    S: Service<Request<ClientBody>, Response = Response<B>, Error = Infallible>
         + Clone
         + Send
+        + Unpin
         + 'static,
-    S::Future: Send + 'static,
-    B: Body<Data = Bytes> + Send + 'static,
+    S::Future: Send + Unpin + 'static,
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     type Service = S;
@@ -395,8 +398,10 @@ async fn serve_plain<F: MakeService>(
 }
 
 /// Serves a connection that is HTTP/1 or says which by its first bytes (HTTP/2 prior
-/// knowledge), parking it whenever it is HTTP/1 and idle ([`super::park`]) and serving it
-/// again, HTTP/1 only, when the client sends more.
+/// knowledge): aralez's own HTTP/1.1 side ([`super::h1`]) first, hyper from the first request
+/// it leaves to hyper (on a fresh connection hyper also tells HTTP/2 from HTTP/1 then). Either
+/// way the connection parks whenever it is HTTP/1 and idle ([`super::park`]) and is served
+/// again, by aralez's side first, when the client sends more.
 async fn serve_parking<F: MakeService, S: ClientSocket>(
     shared: Arc<Shared<F>>,
     counted: OpenConnection,
@@ -406,35 +411,73 @@ async fn serve_parking<F: MakeService, S: ClientSocket>(
     let (peer, timers) = (counted.peer, shared.limits.timers());
     let activity = Activity::new(shared.draining.clone());
     let dock = Dock::new();
-    let io = |socket| {
-        let parkable = Parkable::new(socket, activity.clone(), dock.clone());
-        TokioIo::new(FloodGuard::new(parkable, peer))
-    };
-    let service = Tracked::new(shared.make.make(info.clone()), activity.clone());
-    let conn = shared
-        .builders
-        .sniffing
-        .serve_connection_with_upgrades(io(socket), service)
-        .into_owned();
+    let service = || Tracked::new(shared.make.make(info.clone()), activity.clone());
     let mut drain = shared.drain.clone();
-    let ended = idle::drive_boxed(conn, drain.clone(), activity.clone(), timers).await;
-    let mut served_cleanly = ended_cleanly(ended, peer);
-    while served_cleanly {
+    let mut socket = socket;
+    loop {
+        let io = Parkable::new(socket, activity.clone(), dock.clone());
+        let own = h1::Connection::new(io, service(), BytesMut::new());
+        let served_cleanly =
+            match idle::drive_boxed(own, drain.clone(), activity.clone(), timers).await {
+                Ok(None) => true,
+                Ok(Some(handoff)) => {
+                    let hyper = HyperSide {
+                        shared: &shared,
+                        activity: &activity,
+                        peer,
+                        timers,
+                    };
+                    hyper.serve(handoff, service()).await
+                }
+                Err(e) => ended_cleanly(Err(e), peer),
+            };
+        if !served_cleanly {
+            break;
+        }
         // Not parked: the connection ended.
-        let Some(socket) = dock.take() else { break };
-        let woke = park::wait_parked(&socket, &activity, timers, &mut drain, &shared.parked);
+        let Some(parked) = dock.take() else { break };
+        let woke = park::wait_parked(&parked, &activity, timers, &mut drain, &shared.parked);
         if woke.await == Wake::Close {
             break;
         }
-        let service = Tracked::new(shared.make.make(info.clone()), activity.clone());
-        let builder = &shared.builders.http1;
-        let conn = builder
-            .serve_connection(io(socket), service)
-            .with_upgrades();
-        let ended = idle::drive_boxed(conn, drain.clone(), activity.clone(), timers).await;
-        served_cleanly = ended_cleanly(ended, peer);
+        socket = parked;
     }
     drop(counted);
+}
+
+/// What serving a connection handed over by [`h1`] needs.
+struct HyperSide<'a, F> {
+    shared: &'a Shared<F>,
+    activity: &'a Arc<Activity>,
+    peer: SocketAddr,
+    timers: Timers,
+}
+
+impl<F: MakeService> HyperSide<'_, F> {
+    /// Serves a handed-over connection with hyper until it ends or parks: sniffing for HTTP/2
+    /// when nothing was served on it yet, HTTP/1 only otherwise. Whether it ended cleanly.
+    async fn serve<S: ClientSocket>(
+        self,
+        handoff: h1::Handoff<Parkable<S>>,
+        service: Tracked<F::Service>,
+    ) -> bool {
+        let io = TokioIo::new(FloodGuard::new(
+            h1::Rewind::new(handoff.io, handoff.read),
+            self.peer,
+        ));
+        let (drain, activity) = (self.shared.drain.clone(), self.activity.clone());
+        if handoff.served == 0 {
+            let builder = &self.shared.builders.sniffing;
+            let conn = builder.serve_connection_with_upgrades(io, service);
+            let ended = idle::drive_boxed(conn.into_owned(), drain, activity, self.timers);
+            ended_cleanly(ended.await, self.peer)
+        } else {
+            let builder = &self.shared.builders.http1;
+            let conn = builder.serve_connection(io, service).with_upgrades();
+            let ended = idle::drive_boxed(conn, drain, activity, self.timers);
+            ended_cleanly(ended.await, self.peer)
+        }
+    }
 }
 
 /// Whether a connection ended without an error; logs the error otherwise.

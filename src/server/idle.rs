@@ -257,29 +257,32 @@ fn idle_step(activity: &Activity, timers: Timers, now: Instant) -> IdleStep {
 
 /// [`drive`], boxed together with `conn`: a connection's task holds a pointer, not hyper's
 /// connection and its timers, so a parked connection's task keeps room for neither.
-pub fn drive_boxed<C, E>(
+pub fn drive_boxed<C, T, E>(
     conn: C,
     drain: watch::Receiver<bool>,
     activity: Arc<Activity>,
     timers: Timers,
-) -> Pin<Box<impl Future<Output = Result<(), E>>>>
+) -> Pin<Box<impl Future<Output = Result<T, E>>>>
 where
-    C: Graceful<Output = Result<(), E>>,
+    C: Graceful<Output = Result<T, E>>,
+    T: Default,
 {
     Box::pin(drive(conn, drain, activity, timers))
 }
 
 /// Polls `conn` to its end; asks it to shut down once, when `drain` turns true (or its sender
 /// is gone) or when `activity` has been idle for `timers.idle`; drops it when an HTTP/1 request
-/// head is late (`timers.head`) or its requests have made no progress for `timers.send`.
-pub async fn drive<C, E>(
+/// head is late (`timers.head`) or its requests have made no progress for `timers.send`
+/// (a connection dropped so ends with `T`'s default).
+pub async fn drive<C, T, E>(
     conn: C,
     mut drain: watch::Receiver<bool>,
     activity: Arc<Activity>,
     timers: Timers,
-) -> Result<(), E>
+) -> Result<T, E>
 where
-    C: Graceful<Output = Result<(), E>>,
+    C: Graceful<Output = Result<T, E>>,
+    T: Default,
 {
     tokio::pin!(conn);
     let start = Instant::now();
@@ -313,7 +316,7 @@ where
                         IdleStep::LookAt(at) => idle_at = at,
                         IdleStep::Close => {
                             tracing::debug!("closing a connection that sent no request head within {:?}", timers.head);
-                            return Ok(());
+                            return Ok(T::default());
                         }
                         IdleStep::ShutDown => {
                             if !asked {
@@ -339,7 +342,7 @@ where
                         seen = (progress, now);
                     } else if now.saturating_duration_since(seen.1) >= timers.send {
                         tracing::debug!("closing a connection whose requests made no progress for {:?}", now - seen.1);
-                        return Ok(());
+                        return Ok(T::default());
                     }
                     stall_at = now + look_every;
                 }

@@ -15,7 +15,6 @@ use bytes::Bytes;
 use http::header::{HeaderValue, ALT_SVC, STRICT_TRANSPORT_SECURITY};
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 
 use super::real_client::{self, RequestIds, TrustedProxies, X_REQUEST_ID};
 use crate::accesslog::{AccessLog, Record};
@@ -76,9 +75,9 @@ pub struct ConnCtx {
 /// [`handle`] as a hyper service answers.
 pub async fn answer(
     ctx: Arc<ConnCtx>,
-    req: Request<Incoming>,
+    req: Request<ClientBody>,
 ) -> Result<Response<LoggedBody>, Infallible> {
-    Ok(handle(&ctx, req.map(ClientBody::from)).await)
+    Ok(handle(&ctx, req).await)
 }
 
 /// Handles one request through the router, with metrics and the access log around it.

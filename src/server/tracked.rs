@@ -13,12 +13,11 @@ use std::task::{Context, Poll};
 use http::header::{HeaderValue, CONNECTION};
 use http::{Method, Request, Response, Version};
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use hyper::service::Service;
 use pin_project_lite::pin_project;
 
 use super::idle::{Activity, InFlight};
-use crate::vocab::headers;
+use crate::vocab::{headers, ClientBody};
 
 /// A connection's service: each request counts as activity until its response body is done;
 /// while draining, HTTP/1 responses ask the client to close.
@@ -34,15 +33,18 @@ impl<S> Tracked<S> {
     }
 }
 
-impl<S, B> Service<Request<Incoming>> for Tracked<S>
+/// Requests come from hyper (`Incoming` bodies) or from aralez's own HTTP/1.1 server side
+/// ([`super::h1`]); the service sees a [`ClientBody`] either way.
+impl<S, B, RB> Service<Request<RB>> for Tracked<S>
 where
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>,
+    S: Service<Request<ClientBody>, Response = Response<B>, Error = Infallible>,
+    RB: Body + Into<ClientBody>,
 {
     type Response = Response<ActiveBody<B>>;
     type Error = Infallible;
     type Future = TrackedAnswer<S::Future>;
 
-    fn call(&self, req: Request<Incoming>) -> Self::Future {
+    fn call(&self, req: Request<RB>) -> Self::Future {
         let in_flight = Some(self.activity.begin(!req.body().is_end_stream()));
         let http1 = req.version() < Version::HTTP_2;
         if !http1 {
@@ -50,7 +52,7 @@ where
         }
         let head = req.method() == Method::HEAD;
         TrackedAnswer {
-            inner: self.inner.call(req),
+            inner: self.inner.call(req.map(Into::into)),
             in_flight,
             http1,
             head,

@@ -115,13 +115,24 @@ pub fn has_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
 /// One value of [`has_token`], read as bytes: the tokens are ASCII, and splitting bytes costs
 /// less than checking the value is UTF-8 and splitting it by `char`s (this runs on every
 /// backend response's `Connection`).
-fn lists_token(value: &[u8], token: &[u8]) -> bool {
+pub fn lists_token(value: &[u8], token: &[u8]) -> bool {
     value.split(|&b| b == b',').any(|item| {
         let item = item
             .split(|&b| b == b'=' || b == b';')
             .next()
             .unwrap_or(b"");
         item.trim_ascii().eq_ignore_ascii_case(token)
+    })
+}
+
+/// A `Content-Length` value (or one item of a list of them): decimal digits only, at most 19
+/// (which always fit in a `u64`).
+pub fn decimal_length(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() || digits.len() > 19 {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, &d| {
+        d.is_ascii_digit().then(|| n * 10 + u64::from(d - b'0'))
     })
 }
 

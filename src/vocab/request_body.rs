@@ -3,7 +3,8 @@
 //! [`RequestBody`] the body that counts. Without the extension nothing is counted and the body
 //! is the client's, frame for frame. The counter is held until the body is dropped, so whoever
 //! counts can tell when the request side is over. [`ClientBody`] is what a client connection
-//! hands the router: hyper's body (HTTP/1.1, HTTP/2) or an HTTP/3 stream's.
+//! hands the router: hyper's body (HTTP/1.1, HTTP/2), an HTTP/3 stream's, or none (a request
+//! aralez's own HTTP/1.1 server side read).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -21,6 +22,8 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub enum ClientBody {
     Hyper(Incoming),
     Stream(UnsyncBoxBody<Bytes, BoxError>),
+    /// A request without a body (aralez's own HTTP/1.1 server side).
+    Empty,
 }
 
 impl std::fmt::Debug for ClientBody {
@@ -28,6 +31,7 @@ impl std::fmt::Debug for ClientBody {
         match self {
             ClientBody::Hyper(inner) => inner.fmt(f),
             ClientBody::Stream(_) => f.write_str("ClientBody::Stream"),
+            ClientBody::Empty => f.write_str("ClientBody::Empty"),
         }
     }
 }
@@ -49,6 +53,7 @@ impl Body for ClientBody {
         match self.get_mut() {
             ClientBody::Hyper(inner) => Pin::new(inner).poll_frame(cx).map_err(Into::into),
             ClientBody::Stream(inner) => Pin::new(inner).poll_frame(cx),
+            ClientBody::Empty => Poll::Ready(None),
         }
     }
 
@@ -56,6 +61,7 @@ impl Body for ClientBody {
         match self {
             ClientBody::Hyper(inner) => inner.is_end_stream(),
             ClientBody::Stream(inner) => inner.is_end_stream(),
+            ClientBody::Empty => true,
         }
     }
 
@@ -63,6 +69,7 @@ impl Body for ClientBody {
         match self {
             ClientBody::Hyper(inner) => inner.size_hint(),
             ClientBody::Stream(inner) => inner.size_hint(),
+            ClientBody::Empty => SizeHint::with_exact(0),
         }
     }
 }

@@ -101,8 +101,8 @@ fn content_length(headers: &HeaderMap) -> Result<Option<u64>, InlineError> {
     let mut found = None;
     for value in headers.get_all(header::CONTENT_LENGTH) {
         for item in value.as_bytes().split(|&b| b == b',') {
-            let n =
-                parse_decimal(item.trim_ascii()).ok_or(InlineError::Invalid("Content-Length"))?;
+            let n = crate::vocab::headers::decimal_length(item.trim_ascii())
+                .ok_or(InlineError::Invalid("Content-Length"))?;
             if found.is_some_and(|f| f != n) {
                 return Err(InlineError::Invalid("differing Content-Length values"));
             }
@@ -110,15 +110,6 @@ fn content_length(headers: &HeaderMap) -> Result<Option<u64>, InlineError> {
         }
     }
     Ok(found)
-}
-
-fn parse_decimal(digits: &[u8]) -> Option<u64> {
-    if digits.is_empty() || digits.len() > 19 {
-        return None;
-    }
-    digits.iter().try_fold(0u64, |n, &d| {
-        d.is_ascii_digit().then(|| n * 10 + u64::from(d - b'0'))
-    })
 }
 
 /// A backend's response body read straight off its connection.

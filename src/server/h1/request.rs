@@ -1,0 +1,169 @@
+//! Reading a request head: `httparse` over the connection's buffer, the field values slices of
+//! the head's own bytes. Only the common case is taken here: an HTTP/1.1 request without a
+//! body. Anything else (HTTP/1.0, CONNECT, `Upgrade`,
+//! `Expect`, `Transfer-Encoding`, a body, a malformed or oversized head, an HTTP/2 preface) is
+//! [`Head::Unusual`]: the connection hands it to hyper, which answers it as it always has.
+
+use std::mem::MaybeUninit;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Uri, Version};
+
+use crate::vocab::headers::{decimal_length, lists_token};
+
+/// The most header fields taken here (hyper's default; more go to hyper, which answers 431).
+const MAX_FIELDS: usize = 100;
+
+/// What the front of the read buffer holds.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "returned and taken apart at once; boxing would allocate for every request"
+)]
+pub enum Head {
+    /// A complete head of the common case, taken off the buffer.
+    Usual(Parsed),
+    /// Not a complete head yet.
+    Partial,
+    /// A head this module leaves to hyper; the buffer is untouched.
+    Unusual,
+}
+
+/// A request head and what the connection needs to know of it.
+pub struct Parsed {
+    pub request: Request<()>,
+    /// The client asked to close after this answer (`Connection: close`).
+    pub close: bool,
+}
+
+/// Where a field's name and value lie in the head.
+#[derive(Clone, Copy, Default)]
+struct FieldAt {
+    name: (u32, u32),
+    value: (u32, u32),
+}
+
+/// Where the parts of a complete head lie.
+struct Located {
+    len: usize,
+    method: (u32, u32),
+    target: (u32, u32),
+    fields: usize,
+}
+
+/// Takes a request head of the common case off the front of `buf`.
+pub fn parse(buf: &mut BytesMut) -> Head {
+    let mut at = [FieldAt::default(); MAX_FIELDS];
+    let located = match locate(buf, &mut at) {
+        Some(Some(located)) => located,
+        Some(None) => return Head::Partial,
+        None => return Head::Unusual,
+    };
+    let head = &buf[..located.len];
+    let Some(method) = method_of(slice(head, located.method)) else {
+        return Head::Unusual;
+    };
+    let head = buf.split_to(located.len).freeze();
+    match build(&head, method, &located, &at[..located.fields]) {
+        Some(parsed) => Head::Usual(parsed),
+        None => {
+            // The head goes back in front of what follows it, for hyper to read (a copy, on a
+            // path that is rare and about to cost far more in hyper).
+            let mut restored = BytesMut::with_capacity(head.len() + buf.len());
+            restored.extend_from_slice(&head);
+            restored.extend_from_slice(buf);
+            *buf = restored;
+            Head::Unusual
+        }
+    }
+}
+
+fn slice(head: &[u8], (start, end): (u32, u32)) -> &[u8] {
+    &head[start as usize..end as usize]
+}
+
+/// Parses the head at the front of `buf`: `None` when it is not of the common case,
+/// `Some(None)` when more bytes are needed.
+fn locate(buf: &[u8], at: &mut [FieldAt; MAX_FIELDS]) -> Option<Option<Located>> {
+    let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_FIELDS];
+    let mut req = httparse::Request::new(&mut []);
+    let parser = httparse::ParserConfig::default();
+    let len = match parser.parse_request_with_uninit_headers(&mut req, buf, &mut fields) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Some(None),
+        Err(_) => return None,
+    };
+    if req.version != Some(1) {
+        return None;
+    }
+    let base = buf.as_ptr() as usize;
+    let offset = |s: &[u8]| {
+        let start = s.as_ptr() as usize - base;
+        (start as u32, (start + s.len()) as u32)
+    };
+    let method = offset(req.method?.as_bytes());
+    let target = offset(req.path?.as_bytes());
+    for (slot, field) in at.iter_mut().zip(req.headers.iter()) {
+        *slot = FieldAt {
+            name: offset(field.name.as_bytes()),
+            value: offset(field.value),
+        };
+    }
+    Some(Some(Located {
+        len,
+        method,
+        target,
+        fields: req.headers.len(),
+    }))
+}
+
+/// The method, unless it is one left to hyper (CONNECT).
+fn method_of(bytes: &[u8]) -> Option<Method> {
+    let method = match bytes {
+        b"GET" => Method::GET,
+        b"POST" => Method::POST,
+        b"HEAD" => Method::HEAD,
+        other => Method::from_bytes(other).ok()?,
+    };
+    (method != Method::CONNECT).then_some(method)
+}
+
+/// The request, when the head is of the common case.
+fn build(head: &Bytes, method: Method, located: &Located, at: &[FieldAt]) -> Option<Parsed> {
+    let uri = Uri::from_maybe_shared(head.slice(range(located.target))).ok()?;
+    let mut headers = HeaderMap::with_capacity(at.len());
+    let mut body_length = None;
+    let mut close = false;
+    for field in at {
+        let name = HeaderName::from_bytes(slice(head, field.name)).ok()?;
+        let value = HeaderValue::from_maybe_shared(head.slice(range(field.value))).ok()?;
+        if name == header::CONTENT_LENGTH {
+            if body_length.is_some() {
+                return None;
+            }
+            body_length = Some(decimal_length(value.as_bytes())?);
+        } else if name == header::CONNECTION {
+            close |= lists_token(value.as_bytes(), b"close");
+        } else if name == header::TRANSFER_ENCODING
+            || name == header::UPGRADE
+            || name == header::EXPECT
+        {
+            return None;
+        }
+        headers.append(name, value);
+    }
+    if body_length.is_some_and(|len| len > 0) {
+        // Requests with a body stay hyper's for now.
+        return None;
+    }
+    let mut request = Request::new(());
+    *request.method_mut() = method;
+    *request.uri_mut() = uri;
+    *request.version_mut() = Version::HTTP_11;
+    *request.headers_mut() = headers;
+    Some(Parsed { request, close })
+}
+
+fn range((start, end): (u32, u32)) -> std::ops::Range<usize> {
+    start as usize..end as usize
+}

@@ -1,0 +1,206 @@
+//! Writing a response head, and deciding how its body is delimited, the way hyper's HTTP/1
+//! server does (RFC 9112 §6): no body for HEAD, 204 and 304; a body of known length gets
+//! `Content-Length`, one of unknown length is chunked; an empty body says `content-length: 0`
+//! where it may. Field names go out in lower case, as hyper writes them, with a `date` when the
+//! response has none (formatted once a second per connection).
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use http::header::{self, HeaderName};
+use http::{Method, StatusCode};
+
+use crate::vocab::headers::{decimal_length, lists_token};
+
+/// How long the body that follows a head is, as the service's body says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// The body is already at its end.
+    Empty,
+    Known(u64),
+    Unknown,
+}
+
+/// How the body goes on the wire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Framing {
+    /// Exactly this many bytes (0: nothing is sent, the body is dropped).
+    Length(u64),
+    /// Chunked, with the trailer fields the head declared in `Trailer`.
+    Chunked { trailers: Vec<HeaderName> },
+}
+
+/// What the head said about the exchange.
+pub struct Written {
+    pub framing: Framing,
+    /// The response says `Connection: close`.
+    pub close: bool,
+}
+
+/// Why a response cannot be written.
+#[derive(Debug, thiserror::Error)]
+pub enum HeadError {
+    #[error("a response with an informational status ({0}) cannot be sent")]
+    Informational(StatusCode),
+    #[error("the response has differing Content-Length values")]
+    ContentLength,
+}
+
+/// Writes the head of `parts` into `out` (cleared first) for a request of `method`.
+pub fn encode(
+    out: &mut Vec<u8>,
+    parts: &http::response::Parts,
+    shape: Shape,
+    method: &Method,
+    date: &mut CachedDate,
+) -> Result<Written, HeadError> {
+    let status = parts.status;
+    if status.is_informational() {
+        return Err(HeadError::Informational(status));
+    }
+    let no_content = matches!(status, StatusCode::NO_CONTENT | StatusCode::NOT_MODIFIED);
+    let head = method == Method::HEAD;
+    let may_have_body = !head && !no_content;
+    out.clear();
+    status_line(out, status);
+    let mut length_written: Option<u64> = None;
+    let mut close = false;
+    let mut has_date = false;
+    let mut trailers = Vec::new();
+    for (name, value) in &parts.headers {
+        if name == header::CONTENT_LENGTH {
+            match shape {
+                // A HEAD answer keeps the length a GET would have had.
+                Shape::Empty if head => {}
+                Shape::Empty | Shape::Known(_) => continue,
+                Shape::Unknown => {
+                    let declared =
+                        decimal_length(value.as_bytes()).ok_or(HeadError::ContentLength)?;
+                    match length_written {
+                        Some(previous) if previous != declared => {
+                            return Err(HeadError::ContentLength)
+                        }
+                        Some(_) => continue,
+                        None => length_written = Some(declared),
+                    }
+                }
+            }
+            if length_written.is_none() {
+                length_written = Some(0);
+            }
+        } else if name == header::TRANSFER_ENCODING {
+            // The framing is this module's choice.
+            continue;
+        } else if name == header::CONNECTION {
+            close |= lists_token(value.as_bytes(), b"close");
+        } else if name == header::DATE {
+            has_date = true;
+        } else if name == header::TRAILER {
+            note_trailers(value.as_bytes(), &mut trailers);
+        }
+        write_field(out, name, value.as_bytes());
+    }
+    let framing = match (length_written, shape) {
+        (Some(declared), Shape::Unknown) => Framing::Length(declared),
+        (Some(_), _) => Framing::Length(0),
+        (None, Shape::Unknown) if may_have_body => {
+            out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+            Framing::Chunked { trailers }
+        }
+        (None, Shape::Unknown) => Framing::Length(0),
+        (None, Shape::Known(len)) if !no_content && len > 0 => {
+            out.extend_from_slice(b"content-length: ");
+            out.extend_from_slice(itoa::Buffer::new().format(len).as_bytes());
+            out.extend_from_slice(b"\r\n");
+            Framing::Length(len)
+        }
+        (None, _) => {
+            if !head && !no_content {
+                out.extend_from_slice(b"content-length: 0\r\n");
+            }
+            Framing::Length(0)
+        }
+    };
+    if !has_date {
+        out.extend_from_slice(b"date: ");
+        out.extend_from_slice(date.now());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    let framing = if may_have_body {
+        framing
+    } else {
+        Framing::Length(0)
+    };
+    Ok(Written { framing, close })
+}
+
+fn status_line(out: &mut Vec<u8>, status: StatusCode) {
+    if status == StatusCode::OK {
+        out.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
+        return;
+    }
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+fn write_field(out: &mut Vec<u8>, name: &HeaderName, value: &[u8]) {
+    out.extend_from_slice(name.as_str().as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The field names a `Trailer` value declares.
+fn note_trailers(value: &[u8], names: &mut Vec<HeaderName>) {
+    for item in value.split(|&b| b == b',') {
+        if let Ok(name) = HeaderName::from_bytes(item.trim_ascii()) {
+            names.push(name);
+        }
+    }
+}
+
+/// The end of a chunked body: the last chunk and the declared trailer fields of `fields`.
+pub fn last_chunk(out: &mut Vec<u8>, declared: &[HeaderName], fields: Option<&http::HeaderMap>) {
+    out.extend_from_slice(b"0\r\n");
+    for (name, value) in fields.into_iter().flatten() {
+        if declared.contains(name) {
+            write_field(out, name, value.as_bytes());
+        }
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The `date` value, formatted again only when the second changes.
+pub struct CachedDate {
+    second: u64,
+    text: [u8; 29],
+}
+
+impl CachedDate {
+    pub fn new() -> CachedDate {
+        CachedDate {
+            second: u64::MAX,
+            text: [b' '; 29],
+        }
+    }
+
+    /// `Tue, 15 Nov 1994 08:12:31 GMT` for now.
+    pub fn now(&mut self) -> &[u8] {
+        let now = SystemTime::now();
+        let second = now
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        if second != self.second {
+            let text = httpdate::fmt_http_date(now);
+            if text.len() == self.text.len() {
+                self.text.copy_from_slice(text.as_bytes());
+                self.second = second;
+            }
+        }
+        &self.text
+    }
+}

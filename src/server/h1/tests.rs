@@ -1,0 +1,190 @@
+//! The own HTTP/1.1 side over an in-memory pipe: keep-alive and pipelining, the framing of
+//! each kind of body, HEAD and 204, and what it hands to hyper, byte for byte.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+
+use bytes::{Bytes, BytesMut};
+use http::{Request, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::service::service_fn;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+use super::{Connection, H1Error, Handoff};
+use crate::vocab::request_body::BoxError;
+use crate::vocab::ClientBody;
+
+type TestBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
+type Answer = Pin<Box<dyn Future<Output = Result<Response<TestBody>, Infallible>> + Send>>;
+
+/// Answers `/` with `hello`, `/chunks` with two frames of unknown length, `/big` with one
+/// 20,000-byte frame of unknown length, `/empty` with 204; each says which path it served.
+fn answer(req: Request<ClientBody>) -> Answer {
+    Box::pin(async move {
+        let path = req.uri().path().to_owned();
+        let body: TestBody = match path.as_str() {
+            "/chunks" => {
+                let frames = ["hello", " world"].map(|s| Ok(Frame::data(Bytes::from(s))));
+                StreamBody::new(futures_util::stream::iter(frames)).boxed_unsync()
+            }
+            "/big" => {
+                let frame = Ok(Frame::data(Bytes::from(vec![b'x'; 20_000])));
+                StreamBody::new(futures_util::stream::iter([frame])).boxed_unsync()
+            }
+            _ => Full::new(Bytes::from("hello"))
+                .map_err(|e| match e {})
+                .boxed_unsync(),
+        };
+        let mut resp = Response::new(body);
+        if path == "/empty" {
+            *resp.status_mut() = StatusCode::NO_CONTENT;
+        }
+        resp.headers_mut().insert("x-path", path.parse().unwrap());
+        Ok(resp)
+    })
+}
+
+type Served = Result<Option<Handoff<DuplexStream>>, H1Error>;
+
+/// Serves one end of a pipe in a task; the test talks through the other.
+fn serve() -> (DuplexStream, tokio::task::JoinHandle<Served>) {
+    let (client, server) = tokio::io::duplex(64 * 1024);
+    let conn = Connection::new(server, service_fn(answer), BytesMut::new());
+    (client, tokio::spawn(conn))
+}
+
+/// Sends `requests`, then reads everything until the server closes.
+async fn exchange(requests: &str) -> (String, Served) {
+    let (mut client, served) = serve();
+    client.write_all(requests.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    client.read_to_end(&mut got).await.unwrap();
+    let served = served.await.unwrap();
+    (String::from_utf8_lossy(&got).into_owned(), served)
+}
+
+/// The response text without its `date` line, which changes every second.
+fn without_date(text: &str) -> String {
+    text.split("\r\n")
+        .filter(|line| !line.starts_with("date: "))
+        .collect::<Vec<_>>()
+        .join("\r\n")
+}
+
+#[tokio::test]
+async fn pipelined_requests_are_answered_in_order_on_one_connection() {
+    let requests =
+        "GET /a HTTP/1.1\r\nhost: x\r\n\r\nGET /b HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n";
+    let (text, served) = exchange(requests).await;
+    assert!(matches!(served, Ok(None)), "{served:?}");
+    let one = "HTTP/1.1 200 OK\r\nx-path: /a\r\ncontent-length: 5\r\n\r\nhello";
+    let two = "HTTP/1.1 200 OK\r\nx-path: /b\r\ncontent-length: 5\r\n\r\nhello";
+    assert_eq!(without_date(&text), format!("{one}{two}"));
+    assert_eq!(text.matches("\r\ndate: ").count(), 2, "{text}");
+}
+
+#[tokio::test]
+async fn a_body_of_unknown_length_is_chunked() {
+    let (text, _) = exchange("GET /chunks HTTP/1.1\r\nconnection: close\r\n\r\n").await;
+    let want = "HTTP/1.1 200 OK\r\nx-path: /chunks\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n";
+    assert_eq!(without_date(&text), want);
+}
+
+#[tokio::test]
+async fn a_large_chunk_goes_out_whole_with_its_framing() {
+    let (text, _) = exchange("GET /big HTTP/1.1\r\nconnection: close\r\n\r\n").await;
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    assert!(head.contains("transfer-encoding: chunked"), "{head}");
+    assert_eq!(body, format!("4e20\r\n{}\r\n0\r\n\r\n", "x".repeat(20_000)));
+}
+
+#[tokio::test]
+async fn head_and_no_content_answers_carry_no_body() {
+    let requests = "HEAD / HTTP/1.1\r\n\r\nGET /empty HTTP/1.1\r\nconnection: close\r\n\r\n";
+    let (text, _) = exchange(requests).await;
+    // The length a GET would get, and no body.
+    let head = "HTTP/1.1 200 OK\r\nx-path: /\r\ncontent-length: 5\r\n\r\n";
+    let empty = "HTTP/1.1 204 No Content\r\nx-path: /empty\r\n\r\n";
+    assert_eq!(without_date(&text), format!("{head}{empty}"));
+}
+
+/// What is handed over, and when: everything from the first head hyper must read, unread.
+#[tokio::test]
+async fn unusual_requests_go_to_hyper_with_every_byte_unread() {
+    let unusual = [
+        "POST / HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc",
+        "GET / HTTP/1.0\r\n\r\n",
+        "CONNECT x:443 HTTP/1.1\r\nhost: x:443\r\n\r\n",
+        "GET / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
+        "GET / HTTP/1.1\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n",
+        "PUT / HTTP/1.1\r\nexpect: 100-continue\r\ncontent-length: 0\r\n\r\n",
+        "GET / HTTP/1.1\r\ncontent-length: 0\r\ncontent-length: 0\r\n\r\n",
+        "GET / HTTP/1.1\r\ncontent-length: +0\r\n\r\n",
+        "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+        "GET / HTTP/1.1\r\nbad header: x\r\n\r\n",
+        "GET /\x01 HTTP/1.1\r\n\r\n",
+    ];
+    for request in unusual {
+        let (mut client, served) = serve();
+        let first = "GET /first HTTP/1.1\r\n\r\n";
+        client.write_all(first.as_bytes()).await.unwrap();
+        client.write_all(request.as_bytes()).await.unwrap();
+        let handoff = match served.await.unwrap() {
+            Ok(Some(handoff)) => handoff,
+            other => panic!("{request:?} was not handed over: {other:?}"),
+        };
+        assert_eq!(handoff.read, request.as_bytes(), "{request:?}");
+        assert_eq!(handoff.served, 1, "{request:?}");
+        let mut answered = vec![0; 4096];
+        let n = client.read(&mut answered).await.unwrap();
+        let answered = String::from_utf8_lossy(&answered[..n]).into_owned();
+        assert!(answered.contains("x-path: /first"), "{answered}");
+    }
+}
+
+#[tokio::test]
+async fn a_head_larger_than_the_buffer_goes_to_hyper() {
+    let (mut client, served) = serve();
+    let request = format!("GET / HTTP/1.1\r\nx-long: {}\r\n\r\n", "a".repeat(5000));
+    client.write_all(request.as_bytes()).await.unwrap();
+    let Ok(Some(mut handoff)) = served.await.unwrap() else {
+        panic!("a long head was not handed over");
+    };
+    let mut rest = vec![0; request.len() - handoff.read.len()];
+    handoff.io.read_exact(&mut rest).await.unwrap();
+    let whole = [&handoff.read[..], &rest[..]].concat();
+    assert_eq!(whole, request.as_bytes());
+    assert_eq!(handoff.served, 0);
+}
+
+#[tokio::test]
+async fn a_client_closing_mid_head_is_an_error_and_between_requests_is_not() {
+    let (mut client, served) = serve();
+    client.write_all(b"GET / HTTP/1.1\r\nhost").await.unwrap();
+    client.shutdown().await.unwrap();
+    assert!(matches!(
+        served.await.unwrap(),
+        Err(H1Error::IncompleteHead)
+    ));
+
+    let (client, served) = serve();
+    drop(client);
+    assert!(matches!(served.await.unwrap(), Ok(None)));
+}
+
+#[tokio::test]
+async fn shutting_down_closes_an_idle_connection() {
+    use super::super::idle::Graceful;
+    let (_client, server) = tokio::io::duplex(1024);
+    let mut conn = Box::pin(Connection::new(server, service_fn(answer), BytesMut::new()));
+    let waker = futures_util::task::noop_waker();
+    let mut cx = std::task::Context::from_waker(&waker);
+    assert!(conn.as_mut().poll(&mut cx).is_pending(), "waits for a head");
+    conn.as_mut().shut_down();
+    assert!(matches!(
+        conn.as_mut().poll(&mut cx),
+        std::task::Poll::Ready(Ok(None))
+    ));
+}
