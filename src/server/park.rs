@@ -1,8 +1,10 @@
 //! Parking: an HTTP/1 client connection that has carried no request for a while gives back
-//! everything hyper keeps for it (its 8 KiB read and 8 KiB write buffers, its connection state)
-//! and waits as a bare socket until the client sends again. Then a new hyper connection is
-//! built on the same socket. nginx does the same when a connection goes to keep-alive; hyper
-//! keeps its buffers for a connection's whole life and has no way to give them back, hence this.
+//! everything its server side keeps for it (aralez's own, [`super::h1`]: a 4 KiB read buffer
+//! and a write buffer; hyper's, for connections handed to it: 8 KiB read and 8 KiB write
+//! buffers) and waits as a bare socket until the client sends again. Then aralez's own side
+//! serves it again on the same socket. nginx does the same when a connection goes to
+//! keep-alive; hyper keeps its buffers for a connection's whole life and has no way to give
+//! them back, hence this.
 //!
 //! How: the connection's timer ([`super::idle::drive`]) asks for parking once the connection
 //! has been idle for [`super::idle::Timers::park`] with nothing read since its last request
@@ -11,8 +13,8 @@
 //! one would read the rest of it as a request (a desync). A connection whose last request had a
 //! body therefore stays in hyper until its next request or its deadline.
 //!
-//! The IO under hyper ([`Parkable`]) then answers hyper's next read that would wait with an
-//! end of stream: hyper, idle between requests, takes it as the client closing, ends the
+//! The IO under the server side ([`Parkable`]) then answers its next read that would wait with
+//! an end of stream: the server, idle between requests, takes it as the client closing, ends the
 //! connection cleanly and drops the IO, which hands its socket to a [`Dock`] instead of closing
 //! it. Bytes that come before that read cancel the parking, and so does an answer still
 //! waiting in hyper's buffer for the client to read (hyper's last write waited on the socket):

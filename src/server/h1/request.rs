@@ -1,7 +1,7 @@
 //! Reading a request head: `httparse` over the connection's buffer, the field values slices of
 //! the head's own bytes. Only the common case is taken here: an HTTP/1.1 request without a
-//! body. Anything else (HTTP/1.0, CONNECT, `Upgrade`,
-//! `Expect`, `Transfer-Encoding`, a body, a malformed or oversized head, an HTTP/2 preface) is
+//! body, or with one of declared length. Anything else (HTTP/1.0, CONNECT, `Upgrade`,
+//! `Expect`, `Transfer-Encoding`, a malformed or oversized head, an HTTP/2 preface) is
 //! [`Head::Unusual`]: the connection hands it to hyper, which answers it as it always has.
 
 use std::mem::MaybeUninit;
@@ -32,6 +32,8 @@ pub enum Head {
 /// A request head and what the connection needs to know of it.
 pub struct Parsed {
     pub request: Request<()>,
+    /// The declared body length (0: none).
+    pub body_length: u64,
     /// The client asked to close after this answer (`Connection: close`).
     pub close: bool,
 }
@@ -152,16 +154,16 @@ fn build(head: &Bytes, method: Method, located: &Located, at: &[FieldAt]) -> Opt
         }
         headers.append(name, value);
     }
-    if body_length.is_some_and(|len| len > 0) {
-        // Requests with a body stay hyper's for now.
-        return None;
-    }
     let mut request = Request::new(());
     *request.method_mut() = method;
     *request.uri_mut() = uri;
     *request.version_mut() = Version::HTTP_11;
     *request.headers_mut() = headers;
-    Some(Parsed { request, close })
+    Some(Parsed {
+        request,
+        body_length: body_length.unwrap_or(0),
+        close,
+    })
 }
 
 fn range((start, end): (u32, u32)) -> std::ops::Range<usize> {

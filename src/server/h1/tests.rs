@@ -1,5 +1,6 @@
 //! The own HTTP/1.1 side over an in-memory pipe: keep-alive and pipelining, the framing of
-//! each kind of body, HEAD and 204, and what it hands to hyper, byte for byte.
+//! each kind of body, HEAD and 204, request bodies (read, dropped, cut), and what it hands to
+//! hyper, byte for byte.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -114,7 +115,6 @@ async fn head_and_no_content_answers_carry_no_body() {
 #[tokio::test]
 async fn unusual_requests_go_to_hyper_with_every_byte_unread() {
     let unusual = [
-        "POST / HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc",
         "GET / HTTP/1.0\r\n\r\n",
         "CONNECT x:443 HTTP/1.1\r\nhost: x:443\r\n\r\n",
         "GET / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
@@ -187,4 +187,102 @@ async fn shutting_down_closes_an_idle_connection() {
         conn.as_mut().poll(&mut cx),
         std::task::Poll::Ready(Ok(None))
     ));
+}
+
+/// Answers with how many body bytes it read (`/ignore`: none, at once).
+fn count_body(req: Request<ClientBody>) -> Answer {
+    Box::pin(async move {
+        let path = req.uri().path().to_owned();
+        let text = if path == "/ignore" {
+            "ignored".to_owned()
+        } else {
+            match req.into_body().collect().await {
+                Ok(body) => format!("read {}", body.to_bytes().len()),
+                Err(e) => format!("failed: {e}"),
+            }
+        };
+        let body = Full::new(Bytes::from(text)).map_err(|e| match e {});
+        Ok(Response::new(body.boxed_unsync()))
+    })
+}
+
+/// Sends `pieces` (then closes its sending side, with `half_close`) while reading everything
+/// the connection answers until it closes.
+async fn talk(pieces: Vec<Vec<u8>>, half_close: bool) -> String {
+    let (client, server) = tokio::io::duplex(8 * 1024);
+    tokio::spawn(Connection::new(
+        server,
+        service_fn(count_body),
+        BytesMut::new(),
+    ));
+    let (mut from_server, mut to_server) = tokio::io::split(client);
+    let sending = tokio::spawn(async move {
+        for piece in pieces {
+            if to_server.write_all(&piece).await.is_err() {
+                break;
+            }
+        }
+        if half_close {
+            let _ = to_server.shutdown().await;
+        }
+        to_server
+    });
+    let mut got = Vec::new();
+    let read = from_server.read_to_end(&mut got);
+    let read = tokio::time::timeout(std::time::Duration::from_secs(10), read).await;
+    assert!(
+        read.is_ok(),
+        "the connection did not close: {:?}",
+        String::from_utf8_lossy(&got)
+    );
+    drop(sending);
+    without_date(&String::from_utf8_lossy(&got))
+}
+
+fn post(path: &str, length: usize) -> Vec<u8> {
+    format!("POST {path} HTTP/1.1\r\ncontent-length: {length}\r\n\r\n").into_bytes()
+}
+
+const LAST_GET: &[u8] = b"GET /last HTTP/1.1\r\nconnection: close\r\n\r\n";
+
+fn answer_text(text: &str) -> String {
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{text}",
+        text.len()
+    )
+}
+
+#[tokio::test]
+async fn a_body_of_declared_length_reaches_the_service_and_the_next_request_follows() {
+    let body = vec![b'b'; 100_000];
+    let got = talk(vec![post("/", body.len()), body, LAST_GET.to_vec()], false).await;
+    assert_eq!(got, answer_text("read 100000") + &answer_text("read 0"));
+}
+
+#[tokio::test]
+async fn a_body_the_answer_did_not_wait_for_is_dropped_before_the_next_request() {
+    // The body looks like requests: were it read as such, more answers would come.
+    let body = b"GET /x HTTP/1.1\r\n\r\n".repeat(2000);
+    let got = talk(
+        vec![post("/ignore", body.len()), body, LAST_GET.to_vec()],
+        false,
+    )
+    .await;
+    assert_eq!(got, answer_text("ignored") + &answer_text("read 0"));
+}
+
+#[tokio::test]
+async fn a_body_over_the_discard_limit_closes_the_connection_after_the_answer() {
+    let length = 2 * super::body::MAX_DISCARD as usize;
+    let got = talk(vec![post("/ignore", length), vec![b'b'; 100_000]], false).await;
+    assert_eq!(got, answer_text("ignored"));
+}
+
+#[tokio::test]
+async fn a_client_closing_in_the_middle_of_a_body_cuts_it() {
+    let got = talk(vec![post("/", 1000), vec![b'b'; 10]], true).await;
+    assert!(
+        got.contains("failed: the client closed in the middle of the body"),
+        "{got}"
+    );
 }

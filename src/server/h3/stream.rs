@@ -67,8 +67,7 @@ fn request_body(
     let bodiless =
         length == Some(0) || (length.is_none() && matches!(*method, Method::GET | Method::HEAD));
     if bodiless {
-        let empty = http_body_util::Empty::<Bytes>::new().map_err(|never| match never {});
-        return (ClientBody::Stream(empty.boxed_unsync()), Some(recv));
+        return (ClientBody::Empty, Some(recv));
     }
     let frames = futures_util::stream::unfold(Some(recv), |recv| async move {
         let mut recv = recv?;
