@@ -393,3 +393,80 @@ async fn bodiless_answers_pass_over_every_backend_protocol() {
         }
     }
 }
+
+/// Reads from `stream` until `answers` response heads (and what follows them) have come, or the
+/// connection closes; everything read, as text.
+async fn read_answers(
+    stream: &mut tokio::net::TcpStream,
+    answers: usize,
+    body_of_last: &str,
+) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 8192];
+    let complete = |got: &[u8]| {
+        let text = String::from_utf8_lossy(got);
+        text.matches("HTTP/1.1 200 OK").count() >= answers && text.ends_with(body_of_last)
+    };
+    let read = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while !complete(&got) {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    });
+    assert!(
+        read.await.is_ok(),
+        "answers missing: {}",
+        String::from_utf8_lossy(&got)
+    );
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// aralez's own HTTP/1.1 side and hyper's share one keep-alive connection: pipelined GETs and a
+/// POST whose body the backend echoes are answered in order, then an HTTP/1.0 request (which
+/// aralez hands to hyper, with the bytes it read) and one more HTTP/1.1 request on the same
+/// socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_connection_carries_pipelined_requests_bodies_and_a_handover_in_order() {
+    use tokio::io::AsyncWriteExt;
+    let backend = Backend::start("a").await;
+    let yaml = Upstreams::new()
+        .host("DEFAULT", Host::new().path("/", Path::servers(&[&backend])))
+        .render();
+    let proxy = ProxyProcess::start(&yaml, "");
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let pipelined = "GET /one HTTP/1.1\r\nHost: a\r\n\r\n\
+        POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 11\r\n\r\nhello world\
+        GET /three HTTP/1.1\r\nHost: a\r\n\r\n";
+    stream.write_all(pipelined.as_bytes()).await.unwrap();
+    let text = read_answers(&mut stream, 3, "a").await;
+    let uris: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("x-seen-uri: "))
+        .collect();
+    assert_eq!(uris, ["/one", "/echo", "/three"], "{text}");
+    assert!(
+        text.contains("hello world"),
+        "the body was not echoed: {text}"
+    );
+
+    let later = "GET /four HTTP/1.0\r\nHost: a\r\nConnection: keep-alive\r\n\r\n\
+        GET /five HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n";
+    stream.write_all(later.as_bytes()).await.unwrap();
+    let mut rest = Vec::new();
+    let read = tokio::io::AsyncReadExt::read_to_end(&mut stream, &mut rest);
+    let read = tokio::time::timeout(std::time::Duration::from_secs(10), read).await;
+    assert!(
+        read.is_ok(),
+        "the connection did not close after Connection: close"
+    );
+    let rest = String::from_utf8_lossy(&rest);
+    let uris: Vec<&str> = rest
+        .lines()
+        .filter_map(|l| l.strip_prefix("x-seen-uri: "))
+        .collect();
+    assert_eq!(uris, ["/four", "/five"], "{rest}");
+    assert_eq!(rest.matches(" 200 OK\r\n").count(), 2, "{rest}");
+}

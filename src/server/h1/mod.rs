@@ -407,8 +407,16 @@ where
                 None => Shape::Unknown,
             }
         };
-        let written = response::encode(&mut self.out, &parts, shape, method, &mut self.date)?;
-        let close = close || written.close;
+        let closing = close || self.shutdown_asked;
+        let written = response::encode(
+            &mut self.out,
+            &parts,
+            shape,
+            method,
+            closing,
+            &mut self.date,
+        )?;
+        let close = written.close;
         self.written = 0;
         self.state = match written.framing {
             Framing::Length(0) => State::Finish { close },

@@ -11,6 +11,10 @@ use http::{Method, StatusCode};
 
 use crate::vocab::headers::{decimal_length, lists_token};
 
+/// What a head is given room for: its status and `date` lines, and each field on average.
+const HEAD_ROOM: usize = 96;
+const FIELD_ROOM: usize = 48;
+
 /// How long the body that follows a head is, as the service's body says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shape {
@@ -45,12 +49,15 @@ pub enum HeadError {
     ContentLength,
 }
 
-/// Writes the head of `parts` into `out` (cleared first) for a request of `method`.
+/// Writes the head of `parts` into `out` (cleared first) for a request of `method`; with
+/// `closing` (the connection ends after this answer) the head says `Connection: close`, so the
+/// client does not send its next request on it.
 pub fn encode(
     out: &mut Vec<u8>,
     parts: &http::response::Parts,
     shape: Shape,
     method: &Method,
+    closing: bool,
     date: &mut CachedDate,
 ) -> Result<Written, HeadError> {
     let status = parts.status;
@@ -61,6 +68,8 @@ pub fn encode(
     let head = method == Method::HEAD;
     let may_have_body = !head && !no_content;
     out.clear();
+    // Room for a typical head at once (the buffer is kept for the connection's next answers).
+    out.reserve(HEAD_ROOM + parts.headers.len() * FIELD_ROOM);
     status_line(out, status);
     let mut length_written: Option<u64> = None;
     let mut close = false;
@@ -120,6 +129,10 @@ pub fn encode(
             Framing::Length(0)
         }
     };
+    if closing && !close {
+        out.extend_from_slice(b"connection: close\r\n");
+        close = true;
+    }
     if !has_date {
         out.extend_from_slice(b"date: ");
         out.extend_from_slice(date.now());

@@ -81,7 +81,9 @@ async fn pipelined_requests_are_answered_in_order_on_one_connection() {
     let (text, served) = exchange(requests).await;
     assert!(matches!(served, Ok(None)), "{served:?}");
     let one = "HTTP/1.1 200 OK\r\nx-path: /a\r\ncontent-length: 5\r\n\r\nhello";
-    let two = "HTTP/1.1 200 OK\r\nx-path: /b\r\ncontent-length: 5\r\n\r\nhello";
+    // The last answer says the connection closes after it.
+    let two =
+        "HTTP/1.1 200 OK\r\nx-path: /b\r\ncontent-length: 5\r\nconnection: close\r\n\r\nhello";
     assert_eq!(without_date(&text), format!("{one}{two}"));
     assert_eq!(text.matches("\r\ndate: ").count(), 2, "{text}");
 }
@@ -89,7 +91,7 @@ async fn pipelined_requests_are_answered_in_order_on_one_connection() {
 #[tokio::test]
 async fn a_body_of_unknown_length_is_chunked() {
     let (text, _) = exchange("GET /chunks HTTP/1.1\r\nconnection: close\r\n\r\n").await;
-    let want = "HTTP/1.1 200 OK\r\nx-path: /chunks\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n";
+    let want = "HTTP/1.1 200 OK\r\nx-path: /chunks\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n";
     assert_eq!(without_date(&text), want);
 }
 
@@ -107,7 +109,7 @@ async fn head_and_no_content_answers_carry_no_body() {
     let (text, _) = exchange(requests).await;
     // The length a GET would get, and no body.
     let head = "HTTP/1.1 200 OK\r\nx-path: /\r\ncontent-length: 5\r\n\r\n";
-    let empty = "HTTP/1.1 204 No Content\r\nx-path: /empty\r\n\r\n";
+    let empty = "HTTP/1.1 204 No Content\r\nx-path: /empty\r\nconnection: close\r\n\r\n";
     assert_eq!(without_date(&text), format!("{head}{empty}"));
 }
 
@@ -256,7 +258,10 @@ fn answer_text(text: &str) -> String {
 async fn a_body_of_declared_length_reaches_the_service_and_the_next_request_follows() {
     let body = vec![b'b'; 100_000];
     let got = talk(vec![post("/", body.len()), body, LAST_GET.to_vec()], false).await;
-    assert_eq!(got, answer_text("read 100000") + &answer_text("read 0"));
+    assert_eq!(
+        got,
+        answer_text("read 100000") + &last_answer_text("read 0")
+    );
 }
 
 #[tokio::test]
@@ -268,7 +273,7 @@ async fn a_body_the_answer_did_not_wait_for_is_dropped_before_the_next_request()
         false,
     )
     .await;
-    assert_eq!(got, answer_text("ignored") + &answer_text("read 0"));
+    assert_eq!(got, answer_text("ignored") + &last_answer_text("read 0"));
 }
 
 #[tokio::test]
@@ -285,4 +290,10 @@ async fn a_client_closing_in_the_middle_of_a_body_cuts_it() {
         got.contains("failed: the client closed in the middle of the body"),
         "{got}"
     );
+}
+
+/// An answer that says the connection closes after it.
+fn last_answer_text(text: &str) -> String {
+    let len = text.len();
+    format!("HTTP/1.1 200 OK\r\ncontent-length: {len}\r\nconnection: close\r\n\r\n{text}")
 }
