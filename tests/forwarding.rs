@@ -226,6 +226,14 @@ async fn forwarding_headers() {
     assert!(seen.contains("x-end-to-end"), "{seen}");
 }
 
+/// The proxy with every path of every host going to `backend`.
+fn proxy_to(backend: &Backend) -> ProxyProcess {
+    let yaml = Upstreams::new()
+        .host("DEFAULT", Host::new().path("/", Path::servers(&[backend])))
+        .render();
+    ProxyProcess::start(&yaml, "")
+}
+
 fn chunked_unknown_length(chunks: usize, size: usize) -> ClientBody {
     let parts =
         (0..chunks).map(move |i| Ok(Frame::data(Bytes::from(vec![b'a' + (i % 26) as u8; size]))));
@@ -235,10 +243,7 @@ fn chunked_unknown_length(chunks: usize, size: usize) -> ClientBody {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_and_response_bodies() {
     let a = Backend::start("a").await;
-    let yaml = Upstreams::new()
-        .host("DEFAULT", Host::new().path("/", Path::servers(&[&a])))
-        .render();
-    let proxy = ProxyProcess::start(&yaml, "");
+    let proxy = proxy_to(&a);
     let mib: Vec<u8> = (0..1024 * 1024).map(|i| (i % 251) as u8).collect();
     for proto in PROTOCOLS {
         let mut client = Client::connect(proto, proxy.addr).await;
@@ -280,10 +285,7 @@ async fn request_and_response_bodies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_mib_response_streams_with_flat_memory() {
     let a = Backend::start("a").await;
-    let yaml = Upstreams::new()
-        .host("DEFAULT", Host::new().path("/", Path::servers(&[&a])))
-        .render();
-    let proxy = ProxyProcess::start(&yaml, "");
+    let proxy = proxy_to(&a);
     const TOTAL: usize = 100 * 1024 * 1024;
     for proto in PROTOCOLS {
         let mut client = Client::connect(proto, proxy.addr).await;
@@ -432,10 +434,7 @@ async fn read_answers(
 async fn one_connection_carries_pipelined_requests_bodies_and_a_handover_in_order() {
     use tokio::io::AsyncWriteExt;
     let backend = Backend::start("a").await;
-    let yaml = Upstreams::new()
-        .host("DEFAULT", Host::new().path("/", Path::servers(&[&backend])))
-        .render();
-    let proxy = ProxyProcess::start(&yaml, "");
+    let proxy = proxy_to(&backend);
     let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     let pipelined = "GET /one HTTP/1.1\r\nHost: a\r\n\r\n\
         POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 11\r\n\r\nhello world\

@@ -461,10 +461,9 @@ impl<F: MakeService> HyperSide<'_, F> {
         handoff: h1::Handoff<Parkable<S>>,
         service: Tracked<F::Service>,
     ) -> bool {
-        let io = TokioIo::new(FloodGuard::new(
-            h1::Rewind::new(handoff.io, handoff.read),
-            self.peer,
-        ));
+        let mut io = handoff.io;
+        io.unread(handoff.read);
+        let io = TokioIo::new(FloodGuard::new(io, self.peer));
         let (drain, activity) = (self.shared.drain.clone(), self.activity.clone());
         if handoff.served == 0 {
             let builder = &self.shared.builders.sniffing;

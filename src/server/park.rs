@@ -32,6 +32,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -90,6 +91,9 @@ impl<S> Dock<S> {
 /// does nothing, and dropping it leaves the socket in the dock.
 pub struct Parkable<S> {
     socket: Option<S>,
+    /// Bytes read off the socket by aralez's own HTTP/1.1 side and handed to hyper with the
+    /// connection ([`super::h1::Handoff`]): read again before the socket.
+    unread: Bytes,
     activity: Arc<Activity>,
     dock: Arc<Dock<S>>,
     parked: bool,
@@ -102,11 +106,17 @@ impl<S> Parkable<S> {
     pub fn new(socket: S, activity: Arc<Activity>, dock: Arc<Dock<S>>) -> Parkable<S> {
         Parkable {
             socket: Some(socket),
+            unread: Bytes::new(),
             activity,
             dock,
             parked: false,
             write_blocked: false,
         }
+    }
+
+    /// Puts `bytes` back in front of what the socket has still to give.
+    pub fn unread(&mut self, bytes: Bytes) {
+        self.unread = bytes;
     }
 
     /// A write or flush, remembering whether it waited on the socket; an error once parked.
@@ -141,6 +151,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for Parkable<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if !this.unread.is_empty() {
+            let n = this.unread.len().min(buf.remaining());
+            buf.put_slice(&this.unread.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
         if this.parked {
             return Poll::Ready(Ok(()));
         }

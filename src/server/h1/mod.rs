@@ -17,11 +17,9 @@
 mod body;
 mod request;
 mod response;
-mod rewind;
 mod write;
 
-pub use rewind::Rewind;
-
+use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
@@ -78,6 +76,24 @@ pub enum H1Error {
     Head(#[from] response::HeadError),
 }
 
+/// What this side serves: a service whose answers are never errors (errors are responses), and
+/// whose answer and body are polled where they lie.
+pub trait Serve:
+    Service<Request<ClientBody>, Response = Response<Self::Body>, Error = Infallible, Future: Unpin>
+    + Unpin
+{
+    type Body: Body<Data = Bytes, Error: Into<BoxError>> + Unpin;
+}
+
+impl<S, B> Serve for S
+where
+    S: Service<Request<ClientBody>, Response = Response<B>, Error = Infallible> + Unpin,
+    S::Future: Unpin,
+    B: Body<Data = Bytes, Error: Into<BoxError>> + Unpin,
+{
+    type Body = B;
+}
+
 /// What the connection is doing.
 enum State<F, B> {
     /// Reading the next request head.
@@ -106,7 +122,7 @@ enum State<F, B> {
 }
 
 /// One client connection served by this module, until it ends, fails or is handed to hyper.
-pub struct Connection<IO, S, F, B> {
+pub struct Connection<IO, S: Serve> {
     io: Option<IO>,
     service: S,
     read: BytesMut,
@@ -115,7 +131,7 @@ pub struct Connection<IO, S, F, B> {
     written: usize,
     /// A large body piece, written as it is.
     piece: Bytes,
-    state: State<F, B>,
+    state: State<S::Future, S::Body>,
     /// The body of the request being answered, while it is still read.
     feed: Option<body::Feed>,
     date: CachedDate,
@@ -123,10 +139,7 @@ pub struct Connection<IO, S, F, B> {
     served: u64,
 }
 
-impl<IO, S, B> Connection<IO, S, S::Future, B>
-where
-    S: Service<Request<ClientBody>, Response = Response<B>>,
-{
+impl<IO, S: Serve> Connection<IO, S> {
     /// Serves `io`, starting with the bytes already read from it.
     pub fn new(io: IO, service: S, read: BytesMut) -> Self {
         Connection {
@@ -145,15 +158,7 @@ where
     }
 }
 
-impl<IO, S, B> Future for Connection<IO, S, S::Future, B>
-where
-    IO: AsyncRead + AsyncWrite + Unpin,
-    S: Service<Request<ClientBody>, Response = Response<B>, Error = std::convert::Infallible>
-        + Unpin,
-    S::Future: Unpin,
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
+impl<IO: AsyncRead + AsyncWrite + Unpin, S: Serve> Future for Connection<IO, S> {
     type Output = Result<Option<Handoff<IO>>, H1Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -230,29 +235,13 @@ where
 }
 
 /// Graceful shutdown: an idle connection closes at once, a busy one after its response.
-impl<IO, S, B> Graceful for Connection<IO, S, S::Future, B>
-where
-    IO: AsyncRead + AsyncWrite + Unpin,
-    S: Service<Request<ClientBody>, Response = Response<B>, Error = std::convert::Infallible>
-        + Unpin,
-    S::Future: Unpin,
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
+impl<IO: AsyncRead + AsyncWrite + Unpin, S: Serve> Graceful for Connection<IO, S> {
     fn shut_down(self: Pin<&mut Self>) {
         self.get_mut().shutdown_asked = true;
     }
 }
 
-impl<IO, S, B> Connection<IO, S, S::Future, B>
-where
-    IO: AsyncRead + AsyncWrite + Unpin,
-    S: Service<Request<ClientBody>, Response = Response<B>, Error = std::convert::Infallible>
-        + Unpin,
-    S::Future: Unpin,
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
+impl<IO: AsyncRead + AsyncWrite + Unpin, S: Serve> Connection<IO, S> {
     /// Reads until a head is complete and calls the service with it (`Ok(None)`), or hands the
     /// connection to hyper, or ends it (the state says which).
     fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Handoff<IO>>, H1Error>> {
@@ -342,7 +331,7 @@ where
 
     /// What follows a complete response: the next request, the rest of its request body
     /// dropped first, or the end.
-    fn after_response(&mut self, close: bool) -> State<S::Future, B> {
+    fn after_response(&mut self, close: bool) -> State<S::Future, S::Body> {
         match self.feed.take() {
             Some(feed) if !feed.is_done() => {
                 if feed.abandon() && !close {
@@ -394,7 +383,7 @@ where
     /// Writes the head of `resp` into the write buffer and moves on to its body.
     fn start_response(
         &mut self,
-        resp: Response<B>,
+        resp: Response<S::Body>,
         method: &Method,
         close: bool,
     ) -> Result<(), H1Error> {
