@@ -117,6 +117,13 @@ impl Feed {
         shared.left
     }
 
+    /// Whether more of the body is still to come than an answer that does not wait for it
+    /// would let the connection discard: the connection will likely close after the answer.
+    pub fn more_than_discardable(&self) -> bool {
+        let shared = lock(&self.0);
+        shared.left > MAX_DISCARD || shared.cut
+    }
+
     /// How many bytes to read for the body at most.
     pub fn read_room(&self) -> usize {
         let left = lock(&self.0).left;

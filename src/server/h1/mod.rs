@@ -396,7 +396,13 @@ impl<IO: AsyncRead + AsyncWrite + Unpin, S: Serve> Connection<IO, S> {
                 None => Shape::Unknown,
             }
         };
-        let closing = close || self.shutdown_asked;
+        // A body too long to discard, still coming as the answer starts, ends the connection
+        // after it unless the service reads it all meanwhile: the client is told at once.
+        let body_left = self
+            .feed
+            .as_ref()
+            .is_some_and(body::Feed::more_than_discardable);
+        let closing = close || self.shutdown_asked || body_left;
         let written = response::encode(
             &mut self.out,
             &parts,
