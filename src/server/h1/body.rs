@@ -39,6 +39,20 @@ struct Shared {
     abandoned: bool,
 }
 
+impl Shared {
+    /// More is still to come than may be discarded, or the client cut the body.
+    fn too_much_left(&self) -> bool {
+        self.left > MAX_DISCARD || self.cut
+    }
+}
+
+/// Keeps `cx`'s waker in `slot`, unless the one there already wakes the same task.
+fn register(slot: &mut Option<Waker>, cx: &Context<'_>) {
+    if !slot.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+        *slot = Some(cx.waker().clone());
+    }
+}
+
 /// The connection's end.
 pub struct Feed(Arc<Mutex<Shared>>);
 
@@ -83,45 +97,36 @@ impl Feed {
             return Need::Nothing;
         }
         if shared.ready.is_some() && !shared.abandoned {
-            if !shared
-                .feeder
-                .as_ref()
-                .is_some_and(|w| w.will_wake(cx.waker()))
-            {
-                shared.feeder = Some(cx.waker().clone());
-            }
+            register(&mut shared.feeder, cx);
             return Need::Nothing;
         }
         Need::Bytes
     }
 
-    /// Hands the body what `buf` holds of it (dropped when it is abandoned); how many bytes
-    /// are still to come, and whether they are more than may be discarded.
-    pub fn give(&self, buf: &mut BytesMut) -> u64 {
+    /// Hands the body what `buf` holds of it (dropped when it is abandoned).
+    pub fn give(&self, buf: &mut BytesMut) {
         let mut shared = lock(&self.0);
         let n = usize::try_from(shared.left)
             .unwrap_or(usize::MAX)
             .min(buf.len());
         if n == 0 {
-            return shared.left;
+            return;
         }
         let piece = buf.split_to(n).freeze();
         shared.left -= n as u64;
         if shared.abandoned {
-            return shared.left;
+            return;
         }
         shared.ready = Some(piece);
         if let Some(reader) = shared.reader.take() {
             reader.wake();
         }
-        shared.left
     }
 
     /// Whether more of the body is still to come than an answer that does not wait for it
     /// would let the connection discard: the connection will likely close after the answer.
     pub fn more_than_discardable(&self) -> bool {
-        let shared = lock(&self.0);
-        shared.left > MAX_DISCARD || shared.cut
+        lock(&self.0).too_much_left()
     }
 
     /// How many bytes to read for the body at most.
@@ -148,7 +153,7 @@ impl Feed {
         if let Some(reader) = shared.reader.take() {
             reader.wake();
         }
-        shared.left <= MAX_DISCARD && !shared.cut
+        !shared.too_much_left()
     }
 }
 
@@ -178,13 +183,7 @@ impl Body for FedBody {
         if shared.left == 0 {
             return Poll::Ready(None);
         }
-        if !shared
-            .reader
-            .as_ref()
-            .is_some_and(|w| w.will_wake(cx.waker()))
-        {
-            shared.reader = Some(cx.waker().clone());
-        }
+        register(&mut shared.reader, cx);
         Poll::Pending
     }
 
