@@ -102,6 +102,7 @@ fn read_csv(path: &Path, run: &Run) -> Vec<(u64, u64, bool)> {
 struct Probed {
     sent: usize,
     failed: Vec<String>,
+    slowest: (Duration, Duration),
     peak_rss_kib: u64,
 }
 
@@ -109,6 +110,7 @@ struct Probed {
 async fn probe(proxy: &ProxyProcess, how_long: Duration) -> Probed {
     let end = Instant::now() + how_long;
     let (mut sent, mut failed, mut peak_rss_kib) = (0, Vec::new(), 0);
+    let (begun, mut slowest) = (Instant::now(), (Duration::ZERO, Duration::ZERO));
     while Instant::now() < end {
         peak_rss_kib = peak_rss_kib.max(proxy.rss_kib());
         let proxy = proxy.addr;
@@ -119,6 +121,9 @@ async fn probe(proxy: &ProxyProcess, how_long: Duration) -> Probed {
             c.get("probe", "/").await.status()
         })
         .await;
+        if started.elapsed() > slowest.0 {
+            slowest = (started.elapsed(), started - begun);
+        }
         match answer {
             Ok(status) if status == 200 => {}
             Ok(status) => failed.push(format!("{status} after {:?}", started.elapsed())),
@@ -129,6 +134,7 @@ async fn probe(proxy: &ProxyProcess, how_long: Duration) -> Probed {
     Probed {
         sent,
         failed,
+        slowest,
         peak_rss_kib,
     }
 }
@@ -154,7 +160,18 @@ async fn slowloris_slow_body_and_slow_read_at_once_leave_the_proxy_answering() {
     // Give the attacks their first second to open their connections, then probe throughout.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let idle_rss = proxy.rss_kib();
-    let probed = probe(&proxy, Duration::from_secs(SECONDS - 2)).await;
+    // The probe is a client of its own, like slowhttptest's: its own thread and runtime, not
+    // queued behind the backend's tasks (which write 300 ten-megabyte answers meanwhile).
+    let probed = std::thread::scope(|scope| {
+        let probing = scope.spawn(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("probe runtime")
+                .block_on(probe(&proxy, Duration::from_secs(SECONDS - 2)))
+        });
+        probing.join().expect("probe thread")
+    });
     let runs: Vec<Run> = attacks
         .into_iter()
         .map(|t| t.join().expect("slowhttptest thread"))
@@ -182,9 +199,11 @@ async fn slowloris_slow_body_and_slow_read_at_once_leave_the_proxy_answering() {
         }
     }
     eprintln!(
-        "probe: {} of {} fresh connections answered within 2 s; proxy RSS {} KiB at the start, {} KiB at most",
+        "probe: {} of {} fresh connections answered within 2 s (the slowest in {:?}, {:?} into the attacks); proxy RSS {} KiB at the start, {} KiB at most",
         probed.sent - probed.failed.len(),
         probed.sent,
+        probed.slowest.0,
+        probed.slowest.1,
         idle_rss,
         probed.peak_rss_kib
     );

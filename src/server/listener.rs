@@ -10,6 +10,13 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 const BACKLOG: i32 = 4096;
 
+/// The most response bytes an accepted connection's kernel send buffer holds that have not been
+/// sent yet: past it, the socket is not writable. Without it the kernel grows a connection's
+/// send buffer to `tcp_wmem`'s maximum (4 MiB by default), so a client that reads a byte at a
+/// time (slow read) makes the kernel hold megabytes for it; with it, what waits is this much
+/// (plus what is in flight). 128 KiB keeps a fast client's link busy between two writes.
+const NOTSENT_LOWAT: u32 = 128 * 1024;
+
 /// How the proxy's listeners are bound (main.yaml's `tcp:` block).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ListenOptions {
@@ -68,6 +75,8 @@ pub fn bind_one(addr: SocketAddr, options: ListenOptions) -> io::Result<std::net
         socket.set_only_v6(false).ok();
     }
     socket.set_tcp_nodelay(true)?;
+    // Accepted connections inherit it from the listener: no call per connection.
+    socket.set_tcp_notsent_lowat(NOTSENT_LOWAT)?;
     socket.set_nonblocking(true)?;
     if let Some(queue) = options.fastopen {
         fastopen::set(&socket, queue)?;
@@ -165,6 +174,16 @@ mod tests {
         assert_eq!(fastopen::get(&listener).unwrap(), 77);
         let plain = bind_one(any(), ListenOptions::default()).unwrap();
         assert_eq!(fastopen::get(&plain).unwrap(), 0);
+    }
+
+    #[test]
+    fn accepted_connections_inherit_the_unsent_bytes_bound() {
+        let listener = bind_one(any(), ListenOptions::default()).unwrap();
+        listener.set_nonblocking(false).unwrap();
+        let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        let lowat = socket2::SockRef::from(&accepted).tcp_notsent_lowat();
+        assert_eq!(lowat.unwrap(), NOTSENT_LOWAT);
     }
 
     #[test]
