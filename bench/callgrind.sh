@@ -3,6 +3,7 @@
 # one worker, nginx `return 200` as the backend, h2load --h1 with 4 keep-alive connections,
 # counters zeroed after a warm-up. Needs valgrind, nginx, h2load, curl, python3.
 #   bash bench/callgrind.sh target/release/aralez plain 4000       # the plain route
+#   bash bench/callgrind.sh target/release/aralez tcpnew 4000      # the plain route, a new connection per request (wrk, about N requests)
 #   bash bench/callgrind.sh target/release/aralez policies 4000    # jwt + rate limit + 3+3 headers (issue 4)
 #   bash bench/callgrind.sh target/release/aralez accesslog 4000   # plain route, access_log: all (issue 6)
 #   bash bench/callgrind.sh target/release/aralez h2c 4000         # plain route, h2c clients (16 streams each)
@@ -17,7 +18,7 @@
 # Every mode sends the same `Authorization: Bearer` header, so routes differ only in what they do.
 set -euo pipefail
 BIN=$1 MODE=$2 N=${3:-4000}
-case "$MODE" in plain|policies|accesslog|h2c|h2c1|h2tls|h2tls1|post|cachemiss|cachehit|cacheoff) ;; *) echo "mode: plain, policies, accesslog, h2c, h2c1, h2tls, h2tls1, post, cachemiss, cachehit or cacheoff" >&2; exit 2;; esac
+case "$MODE" in plain|tcpnew|policies|accesslog|h2c|h2c1|h2tls|h2tls1|post|cachemiss|cachehit|cacheoff) ;; *) echo "mode: plain, tcpnew, policies, accesslog, h2c, h2c1, h2tls, h2tls1, post, cachemiss, cachehit or cacheoff" >&2; exit 2;; esac
 D=$(mktemp -d /tmp/cgb.XXXX)
 LOAD=(--h1 -c 4)
 case "$MODE" in h2c|h2tls) LOAD=(-c 4 -m 16) ;; h2c1|h2tls1) LOAD=(-c 64 -m 1) ;; esac
@@ -89,14 +90,23 @@ AUTH="Authorization: Bearer $TOKEN"
 # A request with Authorization is never stored (RFC 9111 §3.5): the cache modes send none.
 case "$MODE" in cachemiss|cachehit|cacheoff) AUTH="X-Bench: 1" ;; esac
 for i in $(seq 1 300); do curl -ksf -o /dev/null -H "$AUTH" "$URL" && break; sleep 0.1; done
-h2load "${LOAD[@]}" -n 500 -H "$AUTH" "$URL" >/dev/null   # warm-up: pools, allocator
+# tcpnew: a new connection per request (wrk, for a time; N becomes the count it made).
+load() {  # load REQUESTS
+  if [ "$MODE" = tcpnew ]; then
+    wrk -t1 -c4 -d"$(( $1 / 400 + 1 ))s" -H "$AUTH" -H "Connection: close" "$URL"
+  else
+    h2load "${LOAD[@]}" -n "$1" -H "$AUTH" "$URL"
+  fi
+}
+load 500 >/dev/null   # warm-up: pools, allocator
 sleep 1
 callgrind_control -z $VPID >/dev/null
-h2load "${LOAD[@]}" -n $N -H "$AUTH" "$URL" > $D/h2load.out
+load $N > $D/h2load.out
+[ "$MODE" = tcpnew ] && N=$(awk '/requests in/ {print $1}' $D/h2load.out)
 sleep 1   # let the access log writer finish its batch
 callgrind_control -d $VPID >/dev/null
 sleep 1
-grep -E "succeeded|status codes" $D/h2load.out | tr -s ' ' | head -2
+grep -E "succeeded|status codes|requests in|Non-2xx|Socket errors" $D/h2load.out | tr -s " " | head -3 || true
 IR=$(cat $D/cg.*.* 2>/dev/null | awk '/^(summary|totals):/ {print $2}' | tail -1)
 echo "mode=$MODE requests=$N Ir=$IR per_request=$((IR / N)) access_lines=$(grep -c '^access ' $D/log || true)"
 [ -n "${CG_KEEP:-}" ] && cp "$(ls -S $D/cg.*.* | head -1)" "$CG_KEEP"

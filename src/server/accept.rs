@@ -28,7 +28,7 @@ use tokio::sync::watch;
 use super::h1;
 use super::h2_guard::FloodGuard;
 use super::idle::{self, Activity, Timers};
-use super::listener::{apply_keepalive, TcpKeepalive};
+use super::listener::{apply_keepalive, pass_on_connection_options, TcpKeepalive};
 use super::park::{self, ClientSocket, Dock, Parkable, Wake};
 use super::proxy_protocol::{self, Header};
 use super::tracked::Tracked;
@@ -270,6 +270,12 @@ impl AcceptLoop {
     /// stops, idle connections close, and in-flight requests finish within the grace period.
     /// `make` builds the service of each connection.
     pub async fn run<F: MakeService>(self, make: F, mut shutdown: watch::Receiver<bool>) {
+        if let Err(e) = pass_on_connection_options(&self.listener) {
+            tracing::warn!(
+                "{}: cannot set the connections' socket options: {e}",
+                self.name
+            );
+        }
         let listener = match tokio::net::TcpListener::from_std(self.listener) {
             Ok(l) => l,
             Err(e) => {
@@ -318,7 +324,6 @@ impl AcceptLoop {
                 tracing::debug!(%peer, "{}: connection refused: max_connections reached", self.name);
                 continue;
             }
-            let _ = stream.set_nodelay(true);
             if let Some(ka) = shared.limits.keepalive {
                 apply_keepalive(&stream, ka);
             }

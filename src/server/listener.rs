@@ -1,10 +1,12 @@
 //! Listening sockets: by default one SO_REUSEPORT listener per worker, so the kernel spreads
 //! connections and no accept lock is shared; with `so_reuseport: false` one listener, bound
 //! without SO_REUSEPORT (no other process can join the port), shared by the workers. Both may
-//! carry TCP_FASTOPEN (`tcp_fastopen`).
+//! carry TCP_FASTOPEN (`tcp_fastopen`). Options every accepted connection needs are set once on
+//! its listener, which passes them on.
 
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
 
 use socket2::{Domain, Protocol, Socket, Type};
 
@@ -74,9 +76,6 @@ pub fn bind_one(addr: SocketAddr, options: ListenOptions) -> io::Result<std::net
     if addr.is_ipv6() {
         socket.set_only_v6(false).ok();
     }
-    socket.set_tcp_nodelay(true)?;
-    // Accepted connections inherit it from the listener: no call per connection.
-    socket.set_tcp_notsent_lowat(NOTSENT_LOWAT)?;
     socket.set_nonblocking(true)?;
     if let Some(queue) = options.fastopen {
         fastopen::set(&socket, queue)?;
@@ -84,6 +83,15 @@ pub fn bind_one(addr: SocketAddr, options: ListenOptions) -> io::Result<std::net
     socket.bind(&addr.into())?;
     socket.listen(BACKLOG)?;
     Ok(socket.into())
+}
+
+/// Sets on a listening socket what every connection it accepts inherits from it, so that no
+/// accepted connection needs a call of its own: TCP_NODELAY (answers go out as written) and
+/// the bound on unsent bytes.
+pub fn pass_on_connection_options(listener: &impl AsFd) -> io::Result<()> {
+    let socket = socket2::SockRef::from(listener);
+    socket.set_tcp_nodelay(true)?;
+    socket.set_tcp_notsent_lowat(NOTSENT_LOWAT)
 }
 
 /// TCP_FASTOPEN, which neither socket2 nor nix sets on a listener: the one `setsockopt` call
@@ -177,13 +185,15 @@ mod tests {
     }
 
     #[test]
-    fn accepted_connections_inherit_the_unsent_bytes_bound() {
+    fn accepted_connections_inherit_nodelay_and_the_unsent_bytes_bound() {
         let listener = bind_one(any(), ListenOptions::default()).unwrap();
+        pass_on_connection_options(&listener).unwrap();
         listener.set_nonblocking(false).unwrap();
         let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (accepted, _) = listener.accept().unwrap();
         let lowat = socket2::SockRef::from(&accepted).tcp_notsent_lowat();
         assert_eq!(lowat.unwrap(), NOTSENT_LOWAT);
+        assert!(accepted.nodelay().unwrap(), "TCP_NODELAY is inherited too");
     }
 
     #[test]
