@@ -8,6 +8,7 @@
 
 mod support;
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -98,21 +99,57 @@ fn read_csv(path: &Path, run: &Run) -> Vec<(u64, u64, bool)> {
 }
 
 /// What the probe saw: how many it sent, the ones not answered 200 within 2 s (with what
-/// happened), and the proxy's largest RSS meanwhile, in KiB.
+/// happened), the slowest answer (and when it was asked), the proxy's largest RSS meanwhile in
+/// KiB and the most bytes its sockets' kernel send queues held at once.
 struct Probed {
     sent: usize,
     failed: Vec<String>,
     slowest: (Duration, Duration),
     peak_rss_kib: u64,
+    peak_send_queued: u64,
+}
+
+/// The bytes queued in the kernel for sending on `pid`'s TCP sockets (not yet sent, or not yet
+/// acknowledged: the `tx_queue` of /proc/net/tcp), summed. Kernel memory, not in the RSS.
+fn send_queued_bytes(pid: u32) -> u64 {
+    let inodes: HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_str()?.strip_prefix("socket:[")?;
+            Some(target.strip_suffix(']')?.to_string())
+        })
+        .collect();
+    let queued = |table: &str| -> u64 {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        text.lines()
+            .skip(1)
+            .filter_map(|line| {
+                let cols: Vec<&str> = line.split_whitespace().collect();
+                // A listening socket's (state 0A) queue columns count connections, not bytes.
+                if cols.get(3) == Some(&"0A") || !inodes.contains(*cols.get(9)?) {
+                    return None;
+                }
+                u64::from_str_radix(cols.get(4)?.split(':').next()?, 16).ok()
+            })
+            .sum()
+    };
+    queued("/proc/net/tcp") + queued("/proc/net/tcp6")
 }
 
 /// A fresh connection every 250 ms for `how_long`.
 async fn probe(proxy: &ProxyProcess, how_long: Duration) -> Probed {
     let end = Instant::now() + how_long;
-    let (mut sent, mut failed, mut peak_rss_kib) = (0, Vec::new(), 0);
+    let (mut sent, mut failed, mut peak_rss_kib, mut peak_send_queued) = (0, Vec::new(), 0, 0);
     let (begun, mut slowest) = (Instant::now(), (Duration::ZERO, Duration::ZERO));
     while Instant::now() < end {
         peak_rss_kib = peak_rss_kib.max(proxy.rss_kib());
+        if sent % 4 == 0 {
+            // Once a second: reading every socket of the machine is not free.
+            peak_send_queued = peak_send_queued.max(send_queued_bytes(proxy.pid()));
+        }
         let proxy = proxy.addr;
         sent += 1;
         let started = Instant::now();
@@ -136,6 +173,7 @@ async fn probe(proxy: &ProxyProcess, how_long: Duration) -> Probed {
         failed,
         slowest,
         peak_rss_kib,
+        peak_send_queued,
     }
 }
 
@@ -199,13 +237,14 @@ async fn slowloris_slow_body_and_slow_read_at_once_leave_the_proxy_answering() {
         }
     }
     eprintln!(
-        "probe: {} of {} fresh connections answered within 2 s (the slowest in {:?}, {:?} into the attacks); proxy RSS {} KiB at the start, {} KiB at most",
+        "probe: {} of {} fresh connections answered within 2 s (the slowest in {:?}, {:?} into the attacks); proxy RSS {} KiB at the start, {} KiB at most; its kernel send queues {} KiB at most",
         probed.sent - probed.failed.len(),
         probed.sent,
         probed.slowest.0,
         probed.slowest.1,
         idle_rss,
-        probed.peak_rss_kib
+        probed.peak_rss_kib,
+        probed.peak_send_queued / 1024
     );
     assert!(
         probed.failed.is_empty(),
@@ -219,6 +258,14 @@ async fn slowloris_slow_body_and_slow_read_at_once_leave_the_proxy_answering() {
         probed.peak_rss_kib < 192 * 1024,
         "the proxy grew to {} KiB under 900 slow connections",
         probed.peak_rss_kib
+    );
+    // Nor does the kernel hold the answer for them: each connection's unsent bytes are bounded
+    // (TCP_NOTSENT_LOWAT, 128 KiB). Unbounded, the kernel let a slow reader's send queue grow
+    // toward `tcp_wmem`'s maximum, 4 MiB: 323 MiB in all, against 38 MiB with the bound.
+    assert!(
+        probed.peak_send_queued < 160 << 20,
+        "the proxy's kernel send queues held {} KiB under 900 slow connections",
+        probed.peak_send_queued / 1024
     );
     assert!(
         unavailable.is_empty(),
