@@ -3,7 +3,8 @@
 //! (a POST body sent a few bytes every 10 s) and slow read (a 10 MB answer read a byte at a time
 //! through a one-byte window), 300 connections each, all three at once for 30 s. Meanwhile a
 //! probe opens a fresh connection every 250 ms and must be answered within 2 s every time, and
-//! slowhttptest's own probe must find the service available every second. How many slow
+//! slowhttptest's own probe must find the service available every second. The proxy's RSS and
+//! the bytes the kernel queues on its sockets for sending must stay bounded. How many slow
 //! connections the proxy closed by itself is printed per attack (from slowhttptest's CSV).
 
 mod support;
