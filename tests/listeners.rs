@@ -57,9 +57,9 @@ async fn start() -> Listeners {
     let proxy = Proxy::start(&unreachable, MAIN).await;
     let (stop, stop_rx) = watch::channel(false);
     let bind = || {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.set_nonblocking(true).unwrap();
-        l
+        aralez::server::bind_reuseport(([127, 0, 0, 1], 0).into(), 1)
+            .unwrap()
+            .remove(0)
     };
     let admin_listener = bind();
     let admin_addr = admin_listener.local_addr().unwrap();

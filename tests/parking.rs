@@ -86,8 +86,10 @@ fn limits() -> Limits {
 
 /// An accept loop on 127.0.0.1, with TLS when `tls` is given.
 fn serve(tls: Option<tokio_rustls::TlsAcceptor>) -> Served {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.set_nonblocking(true).expect("nonblocking");
+    // Bound as the proxy binds: connections queued before the loop starts get its options.
+    let listener = aralez::server::bind_reuseport(([127, 0, 0, 1], 0).into(), 1)
+        .expect("bind")
+        .remove(0);
     let addr = listener.local_addr().expect("address");
     let parked = Arc::new(AtomicUsize::new(0));
     let accept = AcceptLoop {
@@ -332,6 +334,10 @@ async fn an_answer_the_client_is_slow_to_read_is_never_cut_by_parking() {
     // Not reading: the answer's tail waits in the proxy's buffers.
     idle(Duration::from_secs(3)).await;
     assert_eq!(served.parked(), 0, "parked with an answer not yet sent");
+    // Reading it takes the proxy's writes, each woken by the kernel once the client has made
+    // room (at most 128 KiB waits unsent): on the paused clock, every such wait would jump a
+    // second ahead and end the read. The clock runs from here.
+    tokio::time::resume();
     let mut got = Vec::new();
     let mut buf = vec![0u8; 1 << 16];
     while got.len() < BIG + 30 {

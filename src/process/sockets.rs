@@ -126,6 +126,9 @@ fn file_server(
             listener
                 .set_nonblocking(true)
                 .map_err(|source| bind_error(addr, source))?;
+            // The accept loop sets them too, but connections may queue before it starts.
+            server::pass_on_connection_options(&listener)
+                .map_err(|source| bind_error(addr, source))?;
             listener
         }
     };

@@ -77,6 +77,8 @@ pub fn bind_one(addr: SocketAddr, options: ListenOptions) -> io::Result<std::net
         socket.set_only_v6(false).ok();
     }
     socket.set_nonblocking(true)?;
+    // Before listen: the first connection queued inherits them too.
+    pass_on_connection_options(&socket)?;
     if let Some(queue) = options.fastopen {
         fastopen::set(&socket, queue)?;
     }
@@ -187,7 +189,6 @@ mod tests {
     #[test]
     fn accepted_connections_inherit_nodelay_and_the_unsent_bytes_bound() {
         let listener = bind_one(any(), ListenOptions::default()).unwrap();
-        pass_on_connection_options(&listener).unwrap();
         listener.set_nonblocking(false).unwrap();
         let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (accepted, _) = listener.accept().unwrap();

@@ -29,7 +29,9 @@ use crate::metrics::Metrics;
 use crate::routing::Router;
 use crate::vocab::{ClientConn, TunnelLimits, WorkerId};
 pub use accept::{AcceptLoop, ConnInfo, Limits};
-pub use listener::{bind_listeners, bind_reuseport, ListenOptions, TcpKeepalive};
+pub use listener::{
+    bind_listeners, bind_reuseport, pass_on_connection_options, ListenOptions, TcpKeepalive,
+};
 
 /// Streams one client HTTP/2 connection may open at once on the proxy listeners (RFC 9113's
 /// recommended minimum; more only multiplies what one connection can hold open upstream).
