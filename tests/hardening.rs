@@ -179,9 +179,7 @@ async fn the_file_server_hides_dotfiles_however_encoded_and_stays_in_its_folder(
     std::fs::write(outside.path().join("hostname"), "elsewhere").unwrap();
     std::os::unix::fs::symlink(outside.path(), root.path().join("outlink")).unwrap();
     std::os::unix::fs::symlink(root.path().join("sub"), root.path().join("inlink")).unwrap();
-    let listener = aralez::server::bind_reuseport(([127, 0, 0, 1], 0).into(), 1)
-        .unwrap()
-        .remove(0);
+    let listener = support::proxy_listener();
     let addr = listener.local_addr().unwrap();
     let (_stop, stop_rx) = tokio::sync::watch::channel(false);
     let limits = aralez::server::Limits {
@@ -257,9 +255,7 @@ async fn paths_cannot_slip_past_a_protected_prefix() {
 
 /// The admin API in the test's runtime, with `master_key` (or none).
 async fn admin_api(proxy: &Proxy, master_key: Option<&str>) -> SocketAddr {
-    let listener = aralez::server::bind_reuseport(([127, 0, 0, 1], 0).into(), 1)
-        .unwrap()
-        .remove(0);
+    let listener = support::proxy_listener();
     let addr = listener.local_addr().unwrap();
     let admin = std::sync::Arc::new(aralez::admin::Admin {
         reloader: proxy.ctx.reloader.clone(),

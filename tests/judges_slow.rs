@@ -100,12 +100,13 @@ fn read_csv(path: &Path, run: &Run) -> Vec<(u64, u64, bool)> {
 }
 
 /// What the probe saw: how many it sent, the ones not answered 200 within 2 s (with what
-/// happened), the slowest answer (and when it was asked), the proxy's largest RSS meanwhile in
-/// KiB and the most bytes its sockets' kernel send queues held at once.
+/// happened), the slowest answer and how long after the probing began it was asked, the proxy's
+/// largest RSS meanwhile in KiB and the most bytes its sockets' kernel send queues held at once.
 struct Probed {
     sent: usize,
     failed: Vec<String>,
-    slowest: (Duration, Duration),
+    slowest: Duration,
+    slowest_asked_at: Duration,
     peak_rss_kib: u64,
     peak_send_queued: u64,
 }
@@ -144,7 +145,8 @@ fn send_queued_bytes(pid: u32) -> u64 {
 async fn probe(proxy: &ProxyProcess, how_long: Duration) -> Probed {
     let end = Instant::now() + how_long;
     let (mut sent, mut failed, mut peak_rss_kib, mut peak_send_queued) = (0, Vec::new(), 0, 0);
-    let (begun, mut slowest) = (Instant::now(), (Duration::ZERO, Duration::ZERO));
+    let begun = Instant::now();
+    let (mut slowest, mut slowest_asked_at) = (Duration::ZERO, Duration::ZERO);
     while Instant::now() < end {
         peak_rss_kib = peak_rss_kib.max(proxy.rss_kib());
         if sent % 4 == 0 {
@@ -159,8 +161,8 @@ async fn probe(proxy: &ProxyProcess, how_long: Duration) -> Probed {
             c.get("probe", "/").await.status()
         })
         .await;
-        if started.elapsed() > slowest.0 {
-            slowest = (started.elapsed(), started - begun);
+        if started.elapsed() > slowest {
+            (slowest, slowest_asked_at) = (started.elapsed(), started - begun);
         }
         match answer {
             Ok(status) if status == 200 => {}
@@ -173,6 +175,7 @@ async fn probe(proxy: &ProxyProcess, how_long: Duration) -> Probed {
         sent,
         failed,
         slowest,
+        slowest_asked_at,
         peak_rss_kib,
         peak_send_queued,
     }
@@ -238,11 +241,11 @@ async fn slowloris_slow_body_and_slow_read_at_once_leave_the_proxy_answering() {
         }
     }
     eprintln!(
-        "probe: {} of {} fresh connections answered within 2 s (the slowest in {:?}, {:?} into the attacks); proxy RSS {} KiB at the start, {} KiB at most; its kernel send queues {} KiB at most",
+        "probe: {} of {} fresh connections answered within 2 s (the slowest in {:?}, asked {:?} after probing began); proxy RSS {} KiB at the start, {} KiB at most; its kernel send queues {} KiB at most",
         probed.sent - probed.failed.len(),
         probed.sent,
-        probed.slowest.0,
-        probed.slowest.1,
+        probed.slowest,
+        probed.slowest_asked_at,
         idle_rss,
         probed.peak_rss_kib,
         probed.peak_send_queued / 1024

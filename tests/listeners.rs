@@ -56,12 +56,7 @@ async fn start() -> Listeners {
         .render();
     let proxy = Proxy::start(&unreachable, MAIN).await;
     let (stop, stop_rx) = watch::channel(false);
-    let bind = || {
-        aralez::server::bind_reuseport(([127, 0, 0, 1], 0).into(), 1)
-            .unwrap()
-            .remove(0)
-    };
-    let admin_listener = bind();
+    let admin_listener = support::proxy_listener();
     let admin_addr = admin_listener.local_addr().unwrap();
     let admin = std::sync::Arc::new(aralez::admin::Admin {
         reloader: proxy.ctx.reloader.clone(),
@@ -79,7 +74,7 @@ async fn start() -> Listeners {
     tokio::spawn(served);
     let files = tempfile::tempdir().unwrap();
     std::fs::write(files.path().join("index.html"), "hello").unwrap();
-    let files_listener = bind();
+    let files_listener = support::proxy_listener();
     let files_addr = files_listener.local_addr().unwrap();
     let folder = files.path().to_path_buf();
     tokio::spawn(aralez::fileserver::serve(

@@ -86,10 +86,7 @@ fn limits() -> Limits {
 
 /// An accept loop on 127.0.0.1, with TLS when `tls` is given.
 fn serve(tls: Option<tokio_rustls::TlsAcceptor>) -> Served {
-    // Bound as the proxy binds: connections queued before the loop starts get its options.
-    let listener = aralez::server::bind_reuseport(([127, 0, 0, 1], 0).into(), 1)
-        .expect("bind")
-        .remove(0);
+    let listener = support::proxy_listener();
     let addr = listener.local_addr().expect("address");
     let parked = Arc::new(AtomicUsize::new(0));
     let accept = AcceptLoop {

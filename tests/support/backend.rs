@@ -28,6 +28,13 @@ pub fn any_local() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 0))
 }
 
+/// A listener on `127.0.0.1` bound as the proxy binds its own (the connections it accepts
+/// inherit its socket options), for an accept loop a test runs in process.
+pub fn proxy_listener() -> std::net::TcpListener {
+    let mut bound = aralez::server::bind_reuseport(any_local(), 1).expect("bind");
+    bound.remove(0)
+}
+
 /// A listener on `127.0.0.1` with a port the OS picks: what every test server binds.
 pub async fn bind_local() -> TcpListener {
     bind(any_local()).await
