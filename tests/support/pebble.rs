@@ -26,6 +26,31 @@ const CHALLTESTSRV: Tool = Tool {
 /// A child process killed on drop.
 pub struct Running(Child);
 
+impl Running {
+    /// Whether the process has not exited (one that could not bind its ports exits).
+    fn still_running(&mut self) -> bool {
+        matches!(self.0.try_wait(), Ok(None))
+    }
+}
+
+/// Whether a TLS server on `port` of 127.0.0.1 completes a handshake as `localhost` under
+/// `config`'s roots.
+async fn answers_with_certificate(
+    port: u16,
+    config: std::sync::Arc<rustls::ClientConfig>,
+) -> Option<()> {
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let name = rustls_pki_types::ServerName::try_from("localhost").ok()?;
+    let handshake = tokio_rustls::TlsConnector::from(config).connect(name, stream);
+    tokio::time::timeout(Duration::from_secs(2), handshake)
+        .await
+        .ok()?
+        .ok()
+        .map(|_| ())
+}
+
 impl Drop for Running {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -81,8 +106,8 @@ impl Pebble {
                 &challtestsrv,
                 dir.path(),
                 ports,
-                http_port,
-                tls_port,
+                (http_port, tls_port),
+                &pki.ca,
             )
             .await
             else {
@@ -107,14 +132,17 @@ impl Pebble {
     }
 
     /// pebble-challtestsrv and pebble on `ports` (DNS, ACME, management, challtestsrv management),
-    /// once pebble answers on its ACME port (within 10 s); `None` if it does not.
+    /// once pebble answers on its ACME port with the certificate signed by `ca` (within 10 s) and
+    /// both are still running; `None` if not. A bare connect is not proof: when another test took
+    /// the port first, pebble exits and the connect reaches that test's listener instead (CI saw
+    /// a proxy's restart then refuse the ACME client).
     async fn spawn_pair(
         pebble: &std::path::Path,
         challtestsrv: &std::path::Path,
         dir: &std::path::Path,
         (dns_port, acme_port, mgmt_port, cts_mgmt): (u16, u16, u16, u16),
-        http_port: u16,
-        tls_port: u16,
+        (http_port, tls_port): (u16, u16),
+        ca: &rustls_pki_types::CertificateDer<'static>,
     ) -> Option<(Running, Running)> {
         let dns = Command::new(challtestsrv)
             .args([
@@ -136,7 +164,7 @@ impl Pebble {
             .stderr(Stdio::null())
             .spawn()
             .expect("start pebble-challtestsrv");
-        let dns = Running(dns);
+        let mut dns = Running(dns);
         let config = serde_json::json!({ "pebble": {
             "listenAddress": format!("127.0.0.1:{acme_port}"),
             "managementListenAddress": format!("127.0.0.1:{mgmt_port}"),
@@ -161,13 +189,21 @@ impl Pebble {
             .stderr(Stdio::null())
             .spawn()
             .expect("start pebble");
-        let server = Running(server);
-        let up = eventually_async(Duration::from_secs(10), || async move {
-            tokio::net::TcpStream::connect(("127.0.0.1", acme_port))
-                .await
-                .ok()
+        let mut server = Running(server);
+        let trusting_ca = tls_client_config(std::slice::from_ref(ca), &[b"http/1.1"]);
+        let up = eventually_async(Duration::from_secs(10), || {
+            answers_with_certificate(acme_port, trusting_ca.clone())
         });
-        up.await.map(|_| (dns, server))
+        let challtestsrv_up = async {
+            eventually_async(Duration::from_secs(10), || async move {
+                tokio::net::TcpStream::connect(("127.0.0.1", cts_mgmt))
+                    .await
+                    .ok()
+            })
+            .await
+        };
+        let answered = up.await.is_some() && challtestsrv_up.await.is_some();
+        (answered && dns.still_running() && server.still_running()).then_some((dns, server))
     }
 
     /// pebble's current issuing root (its management API), for checking what aralez serves.
