@@ -9,6 +9,14 @@ pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-fo
 /// The request's id: kept from a trusted peer or made by the server, sent upstream (and to a
 /// forward-auth service), returned and logged.
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// Room for the fields forwarding adds to a request (`X-Forwarded-For`, `-Proto`, `-Host`,
+/// `X-Request-Id`), beyond those the client sent: a map built with it does not grow, and rehash
+/// every field, on the way to the backend (callgrind: two such growths were 1,200 instructions
+/// of a plain request).
+pub const ADDED_TO_REQUESTS: usize = 4;
+/// Room for the fields the proxy adds to an answer (`X-Request-Id`, `Strict-Transport-Security`,
+/// `Alt-Svc`), beyond those the backend sent.
+pub const ADDED_TO_ANSWERS: usize = 3;
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");

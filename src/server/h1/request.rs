@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Uri, Version};
 
-use crate::vocab::headers::{decimal_length, lists_token};
+use crate::vocab::headers::{decimal_length, lists_token, ADDED_TO_REQUESTS};
 
 /// The most header fields taken here (hyper's default; more go to hyper, which answers 431).
 const MAX_FIELDS: usize = 100;
@@ -133,7 +133,7 @@ fn method_of(bytes: &[u8]) -> Option<Method> {
 /// The request, when the head is of the common case.
 fn build(head: &Bytes, method: Method, located: &Located, at: &[FieldAt]) -> Option<Parsed> {
     let uri = Uri::from_maybe_shared(head.slice(range(located.target))).ok()?;
-    let mut headers = HeaderMap::with_capacity(at.len());
+    let mut headers = HeaderMap::with_capacity(at.len() + ADDED_TO_REQUESTS);
     let mut body_length = None;
     let mut close = false;
     for field in at {

@@ -10,6 +10,7 @@ use http::request::Parts;
 use http::{Method, Response, StatusCode, Version};
 
 use super::{InlineError, MAX_HEADERS};
+use crate::vocab::headers::ADDED_TO_ANSWERS;
 
 /// How a request body is delimited on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,7 +144,7 @@ fn locate(buf: &[u8], at: &mut [FieldAt; MAX_HEADERS]) -> Result<Option<Found>, 
 
 /// The fields of `head`, their values sharing its bytes.
 fn build_fields(head: &Bytes, at: &[FieldAt]) -> Result<HeaderMap, InlineError> {
-    let mut headers = HeaderMap::with_capacity(at.len());
+    let mut headers = HeaderMap::with_capacity(at.len() + ADDED_TO_ANSWERS);
     for field in at {
         let (ns, ne) = field.name;
         let (vs, ve) = field.value;
