@@ -85,7 +85,8 @@ fn parse_element(text: &str) -> Option<IpAddr> {
 /// One worker's request ids.
 #[derive(Debug)]
 pub struct RequestIds {
-    prefix: u64,
+    /// The prefix, already in hex: each id writes only its own half.
+    prefix: [u8; 16],
     key: u64,
     next: AtomicU64,
 }
@@ -116,7 +117,7 @@ impl RequestIds {
             }
         };
         RequestIds {
-            prefix,
+            prefix: hex(prefix),
             key,
             next: AtomicU64::new(0),
         }
@@ -124,16 +125,10 @@ impl RequestIds {
 
     /// The next id.
     pub fn next_id(&self) -> HeaderValue {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
         let counter = self.next.fetch_add(1, Ordering::Relaxed);
         let mut out = [0u8; 32];
-        let tail = mix(counter.wrapping_add(self.key));
-        for (i, word) in [self.prefix, tail].into_iter().enumerate() {
-            for j in 0..16 {
-                let nibble = (word >> (60 - 4 * j)) & 0xf;
-                out[i * 16 + j] = HEX[nibble as usize];
-            }
-        }
+        out[..16].copy_from_slice(&self.prefix);
+        out[16..].copy_from_slice(&hex(mix(counter.wrapping_add(self.key))));
         // One allocation, shared by every later clone (request, response, access log).
         let mut id = HeaderValue::from_maybe_shared(Bytes::from_owner(out))
             .unwrap_or_else(|_| HeaderValue::from_static("-"));
@@ -141,6 +136,16 @@ impl RequestIds {
         id.set_sensitive(true);
         id
     }
+}
+
+/// `word`'s 16 hex digits, most significant first.
+fn hex(word: u64) -> [u8; 16] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 16];
+    for (j, digit) in out.iter_mut().enumerate() {
+        *digit = HEX[((word >> (60 - 4 * j)) & 0xf) as usize];
+    }
+    out
 }
 
 /// SplitMix64's finaliser: a bijection on u64, so distinct counters give distinct ids.
@@ -287,5 +292,11 @@ mod tests {
         // One worker's ids share the prefix; the rest does not count up visibly.
         assert_eq!(ids[0].as_bytes()[..16], ids[1].as_bytes()[..16]);
         assert!(!ids[1].as_bytes().ends_with(b"0000001"));
+    }
+
+    #[test]
+    fn hex_digits_run_most_significant_first() {
+        assert_eq!(&hex(0x0123_4567_89ab_cdef), b"0123456789abcdef");
+        assert_eq!(&hex(u64::MAX), b"ffffffffffffffff");
     }
 }
