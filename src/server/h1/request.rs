@@ -7,10 +7,10 @@
 use std::mem::MaybeUninit;
 
 use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Uri, Version};
 
-use crate::vocab::headers::{decimal_length, lists_token, ADDED_TO_REQUESTS};
+use crate::vocab::headers::{decimal_length, field_name, lists_token, ADDED_TO_REQUESTS};
 
 /// The most header fields taken here (hyper's default; more go to hyper, which answers 431).
 const MAX_FIELDS: usize = 100;
@@ -137,7 +137,7 @@ fn build(head: &Bytes, method: Method, located: &Located, at: &[FieldAt]) -> Opt
     let mut body_length = None;
     let mut close = false;
     for field in at {
-        let name = HeaderName::from_bytes(slice(head, field.name)).ok()?;
+        let name = field_name(slice(head, field.name)).ok()?;
         let value = HeaderValue::from_maybe_shared(head.slice(range(field.value))).ok()?;
         if name == header::CONTENT_LENGTH {
             if body_length.is_some() {

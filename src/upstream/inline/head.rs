@@ -5,12 +5,12 @@
 use std::mem::MaybeUninit;
 
 use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderValue};
 use http::request::Parts;
 use http::{Method, Response, StatusCode, Version};
 
 use super::{InlineError, MAX_HEADERS};
-use crate::vocab::headers::ADDED_TO_ANSWERS;
+use crate::vocab::headers::{field_name, ADDED_TO_ANSWERS};
 
 /// How a request body is delimited on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,7 +148,7 @@ fn build_fields(head: &Bytes, at: &[FieldAt]) -> Result<HeaderMap, InlineError> 
     for field in at {
         let (ns, ne) = field.name;
         let (vs, ve) = field.value;
-        let name = HeaderName::from_bytes(&head[ns as usize..ne as usize])
+        let name = field_name(&head[ns as usize..ne as usize])
             .map_err(|_| InlineError::Invalid("header field name"))?;
         let value = HeaderValue::from_maybe_shared(head.slice(vs as usize..ve as usize))
             .map_err(|_| InlineError::Invalid("header field value"))?;
