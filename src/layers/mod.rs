@@ -113,6 +113,22 @@ pub struct Policies {
 }
 
 impl Policies {
+    /// Whether the route has none: its requests go straight to forwarding.
+    pub fn is_empty(&self) -> bool {
+        matches!(
+            self,
+            Policies {
+                redirect: None,
+                auth: None,
+                rate_limit: None,
+                x4xx_limit: None,
+                sticky: None,
+                compress: None,
+                cache: None,
+            }
+        )
+    }
+
     /// Compiles a route's settings. `own` are the path's own settings (before inheriting): a
     /// path that sets its own limit counts separately from the rest of its host.
     pub fn compile(
