@@ -28,7 +28,7 @@ use super::backend::Backend;
 pub use super::connector::UpBody;
 use super::connector::{self, ConnectError, ConnectErrorKind, Fresh, Wire};
 use super::detect;
-use super::inline::{self, BodyLength, InlineBody, InlineConn, SendFailure};
+use super::inline::{self, BodyLength, InlineBody, InlineConn, InlineError, SendFailure};
 use super::slot::StreamTicket;
 use crate::vocab::normalise::strip_port;
 use crate::vocab::request_body::BoxError;
@@ -441,7 +441,7 @@ fn copy_head(req: &Request<UpBody>) -> Parts {
 /// the body back.
 async fn send_on_inline(
     x: Exchange<'_>,
-    conn: Box<InlineConn>,
+    mut conn: Box<InlineConn>,
     head: &http::request::Parts,
     (body, length): (UpBody, BodyLength),
     reused: bool,
@@ -450,10 +450,9 @@ async fn send_on_inline(
         backend: x.backend.clone(),
         worker: x.worker,
     };
-    let sending = conn.send(head, body, length, home);
-    match tokio::time::timeout(x.timeouts.response, sending).await {
-        Err(_) => Err((SendError::Timeout, None)),
-        Ok(Ok(resp)) => {
+    conn.respond_within(x.timeouts.response);
+    match conn.send(head, body, length, home).await {
+        Ok(resp) => {
             x.backend.metrics.upstream_connection(x.worker, reused);
             Ok(resp.map(|body| PooledBody {
                 inner: Inner::Inline(body),
@@ -461,10 +460,14 @@ async fn send_on_inline(
                 _stream: None,
             }))
         }
-        Ok(Err(SendFailure { error, .. })) if error.is_bad_response() => {
+        Err(SendFailure {
+            error: InlineError::TimedOut,
+            ..
+        }) => Err((SendError::Timeout, None)),
+        Err(SendFailure { error, .. }) if error.is_bad_response() => {
             Err((SendError::BadResponse(error.into()), None))
         }
-        Ok(Err(SendFailure { error, unsent })) => {
+        Err(SendFailure { error, unsent }) => {
             let error = error.into();
             let reset = SendError::Reset {
                 error,

@@ -21,14 +21,17 @@ mod body;
 mod head;
 mod upload;
 
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use bytes::BytesMut;
 use http::request::Parts;
 use http::Response;
 use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
 
 use body::Framing;
 pub use body::InlineBody;
@@ -64,6 +67,8 @@ pub enum InlineError {
     Invalid(&'static str),
     #[error("the request body: {0}")]
     RequestBody(BoxError),
+    #[error("no response head within the response timeout")]
+    TimedOut,
 }
 
 impl InlineError {
@@ -99,6 +104,12 @@ pub struct InlineConn {
     head_tried: usize,
     /// The encoded request head, its allocation kept for the next request.
     out: Vec<u8>,
+    /// How long the next exchange may take until its response head is read.
+    response_limit: Option<Duration>,
+    /// That deadline, one timer for the connection's life: a later deadline only moves it
+    /// (an atomic store in tokio), where a timer per exchange was registered in and removed
+    /// from the timer wheel each time (callgrind: 600 instructions a request).
+    deadline: Option<Pin<Box<Sleep>>>,
     /// This connection's place in its backend's count of open connections.
     _counted: Option<CountedSlot>,
 }
@@ -111,6 +122,8 @@ impl InlineConn {
             room: READ_ROOM,
             head_tried: 0,
             out: Vec::new(),
+            response_limit: None,
+            deadline: None,
             _counted: counted,
         })
     }
@@ -133,6 +146,44 @@ impl InlineConn {
         }
     }
 
+    /// The next exchanges fail with [`InlineError::TimedOut`] when their response head has not
+    /// been read `limit` after they start (the request body's upload included).
+    pub fn respond_within(&mut self, limit: Duration) {
+        self.response_limit = Some(limit);
+    }
+
+    /// Sets the deadline of an exchange starting now.
+    fn arm_deadline(&mut self) {
+        let Some(limit) = self.response_limit else {
+            return;
+        };
+        let at = Instant::now() + limit;
+        match &mut self.deadline {
+            Some(deadline) => deadline.as_mut().reset(at),
+            None => self.deadline = Some(Box::pin(tokio::time::sleep_until(at))),
+        }
+    }
+
+    /// `step`'s result, or [`InlineError::TimedOut`] once it is pending past the deadline.
+    fn poll_by_deadline<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        step: Poll<Result<T, InlineError>>,
+    ) -> Poll<Result<T, InlineError>> {
+        if step.is_ready() {
+            return step;
+        }
+        let expired = self
+            .deadline
+            .as_mut()
+            .is_some_and(|deadline| deadline.as_mut().poll(cx).is_ready());
+        if expired {
+            Poll::Ready(Err(InlineError::TimedOut))
+        } else {
+            Poll::Pending
+        }
+    }
+
     /// Sends `head` (HTTP/1.1 form) and `body` (framed as `length` says) and reads the
     /// response head; the response body reads the rest from this connection (and writes what
     /// is left of the request, if the backend answered early) and sends it `home` when done.
@@ -149,8 +200,13 @@ impl InlineConn {
         B::Error: Into<BoxError>,
     {
         head::encode_request(&mut self.out, head, length);
+        self.arm_deadline();
         let mut upload = Upload::new(body, length);
-        if let Err(error) = std::future::poll_fn(|cx| upload.poll(&mut self, cx)).await {
+        let uploaded = std::future::poll_fn(|cx| {
+            let step = upload.poll(&mut self, cx);
+            self.poll_by_deadline(cx, step)
+        });
+        if let Err(error) = uploaded.await {
             let unsent = upload.into_unsent_body();
             return Err(SendFailure { error, unsent });
         }
@@ -158,9 +214,12 @@ impl InlineConn {
             error,
             unsent: None,
         };
-        let parts = std::future::poll_fn(|cx| self.poll_head(&mut upload, cx))
-            .await
-            .map_err(failed)?;
+        let parts = std::future::poll_fn(|cx| {
+            let step = self.poll_head(&mut upload, cx);
+            self.poll_by_deadline(cx, step)
+        })
+        .await
+        .map_err(failed)?;
         let headless = head.method == http::Method::HEAD;
         let framing =
             Framing::of(parts.status, parts.version, &parts.headers, headless).map_err(failed)?;

@@ -388,3 +388,67 @@ async fn a_large_body_arrives_whole_and_the_reads_grow() {
     let conn = kept.take().expect("home");
     assert!(conn.buf.capacity() <= MAX_IDLE_BUFFER);
 }
+
+/// A backend that answers its n-th request after `delays[n]`.
+async fn backend_answering_after(delays: Vec<Duration>) -> TcpStream {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.unwrap();
+        for delay in delays {
+            let mut head = Vec::new();
+            while !head.ends_with(b"\r\n\r\n") {
+                let mut byte = [0u8; 1];
+                if sock.read(&mut byte).await.unwrap_or(0) == 0 {
+                    return;
+                }
+                head.push(byte[0]);
+            }
+            tokio::time::sleep(delay).await;
+            let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+            if sock.write_all(answer).await.is_err() {
+                return;
+            }
+        }
+    });
+    TcpStream::connect(addr).await.unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_exchange_has_its_own_response_deadline_on_a_kept_connection() {
+    let second = Duration::from_secs(1);
+    let sock = backend_answering_after(vec![
+        Duration::ZERO,
+        Duration::from_millis(600),
+        Duration::from_secs(30),
+    ])
+    .await;
+    let kept = Kept::default();
+    let mut conn = InlineConn::new(sock, None);
+    conn.respond_within(second);
+    let resp = conn.send_bodiless(&get("/1"), kept.clone()).await.unwrap();
+    resp.into_body().collect().await.unwrap();
+    // Idle well past the first exchange's deadline: the next one starts its own.
+    tokio::time::sleep(5 * second).await;
+    let conn = kept.take().expect("kept");
+    let resp = conn.send_bodiless(&get("/2"), kept.clone()).await;
+    let resp = resp
+        .map_err(|f| f.error)
+        .expect("answered within its second");
+    resp.into_body().collect().await.unwrap();
+    let conn = kept.take().expect("kept");
+    let start = tokio::time::Instant::now();
+    let failed = conn.send_bodiless(&get("/3"), kept.clone()).await;
+    assert!(matches!(
+        failed,
+        Err(SendFailure {
+            error: InlineError::TimedOut,
+            ..
+        })
+    ));
+    assert_eq!(
+        start.elapsed(),
+        second,
+        "the deadline is the limit after the start"
+    );
+}
