@@ -8,6 +8,7 @@
 #   bash bench/callgrind.sh target/release/aralez accesslog 4000   # plain route, access_log: all (issue 6)
 #   bash bench/callgrind.sh target/release/aralez h2c 4000         # plain route, h2c clients (16 streams each)
 #   bash bench/callgrind.sh target/release/aralez h2c1 4000        # plain route, 64 h2c clients with 1 stream each (the sweep's shape)
+#   bash bench/callgrind.sh target/release/aralez https 4000       # plain's load over TLS 1.3 (HTTP/1.1 keep-alive)
 #   bash bench/callgrind.sh target/release/aralez h2tls 4000       # h2c's load over TLS 1.3 (ALPN h2, ECDSA P-256 certificate)
 #   bash bench/callgrind.sh target/release/aralez h2tls1 4000      # h2c1's load over TLS 1.3
 #   bash bench/callgrind.sh target/release/aralez post 4000        # plain route, POST with a 1 KiB body
@@ -18,11 +19,11 @@
 # Every mode sends the same `Authorization: Bearer` header, so routes differ only in what they do.
 set -euo pipefail
 BIN=$1 MODE=$2 N=${3:-4000}
-case "$MODE" in plain|tcpnew|policies|accesslog|h2c|h2c1|h2tls|h2tls1|post|cachemiss|cachehit|cacheoff) ;; *) echo "mode: plain, tcpnew, policies, accesslog, h2c, h2c1, h2tls, h2tls1, post, cachemiss, cachehit or cacheoff" >&2; exit 2;; esac
+case "$MODE" in plain|tcpnew|policies|accesslog|h2c|h2c1|https|h2tls|h2tls1|post|cachemiss|cachehit|cacheoff) ;; *) echo "mode: plain, tcpnew, policies, accesslog, h2c, h2c1, https, h2tls, h2tls1, post, cachemiss, cachehit or cacheoff" >&2; exit 2;; esac
 D=$(mktemp -d /tmp/cgb.XXXX)
 LOAD=(--h1 -c 4)
 case "$MODE" in h2c|h2tls) LOAD=(-c 4 -m 16) ;; h2c1|h2tls1) LOAD=(-c 64 -m 1) ;; esac
-TLS=0; case "$MODE" in h2tls|h2tls1) TLS=1 ;; esac
+TLS=0; case "$MODE" in https|h2tls|h2tls1) TLS=1 ;; esac
 URL=http://127.0.0.1:18193/; [ $TLS = 1 ] && URL=https://127.0.0.1:18194/
 if [ "$MODE" = post ]; then
   head -c 1024 /dev/zero | tr '\0' 'x' > $D/body
