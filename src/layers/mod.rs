@@ -3,10 +3,11 @@
 //!
 //! Policies are compiled once per route when a snapshot is built ([`Policies`]), from the route's
 //! settings and the process's [`PolicyState`] (keys, the TLS port, the limiter tables: built
-//! once at start and passed in); a request only reads them. The stack is put together per request from the matched route: every layer is a
-//! pair of references, built on the stack, so a route without policies pays a few branches and
-//! no allocation. Layers never write error pages: they return a [`ProxyError`], which
-//! `vocab::error` turns into a response.
+//! once at start and passed in); a request only reads them. The stack is put together per
+//! request from the matched route: every layer is a pair of references, built on the stack. A
+//! route without policies skips the stack altogether ([`Policies::is_empty`]: the router
+//! forwards its requests directly). Layers never write error pages: they return a
+//! [`ProxyError`], which `vocab::error` turns into a response.
 //!
 //! Header injection (`server_headers`, `client_headers`) stays in the forwarding step
 //! (`proxy::HeaderRules`): configured headers must be applied after the X-Forwarded-* rewrite and
