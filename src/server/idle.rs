@@ -22,6 +22,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use http::{Request, Response};
@@ -301,21 +302,48 @@ where
     if asked {
         conn.as_mut().shut_down();
     }
+    // Whether the timer has the task's waker since its last reset: then the connection's other
+    // wake-ups only look at its state instead of polling it (callgrind: 90 instructions a
+    // wake-up, two a request). The task's waker does not change: this future is only ever
+    // polled by the connection's own task.
+    let mut timer_has_waker = false;
     loop {
-        tokio::select! {
-            biased;
-            done = conn.as_mut() => return done,
-            _ = drain.wait_for(|d| *d), if !asked => {
+        // Kept across the wake-ups of one turn: it holds the task's place among the drain
+        // signal's waiters.
+        let mut drained = std::pin::pin!(drain.wait_for(|d| *d));
+        let woke = std::future::poll_fn(|cx| {
+            if let Poll::Ready(done) = conn.as_mut().poll(cx) {
+                return Poll::Ready(Woke::Done(done));
+            }
+            if !asked && drained.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Woke::Drain);
+            }
+            if timer_has_waker && !timer.is_elapsed() {
+                return Poll::Pending;
+            }
+            if timer.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Woke::Timer);
+            }
+            timer_has_waker = true;
+            Poll::Pending
+        })
+        .await;
+        match woke {
+            Woke::Done(done) => return done,
+            Woke::Drain => {
                 asked = true;
                 conn.as_mut().shut_down();
             }
-            () = &mut timer => {
+            Woke::Timer => {
                 let now = Instant::now();
                 if now >= idle_at {
                     match idle_step(&activity, timers, now) {
                         IdleStep::LookAt(at) => idle_at = at,
                         IdleStep::Close => {
-                            tracing::debug!("closing a connection that sent no request head within {:?}", timers.head);
+                            tracing::debug!(
+                                "closing a connection that sent no request head within {:?}",
+                                timers.head
+                            );
                             return Ok(T::default());
                         }
                         IdleStep::ShutDown => {
@@ -341,13 +369,27 @@ where
                     if progress != seen.0 || !open {
                         seen = (progress, now);
                     } else if now.saturating_duration_since(seen.1) >= timers.send {
-                        tracing::debug!("closing a connection whose requests made no progress for {:?}", now - seen.1);
+                        tracing::debug!(
+                            "closing a connection whose requests made no progress for {:?}",
+                            now - seen.1
+                        );
                         return Ok(T::default());
                     }
                     stall_at = now + look_every;
                 }
                 timer.as_mut().reset(idle_at.min(stall_at));
+                timer_has_waker = false;
             }
         }
     }
+}
+
+/// What woke [`drive`]'s connection task.
+enum Woke<T> {
+    /// The connection ended.
+    Done(T),
+    /// The listener drains.
+    Drain,
+    /// The timer is due.
+    Timer,
 }
