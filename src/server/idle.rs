@@ -303,9 +303,9 @@ where
         conn.as_mut().shut_down();
     }
     // Whether the timer has the task's waker since its last reset: then the connection's other
-    // wake-ups only look at its state instead of polling it (callgrind: 90 instructions a
-    // wake-up, two a request). The task's waker does not change: this future is only ever
-    // polled by the connection's own task.
+    // wake-ups only look at its state instead of polling it. The task's waker does not change:
+    // this future is only ever polled by the connection's own task. (Callgrind: 370
+    // instructions a request less than `tokio::select!` polling all three every wake-up.)
     let mut timer_has_waker = false;
     loop {
         // Kept across the wake-ups of one turn: it holds the task's place among the drain
