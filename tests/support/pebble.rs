@@ -33,6 +33,13 @@ impl Running {
     }
 }
 
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Whether a TLS server on `port` of 127.0.0.1 completes a handshake as `localhost` under
 /// `config`'s roots.
 async fn answers_with_certificate(
@@ -49,13 +56,6 @@ async fn answers_with_certificate(
         .ok()?
         .ok()
         .map(|_| ())
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// pebble and its DNS, with the CA pebble's listener is signed by.

@@ -52,6 +52,8 @@ enum Pace {
     ByteByByte,
     /// Answers as soon as it has the head, then reads (and drops) all until the close.
     EarlyThenLinger,
+    /// Waits this long after each head, then writes the answer whole.
+    After(Duration),
 }
 
 /// The `content-length` of a request head (0 without one).
@@ -90,6 +92,10 @@ async fn backend(
             heads.push(head);
             match pace {
                 Pace::Whole => sock.write_all(answer).await.unwrap(),
+                Pace::After(delay) => {
+                    tokio::time::sleep(delay).await;
+                    sock.write_all(answer).await.unwrap();
+                }
                 Pace::EarlyThenLinger => {
                     sock.write_all(answer).await.unwrap();
                     let mut rest = Vec::new();
@@ -389,40 +395,11 @@ async fn a_large_body_arrives_whole_and_the_reads_grow() {
     assert!(conn.buf.capacity() <= MAX_IDLE_BUFFER);
 }
 
-/// A backend that answers its n-th request after `delays[n]`.
-async fn backend_answering_after(delays: Vec<Duration>) -> TcpStream {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let (mut sock, _) = listener.accept().await.unwrap();
-        for delay in delays {
-            let mut head = Vec::new();
-            while !head.ends_with(b"\r\n\r\n") {
-                let mut byte = [0u8; 1];
-                if sock.read(&mut byte).await.unwrap_or(0) == 0 {
-                    return;
-                }
-                head.push(byte[0]);
-            }
-            tokio::time::sleep(delay).await;
-            let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-            if sock.write_all(answer).await.is_err() {
-                return;
-            }
-        }
-    });
-    TcpStream::connect(addr).await.unwrap()
-}
-
 #[tokio::test(start_paused = true)]
 async fn each_exchange_has_its_own_response_deadline_on_a_kept_connection() {
-    let second = Duration::from_secs(1);
-    let sock = backend_answering_after(vec![
-        Duration::ZERO,
-        Duration::from_millis(600),
-        Duration::from_secs(30),
-    ])
-    .await;
+    let (second, answer_after) = (Duration::from_secs(1), Duration::from_millis(600));
+    let ok: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+    let (sock, _served) = backend(vec![ok, ok, ok], Pace::After(answer_after)).await;
     let kept = Kept::default();
     let mut conn = InlineConn::new(sock, None);
     conn.respond_within(second);
@@ -436,7 +413,10 @@ async fn each_exchange_has_its_own_response_deadline_on_a_kept_connection() {
         .map_err(|f| f.error)
         .expect("answered within its second");
     resp.into_body().collect().await.unwrap();
-    let conn = kept.take().expect("kept");
+    // A shorter limit for the next exchange is its deadline.
+    let mut conn = kept.take().expect("kept");
+    let limit = answer_after - Duration::from_millis(100);
+    conn.respond_within(limit);
     let start = tokio::time::Instant::now();
     let failed = conn.send_bodiless(&get("/3"), kept.clone()).await;
     assert!(matches!(
@@ -448,7 +428,7 @@ async fn each_exchange_has_its_own_response_deadline_on_a_kept_connection() {
     ));
     assert_eq!(
         start.elapsed(),
-        second,
+        limit,
         "the deadline is the limit after the start"
     );
 }
