@@ -2,7 +2,7 @@
 
 use std::net::IpAddr;
 
-use bytes::{BufMut, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -27,26 +27,26 @@ static HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
 /// `Proxy-Connection`, `Transfer-Encoding`, `Upgrade`, `HTTP2-Settings` (it only ever belongs to
 /// an `h2c` upgrade, which is refused), and `TE` unless it is exactly `trailers`.
 ///
-/// One pass over the names finds what is present, so the common case (none of them, or only
-/// `Connection: keep-alive`) costs no hashing beyond that.
+/// One pass over the fields finds what is present, so the common case (none of them, or only
+/// `Connection: keep-alive`) costs one name match a field and, for `Connection`, one removal
+/// (parsing a lone `keep-alive` as a list cost about 480 instructions an answer, callgrind).
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
-    let (mut connection, mut fixed, mut te) = (false, false, false);
-    for name in headers.keys() {
-        if name == header::CONNECTION {
-            connection = true;
-        } else if name == header::TE {
-            te = true;
-        } else if name == header::TRANSFER_ENCODING
-            || name == header::UPGRADE
-            || name == KEEP_ALIVE
-            || name == PROXY_CONNECTION
-            || name == HTTP2_SETTINGS
-        {
-            fixed = true;
+    let (mut connection, mut lists_names, mut fixed, mut te) = (false, false, false, false);
+    for (name, value) in headers.iter() {
+        match hop_by_hop(name) {
+            HopByHop::Connection => {
+                connection = true;
+                lists_names |= !value.as_bytes().eq_ignore_ascii_case(b"keep-alive");
+            }
+            HopByHop::Te => te = true,
+            HopByHop::Fixed => fixed = true,
+            HopByHop::No => {}
         }
     }
-    if connection {
+    if lists_names {
         remove_connection_listed(headers);
+    } else if connection {
+        headers.remove(header::CONNECTION);
     }
     if fixed {
         headers.remove(&KEEP_ALIVE);
@@ -63,6 +63,27 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
         if !only_trailers {
             headers.remove(header::TE);
         }
+    }
+}
+
+/// What [`remove_hop_by_hop`] does about a field name.
+enum HopByHop {
+    Connection,
+    Te,
+    /// Always removed.
+    Fixed,
+    No,
+}
+
+/// One match on the name's text.
+fn hop_by_hop(name: &HeaderName) -> HopByHop {
+    match name.as_str() {
+        "connection" => HopByHop::Connection,
+        "te" => HopByHop::Te,
+        "transfer-encoding" | "upgrade" | "keep-alive" | "proxy-connection" | "http2-settings" => {
+            HopByHop::Fixed
+        }
+        _ => HopByHop::No,
     }
 }
 
@@ -252,6 +273,19 @@ pub fn field_name(bytes: &[u8]) -> Result<HeaderName, header::InvalidHeaderName>
     })
 }
 
+/// A field value httparse has parsed out of a head. httparse admits exactly the bytes
+/// `HeaderValue` does (HTAB, visible ASCII and obs-text, no other control byte:
+/// `every_byte_httparse_admits_in_a_value_is_one_header_value_admits` shows it), so the second
+/// pass over the bytes that `HeaderValue::from_maybe_shared` would make is skipped (callgrind:
+/// about 1,000 instructions a plain request, its fields and its answer's).
+#[allow(unsafe_code)]
+pub fn value_parsed_by_httparse(bytes: Bytes) -> HeaderValue {
+    // SAFETY: not a memory-safety condition: `from_maybe_shared_unchecked` only trusts that the
+    // bytes are valid in a header value, which httparse checked when it parsed the head (the
+    // test below pins that to this httparse). Debug builds check again, and panic if not.
+    unsafe { HeaderValue::from_maybe_shared_unchecked(bytes) }
+}
+
 /// A header map from (name, value) pairs, for unit tests here and in the layers.
 #[cfg(test)]
 pub(crate) fn map_of(pairs: &[(&str, &str)]) -> HeaderMap {
@@ -268,6 +302,42 @@ pub(crate) fn map_of(pairs: &[(&str, &str)]) -> HeaderMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_byte_httparse_admits_in_a_value_is_one_header_value_admits() {
+        let parser = httparse::ParserConfig::default();
+        let mut admitted = 0;
+        for byte in 0..=255u8 {
+            let value = [b'a', byte, b'a'];
+            let by_http = HeaderValue::from_bytes(&value).is_ok();
+            let request = [b"GET / HTTP/1.1\r\nX: ".as_slice(), &value, b"\r\n\r\n"].concat();
+            let mut fields = [httparse::EMPTY_HEADER; 4];
+            let mut req = httparse::Request::new(&mut fields);
+            let by_request_parser = matches!(
+                parser.parse_request(&mut req, &request),
+                Ok(httparse::Status::Complete(_))
+            );
+            let response = [b"HTTP/1.1 200 OK\r\nX: ".as_slice(), &value, b"\r\n\r\n"].concat();
+            let mut fields = [httparse::EMPTY_HEADER; 4];
+            let mut resp = httparse::Response::new(&mut fields);
+            let by_response_parser = matches!(
+                parser.parse_response(&mut resp, &response),
+                Ok(httparse::Status::Complete(_))
+            );
+            assert_eq!(by_request_parser, by_http, "byte {byte:#04x} in a request");
+            assert_eq!(
+                by_response_parser, by_http,
+                "byte {byte:#04x} in a response"
+            );
+            if by_http {
+                admitted += 1;
+                let parsed = value_parsed_by_httparse(Bytes::copy_from_slice(&value));
+                assert_eq!(parsed, HeaderValue::from_bytes(&value).unwrap());
+            }
+        }
+        // HTAB, 0x20-0x7e and 0x80-0xff.
+        assert_eq!(admitted, 1 + 95 + 128);
+    }
 
     #[test]
     fn field_names_matched_whole_are_those_from_bytes_gives() {
@@ -398,6 +468,24 @@ mod tests {
                 &[("transfer-encoding", "chunked"), ("upgrade", "websocket")],
                 &[],
                 &["transfer-encoding", "upgrade"],
+            ),
+            (
+                &[
+                    ("connection", "Keep-Alive"),
+                    ("keep-alive", "5"),
+                    ("a", "1"),
+                ],
+                &["a"],
+                &["connection", "keep-alive"],
+            ),
+            (
+                &[
+                    ("connection", "keep-alive"),
+                    ("connection", "a"),
+                    ("a", "1"),
+                ],
+                &[],
+                &["connection", "a"],
             ),
             (&[("te", "trailers")], &["te"], &[]),
             (&[("te", "gzip")], &[], &["te"]),

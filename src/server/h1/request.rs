@@ -7,10 +7,12 @@
 use std::mem::MaybeUninit;
 
 use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderValue};
+use http::header::{self, HeaderMap};
 use http::{Method, Request, Uri, Version};
 
-use crate::vocab::headers::{decimal_length, field_name, lists_token, ADDED_TO_REQUESTS};
+use crate::vocab::headers::{
+    decimal_length, field_name, lists_token, value_parsed_by_httparse, ADDED_TO_REQUESTS,
+};
 
 /// The most header fields taken here (hyper's default; more go to hyper, which answers 431).
 const MAX_FIELDS: usize = 100;
@@ -138,7 +140,7 @@ fn build(head: &Bytes, method: Method, located: &Located, at: &[FieldAt]) -> Opt
     let mut close = false;
     for field in at {
         let name = field_name(slice(head, field.name)).ok()?;
-        let value = HeaderValue::from_maybe_shared(head.slice(range(field.value))).ok()?;
+        let value = value_parsed_by_httparse(head.slice(range(field.value)));
         if name == header::CONTENT_LENGTH {
             if body_length.is_some() {
                 return None;

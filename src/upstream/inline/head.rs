@@ -5,12 +5,12 @@
 use std::mem::MaybeUninit;
 
 use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderValue};
+use http::header::{self, HeaderMap};
 use http::request::Parts;
 use http::{Method, Response, StatusCode, Version};
 
 use super::{InlineError, MAX_HEADERS};
-use crate::vocab::headers::{field_name, ADDED_TO_ANSWERS};
+use crate::vocab::headers::{field_name, value_parsed_by_httparse, ADDED_TO_ANSWERS};
 
 /// How a request body is delimited on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,8 +150,7 @@ fn build_fields(head: &Bytes, at: &[FieldAt]) -> Result<HeaderMap, InlineError> 
         let (vs, ve) = field.value;
         let name = field_name(&head[ns as usize..ne as usize])
             .map_err(|_| InlineError::Invalid("header field name"))?;
-        let value = HeaderValue::from_maybe_shared(head.slice(vs as usize..ve as usize))
-            .map_err(|_| InlineError::Invalid("header field value"))?;
+        let value = value_parsed_by_httparse(head.slice(vs as usize..ve as usize));
         headers.append(name, value);
     }
     Ok(headers)
