@@ -22,21 +22,28 @@ static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host"
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 static HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
+/// A header named by `Connection: close` goes too (RFC 9110 §7.6.1), however unlikely.
+static CLOSE: HeaderName = HeaderName::from_static("close");
 
 /// Removes hop-by-hop headers: `Connection` and every header it names, `Keep-Alive`,
 /// `Proxy-Connection`, `Transfer-Encoding`, `Upgrade`, `HTTP2-Settings` (it only ever belongs to
 /// an `h2c` upgrade, which is refused), and `TE` unless it is exactly `trailers`.
 ///
 /// One pass over the fields finds what is present, so the common case (none of them, or only
-/// `Connection: keep-alive`) costs one name match a field and, for `Connection`, one removal
-/// (parsing a lone `keep-alive` as a list cost about 480 instructions an answer, callgrind).
+/// `Connection: keep-alive` or `close`) costs one name match a field and, for `Connection`, a
+/// removal or two (parsing a lone `keep-alive` as a list cost about 480 instructions an answer,
+/// callgrind).
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
     let (mut connection, mut lists_names, mut fixed, mut te) = (false, false, false, false);
+    let mut says_close = false;
     for (name, value) in headers.iter() {
         match hop_by_hop(name) {
             HopByHop::Connection => {
                 connection = true;
-                lists_names |= !value.as_bytes().eq_ignore_ascii_case(b"keep-alive");
+                let value = value.as_bytes();
+                let close = value.eq_ignore_ascii_case(b"close");
+                says_close |= close;
+                lists_names |= !close && !value.eq_ignore_ascii_case(b"keep-alive");
             }
             HopByHop::Te => te = true,
             HopByHop::Fixed => fixed = true,
@@ -47,6 +54,9 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
         remove_connection_listed(headers);
     } else if connection {
         headers.remove(header::CONNECTION);
+        if says_close {
+            headers.remove(&CLOSE);
+        }
     }
     if fixed {
         headers.remove(&KEEP_ALIVE);
@@ -512,6 +522,11 @@ mod tests {
                 &[("connection", "close"), ("host", "a")],
                 &["host"],
                 &["connection"],
+            ),
+            (
+                &[("connection", "Close"), ("close", "x"), ("host", "a")],
+                &["host"],
+                &["connection", "close"],
             ),
             (
                 &[("connection", "y-a, CLOSE"), ("close", "x"), ("y-a", "1")],
