@@ -20,6 +20,9 @@
 #                  rotated; tables show medians (RSS: the highest; errors: the sum)
 #   POOL           idle upstream keep-alive connections of each proxy (default 1024)
 #   POINT_TIMEOUT  seconds allowed for one h2load run (default 600); a run cut short is a failed point
+#   MIN_POINT_SECONDS  a point whose h2load run took less is run again, the same command, until the
+#                  runs add up to this (default 1; at most MAX_REPS runs, default 200): req/s is the
+#                  median run's, latency is over every request of every run
 #   ARALEZ_BIN     aralez binary (default target/release/aralez; never built by this script)
 #   ARALEZ_EXTRA_YAML  more lines for aralez's main.yaml, for experiments (e.g. "client_header_timeout: 60")
 #   ARALEZ_PEER_BIN  Aralez 0.95 binary (default: bench/peers.sh's install under target/peers)
@@ -41,6 +44,8 @@ PROXIES=${PROXIES:-"aralez nginx haproxy Aralez"}
 ROUNDS=${ROUNDS:-1}
 POOL=${POOL:-1024}
 POINT_TIMEOUT=${POINT_TIMEOUT:-600}
+MIN_POINT_SECONDS=${MIN_POINT_SECONDS:-1}
+MAX_REPS=${MAX_REPS:-200}
 BASE_PORT=${BASE_PORT:-18280}
 PROXY_CPU=${PROXY_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
@@ -55,9 +60,10 @@ OUT_SVG="$SCRIPT_DIR/sweep.svg"
 source "$SCRIPT_DIR/lib.sh"
 
 # ---------------------------------------------------------------- argument checks
-for v in REQS_PER_CONN ROUNDS POOL POINT_TIMEOUT BASE_PORT; do
+for v in REQS_PER_CONN ROUNDS POOL POINT_TIMEOUT BASE_PORT MAX_REPS; do
   [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer, got '${!v}'"
 done
+[[ "$MIN_POINT_SECONDS" =~ ^[0-9]+$ ]] || die "MIN_POINT_SECONDS must be a whole number of seconds, got '$MIN_POINT_SECONDS'"
 [[ -n "${CONNS// }" ]] || die "CONNS is empty"
 for c in $CONNS; do [[ "$c" =~ ^[1-9][0-9]*$ ]] || die "CONNS: '$c' is not a positive integer"; done
 for p in $PROTOCOLS; do
@@ -188,6 +194,33 @@ proto_title() {
 }
 
 # ---------------------------------------------------------------- one point
+# run_h2load_repeated N C URL OUT LOGFILE ARGS...: h2load once; while the runs so far took less than
+# MIN_POINT_SECONDS in all, again (at most MAX_REPS), each the same -n N -c C. A point of a few
+# milliseconds (c=1 with 20 requests takes 4 ms) is otherwise decided by noise. Leaves the last run's
+# output in OUT, every run's per-request log in LOGFILE, and REPS; with more than one run REP_RPS
+# (the median run's req/s), REP_OK and REP_BAD (sums), REP_MEAN_US (mean over all requests).
+# Returns the first failing run's exit status.
+run_h2load_repeated() {
+  local n=$1 c=$2 url=$3 out=$4 logf=$5 rc=0 total_us=0 rps_list="" run_log="$5.run"
+  shift 5
+  REPS=0 REP_OK=0 REP_BAD=0
+  while :; do
+    rm -f "$run_log"
+    timeout "$POINT_TIMEOUT" taskset -c "$LOAD_CPU" h2load -n "$n" -c "$c" "$@" --log-file="$run_log" "$url" \
+      >"$out" 2>&1 || rc=$?
+    REPS=$((REPS + 1))
+    [[ -f "$run_log" ]] && cat "$run_log" >>"$logf"
+    ((rc == 0)) && grep -q '^finished in' "$out" && grep -q '^status codes:' "$out" || return "$rc"
+    parse_h2load "$out" "$run_log"
+    REP_OK=$((REP_OK + OK)) REP_BAD=$((REP_BAD + BAD)) rps_list+=" $RPS"
+    total_us=$(awk -v t="$total_us" -v n="$n" -v r="$RPS" 'BEGIN { printf "%.0f", t + (r > 0 ? n * 1e6 / r : 0) }')
+    ((total_us >= MIN_POINT_SECONDS * 1000000 || REPS >= MAX_REPS)) && break
+  done
+  rm -f "$run_log"
+  REP_RPS=$(median $rps_list)
+  REP_MEAN_US=$(cut -f3 "$logf" | awk '{ s += $1 } END { if (NR) printf "%.1f", s / NR; else print "nan" }')
+}
+
 # Appends one line to $TMP/raw.tsv: proto c round proxy rps ok bad mean_us p99_us cpu_us rss_mb other load_us note
 measure_point() {  # measure_point PROXY PROTO C ROUND
   local proxy=$1 proto=$2 c=$3 round=$4 n url out="$TMP/load/h2load.txt" logf="$TMP/load/h2load.log" rc=0 note="" args=()
@@ -199,8 +232,7 @@ measure_point() {  # measure_point PROXY PROTO C ROUND
   log "$proto c=$c / $proxy: h2load -n $n -c $c ${args[*]} $url"
   rm -f "$logf"
   window_start "$PROXY_PID" "$BACKEND_PID"
-  timeout "$POINT_TIMEOUT" taskset -c "$LOAD_CPU" h2load -n "$n" -c "$c" "${args[@]}" --log-file="$logf" "$url" \
-    >"$out" 2>&1 || rc=$?
+  run_h2load_repeated "$n" "$c" "$url" "$out" "$logf" "${args[@]}" || rc=$?
   window_end
   kill -0 "$PROXY_PID" 2>/dev/null || note="proxy exited during the run"
   if ((rc == 124)); then
@@ -210,6 +242,10 @@ measure_point() {  # measure_point PROXY PROTO C ROUND
   fi
   if grep -q '^finished in' "$out" && grep -q '^requests:' "$out" && grep -q '^status codes:' "$out"; then
     parse_h2load "$out" "$logf"
+    if ((REPS > 1)); then
+      RPS=$REP_RPS OK=$REP_OK BAD=$REP_BAD MEAN_US=$REP_MEAN_US
+      note="req/s: the median of $REPS runs${note:+; $note}"
+    fi
     if [[ "$proto" != h1c ]]; then
       local want=h2
       [[ "$proto" == h1 ]] && want=http/1.1
