@@ -194,6 +194,9 @@ proto_title() {
 }
 
 # ---------------------------------------------------------------- one point
+# Active TCP opens (connect calls that reached SYN-SENT) on the whole machine so far.
+tcp_active_opens() { awk '$1 == "Tcp:" && $6 ~ /^[0-9]+$/ {print $6}' /proc/net/snmp; }
+
 # run_h2load_repeated N C URL OUT LOGFILE ARGS...: h2load once; while the runs so far took less than
 # MIN_POINT_SECONDS in all, again (at most MAX_REPS), each the same -n N -c C. A point of a few
 # milliseconds (c=1 with 20 requests takes 4 ms) is otherwise decided by noise. Leaves the last run's
@@ -221,7 +224,8 @@ run_h2load_repeated() {
   REP_MEAN_US=$(cut -f3 "$logf" | awk '{ s += $1 } END { if (NR) printf "%.1f", s / NR; else print "nan" }')
 }
 
-# Appends one line to $TMP/raw.tsv: proto c round proxy rps ok bad mean_us p99_us cpu_us rss_mb other load_us note
+# Appends one line to $TMP/raw.tsv: proto c round proxy rps ok bad mean_us p99_us cpu_us rss_mb other load_us
+# up_conns note
 measure_point() {  # measure_point PROXY PROTO C ROUND
   local proxy=$1 proto=$2 c=$3 round=$4 n url out="$TMP/load/h2load.txt" logf="$TMP/load/h2load.log" rc=0 note="" args=()
   n=$((c * REQS_PER_CONN))
@@ -231,9 +235,14 @@ measure_point() {  # measure_point PROXY PROTO C ROUND
   [[ "$proto" == h1c ]] || args+=(--tls13-ciphers=TLS_AES_256_GCM_SHA384)
   log "$proto c=$c / $proxy: h2load -n $n -c $c ${args[*]} $url"
   rm -f "$logf"
+  local opens_before
+  opens_before=$(tcp_active_opens)
   window_start "$PROXY_PID" "$BACKEND_PID"
   run_h2load_repeated "$n" "$c" "$url" "$out" "$logf" "${args[@]}" || rc=$?
   window_end
+  # Connections the proxy opened to the backend: every TCP connect on the machine during the
+  # point, less h2load's own (c a run).
+  UP_CONNS=$(($(tcp_active_opens) - opens_before - c * REPS))
   kill -0 "$PROXY_PID" 2>/dev/null || note="proxy exited during the run"
   if ((rc == 124)); then
     note="h2load cut off after ${POINT_TIMEOUT}s${note:+; $note}"
@@ -263,10 +272,10 @@ measure_point() {  # measure_point PROXY PROTO C ROUND
     log "$proto c=$c / $proxy: h2load's output (without progress lines):"
     grep -v -e '^progress:' -e '^spawning thread' "$out" | head -n 40 >&2 || true
   fi
-  log "$proto c=$c / $proxy: $RPS req/s, $OK 2xx, $BAD bad, mean $(fmt_ms "$MEAN_US"), p99 $(fmt_ms "$P99_US"), cpu $W_TICKS ticks (user $W_USER, sys $W_SYS) -> $CPU_US us/req, load side $LOAD_US us/req, rss $RSS_MB MB, other CPU ${OTHER_PCT}%${note:+ -- $note}"
+  log "$proto c=$c / $proxy: $RPS req/s, $OK 2xx, $BAD bad, mean $(fmt_ms "$MEAN_US"), p99 $(fmt_ms "$P99_US"), cpu $W_TICKS ticks (user $W_USER, sys $W_SYS) -> $CPU_US us/req, load side $LOAD_US us/req, upstream connects $UP_CONNS, rss $RSS_MB MB, other CPU ${OTHER_PCT}%${note:+ -- $note}"
   ((OTHER_PCT > OTHER_WARN_PCT)) && log "WARNING: ${OTHER_PCT}% of the machine went to other processes during this point"
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$proto" "$c" "$round" "$proxy" "$RPS" "$OK" "$BAD" \
-    "$MEAN_US" "$P99_US" "$CPU_US" "$RSS_MB" "$OTHER_PCT" "$LOAD_US" "$note" >>"$TMP/raw.tsv"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$proto" "$c" "$round" "$proxy" "$RPS" "$OK" "$BAD" \
+    "$MEAN_US" "$P99_US" "$CPU_US" "$RSS_MB" "$OTHER_PCT" "$LOAD_US" "$UP_CONNS" "$note" >>"$TMP/raw.tsv"
   rm -f "$logf"
   # Nothing to drain in a benchmark, and Aralez's SIGTERM path sleeps 5 s: stop every proxy at once.
   kill_started "$PROXY_PID"
@@ -299,18 +308,18 @@ done
 ELAPSED=$(($(date +%s) - T0))
 
 # ---------------------------------------------------------------- aggregate (medians over rounds)
-# $OUT_TSV: proto c proxy rps ok bad mean_us p99_us cpu_us rss_mb other_pct load_us note.
+# $OUT_TSV: proto c proxy rps ok bad mean_us p99_us cpu_us rss_mb other_pct load_us up_conns note.
 # col FIELD: that field of every round of the current (proto, c, proxy) in raw.tsv.
 col() { awk -F'\t' -v p="$proto" -v c="$c" -v x="$proxy" -v i="$1" '$1 == p && $2 == c && $4 == x {print $i}' "$TMP/raw.tsv"; }
 {
-  printf 'proto\tc\tproxy\trps\tok\tbad\tmean_us\tp99_us\tcpu_us\trss_mb\tother_pct\tload_us\tnote\n'
+  printf 'proto\tc\tproxy\trps\tok\tbad\tmean_us\tp99_us\tcpu_us\trss_mb\tother_pct\tload_us\tup_conns\tnote\n'
   for proto in $PROTOCOLS; do
     for c in $CONNS; do
       for proxy in $PROXIES; do
-        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$proto" "$c" "$proxy" \
+        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$proto" "$c" "$proxy" \
           "$(median $(col 5))" "$(col 6 | awk '{s += $1} END {print s + 0}')" "$(col 7 | awk '{s += $1} END {print s + 0}')" \
           "$(median $(col 8))" "$(median $(col 9))" "$(median $(col 10))" "$(maximum $(col 11))" "$(maximum $(col 12))" \
-          "$(median $(col 13))" "$(col 14 | awk 'NF' | paste -sd ';' -)"
+          "$(median $(col 13))" "$(median $(col 14))" "$(col 15 | awk 'NF' | paste -sd ';' -)"
       done
     done
   done
@@ -342,6 +351,7 @@ point_table() {
 }
 latency_cell() { printf '%s / %s' "$(ms2 "$(get "$1" "$2" "$3" mean_us)")" "$(ms2 "$(get "$1" "$2" "$3" p99_us)")"; }
 cpu_rss_cell() { printf '%s / %s' "$(get "$1" "$2" "$3" cpu_us | sed 's/^nan$/n\/a/')" "$(get "$1" "$2" "$3" rss_mb)"; }
+up_conns_cell() { get "$1" "$2" "$3" up_conns | sed 's/^nan$/n\/a/'; }
 load_core_cell() {
   awk -v l="$(get "$1" "$2" "$3" load_us)" -v r="$(get "$1" "$2" "$3" rps)" \
     'BEGIN { if (l == "nan" || l == "" || r == "nan" || r == "") print "n/a"; else printf "%.1f / %.0f %%", l, l * r / 1e4 }'
@@ -411,6 +421,7 @@ PEERS_LIST=$(printf '%s\n' $PROXIES | grep -vx aralez | tr '\n' ' ' || true)
     point_table "$proto" "latency, mean / p99 (ms)" latency_cell
     point_table "$proto" "proxy CPU us/req / peak RSS MB (CPU n/a: under 0.1 s of CPU in the run, too coarse to divide)" cpu_rss_cell
     point_table "$proto" "load core (backend + h2load): CPU us/req / % of the core busy (near 100 %: the load side, not the proxy, sets req/s)" load_core_cell
+    point_table "$proto" "connections opened to the backend during the run (each one an accept and a close on the load core)" up_conns_cell
     if has_proxy aralez; then
       own_max=$(maximum $(for c in $CONNS; do get "$proto" "$c" aralez rps; done))
       own_top=$(get "$proto" "$MAXC" aralez rps)
@@ -435,7 +446,7 @@ PEERS_LIST=$(printf '%s\n' $PROXIES | grep -vx aralez | tr '\n' ' ' || true)
   echo "runs shorter than about a second (small c) have coarse CPU figures (10 ms ticks). RSS = sum of VmHWM of the proxy's processes."
   echo "Load core CPU us/req = (utime+stime) of the backend's processes and of h2load during the run / 2xx responses; its busy % is"
   echo "that times req/s: both share one core, so near 100 % the point measures the load side, and proxies within its noise tie."
-  notes=$(awk -F'\t' 'NR > 1 && $13 != "" {print "- " $1 " c=" $2 " " $3 ": " $13}' "$TMP/sweep.tsv")
+  notes=$(awk -F'\t' 'NR > 1 && $14 != "" {print "- " $1 " c=" $2 " " $3 ": " $14}' "$TMP/sweep.tsv")
   [[ -n "$notes" ]] && { echo; echo "Problems seen:"; echo; echo "$notes"; }
   hot=$(awk -F'\t' -v w="$OTHER_WARN_PCT" 'NR > 1 { n++ } NR > 1 && $11 > w { k++; if ($11 > m) m = $11; l = l (k > 1 ? ", " : "") $1 " c=" $2 " " $3 }
     END { if (k > 8) printf "%d of %d points (up to %d%%)", k, n, m; else if (k) printf "%s (up to %d%%)", l, m }' "$TMP/sweep.tsv")
