@@ -1,13 +1,13 @@
 //! Sending a request to one backend over a pooled connection.
 //!
 //! Each worker thread has its own slot in every backend (chosen by the [`WorkerId`] that travels
-//! with the request): a short list of idle HTTP/1.1
-//! connections and its shared HTTP/2 connections. The slot's mutexes are only ever taken by its
-//! own worker, so they are never contended. An HTTP/1.1 connection goes back to the list when
-//! its response body has been read to the end; one dropped early is closed. An HTTP/2
-//! connection carries as many requests at once as the backend's SETTINGS allow (see
-//! `h2_settings`); past that the worker opens another. A burst that finds no HTTP/2
-//! connection opens one, not one per request.
+//! with the request): a short list of idle HTTP/1.1 connections and its shared HTTP/2
+//! connections. The slot's mutexes are only ever taken by its own worker, so they are never
+//! contended. An HTTP/1.1 connection goes back to the list when its response body has been read
+//! to the end; one dropped early is closed. A plain request that finds none idle looks once
+//! more, after the answers already in, before opening one. An HTTP/2 connection carries as many
+//! requests at once as the backend's SETTINGS allow (see `h2_settings`); past that the worker
+//! opens another. A burst that finds no HTTP/2 connection opens one, not one per request.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -395,15 +395,25 @@ async fn send_inline(
 ) -> Result<Response<PooledBody>, SendError> {
     let backend = x.backend;
     let (head, mut body) = req.into_parts();
-    while let Some(conn) = backend.slot(x.worker).take_inline() {
-        match send_on_inline(x, conn, &head, (body, length), true).await {
-            Ok(resp) => return Ok(resp),
-            Err((error, Some(unsent))) => {
-                tracing::debug!(backend = %backend.label, "pooled connection unusable ({error:?}); trying another");
-                body = unsent;
+    let mut looked_again = false;
+    loop {
+        while let Some(conn) = backend.slot(x.worker).take_inline() {
+            match send_on_inline(x, conn, &head, (body, length), true).await {
+                Ok(resp) => return Ok(resp),
+                Err((error, Some(unsent))) => {
+                    tracing::debug!(backend = %backend.label, "pooled connection unusable ({error:?}); trying another");
+                    body = unsent;
+                }
+                Err((error, None)) => return Err(with_replay(error, replayable.then_some(head))),
             }
-            Err((error, None)) => return Err(with_replay(error, replayable.then_some(head))),
         }
+        if std::mem::replace(&mut looked_again, true) {
+            break;
+        }
+        // None idle, but answers already in may be queued behind this request, each about to
+        // bring its connection back. tokio runs a yielding task again only after polling for
+        // I/O and running what that woke: look once more then, before opening a connection.
+        tokio::task::yield_now().await;
     }
     let conn = match backend.connect_inline(x.timeouts.connect).await {
         Ok(conn) => conn,
@@ -590,3 +600,6 @@ impl Body for PooledBody {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
