@@ -155,6 +155,15 @@ async fn conf_validates_fully_and_save_writes_the_file_once() {
     // The watcher's check at start-up has run (it found the file unchanged), so the next
     // "unchanged" line is its answer to the save's rename.
     proxy.wait_log(UNCHANGED, Duration::from_secs(5)).await;
+    // The answer to the POST above can come before its "configuration applied" line is read
+    // from the proxy's output: wait for the line, or the count below may miss it.
+    assert!(
+        proxy
+            .wait_log_count("configuration applied", 1, Duration::from_secs(5))
+            .await,
+        "{}",
+        proxy.log_text()
+    );
     let (applied_before, unchanged_before) = (
         proxy.log_count("configuration applied"),
         proxy.log_count(UNCHANGED),
