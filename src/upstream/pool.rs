@@ -221,25 +221,39 @@ fn connect_error(error: ConnectError, req: Request<UpBody>) -> SendError {
     }
 }
 
+/// How often a request through hyper's client looks again for an idle connection, a turn of
+/// the scheduler apart, before opening one: hyper's connection task hands an answer's end to
+/// the body and then takes the next request, so one turn is not enough (`send_inline` needs one).
+const HYPER_LOOKS_AGAIN: u32 = 2;
+
 async fn send_h1(
     x: Exchange<'_>,
     t: &Target,
     mut req: Request<UpBody>,
 ) -> Result<Response<PooledBody>, SendError> {
     let backend = x.backend;
-    while let Some(mut conn) = backend.slot(x.worker).take_idle(t.sni.as_deref()) {
-        match tokio::time::timeout(x.timeouts.response, conn.try_send_request(req)).await {
-            Err(_) => return Err(SendError::Timeout),
-            Ok(Ok(resp)) => {
-                backend.metrics.upstream_connection(x.worker, true);
-                return Ok(wrap_h1(x, t, resp, conn));
+    let mut looked_again = 0;
+    loop {
+        while let Some(mut conn) = backend.slot(x.worker).take_idle(t.sni.as_deref()) {
+            match tokio::time::timeout(x.timeouts.response, conn.try_send_request(req)).await {
+                Err(_) => return Err(SendError::Timeout),
+                Ok(Ok(resp)) => {
+                    backend.metrics.upstream_connection(x.worker, true);
+                    return Ok(wrap_h1(x, t, resp, conn));
+                }
+                Ok(Err(mut err)) => match err.take_message() {
+                    // Never written: try the next idle connection, or a new one.
+                    Some(back) => req = back,
+                    None => return Err(classify(err.into_error(), true)),
+                },
             }
-            Ok(Err(mut err)) => match err.take_message() {
-                // Never written: try the next idle connection, or a new one.
-                Some(back) => req = back,
-                None => return Err(classify(err.into_error(), true)),
-            },
         }
+        if looked_again == HYPER_LOOKS_AGAIN {
+            break;
+        }
+        looked_again += 1;
+        // As in `send_inline`: answers already in may bring a connection back.
+        tokio::task::yield_now().await;
     }
     let offer_h2 = !req.headers().contains_key(header::UPGRADE);
     let connecting = backend.connect(
