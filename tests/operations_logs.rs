@@ -76,6 +76,45 @@ async fn access_log_has_one_line_per_request_with_every_field() {
         .all(|l| l.contains("status=404") && l.contains(" backend=- upstream_ms=- ")));
 }
 
+/// A 204 or a 304 leaves with an empty body of the proxy's own in place of the backend's; its
+/// line still names the backend and how long it took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodiless_answers_still_name_their_backend() {
+    let backend = Backend::start("alpha").await;
+    let proxy = ProxyProcess::start(&upstreams_for(&backend), "access_log: all");
+    for proto in PROTOCOLS {
+        let mut client = Client::connect(proto, proxy.addr).await;
+        for status in [204, 304] {
+            backend.set_status(status);
+            let resp = client
+                .get("x.test", &format!("/bodiless?{proto:?}{status}"))
+                .await;
+            assert_eq!(resp.status(), status);
+            body_bytes(resp).await;
+        }
+    }
+    let bodiless = |log: &str| -> Vec<String> {
+        access_lines(log)
+            .into_iter()
+            .filter(|l| l.contains("/bodiless"))
+            .map(str::to_string)
+            .collect()
+    };
+    let logged = eventually(Duration::from_secs(5), || {
+        bodiless(&proxy.log_text()).len() >= 4
+    });
+    assert!(logged.await, "{}", proxy.log_text());
+    let lines = bodiless(&proxy.log_text());
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    for line in &lines {
+        assert!(
+            line.contains(&format!("backend={} upstream_ms=", backend.addr))
+                && !line.contains("upstream_ms=- "),
+            "{line}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn access_log_error_mode_logs_only_failures() {
     let backend = Backend::start("alpha").await;

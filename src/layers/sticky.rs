@@ -5,8 +5,8 @@
 //! random per process), so it cannot be forged or guessed, and it says nothing about
 //! the backend's address. A valid cookie for a backend of this route that is in rotation pins the
 //! request ([`Pinned`] in the request's extensions, read by forwarding); otherwise round robin
-//! picks, and the response gets a fresh cookie for the backend that answered (forwarding tags
-//! every response with [`ServedBy`]).
+//! picks, and the response gets a fresh cookie for the backend that answered (a backend's
+//! response names it: [`ServedBy`]).
 //! The cookie is appended: a backend's own `Set-Cookie` headers are kept.
 //!
 //! With a master key, cookies stay valid across restarts and live upgrades (and across instances
@@ -27,7 +27,7 @@ use tower::{Layer, Service};
 
 use super::auth::ct_eq;
 use super::keys::Keys;
-use crate::upstream::{Backend, BackendSet, Pinned, ServedBy};
+use crate::upstream::{served_by, Backend, BackendSet, Pinned, Served, ServedBy};
 use crate::vocab::ProxyError;
 
 /// Name of the cookie.
@@ -152,6 +152,7 @@ pub struct StickyService<'a, S> {
 impl<'a, S, B, R> Service<Request<B>> for StickyService<'a, S>
 where
     S: Service<Request<B>, Response = Response<R>, Error = ProxyError>,
+    R: Served,
 {
     type Response = Response<R>;
     type Error = ProxyError;
@@ -194,6 +195,7 @@ pin_project! {
 impl<F, R> Future for Cookied<'_, F>
 where
     F: Future<Output = Result<Response<R>, ProxyError>>,
+    R: Served,
 {
     type Output = F::Output;
 
@@ -201,10 +203,7 @@ where
         let this = self.project();
         let mut answer = std::task::ready!(this.inner.poll(cx));
         if let Ok(resp) = &mut answer {
-            let served = resp
-                .extensions()
-                .get::<ServedBy>()
-                .and_then(|ServedBy(b, _)| this.backends.position(b));
+            let served = served_by(resp).and_then(|ServedBy(b, _)| this.backends.position(b));
             // Duplicate entries of one backend share an id, so `position` finds the same index.
             if let Some(served) = served.filter(|s| *this.pinned != Some(*s)) {
                 if let Some(cookie) = this.sticky.set_cookie(served, *this.secure) {
@@ -259,7 +258,9 @@ mod tests {
         let inner = tower::service_fn(move |req: Request<()>| {
             let pinned = req.extensions().get::<Pinned>().map(|p| p.0);
             *s2.lock().unwrap() = pinned;
-            let mut resp = Response::new(());
+            // A body of the proxy's own: the backend is named in the extensions, as where the
+            // proxy replaces a backend's body.
+            let mut resp = Response::new(http_body_util::Full::new(bytes::Bytes::new()));
             resp.headers_mut()
                 .append(header::SET_COOKIE, HeaderValue::from_static("app=1"));
             resp.headers_mut()

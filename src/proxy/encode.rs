@@ -17,6 +17,8 @@ use http::{HeaderMap, HeaderValue};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use crate::upstream::{Served, ServedBy};
+
 /// gzip level: zlib's default, the usual trade of speed for size.
 const GZIP_LEVEL: u32 = 6;
 /// brotli quality: fast enough for on-the-fly compression (11 is meant for static files).
@@ -168,6 +170,12 @@ impl<B> Encoded<B> {
                 Err(inner)
             }
         }
+    }
+}
+
+impl<B: Served> Served for Encoded<B> {
+    fn served_by(&self) -> Option<&ServedBy> {
+        self.inner.served_by()
     }
 }
 

@@ -21,7 +21,7 @@ use http_body::Body as _;
 use http_body_util::{Either, Full};
 
 use crate::upstream::balancer;
-use crate::upstream::{BackendSet, Outgoing, PooledBody, Timeouts};
+use crate::upstream::{keep_served_by, BackendSet, Outgoing, PooledBody, Timeouts};
 use crate::vocab::request_body::{BytesIn, RequestBody};
 use crate::vocab::{headers, request_host, token_param, ClientBody, ClientConn, ProxyError};
 
@@ -168,6 +168,7 @@ fn finish_response(resp: Response<PooledBody>, rules: &HeaderRules) -> Response<
     let bodiless = parts.status == http::StatusCode::NO_CONTENT
         || parts.status == http::StatusCode::NOT_MODIFIED;
     if bodiless {
+        keep_served_by(&mut parts, &body);
         return Response::from_parts(parts, Either::Right(Full::new(Bytes::new())));
     }
     Response::from_parts(parts, Either::Left(Either::Left(Either::Left(body))))

@@ -9,6 +9,8 @@ use std::task::{Context, Poll};
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 
+use crate::upstream::{Served, ServedBy};
+
 /// Receives the whole body when it has passed in full. Dropped unused when the copy is given
 /// up or the body is dropped early (the client went away).
 pub trait TeeSink: Send {
@@ -38,6 +40,12 @@ impl<B: Body> Tee<B> {
             size: 0,
             limit,
         }
+    }
+}
+
+impl<B: Served> Served for Tee<B> {
+    fn served_by(&self) -> Option<&ServedBy> {
+        self.inner.served_by()
     }
 }
 

@@ -32,7 +32,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
 use super::RespBody;
-use crate::upstream::PooledBody;
+use crate::upstream::{keep_served_by, PooledBody};
 use crate::vocab::TunnelLimits;
 
 /// A client's request to switch protocols.
@@ -143,7 +143,8 @@ pub fn bridge(
     client: ClientUpgrade,
     limits: &Arc<TunnelLimits>,
 ) -> Response<RespBody> {
-    let (mut parts, _body) = resp.into_parts();
+    let (mut parts, body) = resp.into_parts();
+    keep_served_by(&mut parts, &body);
     let protocol = parts
         .headers
         .get(header::UPGRADE)

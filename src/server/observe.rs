@@ -21,7 +21,7 @@ use crate::accesslog::{AccessLog, Record};
 use crate::metrics::Metrics;
 use crate::proxy::RespBody;
 use crate::routing::Router;
-use crate::upstream::ServedBy;
+use crate::upstream::served_by;
 use crate::vocab::{ClientBody, ClientConn};
 
 /// The client's response body, counting bytes for the access log.
@@ -101,7 +101,7 @@ pub async fn handle(ctx: &ConnCtx, mut req: Request<ClientBody>) -> Response<Log
         req.extensions_mut().insert(counter);
     }
     let mut resp = ctx.router.handle(client, req).await;
-    let served = resp.extensions().get::<ServedBy>();
+    let served = served_by(&resp);
     let status = resp.status();
     let now = Instant::now();
     let label = served.map(|s| &s.0.label);

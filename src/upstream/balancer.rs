@@ -14,19 +14,14 @@ use http_body_util::{Either, Empty};
 
 use super::backend::Backend;
 use super::connector::ConnectErrorKind;
-use super::pool::{self, Exchange, PooledBody, SendError, Timeouts, UpBody};
+use super::pool::{self, Exchange, SendError, Timeouts, UpBody};
+use super::pooled_body::{PooledBody, ServedBy};
 use crate::vocab::{ProxyError, WorkerId};
 
 /// Request extension: the balancer tries this backend (an index into the route's backends)
 /// first. Set by sticky sessions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pinned(pub usize);
-
-/// Response extension: the backend that answered (for metrics, the access log and sticky
-/// cookies), and when the exchange with it began (the access log's `upstream_ms` runs from
-/// there to the response head).
-#[derive(Clone, Debug)]
-pub struct ServedBy(pub Arc<Backend>, pub std::time::Instant);
 
 /// A route's backends, in config order, with its round-robin position.
 #[derive(Debug)]
@@ -140,8 +135,8 @@ pub fn send<'a>(
             let began = std::time::Instant::now();
             match send_with_stale_replay(x, request, replayable).await {
                 Ok(mut resp) => {
-                    resp.extensions_mut()
-                        .insert(ServedBy(backend.clone(), began));
+                    resp.body_mut()
+                        .set_served_by(ServedBy(backend.clone(), began));
                     return Ok(resp);
                 }
                 Err(SendError::Connect { error, request }) => {

@@ -12,10 +12,12 @@ pub mod detect;
 mod h2_settings;
 pub mod inline;
 pub mod pool;
+pub mod pooled_body;
 mod slot;
 pub mod tls;
 
 pub use backend::{Backend, Registry};
-pub use balancer::{BackendSet, Outgoing, Pinned, ServedBy};
+pub use balancer::{BackendSet, Outgoing, Pinned};
 pub use connector::{ConnectError, ConnectErrorKind, Endpoint, UpBody, Wire};
-pub use pool::{PooledBody, SendError, Timeouts};
+pub use pool::{SendError, Timeouts};
+pub use pooled_body::{keep_served_by, served_by, PooledBody, Served, ServedBy};

@@ -4,23 +4,20 @@
 //! with the request): a short list of idle HTTP/1.1 connections and its shared HTTP/2
 //! connections. The slot's mutexes are only ever taken by its own worker, so they are never
 //! contended. An HTTP/1.1 connection goes back to the list when its response body has been read
-//! to the end; one dropped early is closed. A plain request that finds none idle looks once
-//! more, after the answers already in, before opening one. An HTTP/2 connection carries as many
+//! to the end ([`PooledBody`]); one dropped early is closed. A request that finds none idle
+//! looks again, after the answers already in, before opening one. An HTTP/2 connection carries as many
 //! requests at once as the backend's SETTINGS allow (see `h2_settings`); past that the worker
 //! opens another. A burst that finds no HTTP/2 connection opens one, not one per request.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::header;
 use http::request::Parts;
 use http::{Request, Response};
-use http_body::{Body, Frame, SizeHint};
+use http_body::Body;
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 
@@ -28,7 +25,8 @@ use super::backend::Backend;
 pub use super::connector::UpBody;
 use super::connector::{self, ConnectError, ConnectErrorKind, Fresh, Wire};
 use super::detect;
-use super::inline::{self, BodyLength, InlineBody, InlineConn, InlineError, SendFailure};
+use super::inline::{BodyLength, InlineConn, InlineError, SendFailure};
+use super::pooled_body::{PoolHome, PooledBody, Reusable};
 use super::slot::StreamTicket;
 use crate::vocab::normalise::strip_port;
 use crate::vocab::request_body::BoxError;
@@ -478,11 +476,7 @@ async fn send_on_inline(
     match conn.send(head, body, length, home).await {
         Ok(resp) => {
             x.backend.metrics.upstream_connection(x.worker, reused);
-            Ok(resp.map(|body| PooledBody {
-                inner: Inner::Inline(body),
-                conn: None,
-                _stream: None,
-            }))
+            Ok(resp.map(PooledBody::inline))
         }
         Err(SendFailure {
             error: InlineError::TimedOut,
@@ -499,118 +493,6 @@ async fn send_on_inline(
                 replay: None,
             };
             Err((reset, unsent))
-        }
-    }
-}
-
-/// The pool an inline connection goes back to: its backend, in the sending worker's slot.
-pub struct PoolHome {
-    backend: Arc<Backend>,
-    worker: WorkerId,
-}
-
-impl inline::Home for PoolHome {
-    fn keep(self, conn: Box<InlineConn>) {
-        let max = self.backend.idle_per_worker;
-        self.backend.slot(self.worker).put_inline(conn, max);
-    }
-}
-
-/// An HTTP/1.1 connection that goes back to its worker's pool, under its server name, once its
-/// response has been read.
-struct Reusable {
-    conn: http1::SendRequest<UpBody>,
-    backend: Arc<Backend>,
-    worker: WorkerId,
-    sni: Option<Arc<str>>,
-}
-
-/// A backend's response body that hands its HTTP/1.1 connection back to the pool once read to the end.
-pub struct PooledBody {
-    inner: Inner,
-    conn: Option<Reusable>,
-    /// The stream's place on a shared HTTP/2 connection, freed with the body.
-    _stream: Option<StreamTicket>,
-}
-
-/// Where the body comes from: hyper's client connection, or a connection this body reads
-/// itself (which goes home on its own).
-enum Inner {
-    Hyper(Incoming),
-    Inline(InlineBody<PoolHome, UpBody>),
-}
-
-impl PooledBody {
-    fn wrap(
-        resp: Response<Incoming>,
-        conn: Option<Reusable>,
-        stream: Option<StreamTicket>,
-    ) -> Response<PooledBody> {
-        resp.map(|inner| {
-            let mut body = PooledBody {
-                inner: Inner::Hyper(inner),
-                conn,
-                _stream: stream,
-            };
-            body.release_if_done();
-            body
-        })
-    }
-
-    fn release_if_done(&mut self) {
-        if self.inner.is_end_stream() {
-            if let Some(r) = self.conn.take() {
-                let max = r.backend.idle_per_worker;
-                r.backend.slot(r.worker).put_idle(r.sni, r.conn, max);
-            }
-        }
-    }
-}
-
-impl Drop for PooledBody {
-    fn drop(&mut self) {
-        self.release_if_done();
-    }
-}
-
-impl Inner {
-    fn is_end_stream(&self) -> bool {
-        match self {
-            Inner::Hyper(b) => b.is_end_stream(),
-            Inner::Inline(b) => b.is_end_stream(),
-        }
-    }
-}
-
-impl Body for PooledBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let polled = match &mut self.inner {
-            Inner::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(BoxError::from),
-            Inner::Inline(b) => return Pin::new(b).poll_frame(cx).map_err(BoxError::from),
-        };
-        match &polled {
-            Poll::Ready(None) => self.release_if_done(),
-            Poll::Ready(Some(Ok(_))) => self.release_if_done(),
-            Poll::Ready(Some(Err(_))) => self.conn = None,
-            Poll::Pending => {}
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match &self.inner {
-            Inner::Hyper(b) => b.size_hint(),
-            Inner::Inline(b) => b.size_hint(),
         }
     }
 }

@@ -38,6 +38,7 @@ use tower::{Layer, Service};
 use crate::config::settings::RouteSettings;
 use crate::proxy::tee::{Tee, TeeSink};
 use crate::proxy::RespBody;
+use crate::upstream::keep_served_by;
 use crate::vocab::{normalise, ProxyError};
 use entry::{Entry, SentHeaders};
 pub use respond::X_CACHE_STATUS;
@@ -362,7 +363,7 @@ fn says_uncacheable(status: StatusCode) -> bool {
 /// The answer to a HEAD that was asked as a GET: its body is read here while a copy is being
 /// kept (bounded by `item_max_size`, past which the copy is given up), then dropped.
 async fn head_only(resp: Response<RespBody>) -> Response<RespBody> {
-    let (parts, mut body) = resp.into_parts();
+    let (mut parts, mut body) = resp.into_parts();
     if let Either::Left(Either::Right(tee)) = &mut body {
         while tee.keeping() {
             match tee.frame().await {
@@ -371,6 +372,7 @@ async fn head_only(resp: Response<RespBody>) -> Response<RespBody> {
             }
         }
     }
+    keep_served_by(&mut parts, &body);
     Response::from_parts(parts, Either::Right(Full::new(Bytes::new())))
 }
 
