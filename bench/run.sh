@@ -20,6 +20,11 @@
 #   RELOAD_CONTENT  `new` (default) or `same`: the same loop rewriting identical bytes, which aralez
 #              skips, to measure what the loop itself costs the load generator
 #   PROXY_CPU / LOAD_CPU  cores for the proxy and for backend + load generator (default 0 / 1)
+#   PEER_HEADERS `equal` (default) or `bare`. aralez always adds X-Forwarded-For, -Proto and -Host
+#              and an X-Request-Id to the backend request and the X-Request-Id to the answer (SPEC
+#              §6.2); `equal` configures nginx and HAProxy to do the same (so every proxy writes,
+#              and the backend and load generator parse, the same fields), `bare` leaves them at
+#              plain proxying (the tables up to 2026-11-28 were measured that way)
 #
 # Run it on an otherwise idle machine; it warns when the CPUs were busy just before it started and
 # when other processes used CPU during a measured window.
@@ -35,6 +40,7 @@ BASE_PORT=${BASE_PORT:-18080}
 PROXY_CPU=${PROXY_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
 WARMUP=2
+PEER_HEADERS=${PEER_HEADERS:-equal}
 OTHER_WARN_PCT=3   # flag a window where other processes used more than this % of the machine
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -51,6 +57,7 @@ done
 for p in $PROXIES; do
   case "$p" in aralez|nginx|haproxy) ;; *) die "unknown proxy '$p' (known: aralez nginx haproxy)";; esac
 done
+case "$PEER_HEADERS" in equal|bare) ;; *) die "PEER_HEADERS must be 'equal' or 'bare', got '$PEER_HEADERS'";; esac
 [[ -n "${SCENARIOS// }" ]] || die "SCENARIOS is empty"
 [[ -n "${PROXIES// }" ]] || die "PROXIES is empty"
 
@@ -156,6 +163,32 @@ nginx_tls_listen() {
 EOF
 }
 
+# The fields aralez adds to every forwarded request and answer, for the peers too (PEER_HEADERS=equal):
+# the client's address, scheme and host, and a request id sent both ways (aralez's and nginx's
+# $request_id are 32 hex digits; HAProxy's uuid() is 36 characters).
+nginx_equal_headers() {
+  [[ "$PEER_HEADERS" == equal ]] || return 0
+  cat <<'EOF'
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+            proxy_set_header X-Forwarded-Proto $scheme;
+            proxy_set_header X-Forwarded-Host $http_host;
+            proxy_set_header X-Request-Id $request_id;
+            add_header X-Request-Id $request_id always;
+EOF
+}
+
+haproxy_equal_headers() {  # haproxy_equal_headers SCHEME
+  [[ "$PEER_HEADERS" == equal ]] || return 0
+  cat <<EOF
+    option forwardfor
+    http-request set-header X-Forwarded-Proto $1
+    http-request set-header X-Forwarded-Host %[req.hdr(host)]
+    unique-id-format %[uuid()]
+    unique-id-header X-Request-Id
+    http-response set-header X-Request-Id %[unique-id]
+EOF
+}
+
 write_nginx_conf() {  # write_nginx_conf SCENARIO
   { nginx_common nginx; cat <<EOF
 http {
@@ -179,6 +212,7 @@ $(nginx_tls_listen "$1")
             proxy_pass http://backend;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
+$(nginx_equal_headers)
         }
     }
 }
@@ -201,12 +235,14 @@ defaults
 
 frontend fe_h1
     bind 127.0.0.1:$P_HAPROXY
+$(haproxy_equal_headers http)
     default_backend be
 
 frontend fe_h2c
     bind 127.0.0.1:$P_HAPROXY_H2 proto h2
+$(haproxy_equal_headers http)
     default_backend be
-$(is_tls "$1" && printf '\nfrontend fe_tls\n    bind 127.0.0.1:%s ssl crt %s alpn h2,http/1.1\n    default_backend be\n' "$P_HAPROXY_TLS" "$TMP/haproxy.pem")
+$(is_tls "$1" && printf '\nfrontend fe_tls\n    bind 127.0.0.1:%s ssl crt %s alpn h2,http/1.1\n%s\n    default_backend be\n' "$P_HAPROXY_TLS" "$TMP/haproxy.pem" "$(haproxy_equal_headers https)")
 
 backend be
     server s1 127.0.0.1:$P_BACKEND
@@ -284,14 +320,19 @@ start_proxy() {  # start_proxy NAME SCENARIO -> PROXY_PID
   PROXY_PID=$LAST_PID
   # The proxy must answer 200 (with the backend's body) through curl, in the scenario's protocol
   # (over TLS: verifying the test certificate), before any load.
-  local url
+  local url ver=1.1 args=()
   url=$(proxy_url "$1" "$2")
   case "$2" in
-    h2c) wait_ok "$1" "$url" 2 "$PROXY_PID" --http2-prior-knowledge ;;
-    h2tls) wait_ok "$1" "$url" 2 "$PROXY_PID" --http2 --cacert "$TMP/certs/default.crt" ;;
-    https|tlsnew) wait_ok "$1" "$url" 1.1 "$PROXY_PID" --http1.1 --cacert "$TMP/certs/default.crt" ;;
-    *) wait_ok "$1" "$url" 1.1 "$PROXY_PID" ;;
+    h2c) ver=2 args=(--http2-prior-knowledge) ;;
+    h2tls) ver=2 args=(--http2 --cacert "$TMP/certs/default.crt") ;;
+    https|tlsnew) args=(--http1.1 --cacert "$TMP/certs/default.crt") ;;
   esac
+  wait_ok "$1" "$url" "$ver" "$PROXY_PID" "${args[@]}"
+  # With equal work, each proxy's answer must carry the request id it also sent the backend.
+  if [[ "$PEER_HEADERS" == equal ]]; then
+    curl -s "${args[@]}" -D - -o /dev/null --max-time 2 "$url" | grep -qi '^x-request-id: *[0-9a-f-]\{32,\}' \
+      || die "$1: its answer has no X-Request-Id although PEER_HEADERS=equal"
+  fi
 }
 
 # The load of each scenario. wrk offers no ALPN, so over TLS it speaks HTTP/1.1; h2load is limited
@@ -395,6 +436,11 @@ FAILED=0
     echo "- aralez: $ARALEZ_BIN (git $(git -C "$REPO_ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown))"
   fi
   echo "- CPUs busy in the 1 s before the run: ${BUSY_PCT}%$( ((BUSY_PCT > 10)) && echo " -- WARNING: machine not idle, numbers distorted")"
+  if [[ "$PEER_HEADERS" == equal ]]; then
+    echo "- forwarded fields: every proxy adds X-Forwarded-For, -Proto, -Host and X-Request-Id to the backend request and X-Request-Id to the answer (aralez always does; nginx and HAProxy configured to, PEER_HEADERS=equal)"
+  else
+    echo "- forwarded fields: aralez adds X-Forwarded-For, -Proto, -Host and X-Request-Id to the backend request and X-Request-Id to the answer; nginx and HAProxy add nothing (PEER_HEADERS=bare)"
+  fi
   echo "- CPU us/req = (utime+stime) of all the proxy's processes over the measured window / 2xx responses; RSS = sum of VmHWM"
   if ((TLS_ON)); then
     echo "- TLS: the three proxies serve the same ECDSA P-256 self-signed certificate (made with openssl for the run) on one TLS port each, ALPN h2 + http/1.1; the backend stays plain HTTP"
