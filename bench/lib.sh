@@ -609,3 +609,50 @@ print_table() {
     echo "- $proxy: $(fmt_ms "${R_MEAN[$proxy]}") ± $(fmt_ms "${R_SD[$proxy]}")${R_NOTE[$proxy]:+ (${R_NOTE[$proxy]})}; other CPU activity during the window: ${R_OTHER[$proxy]}%$w"
   done
 }
+
+# ---------------------------------------------------------------- equal work for the peers
+# aralez adds X-Forwarded-For, -Proto and -Host and an X-Request-Id to every backend request and the
+# X-Request-Id to every answer (SPEC §6.2). With PEER_HEADERS=equal (the default) nginx and HAProxy
+# are configured to do the same, so that every proxy writes, and the backend and load generator
+# parse, the same fields; PEER_HEADERS=bare leaves them at plain proxying (the tables up to
+# 2026-11-28 were measured that way). aralez's and nginx's request ids are 32 hex digits, HAProxy's
+# uuid() 36 characters. Aralez 0.95 (Pingora) is left as it is configured.
+check_peer_headers() {
+  PEER_HEADERS=${PEER_HEADERS:-equal}
+  case "$PEER_HEADERS" in equal|bare) ;; *) die "PEER_HEADERS must be 'equal' or 'bare', got '$PEER_HEADERS'";; esac
+}
+
+# Lines for an nginx `location` that proxies (PEER_HEADERS=equal), else nothing.
+nginx_equal_headers() {
+  [[ "${PEER_HEADERS:-equal}" == equal ]] || return 0
+  cat <<'EOF'
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+            proxy_set_header X-Forwarded-Proto $scheme;
+            proxy_set_header X-Forwarded-Host $http_host;
+            proxy_set_header X-Request-Id $request_id;
+            add_header X-Request-Id $request_id always;
+EOF
+}
+
+# Lines for an HAProxy frontend (PEER_HEADERS=equal), else nothing.
+haproxy_equal_headers() {
+  [[ "${PEER_HEADERS:-equal}" == equal ]] || return 0
+  cat <<'EOF'
+    option forwardfor
+    http-request set-header X-Forwarded-Proto https if { ssl_fc }
+    http-request set-header X-Forwarded-Proto http if !{ ssl_fc }
+    http-request set-header X-Forwarded-Host %[req.hdr(host)]
+    unique-id-format %[uuid()]
+    unique-id-header X-Request-Id
+    http-response set-header X-Request-Id %[unique-id]
+EOF
+}
+
+# The report line saying which it was.
+peer_headers_line() {
+  if [[ "${PEER_HEADERS:-equal}" == equal ]]; then
+    echo "- forwarded fields: every proxy adds X-Forwarded-For, -Proto, -Host and X-Request-Id to the backend request and X-Request-Id to the answer (aralez always does; nginx and HAProxy configured to, PEER_HEADERS=equal)"
+  else
+    echo "- forwarded fields: aralez adds X-Forwarded-For, -Proto, -Host and X-Request-Id to the backend request and X-Request-Id to the answer; nginx and HAProxy add nothing (PEER_HEADERS=bare)"
+  fi
+}

@@ -24,6 +24,8 @@
 #   ARALEZ_PEER_BIN / OHA_BIN  Aralez 0.95 and oha binaries (default: bench/peers.sh's installs)
 #   BASE_PORT    first of 12 consecutive localhost ports (default 18380)
 #   PROXY_CPU / LOAD_CPU  cores (default 0 / 1)
+#   PEER_HEADERS `equal` (default) or `bare`: whether nginx and HAProxy add the forwarded fields and
+#                request id aralez adds (see bench/lib.sh)
 #
 # Output: bench/last-mixed.md: per proxy req/s (2xx per second; GET and POST apart), answered
 # requests, non-2xx, errors, p50 p90 p99 p99.9 p99.99 over every answered request of both oha
@@ -47,6 +49,7 @@ REPO_ROOT=$(cd "$SCRIPT_DIR/.." && pwd)
 OUT_MD="$SCRIPT_DIR/last-mixed.md"
 # shellcheck source=bench/lib.sh
 source "$SCRIPT_DIR/lib.sh"
+check_peer_headers
 
 # ---------------------------------------------------------------- argument checks
 for v in CONNS_EACH DURATION ROUNDS POOL BASE_PORT; do
@@ -161,6 +164,7 @@ $(for i in 0 1 2; do cat <<EOS
             proxy_pass http://b$i;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
+$(nginx_equal_headers)
         }
     }
 EOS
@@ -176,6 +180,7 @@ EOF
 
   {
     haproxy_head
+    haproxy_equal_headers
     for i in 0 1 2; do echo "    use_backend b$i if { req.hdr(host),field(1,:),lower -m str ${HOSTS[$i]} }"; done
     echo "    http-request return status 404 if !{ req.hdr(host),field(1,:),lower -m str ${HOSTS[*]} }"
     for i in 0 1 2; do printf '\nbackend b%s\n    server s1 127.0.0.1:%s pool-max-conn %s\n' "$i" "${P_BACK[$i]}" "$POOL"; done
@@ -304,6 +309,7 @@ REPORT="$TMP/report.md"
   echo
   echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'); took ${ELAPSED}s"
   echo "- machine: $(nproc) cores, $(lscpu 2>/dev/null | awk -F: '/^Model name/ {gsub(/^ +/, "", $2); print $2; exit}'), kernel $(uname -r); open-file limit $NOFILE"
+  peer_headers_line
   echo "- load: two oha $OHA_VERSION processes at once for ${DURATION}s, each \`-c $CONNS_EACH --urls-from-file\` (one GET, one POST with a 1 KiB JSON body, \`-T application/json\`), HTTP/1.1; 60 URLs: 20 nested paths (1-7 segments) on each of ${HOSTS[*]}, 45 HTTPS and 15 plain. oha keeps each connection to the scheme and port of the URL that opened it and sends any URL on it (Host header with the URL's port), so about 3/4 of the connections are TLS"
   echo "- routing: by host name in every proxy (3 hosts -> 3 backend ports of one nginx, \`return 200\` with a $(host_body 0 | wc -c)-byte JSON naming the host); checked with curl before each load (GET and POST, plain and TLS, each host to its own backend; an unknown host is not answered 200)"
   echo "- pinning: each proxy one worker/thread on core $PROXY_CPU; the backend and both oha processes (1 worker thread each) on core $LOAD_CPU; each proxy started fresh, no warm-up"

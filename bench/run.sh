@@ -20,11 +20,8 @@
 #   RELOAD_CONTENT  `new` (default) or `same`: the same loop rewriting identical bytes, which aralez
 #              skips, to measure what the loop itself costs the load generator
 #   PROXY_CPU / LOAD_CPU  cores for the proxy and for backend + load generator (default 0 / 1)
-#   PEER_HEADERS `equal` (default) or `bare`. aralez always adds X-Forwarded-For, -Proto and -Host
-#              and an X-Request-Id to the backend request and the X-Request-Id to the answer (SPEC
-#              §6.2); `equal` configures nginx and HAProxy to do the same (so every proxy writes,
-#              and the backend and load generator parse, the same fields), `bare` leaves them at
-#              plain proxying (the tables up to 2026-11-28 were measured that way)
+#   PEER_HEADERS `equal` (default) or `bare`: whether nginx and HAProxy add the forwarded fields and
+#              request id aralez adds (see bench/lib.sh; the tables up to 2026-11-28 were `bare`)
 #
 # Run it on an otherwise idle machine; it warns when the CPUs were busy just before it started and
 # when other processes used CPU during a measured window.
@@ -40,7 +37,6 @@ BASE_PORT=${BASE_PORT:-18080}
 PROXY_CPU=${PROXY_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
 WARMUP=2
-PEER_HEADERS=${PEER_HEADERS:-equal}
 OTHER_WARN_PCT=3   # flag a window where other processes used more than this % of the machine
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -57,7 +53,7 @@ done
 for p in $PROXIES; do
   case "$p" in aralez|nginx|haproxy) ;; *) die "unknown proxy '$p' (known: aralez nginx haproxy)";; esac
 done
-case "$PEER_HEADERS" in equal|bare) ;; *) die "PEER_HEADERS must be 'equal' or 'bare', got '$PEER_HEADERS'";; esac
+check_peer_headers
 [[ -n "${SCENARIOS// }" ]] || die "SCENARIOS is empty"
 [[ -n "${PROXIES// }" ]] || die "PROXIES is empty"
 
@@ -163,32 +159,6 @@ nginx_tls_listen() {
 EOF
 }
 
-# The fields aralez adds to every forwarded request and answer, for the peers too (PEER_HEADERS=equal):
-# the client's address, scheme and host, and a request id sent both ways (aralez's and nginx's
-# $request_id are 32 hex digits; HAProxy's uuid() is 36 characters).
-nginx_equal_headers() {
-  [[ "$PEER_HEADERS" == equal ]] || return 0
-  cat <<'EOF'
-            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
-            proxy_set_header X-Forwarded-Proto $scheme;
-            proxy_set_header X-Forwarded-Host $http_host;
-            proxy_set_header X-Request-Id $request_id;
-            add_header X-Request-Id $request_id always;
-EOF
-}
-
-haproxy_equal_headers() {  # haproxy_equal_headers SCHEME
-  [[ "$PEER_HEADERS" == equal ]] || return 0
-  cat <<EOF
-    option forwardfor
-    http-request set-header X-Forwarded-Proto $1
-    http-request set-header X-Forwarded-Host %[req.hdr(host)]
-    unique-id-format %[uuid()]
-    unique-id-header X-Request-Id
-    http-response set-header X-Request-Id %[unique-id]
-EOF
-}
-
 write_nginx_conf() {  # write_nginx_conf SCENARIO
   { nginx_common nginx; cat <<EOF
 http {
@@ -235,14 +205,14 @@ defaults
 
 frontend fe_h1
     bind 127.0.0.1:$P_HAPROXY
-$(haproxy_equal_headers http)
+$(haproxy_equal_headers)
     default_backend be
 
 frontend fe_h2c
     bind 127.0.0.1:$P_HAPROXY_H2 proto h2
-$(haproxy_equal_headers http)
+$(haproxy_equal_headers)
     default_backend be
-$(is_tls "$1" && printf '\nfrontend fe_tls\n    bind 127.0.0.1:%s ssl crt %s alpn h2,http/1.1\n%s\n    default_backend be\n' "$P_HAPROXY_TLS" "$TMP/haproxy.pem" "$(haproxy_equal_headers https)")
+$(is_tls "$1" && printf '\nfrontend fe_tls\n    bind 127.0.0.1:%s ssl crt %s alpn h2,http/1.1\n%s\n    default_backend be\n' "$P_HAPROXY_TLS" "$TMP/haproxy.pem" "$(haproxy_equal_headers)")
 
 backend be
     server s1 127.0.0.1:$P_BACKEND
@@ -436,11 +406,7 @@ FAILED=0
     echo "- aralez: $ARALEZ_BIN (git $(git -C "$REPO_ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown))"
   fi
   echo "- CPUs busy in the 1 s before the run: ${BUSY_PCT}%$( ((BUSY_PCT > 10)) && echo " -- WARNING: machine not idle, numbers distorted")"
-  if [[ "$PEER_HEADERS" == equal ]]; then
-    echo "- forwarded fields: every proxy adds X-Forwarded-For, -Proto, -Host and X-Request-Id to the backend request and X-Request-Id to the answer (aralez always does; nginx and HAProxy configured to, PEER_HEADERS=equal)"
-  else
-    echo "- forwarded fields: aralez adds X-Forwarded-For, -Proto, -Host and X-Request-Id to the backend request and X-Request-Id to the answer; nginx and HAProxy add nothing (PEER_HEADERS=bare)"
-  fi
+  peer_headers_line
   echo "- CPU us/req = (utime+stime) of all the proxy's processes over the measured window / 2xx responses; RSS = sum of VmHWM"
   if ((TLS_ON)); then
     echo "- TLS: the three proxies serve the same ECDSA P-256 self-signed certificate (made with openssl for the run) on one TLS port each, ALPN h2 + http/1.1; the backend stays plain HTTP"

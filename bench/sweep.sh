@@ -28,6 +28,8 @@
 #   ARALEZ_PEER_BIN  Aralez 0.95 binary (default: bench/peers.sh's install under target/peers)
 #   BASE_PORT      first of 10 consecutive localhost ports (default 18280)
 #   PROXY_CPU / LOAD_CPU  cores (default 0 / 1)
+#   PEER_HEADERS   `equal` (default) or `bare`: whether nginx and HAProxy add the forwarded fields and
+#                  request id aralez adds (see bench/lib.sh)
 #
 # Output: bench/last-sweep.md (markdown tables per protocol: req/s with aralez's ratio to the best
 # peer, mean/p99 latency, proxy CPU us/req and peak RSS; summary lines), bench/last-sweep.tsv (the
@@ -64,6 +66,7 @@ for v in REQS_PER_CONN ROUNDS POOL POINT_TIMEOUT BASE_PORT MAX_REPS; do
   [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer, got '${!v}'"
 done
 [[ "$MIN_POINT_SECONDS" =~ ^[0-9]+$ ]] || die "MIN_POINT_SECONDS must be a whole number of seconds, got '$MIN_POINT_SECONDS'"
+check_peer_headers
 [[ -n "${CONNS// }" ]] || die "CONNS is empty"
 for c in $CONNS; do [[ "$c" =~ ^[1-9][0-9]*$ ]] || die "CONNS: '$c' is not a positive integer"; done
 for p in $PROTOCOLS; do
@@ -136,13 +139,14 @@ $(nginx_temp_paths nginx)
             proxy_pass http://backend;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
+$(nginx_equal_headers)
         }
     }
 }
 EOF
   } >"$TMP/nginx.conf"
 
-  { haproxy_head; cat <<EOF
+  { haproxy_head; haproxy_equal_headers; cat <<EOF
     default_backend be
 
 backend be
@@ -369,6 +373,7 @@ PEERS_LIST=$(printf '%s\n' $PROXIES | grep -vx aralez | tr '\n' ' ' || true)
   echo "- load: \`h2load -n \$((c*$REQS_PER_CONN)) -c c\` (one h2load thread, 1 request in flight per connection; TLS 1.3 with TLS_AES_256_GCM_SHA384 for every proxy) at c = $CONNS; each proxy started fresh for each point, checked with curl, no warm-up (as the comparison)"
   echo "- pinning: each proxy one worker/thread on core $PROXY_CPU; backend (nginx \`return 200\`, 13-byte body) and h2load on core $LOAD_CPU"
   echo "- connection caps: nginx worker_connections $NOFILE and listen backlog 65535; HAProxy maxconn $HAPROXY_MAXCONN (global and frontend; 100000 unless the open-file limit forbids it); aralez max_connections and upstream_max_connections 100000; Aralez has none. Idle upstream pool $POOL on every proxy"
+  peer_headers_line
   echo "- versions: $(nginx -v 2>&1 | sed 's/^nginx version: //')$(has_proxy haproxy && echo ", $(haproxy -v 2>/dev/null | head -1 | awk '{print "HAProxy " $3}')"), $(h2load --version 2>/dev/null | head -1), $(openssl version | awk '{print $1, $2}')$(has_proxy aralez && echo ", aralez $ARALEZ_BIN (git $(git -C "$REPO_ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown))")$(has_proxy Aralez && echo ", Aralez $ARALEZ_PEER_VERSION $ARALEZ_PEER_BIN")"
   ((ROUNDS > 1)) && echo "- $ROUNDS rounds per point, order rotated; medians shown (RSS: the highest round; failures: summed)"
   echo "- CPUs busy in the 1 s before the run: ${BUSY_PCT}%$( ((BUSY_PCT > 10)) && echo " -- WARNING: machine not idle, numbers distorted")"
