@@ -25,7 +25,6 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::sync::watch;
 
-use super::acceptor::Acceptor;
 use super::h1;
 use super::h2_guard::FloodGuard;
 use super::idle::{self, Activity, Timers};
@@ -277,7 +276,7 @@ impl AcceptLoop {
                 self.name
             );
         }
-        let mut listener = match Acceptor::new(self.listener) {
+        let listener = match tokio::net::TcpListener::from_std(self.listener) {
             Ok(l) => l,
             Err(e) => {
                 tracing::error!("{}: cannot register the listener: {e}", self.name);

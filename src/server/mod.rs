@@ -8,7 +8,6 @@
 //! facts.
 
 pub mod accept;
-mod acceptor;
 mod h1;
 mod h2_guard;
 pub mod h3;
