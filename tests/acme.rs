@@ -11,7 +11,7 @@ mod support;
 use std::net::SocketAddr;
 
 use support::pebble::*;
-use support::redis::free_port;
+use support::ports::free_port;
 use support::*;
 
 #[tokio::test]

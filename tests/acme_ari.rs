@@ -21,7 +21,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 
 use support::pebble::*;
-use support::redis::free_port;
+use support::ports::free_port;
 use support::*;
 
 /// The window the stand-in suggests, and the identifiers it was asked about.

@@ -23,7 +23,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 
 use support::pebble::*;
-use support::redis::free_port;
+use support::ports::free_port;
 use support::*;
 
 const CLOUDFLARE_RECORD: &str = include_str!("fixtures/dns/cloudflare_create_record.json");

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use cache_support::*;
 use http::Method;
+use support::ports::free_port;
 use support::redis::*;
 use support::tools;
 use support::*;

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use http::Method;
-use support::redis::free_port;
+use support::ports::free_port;
 use support::*;
 
 const KEY: &str = "k";

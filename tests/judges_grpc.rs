@@ -7,11 +7,12 @@
 
 mod support;
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use support::ports::free_port;
 use support::tools::{find, run, Tool};
 use support::*;
 
@@ -56,11 +57,6 @@ impl Drop for InteropServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    listener.local_addr().expect("local addr").port()
 }
 
 /// Starts the interop server, with TLS when `tls` names its certificate and key.

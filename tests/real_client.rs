@@ -19,6 +19,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::Method;
 use policies_support::connect_from;
+use support::ports::free_port;
 use support::tools::{self, Tool};
 use support::{body_bytes, default_route, full, header, Backend, Client, Proto, ProxyProcess};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -32,14 +33,6 @@ const HAPROXY: Tool = Tool {
 
 fn ip(text: &str) -> IpAddr {
     text.parse().unwrap()
-}
-
-/// A port free a moment ago, for HAProxy's frontends (it cannot report ports it picked).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
 }
 
 /// HAProxy running `config` in the foreground, killed on drop.

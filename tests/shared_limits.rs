@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use http::Method;
+use support::ports::free_port;
 use support::redis::*;
 use support::tools;
 use support::*;

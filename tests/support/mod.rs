@@ -27,6 +27,7 @@ use tokio::net::TcpStream;
 
 mod backend;
 pub mod pebble;
+pub mod ports;
 pub mod redis;
 pub mod tools;
 pub mod upstreams;
@@ -372,11 +373,7 @@ impl ProxyProcess {
 
     /// [`ProxyProcess::start_logging_to_file`] with `log_file: "{log_file}"` (a rotation form, say).
     pub fn start_logging_to(upstreams: &str, log_file: &str, main_extra: &str) -> ProxyProcess {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let addr: SocketAddr = ([127, 0, 0, 1], ports::free_port()).into();
         let extra = format!("log_file: \"{log_file}\"\n{main_extra}");
         let (dir, main) = write_config_listening(upstreams, &extra, &addr.to_string());
         let mut child = Command::new(binary())

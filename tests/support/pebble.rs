@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::redis::free_port;
+use super::ports::free_port;
 use super::tools::{self, Tool};
 use super::*;
 

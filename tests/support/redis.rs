@@ -69,10 +69,3 @@ pub async fn command(port: u16, args: &[&str]) -> Option<String> {
         .ok()?;
     Some(String::from_utf8_lossy(&buf[..n]).into_owned())
 }
-
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
