@@ -140,11 +140,9 @@ fn run_to_exit(dir: &std::path::Path, args: &[&str]) -> (std::process::ExitStatu
     (status, stderr)
 }
 
-/// A local address nothing listens on (bound, then let go).
+/// A local address nothing listens on, that no one else is handed meanwhile.
 fn free_addr() -> std::net::SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
+    ([127, 0, 0, 1], support::ports::free_port()).into()
 }
 
 /// Stops the background process named by the pid file in `dir` (SIGTERM, up to 10 s for it to

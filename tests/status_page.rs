@@ -29,10 +29,10 @@ fn routes(ok: &Backend, gone: &Backend, dead: std::net::SocketAddr) -> String {
     Upstreams::new().host("DEFAULT", host).render()
 }
 
-/// An address of 127.0.0.1 that refuses connections (its listener is gone).
+/// An address of 127.0.0.1 that refuses connections (nothing listens there, and the port is out
+/// of the range the kernel hands out by itself).
 fn dead_address() -> std::net::SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("address")
+    ([127, 0, 0, 1], support::ports::free_port()).into()
 }
 
 async fn status_json(admin: std::net::SocketAddr, query: &str) -> Value {
