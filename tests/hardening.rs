@@ -454,7 +454,11 @@ async fn a_client_that_never_reads_is_cut_off_after_the_send_timeout() {
             .body(http_body_util::Empty::<bytes::Bytes>::new())
             .unwrap();
         let mut send = send.clone();
-        tokio::spawn(async move { send.send_request(req).await });
+        // The response is held, never read: dropping it would cancel the stream.
+        tokio::spawn(async move {
+            let _held = send.send_request(req).await;
+            std::future::pending::<()>().await
+        });
     }
     let ended = tokio::time::timeout(Duration::from_secs(30), &mut conn).await;
     assert!(ended.is_ok(), "the stuck connection was never closed");
