@@ -195,6 +195,7 @@ async fn forwarding_headers() {
         // Without an incoming XFF the client IP alone is sent.
         let resp = client.get("example.com", "/").await;
         assert_eq!(header(&resp, "x-seen-xff"), "127.0.0.1");
+        assert_eq!(header(&resp, "x-seen-forwarded-lines"), "3", "{proto:?}");
         body_bytes(resp).await;
     }
     // Hop-by-hop request headers (only HTTP/1.1 clients can send them).
@@ -224,6 +225,68 @@ async fn forwarding_headers() {
         );
     }
     assert!(seen.contains("x-end-to-end"), "{seen}");
+}
+
+/// A request without `X-Forwarded-*` of its own gets the three fields once each, whether the
+/// backend is spoken to by aralez's own HTTP/1.1 client or by hyper's (h2c here); a client's
+/// own list is appended to; a route rule that sets one of them wins over the proxy's value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_fields_reach_every_backend_protocol_once() {
+    let a = Backend::start("a").await;
+    let pinned = format!("http://{}", a.addr);
+    let yaml = Upstreams::new()
+        .host("h1.test", Host::new().path("/", Path::addrs(&[&pinned])))
+        .host("h2.test", Host::new().path("/", Path::servers(&[&a])))
+        .host(
+            "rule.test",
+            Host::new().path(
+                "/",
+                Path::addrs(&[&pinned]).server_headers(&["X-Forwarded-Proto: https"]),
+            ),
+        )
+        .render();
+    let proxy = ProxyProcess::start(&yaml, "");
+    for proto in PROTOCOLS {
+        let mut client = Client::connect(proto, proxy.addr).await;
+        for (host, version) in [("h1.test", "HTTP/1.1"), ("h2.test", "HTTP/2.0")] {
+            let resp = client.get(host, "/").await;
+            assert_eq!(resp.status(), 200, "{proto:?} {host}");
+            assert_eq!(header(&resp, "x-seen-version"), version, "{proto:?} {host}");
+            assert_eq!(header(&resp, "x-seen-xff"), "127.0.0.1", "{proto:?} {host}");
+            assert_eq!(header(&resp, "x-seen-proto"), "http", "{proto:?} {host}");
+            assert_eq!(header(&resp, "x-seen-fwd-host"), host, "{proto:?} {host}");
+            assert_eq!(
+                header(&resp, "x-seen-forwarded-lines"),
+                "3",
+                "{proto:?} {host}"
+            );
+            body_bytes(resp).await;
+            let resp = client
+                .send(
+                    Method::GET,
+                    Some(host),
+                    "/",
+                    &[("x-forwarded-for", "203.0.113.9")],
+                    full(""),
+                )
+                .await;
+            assert_eq!(header(&resp, "x-seen-xff"), "203.0.113.9, 127.0.0.1");
+            assert_eq!(
+                header(&resp, "x-seen-forwarded-lines"),
+                "3",
+                "{proto:?} {host}"
+            );
+            body_bytes(resp).await;
+        }
+        let resp = client.get("rule.test", "/").await;
+        assert_eq!(
+            header(&resp, "x-seen-proto"),
+            "https",
+            "{proto:?}: the rule wins"
+        );
+        assert_eq!(header(&resp, "x-seen-forwarded-lines"), "3", "{proto:?}");
+        body_bytes(resp).await;
+    }
 }
 
 /// The proxy with every path of every host going to `backend`.

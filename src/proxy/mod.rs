@@ -22,6 +22,7 @@ use http_body_util::{Either, Full};
 
 use crate::upstream::balancer;
 use crate::upstream::{keep_served_by, BackendSet, Outgoing, PooledBody, Timeouts};
+use crate::vocab::forwarded::{self, Forwarded};
 use crate::vocab::request_body::{BytesIn, RequestBody};
 use crate::vocab::{headers, request_host, token_param, ClientBody, ClientConn, ProxyError};
 
@@ -102,7 +103,7 @@ fn outgoing(
     upgrade: Option<&upgrade::UpgradeAsk>,
 ) -> Outgoing {
     let (mut parts, body) = req.into_parts();
-    prepare_headers(&mut parts, conn, rules);
+    let forwarded = prepare_headers(&mut parts, conn, rules);
     if let Some(ask) = upgrade {
         upgrade::prepare_backend_request(&mut parts, ask);
     }
@@ -112,6 +113,7 @@ fn outgoing(
     let counter = parts.extensions.remove::<BytesIn>();
     Outgoing {
         head: parts,
+        forwarded,
         body: Either::Left(RequestBody::new(body, counter)),
         replayable,
     }
@@ -124,13 +126,33 @@ fn is_idempotent(method: &Method) -> bool {
     )
 }
 
-/// Header rewrites that do not depend on which backend is chosen.
-fn prepare_headers(parts: &mut Parts, conn: &ClientConn, rules: &HeaderRules) {
+/// Header rewrites that do not depend on which backend is chosen. `X-Forwarded-*` wait for the
+/// head to be written (returned) when neither the client nor a route rule set any of them.
+fn prepare_headers(
+    parts: &mut Parts,
+    conn: &ClientConn,
+    rules: &HeaderRules,
+) -> Option<forwarded::Deferred> {
     let client_host = request_host(&parts.headers, &parts.uri);
     let headers = &mut parts.headers;
-    headers::remove_hop_by_hop(headers);
-    headers::append_forwarded_for(headers, &conn.forwarded_for);
-    headers::set_forwarded_proto_host(headers, conn.tls, client_host.clone());
+    let client_sent_forwarded = headers::remove_hop_by_hop_from_request(headers);
+    let fields = Forwarded {
+        client_ip: conn.forwarded_for.clone(),
+        tls: conn.tls,
+        host: client_host.clone(),
+    };
+    let rule_sets_forwarded = || {
+        rules
+            .to_backend
+            .iter()
+            .any(|(name, _)| forwarded::is_forwarded_field(name))
+    };
+    let deferred = if client_sent_forwarded || rule_sets_forwarded() {
+        fields.merge_into(headers);
+        None
+    } else {
+        Some(fields.defer())
+    };
     if !headers.contains_key(header::HOST) {
         if let Some(host) = client_host {
             headers.insert(header::HOST, host);
@@ -139,6 +161,7 @@ fn prepare_headers(parts: &mut Parts, conn: &ClientConn, rules: &HeaderRules) {
     for (name, value) in rules.to_backend.iter() {
         headers.insert(name.clone(), value.clone());
     }
+    deferred
 }
 
 /// The request head in HTTP/1.1 form (origin-form target, `Host`); the pool rewrites it for a

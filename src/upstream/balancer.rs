@@ -16,6 +16,7 @@ use super::backend::Backend;
 use super::connector::ConnectErrorKind;
 use super::pool::{self, Exchange, SendError, Timeouts, UpBody};
 use super::pooled_body::{PooledBody, ServedBy};
+use crate::vocab::forwarded::Deferred;
 use crate::vocab::{ProxyError, WorkerId};
 
 /// Request extension: the balancer tries this backend (an index into the route's backends)
@@ -92,6 +93,8 @@ impl BackendSet {
 /// safely be sent twice (its head replayed with an empty body).
 pub struct Outgoing {
     pub head: Parts,
+    /// `X-Forwarded-*` still to add, when the head has none of its own.
+    pub forwarded: Option<Deferred>,
     pub body: UpBody,
     pub replayable: bool,
 }
@@ -113,6 +116,7 @@ pub fn send<'a>(
         None => set.next_start(),
     };
     let replayable = out.replayable;
+    let forwarded = out.forwarded;
     let mut pending = Some(Request::from_parts(out.head, out.body));
     async move {
         let mut last_error = None;
@@ -131,6 +135,7 @@ pub fn send<'a>(
                 worker,
                 timeouts,
                 sni_from_request: set.sni_from_request,
+                forwarded: forwarded.as_ref(),
             };
             let began = std::time::Instant::now();
             match send_with_stale_replay(x, request, replayable).await {

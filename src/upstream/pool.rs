@@ -28,6 +28,7 @@ use super::detect;
 use super::inline::{BodyLength, InlineConn, InlineError, SendFailure};
 use super::pooled_body::{PoolHome, PooledBody, Reusable};
 use super::slot::StreamTicket;
+use crate::vocab::forwarded::Deferred;
 use crate::vocab::normalise::strip_port;
 use crate::vocab::request_body::BoxError;
 use crate::vocab::WorkerId;
@@ -70,6 +71,9 @@ pub struct Exchange<'a> {
     /// The TLS server name may come from the request's host (a named route); on a `DEFAULT`
     /// route, which takes any host a client makes up, it is always the backend's own name.
     pub sni_from_request: bool,
+    /// `X-Forwarded-*` not in the request's map yet: written into the inline client's head, or
+    /// inserted for hyper's client.
+    pub forwarded: Option<&'a Deferred>,
 }
 
 /// How one request reaches its backend: the wire and, for TLS, the server name its connection
@@ -132,9 +136,14 @@ fn send_over<'a>(
                 return send_inline(x, req, length, replayable).await;
             }
         }
-        // hyper's client takes the request: a copy of the head stays for a replay. Boxed:
+        // hyper's client takes the request: a copy of the head stays for a replay (with the
+        // `X-Forwarded-*` it reads from the map, as the request that may come back). Boxed:
         // hyper's futures are large, and unboxed they would make every request's future (the
         // inline path's too) that much larger all the way up to the router.
+        let mut req = req;
+        if let Some(forwarded) = x.forwarded {
+            forwarded.insert_into(req.headers_mut());
+        }
         let replay = replayable.then(|| copy_head(&req));
         Box::pin(send_by_hyper(x, t, req))
             .await
@@ -473,7 +482,7 @@ async fn send_on_inline(
         worker: x.worker,
     };
     conn.respond_within(x.timeouts.response);
-    match conn.send(head, body, length, home).await {
+    match conn.send((head, x.forwarded), body, length, home).await {
         Ok(resp) => {
             x.backend.metrics.upstream_connection(x.worker, reused);
             Ok(resp.map(PooledBody::inline))

@@ -17,8 +17,8 @@ pub const ADDED_TO_REQUESTS: usize = 4;
 /// Room for the fields the proxy adds to an answer (`X-Request-Id`, `Strict-Transport-Security`,
 /// `Alt-Svc`), beyond those the backend sent.
 pub const ADDED_TO_ANSWERS: usize = 3;
-static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 static HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
@@ -34,8 +34,14 @@ static CLOSE: HeaderName = HeaderName::from_static("close");
 /// removal or two (parsing a lone `keep-alive` as a list cost about 480 instructions an answer,
 /// callgrind).
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    remove_hop_by_hop_from_request(headers);
+}
+
+/// [`remove_hop_by_hop`], telling also whether the fields include `X-Forwarded-For`, `-Proto`
+/// or `-Host` (the same pass sees every name; one that `Connection` lists counts too).
+pub fn remove_hop_by_hop_from_request(headers: &mut HeaderMap) -> bool {
     let (mut connection, mut lists_names, mut fixed, mut te) = (false, false, false, false);
-    let (mut says_close, mut close_field) = (false, false);
+    let (mut says_close, mut close_field, mut forwarded) = (false, false, false);
     for (name, value) in headers.iter() {
         match hop_by_hop(name) {
             HopByHop::Connection => {
@@ -48,6 +54,7 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
             HopByHop::Te => te = true,
             HopByHop::Fixed => fixed = true,
             HopByHop::Close => close_field = true,
+            HopByHop::Forwarded => forwarded = true,
             HopByHop::No => {}
         }
     }
@@ -75,6 +82,7 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
             headers.remove(header::TE);
         }
     }
+    forwarded
 }
 
 /// What [`remove_hop_by_hop`] does about a field name.
@@ -86,6 +94,8 @@ enum HopByHop {
     /// A field named `close`: removed only when `Connection: close` names it (noting it here
     /// saves a hash and a lookup on every `Connection: close` message, which nearly never has one).
     Close,
+    /// `X-Forwarded-For`, `-Proto` or `-Host`: kept, and reported.
+    Forwarded,
     No,
 }
 
@@ -95,6 +105,7 @@ fn hop_by_hop(name: &HeaderName) -> HopByHop {
         "connection" => HopByHop::Connection,
         "te" => HopByHop::Te,
         "close" => HopByHop::Close,
+        "x-forwarded-for" | "x-forwarded-proto" | "x-forwarded-host" => HopByHop::Forwarded,
         "transfer-encoding" | "upgrade" | "keep-alive" | "proxy-connection" | "http2-settings" => {
             HopByHop::Fixed
         }

@@ -7,6 +7,7 @@
 
 pub mod acme_challenges;
 pub mod error;
+pub mod forwarded;
 pub mod headers;
 pub mod normalise;
 pub mod redis_link;

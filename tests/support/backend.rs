@@ -164,7 +164,8 @@ impl BackendBuilder {
 /// A test backend: answers every request with facts about what it saw.
 ///
 /// Response headers: `x-backend` (its name), `x-seen-host`, `x-seen-xff`, `x-seen-request-id`, `x-seen-proto`,
-/// `x-seen-fwd-host`, `x-seen-uri` (path and query), `x-seen-target` (the request target as
+/// `x-seen-fwd-host`, `x-seen-forwarded-lines` (values of the three `X-Forwarded-*` fields),
+/// `x-seen-uri` (path and query), `x-seen-target` (the request target as
 /// received: absolute over HTTP/2), `x-seen-version`, `x-seen-headers` (every header name, sorted,
 /// comma-joined), `x-seen-remote-user`, `x-seen-auth-groups`. Paths: `/big/<bytes>` streams that
 /// many bytes; `/echo...` streams the request body back; `/slow/<ms>` answers after that long;
@@ -321,6 +322,7 @@ pub(crate) async fn answer(
         .header("x-seen-target", req.uri().to_string())
         .header("x-seen-version", format!("{:?}", req.version()))
         .header("x-seen-headers", names.join(","))
+        .header("x-seen-forwarded-lines", forwarded_lines(req.headers()))
         .header("x-seen-remote-user", seen("remote-user"))
         .header("x-seen-auth-groups", seen("x-auth-groups"));
     if ans.cookies {
@@ -354,4 +356,13 @@ pub(crate) async fn answer(
 fn unreachable_err() -> Infallible {
     // Echo bodies from a client that aborts just end the response; the test reports the mismatch.
     panic!("client body failed")
+}
+
+/// How many `X-Forwarded-For`, `-Proto` and `-Host` values a request carried, all three together.
+fn forwarded_lines(headers: &http::HeaderMap) -> String {
+    ["x-forwarded-for", "x-forwarded-proto", "x-forwarded-host"]
+        .iter()
+        .map(|name| headers.get_all(*name).iter().count())
+        .sum::<usize>()
+        .to_string()
 }

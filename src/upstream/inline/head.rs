@@ -10,6 +10,7 @@ use http::request::Parts;
 use http::{Method, Response, StatusCode, Version};
 
 use super::{InlineError, MAX_HEADERS};
+use crate::vocab::forwarded::Deferred;
 use crate::vocab::headers::{field_name, value_parsed_by_httparse, ADDED_TO_ANSWERS};
 
 /// How a request body is delimited on the wire.
@@ -20,8 +21,14 @@ pub enum BodyLength {
     Chunked,
 }
 
-/// Writes the head of a request whose body is `length` into `out` (cleared first).
-pub fn encode_request(out: &mut Vec<u8>, head: &Parts, length: BodyLength) {
+/// Writes the head of a request whose body is `length` into `out` (cleared first), the
+/// `forwarded` fields after its own.
+pub fn encode_request(
+    out: &mut Vec<u8>,
+    head: &Parts,
+    forwarded: Option<&Deferred>,
+    length: BodyLength,
+) {
     out.clear();
     out.extend_from_slice(head.method.as_str().as_bytes());
     out.push(b' ');
@@ -29,6 +36,9 @@ pub fn encode_request(out: &mut Vec<u8>, head: &Parts, length: BodyLength) {
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     write_fields(out, &head.headers);
+    if let Some(forwarded) = forwarded {
+        forwarded.write_to(out);
+    }
     match length {
         BodyLength::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
         // A method whose requests normally carry a body says that this one is empty, as

@@ -34,7 +34,7 @@ impl InlineConn {
         head: &Parts,
         home: Kept,
     ) -> Result<Response<InlineBody<Kept, Nothing>>, SendFailure<Nothing>> {
-        self.send(head, Nothing::new(), BodyLength::Known(0), home)
+        self.send((head, None), Nothing::new(), BodyLength::Known(0), home)
             .await
     }
 }

@@ -56,7 +56,12 @@ async fn a_body_goes_out_with_its_head_and_the_connection_is_reused() {
     let kept = Kept::default();
     let body = http_body_util::Full::new(Bytes::from_static(b"{\"a\":1}"));
     let resp = InlineConn::new(sock, None)
-        .send(&post("/p", 7), body, BodyLength::Known(7), kept.clone())
+        .send(
+            (&post("/p", 7), None),
+            body,
+            BodyLength::Known(7),
+            kept.clone(),
+        )
         .await
         .unwrap();
     assert_eq!(resp.status(), 201);
@@ -69,7 +74,12 @@ async fn a_body_goes_out_with_its_head_and_the_connection_is_reused() {
     let conn = kept.take().expect("home after the first exchange");
     let sending = tokio::spawn(async move {
         let resp = conn
-            .send(&post("/q", 6), body, BodyLength::Known(6), kept.clone())
+            .send(
+                (&post("/q", 6), None),
+                body,
+                BodyLength::Known(6),
+                kept.clone(),
+            )
             .await;
         (
             resp.map(|r| r.status()).map_err(|f| f.error.to_string()),
@@ -103,7 +113,7 @@ async fn a_backend_that_answers_before_the_body_ends_is_heard() {
         .unwrap();
     let resp = InlineConn::new(sock, None)
         .send(
-            &post("/upload", 1_000_000),
+            (&post("/upload", 1_000_000), None),
             body,
             BodyLength::Known(1_000_000),
             kept.clone(),
@@ -127,7 +137,7 @@ async fn a_body_that_does_not_match_its_length_fails() {
         let body = http_body_util::Full::new(Bytes::from_static(sent));
         let got = InlineConn::new(sock, None)
             .send(
-                &post("/p", declared as usize),
+                (&post("/p", declared as usize), None),
                 body,
                 BodyLength::Known(declared),
                 Kept::default(),
@@ -175,7 +185,7 @@ async fn a_body_of_unknown_length_goes_chunked_with_its_trailers() {
     drop(tx);
     let resp = InlineConn::new(sock, None)
         .send(
-            &request(Method::PUT, "/c"),
+            (&request(Method::PUT, "/c"), None),
             body,
             BodyLength::Chunked,
             Kept::default(),
@@ -229,7 +239,7 @@ async fn an_echo_streams_back_while_the_body_goes_up() {
     let sending = tokio::spawn(async move {
         let head = post("/echo", 9);
         InlineConn::new(sock, None)
-            .send(&head, body, BodyLength::Known(9), home)
+            .send((&head, None), body, BodyLength::Known(9), home)
             .await
     });
     tx.send(Ok(http_body::Frame::data(Bytes::from_static(b"one"))))
