@@ -210,7 +210,8 @@ mod tests {
     /// its size is memory held for every request in flight (as many as there are busy
     /// connections). It was 12,432 bytes before the rare paths (hyper's client, opening a
     /// connection) were boxed and the request stopped being kept twice at each level; about
-    /// 3,100 after.
+    /// 3,100 after; 1,984 once no level below the balancer kept a moved-out request (or a
+    /// level of its own for the stale-connection retry).
     #[test]
     fn the_forwarding_future_stays_small() {
         let forwarder = Forwarder {
@@ -226,6 +227,6 @@ mod tests {
         let body = ClientBody::Stream(Empty::new().map_err(|e| match e {}).boxed_unsync());
         let forwarding = forwarder.forward(&conn, &backends, &rules, Request::new(body));
         let size = std::mem::size_of_val(&forwarding);
-        assert!(size <= 4096, "the forwarding future grew to {size} bytes");
+        assert!(size <= 2560, "the forwarding future grew to {size} bytes");
     }
 }

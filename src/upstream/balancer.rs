@@ -138,7 +138,20 @@ pub fn send<'a>(
                 forwarded: forwarded.as_ref(),
             };
             let began = std::time::Instant::now();
-            match send_with_stale_replay(x, request, replayable).await {
+            let sent = match pool::send(x, request, replayable).await {
+                // A pooled connection turned out stale: the request, if it can be replayed,
+                // goes again on a fresh connection to the same backend.
+                Err(SendError::Reset {
+                    reused: true,
+                    error,
+                    replay: Some(head),
+                }) => {
+                    tracing::debug!(backend = %x.backend.label, "stale pooled connection ({error}); retrying");
+                    pool::send(x, replay_request(*head), true).await
+                }
+                other => other,
+            };
+            match sent {
                 Ok(mut resp) => {
                     resp.body_mut()
                         .set_served_by(ServedBy(backend.clone(), began));
@@ -175,33 +188,6 @@ pub fn send<'a>(
             tried.push(identity(backend));
         }
         Err(last_error.unwrap_or(ProxyError::AllBackendsDown))
-    }
-}
-
-/// Sends once; if a pooled connection turned out stale and the request can be replayed,
-/// sends again on a fresh connection to the same backend.
-#[allow(
-    clippy::manual_async_fn,
-    reason = "an async fn keeps its arguments twice"
-)]
-fn send_with_stale_replay(
-    x: Exchange<'_>,
-    request: Request<UpBody>,
-    replayable: bool,
-) -> impl Future<Output = Result<Response<PooledBody>, SendError>> + '_ {
-    // Not an `async fn`, as `send`.
-    async move {
-        match pool::send(x, request, replayable).await {
-            Err(SendError::Reset {
-                reused: true,
-                error,
-                replay: Some(head),
-            }) => {
-                tracing::debug!(backend = %x.backend.label, "stale pooled connection ({error}); retrying");
-                pool::send(x, replay_request(*head), true).await
-            }
-            other => other,
-        }
     }
 }
 

@@ -10,10 +10,12 @@
 //! opens another. A burst that finds no HTTP/2 connection opens one, not one per request.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::{Either, FutureExt as _};
 use http::header;
 use http::request::Parts;
 use http::{Request, Response};
@@ -88,67 +90,79 @@ struct Target {
 /// Sends `req` (HTTP/1.1 form) to the backend, reusing a pooled connection when one has room.
 /// A backend whose protocol is not known yet is detected first. A `replayable` request's head
 /// comes back with a broken connection's error.
-#[allow(
-    clippy::manual_async_fn,
-    reason = "an async fn keeps its arguments twice"
-)]
+///
+/// Neither an `async fn` nor an async block of its own: either would keep the request (280
+/// bytes) in its state beside the future it was moved into, and this future sits inside every
+/// request's, copied whole at each level it is moved through. The request goes straight into
+/// the future that sends it.
 pub fn send<'a>(
     x: Exchange<'a>,
     req: Request<UpBody>,
     replayable: bool,
 ) -> impl Future<Output = Result<Response<PooledBody>, SendError>> + 'a {
-    // Not an `async fn`: it would keep its arguments twice in its state (rustc moves each into
-    // a local), and this future sits inside every request's.
-    async move {
-        let backend = x.backend;
-        let wire = match backend.wire() {
-            Some(wire) => wire,
-            // Boxed: rare, and the detection future is large.
-            None => match Box::pin(detect::wire_of(backend, x.timeouts.connect)).await {
-                Ok(wire) => wire,
-                Err(error) => return Err(connect_error(error, req)),
-            },
-        };
-        let target = target(&req, x, wire);
-        let sent = send_over(x, &target, req, replayable).await;
+    let backend = x.backend;
+    let sending = match backend.wire() {
+        Some(wire) => send_over(x, wire, req, replayable),
+        // Boxed: rare, and the detection future is large.
+        None => Either::Right(Box::pin(detect_and_send(x, req, replayable)) as Boxed<'a>),
+    };
+    sending.map(move |sent| {
         if let Err(SendError::BadResponse(_) | SendError::Reset { reused: false, .. }) = &sent {
             // A new connection failed: the backend may speak something else now.
             backend.forget_detection();
         }
         sent
+    })
+}
+
+/// A boxed exchange (hyper's client, or a detection first).
+type Boxed<'a> = Pin<Box<dyn Future<Output = Result<Response<PooledBody>, SendError>> + Send + 'a>>;
+
+/// The inline client for a plain HTTP/1.1 request it can frame; hyper's client for the rest.
+fn send_over<'a>(
+    x: Exchange<'a>,
+    wire: Wire,
+    req: Request<UpBody>,
+    replayable: bool,
+) -> Either<impl Future<Output = Result<Response<PooledBody>, SendError>> + 'a, Boxed<'a>> {
+    if wire == Wire::Http1 {
+        if let Some(length) = inline_body_length(&req) {
+            return Either::Left(send_inline(x, req, length, replayable));
+        }
+    }
+    // Boxed: hyper's futures are large, and unboxed they would make every request's future
+    // (the inline path's too) that much larger all the way up to the router.
+    Either::Right(Box::pin(send_by_hyper_replayable(x, wire, req, replayable)))
+}
+
+/// Detects the backend's protocol, then sends.
+async fn detect_and_send(
+    x: Exchange<'_>,
+    req: Request<UpBody>,
+    replayable: bool,
+) -> Result<Response<PooledBody>, SendError> {
+    match detect::wire_of(x.backend, x.timeouts.connect).await {
+        Ok(wire) => send_over(x, wire, req, replayable).await,
+        Err(error) => Err(connect_error(error, req)),
     }
 }
 
-#[allow(
-    clippy::manual_async_fn,
-    reason = "an async fn keeps its arguments twice"
-)]
-fn send_over<'a>(
-    x: Exchange<'a>,
-    t: &'a Target,
-    req: Request<UpBody>,
+/// hyper's client takes the request: a copy of the head stays for a replay (with the
+/// `X-Forwarded-*` it reads from the map, as the request that may come back).
+async fn send_by_hyper_replayable(
+    x: Exchange<'_>,
+    wire: Wire,
+    mut req: Request<UpBody>,
     replayable: bool,
-) -> impl Future<Output = Result<Response<PooledBody>, SendError>> + 'a {
-    // Not an `async fn`, as `send`.
-    async move {
-        if t.wire == Wire::Http1 {
-            if let Some(length) = inline_body_length(&req) {
-                return send_inline(x, req, length, replayable).await;
-            }
-        }
-        // hyper's client takes the request: a copy of the head stays for a replay (with the
-        // `X-Forwarded-*` it reads from the map, as the request that may come back). Boxed:
-        // hyper's futures are large, and unboxed they would make every request's future (the
-        // inline path's too) that much larger all the way up to the router.
-        let mut req = req;
-        if let Some(forwarded) = x.forwarded {
-            forwarded.insert_into(req.headers_mut());
-        }
-        let replay = replayable.then(|| copy_head(&req));
-        Box::pin(send_by_hyper(x, t, req))
-            .await
-            .map_err(|error| with_replay(error, replay))
+) -> Result<Response<PooledBody>, SendError> {
+    if let Some(forwarded) = x.forwarded {
+        forwarded.insert_into(req.headers_mut());
     }
+    let target = target(&req, x, wire);
+    let replay = replayable.then(|| copy_head(&req));
+    send_by_hyper(x, &target, req)
+        .await
+        .map_err(|error| with_replay(error, replay))
 }
 
 /// Sends on hyper's client: upgrades, `Expect`, TLS and HTTP/2 backends.
@@ -407,42 +421,48 @@ fn inline_body_length(req: &Request<UpBody>) -> Option<BodyLength> {
 
 /// Sends a request on an idle plain connection (one the backend closed while idle, or that
 /// breaks before a byte of the request is written, is passed over), else on a new one,
-/// driving the exchange from this task ([`inline`]).
-async fn send_inline(
-    x: Exchange<'_>,
+/// driving the exchange from this task ([`inline`]). Not an `async fn`, as [`send`]: the
+/// request is taken apart before the future is made, which keeps the parts only.
+fn send_inline<'a>(
+    x: Exchange<'a>,
     req: Request<UpBody>,
     length: BodyLength,
     replayable: bool,
-) -> Result<Response<PooledBody>, SendError> {
-    let backend = x.backend;
-    let (head, mut body) = req.into_parts();
-    let mut looked_again = false;
-    loop {
-        while let Some(conn) = backend.slot(x.worker).take_inline() {
-            match send_on_inline(x, conn, &head, (body, length), true).await {
-                Ok(resp) => return Ok(resp),
-                Err((error, Some(unsent))) => {
-                    tracing::debug!(backend = %backend.label, "pooled connection unusable ({error:?}); trying another");
-                    body = unsent;
+) -> impl Future<Output = Result<Response<PooledBody>, SendError>> + 'a {
+    let (head, body) = req.into_parts();
+    async move {
+        let backend = x.backend;
+        let mut body = body;
+        let mut looked_again = false;
+        loop {
+            while let Some(conn) = backend.slot(x.worker).take_inline() {
+                match send_on_inline(x, conn, &head, (body, length), true).await {
+                    Ok(resp) => return Ok(resp),
+                    Err((error, Some(unsent))) => {
+                        tracing::debug!(backend = %backend.label, "pooled connection unusable ({error:?}); trying another");
+                        body = unsent;
+                    }
+                    Err((error, None)) => {
+                        return Err(with_replay(error, replayable.then_some(head)))
+                    }
                 }
-                Err((error, None)) => return Err(with_replay(error, replayable.then_some(head))),
             }
+            if std::mem::replace(&mut looked_again, true) {
+                break;
+            }
+            // None idle, but answers already in may be queued behind this request, each about
+            // to bring its connection back. tokio runs a yielding task again only after polling
+            // for I/O and running what that woke: look once more then, before opening one.
+            tokio::task::yield_now().await;
         }
-        if std::mem::replace(&mut looked_again, true) {
-            break;
-        }
-        // None idle, but answers already in may be queued behind this request, each about to
-        // bring its connection back. tokio runs a yielding task again only after polling for
-        // I/O and running what that woke: look once more then, before opening a connection.
-        tokio::task::yield_now().await;
+        let conn = match backend.connect_inline(x.timeouts.connect).await {
+            Ok(conn) => conn,
+            Err(error) => return Err(connect_error(error, Request::from_parts(head, body))),
+        };
+        send_on_inline(x, conn, &head, (body, length), false)
+            .await
+            .map_err(|(error, _)| with_replay(error, replayable.then_some(head)))
     }
-    let conn = match backend.connect_inline(x.timeouts.connect).await {
-        Ok(conn) => conn,
-        Err(error) => return Err(connect_error(error, Request::from_parts(head, body))),
-    };
-    send_on_inline(x, conn, &head, (body, length), false)
-        .await
-        .map_err(|(error, _)| with_replay(error, replayable.then_some(head)))
 }
 
 /// A reset carries the head to replay, if the request has one (the inline client only borrowed
@@ -469,39 +489,43 @@ fn copy_head(req: &Request<UpBody>) -> Parts {
 }
 
 /// One exchange on an inline connection; a failure before any of the request went out gives
-/// the body back.
-async fn send_on_inline(
-    x: Exchange<'_>,
+/// the body back. Not an `async fn`: the exchange is started before the future is made, which
+/// keeps it and the little it needs afterwards.
+fn send_on_inline<'a>(
+    x: Exchange<'a>,
     mut conn: Box<InlineConn>,
-    head: &http::request::Parts,
+    head: &'a http::request::Parts,
     (body, length): (UpBody, BodyLength),
     reused: bool,
-) -> Result<Response<PooledBody>, (SendError, Option<UpBody>)> {
+) -> impl Future<Output = Result<Response<PooledBody>, (SendError, Option<UpBody>)>> + 'a {
     let home = PoolHome {
         backend: x.backend.clone(),
         worker: x.worker,
     };
     conn.respond_within(x.timeouts.response);
-    match conn.send((head, x.forwarded), body, length, home).await {
-        Ok(resp) => {
-            x.backend.metrics.upstream_connection(x.worker, reused);
-            Ok(resp.map(PooledBody::inline))
-        }
-        Err(SendFailure {
-            error: InlineError::TimedOut,
-            ..
-        }) => Err((SendError::Timeout, None)),
-        Err(SendFailure { error, .. }) if error.is_bad_response() => {
-            Err((SendError::BadResponse(error.into()), None))
-        }
-        Err(SendFailure { error, unsent }) => {
-            let error = error.into();
-            let reset = SendError::Reset {
-                error,
-                reused,
-                replay: None,
-            };
-            Err((reset, unsent))
+    let sending = conn.send((head, x.forwarded), body, length, home);
+    async move {
+        match sending.await {
+            Ok(resp) => {
+                x.backend.metrics.upstream_connection(x.worker, reused);
+                Ok(resp.map(PooledBody::inline))
+            }
+            Err(SendFailure {
+                error: InlineError::TimedOut,
+                ..
+            }) => Err((SendError::Timeout, None)),
+            Err(SendFailure { error, .. }) if error.is_bad_response() => {
+                Err((SendError::BadResponse(error.into()), None))
+            }
+            Err(SendFailure { error, unsent }) => {
+                let error = error.into();
+                let reset = SendError::Reset {
+                    error,
+                    reused,
+                    replay: None,
+                };
+                Err((reset, unsent))
+            }
         }
     }
 }
