@@ -145,7 +145,7 @@ fn prepare_headers(
         rules
             .to_backend
             .iter()
-            .any(|(name, _)| forwarded::is_forwarded_field(name))
+            .any(|(name, _)| headers::is_forwarded_field(name))
     };
     let deferred = if client_sent_forwarded || rule_sets_forwarded() {
         fields.merge_into(headers);

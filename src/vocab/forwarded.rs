@@ -10,12 +10,9 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderValue};
 
-use super::headers::{
-    append_forwarded_for, set_forwarded_proto_host, X_FORWARDED_FOR, X_FORWARDED_HOST,
-    X_FORWARDED_PROTO,
-};
+use super::headers::{append_forwarded_for, set_forwarded_proto_host, X_FORWARDED_FOR};
 
 /// The three fields of one request.
 #[derive(Debug)]
@@ -64,38 +61,32 @@ impl Deferred {
         self.in_map.store(true, Ordering::Relaxed);
     }
 
-    /// Writes the fields as `name: value` lines of an HTTP/1.1 head, unless the map has them.
-    pub fn write_to(&self, out: &mut Vec<u8>) {
-        if self.in_map.load(Ordering::Relaxed) {
-            return;
-        }
-        let f = &self.fields;
-        write_field(out, &X_FORWARDED_FOR, &f.client_ip);
-        out.extend_from_slice(match f.tls {
-            true => b"x-forwarded-proto: https\r\n",
-            false => b"x-forwarded-proto: http\r\n",
-        });
-        if let Some(host) = &f.host {
-            write_field(out, &X_FORWARDED_HOST, host);
+    /// The fields still to write into the head, or `None` when the map has them.
+    pub fn unwritten(&self) -> Option<&Forwarded> {
+        (!self.in_map.load(Ordering::Relaxed)).then_some(&self.fields)
+    }
+}
+
+impl Forwarded {
+    /// `X-Forwarded-Proto`'s value.
+    pub fn proto(&self) -> &'static HeaderValue {
+        if self.tls {
+            &HTTPS
+        } else {
+            &HTTP
         }
     }
 }
 
-fn write_field(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
-    out.extend_from_slice(name.as_str().as_bytes());
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(value.as_bytes());
-    out.extend_from_slice(b"\r\n");
-}
-
-/// Whether a route rule that sets `name` must see the fields in the map first.
-pub fn is_forwarded_field(name: &HeaderName) -> bool {
-    *name == X_FORWARDED_FOR || *name == X_FORWARDED_PROTO || *name == X_FORWARDED_HOST
-}
+static HTTPS: HeaderValue = HeaderValue::from_static("https");
+static HTTP: HeaderValue = HeaderValue::from_static("http");
 
 #[cfg(test)]
 mod tests {
+    use http::header::HeaderName;
+
     use super::*;
+    use crate::vocab::headers::{is_forwarded_field, X_FORWARDED_HOST, X_FORWARDED_PROTO};
 
     fn fields(host: Option<&'static str>) -> Forwarded {
         Forwarded {
@@ -105,18 +96,46 @@ mod tests {
         }
     }
 
-    fn written(deferred: &Deferred) -> String {
-        let mut out = Vec::new();
-        deferred.write_to(&mut out);
-        String::from_utf8(out).expect("ASCII")
+    fn unwritten(deferred: &Deferred) -> Option<Vec<(String, String)>> {
+        deferred.unwritten().map(|f| {
+            let mut fields = vec![
+                (
+                    X_FORWARDED_FOR.to_string(),
+                    f.client_ip.to_str().expect("ASCII").to_owned(),
+                ),
+                (
+                    X_FORWARDED_PROTO.to_string(),
+                    f.proto().to_str().expect("ASCII").to_owned(),
+                ),
+            ];
+            if let Some(host) = &f.host {
+                fields.push((
+                    X_FORWARDED_HOST.to_string(),
+                    host.to_str().expect("ASCII").to_owned(),
+                ));
+            }
+            fields
+        })
+    }
+
+    fn pairs(list: &[(&str, &str)]) -> Option<Vec<(String, String)>> {
+        Some(
+            list.iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect(),
+        )
     }
 
     #[test]
-    fn deferred_fields_are_written_as_head_lines() {
+    fn deferred_fields_wait_for_the_head() {
         let deferred = fields(Some("app.test:8443")).defer();
         assert_eq!(
-            written(&deferred),
-            "x-forwarded-for: 10.0.0.7\r\nx-forwarded-proto: https\r\nx-forwarded-host: app.test:8443\r\n"
+            unwritten(&deferred),
+            pairs(&[
+                ("x-forwarded-for", "10.0.0.7"),
+                ("x-forwarded-proto", "https"),
+                ("x-forwarded-host", "app.test:8443"),
+            ])
         );
         let plain = Forwarded {
             tls: false,
@@ -124,8 +143,11 @@ mod tests {
         }
         .defer();
         assert_eq!(
-            written(&plain),
-            "x-forwarded-for: 10.0.0.7\r\nx-forwarded-proto: http\r\n"
+            unwritten(&plain),
+            pairs(&[
+                ("x-forwarded-for", "10.0.0.7"),
+                ("x-forwarded-proto", "http")
+            ])
         );
     }
 
@@ -141,7 +163,7 @@ mod tests {
         assert_eq!(map["x-forwarded-for"], "10.0.0.7");
         assert_eq!(map["x-forwarded-proto"], "https");
         assert_eq!(map["x-forwarded-host"], "app.test");
-        assert_eq!(written(&deferred), "");
+        assert_eq!(unwritten(&deferred), None);
     }
 
     #[test]
@@ -152,7 +174,16 @@ mod tests {
         fields(None).merge_into(&mut map);
         assert_eq!(map["x-forwarded-for"], "1.1.1.1, 10.0.0.7");
         assert_eq!(map["x-forwarded-proto"], "https");
-        assert!(is_forwarded_field(&X_FORWARDED_HOST));
+    }
+
+    #[test]
+    fn the_three_names_are_recognised() {
+        for name in [&X_FORWARDED_FOR, &X_FORWARDED_PROTO, &X_FORWARDED_HOST] {
+            assert!(is_forwarded_field(name), "{name}");
+        }
         assert!(!is_forwarded_field(&http::header::HOST));
+        assert!(!is_forwarded_field(&HeaderName::from_static(
+            "x-forwarded-port"
+        )));
     }
 }

@@ -85,6 +85,12 @@ pub fn remove_hop_by_hop_from_request(headers: &mut HeaderMap) -> bool {
     forwarded
 }
 
+/// Whether `name` is `X-Forwarded-For`, `-Proto` or `-Host` (a route rule that sets one must
+/// see the proxy's values in the map first).
+pub fn is_forwarded_field(name: &HeaderName) -> bool {
+    matches!(hop_by_hop(name), HopByHop::Forwarded)
+}
+
 /// What [`remove_hop_by_hop`] does about a field name.
 enum HopByHop {
     Connection,

@@ -5,13 +5,16 @@
 use std::mem::MaybeUninit;
 
 use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderMap};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::{Method, Response, StatusCode, Version};
 
 use super::{InlineError, MAX_HEADERS};
 use crate::vocab::forwarded::Deferred;
-use crate::vocab::headers::{field_name, value_parsed_by_httparse, ADDED_TO_ANSWERS};
+use crate::vocab::headers::{
+    field_name, value_parsed_by_httparse, ADDED_TO_ANSWERS, X_FORWARDED_FOR, X_FORWARDED_HOST,
+    X_FORWARDED_PROTO,
+};
 
 /// How a request body is delimited on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,8 +39,12 @@ pub fn encode_request(
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     write_fields(out, &head.headers);
-    if let Some(forwarded) = forwarded {
-        forwarded.write_to(out);
+    if let Some(f) = forwarded.and_then(Deferred::unwritten) {
+        write_field(out, &X_FORWARDED_FOR, &f.client_ip);
+        write_field(out, &X_FORWARDED_PROTO, f.proto());
+        if let Some(host) = &f.host {
+            write_field(out, &X_FORWARDED_HOST, host);
+        }
     }
     match length {
         BodyLength::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
@@ -56,11 +63,16 @@ pub fn encode_request(
 /// Writes `fields` as `name: value` lines (a head's, or a chunked body's trailers).
 pub fn write_fields(out: &mut Vec<u8>, fields: &HeaderMap) {
     for (name, value) in fields {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        write_field(out, name, value);
     }
+}
+
+#[inline(always)]
+fn write_field(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
+    out.extend_from_slice(name.as_str().as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value.as_bytes());
+    out.extend_from_slice(b"\r\n");
 }
 
 fn expects_body(method: &Method) -> bool {
@@ -164,4 +176,56 @@ fn build_fields(head: &Bytes, at: &[FieldAt]) -> Result<HeaderMap, InlineError> 
         headers.append(name, value);
     }
     Ok(headers)
+}
+
+#[cfg(test)]
+mod tests {
+    use http::Request;
+
+    use super::*;
+    use crate::vocab::forwarded::Forwarded;
+
+    fn get_p() -> Parts {
+        let (parts, ()) = Request::get("/p?q=1")
+            .header("host", "backend.test")
+            .body(())
+            .expect("request")
+            .into_parts();
+        parts
+    }
+
+    fn encoded(head: &Parts, forwarded: Option<&Deferred>) -> String {
+        let mut out = Vec::new();
+        encode_request(&mut out, head, forwarded, BodyLength::Known(0));
+        String::from_utf8(out).expect("ASCII head")
+    }
+
+    /// The deferred fields follow the request's own; once inserted into the map (hyper's
+    /// client had the request), a head written from that map carries them once.
+    #[test]
+    fn deferred_forwarded_fields_are_written_once() {
+        let deferred = Forwarded {
+            client_ip: HeaderValue::from_static("10.0.0.7"),
+            tls: false,
+            host: Some(HeaderValue::from_static("app.test")),
+        }
+        .defer();
+        let mut head = get_p();
+        assert_eq!(
+            encoded(&head, Some(&deferred)),
+            "GET /p?q=1 HTTP/1.1\r\nhost: backend.test\r\nx-forwarded-for: 10.0.0.7\r\n\
+             x-forwarded-proto: http\r\nx-forwarded-host: app.test\r\n\r\n"
+        );
+        deferred.insert_into(&mut head.headers);
+        let again = encoded(&head, Some(&deferred));
+        assert_eq!(
+            again.matches("x-forwarded-for: 10.0.0.7\r\n").count(),
+            1,
+            "{again}"
+        );
+        assert_eq!(again.matches("x-forwarded-proto: ").count(), 1, "{again}");
+        assert_eq!(again.matches("x-forwarded-host: ").count(), 1, "{again}");
+        let none = encoded(&get_p(), None);
+        assert!(!none.contains("x-forwarded"), "{none}");
+    }
 }
