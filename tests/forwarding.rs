@@ -231,62 +231,76 @@ async fn forwarding_headers() {
 /// backend is spoken to by aralez's own HTTP/1.1 client or by hyper's (h2c here); a client's
 /// own list is appended to; a route rule that sets one of them wins over the proxy's value.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn forwarded_fields_reach_every_backend_protocol_once() {
+async fn proxy_fields_reach_every_backend_protocol_once() {
     let a = Backend::start("a").await;
     let pinned = format!("http://{}", a.addr);
     let yaml = Upstreams::new()
         .host("h1.test", Host::new().path("/", Path::addrs(&[&pinned])))
         .host("h2.test", Host::new().path("/", Path::servers(&[&a])))
         .host(
+            "layers.test",
+            Host::new().path("/", Path::addrs(&[&pinned]).rate_limit(1_000_000)),
+        )
+        .host(
             "rule.test",
             Host::new().path(
                 "/",
-                Path::addrs(&[&pinned]).server_headers(&["X-Forwarded-Proto: https"]),
+                Path::addrs(&[&pinned])
+                    .server_headers(&["X-Forwarded-Proto: https", "X-Request-Id: from-rule"]),
             ),
         )
         .render();
     let proxy = ProxyProcess::start(&yaml, "");
+    let hosts = [
+        ("h1.test", "HTTP/1.1"),
+        ("h2.test", "HTTP/2.0"),
+        ("layers.test", "HTTP/1.1"),
+    ];
     for proto in PROTOCOLS {
         let mut client = Client::connect(proto, proxy.addr).await;
-        for (host, version) in [("h1.test", "HTTP/1.1"), ("h2.test", "HTTP/2.0")] {
+        for (host, version) in hosts {
+            let what = format!("{proto:?} {host}");
             let resp = client.get(host, "/").await;
-            assert_eq!(resp.status(), 200, "{proto:?} {host}");
-            assert_eq!(header(&resp, "x-seen-version"), version, "{proto:?} {host}");
-            assert_eq!(header(&resp, "x-seen-xff"), "127.0.0.1", "{proto:?} {host}");
-            assert_eq!(header(&resp, "x-seen-proto"), "http", "{proto:?} {host}");
-            assert_eq!(header(&resp, "x-seen-fwd-host"), host, "{proto:?} {host}");
-            assert_eq!(
-                header(&resp, "x-seen-forwarded-lines"),
-                "3",
-                "{proto:?} {host}"
-            );
+            assert_eq!(resp.status(), 200, "{what}");
+            assert_eq!(header(&resp, "x-seen-version"), version, "{what}");
+            assert_eq!(header(&resp, "x-seen-xff"), "127.0.0.1", "{what}");
+            assert_eq!(header(&resp, "x-seen-proto"), "http", "{what}");
+            assert_eq!(header(&resp, "x-seen-fwd-host"), host, "{what}");
+            assert_eq!(header(&resp, "x-seen-forwarded-lines"), "3", "{what}");
+            assert_one_request_id(&resp, &what);
             body_bytes(resp).await;
+            // The client's own X-Forwarded-For is appended to; its id (not from a trusted
+            // peer) is replaced.
+            let own = [
+                ("x-forwarded-for", "203.0.113.9"),
+                ("x-request-id", "forged"),
+            ];
             let resp = client
-                .send(
-                    Method::GET,
-                    Some(host),
-                    "/",
-                    &[("x-forwarded-for", "203.0.113.9")],
-                    full(""),
-                )
+                .send(Method::GET, Some(host), "/", &own, full(""))
                 .await;
             assert_eq!(header(&resp, "x-seen-xff"), "203.0.113.9, 127.0.0.1");
-            assert_eq!(
-                header(&resp, "x-seen-forwarded-lines"),
-                "3",
-                "{proto:?} {host}"
-            );
+            assert_eq!(header(&resp, "x-seen-forwarded-lines"), "3", "{what}");
+            assert_one_request_id(&resp, &what);
+            assert_ne!(header(&resp, "x-request-id"), "forged", "{what}");
             body_bytes(resp).await;
         }
         let resp = client.get("rule.test", "/").await;
-        assert_eq!(
-            header(&resp, "x-seen-proto"),
-            "https",
-            "{proto:?}: the rule wins"
-        );
-        assert_eq!(header(&resp, "x-seen-forwarded-lines"), "3", "{proto:?}");
+        let what = format!("{proto:?}: the rule wins");
+        assert_eq!(header(&resp, "x-seen-proto"), "https", "{what}");
+        assert_eq!(header(&resp, "x-seen-forwarded-lines"), "3", "{what}");
+        assert_eq!(header(&resp, "x-seen-request-id"), "from-rule", "{what}");
+        assert_eq!(header(&resp, "x-seen-request-id-lines"), "1", "{what}");
+        assert_eq!(header(&resp, "x-request-id").len(), 32, "{what}");
         body_bytes(resp).await;
     }
+}
+
+/// The backend saw one `X-Request-Id`, the one the client got back.
+fn assert_one_request_id(resp: &http::Response<hyper::body::Incoming>, what: &str) {
+    let id = header(resp, "x-request-id");
+    assert_eq!(id.len(), 32, "{what}: {id}");
+    assert_eq!(header(resp, "x-seen-request-id"), id, "{what}");
+    assert_eq!(header(resp, "x-seen-request-id-lines"), "1", "{what}");
 }
 
 /// The proxy with every path of every host going to `backend`.

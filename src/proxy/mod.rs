@@ -23,8 +23,9 @@ use http_body_util::{Either, Full};
 use crate::upstream::balancer;
 use crate::upstream::{keep_served_by, BackendSet, Outgoing, PooledBody, Timeouts};
 use crate::vocab::forwarded::{self, Forwarded};
+use crate::vocab::headers::{self, ProxyFields, X_REQUEST_ID};
 use crate::vocab::request_body::{BytesIn, RequestBody};
-use crate::vocab::{headers, request_host, token_param, ClientBody, ClientConn, ProxyError};
+use crate::vocab::{request_host, token_param, ClientBody, ClientConn, ProxyError};
 
 /// The backend's body as it came, or compressed on the way (`layers::compress`).
 pub type BackendBody = Either<PooledBody, encode::Encoded<PooledBody>>;
@@ -52,7 +53,8 @@ pub struct Forwarder {
 
 impl Forwarder {
     /// Forwards `req` to one of `backends` with `rules` applied; an upgrade request gets its
-    /// connections joined when the backend switches protocols.
+    /// connections joined when the backend switches protocols. `request_id` is the request's
+    /// `X-Request-Id` when its map does not have it yet (any the client sent is replaced).
     ///
     /// Not an `async fn`: the request is made the backend's before the future is, and the
     /// future is the balancer's with the response step mapped on, so every request's future
@@ -63,6 +65,7 @@ impl Forwarder {
         backends: &'a BackendSet,
         rules: &'a HeaderRules,
         mut req: Request<ClientBody>,
+        request_id: Option<&HeaderValue>,
     ) -> impl Future<Output = Result<Response<RespBody>, ProxyError>> + 'a {
         let client_upgrade = upgrade::take(&mut req);
         if client_upgrade.is_none() && req.method() == Method::CONNECT {
@@ -70,7 +73,7 @@ impl Forwarder {
             return future::Either::Left(future::ready(Err(ProxyError::MethodNotAllowed)));
         }
         let ask = client_upgrade.as_ref().map(|u| &u.ask);
-        let out = outgoing(conn, rules, req, ask);
+        let out = outgoing((conn, request_id), rules, req, ask);
         let sending = balancer::send(backends, out, conn.worker, self.timeouts);
         future::Either::Right(sending.map(move |sent| match client_upgrade {
             Some(client) => sent.map(|resp| answer_upgrade(resp, client, conn, rules)),
@@ -97,13 +100,13 @@ fn answer_upgrade(
 /// The backend request: headers rewritten, the token parameter gone, HTTP/1.1 form, and whether
 /// it can safely be sent twice.
 fn outgoing(
-    conn: &ClientConn,
+    client: (&ClientConn, Option<&HeaderValue>),
     rules: &HeaderRules,
     req: Request<ClientBody>,
     upgrade: Option<&upgrade::UpgradeAsk>,
 ) -> Outgoing {
     let (mut parts, body) = req.into_parts();
-    let forwarded = prepare_headers(&mut parts, conn, rules);
+    let forwarded = prepare_headers(&mut parts, client, rules);
     if let Some(ask) = upgrade {
         upgrade::prepare_backend_request(&mut parts, ask);
     }
@@ -126,33 +129,36 @@ fn is_idempotent(method: &Method) -> bool {
     )
 }
 
-/// Header rewrites that do not depend on which backend is chosen. `X-Forwarded-*` wait for the
-/// head to be written (returned) when neither the client nor a route rule set any of them.
+/// Header rewrites that do not depend on which backend is chosen. `X-Forwarded-*`, and the
+/// `request_id` not yet in the map, wait for the head to be written (returned) when neither the
+/// client nor a route rule set any of them.
 fn prepare_headers(
     parts: &mut Parts,
-    conn: &ClientConn,
+    (conn, request_id): (&ClientConn, Option<&HeaderValue>),
     rules: &HeaderRules,
 ) -> Option<forwarded::Deferred> {
     let client_host = request_host(&parts.headers, &parts.uri);
     let headers = &mut parts.headers;
-    let client_sent_forwarded = headers::remove_hop_by_hop_from_request(headers);
+    let sent = headers::remove_hop_by_hop_from_request(headers);
     let fields = Forwarded {
         client_ip: conn.forwarded_for.clone(),
         tls: conn.tls,
         host: client_host.clone(),
     };
-    let rule_sets_forwarded = || {
-        rules
-            .to_backend
-            .iter()
-            .any(|(name, _)| headers::is_forwarded_field(name))
-    };
-    let deferred = if client_sent_forwarded || rule_sets_forwarded() {
+    // Nearly always empty.
+    let set_by_rules = ProxyFields::among(rules.to_backend.iter().map(|(name, _)| name));
+    let forwarded = if sent.forwarded || set_by_rules.forwarded {
         fields.merge_into(headers);
         None
     } else {
-        Some(fields.defer())
+        Some(fields)
     };
+    if request_id.is_some() && sent.request_id {
+        // The client's own, not kept.
+        headers.remove(&X_REQUEST_ID);
+    }
+    // A rule that sets the id wins, as it does every other field.
+    let request_id = request_id.filter(|_| !set_by_rules.request_id).cloned();
     if !headers.contains_key(header::HOST) {
         if let Some(host) = client_host {
             headers.insert(header::HOST, host);
@@ -161,7 +167,7 @@ fn prepare_headers(
     for (name, value) in rules.to_backend.iter() {
         headers.insert(name.clone(), value.clone());
     }
-    deferred
+    forwarded::Deferred::new(forwarded, request_id)
 }
 
 /// The request head in HTTP/1.1 form (origin-form target, `Host`); the pool rewrites it for a
@@ -225,7 +231,7 @@ mod tests {
         let backends = BackendSet::new(Box::new([]), false, false);
         let rules = HeaderRules::default();
         let body = ClientBody::Stream(Empty::new().map_err(|e| match e {}).boxed_unsync());
-        let forwarding = forwarder.forward(&conn, &backends, &rules, Request::new(body));
+        let forwarding = forwarder.forward(&conn, &backends, &rules, Request::new(body), None);
         let size = std::mem::size_of_val(&forwarding);
         assert!(size <= 2560, "the forwarding future grew to {size} bytes");
     }

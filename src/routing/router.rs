@@ -17,6 +17,7 @@ use crate::proxy::upgrade::is_extended_connect;
 use crate::proxy::{Forwarder, RespBody};
 use crate::vocab::acme_challenges::Challenges;
 use crate::vocab::error::is_grpc;
+use crate::vocab::headers::X_REQUEST_ID;
 use crate::vocab::normalise;
 use crate::vocab::{ClientBody, ClientConn, ProxyError};
 
@@ -58,8 +59,14 @@ impl Router {
         self
     }
 
-    /// Handles one request end to end; never fails (errors become responses).
-    pub async fn handle(&self, conn: &ClientConn, req: Request<ClientBody>) -> Response<RespBody> {
+    /// Handles one request end to end; never fails (errors become responses). `request_id` is
+    /// the request's `X-Request-Id` when its map does not have it yet.
+    pub async fn handle(
+        &self,
+        conn: &ClientConn,
+        mut req: Request<ClientBody>,
+        request_id: Option<&HeaderValue>,
+    ) -> Response<RespBody> {
         let grpc = is_grpc(req.headers());
         if self.cluster_master {
             return self.refuse(conn, ProxyError::ClusterMaster, grpc);
@@ -91,14 +98,18 @@ impl Router {
             // Most routes: no layer to pass through, so nothing to box or to move the request
             // through (callgrind: 1,000 instructions a request).
             forwarder
-                .forward(conn, &route.backends, &route.headers, req)
+                .forward(conn, &route.backends, &route.headers, req, request_id)
                 .await
         } else {
+            // The layers (forward-auth) read the id from the request.
+            if let Some(id) = request_id {
+                req.headers_mut().insert(X_REQUEST_ID.clone(), id.clone());
+            }
             // Boxed once: each layer wraps the inner future, and moving a pointer through them
             // is far cheaper than moving the whole forwarding state machine (callgrind: -20k
             // instructions per request against one allocation).
             let forward = tower::service_fn(move |req| {
-                Box::pin(forwarder.forward(conn, &route.backends, &route.headers, req))
+                Box::pin(forwarder.forward(conn, &route.backends, &route.headers, req, None))
             });
             crate::layers::apply(&route.policies, &route.backends, (conn, host), req, forward).await
         };

@@ -82,12 +82,8 @@ pub async fn answer(
 
 /// Handles one request through the router, with metrics and the access log around it.
 pub async fn handle(ctx: &ConnCtx, mut req: Request<ClientBody>) -> Response<LoggedBody> {
-    let (client, request_id) = real_client::identify(
-        &ctx.trusted,
-        &ctx.request_ids,
-        &ctx.client,
-        req.headers_mut(),
-    );
+    let (client, request_id) =
+        real_client::identify(&ctx.trusted, &ctx.request_ids, &ctx.client, req.headers());
     let client = &*client;
     let start = Instant::now();
     let version = req.version();
@@ -96,11 +92,11 @@ pub async fn handle(ctx: &ConnCtx, mut req: Request<ClientBody>) -> Response<Log
     let mut record = ctx
         .access_log
         .begin(client.client_ip, &client.tls_facts, &req, start);
-    record.request_id(&request_id);
+    record.request_id(&request_id.value);
     if let Some(counter) = record.count_body(&req) {
         req.extensions_mut().insert(counter);
     }
-    let mut resp = ctx.router.handle(client, req).await;
+    let mut resp = ctx.router.handle(client, req, request_id.to_set()).await;
     let served = served_by(&resp);
     let status = resp.status();
     let now = Instant::now();
@@ -112,7 +108,8 @@ pub async fn handle(ctx: &ConnCtx, mut req: Request<ClientBody>) -> Response<Log
         label,
         served.map(|s| now.saturating_duration_since(s.1)),
     );
-    resp.headers_mut().insert(X_REQUEST_ID.clone(), request_id);
+    resp.headers_mut()
+        .insert(X_REQUEST_ID.clone(), request_id.value);
     if ctx.hsts && !resp.headers().contains_key(STRICT_TRANSPORT_SECURITY) {
         resp.headers_mut().insert(
             STRICT_TRANSPORT_SECURITY,

@@ -7,8 +7,8 @@
 //!   `trusted_proxies` nothing is parsed. The header sent upstream is left to forwarding (it
 //!   appends the peer, as always).
 //! - `X-Request-Id` from a trusted peer is kept when it is sane (1 to [`MAX_REQUEST_ID`]
-//!   visible ASCII characters); otherwise a new one replaces it. Either way it is set on the
-//!   request to the backend; the caller returns it on the response and logs it.
+//!   visible ASCII characters); otherwise a new one replaces it. Either way forwarding sets it
+//!   on the request to the backend; the caller returns it on the response and logs it.
 //!
 //! Ids are 32 hex digits: a random 64-bit prefix drawn when a worker starts, then that
 //! worker's counter (offset by a random key and scrambled by a bijective mix, so ids do not
@@ -161,14 +161,30 @@ pub fn is_sane(value: &HeaderValue) -> bool {
     !bytes.is_empty() && bytes.len() <= MAX_REQUEST_ID && bytes.iter().all(u8::is_ascii_graphic)
 }
 
+/// A request's id.
+#[derive(Debug, Clone)]
+pub struct RequestId {
+    pub value: HeaderValue,
+    /// Kept from a trusted peer: the request carries it. Otherwise it is made here, and
+    /// forwarding sets it on the request, replacing any the client sent.
+    pub kept: bool,
+}
+
+impl RequestId {
+    /// The id, when the request does not carry it yet.
+    pub fn to_set(&self) -> Option<&HeaderValue> {
+        (!self.kept).then_some(&self.value)
+    }
+}
+
 /// Decides the request's client and id: `conn` itself, or a copy naming the client behind a
-/// trusted peer; the id kept or made, and set in `headers` (every earlier value replaced).
+/// trusted peer; the id kept from `headers` or made.
 pub fn identify<'a>(
     trusted: &TrustedProxies,
     ids: &RequestIds,
     conn: &'a ClientConn,
-    headers: &mut HeaderMap,
-) -> (Cow<'a, ClientConn>, HeaderValue) {
+    headers: &HeaderMap,
+) -> (Cow<'a, ClientConn>, RequestId) {
     let mut kept = None;
     if conn.trusted {
         let mut values = headers.get_all(&X_REQUEST_ID).iter();
@@ -177,12 +193,11 @@ pub fn identify<'a>(
         }
     }
     let id = match kept {
-        Some(id) => id,
-        None => {
-            let id = ids.next_id();
-            headers.insert(X_REQUEST_ID.clone(), id.clone());
-            id
-        }
+        Some(value) => RequestId { value, kept: true },
+        None => RequestId {
+            value: ids.next_id(),
+            kept: false,
+        },
     };
     if !conn.trusted {
         return (Cow::Borrowed(conn), id);
@@ -252,14 +267,14 @@ mod tests {
             HeaderValue::from_static("203.0.113.9"),
         );
         let from_lb = conn("10.0.0.1:5000", true);
-        let (client, id) = identify(&t, &ids, &from_lb, &mut h.clone());
-        assert_eq!(id, "abc-123");
+        let (client, id) = identify(&t, &ids, &from_lb, &h);
+        assert_eq!(id.value, "abc-123");
+        assert!(id.kept && id.to_set().is_none());
         assert_eq!(client.client_ip, "203.0.113.9".parse::<IpAddr>().unwrap());
         let outsider = conn("192.0.2.1:5000", false);
-        let mut sent = h.clone();
-        let (client, id) = identify(&t, &ids, &outsider, &mut sent);
-        assert_ne!(id, "abc-123");
-        assert_eq!(sent.get(&X_REQUEST_ID), Some(&id));
+        let (client, id) = identify(&t, &ids, &outsider, &h);
+        assert_ne!(id.value, "abc-123");
+        assert_eq!(id.to_set(), Some(&id.value));
         assert_eq!(client.client_ip, "192.0.2.1".parse::<IpAddr>().unwrap());
         // Insane or repeated values from a trusted peer are replaced too.
         for bad in ["", "a b", "\u{7f}", "x".repeat(MAX_REQUEST_ID + 1).as_str()] {
@@ -267,16 +282,16 @@ mod tests {
             if let Ok(v) = HeaderValue::from_str(bad) {
                 sent.insert(X_REQUEST_ID.clone(), v);
             }
-            let (_, id) = identify(&t, &ids, &from_lb, &mut sent);
-            assert_eq!(id.len(), 32, "{bad:?}");
-            assert_eq!(sent.get_all(&X_REQUEST_ID).iter().count(), 1);
+            let (_, id) = identify(&t, &ids, &from_lb, &sent);
+            assert_eq!(id.value.len(), 32, "{bad:?}");
+            assert!(!id.kept, "{bad:?}");
         }
         let mut twice = HeaderMap::new();
         twice.append(X_REQUEST_ID.clone(), HeaderValue::from_static("a"));
         twice.append(X_REQUEST_ID.clone(), HeaderValue::from_static("b"));
-        let (_, id) = identify(&t, &ids, &from_lb, &mut twice);
-        assert_eq!(id.len(), 32);
-        assert_eq!(twice.get_all(&X_REQUEST_ID).iter().count(), 1);
+        let (_, id) = identify(&t, &ids, &from_lb, &twice);
+        assert_eq!(id.value.len(), 32);
+        assert!(!id.kept);
     }
 
     #[test]

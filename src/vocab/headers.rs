@@ -37,11 +37,41 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
     remove_hop_by_hop_from_request(headers);
 }
 
-/// [`remove_hop_by_hop`], telling also whether the fields include `X-Forwarded-For`, `-Proto`
-/// or `-Host` (the same pass sees every name; one that `Connection` lists counts too).
-pub fn remove_hop_by_hop_from_request(headers: &mut HeaderMap) -> bool {
+/// Which of the fields the proxy sets on every request a list of names has: the
+/// `X-Forwarded-*` family and `X-Request-Id`. When a request has none and no route rule sets
+/// one, the proxy writes them itself after the request's own ([`super::forwarded`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ProxyFields {
+    /// `X-Forwarded-For`, `-Proto` or `-Host`.
+    pub forwarded: bool,
+    pub request_id: bool,
+}
+
+impl ProxyFields {
+    /// The proxy's fields among `names`.
+    pub fn among<'a>(names: impl IntoIterator<Item = &'a HeaderName>) -> ProxyFields {
+        let mut fields = ProxyFields::default();
+        for name in names {
+            fields.note(hop_by_hop(name));
+        }
+        fields
+    }
+
+    fn note(&mut self, kind: HopByHop) {
+        match kind {
+            HopByHop::Forwarded => self.forwarded = true,
+            HopByHop::RequestId => self.request_id = true,
+            _ => {}
+        }
+    }
+}
+
+/// [`remove_hop_by_hop`], telling also which of the proxy's own fields the request has (the
+/// same pass sees every name; one that `Connection` lists counts too).
+pub fn remove_hop_by_hop_from_request(headers: &mut HeaderMap) -> ProxyFields {
     let (mut connection, mut lists_names, mut fixed, mut te) = (false, false, false, false);
-    let (mut says_close, mut close_field, mut forwarded) = (false, false, false);
+    let (mut says_close, mut close_field) = (false, false);
+    let mut proxy_fields = ProxyFields::default();
     for (name, value) in headers.iter() {
         match hop_by_hop(name) {
             HopByHop::Connection => {
@@ -54,7 +84,7 @@ pub fn remove_hop_by_hop_from_request(headers: &mut HeaderMap) -> bool {
             HopByHop::Te => te = true,
             HopByHop::Fixed => fixed = true,
             HopByHop::Close => close_field = true,
-            HopByHop::Forwarded => forwarded = true,
+            kind @ (HopByHop::Forwarded | HopByHop::RequestId) => proxy_fields.note(kind),
             HopByHop::No => {}
         }
     }
@@ -82,13 +112,7 @@ pub fn remove_hop_by_hop_from_request(headers: &mut HeaderMap) -> bool {
             headers.remove(header::TE);
         }
     }
-    forwarded
-}
-
-/// Whether `name` is `X-Forwarded-For`, `-Proto` or `-Host` (a route rule that sets one must
-/// see the proxy's values in the map first).
-pub fn is_forwarded_field(name: &HeaderName) -> bool {
-    matches!(hop_by_hop(name), HopByHop::Forwarded)
+    proxy_fields
 }
 
 /// What [`remove_hop_by_hop`] does about a field name.
@@ -102,6 +126,8 @@ enum HopByHop {
     Close,
     /// `X-Forwarded-For`, `-Proto` or `-Host`: kept, and reported.
     Forwarded,
+    /// `X-Request-Id`: kept, and reported.
+    RequestId,
     No,
 }
 
@@ -112,6 +138,7 @@ fn hop_by_hop(name: &HeaderName) -> HopByHop {
         "te" => HopByHop::Te,
         "close" => HopByHop::Close,
         "x-forwarded-for" | "x-forwarded-proto" | "x-forwarded-host" => HopByHop::Forwarded,
+        "x-request-id" => HopByHop::RequestId,
         "transfer-encoding" | "upgrade" | "keep-alive" | "proxy-connection" | "http2-settings" => {
             HopByHop::Fixed
         }

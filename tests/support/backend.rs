@@ -165,6 +165,7 @@ impl BackendBuilder {
 ///
 /// Response headers: `x-backend` (its name), `x-seen-host`, `x-seen-xff`, `x-seen-request-id`, `x-seen-proto`,
 /// `x-seen-fwd-host`, `x-seen-forwarded-lines` (values of the three `X-Forwarded-*` fields),
+/// `x-seen-request-id-lines` (values of `X-Request-Id`),
 /// `x-seen-uri` (path and query), `x-seen-target` (the request target as
 /// received: absolute over HTTP/2), `x-seen-version`, `x-seen-headers` (every header name, sorted,
 /// comma-joined), `x-seen-remote-user`, `x-seen-auth-groups`. Paths: `/big/<bytes>` streams that
@@ -323,6 +324,10 @@ pub(crate) async fn answer(
         .header("x-seen-version", format!("{:?}", req.version()))
         .header("x-seen-headers", names.join(","))
         .header("x-seen-forwarded-lines", forwarded_lines(req.headers()))
+        .header(
+            "x-seen-request-id-lines",
+            req.headers().get_all("x-request-id").iter().count(),
+        )
         .header("x-seen-remote-user", seen("remote-user"))
         .header("x-seen-auth-groups", seen("x-auth-groups"));
     if ans.cookies {

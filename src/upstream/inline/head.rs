@@ -13,7 +13,7 @@ use super::{InlineError, MAX_HEADERS};
 use crate::vocab::forwarded::Deferred;
 use crate::vocab::headers::{
     field_name, value_parsed_by_httparse, ADDED_TO_ANSWERS, X_FORWARDED_FOR, X_FORWARDED_HOST,
-    X_FORWARDED_PROTO,
+    X_FORWARDED_PROTO, X_REQUEST_ID,
 };
 
 /// How a request body is delimited on the wire.
@@ -39,11 +39,16 @@ pub fn encode_request(
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     write_fields(out, &head.headers);
-    if let Some(f) = forwarded.and_then(Deferred::unwritten) {
-        write_field(out, &X_FORWARDED_FOR, &f.client_ip);
-        write_field(out, &X_FORWARDED_PROTO, f.proto());
-        if let Some(host) = &f.host {
-            write_field(out, &X_FORWARDED_HOST, host);
+    if let Some(unwritten) = forwarded.and_then(Deferred::unwritten) {
+        if let Some(f) = &unwritten.forwarded {
+            write_field(out, &X_FORWARDED_FOR, &f.client_ip);
+            write_field(out, &X_FORWARDED_PROTO, f.proto());
+            if let Some(host) = &f.host {
+                write_field(out, &X_FORWARDED_HOST, host);
+            }
+        }
+        if let Some(id) = &unwritten.request_id {
+            write_field(out, &X_REQUEST_ID, id);
         }
     }
     match length {
@@ -203,18 +208,19 @@ mod tests {
     /// The deferred fields follow the request's own; once inserted into the map (hyper's
     /// client had the request), a head written from that map carries them once.
     #[test]
-    fn deferred_forwarded_fields_are_written_once() {
-        let deferred = Forwarded {
+    fn deferred_proxy_fields_are_written_once() {
+        let forwarded = Forwarded {
             client_ip: HeaderValue::from_static("10.0.0.7"),
             tls: false,
             host: Some(HeaderValue::from_static("app.test")),
-        }
-        .defer();
+        };
+        let id = HeaderValue::from_static("00ff");
+        let deferred = Deferred::new(Some(forwarded), Some(id)).expect("fields to write");
         let mut head = get_p();
         assert_eq!(
             encoded(&head, Some(&deferred)),
             "GET /p?q=1 HTTP/1.1\r\nhost: backend.test\r\nx-forwarded-for: 10.0.0.7\r\n\
-             x-forwarded-proto: http\r\nx-forwarded-host: app.test\r\n\r\n"
+             x-forwarded-proto: http\r\nx-forwarded-host: app.test\r\nx-request-id: 00ff\r\n\r\n"
         );
         deferred.insert_into(&mut head.headers);
         let again = encoded(&head, Some(&deferred));
@@ -225,7 +231,21 @@ mod tests {
         );
         assert_eq!(again.matches("x-forwarded-proto: ").count(), 1, "{again}");
         assert_eq!(again.matches("x-forwarded-host: ").count(), 1, "{again}");
+        assert_eq!(
+            again.matches("x-request-id: 00ff\r\n").count(),
+            1,
+            "{again}"
+        );
+        let only_id = Deferred::new(None, Some(HeaderValue::from_static("a1")));
+        let only_id = encoded(&get_p(), only_id.as_ref());
+        assert!(
+            only_id.ends_with("host: backend.test\r\nx-request-id: a1\r\n\r\n"),
+            "{only_id}"
+        );
         let none = encoded(&get_p(), None);
-        assert!(!none.contains("x-forwarded"), "{none}");
+        assert!(
+            !none.contains("x-forwarded") && !none.contains("x-request-id"),
+            "{none}"
+        );
     }
 }
