@@ -202,8 +202,20 @@ pub fn has_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
 
 /// One value of [`has_token`], read as bytes: the tokens are ASCII, and splitting bytes costs
 /// less than checking the value is UTF-8 and splitting it by `char`s (this runs on every
-/// backend response's `Connection`).
+/// backend response's `Connection`). An empty token is never listed.
 pub fn lists_token(value: &[u8], token: &[u8]) -> bool {
+    // A value with no byte like the token's first (in either case) cannot list it: one pass
+    // answers the usual `Connection: keep-alive` asked about `close` (splitting it cost about
+    // 230 instructions an answer, callgrind).
+    let Some(first) = token.first().map(|b| b | 0x20) else {
+        return false;
+    };
+    if !value
+        .iter()
+        .fold(false, |seen, &b| seen | (b | 0x20 == first))
+    {
+        return false;
+    }
     value.split(|&b| b == b',').any(|item| {
         let item = item
             .split(|&b| b == b'=' || b == b';')
@@ -468,6 +480,13 @@ mod tests {
         assert!(has_token(&h, &header::VARY, "origin"));
         assert!(!has_token(&h, &header::VARY, "orig"));
         assert!(!has_token(&h, &header::UPGRADE, "websocket"));
+        // Whichever case the token's first letter has in the value.
+        let h = map(&[("connection", "Upgrade, CLOSE"), ("te", "trailers")]);
+        assert!(has_token(&h, &header::CONNECTION, "close"));
+        assert!(has_token(&h, &header::CONNECTION, "UPGRADE"));
+        assert!(!has_token(&h, &header::CONNECTION, "keep-alive"));
+        assert!(has_token(&h, &header::TE, "Trailers"));
+        assert!(!lists_token(b"a,,b", b""));
     }
 
     #[test]
