@@ -11,7 +11,7 @@ pub const MAX_HOST: usize = 255;
 /// Writes the normalised form of a `Host`/`:authority` value into `buf` and returns it:
 /// port and trailing dot removed, lower-cased; IPv6 literals keep their brackets.
 pub fn host<'b>(raw: &[u8], buf: &'b mut [u8; MAX_HOST]) -> Option<&'b str> {
-    let raw = trim_ascii(raw);
+    let raw = raw.trim_ascii();
     let without_port = if raw.first() == Some(&b'[') {
         let end = raw.iter().position(|b| *b == b']')?;
         &raw[..=end]
@@ -26,13 +26,18 @@ pub fn host<'b>(raw: &[u8], buf: &'b mut [u8; MAX_HOST]) -> Option<&'b str> {
     if name.is_empty() || name.len() > MAX_HOST {
         return None;
     }
-    let out = &mut buf[..name.len()];
-    for (dst, src) in out.iter_mut().zip(name) {
-        if src.is_ascii_control() || *src == b' ' || *src >= 0x80 {
-            return None;
-        }
-        *dst = src.to_ascii_lowercase();
+    // Visible ASCII only. Every byte is looked at, with no early exit, and then lower-cased as a
+    // block: both loops vectorise (byte by byte with a branch each, a 15-byte host cost about
+    // 300 instructions, callgrind).
+    let visible = name
+        .iter()
+        .fold(true, |ok, &b| ok & (b.wrapping_sub(b'!') <= b'~' - b'!'));
+    if !visible {
+        return None;
     }
+    let out = &mut buf[..name.len()];
+    out.copy_from_slice(name);
+    out.make_ascii_lowercase();
     std::str::from_utf8(out).ok()
 }
 
@@ -45,18 +50,6 @@ pub fn strip_port(host: &str) -> &str {
         Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
         _ => host,
     }
-}
-
-fn trim_ascii(raw: &[u8]) -> &[u8] {
-    let start = raw
-        .iter()
-        .position(|b| !b.is_ascii_whitespace())
-        .unwrap_or(raw.len());
-    let end = raw
-        .iter()
-        .rposition(|b| !b.is_ascii_whitespace())
-        .map_or(start, |e| e + 1);
-    &raw[start..end]
 }
 
 /// The path as routing judges it: `%XX` of unreserved characters decoded, dot segments resolved,
@@ -320,6 +313,12 @@ mod tests {
             ("", None),
             ("a b", None),
             ("host:notaport", None),
+            (" \tWWW.Example.com \r\n", Some("www.example.com")),
+            ("a\tb", None),
+            ("a\x7fb", None),
+            ("a\x00b", None),
+            ("ex\u{e4}mple.com", None),
+            ("!~AZ[]", Some("!~az[]")),
         ];
         for (raw, want) in cases {
             assert_eq!(h(raw).as_deref(), want, "{raw}");
