@@ -189,6 +189,11 @@ async fn requests_over_http3_take_the_same_routes_policies_and_backends() {
     assert_eq!(&body[..], b"h3-backend");
     assert_eq!(headers["x-seen-fwd-host"], "h3.test");
     assert_eq!(headers["x-seen-proto"], "https");
+    // The id the backend saw comes back, once.
+    let ids: Vec<_> = headers.get_all("x-request-id").iter().collect();
+    assert_eq!(ids.len(), 1, "{headers:?}");
+    assert_eq!(ids[0].len(), 32);
+    assert_eq!(headers["x-seen-request-id"], ids[0]);
 
     // A 10 MiB body both ways, streamed.
     let big = Bytes::from(vec![7u8; 10 << 20]);

@@ -31,8 +31,9 @@ use super::idle::{self, Activity, Timers};
 use super::listener::{apply_keepalive, pass_on_connection_options, TcpKeepalive};
 use super::park::{self, ClientSocket, Dock, Parkable, Wake};
 use super::proxy_protocol::{self, Header};
-use super::tracked::Tracked;
+use super::tracked::{HeadWriter, Tracked};
 use crate::vocab::acme_challenges::ACME_TLS_ALPN;
+use crate::vocab::late_id::LateId;
 use crate::vocab::{ClientBody, TlsFacts};
 
 /// How long a draining listener lets busy HTTP/1 connections finish their next request
@@ -84,7 +85,8 @@ pub struct ConnInfo {
 }
 
 /// What a listener serves: a function making each connection's hyper service, whose answers
-/// are never errors (errors are responses).
+/// are never errors (errors are responses) and whose bodies may carry the request id for the
+/// head ([`LateId`]).
 pub trait MakeService: Send + Sync + 'static {
     type Service: Service<
             Request<ClientBody>,
@@ -96,6 +98,7 @@ pub trait MakeService: Send + Sync + 'static {
         + Unpin
         + 'static;
     type Body: Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
+        + LateId
         + Send
         + Unpin
         + 'static;
@@ -112,7 +115,7 @@ where
         + Unpin
         + 'static,
     S::Future: Send + Unpin + 'static,
-    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B: Body<Data = Bytes> + LateId + Send + Unpin + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     type Service = S;
@@ -416,12 +419,12 @@ async fn serve_parking<F: MakeService, S: ClientSocket>(
     let (peer, timers) = (counted.peer, shared.limits.timers());
     let activity = Activity::new(shared.draining.clone());
     let dock = Dock::new();
-    let service = || Tracked::new(shared.make.make(info.clone()), activity.clone());
+    let service = |writer| Tracked::new(shared.make.make(info.clone()), activity.clone(), writer);
     let mut drain = shared.drain.clone();
     let mut socket = socket;
     loop {
         let io = Parkable::new(socket, activity.clone(), dock.clone());
-        let own = h1::Connection::new(io, service(), BytesMut::new());
+        let own = h1::Connection::new(io, service(HeadWriter::Own), BytesMut::new());
         let served_cleanly =
             match idle::drive_boxed(own, drain.clone(), activity.clone(), timers).await {
                 Ok(None) => true,
@@ -432,7 +435,7 @@ async fn serve_parking<F: MakeService, S: ClientSocket>(
                         peer,
                         timers,
                     };
-                    hyper.serve(handoff, service()).await
+                    hyper.serve(handoff, service(HeadWriter::Hyper)).await
                 }
                 Err(e) => ended_cleanly(Err(e), peer),
             };
@@ -522,7 +525,7 @@ async fn serve_tls<F: MakeService>(
     }
     let activity = Activity::new(shared.draining.clone());
     activity.mark_http2();
-    let service = Tracked::new(shared.make.make(info), activity.clone());
+    let service = Tracked::new(shared.make.make(info), activity.clone(), HeadWriter::Hyper);
     let (drain, idle) = (shared.drain.clone(), shared.limits.timers());
     let io = TokioIo::new(FloodGuard::new(stream, peer));
     let conn = shared.builders.h2_only.serve_connection(io, service);

@@ -1,7 +1,7 @@
 //! The per-request wrapper around the router on the proxy listeners: counts metrics, starts and
 //! finishes the access log record, and adds HSTS on TLS listeners of grade `high`. Who the
 //! request is from (real client address, `X-Request-Id`) is decided first ([`real_client`]);
-//! the id goes back on the response.
+//! the id goes back with the response, in its body until the head is written ([`LateId`]).
 //!
 //! It only observes: the router's response passes through unchanged apart from HSTS and the id.
 
@@ -16,18 +16,27 @@ use http::header::{HeaderValue, ALT_SVC, STRICT_TRANSPORT_SECURITY};
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 
-use super::real_client::{self, RequestIds, TrustedProxies, X_REQUEST_ID};
+use super::real_client::{self, RequestIds, TrustedProxies};
 use crate::accesslog::{AccessLog, Record};
 use crate::metrics::Metrics;
 use crate::proxy::RespBody;
 use crate::routing::Router;
 use crate::upstream::served_by;
+use crate::vocab::late_id::LateId;
 use crate::vocab::{ClientBody, ClientConn};
 
-/// The client's response body, counting bytes for the access log.
+/// The client's response body, counting bytes for the access log, with the request id for the
+/// head.
 pub struct LoggedBody {
     inner: RespBody,
     record: Record,
+    request_id: Option<HeaderValue>,
+}
+
+impl LateId for LoggedBody {
+    fn take_request_id(&mut self) -> Option<HeaderValue> {
+        self.request_id.take()
+    }
 }
 
 impl Body for LoggedBody {
@@ -108,8 +117,6 @@ pub async fn handle(ctx: &ConnCtx, mut req: Request<ClientBody>) -> Response<Log
         label,
         served.map(|s| now.saturating_duration_since(s.1)),
     );
-    resp.headers_mut()
-        .insert(X_REQUEST_ID.clone(), request_id.value);
     if ctx.hsts && !resp.headers().contains_key(STRICT_TRANSPORT_SECURITY) {
         resp.headers_mut().insert(
             STRICT_TRANSPORT_SECURITY,
@@ -121,5 +128,10 @@ pub async fn handle(ctx: &ConnCtx, mut req: Request<ClientBody>) -> Response<Log
             resp.headers_mut().insert(ALT_SVC, alt_svc.clone());
         }
     }
-    resp.map(|inner| LoggedBody { inner, record })
+    let request_id = Some(request_id.value);
+    resp.map(|inner| LoggedBody {
+        inner,
+        record,
+        request_id,
+    })
 }

@@ -1,8 +1,9 @@
 //! The service wrapper every served connection gets: each request counts as activity (for the
 //! idle timeout, the drain and parking) until its response body is done or dropped; while the
 //! listener drains, HTTP/1 responses ask the client to close; HTTP/2 responses get their
-//! header values detached from backend buffers (HPACK keeps what it indexes); and the answer to
-//! a HEAD request never carries a body.
+//! header values detached from backend buffers (HPACK keeps what it indexes); the answer to
+//! a HEAD request never carries a body; and for hyper's servers the request id the body carries
+//! ([`LateId`]) goes into the head's map.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -17,7 +18,18 @@ use hyper::service::Service;
 use pin_project_lite::pin_project;
 
 use super::idle::{Activity, InFlight};
-use crate::vocab::{headers, ClientBody};
+use crate::vocab::headers::{self, X_REQUEST_ID};
+use crate::vocab::late_id::LateId;
+use crate::vocab::ClientBody;
+
+/// Who writes the heads of a connection's answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadWriter {
+    /// aralez's own HTTP/1.1 side ([`super::h1`]): it writes the request id itself.
+    Own,
+    /// hyper: it writes the head from its map, so the id goes into the map.
+    Hyper,
+}
 
 /// A connection's service: each request counts as activity until its response body is done;
 /// while draining, HTTP/1 responses ask the client to close.
@@ -25,11 +37,16 @@ use crate::vocab::{headers, ClientBody};
 pub struct Tracked<S> {
     inner: S,
     activity: Arc<Activity>,
+    writer: HeadWriter,
 }
 
 impl<S> Tracked<S> {
-    pub fn new(inner: S, activity: Arc<Activity>) -> Tracked<S> {
-        Tracked { inner, activity }
+    pub fn new(inner: S, activity: Arc<Activity>, writer: HeadWriter) -> Tracked<S> {
+        Tracked {
+            inner,
+            activity,
+            writer,
+        }
     }
 }
 
@@ -38,6 +55,7 @@ impl<S> Tracked<S> {
 impl<S, B, RB> Service<Request<RB>> for Tracked<S>
 where
     S: Service<Request<ClientBody>, Response = Response<B>, Error = Infallible>,
+    B: LateId,
     RB: Body + Into<ClientBody>,
 {
     type Response = Response<ActiveBody<B>>;
@@ -56,6 +74,7 @@ where
             in_flight,
             http1,
             head,
+            writer: self.writer,
         }
     }
 }
@@ -69,18 +88,25 @@ pin_project! {
         // HTTP/1: told `Connection: close` when draining. HTTP/2: its header values detached.
         http1: bool,
         head: bool,
+        writer: HeadWriter,
     }
 }
 
 impl<F, B> Future for TrackedAnswer<F>
 where
     F: Future<Output = Result<Response<B>, Infallible>>,
+    B: LateId,
 {
     type Output = Result<Response<ActiveBody<B>>, Infallible>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let Ok(mut resp) = std::task::ready!(this.inner.poll(cx));
+        if *this.writer == HeadWriter::Hyper {
+            if let Some(id) = resp.body_mut().take_request_id() {
+                resp.headers_mut().insert(X_REQUEST_ID.clone(), id);
+            }
+        }
         let mut draining = false;
         if let Some(in_flight) = this.in_flight.as_ref() {
             in_flight.progress();
@@ -114,6 +140,12 @@ pin_project! {
         inner: B,
         _in_flight: Option<InFlight>,
         head: bool,
+    }
+}
+
+impl<B: LateId> LateId for ActiveBody<B> {
+    fn take_request_id(&mut self) -> Option<HeaderValue> {
+        self.inner.take_request_id()
     }
 }
 

@@ -1,14 +1,16 @@
 //! The request vocabulary every data-path module shares, at the bottom of the import order: it
 //! imports nothing from the crate. It owns the proxy's error type and its one mapping to
 //! responses ([`ProxyError`]), the facts about a client connection ([`ClientConn`], with the
-//! [`WorkerId`] serving it), header rules of forwarding ([`headers`]), host and path
-//! normalisation ([`normalise`]), the `araleztoken` query parameter ([`token_param`]) and the
-//! link to a Redis server that shared state uses ([`redis_link`]).
+//! [`WorkerId`] serving it), header rules of forwarding ([`headers`]), the request id a response
+//! carries back ([`late_id`]), host and path normalisation ([`normalise`]), the `araleztoken`
+//! query parameter ([`token_param`]) and the link to a Redis server that shared state uses
+//! ([`redis_link`]).
 
 pub mod acme_challenges;
 pub mod error;
 pub mod forwarded;
 pub mod headers;
+pub mod late_id;
 pub mod normalise;
 pub mod redis_link;
 pub mod request_body;

@@ -32,6 +32,7 @@ use hyper::service::Service;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::idle::Graceful;
+use crate::vocab::late_id::LateId;
 use crate::vocab::request_body::BoxError;
 use crate::vocab::ClientBody;
 use request::Head;
@@ -82,14 +83,14 @@ pub trait Serve:
     Service<Request<ClientBody>, Response = Response<Self::Body>, Error = Infallible, Future: Unpin>
     + Unpin
 {
-    type Body: Body<Data = Bytes, Error: Into<BoxError>> + Unpin;
+    type Body: Body<Data = Bytes, Error: Into<BoxError>> + LateId + Unpin;
 }
 
 impl<S, B> Serve for S
 where
     S: Service<Request<ClientBody>, Response = Response<B>, Error = Infallible> + Unpin,
     S::Future: Unpin,
-    B: Body<Data = Bytes, Error: Into<BoxError>> + Unpin,
+    B: Body<Data = Bytes, Error: Into<BoxError>> + LateId + Unpin,
 {
     type Body = B;
 }
@@ -387,7 +388,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin, S: Serve> Connection<IO, S> {
         method: &Method,
         close: bool,
     ) -> Result<(), H1Error> {
-        let (parts, body) = resp.into_parts();
+        let (parts, mut body) = resp.into_parts();
+        let request_id = body.take_request_id();
         let shape = if body.is_end_stream() {
             Shape::Empty
         } else {
@@ -405,7 +407,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin, S: Serve> Connection<IO, S> {
         let closing = close || self.shutdown_asked || body_left;
         let written = response::encode(
             &mut self.out,
-            &parts,
+            (&parts, request_id.as_ref()),
             shape,
             method,
             closing,

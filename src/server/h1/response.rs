@@ -6,10 +6,10 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use http::header::{self, HeaderName};
+use http::header::{self, HeaderName, HeaderValue};
 use http::{Method, StatusCode};
 
-use crate::vocab::headers::{decimal_length, lists_token};
+use crate::vocab::headers::{decimal_length, lists_token, X_REQUEST_ID};
 
 /// What a head is given room for: its status and `date` lines, and each field on average.
 const HEAD_ROOM: usize = 96;
@@ -49,12 +49,13 @@ pub enum HeadError {
     ContentLength,
 }
 
-/// Writes the head of `parts` into `out` (cleared first) for a request of `method`; with
-/// `closing` (the connection ends after this answer) the head says `Connection: close`, so the
-/// client does not send its next request on it.
+/// Writes the head of `parts` into `out` (cleared first) for a request of `method`, with
+/// `request_id` as its `X-Request-Id` (in place of any the fields have); with `closing` (the
+/// connection ends after this answer) the head says `Connection: close`, so the client does not
+/// send its next request on it.
 pub fn encode(
     out: &mut Vec<u8>,
-    parts: &http::response::Parts,
+    (parts, request_id): (&http::response::Parts, Option<&HeaderValue>),
     shape: Shape,
     method: &Method,
     closing: bool,
@@ -105,8 +106,13 @@ pub fn encode(
             has_date = true;
         } else if name == header::TRAILER {
             note_trailers(value.as_bytes(), &mut trailers);
+        } else if request_id.is_some() && name == X_REQUEST_ID {
+            continue;
         }
         write_field(out, name, value.as_bytes());
+    }
+    if let Some(id) = request_id {
+        write_field(out, &X_REQUEST_ID, id.as_bytes());
     }
     let framing = match (length_written, shape) {
         (Some(declared), Shape::Unknown) => Framing::Length(declared),
@@ -215,5 +221,50 @@ impl CachedDate {
             }
         }
         &self.text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(parts: &http::response::Parts, request_id: Option<&HeaderValue>) -> String {
+        let mut out = Vec::new();
+        let mut date = CachedDate::new();
+        let shape = Shape::Known(2);
+        encode(
+            &mut out,
+            (parts, request_id),
+            shape,
+            &Method::GET,
+            false,
+            &mut date,
+        )
+        .expect("a head");
+        String::from_utf8(out).expect("ASCII head")
+    }
+
+    /// The id the body carried replaces the one the backend sent, once; without one the map's
+    /// fields go out as they are.
+    #[test]
+    fn the_request_id_is_written_once_in_place_of_the_fields() {
+        let (parts, ()) = http::Response::builder()
+            .header("x-request-id", "from-backend")
+            .header("server", "b")
+            .body(())
+            .expect("response")
+            .into_parts();
+        let id = HeaderValue::from_static("0011");
+        let with_id = head(&parts, Some(&id));
+        assert!(
+            with_id.starts_with("HTTP/1.1 200 OK\r\nserver: b\r\nx-request-id: 0011\r\n"),
+            "{with_id}"
+        );
+        assert_eq!(with_id.matches("x-request-id").count(), 1, "{with_id}");
+        let without = head(&parts, None);
+        assert!(
+            without.starts_with("HTTP/1.1 200 OK\r\nx-request-id: from-backend\r\nserver: b\r\n"),
+            "{without}"
+        );
     }
 }

@@ -13,6 +13,8 @@ use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 
 use crate::server::observe::{self, ConnCtx};
+use crate::vocab::headers::X_REQUEST_ID;
+use crate::vocab::late_id::LateId;
 use crate::vocab::request_body::BoxError;
 use crate::vocab::ClientBody;
 
@@ -93,6 +95,9 @@ fn request_body(
 /// Sends the head, then each frame of the body, then finishes the stream.
 async fn respond(send: &mut SendSide, resp: Response<observe::LoggedBody>) -> Result<(), BoxError> {
     let (mut parts, mut body) = resp.into_parts();
+    if let Some(id) = body.take_request_id() {
+        parts.headers.insert(X_REQUEST_ID.clone(), id);
+    }
     // Connection-specific fields have no place in HTTP/3 (RFC 9114 §4.2).
     for name in [
         header::CONNECTION,
