@@ -227,11 +227,12 @@ async fn forwarding_headers() {
     assert!(seen.contains("x-end-to-end"), "{seen}");
 }
 
-/// A request without `X-Forwarded-*` of its own gets the three fields once each, whether the
-/// backend is spoken to by aralez's own HTTP/1.1 client or by hyper's (h2c here); a client's
-/// own list is appended to; a route rule that sets one of them wins over the proxy's value.
+/// A request without `X-Forwarded-*` of its own gets the three fields once each, and one
+/// `X-Request-Id` (the one the client gets back), whether the backend is spoken to by aralez's
+/// own HTTP/1.1 client or by hyper's (h2c here), and through a route's layers; a client's own
+/// list is appended to and its own id replaced; a route rule that sets one of them wins.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn proxy_fields_reach_every_backend_protocol_once() {
+async fn proxy_fields_reach_inline_and_hyper_client_backends_once() {
     let a = Backend::start("a").await;
     let pinned = format!("http://{}", a.addr);
     let yaml = Upstreams::new()

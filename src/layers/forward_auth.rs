@@ -142,8 +142,10 @@ impl ForwardAuth {
         if let Ok(m) = HeaderValue::from_str(req.method().as_str()) {
             h.insert(X_FORWARDED_METHOD.clone(), m);
         }
-        let proto = if conn.tls { "https" } else { "http" };
-        h.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
+        h.insert(
+            X_FORWARDED_PROTO.clone(),
+            headers::forwarded_proto(conn.tls).clone(),
+        );
         let client_host = req.headers().get(header::HOST).cloned().or_else(|| {
             req.uri()
                 .authority()

@@ -1,6 +1,6 @@
 //! Forwarding: turns a client request into a backend request (hop-by-hop removal,
-//! X-Forwarded-*, the route's headers, upgrades), hands it to the upstream balancer, and turns
-//! the backend's response into the client's (SPEC §5, §6.2).
+//! X-Forwarded-* and X-Request-Id, the route's headers, upgrades), hands it to the upstream
+//! balancer, and turns the backend's response into the client's (SPEC §5, §6.2).
 //!
 //! It knows nothing of routes or policies: the router gives it the route's backends and header
 //! rules. Bodies stream both ways; [`encode`] compresses one on the way when a policy asks.
@@ -106,7 +106,7 @@ fn outgoing(
     upgrade: Option<&upgrade::UpgradeAsk>,
 ) -> Outgoing {
     let (mut parts, body) = req.into_parts();
-    let forwarded = prepare_headers(&mut parts, client, rules);
+    let deferred = prepare_headers(&mut parts, client, rules);
     if let Some(ask) = upgrade {
         upgrade::prepare_backend_request(&mut parts, ask);
     }
@@ -116,7 +116,7 @@ fn outgoing(
     let counter = parts.extensions.remove::<BytesIn>();
     Outgoing {
         head: parts,
-        forwarded,
+        deferred,
         body: Either::Left(RequestBody::new(body, counter)),
         replayable,
     }

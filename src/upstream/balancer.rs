@@ -93,8 +93,8 @@ impl BackendSet {
 /// safely be sent twice (its head replayed with an empty body).
 pub struct Outgoing {
     pub head: Parts,
-    /// `X-Forwarded-*` still to add, when the head has none of its own.
-    pub forwarded: Option<Deferred>,
+    /// `X-Forwarded-*` and `X-Request-Id` still to add, when the head has none of its own.
+    pub deferred: Option<Deferred>,
     pub body: UpBody,
     pub replayable: bool,
 }
@@ -116,7 +116,7 @@ pub fn send<'a>(
         None => set.next_start(),
     };
     let replayable = out.replayable;
-    let forwarded = out.forwarded;
+    let deferred = out.deferred;
     let mut pending = Some(Request::from_parts(out.head, out.body));
     async move {
         let mut last_error = None;
@@ -135,7 +135,7 @@ pub fn send<'a>(
                 worker,
                 timeouts,
                 sni_from_request: set.sni_from_request,
-                forwarded: forwarded.as_ref(),
+                deferred: deferred.as_ref(),
             };
             let began = std::time::Instant::now();
             let sent = match pool::send(x, request, replayable).await {

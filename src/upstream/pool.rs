@@ -73,9 +73,9 @@ pub struct Exchange<'a> {
     /// The TLS server name may come from the request's host (a named route); on a `DEFAULT`
     /// route, which takes any host a client makes up, it is always the backend's own name.
     pub sni_from_request: bool,
-    /// `X-Forwarded-*` not in the request's map yet: written into the inline client's head, or
-    /// inserted for hyper's client.
-    pub forwarded: Option<&'a Deferred>,
+    /// `X-Forwarded-*` and `X-Request-Id` not in the request's map yet: written into the inline
+    /// client's head, or inserted for hyper's client.
+    pub deferred: Option<&'a Deferred>,
 }
 
 /// How one request reaches its backend: the wire and, for TLS, the server name its connection
@@ -148,15 +148,15 @@ async fn detect_and_send(
 }
 
 /// hyper's client takes the request: a copy of the head stays for a replay (with the
-/// `X-Forwarded-*` it reads from the map, as the request that may come back).
+/// `X-Forwarded-*` and `X-Request-Id` it reads from the map, as the request that may come back).
 async fn send_by_hyper_replayable(
     x: Exchange<'_>,
     wire: Wire,
     mut req: Request<UpBody>,
     replayable: bool,
 ) -> Result<Response<PooledBody>, SendError> {
-    if let Some(forwarded) = x.forwarded {
-        forwarded.insert_into(req.headers_mut());
+    if let Some(deferred) = x.deferred {
+        deferred.insert_into(req.headers_mut());
     }
     let target = target(&req, x, wire);
     let replay = replayable.then(|| copy_head(&req));
@@ -503,7 +503,7 @@ fn send_on_inline<'a>(
         worker: x.worker,
     };
     conn.respond_within(x.timeouts.response);
-    let sending = conn.send((head, x.forwarded), body, length, home);
+    let sending = conn.send((head, x.deferred), body, length, home);
     async move {
         match sending.await {
             Ok(resp) => {

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use http::header::{HeaderMap, HeaderValue};
 
 use super::headers::{
-    append_forwarded_for, set_forwarded_proto_host, X_FORWARDED_FOR, X_REQUEST_ID,
+    append_forwarded_for, forwarded_proto, set_forwarded_proto_host, X_FORWARDED_FOR, X_REQUEST_ID,
 };
 
 /// The three `X-Forwarded-*` fields of one request.
@@ -33,6 +33,11 @@ impl Forwarded {
     pub fn merge_into(self, headers: &mut HeaderMap) {
         append_forwarded_for(headers, &self.client_ip);
         set_forwarded_proto_host(headers, self.tls, self.host);
+    }
+
+    /// `X-Forwarded-Proto`'s value.
+    pub fn proto(&self) -> &'static HeaderValue {
+        forwarded_proto(self.tls)
     }
 }
 
@@ -86,20 +91,6 @@ impl Deferred {
         (!self.in_map.load(Ordering::Relaxed)).then_some(&self.fields)
     }
 }
-
-impl Forwarded {
-    /// `X-Forwarded-Proto`'s value.
-    pub fn proto(&self) -> &'static HeaderValue {
-        if self.tls {
-            &HTTPS
-        } else {
-            &HTTP
-        }
-    }
-}
-
-static HTTPS: HeaderValue = HeaderValue::from_static("https");
-static HTTP: HeaderValue = HeaderValue::from_static("http");
 
 #[cfg(test)]
 mod tests {

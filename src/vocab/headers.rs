@@ -281,10 +281,20 @@ pub fn append_forwarded_for(headers: &mut HeaderMap, client_ip: &HeaderValue) {
     }
 }
 
+/// `X-Forwarded-Proto`'s value for a client connection with or without TLS.
+pub fn forwarded_proto(tls: bool) -> &'static HeaderValue {
+    static HTTPS: HeaderValue = HeaderValue::from_static("https");
+    static HTTP: HeaderValue = HeaderValue::from_static("http");
+    if tls {
+        &HTTPS
+    } else {
+        &HTTP
+    }
+}
+
 /// Sets `X-Forwarded-Proto` and `X-Forwarded-Host` (the client's host as it sent it).
 pub fn set_forwarded_proto_host(headers: &mut HeaderMap, tls: bool, host: Option<HeaderValue>) {
-    let proto = if tls { "https" } else { "http" };
-    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
+    headers.insert(X_FORWARDED_PROTO.clone(), forwarded_proto(tls).clone());
     if let Some(host) = host {
         headers.insert(X_FORWARDED_HOST.clone(), host);
     }

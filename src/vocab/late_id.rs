@@ -3,8 +3,8 @@
 //! straight after the response's own fields (any the response has of that name go unwritten);
 //! hyper's servers and HTTP/3 take it out and insert it into the map first. Where the head is
 //! written from the map anyway, that is the insert there was before; on HTTP/1.1 it saves
-//! hashing the field into a map only to read it back out (callgrind: about 230 instructions an
-//! answer).
+//! hashing the field into a map only to read it back out (callgrind: the insert was about 230
+//! instructions an answer, the name check per field and the write take back about 90).
 
 use http::header::HeaderValue;
 use http_body_util::combinators::UnsyncBoxBody;

@@ -25,11 +25,11 @@ pub enum BodyLength {
 }
 
 /// Writes the head of a request whose body is `length` into `out` (cleared first), the
-/// `forwarded` fields after its own.
+/// `deferred` fields (`X-Forwarded-*`, `X-Request-Id`) after its own.
 pub fn encode_request(
     out: &mut Vec<u8>,
     head: &Parts,
-    forwarded: Option<&Deferred>,
+    deferred: Option<&Deferred>,
     length: BodyLength,
 ) {
     out.clear();
@@ -39,7 +39,7 @@ pub fn encode_request(
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     write_fields(out, &head.headers);
-    if let Some(unwritten) = forwarded.and_then(Deferred::unwritten) {
+    if let Some(unwritten) = deferred.and_then(Deferred::unwritten) {
         if let Some(f) = &unwritten.forwarded {
             write_field(out, &X_FORWARDED_FOR, &f.client_ip);
             write_field(out, &X_FORWARDED_PROTO, f.proto());
@@ -199,9 +199,9 @@ mod tests {
         parts
     }
 
-    fn encoded(head: &Parts, forwarded: Option<&Deferred>) -> String {
+    fn encoded(head: &Parts, deferred: Option<&Deferred>) -> String {
         let mut out = Vec::new();
-        encode_request(&mut out, head, forwarded, BodyLength::Known(0));
+        encode_request(&mut out, head, deferred, BodyLength::Known(0));
         String::from_utf8(out).expect("ASCII head")
     }
 

@@ -187,13 +187,13 @@ impl InlineConn {
         }
     }
 
-    /// Sends `head` (HTTP/1.1 form, with the `X-Forwarded-*` still to add) and `body` (framed
-    /// as `length` says) and reads the response head; the response body reads the rest from
-    /// this connection (and writes what is left of the request, if the backend answered early)
-    /// and sends it `home` when done.
+    /// Sends `head` (HTTP/1.1 form, with the `X-Forwarded-*` and `X-Request-Id` still to add)
+    /// and `body` (framed as `length` says) and reads the response head; the response body
+    /// reads the rest from this connection (and writes what is left of the request, if the
+    /// backend answered early) and sends it `home` when done.
     pub async fn send<H, B>(
         mut self: Box<Self>,
-        (head, forwarded): (&Parts, Option<&Deferred>),
+        (head, deferred): (&Parts, Option<&Deferred>),
         body: B,
         length: BodyLength,
         home: H,
@@ -203,7 +203,7 @@ impl InlineConn {
         B: http_body::Body<Data = bytes::Bytes> + Unpin,
         B::Error: Into<BoxError>,
     {
-        head::encode_request(&mut self.out, head, forwarded, length);
+        head::encode_request(&mut self.out, head, deferred, length);
         self.arm_deadline();
         let mut upload = Upload::new(body, length);
         let uploaded = std::future::poll_fn(|cx| {

@@ -126,7 +126,7 @@ async fn connections_for_two_requests(client: Client) -> usize {
             response: Duration::from_secs(5),
         },
         sni_from_request: false,
-        forwarded: None,
+        deferred: None,
     };
 
     // The first request goes out on a new connection and waits for its answer.
