@@ -299,6 +299,9 @@ where
     tokio::pin!(timer);
     let mut seen = (activity.progress.load(Ordering::Relaxed), start);
     let mut asked = *drain.borrow();
+    // A second handle on the drain signal, to ask cheaply whether it moved: the wait below
+    // borrows the first.
+    let peek = drain.clone();
     if asked {
         conn.as_mut().shut_down();
     }
@@ -311,12 +314,18 @@ where
         // Kept across the wake-ups of one turn: it holds the task's place among the drain
         // signal's waiters.
         let mut drained = std::pin::pin!(drain.wait_for(|d| *d));
+        // Likewise the wait, once it has the waker, is polled again only when the signal moved
+        // (its version goes up before its waiters are woken) or its sender is gone.
+        let mut drain_has_waker = false;
         let woke = std::future::poll_fn(|cx| {
             if let Poll::Ready(done) = conn.as_mut().poll(cx) {
                 return Poll::Ready(Woke::Done(done));
             }
-            if !asked && drained.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(Woke::Drain);
+            if !asked && (!drain_has_waker || peek.has_changed().unwrap_or(true)) {
+                if drained.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Woke::Drain);
+                }
+                drain_has_waker = true;
             }
             if timer_has_waker && !timer.is_elapsed() {
                 return Poll::Pending;
