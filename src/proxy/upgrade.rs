@@ -63,13 +63,14 @@ pub fn take<B>(req: &mut Request<B>) -> Option<ClientUpgrade> {
     if req.version() != Version::HTTP_11 {
         return None;
     }
+    // `Upgrade` first: nearly every request has none, and then `Connection` is not looked up.
+    let protocol = req.headers().get(header::UPGRADE)?.clone();
     let wants = req.headers().get_all(header::CONNECTION).iter().any(|v| {
         v.to_str()
             .unwrap_or("")
             .split(',')
             .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
     });
-    let protocol = req.headers().get(header::UPGRADE)?.clone();
     if !wants || names_h2c(&protocol) {
         // `Upgrade: h2c` is refused (RFC 9113 §3.1 removed it; smuggling tools use it to reach a
         // backend's HTTP/2 side past the proxy's checks): the request goes on as plain HTTP/1.1
