@@ -1,13 +1,14 @@
 //! The request vocabulary every data-path module shares, at the bottom of the import order: it
 //! imports nothing from the crate. It owns the proxy's error type and its one mapping to
 //! responses ([`ProxyError`]), the facts about a client connection ([`ClientConn`], with the
-//! [`WorkerId`] serving it), header rules of forwarding ([`headers`]), the request id a response
-//! carries back ([`late_id`]), host and path normalisation ([`normalise`]), the `araleztoken`
-//! query parameter ([`token_param`]) and the link to a Redis server that shared state uses
-//! ([`redis_link`]).
+//! [`WorkerId`] serving it), header rules of forwarding ([`headers`]), where a parsed head's
+//! fields lie ([`field_offsets`]), the request id a response carries back ([`late_id`]), host
+//! and path normalisation ([`normalise`]), the `araleztoken` query parameter ([`token_param`])
+//! and the link to a Redis server that shared state uses ([`redis_link`]).
 
 pub mod acme_challenges;
 pub mod error;
+pub mod field_offsets;
 pub mod forwarded;
 pub mod headers;
 pub mod late_id;

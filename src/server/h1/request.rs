@@ -10,6 +10,7 @@ use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap};
 use http::{Method, Request, Uri, Version};
 
+use crate::vocab::field_offsets::{FieldAt, FieldOffsets};
 use crate::vocab::headers::{
     decimal_length, field_name, lists_token, value_parsed_by_httparse, ADDED_TO_REQUESTS,
 };
@@ -40,24 +41,16 @@ pub struct Parsed {
     pub close: bool,
 }
 
-/// Where a field's name and value lie in the head.
-#[derive(Clone, Copy, Default)]
-struct FieldAt {
-    name: (u32, u32),
-    value: (u32, u32),
-}
-
 /// Where the parts of a complete head lie.
 struct Located {
     len: usize,
     method: (u32, u32),
     target: (u32, u32),
-    fields: usize,
 }
 
 /// Takes a request head of the common case off the front of `buf`.
 pub fn parse(buf: &mut BytesMut) -> Head {
-    let mut at = [FieldAt::default(); MAX_FIELDS];
+    let mut at = FieldOffsets::new();
     let located = match locate(buf, &mut at) {
         Some(Some(located)) => located,
         Some(None) => return Head::Partial,
@@ -68,7 +61,7 @@ pub fn parse(buf: &mut BytesMut) -> Head {
         return Head::Unusual;
     };
     let head = buf.split_to(located.len).freeze();
-    match build(&head, method, &located, &at[..located.fields]) {
+    match build(&head, method, &located, at.as_slice()) {
         Some(parsed) => Head::Usual(parsed),
         None => {
             // The head goes back in front of what follows it, for hyper to read (a copy, on a
@@ -88,7 +81,7 @@ fn slice(head: &[u8], (start, end): (u32, u32)) -> &[u8] {
 
 /// Parses the head at the front of `buf`: `None` when it is not of the common case,
 /// `Some(None)` when more bytes are needed.
-fn locate(buf: &[u8], at: &mut [FieldAt; MAX_FIELDS]) -> Option<Option<Located>> {
+fn locate(buf: &[u8], at: &mut FieldOffsets) -> Option<Option<Located>> {
     let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_FIELDS];
     let mut req = httparse::Request::new(&mut []);
     let parser = httparse::ParserConfig::default();
@@ -107,17 +100,11 @@ fn locate(buf: &[u8], at: &mut [FieldAt; MAX_FIELDS]) -> Option<Option<Located>>
     };
     let method = offset(req.method?.as_bytes());
     let target = offset(req.path?.as_bytes());
-    for (slot, field) in at.iter_mut().zip(req.headers.iter()) {
-        *slot = FieldAt {
-            name: offset(field.name.as_bytes()),
-            value: offset(field.value),
-        };
-    }
+    at.note(buf, req.headers);
     Some(Some(Located {
         len,
         method,
         target,
-        fields: req.headers.len(),
     }))
 }
 

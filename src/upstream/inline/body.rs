@@ -1,18 +1,17 @@
-//! The response body of an inline exchange: how it is framed (a length, chunks, or the end of
-//! the connection) and the [`InlineBody`] that reads it off the connection as it is polled,
-//! then hands the connection back to its pool.
+//! The response body of an inline exchange: the [`InlineBody`] that reads it off the
+//! connection as it is polled, as its framing says (a length, chunks, or the end of the
+//! connection), then hands the connection back to its pool.
 
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes};
-use http::header::{self, HeaderMap};
-use http::{StatusCode, Version};
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 
+use super::framing::{Framing, State};
 use super::upload::Upload;
 use super::{Home, InlineConn, InlineError};
-use crate::vocab::headers::has_token;
 use crate::vocab::request_body::BoxError;
 
 /// The longest chunk-size line (size, extensions and CRLF) read.
@@ -21,96 +20,6 @@ const MAX_CHUNK_LINE: usize = 4 * 1024;
 const MAX_TRAILERS: usize = 16 * 1024;
 /// The most trailer fields read.
 const MAX_TRAILER_FIELDS: usize = 32;
-
-/// How a response's body is delimited, and whether its connection may carry another request
-/// afterwards.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Framing {
-    state: State,
-    keep_alive: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    /// This many bytes are left.
-    Length(u64),
-    /// Before a chunk-size line.
-    ChunkSize,
-    /// Inside a chunk, this many bytes left.
-    ChunkData(u64),
-    /// After a chunk's data: its CRLF.
-    ChunkEnd,
-    /// After the last chunk: trailer fields, then an empty line.
-    Trailers,
-    /// Until the backend closes the connection.
-    UntilClose,
-    Done,
-}
-
-impl Framing {
-    /// The framing of a final response (RFC 9112 §6.3).
-    pub fn of(
-        status: StatusCode,
-        version: Version,
-        headers: &HeaderMap,
-        headless: bool,
-    ) -> Result<Framing, InlineError> {
-        let mut keep_alive = if version == Version::HTTP_11 {
-            !has_token(headers, &header::CONNECTION, "close")
-        } else {
-            has_token(headers, &header::CONNECTION, "keep-alive")
-        };
-        if headless || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
-            let state = State::Length(0);
-            return Ok(Framing { state, keep_alive });
-        }
-        let state = if headers.contains_key(header::TRANSFER_ENCODING) {
-            // Both headers: a message that smuggling is made of; answer it, keep nothing after it.
-            if headers.contains_key(header::CONTENT_LENGTH) {
-                keep_alive = false;
-            }
-            if last_coding_is_chunked(headers) {
-                State::ChunkSize
-            } else {
-                State::UntilClose
-            }
-        } else if let Some(length) = content_length(headers)? {
-            State::Length(length)
-        } else {
-            State::UntilClose
-        };
-        if state == State::UntilClose {
-            keep_alive = false;
-        }
-        Ok(Framing { state, keep_alive })
-    }
-}
-
-fn last_coding_is_chunked(headers: &HeaderMap) -> bool {
-    let last = headers
-        .get_all(header::TRANSFER_ENCODING)
-        .iter()
-        .next_back();
-    last.and_then(|v| v.as_bytes().rsplit(|&b| b == b',').next())
-        .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"))
-}
-
-/// The `Content-Length`, when present: every value (and every item of a list) must be the same
-/// decimal number.
-fn content_length(headers: &HeaderMap) -> Result<Option<u64>, InlineError> {
-    let mut found = None;
-    for value in headers.get_all(header::CONTENT_LENGTH) {
-        for item in value.as_bytes().split(|&b| b == b',') {
-            let n = crate::vocab::headers::decimal_length(item.trim_ascii())
-                .ok_or(InlineError::Invalid("Content-Length"))?;
-            if found.is_some_and(|f| f != n) {
-                return Err(InlineError::Invalid("differing Content-Length values"));
-            }
-            found = Some(n);
-        }
-    }
-    Ok(found)
-}
 
 /// A backend's response body read straight off its connection.
 pub struct InlineBody<H, B> {

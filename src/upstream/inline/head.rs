@@ -9,7 +9,9 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::{Method, Response, StatusCode, Version};
 
+use super::framing::FramingFields;
 use super::{InlineError, MAX_HEADERS};
+use crate::vocab::field_offsets::{FieldAt, FieldOffsets};
 use crate::vocab::forwarded::Deferred;
 use crate::vocab::headers::{
     field_name, value_parsed_by_httparse, ADDED_TO_ANSWERS, X_FORWARDED_FOR, X_FORWARDED_HOST,
@@ -87,26 +89,20 @@ fn expects_body(method: &Method) -> bool {
     )
 }
 
-/// Where a field's name and value lie in the head.
-#[derive(Clone, Copy, Default)]
-struct FieldAt {
-    name: (u32, u32),
-    value: (u32, u32),
-}
-
 /// What the parser found in a complete head.
 struct Found {
     len: usize,
     status: u16,
     version: Version,
-    fields: usize,
 }
 
 /// Takes a final response head off the front of `buf` when it is complete (`None`: more bytes
 /// are needed); informational heads before it are consumed and dropped.
-pub fn parse_response(buf: &mut BytesMut) -> Result<Option<http::response::Parts>, InlineError> {
+pub fn parse_response(
+    buf: &mut BytesMut,
+) -> Result<Option<(http::response::Parts, FramingFields)>, InlineError> {
     loop {
-        let mut at = [FieldAt::default(); MAX_HEADERS];
+        let mut at = FieldOffsets::new();
         let Some(found) = locate(buf, &mut at)? else {
             return Ok(None);
         };
@@ -121,17 +117,18 @@ pub fn parse_response(buf: &mut BytesMut) -> Result<Option<http::response::Parts
         }
         let status =
             StatusCode::from_u16(found.status).map_err(|_| InlineError::Invalid("status code"))?;
-        let headers = build_fields(&head, &at[..found.fields])?;
+        let framing = FramingFields::new(found.version);
+        let (headers, framing) = build_fields(&head, at.as_slice(), framing)?;
         let (mut parts, ()) = Response::new(()).into_parts();
         parts.status = status;
         parts.version = found.version;
         parts.headers = headers;
-        return Ok(Some(parts));
+        return Ok(Some((parts, framing)));
     }
 }
 
 /// Parses the head at the front of `buf`, noting where each field lies.
-fn locate(buf: &[u8], at: &mut [FieldAt; MAX_HEADERS]) -> Result<Option<Found>, InlineError> {
+fn locate(buf: &[u8], at: &mut FieldOffsets) -> Result<Option<Found>, InlineError> {
     // Left uninitialised: filling 100 empty fields first cost more than parsing a short head.
     let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
     let mut resp = httparse::Response::new(&mut []);
@@ -149,38 +146,30 @@ fn locate(buf: &[u8], at: &mut [FieldAt; MAX_HEADERS]) -> Result<Option<Found>, 
         _ => Version::HTTP_10,
     };
     let status = resp.code.unwrap_or(0);
-    let base = buf.as_ptr() as usize;
-    let offset = |s: &[u8]| {
-        let start = s.as_ptr() as usize - base;
-        (start as u32, (start + s.len()) as u32)
-    };
-    let count = resp.headers.len();
-    for (slot, field) in at.iter_mut().zip(resp.headers.iter()) {
-        *slot = FieldAt {
-            name: offset(field.name.as_bytes()),
-            value: offset(field.value),
-        };
-    }
+    at.note(buf, resp.headers);
     Ok(Some(Found {
         len,
         status,
         version,
-        fields: count,
     }))
 }
 
-/// The fields of `head`, their values sharing its bytes.
-fn build_fields(head: &Bytes, at: &[FieldAt]) -> Result<HeaderMap, InlineError> {
+/// The fields of `head`, their values sharing its bytes, and what they say of the framing.
+fn build_fields(
+    head: &Bytes,
+    at: &[FieldAt],
+    mut framing: FramingFields,
+) -> Result<(HeaderMap, FramingFields), InlineError> {
     let mut headers = HeaderMap::with_capacity(at.len() + ADDED_TO_ANSWERS);
     for field in at {
         let (ns, ne) = field.name;
-        let (vs, ve) = field.value;
+        let (vs, ve) = (field.value.0 as usize, field.value.1 as usize);
         let name = field_name(&head[ns as usize..ne as usize])
             .map_err(|_| InlineError::Invalid("header field name"))?;
-        let value = value_parsed_by_httparse(head.slice(vs as usize..ve as usize));
-        headers.append(name, value);
+        framing.note(&name, &head[vs..ve]);
+        headers.append(name, value_parsed_by_httparse(head.slice(vs..ve)));
     }
-    Ok(headers)
+    Ok((headers, framing))
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@
 //! real one (100, 103) are skipped; a 101 nobody asked for is invalid.
 
 mod body;
+mod framing;
 mod head;
 mod upload;
 
@@ -33,8 +34,8 @@ use http::Response;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
-use body::Framing;
 pub use body::InlineBody;
+use framing::{Framing, FramingFields};
 pub use head::BodyLength;
 use upload::Upload;
 
@@ -218,15 +219,14 @@ impl InlineConn {
             error,
             unsent: None,
         };
-        let parts = std::future::poll_fn(|cx| {
+        let (parts, fields) = std::future::poll_fn(|cx| {
             let step = self.poll_head(&mut upload, cx);
             self.poll_by_deadline(cx, step)
         })
         .await
         .map_err(failed)?;
         let headless = head.method == http::Method::HEAD;
-        let framing =
-            Framing::of(parts.status, parts.version, &parts.headers, headless).map_err(failed)?;
+        let framing = Framing::of(parts.status, &fields, headless).map_err(failed)?;
         let rest = (!upload.is_done()).then(|| Box::new(upload));
         Ok(Response::from_parts(
             parts,
@@ -240,7 +240,7 @@ impl InlineConn {
         &mut self,
         upload: &mut Upload<B>,
         cx: &mut Context<'_>,
-    ) -> Poll<Result<http::response::Parts, InlineError>>
+    ) -> Poll<Result<(http::response::Parts, FramingFields), InlineError>>
     where
         B: http_body::Body<Data = bytes::Bytes> + Unpin,
         B::Error: Into<BoxError>,
