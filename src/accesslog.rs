@@ -213,13 +213,14 @@ impl Drop for BodyDone {
 }
 
 impl Record {
-    /// Notes the response head (and, when a backend sent it, how long the backend took). In
-    /// `error` mode, a successful response is not logged.
+    /// Notes the response head, ready at `now` (and, when a backend sent it, how long since it
+    /// was asked at `upstream_start`: worked out only for a line that is written). In `error`
+    /// mode, a successful response is not logged.
     pub fn respond(
         &mut self,
         status: u16,
         backend: Option<&Arc<str>>,
-        upstream_time: Option<Duration>,
+        (upstream_start, now): (Option<Instant>, Instant),
     ) {
         let Some((entry, sink)) = self.0.as_mut() else {
             return;
@@ -230,7 +231,7 @@ impl Record {
         }
         entry.status = Some(status);
         entry.backend = backend.cloned();
-        entry.upstream_time = upstream_time;
+        entry.upstream_time = upstream_start.map(|start| now.saturating_duration_since(start));
     }
 
     /// Notes the request's id.

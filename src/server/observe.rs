@@ -6,12 +6,15 @@
 //! It only observes: the router's response passes through unchanged apart from HSTS and the id.
 
 use std::convert::Infallible;
+use std::future::Future;
+use std::ops::Deref;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 use http::header::{HeaderValue, ALT_SVC, STRICT_TRANSPORT_SECURITY};
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
@@ -81,16 +84,20 @@ pub struct ConnCtx {
     pub request_ids: Arc<RequestIds>,
 }
 
-/// [`handle`] as a hyper service answers.
-pub async fn answer(
+/// [`handle`] as a hyper service answers: its future, not another one around it (each level
+/// of `async fn` moves the whole state machine below it once more).
+pub fn answer(
     ctx: Arc<ConnCtx>,
     req: Request<ClientBody>,
-) -> Result<Response<LoggedBody>, Infallible> {
-    Ok(handle(&ctx, req).await)
+) -> impl Future<Output = Result<Response<LoggedBody>, Infallible>> {
+    handle(ctx, req).map(Ok)
 }
 
 /// Handles one request through the router, with metrics and the access log around it.
-pub async fn handle(ctx: &ConnCtx, mut req: Request<ClientBody>) -> Response<LoggedBody> {
+pub async fn handle<C: Deref<Target = ConnCtx>>(
+    ctx: C,
+    mut req: Request<ClientBody>,
+) -> Response<LoggedBody> {
     let (client, request_id) =
         real_client::identify(&ctx.trusted, &ctx.request_ids, &ctx.client, req.headers());
     let client = &*client;
@@ -112,11 +119,7 @@ pub async fn handle(ctx: &ConnCtx, mut req: Request<ClientBody>) -> Response<Log
     let label = served.map(|s| &s.0.label);
     ctx.metrics
         .response_ready(client.worker, status, now - start, label.map(|l| &**l));
-    record.respond(
-        status.as_u16(),
-        label,
-        served.map(|s| now.saturating_duration_since(s.1)),
-    );
+    record.respond(status.as_u16(), label, (served.map(|s| s.1), now));
     if ctx.hsts && !resp.headers().contains_key(STRICT_TRANSPORT_SECURITY) {
         resp.headers_mut().insert(
             STRICT_TRANSPORT_SECURITY,

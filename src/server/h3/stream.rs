@@ -34,7 +34,7 @@ pub async fn answer(
     let (mut parts, ()) = head.into_parts();
     parts.version = Version::HTTP_3;
     let (body, unread) = request_body(&parts.method, &parts.headers, recv);
-    let resp = observe::handle(&ctx, Request::from_parts(parts, body)).await;
+    let resp = observe::handle(ctx, Request::from_parts(parts, body)).await;
     if let Err(e) = respond(&mut send, resp).await {
         tracing::debug!("http/3: the answer did not reach the client: {e}");
     }
