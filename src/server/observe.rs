@@ -93,48 +93,51 @@ pub fn answer(
     handle(ctx, req).map(Ok)
 }
 
-/// Handles one request through the router, with metrics and the access log around it.
-pub async fn handle<C: Deref<Target = ConnCtx>>(
+/// Handles one request through the router, with metrics and the access log around it. Its
+/// body is an `async` block, not an `async fn`: that would keep the request twice in its state.
+pub fn handle<C: Deref<Target = ConnCtx>>(
     ctx: C,
     mut req: Request<ClientBody>,
-) -> Response<LoggedBody> {
-    let (client, request_id) =
-        real_client::identify(&ctx.trusted, &ctx.request_ids, &ctx.client, req.headers());
-    let client = &*client;
-    let start = Instant::now();
-    let version = req.version();
-    ctx.metrics
-        .request_started(client.worker, req.method(), version);
-    let mut record = ctx
-        .access_log
-        .begin(client.client_ip, &client.tls_facts, &req, start);
-    record.request_id(&request_id.value);
-    if let Some(counter) = record.count_body(&req) {
-        req.extensions_mut().insert(counter);
-    }
-    let mut resp = ctx.router.handle(client, req, request_id.to_set()).await;
-    let served = served_by(&resp);
-    let status = resp.status();
-    let now = Instant::now();
-    let label = served.map(|s| &s.0.label);
-    ctx.metrics
-        .response_ready(client.worker, status, now - start, label.map(|l| &**l));
-    record.respond(status.as_u16(), label, (served.map(|s| s.1), now));
-    if ctx.hsts && !resp.headers().contains_key(STRICT_TRANSPORT_SECURITY) {
-        resp.headers_mut().insert(
-            STRICT_TRANSPORT_SECURITY,
-            HeaderValue::from_static("max-age=31536000"),
-        );
-    }
-    if let Some(alt_svc) = &ctx.alt_svc {
-        if !resp.headers().contains_key(ALT_SVC) {
-            resp.headers_mut().insert(ALT_SVC, alt_svc.clone());
+) -> impl Future<Output = Response<LoggedBody>> {
+    async move {
+        let (client, request_id) =
+            real_client::identify(&ctx.trusted, &ctx.request_ids, &ctx.client, req.headers());
+        let client = &*client;
+        let start = Instant::now();
+        let version = req.version();
+        ctx.metrics
+            .request_started(client.worker, req.method(), version);
+        let mut record = ctx
+            .access_log
+            .begin(client.client_ip, &client.tls_facts, &req, start);
+        record.request_id(&request_id.value);
+        if let Some(counter) = record.count_body(&req) {
+            req.extensions_mut().insert(counter);
         }
+        let mut resp = ctx.router.handle(client, req, request_id.to_set()).await;
+        let served = served_by(&resp);
+        let status = resp.status();
+        let now = Instant::now();
+        let label = served.map(|s| &s.0.label);
+        ctx.metrics
+            .response_ready(client.worker, status, now - start, label.map(|l| &**l));
+        record.respond(status.as_u16(), label, (served.map(|s| s.1), now));
+        if ctx.hsts && !resp.headers().contains_key(STRICT_TRANSPORT_SECURITY) {
+            resp.headers_mut().insert(
+                STRICT_TRANSPORT_SECURITY,
+                HeaderValue::from_static("max-age=31536000"),
+            );
+        }
+        if let Some(alt_svc) = &ctx.alt_svc {
+            if !resp.headers().contains_key(ALT_SVC) {
+                resp.headers_mut().insert(ALT_SVC, alt_svc.clone());
+            }
+        }
+        let request_id = Some(request_id.value);
+        resp.map(|inner| LoggedBody {
+            inner,
+            record,
+            request_id,
+        })
     }
-    let request_id = Some(request_id.value);
-    resp.map(|inner| LoggedBody {
-        inner,
-        record,
-        request_id,
-    })
 }
