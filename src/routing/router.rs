@@ -109,6 +109,10 @@ impl Router {
     }
 
     /// The request's route, or the answer it gets without one (a refusal, an ACME challenge's).
+    #[allow(
+        clippy::result_large_err,
+        reason = "the answer is returned as it is, at once; boxing it would allocate for it"
+    )]
     fn route(
         &self,
         conn: &ClientConn,

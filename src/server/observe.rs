@@ -95,6 +95,10 @@ pub fn answer(
 
 /// Handles one request through the router, with metrics and the access log around it. Its
 /// body is an `async` block, not an `async fn`: that would keep the request twice in its state.
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps its arguments and their moved-to locals both in its state"
+)]
 pub fn handle<C: Deref<Target = ConnCtx>>(
     ctx: C,
     mut req: Request<ClientBody>,

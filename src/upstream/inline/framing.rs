@@ -180,6 +180,14 @@ mod tests {
         })
     }
 
+    /// A head's version, status and fields, and the framing they make.
+    type Case<'a> = (
+        Version,
+        u16,
+        Vec<(&'a str, &'a str)>,
+        Result<Framing, &'static str>,
+    );
+
     fn kept(state: State) -> Result<Framing, &'static str> {
         Ok(Framing {
             state,
@@ -201,7 +209,7 @@ mod tests {
     #[test]
     fn framing_follows_every_field_of_the_head() {
         let h11 = Version::HTTP_11;
-        let cases: Vec<(Version, u16, Vec<(&str, &str)>, Result<Framing, &str>)> = vec![
+        let cases: Vec<Case<'_>> = vec![
             (
                 h11,
                 200,

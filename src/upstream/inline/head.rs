@@ -97,7 +97,8 @@ struct Found {
 }
 
 /// Takes a final response head off the front of `buf` when it is complete (`None`: more bytes
-/// are needed); informational heads before it are consumed and dropped.
+/// are needed), with what its fields say of the body's framing; informational heads before it
+/// are consumed and dropped.
 pub fn parse_response(
     buf: &mut BytesMut,
 ) -> Result<Option<(http::response::Parts, FramingFields)>, InlineError> {
