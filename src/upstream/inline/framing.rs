@@ -86,9 +86,8 @@ pub struct FramingFields {
 /// The `Content-Length` fields seen so far: every value (and every item of a list) must be the
 /// same decimal number. What is wrong waits until the framing is decided: a `Transfer-Encoding`,
 /// or an answer without a body, makes it moot.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ContentLength {
-    #[default]
     Absent,
     Is(u64),
     Invalid(&'static str),
