@@ -7,7 +7,6 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::ops::Deref;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -99,8 +98,8 @@ pub fn answer(
     clippy::manual_async_fn,
     reason = "an async fn keeps its arguments and their moved-to locals both in its state"
 )]
-pub fn handle<C: Deref<Target = ConnCtx>>(
-    ctx: C,
+pub fn handle(
+    ctx: Arc<ConnCtx>,
     mut req: Request<ClientBody>,
 ) -> impl Future<Output = Response<LoggedBody>> {
     async move {

@@ -161,14 +161,12 @@ fn last_coding_is_chunked(value: &[u8]) -> bool {
 mod tests {
     use super::*;
 
-    /// The framing of an answer with `fields` (name, value), as the head reader notes them.
-    fn framing(
-        version: Version,
-        status: u16,
-        fields: &[(&str, &str)],
-    ) -> Result<Framing, &'static str> {
+    /// The framing of an answer with `fields` (`name: value` lines, the value as it stands
+    /// after the colon and one space), as the head reader notes them.
+    fn framing(version: Version, status: u16, fields: &str) -> Result<Framing, &'static str> {
         let mut noted = FramingFields::new(version);
-        for (name, value) in fields {
+        for line in fields.split('\n').filter(|l| !l.is_empty()) {
+            let (name, value) = line.split_once(": ").expect("a `name: value` line");
             let name = HeaderName::from_bytes(name.as_bytes()).expect("a field name");
             noted.note(&name, value.as_bytes());
         }
@@ -179,26 +177,11 @@ mod tests {
         })
     }
 
-    /// A head's version, status and fields, and the framing they make.
-    type Case<'a> = (
-        Version,
-        u16,
-        Vec<(&'a str, &'a str)>,
-        Result<Framing, &'static str>,
-    );
+    const KEPT: bool = true;
+    const CLOSED: bool = false;
 
-    fn kept(state: State) -> Result<Framing, &'static str> {
-        Ok(Framing {
-            state,
-            keep_alive: true,
-        })
-    }
-
-    fn closed(state: State) -> Result<Framing, &'static str> {
-        Ok(Framing {
-            state,
-            keep_alive: false,
-        })
+    fn is(state: State, keep_alive: bool) -> Result<Framing, &'static str> {
+        Ok(Framing { state, keep_alive })
     }
 
     /// RFC 9112 §6.3 from the noted fields: the last coding of the last `Transfer-Encoding`
@@ -207,162 +190,107 @@ mod tests {
     /// and `keep-alive` (1.0) may sit anywhere in any `Connection` value, in any case.
     #[test]
     fn framing_follows_every_field_of_the_head() {
-        let h11 = Version::HTTP_11;
-        let cases: Vec<Case<'_>> = vec![
+        use State::{ChunkSize, Length, UntilClose};
+        let (h10, h11) = (Version::HTTP_10, Version::HTTP_11);
+        let differing = Err("differing Content-Length values");
+        let cases = [
+            (h11, 200, "content-length: 5", is(Length(5), KEPT)),
             (
                 h11,
                 200,
-                vec![("content-length", "5")],
-                kept(State::Length(5)),
+                "Content-Length: 5, 5\ncontent-length: 5",
+                is(Length(5), KEPT),
             ),
+            (h11, 200, "content-length: 5\ncontent-length: 6", differing),
+            (h11, 200, "content-length: 5, 6", differing),
+            (h11, 200, "content-length: +5", Err("Content-Length")),
             (
                 h11,
                 200,
-                vec![("Content-Length", "5, 5"), ("content-length", "5")],
-                kept(State::Length(5)),
-            ),
-            (
-                h11,
-                200,
-                vec![("content-length", "5"), ("content-length", "6")],
-                Err("differing Content-Length values"),
-            ),
-            (
-                h11,
-                200,
-                vec![("content-length", "5, 6")],
-                Err("differing Content-Length values"),
-            ),
-            (
-                h11,
-                200,
-                vec![("content-length", "+5")],
+                "content-length: 5, x\ncontent-length: 6",
                 Err("Content-Length"),
             ),
+            (h11, 200, "content-length: x", Err("Content-Length")),
+            (h11, 204, "content-length: x", is(Length(0), KEPT)),
+            (h11, 304, "transfer-encoding: chunked", is(Length(0), KEPT)),
             (
                 h11,
                 200,
-                vec![("content-length", "5, x"), ("content-length", "6")],
-                Err("Content-Length"),
-            ),
-            (
-                h11,
-                200,
-                vec![("content-length", "x")],
-                Err("Content-Length"),
-            ),
-            (
-                h11,
-                204,
-                vec![("content-length", "x")],
-                kept(State::Length(0)),
-            ),
-            (
-                h11,
-                304,
-                vec![("transfer-encoding", "chunked")],
-                kept(State::Length(0)),
+                "transfer-encoding: gzip, chunked",
+                is(ChunkSize, KEPT),
             ),
             (
                 h11,
                 200,
-                vec![("transfer-encoding", "gzip, chunked")],
-                kept(State::ChunkSize),
+                "transfer-encoding: chunked, gzip",
+                is(UntilClose, CLOSED),
             ),
             (
                 h11,
                 200,
-                vec![("transfer-encoding", "chunked, gzip")],
-                closed(State::UntilClose),
+                "transfer-encoding: gzip\ntransfer-encoding:  Chunked ",
+                is(ChunkSize, KEPT),
             ),
             (
                 h11,
                 200,
-                vec![
-                    ("transfer-encoding", "gzip"),
-                    ("transfer-encoding", " Chunked "),
-                ],
-                kept(State::ChunkSize),
+                "transfer-encoding: chunked\ntransfer-encoding: gzip",
+                is(UntilClose, CLOSED),
             ),
             (
                 h11,
                 200,
-                vec![
-                    ("transfer-encoding", "chunked"),
-                    ("transfer-encoding", "gzip"),
-                ],
-                closed(State::UntilClose),
+                "content-length: x\ntransfer-encoding: chunked",
+                is(ChunkSize, CLOSED),
             ),
             (
                 h11,
                 200,
-                vec![("content-length", "x"), ("transfer-encoding", "chunked")],
-                closed(State::ChunkSize),
+                "transfer-encoding: chunked\ncontent-length: 3",
+                is(ChunkSize, CLOSED),
+            ),
+            (h11, 200, "", is(UntilClose, CLOSED)),
+            (
+                h11,
+                200,
+                "connection: keep-alive\ncontent-length: 1",
+                is(Length(1), KEPT),
             ),
             (
                 h11,
                 200,
-                vec![("transfer-encoding", "chunked"), ("content-length", "3")],
-                closed(State::ChunkSize),
-            ),
-            (h11, 200, vec![], closed(State::UntilClose)),
-            (
-                h11,
-                200,
-                vec![("connection", "keep-alive"), ("content-length", "1")],
-                kept(State::Length(1)),
+                "connection: keep-alive, Close\ncontent-length: 1",
+                is(Length(1), CLOSED),
             ),
             (
                 h11,
                 200,
-                vec![("connection", "keep-alive, Close"), ("content-length", "1")],
-                closed(State::Length(1)),
+                "connection: x\nconnection: CLOSE\ncontent-length: 1",
+                is(Length(1), CLOSED),
             ),
             (
                 h11,
                 200,
-                vec![
-                    ("connection", "x"),
-                    ("connection", "CLOSE"),
-                    ("content-length", "1"),
-                ],
-                closed(State::Length(1)),
+                "connection: closed\ncontent-length: 1",
+                is(Length(1), KEPT),
+            ),
+            (h10, 200, "content-length: 1", is(Length(1), CLOSED)),
+            (
+                h10,
+                200,
+                "connection: Keep-Alive\ncontent-length: 1",
+                is(Length(1), KEPT),
             ),
             (
-                h11,
+                h10,
                 200,
-                vec![("connection", "closed"), ("content-length", "1")],
-                kept(State::Length(1)),
-            ),
-            (
-                Version::HTTP_10,
-                200,
-                vec![("content-length", "1")],
-                closed(State::Length(1)),
-            ),
-            (
-                Version::HTTP_10,
-                200,
-                vec![("connection", "Keep-Alive"), ("content-length", "1")],
-                kept(State::Length(1)),
-            ),
-            (
-                Version::HTTP_10,
-                200,
-                vec![
-                    ("connection", "close"),
-                    ("connection", "te, keep-alive"),
-                    ("content-length", "1"),
-                ],
-                kept(State::Length(1)),
+                "connection: close\nconnection: te, keep-alive\ncontent-length: 1",
+                is(Length(1), KEPT),
             ),
         ];
         for (version, status, fields, want) in cases {
-            assert_eq!(
-                framing(version, status, &fields),
-                want,
-                "{version:?} {status} {fields:?}"
-            );
+            let got = framing(version, status, fields);
+            assert_eq!(got, want, "{version:?} {status} {fields:?}");
         }
     }
 
@@ -372,6 +300,6 @@ mod tests {
         let mut noted = FramingFields::new(Version::HTTP_11);
         noted.note(&header::CONTENT_LENGTH, b"nonsense");
         let got = Framing::of(StatusCode::OK, &noted, true).map_err(|_| "error");
-        assert_eq!(got, kept(State::Length(0)));
+        assert_eq!(got, is(State::Length(0), KEPT));
     }
 }
