@@ -193,100 +193,31 @@ mod tests {
         use State::{ChunkSize, Length, UntilClose};
         let (h10, h11) = (Version::HTTP_10, Version::HTTP_11);
         let differing = Err("differing Content-Length values");
+        #[rustfmt::skip]
         let cases = [
             (h11, 200, "content-length: 5", is(Length(5), KEPT)),
-            (
-                h11,
-                200,
-                "Content-Length: 5, 5\ncontent-length: 5",
-                is(Length(5), KEPT),
-            ),
+            (h11, 200, "Content-Length: 5, 5\ncontent-length: 5", is(Length(5), KEPT)),
             (h11, 200, "content-length: 5\ncontent-length: 6", differing),
             (h11, 200, "content-length: 5, 6", differing),
             (h11, 200, "content-length: +5", Err("Content-Length")),
-            (
-                h11,
-                200,
-                "content-length: 5, x\ncontent-length: 6",
-                Err("Content-Length"),
-            ),
+            (h11, 200, "content-length: 5, x\ncontent-length: 6", Err("Content-Length")),
             (h11, 200, "content-length: x", Err("Content-Length")),
             (h11, 204, "content-length: x", is(Length(0), KEPT)),
             (h11, 304, "transfer-encoding: chunked", is(Length(0), KEPT)),
-            (
-                h11,
-                200,
-                "transfer-encoding: gzip, chunked",
-                is(ChunkSize, KEPT),
-            ),
-            (
-                h11,
-                200,
-                "transfer-encoding: chunked, gzip",
-                is(UntilClose, CLOSED),
-            ),
-            (
-                h11,
-                200,
-                "transfer-encoding: gzip\ntransfer-encoding:  Chunked ",
-                is(ChunkSize, KEPT),
-            ),
-            (
-                h11,
-                200,
-                "transfer-encoding: chunked\ntransfer-encoding: gzip",
-                is(UntilClose, CLOSED),
-            ),
-            (
-                h11,
-                200,
-                "content-length: x\ntransfer-encoding: chunked",
-                is(ChunkSize, CLOSED),
-            ),
-            (
-                h11,
-                200,
-                "transfer-encoding: chunked\ncontent-length: 3",
-                is(ChunkSize, CLOSED),
-            ),
+            (h11, 200, "transfer-encoding: gzip, chunked", is(ChunkSize, KEPT)),
+            (h11, 200, "transfer-encoding: chunked, gzip", is(UntilClose, CLOSED)),
+            (h11, 200, "transfer-encoding: gzip\ntransfer-encoding:  Chunked ", is(ChunkSize, KEPT)),
+            (h11, 200, "transfer-encoding: chunked\ntransfer-encoding: gzip", is(UntilClose, CLOSED)),
+            (h11, 200, "content-length: x\ntransfer-encoding: chunked", is(ChunkSize, CLOSED)),
+            (h11, 200, "transfer-encoding: chunked\ncontent-length: 3", is(ChunkSize, CLOSED)),
             (h11, 200, "", is(UntilClose, CLOSED)),
-            (
-                h11,
-                200,
-                "connection: keep-alive\ncontent-length: 1",
-                is(Length(1), KEPT),
-            ),
-            (
-                h11,
-                200,
-                "connection: keep-alive, Close\ncontent-length: 1",
-                is(Length(1), CLOSED),
-            ),
-            (
-                h11,
-                200,
-                "connection: x\nconnection: CLOSE\ncontent-length: 1",
-                is(Length(1), CLOSED),
-            ),
-            (
-                h11,
-                200,
-                "connection: closed\ncontent-length: 1",
-                is(Length(1), KEPT),
-            ),
+            (h11, 200, "connection: keep-alive\ncontent-length: 1", is(Length(1), KEPT)),
+            (h11, 200, "connection: keep-alive, Close\ncontent-length: 1", is(Length(1), CLOSED)),
+            (h11, 200, "connection: x\nconnection: CLOSE\ncontent-length: 1", is(Length(1), CLOSED)),
+            (h11, 200, "connection: closed\ncontent-length: 1", is(Length(1), KEPT)),
             (h10, 200, "content-length: 1", is(Length(1), CLOSED)),
-            (
-                h10,
-                200,
-                "connection: Keep-Alive\ncontent-length: 1",
-                is(Length(1), KEPT),
-            ),
-            (
-                h10,
-                200,
-                "connection: close\nconnection: te, keep-alive\ncontent-length: 1",
-                is(Length(1), KEPT),
-            ),
+            (h10, 200, "connection: Keep-Alive\ncontent-length: 1", is(Length(1), KEPT)),
+            (h10, 200, "connection: close\nconnection: te, keep-alive\ncontent-length: 1", is(Length(1), KEPT)),
         ];
         for (version, status, fields, want) in cases {
             let got = framing(version, status, fields);
