@@ -203,7 +203,7 @@ impl ForwardAuth {
             return Ok(Verdict::Allow(identity));
         }
         let body = connector::read_body(body, MAX_BODY).await.map_err(failed)?;
-        headers::remove_hop_by_hop(&mut parts.headers);
+        crate::vocab::hop_by_hop::remove_hop_by_hop(&mut parts.headers);
         parts.headers.remove(header::CONTENT_LENGTH);
         Ok(Verdict::Deny(Response::from_parts(parts, body)))
     }

@@ -23,7 +23,8 @@ use http_body_util::{Either, Full};
 use crate::upstream::balancer;
 use crate::upstream::{keep_served_by, BackendSet, Outgoing, PooledBody, Timeouts};
 use crate::vocab::forwarded::{self, Forwarded};
-use crate::vocab::headers::{self, ProxyFields, X_REQUEST_ID};
+use crate::vocab::headers::X_REQUEST_ID;
+use crate::vocab::hop_by_hop::{self, ProxyFields};
 use crate::vocab::request_body::{BytesIn, RequestBody};
 use crate::vocab::{request_host, token_param, ClientBody, ClientConn, ProxyError};
 
@@ -139,7 +140,7 @@ fn prepare_headers(
 ) -> Option<forwarded::Deferred> {
     let client_host = request_host(&parts.headers, &parts.uri);
     let headers = &mut parts.headers;
-    let sent = headers::remove_hop_by_hop_from_request(headers);
+    let sent = hop_by_hop::remove_hop_by_hop_from_request(headers);
     let fields = Forwarded {
         client_ip: conn.forwarded_for.clone(),
         tls: conn.tls,
@@ -190,7 +191,9 @@ fn to_origin_form(head: &mut Parts) {
 /// responses leave the server (`server::accept`), so the backend's is never read either.
 fn finish_response(resp: Response<PooledBody>, rules: &HeaderRules) -> Response<RespBody> {
     let (mut parts, body) = resp.into_parts();
-    headers::remove_hop_by_hop(&mut parts.headers);
+    if !body.hop_by_hop_gone() {
+        hop_by_hop::remove_hop_by_hop(&mut parts.headers);
+    }
     for (name, value) in rules.to_client.iter() {
         parts.headers.insert(name.clone(), value.clone());
     }

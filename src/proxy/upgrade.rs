@@ -152,7 +152,7 @@ pub fn bridge(
         .cloned()
         .unwrap_or_else(|| client.ask.protocol.clone());
     let on_server = parts.extensions.remove::<OnUpgrade>();
-    crate::vocab::headers::remove_hop_by_hop(&mut parts.headers);
+    crate::vocab::hop_by_hop::remove_hop_by_hop(&mut parts.headers);
     if client.ask.over_h2 {
         // RFC 8441 §5: the stream opens with a 2xx; the key exchange stayed on the backend leg.
         parts.headers.remove(header::SEC_WEBSOCKET_ACCEPT);

@@ -133,6 +133,12 @@ impl PooledBody {
         }
     }
 
+    /// Whether the answer's hop-by-hop fields are out of its map already: the inline client
+    /// takes them out as it reads the head ([`crate::vocab::hop_by_hop::AnswerHopByHop`]).
+    pub fn hop_by_hop_gone(&self) -> bool {
+        matches!(self.inner, Inner::Inline(_))
+    }
+
     pub fn set_served_by(&mut self, served_by: ServedBy) {
         self.served_by = Some(served_by);
     }

@@ -97,7 +97,8 @@ mod tests {
     use http::header::HeaderName;
 
     use super::*;
-    use crate::vocab::headers::{ProxyFields, X_FORWARDED_HOST, X_FORWARDED_PROTO};
+    use crate::vocab::headers::{X_FORWARDED_HOST, X_FORWARDED_PROTO};
+    use crate::vocab::hop_by_hop::ProxyFields;
 
     fn fields(host: Option<&'static str>) -> Forwarded {
         Forwarded {

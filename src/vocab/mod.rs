@@ -1,7 +1,7 @@
 //! The request vocabulary every data-path module shares, at the bottom of the import order: it
 //! imports nothing from the crate. It owns the proxy's error type and its one mapping to
 //! responses ([`ProxyError`]), the facts about a client connection ([`ClientConn`], with the
-//! [`WorkerId`] serving it), header rules of forwarding ([`headers`]), where a parsed head's
+//! [`WorkerId`] serving it), header rules of forwarding ([`headers`]) and the hop-by-hop fields ([`hop_by_hop`]), where a parsed head's
 //! fields lie ([`field_offsets`]), the request id a response carries back ([`late_id`]), host
 //! and path normalisation ([`normalise`]), the `araleztoken` query parameter ([`token_param`])
 //! and the link to a Redis server that shared state uses ([`redis_link`]).
@@ -11,6 +11,7 @@ pub mod error;
 pub mod field_offsets;
 pub mod forwarded;
 pub mod headers;
+pub mod hop_by_hop;
 pub mod late_id;
 pub mod normalise;
 pub mod redis_link;

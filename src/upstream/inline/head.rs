@@ -17,6 +17,7 @@ use crate::vocab::headers::{
     field_name, value_parsed_by_httparse, ADDED_TO_ANSWERS, X_FORWARDED_FOR, X_FORWARDED_HOST,
     X_FORWARDED_PROTO, X_REQUEST_ID,
 };
+use crate::vocab::hop_by_hop::AnswerHopByHop;
 
 /// How a request body is delimited on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,7 +99,7 @@ struct Found {
 
 /// Takes a final response head off the front of `buf` when it is complete (`None`: more bytes
 /// are needed), with what its fields say of the body's framing; informational heads before it
-/// are consumed and dropped.
+/// are consumed and dropped. Its hop-by-hop fields are out of its map (they are never passed on).
 pub fn parse_response(
     buf: &mut BytesMut,
 ) -> Result<Option<(http::response::Parts, FramingFields)>, InlineError> {
@@ -155,21 +156,27 @@ fn locate(buf: &[u8], at: &mut FieldOffsets) -> Result<Option<Found>, InlineErro
     }))
 }
 
-/// The fields of `head`, their values sharing its bytes, and what they say of the framing.
+/// The fields of `head` but its hop-by-hop ones, their values sharing its bytes, and what they
+/// say of the framing.
 fn build_fields(
     head: &Bytes,
     at: &[FieldAt],
     mut framing: FramingFields,
 ) -> Result<(HeaderMap, FramingFields), InlineError> {
     let mut headers = HeaderMap::with_capacity(at.len() + ADDED_TO_ANSWERS);
+    let mut hop_by_hop = AnswerHopByHop::default();
     for field in at {
         let (ns, ne) = field.name;
         let (vs, ve) = (field.value.0 as usize, field.value.1 as usize);
         let name = field_name(&head[ns as usize..ne as usize])
             .map_err(|_| InlineError::Invalid("header field name"))?;
-        framing.note(&name, &head[vs..ve]);
-        headers.append(name, value_parsed_by_httparse(head.slice(vs..ve)));
+        let value = &head[vs..ve];
+        framing.note(&name, value);
+        if hop_by_hop.keeps(&name, value) {
+            headers.append(name, value_parsed_by_httparse(head.slice(vs..ve)));
+        }
     }
+    hop_by_hop.finish(&mut headers);
     Ok((headers, framing))
 }
 
