@@ -26,7 +26,7 @@ use crate::vocab::forwarded::{self, Forwarded};
 use crate::vocab::headers::X_REQUEST_ID;
 use crate::vocab::hop_by_hop::{self, ProxyFields};
 use crate::vocab::request_body::{BytesIn, RequestBody};
-use crate::vocab::{request_host, token_param, ClientBody, ClientConn, ProxyError};
+use crate::vocab::{authority_host, token_param, ClientBody, ClientConn, ProxyError};
 
 /// The backend's body as it came, or compressed on the way (`layers::compress`).
 pub type BackendBody = Either<PooledBody, encode::Encoded<PooledBody>>;
@@ -138,7 +138,9 @@ fn prepare_headers(
     (conn, request_id): (&ClientConn, Option<&HeaderValue>),
     rules: &HeaderRules,
 ) -> Option<forwarded::Deferred> {
-    let client_host = request_host(&parts.headers, &parts.uri);
+    let host_field = parts.headers.get(header::HOST).cloned();
+    let host_in_map = host_field.is_some();
+    let client_host = host_field.or_else(|| authority_host(&parts.uri));
     let headers = &mut parts.headers;
     let sent = hop_by_hop::remove_hop_by_hop_from_request(headers);
     let fields = Forwarded {
@@ -160,7 +162,8 @@ fn prepare_headers(
     }
     // A rule that sets the id wins, as it does every other field.
     let request_id = request_id.filter(|_| !set_by_rules.request_id).cloned();
-    if !headers.contains_key(header::HOST) {
+    // The client's own `Host` stays, unless its `Connection` named it (no need to look then).
+    if !host_in_map || (sent.connection_named && !headers.contains_key(header::HOST)) {
         if let Some(host) = client_host {
             headers.insert(header::HOST, host);
         }
@@ -237,5 +240,29 @@ mod tests {
         let forwarding = forwarder.forward(&conn, &backends, &rules, Request::new(body), None);
         let size = std::mem::size_of_val(&forwarding);
         assert!(size <= 2560, "the forwarding future grew to {size} bytes");
+    }
+
+    /// The `Host` a backend gets: the client's (looked for again only when its `Connection`
+    /// named fields, which may have taken `Host` with them), else the URI's authority.
+    #[test]
+    fn the_backend_gets_the_clients_host() {
+        let conn = ClientConn::new(([127, 0, 0, 1], 1).into(), false, WorkerId(0));
+        let rules = HeaderRules::default();
+        #[rustfmt::skip]
+        let cases: &[(&str, &[(&str, &str)], &str)] = &[
+            ("/", &[("host", "a.test")], "a.test"),
+            ("/", &[("host", "a.test"), ("connection", "host, x-a")], "a.test"),
+            ("/", &[("host", "a.test"), ("connection", "x-a")], "a.test"),
+            ("http://b.test:81/", &[], "b.test:81"),
+            ("http://b.test/", &[("host", "a.test")], "a.test"),
+        ];
+        for (uri, fields, host) in cases {
+            let mut req = Request::get(*uri).body(()).expect("request");
+            *req.headers_mut() = crate::vocab::headers::map_of(fields);
+            let (mut parts, ()) = req.into_parts();
+            prepare_headers(&mut parts, (&conn, None), &rules);
+            let sent: Vec<_> = parts.headers.get_all(header::HOST).iter().collect();
+            assert_eq!(sent, [*host], "{uri} {fields:?}");
+        }
     }
 }

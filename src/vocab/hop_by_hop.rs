@@ -31,6 +31,9 @@ pub struct ProxyFields {
     /// `X-Forwarded-For`, `-Proto` or `-Host`.
     pub forwarded: bool,
     pub request_id: bool,
+    /// The request's `Connection` named fields of its own, now removed with it: any field may
+    /// be gone, `Host` too (never set by [`ProxyFields::among`]).
+    pub connection_named: bool,
 }
 
 impl ProxyFields {
@@ -53,7 +56,8 @@ impl ProxyFields {
 }
 
 /// [`remove_hop_by_hop`], telling also which of the proxy's own fields the request has (the
-/// same pass sees every name; one that `Connection` lists counts too).
+/// same pass sees every name; one that `Connection` lists counts too) and whether `Connection`
+/// named any field.
 pub fn remove_hop_by_hop_from_request(headers: &mut HeaderMap) -> ProxyFields {
     let (mut connection, mut lists_names, mut fixed, mut te) = (false, false, false, false);
     let (mut says_close, mut close_field) = (false, false);
@@ -75,6 +79,7 @@ pub fn remove_hop_by_hop_from_request(headers: &mut HeaderMap) -> ProxyFields {
         }
     }
     if lists_names {
+        proxy_fields.connection_named = true;
         remove_connection_listed(headers);
     } else if connection {
         headers.remove(header::CONNECTION);

@@ -1,10 +1,11 @@
 //! The request vocabulary every data-path module shares, at the bottom of the import order: it
 //! imports nothing from the crate. It owns the proxy's error type and its one mapping to
 //! responses ([`ProxyError`]), the facts about a client connection ([`ClientConn`], with the
-//! [`WorkerId`] serving it), header rules of forwarding ([`headers`]) and the hop-by-hop fields ([`hop_by_hop`]), where a parsed head's
-//! fields lie ([`field_offsets`]), the request id a response carries back ([`late_id`]), host
-//! and path normalisation ([`normalise`]), the `araleztoken` query parameter ([`token_param`])
-//! and the link to a Redis server that shared state uses ([`redis_link`]).
+//! [`WorkerId`] serving it), header rules of forwarding ([`headers`]), the hop-by-hop fields
+//! ([`hop_by_hop`]), where a parsed head's fields lie ([`field_offsets`]), the request id a
+//! response carries back ([`late_id`]), host and path normalisation ([`normalise`]), the
+//! `araleztoken` query parameter ([`token_param`]) and the link to a Redis server that shared
+//! state uses ([`redis_link`]).
 
 pub mod acme_challenges;
 pub mod error;
@@ -137,11 +138,8 @@ impl Drop for CountedSlot {
     }
 }
 
-/// The host the client addressed: `Host`, else the URI's authority (HTTP/2 `:authority`).
-pub fn request_host(parts_headers: &http::HeaderMap, uri: &http::Uri) -> Option<HeaderValue> {
-    if let Some(h) = parts_headers.get(http::header::HOST) {
-        return Some(h.clone());
-    }
+/// The host a request without `Host` addressed: the URI's authority (HTTP/2 `:authority`).
+pub fn authority_host(uri: &http::Uri) -> Option<HeaderValue> {
     uri.authority()
         .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
 }
