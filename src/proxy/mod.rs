@@ -248,8 +248,10 @@ mod tests {
     fn the_backend_gets_the_clients_host() {
         let conn = ClientConn::new(([127, 0, 0, 1], 1).into(), false, WorkerId(0));
         let rules = HeaderRules::default();
+        /// The request's URI and fields, and the `Host` its backend gets.
+        type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
         #[rustfmt::skip]
-        let cases: &[(&str, &[(&str, &str)], &str)] = &[
+        let cases: &[Case] = &[
             ("/", &[("host", "a.test")], "a.test"),
             ("/", &[("host", "a.test"), ("connection", "host, x-a")], "a.test"),
             ("/", &[("host", "a.test"), ("connection", "x-a")], "a.test"),
