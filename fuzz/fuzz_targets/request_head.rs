@@ -2,11 +2,12 @@
 //! and header lines; what `http` accepts goes through the checks before routing
 //! (`routing::check_head`), host normalisation and the header rewriting done before forwarding
 //! (hop-by-hop removal with `Connection`-listed names, X-Forwarded-*, `araleztoken` removal).
-//! Nothing may panic, and no hop-by-hop header may survive the rewrite.
+//! Nothing may panic, no hop-by-hop header may survive the rewrite, and the same fields read
+//! one by one as a backend's answer (`AnswerHopByHop`) end as the same map.
 #![no_main]
 
 use aralez::routing::check_head;
-use aralez::vocab::{self, headers, normalise, token_param};
+use aralez::vocab::{self, headers, hop_by_hop, normalise, token_param};
 use http::{header, HeaderName, HeaderValue, Method, Request, Uri, Version};
 use libfuzzer_sys::fuzz_target;
 
@@ -56,7 +57,19 @@ fuzz_target!(|data: &[u8]| {
         let _ = normalise::host(host.as_bytes(), &mut buf);
     }
     let _ = normalise::path(req.uri().path());
-    let addressed = vocab::request_host(req.headers(), req.uri());
+    let addressed = req
+        .headers()
+        .get(header::HOST)
+        .cloned()
+        .or_else(|| vocab::authority_host(req.uri()));
+    let mut answer = hop_by_hop::AnswerHopByHop::default();
+    let mut read_as_answer = http::HeaderMap::new();
+    for (name, value) in req.headers() {
+        if answer.keeps(name, value.as_bytes()) {
+            read_as_answer.append(name.clone(), value.clone());
+        }
+    }
+    answer.finish(&mut read_as_answer);
     token_param::strip_from(req.uri_mut());
     let headers = req.headers_mut();
     let listed: Vec<HeaderName> = headers
@@ -66,7 +79,8 @@ fuzz_target!(|data: &[u8]| {
         .flat_map(|v| v.split(','))
         .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
         .collect();
-    headers::remove_hop_by_hop(headers);
+    hop_by_hop::remove_hop_by_hop(headers);
+    assert_eq!(&read_as_answer, headers, "read field by field, the map differs");
     for name in listed.iter().chain([
         &header::CONNECTION,
         &header::UPGRADE,

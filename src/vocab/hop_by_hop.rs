@@ -185,8 +185,8 @@ const NAMED_BY_TEXT: [&str; 2] = ["close", "trailers"];
 
 /// A backend answer's hop-by-hop fields, taken out as its head is read: most are dropped
 /// before they go into the map (the usual `Connection: keep-alive` and the fixed ones), which
-/// spares inserting them, looking for them in the map and removing them (callgrind: about 600
-/// instructions an answer). The rare fields whose fate depends on others (a `Connection` that
+/// spares inserting them, looking for them in the map and removing them (callgrind: the
+/// sweep of the built map cost about 570 instructions an answer, this about 220). The rare fields whose fate depends on others (a `Connection` that
 /// names fields, `TE`, a field named `close`) go in, and [`AnswerHopByHop::finish`] sweeps
 /// the map as [`remove_hop_by_hop`] would have swept the whole answer.
 #[derive(Debug, Default)]
