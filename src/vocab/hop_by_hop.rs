@@ -9,7 +9,7 @@ static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 static HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
 /// A header named by `Connection: close` goes too (RFC 9110 §7.6.1), however unlikely.
-static CLOSE: HeaderName = HeaderName::from_static("close");
+pub static CLOSE: HeaderName = HeaderName::from_static("close");
 
 /// Removes hop-by-hop headers: `Connection` and every header it names, `Keep-Alive`,
 /// `Proxy-Connection`, `Transfer-Encoding`, `Upgrade`, `HTTP2-Settings` (it only ever belongs to
@@ -21,6 +21,20 @@ static CLOSE: HeaderName = HeaderName::from_static("close");
 /// callgrind).
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
     remove_hop_by_hop_from_request(headers);
+}
+
+/// What a `Connection` value that is only `close` or only `keep-alive` (in any case) says:
+/// `Some(true)` for `close`, `Some(false)` for `keep-alive`. `None` for anything else (a list,
+/// or names of fields), which only the whole map's rules can read. The one test of the usual
+/// value, for requests and answers, as they are read and when a map is swept.
+pub fn lone_close_or_keep_alive(value: &[u8]) -> Option<bool> {
+    if value.eq_ignore_ascii_case(b"close") {
+        Some(true)
+    } else if value.eq_ignore_ascii_case(b"keep-alive") {
+        Some(false)
+    } else {
+        None
+    }
 }
 
 /// Which of the fields the proxy sets on every request a list of names has: the
@@ -66,10 +80,10 @@ pub fn remove_hop_by_hop_from_request(headers: &mut HeaderMap) -> ProxyFields {
         match hop_by_hop(name) {
             HopByHop::Connection => {
                 connection = true;
-                let value = value.as_bytes();
-                let close = value.eq_ignore_ascii_case(b"close");
-                says_close |= close;
-                lists_names |= !close && !value.eq_ignore_ascii_case(b"keep-alive");
+                match lone_close_or_keep_alive(value.as_bytes()) {
+                    Some(close) => says_close |= close,
+                    None => lists_names = true,
+                }
             }
             HopByHop::Te => te = true,
             HopByHop::Fixed => fixed = true,
@@ -202,15 +216,16 @@ impl AnswerHopByHop {
         match hop_by_hop(name) {
             HopByHop::No | HopByHop::Forwarded | HopByHop::RequestId => true,
             HopByHop::Fixed => false,
-            HopByHop::Connection => {
-                let close = value.eq_ignore_ascii_case(b"close");
-                if close || value.eq_ignore_ascii_case(b"keep-alive") {
+            HopByHop::Connection => match lone_close_or_keep_alive(value) {
+                Some(close) => {
                     self.dropped_close |= close;
-                    return false;
+                    false
                 }
-                self.sweep = true;
-                true
-            }
+                None => {
+                    self.sweep = true;
+                    true
+                }
+            },
             HopByHop::Te | HopByHop::Close => {
                 self.sweep = true;
                 true
