@@ -1,7 +1,11 @@
 //! The process's allocator: mimalloc, called the way `malloc` is when the alignment asked for
 //! is one `mi_malloc` gives anyway. The `mimalloc` crate's allocator always takes mimalloc's
 //! aligned path, which costs about a hundred instructions more per allocation (callgrind, a
-//! dozen allocations per proxied request); larger alignments (tokio's task cells) still take it.
+//! dozen allocations per proxied request). Larger alignments (tokio's task cells and I/O
+//! registrations, 128 bytes) ask a plain call for a power-of-two size, which mimalloc places at
+//! an address aligned to that size: its aligned path over-allocates whenever no free block
+//! happens to be aligned, which for a task cell is every time (about 190 instructions more for
+//! each new connection's task, callgrind).
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::ffi::c_void;
@@ -14,10 +18,56 @@ const MALLOC_ALIGN: usize = 16;
 /// mimalloc as the global allocator.
 pub struct Mimalloc;
 
+/// The largest power-of-two block mimalloc places at an address aligned to its own size
+/// (`MI_PAGE_MAX_START_BLOCK_ALIGN2`).
+const NATURAL_ALIGN_MAX: usize = 4096;
+
 /// Whether a plain (unaligned) call gives `align` for a block of `size` bytes: blocks smaller
 /// than 16 bytes are only aligned to their size class, as with the C library's `malloc`.
 fn plain_call_aligns(align: usize, size: usize) -> bool {
     align <= MALLOC_ALIGN && align <= size
+}
+
+/// The power-of-two size at which a plain call gives `align` for `size` bytes, if there is
+/// one. It wastes no more than the aligned path's over-allocation (`size + align - 1`), which
+/// mimalloc rounds up to a size class anyway.
+fn naturally_aligned_size(align: usize, size: usize) -> Option<usize> {
+    let rounded = size.max(align).checked_next_power_of_two()?;
+    (rounded <= NATURAL_ALIGN_MAX).then_some(rounded)
+}
+
+/// A block aligned beyond 16 bytes: a plain call at a power-of-two size when that gives the
+/// alignment (checked, so a different mimalloc can only make it slower), else the aligned path.
+///
+/// # Safety
+/// As [`GlobalAlloc::alloc`].
+#[allow(unsafe_code)]
+unsafe fn alloc_over_aligned(layout: Layout, zeroed: bool) -> *mut u8 {
+    let align = layout.align();
+    if let Some(size) = naturally_aligned_size(align, layout.size()) {
+        // SAFETY: a plain allocation of a non-zero size; freed below if it will not do.
+        let block = unsafe {
+            if zeroed {
+                mi::mi_zalloc(size)
+            } else {
+                mi::mi_malloc(size)
+            }
+        };
+        // A null block passes too: the caller sees the failure.
+        if (block as usize) & (align - 1) == 0 {
+            return block.cast();
+        }
+        // SAFETY: the block just came from mimalloc and nothing else has it.
+        unsafe { mi::mi_free(block) };
+    }
+    // SAFETY: mimalloc's aligned entry points take any power-of-two alignment.
+    unsafe {
+        if zeroed {
+            mi::mi_zalloc_aligned(layout.size(), align).cast()
+        } else {
+            mi::mi_malloc_aligned(layout.size(), align).cast()
+        }
+    }
 }
 
 // The crate's only allocator code: `unsafe` is what `GlobalAlloc` is.
@@ -29,7 +79,8 @@ unsafe impl GlobalAlloc for Mimalloc {
         if plain_call_aligns(layout.align(), layout.size()) {
             mi::mi_malloc(layout.size()).cast()
         } else {
-            mi::mi_malloc_aligned(layout.size(), layout.align()).cast()
+            // SAFETY: as this function's.
+            unsafe { alloc_over_aligned(layout, false) }
         }
     }
 
@@ -37,7 +88,8 @@ unsafe impl GlobalAlloc for Mimalloc {
         if plain_call_aligns(layout.align(), layout.size()) {
             mi::mi_zalloc(layout.size()).cast()
         } else {
-            mi::mi_zalloc_aligned(layout.size(), layout.align()).cast()
+            // SAFETY: as this function's.
+            unsafe { alloc_over_aligned(layout, true) }
         }
     }
 
@@ -59,6 +111,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_over_aligned_block_is_asked_for_at_a_power_of_two_size_up_to_4_kib() {
+        assert_eq!(naturally_aligned_size(128, 896), Some(1024));
+        assert_eq!(naturally_aligned_size(128, 1024), Some(1024));
+        assert_eq!(naturally_aligned_size(128, 100), Some(128));
+        assert_eq!(naturally_aligned_size(64, 2100), Some(4096));
+        assert_eq!(naturally_aligned_size(128, 4097), None);
+        assert_eq!(naturally_aligned_size(8192, 64), None);
+        assert_eq!(naturally_aligned_size(128, usize::MAX), None);
+    }
+
+    #[test]
     #[allow(unsafe_code)]
     fn blocks_have_the_alignment_asked_for_through_realloc() {
         let a = Mimalloc;
@@ -70,6 +133,12 @@ mod tests {
             (100, 16),
             (64, 64),
             (300, 128),
+            (896, 128),
+            (1280, 128),
+            (4000, 128),
+            (5000, 128),
+            (100, 4096),
+            (64, 8192),
         ] {
             let layout = Layout::from_size_align(size, align).unwrap();
             // SAFETY: non-zero sizes; each block is freed once with its own layout.

@@ -454,7 +454,11 @@ async fn serve_parking<F: MakeService, S: ClientSocket>(
                         peer,
                         timers,
                     };
-                    hyper.serve(handoff, service(HeadWriter::Hyper)).await
+                    // Boxed, as the parked wait below: both are rare, and held inline they
+                    // would make every connection's task too large for an allocation on
+                    // mimalloc's fast path (a task is aligned to 128 bytes, and only blocks
+                    // up to 1 KiB are served aligned without over-allocating).
+                    Box::pin(hyper.serve(handoff, service(HeadWriter::Hyper))).await
                 }
                 Err(e) => ended_cleanly(Err(e), peer),
             };
@@ -464,7 +468,7 @@ async fn serve_parking<F: MakeService, S: ClientSocket>(
         // Not parked: the connection ended.
         let Some(parked) = dock.take() else { break };
         let woke = park::wait_parked(&parked, &activity, timers, &mut drain, &shared.parked);
-        if woke.await == Wake::Close {
+        if Box::pin(woke).await == Wake::Close {
             break;
         }
         socket = parked;
