@@ -70,6 +70,29 @@ unsafe fn alloc_over_aligned(layout: Layout, zeroed: bool) -> *mut u8 {
     }
 }
 
+/// Lets the calling thread's mimalloc heap give memory freed a while ago back to the system.
+///
+/// mimalloc returns an emptied page to the system a second after it emptied (its purge
+/// delay), but only when that thread next calls into it often enough to do its housekeeping.
+/// A worker that goes quiet, as when its connections all park, never does, and keeps what they
+/// freed resident: about 3 KiB a parked connection, more than half of what one costs (release
+/// build, 10,000 connections). Cheap (a walk over the thread's pages that still hold free
+/// blocks), meant to be called every few seconds; nothing when another allocator is in use.
+pub fn give_back_freed_memory() {
+    // SAFETY: `mi_collect` takes no pointer and touches only the calling thread's heap.
+    #[allow(unsafe_code)]
+    unsafe {
+        mi_collect(false)
+    };
+}
+
+// `libmimalloc-sys` declares `mi_collect` only with its `extended` feature (and one more crate);
+// the function is in the library it links either way (`mimalloc.h`: `void mi_collect(bool)`).
+#[allow(unsafe_code)]
+unsafe extern "C" {
+    fn mi_collect(force: bool);
+}
+
 // The crate's only allocator code: `unsafe` is what `GlobalAlloc` is.
 #[allow(unsafe_code)]
 // SAFETY: every block comes from mimalloc with at least the layout's size and alignment, and
@@ -109,6 +132,44 @@ unsafe impl GlobalAlloc for Mimalloc {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// This process's resident memory, in KiB.
+    fn rss_kib() -> u64 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    /// Only this test allocates through mimalloc in this binary (its allocator is the
+    /// system's), on its own thread, so nothing else runs mimalloc's housekeeping for it.
+    #[test]
+    #[allow(unsafe_code)]
+    fn memory_freed_a_second_ago_goes_back_to_the_system_when_asked() {
+        const BLOCKS: usize = 32 * 1024;
+        let layout = Layout::from_size_align(4096, 8).unwrap();
+        // SAFETY: each block is written within its size and freed once with its layout.
+        let blocks: Vec<*mut u8> = (0..BLOCKS)
+            .map(|_| unsafe {
+                let p = Mimalloc.alloc(layout);
+                p.write_bytes(1, 4096);
+                p
+            })
+            .collect();
+        for p in blocks {
+            // SAFETY: as above.
+            unsafe { Mimalloc.dealloc(p, layout) };
+        }
+        // mimalloc's purge delay: a freed page goes back no sooner than a second later.
+        std::thread::sleep(std::time::Duration::from_millis(1200));
+        let kept = rss_kib();
+        give_back_freed_memory();
+        let given_back = kept.saturating_sub(rss_kib());
+        // 128 MiB were freed; other tests' allocations move RSS by far less meanwhile.
+        assert!(
+            given_back >= 64 * 1024,
+            "only {given_back} KiB of 131072 freed KiB went back"
+        );
+    }
 
     #[test]
     fn an_over_aligned_block_is_asked_for_at_a_power_of_two_size_up_to_4_kib() {

@@ -21,6 +21,8 @@ use tokio::net::TcpStream;
 const IDLE: usize = 10_000;
 /// The goal of issue 14, for a parked connection.
 const BOUND_KIB: f64 = 10.0;
+/// What a parked connection keeps once the allocator has given back what it freed.
+const GIVEN_BACK_KIB: f64 = 4.0;
 
 /// Raises this process's open-file limit (inherited by the proxy) to `wanted`, past the hard
 /// limit when allowed (root), else to the hard limit; the limit it got.
@@ -131,11 +133,12 @@ async fn ten_thousand_idle_connections_are_cheap_and_the_cap_refuses_at_once() {
         started.elapsed(),
         proxy.rss_kib()
     );
-    // The allocator gives emptied pages back to the system at its next housekeeping (about 10 s
-    // after the connections parked, here).
+    // What the parked connections freed goes back to the system at the worker's next
+    // allocator housekeeping (every 2 s, a second after it was freed), although the worker is
+    // quiet: without it, mimalloc kept about 3 KiB a connection resident (release build).
     let after = eventually_async(Duration::from_secs(30), || async {
         let rss = proxy.rss_kib();
-        ((rss.saturating_sub(before)) as f64 / IDLE as f64 <= BOUND_KIB).then_some(rss)
+        ((rss.saturating_sub(before)) as f64 / IDLE as f64 <= GIVEN_BACK_KIB).then_some(rss)
     })
     .await
     .unwrap_or_else(|| proxy.rss_kib());
@@ -186,8 +189,9 @@ async fn ten_thousand_idle_connections_are_cheap_and_the_cap_refuses_at_once() {
         refused.elapsed()
     );
     assert!(
-        per_connection <= BOUND_KIB,
-        "{per_connection:.1} KiB of RSS per idle connection"
+        per_connection <= GIVEN_BACK_KIB.min(BOUND_KIB),
+        "{per_connection:.1} KiB of RSS per parked connection, 30 s after they parked: \
+         what they freed was not given back to the system"
     );
     drop(idle);
 }
