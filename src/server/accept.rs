@@ -455,9 +455,9 @@ async fn serve_parking<F: MakeService, S: ClientSocket>(
                         timers,
                     };
                     // Boxed, as the parked wait below: both are rare, and held inline they
-                    // would make every connection's task too large for an allocation on
-                    // mimalloc's fast path (a task is aligned to 128 bytes, and only blocks
-                    // up to 1 KiB are served aligned without over-allocating).
+                    // would make every connection's task larger than 1 KiB, which the
+                    // allocator serves as a 2 KiB block (a task is aligned to 128 bytes;
+                    // see `allocator`).
                     Box::pin(hyper.serve(handoff, service(HeadWriter::Hyper))).await
                 }
                 Err(e) => ended_cleanly(Err(e), peer),
