@@ -133,13 +133,6 @@ unsafe impl GlobalAlloc for Mimalloc {
 mod tests {
     use super::*;
 
-    /// This process's resident memory, in KiB.
-    fn rss_kib() -> u64 {
-        let status = std::fs::read_to_string("/proc/self/status").unwrap();
-        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-        line.split_whitespace().nth(1).unwrap().parse().unwrap()
-    }
-
     /// This binary's allocator is the system's: only this module's tests call mimalloc, and
     /// the others end within milliseconds, long before this one's freed pages are due, so
     /// nothing else runs mimalloc's housekeeping for them.
@@ -162,9 +155,9 @@ mod tests {
         }
         // mimalloc's purge delay: a freed page goes back no sooner than a second later.
         std::thread::sleep(std::time::Duration::from_millis(1200));
-        let kept = rss_kib();
+        let kept = crate::metrics::resident_bytes() / 1024;
         give_back_freed_memory();
-        let given_back = kept.saturating_sub(rss_kib());
+        let given_back = kept.saturating_sub(crate::metrics::resident_bytes() / 1024);
         // 128 MiB were freed; other tests' allocations move RSS by far less meanwhile.
         assert!(
             given_back >= 64 * 1024,

@@ -548,7 +548,8 @@ fn render_standard(out: &mut String, process: &ProcessNow) {
     );
 }
 
-fn resident_bytes() -> u64 {
+/// This process's resident memory (`VmRSS`), in bytes; 0 if it cannot be read.
+pub(crate) fn resident_bytes() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()

@@ -1,7 +1,8 @@
 //! 10,000 idle keep-alive client connections against the real binary: each asks one thing and
 //! then stays open. Once they have parked (idle for a second: hyper's connection and buffers
-//! dropped, the bare socket waiting; `aralez_parked_sessions` counts them), the proxy's RSS per
-//! connection must be at most 10 KiB; a new client is still served at once, a parked one is
+//! dropped, the bare socket waiting; `aralez_parked_sessions` counts them) and the allocator
+//! has given back what they freed, the proxy's RSS per connection must be at most 4 KiB (issue
+//! 14's goal is 10); a new client is still served at once, a parked one is
 //! served again, and past `max_connections` a new connection is closed at once, not queued.
 //!
 //! Before parking, a connection idle in hyper cost about 22 KiB (release build 21.8,
@@ -19,9 +20,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 const IDLE: usize = 10_000;
-/// The goal of issue 14, for a parked connection.
-const BOUND_KIB: f64 = 10.0;
-/// What a parked connection keeps once the allocator has given back what it freed.
+/// What a parked connection may keep once the allocator has given back what it freed (the
+/// goal of issue 14 is 10 KiB; it keeps about 2.3).
 const GIVEN_BACK_KIB: f64 = 4.0;
 
 /// Raises this process's open-file limit (inherited by the proxy) to `wanted`, past the hard
@@ -189,7 +189,7 @@ async fn ten_thousand_idle_connections_are_cheap_and_the_cap_refuses_at_once() {
         refused.elapsed()
     );
     assert!(
-        per_connection <= GIVEN_BACK_KIB.min(BOUND_KIB),
+        per_connection <= GIVEN_BACK_KIB,
         "{per_connection:.1} KiB of RSS per parked connection, 30 s after they parked: \
          what they freed was not given back to the system"
     );
