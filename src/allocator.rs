@@ -6,6 +6,8 @@
 //! an address aligned to that size: its aligned path over-allocates whenever no free block
 //! happens to be aligned, which for a task cell is every time (about 190 instructions more for
 //! each new connection's task, callgrind).
+//! It also reads what the process holds resident ([`resident_bytes`]), for the metrics and for
+//! checking that freed memory goes back.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::ffi::c_void;
@@ -86,6 +88,17 @@ pub fn give_back_freed_memory() {
     };
 }
 
+/// This process's resident memory (`VmRSS`), in bytes; 0 if it cannot be read.
+pub fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|kib| kib.parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
 // `libmimalloc-sys` declares `mi_collect` only with its `extended` feature (and one more crate);
 // the function is in the library it links either way (`mimalloc.h`: `void mi_collect(bool)`).
 #[allow(unsafe_code)]
@@ -155,9 +168,9 @@ mod tests {
         }
         // mimalloc's purge delay: a freed page goes back no sooner than a second later.
         std::thread::sleep(std::time::Duration::from_millis(1200));
-        let kept = crate::metrics::resident_bytes() / 1024;
+        let kept = resident_bytes() / 1024;
         give_back_freed_memory();
-        let given_back = kept.saturating_sub(crate::metrics::resident_bytes() / 1024);
+        let given_back = kept.saturating_sub(resident_bytes() / 1024);
         // 128 MiB were freed; other tests' allocations move RSS by far less meanwhile.
         assert!(
             given_back >= 64 * 1024,

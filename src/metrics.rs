@@ -453,7 +453,7 @@ struct ProcessNow {
 impl ProcessNow {
     fn read() -> ProcessNow {
         ProcessNow {
-            resident_bytes: resident_bytes(),
+            resident_bytes: crate::allocator::resident_bytes(),
             open_fds: std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count),
         }
     }
@@ -546,17 +546,6 @@ fn render_standard(out: &mut String, process: &ProcessNow) {
         env!("CARGO_PKG_VERSION"),
         env!("ARALEZ_COMMIT")
     );
-}
-
-/// This process's resident memory (`VmRSS`), in bytes; 0 if it cannot be read.
-pub(crate) fn resident_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|kib| kib.parse::<u64>().ok())
-        .map_or(0, |kib| kib * 1024)
 }
 
 /// Escapes a label value: backslash, double quote and newline.
