@@ -24,19 +24,6 @@ const IDLE: usize = 10_000;
 /// goal of issue 14 is 10 KiB; it keeps about 2.3).
 const GIVEN_BACK_KIB: f64 = 4.0;
 
-/// Raises this process's open-file limit (inherited by the proxy) to `wanted`, past the hard
-/// limit when allowed (root), else to the hard limit; the limit it got.
-fn raise_nofile(wanted: u64) -> u64 {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
-    let above = wanted.max(hard);
-    if setrlimit(Resource::RLIMIT_NOFILE, above, above).is_ok() {
-        return above;
-    }
-    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).expect("setrlimit");
-    hard
-}
-
 /// Opens a connection, asks `GET /` (keep-alive) and reads the whole answer.
 async fn one_request(addr: SocketAddr) -> std::io::Result<TcpStream> {
     let mut s = TcpStream::connect(addr).await?;

@@ -1,0 +1,107 @@
+//! 2,000 idle HTTP/2 connections over TLS against the real binary: each asks one thing and then
+//! stays open. Once their streams have ended, each connection frees its h2 buffers (the patch in
+//! `vendor/h2`, see its PATCHED.md) and the allocator gives the memory back: the proxy's RSS per
+//! connection must come down to at most 22 KiB (release build about 16; before the patch about
+//! 32, which this test fails on). An idle connection is then served again, on the same socket.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use support::*;
+
+const IDLE: usize = 2_000;
+/// What an idle HTTP/2 connection over TLS may keep (release build about 16 KiB: rustls's
+/// session and 4 KiB receive buffer, hyper's and h2's connection state; 32 without the patch).
+const IDLE_H2_KIB: f64 = 22.0;
+
+/// `count` HTTP/2 connections over TLS, 100 opened at a time, each after one whole answer.
+async fn open_idle(
+    addr: std::net::SocketAddr,
+    config: &Arc<rustls::ClientConfig>,
+    count: usize,
+) -> Vec<Client> {
+    let mut open = Vec::with_capacity(count);
+    while open.len() < count {
+        let batch = (count - open.len()).min(100);
+        let mut set = tokio::task::JoinSet::new();
+        for _ in 0..batch {
+            let config = config.clone();
+            set.spawn(async move {
+                let mut client = Client::connect_tls(addr, "idle.local", config).await;
+                let answer = client.get("idle.local", "/").await;
+                assert_eq!(answer.status(), 200);
+                body_bytes(answer).await;
+                client
+            });
+        }
+        while let Some(done) = set.join_next().await {
+            let client = done.expect("connection task");
+            assert!(matches!(client, Client::H2(_)), "ALPN did not choose h2");
+            open.push(client);
+        }
+    }
+    open
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_http2_connections_over_tls_give_back_their_buffers() {
+    let limit = raise_nofile(IDLE as u64 + 1_000);
+    assert!(
+        limit > IDLE as u64 + 500,
+        "open-file hard limit {limit} is too low for {IDLE} connections"
+    );
+    let backend = Backend::start("b").await;
+    let certs = tempfile::tempdir().unwrap();
+    let root = write_self_signed(certs.path(), "default", &["idle.local", "127.0.0.1"]);
+    let main = format!(
+        "proxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"\n\
+         max_connections: {}\nclient_header_timeout: 300\nclient_idle_timeout: 300",
+        certs.path().display(),
+        IDLE + 200
+    );
+    let proxy = ProxyProcess::start(&default_route(&[&backend]), &main);
+    let tls = proxy.logged_addr("listening on https://");
+    let config = tls_client_config(&[root], &[b"h2"]);
+    // Warm up: the pool's upstream connection, the allocator's first arenas.
+    drop(open_idle(tls, &config, 100).await);
+    let before = proxy.rss_kib();
+
+    let started = Instant::now();
+    let mut idle = open_idle(tls, &config, IDLE).await;
+    let opened = proxy.rss_kib();
+    eprintln!(
+        "{IDLE} idle HTTP/2 connections over TLS opened in {:.1?}: proxy RSS {before} -> {opened} KiB, {:.1} KiB each",
+        started.elapsed(),
+        (opened.saturating_sub(before)) as f64 / IDLE as f64
+    );
+    // The buffers are freed as each connection's stream ends; the worker's allocator gives
+    // the memory back at its next housekeeping (every 2 s).
+    let per_connection = |rss: u64| (rss.saturating_sub(before)) as f64 / IDLE as f64;
+    let after = eventually_async(Duration::from_secs(30), || async {
+        let rss = proxy.rss_kib();
+        (per_connection(rss) <= IDLE_H2_KIB).then_some(rss)
+    })
+    .await
+    .unwrap_or_else(|| proxy.rss_kib());
+    eprintln!(
+        "after {:.1?}: proxy RSS {after} KiB, {:.1} KiB each",
+        started.elapsed(),
+        per_connection(after)
+    );
+
+    // An idle connection gets its buffers back when it is asked again.
+    let again = idle.last_mut().expect("a connection");
+    let answer = again.get("idle.local", "/").await;
+    assert_eq!(answer.status(), 200);
+    assert!(!body_bytes(answer).await.is_empty());
+
+    assert!(
+        per_connection(after) <= IDLE_H2_KIB,
+        "{:.1} KiB of RSS per idle HTTP/2 connection over TLS, 30 s after they opened: \
+         their h2 buffers were not freed",
+        per_connection(after)
+    );
+    drop(idle);
+}
