@@ -1,8 +1,8 @@
 //! 2,000 idle HTTP/2 connections over TLS against the real binary: each asks one thing and then
 //! stays open. Once their streams have ended, each connection frees its h2 buffers (the patch in
 //! `vendor/h2`, see its PATCHED.md) and the allocator gives the memory back: the proxy's RSS per
-//! connection must come down to at most 22 KiB (release build about 16; before the patch about
-//! 32, which this test fails on). An idle connection is then served again, on the same socket.
+//! connection must come down to at most 25 KiB (debug build about 21.5, release 16; before the
+//! patch about 32, which this test fails on). An idle connection is then served again.
 
 mod support;
 
@@ -12,9 +12,13 @@ use std::time::{Duration, Instant};
 use support::*;
 
 const IDLE: usize = 2_000;
-/// What an idle HTTP/2 connection over TLS may keep (release build about 16 KiB: rustls's
-/// session and 4 KiB receive buffer, hyper's and h2's connection state; 32 without the patch).
-const IDLE_H2_KIB: f64 = 22.0;
+/// What an idle HTTP/2 connection over TLS may keep (rustls's session and 4 KiB receive buffer,
+/// hyper's and h2's connection state; 32 KiB in a release build without the patch).
+const IDLE_H2_KIB: f64 = 25.0;
+/// Where the RSS settles once every connection has given its buffers back (about 21.5 KiB each
+/// in a debug build, 16 in a release build): the test waits for it, for up to 30 s, before
+/// holding the bound.
+const SETTLED_H2_KIB: f64 = 22.5;
 
 /// `count` HTTP/2 connections over TLS, 100 opened at a time, each after one whole answer.
 async fn open_idle(
@@ -76,12 +80,13 @@ async fn idle_http2_connections_over_tls_give_back_their_buffers() {
         started.elapsed(),
         (opened.saturating_sub(before)) as f64 / IDLE as f64
     );
-    // The buffers are freed as each connection's stream ends; the worker's allocator gives
+    // Each connection frees its buffers when aralez polls it a second after its request (h2
+    // keeps them while a connection is only between requests); the worker's allocator gives
     // the memory back at its next housekeeping (every 2 s).
     let per_connection = |rss: u64| (rss.saturating_sub(before)) as f64 / IDLE as f64;
     let after = eventually_async(Duration::from_secs(30), || async {
         let rss = proxy.rss_kib();
-        (per_connection(rss) <= IDLE_H2_KIB).then_some(rss)
+        (per_connection(rss) <= SETTLED_H2_KIB).then_some(rss)
     })
     .await
     .unwrap_or_else(|| proxy.rss_kib());

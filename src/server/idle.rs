@@ -17,6 +17,9 @@
 //! request for [`Timers::park`] and read nothing since its last one. To notice a request's end
 //! in time it looks at least that often on HTTP/1 connections (once a second: a cheap poll of
 //! an idle connection, instead of resetting the timer on every request).
+//! An HTTP/2 connection is looked at as often until it has been polled once a `park` after its
+//! last request: h2 (patched, `vendor/h2/PATCHED.md`) then gives back its buffers. It is looked
+//! at that often again only once another request comes.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -135,6 +138,14 @@ impl Activity {
         last + timers.idle.min(timers.head)
     }
 
+    /// An HTTP/2 connection that has carried no request for `quiet`: its progress count then
+    /// (a new request moves it).
+    fn quiet_http2(&self, now: Instant, quiet: Duration) -> Option<u64> {
+        let http2 = self.http2.load(Ordering::Relaxed);
+        let idle = self.idle_for(now).is_some_and(|waited| waited >= quiet);
+        (http2 && idle).then(|| self.progress.load(Ordering::Relaxed))
+    }
+
     /// How long the connection has carried no request, or `None` while one is open.
     fn idle_for(&self, now: Instant) -> Option<Duration> {
         if self.open.load(Ordering::Relaxed) > 0 {
@@ -240,16 +251,18 @@ enum IdleStep {
     Park,
 }
 
-/// The idle and head rules, looked at `now`.
-fn idle_step(activity: &Activity, timers: Timers, now: Instant) -> IdleStep {
+/// The idle and head rules, looked at `now`; `settled`: an HTTP/2 connection was polled after
+/// carrying no request for `park` and has carried none since.
+fn idle_step(activity: &Activity, timers: Timers, now: Instant, settled: bool) -> IdleStep {
     let http1 = !activity.http2.load(Ordering::Relaxed);
     let limit = if http1 {
         timers.idle.min(timers.head)
     } else {
         timers.idle
     };
-    // HTTP/1 looks at least every `park`: a request's end is noticed in time to park.
-    let look = |after: Duration| match http1 {
+    // HTTP/1 looks at least every `park`: a request's end is noticed in time to park. So does
+    // HTTP/2 until settled: polled a `park` after its last request, h2 frees its buffers.
+    let look = |after: Duration| match http1 || !settled {
         true => IdleStep::LookAt(now + after.min(timers.park)),
         false => IdleStep::LookAt(now + after),
     };
@@ -298,7 +311,11 @@ where
     // The stall check looks every half send timeout whether the progress counter moved.
     let look_every = timers.send / 2;
     let mut stall_at = start + look_every;
-    let mut idle_at = match idle_step(&activity, timers, start) {
+    // HTTP/2: the progress count when the connection was polled after a `park` without
+    // requests (h2 then gives back its buffers, see vendor/h2/PATCHED.md); `None` until then,
+    // and again once a request moves the count.
+    let mut settled: Option<u64> = None;
+    let mut idle_at = match idle_step(&activity, timers, start, false) {
         IdleStep::LookAt(at) => at,
         _ => start,
     };
@@ -332,6 +349,13 @@ where
             if let Poll::Ready(done) = conn.as_mut().poll(cx) {
                 return Poll::Ready(Woke::Done(done));
             }
+            if settled.is_some_and(|at| activity.progress.load(Ordering::Relaxed) != at) {
+                // A request on a settled HTTP/2 connection: look again a `park` after it.
+                settled = None;
+                idle_at = idle_at.min(Instant::now() + timers.park);
+                timer.as_mut().reset(idle_at.min(stall_at));
+                timer_has_waker = false;
+            }
             let moved = || peek.has_changed().unwrap_or(true);
             if !asked && ((!drain_has_waker && activity.waits_for_drain()) || moved()) {
                 if drained.as_mut().poll(cx).is_ready() {
@@ -358,7 +382,8 @@ where
             Woke::Timer => {
                 let now = Instant::now();
                 if now >= idle_at {
-                    match idle_step(&activity, timers, now) {
+                    settled = settled.or_else(|| activity.quiet_http2(now, timers.park));
+                    match idle_step(&activity, timers, now, settled.is_some()) {
                         IdleStep::LookAt(at) => idle_at = at,
                         IdleStep::Close => {
                             tracing::debug!(

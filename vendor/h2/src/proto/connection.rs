@@ -24,7 +24,16 @@ where
     codec: Codec<T, Prioritized<B>>,
 
     inner: ConnectionInner<P, B>,
+
+    /// Patched in by aralez: since when the connection has had no stream and received no
+    /// frame (`None`: it has one, or has not been polled since its last frame).
+    quiet_since: Option<std::time::Instant>,
 }
+
+/// Patched in by aralez: a connection without streams frees its buffers once it has been quiet
+/// this long and is polled again (aralez polls an idle connection a second after its last
+/// request), so one that is merely between two requests keeps them.
+const RELEASE_IDLE_AFTER: Duration = Duration::from_millis(500);
 
 // Extracted part of `Connection` which does not depend on `T`. Reduces the amount of duplicated
 // method instantiations.
@@ -159,6 +168,7 @@ where
         span.follows_from(tracing::Span::current());
         Connection {
             codec,
+            quiet_since: None,
             inner: ConnectionInner {
                 state: State::Open,
                 error: None,
@@ -332,11 +342,7 @@ where
                                 continue;
                             }
 
-                            // Patched in by aralez: a connection without streams waits for its
-                            // peer without holding its read, write and HPACK buffers.
-                            if self.inner.streams.release_idle_memory() {
-                                self.codec.release_idle_buffers();
-                            }
+                            self.release_when_quiet();
                             return Poll::Pending;
                         }
                     };
@@ -355,6 +361,25 @@ where
                     return Poll::Ready(self.take_error(reason, initiator));
                 }
             }
+        }
+    }
+
+    /// Patched in by aralez: a connection without streams that has been quiet for
+    /// `RELEASE_IDLE_AFTER` waits for its peer without holding its read, write and HPACK
+    /// buffers or the room its stream tables grew to.
+    fn release_when_quiet(&mut self) {
+        if self.inner.streams.has_streams() {
+            self.quiet_since = None;
+            return;
+        }
+        match self.quiet_since {
+            None => self.quiet_since = Some(std::time::Instant::now()),
+            Some(since) if since.elapsed() >= RELEASE_IDLE_AFTER => {
+                if self.inner.streams.release_idle_memory() {
+                    self.codec.release_idle_buffers();
+                }
+            }
+            Some(_) => {}
         }
     }
 
@@ -389,11 +414,10 @@ where
             }
             ready!(self.poll_ready(cx))?;
 
-            match self
-                .inner
-                .as_dyn()
-                .recv_frame(ready!(Pin::new(&mut self.codec).poll_next(cx)?))?
-            {
+            let frame = ready!(Pin::new(&mut self.codec).poll_next(cx)?);
+            // Patched in by aralez: a frame ends the quiet (`release_when_quiet`).
+            self.quiet_since = None;
+            match self.inner.as_dyn().recv_frame(frame)? {
                 ReceivedFrame::Settings(frame) => {
                     self.inner.settings.recv_settings(
                         frame,
