@@ -80,7 +80,7 @@ async fn idle_http2_connections_over_tls_give_back_their_buffers() {
         started.elapsed(),
         (opened.saturating_sub(before)) as f64 / IDLE as f64
     );
-    // Each connection frees its buffers when aralez polls it a second after its request (h2
+    // Each connection frees its buffers when aralez polls it two seconds after its request (h2
     // keeps them while a connection is only between requests); the worker's allocator gives
     // the memory back at its next housekeeping (every 2 s).
     let per_connection = |rss: u64| (rss.saturating_sub(before)) as f64 / IDLE as f64;

@@ -17,9 +17,10 @@
 //! request for [`Timers::park`] and read nothing since its last one. To notice a request's end
 //! in time it looks at least that often on HTTP/1 connections (once a second: a cheap poll of
 //! an idle connection, instead of resetting the timer on every request).
-//! An HTTP/2 connection is looked at as often until it has been polled once a `park` after its
-//! last request: h2 (patched, `vendor/h2/PATCHED.md`) then gives back its buffers. It is looked
-//! at that often again only once another request comes.
+//! An HTTP/2 connection is looked at as often until it has been polled two `park`s after its
+//! last request: h2 (patched, `vendor/h2/PATCHED.md`) notes at a poll that it has no streams,
+//! and gives back its buffers at a poll half a second later. It is looked at that often again
+//! only once another request comes.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -252,7 +253,7 @@ enum IdleStep {
 }
 
 /// The idle and head rules, looked at `now`; `settled`: an HTTP/2 connection was polled after
-/// carrying no request for `park` and has carried none since.
+/// carrying no request for two `park`s and has carried none since.
 fn idle_step(activity: &Activity, timers: Timers, now: Instant, settled: bool) -> IdleStep {
     let http1 = !activity.http2.load(Ordering::Relaxed);
     let limit = if http1 {
@@ -261,7 +262,7 @@ fn idle_step(activity: &Activity, timers: Timers, now: Instant, settled: bool) -
         timers.idle
     };
     // HTTP/1 looks at least every `park`: a request's end is noticed in time to park. So does
-    // HTTP/2 until settled: polled a `park` after its last request, h2 frees its buffers.
+    // HTTP/2 until settled: polled two `park`s after its last request, h2 frees its buffers.
     let look = |after: Duration| match http1 || !settled {
         true => IdleStep::LookAt(now + after.min(timers.park)),
         false => IdleStep::LookAt(now + after),
@@ -311,7 +312,7 @@ where
     // The stall check looks every half send timeout whether the progress counter moved.
     let look_every = timers.send / 2;
     let mut stall_at = start + look_every;
-    // HTTP/2: the progress count when the connection was polled after a `park` without
+    // HTTP/2: the progress count when the connection was polled after two `park`s without
     // requests (h2 then gives back its buffers, see vendor/h2/PATCHED.md); `None` until then,
     // and again once a request moves the count.
     let mut settled: Option<u64> = None;
@@ -382,7 +383,9 @@ where
             Woke::Timer => {
                 let now = Instant::now();
                 if now >= idle_at {
-                    settled = settled.or_else(|| activity.quiet_http2(now, timers.park));
+                    // Two `park`s: h2 may first learn that it has no streams at the poll a `park`
+                    // after the last request (its last stream's end need not wake it).
+                    settled = settled.or_else(|| activity.quiet_http2(now, timers.park * 2));
                     match idle_step(&activity, timers, now, settled.is_some()) {
                         IdleStep::LookAt(at) => idle_at = at,
                         IdleStep::Close => {

@@ -31,8 +31,8 @@ where
 }
 
 /// Patched in by aralez: a connection without streams frees its buffers once it has been quiet
-/// this long and is polled again (aralez polls an idle connection a second after its last
-/// request), so one that is merely between two requests keeps them.
+/// this long and is polled again (aralez polls an idle connection one and two seconds after its
+/// last request), so one that is merely between two requests keeps them.
 const RELEASE_IDLE_AFTER: Duration = Duration::from_millis(500);
 
 // Extracted part of `Connection` which does not depend on `T`. Reduces the amount of duplicated
