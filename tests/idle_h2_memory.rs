@@ -26,36 +26,26 @@ async fn open_idle(
     config: &Arc<rustls::ClientConfig>,
     count: usize,
 ) -> Vec<Client> {
-    let mut open = Vec::with_capacity(count);
-    while open.len() < count {
-        let batch = (count - open.len()).min(100);
-        let mut set = tokio::task::JoinSet::new();
-        for _ in 0..batch {
-            let config = config.clone();
-            set.spawn(async move {
-                let mut client = Client::connect_tls(addr, "idle.local", config).await;
-                let answer = client.get("idle.local", "/").await;
-                assert_eq!(answer.status(), 200);
-                body_bytes(answer).await;
-                client
-            });
+    let clients = open_in_batches(count, 100, |_| {
+        let config = config.clone();
+        async move {
+            let mut client = Client::connect_tls(addr, "idle.local", config).await;
+            let answer = client.get("idle.local", "/").await;
+            assert_eq!(answer.status(), 200);
+            body_bytes(answer).await;
+            client
         }
-        while let Some(done) = set.join_next().await {
-            let client = done.expect("connection task");
-            assert!(matches!(client, Client::H2(_)), "ALPN did not choose h2");
-            open.push(client);
-        }
+    })
+    .await;
+    for client in &clients {
+        assert!(matches!(client, Client::H2(_)), "ALPN did not choose h2");
     }
-    open
+    clients
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_http2_connections_over_tls_give_back_their_buffers() {
-    let limit = raise_nofile(IDLE as u64 + 1_000);
-    assert!(
-        limit > IDLE as u64 + 500,
-        "open-file hard limit {limit} is too low for {IDLE} connections"
-    );
+    allow_connections(IDLE);
     let backend = Backend::start("b").await;
     let certs = tempfile::tempdir().unwrap();
     let root = write_self_signed(certs.path(), "default", &["idle.local", "127.0.0.1"]);

@@ -58,30 +58,17 @@ fn answer_complete(got: &[u8]) -> bool {
 
 /// `count` idle keep-alive connections, opened 250 at a time.
 async fn open_idle(addr: SocketAddr, count: usize) -> Vec<TcpStream> {
-    let mut open = Vec::with_capacity(count);
-    while open.len() < count {
-        let batch = (count - open.len()).min(250);
-        let mut set = tokio::task::JoinSet::new();
-        for _ in 0..batch {
-            set.spawn(one_request(addr));
-        }
-        while let Some(done) = set.join_next().await {
-            let stream = done
-                .expect("connection task")
-                .unwrap_or_else(|e| panic!("connection {} failed: {e}", open.len() + 1));
-            open.push(stream);
-        }
-    }
-    open
+    open_in_batches(count, 250, |n| async move {
+        one_request(addr)
+            .await
+            .unwrap_or_else(|e| panic!("connection {} failed: {e}", n + 1))
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_idle_connections_are_cheap_and_the_cap_refuses_at_once() {
-    let limit = raise_nofile(IDLE as u64 + 1_000);
-    assert!(
-        limit > IDLE as u64 + 500,
-        "open-file hard limit {limit} is too low for {IDLE} connections"
-    );
+    allow_connections(IDLE);
     let backend = Backend::start("b").await;
     let main = format!(
         "max_connections: {}\nclient_header_timeout: 300\nclient_idle_timeout: 300\n\

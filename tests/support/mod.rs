@@ -4,7 +4,8 @@
 //! - [`Backend`] (backend.rs): the one mock backend, and [`bind_local`]/[`bind`], which every
 //!   test server binds with.
 //! - [`Upstreams`] (upstreams.rs): upstreams.yaml as typed values.
-//! - [`raise_nofile`] (limits.rs): the open-file limit a test with thousands of connections needs.
+//! - [`allow_connections`], [`open_in_batches`] (limits.rs): what a test with thousands of
+//!   connections needs.
 //! - [`eventually`], [`eventually_async`], [`eventually_blocking`], [`ProxyProcess::wait_log`]:
 //!   wait for a condition with a deadline instead of sleeping and hoping.
 #![allow(dead_code)]
@@ -36,7 +37,7 @@ pub mod upstreams;
 
 pub use backend::*;
 #[allow(unused_imports)] // only the tests with thousands of connections
-pub use limits::raise_nofile;
+pub use limits::{allow_connections, open_in_batches};
 #[allow(unused_imports)] // each test file uses some of them
 pub use upstreams::{
     default_route, default_route_to, host_route, unused_route, Discovery, Host, Path, Service,
