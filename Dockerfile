@@ -16,7 +16,7 @@ WORKDIR /src
 ENV RUSTFLAGS="-C target-feature=+crt-static"
 # Dependencies first, so a source change does not rebuild them.
 COPY Cargo.toml Cargo.lock build.rs ./
-# h2, patched (vendor/h2/PATCHED.md), in place of the crates.io copy.
+# h2 and rustls, patched (vendor/*/PATCHED.md), in place of the crates.io copies.
 COPY vendor ./vendor
 RUN mkdir src && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
     && cargo build --release --locked || true

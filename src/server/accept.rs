@@ -31,6 +31,7 @@ use super::idle::{self, Activity, Timers};
 use super::listener::{apply_keepalive, pass_on_connection_options, TcpKeepalive};
 use super::park::{self, ClientSocket, Dock, Parkable, Wake};
 use super::proxy_protocol::{self, Header};
+use super::settle::ReleaseWhenSettled;
 use super::tracked::{HeadWriter, Tracked};
 use crate::vocab::acme_challenges::ACME_TLS_ALPN;
 use crate::vocab::late_id::LateId;
@@ -466,7 +467,8 @@ async fn serve_parking<F: MakeService, S: ClientSocket>(
             break;
         }
         // Not parked: the connection ended.
-        let Some(parked) = dock.take() else { break };
+        let Some(mut parked) = dock.take() else { break };
+        parked.release_idle_buffers();
         let woke = park::wait_parked(&parked, &activity, timers, &mut drain, &shared.parked);
         if Box::pin(woke).await == Wake::Close {
             break;
@@ -550,6 +552,7 @@ async fn serve_tls<F: MakeService>(
     activity.mark_http2();
     let service = Tracked::new(shared.make.make(info), activity.clone(), HeadWriter::Hyper);
     let (drain, idle) = (shared.drain.clone(), shared.limits.timers());
+    let stream = ReleaseWhenSettled::new(stream, activity.clone());
     let io = TokioIo::new(FloodGuard::new(stream, peer));
     let conn = shared.builders.h2_only.serve_connection(io, service);
     let conn = idle::drive_boxed(conn.into_owned(), drain, activity, idle);

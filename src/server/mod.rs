@@ -17,6 +17,7 @@ mod observe;
 mod park;
 pub mod proxy_protocol;
 pub mod real_client;
+mod settle;
 mod tracked;
 
 use std::sync::Arc;

@@ -44,6 +44,10 @@ use crate::vocab::CountedSlot;
 pub trait ClientSocket: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     /// The TCP socket underneath, to wait on while parked.
     fn tcp(&self) -> &TcpStream;
+
+    /// Gives back the buffers an idle connection need not keep (TLS: rustls's receive buffer,
+    /// `vendor/rustls/PATCHED.md`); they come back when needed.
+    fn release_idle_buffers(&mut self) {}
 }
 
 impl ClientSocket for TcpStream {
@@ -56,6 +60,10 @@ impl ClientSocket for tokio_rustls::server::TlsStream<TcpStream> {
     fn tcp(&self) -> &TcpStream {
         self.get_ref().0
     }
+
+    fn release_idle_buffers(&mut self) {
+        self.get_mut().1.release_idle_buffers();
+    }
 }
 
 /// A boxed socket: a TLS session (over a kilobyte) moves as a pointer, so a parked connection
@@ -63,6 +71,10 @@ impl ClientSocket for tokio_rustls::server::TlsStream<TcpStream> {
 impl<S: ClientSocket> ClientSocket for Box<S> {
     fn tcp(&self) -> &TcpStream {
         (**self).tcp()
+    }
+
+    fn release_idle_buffers(&mut self) {
+        (**self).release_idle_buffers();
     }
 }
 
