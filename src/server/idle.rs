@@ -311,6 +311,7 @@ where
 /// Not an `async fn`: one moves its arguments into locals of its own, and the future keeps room
 /// for both (rust-lang/rust#62958), so hyper's connection (1.7 KiB for HTTP/2) was held twice in
 /// every connection's box. Here the block pins `conn` where it was captured.
+#[allow(clippy::manual_async_fn)] // an `async fn` would keep `conn` twice, see above
 pub fn drive<C, T, E>(
     mut conn: C,
     mut drain: watch::Receiver<bool>,
