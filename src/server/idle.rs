@@ -323,143 +323,153 @@ where
     T: Default,
 {
     async move {
-        // SAFETY: `conn` lives in this future's own state, which does not move once polled (a
-        // future is pinned to be polled), and is never moved out of it: only this pinned reference
-        // is used from here on, and `conn` is dropped in place with the future.
+        // SAFETY: `conn` lives in this future's state, which does not move once polled (a
+        // future is pinned to be polled), and is never moved out of it: only this pinned
+        // reference is used, and `conn` is dropped in place with the future.
         #[allow(unsafe_code)]
-        let mut conn = unsafe { Pin::new_unchecked(&mut conn) };
-        let start = Instant::now();
-        // The stall check looks every half send timeout whether the progress counter moved.
-        let look_every = timers.send / 2;
-        let mut stall_at = start + look_every;
-        // HTTP/2: the progress count when the connection was polled after two `park`s without
-        // requests (h2 then gives back its buffers, see vendor/h2/PATCHED.md); `None` until then,
-        // and again once a request moves the count.
-        let mut settled: Option<u64> = None;
-        let mut idle_at = match idle_step(&activity, timers, start, false) {
-            IdleStep::LookAt(at) => at,
-            _ => start,
-        };
-        // One timer for both checks: the earlier of the two.
-        let timer = tokio::time::sleep_until(idle_at.min(stall_at));
-        tokio::pin!(timer);
-        let mut seen = (activity.progress.load(Ordering::Relaxed), start);
-        let mut asked = *drain.borrow();
-        // A second handle on the drain signal, to ask cheaply whether it moved: the wait below
-        // borrows the first.
-        let peek = drain.clone();
-        if asked {
-            conn.as_mut().shut_down();
-        }
-        // Whether the timer has the task's waker since its last reset: then the connection's other
-        // wake-ups only look at its state instead of polling it. The task's waker does not change:
-        // this future is only ever polled by the connection's own task. (Callgrind: 370
-        // instructions a request less than `tokio::select!` polling all three every wake-up.)
-        let mut timer_has_waker = false;
-        loop {
-            // Kept across the wake-ups of one turn: it holds the task's place among the drain
-            // signal's waiters.
-            let mut drained = std::pin::pin!(drain.wait_for(|d| *d));
-            // Likewise the wait, once it has the waker, is polled again only when the signal moved
-            // (its version goes up before its waiters are woken) or its sender is gone. It gets the
-            // waker only when the connection needs it ([`Activity::waits_for_drain`]): joining
-            // and leaving the signal's waiters cost about 330 instructions, the price of a request
-            // on a connection that carries one (callgrind, tcpnew).
-            let mut drain_has_waker = false;
-            let woke = std::future::poll_fn(|cx| {
-                if let Poll::Ready(done) = conn.as_mut().poll(cx) {
-                    return Poll::Ready(Woke::Done(done));
+        let conn = unsafe { Pin::new_unchecked(&mut conn) };
+        drive_pinned(conn, &mut drain, &activity, &timers).await
+    }
+}
+
+/// [`drive`]'s work, on a connection pinned where its future holds it. The rest by reference
+/// too: an `async fn` keeps each argument twice.
+async fn drive_pinned<C, T, E>(
+    mut conn: Pin<&mut C>,
+    drain: &mut watch::Receiver<bool>,
+    activity: &Activity,
+    timers: &Timers,
+) -> Result<T, E>
+where
+    C: Graceful<Output = Result<T, E>>,
+    T: Default,
+{
+    let start = Instant::now();
+    // The stall check looks every half send timeout whether the progress counter moved.
+    let look_every = timers.send / 2;
+    let mut stall_at = start + look_every;
+    // HTTP/2: the progress count when the connection was polled after two `park`s without
+    // requests (h2 then gives back its buffers, see vendor/h2/PATCHED.md); `None` until then,
+    // and again once a request moves the count.
+    let mut settled: Option<u64> = None;
+    let mut idle_at = match idle_step(activity, *timers, start, false) {
+        IdleStep::LookAt(at) => at,
+        _ => start,
+    };
+    // One timer for both checks: the earlier of the two.
+    let timer = tokio::time::sleep_until(idle_at.min(stall_at));
+    tokio::pin!(timer);
+    let mut seen = (activity.progress.load(Ordering::Relaxed), start);
+    let mut asked = *drain.borrow();
+    // A second handle on the drain signal, to ask cheaply whether it moved: the wait below
+    // borrows the first.
+    let peek = drain.clone();
+    if asked {
+        conn.as_mut().shut_down();
+    }
+    // Whether the timer has the task's waker since its last reset: then the connection's other
+    // wake-ups only look at its state instead of polling it. The task's waker does not change:
+    // this future is only ever polled by the connection's own task. (Callgrind: 370
+    // instructions a request less than `tokio::select!` polling all three every wake-up.)
+    let mut timer_has_waker = false;
+    loop {
+        // Kept across the wake-ups of one turn: it holds the task's place among the drain
+        // signal's waiters.
+        let mut drained = std::pin::pin!(drain.wait_for(|d| *d));
+        // Likewise the wait, once it has the waker, is polled again only when the signal moved
+        // (its version goes up before its waiters are woken) or its sender is gone. It gets the
+        // waker only when the connection needs it ([`Activity::waits_for_drain`]): joining
+        // and leaving the signal's waiters cost about 330 instructions, the price of a request
+        // on a connection that carries one (callgrind, tcpnew).
+        let mut drain_has_waker = false;
+        let woke = std::future::poll_fn(|cx| {
+            if let Poll::Ready(done) = conn.as_mut().poll(cx) {
+                return Poll::Ready(Woke::Done(done));
+            }
+            if settled.is_some_and(|at| activity.progress.load(Ordering::Relaxed) != at) {
+                // A request on a settled HTTP/2 connection: look again a `park` after it.
+                settled = None;
+                activity.settled.store(false, Ordering::Relaxed);
+                idle_at = idle_at.min(Instant::now() + timers.park);
+                timer.as_mut().reset(idle_at.min(stall_at));
+                timer_has_waker = false;
+            }
+            let moved = || peek.has_changed().unwrap_or(true);
+            if !asked && ((!drain_has_waker && activity.waits_for_drain()) || moved()) {
+                if drained.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Woke::Drain);
                 }
-                if settled.is_some_and(|at| activity.progress.load(Ordering::Relaxed) != at) {
-                    // A request on a settled HTTP/2 connection: look again a `park` after it.
-                    settled = None;
-                    activity.settled.store(false, Ordering::Relaxed);
-                    idle_at = idle_at.min(Instant::now() + timers.park);
-                    timer.as_mut().reset(idle_at.min(stall_at));
-                    timer_has_waker = false;
-                }
-                let moved = || peek.has_changed().unwrap_or(true);
-                if !asked && ((!drain_has_waker && activity.waits_for_drain()) || moved()) {
-                    if drained.as_mut().poll(cx).is_ready() {
-                        return Poll::Ready(Woke::Drain);
+                drain_has_waker = true;
+            }
+            if timer_has_waker && !timer.is_elapsed() {
+                return Poll::Pending;
+            }
+            if timer.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Woke::Timer);
+            }
+            timer_has_waker = true;
+            Poll::Pending
+        })
+        .await;
+        match woke {
+            Woke::Done(done) => return done,
+            Woke::Drain => {
+                asked = true;
+                conn.as_mut().shut_down();
+            }
+            Woke::Timer => {
+                let now = Instant::now();
+                if now >= idle_at {
+                    // Two `park`s: h2 may first learn that it has no streams at the poll a `park`
+                    // after the last request (its last stream's end need not wake it).
+                    if settled.is_none() {
+                        settled = activity.quiet_http2(now, timers.park * 2);
+                        // Polled next turn: the socket's reads that wait give back its buffers
+                        // from then on, as h2 does its own.
+                        activity.settled.store(settled.is_some(), Ordering::Relaxed);
                     }
-                    drain_has_waker = true;
-                }
-                if timer_has_waker && !timer.is_elapsed() {
-                    return Poll::Pending;
-                }
-                if timer.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(Woke::Timer);
-                }
-                timer_has_waker = true;
-                Poll::Pending
-            })
-            .await;
-            match woke {
-                Woke::Done(done) => return done,
-                Woke::Drain => {
-                    asked = true;
-                    conn.as_mut().shut_down();
-                }
-                Woke::Timer => {
-                    let now = Instant::now();
-                    if now >= idle_at {
-                        // Two `park`s: h2 may first learn that it has no streams at the poll a
-                        // `park` after the last request (its last stream's end need not wake it).
-                        if settled.is_none() {
-                            settled = activity.quiet_http2(now, timers.park * 2);
-                            if settled.is_some() {
-                                // Polled next turn: the socket's reads that wait give back its
-                                // buffers from then on, as h2 does its own.
-                                activity.settled.store(true, Ordering::Relaxed);
-                            }
-                        }
-                        match idle_step(&activity, timers, now, settled.is_some()) {
-                            IdleStep::LookAt(at) => idle_at = at,
-                            IdleStep::Close => {
-                                tracing::debug!(
-                                    "closing a connection that sent no request head within {:?}",
-                                    timers.head
-                                );
-                                return Ok(T::default());
-                            }
-                            IdleStep::ShutDown => {
-                                if !asked {
-                                    tracing::debug!(
-                                        "closing a connection idle for {:?}",
-                                        timers.idle
-                                    );
-                                    asked = true;
-                                    conn.as_mut().shut_down();
-                                }
-                                // Asked already: only the head rule may still close it.
-                                idle_at = now + timers.head;
-                            }
-                            IdleStep::Park => {
-                                // The connection is polled again next turn: its read that would
-                                // wait now ends it, unless the client sent something meanwhile.
-                                activity.park_asked.store(true, Ordering::Relaxed);
-                                idle_at = now + timers.park;
-                            }
-                        }
-                    }
-                    if now >= stall_at {
-                        let progress = activity.progress.load(Ordering::Relaxed);
-                        let open = activity.open.load(Ordering::Relaxed) > 0;
-                        if progress != seen.0 || !open {
-                            seen = (progress, now);
-                        } else if now.saturating_duration_since(seen.1) >= timers.send {
+                    match idle_step(activity, *timers, now, settled.is_some()) {
+                        IdleStep::LookAt(at) => idle_at = at,
+                        IdleStep::Close => {
                             tracing::debug!(
-                                "closing a connection whose requests made no progress for {:?}",
-                                now - seen.1
+                                "closing a connection that sent no request head within {:?}",
+                                timers.head
                             );
                             return Ok(T::default());
                         }
-                        stall_at = now + look_every;
+                        IdleStep::ShutDown => {
+                            if !asked {
+                                tracing::debug!("closing a connection idle for {:?}", timers.idle);
+                                asked = true;
+                                conn.as_mut().shut_down();
+                            }
+                            // Asked already: only the head rule may still close it.
+                            idle_at = now + timers.head;
+                        }
+                        IdleStep::Park => {
+                            // The connection is polled again next turn: its read that would
+                            // wait now ends it, unless the client sent something meanwhile.
+                            activity.park_asked.store(true, Ordering::Relaxed);
+                            idle_at = now + timers.park;
+                        }
                     }
-                    timer.as_mut().reset(idle_at.min(stall_at));
-                    timer_has_waker = false;
                 }
+                if now >= stall_at {
+                    let progress = activity.progress.load(Ordering::Relaxed);
+                    let open = activity.open.load(Ordering::Relaxed) > 0;
+                    if progress != seen.0 || !open {
+                        seen = (progress, now);
+                    } else if now.saturating_duration_since(seen.1) >= timers.send {
+                        tracing::debug!(
+                            "closing a connection whose requests made no progress for {:?}",
+                            now - seen.1
+                        );
+                        return Ok(T::default());
+                    }
+                    stall_at = now + look_every;
+                }
+                timer.as_mut().reset(idle_at.min(stall_at));
+                timer_has_waker = false;
             }
         }
     }
