@@ -57,17 +57,10 @@ async fn open_idle(
     clients
 }
 
-/// Idle connections to a proxy, and what each keeps of its RSS.
-struct Idle {
-    kib_each: f64,
-    clients: Vec<Client>,
-    _proxy: ProxyProcess,
-    _backend: Backend,
-}
-
-/// Opens [`IDLE`] connections offering `alpn` to a fresh proxy and waits, for up to 30 s,
-/// until they keep at most `bound` KiB of its RSS each.
-async fn open_and_settle(alpn: &[&[u8]], bound: f64) -> Idle {
+/// Opens [`IDLE`] connections offering `alpn` to a fresh proxy, waits for up to 30 s until they
+/// keep at most `bound` KiB of its RSS each, serves one of them again (its buffers come back),
+/// and then fails if they keep more: `idle` names the connections and `kept` what they kept.
+async fn settles_under(alpn: &[&[u8]], bound: f64, idle: &str, kept: &str) {
     allow_connections(IDLE);
     let backend = Backend::start("b").await;
     let certs = tempfile::tempdir().unwrap();
@@ -87,7 +80,7 @@ async fn open_and_settle(alpn: &[&[u8]], bound: f64) -> Idle {
     let before = proxy.rss_kib();
 
     let started = Instant::now();
-    let idle = open_idle(tls, &config, IDLE, h2).await;
+    let mut clients = open_idle(tls, &config, IDLE, h2).await;
     let per_connection = |rss: u64| (rss.saturating_sub(before)) as f64 / IDLE as f64;
     let opened = proxy.rss_kib();
     eprintln!(
@@ -110,42 +103,37 @@ async fn open_and_settle(alpn: &[&[u8]], bound: f64) -> Idle {
         started.elapsed(),
         per_connection(settled)
     );
-    Idle {
-        kib_each: per_connection(settled),
-        clients: idle,
-        _proxy: proxy,
-        _backend: backend,
-    }
-}
 
-/// An idle connection gets its buffers back when it is asked again.
-async fn served_again(idle: &mut [Client]) {
-    let again = idle.last_mut().expect("a connection");
+    let again = clients.last_mut().expect("a connection");
     let answer = again.get("idle.local", "/").await;
     assert_eq!(answer.status(), 200);
     assert!(!body_bytes(answer).await.is_empty());
+
+    let kib = per_connection(settled);
+    assert!(
+        kib <= bound,
+        "{kib:.1} KiB of RSS per {idle}, 30 s after they opened: {kept} not freed"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_http2_connections_over_tls_give_back_their_buffers() {
-    let mut idle = open_and_settle(&[b"h2"], IDLE_H2_KIB).await;
-    served_again(&mut idle.clients).await;
-    let kib = idle.kib_each;
-    assert!(
-        kib <= IDLE_H2_KIB,
-        "{kib:.1} KiB of RSS per idle HTTP/2 connection over TLS, 30 s after they opened: \
-         their h2 or rustls buffers were not freed"
-    );
+    settles_under(
+        &[b"h2"],
+        IDLE_H2_KIB,
+        "idle HTTP/2 connection over TLS",
+        "their h2 or rustls buffers were",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parked_https_connections_give_back_their_tls_buffers() {
-    let mut idle = open_and_settle(&[b"http/1.1"], PARKED_H1_KIB).await;
-    served_again(&mut idle.clients).await;
-    let kib = idle.kib_each;
-    assert!(
-        kib <= PARKED_H1_KIB,
-        "{kib:.1} KiB of RSS per parked HTTPS/1.1 connection, 30 s after they opened: \
-         rustls's receive buffer was not freed"
-    );
+    settles_under(
+        &[b"http/1.1"],
+        PARKED_H1_KIB,
+        "parked HTTPS/1.1 connection",
+        "rustls's receive buffer was",
+    )
+    .await;
 }

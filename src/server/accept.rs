@@ -467,8 +467,7 @@ async fn serve_parking<F: MakeService, S: ClientSocket>(
             break;
         }
         // Not parked: the connection ended.
-        let Some(mut parked) = dock.take() else { break };
-        parked.release_idle_buffers();
+        let Some(parked) = dock.take() else { break };
         let woke = park::wait_parked(&parked, &activity, timers, &mut drain, &shared.parked);
         if Box::pin(woke).await == Wake::Close {
             break;

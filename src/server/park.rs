@@ -1,7 +1,8 @@
 //! Parking: an HTTP/1 client connection that has carried no request for a while gives back
 //! everything its server side keeps for it (aralez's own, [`super::h1`]: a 4 KiB read buffer
 //! and a write buffer; hyper's, for connections handed to it: 8 KiB read and 8 KiB write
-//! buffers) and waits as a bare socket until the client sends again. Then aralez's own side
+//! buffers; over TLS, rustls's 4 KiB receive buffer, [`ClientSocket::release_idle_buffers`])
+//! and waits as a bare socket until the client sends again. Then aralez's own side
 //! serves it again on the same socket. nginx does the same when a connection goes to
 //! keep-alive; hyper keeps its buffers for a connection's whole life and has no way to give
 //! them back, hence this.
@@ -81,16 +82,21 @@ impl<S: ClientSocket> ClientSocket for Box<S> {
 /// Where a parking connection's socket is left when hyper drops its IO.
 pub struct Dock<S>(Mutex<Option<S>>);
 
-impl<S> Dock<S> {
+impl<S: ClientSocket> Dock<S> {
     pub fn new() -> Arc<Dock<S>> {
         Arc::new(Dock(Mutex::new(None)))
     }
 
-    /// The socket left here, if the connection parked.
+    /// The socket left here, if the connection parked, without the buffers it need not keep
+    /// while it waits.
     pub fn take(&self) -> Option<S> {
-        self.0.lock().ok()?.take()
+        let mut socket = self.0.lock().ok()?.take()?;
+        socket.release_idle_buffers();
+        Some(socket)
     }
+}
 
+impl<S> Dock<S> {
     fn leave(&self, socket: S) {
         if let Ok(mut slot) = self.0.lock() {
             *slot = Some(socket);
