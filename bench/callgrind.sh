@@ -9,6 +9,7 @@
 #   bash bench/callgrind.sh target/release/aralez h2c 4000         # plain route, h2c clients (16 streams each)
 #   bash bench/callgrind.sh target/release/aralez h2c1 4000        # plain route, 64 h2c clients with 1 stream each (the sweep's shape)
 #   bash bench/callgrind.sh target/release/aralez https 4000       # plain's load over TLS 1.3 (HTTP/1.1 keep-alive)
+#   bash bench/callgrind.sh target/release/aralez tlsnew 1000      # a new TLS 1.3 connection per request, resumed from a ticket (wrk)
 #   bash bench/callgrind.sh target/release/aralez h2tls 4000       # h2c's load over TLS 1.3 (ALPN h2, ECDSA P-256 certificate)
 #   bash bench/callgrind.sh target/release/aralez h2tls1 4000      # h2c1's load over TLS 1.3
 #   bash bench/callgrind.sh target/release/aralez post 4000        # plain route, POST with a 1 KiB body
@@ -19,11 +20,11 @@
 # Every mode sends the same `Authorization: Bearer` header, so routes differ only in what they do.
 set -euo pipefail
 BIN=$1 MODE=$2 N=${3:-4000}
-case "$MODE" in plain|tcpnew|policies|accesslog|h2c|h2c1|https|h2tls|h2tls1|post|cachemiss|cachehit|cacheoff) ;; *) echo "mode: plain, tcpnew, policies, accesslog, h2c, h2c1, https, h2tls, h2tls1, post, cachemiss, cachehit or cacheoff" >&2; exit 2;; esac
+case "$MODE" in plain|tcpnew|tlsnew|policies|accesslog|h2c|h2c1|https|h2tls|h2tls1|post|cachemiss|cachehit|cacheoff) ;; *) echo "mode: plain, tcpnew, tlsnew, policies, accesslog, h2c, h2c1, https, h2tls, h2tls1, post, cachemiss, cachehit or cacheoff" >&2; exit 2;; esac
 D=$(mktemp -d /tmp/cgb.XXXX)
 LOAD=(--h1 -c 4)
 case "$MODE" in h2c|h2tls) LOAD=(-c 4 -m 16) ;; h2c1|h2tls1) LOAD=(-c 64 -m 1) ;; esac
-TLS=0; case "$MODE" in https|h2tls|h2tls1) TLS=1 ;; esac
+TLS=0; case "$MODE" in https|h2tls|h2tls1|tlsnew) TLS=1 ;; esac
 URL=http://127.0.0.1:18193/; [ $TLS = 1 ] && URL=https://127.0.0.1:18194/
 if [ "$MODE" = post ]; then
   head -c 1024 /dev/zero | tr '\0' 'x' > $D/body
@@ -91,10 +92,13 @@ AUTH="Authorization: Bearer $TOKEN"
 # A request with Authorization is never stored (RFC 9111 §3.5): the cache modes send none.
 case "$MODE" in cachemiss|cachehit|cacheoff) AUTH="X-Bench: 1" ;; esac
 for i in $(seq 1 300); do curl -ksf -o /dev/null -H "$AUTH" "$URL" && break; sleep 0.1; done
-# tcpnew: a new connection per request (wrk, for a time; N becomes the count it made).
+# tcpnew, tlsnew: a new connection per request (wrk, for a time; N becomes the count it made).
+# wrk resumes each TLS connection from a ticket of an earlier one.
 load() {  # load REQUESTS
   if [ "$MODE" = tcpnew ]; then
     wrk -t1 -c4 -d"$(( $1 / 400 + 1 ))s" -H "$AUTH" -H "Connection: close" "$URL"
+  elif [ "$MODE" = tlsnew ]; then
+    wrk -t1 -c4 -d"$(( $1 / 40 + 1 ))s" -H "$AUTH" -H "Connection: close" "$URL"
   else
     h2load "${LOAD[@]}" -n "$1" -H "$AUTH" "$URL"
   fi
@@ -103,7 +107,7 @@ load 500 >/dev/null   # warm-up: pools, allocator
 sleep 1
 callgrind_control -z $VPID >/dev/null
 load $N > $D/h2load.out
-[ "$MODE" = tcpnew ] && N=$(awk '/requests in/ {print $1}' $D/h2load.out)
+[[ "$MODE" == tcpnew || "$MODE" == tlsnew ]] && N=$(awk '/requests in/ {print $1}' $D/h2load.out)
 sleep 1   # let the access log writer finish its batch
 callgrind_control -d $VPID >/dev/null
 sleep 1

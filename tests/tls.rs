@@ -4,9 +4,11 @@
 mod support;
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rustls::client::{Tls12ClientSessionValue, Tls13ClientSessionValue};
 use rustls::crypto::CryptoProvider;
 use rustls::CipherSuite;
 use rustls_pki_types::{CertificateDer, ServerName};
@@ -427,4 +429,71 @@ async fn large_downloads_bursts_and_flow_control_over_tls_h2() {
         body_bytes(resp).await;
     }
     drop(stalled);
+}
+
+/// Keeps a client's TLS 1.3 tickets in rustls's own store and counts those the server gives.
+#[derive(Debug)]
+struct CountedTickets {
+    store: rustls::client::ClientSessionMemoryCache,
+    given: AtomicUsize,
+}
+
+impl rustls::client::ClientSessionStore for CountedTickets {
+    fn set_kx_hint(&self, name: ServerName<'static>, group: rustls::NamedGroup) {
+        self.store.set_kx_hint(name, group)
+    }
+    fn kx_hint(&self, name: &ServerName<'_>) -> Option<rustls::NamedGroup> {
+        self.store.kx_hint(name)
+    }
+    fn set_tls12_session(&self, name: ServerName<'static>, value: Tls12ClientSessionValue) {
+        self.store.set_tls12_session(name, value)
+    }
+    fn tls12_session(&self, name: &ServerName<'_>) -> Option<Tls12ClientSessionValue> {
+        self.store.tls12_session(name)
+    }
+    fn remove_tls12_session(&self, name: &ServerName<'static>) {
+        self.store.remove_tls12_session(name)
+    }
+    fn insert_tls13_ticket(&self, name: ServerName<'static>, value: Tls13ClientSessionValue) {
+        self.given.fetch_add(1, Ordering::SeqCst);
+        self.store.insert_tls13_ticket(name, value)
+    }
+    fn take_tls13_ticket(&self, name: &ServerName<'static>) -> Option<Tls13ClientSessionValue> {
+        self.store.take_tls13_ticket(name)
+    }
+}
+
+/// Two tickets after a full handshake (the client can resume two connections at once), one
+/// after each resumption (replacing the ticket it used), as nginx and HAProxy give through
+/// OpenSSL; rustls alone would give two every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tickets_after_a_full_handshake_one_after_a_resumption() {
+    let t = start("medium").await;
+    let tickets = Arc::new(CountedTickets {
+        store: rustls::client::ClientSessionMemoryCache::new(8),
+        given: AtomicUsize::new(0),
+    });
+    let mut config = (*tls_client_config(&t.roots, &[b"http/1.1"])).clone();
+    config.resumption = rustls::client::Resumption::store(tickets.clone());
+    let config = Arc::new(config);
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let stream = TcpStream::connect(t.tls).await.unwrap();
+        let name = ServerName::try_from("alpha.local").unwrap();
+        let tls = tokio_rustls::TlsConnector::from(config.clone())
+            .connect(name, stream)
+            .await
+            .unwrap();
+        let kind = tls.get_ref().1.handshake_kind();
+        let mut client = Client::handshake(Proto::H1, tls).await;
+        // The tickets come before the answer on the connection, so they are counted by now.
+        let resp = client.get("alpha.local", "/").await;
+        assert_eq!(resp.status(), 200);
+        seen.push((kind, tickets.given.load(Ordering::SeqCst)));
+    }
+    use rustls::HandshakeKind::{Full, Resumed};
+    assert_eq!(
+        seen,
+        [(Some(Full), 2), (Some(Resumed), 3), (Some(Resumed), 4)]
+    );
 }

@@ -49,7 +49,8 @@ pub fn provider(grade: TlsGrade) -> CryptoProvider {
 }
 
 /// A server config resolving certificates through `resolver`, offering `alpn`, with session
-/// tickets on so returning clients skip the full handshake.
+/// tickets on so returning clients skip the full handshake: two after a full handshake and one
+/// after a resumption (which replaces the ticket used), as nginx and HAProxy send through OpenSSL.
 pub fn server_config(
     resolver: Arc<dyn ResolvesServerCert>,
     grade: TlsGrade,
@@ -61,6 +62,7 @@ pub fn server_config(
         .with_cert_resolver(resolver);
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     config.ticketer = rustls::crypto::aws_lc_rs::Ticketer::new()?;
+    config.send_tls13_tickets_after_resumption = Some(1);
     Ok(Arc::new(config))
 }
 

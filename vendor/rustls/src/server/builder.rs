@@ -121,6 +121,7 @@ impl ConfigBuilder<ServerConfig, WantsServerCert> {
             max_early_data_size: 0,
             send_half_rtt_data: false,
             send_tls13_tickets: 2,
+            send_tls13_tickets_after_resumption: None,
             max_tls13_tickets: 0,
             #[cfg(feature = "tls12")]
             require_ems,

@@ -398,6 +398,14 @@ pub struct ServerConfig {
     /// do any resumption.
     pub send_tls13_tickets: usize,
 
+    /// How many TLS1.3 tickets to send after a handshake that resumed a
+    /// session (patched in by aralez). `None`, the default, sends
+    /// `send_tls13_tickets` after every handshake, as rustls does.
+    /// `Some(1)` is what OpenSSL does: two tickets after a full handshake,
+    /// so the client can resume two connections, and one after each
+    /// resumption, which replaces the ticket it used.
+    pub send_tls13_tickets_after_resumption: Option<usize>,
+
     /// Upper bound on the number of TLS 1.3 tickets sent in response to a
     /// client [RFC 9149] `ticket_request` extension.
     ///

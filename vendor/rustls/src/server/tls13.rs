@@ -91,6 +91,16 @@ mod client_hello {
         }
     }
 
+    /// The tickets to send after this handshake when the client asked for no
+    /// particular number (patched in by aralez: see
+    /// `ServerConfig::send_tls13_tickets_after_resumption`).
+    fn tickets_to_send(config: &ServerConfig, resumed: bool) -> usize {
+        match config.send_tls13_tickets_after_resumption {
+            Some(tickets) if resumed => tickets,
+            _ => config.send_tls13_tickets,
+        }
+    }
+
     impl CompleteClientHelloHandling {
         fn check_binder(
             &self,
@@ -361,10 +371,10 @@ mod client_hello {
                         });
                         Ord::min(requested, self.config.max_tls13_tickets)
                     } else {
-                        self.config.send_tls13_tickets
+                        tickets_to_send(&self.config, resumedata.is_some())
                     }
                 } else {
-                    self.config.send_tls13_tickets
+                    tickets_to_send(&self.config, resumedata.is_some())
                 };
             }
 
