@@ -38,11 +38,12 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
+use super::h1::Socket;
 use super::idle::{Activity, Timers};
 use crate::vocab::CountedSlot;
 
 /// A client socket: plain TCP, or TLS over it.
-pub trait ClientSocket: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+pub trait ClientSocket: Socket + Send + 'static {
     /// The TCP socket underneath, to wait on while parked.
     fn tcp(&self) -> &TcpStream;
 
@@ -232,6 +233,25 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Parkable<S> {
         let this = self.get_mut();
         match this.socket.as_mut() {
             Some(socket) if !this.parked => Pin::new(socket).poll_shutdown(cx),
+            _ => Poll::Ready(Ok(())),
+        }
+    }
+}
+
+/// Ends as its socket does, unless it parked: then the socket goes on.
+impl<S: ClientSocket> Socket for Parkable<S> {
+    fn poll_write_last(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut().write_with(|s| s.poll_write_last(cx, bufs))
+    }
+
+    fn poll_end(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        match this.socket.as_mut() {
+            Some(socket) if !this.parked => Pin::new(socket).poll_end(cx),
             _ => Poll::Ready(Ok(())),
         }
     }

@@ -21,7 +21,7 @@ mod write;
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::io;
+use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
@@ -37,7 +37,7 @@ use crate::vocab::request_body::BoxError;
 use crate::vocab::ClientBody;
 use request::Head;
 use response::{CachedDate, Framing, Shape};
-use write::{flush_all, poll_body, Outbox, Sending};
+use write::{flush_all, flush_last, poll_body, Outbox, Sending};
 
 /// The read buffer: a request head larger than this goes to hyper (whose limit is
 /// `max_header_bytes`).
@@ -75,6 +75,27 @@ pub enum H1Error {
     BodyLength,
     #[error(transparent)]
     Head(#[from] response::HeadError),
+}
+
+/// The socket this side serves: read and written as any, and ended by its last write. The
+/// defaults suit any stream; a client's TCP or TLS socket does better
+/// (`server::ending`).
+pub trait Socket: AsyncRead + AsyncWrite + Unpin {
+    /// Writes some or all of `bufs` as the connection's last bytes (the last call is the one
+    /// that takes all it is given). TLS puts its `close_notify` behind them, to leave in the
+    /// same write.
+    fn poll_write_last(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_write_vectored(cx, bufs)
+    }
+
+    /// Sends what the peer must still get before the connection is dropped for good.
+    fn poll_end(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.poll_shutdown(cx)
+    }
 }
 
 /// What this side serves: a service whose answers are never errors (errors are responses), and
@@ -159,7 +180,7 @@ impl<IO, S: Serve> Connection<IO, S> {
     }
 }
 
-impl<IO: AsyncRead + AsyncWrite + Unpin, S: Serve> Future for Connection<IO, S> {
+impl<IO: Socket, S: Serve> Future for Connection<IO, S> {
     type Output = Result<Option<Handoff<IO>>, H1Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -205,13 +226,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin, S: Serve> Future for Connection<IO, S> 
                 }
                 State::Finish { close } => {
                     let close = *close || this.shutdown_asked;
-                    ready!(flush_all(
-                        io,
-                        cx,
-                        &this.out,
-                        &mut this.written,
-                        &mut this.piece
-                    ))?;
+                    let (out, written, piece) = (&this.out, &mut this.written, &mut this.piece);
+                    if close {
+                        ready!(flush_last(io, cx, out, written, piece))?;
+                    } else {
+                        ready!(flush_all(io, cx, out, written, piece))?;
+                    }
                     this.out.clear();
                     this.written = 0;
                     if this.out.capacity() > MAX_KEPT_OUT {
@@ -226,7 +246,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin, S: Serve> Future for Connection<IO, S> 
                 },
                 State::Close => {
                     // Errors do not matter any more: the connection is over either way.
-                    let _ = ready!(Pin::new(io).poll_shutdown(cx));
+                    let _ = ready!(Pin::new(io).poll_end(cx));
                     this.state = State::Done;
                 }
                 State::Done => return Poll::Ready(Ok(None)),
@@ -236,13 +256,13 @@ impl<IO: AsyncRead + AsyncWrite + Unpin, S: Serve> Future for Connection<IO, S> 
 }
 
 /// Graceful shutdown: an idle connection closes at once, a busy one after its response.
-impl<IO: AsyncRead + AsyncWrite + Unpin, S: Serve> Graceful for Connection<IO, S> {
+impl<IO: Socket, S: Serve> Graceful for Connection<IO, S> {
     fn shut_down(self: Pin<&mut Self>) {
         self.get_mut().shutdown_asked = true;
     }
 }
 
-impl<IO: AsyncRead + AsyncWrite + Unpin, S: Serve> Connection<IO, S> {
+impl<IO: Socket, S: Serve> Connection<IO, S> {
     /// Reads until a head is complete and calls the service with it (`Ok(None)`), or hands the
     /// connection to hyper, or ends it (the state says which).
     fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Handoff<IO>>, H1Error>> {

@@ -17,6 +17,9 @@ use super::{Connection, H1Error, Handoff};
 use crate::vocab::request_body::BoxError;
 use crate::vocab::ClientBody;
 
+/// An in-memory stream ends as any: its shutdown is what the client side sees.
+impl super::Socket for DuplexStream {}
+
 type TestBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
 type Answer = Pin<Box<dyn Future<Output = Result<Response<TestBody>, Infallible>> + Send>>;
 

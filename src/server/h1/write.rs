@@ -11,7 +11,7 @@ use bytes::{Buf, Bytes};
 use http_body::Body;
 use tokio::io::AsyncWrite;
 
-use super::{response, H1Error};
+use super::{response, H1Error, Socket};
 use crate::vocab::request_body::BoxError;
 
 /// The most body bytes copied behind a head (or a chunk header) to go out in one write.
@@ -165,13 +165,42 @@ pub fn flush_all<IO: AsyncWrite + Unpin>(
         } else {
             ready!(Pin::new(&mut *io).poll_write(cx, piece))?
         };
-        if n == 0 {
-            return Poll::Ready(Err(H1Error::Io(io::ErrorKind::WriteZero.into())));
-        }
-        let from_out = n.min(out.len() - *written);
-        *written += from_out;
-        piece.advance(n - from_out);
+        consume(n, out, written, piece)?;
     }
     ready!(Pin::new(io).poll_flush(cx))?;
     Poll::Ready(Ok(()))
+}
+
+/// [`flush_all`] for the connection's last bytes: written with [`Socket::poll_write_last`], so
+/// that what ends the connection (TLS's `close_notify`) leaves with them.
+pub fn flush_last<IO: Socket>(
+    io: &mut IO,
+    cx: &mut Context<'_>,
+    out: &[u8],
+    written: &mut usize,
+    piece: &mut Bytes,
+) -> Poll<Result<(), H1Error>> {
+    while *written < out.len() || !piece.is_empty() {
+        let slices = [io::IoSlice::new(&out[*written..]), io::IoSlice::new(piece)];
+        let given = if piece.is_empty() {
+            &slices[..1]
+        } else {
+            &slices[..]
+        };
+        let n = ready!(Pin::new(&mut *io).poll_write_last(cx, given))?;
+        consume(n, out, written, piece)?;
+    }
+    ready!(Pin::new(io).poll_flush(cx))?;
+    Poll::Ready(Ok(()))
+}
+
+/// Counts `n` bytes written off `out` (from `written` on), then off `piece`.
+fn consume(n: usize, out: &[u8], written: &mut usize, piece: &mut Bytes) -> Result<(), H1Error> {
+    if n == 0 {
+        return Err(H1Error::Io(io::ErrorKind::WriteZero.into()));
+    }
+    let from_out = n.min(out.len() - *written);
+    *written += from_out;
+    piece.advance(n - from_out);
+    Ok(())
 }
