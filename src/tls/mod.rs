@@ -51,6 +51,8 @@ pub fn provider(grade: TlsGrade) -> CryptoProvider {
 /// A server config resolving certificates through `resolver`, offering `alpn`, with session
 /// tickets on so returning clients skip the full handshake: two after a full handshake and one
 /// after a resumption (which replaces the ticket used), as nginx and HAProxy send through OpenSSL.
+/// The tickets wait for the connection's first answer (or HTTP/2 SETTINGS) and leave in its
+/// write, not in a write of their own (`vendor/rustls/PATCHED.md`, part 3).
 pub fn server_config(
     resolver: Arc<dyn ResolvesServerCert>,
     grade: TlsGrade,
@@ -63,6 +65,7 @@ pub fn server_config(
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     config.ticketer = rustls::crypto::aws_lc_rs::Ticketer::new()?;
     config.send_tls13_tickets_after_resumption = Some(1);
+    config.defer_tls13_tickets = true;
     Ok(Arc::new(config))
 }
 

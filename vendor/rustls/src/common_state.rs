@@ -52,6 +52,9 @@ pub struct CommonState {
     pub(crate) received_plaintext: ChunkVecBuffer,
     pub(crate) sendable_tls: ChunkVecBuffer,
     queued_key_update_message: Option<Vec<u8>>,
+    /// Records encrypted but held back until the next record is queued
+    /// (patched in by aralez: `ServerConfig::defer_tls13_tickets`).
+    held_back_records: Option<Vec<u8>>,
 
     /// Protocol whose key schedule should be used. Unused for TLS < 1.3.
     pub(crate) protocol: Protocol,
@@ -87,6 +90,7 @@ impl CommonState {
             received_plaintext: ChunkVecBuffer::new(Some(DEFAULT_RECEIVED_PLAINTEXT_LIMIT)),
             sendable_tls: ChunkVecBuffer::new(Some(DEFAULT_BUFFER_LIMIT)),
             queued_key_update_message: None,
+            held_back_records: None,
             protocol: Protocol::Tcp,
             quic: quic::Quic::default(),
             enable_secret_extraction: false,
@@ -510,8 +514,28 @@ impl CommonState {
     }
 
     pub(crate) fn perhaps_write_key_update(&mut self) {
+        // Records held back were encrypted first: they go first (patched in by aralez).
+        if let Some(records) = self.held_back_records.take() {
+            self.sendable_tls.append(records);
+        }
         if let Some(message) = self.queued_key_update_message.take() {
             self.sendable_tls.append(message);
+        }
+    }
+
+    /// Encrypts `flight` now and holds its records back until the next
+    /// record is queued, which they then precede (patched in by aralez:
+    /// `ServerConfig::defer_tls13_tickets`).
+    pub(crate) fn finish_held_back(&mut self, flight: HandshakeFlightTls13<'_>) {
+        let queued = core::mem::replace(&mut self.sendable_tls, ChunkVecBuffer::new(None));
+        flight.finish(self);
+        let mut encrypted = core::mem::replace(&mut self.sendable_tls, queued);
+        let mut records = Vec::with_capacity(encrypted.len());
+        while let Some(chunk) = encrypted.pop() {
+            records.extend_from_slice(&chunk);
+        }
+        if !records.is_empty() {
+            self.held_back_records = Some(records);
         }
     }
 

@@ -122,6 +122,7 @@ impl ConfigBuilder<ServerConfig, WantsServerCert> {
             send_half_rtt_data: false,
             send_tls13_tickets: 2,
             send_tls13_tickets_after_resumption: None,
+            defer_tls13_tickets: false,
             max_tls13_tickets: 0,
             #[cfg(feature = "tls12")]
             require_ems,

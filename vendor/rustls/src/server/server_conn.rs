@@ -406,6 +406,17 @@ pub struct ServerConfig {
     /// resumption, which replaces the ticket it used.
     pub send_tls13_tickets_after_resumption: Option<usize>,
 
+    /// Holds the TLS1.3 tickets back after a handshake until the
+    /// connection next sends a record (patched in by aralez): its first
+    /// application data, or an alert, then carries them in the same write
+    /// instead of a write of their own. RFC 8446 lets a server send its
+    /// tickets at any time after the client's Finished. The default,
+    /// `false`, sends them at once, as rustls does. A connection that
+    /// never sends another record never sends them either. Not for
+    /// connections whose secrets are extracted (kTLS): held tickets would
+    /// leave a gap in the record sequence.
+    pub defer_tls13_tickets: bool,
+
     /// Upper bound on the number of TLS 1.3 tickets sent in response to a
     /// client [RFC 9149] `ticket_request` extension.
     ///

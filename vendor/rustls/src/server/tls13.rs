@@ -1430,7 +1430,11 @@ impl State<ServerConnectionData> for ExpectFinished {
         for _ in 0..self.send_tickets {
             Self::emit_ticket(&mut flight, self.suite, cx, &resumption, &self.config)?;
         }
-        flight.finish(cx.common);
+        if self.config.defer_tls13_tickets && !cx.common.is_quic() {
+            cx.common.finish_held_back(flight);
+        } else {
+            flight.finish(cx.common);
+        }
 
         // Application data may now flow, even if we have client auth enabled.
         cx.common
