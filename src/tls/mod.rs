@@ -160,3 +160,6 @@ pub async fn watch(store: Arc<CertStore>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
