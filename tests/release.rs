@@ -71,9 +71,11 @@ async fn dockerfile_healthcheck_tells_a_serving_proxy_from_a_dead_one() {
     let mut proxy = ProxyProcess::start_logging_to_file(&ups, "");
     let conf = proxy.path("main.yaml");
     let (out, _) = run_healthcheck(&conf, &[]);
+    // The proxy's log says why, should it have stopped listening (a port taken, say).
+    let log = std::fs::read_to_string(proxy.path("aralez.log")).unwrap_or_default();
     assert!(
         out.status.success(),
-        "{}{}",
+        "{}{}\naralez.log:\n{log}",
         text(&out.stdout),
         text(&out.stderr)
     );
