@@ -37,7 +37,7 @@ use crate::vocab::request_body::BoxError;
 use crate::vocab::ClientBody;
 use request::Head;
 use response::{CachedDate, Framing, Shape};
-use write::{flush_all, flush_last, poll_body, Outbox, Sending};
+use write::{flush_all, poll_body, Outbox, Sending};
 
 /// The read buffer: a request head larger than this goes to hyper (whose limit is
 /// `max_header_bytes`).
@@ -227,11 +227,7 @@ impl<IO: Socket, S: Serve> Future for Connection<IO, S> {
                 State::Finish { close } => {
                     let close = *close || this.shutdown_asked;
                     let (out, written, piece) = (&this.out, &mut this.written, &mut this.piece);
-                    if close {
-                        ready!(flush_last(io, cx, out, written, piece))?;
-                    } else {
-                        ready!(flush_all(io, cx, out, written, piece))?;
-                    }
+                    ready!(flush_all(io, cx, out, written, piece, close))?;
                     this.out.clear();
                     this.written = 0;
                     if this.out.capacity() > MAX_KEPT_OUT {

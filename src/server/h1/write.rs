@@ -38,12 +38,12 @@ pub struct Outbox<'a> {
 
 impl Outbox<'_> {
     /// Writes everything out; the buffer is empty again when ready.
-    fn poll_drain<IO: AsyncWrite + Unpin>(
+    fn poll_drain<IO: Socket>(
         &mut self,
         io: &mut IO,
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), H1Error>> {
-        ready!(flush_all(io, cx, self.out, self.written, self.piece))?;
+        ready!(flush_all(io, cx, self.out, self.written, self.piece, false))?;
         self.out.clear();
         *self.written = 0;
         Poll::Ready(Ok(()))
@@ -59,7 +59,7 @@ pub fn poll_body<IO, B>(
     mut outbox: Outbox<'_>,
 ) -> Poll<Result<(), H1Error>>
 where
-    IO: AsyncWrite + Unpin,
+    IO: Socket,
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
 {
@@ -148,46 +148,30 @@ impl Sending {
     }
 }
 
-/// Writes `out[written..]`, then `piece`, then flushes.
-pub fn flush_all<IO: AsyncWrite + Unpin>(
+/// Writes `out[written..]`, then `piece`, then flushes. The connection's `last` bytes go
+/// through [`Socket::poll_write_last`], so that what ends the connection (TLS's
+/// `close_notify`) leaves with them.
+pub fn flush_all<IO: Socket>(
     io: &mut IO,
     cx: &mut Context<'_>,
     out: &[u8],
     written: &mut usize,
     piece: &mut Bytes,
-) -> Poll<Result<(), H1Error>> {
-    while *written < out.len() || !piece.is_empty() {
-        let n = if *written < out.len() && !piece.is_empty() && io.is_write_vectored() {
-            let slices = [io::IoSlice::new(&out[*written..]), io::IoSlice::new(piece)];
-            ready!(Pin::new(&mut *io).poll_write_vectored(cx, &slices))?
-        } else if *written < out.len() {
-            ready!(Pin::new(&mut *io).poll_write(cx, &out[*written..]))?
-        } else {
-            ready!(Pin::new(&mut *io).poll_write(cx, piece))?
-        };
-        consume(n, out, written, piece)?;
-    }
-    ready!(Pin::new(io).poll_flush(cx))?;
-    Poll::Ready(Ok(()))
-}
-
-/// [`flush_all`] for the connection's last bytes: written with [`Socket::poll_write_last`], so
-/// that what ends the connection (TLS's `close_notify`) leaves with them.
-pub fn flush_last<IO: Socket>(
-    io: &mut IO,
-    cx: &mut Context<'_>,
-    out: &[u8],
-    written: &mut usize,
-    piece: &mut Bytes,
+    last: bool,
 ) -> Poll<Result<(), H1Error>> {
     while *written < out.len() || !piece.is_empty() {
         let slices = [io::IoSlice::new(&out[*written..]), io::IoSlice::new(piece)];
-        let given = if piece.is_empty() {
-            &slices[..1]
+        let both = *written < out.len() && !piece.is_empty();
+        let io = Pin::new(&mut *io);
+        let n = if last {
+            ready!(io.poll_write_last(cx, if both { &slices } else { &slices[..1] }))?
+        } else if both && io.is_write_vectored() {
+            ready!(io.poll_write_vectored(cx, &slices))?
+        } else if *written < out.len() {
+            ready!(io.poll_write(cx, &out[*written..]))?
         } else {
-            &slices[..]
+            ready!(io.poll_write(cx, piece))?
         };
-        let n = ready!(Pin::new(&mut *io).poll_write_last(cx, given))?;
         consume(n, out, written, piece)?;
     }
     ready!(Pin::new(io).poll_flush(cx))?;
