@@ -74,7 +74,8 @@ cleanup() {
   local rc=$? pid
   trap - EXIT INT TERM
   for pid in "${STARTED_PIDS[@]}"; do stop_pid "$pid"; done
-  rm -rf "$TMP"
+  # KEEP_TMP=1 keeps the run's files (configs, logs, the load generators' output) for a look.
+  if [[ -n "${KEEP_TMP:-}" ]]; then echo "[bench] kept $TMP" >&2; else rm -rf "$TMP"; fi
   exit "$rc"
 }
 

@@ -19,6 +19,11 @@
 #   ROUNDS         rounds per point (default 1); each round measures every proxy once, the order
 #                  rotated; tables show medians (RSS: the highest; errors: the sum)
 #   POOL           idle upstream keep-alive connections of each proxy (default 1024)
+#   HEADER_TIMEOUT seconds every proxy gives a new client connection for its TLS handshake and first
+#                  request head (default 60: nginx's client_header_timeout and HAProxy's timeout
+#                  client by default; aralez's own default is 10). Set for all of them alike:
+#                  nginx client_header_timeout, HAProxy timeout client (2.6 bounds the handshake
+#                  with it) and http-request, aralez client_header_timeout.
 #   POINT_TIMEOUT  seconds allowed for one h2load run (default 600); a run cut short is a failed point
 #   MIN_POINT_SECONDS  a point whose h2load run took less is run again, the same command, until the
 #                  runs add up to this (default 1; at most MAX_REPS runs, default 200): req/s is the
@@ -45,6 +50,7 @@ PROTOCOLS=${PROTOCOLS:-"h2 h1"}
 PROXIES=${PROXIES:-"aralez nginx haproxy Aralez"}
 ROUNDS=${ROUNDS:-1}
 POOL=${POOL:-1024}
+HEADER_TIMEOUT=${HEADER_TIMEOUT:-60}
 POINT_TIMEOUT=${POINT_TIMEOUT:-600}
 MIN_POINT_SECONDS=${MIN_POINT_SECONDS:-1}
 MAX_REPS=${MAX_REPS:-200}
@@ -62,7 +68,7 @@ OUT_SVG="$SCRIPT_DIR/sweep.svg"
 source "$SCRIPT_DIR/lib.sh"
 
 # ---------------------------------------------------------------- argument checks
-for v in REQS_PER_CONN ROUNDS POOL POINT_TIMEOUT BASE_PORT MAX_REPS; do
+for v in REQS_PER_CONN ROUNDS POOL HEADER_TIMEOUT POINT_TIMEOUT BASE_PORT MAX_REPS; do
   [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer, got '${!v}'"
 done
 [[ "$MIN_POINT_SECONDS" =~ ^[0-9]+$ ]] || die "MIN_POINT_SECONDS must be a whole number of seconds, got '$MIN_POINT_SECONDS'"
@@ -135,6 +141,7 @@ $(nginx_temp_paths nginx)
         ssl_certificate $TMP/certs/default.crt;
         ssl_certificate_key $TMP/certs/default.key;
         ssl_protocols TLSv1.2 TLSv1.3;
+        client_header_timeout ${HEADER_TIMEOUT}s;
         location / {
             proxy_pass http://backend;
             proxy_http_version 1.1;
@@ -147,6 +154,8 @@ EOF
   } >"$TMP/nginx.conf"
 
   { haproxy_head; haproxy_equal_headers; cat <<EOF
+    timeout client ${HEADER_TIMEOUT}s
+    timeout http-request ${HEADER_TIMEOUT}s
     default_backend be
 
 backend be
@@ -166,6 +175,7 @@ upstreams:
 EOF
   done
   aralez_main_yaml "$TMP/aralez" "${P_PLAIN[aralez]}" "${P_TLS[aralez]}" "$TMP/certs" "$POOL"
+  echo "client_header_timeout: $HEADER_TIMEOUT" >>"$TMP/aralez/main.yaml"
   pingora_main_yaml "$TMP/Aralez" "${P_PLAIN[Aralez]}" "${P_TLS[Aralez]}" "$TMP/certs" "$POOL" "$P_ADMIN"
 }
 
@@ -372,7 +382,7 @@ PEERS_LIST=$(printf '%s\n' $PROXIES | grep -vx aralez | tr '\n' ' ' || true)
   echo "- machine: $(nproc) cores, $(lscpu 2>/dev/null | awk -F: '/^Model name/ {gsub(/^ +/, "", $2); print $2; exit}'), kernel $(uname -r); open-file limit $NOFILE; net.core.somaxconn $(cat /proc/sys/net/core/somaxconn 2>/dev/null || echo '?'), tcp_max_syn_backlog $(cat /proc/sys/net/ipv4/tcp_max_syn_backlog 2>/dev/null || echo '?')"
   echo "- load: \`h2load -n \$((c*$REQS_PER_CONN)) -c c\` (one h2load thread, 1 request in flight per connection; TLS 1.3 with TLS_AES_256_GCM_SHA384 for every proxy) at c = $CONNS; each proxy started fresh for each point, checked with curl, no warm-up (as the comparison)"
   echo "- pinning: each proxy one worker/thread on core $PROXY_CPU; backend (nginx \`return 200\`, 13-byte body) and h2load on core $LOAD_CPU"
-  echo "- connection caps: nginx worker_connections $NOFILE and listen backlog 65535; HAProxy maxconn $HAPROXY_MAXCONN (global and frontend; 100000 unless the open-file limit forbids it); aralez max_connections and upstream_max_connections 100000; Aralez has none. Idle upstream pool $POOL on every proxy"
+  echo "- connection caps: nginx worker_connections $NOFILE and listen backlog 65535; HAProxy maxconn $HAPROXY_MAXCONN (global and frontend; 100000 unless the open-file limit forbids it); aralez max_connections and upstream_max_connections 100000; Aralez has none. Idle upstream pool $POOL on every proxy; TLS handshake and first request head within ${HEADER_TIMEOUT} s on aralez, nginx and HAProxy (Aralez: its own default)"
   peer_headers_line
   echo "- versions: $(nginx -v 2>&1 | sed 's/^nginx version: //')$(has_proxy haproxy && echo ", $(haproxy -v 2>/dev/null | head -1 | awk '{print "HAProxy " $3}')"), $(h2load --version 2>/dev/null | head -1), $(openssl version | awk '{print $1, $2}')$(has_proxy aralez && echo ", aralez $ARALEZ_BIN (git $(git -C "$REPO_ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown))")$(has_proxy Aralez && echo ", Aralez $ARALEZ_PEER_VERSION $ARALEZ_PEER_BIN")"
   ((ROUNDS > 1)) && echo "- $ROUNDS rounds per point, order rotated; medians shown (RSS: the highest round; failures: summed)"
