@@ -216,7 +216,7 @@ max_connections: 100000
 pid_file: "$1/aralez.pid"
 upgrade_sock: "$1/aralez.sock"
 EOF
-  # Experiments: ARALEZ_EXTRA_YAML holds more main.yaml lines (e.g. "client_header_timeout: 60").
+  # Experiments: ARALEZ_EXTRA_YAML holds more main.yaml lines (e.g. "client_idle_timeout: 5").
   if [[ -n "${ARALEZ_EXTRA_YAML:-}" ]]; then printf '%s\n' "$ARALEZ_EXTRA_YAML" >>"$1/main.yaml"; fi
 }
 

@@ -29,7 +29,8 @@
 #                  runs add up to this (default 1; at most MAX_REPS runs, default 200): req/s is the
 #                  median run's, latency is over every request of every run
 #   ARALEZ_BIN     aralez binary (default target/release/aralez; never built by this script)
-#   ARALEZ_EXTRA_YAML  more lines for aralez's main.yaml, for experiments (e.g. "client_header_timeout: 60")
+#   ARALEZ_EXTRA_YAML  more lines for aralez's main.yaml, for experiments (e.g. "client_idle_timeout: 5";
+#                  a client_header_timeout there overrides HEADER_TIMEOUT for aralez)
 #   ARALEZ_PEER_BIN  Aralez 0.95 binary (default: bench/peers.sh's install under target/peers)
 #   BASE_PORT      first of 10 consecutive localhost ports (default 18280)
 #   PROXY_CPU / LOAD_CPU  cores (default 0 / 1)
@@ -175,7 +176,9 @@ upstreams:
 EOF
   done
   aralez_main_yaml "$TMP/aralez" "${P_PLAIN[aralez]}" "${P_TLS[aralez]}" "$TMP/certs" "$POOL"
-  echo "client_header_timeout: $HEADER_TIMEOUT" >>"$TMP/aralez/main.yaml"
+  # A key may appear once: lines of ARALEZ_EXTRA_YAML that set the bound themselves win.
+  grep -q '^client_header_timeout:' "$TMP/aralez/main.yaml" ||
+    echo "client_header_timeout: $HEADER_TIMEOUT" >>"$TMP/aralez/main.yaml"
   pingora_main_yaml "$TMP/Aralez" "${P_PLAIN[Aralez]}" "${P_TLS[Aralez]}" "$TMP/certs" "$POOL" "$P_ADMIN"
 }
 
