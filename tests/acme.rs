@@ -6,7 +6,7 @@
 //! watched directory and is served on SNI at once, verified against pebble's root; a restart
 //! does not order again.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 

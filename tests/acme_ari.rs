@@ -5,7 +5,7 @@
 //! `Retry-After`. The certificate identifier aralez asks with is checked against what
 //! `openssl x509` reads from the certificate (its AKI key id and serial).
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -8,7 +8,7 @@
 //! waited for until INSYNC), DigitalOcean (the zone found among the account's domains, a
 //! wildcard alone).
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;

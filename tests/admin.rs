@@ -1,6 +1,6 @@
 //! The admin API through the real binary: keys, /conf, /jwt, /status, /metrics.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

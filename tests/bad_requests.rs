@@ -1,6 +1,6 @@
 //! Hostile or broken input: the right 4xx/502, and other connections unaffected.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

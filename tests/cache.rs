@@ -5,8 +5,8 @@
 //! `item_max_size`, coalescing of concurrent misses, HEAD from a stored GET, revalidation,
 //! stale answers, ranges, purge, metrics and the disk tier, over HTTP/1.1 and h2c.
 
-mod cache_support;
-mod support;
+use crate::cache_support;
+use crate::support;
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;

@@ -4,8 +4,8 @@
 //! counted; when Redis is back the tier is used again. What one instance purges or invalidates
 //! leaves the other's memory too.
 
-mod cache_support;
-mod support;
+use crate::cache_support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

@@ -4,8 +4,8 @@
 //! when the answer becomes storable (and a 304 to the client's own validator sets none); a HEAD that misses is asked as a GET and its answer kept
 //! (nginx's `proxy_cache_convert_head`).
 
-mod cache_support;
-mod support;
+use crate::cache_support;
+use crate::support;
 
 use std::sync::atomic::Ordering;
 

@@ -2,7 +2,7 @@
 //! `aralez check-config --format json` must name file, line, key and reason for every problem,
 //! `aralez -t` must agree, and `aralez -c` must refuse to start on a broken config without panicking.
 
-mod support;
+use crate::support;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

@@ -5,7 +5,7 @@
 //! the configuration once it is back; `GET /status` on the master shows each worker's digest
 //! and last push.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

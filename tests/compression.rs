@@ -4,7 +4,7 @@
 //! must pass untouched, the headers, a 5 MiB body that streams, server-sent events that arrive
 //! one by one, and check-config's file:line errors.
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -5,8 +5,8 @@
 //! The proxy runs in process (`tests/inproc`) with its real watcher, on tokio's paused clock:
 //! backoffs and query timeouts are virtual time.
 
-mod inproc;
-mod support;
+use crate::inproc;
+use crate::support;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -1,8 +1,8 @@
 //! Failover, passive health, keep-alive reuse and timeouts through the in-process proxy on
 //! tokio's paused clock (timeouts are virtual time; nothing waits on the wall clock).
 
-mod inproc;
-mod support;
+use crate::inproc;
+use crate::support;
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;

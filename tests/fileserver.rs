@@ -1,7 +1,7 @@
 //! The built-in file server (SPEC §10) through the real binary: ranges, conditional requests,
 //! index.html, no listings, no dotfiles, no escape from the folder.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 

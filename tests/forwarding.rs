@@ -1,7 +1,7 @@
 //! Routing and forwarding through the real binary, every case over HTTP/1.1 and h2c (one table).
 
-mod inproc;
-mod support;
+use crate::inproc;
+use crate::support;
 
 use bytes::Bytes;
 use futures_util::stream;

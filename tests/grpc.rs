@@ -2,7 +2,7 @@
 //! call kinds, over the plain listener (h2c) and the TLS listener (h2 by ALPN), to h2c and TLS
 //! backends, pinned by scheme or detected; deadlines and cancellations reach the backend.
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::pin::Pin;

@@ -4,8 +4,8 @@
 //! flood (CVE-2024-27316 family), PING flood and SETTINGS flood (CVE-2019-9512, -9515). The
 //! zero-window case is in `hardening.rs`.
 
-mod inproc;
-mod support;
+use crate::inproc;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -2,9 +2,9 @@
 //! the binary, through the in-process proxy on tokio's paused clock: raw request heads over TCP
 //! where the client library would refuse to send them.
 
-mod inproc;
-mod policies_support;
-mod support;
+use crate::inproc;
+use crate::policies_support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

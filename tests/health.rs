@@ -3,8 +3,8 @@
 //! backend does not delay the other checks, `healthcheck: false` is never probed, a route with
 //! nothing up answers 503. The rounds' timing is virtual: no test waits on the wall clock.
 
-mod inproc;
-mod support;
+use crate::inproc;
+use crate::support;
 
 use std::collections::HashSet;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! (replaced while running); `Alt-Svc` on the TCP TLS listener; metrics and the access log say
 //! HTTP/3; SIGTERM lets a request in flight finish.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

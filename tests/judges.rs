@@ -15,7 +15,7 @@
 //! A missing tool fails the test when `ARALEZ_REQUIRE_JUDGES=1`, and is reported as skipped
 //! otherwise. The judges run one at a time (a lock), so a slow scan never starves another.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

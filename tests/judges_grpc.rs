@@ -5,7 +5,7 @@
 //! backends are named without a scheme, so the proxy detects each one's protocol. Every failing
 //! combination is printed with the client's own words.
 
-mod support;
+use crate::support;
 
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};

@@ -7,7 +7,7 @@
 //! the bytes the kernel queues on its sockets for sending must stay bounded. How many slow
 //! connections the proxy closed by itself is printed per attack (from slowhttptest's CSV).
 
-mod support;
+use crate::support;
 
 use std::collections::HashSet;
 use std::net::SocketAddr;

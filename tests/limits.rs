@@ -2,9 +2,9 @@
 //! tokio's paused clock: the seconds these limits count are virtual, so the tests are exact and
 //! take no wall-clock time.
 
-mod inproc;
-mod policies_support;
-mod support;
+use crate::inproc;
+use crate::policies_support;
+use crate::support;
 
 use std::net::IpAddr;
 use std::time::Duration;

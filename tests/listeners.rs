@@ -4,8 +4,8 @@
 //! shutdown. One table of listeners, the same checks for each, in process on tokio's paused
 //! clock.
 
-mod inproc;
-mod support;
+use crate::inproc;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! referer, request id, upstream address and time, TLS version and SNI, bytes in and out),
 //! `log_pattern` for app log lines, and SIGUSR1 reopening the access log's own file.
 
-mod support;
+use crate::support;
 
 use std::io::Read;
 use std::path::Path as FsPath;

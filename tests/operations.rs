@@ -1,7 +1,7 @@
 //! Operations end to end (issue 6): graceful stop, live upgrade under load, daemon mode,
 //! privilege drop, access log and metrics. The real binary, real sockets on 127.0.0.1.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

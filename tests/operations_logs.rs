@@ -2,7 +2,7 @@
 //! blocked log writer never slows requests (lines are dropped and counted), and the metrics count
 //! exactly the requests sent. Metrics are read from the admin API's `GET /metrics`.
 
-mod support;
+use crate::support;
 
 use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;

@@ -2,7 +2,7 @@
 //! first: HEAD over HTTP/2 on replies aralez writes itself, log reopening on SIGUSR1 (and
 //! SIGUSR2 not killing the process).
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! included, plain and over TLS. A parked connection still closes at its idle deadline and on
 //! drain; half a request head is never cut by parking; half a pipelined head is closed.
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

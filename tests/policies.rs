@@ -4,9 +4,9 @@
 //! Rate and 4xx limits are in `limits.rs`. Each case runs over HTTP/1.1 and h2c where the
 //! protocol could matter.
 
-mod inproc;
-mod policies_support;
-mod support;
+use crate::inproc;
+use crate::policies_support;
+use crate::support;
 
 use std::time::Duration;
 

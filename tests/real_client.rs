@@ -7,8 +7,8 @@
 //! Clients connect from other loopback addresses (127.0.0.2, ...) than HAProxy's (127.0.0.1),
 //! so the real client address and the connection's peer differ.
 
-mod policies_support;
-mod support;
+use crate::policies_support;
+use crate::support;
 
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};

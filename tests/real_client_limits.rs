@@ -2,9 +2,9 @@
 //! the PROXY header deadline (`client_header_timeout`), and rate and 4xx limits keyed by the
 //! client a trusted peer's `X-Forwarded-For` names (and by the peer when it is not trusted).
 
-mod inproc;
-mod policies_support;
-mod support;
+use crate::inproc;
+use crate::policies_support;
+use crate::support;
 
 use std::net::IpAddr;
 use std::time::Duration;

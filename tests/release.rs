@@ -3,7 +3,7 @@
 //! the release workflow checked by actionlint (an independent linter of GitHub Actions files)
 //! and for the four targets and the image it must publish on a tag.
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::TcpListener;

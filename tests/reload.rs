@@ -1,6 +1,6 @@
 //! Hot reload of upstreams.yaml: under load, with broken files, bursts of writes, and SIGHUP.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

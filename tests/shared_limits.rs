@@ -4,7 +4,7 @@
 //! instances holds on the third; with Redis killed every request is still answered promptly
 //! (each instance then counts on its own), and the limits are shared again once Redis is back.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

@@ -4,7 +4,7 @@
 //! states and protocols, request totals, the sampled history), plus a screenshot of it in
 //! `target/status-page.png`.
 
-mod support;
+use crate::support;
 
 use std::path::{Path as FsPath, PathBuf};
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! test), and `check-config` naming bad network keys (`tcp`, `proxy_protocol`,
 //! `trusted_proxies`) with file, line and key.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -1,7 +1,7 @@
 //! The TLS listener: SNI certificates from the watched directory, hot replacement, broken pairs,
 //! grades, HSTS, and proxying over TLS (HTTP/1.1 and h2 by ALPN).
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -2,8 +2,8 @@
 //! count toward `max_connections`, and they close after `client_idle_timeout` without a byte
 //! either way. In process, on tokio's paused clock.
 
-mod inproc;
-mod support;
+use crate::inproc;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

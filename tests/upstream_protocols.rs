@@ -4,7 +4,7 @@
 //! certificate verification with `upstream_tls_verify`, and a second HTTP/2 connection when
 //! the first is full.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

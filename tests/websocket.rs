@@ -2,7 +2,7 @@
 //! HTTP/2 clients by extended CONNECT (RFC 8441) bridged to an HTTP/1.1 upgrade; TLS backends;
 //! a half-close passed through an upgraded connection.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
