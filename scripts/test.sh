@@ -8,6 +8,13 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 log() { printf '[test] %s\n' "$*" >&2; }
+# How long each phase took, printed at the end: the suite must stay under 30 minutes in CI.
+phases=()
+phase_start=$SECONDS
+phase_done() {
+  phases+=("$1 $((SECONDS - phase_start)) s")
+  phase_start=$SECONDS
+}
 
 need_apt=()
 command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
@@ -41,6 +48,7 @@ if ! judges=$(bash scripts/install-judges.sh); then
 fi
 while IFS="=" read -r name value; do export "$name=$value"; done <<<"$judges"
 export ARALEZ_REQUIRE_JUDGES=1
+phase_done "setup (toolchain, judges):"
 
 log "cargo $(cargo --version | cut -d' ' -f2): building and running every test"
 # Tests start several proxies and backends at once; two cores are plenty, more threads only add noise.
@@ -52,6 +60,7 @@ set +e
 cargo test --all-targets --locked --no-fail-fast 2>&1 | tee target/test-output.txt
 status=${PIPESTATUS[0]}
 set -e
+phase_done "tests (build and run):"
 
 # Fuzzing (cargo-fuzz on stable): the reproducible gate of scripts/fuzz.sh, a fixed seed and number of
 # executions per target; a crash fails the run. FUZZ_SECONDS=N switches it to exploring instead.
@@ -60,10 +69,14 @@ set +e
 bash scripts/fuzz.sh 2>&1 | tee target/fuzz-output.txt
 fuzz_status=${PIPESTATUS[0]}
 set -e
+phase_done "fuzzing (build and gate):"
 
 # One closing line for the whole run, summed over every test binary.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed/) p += $(i-1); if ($i ~ /^failed/) f += $(i-1); if ($i ~ /^ignored/) s += $(i-1) } }
      END { printf "all tests: %d passed, %d failed, %d skipped\n", p, f, s }' target/test-output.txt
 grep -E '^\[fuzz\] [a-z_]+: ' target/fuzz-output.txt || echo "fuzzing: no result (see target/fuzz-output.txt)"
+printf 'time: '
+printf '%s; ' "${phases[@]}"
+printf 'total %d s\n' "$SECONDS"
 [ "$status" = 0 ] || exit "$status"
 exit "$fuzz_status"
