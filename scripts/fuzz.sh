@@ -32,7 +32,7 @@ command -v cargo-fuzz >/dev/null 2>&1 || {
 targets=("$@")
 [ "${#targets[@]}" -gt 0 ] || targets=(config path request_head jwt proxy_header)
 
-# Executions per target in the gate: 15-20 s each on this project's 2-core AMD machines, 50-70 s
+# Executions per target in the gate: 15-20 s each on this project's 2-core AMD machines, 50-90 s
 # on its slower Intel ones (2026-12-03).
 gate_runs() {
   case "$1" in
@@ -89,15 +89,14 @@ fuzz_one() {
 # Targets side by side, one per core (FUZZ_JOBS): libFuzzer runs a target on one thread, and a
 # gate's fixed seed and number of executions give the same run whatever else is running.
 jobs_max="${FUZZ_JOBS:-$(nproc)}"
-pids=()
 for target in "${targets[@]}"; do
   rm -f "target/fuzz-$target.result"
   while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n || true; done
   fuzz_one "$target" &
-  pids+=($!)
 done
+wait
+# A target's verdict is its result file: CRASHED, or none when the run itself failed.
 failed=0
-for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
 for target in "${targets[@]}"; do
   if [ -f "target/fuzz-$target.result" ]; then
     grep -q CRASHED "target/fuzz-$target.result" && failed=1

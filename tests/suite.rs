@@ -3,11 +3,13 @@
 //! `tests/idle_tls_memory.rs`), which measure a process's memory and so run in their own.
 //!
 //! One binary instead of one per file: each file was its own crate that compiled and linked
-//! hyper, tokio and rustls's generic code again, and that was most of the suite's build time.
+//! hyper, tokio and rustls's generic code again (2 min 10 s of a 15.8 min clean build on a 2-core
+//! VM; 1 min 25 s as one binary), and the run keeps its threads busy across files (224 s -> 182 s).
 //! Each file is a module here, as it was a crate; the helpers are shared (`support`, `inproc`,
 //! ...), and so is the process: a port counter (`support::ports`) and the judges' lock
 //! (`support::tools`) now cover every test. Cargo's discovery of `tests/*.rs` is off
-//! (`autotests = false` in Cargo.toml); a new file must be named below to run.
+//! (`autotests = false` in Cargo.toml); a new file must be named below to run, and
+//! `every_test_file_is_built` fails while one is not.
 
 mod cache_support;
 mod inproc;
@@ -55,3 +57,32 @@ mod tls;
 mod tunnels;
 mod upstream_protocols;
 mod websocket;
+
+/// Every `tests/*.rs` is built: a test binary of Cargo.toml, or a module of one. With Cargo's
+/// discovery off, a file named nowhere would never be compiled, and its tests never fail.
+#[test]
+fn every_test_file_is_built() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |path: &str| std::fs::read_to_string(root.join(path)).expect(path);
+    let manifest = read("Cargo.toml");
+    let roots = ["tests/suite.rs", "tests/external_judges.rs"].map(read);
+    let mut unbuilt = Vec::new();
+    for entry in std::fs::read_dir(root.join("tests")).expect("tests/") {
+        let name = entry.expect("tests/ entry").file_name();
+        let Some(module) = name.to_str().and_then(|n| n.strip_suffix(".rs")) else {
+            continue;
+        };
+        let a_binary = manifest.contains(&format!("path = \"tests/{module}.rs\""));
+        let a_module = roots
+            .iter()
+            .any(|root| root.lines().any(|l| l == format!("mod {module};")));
+        if !a_binary && !a_module {
+            unbuilt.push(module.to_string());
+        }
+    }
+    assert!(
+        unbuilt.is_empty(),
+        "tests/{{{}}}.rs: in no test binary (add `mod` to tests/suite.rs)",
+        unbuilt.join(",")
+    );
+}
