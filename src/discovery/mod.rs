@@ -8,6 +8,7 @@
 pub mod consul;
 mod diff;
 pub mod file_watch;
+#[cfg(feature = "kubernetes")]
 pub mod kubernetes;
 
 use std::collections::BTreeMap;
@@ -16,7 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 
-use crate::config::discovery_conf::DiscoveredService;
+use crate::config::discovery_conf::{DiscoveredService, KubernetesConfig};
 use crate::config::upstreams::{HostConfig, PathConfig};
 use crate::config::values::ServerSpec;
 use crate::config::{self, Issues, UpstreamsConfig};
@@ -279,10 +280,28 @@ pub fn service_watchers(reloader: &Arc<Reloader>) -> Vec<Watcher> {
         watchers.push(Box::pin(consul::run(consul, reloader.clone())));
     }
     if let Some(k8s) = reloader.file_config().and_then(|c| c.kubernetes) {
-        tracing::info!("kubernetes: watching {} service(s)", k8s.services.len());
-        watchers.push(Box::pin(kubernetes::run(k8s, reloader.clone())));
+        kubernetes_watcher(k8s, reloader, &mut watchers);
     }
     watchers
+}
+
+#[cfg(feature = "kubernetes")]
+fn kubernetes_watcher(
+    k8s: KubernetesConfig,
+    reloader: &Arc<Reloader>,
+    watchers: &mut Vec<Watcher>,
+) {
+    tracing::info!("kubernetes: watching {} service(s)", k8s.services.len());
+    watchers.push(Box::pin(kubernetes::run(k8s, reloader.clone())));
+}
+
+/// A binary built without the `kubernetes` feature says so instead of serving nothing quietly.
+#[cfg(not(feature = "kubernetes"))]
+fn kubernetes_watcher(k8s: KubernetesConfig, _: &Arc<Reloader>, _: &mut Vec<Watcher>) {
+    tracing::error!(
+        "kubernetes: {} service(s) configured, but this binary was built without the `kubernetes` feature",
+        k8s.services.len()
+    );
 }
 
 /// Hosts for discovered services: each service becomes a path of its host. A service with no

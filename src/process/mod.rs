@@ -340,9 +340,14 @@ pub fn run(
     let h3_thread = match h3 {
         Some(side) => {
             let serving = ctx.serving(&main);
+            let addr = side.socket.local_addr();
             let started =
                 server::h3::spawn(side, serving, limits(&main), main.threads, stop_rx.clone());
-            Some(started.map_err(|e| StartError::Config(format!("  http3: {e}\n")))?)
+            let started = started.map_err(|e| StartError::Config(format!("  http3: {e}\n")))?;
+            if let Ok(addr) = addr {
+                tracing::info!("listening on h3://{addr} (HTTP/3 over QUIC)");
+            }
+            Some(started)
         }
         None => None,
     };
@@ -594,9 +599,6 @@ fn http3_side(
     let port = socket.local_addr().map_or(0, |a| a.port());
     let alt_svc = format!("h3=\":{port}\"; ma=86400");
     side.alt_svc = http::HeaderValue::from_str(&alt_svc).ok();
-    if let Ok(addr) = socket.local_addr() {
-        tracing::info!("listening on h3://{addr} (HTTP/3 over QUIC)");
-    }
     server::h3::H3Side {
         socket,
         resolver: side.resolver.clone(),

@@ -11,6 +11,10 @@ pub mod accept;
 mod ending;
 mod h1;
 mod h2_guard;
+#[cfg(feature = "http3")]
+pub mod h3;
+#[cfg(not(feature = "http3"))]
+#[path = "h3_absent.rs"]
 pub mod h3;
 mod idle;
 pub mod listener;
