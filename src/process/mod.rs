@@ -595,11 +595,11 @@ fn http3_side(
     socket: std::net::UdpSocket,
     previous_owner: Option<i32>,
     side: &mut server::TlsSide,
-) -> server::h3::H3Side {
+) -> server::H3Side {
     let port = socket.local_addr().map_or(0, |a| a.port());
     let alt_svc = format!("h3=\":{port}\"; ma=86400");
     side.alt_svc = http::HeaderValue::from_str(&alt_svc).ok();
-    server::h3::H3Side {
+    server::H3Side {
         socket,
         resolver: side.resolver.clone(),
         hsts: side.hsts,

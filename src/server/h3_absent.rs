@@ -1,29 +1,15 @@
 //! HTTP/3 in a binary built without the `http3` feature (Cargo.toml): the same start-up API as
 //! the QUIC server, whose start fails and says why, so `http3: true` is never ignored quietly.
 
-use std::net::UdpSocket;
-use std::sync::Arc;
-
-use rustls::server::ResolvesServerCert;
 use tokio::sync::watch;
 
-use super::{Limits, Serving};
+use super::{H3Side, Limits, Serving};
 
 /// Why HTTP/3 could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum H3Error {
     #[error("this binary was built without the `http3` feature")]
     NotBuilt,
-}
-
-/// What the HTTP/3 side needs from start-up.
-pub struct H3Side {
-    pub socket: UdpSocket,
-    pub resolver: Arc<dyn ResolvesServerCert>,
-    /// Add HSTS to responses that lack it (grade `high`), as on the TLS listener.
-    pub hsts: bool,
-    /// After a live upgrade: the previous instance, which reads the socket until it exits.
-    pub previous_owner: Option<i32>,
 }
 
 /// Fails: there is no QUIC server in this binary.

@@ -63,6 +63,17 @@ pub struct TlsSide {
     pub alt_svc: Option<http::HeaderValue>,
 }
 
+/// What HTTP/3 (`server::h3`) needs from start-up: its UDP socket and the TLS listener's
+/// certificates. Here, not in `h3`, so a binary without the `http3` feature has it too.
+pub struct H3Side {
+    pub socket: std::net::UdpSocket,
+    pub resolver: Arc<dyn rustls::server::ResolvesServerCert>,
+    /// Add HSTS to responses that lack it (grade `high`), as on the TLS listener.
+    pub hsts: bool,
+    /// After a live upgrade: the previous instance, which reads the socket until it exits.
+    pub previous_owner: Option<i32>,
+}
+
 /// What every worker's connections share: the router, and where requests are counted and
 /// logged.
 #[derive(Clone)]

@@ -18,7 +18,7 @@
 
 mod stream;
 
-use std::net::{SocketAddr, UdpSocket};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,7 +30,7 @@ use tokio::task::JoinSet;
 
 use super::observe::ConnCtx;
 use super::real_client::RequestIds;
-use super::{Limits, Serving, MAX_CLIENT_STREAMS};
+use super::{H3Side, Limits, Serving, MAX_CLIENT_STREAMS};
 use crate::vocab::{ClientConn, CountedSlot, TlsFacts, WorkerId};
 
 /// How long a finished connection waits for the client to close it.
@@ -76,16 +76,6 @@ fn quic_server_config(
     config.transport_config(Arc::new(transport));
     config.migration(true);
     Ok(config)
-}
-
-/// What the HTTP/3 side needs from start-up.
-pub struct H3Side {
-    pub socket: UdpSocket,
-    pub resolver: Arc<dyn ResolvesServerCert>,
-    /// Add HSTS to responses that lack it (grade `high`), as on the TLS listener.
-    pub hsts: bool,
-    /// After a live upgrade: the previous instance, which reads the socket until it exits.
-    pub previous_owner: Option<i32>,
 }
 
 /// Starts HTTP/3 on a thread of its own; it returns once `shutdown` turned true and its
