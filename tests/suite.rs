@@ -30,6 +30,7 @@ mod cluster;
 mod compression;
 mod consul;
 mod failover;
+mod features;
 mod fileserver;
 mod forwarding;
 mod grpc;

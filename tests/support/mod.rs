@@ -343,8 +343,18 @@ impl ProxyProcess {
 
     /// Like `start`, with environment variables for the proxy.
     pub fn start_env(upstreams: &str, main_extra: &str, env: &[(&str, &str)]) -> ProxyProcess {
+        Self::start_binary(&binary(), upstreams, main_extra, env)
+    }
+
+    /// Like `start_env`, running `program` (another build of aralez) instead of [`binary`].
+    pub fn start_binary(
+        program: &std::path::Path,
+        upstreams: &str,
+        main_extra: &str,
+        env: &[(&str, &str)],
+    ) -> ProxyProcess {
         let (dir, main) = write_config(upstreams, main_extra);
-        let mut command = Command::new(binary());
+        let mut command = Command::new(program);
         command.arg("-c").arg(main);
         command.envs(env.iter().copied());
         Self::spawn_command(command, dir)

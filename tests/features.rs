@@ -1,0 +1,95 @@
+//! A binary built without the default features (`cargo build --no-default-features`; see
+//! Cargo.toml's `[features]`). `scripts/test.sh` builds it before the suite and names it in
+//! `ARALEZ_NO_DEFAULT_FEATURES_BIN`. Without `http3` it refuses `http3: true` and says why;
+//! without `kubernetes` it names a `kubernetes` provider in an error and serves the other routes.
+
+use crate::support;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use support::*;
+
+/// The binary built without the default features, or `None` (the test is skipped) when the
+/// suite runs outside `scripts/test.sh`. With `ARALEZ_REQUIRE_JUDGES=1` (the test command), a
+/// missing binary fails the test.
+fn without_default_features() -> Option<PathBuf> {
+    let found = std::env::var_os("ARALEZ_NO_DEFAULT_FEATURES_BIN")
+        .map(PathBuf::from)
+        .filter(|path| path.is_file());
+    if found.is_none() {
+        let why = "ARALEZ_NO_DEFAULT_FEATURES_BIN names no binary (scripts/test.sh builds it)";
+        assert!(
+            std::env::var("ARALEZ_REQUIRE_JUDGES").as_deref() != Ok("1"),
+            "ARALEZ_REQUIRE_JUDGES=1 and {why}"
+        );
+        eprintln!("SKIPPED: {why}");
+    }
+    found
+}
+
+#[test]
+fn without_http3_the_proxy_refuses_http3_true_and_says_why() {
+    let Some(program) = without_default_features() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let certs = dir.path().join("certs");
+    std::fs::create_dir(&certs).expect("certs dir");
+    write_self_signed(&certs, "localhost", &["localhost"]);
+    std::fs::write(dir.path().join("upstreams.yaml"), unused_routes()).expect("upstreams");
+    let main = format!(
+        "threads: 1\nproxy_address_http: \"127.0.0.1:0\"\nproxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"\nhttp3: true\nupstreams_conf: \"upstreams.yaml\"\nupgrade_sock: \"aralez.sock\"\n",
+        certs.display()
+    );
+    std::fs::write(dir.path().join("main.yaml"), main).expect("main");
+    let args = ["-c".to_string(), "main.yaml".to_string()];
+    let run = tools::run_blocking(&program, &args, dir.path(), Duration::from_secs(20));
+    assert_eq!(run.code, Some(1), "stderr:\n{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("http3: this binary was built without the `http3` feature"),
+        "stderr:\n{}",
+        run.stderr
+    );
+    assert!(!run.stderr.contains("panicked"), "stderr:\n{}", run.stderr);
+}
+
+#[tokio::test]
+async fn without_kubernetes_a_kubernetes_provider_is_an_error_and_the_rest_serves() {
+    let Some(program) = without_default_features() else {
+        return;
+    };
+    let backend = Backend::start("static").await;
+    // The API server's address refuses connections: a binary with the feature would retry it.
+    let discovery = Discovery::kubernetes(&["http://127.0.0.1:1"]).service(Service::new(
+        "web.local",
+        "web",
+        "/",
+    ));
+    let upstreams = Upstreams::new()
+        .discovery(discovery)
+        .host("x.test", Host::new().path("/", Path::servers(&[&backend])))
+        .render();
+    let proxy = ProxyProcess::start_binary(&program, &upstreams, "", &[]);
+    let error = "kubernetes: 1 service(s) configured, but this binary was built without the `kubernetes` feature";
+    let logged = eventually_async(Duration::from_secs(10), || async {
+        (proxy.log_count(error) == 1).then_some(())
+    })
+    .await;
+    assert!(logged.is_some(), "log:\n{}", proxy.log_text());
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    let resp = client.get("x.test", "/").await;
+    assert_eq!(resp.status(), 200, "log:\n{}", proxy.log_text());
+    assert_eq!(header(&resp, "x-backend"), "static");
+}
+
+/// An upstreams file whose one route is never asked for.
+fn unused_routes() -> String {
+    Upstreams::new()
+        .host(
+            "x.test",
+            Host::new().path("/", Path::addrs(&["127.0.0.1:9"])),
+        )
+        .render()
+}
