@@ -61,7 +61,7 @@ mkdir -p target
 # A failed build is the test's failure, not the script's: the suite still runs.
 if cargo build --locked --no-default-features --bin aralez; then
   mkdir -p target/no-default-features
-  cp target/debug/aralez target/no-default-features/aralez
+  cp "${CARGO_TARGET_DIR:-target}/debug/aralez" target/no-default-features/aralez
   export ARALEZ_NO_DEFAULT_FEATURES_BIN="$PWD/target/no-default-features/aralez"
 else
   log "cargo build --no-default-features failed: tests/features.rs will fail"
