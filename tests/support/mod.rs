@@ -238,7 +238,9 @@ const POLL: Duration = Duration::from_millis(20);
 
 /// A temp dir with `upstreams.yaml` and a `main.yaml` (two workers, port 0, info logs, the pid
 /// file inside) plus `main_extra`; returns the dir and main.yaml's path.
-fn write_config(upstreams: &str, main_extra: &str) -> (tempfile::TempDir, PathBuf) {
+/// A temp dir with `upstreams.yaml` and `main.yaml` (a plain listener on a free port, its own
+/// upgrade socket and pid file, then `main_extra`): the dir and main.yaml's path.
+pub fn write_config(upstreams: &str, main_extra: &str) -> (tempfile::TempDir, PathBuf) {
     write_config_listening(upstreams, main_extra, "127.0.0.1:0")
 }
 

@@ -33,17 +33,22 @@ pub fn find(tool: &Tool) -> Option<PathBuf> {
         .chain(on_path)
         .find(|p| p.is_file());
     if found.is_none() {
-        let why = format!(
+        skipped_unless_required(&format!(
             "{} not found (set {} or run `bash scripts/install-judges.sh`)",
             tool.on_path[0], tool.env
-        );
-        assert!(
-            std::env::var("ARALEZ_REQUIRE_JUDGES").as_deref() != Ok("1"),
-            "ARALEZ_REQUIRE_JUDGES=1 and {why}"
-        );
-        eprintln!("SKIPPED: {why}");
+        ));
     }
     found
+}
+
+/// Something a test needs is missing (`why`): fails the test when `ARALEZ_REQUIRE_JUDGES=1`
+/// (the test command), else says the test is skipped.
+pub fn skipped_unless_required(why: &str) {
+    assert!(
+        std::env::var("ARALEZ_REQUIRE_JUDGES").as_deref() != Ok("1"),
+        "ARALEZ_REQUIRE_JUDGES=1 and {why}"
+    );
+    eprintln!("SKIPPED: {why}");
 }
 
 /// Debian's chromium, run headless (tests/status_page.rs).
