@@ -329,7 +329,8 @@ pub(crate) async fn answer(
             req.headers().get_all("x-request-id").iter().count(),
         )
         .header("x-seen-remote-user", seen("remote-user"))
-        .header("x-seen-auth-groups", seen("x-auth-groups"));
+        .header("x-seen-auth-groups", seen("x-auth-groups"))
+        .header("x-seen-authorization", seen("authorization"));
     if ans.cookies {
         builder = builder
             .header("set-cookie", format!("app={name}; Path=/"))

@@ -20,6 +20,52 @@ pub struct Decoder {
     last_max_update: usize,
     table: Table,
     buffer: BytesMut,
+    /// Patched in by aralez: see `HuffmanMemo`.
+    memo: HuffmanMemo,
+}
+
+/// Patched in by aralez: the last few Huffman-coded values of headers the peer sent without
+/// adding them to the dynamic table, coded and decoded. A value sent that way (an `Authorization`
+/// token, which clients send never-indexed; a `:path`, which h2 and nghttp2 never index) often
+/// comes again, coded alike, on later requests of the connection; with the memo it is decoded
+/// once rather than on each request.
+#[derive(Debug, Default)]
+struct HuffmanMemo {
+    entries: [MemoEntry; HUFFMAN_MEMO_ENTRIES],
+    /// The entry the next miss replaces (round robin).
+    next: usize,
+}
+
+#[derive(Debug, Default)]
+struct MemoEntry {
+    coded: Vec<u8>,
+    decoded: Bytes,
+}
+
+/// Several values a request (a token and a path) each keep an entry instead of taking turns.
+const HUFFMAN_MEMO_ENTRIES: usize = 4;
+
+/// Coded values shorter than this are decoded every time (the lookup would save little); longer
+/// ones are not kept, so an entry holds at most this much coded and 8/5 of it decoded (a
+/// connection's memo at most about 5 KiB).
+const HUFFMAN_MEMO_MIN: usize = 16;
+const HUFFMAN_MEMO_MAX: usize = 512;
+
+impl HuffmanMemo {
+    fn get(&self, coded: &[u8]) -> Option<Bytes> {
+        self.entries
+            .iter()
+            .find(|entry| entry.coded == coded)
+            .map(|entry| entry.decoded.clone())
+    }
+
+    fn keep(&mut self, coded: &[u8], decoded: &[u8]) {
+        let entry = &mut self.entries[self.next];
+        self.next = (self.next + 1) % HUFFMAN_MEMO_ENTRIES;
+        entry.coded.clear();
+        entry.coded.extend_from_slice(coded);
+        entry.decoded = Bytes::copy_from_slice(decoded);
+    }
 }
 
 /// Represents all errors that can be encountered while performing the decoding
@@ -162,6 +208,7 @@ impl Decoder {
             last_max_update: size,
             table: Table::new(size),
             buffer: BytesMut::with_capacity(HUFFMAN_BUFFER_CAPACITY),
+            memo: HuffmanMemo::default(),
         }
     }
 
@@ -171,6 +218,7 @@ impl Decoder {
         if self.buffer.is_empty() {
             self.buffer = BytesMut::new();
         }
+        self.memo = HuffmanMemo::default();
     }
 
     /// Queues a potential size update
@@ -311,8 +359,8 @@ impl Decoder {
         // First, read the header name
         if table_idx == 0 {
             let old_pos = buf.position();
-            let name_marker = self.try_decode_string(buf)?;
-            let value_marker = self.try_decode_string(buf)?;
+            let name_marker = self.try_decode_string(buf, false)?;
+            let value_marker = self.try_decode_string(buf, !index)?;
             buf.set_position(old_pos);
             // Read the name as a literal
             let name = name_marker.consume(buf);
@@ -320,15 +368,18 @@ impl Decoder {
             Header::new(name, value)
         } else {
             let e = self.table.get(table_idx)?;
-            let value = self.decode_string(buf)?;
+            let value = self.decode_string(buf, !index)?;
 
             e.name().into_entry(value)
         }
     }
 
+    /// `memoize` (patched in by aralez): the string is the value of a header that is not added to
+    /// the dynamic table, so the same coded bytes may come again (`HuffmanMemo`).
     fn try_decode_string(
         &mut self,
         buf: &mut Cursor<&mut BytesMut>,
+        memoize: bool,
     ) -> Result<StringMarker, DecoderError> {
         let old_pos = buf.position();
         const HUFF_FLAG: u8 = 0b1000_0000;
@@ -351,10 +402,21 @@ impl Decoder {
         if huff {
             let ret = {
                 let raw = &buf.chunk()[..len];
-                huffman::decode(raw, &mut self.buffer).map(|buf| StringMarker {
+                let memoize = memoize && (HUFFMAN_MEMO_MIN..=HUFFMAN_MEMO_MAX).contains(&len);
+                match memoize.then(|| self.memo.get(raw)).flatten() {
+                    Some(decoded) => Ok(decoded),
+                    None => {
+                        let decoded = huffman::decode(raw, &mut self.buffer).map(BytesMut::freeze);
+                        if let (true, Ok(decoded)) = (memoize, &decoded) {
+                            self.memo.keep(raw, decoded);
+                        }
+                        decoded
+                    }
+                }
+                .map(|string| StringMarker {
                     offset,
                     len,
-                    string: Some(BytesMut::freeze(buf)),
+                    string: Some(string),
                 })
             };
 
@@ -370,9 +432,13 @@ impl Decoder {
         }
     }
 
-    fn decode_string(&mut self, buf: &mut Cursor<&mut BytesMut>) -> Result<Bytes, DecoderError> {
+    fn decode_string(
+        &mut self,
+        buf: &mut Cursor<&mut BytesMut>,
+        memoize: bool,
+    ) -> Result<Bytes, DecoderError> {
         let old_pos = buf.position();
-        let marker = self.try_decode_string(buf)?;
+        let marker = self.try_decode_string(buf, memoize)?;
         buf.set_position(old_pos);
         Ok(marker.consume(buf))
     }
@@ -868,7 +934,9 @@ mod test {
     fn test_decode_string_empty() {
         let mut de = Decoder::new(0);
         let mut buf = BytesMut::new();
-        let err = de.decode_string(&mut Cursor::new(&mut buf)).unwrap_err();
+        let err = de
+            .decode_string(&mut Cursor::new(&mut buf), false)
+            .unwrap_err();
         assert_eq!(err, DecoderError::NeedMore(NeedMore::UnexpectedEndOfStream));
     }
 
