@@ -236,10 +236,9 @@ pub fn header(resp: &Response<Incoming>, name: &str) -> String {
 /// How often the polling helpers look again.
 const POLL: Duration = Duration::from_millis(20);
 
-/// A temp dir with `upstreams.yaml` and a `main.yaml` (two workers, port 0, info logs, the pid
-/// file inside) plus `main_extra`; returns the dir and main.yaml's path.
-/// A temp dir with `upstreams.yaml` and `main.yaml` (a plain listener on a free port, its own
-/// upgrade socket and pid file, then `main_extra`): the dir and main.yaml's path.
+/// A temp dir with `upstreams.yaml` and `main.yaml` (two workers, a plain listener on a free
+/// port, info logs, its own upgrade socket and pid file, then `main_extra`): the dir and
+/// main.yaml's path.
 pub fn write_config(upstreams: &str, main_extra: &str) -> (tempfile::TempDir, PathBuf) {
     write_config_listening(upstreams, main_extra, "127.0.0.1:0")
 }

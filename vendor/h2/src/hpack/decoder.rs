@@ -8,6 +8,7 @@ use http::status::{self, StatusCode};
 
 use std::cmp;
 use std::collections::VecDeque;
+use std::fmt;
 use std::io::Cursor;
 use std::ops::ControlFlow;
 use std::str::Utf8Error;
@@ -36,10 +37,21 @@ struct HuffmanMemo {
     next: usize,
 }
 
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct MemoEntry {
     coded: Vec<u8>,
     decoded: Bytes,
+}
+
+/// Lengths only: the values are often credentials, and the decoder is part of the connection's
+/// `Debug` output.
+impl fmt::Debug for MemoEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoEntry")
+            .field("coded_len", &self.coded.len())
+            .field("decoded_len", &self.decoded.len())
+            .finish()
+    }
 }
 
 /// Several values a request (a token and a path) each keep an entry instead of taking turns.
