@@ -25,6 +25,8 @@ fn without_default_features() -> Option<PathBuf> {
     found
 }
 
+/// `http3: true` is a configuration error in this binary: at start-up, which exits before any
+/// listener or thread starts, and in `check-config`, each naming the file, line and key.
 #[test]
 fn without_http3_the_proxy_refuses_http3_true_and_says_why() {
     let Some(program) = without_default_features() else {
@@ -37,16 +39,26 @@ fn without_http3_the_proxy_refuses_http3_true_and_says_why() {
         certs.path().display()
     );
     let (dir, main) = write_config(&unused_route(), &tls);
-    let args = ["-c".to_string(), main.display().to_string()];
-    let run = tools::run_blocking(&program, &args, dir.path(), Duration::from_secs(20));
-    assert_eq!(run.code, Some(1), "stderr:\n{}", run.stderr);
-    assert!(
-        run.stderr
-            .contains("http3: this binary was built without the `http3` feature"),
-        "stderr:\n{}",
-        run.stderr
+    let line = std::fs::read_to_string(&main)
+        .expect("main.yaml")
+        .lines()
+        .position(|l| l.starts_with("http3:"))
+        .expect("an http3 line")
+        + 1;
+    let said = format!(
+        "main.yaml:{line}:8: error: `http3`: this binary was built without the `http3` feature"
     );
-    assert!(!run.stderr.contains("panicked"), "stderr:\n{}", run.stderr);
+    let main_arg = main.display().to_string();
+    let start = ["-c".to_string(), main_arg.clone()];
+    let check = ["check-config".to_string(), "-c".to_string(), main_arg];
+    for args in [&start[..], &check[..]] {
+        let run = tools::run_blocking(&program, args, dir.path(), Duration::from_secs(20));
+        assert_eq!(run.code, Some(1), "{args:?} stderr:\n{}", run.stderr);
+        let output = format!("{}{}", run.stdout, run.stderr);
+        assert!(output.contains(&said), "{args:?} wants {said:?}:\n{output}");
+        assert!(!output.contains("panicked"), "{args:?}:\n{output}");
+        assert!(!output.contains("listening on"), "{args:?}:\n{output}");
+    }
 }
 
 #[tokio::test]

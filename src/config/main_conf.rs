@@ -468,7 +468,11 @@ impl MainConfig {
         } else if let Some((pos, _)) = dns_provider {
             r.warn(pos, "acme_dns_provider", "not used without an acme: block");
         }
-        if cfg.http3 && cfg.proxy_address_tls.is_none() {
+        if cfg.http3 && !cfg!(feature = "http3") {
+            let why = "this binary was built without the `http3` feature (Cargo.toml)";
+            r.error(http3_pos, "http3", why);
+            failed = true;
+        } else if cfg.http3 && cfg.proxy_address_tls.is_none() {
             let why = "HTTP/3 is served on the UDP port of proxy_address_tls: set it";
             r.error(http3_pos, "http3", why);
             failed = true;

@@ -321,22 +321,6 @@ pub fn run(
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut side_tasks = start_side_listeners(&control, &main, &ctx, &stop_rx);
 
-    let listeners = server::Listeners {
-        http: bound.http,
-        tls: bound.tls,
-        acceptor: tls,
-    };
-    let workers = server::spawn_workers(
-        listeners,
-        ctx.serving(&main),
-        limits(&main),
-        stop_rx.clone(),
-    )
-    .map_err(|source| StartError::Runtime {
-        what: "worker threads",
-        source,
-    })?;
-
     let h3_thread = match h3 {
         Some(side) => {
             let serving = ctx.serving(&main);
@@ -350,6 +334,32 @@ pub fn run(
             Some(started)
         }
         None => None,
+    };
+    // After HTTP/3, the last step that can fail: a start error must not return (and run the
+    // exit handlers, aws-lc's among them) while a worker thread is still starting up.
+    let listeners = server::Listeners {
+        http: bound.http,
+        tls: bound.tls,
+        acceptor: tls,
+    };
+    let workers = server::spawn_workers(
+        listeners,
+        ctx.serving(&main),
+        limits(&main),
+        stop_rx.clone(),
+    );
+    let workers = match workers {
+        Ok(workers) => workers,
+        Err(source) => {
+            let _ = stop_tx.send(true);
+            if let Some(h3) = h3_thread {
+                let _ = h3.join();
+            }
+            return Err(StartError::Runtime {
+                what: "worker threads",
+                source,
+            });
+        }
     };
 
     let offer = bound.offer.clone();
