@@ -8,7 +8,11 @@ use super::acme_conf::{self, AcmeConfig};
 use super::cache_conf::{self, CacheConfig};
 use super::cluster_conf::ClusterConfig;
 use super::exists;
-use super::log_conf::{self, AccessLogFormat, LogTarget, PatternPiece, Rotation};
+use super::log_conf::{AccessLogFormat, PatternPiece, Rotation};
+use super::main_values::{
+    listen, one_of, opt, read_access_log, read_grade, read_hc_method, read_log_level,
+    read_log_pattern, read_log_target, seconds, set,
+};
 use super::net_conf::{self, Cidr, TcpSettings};
 use super::reader::Reader;
 use super::yaml::Node;
@@ -584,113 +588,4 @@ impl MainConfig {
             }
         }
     }
-}
-
-fn set<T>(slot: &mut T, value: Option<T>) -> bool {
-    match value {
-        Some(v) => {
-            *slot = v;
-            true
-        }
-        None => false,
-    }
-}
-
-fn opt<T>(slot: &mut Option<T>, value: Option<T>) -> bool {
-    let ok = value.is_some();
-    *slot = value;
-    ok
-}
-
-fn listen(node: &Node, key: &str, r: &mut Reader) -> Option<SocketAddr> {
-    let text = r.string(node, key)?;
-    match super::values::parse_listen(&text) {
-        Ok(addr) => Some(addr),
-        Err(msg) => {
-            r.error(node.pos, key, msg);
-            None
-        }
-    }
-}
-
-fn seconds(node: &Node, key: &str, min: u64, max: u64, r: &mut Reader) -> Option<Duration> {
-    r.uint(node, key, min, max).map(Duration::from_secs)
-}
-
-fn one_of<T: Copy>(node: &Node, key: &str, r: &mut Reader, choices: &[(&str, T)]) -> Option<T> {
-    let text = r.string(node, key)?;
-    let lower = text.to_ascii_lowercase();
-    if let Some((_, v)) = choices.iter().find(|(name, _)| *name == lower) {
-        return Some(*v);
-    }
-    let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
-    r.error(
-        node.pos,
-        key,
-        format!("`{text}` is not one of: {}", names.join(", ")),
-    );
-    None
-}
-
-fn read_log_target(node: &Node, key: &str, r: &mut Reader) -> Option<LogTarget> {
-    let text = r.non_empty_string(node, key)?;
-    log_conf::parse_log_target(&text)
-        .map_err(|msg| r.error(node.pos, key, msg))
-        .ok()
-}
-
-fn read_log_pattern(node: &Node, r: &mut Reader) -> Option<Vec<PatternPiece>> {
-    let text = r.non_empty_string(node, "log_pattern")?;
-    log_conf::parse_log_pattern(&text)
-        .map_err(|msg| r.error(node.pos, "log_pattern", msg))
-        .ok()
-}
-
-fn read_log_level(node: &Node, r: &mut Reader) -> Option<String> {
-    let levels = [
-        ("off", "off"),
-        ("error", "error"),
-        ("warn", "warn"),
-        ("warning", "warn"),
-        ("info", "info"),
-        ("debug", "debug"),
-        ("trace", "trace"),
-    ];
-    one_of(node, "log_level", r, &levels).map(str::to_string)
-}
-
-fn read_access_log(node: &Node, r: &mut Reader) -> Option<AccessLog> {
-    let choices = [
-        ("off", AccessLog::Off),
-        ("false", AccessLog::Off),
-        ("all", AccessLog::All),
-        ("true", AccessLog::All),
-        ("error", AccessLog::Errors),
-    ];
-    one_of(node, "access_log", r, &choices)
-}
-
-/// The grade names, and Aralez's SSL Labs spellings for them: `high` is the A+ profile, `medium`
-/// an A; `b` and `c` ask for something weaker, which rustls cannot offer, so they are `unsafe`
-/// (as medium, with its warning).
-fn read_grade(node: &Node, r: &mut Reader) -> Option<TlsGrade> {
-    let choices = [
-        ("high", TlsGrade::High),
-        ("medium", TlsGrade::Medium),
-        ("unsafe", TlsGrade::Unsafe),
-        ("a+", TlsGrade::High),
-        ("a", TlsGrade::Medium),
-        ("b", TlsGrade::Unsafe),
-        ("c", TlsGrade::Unsafe),
-    ];
-    one_of(node, "proxy_tls_grade", r, &choices)
-}
-
-fn read_hc_method(node: &Node, r: &mut Reader) -> Option<http::Method> {
-    let choices = [("head", 0u8), ("get", 1), ("post", 2)];
-    one_of(node, "hc_method", r, &choices).map(|i| match i {
-        0 => http::Method::HEAD,
-        1 => http::Method::GET,
-        _ => http::Method::POST,
-    })
 }

@@ -11,6 +11,7 @@ mod exists;
 pub mod issues;
 pub mod log_conf;
 pub mod main_conf;
+mod main_values;
 pub mod net_conf;
 mod reader;
 pub mod settings;

@@ -9,6 +9,7 @@ mod notify;
 pub mod pidfile;
 pub mod privileges;
 pub mod probe;
+mod signals;
 mod single;
 mod sockets;
 pub mod upgrade;
@@ -17,6 +18,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use tokio::sync::watch;
+
+use signals::{LogFiles, Signals};
 
 use crate::accesslog::{AccessLog, Destination};
 use crate::config::acme_conf::Challenge;
@@ -524,78 +527,6 @@ pub fn limits(main: &MainConfig) -> Limits {
         idle_timeout: main.client_idle_timeout,
         send_timeout: main.client_send_timeout,
         max_streams: server::MAX_CLIENT_STREAMS,
-    }
-}
-
-/// The signals the process answers; installed early (see `run`).
-struct Signals {
-    term: tokio::signal::unix::Signal,
-    int: tokio::signal::unix::Signal,
-    quit: tokio::signal::unix::Signal,
-    hup: tokio::signal::unix::Signal,
-    usr1: tokio::signal::unix::Signal,
-    usr2: tokio::signal::unix::Signal,
-}
-
-/// The files SIGUSR1 reopens.
-struct LogFiles {
-    app: Option<Arc<LogFile>>,
-    access: AccessLog,
-}
-
-impl LogFiles {
-    fn reopen(&self) {
-        if let Some(app) = &self.app {
-            match app.reopen() {
-                Ok(()) => tracing::info!("SIGUSR1: reopened {}", app.path().display()),
-                Err(e) => tracing::warn!(
-                    "SIGUSR1: cannot reopen {}: {e}; still writing to the old file",
-                    app.path().display()
-                ),
-            }
-        }
-        // The access log's writer opens its own file before it writes its next line.
-        self.access.reopen();
-        tracing::info!("SIGUSR1: access log reopening");
-    }
-}
-
-impl Signals {
-    /// Needs a runtime context; `None` if a handler cannot be installed.
-    fn install() -> Option<Signals> {
-        use tokio::signal::unix::{signal, SignalKind};
-        Some(Signals {
-            term: signal(SignalKind::terminate()).ok()?,
-            int: signal(SignalKind::interrupt()).ok()?,
-            quit: signal(SignalKind::quit()).ok()?,
-            hup: signal(SignalKind::hangup()).ok()?,
-            usr1: signal(SignalKind::user_defined1()).ok()?,
-            usr2: signal(SignalKind::user_defined2()).ok()?,
-        })
-    }
-
-    /// Returns on SIGTERM, SIGINT or SIGQUIT (the live upgrade's "drain and exit"); reloads on
-    /// SIGHUP; reopens the log files on SIGUSR1 (logrotate); ignores SIGUSR2 (nginx's binary
-    /// upgrade, which `aralez -u` does here), saying so.
-    async fn wait(mut self, reloader: &Reloader, logs: &LogFiles) {
-        loop {
-            tokio::select! {
-                _ = self.term.recv() => return,
-                _ = self.int.recv() => return,
-                _ = self.quit.recv() => {
-                    tracing::info!("SIGQUIT: handing over to the new process");
-                    return;
-                }
-                _ = self.hup.recv() => {
-                    // The reloader counts it in aralez_config_reloads_total.
-                    let _ = reloader.reload_files("SIGHUP");
-                }
-                _ = self.usr1.recv() => logs.reopen(),
-                _ = self.usr2.recv() => {
-                    tracing::info!("SIGUSR2 ignored: for a new binary, run `aralez -u` (see the README)");
-                }
-            }
-        }
     }
 }
 

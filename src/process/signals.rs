@@ -1,0 +1,80 @@
+//! The process's signals: stop (TERM, INT, QUIT), reload (HUP), reopen the log files (USR1),
+//! and USR2 answered with a pointer to `aralez -u`.
+
+use std::sync::Arc;
+
+use crate::accesslog::AccessLog;
+use crate::discovery::Reloader;
+use crate::logfile::LogFile;
+
+/// The signals the process answers; installed early (see `run`).
+pub(super) struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    quit: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+    usr1: tokio::signal::unix::Signal,
+    usr2: tokio::signal::unix::Signal,
+}
+
+/// The files SIGUSR1 reopens.
+pub(super) struct LogFiles {
+    pub(super) app: Option<Arc<LogFile>>,
+    pub(super) access: AccessLog,
+}
+
+impl LogFiles {
+    fn reopen(&self) {
+        if let Some(app) = &self.app {
+            match app.reopen() {
+                Ok(()) => tracing::info!("SIGUSR1: reopened {}", app.path().display()),
+                Err(e) => tracing::warn!(
+                    "SIGUSR1: cannot reopen {}: {e}; still writing to the old file",
+                    app.path().display()
+                ),
+            }
+        }
+        // The access log's writer opens its own file before it writes its next line.
+        self.access.reopen();
+        tracing::info!("SIGUSR1: access log reopening");
+    }
+}
+
+impl Signals {
+    /// Needs a runtime context; `None` if a handler cannot be installed.
+    pub(super) fn install() -> Option<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Some(Signals {
+            term: signal(SignalKind::terminate()).ok()?,
+            int: signal(SignalKind::interrupt()).ok()?,
+            quit: signal(SignalKind::quit()).ok()?,
+            hup: signal(SignalKind::hangup()).ok()?,
+            usr1: signal(SignalKind::user_defined1()).ok()?,
+            usr2: signal(SignalKind::user_defined2()).ok()?,
+        })
+    }
+
+    /// Returns on SIGTERM, SIGINT or SIGQUIT (the live upgrade's "drain and exit"); reloads on
+    /// SIGHUP; reopens the log files on SIGUSR1 (logrotate); ignores SIGUSR2 (nginx's binary
+    /// upgrade, which `aralez -u` does here), saying so.
+    pub(super) async fn wait(mut self, reloader: &Reloader, logs: &LogFiles) {
+        loop {
+            tokio::select! {
+                _ = self.term.recv() => return,
+                _ = self.int.recv() => return,
+                _ = self.quit.recv() => {
+                    tracing::info!("SIGQUIT: handing over to the new process");
+                    return;
+                }
+                _ = self.hup.recv() => {
+                    // The reloader counts it in aralez_config_reloads_total.
+                    let _ = reloader.reload_files("SIGHUP");
+                }
+                _ = self.usr1.recv() => logs.reopen(),
+                _ = self.usr2.recv() => {
+                    tracing::info!("SIGUSR2 ignored: for a new binary, run `aralez -u` (see the README)");
+                }
+            }
+        }
+    }
+}
