@@ -13,27 +13,10 @@ use super::main_values::{
     listen, one_of, opt, read_access_log, read_grade, read_hc_method, read_log_level,
     read_log_pattern, read_log_target, seconds, set,
 };
+pub use super::main_values::{AccessLog, TlsGrade};
 use super::net_conf::{self, Cidr, TcpSettings};
 use super::reader::Reader;
 use super::yaml::Node;
-
-/// Which requests the access log records.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum AccessLog {
-    #[default]
-    Off,
-    All,
-    Errors,
-}
-
-/// How strict the TLS listener is (SPEC §7.2).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum TlsGrade {
-    High,
-    #[default]
-    Medium,
-    Unsafe,
-}
 
 /// The process settings of `main.yaml`, with defaults filled in.
 #[derive(Clone, Debug)]

@@ -1,13 +1,31 @@
-//! Readers for `main.yaml`'s typed values (addresses, durations, named choices, log settings),
-//! each reporting a bad value at its key's position and returning `None`.
+//! `main.yaml`'s typed values (addresses, durations, named choices, log settings): the choice
+//! types and their readers, each reader reporting a bad value at its key's position and
+//! returning `None`.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::log_conf::{self, LogTarget, PatternPiece};
-use super::main_conf::{AccessLog, TlsGrade};
 use super::reader::Reader;
 use super::yaml::Node;
+
+/// Which requests the access log records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum AccessLog {
+    #[default]
+    Off,
+    All,
+    Errors,
+}
+
+/// How strict the TLS listener is (SPEC §7.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum TlsGrade {
+    High,
+    #[default]
+    Medium,
+    Unsafe,
+}
 
 pub(super) fn set<T>(slot: &mut T, value: Option<T>) -> bool {
     match value {
