@@ -339,7 +339,7 @@ pub fn run(
         None => None,
     };
     // After HTTP/3, the last step that can fail: a start error must not return (and run the
-    // exit handlers, aws-lc's among them) while a worker thread is still starting up.
+    // exit handlers, aws-lc's among them) while a thread is still starting up.
     let listeners = server::Listeners {
         http: bound.http,
         tls: bound.tls,
@@ -353,14 +353,14 @@ pub fn run(
     );
     let workers = match workers {
         Ok(workers) => workers,
-        Err(source) => {
+        Err(failed) => {
             let _ = stop_tx.send(true);
-            if let Some(h3) = h3_thread {
-                let _ = h3.join();
+            for thread in failed.started.into_iter().chain(h3_thread) {
+                let _ = thread.join();
             }
             return Err(StartError::Runtime {
                 what: "worker threads",
-                source,
+                source: failed.source,
             });
         }
     };

@@ -87,6 +87,14 @@ pub struct Serving {
     pub proxy_protocol: bool,
 }
 
+/// A worker thread that could not be spawned, and the ones spawned before it: the caller stops
+/// and joins those before it reports the error (a process must not exit under a thread that is
+/// still starting up).
+pub struct WorkersFailed {
+    pub source: std::io::Error,
+    pub started: Vec<std::thread::JoinHandle<()>>,
+}
+
 /// Starts one worker thread per plain listener; a worker also serves the TLS listener of its
 /// index. Each returns when `shutdown` turns true and its connections have drained (or the
 /// grace period ran out).
@@ -95,7 +103,7 @@ pub fn spawn_workers(
     serving: Serving,
     limits: Limits,
     shutdown: watch::Receiver<bool>,
-) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
+) -> Result<Vec<std::thread::JoinHandle<()>>, WorkersFailed> {
     let mut handles = Vec::with_capacity(listeners.http.len());
     let mut tls_listeners = listeners.tls.into_iter();
     for (index, listener) in listeners.http.into_iter().enumerate() {
@@ -118,8 +126,16 @@ pub fn spawn_workers(
                 runtime.block_on(serve_worker(
                     worker, listener, tls, serving, limits, shutdown,
                 ));
-            })?;
-        handles.push(handle);
+            });
+        match handle {
+            Ok(handle) => handles.push(handle),
+            Err(source) => {
+                return Err(WorkersFailed {
+                    source,
+                    started: handles,
+                })
+            }
+        }
     }
     Ok(handles)
 }
