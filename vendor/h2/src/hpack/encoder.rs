@@ -1,14 +1,17 @@
-use super::table::{Index, Table};
-use super::{huffman, Header};
+use super::Header;
 
 use bytes::{BufMut, BytesMut};
-use http::header::{HeaderName, HeaderValue};
+use http::header::{self, HeaderName};
+use http::method::Method;
 
 const DEFAULT_MAX_ALLOWED_SIZE: usize = 4 * 1024;
 
 #[derive(Debug)]
 pub struct Encoder {
-    table: Table,
+    /// Patched in by aralez: the dynamic table's maximum size in effect, the last one signalled
+    /// (RFC 7541 §4.2). Nothing is ever inserted (see `encode`), but a peer that lowers
+    /// SETTINGS_HEADER_TABLE_SIZE still gets the size update it waits for.
+    table_size: usize,
     max_allowed_size: usize,
     size_update: Option<SizeUpdate>,
     /// Reusable buffer for the encoded header block of a single frame.
@@ -27,11 +30,11 @@ enum SizeUpdate {
 }
 
 impl Encoder {
-    pub fn new(max_size: usize, capacity: usize) -> Encoder {
+    pub fn new(max_size: usize) -> Encoder {
         let max_size = max_size.min(DEFAULT_MAX_ALLOWED_SIZE);
 
         Encoder {
-            table: Table::new(max_size, capacity),
+            table_size: max_size,
             max_allowed_size: DEFAULT_MAX_ALLOWED_SIZE,
             size_update: None,
             scratch: BytesMut::new(),
@@ -42,7 +45,7 @@ impl Encoder {
     fn set_max_allowed_size(&mut self, max: usize) {
         self.max_allowed_size = max;
 
-        if self.table.max_size() > max {
+        if self.table_size > max {
             self.update_max_size(max);
         }
     }
@@ -71,7 +74,7 @@ impl Encoder {
         match self.size_update {
             Some(SizeUpdate::One(old)) => {
                 if val > old {
-                    if old > self.table.max_size() {
+                    if old > self.table_size {
                         self.size_update = Some(SizeUpdate::One(val));
                     } else {
                         self.size_update = Some(SizeUpdate::Two(old, val));
@@ -88,7 +91,7 @@ impl Encoder {
                 }
             }
             None => {
-                if val != self.table.max_size() {
+                if val != self.table_size {
                     // Don't bother writing a frame if the value already matches
                     // the table's max size.
                     self.size_update = Some(SizeUpdate::One(val));
@@ -107,30 +110,24 @@ impl Encoder {
 
         self.encode_size_updates(dst);
 
-        let mut last_index = None;
-
+        // Patched in by aralez: every field is sent as a literal without indexing (never
+        // indexed when its value is sensitive), its name by its static-table index where it
+        // has one, its strings without Huffman coding; a field whose name and value are both
+        // in the static table (`:status: 200`, `:method: GET`) is sent as that index.
+        let mut last: Option<Header> = None;
         for header in headers {
             match header.reify() {
-                // The header has an associated name. In which case, try to
-                // index it in the table.
                 Ok(header) => {
-                    let index = self.table.index(header);
-                    self.encode_header(&index, dst);
-
-                    last_index = Some(index);
+                    encode_literal(&header, dst);
+                    last = Some(header);
                 }
-                // The header does not have an associated name. This means that
-                // the name is the same as the previously yielded header. In
-                // which case, we skip table lookup and just use the same index
-                // as the previous entry.
                 Err(value) => {
-                    self.encode_header_without_name(
-                        last_index.as_ref().unwrap_or_else(|| {
-                            panic!("encoding header without name, but no previous index to use for name");
-                        }),
-                        &value,
-                        dst,
-                    );
+                    let last = last.as_ref().unwrap_or_else(|| {
+                        panic!(
+                            "encoding header without name, but no previous header to take it from"
+                        );
+                    });
+                    encode_literal_value(last, value.as_ref(), value.is_sensitive(), dst);
                 }
             }
         }
@@ -139,165 +136,57 @@ impl Encoder {
     fn encode_size_updates(&mut self, dst: &mut BytesMut) {
         match self.size_update.take() {
             Some(SizeUpdate::One(val)) => {
-                self.table.resize(val);
+                self.table_size = val;
                 encode_size_update(val, dst);
             }
             Some(SizeUpdate::Two(min, max)) => {
-                self.table.resize(min);
-                self.table.resize(max);
+                self.table_size = max;
                 encode_size_update(min, dst);
                 encode_size_update(max, dst);
             }
             None => {}
         }
     }
-
-    fn encode_header(&mut self, index: &Index, dst: &mut BytesMut) {
-        match *index {
-            Index::Indexed(idx, _) => {
-                encode_int(idx, 7, 0x80, dst);
-            }
-            Index::Name(idx, _) => {
-                let header = self.table.resolve(index);
-
-                encode_not_indexed(idx, header.value_slice(), header.is_sensitive(), dst);
-            }
-            Index::Inserted(_) => {
-                let header = self.table.resolve(index);
-
-                assert!(!header.is_sensitive());
-
-                dst.put_u8(0b0100_0000);
-
-                encode_str(header.name().as_slice(), dst);
-                encode_str(header.value_slice(), dst);
-            }
-            Index::InsertedValue(idx, _) => {
-                let header = self.table.resolve(index);
-
-                assert!(!header.is_sensitive());
-
-                encode_int(idx, 6, 0b0100_0000, dst);
-                encode_str(header.value_slice(), dst);
-            }
-            Index::NotIndexed(_) => {
-                let header = self.table.resolve(index);
-
-                encode_not_indexed2(
-                    header.name().as_slice(),
-                    header.value_slice(),
-                    header.is_sensitive(),
-                    dst,
-                );
-            }
-        }
-    }
-
-    fn encode_header_without_name(
-        &mut self,
-        last: &Index,
-        value: &HeaderValue,
-        dst: &mut BytesMut,
-    ) {
-        match *last {
-            Index::Indexed(..)
-            | Index::Name(..)
-            | Index::Inserted(..)
-            | Index::InsertedValue(..) => {
-                let idx = self.table.resolve_idx(last);
-
-                encode_not_indexed(idx, value.as_ref(), value.is_sensitive(), dst);
-            }
-            Index::NotIndexed(_) => {
-                let last = self.table.resolve(last);
-
-                encode_not_indexed2(
-                    last.name().as_slice(),
-                    value.as_ref(),
-                    value.is_sensitive(),
-                    dst,
-                );
-            }
-        }
-    }
 }
 
 impl Default for Encoder {
     fn default() -> Encoder {
-        Encoder::new(4096, 0)
+        Encoder::new(4096)
     }
+}
+
+/// Patched in by aralez: `header` as a static-table index when both its name and value are
+/// there, else as a literal without indexing (RFC 7541 §6.2.2; never indexed, §6.2.3, when its
+/// value is sensitive).
+fn encode_literal(header: &Header, dst: &mut BytesMut) {
+    if let Some((idx, true)) = static_index(header) {
+        return encode_int(idx, 7, 0x80, dst);
+    }
+    encode_literal_value(header, header.value_slice(), header.is_sensitive(), dst);
+}
+
+/// Patched in by aralez: `value` under `header`'s name as a literal without indexing (never
+/// indexed when `sensitive`): the name by its static-table index, or as a raw string.
+fn encode_literal_value(header: &Header, value: &[u8], sensitive: bool, dst: &mut BytesMut) {
+    let first = if sensitive { 0b0001_0000 } else { 0 };
+    match static_index(header) {
+        Some((idx, _)) => encode_int(idx, 4, first, dst),
+        None => {
+            dst.put_u8(first);
+            encode_raw_str(header.name().as_slice(), dst);
+        }
+    }
+    encode_raw_str(value, dst);
+}
+
+/// Patched in by aralez: a string literal without Huffman coding (RFC 7541 §5.2, H = 0).
+fn encode_raw_str(val: &[u8], dst: &mut BytesMut) {
+    encode_int(val.len(), 7, 0, dst);
+    dst.put_slice(val);
 }
 
 fn encode_size_update(val: usize, dst: &mut BytesMut) {
     encode_int(val, 5, 0b0010_0000, dst)
-}
-
-fn encode_not_indexed(name: usize, value: &[u8], sensitive: bool, dst: &mut BytesMut) {
-    if sensitive {
-        encode_int(name, 4, 0b10000, dst);
-    } else {
-        encode_int(name, 4, 0, dst);
-    }
-
-    encode_str(value, dst);
-}
-
-fn encode_not_indexed2(name: &[u8], value: &[u8], sensitive: bool, dst: &mut BytesMut) {
-    if sensitive {
-        dst.put_u8(0b10000);
-    } else {
-        dst.put_u8(0);
-    }
-
-    encode_str(name, dst);
-    encode_str(value, dst);
-}
-
-fn encode_str(val: &[u8], dst: &mut BytesMut) {
-    if !val.is_empty() {
-        let idx = position(dst);
-
-        // Push a placeholder byte for the length header
-        dst.put_u8(0);
-
-        // Encode with huffman
-        huffman::encode(val, dst);
-
-        let huff_len = position(dst) - (idx + 1);
-
-        if encode_int_one_byte(huff_len, 7) {
-            // Write the string head
-            dst[idx] = 0x80 | huff_len as u8;
-        } else {
-            // Write the head to a placeholder
-            const PLACEHOLDER_LEN: usize = 8;
-            let mut buf = [0u8; PLACEHOLDER_LEN];
-
-            let head_len = {
-                let mut head_dst = &mut buf[..];
-                encode_int(huff_len, 7, 0x80, &mut head_dst);
-                PLACEHOLDER_LEN - head_dst.remaining_mut()
-            };
-
-            // This is just done to reserve space in the destination
-            dst.put_slice(&buf[1..head_len]);
-
-            // Shift the header forward
-            for i in 0..huff_len {
-                let src_i = idx + 1 + (huff_len - (i + 1));
-                let dst_i = idx + head_len + (huff_len - (i + 1));
-                dst[dst_i] = dst[src_i];
-            }
-
-            // Copy in the head
-            for i in 0..head_len {
-                dst[idx + i] = buf[i];
-            }
-        }
-    } else {
-        // Write an empty string
-        dst.put_u8(0);
-    }
 }
 
 /// Encode an integer into the given destination buffer
@@ -332,424 +221,107 @@ fn encode_int_one_byte(value: usize, prefix_bits: usize) -> bool {
     value < (1 << prefix_bits) - 1
 }
 
-fn position(buf: &BytesMut) -> usize {
-    buf.len()
+/// Patched in by aralez (moved here from `table.rs`, which held the dynamic table this encoder
+/// no longer keeps): the header's index in the static table (RFC 7541 Appendix A), and whether
+/// its value is the one there too.
+fn static_index(header: &Header) -> Option<(usize, bool)> {
+    match *header {
+        Header::Field {
+            ref name,
+            ref value,
+        } => match *name {
+            header::ACCEPT_CHARSET => Some((15, false)),
+            header::ACCEPT_ENCODING => {
+                if value == "gzip, deflate" {
+                    Some((16, true))
+                } else {
+                    Some((16, false))
+                }
+            }
+            header::ACCEPT_LANGUAGE => Some((17, false)),
+            header::ACCEPT_RANGES => Some((18, false)),
+            header::ACCEPT => Some((19, false)),
+            header::ACCESS_CONTROL_ALLOW_ORIGIN => Some((20, false)),
+            header::AGE => Some((21, false)),
+            header::ALLOW => Some((22, false)),
+            header::AUTHORIZATION => Some((23, false)),
+            header::CACHE_CONTROL => Some((24, false)),
+            header::CONTENT_DISPOSITION => Some((25, false)),
+            header::CONTENT_ENCODING => Some((26, false)),
+            header::CONTENT_LANGUAGE => Some((27, false)),
+            header::CONTENT_LENGTH => Some((28, false)),
+            header::CONTENT_LOCATION => Some((29, false)),
+            header::CONTENT_RANGE => Some((30, false)),
+            header::CONTENT_TYPE => Some((31, false)),
+            header::COOKIE => Some((32, false)),
+            header::DATE => Some((33, false)),
+            header::ETAG => Some((34, false)),
+            header::EXPECT => Some((35, false)),
+            header::EXPIRES => Some((36, false)),
+            header::FROM => Some((37, false)),
+            header::HOST => Some((38, false)),
+            header::IF_MATCH => Some((39, false)),
+            header::IF_MODIFIED_SINCE => Some((40, false)),
+            header::IF_NONE_MATCH => Some((41, false)),
+            header::IF_RANGE => Some((42, false)),
+            header::IF_UNMODIFIED_SINCE => Some((43, false)),
+            header::LAST_MODIFIED => Some((44, false)),
+            header::LINK => Some((45, false)),
+            header::LOCATION => Some((46, false)),
+            header::MAX_FORWARDS => Some((47, false)),
+            header::PROXY_AUTHENTICATE => Some((48, false)),
+            header::PROXY_AUTHORIZATION => Some((49, false)),
+            header::RANGE => Some((50, false)),
+            header::REFERER => Some((51, false)),
+            header::REFRESH => Some((52, false)),
+            header::RETRY_AFTER => Some((53, false)),
+            header::SERVER => Some((54, false)),
+            header::SET_COOKIE => Some((55, false)),
+            header::STRICT_TRANSPORT_SECURITY => Some((56, false)),
+            header::TRANSFER_ENCODING => Some((57, false)),
+            header::USER_AGENT => Some((58, false)),
+            header::VARY => Some((59, false)),
+            header::VIA => Some((60, false)),
+            header::WWW_AUTHENTICATE => Some((61, false)),
+            _ => None,
+        },
+        Header::Authority(_) => Some((1, false)),
+        Header::Method(ref v) => match *v {
+            Method::GET => Some((2, true)),
+            Method::POST => Some((3, true)),
+            _ => Some((2, false)),
+        },
+        Header::Scheme(ref v) => match &**v {
+            "http" => Some((6, true)),
+            "https" => Some((7, true)),
+            _ => Some((6, false)),
+        },
+        Header::Path(ref v) => match &**v {
+            "/" => Some((4, true)),
+            "/index.html" => Some((5, true)),
+            _ => Some((4, false)),
+        },
+        Header::Protocol(..) => None,
+        Header::Status(ref v) => match u16::from(*v) {
+            200 => Some((8, true)),
+            204 => Some((9, true)),
+            206 => Some((10, true)),
+            304 => Some((11, true)),
+            400 => Some((12, true)),
+            404 => Some((13, true)),
+            500 => Some((14, true)),
+            _ => Some((8, false)),
+        },
+    }
 }
 
 #[cfg(test)]
 mod test {
+    // Patched in by aralez: the upstream tests checked the dynamic table this encoder no longer
+    // keeps; these check what it sends instead.
     use super::*;
+    use crate::hpack::Decoder;
     use http::*;
-
-    #[test]
-    fn test_encode_method_get() {
-        let mut encoder = Encoder::default();
-        let res = encode(&mut encoder, vec![method("GET")]);
-        assert_eq!(*res, [0x80 | 2]);
-        assert_eq!(encoder.table.len(), 0);
-    }
-
-    #[test]
-    fn test_encode_method_post() {
-        let mut encoder = Encoder::default();
-        let res = encode(&mut encoder, vec![method("POST")]);
-        assert_eq!(*res, [0x80 | 3]);
-        assert_eq!(encoder.table.len(), 0);
-    }
-
-    #[test]
-    fn test_encode_method_patch() {
-        let mut encoder = Encoder::default();
-        let res = encode(&mut encoder, vec![method("PATCH")]);
-
-        assert_eq!(res[0], 0b01000000 | 2); // Incremental indexing w/ name pulled from table
-        assert_eq!(res[1], 0x80 | 5); // header value w/ huffman coding
-
-        assert_eq!("PATCH", huff_decode(&res[2..7]));
-        assert_eq!(encoder.table.len(), 1);
-
-        let res = encode(&mut encoder, vec![method("PATCH")]);
-
-        assert_eq!(1 << 7 | 62, res[0]);
-        assert_eq!(1, res.len());
-    }
-
-    #[test]
-    fn test_encode_indexed_name_literal_value() {
-        let mut encoder = Encoder::default();
-        let res = encode(&mut encoder, vec![header("content-language", "foo")]);
-
-        assert_eq!(res[0], 0b01000000 | 27); // Indexed name
-        assert_eq!(res[1], 0x80 | 2); // header value w/ huffman coding
-
-        assert_eq!("foo", huff_decode(&res[2..4]));
-
-        // Same name, new value should still use incremental
-        let res = encode(&mut encoder, vec![header("content-language", "bar")]);
-        assert_eq!(res[0], 0b01000000 | 27); // Indexed name
-        assert_eq!(res[1], 0x80 | 3); // header value w/ huffman coding
-        assert_eq!("bar", huff_decode(&res[2..5]));
-    }
-
-    #[test]
-    fn test_repeated_headers_are_indexed() {
-        let mut encoder = Encoder::default();
-        let res = encode(&mut encoder, vec![header("foo", "hello")]);
-
-        assert_eq!(&[0b01000000, 0x80 | 2], &res[0..2]);
-        assert_eq!("foo", huff_decode(&res[2..4]));
-        assert_eq!(0x80 | 4, res[4]);
-        assert_eq!("hello", huff_decode(&res[5..]));
-        assert_eq!(9, res.len());
-
-        assert_eq!(1, encoder.table.len());
-
-        let res = encode(&mut encoder, vec![header("foo", "hello")]);
-        assert_eq!([0x80 | 62], *res);
-
-        assert_eq!(encoder.table.len(), 1);
-    }
-
-    #[test]
-    fn test_evicting_headers() {
-        let mut encoder = Encoder::default();
-
-        // Fill the table
-        for i in 0..64 {
-            let key = format!("x-hello-world-{:02}", i);
-            let res = encode(&mut encoder, vec![header(&key, &key)]);
-
-            assert_eq!(&[0b01000000, 0x80 | 12], &res[0..2]);
-            assert_eq!(key, huff_decode(&res[2..14]));
-            assert_eq!(0x80 | 12, res[14]);
-            assert_eq!(key, huff_decode(&res[15..]));
-            assert_eq!(27, res.len());
-
-            // Make sure the header can be found...
-            let res = encode(&mut encoder, vec![header(&key, &key)]);
-
-            // Only check that it is found
-            assert_eq!(0x80, res[0] & 0x80);
-        }
-
-        assert_eq!(4096, encoder.table.size());
-        assert_eq!(64, encoder.table.len());
-
-        // Find existing headers
-        for i in 0..64 {
-            let key = format!("x-hello-world-{:02}", i);
-            let res = encode(&mut encoder, vec![header(&key, &key)]);
-            assert_eq!(0x80, res[0] & 0x80);
-        }
-
-        // Insert a new header
-        let key = "x-hello-world-64";
-        let res = encode(&mut encoder, vec![header(key, key)]);
-
-        assert_eq!(&[0b01000000, 0x80 | 12], &res[0..2]);
-        assert_eq!(key, huff_decode(&res[2..14]));
-        assert_eq!(0x80 | 12, res[14]);
-        assert_eq!(key, huff_decode(&res[15..]));
-        assert_eq!(27, res.len());
-
-        assert_eq!(64, encoder.table.len());
-
-        // Now try encoding entries that should exist in the table
-        for i in 1..65 {
-            let key = format!("x-hello-world-{:02}", i);
-            let res = encode(&mut encoder, vec![header(&key, &key)]);
-            assert_eq!(0x80 | (61 + (65 - i)), res[0]);
-        }
-    }
-
-    #[test]
-    fn test_large_headers_are_not_indexed() {
-        let mut encoder = Encoder::new(128, 0);
-        let key = "hello-world-hello-world-HELLO-zzz";
-
-        let res = encode(&mut encoder, vec![header(key, key)]);
-
-        assert_eq!(&[0, 0x80 | 25], &res[..2]);
-
-        assert_eq!(0, encoder.table.len());
-        assert_eq!(0, encoder.table.size());
-    }
-
-    #[test]
-    fn test_sensitive_headers_are_never_indexed() {
-        use http::header::HeaderValue;
-
-        let name = "my-password".parse().unwrap();
-        let mut value = HeaderValue::from_bytes(b"12345").unwrap();
-        value.set_sensitive(true);
-
-        let header = Header::Field {
-            name: Some(name),
-            value,
-        };
-
-        // Now, try to encode the sensitive header
-
-        let mut encoder = Encoder::default();
-        let res = encode(&mut encoder, vec![header]);
-
-        assert_eq!(&[0b10000, 0x80 | 8], &res[..2]);
-        assert_eq!("my-password", huff_decode(&res[2..10]));
-        assert_eq!(0x80 | 4, res[10]);
-        assert_eq!("12345", huff_decode(&res[11..]));
-
-        // Now, try to encode a sensitive header w/ a name in the static table
-        let name = "authorization".parse().unwrap();
-        let mut value = HeaderValue::from_bytes(b"12345").unwrap();
-        value.set_sensitive(true);
-
-        let header = Header::Field {
-            name: Some(name),
-            value,
-        };
-
-        let mut encoder = Encoder::default();
-        let res = encode(&mut encoder, vec![header]);
-
-        assert_eq!(&[0b11111, 8], &res[..2]);
-        assert_eq!(0x80 | 4, res[2]);
-        assert_eq!("12345", huff_decode(&res[3..]));
-
-        // Using the name component of a previously indexed header (without
-        // sensitive flag set)
-
-        let _ = encode(
-            &mut encoder,
-            vec![self::header("my-password", "not-so-secret")],
-        );
-
-        let name = "my-password".parse().unwrap();
-        let mut value = HeaderValue::from_bytes(b"12345").unwrap();
-        value.set_sensitive(true);
-
-        let header = Header::Field {
-            name: Some(name),
-            value,
-        };
-        let res = encode(&mut encoder, vec![header]);
-
-        assert_eq!(&[0b11111, 47], &res[..2]);
-        assert_eq!(0x80 | 4, res[2]);
-        assert_eq!("12345", huff_decode(&res[3..]));
-    }
-
-    #[test]
-    fn test_content_length_value_not_indexed() {
-        let mut encoder = Encoder::default();
-        let res = encode(&mut encoder, vec![header("content-length", "1234")]);
-
-        assert_eq!(&[15, 13, 0x80 | 3], &res[0..3]);
-        assert_eq!("1234", huff_decode(&res[3..]));
-        assert_eq!(6, res.len());
-    }
-
-    #[test]
-    fn test_encoding_headers_with_same_name() {
-        let mut encoder = Encoder::default();
-        let name = "hello";
-
-        // Encode first one
-        let _ = encode(&mut encoder, vec![header(name, "one")]);
-
-        // Encode second one
-        let res = encode(&mut encoder, vec![header(name, "two")]);
-        assert_eq!(&[0x40 | 62, 0x80 | 3], &res[0..2]);
-        assert_eq!("two", huff_decode(&res[2..]));
-        assert_eq!(5, res.len());
-
-        // Encode the first one again
-        let res = encode(&mut encoder, vec![header(name, "one")]);
-        assert_eq!(&[0x80 | 63], &res[..]);
-
-        // Now the second one
-        let res = encode(&mut encoder, vec![header(name, "two")]);
-        assert_eq!(&[0x80 | 62], &res[..]);
-    }
-
-    #[test]
-    fn test_evicting_headers_when_multiple_of_same_name_are_in_table() {
-        // The encoder only has space for 2 headers
-        let mut encoder = Encoder::new(76, 0);
-
-        let _ = encode(&mut encoder, vec![header("foo", "bar")]);
-        assert_eq!(1, encoder.table.len());
-
-        let _ = encode(&mut encoder, vec![header("bar", "foo")]);
-        assert_eq!(2, encoder.table.len());
-
-        // This will evict the first header, while still referencing the header
-        // name
-        let res = encode(&mut encoder, vec![header("foo", "baz")]);
-        assert_eq!(&[0x40 | 63, 0, 0x80 | 3], &res[..3]);
-        assert_eq!(2, encoder.table.len());
-
-        // Try adding the same header again
-        let res = encode(&mut encoder, vec![header("foo", "baz")]);
-        assert_eq!(&[0x80 | 62], &res[..]);
-        assert_eq!(2, encoder.table.len());
-    }
-
-    #[test]
-    fn test_max_size_zero() {
-        // Static table only
-        let mut encoder = Encoder::new(0, 0);
-        let res = encode(&mut encoder, vec![method("GET")]);
-        assert_eq!(*res, [0x80 | 2]);
-        assert_eq!(encoder.table.len(), 0);
-
-        let res = encode(&mut encoder, vec![header("foo", "bar")]);
-        assert_eq!(&[0, 0x80 | 2], &res[..2]);
-        assert_eq!("foo", huff_decode(&res[2..4]));
-        assert_eq!(0x80 | 3, res[4]);
-        assert_eq!("bar", huff_decode(&res[5..8]));
-        assert_eq!(0, encoder.table.len());
-
-        // Encode a custom value
-        let res = encode(&mut encoder, vec![header("transfer-encoding", "chunked")]);
-        assert_eq!(&[15, 42, 0x80 | 6], &res[..3]);
-        assert_eq!("chunked", huff_decode(&res[3..]));
-    }
-
-    #[test]
-    fn test_update_max_size_combos() {
-        let mut encoder = Encoder::default();
-        assert!(encoder.size_update.is_none());
-        assert_eq!(4096, encoder.table.max_size());
-
-        encoder.update_max_size(4096); // Default size
-        assert!(encoder.size_update.is_none());
-
-        encoder.update_max_size(0);
-        assert_eq!(Some(SizeUpdate::One(0)), encoder.size_update);
-
-        encoder.update_max_size(100);
-        assert_eq!(Some(SizeUpdate::Two(0, 100)), encoder.size_update);
-
-        let mut encoder = Encoder::default();
-        encoder.set_max_allowed_size(8000);
-        encoder.update_max_size(8000);
-        assert_eq!(Some(SizeUpdate::One(8000)), encoder.size_update);
-
-        encoder.update_max_size(100);
-        assert_eq!(Some(SizeUpdate::One(100)), encoder.size_update);
-
-        encoder.update_max_size(8000);
-        assert_eq!(Some(SizeUpdate::Two(100, 8000)), encoder.size_update);
-
-        encoder.update_max_size(4000);
-        assert_eq!(Some(SizeUpdate::Two(100, 4000)), encoder.size_update);
-
-        encoder.update_max_size(50);
-        assert_eq!(Some(SizeUpdate::One(50)), encoder.size_update);
-    }
-
-    #[test]
-    fn test_resizing_table() {
-        let mut encoder = Encoder::default();
-
-        // Add a header
-        let _ = encode(&mut encoder, vec![header("foo", "bar")]);
-
-        encoder.update_max_size(1);
-        assert_eq!(1, encoder.table.len());
-
-        let res = encode(&mut encoder, vec![method("GET")]);
-        assert_eq!(&[32 | 1, 0x80 | 2], &res[..]);
-        assert_eq!(0, encoder.table.len());
-
-        let res = encode(&mut encoder, vec![header("foo", "bar")]);
-        assert_eq!(0, res[0]);
-
-        encoder.update_max_size(100);
-        let res = encode(&mut encoder, vec![header("foo", "bar")]);
-        assert_eq!(&[32 | 31, 69, 64], &res[..3]);
-
-        encoder.update_max_size(0);
-        let res = encode(&mut encoder, vec![header("foo", "bar")]);
-        assert_eq!(&[32, 0], &res[..2]);
-    }
-
-    #[test]
-    fn test_decreasing_table_size_without_eviction() {
-        let mut encoder = Encoder::default();
-
-        // Add a header
-        let _ = encode(&mut encoder, vec![header("foo", "bar")]);
-
-        encoder.update_max_size(100);
-        assert_eq!(1, encoder.table.len());
-
-        let res = encode(&mut encoder, vec![header("foo", "bar")]);
-        assert_eq!(&[32 | 31, 69, 0x80 | 62], &res[..]);
-    }
-
-    #[test]
-    fn test_nameless_header() {
-        let mut encoder = Encoder::default();
-
-        let res = encode(
-            &mut encoder,
-            vec![
-                Header::Field {
-                    name: Some("hello".parse().unwrap()),
-                    value: HeaderValue::from_bytes(b"world").unwrap(),
-                },
-                Header::Field {
-                    name: None,
-                    value: HeaderValue::from_bytes(b"zomg").unwrap(),
-                },
-            ],
-        );
-
-        assert_eq!(&[0x40, 0x80 | 4], &res[0..2]);
-        assert_eq!("hello", huff_decode(&res[2..6]));
-        assert_eq!(0x80 | 4, res[6]);
-        assert_eq!("world", huff_decode(&res[7..11]));
-
-        // Next is not indexed
-        assert_eq!(&[15, 47, 0x80 | 3], &res[11..14]);
-        assert_eq!("zomg", huff_decode(&res[14..]));
-    }
-
-    #[test]
-    fn test_large_size_update() {
-        let mut encoder = Encoder::default();
-        encoder.set_max_allowed_size(usize::MAX);
-
-        encoder.update_max_size(1912930560);
-        assert_eq!(Some(SizeUpdate::One(1912930560)), encoder.size_update);
-
-        let mut dst = BytesMut::with_capacity(6);
-        encoder.encode_size_updates(&mut dst);
-        assert_eq!([63, 225, 129, 148, 144, 7], &dst[..]);
-    }
-
-    #[test]
-    fn test_large_size_update_is_capped() {
-        let mut encoder = Encoder::new(0, 0);
-
-        encoder.update_max_size(1912930560);
-        assert_eq!(
-            Some(SizeUpdate::One(DEFAULT_MAX_ALLOWED_SIZE)),
-            encoder.size_update
-        );
-
-        let mut dst = BytesMut::with_capacity(3);
-        encoder.encode_size_updates(&mut dst);
-        assert_eq!([63, 225, 31], &dst[..]);
-        assert_eq!(DEFAULT_MAX_ALLOWED_SIZE, encoder.table.max_size());
-    }
-
-    #[test]
-    #[ignore]
-    fn test_evicted_overflow() {
-        // Not sure what the best way to do this is.
-    }
 
     fn encode(e: &mut Encoder, hdrs: Vec<Header<Option<HeaderName>>>) -> BytesMut {
         let mut dst = BytesMut::with_capacity(1024);
@@ -762,17 +334,101 @@ mod test {
     }
 
     fn header(name: &str, val: &str) -> Header<Option<HeaderName>> {
-        let name = HeaderName::from_bytes(name.as_bytes()).unwrap();
-        let value = HeaderValue::from_bytes(val.as_bytes()).unwrap();
-
         Header::Field {
-            name: Some(name),
-            value,
+            name: Some(HeaderName::from_bytes(name.as_bytes()).unwrap()),
+            value: HeaderValue::from_bytes(val.as_bytes()).unwrap(),
         }
     }
 
-    fn huff_decode(src: &[u8]) -> BytesMut {
-        let mut buf = BytesMut::new();
-        huffman::decode(src, &mut buf).unwrap()
+    #[test]
+    fn a_name_and_value_both_in_the_static_table_are_its_index() {
+        let mut encoder = Encoder::default();
+        assert_eq!(*encode(&mut encoder, vec![method("GET")]), [0x80 | 2]);
+        assert_eq!(*encode(&mut encoder, vec![method("POST")]), [0x80 | 3]);
+        let status = Header::Status(StatusCode::OK);
+        assert_eq!(*encode(&mut encoder, vec![status]), [0x80 | 8]);
+    }
+
+    #[test]
+    fn a_static_name_with_another_value_is_a_literal_without_indexing_every_time() {
+        let mut encoder = Encoder::default();
+        for _ in 0..2 {
+            let res = encode(&mut encoder, vec![method("PATCH")]);
+            assert_eq!(*res, *b"\x02\x05PATCH");
+            // content-language is static index 27: 15 in the 4-bit prefix, 12 after it.
+            let res = encode(&mut encoder, vec![header("content-language", "foo")]);
+            assert_eq!(*res, *b"\x0f\x0c\x03foo");
+        }
+    }
+
+    #[test]
+    fn a_name_outside_the_static_table_is_sent_as_a_raw_string() {
+        let mut encoder = Encoder::default();
+        let res = encode(&mut encoder, vec![header("foo", "hello")]);
+        assert_eq!(*res, *b"\x00\x03foo\x05hello");
+    }
+
+    #[test]
+    fn a_sensitive_value_is_never_indexed() {
+        let mut encoder = Encoder::default();
+        let mut value = HeaderValue::from_static("secret");
+        value.set_sensitive(true);
+        let name = Some(HeaderName::from_static("x-token"));
+        let res = encode(&mut encoder, vec![Header::Field { name, value }]);
+        assert_eq!(*res, *b"\x10\x07x-token\x06secret");
+    }
+
+    #[test]
+    fn a_repeated_name_takes_the_previous_one() {
+        let mut encoder = Encoder::default();
+        let again = Header::Field {
+            name: None,
+            value: HeaderValue::from_static("b=2"),
+        };
+        let res = encode(&mut encoder, vec![header("set-cookie", "a=1"), again]);
+        // set-cookie is static index 55: 15 in the 4-bit prefix, 40 after it.
+        assert_eq!(*res, *b"\x0f\x28\x03a=1\x0f\x28\x03b=2");
+    }
+
+    #[test]
+    fn a_long_value_has_a_multi_byte_length() {
+        let mut encoder = Encoder::default();
+        let long = "x".repeat(200);
+        let res = encode(&mut encoder, vec![header("foo", &long)]);
+        assert_eq!(res[..6], *b"\x00\x03foo\x7f");
+        assert_eq!(res[6], 200 - 127);
+        assert_eq!(res[7..], *long.as_bytes());
+    }
+
+    #[test]
+    fn a_lowered_table_size_is_signalled_once() {
+        let mut encoder = Encoder::default();
+        encoder.update_max_size(0);
+        assert_eq!(*encode(&mut encoder, vec![method("GET")]), [0x20, 0x82]);
+        assert_eq!(*encode(&mut encoder, vec![method("GET")]), [0x82]);
+    }
+
+    #[test]
+    fn what_it_sends_decodes_to_what_it_was_given() {
+        let mut encoder = Encoder::default();
+        let mut decoder = Decoder::new(4096);
+        let sent = vec![
+            Header::Status(StatusCode::NOT_FOUND),
+            header("content-type", "text/html"),
+            header("x-request-id", "0123456789abcdef"),
+            header("server", &"s".repeat(300)),
+        ];
+        for _ in 0..2 {
+            let mut block = encode(&mut encoder, sent.clone());
+            let mut got = vec![];
+            decoder
+                .decode(&mut std::io::Cursor::new(&mut block), |h| {
+                    got.push(h);
+                    std::ops::ControlFlow::Continue(())
+                })
+                .unwrap();
+            let want: Vec<Header> = sent.iter().map(|h| h.clone().reify().unwrap()).collect();
+            assert_eq!(got, want);
+        }
     }
 }

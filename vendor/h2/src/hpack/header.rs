@@ -166,67 +166,13 @@ impl Header {
         }
     }
 
-    pub fn value_eq(&self, other: &Header) -> bool {
-        match *self {
-            Header::Field { ref value, .. } => {
-                let a = value;
-                match *other {
-                    Header::Field { ref value, .. } => a == value,
-                    _ => false,
-                }
-            }
-            Header::Authority(ref a) => match *other {
-                Header::Authority(ref b) => a == b,
-                _ => false,
-            },
-            Header::Method(ref a) => match *other {
-                Header::Method(ref b) => a == b,
-                _ => false,
-            },
-            Header::Scheme(ref a) => match *other {
-                Header::Scheme(ref b) => a == b,
-                _ => false,
-            },
-            Header::Path(ref a) => match *other {
-                Header::Path(ref b) => a == b,
-                _ => false,
-            },
-            Header::Protocol(ref a) => match *other {
-                Header::Protocol(ref b) => a == b,
-                _ => false,
-            },
-            Header::Status(ref a) => match *other {
-                Header::Status(ref b) => a == b,
-                _ => false,
-            },
-        }
-    }
+    // Patched in by aralez: `value_eq` and `skip_value_index` went with the encoder's dynamic
+    // table (encoder.rs).
 
     pub fn is_sensitive(&self) -> bool {
         match *self {
             Header::Field { ref value, .. } => value.is_sensitive(),
             // TODO: Technically these other header values can be sensitive too.
-            _ => false,
-        }
-    }
-
-    pub fn skip_value_index(&self) -> bool {
-        use http::header;
-
-        match *self {
-            Header::Field { ref name, .. } => matches!(
-                *name,
-                header::AGE
-                    | header::AUTHORIZATION
-                    | header::CONTENT_LENGTH
-                    | header::ETAG
-                    | header::IF_MODIFIED_SINCE
-                    | header::IF_NONE_MATCH
-                    | header::LOCATION
-                    | header::COOKIE
-                    | header::SET_COOKIE
-            ),
-            Header::Path(..) => true,
             _ => false,
         }
     }

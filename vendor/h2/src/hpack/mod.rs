@@ -2,7 +2,7 @@ mod decoder;
 mod encoder;
 pub(crate) mod header;
 pub(crate) mod huffman;
-mod table;
+// Patched in by aralez: no `table` module; the encoder keeps no dynamic table (encoder.rs).
 
 #[cfg(test)]
 mod test;
