@@ -1,8 +1,7 @@
 //! The service wrapper every served connection gets: each request counts as activity (for the
 //! idle timeout, the drain and parking) until its response body is done or dropped; while the
-//! listener drains, HTTP/1 responses ask the client to close; HTTP/2 responses get their
-//! header values detached from backend buffers (HPACK keeps what it indexes); the answer to
-//! a HEAD request never carries a body; and for hyper's servers the request id the body carries
+//! listener drains, HTTP/1 responses ask the client to close; the answer to a HEAD request
+//! never carries a body; and for hyper's servers the request id the body carries
 //! ([`LateId`]) goes into the head's map.
 
 use std::convert::Infallible;
@@ -18,7 +17,7 @@ use hyper::service::Service;
 use pin_project_lite::pin_project;
 
 use super::idle::{Activity, InFlight};
-use crate::vocab::headers::{self, X_REQUEST_ID};
+use crate::vocab::headers::X_REQUEST_ID;
 use crate::vocab::late_id::LateId;
 use crate::vocab::ClientBody;
 
@@ -85,7 +84,7 @@ pin_project! {
         #[pin]
         inner: F,
         in_flight: Option<InFlight>,
-        // HTTP/1: told `Connection: close` when draining. HTTP/2: its header values detached.
+        // HTTP/1: told `Connection: close` when draining.
         http1: bool,
         head: bool,
         writer: HeadWriter,
@@ -115,10 +114,6 @@ where
         if *this.http1 && draining {
             resp.headers_mut()
                 .insert(CONNECTION, HeaderValue::from_static("close"));
-        }
-        if !*this.http1 {
-            // HTTP/2: HPACK keeps what it indexes; it must not keep a backend's buffers.
-            headers::detach_values(resp.headers_mut());
         }
         let in_flight = this.in_flight.take();
         let head = *this.head;

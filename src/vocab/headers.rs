@@ -145,27 +145,6 @@ pub fn etag_matches(list: &HeaderValue, etag: &HeaderValue) -> bool {
         .any(|tag| tag == "*" || tag.trim_start_matches("W/") == ours)
 }
 
-/// Gives the values of `headers` one small allocation of their own, shared by them all. A value
-/// parsed from a backend's answer points into that connection's read buffer (8 KiB or more), and
-/// an HTTP/2 client connection's HPACK encoder keeps the values it indexes for as long as the
-/// connection lives: without this, each idle HTTP/2 connection held whole backend buffers.
-/// Sensitive values are left as they are: HPACK never indexes them.
-pub fn detach_values(headers: &mut HeaderMap) {
-    let indexable = || headers.values().filter(|v| !v.is_sensitive());
-    let total = indexable().map(HeaderValue::len).sum();
-    let mut block = BytesMut::with_capacity(total);
-    for value in indexable() {
-        block.extend_from_slice(value.as_bytes());
-    }
-    let block = block.freeze();
-    let mut at = 0;
-    for value in headers.values_mut().filter(|v| !v.is_sensitive()) {
-        let end = at + value.len();
-        *value = valid_value(block.slice(at..end));
-        at = end;
-    }
-}
-
 /// A field name from a message head: the names nearly every request and answer carry, spelled
 /// as clients and servers send them (Title-Case or lower case), are matched whole; any other
 /// spelling or name goes through `HeaderName::from_bytes` (which lower-cases it byte by byte
@@ -350,38 +329,6 @@ mod tests {
         ] {
             let ip: IpAddr = ip.parse().unwrap();
             assert_eq!(client_ip_value(ip), ip.to_string().as_str(), "{ip}");
-        }
-    }
-
-    #[test]
-    fn detached_values_keep_their_bytes_but_not_the_buffer_they_came_from_unless_sensitive() {
-        let buffer = bytes::Bytes::from(b"HTTP/1.1 200 OK\r\ndate: today\r\nx-a: 1\r\n".to_vec());
-        let range = buffer.as_ptr() as usize..buffer.as_ptr() as usize + buffer.len();
-        let mut m = HeaderMap::new();
-        m.insert(
-            header::DATE,
-            HeaderValue::from_maybe_shared(buffer.slice(23..28)).unwrap(),
-        );
-        let mut secret = HeaderValue::from_maybe_shared(buffer.slice(35..36)).unwrap();
-        secret.set_sensitive(true);
-        m.append("x-a", secret);
-        m.append("x-a", HeaderValue::from_static("2"));
-        assert!(range.contains(&(m[header::DATE].as_bytes().as_ptr() as usize)));
-        detach_values(&mut m);
-        let values: Vec<_> = m.get_all("x-a").iter().collect();
-        assert_eq!(
-            (m[header::DATE].as_bytes(), values.len()),
-            (&b"today"[..], 2)
-        );
-        assert_eq!(
-            (values[0].as_bytes(), values[1].as_bytes()),
-            (&b"1"[..], &b"2"[..])
-        );
-        assert!(values[0].is_sensitive() && !values[1].is_sensitive());
-        // HPACK never keeps a sensitive value: it may stay where it was.
-        for value in m.values() {
-            let in_buffer = range.contains(&(value.as_bytes().as_ptr() as usize));
-            assert_eq!(in_buffer, value.is_sensitive(), "{value:?}");
         }
     }
 
