@@ -13,6 +13,12 @@ use std::cmp::Ordering;
 use std::io;
 use std::task::{Context, Poll, Waker};
 
+/// Patched in by aralez: the two connection-specific field names `http` has no constant for,
+/// made once. `contains_key("keep-alive")` parsed the string into a name on every call (about
+/// 570 instructions a message for the two).
+const KEEP_ALIVE: http::HeaderName = http::HeaderName::from_static("keep-alive");
+const PROXY_CONNECTION: http::HeaderName = http::HeaderName::from_static("proxy-connection");
+
 /// Manages state transitions related to outbound frames.
 #[derive(Debug)]
 pub(super) struct Send {
@@ -82,8 +88,8 @@ impl Send {
         if fields.contains_key(http::header::CONNECTION)
             || fields.contains_key(http::header::TRANSFER_ENCODING)
             || fields.contains_key(http::header::UPGRADE)
-            || fields.contains_key("keep-alive")
-            || fields.contains_key("proxy-connection")
+            || fields.contains_key(&KEEP_ALIVE)
+            || fields.contains_key(&PROXY_CONNECTION)
         {
             tracing::debug!("illegal connection-specific headers found");
             return Err(UserError::MalformedHeaders);
