@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use inproc::Proxy;
-use support::{default_route, Backend, Client, Proto};
+use support::{default_route, h2_frame, Backend, Client, Proto};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -24,14 +24,6 @@ const GOAWAY: u8 = 0x7;
 const CONTINUATION: u8 = 0x9;
 const END_STREAM: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
-
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = payload.len() as u32;
-    let mut out = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
-    out.extend_from_slice(&(stream & 0x7fff_ffff).to_be_bytes());
-    out.extend_from_slice(payload);
-    out
-}
 
 /// `GET http://a/` in HPACK from the static table (`:method GET`, `:scheme http`, `:path /`)
 /// and a literal `:authority a`.
@@ -72,7 +64,7 @@ fn has_frame(bytes: &[u8], kind: u8) -> bool {
 async fn opened(addr: SocketAddr) -> TcpStream {
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.write_all(PREFACE).await.unwrap();
-    s.write_all(&frame(SETTINGS, 0, 0, &[])).await.unwrap();
+    s.write_all(&h2_frame(SETTINGS, 0, 0, &[])).await.unwrap();
     s
 }
 
@@ -89,13 +81,13 @@ async fn rapid_reset_is_refused() {
     let mut burst = Vec::new();
     for i in 0..5_000u32 {
         let stream = 2 * i + 1;
-        burst.extend(frame(
+        burst.extend(h2_frame(
             HEADERS,
             END_STREAM | END_HEADERS,
             stream,
             &get_block(),
         ));
-        burst.extend(frame(RST_STREAM, 0, stream, &8u32.to_be_bytes()));
+        burst.extend(h2_frame(RST_STREAM, 0, stream, &8u32.to_be_bytes()));
     }
     // The proxy may close before taking it all.
     let _ = s.write_all(&burst).await;
@@ -120,13 +112,13 @@ async fn continuation_flood_is_refused() {
     // A header block that never ends: HEADERS without END_HEADERS, then CONTINUATION frames of
     // literal headers, far past max_request_header_bytes (64 KiB).
     let _ = s
-        .write_all(&frame(HEADERS, END_STREAM, 1, &get_block()))
+        .write_all(&h2_frame(HEADERS, END_STREAM, 1, &get_block()))
         .await;
     let mut literal = vec![0x40, 0x04, b'x', b'-', b'a', b'b', 0x7f, 0x81, 0x07];
     literal.extend(std::iter::repeat_n(b'v', 1024 - 9));
     let mut flood = Vec::new();
     for _ in 0..1_000 {
-        flood.extend(frame(CONTINUATION, 0, 1, &literal));
+        flood.extend(h2_frame(CONTINUATION, 0, 1, &literal));
     }
     let _ = s.write_all(&flood).await;
     let (goaway, closed) = outcome(s, Duration::from_secs(10)).await;
@@ -181,7 +173,7 @@ async fn flood_is_refused(addr: SocketAddr, one: Vec<u8>, count: usize) -> bool 
 async fn ping_flood_is_refused() {
     let backend = Backend::start("b").await;
     let proxy = Proxy::start(&default_route(&[&backend]), "").await;
-    let ping = frame(PING, 0, 0, b"12345678");
+    let ping = h2_frame(PING, 0, 0, b"12345678");
     assert!(
         flood_is_refused(proxy.addr, ping, 100_000).await,
         "100,000 PINGs were all answered"
@@ -194,7 +186,7 @@ async fn settings_flood_is_refused() {
     let backend = Backend::start("b").await;
     let proxy = Proxy::start(&default_route(&[&backend]), "").await;
     // SETTINGS_INITIAL_WINDOW_SIZE = 65535, over and over.
-    let settings = frame(SETTINGS, 0, 0, &[0, 4, 0, 0, 0xff, 0xff]);
+    let settings = h2_frame(SETTINGS, 0, 0, &[0, 4, 0, 0, 0xff, 0xff]);
     assert!(
         flood_is_refused(proxy.addr, settings, 100_000).await,
         "100,000 SETTINGS frames were all acknowledged"

@@ -12,7 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderValue, Request};
 use inproc::Proxy;
-use support::{default_route, full, header, Backend, Client, Proto};
+use support::{default_route, full, h2_frame, header, Backend, Client, Proto};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -230,16 +230,6 @@ fn fields(block: &[u8]) -> Vec<(String, String, Coded)> {
     out
 }
 
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = u32::try_from(payload.len())
-        .expect("small frame")
-        .to_be_bytes();
-    let mut out = vec![len[1], len[2], len[3], kind, flags];
-    out.extend_from_slice(&stream.to_be_bytes());
-    out.extend_from_slice(payload);
-    out
-}
-
 /// `GET http://x.test/` with `Authorization: {auth}`, the authorization never indexed, every
 /// string raw.
 fn request_block(auth: &str) -> Vec<u8> {
@@ -263,9 +253,9 @@ async fn answer_blocks(addr: std::net::SocketAddr, auth: &str) -> [Vec<u8>; 2] {
     const END_STREAM_HEADERS: u8 = 0x5;
     let mut s = TcpStream::connect(addr).await.expect("connect");
     let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    hello.extend(frame(SETTINGS, 0, 0, &[]));
+    hello.extend(h2_frame(SETTINGS, 0, 0, &[]));
     for stream in [1, 3] {
-        hello.extend(frame(
+        hello.extend(h2_frame(
             HEADERS,
             END_STREAM_HEADERS,
             stream,
@@ -292,7 +282,7 @@ async fn answer_blocks(addr: std::net::SocketAddr, auth: &str) -> [Vec<u8>; 2] {
             let stream = u32::from_be_bytes([got[5], got[6], got[7], got[8]]) & 0x7fff_ffff;
             let payload: Vec<u8> = got.drain(..9 + len).skip(9).collect();
             if kind == SETTINGS && flags & 0x1 == 0 {
-                s.write_all(&frame(SETTINGS, 0x1, 0, &[]))
+                s.write_all(&h2_frame(SETTINGS, 0x1, 0, &[]))
                     .await
                     .expect("ack");
             }

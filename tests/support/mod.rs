@@ -233,6 +233,18 @@ pub fn header(resp: &Response<Incoming>, name: &str) -> String {
         .unwrap_or_default()
 }
 
+/// An HTTP/2 frame written by hand (RFC 9113 §4.1): its 9-byte header, then `payload`.
+pub fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len())
+        .expect("a frame's payload fits 24 bits")
+        .to_be_bytes();
+    assert_eq!(len[0], 0, "a frame's payload fits 24 bits");
+    let mut out = vec![len[1], len[2], len[3], kind, flags];
+    out.extend_from_slice(&(stream & 0x7fff_ffff).to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
 /// How often the polling helpers look again.
 const POLL: Duration = Duration::from_millis(20);
 
