@@ -113,21 +113,34 @@ impl Encoder {
         // Patched in by aralez: every field is sent as a literal without indexing (never
         // indexed when its value is sensitive), its name by its static-table index where it
         // has one, its strings without Huffman coding; a field whose name and value are both
-        // in the static table (`:status: 200`, `:method: GET`) is sent as that index.
-        let mut last: Option<Header> = None;
+        // in the static table (`:status: 200`, `:method: GET`) is sent as that index. The last
+        // field is kept with its name's index for the values that follow it under its name.
+        let mut last: Option<(Header, Option<usize>)> = None;
         for header in headers {
             match header.reify() {
                 Ok(header) => {
-                    encode_literal(&header, dst);
-                    last = Some(header);
+                    let name_index = match static_index(&header) {
+                        Some((idx, true)) => {
+                            encode_int(idx, 7, 0x80, dst);
+                            Some(idx)
+                        }
+                        found => {
+                            let name_index = found.map(|(idx, _)| idx);
+                            let (value, sensitive) = (header.value_slice(), header.is_sensitive());
+                            encode_literal(&header, name_index, value, sensitive, dst);
+                            name_index
+                        }
+                    };
+                    last = Some((header, name_index));
                 }
                 Err(value) => {
-                    let last = last.as_ref().unwrap_or_else(|| {
+                    let (name, name_index) = last.as_ref().unwrap_or_else(|| {
                         panic!(
                             "encoding header without name, but no previous header to take it from"
                         );
                     });
-                    encode_literal_value(last, value.as_ref(), value.is_sensitive(), dst);
+                    let sensitive = value.is_sensitive();
+                    encode_literal(name, *name_index, value.as_ref(), sensitive, dst);
                 }
             }
         }
@@ -155,22 +168,19 @@ impl Default for Encoder {
     }
 }
 
-/// Patched in by aralez: `header` as a static-table index when both its name and value are
-/// there, else as a literal without indexing (RFC 7541 §6.2.2; never indexed, §6.2.3, when its
-/// value is sensitive).
-fn encode_literal(header: &Header, dst: &mut BytesMut) {
-    if let Some((idx, true)) = static_index(header) {
-        return encode_int(idx, 7, 0x80, dst);
-    }
-    encode_literal_value(header, header.value_slice(), header.is_sensitive(), dst);
-}
-
-/// Patched in by aralez: `value` under `header`'s name as a literal without indexing (never
-/// indexed when `sensitive`): the name by its static-table index, or as a raw string.
-fn encode_literal_value(header: &Header, value: &[u8], sensitive: bool, dst: &mut BytesMut) {
+/// Patched in by aralez: `value` under `header`'s name as a literal without indexing (RFC 7541
+/// §6.2.2; never indexed, §6.2.3, when `sensitive`): the name by its static-table index
+/// (`name_index`) when it has one, else as a raw string.
+fn encode_literal(
+    header: &Header,
+    name_index: Option<usize>,
+    value: &[u8],
+    sensitive: bool,
+    dst: &mut BytesMut,
+) {
     let first = if sensitive { 0b0001_0000 } else { 0 };
-    match static_index(header) {
-        Some((idx, _)) => encode_int(idx, 4, first, dst),
+    match name_index {
+        Some(idx) => encode_int(idx, 4, first, dst),
         None => {
             dst.put_u8(first);
             encode_raw_str(header.name().as_slice(), dst);
