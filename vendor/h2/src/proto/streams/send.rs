@@ -85,16 +85,20 @@ impl Send {
 
     fn check_headers(fields: &http::HeaderMap) -> Result<(), UserError> {
         // 8.1.2.2. Connection-Specific Header Fields
-        if fields.contains_key(http::header::CONNECTION)
-            || fields.contains_key(http::header::TRANSFER_ENCODING)
-            || fields.contains_key(http::header::UPGRADE)
-            || fields.contains_key(&KEEP_ALIVE)
-            || fields.contains_key(&PROXY_CONNECTION)
-        {
-            tracing::debug!("illegal connection-specific headers found");
-            return Err(UserError::MalformedHeaders);
-        } else if let Some(te) = fields.get(http::header::TE) {
-            if te != "trailers" {
+        // Patched in by aralez: one pass over the fields instead of a hashed lookup for each
+        // forbidden name (a message carries a handful of fields; six lookups cost more). Every
+        // `te` value is checked, not only the first.
+        for (name, value) in fields {
+            let illegal = if name == http::header::TE {
+                value != "trailers"
+            } else {
+                name == http::header::CONNECTION
+                    || name == http::header::TRANSFER_ENCODING
+                    || name == http::header::UPGRADE
+                    || name == KEEP_ALIVE
+                    || name == PROXY_CONNECTION
+            };
+            if illegal {
                 tracing::debug!("illegal connection-specific headers found");
                 return Err(UserError::MalformedHeaders);
             }
