@@ -62,6 +62,7 @@ where
     type Future = TrackedAnswer<S::Future>;
 
     fn call(&self, req: Request<RB>) -> Self::Future {
+        let req: Request<ClientBody> = req.map(Into::into);
         let in_flight = Some(self.activity.begin(!req.body().is_end_stream()));
         let http1 = req.version() < Version::HTTP_2;
         if !http1 {
@@ -69,7 +70,7 @@ where
         }
         let head = req.method() == Method::HEAD;
         TrackedAnswer {
-            inner: self.inner.call(req.map(Into::into)),
+            inner: self.inner.call(req),
             in_flight,
             http1,
             head,

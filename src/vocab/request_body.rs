@@ -22,7 +22,8 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub enum ClientBody {
     Hyper(Incoming),
     Stream(UnsyncBoxBody<Bytes, BoxError>),
-    /// A request without a body (aralez's own HTTP/1.1 server side).
+    /// A request without a body (aralez's own HTTP/1.1 server side), or whose body had ended
+    /// by the time it reached the router.
     Empty,
 }
 
@@ -36,9 +37,16 @@ impl std::fmt::Debug for ClientBody {
     }
 }
 
+/// A body that has already ended (an HTTP/2 request whose HEADERS frame carried END_STREAM)
+/// becomes [`ClientBody::Empty`]: asking h2 whether a stream has ended takes its lock, and the
+/// request path asks several times.
 impl From<Incoming> for ClientBody {
     fn from(body: Incoming) -> ClientBody {
-        ClientBody::Hyper(body)
+        if body.is_end_stream() {
+            ClientBody::Empty
+        } else {
+            ClientBody::Hyper(body)
+        }
     }
 }
 
