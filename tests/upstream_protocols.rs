@@ -216,6 +216,33 @@ async fn a_full_h2_connection_gets_another_at_the_backends_stream_limit() {
     assert_eq!(accepts(), 3);
 }
 
+/// An HTTP/1.1 client's `TE: trailers`, spelled in capitals or repeated, reaches an HTTP/2
+/// backend as one lowercase `trailers` (an HTTP/2 client refuses any other spelling, and the
+/// request would fail); any other `TE` is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn te_reaches_an_h2_backend_as_one_lowercase_trailers() {
+    let backend = Backend::start("h2c").await;
+    let server = format!("h2c://{}", backend.addr);
+    let yaml = Upstreams::new().host("h2.local", unprobed(server)).render();
+    let proxy = ProxyProcess::start(&yaml, "");
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    let cases: [(&[(&str, &str)], &str); 4] = [
+        (&[("te", "trailers")], "trailers"),
+        (&[("te", "trailers"), ("te", "Trailers")], "trailers"),
+        (&[("te", "TRAILERS")], "trailers"),
+        (&[("te", "trailers, gzip")], "-"),
+    ];
+    for (te, seen) in cases {
+        let resp = client
+            .send(http::Method::GET, Some("h2.local"), "/", te, full(""))
+            .await;
+        assert_eq!(resp.status(), 200, "{te:?}");
+        assert_eq!(header(&resp, "x-seen-version"), "HTTP/2.0", "{te:?}");
+        assert_eq!(header(&resp, "x-seen-te"), seen, "{te:?}");
+        body_bytes(resp).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http1_backend_connection_is_reused_streams_both_ways_and_is_dropped_when_closed() {
     let backend = Backend::builder("h1").h1_only().start().await;

@@ -3,7 +3,7 @@
 //! any map ([`remove_hop_by_hop`]), or of a backend's answer as its head is read
 //! ([`AnswerHopByHop`]).
 
-use http::header::{self, HeaderMap, HeaderName};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
@@ -69,6 +69,23 @@ impl ProxyFields {
     }
 }
 
+/// `TE` passes only as `trailers` (RFC 9110 §10.1.4; RFC 9113 §8.2.2 allows nothing else over
+/// HTTP/2): dropped if any value is something else, and made one lowercase `trailers` if it was
+/// spelled otherwise or repeated, since HTTP/2 backends' clients refuse any other spelling.
+fn keep_te_trailers_only(headers: &mut HeaderMap) {
+    let (mut count, mut exact, mut trailers) = (0, true, true);
+    for value in headers.get_all(header::TE) {
+        trailers &= value.as_bytes().eq_ignore_ascii_case(b"trailers");
+        exact &= value.as_bytes() == b"trailers";
+        count += 1;
+    }
+    if !trailers {
+        headers.remove(header::TE);
+    } else if count > 1 || !exact {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+}
+
 /// [`remove_hop_by_hop`], telling also which of the proxy's own fields the request has (the
 /// same pass sees every name; one that `Connection` lists counts too) and whether `Connection`
 /// named any field.
@@ -109,13 +126,7 @@ pub fn remove_hop_by_hop_from_request(headers: &mut HeaderMap) -> ProxyFields {
         headers.remove(header::UPGRADE);
     }
     if te {
-        let only_trailers = headers
-            .get_all(header::TE)
-            .iter()
-            .all(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
-        if !only_trailers {
-            headers.remove(header::TE);
-        }
+        keep_te_trailers_only(headers);
     }
     proxy_fields
 }
@@ -246,8 +257,6 @@ impl AnswerHopByHop {
 
 #[cfg(test)]
 mod tests {
-    use http::HeaderValue;
-
     use super::*;
     use crate::vocab::headers::map_of as map;
 
@@ -263,6 +272,24 @@ mod tests {
         }
         answer.finish(&mut read);
         read
+    }
+
+    #[test]
+    fn te_passes_as_one_lowercase_trailers_or_not_at_all() {
+        type Case<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str]);
+        let cases: &[Case] = &[
+            (&[("te", "trailers")], &["trailers"]),
+            (&[("te", "Trailers")], &["trailers"]),
+            (&[("te", "trailers"), ("te", "TRAILERS")], &["trailers"]),
+            (&[("te", "trailers"), ("te", "gzip")], &[]),
+            (&[("te", "trailers, deflate")], &[]),
+        ];
+        for (input, left) in cases {
+            let mut m = map(input);
+            remove_hop_by_hop_from_request(&mut m);
+            let values: Vec<_> = m.get_all(header::TE).iter().collect();
+            assert_eq!(values, *left, "{input:?}");
+        }
     }
 
     #[test]

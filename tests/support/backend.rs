@@ -165,7 +165,7 @@ impl BackendBuilder {
 ///
 /// Response headers: `x-backend` (its name), `x-seen-host`, `x-seen-xff`, `x-seen-request-id`, `x-seen-proto`,
 /// `x-seen-fwd-host`, `x-seen-forwarded-lines` (values of the three `X-Forwarded-*` fields),
-/// `x-seen-request-id-lines` (values of `X-Request-Id`),
+/// `x-seen-request-id-lines` (values of `X-Request-Id`), `x-seen-te` (the `TE` values, `|`-joined),
 /// `x-seen-uri` (path and query), `x-seen-target` (the request target as
 /// received: absolute over HTTP/2), `x-seen-version`, `x-seen-headers` (every header name, sorted,
 /// comma-joined), `x-seen-remote-user`, `x-seen-auth-groups`. Paths: `/big/<bytes>` streams that
@@ -330,7 +330,8 @@ pub(crate) async fn answer(
         )
         .header("x-seen-remote-user", seen("remote-user"))
         .header("x-seen-auth-groups", seen("x-auth-groups"))
-        .header("x-seen-authorization", seen("authorization"));
+        .header("x-seen-authorization", seen("authorization"))
+        .header("x-seen-te", te_values(req.headers()));
     if ans.cookies {
         builder = builder
             .header("set-cookie", format!("app={name}; Path=/"))
@@ -365,6 +366,20 @@ fn unreachable_err() -> Infallible {
 }
 
 /// How many `X-Forwarded-For`, `-Proto` and `-Host` values a request carried, all three together.
+/// Every `TE` value, joined with `|`, or `-` without one.
+fn te_values(headers: &http::HeaderMap) -> String {
+    let values: Vec<&str> = headers
+        .get_all("te")
+        .iter()
+        .map(|v| v.to_str().unwrap_or("?"))
+        .collect();
+    if values.is_empty() {
+        "-".into()
+    } else {
+        values.join("|")
+    }
+}
+
 fn forwarded_lines(headers: &http::HeaderMap) -> String {
     ["x-forwarded-for", "x-forwarded-proto", "x-forwarded-host"]
         .iter()
