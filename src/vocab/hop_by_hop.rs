@@ -13,7 +13,8 @@ pub static CLOSE: HeaderName = HeaderName::from_static("close");
 
 /// Removes hop-by-hop headers: `Connection` and every header it names, `Keep-Alive`,
 /// `Proxy-Connection`, `Transfer-Encoding`, `Upgrade`, `HTTP2-Settings` (it only ever belongs to
-/// an `h2c` upgrade, which is refused), and `TE` unless it is exactly `trailers`.
+/// an `h2c` upgrade, which is refused), and `TE` unless every value is `trailers` (in any case;
+/// it is then left as one lowercase `trailers`).
 ///
 /// One pass over the fields finds what is present, so the common case (none of them, or only
 /// `Connection: keep-alive` or `close`) costs one name match a field and, for `Connection`, a

@@ -365,7 +365,6 @@ fn unreachable_err() -> Infallible {
     panic!("client body failed")
 }
 
-/// How many `X-Forwarded-For`, `-Proto` and `-Host` values a request carried, all three together.
 /// Every `TE` value, joined with `|`, or `-` without one.
 fn te_values(headers: &http::HeaderMap) -> String {
     let values: Vec<&str> = headers
@@ -380,6 +379,7 @@ fn te_values(headers: &http::HeaderMap) -> String {
     }
 }
 
+/// How many `X-Forwarded-For`, `-Proto` and `-Host` values a request carried, all three together.
 fn forwarded_lines(headers: &http::HeaderMap) -> String {
     ["x-forwarded-for", "x-forwarded-proto", "x-forwarded-host"]
         .iter()
