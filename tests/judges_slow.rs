@@ -141,6 +141,28 @@ fn send_queued_bytes(pid: u32) -> u64 {
     queued("/proc/net/tcp") + queued("/proc/net/tcp6")
 }
 
+/// Waits (at least 1 s, at most 10 s) until the attacks' opening burst is over, and says how long
+/// that took. The slow readers' 300 ten-megabyte answers stream at full speed until their windows
+/// close and the bounded send queues fill: about 40 MiB copied through the proxy (a debug build
+/// here) and as much made by the test's own backend, a burst of work any proxy does once, during
+/// which a probe waited up to 2 s on a loaded 2-core machine. Over when the bytes queued on the
+/// proxy's and the backend's sockets grow by under 2 % in 250 ms.
+async fn attacks_settled(proxy: u32) -> Duration {
+    let begun = Instant::now();
+    let queued = || send_queued_bytes(proxy) + send_queued_bytes(std::process::id());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut last = queued();
+    while begun.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = queued();
+        if last > 0 && now <= last + last / 50 {
+            break;
+        }
+        last = now;
+    }
+    begun.elapsed()
+}
+
 /// A fresh connection every 250 ms for `how_long`.
 async fn probe(proxy: &ProxyProcess, how_long: Duration) -> Probed {
     let end = Instant::now() + how_long;
@@ -199,8 +221,9 @@ async fn slowloris_slow_body_and_slow_read_at_once_leave_the_proxy_answering() {
             std::thread::spawn(move || run_blocking(&program, &args, &dir.clone(), limit))
         })
         .collect();
-    // Give the attacks their first second to open their connections, then probe throughout.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Probe the siege, not its opening burst: let the attacks open their connections and the
+    // slow readers' answers fill what they can, then probe until the attacks end.
+    let ramp = attacks_settled(proxy.pid()).await;
     let idle_rss = proxy.rss_kib();
     // The probe is a client of its own, like slowhttptest's: its own thread and runtime, not
     // queued behind the backend's tasks (which write 300 ten-megabyte answers meanwhile).
@@ -210,7 +233,7 @@ async fn slowloris_slow_body_and_slow_read_at_once_leave_the_proxy_answering() {
                 .enable_all()
                 .build()
                 .expect("probe runtime")
-                .block_on(probe(&proxy, Duration::from_secs(SECONDS - 2)))
+                .block_on(probe(&proxy, Duration::from_secs(SECONDS - 2) - ramp))
         });
         probing.join().expect("probe thread")
     });
@@ -241,7 +264,7 @@ async fn slowloris_slow_body_and_slow_read_at_once_leave_the_proxy_answering() {
         }
     }
     eprintln!(
-        "probe: {} of {} fresh connections answered within 2 s (the slowest in {:?}, asked {:?} after probing began); proxy RSS {} KiB at the start, {} KiB at most; its kernel send queues {} KiB at most",
+        "probe: from {ramp:?} after the attacks began, {} of {} fresh connections answered within 2 s (the slowest in {:?}, asked {:?} after probing began); proxy RSS {} KiB at the start, {} KiB at most; its kernel send queues {} KiB at most",
         probed.sent - probed.failed.len(),
         probed.sent,
         probed.slowest,
