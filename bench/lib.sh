@@ -147,6 +147,7 @@ raise_nofile() {  # raise_nofile WANT
 
 # Global part of an nginx config rooted in $TMP/NAME. With CONNS, worker_connections is CONNS and the
 # worker's open-file limit NOFILE (set by raise_nofile); without, the 1024 of bench/run.sh.
+# With CONNS, the instance named `backend` also sets multi_accept (see below).
 nginx_common() {  # nginx_common NAME [CONNS]
   local d="$TMP/$1"
   mkdir -p "$d"
@@ -158,7 +159,11 @@ pid $d/nginx.pid;
 error_log $d/error.log error;
 EOF
   if [[ -n "${2:-}" ]]; then
-    printf 'worker_rlimit_nofile %s;\nevents { worker_connections %s; }\n' "$NOFILE" "$2"
+    # The backend takes every waiting connection at each turn of its loop (multi_accept): with
+    # nginx's default of one a turn, a proxy's burst of new upstream connections waits in the
+    # backend's accept queue behind thousands of busy connections' events.
+    printf 'worker_rlimit_nofile %s;\nevents { worker_connections %s;%s }\n' "$NOFILE" "$2" \
+      "$([[ $1 == backend ]] && echo ' multi_accept on;')"
   else
     echo 'events { worker_connections 1024; }'
   fi
