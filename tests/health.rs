@@ -1,6 +1,7 @@
 //! Active health checks (SPEC §6.1) through the in-process proxy on tokio's paused clock:
 //! failing backends leave rotation within two rounds and come back when fixed, a blackholed
-//! backend does not delay the other checks, `healthcheck: false` is never probed, a route with
+//! backend does not delay the other checks, one that serves requests stays although its probes
+//! run out of time, `healthcheck: false` is never probed, a route with
 //! nothing up answers 503. The rounds' timing is virtual: no test waits on the wall clock.
 
 use crate::inproc;
@@ -97,6 +98,32 @@ async fn blackholed_backend_does_not_delay_the_others() {
         answered_by(&mut c, 6).await,
         (set(&["a"]), HashSet::from([200]))
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_backend_slow_to_answer_its_probes_stays_while_it_serves() {
+    // Its probes get no answer (as from a backend too loaded to take a new connection at
+    // once), but it answers every request: alive, so the rounds keep it in rotation.
+    let a = Backend::builder("a").hanging_probes().start().await;
+    let proxy = Proxy::start(&route(&[&a], true), MAIN).await;
+    let mut c = Client::connect(Proto::H1, proxy.addr).await;
+    let mut statuses = HashSet::new();
+    // 4 s of requests, one every 100 ms: every round's probe runs out of time meanwhile.
+    for _ in 0..40 {
+        let resp = c.get("h.test", "/").await;
+        statuses.insert(resp.status().as_u16());
+        body_bytes(resp).await;
+        proxy.pass(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        statuses,
+        HashSet::from([200]),
+        "never taken out while it served"
+    );
+    assert!(a.probes() >= 3, "a was probed {} times", a.probes());
+    // With no requests answered meanwhile, a probe out of time takes it out.
+    proxy.pass(Duration::from_millis(2300)).await;
+    assert_eq!(c.get("h.test", "/").await.status(), 503);
 }
 
 #[tokio::test(start_paused = true)]

@@ -7,6 +7,11 @@
 //! takes it out until a round where all pass. Routes with `healthcheck: false` are not probed
 //! (their backends count as up; passive health still applies).
 //!
+//! A probe that only ran out of time does not fail while the backend answered proxied requests
+//! (status < 500) meanwhile: it is alive, only slow to take a new connection or to answer the
+//! probe, as under load. Taking it out would turn a slow moment into 503s, or move its load onto
+//! the others. A backend that answers nothing, or answers the probe 5xx, leaves as before.
+//!
 //! The state lives on [`Backend`], which the registry shares between snapshots, so it survives
 //! reloads. A blackholed backend only costs its own probe's timeout: probes never wait for each
 //! other.
@@ -113,7 +118,18 @@ pub async fn probe(backend: &Backend, path: &str, method: Method, timeout: Durat
         let req = probe_request(backend, path, method);
         connector::exchange_once(ep, &backend.spec.host, req, timeout).await
     };
+    let answers_before = backend.answers();
     let outcome: Result<Result<_, ConnectError>, _> = tokio::time::timeout(timeout, attempt).await;
+    let timed_out = match &outcome {
+        Err(_) => true,
+        Ok(Err(e)) => e.is_timeout(),
+        Ok(Ok(_)) => false,
+    };
+    let answered_meanwhile = backend.answers().saturating_sub(answers_before);
+    if timed_out && answered_meanwhile > 0 {
+        tracing::debug!(backend = %backend.label, path, "health probe: no answer within {timeout:?}, but {answered_meanwhile} requests were answered meanwhile; kept in rotation");
+        return true;
+    }
     if !matches!(outcome, Ok(Ok(_))) {
         // Connections fail: the backend may have come back speaking something else.
         backend.forget_detection();
@@ -158,6 +174,7 @@ mod tests {
     use crate::config::{parse_upstreams_text, Issues};
     use crate::layers::{Keys, PolicyState};
     use crate::upstream::Registry;
+    use crate::vocab::WorkerId;
     use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
@@ -242,6 +259,48 @@ mod tests {
         let reloaded = snapshot(&yaml, &registry);
         let route = reloaded.routes().find(|r| &*r.prefix == "/").unwrap();
         assert!(!route.backends.get(1).unwrap().is_up());
+    }
+
+    #[tokio::test]
+    async fn a_probe_out_of_time_keeps_a_backend_that_answers_requests_meanwhile() {
+        let hits = Arc::new(AtomicUsize::new(0));
+        let silent = server(Arc::new(AtomicU16::new(0)), hits.clone()).await;
+        let registry = Registry::for_tests(1, Duration::from_secs(60));
+        let yaml =
+            format!("upstreams:\n  h:\n    paths:\n      /:\n        servers: [\"{silent}\"]\n");
+        let snap = snapshot(&yaml, &registry);
+        let settings = HealthSettings {
+            method: Method::HEAD,
+            interval: Duration::from_millis(200),
+        };
+        let route = snap.routes().next().unwrap();
+        let backend = route.backends.get(0).unwrap().clone();
+        // Proxied requests answered while the probe waits: alive, so it stays.
+        let serving = {
+            let backend = backend.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    backend.note_answer(WorkerId(0), http::StatusCode::NOT_FOUND);
+                }
+            })
+        };
+        round(&snap, &settings).await;
+        assert!(backend.is_up(), "answering requests, so kept");
+        // Answers of 5xx are no sign of life.
+        serving.abort();
+        let failing = {
+            let backend = backend.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    backend.note_answer(WorkerId(0), http::StatusCode::BAD_GATEWAY);
+                }
+            })
+        };
+        round(&snap, &settings).await;
+        failing.abort();
+        assert!(!backend.is_up(), "only 5xx answers, so out");
     }
 
     #[tokio::test]

@@ -126,6 +126,18 @@ impl Backend {
         &self.slots[worker.0 % self.slots.len()]
     }
 
+    /// Notes a response head from this backend; one under 500 counts as a sign of life.
+    pub fn note_answer(&self, worker: WorkerId, status: http::StatusCode) {
+        if status.as_u16() < 500 {
+            self.slot(worker).note_answer();
+        }
+    }
+
+    /// Response heads under 500 this backend has sent to any worker so far.
+    pub fn answers(&self) -> u64 {
+        self.slots.iter().map(WorkerSlot::answers).sum()
+    }
+
     /// Opens a connection (see [`connector::open`]); the outcome counts in passive health (TCP
     /// and TLS failures count; a handshake the backend completes is a success), except a TLS
     /// failure for a server name the client chose (`sni_by_client`): a made-up `Host` must not

@@ -153,6 +153,7 @@ pub fn send<'a>(
             };
             match sent {
                 Ok(mut resp) => {
+                    backend.note_answer(worker, resp.status());
                     resp.body_mut()
                         .set_served_by(ServedBy(backend.clone(), began));
                     return Ok(resp);

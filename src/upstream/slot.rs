@@ -5,7 +5,7 @@
 //! opened for (empty for plain ones), and a request only ever reuses one opened for its own
 //! name: a session set up for one name never carries another's requests.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use hyper::client::conn::{http1, http2};
@@ -30,6 +30,9 @@ pub struct WorkerSlot {
     /// The last TLS handshake with this backend chose HTTP/1.1: open TLS connections without
     /// waiting for each other.
     pub tls_chose_h1: std::sync::atomic::AtomicBool,
+    /// Response heads under 500 this worker has had from the backend: a sign of life the
+    /// health checks read (see `Backend::answers`).
+    answers: AtomicU64,
 }
 
 struct H2Conn {
@@ -49,6 +52,16 @@ impl Drop for StreamTicket {
 }
 
 impl WorkerSlot {
+    /// Counts a response head under 500 from the backend.
+    pub fn note_answer(&self) {
+        self.answers.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Response heads under 500 so far.
+    pub fn answers(&self) -> u64 {
+        self.answers.load(Ordering::Relaxed)
+    }
+
     /// An idle HTTP/1.1 connection opened for `sni` (`None`: plain) that is ready for a request.
     pub fn take_idle(&self, sni: Option<&str>) -> Option<http1::SendRequest<UpBody>> {
         let mut idle = lock(&self.idle);

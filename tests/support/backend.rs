@@ -86,6 +86,8 @@ pub(crate) struct Answers {
     /// The status to answer; 0: read the request and never answer.
     status: Arc<AtomicU16>,
     cookies: bool,
+    /// Health probes are read and never answered; requests are.
+    probes_hang: bool,
     requests: Arc<AtomicUsize>,
     probes: Arc<AtomicUsize>,
 }
@@ -97,6 +99,7 @@ impl Answers {
             name,
             status: Arc::new(AtomicU16::new(200)),
             cookies: false,
+            probes_hang: false,
             requests: Arc::default(),
             probes: Arc::default(),
         }
@@ -114,6 +117,7 @@ pub struct BackendBuilder {
     speaks: Speaks,
     status: u16,
     cookies: bool,
+    probes_hang: bool,
 }
 
 impl BackendBuilder {
@@ -142,6 +146,13 @@ impl BackendBuilder {
         self
     }
 
+    /// Reads health probes and never answers them, while it answers requests: a backend whose
+    /// health check is stuck, or that takes its new connections late, but that serves.
+    pub fn hanging_probes(mut self) -> Self {
+        self.probes_hang = true;
+        self
+    }
+
     /// Starts on a port of 127.0.0.1 the OS picks.
     pub async fn start(self) -> Backend {
         self.start_on(any_local()).await
@@ -154,6 +165,7 @@ impl BackendBuilder {
             name: self.name,
             status: Arc::new(AtomicU16::new(self.status)),
             cookies: self.cookies,
+            probes_hang: self.probes_hang,
             requests: Arc::default(),
             probes: Arc::default(),
         };
@@ -193,6 +205,7 @@ impl Backend {
             speaks: Speaks::Both,
             status: 200,
             cookies: false,
+            probes_hang: false,
         }
     }
 
@@ -292,6 +305,9 @@ pub(crate) async fn answer(
         .is_some_and(|v| v == PROBE_AGENT);
     if probe {
         ans.probes.fetch_add(1, Ordering::SeqCst);
+        if ans.probes_hang {
+            std::future::pending::<()>().await;
+        }
     } else {
         ans.requests.fetch_add(1, Ordering::SeqCst);
     }
