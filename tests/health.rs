@@ -104,7 +104,11 @@ async fn blackholed_backend_does_not_delay_the_others() {
 async fn a_backend_slow_to_answer_its_probes_stays_while_it_serves() {
     // Its probes get no answer (as from a backend too loaded to take a new connection at
     // once), but it answers every request: alive, so the rounds keep it in rotation.
-    let a = Backend::builder("a").hanging_probes().start().await;
+    let a = Backend::builder("a")
+        .h1_only()
+        .hanging_probes()
+        .start()
+        .await;
     let proxy = Proxy::start(&route(&[&a], true), MAIN).await;
     let mut c = Client::connect(Proto::H1, proxy.addr).await;
     let mut statuses = HashSet::new();

@@ -354,7 +354,13 @@ pub async fn exchange_once(
         }
         .map_err(|e| ConnectError::new(exchange_error(&e), e.to_string()))
     };
-    match tokio::time::timeout(limit, attempt).await {
+    let deadline = tokio::time::Instant::now() + limit;
+    match tokio::time::timeout_at(deadline, attempt).await {
+        // The connection's task ends at the same deadline, and a request whose connection is
+        // gone may be seen first: it failed for want of time all the same.
+        Ok(Err(_)) if tokio::time::Instant::now() >= deadline => {
+            Err(ConnectError::timeout(ConnectErrorKind::Exchange, limit))
+        }
         Ok(outcome) => outcome,
         Err(_) => Err(ConnectError::timeout(ConnectErrorKind::Exchange, limit)),
     }
@@ -384,4 +390,46 @@ pub async fn read_body(mut body: Incoming, max: usize) -> Result<Bytes, ConnectE
         }
     }
     Ok(out.freeze())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    /// A server that takes connections, reads, and never answers.
+    async fn silent_server() -> SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {}
+                });
+            }
+        });
+        addr
+    }
+
+    // Real time on two workers: the connection's task, bounded by the same limit, may end
+    // before the exchange sees its deadline, and that race is what is tested.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_exchange_without_an_answer_ends_as_a_timeout() {
+        let addrs = [silent_server().await];
+        let attempts = (0..32).map(|_| async {
+            let ep = Endpoint {
+                addrs: &addrs,
+                host: "127.0.0.1",
+                wire: Wire::Http1,
+                verify_tls: false,
+            };
+            let req = Request::get("/").body(Either::Right(Empty::new())).unwrap();
+            exchange_once(ep, "127.0.0.1", req, Duration::from_millis(300)).await
+        });
+        for outcome in futures_util::future::join_all(attempts).await {
+            let error = outcome.expect_err("the server never answers");
+            assert!(error.is_timeout(), "not a timeout: {error}");
+        }
+    }
 }
