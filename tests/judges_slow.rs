@@ -233,7 +233,10 @@ async fn slowloris_slow_body_and_slow_read_at_once_leave_the_proxy_answering() {
                 .enable_all()
                 .build()
                 .expect("probe runtime")
-                .block_on(probe(&proxy, Duration::from_secs(SECONDS - 2) - ramp))
+                .block_on(probe(
+                    &proxy,
+                    Duration::from_secs(SECONDS - 2).saturating_sub(ramp),
+                ))
         });
         probing.join().expect("probe thread")
     });
