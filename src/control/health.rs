@@ -276,31 +276,26 @@ mod tests {
         let route = snap.routes().next().unwrap();
         let backend = route.backends.get(0).unwrap().clone();
         // Proxied requests answered while the probe waits: alive, so it stays.
-        let serving = {
-            let backend = backend.clone();
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    backend.note_answer(WorkerId(0), http::StatusCode::NOT_FOUND);
-                }
-            })
-        };
+        let serving = answering(&backend, http::StatusCode::NOT_FOUND);
         round(&snap, &settings).await;
+        serving.abort();
         assert!(backend.is_up(), "answering requests, so kept");
         // Answers of 5xx are no sign of life.
-        serving.abort();
-        let failing = {
-            let backend = backend.clone();
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    backend.note_answer(WorkerId(0), http::StatusCode::BAD_GATEWAY);
-                }
-            })
-        };
+        let failing = answering(&backend, http::StatusCode::BAD_GATEWAY);
         round(&snap, &settings).await;
         failing.abort();
         assert!(!backend.is_up(), "only 5xx answers, so out");
+    }
+
+    /// Notes an answer of `status` from `backend` every 20 ms, as proxied traffic would.
+    fn answering(backend: &Arc<Backend>, status: http::StatusCode) -> tokio::task::JoinHandle<()> {
+        let backend = backend.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                backend.note_answer(WorkerId(0), status);
+            }
+        })
     }
 
     #[tokio::test]
