@@ -339,3 +339,53 @@ async fn a_pooled_connection_dropped_under_a_get_is_replayed_on_a_fresh_one() {
         assert_eq!(dropper.seen(), 6, "{proto:?}");
     }
 }
+
+/// `n` clients at once, each on its own connection, each asking for an answer that takes 50 ms:
+/// `n` requests in flight to the backend together.
+async fn burst(proxy: &Proxy, n: usize) {
+    let mut calls = Vec::new();
+    for i in 0..n {
+        let addr = proxy.addr;
+        calls.push(tokio::spawn(async move {
+            let mut client = Client::connect(Proto::H1, addr).await;
+            let resp = client.get("any", &format!("/slow/50?{i}")).await;
+            let status = resp.status();
+            body_bytes(resp).await;
+            status
+        }));
+    }
+    for call in calls {
+        assert_eq!(call.await.unwrap(), 200);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_over_the_pool_size_finds_its_connections_until_they_go_unused() {
+    let backend = Backend::start("a").await;
+    let plain_h1 = route_to(&[format!("http://{}", backend.addr)]);
+    let proxy = Proxy::start(&plain_h1, "upstream_keepalive_pool_size: 2").await;
+    burst(&proxy, 6).await;
+    assert_eq!(backend.accepts(), 6);
+    // The next burst finds all six, not only the pool's two.
+    burst(&proxy, 6).await;
+    assert_eq!(
+        backend.accepts(),
+        6,
+        "the surplus was kept for the next burst"
+    );
+    // Unused for two grace periods, the four above the pool size are closed.
+    proxy.pass(Duration::from_millis(2100)).await;
+    burst(&proxy, 6).await;
+    assert_eq!(backend.accepts(), 10, "two kept, four opened again");
+
+    // Past half of `upstream_max_connections` a worker keeps no surplus (another worker may
+    // need those places): of the four above the size, three are closed as they come back (6,
+    // 5, then 4 open) and the last, back with 3 open, is kept.
+    let capped = Backend::start("b").await;
+    let plain_h1 = route_to(&[format!("http://{}", capped.addr)]);
+    let main = "upstream_keepalive_pool_size: 2\nupstream_max_connections: 6";
+    let proxy = Proxy::start(&plain_h1, main).await;
+    burst(&proxy, 6).await;
+    burst(&proxy, 6).await;
+    assert_eq!(capped.accepts(), 9, "three closed on return");
+}

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 pub use super::connector::Wire;
 use super::connector::{self, ConnectError, ConnectErrorKind, Endpoint, Fresh};
 use super::inline::InlineConn;
-use super::slot::WorkerSlot;
+use super::slot::{IdleKind, Returned, WorkerSlot, SURPLUS_GRACE};
 use crate::config::values::{Scheme, ServerSpec};
 use crate::metrics::Metrics;
 use crate::vocab::{CountedSlot, WorkerId};
@@ -124,6 +124,59 @@ impl Backend {
     /// This worker's connections to the backend.
     pub(super) fn slot(&self, worker: WorkerId) -> &WorkerSlot {
         &self.slots[worker.0 % self.slots.len()]
+    }
+
+    /// Gives a plain connection whose response has been read back to `worker`'s idle list.
+    pub(super) fn keep_inline(self: &Arc<Self>, worker: WorkerId, conn: Box<InlineConn>) {
+        let max = self.idle_per_worker;
+        let kept = self
+            .slot(worker)
+            .put_inline(conn, max, self.surplus_allowed());
+        self.trim_later(kept, worker, IdleKind::Inline);
+    }
+
+    /// Gives hyper's HTTP/1.1 connection (opened for `sni`) back to `worker`'s idle list.
+    pub(super) fn keep_hyper(
+        self: &Arc<Self>,
+        worker: WorkerId,
+        sni: Option<Arc<str>>,
+        conn: hyper::client::conn::http1::SendRequest<connector::UpBody>,
+    ) {
+        let max = self.idle_per_worker;
+        let kept = self
+            .slot(worker)
+            .put_idle(sni, conn, max, self.surplus_allowed());
+        self.trim_later(kept, worker, IdleKind::Hyper);
+    }
+
+    /// Idle connections above the pool size may wait for the next burst (see `idle_list`) while
+    /// the backend has used at most half its `upstream_max_connections`: idle ones on one worker
+    /// must not take the places another worker needs.
+    fn surplus_allowed(&self) -> bool {
+        self.open_conns.load(Ordering::Relaxed) <= self.max_conns / 2
+    }
+
+    /// After a keep that went over the pool size, trims the list every grace period on this
+    /// worker's own runtime until it is back within the size. Outside a runtime (shutting down)
+    /// the surplus is closed at once.
+    fn trim_later(self: &Arc<Self>, kept: Returned, worker: WorkerId, list: IdleKind) {
+        if kept != Returned::ArmTrim {
+            return;
+        }
+        let max = self.idle_per_worker;
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            while self.slot(worker).trim_idle(list, max) {}
+            return;
+        };
+        let backend = Arc::clone(self);
+        runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(SURPLUS_GRACE).await;
+                if !backend.slot(worker).trim_idle(list, max) {
+                    break;
+                }
+            }
+        });
     }
 
     /// Notes a response head from this backend; one under 500 counts as a sign of life.

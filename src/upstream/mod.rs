@@ -10,6 +10,7 @@ pub mod call;
 pub mod connector;
 pub mod detect;
 mod h2_settings;
+mod idle_list;
 pub mod inline;
 pub mod pool;
 pub mod pooled_body;

@@ -73,8 +73,7 @@ pub struct PoolHome {
 
 impl inline::Home for PoolHome {
     fn keep(self, conn: Box<InlineConn>) {
-        let max = self.backend.idle_per_worker;
-        self.backend.slot(self.worker).put_inline(conn, max);
+        self.backend.keep_inline(self.worker, conn);
     }
 }
 
@@ -146,8 +145,7 @@ impl PooledBody {
     fn release_if_done(&mut self) {
         if self.inner.is_end_stream() {
             if let Some(r) = self.conn.take() {
-                let max = r.backend.idle_per_worker;
-                r.backend.slot(r.worker).put_idle(r.sni, r.conn, max);
+                r.backend.keep_hyper(r.worker, r.sni, r.conn);
             }
         }
     }

@@ -12,18 +12,26 @@ use hyper::client::conn::{http1, http2};
 
 use super::connector::UpBody;
 use super::h2_settings::StreamLimit;
+use super::idle_list::IdleList;
+pub use super::idle_list::{Returned, SURPLUS_GRACE};
 use super::inline::InlineConn;
 
 /// An idle HTTP/1.1 connection and the server name it was opened for (`None`: plain).
 type IdleH1 = (Option<Arc<str>>, http1::SendRequest<UpBody>);
 
+/// Which of a slot's idle lists: the plain connections requests drive themselves, or hyper's.
+#[derive(Clone, Copy, Debug)]
+pub enum IdleKind {
+    Inline,
+    Hyper,
+}
+
 /// One worker's connections to one backend.
 #[derive(Default)]
 pub struct WorkerSlot {
-    idle: Mutex<Vec<IdleH1>>,
-    // Boxed on purpose: a connection moves between this list and a response body as a pointer.
-    #[allow(clippy::vec_box)]
-    idle_inline: Mutex<Vec<Box<InlineConn>>>,
+    idle: Mutex<IdleList<IdleH1>>,
+    /// Boxed: a connection moves between this list and a response body as a pointer.
+    idle_inline: Mutex<IdleList<Box<InlineConn>>>,
     h2: Mutex<Vec<H2Conn>>,
     /// Held while opening a connection that may be HTTP/2, so a burst waits for it.
     pub opening_h2: tokio::sync::Mutex<()>,
@@ -65,8 +73,7 @@ impl WorkerSlot {
     /// An idle HTTP/1.1 connection opened for `sni` (`None`: plain) that is ready for a request.
     pub fn take_idle(&self, sni: Option<&str>) -> Option<http1::SendRequest<UpBody>> {
         let mut idle = lock(&self.idle);
-        while let Some(at) = idle.iter().rposition(|(name, _)| name.as_deref() == sni) {
-            let (_, conn) = idle.swap_remove(at);
+        while let Some((_, conn)) = idle.take_last(|(name, _)| name.as_deref() == sni) {
             if conn.is_ready() {
                 return Some(conn);
             }
@@ -86,11 +93,21 @@ impl WorkerSlot {
         None
     }
 
-    /// Keeps a plain connection whose response has been read, unless `max` are idle already.
-    pub fn put_inline(&self, conn: Box<InlineConn>, max: usize) {
-        let mut idle = lock(&self.idle_inline);
-        if idle.len() < max {
-            idle.push(conn);
+    /// Keeps a plain connection whose response has been read: within `max` idle ones, or above
+    /// that while `surplus_allowed` (see `idle_list`). A refused connection is closed after the
+    /// list is unlocked.
+    pub fn put_inline(&self, conn: Box<InlineConn>, max: usize, surplus_allowed: bool) -> Returned {
+        let (kept, refused) = lock(&self.idle_inline).keep(conn, max, surplus_allowed);
+        drop(refused);
+        kept
+    }
+
+    /// Closes the idle connections of one list above `max` that no request has needed since
+    /// its last trim. Returns whether the list is still over `max` (another trim is due).
+    pub fn trim_idle(&self, list: IdleKind, max: usize) -> bool {
+        match list {
+            IdleKind::Inline => close_after_unlock(lock(&self.idle_inline).trim(max)),
+            IdleKind::Hyper => close_after_unlock(lock(&self.idle).trim(max)),
         }
     }
 
@@ -126,16 +143,28 @@ impl WorkerSlot {
         StreamTicket(open_streams)
     }
 
-    /// Keeps `conn` (opened for `sni`) for the next request, unless `max` are idle already.
-    pub fn put_idle(&self, sni: Option<Arc<str>>, conn: http1::SendRequest<UpBody>, max: usize) {
+    /// Keeps `conn` (opened for `sni`) for the next request, as `put_inline` does.
+    pub fn put_idle(
+        &self,
+        sni: Option<Arc<str>>,
+        conn: http1::SendRequest<UpBody>,
+        max: usize,
+        surplus_allowed: bool,
+    ) -> Returned {
         if conn.is_closed() {
-            return;
+            return Returned::Refused;
         }
-        let mut idle = lock(&self.idle);
-        if idle.len() < max {
-            idle.push((sni, conn));
-        }
+        let (kept, refused) = lock(&self.idle).keep((sni, conn), max, surplus_allowed);
+        drop(refused);
+        kept
     }
+}
+
+/// Drops the connections a trim took off a list (its lock is released by now) and says whether
+/// the list is still over its size.
+fn close_after_unlock<T>((closed, still_over): (Vec<T>, bool)) -> bool {
+    drop(closed);
+    still_over
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
