@@ -14,7 +14,7 @@ use tokio::time::Instant;
 pub use super::connector::Wire;
 use super::connector::{self, ConnectError, ConnectErrorKind, Endpoint, Fresh};
 use super::inline::InlineConn;
-use super::slot::{IdleKind, Returned, WorkerSlot, SURPLUS_GRACE};
+use super::slot::{IdleKind, WorkerSlot, SURPLUS_GRACE};
 use crate::config::values::{Scheme, ServerSpec};
 use crate::metrics::Metrics;
 use crate::vocab::{CountedSlot, WorkerId};
@@ -129,10 +129,10 @@ impl Backend {
     /// Gives a plain connection whose response has been read back to `worker`'s idle list.
     pub(super) fn keep_inline(self: &Arc<Self>, worker: WorkerId, conn: Box<InlineConn>) {
         let max = self.idle_per_worker;
-        let kept = self
+        let trim_due = self
             .slot(worker)
-            .put_inline(conn, max, self.surplus_allowed());
-        self.trim_later(kept, worker, IdleKind::Inline);
+            .put_inline(conn, max, || self.surplus_allowed());
+        self.trim_later(trim_due, worker, IdleKind::Inline);
     }
 
     /// Gives hyper's HTTP/1.1 connection (opened for `sni`) back to `worker`'s idle list.
@@ -143,10 +143,10 @@ impl Backend {
         conn: hyper::client::conn::http1::SendRequest<connector::UpBody>,
     ) {
         let max = self.idle_per_worker;
-        let kept = self
+        let trim_due = self
             .slot(worker)
-            .put_idle(sni, conn, max, self.surplus_allowed());
-        self.trim_later(kept, worker, IdleKind::Hyper);
+            .put_idle(sni, conn, max, || self.surplus_allowed());
+        self.trim_later(trim_due, worker, IdleKind::Hyper);
     }
 
     /// Idle connections above the pool size may wait for the next burst (see `idle_list`) while
@@ -159,8 +159,8 @@ impl Backend {
     /// After a keep that went over the pool size, trims the list every grace period on this
     /// worker's own runtime until it is back within the size. Outside a runtime (shutting down)
     /// the surplus is closed at once.
-    fn trim_later(self: &Arc<Self>, kept: Returned, worker: WorkerId, list: IdleKind) {
-        if kept != Returned::ArmTrim {
+    fn trim_later(self: &Arc<Self>, trim_due: bool, worker: WorkerId, list: IdleKind) {
+        if !trim_due {
             return;
         }
         let max = self.idle_per_worker;

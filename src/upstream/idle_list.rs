@@ -28,16 +28,6 @@ pub struct IdleList<T> {
     trim_armed: bool,
 }
 
-/// What [`IdleList::keep`] did with a connection.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Returned {
-    Kept,
-    /// Kept above the pool size: the caller arranges a [`IdleList::trim`] a grace period on.
-    ArmTrim,
-    /// Not kept (no pool, or no room for a surplus): the caller closes it.
-    Refused,
-}
-
 impl<T> Default for IdleList<T> {
     fn default() -> Self {
         IdleList {
@@ -49,23 +39,30 @@ impl<T> Default for IdleList<T> {
 }
 
 impl<T> IdleList<T> {
-    /// Puts `item` on top. Within `size` it is simply kept; above it only if `surplus_allowed`
-    /// (the first such keep arms a trim). A `size` of 0 keeps nothing.
-    pub fn keep(&mut self, item: T, size: usize, surplus_allowed: bool) -> (Returned, Option<T>) {
+    /// Puts `item` on top. Within `size` it is simply kept; above it only if `surplus_allowed()`
+    /// (asked only then). `Ok(true)`: kept above the size, and a [`IdleList::trim`] is now due a
+    /// grace period on (the caller arranges it; later keeps above the size find it armed).
+    /// `Err(item)`: not kept (a `size` of 0 keeps nothing), for the caller to close.
+    pub fn keep(
+        &mut self,
+        item: T,
+        size: usize,
+        surplus_allowed: impl FnOnce() -> bool,
+    ) -> Result<bool, T> {
         if self.items.len() < size {
             self.items.push(item);
-            return (Returned::Kept, None);
+            return Ok(false);
         }
-        if size == 0 || !surplus_allowed {
-            return (Returned::Refused, Some(item));
+        if size == 0 || !surplus_allowed() {
+            return Err(item);
         }
         self.items.push(item);
-        if self.trim_armed {
-            return (Returned::Kept, None);
+        let arm = !self.trim_armed;
+        if arm {
+            self.trim_armed = true;
+            self.untouched = self.items.len();
         }
-        self.trim_armed = true;
-        self.untouched = self.items.len();
-        (Returned::ArmTrim, None)
+        Ok(arm)
     }
 
     /// The top item.
@@ -112,7 +109,7 @@ mod tests {
     fn list_of(size: usize, items: std::ops::Range<u32>) -> IdleList<u32> {
         let mut list = IdleList::default();
         for i in items {
-            list.keep(i, size, true);
+            let _ = list.keep(i, size, || true);
         }
         list
     }
@@ -120,8 +117,8 @@ mod tests {
     #[test]
     fn within_the_pool_size_nothing_is_armed_or_closed() {
         let mut list = IdleList::default();
-        assert_eq!(list.keep(1, 2, true), (Returned::Kept, None));
-        assert_eq!(list.keep(2, 2, true), (Returned::Kept, None));
+        assert_eq!(list.keep(1, 2, || unreachable!()), Ok(false));
+        assert_eq!(list.keep(2, 2, || unreachable!()), Ok(false));
         assert_eq!(list.trim(2), (vec![], false));
         assert_eq!(list.len(), 2);
     }
@@ -129,18 +126,18 @@ mod tests {
     #[test]
     fn the_first_keep_over_the_size_arms_one_trim() {
         let mut list = IdleList::default();
-        list.keep(1, 1, true);
-        assert_eq!(list.keep(2, 1, true), (Returned::ArmTrim, None));
-        assert_eq!(list.keep(3, 1, true), (Returned::Kept, None));
+        assert_eq!(list.keep(1, 1, || true), Ok(false));
+        assert_eq!(list.keep(2, 1, || true), Ok(true));
+        assert_eq!(list.keep(3, 1, || true), Ok(false));
         assert_eq!(list.len(), 3);
     }
 
     #[test]
     fn no_pool_or_no_surplus_allowed_refuses() {
         let mut none = IdleList::default();
-        assert_eq!(none.keep(1, 0, true), (Returned::Refused, Some(1)));
+        assert_eq!(none.keep(1, 0, || true), Err(1));
         let mut full = list_of(1, 0..1);
-        assert_eq!(full.keep(2, 1, false), (Returned::Refused, Some(2)));
+        assert_eq!(full.keep(2, 1, || false), Err(2));
         assert_eq!(full.len(), 1);
     }
 
@@ -162,7 +159,7 @@ mod tests {
             list.pop();
         }
         for i in 10..14 {
-            list.keep(i, 2, true);
+            let _ = list.keep(i, 2, || true);
         }
         // Only the bottom two stayed untouched all the period: they go, the four given back stay.
         assert_eq!(list.trim(2), (vec![0, 1], true));

@@ -13,7 +13,7 @@ use hyper::client::conn::{http1, http2};
 use super::connector::UpBody;
 use super::h2_settings::StreamLimit;
 use super::idle_list::IdleList;
-pub use super::idle_list::{Returned, SURPLUS_GRACE};
+pub use super::idle_list::SURPLUS_GRACE;
 use super::inline::InlineConn;
 
 /// An idle HTTP/1.1 connection and the server name it was opened for (`None`: plain).
@@ -94,20 +94,22 @@ impl WorkerSlot {
     }
 
     /// Keeps a plain connection whose response has been read: within `max` idle ones, or above
-    /// that while `surplus_allowed` (see `idle_list`). A refused connection is closed after the
-    /// list is unlocked.
-    pub fn put_inline(&self, conn: Box<InlineConn>, max: usize, surplus_allowed: bool) -> Returned {
-        let (kept, refused) = lock(&self.idle_inline).keep(conn, max, surplus_allowed);
-        drop(refused);
-        kept
+    /// that if `surplus_allowed()` (see `idle_list`). Returns whether a trim is now due.
+    pub fn put_inline(
+        &self,
+        conn: Box<InlineConn>,
+        max: usize,
+        surplus_allowed: impl FnOnce() -> bool,
+    ) -> bool {
+        keep_in(&self.idle_inline, conn, max, surplus_allowed)
     }
 
     /// Closes the idle connections of one list above `max` that no request has needed since
     /// its last trim. Returns whether the list is still over `max` (another trim is due).
     pub fn trim_idle(&self, list: IdleKind, max: usize) -> bool {
         match list {
-            IdleKind::Inline => close_after_unlock(lock(&self.idle_inline).trim(max)),
-            IdleKind::Hyper => close_after_unlock(lock(&self.idle).trim(max)),
+            IdleKind::Inline => trim_in(&self.idle_inline, max),
+            IdleKind::Hyper => trim_in(&self.idle, max),
         }
     }
 
@@ -149,20 +151,28 @@ impl WorkerSlot {
         sni: Option<Arc<str>>,
         conn: http1::SendRequest<UpBody>,
         max: usize,
-        surplus_allowed: bool,
-    ) -> Returned {
-        if conn.is_closed() {
-            return Returned::Refused;
-        }
-        let (kept, refused) = lock(&self.idle).keep((sni, conn), max, surplus_allowed);
-        drop(refused);
-        kept
+        surplus_allowed: impl FnOnce() -> bool,
+    ) -> bool {
+        !conn.is_closed() && keep_in(&self.idle, (sni, conn), max, surplus_allowed)
     }
 }
 
-/// Drops the connections a trim took off a list (its lock is released by now) and says whether
-/// the list is still over its size.
-fn close_after_unlock<T>((closed, still_over): (Vec<T>, bool)) -> bool {
+/// [`IdleList::keep`] under the list's lock; a refused connection is closed after it is released.
+/// Returns whether a trim is now due.
+fn keep_in<T>(
+    list: &Mutex<IdleList<T>>,
+    item: T,
+    max: usize,
+    surplus_allowed: impl FnOnce() -> bool,
+) -> bool {
+    let kept = lock(list).keep(item, max, surplus_allowed);
+    kept.unwrap_or(false)
+}
+
+/// [`IdleList::trim`] under the list's lock; the connections it takes off are closed after it is
+/// released. Returns whether the list is still over `max`.
+fn trim_in<T>(list: &Mutex<IdleList<T>>, max: usize) -> bool {
+    let (closed, still_over) = lock(list).trim(max);
     drop(closed);
     still_over
 }
