@@ -2,7 +2,8 @@
 //! in-process proxy: the abusive connection is refused (GOAWAY or closed) and a normal client is
 //! served meanwhile. Part of issue 13's judges: rapid reset (CVE-2023-44487) and CONTINUATION
 //! flood (CVE-2024-27316 family), PING flood and SETTINGS flood (CVE-2019-9512, -9515). The
-//! zero-window case is in `hardening.rs`.
+//! zero-window case is in `hardening.rs`. And what an upload may hold in the proxy: the flow-control
+//! windows it is granted.
 
 use crate::inproc;
 use crate::support;
@@ -16,19 +17,31 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const DATA: u8 = 0x0;
 const HEADERS: u8 = 0x1;
 const RST_STREAM: u8 = 0x3;
 const SETTINGS: u8 = 0x4;
 const PING: u8 = 0x6;
 const GOAWAY: u8 = 0x7;
+const WINDOW_UPDATE: u8 = 0x8;
 const CONTINUATION: u8 = 0x9;
 const END_STREAM: u8 = 0x1;
+const ACK: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
 
 /// `GET http://a/` in HPACK from the static table (`:method GET`, `:scheme http`, `:path /`)
 /// and a literal `:authority a`.
 fn get_block() -> Vec<u8> {
     vec![0x82, 0x86, 0x84, 0x41, 0x01, b'a']
+}
+
+/// `POST http://a/echo`: `:method POST` and `:scheme http` from the static table, literal
+/// `:path /echo` and `:authority a`.
+fn post_echo_block() -> Vec<u8> {
+    let mut block = vec![0x83, 0x86, 0x44, 0x05];
+    block.extend_from_slice(b"/echo");
+    block.extend_from_slice(&[0x41, 0x01, b'a']);
+    block
 }
 
 /// Writes `bytes` and reads everything the proxy sends back until it closes or `limit` passes;
@@ -46,19 +59,50 @@ async fn outcome(mut s: TcpStream, limit: Duration) -> (bool, bool) {
     (has_frame(&got, GOAWAY), closed)
 }
 
-/// Whether a frame of `kind` is among the frames in `bytes` (which follow no preface).
-fn has_frame(bytes: &[u8], kind: u8) -> bool {
+/// One frame the proxy sent.
+struct Frame {
+    kind: u8,
+    flags: u8,
+    stream: u32,
+    payload: Vec<u8>,
+}
+
+/// The whole frames in `bytes` (which follow no preface), in order.
+fn frames(bytes: &[u8]) -> Vec<Frame> {
+    let mut out = Vec::new();
     let mut at = 0;
     while at + 9 <= bytes.len() {
         let len = (usize::from(bytes[at]) << 16)
             | (usize::from(bytes[at + 1]) << 8)
             | usize::from(bytes[at + 2]);
-        if bytes[at + 3] == kind {
-            return true;
+        let end = at + 9 + len;
+        if end > bytes.len() {
+            break;
         }
-        at += 9 + len;
+        let stream =
+            u32::from_be_bytes([bytes[at + 5], bytes[at + 6], bytes[at + 7], bytes[at + 8]]);
+        out.push(Frame {
+            kind: bytes[at + 3],
+            flags: bytes[at + 4],
+            stream: stream & 0x7fff_ffff,
+            payload: bytes[at + 9..end].to_vec(),
+        });
+        at = end;
     }
-    false
+    out
+}
+
+/// Whether a frame of `kind` is among the frames in `bytes` (which follow no preface).
+fn has_frame(bytes: &[u8], kind: u8) -> bool {
+    frames(bytes).iter().any(|f| f.kind == kind)
+}
+
+/// The value of setting `id` in a SETTINGS frame's payload.
+fn setting(payload: &[u8], id: u16) -> Option<u32> {
+    payload.chunks_exact(6).find_map(|entry| {
+        (u16::from_be_bytes([entry[0], entry[1]]) == id)
+            .then(|| u32::from_be_bytes([entry[2], entry[3], entry[4], entry[5]]))
+    })
 }
 
 async fn opened(addr: SocketAddr) -> TcpStream {
@@ -192,4 +236,118 @@ async fn settings_flood_is_refused() {
         "100,000 SETTINGS frames were all acknowledged"
     );
     a_normal_client_is_served(proxy.addr).await;
+}
+
+/// Reads what the proxy sends (into `got`) until its frames satisfy `enough`, and returns them.
+/// Fails if the proxy closes, refuses a stream or the connection, or stops for 30 s.
+async fn read_until(
+    rd: &mut tokio::net::tcp::OwnedReadHalf,
+    got: &mut Vec<u8>,
+    enough: impl Fn(&[Frame]) -> bool,
+) -> Vec<Frame> {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let read = tokio::time::timeout(Duration::from_secs(30), rd.read(&mut buf)).await;
+        let n = read.expect("the proxy stopped sending").unwrap();
+        let kinds = |bytes: &[u8]| frames(bytes).iter().map(|f| f.kind).collect::<Vec<_>>();
+        assert!(
+            n > 0,
+            "the proxy closed the connection after frames {:?}",
+            kinds(got)
+        );
+        got.extend_from_slice(&buf[..n]);
+        let sent = frames(got);
+        let refused = sent
+            .iter()
+            .any(|f| f.kind == GOAWAY || f.kind == RST_STREAM);
+        assert!(
+            !refused,
+            "the proxy refused the upload (a flow-control error?)"
+        );
+        if enough(&sent) {
+            return sent;
+        }
+    }
+}
+
+/// What one HTTP/2 stream, and one connection, may send ahead of the backend's reading.
+const STREAM_WINDOW: u32 = 1 << 20;
+const CONNECTION_WINDOW: u32 = 16 << 20;
+
+#[tokio::test(start_paused = true)]
+async fn an_upload_is_granted_fixed_flow_control_windows() {
+    // What a client sends ahead of the backend's reading is what the proxy holds for it: 1 MiB a
+    // stream and 16 MiB a connection, announced at once and never grown. (hyper's adaptive
+    // windows started at 64 KiB, then grew to 16 MiB a stream, measured with PINGs as data came.)
+    let backend = Backend::start("b").await;
+    let proxy = Proxy::start(&default_route(&[&backend]), "").await;
+    let (mut rd, mut wr) = TcpStream::connect(proxy.addr).await.unwrap().into_split();
+    let mut hello = PREFACE.to_vec();
+    // Room for the echo to come back whole: 16 MiB for the stream and for the connection.
+    hello.extend(h2_frame(SETTINGS, 0, 0, &[0, 4, 0x01, 0, 0, 0]));
+    hello.extend(h2_frame(
+        WINDOW_UPDATE,
+        0,
+        0,
+        &CONNECTION_WINDOW.to_be_bytes(),
+    ));
+    wr.write_all(&hello).await.unwrap();
+    let mut got = Vec::new();
+    let opening = read_until(&mut rd, &mut got, |sent| {
+        let settings = sent
+            .iter()
+            .any(|f| f.kind == SETTINGS && f.flags & ACK == 0);
+        settings
+            && sent
+                .iter()
+                .any(|f| f.kind == WINDOW_UPDATE && f.stream == 0)
+    })
+    .await;
+    let settings = opening
+        .iter()
+        .find(|f| f.kind == SETTINGS && f.flags & ACK == 0)
+        .expect("the proxy sent no SETTINGS");
+    assert_eq!(setting(&settings.payload, 0x4), Some(STREAM_WINDOW));
+    let update = opening
+        .iter()
+        .find(|f| f.kind == WINDOW_UPDATE && f.stream == 0)
+        .expect("the connection's window was never opened");
+    let increment = u32::from_be_bytes(update.payload[..4].try_into().unwrap());
+    assert_eq!(
+        65_535 + increment,
+        CONNECTION_WINDOW,
+        "the connection's window"
+    );
+
+    let writer = tokio::spawn(async move {
+        let mut out = h2_frame(SETTINGS, ACK, 0, &[]);
+        out.extend(h2_frame(HEADERS, END_HEADERS, 1, &post_echo_block()));
+        // A whole stream window at once.
+        let chunk = vec![b'x'; 16_384];
+        let chunks = STREAM_WINDOW as usize / chunk.len();
+        for i in 1..=chunks {
+            let flags = if i == chunks { END_STREAM } else { 0 };
+            out.extend(h2_frame(DATA, flags, 1, &chunk));
+        }
+        wr.write_all(&out).await.unwrap();
+        // Keep the connection open: only the proxy may end it.
+        std::future::pending::<()>().await;
+        drop(wr);
+    });
+    let sent = read_until(&mut rd, &mut got, |sent| {
+        sent.iter()
+            .any(|f| f.kind == DATA && f.stream == 1 && f.flags & END_STREAM != 0)
+    })
+    .await;
+    writer.abort();
+    assert!(
+        !sent.iter().any(|f| f.kind == PING),
+        "the proxy measured the upload with PINGs"
+    );
+    let echoed: usize = sent
+        .iter()
+        .filter(|f| f.kind == DATA && f.stream == 1)
+        .map(|f| f.payload.len())
+        .sum();
+    assert_eq!(echoed, STREAM_WINDOW as usize, "the backend's echo");
 }

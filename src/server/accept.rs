@@ -143,6 +143,15 @@ pub struct AcceptLoop {
     pub proxy_protocol: bool,
 }
 
+/// What one client HTTP/2 stream may send ahead of the backend's reading of its body: the
+/// proxy's buffer for it. 1 MiB, against nginx's 64 KiB preread and HAProxy's 64 KiB window,
+/// keeps an upload's first round trip full.
+const CLIENT_STREAM_WINDOW: u32 = 1 << 20;
+
+/// The same for a whole client HTTP/2 connection: 16 streams may sit full before the others on
+/// the connection wait.
+const CLIENT_CONNECTION_WINDOW: u32 = 16 << 20;
+
 fn http_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -157,7 +166,11 @@ fn http_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
         .timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
         .max_concurrent_streams(limits.max_streams)
-        .adaptive_window(true)
+        // Fixed windows, not hyper's adaptive ones: what a client may send ahead of the
+        // backend's reading is what the proxy holds, and adaptive windows grow to 16 MiB a
+        // stream (and cost a lock and a PING's bookkeeping on every poll of the connection).
+        .initial_stream_window_size(CLIENT_STREAM_WINDOW)
+        .initial_connection_window_size(CLIENT_CONNECTION_WINDOW)
         // RFC 8441: WebSocket from HTTP/2 clients (extended CONNECT).
         .enable_connect_protocol();
     builder
