@@ -293,25 +293,15 @@ async fn an_upload_is_granted_fixed_flow_control_windows() {
     ));
     wr.write_all(&hello).await.unwrap();
     let mut got = Vec::new();
+    let is_settings = |f: &Frame| f.kind == SETTINGS && f.flags & ACK == 0;
+    let is_connection_update = |f: &Frame| f.kind == WINDOW_UPDATE && f.stream == 0;
     let opening = read_until(&mut rd, &mut got, |sent| {
-        let settings = sent
-            .iter()
-            .any(|f| f.kind == SETTINGS && f.flags & ACK == 0);
-        settings
-            && sent
-                .iter()
-                .any(|f| f.kind == WINDOW_UPDATE && f.stream == 0)
+        sent.iter().any(is_settings) && sent.iter().any(is_connection_update)
     })
     .await;
-    let settings = opening
-        .iter()
-        .find(|f| f.kind == SETTINGS && f.flags & ACK == 0)
-        .expect("the proxy sent no SETTINGS");
+    let settings = opening.iter().find(|f| is_settings(f)).unwrap();
     assert_eq!(setting(&settings.payload, 0x4), Some(STREAM_WINDOW));
-    let update = opening
-        .iter()
-        .find(|f| f.kind == WINDOW_UPDATE && f.stream == 0)
-        .expect("the connection's window was never opened");
+    let update = opening.iter().find(|f| is_connection_update(f)).unwrap();
     let increment = u32::from_be_bytes(update.payload[..4].try_into().unwrap());
     assert_eq!(
         65_535 + increment,

@@ -13,8 +13,9 @@ use tokio::time::Instant;
 
 pub use super::connector::Wire;
 use super::connector::{self, ConnectError, ConnectErrorKind, Endpoint, Fresh};
+use super::idle_list::SURPLUS_GRACE;
 use super::inline::InlineConn;
-use super::slot::{IdleKind, WorkerSlot, SURPLUS_GRACE};
+use super::slot::{IdleKind, WorkerSlot};
 use crate::config::values::{Scheme, ServerSpec};
 use crate::metrics::Metrics;
 use crate::vocab::{CountedSlot, WorkerId};

@@ -13,7 +13,6 @@ use hyper::client::conn::{http1, http2};
 use super::connector::UpBody;
 use super::h2_settings::StreamLimit;
 use super::idle_list::IdleList;
-pub use super::idle_list::SURPLUS_GRACE;
 use super::inline::InlineConn;
 
 /// An idle HTTP/1.1 connection and the server name it was opened for (`None`: plain).
