@@ -25,6 +25,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::sync::watch;
 
+use super::client_tcp::{ClientListener, ClientTcp};
 use super::h1;
 use super::h2_guard::FloodGuard;
 use super::idle::{self, Activity, Timers};
@@ -293,7 +294,7 @@ impl AcceptLoop {
                 self.name
             );
         }
-        let listener = match tokio::net::TcpListener::from_std(self.listener) {
+        let listener = match ClientListener::new(self.listener) {
             Ok(l) => l,
             Err(e) => {
                 tracing::error!("{}: cannot register the listener: {e}", self.name);
@@ -380,7 +381,7 @@ fn stop_asked(signal: &watch::Receiver<bool>) -> bool {
 fn spawn_serving<F: MakeService>(
     shared: &Arc<Shared<F>>,
     counted: OpenConnection,
-    stream: tokio::net::TcpStream,
+    stream: ClientTcp,
     tls: Option<&tokio_rustls::TlsAcceptor>,
 ) {
     let deadline = tokio::time::Instant::now() + shared.limits.header_timeout;
@@ -399,7 +400,7 @@ fn spawn_serving<F: MakeService>(
 async fn serve_proxied<F: MakeService>(
     shared: Arc<Shared<F>>,
     mut counted: OpenConnection,
-    mut stream: tokio::net::TcpStream,
+    mut stream: ClientTcp,
     tls: Option<tokio_rustls::TlsAcceptor>,
     deadline: tokio::time::Instant,
 ) {
@@ -428,7 +429,7 @@ async fn serve_proxied<F: MakeService>(
 async fn serve_plain<F: MakeService>(
     shared: Arc<Shared<F>>,
     counted: OpenConnection,
-    stream: tokio::net::TcpStream,
+    stream: ClientTcp,
 ) {
     let info = ConnInfo {
         peer: counted.peer,
@@ -539,7 +540,7 @@ fn ended_cleanly<E: std::fmt::Display>(ended: Result<(), E>, peer: SocketAddr) -
 async fn serve_tls<F: MakeService>(
     shared: Arc<Shared<F>>,
     counted: OpenConnection,
-    stream: tokio::net::TcpStream,
+    stream: ClientTcp,
     acceptor: tokio_rustls::TlsAcceptor,
     deadline: tokio::time::Instant,
 ) {
@@ -576,11 +577,11 @@ async fn serve_tls<F: MakeService>(
 /// a pointer from then on: a connection's task keeps room for neither.
 async fn handshake(
     acceptor: tokio_rustls::TlsAcceptor,
-    stream: tokio::net::TcpStream,
+    stream: ClientTcp,
     deadline: tokio::time::Instant,
     peer: SocketAddr,
     listener: &str,
-) -> Option<Box<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>> {
+) -> Option<Box<tokio_rustls::server::TlsStream<ClientTcp>>> {
     let handshake = Box::pin(tokio::time::timeout_at(deadline, acceptor.accept(stream)));
     match handshake.await {
         Ok(Ok(stream)) => Some(Box::new(stream)),

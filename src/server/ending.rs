@@ -15,12 +15,12 @@ use std::task::{ready, Context, Poll};
 
 use rustls::ServerConnection;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
+use super::client_tcp::ClientTcp;
 use super::h1::Socket;
 
-impl Socket for TcpStream {
+impl Socket for ClientTcp {
     fn poll_end(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
         Poll::Ready(Ok(()))
     }

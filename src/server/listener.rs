@@ -156,7 +156,7 @@ pub struct TcpKeepalive {
     pub count: u32,
 }
 
-pub fn apply_keepalive(stream: &tokio::net::TcpStream, ka: TcpKeepalive) {
+pub fn apply_keepalive(stream: &impl AsFd, ka: TcpKeepalive) {
     let params = socket2::TcpKeepalive::new()
         .with_time(ka.idle)
         .with_interval(ka.interval)

@@ -8,6 +8,7 @@
 //! facts.
 
 pub mod accept;
+mod client_tcp;
 mod ending;
 mod h1;
 mod h2_guard;

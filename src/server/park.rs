@@ -35,9 +35,9 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 
+use super::client_tcp::ClientTcp;
 use super::h1::Socket;
 use super::idle::{Activity, Timers};
 use crate::vocab::CountedSlot;
@@ -45,21 +45,21 @@ use crate::vocab::CountedSlot;
 /// A client socket: plain TCP, or TLS over it.
 pub trait ClientSocket: Socket + Send + 'static {
     /// The TCP socket underneath, to wait on while parked.
-    fn tcp(&self) -> &TcpStream;
+    fn tcp(&self) -> &ClientTcp;
 
     /// Gives back the buffers an idle connection need not keep (TLS: rustls's receive buffer,
     /// `vendor/rustls/PATCHED.md`); they come back when needed.
     fn release_idle_buffers(&mut self) {}
 }
 
-impl ClientSocket for TcpStream {
-    fn tcp(&self) -> &TcpStream {
+impl ClientSocket for ClientTcp {
+    fn tcp(&self) -> &ClientTcp {
         self
     }
 }
 
-impl ClientSocket for tokio_rustls::server::TlsStream<TcpStream> {
-    fn tcp(&self) -> &TcpStream {
+impl ClientSocket for tokio_rustls::server::TlsStream<ClientTcp> {
+    fn tcp(&self) -> &ClientTcp {
         self.get_ref().0
     }
 
@@ -71,7 +71,7 @@ impl ClientSocket for tokio_rustls::server::TlsStream<TcpStream> {
 /// A boxed socket: a TLS session (over a kilobyte) moves as a pointer, so a parked connection
 /// keeps it once, not in both its task and its dock.
 impl<S: ClientSocket> ClientSocket for Box<S> {
-    fn tcp(&self) -> &TcpStream {
+    fn tcp(&self) -> &ClientTcp {
         (**self).tcp()
     }
 

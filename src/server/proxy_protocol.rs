@@ -15,8 +15,8 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+use super::client_tcp::ClientTcp;
 use tokio::io::AsyncReadExt;
-use tokio::net::TcpStream;
 
 /// The 12 bytes every v2 header starts with.
 pub const V2_SIGNATURE: [u8; 12] = *b"\r\n\r\n\0\r\nQUIT\n";
@@ -234,7 +234,7 @@ pub enum ReadError {
 
 /// Reads the PROXY header at the start of `stream`, leaving every byte after it unread. The
 /// caller bounds it in time (the listener's header timeout).
-pub async fn read_header(stream: &mut TcpStream) -> Result<Header, ReadError> {
+pub(crate) async fn read_header(stream: &mut ClientTcp) -> Result<Header, ReadError> {
     let mut buf = vec![0u8; V2_FIXED + V2_MAX_PAYLOAD];
     let mut have = 0;
     loop {

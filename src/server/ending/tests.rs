@@ -21,6 +21,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
+use crate::server::client_tcp::ClientListener;
 use crate::server::h1::Connection;
 use crate::vocab::request_body::BoxError;
 use crate::vocab::ClientBody;
@@ -181,8 +182,10 @@ async fn over_tls_a_closing_answer_and_its_close_notify_leave_in_one_write() {
 
 #[tokio::test]
 async fn over_tcp_a_closing_answer_is_read_whole_then_the_end() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
     let addr = listener.local_addr().unwrap();
+    let listener = ClientListener::new(listener).unwrap();
     let client = tokio::spawn(async move {
         let mut tcp = TcpStream::connect(addr).await.unwrap();
         tcp.write_all(REQUEST).await.unwrap();

@@ -1,0 +1,125 @@
+//! Over real sockets on 127.0.0.1: what epoll holds for an accepted client (read from the
+//! kernel's own account, `/proc/self/fdinfo`), and that a write that has to wait is woken and
+//! finishes.
+
+use std::future::Future;
+use std::os::fd::{AsRawFd, RawFd};
+use std::pin::pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::{ClientListener, ClientTcp};
+
+const EPOLLIN: u32 = libc::EPOLLIN as u32;
+const EPOLLOUT: u32 = libc::EPOLLOUT as u32;
+
+/// Longer than any of these exchanges takes: a test that would hang fails instead.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// The event masks every epoll instance of this process holds for descriptor `fd`. An
+/// instance may be open under more than one descriptor (tokio's driver keeps a duplicate):
+/// each registration counts once (its line names the registration's own token).
+fn epoll_masks(fd: RawFd) -> Vec<u32> {
+    let mut lines = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir("/proc/self/fd").expect("/proc/self/fd") {
+        let path = entry.expect("an fd entry").path();
+        let is_epoll = std::fs::read_link(&path)
+            .is_ok_and(|target| target.to_string_lossy() == "anon_inode:[eventpoll]");
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let Ok(info) = std::fs::read_to_string(format!("/proc/self/fdinfo/{name}")) else {
+            continue;
+        };
+        if is_epoll {
+            let about_fd = info.lines().filter(|line| mask_of(line, fd).is_some());
+            lines.extend(about_fd.map(str::to_owned));
+        }
+    }
+    lines.iter().filter_map(|line| mask_of(line, fd)).collect()
+}
+
+/// The mask of an fdinfo line `tfd: <fd> events: <hex> ...` about `fd`.
+fn mask_of(line: &str, fd: RawFd) -> Option<u32> {
+    let mut words = line.split_whitespace();
+    (words.next()? == "tfd:" && words.next()?.parse::<RawFd>().ok()? == fd).then_some(())?;
+    (words.next()? == "events:").then_some(())?;
+    u32::from_str_radix(words.next()?, 16).ok()
+}
+
+async fn accepted_pair() -> (ClientTcp, tokio::net::TcpStream) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.set_nonblocking(true).expect("non-blocking");
+    let addr = listener.local_addr().expect("address");
+    let listener = ClientListener::new(listener).expect("register the listener");
+    let client = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (server, peer) = listener.accept().await.expect("accept");
+    assert_eq!(peer, client.local_addr().expect("client address"));
+    (server, client)
+}
+
+#[tokio::test]
+async fn an_accepted_client_is_registered_for_reading_only() {
+    let (server, client) = accepted_pair().await;
+    let masks = epoll_masks(server.as_fd_raw());
+    assert_eq!(masks.len(), 1, "one registration: {masks:x?}");
+    assert_ne!(masks[0] & EPOLLIN, 0, "{:x}", masks[0]);
+    assert_eq!(masks[0] & EPOLLOUT, 0, "{:x}", masks[0]);
+    // The same account shows tokio's own socket registered for both.
+    let theirs = epoll_masks(client.as_raw_fd());
+    assert_eq!(theirs.len(), 1, "{theirs:x?}");
+    assert_eq!(theirs[0] & (EPOLLIN | EPOLLOUT), EPOLLIN | EPOLLOUT);
+}
+
+#[tokio::test]
+async fn a_write_that_waits_registers_for_writing_and_is_woken() {
+    let (mut server, mut client) = accepted_pair().await;
+    let fd = server.as_fd_raw();
+    assert_eq!(descriptors_of_the_same_socket(fd), Vec::<RawFd>::new());
+    // Far more than loopback's socket buffers hold while the client reads nothing.
+    let sent: Vec<u8> = (0..32 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+    let waker = futures_util::task::noop_waker();
+    let mut writing = pin!(server.write_all(&sent));
+    let polled = writing.as_mut().poll(&mut Context::from_waker(&waker));
+    assert!(matches!(polled, Poll::Pending), "the write did not wait");
+    let duplicates = descriptors_of_the_same_socket(fd);
+    assert_eq!(duplicates.len(), 1, "one descriptor registered for writing");
+    let masks = epoll_masks(duplicates[0]);
+    assert_eq!(masks.len(), 1, "{masks:x?}");
+    assert_eq!(masks[0] & (EPOLLIN | EPOLLOUT), EPOLLOUT, "{:x}", masks[0]);
+    // Only the client's reading can wake the write now.
+    let mut received = vec![0u8; sent.len()];
+    let read = client.read_exact(&mut received);
+    let both = async { tokio::join!(writing, read) };
+    let (written, read) = tokio::time::timeout(PATIENCE, both)
+        .await
+        .expect("the write was never woken");
+    written.expect("write");
+    read.expect("read");
+    assert!(received == sent, "the bytes came out changed");
+}
+
+/// The other descriptors of this process open on the socket `fd` is (the same inode).
+fn descriptors_of_the_same_socket(fd: RawFd) -> Vec<RawFd> {
+    let name = |fd: &str| std::fs::read_link(format!("/proc/self/fd/{fd}")).ok();
+    let socket = name(&fd.to_string()).expect("the socket's name");
+    let mut others = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd").expect("/proc/self/fd") {
+        let entry = entry.expect("an fd entry").file_name();
+        let Some(other) = entry.to_str() else {
+            continue;
+        };
+        if name(other).as_ref() == Some(&socket) && other != fd.to_string() {
+            others.extend(other.parse::<RawFd>().ok());
+        }
+    }
+    others
+}
+
+impl ClientTcp {
+    fn as_fd_raw(&self) -> RawFd {
+        self.socket.as_raw_fd()
+    }
+}
