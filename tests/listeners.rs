@@ -2,7 +2,9 @@
 //! and the file server all close a half-sent request head after `client_header_timeout`, close a
 //! connection idle for `client_idle_timeout`, refuse connections past their cap, and drain on
 //! shutdown. One table of listeners, the same checks for each, in process on tokio's paused
-//! clock.
+//! clock. The listeners do not defer accepts (`tcp_defer_accept: false`): the tests time silent
+//! connections from their accept, and the kernel's deferral runs on real time (it is
+//! `server::listener`'s and `tcp_block`'s test).
 
 use crate::inproc;
 use crate::support;
@@ -34,8 +36,8 @@ fn limits(max_connections: usize) -> Limits {
     }
 }
 
-const MAIN: &str =
-    "client_header_timeout: 3\nclient_idle_timeout: 7\nmax_connections: 3\ngrace_period_seconds: 5";
+const MAIN: &str = "client_header_timeout: 3\nclient_idle_timeout: 7\nmax_connections: 3\n\
+                    grace_period_seconds: 5\ntcp:\n  tcp_defer_accept: false";
 
 struct Listeners {
     /// (name, address, a request that gets a complete answer there)
@@ -56,7 +58,7 @@ async fn start() -> Listeners {
         .render();
     let proxy = Proxy::start(&unreachable, MAIN).await;
     let (stop, stop_rx) = watch::channel(false);
-    let admin_listener = support::proxy_listener();
+    let admin_listener = support::undeferred_listener();
     let admin_addr = admin_listener.local_addr().unwrap();
     let admin = std::sync::Arc::new(aralez::admin::Admin {
         reloader: proxy.ctx.reloader.clone(),
@@ -74,7 +76,7 @@ async fn start() -> Listeners {
     tokio::spawn(served);
     let files = tempfile::tempdir().unwrap();
     std::fs::write(files.path().join("index.html"), "hello").unwrap();
-    let files_listener = support::proxy_listener();
+    let files_listener = support::undeferred_listener();
     let files_addr = files_listener.local_addr().unwrap();
     let folder = files.path().to_path_buf();
     tokio::spawn(aralez::fileserver::serve(

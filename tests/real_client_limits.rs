@@ -37,7 +37,8 @@ async fn send_and_wait_close(addr: std::net::SocketAddr, bytes: &[u8]) -> (Strin
 #[tokio::test(start_paused = true)]
 async fn the_proxy_header_has_the_header_timeout() {
     let backend = Backend::start("b").await;
-    let main = "proxy_protocol: true\nclient_header_timeout: 3";
+    // Accepts not deferred: the silent connection is timed from its accept on the paused clock.
+    let main = "proxy_protocol: true\nclient_header_timeout: 3\ntcp:\n  tcp_defer_accept: false";
     let proxy = Proxy::start(&default_route(&[&backend]), main).await;
     // Silence, half a v1 header, half a v2 header: closed when the 3 s are up, not before.
     let v2_half = b"\r\n\r\n\0\r\nQUIT\n\x21\x11\x00\x0c\x7f\x00".as_slice();

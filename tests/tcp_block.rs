@@ -1,7 +1,8 @@
 //! Aralez 0.95's `tcp:` block through the binary: keep-alive from the block (over the top-level
 //! key, read back from the kernel's connection table), `so_reuseport: false` keeping a second
 //! binder out, `tcp_fastopen` set (its socket option is read back in `server::listener`'s unit
-//! test), and `check-config` naming bad network keys (`tcp`, `proxy_protocol`,
+//! test), connections handed over with their first bytes unless `tcp_defer_accept: false`
+//! (read back from the kernel's connection table), and `check-config` naming bad network keys (`tcp`, `proxy_protocol`,
 //! `trusted_proxies`) with file, line and key.
 
 use crate::support;
@@ -42,12 +43,37 @@ fn keepalive_timer(proxy: SocketAddr, client: SocketAddr) -> Option<f64> {
     })
 }
 
+/// The state (`st` in /proc/net/tcp: 01 established, 03 SYN received) of the proxy's side of
+/// the connection from `client` to `proxy`.
+fn proxy_side_state(proxy: SocketAddr, client: SocketAddr) -> Option<u8> {
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    let port_of = |field: &str| u16::from_str_radix(field.rsplit(':').next()?, 16).ok();
+    table.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let (local, remote, state) = (f.get(1)?, f.get(2)?, f.get(3)?);
+        if port_of(local)? != proxy.port() || port_of(remote)? != client.port() {
+            return None;
+        }
+        u8::from_str_radix(state, 16).ok()
+    })
+}
+
+/// Connects to `proxy` without sending anything: the proxy's side's state at once.
+async fn state_of_a_silent_connection(proxy: SocketAddr) -> (Option<u8>, TcpStream) {
+    let silent = TcpStream::connect(proxy).await.unwrap();
+    let state = proxy_side_state(proxy, silent.local_addr().unwrap());
+    (state, silent)
+}
+
+const ESTABLISHED: u8 = 0x01;
+const SYN_RECEIVED: u8 = 0x03;
+
 #[tokio::test]
 async fn the_tcp_block_is_applied() {
     let backend = Backend::start("b").await;
     let main =
         "tcp_keepalive_idle: 500\ntcp:\n  tcp_keepalive_idle: 7\n  tcp_keepalive_interval: 2\n  \
-                so_reuseport: false\n  tcp_fastopen: true";
+                so_reuseport: false\n  tcp_fastopen: true\n  tcp_defer_accept: false";
     let proxy = ProxyProcess::start(&default_route(&[&backend]), main);
     proxy
         .wait_log(
@@ -75,6 +101,9 @@ async fn the_tcp_block_is_applied() {
         joiner.map(drop).map_err(|e| e.kind()),
         Err(std::io::ErrorKind::AddrInUse)
     );
+    // Without defer-accept a connection is the proxy's as soon as its handshake ends.
+    let (state, _silent) = state_of_a_silent_connection(proxy.addr).await;
+    assert_eq!(state, Some(ESTABLISHED));
     // The proxy still serves, its workers on the one shared socket.
     for _ in 0..6 {
         let mut c = Client::connect(Proto::H1, proxy.addr).await;
@@ -94,6 +123,10 @@ async fn the_tcp_block_is_applied() {
     let mut c = Client::handshake(Proto::H1, stream).await;
     assert_eq!(get(&mut c).await, 200);
     assert_eq!(keepalive_timer(other.addr, local), None);
+    // By default the kernel keeps a connection until its first bytes come (TCP_DEFER_ACCEPT):
+    // the proxy's side is not established yet.
+    let (state, _silent) = state_of_a_silent_connection(other.addr).await;
+    assert_eq!(state, Some(SYN_RECEIVED));
 }
 
 /// `aralez check-config --format json` on a main.yaml: its issues as (severity, line, key,
@@ -144,6 +177,7 @@ tcp:
   so_reuseport: sometimes
   tcp_keepalive_count: 0
   tcp_keepalive_idel: 5
+  tcp_defer_accept: 1s
 ";
     let (code, issues) = check(main);
     assert_eq!(code, 1, "{issues:?}");
@@ -166,6 +200,7 @@ tcp:
             "tcp.tcp_keepalive_idel",
             "did you mean `tcp_keepalive_idle`",
         ),
+        ("error", 14, "tcp.tcp_defer_accept", "true or false"),
     ];
     for (sev, line, key, msg) in want {
         assert!(
@@ -186,7 +221,8 @@ tcp:
     );
     let valid = "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: upstreams.yaml\n\
                  proxy_protocol: true\ntrusted_proxies: \"192.0.2.0/24\"\n\
-                 tcp:\n  tcp_fastopen: 256\n  so_reuseport: true\n  tcp_keepalive_idle: 30\n";
+                 tcp:\n  tcp_fastopen: 256\n  so_reuseport: true\n  tcp_keepalive_idle: 30\n  \
+                 tcp_defer_accept: true\n";
     let (code, issues) = check(valid);
     assert_eq!((code, issues.len()), (0, 0), "{issues:?}");
 }

@@ -89,8 +89,13 @@ async fn tunnels_count_toward_max_connections() {
     for _ in 0..3 {
         tunnels.push(open_tunnel(proxy.addr).await);
     }
-    // Three tunnels fill the cap: the next connection is closed at accept.
+    // Three tunnels fill the cap: the next connection is closed at accept (which comes with
+    // its first bytes: the listener defers accepts).
     let mut fourth = TcpStream::connect(proxy.addr).await.unwrap();
+    fourth
+        .write_all(b"GET / HTTP/1.1\r\nHost: app.test\r\n\r\n")
+        .await
+        .unwrap();
     assert!(closed(&mut fourth).await, "a 4th connection was served");
     // Closing a tunnel gives its place back.
     drop(tunnels.pop());

@@ -1,7 +1,7 @@
 //! The network keys of `main.yaml` beyond addresses: Aralez 0.95's `tcp:` block (keep-alive,
-//! `so_reuseport`, `tcp_fastopen`), and `trusted_proxies` (CIDRs whose `X-Forwarded-For` and
-//! `X-Request-Id` are believed). Reads and validates only; the listeners and the request path
-//! apply them.
+//! `so_reuseport`, `tcp_fastopen`; and aralez's own `tcp_defer_accept`), and `trusted_proxies`
+//! (CIDRs whose `X-Forwarded-For` and `X-Request-Id` are believed). Reads and validates only;
+//! the listeners and the request path apply them.
 
 use std::net::IpAddr;
 use std::time::Duration;
@@ -24,6 +24,8 @@ pub struct TcpSettings {
     pub so_reuseport: bool,
     /// TCP_FASTOPEN queue length on the listeners; `None`: not set.
     pub fastopen: Option<u32>,
+    /// TCP_DEFER_ACCEPT on the listeners: connections are handed over with their first bytes.
+    pub defer_accept: bool,
 }
 
 impl Default for TcpSettings {
@@ -34,6 +36,7 @@ impl Default for TcpSettings {
             keepalive_count: 5,
             so_reuseport: true,
             fastopen: None,
+            defer_accept: true,
         }
     }
 }
@@ -45,6 +48,7 @@ const TCP_KEYS: &[&str] = &[
     "tcp_keepalive_count",
     "so_reuseport",
     "tcp_fastopen",
+    "tcp_defer_accept",
 ];
 
 /// Whether `key` is one of the keep-alive keys also accepted at the top of main.yaml.
@@ -107,6 +111,7 @@ fn read_tcp_key(
         ),
         "so_reuseport" => store(&mut tcp.so_reuseport, r.boolean(value, path)),
         "tcp_fastopen" => store(&mut tcp.fastopen, read_fastopen(value, path, r)),
+        "tcp_defer_accept" => store(&mut tcp.defer_accept, r.boolean(value, path)),
         _ => true,
     }
 }

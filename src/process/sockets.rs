@@ -105,6 +105,7 @@ fn listen_options(main: &MainConfig) -> server::ListenOptions {
     server::ListenOptions {
         reuseport: main.tcp.so_reuseport,
         fastopen: main.tcp.fastopen,
+        defer_accept: main.tcp.defer_accept,
     }
 }
 

@@ -25,13 +25,25 @@ pub struct ListenOptions {
     pub reuseport: bool,
     /// TCP_FASTOPEN queue length; `None`: not set.
     pub fastopen: Option<u32>,
+    /// TCP_DEFER_ACCEPT: a connection is handed over when its first bytes arrive, not at the
+    /// end of its handshake ([`DEFER_ACCEPT_SECONDS`]).
+    pub defer_accept: bool,
 }
+
+/// How long the kernel holds a connection whose client has sent nothing yet before handing it
+/// over anyway (it then answers the client's next ACK, at about this many seconds, with the
+/// connection; the header timeout runs from there). HTTP, TLS and the PROXY header all start
+/// with the client, so an ordinary connection is handed over with its first bytes, and the
+/// first read finds them: no wait for epoll, no read that fails. nginx's `deferred` and
+/// HAProxy's `defer-accept` set the same option; both are off unless asked for.
+pub const DEFER_ACCEPT_SECONDS: u32 = 1;
 
 impl Default for ListenOptions {
     fn default() -> ListenOptions {
         ListenOptions {
             reuseport: true,
             fastopen: None,
+            defer_accept: true,
         }
     }
 }
@@ -82,6 +94,9 @@ pub fn bind_one(addr: SocketAddr, options: ListenOptions) -> io::Result<std::net
     if let Some(queue) = options.fastopen {
         fastopen::set(&socket, queue)?;
     }
+    if options.defer_accept {
+        tcp_option::set(&socket, libc::TCP_DEFER_ACCEPT, DEFER_ACCEPT_SECONDS)?;
+    }
     socket.bind(&addr.into())?;
     socket.listen(BACKLOG)?;
     Ok(socket.into())
@@ -96,24 +111,39 @@ pub fn pass_on_connection_options(listener: &impl AsFd) -> io::Result<()> {
     socket.set_tcp_notsent_lowat(NOTSENT_LOWAT)
 }
 
-/// TCP_FASTOPEN, which neither socket2 nor nix sets on a listener: the one `setsockopt` call
-/// written by hand, isolated here.
+/// TCP_FASTOPEN and TCP_DEFER_ACCEPT, which neither socket2 nor nix sets on a listener.
 pub mod fastopen {
-    use std::os::fd::{AsFd, AsRawFd};
+    use std::os::fd::AsFd;
 
     /// Sets the listener's TCP Fast Open queue length (connections whose data arrived with the
     /// SYN, waiting for accept). The kernel serves them only if `net.ipv4.tcp_fastopen` allows
     /// server-side Fast Open (bit 2).
-    #[allow(unsafe_code)]
     pub fn set(socket: &impl AsFd, queue: u32) -> std::io::Result<()> {
-        let value = libc::c_int::try_from(queue).unwrap_or(libc::c_int::MAX);
+        super::tcp_option::set(socket, libc::TCP_FASTOPEN, queue)
+    }
+
+    /// The listener's TCP Fast Open queue length as the kernel reports it.
+    pub fn get(socket: &impl AsFd) -> std::io::Result<u32> {
+        super::tcp_option::get(socket, libc::TCP_FASTOPEN)
+    }
+}
+
+/// An integer option at the TCP level of a socket: the `setsockopt` and `getsockopt` calls
+/// written by hand, isolated here.
+pub mod tcp_option {
+    use std::os::fd::{AsFd, AsRawFd};
+
+    /// Sets `option` to `value` (saturated to a C int).
+    #[allow(unsafe_code)]
+    pub fn set(socket: &impl AsFd, option: libc::c_int, value: u32) -> std::io::Result<()> {
+        let value = libc::c_int::try_from(value).unwrap_or(libc::c_int::MAX);
         // SAFETY: the fd is a valid socket borrowed for the call; the option value is a c_int
         // on the stack whose size is passed with it.
         let rc = unsafe {
             libc::setsockopt(
                 socket.as_fd().as_raw_fd(),
                 libc::IPPROTO_TCP,
-                libc::TCP_FASTOPEN,
+                option,
                 std::ptr::from_ref(&value).cast(),
                 std::mem::size_of::<libc::c_int>() as libc::socklen_t,
             )
@@ -125,9 +155,9 @@ pub mod fastopen {
         }
     }
 
-    /// The listener's TCP Fast Open queue length as the kernel reports it.
+    /// `option`'s value as the kernel reports it (0 for a negative one).
     #[allow(unsafe_code)]
-    pub fn get(socket: &impl AsFd) -> std::io::Result<u32> {
+    pub fn get(socket: &impl AsFd, option: libc::c_int) -> std::io::Result<u32> {
         let mut value: libc::c_int = 0;
         let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
         // SAFETY: as in `set`; `value` and `len` are valid for writes of their sizes.
@@ -135,7 +165,7 @@ pub mod fastopen {
             libc::getsockopt(
                 socket.as_fd().as_raw_fd(),
                 libc::IPPROTO_TCP,
-                libc::TCP_FASTOPEN,
+                option,
                 std::ptr::from_mut(&mut value).cast(),
                 &mut len,
             )
@@ -168,6 +198,9 @@ pub fn apply_keepalive(stream: &impl AsFd, ka: TcpKeepalive) {
 
 #[cfg(test)]
 mod tests {
+    use std::io::{Read as _, Write as _};
+    use std::time::{Duration, Instant};
+
     use super::*;
 
     fn any() -> SocketAddr {
@@ -177,8 +210,8 @@ mod tests {
     #[test]
     fn fastopen_is_set_on_the_listening_socket() {
         let options = ListenOptions {
-            reuseport: true,
             fastopen: Some(77),
+            ..ListenOptions::default()
         };
         let listener = bind_one(any(), options).unwrap();
         assert_eq!(fastopen::get(&listener).unwrap(), 77);
@@ -190,18 +223,96 @@ mod tests {
     fn accepted_connections_inherit_nodelay_and_the_unsent_bytes_bound() {
         let listener = bind_one(any(), ListenOptions::default()).unwrap();
         listener.set_nonblocking(false).unwrap();
-        let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        // A first byte: the listener defers the accept until one comes.
+        client.write_all(b"G").unwrap();
         let (accepted, _) = listener.accept().unwrap();
         let lowat = socket2::SockRef::from(&accepted).tcp_notsent_lowat();
         assert_eq!(lowat.unwrap(), NOTSENT_LOWAT);
         assert!(accepted.nodelay().unwrap(), "TCP_NODELAY is inherited too");
     }
 
+    /// The next connection `listener` (non-blocking) hands over, waiting at most `patience`.
+    fn accept_within(
+        listener: &std::net::TcpListener,
+        patience: Duration,
+    ) -> Option<std::net::TcpStream> {
+        let deadline = Instant::now() + patience;
+        while Instant::now() < deadline {
+            match listener.accept() {
+                Ok((accepted, _)) => return Some(accepted),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => panic!("accept: {e}"),
+            }
+        }
+        None
+    }
+
+    /// A client that connects and sends nothing, then one that connects and sends a byte:
+    /// which of the two `listener` hands over first, and the other.
+    fn silent_then_speaking(
+        listener: &std::net::TcpListener,
+    ) -> (
+        SocketAddr,
+        SocketAddr,
+        std::net::TcpStream,
+        std::net::TcpStream,
+    ) {
+        let addr = listener.local_addr().unwrap();
+        let silent = std::net::TcpStream::connect(addr).unwrap();
+        let mut speaking = std::net::TcpStream::connect(addr).unwrap();
+        speaking.write_all(b"G").unwrap();
+        let first = accept_within(listener, Duration::from_secs(10)).expect("a connection");
+        (
+            silent.local_addr().unwrap(),
+            speaking.local_addr().unwrap(),
+            first,
+            silent,
+        )
+    }
+
+    #[test]
+    fn by_default_a_connection_is_handed_over_with_its_first_bytes() {
+        let listener = bind_one(any(), ListenOptions::default()).unwrap();
+        let deferred = tcp_option::get(&listener, libc::TCP_DEFER_ACCEPT).unwrap();
+        assert_eq!(deferred, DEFER_ACCEPT_SECONDS);
+        let (silent, speaking, first, _keep) = silent_then_speaking(&listener);
+        assert_eq!(
+            first.peer_addr().unwrap(),
+            speaking,
+            "the client that spoke comes first"
+        );
+        // Its byte is there already: the first read does not wait.
+        first.set_nonblocking(true).unwrap();
+        assert_eq!((&first).read(&mut [0u8; 4]).unwrap(), 1);
+        // The silent one is handed over too, once the kernel stops waiting for it (about
+        // DEFER_ACCEPT_SECONDS: its header timeout runs from there).
+        let later = accept_within(&listener, Duration::from_secs(10)).expect("the silent one");
+        assert_eq!(later.peer_addr().unwrap(), silent);
+    }
+
+    #[test]
+    fn without_defer_accept_connections_come_in_the_order_they_connected() {
+        let options = ListenOptions {
+            defer_accept: false,
+            ..ListenOptions::default()
+        };
+        let listener = bind_one(any(), options).unwrap();
+        assert_eq!(
+            tcp_option::get(&listener, libc::TCP_DEFER_ACCEPT).unwrap(),
+            0
+        );
+        let (silent, _, first, _keep) = silent_then_speaking(&listener);
+        assert_eq!(first.peer_addr().unwrap(), silent);
+    }
+
     #[test]
     fn so_reuseport_false_shares_one_socket_and_keeps_others_out() {
         let options = ListenOptions {
             reuseport: false,
-            fastopen: None,
+            ..ListenOptions::default()
         };
         let listeners = bind_listeners(any(), 3, options).unwrap();
         assert_eq!(listeners.len(), 3);

@@ -108,7 +108,14 @@ impl Proxy {
         let ctx = Context::build(&main, ups, log_file.as_ref()).expect("context");
 
         let any_port: SocketAddr = "127.0.0.1:0".parse().expect("address");
-        let listeners = aralez::server::bind_reuseport(any_port, workers).expect("bind proxy");
+        // The `tcp:` block's listener options, but SO_REUSEPORT always (one socket a worker).
+        let options = aralez::server::ListenOptions {
+            reuseport: true,
+            fastopen: main.tcp.fastopen,
+            defer_accept: main.tcp.defer_accept,
+        };
+        let listeners = aralez::server::bind_listeners(any_port, workers, options);
+        let listeners = listeners.expect("bind proxy");
         let addr = listeners[0].local_addr().expect("local addr");
         let (stop, stop_rx) = watch::channel(false);
         let serving = ctx.serving(&main);

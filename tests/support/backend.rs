@@ -35,6 +35,17 @@ pub fn proxy_listener() -> std::net::TcpListener {
     bound.remove(0)
 }
 
+/// A listener bound as [`proxy_listener`] is, but handing connections over as their handshakes
+/// end (no TCP_DEFER_ACCEPT): for tests on tokio's paused clock that time a silent connection
+/// from its accept, which the kernel's deferral (real time) would hold back.
+pub fn undeferred_listener() -> std::net::TcpListener {
+    let options = aralez::server::ListenOptions {
+        defer_accept: false,
+        ..Default::default()
+    };
+    aralez::server::listener::bind_one(any_local(), options).expect("bind")
+}
+
 /// A listener on `127.0.0.1` with a port the OS picks: what every test server binds.
 pub async fn bind_local() -> TcpListener {
     bind(any_local()).await
