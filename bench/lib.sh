@@ -357,8 +357,8 @@ defaults
     http-reuse always
 
 frontend fe
-    bind 127.0.0.1:${P_PLAIN[haproxy]}
-    bind 127.0.0.1:${P_TLS[haproxy]} ssl crt $TMP/haproxy.pem alpn h2,http/1.1
+    bind 127.0.0.1:${P_PLAIN[haproxy]}$(haproxy_defer)
+    bind 127.0.0.1:${P_TLS[haproxy]} ssl crt $TMP/haproxy.pem alpn h2,http/1.1$(haproxy_defer)
 EOF
 }
 
@@ -660,5 +660,37 @@ peer_headers_line() {
     echo "- forwarded fields: every proxy adds X-Forwarded-For, -Proto, -Host and X-Request-Id to the backend request and X-Request-Id to the answer (aralez always does; nginx and HAProxy configured to, PEER_HEADERS=equal)"
   else
     echo "- forwarded fields: aralez adds X-Forwarded-For, -Proto, -Host and X-Request-Id to the backend request and X-Request-Id to the answer; nginx and HAProxy add nothing (PEER_HEADERS=bare)"
+  fi
+}
+
+# ---------------------------------------------------------------- deferred accept for the peers
+# aralez's listeners hand a connection over when its first bytes arrive (TCP_DEFER_ACCEPT, its
+# default: README, `tcp.tcp_defer_accept`). With PEER_DEFER=equal (the default) nginx's proxy
+# listeners say `deferred` and HAProxy's binds `defer-accept`, which set the same socket option;
+# PEER_DEFER=off leaves both at their own default, off (every table up to 2026-12-05 07:00 was
+# measured with no proxy deferring). Aralez 0.95 (Pingora) is left as it is.
+check_peer_defer() {
+  PEER_DEFER=${PEER_DEFER:-equal}
+  case "$PEER_DEFER" in equal|off) ;; *) die "PEER_DEFER must be 'equal' or 'off', got '$PEER_DEFER'";; esac
+}
+
+# The parameter for an nginx proxy `listen` (PEER_DEFER=equal), else nothing.
+nginx_defer() {
+  [[ "${PEER_DEFER:-equal}" == equal ]] && printf ' deferred'
+  return 0
+}
+
+# The option for an HAProxy proxy `bind` (PEER_DEFER=equal), else nothing.
+haproxy_defer() {
+  [[ "${PEER_DEFER:-equal}" == equal ]] && printf ' defer-accept'
+  return 0
+}
+
+# The report line saying which it was.
+peer_defer_line() {
+  if [[ "${PEER_DEFER:-equal}" == equal ]]; then
+    echo "- deferred accept: aralez, nginx (\`deferred\`) and HAProxy (\`defer-accept\`) take a connection when its first bytes arrive (TCP_DEFER_ACCEPT, PEER_DEFER=equal); Aralez 0.95 does not"
+  else
+    echo "- deferred accept: aralez only (its default); nginx, HAProxy and Aralez 0.95 take a connection as its handshake ends (PEER_DEFER=off)"
   fi
 }

@@ -24,6 +24,7 @@
 #   ARALEZ_PEER_BIN / OHA_BIN  Aralez 0.95 and oha binaries (default: bench/peers.sh's installs)
 #   BASE_PORT    first of 12 consecutive localhost ports (default 18380)
 #   PROXY_CPU / LOAD_CPU  cores (default 0 / 1)
+#   PEER_DEFER `equal` (default) or `off`: whether nginx and HAProxy defer accepts as aralez does
 #   PEER_HEADERS `equal` (default) or `bare`: whether nginx and HAProxy add the forwarded fields and
 #                request id aralez adds (see bench/lib.sh)
 #
@@ -50,6 +51,7 @@ OUT_MD="$SCRIPT_DIR/last-mixed.md"
 # shellcheck source=bench/lib.sh
 source "$SCRIPT_DIR/lib.sh"
 check_peer_headers
+check_peer_defer
 
 # ---------------------------------------------------------------- argument checks
 for v in CONNS_EACH DURATION ROUNDS POOL BASE_PORT; do
@@ -170,8 +172,8 @@ $(nginx_equal_headers)
 EOS
 done)
     server {
-        listen 127.0.0.1:${P_PLAIN[nginx]} default_server backlog=65535;
-        listen 127.0.0.1:${P_TLS[nginx]} ssl http2 default_server backlog=65535;
+        listen 127.0.0.1:${P_PLAIN[nginx]} default_server backlog=65535$(nginx_defer);
+        listen 127.0.0.1:${P_TLS[nginx]} ssl http2 default_server backlog=65535$(nginx_defer);
         return 404;
     }
 }
@@ -310,6 +312,7 @@ REPORT="$TMP/report.md"
   echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'); took ${ELAPSED}s"
   echo "- machine: $(nproc) cores, $(lscpu 2>/dev/null | awk -F: '/^Model name/ {gsub(/^ +/, "", $2); print $2; exit}'), kernel $(uname -r); open-file limit $NOFILE"
   peer_headers_line
+  peer_defer_line
   echo "- load: two oha $OHA_VERSION processes at once for ${DURATION}s, each \`-c $CONNS_EACH --urls-from-file\` (one GET, one POST with a 1 KiB JSON body, \`-T application/json\`), HTTP/1.1; 60 URLs: 20 nested paths (1-7 segments) on each of ${HOSTS[*]}, 45 HTTPS and 15 plain. oha keeps each connection to the scheme and port of the URL that opened it and sends any URL on it (Host header with the URL's port), so about 3/4 of the connections are TLS"
   echo "- routing: by host name in every proxy (3 hosts -> 3 backend ports of one nginx, \`return 200\` with a $(host_body 0 | wc -c)-byte JSON naming the host); checked with curl before each load (GET and POST, plain and TLS, each host to its own backend; an unknown host is not answered 200)"
   echo "- pinning: each proxy one worker/thread on core $PROXY_CPU; the backend and both oha processes (1 worker thread each) on core $LOAD_CPU; each proxy started fresh, no warm-up"

@@ -20,6 +20,8 @@
 #   RELOAD_CONTENT  `new` (default) or `same`: the same loop rewriting identical bytes, which aralez
 #              skips, to measure what the loop itself costs the load generator
 #   PROXY_CPU / LOAD_CPU  cores for the proxy and for backend + load generator (default 0 / 1)
+#   PEER_DEFER `equal` (default) or `off`: whether nginx and HAProxy defer accepts until the first
+#              bytes as aralez does (`deferred`, `defer-accept`; see bench/lib.sh)
 #   PEER_HEADERS `equal` (default) or `bare`: whether nginx and HAProxy add the forwarded fields and
 #              request id aralez adds (see bench/lib.sh; the tables up to 2026-11-28 were `bare`)
 #
@@ -54,6 +56,7 @@ for p in $PROXIES; do
   case "$p" in aralez|nginx|haproxy) ;; *) die "unknown proxy '$p' (known: aralez nginx haproxy)";; esac
 done
 check_peer_headers
+check_peer_defer
 [[ -n "${SCENARIOS// }" ]] || die "SCENARIOS is empty"
 [[ -n "${PROXIES// }" ]] || die "PROXIES is empty"
 
@@ -152,7 +155,7 @@ nginx_tls_listen() {
   # nginx 1.22 has no TLSv1.3 in its default ssl_protocols; session tickets are on by default and
   # ssl_session_cache is left at its default (none: resumption through tickets only).
   cat <<EOF
-        listen 127.0.0.1:$P_NGINX_TLS ssl http2;
+        listen 127.0.0.1:$P_NGINX_TLS ssl http2$(nginx_defer);
         ssl_certificate $TMP/certs/default.crt;
         ssl_certificate_key $TMP/certs/default.key;
         ssl_protocols TLSv1.2 TLSv1.3;
@@ -175,8 +178,8 @@ http {
         keepalive_requests 1000000;
     }
     server {
-        listen 127.0.0.1:$P_NGINX;
-        listen 127.0.0.1:$P_NGINX_H2 http2;
+        listen 127.0.0.1:$P_NGINX$(nginx_defer);
+        listen 127.0.0.1:$P_NGINX_H2 http2$(nginx_defer);
 $(nginx_tls_listen "$1")
         location / {
             proxy_pass http://backend;
@@ -204,15 +207,15 @@ defaults
     http-reuse always
 
 frontend fe_h1
-    bind 127.0.0.1:$P_HAPROXY
+    bind 127.0.0.1:$P_HAPROXY$(haproxy_defer)
 $(haproxy_equal_headers)
     default_backend be
 
 frontend fe_h2c
-    bind 127.0.0.1:$P_HAPROXY_H2 proto h2
+    bind 127.0.0.1:$P_HAPROXY_H2 proto h2$(haproxy_defer)
 $(haproxy_equal_headers)
     default_backend be
-$(is_tls "$1" && printf '\nfrontend fe_tls\n    bind 127.0.0.1:%s ssl crt %s alpn h2,http/1.1\n%s\n    default_backend be\n' "$P_HAPROXY_TLS" "$TMP/haproxy.pem" "$(haproxy_equal_headers)")
+$(is_tls "$1" && printf '\nfrontend fe_tls\n    bind 127.0.0.1:%s ssl crt %s alpn h2,http/1.1%s\n%s\n    default_backend be\n' "$P_HAPROXY_TLS" "$TMP/haproxy.pem" "$(haproxy_defer)" "$(haproxy_equal_headers)")
 
 backend be
     server s1 127.0.0.1:$P_BACKEND
@@ -407,6 +410,7 @@ FAILED=0
   fi
   echo "- CPUs busy in the 1 s before the run: ${BUSY_PCT}%$( ((BUSY_PCT > 10)) && echo " -- WARNING: machine not idle, numbers distorted")"
   peer_headers_line
+  peer_defer_line
   echo "- CPU us/req = (utime+stime) of all the proxy's processes over the measured window / 2xx responses; RSS = sum of VmHWM"
   if ((TLS_ON)); then
     echo "- TLS: the three proxies serve the same ECDSA P-256 self-signed certificate (made with openssl for the run) on one TLS port each, ALPN h2 + http/1.1; the backend stays plain HTTP"

@@ -34,6 +34,7 @@
 #   ARALEZ_PEER_BIN  Aralez 0.95 binary (default: bench/peers.sh's install under target/peers)
 #   BASE_PORT      first of 10 consecutive localhost ports (default 18280)
 #   PROXY_CPU / LOAD_CPU  cores (default 0 / 1)
+#   PEER_DEFER     `equal` (default) or `off`: whether nginx and HAProxy defer accepts as aralez does
 #   PEER_HEADERS   `equal` (default) or `bare`: whether nginx and HAProxy add the forwarded fields and
 #                  request id aralez adds (see bench/lib.sh)
 #
@@ -74,6 +75,7 @@ for v in REQS_PER_CONN ROUNDS POOL HEADER_TIMEOUT POINT_TIMEOUT BASE_PORT MAX_RE
 done
 [[ "$MIN_POINT_SECONDS" =~ ^[0-9]+$ ]] || die "MIN_POINT_SECONDS must be a whole number of seconds, got '$MIN_POINT_SECONDS'"
 check_peer_headers
+check_peer_defer
 [[ -n "${CONNS// }" ]] || die "CONNS is empty"
 for c in $CONNS; do [[ "$c" =~ ^[1-9][0-9]*$ ]] || die "CONNS: '$c' is not a positive integer"; done
 for p in $PROTOCOLS; do
@@ -137,8 +139,8 @@ $(nginx_temp_paths nginx)
         keepalive_requests 1000000;
     }
     server {
-        listen 127.0.0.1:${P_PLAIN[nginx]} backlog=65535;
-        listen 127.0.0.1:${P_TLS[nginx]} ssl http2 backlog=65535;
+        listen 127.0.0.1:${P_PLAIN[nginx]} backlog=65535$(nginx_defer);
+        listen 127.0.0.1:${P_TLS[nginx]} ssl http2 backlog=65535$(nginx_defer);
         ssl_certificate $TMP/certs/default.crt;
         ssl_certificate_key $TMP/certs/default.key;
         ssl_protocols TLSv1.2 TLSv1.3;
@@ -387,6 +389,7 @@ PEERS_LIST=$(printf '%s\n' $PROXIES | grep -vx aralez | tr '\n' ' ' || true)
   echo "- pinning: each proxy one worker/thread on core $PROXY_CPU; backend (nginx \`return 200\`, 13-byte body) and h2load on core $LOAD_CPU"
   echo "- connection caps: nginx worker_connections $NOFILE and listen backlog 65535; HAProxy maxconn $HAPROXY_MAXCONN (global and frontend; 100000 unless the open-file limit forbids it); aralez max_connections and upstream_max_connections 100000; Aralez has none. Idle upstream pool $POOL on every proxy; TLS handshake and first request head within ${HEADER_TIMEOUT} s on aralez, nginx and HAProxy (Aralez: its own default)"
   peer_headers_line
+  peer_defer_line
   echo "- versions: $(nginx -v 2>&1 | sed 's/^nginx version: //')$(has_proxy haproxy && echo ", $(haproxy -v 2>/dev/null | head -1 | awk '{print "HAProxy " $3}')"), $(h2load --version 2>/dev/null | head -1), $(openssl version | awk '{print $1, $2}')$(has_proxy aralez && echo ", aralez $ARALEZ_BIN (git $(git -C "$REPO_ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown))")$(has_proxy Aralez && echo ", Aralez $ARALEZ_PEER_VERSION $ARALEZ_PEER_BIN")"
   ((ROUNDS > 1)) && echo "- $ROUNDS rounds per point, order rotated; medians shown (RSS: the highest round; failures: summed)"
   echo "- CPUs busy in the 1 s before the run: ${BUSY_PCT}%$( ((BUSY_PCT > 10)) && echo " -- WARNING: machine not idle, numbers distorted")"
