@@ -129,6 +129,26 @@ async fn the_tcp_block_is_applied() {
     assert_eq!(state, Some(SYN_RECEIVED));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_upgrade_sets_tcp_defer_accept_on_the_listeners_it_receives() {
+    let backend = Backend::start("b").await;
+    let dir = tempfile::tempdir().unwrap();
+    let extra = format!(
+        "upgrade_sock: \"{}\"",
+        dir.path().join("upgrade.sock").display()
+    );
+    let old = ProxyProcess::start(&default_route(&[&backend]), &extra);
+    let (state, _silent) = state_of_a_silent_connection(old.addr).await;
+    assert_eq!(state, Some(SYN_RECEIVED), "deferred by default");
+    let conf = old.path("main.yaml");
+    let text = std::fs::read_to_string(&conf).unwrap();
+    std::fs::write(&conf, format!("{text}\ntcp:\n  tcp_defer_accept: false\n")).unwrap();
+    let new = tokio::task::block_in_place(|| ProxyProcess::spawn_args(&conf, &["-u"]));
+    assert_eq!(new.addr, old.addr, "the listener is handed over");
+    let (state, _silent) = state_of_a_silent_connection(new.addr).await;
+    assert_eq!(state, Some(ESTABLISHED), "the new setting applies");
+}
+
 /// `aralez check-config --format json` on a main.yaml: its issues as (severity, line, key,
 /// message).
 fn check(main: &str) -> (i32, Vec<(String, u64, String, String)>) {

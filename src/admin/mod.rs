@@ -448,8 +448,12 @@ pub fn start(
     };
     // SO_REUSEPORT, like the proxy's listeners: during a live upgrade the new process binds the
     // same address while the old one drains.
+    let options = crate::server::ListenOptions {
+        defer_accept: main.tcp.defer_accept,
+        ..Default::default()
+    };
     let bind = |addr: std::net::SocketAddr| {
-        let bound = crate::server::bind_reuseport(addr, 1)
+        let bound = crate::server::bind_listeners(addr, 1, options)
             .and_then(|mut l| l.pop().ok_or_else(|| std::io::Error::other("no listener")));
         bound.map_err(|source| AdminError::Bind { addr, source })
     };

@@ -55,6 +55,7 @@ pub fn open(main: &MainConfig, upgrade: bool) -> Result<Bound, StartError> {
         Sockets::default()
     };
     let mut http = inherited.take(upgrade::HTTP);
+    defer_accepts(main, &http)?;
     if http.is_empty() {
         http = server::bind_listeners(main.proxy_address_http, main.threads, listen_options(main))
             .map_err(|source| bind_error(main.proxy_address_http, source))?;
@@ -67,6 +68,7 @@ pub fn open(main: &MainConfig, upgrade: bool) -> Result<Bound, StartError> {
         );
     }
     let mut tls = inherited.take(upgrade::TLS);
+    defer_accepts(main, &tls)?;
     if let Some(addr) = main.proxy_address_tls {
         if tls.is_empty() {
             tls = server::bind_listeners(addr, http.len(), listen_options(main))
@@ -109,6 +111,18 @@ fn listen_options(main: &MainConfig) -> server::ListenOptions {
     }
 }
 
+/// `tcp_defer_accept` on listeners received from the running instance, which may have been
+/// started with another setting (or before there was one).
+fn defer_accepts(main: &MainConfig, inherited: &[TcpListener]) -> Result<(), StartError> {
+    for listener in inherited {
+        if let Err(source) = server::listener::set_defer_accept(listener, main.tcp.defer_accept) {
+            let addr = listener.local_addr().unwrap_or(main.proxy_address_http);
+            return Err(bind_error(addr, source));
+        }
+    }
+    Ok(())
+}
+
 fn bind_error(addr: SocketAddr, source: std::io::Error) -> StartError {
     StartError::Bind { addr, source }
 }
@@ -133,6 +147,7 @@ fn file_server(
             listener
         }
     };
+    defer_accepts(main, std::slice::from_ref(&listener))?;
     if let Ok(local) = listener.local_addr() {
         tracing::info!(
             "file server: serving {} on http://{local}",

@@ -94,12 +94,18 @@ pub fn bind_one(addr: SocketAddr, options: ListenOptions) -> io::Result<std::net
     if let Some(queue) = options.fastopen {
         fastopen::set(&socket, queue)?;
     }
-    if options.defer_accept {
-        tcp_option::set(&socket, libc::TCP_DEFER_ACCEPT, DEFER_ACCEPT_SECONDS)?;
-    }
+    set_defer_accept(&socket, options.defer_accept)?;
     socket.bind(&addr.into())?;
     socket.listen(BACKLOG)?;
     Ok(socket.into())
+}
+
+/// Turns TCP_DEFER_ACCEPT on ([`DEFER_ACCEPT_SECONDS`]) or off on a listening socket; it takes
+/// effect for connections that arrive from then on, so a listener received in a live upgrade
+/// follows the new process's configuration.
+pub fn set_defer_accept(listener: &impl AsFd, on: bool) -> io::Result<()> {
+    let seconds = if on { DEFER_ACCEPT_SECONDS } else { 0 };
+    tcp_option::set(listener, libc::TCP_DEFER_ACCEPT, seconds)
 }
 
 /// Sets on a listening socket what every connection it accepts inherits from it, so that no
