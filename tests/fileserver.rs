@@ -180,12 +180,19 @@ async fn file_server_connections_have_their_own_cap() {
         ),
     );
     let addr = file_server_addr(&proxy);
-    // Two idle connections hold both places...
-    let _held = [
-        tokio::net::TcpStream::connect(addr).await.unwrap(),
-        tokio::net::TcpStream::connect(addr).await.unwrap(),
-    ];
+    // Two connections with half a request head each hold both places (sent bytes: the
+    // listener defers accepts until a connection's first ones)...
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut half = tokio::net::TcpStream::connect(addr).await.unwrap();
+        half.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+        held.push(half);
+    }
     let mut third = tokio::net::TcpStream::connect(addr).await.unwrap();
+    third
+        .write_all(b"GET / HTTP/1.1\r\nHost: files\r\n\r\n")
+        .await
+        .unwrap();
     let mut buf = [0u8; 16];
     let read = tokio::time::timeout(std::time::Duration::from_secs(5), third.read(&mut buf)).await;
     assert!(

@@ -62,7 +62,13 @@ impl ClientTcp {
     }
 
     /// Copies what has arrived without taking it off the socket, waiting until something has.
+    /// The first try goes ahead before epoll says anything: behind a deferred accept the bytes
+    /// are there.
     pub async fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        match self.socket.get_ref().peek(buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            peeked => return peeked,
+        }
         loop {
             let mut ready = self.socket.readable().await?;
             if let Ok(peeked) = ready.try_io(|socket| socket.get_ref().peek(buf)) {

@@ -1,8 +1,9 @@
 //! Listening sockets: by default one SO_REUSEPORT listener per worker, so the kernel spreads
 //! connections and no accept lock is shared; with `so_reuseport: false` one listener, bound
 //! without SO_REUSEPORT (no other process can join the port), shared by the workers. Both may
-//! carry TCP_FASTOPEN (`tcp_fastopen`). Options every accepted connection needs are set once on
-//! its listener, which passes them on.
+//! carry TCP_FASTOPEN (`tcp_fastopen`), and both defer accepts to a connection's first bytes
+//! unless told not to (`tcp_defer_accept`). Options every accepted connection needs are set once
+//! on its listener, which passes them on.
 
 use std::io;
 use std::net::SocketAddr;
@@ -117,7 +118,7 @@ pub fn pass_on_connection_options(listener: &impl AsFd) -> io::Result<()> {
     socket.set_tcp_notsent_lowat(NOTSENT_LOWAT)
 }
 
-/// TCP_FASTOPEN and TCP_DEFER_ACCEPT, which neither socket2 nor nix sets on a listener.
+/// TCP_FASTOPEN, which neither socket2 nor nix sets on a listener.
 pub mod fastopen {
     use std::os::fd::AsFd;
 

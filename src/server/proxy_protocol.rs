@@ -15,8 +15,9 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use super::client_tcp::ClientTcp;
 use tokio::io::AsyncReadExt;
+
+use super::client_tcp::ClientTcp;
 
 /// The 12 bytes every v2 header starts with.
 pub const V2_SIGNATURE: [u8; 12] = *b"\r\n\r\n\0\r\nQUIT\n";
