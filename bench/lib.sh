@@ -667,7 +667,7 @@ peer_headers_line() {
 # aralez's listeners hand a connection over when its first bytes arrive (TCP_DEFER_ACCEPT, its
 # default: README, `tcp.tcp_defer_accept`). With PEER_DEFER=equal (the default) nginx's proxy
 # listeners say `deferred` and HAProxy's binds `defer-accept`, which set the same socket option;
-# PEER_DEFER=off leaves both at their own default, off (every table up to 2026-12-05 07:00 was
+# PEER_DEFER=off leaves both at their own default, off (every table before 2026-12-05 07:30 was
 # measured with no proxy deferring). Aralez 0.95 (Pingora) is left as it is.
 check_peer_defer() {
   PEER_DEFER=${PEER_DEFER:-equal}
