@@ -27,35 +27,30 @@ async fn get(c: &mut Client) -> u16 {
     status
 }
 
-/// The keep-alive timer (`tr` 2 in /proc/net/tcp) of the proxy's side of the connection from
-/// `client` to `proxy`, in seconds, if one runs.
-fn keepalive_timer(proxy: SocketAddr, client: SocketAddr) -> Option<f64> {
+/// The fields of /proc/net/tcp's line for the proxy's side of the connection from `client` to
+/// `proxy` (1: local address, 2: remote, 3: state, 5: timer).
+fn proxy_side_fields(proxy: SocketAddr, client: SocketAddr) -> Option<Vec<String>> {
     let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
     let port_of = |field: &str| u16::from_str_radix(field.rsplit(':').next()?, 16).ok();
     table.lines().skip(1).find_map(|line| {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        let (local, remote, timer) = (f.get(1)?, f.get(2)?, f.get(5)?);
-        if port_of(local)? != proxy.port() || port_of(remote)? != client.port() {
-            return None;
-        }
-        let (kind, when) = timer.split_once(':')?;
-        (kind == "02").then(|| u64::from_str_radix(when, 16).ok().map(|t| t as f64 / 100.0))?
+        let f: Vec<String> = line.split_whitespace().map(str::to_owned).collect();
+        let ours = port_of(f.get(1)?)? == proxy.port() && port_of(f.get(2)?)? == client.port();
+        ours.then_some(f)
     })
 }
 
-/// The state (`st` in /proc/net/tcp: 01 established, 03 SYN received) of the proxy's side of
-/// the connection from `client` to `proxy`.
+/// The keep-alive timer (`tr` 2) of the proxy's side of the connection from `client` to
+/// `proxy`, in seconds, if one runs.
+fn keepalive_timer(proxy: SocketAddr, client: SocketAddr) -> Option<f64> {
+    let fields = proxy_side_fields(proxy, client)?;
+    let (kind, when) = fields.get(5)?.split_once(':')?;
+    (kind == "02").then(|| u64::from_str_radix(when, 16).ok().map(|t| t as f64 / 100.0))?
+}
+
+/// The state (`st`: 01 established, 03 SYN received) of the proxy's side of the connection
+/// from `client` to `proxy`.
 fn proxy_side_state(proxy: SocketAddr, client: SocketAddr) -> Option<u8> {
-    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
-    let port_of = |field: &str| u16::from_str_radix(field.rsplit(':').next()?, 16).ok();
-    table.lines().skip(1).find_map(|line| {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        let (local, remote, state) = (f.get(1)?, f.get(2)?, f.get(3)?);
-        if port_of(local)? != proxy.port() || port_of(remote)? != client.port() {
-            return None;
-        }
-        u8::from_str_radix(state, 16).ok()
-    })
+    u8::from_str_radix(proxy_side_fields(proxy, client)?.get(3)?, 16).ok()
 }
 
 /// Connects to `proxy` without sending anything: the proxy's side's state at once.

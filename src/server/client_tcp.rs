@@ -86,20 +86,20 @@ impl ClientTcp {
         write: impl Fn(&TcpStream) -> io::Result<usize>,
     ) -> Poll<io::Result<usize>> {
         loop {
-            let Some(writing) = self.writing.as_deref() else {
-                let written = write(self.socket.get_ref());
-                if full_after(&written, offered) {
-                    self.writing = Some(Box::new(register_for_writing(self.socket.get_ref())?));
-                }
-                match written {
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                    written => return Poll::Ready(written),
-                }
+            // No registration yet: the write goes straight ahead.
+            let ready = match self.writing.as_deref() {
+                Some(writing) => Some(ready!(writing.poll_write_ready(cx))?),
+                None => None,
             };
-            let mut ready = ready!(writing.poll_write_ready(cx))?;
             let written = write(self.socket.get_ref());
             if full_after(&written, offered) {
-                ready.clear_ready();
+                match ready {
+                    Some(mut ready) => ready.clear_ready(),
+                    None => {
+                        let registered = register_for_writing(self.socket.get_ref())?;
+                        self.writing = Some(Box::new(registered));
+                    }
+                }
             }
             match written {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
