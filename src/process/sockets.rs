@@ -69,14 +69,15 @@ pub fn open(main: &MainConfig, upgrade: bool) -> Result<Bound, StartError> {
     }
     let mut tls = inherited.take(upgrade::TLS);
     defer_accepts(main, &tls)?;
-    if let Some(addr) = main.proxy_address_tls {
-        if tls.is_empty() {
-            tls = server::bind_listeners(addr, http.len(), listen_options(main))
-                .map_err(|source| bind_error(addr, source))?;
-        }
+    // A TLS listener on a port of the kernel's choosing (0) may move, so that HTTP/3 has the
+    // same port; a configured or inherited one never does.
+    let mut movable_tls = None;
+    if let (Some(addr), true) = (main.proxy_address_tls, tls.is_empty()) {
+        tls = bind_tls(main, addr, http.len())?;
+        movable_tls = Some(addr).filter(|a| a.port() == 0);
     }
     let files = file_server(main, &mut inherited)?;
-    let (quic, quic_owner) = quic_socket(main, &tls, &mut inherited)?;
+    let (quic, quic_owner) = quic_beside_tls(main, &mut tls, movable_tls, &mut inherited)?;
     if !inherited.names().is_empty() {
         tracing::warn!(
             "live upgrade: unused inherited sockets {:?}",
@@ -157,6 +158,44 @@ fn file_server(
     Ok(Some((listener, folder.clone())))
 }
 
+fn bind_tls(
+    main: &MainConfig,
+    addr: SocketAddr,
+    count: usize,
+) -> Result<Vec<TcpListener>, StartError> {
+    server::bind_listeners(addr, count, listen_options(main))
+        .map_err(|source| bind_error(addr, source))
+}
+
+/// How many times a TLS listener on port 0 moves because HTTP/3 found its number taken for UDP.
+const QUIC_PORT_ATTEMPTS: u32 = 8;
+
+/// HTTP/3's UDP socket on the TLS listener's port. When another UDP socket holds the number the
+/// kernel gave the TLS listener (`movable`: bound on port 0), the TLS listeners are bound
+/// afresh on another one, a few times at most.
+fn quic_beside_tls(
+    main: &MainConfig,
+    tls: &mut Vec<TcpListener>,
+    movable: Option<SocketAddr>,
+    inherited: &mut Sockets,
+) -> Result<(Option<std::net::UdpSocket>, Option<i32>), StartError> {
+    let mut moves = 0;
+    loop {
+        match (quic_socket(main, tls, inherited), movable) {
+            (Err(StartError::Bind { source, .. }), Some(addr))
+                if source.kind() == std::io::ErrorKind::AddrInUse && moves < QUIC_PORT_ATTEMPTS =>
+            {
+                moves += 1;
+                tracing::debug!(
+                    "HTTP/3: UDP port taken; moving the TLS listener from port 0's pick"
+                );
+                *tls = bind_tls(main, addr, tls.len())?;
+            }
+            (other, _) => return other,
+        }
+    }
+}
+
 /// HTTP/3's UDP socket: inherited (with the process that still reads it), else bound on the
 /// TLS listener's address (its port, when the configured one is 0).
 fn quic_socket(
@@ -201,4 +240,82 @@ fn offer(
         sockets.add_udp(upgrade::QUIC, socket).map_err(dup_error)?;
     }
     Ok(Arc::new(Mutex::new(Some(sockets))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::UdpSocket;
+
+    fn main_with_http3() -> (tempfile::TempDir, MainConfig) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("main.yaml");
+        let yaml = format!(
+            "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: \"main.yaml\"\nproxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"\nhttp3: true\n",
+            dir.path().display()
+        );
+        std::fs::write(&path, yaml).expect("write main.yaml");
+        let mut issues = crate::config::Issues::default();
+        let main = crate::config::load_main(&path, &mut issues);
+        let main = main.unwrap_or_else(|| panic!("main.yaml loads: {issues:?}"));
+        assert!(main.http3);
+        (dir, main)
+    }
+
+    /// A TCP listener on a port whose number a UDP socket holds, as the kernel's pick for the
+    /// TLS listener can be when another process (or test) has that UDP port.
+    fn tcp_on_a_taken_udp_port() -> (UdpSocket, TcpListener) {
+        for _ in 0..100 {
+            let udp = UdpSocket::bind("127.0.0.1:0").expect("udp bind");
+            let port = udp.local_addr().expect("udp addr").port();
+            if let Ok(tcp) = TcpListener::bind(("127.0.0.1", port)) {
+                return (udp, tcp);
+            }
+        }
+        panic!("no port free for TCP with its UDP number taken in 100 tries");
+    }
+
+    fn port_of(listeners: &[TcpListener]) -> u16 {
+        listeners[0].local_addr().expect("tcp addr").port()
+    }
+
+    #[test]
+    fn a_tls_listener_on_port_0_moves_when_http3_finds_its_number_taken() {
+        let (_dir, main) = main_with_http3();
+        let (holder, listener) = tcp_on_a_taken_udp_port();
+        let taken = holder.local_addr().expect("udp addr").port();
+        let mut tls = vec![listener];
+        let (quic, owner) = quic_beside_tls(
+            &main,
+            &mut tls,
+            main.proxy_address_tls,
+            &mut Sockets::default(),
+        )
+        .expect("HTTP/3 gets a port");
+        let quic_port = quic
+            .expect("a QUIC socket")
+            .local_addr()
+            .expect("addr")
+            .port();
+        assert_ne!(port_of(&tls), taken, "the TLS listener moved");
+        assert_eq!(quic_port, port_of(&tls), "HTTP/3 shares the TLS port");
+        assert_eq!(owner, None);
+    }
+
+    #[test]
+    fn a_configured_tls_port_never_moves_for_http3() {
+        let (_dir, main) = main_with_http3();
+        let (holder, listener) = tcp_on_a_taken_udp_port();
+        let taken = holder.local_addr().expect("udp addr").port();
+        let mut tls = vec![listener];
+        let result = quic_beside_tls(&main, &mut tls, None, &mut Sockets::default());
+        match result {
+            Err(StartError::Bind { addr, source }) => {
+                assert_eq!(addr.port(), taken, "the error names the taken port");
+                assert_eq!(source.kind(), std::io::ErrorKind::AddrInUse);
+            }
+            other => panic!("expected a bind error, got {:?}", other.map(|_| ())),
+        }
+        assert_eq!(port_of(&tls), taken, "the TLS listener stays");
+    }
 }
