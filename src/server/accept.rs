@@ -481,8 +481,8 @@ async fn serve_parking<F: MakeService, S: ClientSocket>(
             break;
         }
         // Not parked: the connection ended.
-        let Some(parked) = dock.take() else { break };
-        let woke = park::wait_parked(&parked, &activity, timers, &mut drain, &shared.parked);
+        let Some(mut parked) = dock.take() else { break };
+        let woke = park::wait_parked(&mut parked, &activity, timers, &mut drain, &shared.parked);
         if Box::pin(woke).await == Wake::Close {
             break;
         }

@@ -1,29 +1,31 @@
-//! A client's TCP socket as the runtime sees it: registered for reading only, and for writing
-//! only once a write has had to wait. Also the listener that accepts such sockets.
+//! A client's TCP socket as the runtime sees it: registered for reading only once a read has
+//! had to wait, and for writing only once a write has. Also the listener that accepts such
+//! sockets.
 //!
-//! tokio registers every `TcpStream` for reading and writing at once. A new socket is writable
-//! as soon as it is registered, so epoll reports it at the next turn: one event a connection
-//! that wakes nobody (the proxy writes an answer only after reading a request, and by then it
-//! just writes). nginx registers a client for reading and asks for `EPOLLOUT` only when a write
-//! would wait; this does the same. Most answers fit the socket's send buffer and never wait, so
-//! most connections are never registered for writing at all.
+//! tokio registers every `TcpStream` for reading and writing as it is accepted: one
+//! `epoll_ctl` to add it and one to remove it at the end, and one `EPOLLOUT` event a
+//! connection that wakes nobody (a new socket is writable at once). HAProxy registers a
+//! client only when a read or write would wait, and nginx asks for `EPOLLOUT` only then; this
+//! does the same. Behind a deferred accept (`tcp_defer_accept`) the first read finds the
+//! request, and a client that sends `Connection: close` is answered and closed without its
+//! socket ever being in epoll; a keep-alive client is registered when its second request is
+//! not there yet. Most answers fit the socket's send buffer, so most connections are never
+//! registered for writing at all.
 //!
-//! How: reads go through the socket's own registration (`EPOLLIN | EPOLLRDHUP`). Writes are
-//! tried directly; the first one that would wait (or that is only partly taken, which on epoll
-//! means the buffer is full) registers a duplicate descriptor of the same socket for writing,
-//! which the connection keeps from then on. A duplicate descriptor is a registration of its
-//! own in epoll, so neither replaces the other, and adding it reports the socket's state at
-//! once: a socket that became writable in between is not missed. Such a connection holds two
-//! descriptors until it closes (the process raises its descriptor limit to the hard one at
-//! start).
-//!
-//! A new socket's first read is tried before epoll has said anything, as tokio's own sockets
-//! do: the client's first bytes are often there by the time it is accepted.
+//! How: reads and writes are tried directly. The first read that would wait registers the
+//! socket for reading (`EPOLLIN | EPOLLRDHUP`); the first write that would wait (or that is
+//! only partly taken, which on epoll means the buffer is full) registers a duplicate
+//! descriptor of the same socket for writing. The connection keeps each registration from
+//! then on and waits on it. A duplicate descriptor is a registration of its own in epoll, so
+//! neither replaces the other, and adding either reports the socket's state at once: bytes
+//! (or room) that came between the failed call and the registration are not missed. A
+//! connection registered for writing holds two descriptors until it closes (the process
+//! raises its descriptor limit to the hard one at start).
 
 use std::io::{self, IoSlice, Write as _};
 use std::mem::MaybeUninit;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
@@ -33,45 +35,54 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 
 /// An accepted client socket; see the module's doc.
 pub struct ClientTcp {
-    /// Registered for reading.
-    socket: AsyncFd<TcpStream>,
-    /// The same socket registered for writing, once a write has waited. Boxed: most
-    /// connections never need it, and every connection's task holds this type.
+    /// The socket registered for reading, once a read has waited. Declared before `socket`:
+    /// fields drop in order, so the registration is removed while its descriptor is open.
+    reading: Option<AsyncFd<SocketFd>>,
+    /// A duplicate of the socket registered for writing, once a write has waited. Boxed:
+    /// most connections never need it, and every connection's task holds this type.
     writing: Option<Box<AsyncFd<TcpStream>>>,
-    /// No read was tried yet: the first one goes ahead before epoll says anything. Over a
-    /// network a client's first bytes come right behind its handshake's last ACK, so they are
-    /// usually there when the connection is accepted, and waiting for the event would cost
-    /// the connection's task a turn (callgrind: about 1,300 instructions a connection).
-    unread: bool,
+    socket: TcpStream,
+}
+
+/// The descriptor of a [`ClientTcp`]'s own socket, for its read registration, which the
+/// `ClientTcp` drops before the socket (see `reading`).
+struct SocketFd(RawFd);
+
+impl AsRawFd for SocketFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
 }
 
 impl ClientTcp {
-    /// Registers a connected, non-blocking socket with the current runtime, for reading.
-    pub fn new(socket: TcpStream) -> io::Result<ClientTcp> {
-        Ok(ClientTcp {
-            socket: register(socket, Interest::READABLE)?,
+    /// A connected, non-blocking socket, not yet registered with the runtime.
+    pub fn new(socket: TcpStream) -> ClientTcp {
+        ClientTcp {
+            reading: None,
             writing: None,
-            unread: true,
-        })
+            socket,
+        }
     }
 
     /// Ready when a read would not wait (data, the end of the stream or an error), without
     /// reading.
-    pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.socket.poll_read_ready(cx).map_ok(drop)
+    pub fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        registered_for_reading(&mut self.reading, &self.socket)?
+            .poll_read_ready(cx)
+            .map_ok(drop)
     }
 
     /// Copies what has arrived without taking it off the socket, waiting until something has.
-    /// The first try goes ahead before epoll says anything: behind a deferred accept the bytes
-    /// are there.
-    pub async fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
-        match self.socket.get_ref().peek(buf) {
+    pub async fn peek(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self.socket.peek(buf) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             peeked => return peeked,
         }
+        let socket = &self.socket;
+        let reading = registered_for_reading(&mut self.reading, socket)?;
         loop {
-            let mut ready = self.socket.readable().await?;
-            if let Ok(peeked) = ready.try_io(|socket| socket.get_ref().peek(buf)) {
+            let mut ready = reading.readable().await?;
+            if let Ok(peeked) = ready.try_io(|_| socket.peek(buf)) {
                 return peeked;
             }
         }
@@ -91,12 +102,12 @@ impl ClientTcp {
                 Some(writing) => Some(ready!(writing.poll_write_ready(cx))?),
                 None => None,
             };
-            let written = write(self.socket.get_ref());
+            let written = write(&self.socket);
             if full_after(&written, offered) {
                 match ready {
                     Some(mut ready) => ready.clear_ready(),
                     None => {
-                        let registered = register_for_writing(self.socket.get_ref())?;
+                        let registered = register_for_writing(&self.socket)?;
                         self.writing = Some(Box::new(registered));
                     }
                 }
@@ -119,45 +130,71 @@ fn full_after(written: &io::Result<usize>, offered: usize) -> bool {
     }
 }
 
-/// Registers a socket with the current runtime for `interest`.
+/// Registers `socket`'s descriptor with the current runtime for `interest`.
+///
+/// # Safety
+///
+/// The descriptor must stay open, and the same socket, for as long as the `AsyncFd` lives.
 #[allow(unsafe_code)]
-fn register<S: AsRawFd>(socket: S, interest: Interest) -> io::Result<AsyncFd<S>> {
-    // SAFETY: a std socket owns its descriptor: it stays open and the same for as long as the
-    // `AsyncFd` holds the socket, and closes only when the socket is dropped.
+unsafe fn register<S: AsRawFd>(socket: S, interest: Interest) -> io::Result<AsyncFd<S>> {
+    // SAFETY: the caller's promise.
     unsafe { AsyncFd::register_with_interest(socket, interest) }.map_err(|e| e.into_parts().1)
 }
 
+/// `socket`'s read registration, `reading`, made if there is none yet.
+#[allow(unsafe_code)]
+fn registered_for_reading<'a>(
+    reading: &'a mut Option<AsyncFd<SocketFd>>,
+    socket: &TcpStream,
+) -> io::Result<&'a AsyncFd<SocketFd>> {
+    if let Some(registered) = reading {
+        return Ok(registered);
+    }
+    let fd = SocketFd(socket.as_raw_fd());
+    // SAFETY: `reading` is the `reading` field of the `ClientTcp` whose `socket` this is: the
+    // socket stays open until that `ClientTcp` drops, and `reading` drops before it (field
+    // order).
+    Ok(reading.insert(unsafe { register(fd, Interest::READABLE) }?))
+}
+
 /// A duplicate descriptor of `socket`, registered for writing.
+#[allow(unsafe_code)]
 fn register_for_writing(socket: &TcpStream) -> io::Result<AsyncFd<TcpStream>> {
-    register(socket.try_clone()?, Interest::WRITABLE)
+    // SAFETY: the `AsyncFd` owns the duplicate, which closes only when it drops.
+    unsafe { register(socket.try_clone()?, Interest::WRITABLE) }
 }
 
 impl AsyncRead for ClientTcp {
     fn poll_read(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        if std::mem::take(&mut self.unread) {
-            match read_into(self.socket.get_ref(), buf) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                read => return Poll::Ready(read.map(drop)),
-            }
-        }
+        let this = self.get_mut();
         loop {
-            let mut ready = ready!(self.socket.poll_read_ready(cx))?;
+            // No registration yet: the read goes straight ahead.
+            let ready = match this.reading.as_ref() {
+                Some(reading) => Some(ready!(reading.poll_read_ready(cx))?),
+                None => None,
+            };
             let room = buf.remaining();
-            match read_into(self.socket.get_ref(), buf) {
-                Ok(n) => {
-                    // A read that did not fill the room took all there was (epoll: no event
-                    // comes for what is already known).
-                    if n > 0 && n < room {
-                        ready.clear_ready();
-                    }
-                    return Poll::Ready(Ok(()));
+            let read = read_into(&this.socket, buf);
+            // A read that did not fill the room took all there was (epoll: no event comes
+            // for what is already known).
+            let drained = match &read {
+                Ok(n) => *n > 0 && *n < room,
+                Err(e) => e.kind() == io::ErrorKind::WouldBlock,
+            };
+            match (drained, ready) {
+                (true, Some(mut ready)) => ready.clear_ready(),
+                (true, None) if read.is_err() => {
+                    registered_for_reading(&mut this.reading, &this.socket)?;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => ready.clear_ready(),
-                Err(e) => return Poll::Ready(Err(e)),
+                _ => {}
+            }
+            match read {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                read => return Poll::Ready(read.map(drop)),
             }
         }
     }
@@ -204,13 +241,13 @@ impl AsyncWrite for ClientTcp {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(self.socket.get_ref().shutdown(std::net::Shutdown::Write))
+        Poll::Ready(self.socket.shutdown(std::net::Shutdown::Write))
     }
 }
 
 impl AsFd for ClientTcp {
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.socket.get_ref().as_fd()
+        self.socket.as_fd()
     }
 }
 
@@ -219,8 +256,10 @@ pub struct ClientListener(AsyncFd<TcpListener>);
 
 impl ClientListener {
     /// Registers a non-blocking listening socket with the current runtime.
+    #[allow(unsafe_code)]
     pub fn new(listener: TcpListener) -> io::Result<ClientListener> {
-        register(listener, Interest::READABLE).map(ClientListener)
+        // SAFETY: the `AsyncFd` owns the listener, which closes only when it drops.
+        unsafe { register(listener, Interest::READABLE) }.map(ClientListener)
     }
 
     /// The next connection and its peer's address, waiting until one comes.
@@ -245,7 +284,7 @@ fn accept_one(listener: &TcpListener) -> io::Result<(ClientTcp, SocketAddr)> {
             "accepted a peer with no IP address",
         )
     })?;
-    Ok((ClientTcp::new(socket.into())?, peer))
+    Ok((ClientTcp::new(socket.into()), peer))
 }
 
 #[cfg(test)]

@@ -45,7 +45,7 @@ use crate::vocab::CountedSlot;
 /// A client socket: plain TCP, or TLS over it.
 pub trait ClientSocket: Socket + Send + 'static {
     /// The TCP socket underneath, to wait on while parked.
-    fn tcp(&self) -> &ClientTcp;
+    fn tcp(&mut self) -> &mut ClientTcp;
 
     /// Gives back the buffers an idle connection need not keep (TLS: rustls's receive buffer,
     /// `vendor/rustls/PATCHED.md`); they come back when needed.
@@ -53,14 +53,14 @@ pub trait ClientSocket: Socket + Send + 'static {
 }
 
 impl ClientSocket for ClientTcp {
-    fn tcp(&self) -> &ClientTcp {
+    fn tcp(&mut self) -> &mut ClientTcp {
         self
     }
 }
 
 impl ClientSocket for tokio_rustls::server::TlsStream<ClientTcp> {
-    fn tcp(&self) -> &ClientTcp {
-        self.get_ref().0
+    fn tcp(&mut self) -> &mut ClientTcp {
+        self.get_mut().0
     }
 
     fn release_idle_buffers(&mut self) {
@@ -71,7 +71,7 @@ impl ClientSocket for tokio_rustls::server::TlsStream<ClientTcp> {
 /// A boxed socket: a TLS session (over a kilobyte) moves as a pointer, so a parked connection
 /// keeps it once, not in both its task and its dock.
 impl<S: ClientSocket> ClientSocket for Box<S> {
-    fn tcp(&self) -> &ClientTcp {
+    fn tcp(&mut self) -> &mut ClientTcp {
         (**self).tcp()
     }
 
@@ -269,7 +269,7 @@ pub enum Wake {
 /// Waits, parked, until the client sends again, counted in `parked`; or until the connection's
 /// idle deadline passes or `drain` turns true (or its sender is gone).
 pub async fn wait_parked<S: ClientSocket>(
-    socket: &S,
+    socket: &mut S,
     activity: &Activity,
     timers: Timers,
     drain: &mut watch::Receiver<bool>,

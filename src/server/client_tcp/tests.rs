@@ -1,6 +1,6 @@
 //! Over real sockets on 127.0.0.1: what epoll holds for an accepted client (read from the
-//! kernel's own account, `/proc/self/fdinfo`), and that a write that has to wait is woken and
-//! finishes.
+//! kernel's own account, `/proc/self/fdinfo`), and that a read, peek or write that has to wait
+//! is woken and finishes.
 
 use std::future::Future;
 use std::os::fd::{AsRawFd, RawFd};
@@ -49,28 +49,101 @@ fn mask_of(line: &str, fd: RawFd) -> Option<u32> {
     u32::from_str_radix(words.next()?, 16).ok()
 }
 
-async fn accepted_pair() -> (ClientTcp, tokio::net::TcpStream) {
+/// An accepted client, and tokio's socket at the other end, which sent `first` before the
+/// accept (so that it is there to read, as behind a deferred accept).
+async fn accepted_pair_after(first: &[u8]) -> (ClientTcp, tokio::net::TcpStream) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     listener.set_nonblocking(true).expect("non-blocking");
     let addr = listener.local_addr().expect("address");
     let listener = ClientListener::new(listener).expect("register the listener");
-    let client = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let mut client = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    client.write_all(first).await.expect("first bytes");
     let (server, peer) = listener.accept().await.expect("accept");
     assert_eq!(peer, client.local_addr().expect("client address"));
     (server, client)
 }
 
+async fn accepted_pair() -> (ClientTcp, tokio::net::TcpStream) {
+    accepted_pair_after(b"").await
+}
+
 #[tokio::test]
-async fn an_accepted_client_is_registered_for_reading_only() {
-    let (server, client) = accepted_pair().await;
-    let masks = epoll_masks(server.as_fd_raw());
+async fn a_client_is_registered_for_reading_only_once_a_read_has_to_wait() {
+    let (mut server, mut client) = accepted_pair_after(b"first").await;
+    let fd = server.as_fd_raw();
+    assert_eq!(epoll_masks(fd), Vec::<u32>::new(), "registered at accept");
+    let mut got = [0u8; 5];
+    server.read_exact(&mut got).await.expect("first read");
+    assert_eq!(&got, b"first");
+    assert_eq!(
+        epoll_masks(fd),
+        Vec::<u32>::new(),
+        "a read that found bytes registered"
+    );
+    // Nothing more has come: this read waits, and registers.
+    let waker = futures_util::task::noop_waker();
+    let mut second = [0u8; 6];
+    let mut reading = pin!(server.read_exact(&mut second));
+    let polled = reading.as_mut().poll(&mut Context::from_waker(&waker));
+    assert!(matches!(polled, Poll::Pending), "the read did not wait");
+    let masks = epoll_masks(fd);
     assert_eq!(masks.len(), 1, "one registration: {masks:x?}");
-    assert_ne!(masks[0] & EPOLLIN, 0, "{:x}", masks[0]);
-    assert_eq!(masks[0] & EPOLLOUT, 0, "{:x}", masks[0]);
-    // The same account shows tokio's own socket registered for both.
+    assert_eq!(masks[0] & (EPOLLIN | EPOLLOUT), EPOLLIN, "{:x}", masks[0]);
+    // Only the registration can wake the read now.
+    client.write_all(b"second").await.expect("second bytes");
+    tokio::time::timeout(PATIENCE, reading)
+        .await
+        .expect("the read was never woken")
+        .expect("second read");
+    assert_eq!(&second, b"second");
+    // The same account shows tokio's own socket registered for both, from its start.
     let theirs = epoll_masks(client.as_raw_fd());
     assert_eq!(theirs.len(), 1, "{theirs:x?}");
     assert_eq!(theirs[0] & (EPOLLIN | EPOLLOUT), EPOLLIN | EPOLLOUT);
+}
+
+#[tokio::test]
+async fn a_client_answered_without_waiting_is_never_registered() {
+    // A `Connection: close` request behind a deferred accept: read, answered, closed.
+    let (mut server, mut client) = accepted_pair_after(b"GET / HTTP/1.1\r\n\r\n").await;
+    let mut request = [0u8; 18];
+    server.read_exact(&mut request).await.expect("request");
+    server
+        .write_all(b"HTTP/1.1 200 OK\r\n")
+        .await
+        .expect("answer");
+    server.shutdown().await.expect("shutdown");
+    assert_eq!(epoll_masks(server.as_fd_raw()), Vec::<u32>::new());
+    assert_eq!(
+        descriptors_of_the_same_socket(server.as_fd_raw()),
+        Vec::<RawFd>::new()
+    );
+    drop(server);
+    let mut answer = Vec::new();
+    client.read_to_end(&mut answer).await.expect("answer");
+    assert_eq!(answer, b"HTTP/1.1 200 OK\r\n");
+}
+
+#[tokio::test]
+async fn a_peek_that_waits_registers_and_is_woken() {
+    let (mut server, mut client) = accepted_pair().await;
+    let mut buf = [0u8; 8];
+    let waker = futures_util::task::noop_waker();
+    let peeked = {
+        let mut peeking = pin!(server.peek(&mut buf));
+        let polled = peeking.as_mut().poll(&mut Context::from_waker(&waker));
+        assert!(matches!(polled, Poll::Pending), "the peek did not wait");
+        client.write_all(b"PROXY").await.expect("bytes");
+        tokio::time::timeout(PATIENCE, peeking)
+            .await
+            .expect("the peek was never woken")
+            .expect("peek")
+    };
+    assert_eq!(&buf[..peeked], b"PROXY");
+    // A peek leaves the bytes for the next read.
+    let mut read = [0u8; 5];
+    server.read_exact(&mut read).await.expect("read");
+    assert_eq!(&read, b"PROXY");
 }
 
 #[tokio::test]
