@@ -103,7 +103,7 @@ impl ClientTcp {
                 None => None,
             };
             let written = write(&self.socket);
-            if full_after(&written, offered) {
+            if used_up_after(&written, offered) {
                 match ready {
                     Some(mut ready) => ready.clear_ready(),
                     None => {
@@ -120,12 +120,12 @@ impl ClientTcp {
     }
 }
 
-/// Whether a write's outcome shows the socket's buffer full: it would have waited, or took
-/// only part of what it was offered (epoll is edge-triggered: no event comes for what is
-/// already known).
-fn full_after(written: &io::Result<usize>, offered: usize) -> bool {
-    match written {
-        Ok(n) => *n > 0 && *n < offered,
+/// Whether a read's or a write's outcome shows the socket used up: nothing more to read, or no
+/// more room to write. It would have waited, or did only part of what it was asked (epoll is
+/// edge-triggered: no event comes for what is already known).
+fn used_up_after(outcome: &io::Result<usize>, asked: usize) -> bool {
+    match outcome {
+        Ok(n) => *n > 0 && *n < asked,
         Err(e) => e.kind() == io::ErrorKind::WouldBlock,
     }
 }
@@ -179,18 +179,16 @@ impl AsyncRead for ClientTcp {
             };
             let room = buf.remaining();
             let read = read_into(&this.socket, buf);
-            // A read that did not fill the room took all there was (epoll: no event comes
-            // for what is already known).
-            let drained = match &read {
-                Ok(n) => *n > 0 && *n < room,
-                Err(e) => e.kind() == io::ErrorKind::WouldBlock,
-            };
-            match (drained, ready) {
-                (true, Some(mut ready)) => ready.clear_ready(),
-                (true, None) if read.is_err() => {
-                    registered_for_reading(&mut this.reading, &this.socket)?;
+            if used_up_after(&read, room) {
+                match ready {
+                    Some(mut ready) => ready.clear_ready(),
+                    // Only a read that would wait needs the registration; one that took all
+                    // there was may be the connection's last.
+                    None if read.is_err() => {
+                        registered_for_reading(&mut this.reading, &this.socket)?;
+                    }
+                    None => {}
                 }
-                _ => {}
             }
             match read {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
