@@ -57,8 +57,7 @@ pub fn open(main: &MainConfig, upgrade: bool) -> Result<Bound, StartError> {
     let mut http = inherited.take(upgrade::HTTP);
     defer_accepts(main, &http)?;
     if http.is_empty() {
-        http = server::bind_listeners(main.proxy_address_http, main.threads, listen_options(main))
-            .map_err(|source| bind_error(main.proxy_address_http, source))?;
+        http = bind_proxy(main, main.proxy_address_http, main.threads)?;
     } else if http.len() != main.threads {
         tracing::warn!(
             "live upgrade: {} inherited listeners, threads is {}; running {} workers (one per listener)",
@@ -73,7 +72,7 @@ pub fn open(main: &MainConfig, upgrade: bool) -> Result<Bound, StartError> {
     // same port; a configured or inherited one never does.
     let mut movable_tls = None;
     if let (Some(addr), true) = (main.proxy_address_tls, tls.is_empty()) {
-        tls = bind_tls(main, addr, http.len())?;
+        tls = bind_proxy(main, addr, http.len())?;
         movable_tls = Some(addr).filter(|a| a.port() == 0);
     }
     let files = file_server(main, &mut inherited)?;
@@ -158,7 +157,8 @@ fn file_server(
     Ok(Some((listener, folder.clone())))
 }
 
-fn bind_tls(
+/// `count` proxy listeners on `addr`, with the `tcp:` block's options.
+fn bind_proxy(
     main: &MainConfig,
     addr: SocketAddr,
     count: usize,
@@ -189,7 +189,7 @@ fn quic_beside_tls(
                 tracing::debug!(
                     "HTTP/3: UDP port taken; moving the TLS listener from port 0's pick"
                 );
-                *tls = bind_tls(main, addr, tls.len())?;
+                *tls = bind_proxy(main, addr, tls.len())?;
             }
             (other, _) => return other,
         }
@@ -279,36 +279,53 @@ mod tests {
         listeners[0].local_addr().expect("tcp addr").port()
     }
 
-    #[test]
-    fn a_tls_listener_on_port_0_moves_when_http3_finds_its_number_taken() {
-        let (_dir, main) = main_with_http3();
+    /// HTTP/3's main.yaml, and a TLS listener on a port whose UDP number, `taken`, is held by
+    /// `_holder` for as long as this lives.
+    struct TakenPort {
+        main: MainConfig,
+        tls: Vec<TcpListener>,
+        taken: u16,
+        _holder: UdpSocket,
+        _dir: tempfile::TempDir,
+    }
+
+    fn taken_port() -> TakenPort {
+        let (dir, main) = main_with_http3();
         let (holder, listener) = tcp_on_a_taken_udp_port();
         let taken = holder.local_addr().expect("udp addr").port();
-        let mut tls = vec![listener];
-        let (quic, owner) = quic_beside_tls(
-            &main,
-            &mut tls,
-            main.proxy_address_tls,
-            &mut Sockets::default(),
-        )
-        .expect("HTTP/3 gets a port");
+        TakenPort {
+            main,
+            tls: vec![listener],
+            taken,
+            _holder: holder,
+            _dir: dir,
+        }
+    }
+
+    #[test]
+    fn a_tls_listener_on_port_0_moves_when_http3_finds_its_number_taken() {
+        // Held whole: its UDP socket keeps the number taken.
+        let mut at = taken_port();
+        let movable = at.main.proxy_address_tls;
+        let (quic, owner) =
+            quic_beside_tls(&at.main, &mut at.tls, movable, &mut Sockets::default())
+                .expect("HTTP/3 gets a port");
+        let (tls, taken) = (&at.tls, at.taken);
         let quic_port = quic
             .expect("a QUIC socket")
             .local_addr()
             .expect("addr")
             .port();
-        assert_ne!(port_of(&tls), taken, "the TLS listener moved");
-        assert_eq!(quic_port, port_of(&tls), "HTTP/3 shares the TLS port");
+        assert_ne!(port_of(tls), taken, "the TLS listener moved");
+        assert_eq!(quic_port, port_of(tls), "HTTP/3 shares the TLS port");
         assert_eq!(owner, None);
     }
 
     #[test]
     fn a_configured_tls_port_never_moves_for_http3() {
-        let (_dir, main) = main_with_http3();
-        let (holder, listener) = tcp_on_a_taken_udp_port();
-        let taken = holder.local_addr().expect("udp addr").port();
-        let mut tls = vec![listener];
-        let result = quic_beside_tls(&main, &mut tls, None, &mut Sockets::default());
+        let mut at = taken_port();
+        let result = quic_beside_tls(&at.main, &mut at.tls, None, &mut Sockets::default());
+        let (tls, taken) = (&at.tls, at.taken);
         match result {
             Err(StartError::Bind { addr, source }) => {
                 assert_eq!(addr.port(), taken, "the error names the taken port");
@@ -316,6 +333,6 @@ mod tests {
             }
             other => panic!("expected a bind error, got {:?}", other.map(|_| ())),
         }
-        assert_eq!(port_of(&tls), taken, "the TLS listener stays");
+        assert_eq!(port_of(tls), taken, "the TLS listener stays");
     }
 }

@@ -127,12 +127,16 @@ async fn a_client_answered_without_waiting_is_never_registered() {
 #[tokio::test]
 async fn a_peek_that_waits_registers_and_is_woken() {
     let (mut server, mut client) = accepted_pair().await;
+    let fd = server.as_fd_raw();
     let mut buf = [0u8; 8];
     let waker = futures_util::task::noop_waker();
     let peeked = {
         let mut peeking = pin!(server.peek(&mut buf));
         let polled = peeking.as_mut().poll(&mut Context::from_waker(&waker));
         assert!(matches!(polled, Poll::Pending), "the peek did not wait");
+        let masks = epoll_masks(fd);
+        assert_eq!(masks.len(), 1, "one registration: {masks:x?}");
+        assert_eq!(masks[0] & (EPOLLIN | EPOLLOUT), EPOLLIN, "{:x}", masks[0]);
         client.write_all(b"PROXY").await.expect("bytes");
         tokio::time::timeout(PATIENCE, peeking)
             .await
