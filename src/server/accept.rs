@@ -19,17 +19,16 @@ use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
 use http::{Request, Response};
 use http_body::Body;
-use hyper::server::conn::http1;
 use hyper::service::Service;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
+use hyper_util::rt::TokioIo;
 use tokio::sync::watch;
 
 use super::client_tcp::{ClientListener, ClientTcp};
 use super::h1;
 use super::h2_guard::FloodGuard;
 use super::idle::{self, Activity, Timers};
-use super::listener::{apply_keepalive, pass_on_connection_options, TcpKeepalive};
+use super::limits::{Builders, Limits};
+use super::listener::{apply_keepalive, pass_on_connection_options};
 use super::park::{self, ClientSocket, Dock, Parkable, Wake};
 use super::proxy_protocol::{self, Header};
 use super::settle::ReleaseWhenSettled;
@@ -42,40 +41,6 @@ use crate::vocab::{ClientBody, TlsFacts};
 /// (answered with `Connection: close`, so the client closes cleanly between requests) before it
 /// closes the idle ones.
 const DRAIN_LINGER: Duration = Duration::from_secs(2);
-
-/// How long an HTTP/1 connection carries no request before it parks ([`super::park`]): long
-/// enough that a busy keep-alive connection never does, short enough that idle ones give their
-/// buffers back soon.
-const PARK_AFTER: Duration = Duration::from_secs(1);
-
-/// Connection-level limits of one listener.
-#[derive(Clone, Debug)]
-pub struct Limits {
-    /// For the TLS handshake and each request head.
-    pub header_timeout: Duration,
-    pub max_header_bytes: usize,
-    pub max_connections: usize,
-    pub keepalive: Option<TcpKeepalive>,
-    /// How long in-flight requests may finish after shutdown is asked.
-    pub grace_period: Duration,
-    /// A connection that carries no request for this long is asked to close.
-    pub idle_timeout: Duration,
-    /// A connection whose open requests make no progress for this long is closed.
-    pub send_timeout: Duration,
-    /// Streams one HTTP/2 connection may open at once.
-    pub max_streams: u32,
-}
-
-impl Limits {
-    fn timers(&self) -> Timers {
-        Timers {
-            idle: self.idle_timeout,
-            head: self.header_timeout,
-            send: self.send_timeout,
-            park: PARK_AFTER,
-        }
-    }
-}
 
 /// The client side of an accepted connection, for the per-connection service.
 #[derive(Clone, Debug)]
@@ -142,62 +107,6 @@ pub struct AcceptLoop {
     pub parked: Arc<AtomicUsize>,
     /// Every connection starts with a PROXY protocol header naming the client.
     pub proxy_protocol: bool,
-}
-
-/// What one client HTTP/2 stream may send ahead of the backend's reading of its body: the
-/// proxy's buffer for it. 1 MiB, against nginx's 64 KiB preread and HAProxy's 64 KiB window,
-/// keeps an upload's first round trip full.
-const CLIENT_STREAM_WINDOW: u32 = 1 << 20;
-
-/// The same for a whole client HTTP/2 connection: 16 streams may sit full before the others on
-/// the connection wait.
-const CLIENT_CONNECTION_WINDOW: u32 = 16 << 20;
-
-fn http_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        // The request-head deadline is the connection's own timer (`idle::drive`), not hyper's
-        // per-request one.
-        .header_read_timeout(None)
-        .max_buf_size(limits.max_header_bytes.max(8192))
-        .keep_alive(true);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
-        .max_concurrent_streams(limits.max_streams)
-        // Fixed windows, not hyper's adaptive ones: what a client may send ahead of the
-        // backend's reading is what the proxy holds, and adaptive windows grow to 16 MiB a
-        // stream (and cost a lock and a PING's bookkeeping on every poll of the connection).
-        .initial_stream_window_size(CLIENT_STREAM_WINDOW)
-        .initial_connection_window_size(CLIENT_CONNECTION_WINDOW)
-        // RFC 8441: WebSocket from HTTP/2 clients (extended CONNECT).
-        .enable_connect_protocol();
-    builder
-}
-
-/// The HTTP/1 settings of [`http_builder`], for connections known to speak HTTP/1: a parked
-/// connection served again.
-fn http1_builder(limits: &Limits) -> http1::Builder {
-    let mut builder = http1::Builder::new();
-    builder
-        .header_read_timeout(None)
-        .max_buf_size(limits.max_header_bytes.max(8192))
-        .keep_alive(true);
-    builder
-}
-
-/// The HTTP server settings, three ways: sniffing the protocol from the first bytes, with
-/// HTTP/1.1 upgrades (plain connections, and TLS unless ALPN chose h2), and HTTP/2 only for TLS
-/// connections whose ALPN chose h2: a client that agreed on h2 and then sends something else
-/// gets the connection closed (RFC 9113 §3.4), not an HTTP/1.1 answer. (hyper-util ignores
-/// `http2_only` when serving with upgrades; HTTP/2 needs none, CONNECT is handled inside.)
-/// And HTTP/1 only, with upgrades, for a parked connection served again.
-struct Builders {
-    sniffing: auto::Builder<TokioExecutor>,
-    h2_only: auto::Builder<TokioExecutor>,
-    http1: http1::Builder,
 }
 
 /// Logs a repeated warning at most once a second, with how many were held back.
@@ -301,15 +210,10 @@ impl AcceptLoop {
                 return;
             }
         };
-        let sniffing = http_builder(&self.limits);
         let (drain_tx, drain_rx) = watch::channel(false);
         let shared = Arc::new(Shared {
             make,
-            builders: Builders {
-                h2_only: sniffing.clone().http2_only(),
-                sniffing,
-                http1: http1_builder(&self.limits),
-            },
+            builders: Builders::new(&self.limits),
             drain: drain_rx,
             draining: Arc::new(AtomicBool::new(false)),
             live: Arc::new(AtomicUsize::new(0)),

@@ -18,6 +18,7 @@ pub mod h3;
 #[path = "h3_absent.rs"]
 pub mod h3;
 mod idle;
+mod limits;
 pub mod listener;
 mod observe;
 mod park;
@@ -36,7 +37,8 @@ use crate::allocator;
 use crate::metrics::Metrics;
 use crate::routing::Router;
 use crate::vocab::{ClientConn, TunnelLimits, WorkerId};
-pub use accept::{AcceptLoop, ConnInfo, Limits};
+pub use accept::{AcceptLoop, ConnInfo};
+pub use limits::Limits;
 pub use listener::{
     bind_listeners, bind_reuseport, pass_on_connection_options, ListenOptions, TcpKeepalive,
 };
