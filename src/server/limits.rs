@@ -102,6 +102,7 @@ pub struct Builders {
 }
 
 impl Builders {
+    /// The three, made once per accept loop from its listener's limits.
     pub fn new(limits: &Limits) -> Builders {
         let sniffing = http_builder(limits);
         Builders {
