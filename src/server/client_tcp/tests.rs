@@ -49,6 +49,20 @@ fn mask_of(line: &str, fd: RawFd) -> Option<u32> {
     u32::from_str_radix(words.next()?, 16).ok()
 }
 
+/// Polls `waiting` once; it must wait.
+fn poll_once_waits<F: Future>(waiting: std::pin::Pin<&mut F>, what: &str) {
+    let waker = futures_util::task::noop_waker();
+    let polled = waiting.poll(&mut Context::from_waker(&waker));
+    assert!(matches!(polled, Poll::Pending), "the {what} did not wait");
+}
+
+/// `fd` is in epoll once, and of `EPOLLIN` and `EPOLLOUT` for exactly those in `interest`.
+fn assert_registered_only_for(fd: RawFd, interest: u32) {
+    let masks = epoll_masks(fd);
+    assert_eq!(masks.len(), 1, "one registration: {masks:x?}");
+    assert_eq!(masks[0] & (EPOLLIN | EPOLLOUT), interest, "{:x}", masks[0]);
+}
+
 /// An accepted client, and tokio's socket at the other end, which sent `first` before the
 /// accept (so that it is there to read, as behind a deferred accept).
 async fn accepted_pair_after(first: &[u8]) -> (ClientTcp, tokio::net::TcpStream) {
@@ -81,14 +95,10 @@ async fn a_client_is_registered_for_reading_only_once_a_read_has_to_wait() {
         "a read that found bytes registered"
     );
     // Nothing more has come: this read waits, and registers.
-    let waker = futures_util::task::noop_waker();
     let mut second = [0u8; 6];
     let mut reading = pin!(server.read_exact(&mut second));
-    let polled = reading.as_mut().poll(&mut Context::from_waker(&waker));
-    assert!(matches!(polled, Poll::Pending), "the read did not wait");
-    let masks = epoll_masks(fd);
-    assert_eq!(masks.len(), 1, "one registration: {masks:x?}");
-    assert_eq!(masks[0] & (EPOLLIN | EPOLLOUT), EPOLLIN, "{:x}", masks[0]);
+    poll_once_waits(reading.as_mut(), "read");
+    assert_registered_only_for(fd, EPOLLIN);
     // Only the registration can wake the read now.
     client.write_all(b"second").await.expect("second bytes");
     tokio::time::timeout(PATIENCE, reading)
@@ -97,9 +107,7 @@ async fn a_client_is_registered_for_reading_only_once_a_read_has_to_wait() {
         .expect("second read");
     assert_eq!(&second, b"second");
     // The same account shows tokio's own socket registered for both, from its start.
-    let theirs = epoll_masks(client.as_raw_fd());
-    assert_eq!(theirs.len(), 1, "{theirs:x?}");
-    assert_eq!(theirs[0] & (EPOLLIN | EPOLLOUT), EPOLLIN | EPOLLOUT);
+    assert_registered_only_for(client.as_raw_fd(), EPOLLIN | EPOLLOUT);
 }
 
 #[tokio::test]
@@ -129,14 +137,10 @@ async fn a_peek_that_waits_registers_and_is_woken() {
     let (mut server, mut client) = accepted_pair().await;
     let fd = server.as_fd_raw();
     let mut buf = [0u8; 8];
-    let waker = futures_util::task::noop_waker();
     let peeked = {
         let mut peeking = pin!(server.peek(&mut buf));
-        let polled = peeking.as_mut().poll(&mut Context::from_waker(&waker));
-        assert!(matches!(polled, Poll::Pending), "the peek did not wait");
-        let masks = epoll_masks(fd);
-        assert_eq!(masks.len(), 1, "one registration: {masks:x?}");
-        assert_eq!(masks[0] & (EPOLLIN | EPOLLOUT), EPOLLIN, "{:x}", masks[0]);
+        poll_once_waits(peeking.as_mut(), "peek");
+        assert_registered_only_for(fd, EPOLLIN);
         client.write_all(b"PROXY").await.expect("bytes");
         tokio::time::timeout(PATIENCE, peeking)
             .await
@@ -157,15 +161,11 @@ async fn a_write_that_waits_registers_for_writing_and_is_woken() {
     assert_eq!(descriptors_of_the_same_socket(fd), Vec::<RawFd>::new());
     // Far more than loopback's socket buffers hold while the client reads nothing.
     let sent: Vec<u8> = (0..32 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
-    let waker = futures_util::task::noop_waker();
     let mut writing = pin!(server.write_all(&sent));
-    let polled = writing.as_mut().poll(&mut Context::from_waker(&waker));
-    assert!(matches!(polled, Poll::Pending), "the write did not wait");
+    poll_once_waits(writing.as_mut(), "write");
     let duplicates = descriptors_of_the_same_socket(fd);
     assert_eq!(duplicates.len(), 1, "one descriptor registered for writing");
-    let masks = epoll_masks(duplicates[0]);
-    assert_eq!(masks.len(), 1, "{masks:x?}");
-    assert_eq!(masks[0] & (EPOLLIN | EPOLLOUT), EPOLLOUT, "{:x}", masks[0]);
+    assert_registered_only_for(duplicates[0], EPOLLOUT);
     // Only the client's reading can wake the write now.
     let mut received = vec![0u8; sent.len()];
     let read = client.read_exact(&mut received);
