@@ -260,6 +260,11 @@ fn cases() -> Vec<Case> {
             &format!("{MAIN_OK}http3: true\n"),
             vec![err(M, 3, "http3", "proxy_address_tls")],
         ),
+        Case::main(
+            "tls_listener_without_certificates",
+            &format!("{MAIN_OK}proxy_address_tls: \"127.0.0.1:0\"\n"),
+            vec![err(M, 3, "proxy_address_tls", "needs a certificate directory")],
+        ),
         // ---- wrong types ----
         Case::path(
             "type_string_for_number",

@@ -231,6 +231,7 @@ impl MainConfig {
         let mut acme_pos = root.pos;
         let mut dns_provider = None;
         let mut http3_pos = root.pos;
+        let mut tls_pos = root.pos;
         let (mut tcp_top, mut tcp_block) = (Vec::new(), None);
         let mut failed = false;
         for (key, value) in entries {
@@ -310,7 +311,10 @@ impl MainConfig {
                     seen_http = true;
                     set(&mut cfg.proxy_address_http, listen(value, k, r))
                 }
-                "proxy_address_tls" => opt(&mut cfg.proxy_address_tls, listen(value, k, r)),
+                "proxy_address_tls" => {
+                    tls_pos = value.pos;
+                    opt(&mut cfg.proxy_address_tls, listen(value, k, r))
+                }
                 "proxy_certificates" => opt(
                     &mut cfg.certificates_dir,
                     r.non_empty_string(value, k).map(PathBuf::from),
@@ -449,6 +453,11 @@ impl MainConfig {
         }
         if cfg.certificates_dir.is_none() {
             cfg.certificates_dir = proxy_configs.map(|dir| dir.join("certificates"));
+        }
+        if cfg.proxy_address_tls.is_some() && cfg.certificates_dir.is_none() {
+            let why = "the TLS listener needs a certificate directory: set proxy_certificates (or proxy_configs)";
+            r.error(tls_pos, "proxy_address_tls", why);
+            failed = true;
         }
         if let Some(acme) = &mut cfg.acme {
             failed |= !acme_conf::check_with_provider(acme, dns_provider, acme_pos, r);
