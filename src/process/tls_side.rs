@@ -1,0 +1,91 @@
+//! The TLS side of the proxy listeners, built at start: the acceptor over the watched
+//! certificate directory (and ACME's TLS-ALPN-01 challenges), and HTTP/3 beside it on the
+//! same port.
+
+use std::sync::Arc;
+
+use super::StartError;
+use crate::config::acme_conf::Challenge;
+use crate::config::MainConfig;
+use crate::server;
+use crate::vocab::acme_challenges::{Challenges, ACME_TLS_ALPN};
+
+/// HTTP/3's side (its UDP socket, the TLS listener's certificates), and `Alt-Svc` for the TLS
+/// listener.
+pub fn http3_side(
+    socket: std::net::UdpSocket,
+    previous_owner: Option<i32>,
+    side: &mut server::TlsSide,
+) -> server::H3Side {
+    let port = socket.local_addr().map_or(0, |a| a.port());
+    let alt_svc = format!("h3=\":{port}\"; ma=86400");
+    side.alt_svc = http::HeaderValue::from_str(&alt_svc).ok();
+    server::H3Side {
+        socket,
+        resolver: side.resolver.clone(),
+        hsts: side.hsts,
+        previous_owner,
+    }
+}
+
+/// The TLS acceptor of the proxy listener: certificates from the watched directory, the grade's
+/// suites, ALPN h2 + http/1.1. `None` when `proxy_address_tls` is not set.
+pub fn tls_acceptor(
+    main: &MainConfig,
+    control: &tokio::runtime::Runtime,
+    alpn_challenges: Option<Arc<Challenges>>,
+) -> Result<Option<server::TlsSide>, StartError> {
+    if main.proxy_address_tls.is_none() {
+        return Ok(None);
+    }
+    let Some(dir) = &main.certificates_dir else {
+        return Err(StartError::Config(
+            "  proxy_address_tls needs a certificate directory: set proxy_certificates (or proxy_configs)\n".into(),
+        ));
+    };
+    let (store, problems) = crate::tls::CertStore::open(dir);
+    for problem in &problems {
+        tracing::warn!("certificates: {problem}");
+    }
+    if store.is_empty() {
+        tracing::warn!(
+            "certificates: no usable pair in {}; TLS handshakes fail until one is added",
+            dir.display()
+        );
+    } else {
+        tracing::info!(
+            "certificates: {} pair(s) from {}",
+            store.len(),
+            dir.display()
+        );
+    }
+    if main.proxy_tls_grade == crate::config::main_conf::TlsGrade::Unsafe {
+        tracing::warn!("proxy_tls_grade: unsafe offers the same as medium: rustls has nothing weaker than TLS 1.2 with AEAD suites");
+    }
+    // With TLS-ALPN-01, handshakes offering `acme-tls/1` get the challenge certificates.
+    let resolver: Arc<dyn rustls::server::ResolvesServerCert> = match alpn_challenges {
+        Some(challenges) => Arc::new(crate::tls::WithAcmeChallenges {
+            inner: store.clone(),
+            challenges,
+        }),
+        None => store.clone(),
+    };
+    let alpn: &[&[u8]] = if main
+        .acme
+        .as_ref()
+        .is_some_and(|a| a.challenge == Challenge::TlsAlpn01)
+    {
+        &[b"h2", b"http/1.1", ACME_TLS_ALPN]
+    } else {
+        &[b"h2", b"http/1.1"]
+    };
+    let config = crate::tls::server_config(resolver.clone(), main.proxy_tls_grade, alpn)
+        .map_err(|e| StartError::Config(format!("  {e}\n")))?;
+    control.spawn(crate::tls::watch(store));
+    Ok(Some(server::TlsSide {
+        acceptor: tokio_rustls::TlsAcceptor::from(config),
+        hsts: main.proxy_tls_grade == crate::config::main_conf::TlsGrade::High,
+        resolver,
+        alt_svc: None,
+    }))
+}
