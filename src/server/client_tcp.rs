@@ -14,13 +14,15 @@
 //!
 //! How: reads and writes are tried directly. The first read that would wait registers the
 //! socket for reading (`EPOLLIN | EPOLLRDHUP`); the first write that would wait (or that is
-//! only partly taken, which on epoll means the buffer is full) registers a duplicate
-//! descriptor of the same socket for writing. The connection keeps each registration from
-//! then on and waits on it. A duplicate descriptor is a registration of its own in epoll, so
-//! neither replaces the other, and adding either reports the socket's state at once: bytes
-//! (or room) that came between the failed call and the registration are not missed. A
-//! connection registered for writing holds two descriptors until it closes (the process
-//! raises its descriptor limit to the hard one at start).
+//! only partly taken, which on epoll means the buffer is full) registers it for writing, or,
+//! when it is registered for reading already, for both. tokio cannot change a registration's
+//! interest, so widening removes the registration and adds the socket again (two `epoll_ctl`,
+//! as HAProxy's `EPOLL_CTL_MOD` is one); adding reports the socket's state at once, so bytes
+//! (or room) that came in between are not missed. A removed registration forgets the wakers
+//! waiting on it without waking them, so widening wakes the connection's task itself: a read
+//! waiting when a write widened polls again and waits on the new registration. (The socket is
+//! only ever polled from one task at a time: its connection's, or its tunnel's after an
+//! upgrade.) One descriptor a connection, whatever it waits for.
 
 use std::io::{self, IoSlice, Write as _};
 use std::mem::MaybeUninit;
@@ -35,17 +37,21 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 
 /// An accepted client socket; see the module's doc.
 pub struct ClientTcp {
-    /// The socket registered for reading, once a read has waited. Declared before `socket`:
-    /// fields drop in order, so the registration is removed while its descriptor is open.
-    reading: Option<AsyncFd<SocketFd>>,
-    /// A duplicate of the socket registered for writing, once a write has waited. Boxed:
-    /// most connections never need it, and every connection's task holds this type.
-    writing: Option<Box<AsyncFd<TcpStream>>>,
+    /// The socket's registration, once a read or a write has had to wait. Declared before
+    /// `socket`: fields drop in order, so the registration is removed while its descriptor is
+    /// open.
+    registered: Option<Registered>,
     socket: TcpStream,
 }
 
-/// The descriptor of a [`ClientTcp`]'s own socket, for its read registration, which the
-/// `ClientTcp` drops before the socket (see `reading`).
+/// A [`ClientTcp`]'s registration and what it was made for.
+struct Registered {
+    fd: AsyncFd<SocketFd>,
+    interest: Interest,
+}
+
+/// The descriptor of a [`ClientTcp`]'s own socket, for its registration, which the `ClientTcp`
+/// drops before the socket (see `registered`).
 struct SocketFd(RawFd);
 
 impl AsRawFd for SocketFd {
@@ -58,8 +64,7 @@ impl ClientTcp {
     /// A connected, non-blocking socket, not yet registered with the runtime.
     pub fn new(socket: TcpStream) -> ClientTcp {
         ClientTcp {
-            reading: None,
-            writing: None,
+            registered: None,
             socket,
         }
     }
@@ -67,25 +72,72 @@ impl ClientTcp {
     /// Ready when a read would not wait (data, the end of the stream or an error), without
     /// reading.
     pub fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        registered_for_reading(&mut self.reading, &self.socket)?
+        self.registered_for(Interest::READABLE, cx)?
             .poll_read_ready(cx)
             .map_ok(drop)
     }
 
     /// Copies what has arrived without taking it off the socket, waiting until something has.
     pub async fn peek(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self.socket.peek(buf) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            peeked => return peeked,
-        }
-        let socket = &self.socket;
-        let reading = registered_for_reading(&mut self.reading, socket)?;
+        std::future::poll_fn(|cx| self.poll_peek(cx, buf)).await
+    }
+
+    fn poll_peek(&mut self, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>> {
         loop {
-            let mut ready = reading.readable().await?;
-            if let Ok(peeked) = ready.try_io(|_| socket.peek(buf)) {
-                return peeked;
+            let ready = match self.registered_only_for(Interest::READABLE) {
+                Some(registered) => Some(ready!(registered.poll_read_ready(cx))?),
+                None => None,
+            };
+            match (self.socket.peek(buf), ready) {
+                (Err(e), Some(mut ready)) if e.kind() == io::ErrorKind::WouldBlock => {
+                    ready.clear_ready();
+                }
+                (Err(e), None) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.registered_for(Interest::READABLE, cx)?;
+                }
+                (peeked, _) => return Poll::Ready(peeked),
             }
         }
+    }
+
+    /// The registration, made or widened so that it covers `interest`. Widening replaces it:
+    /// `cx`'s task is woken, so that what it waited for on the old one it waits for again on
+    /// the new (see the module's doc).
+    fn registered_for(
+        &mut self,
+        interest: Interest,
+        cx: &Context<'_>,
+    ) -> io::Result<&AsyncFd<SocketFd>> {
+        let wanted = match self.registered.take() {
+            Some(had) if covers(had.interest, interest) => {
+                return Ok(&self.registered.insert(had).fd);
+            }
+            Some(had) => {
+                let wanted = had.interest.add(interest);
+                // Removed before the socket is added again (epoll refuses a second add).
+                drop(had);
+                cx.waker().wake_by_ref();
+                wanted
+            }
+            None => interest,
+        };
+        let fd = SocketFd(self.socket.as_raw_fd());
+        // SAFETY: `registered` drops before `socket`, which stays open until then (field order).
+        #[allow(unsafe_code)]
+        let fd = unsafe { register(fd, wanted) }?;
+        let registered = self.registered.insert(Registered {
+            fd,
+            interest: wanted,
+        });
+        Ok(&registered.fd)
+    }
+
+    /// The registration, if it covers `interest`.
+    fn registered_only_for(&self, interest: Interest) -> Option<&AsyncFd<SocketFd>> {
+        self.registered
+            .as_ref()
+            .filter(|r| covers(r.interest, interest))
+            .map(|r| &r.fd)
     }
 
     /// Writes with `write` (one system call), waiting on the write registration, made the
@@ -97,9 +149,9 @@ impl ClientTcp {
         write: impl Fn(&TcpStream) -> io::Result<usize>,
     ) -> Poll<io::Result<usize>> {
         loop {
-            // No registration yet: the write goes straight ahead.
-            let ready = match self.writing.as_deref() {
-                Some(writing) => Some(ready!(writing.poll_write_ready(cx))?),
+            // Not registered for writing yet: the write goes straight ahead.
+            let ready = match self.registered_only_for(Interest::WRITABLE) {
+                Some(registered) => Some(ready!(registered.poll_write_ready(cx))?),
                 None => None,
             };
             let written = write(&self.socket);
@@ -107,8 +159,7 @@ impl ClientTcp {
                 match ready {
                     Some(mut ready) => ready.clear_ready(),
                     None => {
-                        let registered = register_for_writing(&self.socket)?;
-                        self.writing = Some(Box::new(registered));
+                        self.registered_for(Interest::WRITABLE, cx)?;
                     }
                 }
             }
@@ -141,27 +192,9 @@ unsafe fn register<S: AsRawFd>(socket: S, interest: Interest) -> io::Result<Asyn
     unsafe { AsyncFd::register_with_interest(socket, interest) }.map_err(|e| e.into_parts().1)
 }
 
-/// `socket`'s read registration, `reading`, made if there is none yet.
-#[allow(unsafe_code)]
-fn registered_for_reading<'a>(
-    reading: &'a mut Option<AsyncFd<SocketFd>>,
-    socket: &TcpStream,
-) -> io::Result<&'a AsyncFd<SocketFd>> {
-    if let Some(registered) = reading {
-        return Ok(registered);
-    }
-    let fd = SocketFd(socket.as_raw_fd());
-    // SAFETY: `reading` is the `reading` field of the `ClientTcp` whose `socket` this is: the
-    // socket stays open until that `ClientTcp` drops, and `reading` drops before it (field
-    // order).
-    Ok(reading.insert(unsafe { register(fd, Interest::READABLE) }?))
-}
-
-/// A duplicate descriptor of `socket`, registered for writing.
-#[allow(unsafe_code)]
-fn register_for_writing(socket: &TcpStream) -> io::Result<AsyncFd<TcpStream>> {
-    // SAFETY: the `AsyncFd` owns the duplicate, which closes only when it drops.
-    unsafe { register(socket.try_clone()?, Interest::WRITABLE) }
+/// Whether a registration for `had` serves a wait for `wanted`.
+fn covers(had: Interest, wanted: Interest) -> bool {
+    (had.is_readable() || !wanted.is_readable()) && (had.is_writable() || !wanted.is_writable())
 }
 
 impl AsyncRead for ClientTcp {
@@ -172,9 +205,9 @@ impl AsyncRead for ClientTcp {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         loop {
-            // No registration yet: the read goes straight ahead.
-            let ready = match this.reading.as_ref() {
-                Some(reading) => Some(ready!(reading.poll_read_ready(cx))?),
+            // Not registered for reading yet: the read goes straight ahead.
+            let ready = match this.registered_only_for(Interest::READABLE) {
+                Some(registered) => Some(ready!(registered.poll_read_ready(cx))?),
                 None => None,
             };
             let room = buf.remaining();
@@ -185,7 +218,7 @@ impl AsyncRead for ClientTcp {
                     // Only a read that would wait needs the registration; one that took all
                     // there was may be the connection's last.
                     None if read.is_err() => {
-                        registered_for_reading(&mut this.reading, &this.socket)?;
+                        this.registered_for(Interest::READABLE, cx)?;
                     }
                     None => {}
                 }

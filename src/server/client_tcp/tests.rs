@@ -1,6 +1,6 @@
 //! Over real sockets on 127.0.0.1: what epoll holds for an accepted client (read from the
 //! kernel's own account, `/proc/self/fdinfo`), and that a read, peek or write that has to wait
-//! is woken and finishes.
+//! is woken and finishes, also when a write widens the registration a read waits on.
 
 use std::future::Future;
 use std::os::fd::{AsRawFd, RawFd};
@@ -154,18 +154,24 @@ async fn a_peek_that_waits_registers_and_is_woken() {
     assert_eq!(&read, b"PROXY");
 }
 
+/// Far more than loopback's socket buffers hold while the client reads nothing.
+fn more_than_the_buffers_hold() -> Vec<u8> {
+    (0..32 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect()
+}
+
 #[tokio::test]
-async fn a_write_that_waits_registers_for_writing_and_is_woken() {
+async fn a_write_that_waits_registers_the_socket_for_writing_and_is_woken() {
     let (mut server, mut client) = accepted_pair().await;
     let fd = server.as_fd_raw();
-    assert_eq!(descriptors_of_the_same_socket(fd), Vec::<RawFd>::new());
-    // Far more than loopback's socket buffers hold while the client reads nothing.
-    let sent: Vec<u8> = (0..32 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+    let sent = more_than_the_buffers_hold();
     let mut writing = pin!(server.write_all(&sent));
     poll_once_waits(writing.as_mut(), "write");
-    let duplicates = descriptors_of_the_same_socket(fd);
-    assert_eq!(duplicates.len(), 1, "one descriptor registered for writing");
-    assert_registered_only_for(duplicates[0], EPOLLOUT);
+    assert_registered_only_for(fd, EPOLLOUT);
+    assert_eq!(
+        descriptors_of_the_same_socket(fd),
+        Vec::<RawFd>::new(),
+        "a second descriptor for writing"
+    );
     // Only the client's reading can wake the write now.
     let mut received = vec![0u8; sent.len()];
     let read = client.read_exact(&mut received);
@@ -176,6 +182,41 @@ async fn a_write_that_waits_registers_for_writing_and_is_woken() {
     written.expect("write");
     read.expect("read");
     assert!(received == sent, "the bytes came out changed");
+}
+
+#[tokio::test]
+async fn a_read_waiting_when_a_write_widens_the_registration_is_still_woken() {
+    let (server, mut client) = accepted_pair().await;
+    let fd = server.as_fd_raw();
+    let (mut from_client, mut to_client) = tokio::io::split(server);
+    let sent = more_than_the_buffers_hold();
+    // One task, as a connection's: its read waits first (registered for reading), then its
+    // write fills the buffer and widens the registration to both, replacing it.
+    let connection = tokio::spawn(async move {
+        let mut got = [0u8; 5];
+        tokio::select! {
+            biased;
+            read = from_client.read_exact(&mut got) => read.map(|_| got),
+            written = to_client.write_all(&sent) => panic!("the client reads nothing: {written:?}"),
+        }
+    });
+    let widened = async {
+        while !matches!(epoll_masks(fd)[..], [mask] if mask & (EPOLLIN | EPOLLOUT) == EPOLLIN | EPOLLOUT)
+        {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(PATIENCE, widened)
+        .await
+        .expect("never registered for both");
+    assert_eq!(descriptors_of_the_same_socket(fd), Vec::<RawFd>::new());
+    // The read's waker was on the replaced registration; only the new one hears of these.
+    client.write_all(b"after").await.expect("bytes");
+    let read = tokio::time::timeout(PATIENCE, connection)
+        .await
+        .expect("the waiting read was never woken")
+        .expect("the connection's task");
+    assert_eq!(&read.expect("read"), b"after");
 }
 
 /// The other descriptors of this process open on the socket `fd` is (the same inode).
