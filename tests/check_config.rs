@@ -265,6 +265,33 @@ fn cases() -> Vec<Case> {
             &format!("{MAIN_OK}proxy_address_tls: \"127.0.0.1:0\"\n"),
             vec![err(M, 3, "proxy_address_tls", "needs a certificate directory")],
         ),
+        Case::main(
+            "log_file_in_a_missing_directory",
+            &format!("{MAIN_OK}log_file: \"no-such-dir/aralez.log, 10, 3, false\"\n"),
+            vec![err(M, 3, "log_file", "its directory").also("no-such-dir` does not exist")],
+        ),
+        Case::main(
+            "error_log_in_a_missing_directory",
+            &format!("{MAIN_OK}error_log: \"no-such-dir/error.log\"\n"),
+            vec![err(M, 3, "error_log", "cannot be created")],
+        ),
+        Case::main(
+            "access_log_file_in_a_missing_directory",
+            &format!("{MAIN_OK}access_log: all\naccess_log_file: \"no-such-dir/access.log\"\n"),
+            vec![err(M, 4, "access_log_file", "cannot be created")],
+        ),
+        // Not opened while the access log is off: a warning that it is unused, not an error.
+        Case::main(
+            "access_log_file_while_the_access_log_is_off",
+            &format!("{MAIN_OK}access_log_file: \"no-such-dir/access.log\"\n"),
+            vec![warn(M, 3, "access_log_file", "not written while access_log is off")],
+        )
+        .warnings_only(),
+        Case::main(
+            "pid_file_is_a_directory",
+            &format!("{MAIN_OK}pid_file: \"/tmp\"\n"),
+            vec![err(M, 3, "pid_file", "is a directory, not a file")],
+        ),
         // ---- wrong types ----
         Case::path(
             "type_string_for_number",

@@ -1,7 +1,9 @@
 //! What main.yaml names must exist: checked when it is read, so `aralez -t`, `check-config` and
 //! a start agree (as `nginx -t` opens the files it names). Certificate and key files, the
-//! certificate directory, the file server's folder, Pingora's `ca_file`, and the `runuser` and
-//! `rungroup` accounts. Each problem is an error at the key that names the thing.
+//! certificate directory, the file server's folder, Pingora's `ca_file`, the `runuser` and
+//! `rungroup` accounts, and the directories of the files the process creates at start (the pid
+//! file, the app log, the access log when it is on). Each problem is an error at the key that
+//! names the thing.
 
 use std::path::Path;
 
@@ -19,6 +21,10 @@ pub struct Named<'a> {
     pub ca_file: Option<&'a Path>,
     pub runuser: Option<&'a str>,
     pub rungroup: Option<&'a str>,
+    pub pid_file: &'a Path,
+    pub log_file: Option<&'a Path>,
+    /// `access_log_file`, when the access log is on (it is not opened otherwise).
+    pub access_log_file: Option<&'a Path>,
 }
 
 /// Keys whose positions [`check`] needs (recorded while main.yaml is read).
@@ -33,6 +39,10 @@ pub const NAMING_KEYS: &[&str] = &[
     "rungroup",
     "user",
     "group",
+    "pid_file",
+    "log_file",
+    "error_log",
+    "access_log_file",
 ];
 
 /// Where each key of [`NAMING_KEYS`] was found.
@@ -90,7 +100,55 @@ pub fn check(named: &Named<'_>, at: &Positions, r: &mut Reader) -> bool {
     );
     path("ca_file", named.ca_file, Kind::File);
     ok &= accounts(named, at, r);
+    ok &= created_files(named, at, r);
     ok
+}
+
+/// The files a start creates (or appends to) must have a directory to go in, and must not be
+/// directories themselves. Only where main.yaml names them: the defaults are in `/tmp`.
+fn created_files(named: &Named<'_>, at: &Positions, r: &mut Reader) -> bool {
+    let mut ok = true;
+    for (keys, path) in [
+        (&["pid_file"][..], Some(named.pid_file)),
+        // `log_file` wins over `error_log` (main.yaml's reading).
+        (&["log_file", "error_log"][..], named.log_file),
+        (&["access_log_file"][..], named.access_log_file),
+    ] {
+        let Some(path) = path else {
+            continue;
+        };
+        let Some((key, pos)) = keys.iter().find_map(|k| at.of(k).map(|p| (*k, p))) else {
+            continue;
+        };
+        if let Some(problem) = cannot_create(path) {
+            r.error(pos, key, problem);
+            ok = false;
+        }
+    }
+    ok
+}
+
+fn cannot_create(path: &Path) -> Option<String> {
+    let shown = path.display();
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => return Some(format!("`{shown}` is a directory, not a file")),
+        Ok(_) => return None,
+        Err(_) => {}
+    }
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let problem = match std::fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => return None,
+        Ok(_) => "is not a directory",
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => "does not exist",
+        Err(_) => "cannot be read",
+    };
+    Some(format!(
+        "`{shown}` cannot be created: its directory `{}` {problem}",
+        dir.display()
+    ))
 }
 
 fn problem(path: &Path, kind: Kind) -> Option<&'static str> {

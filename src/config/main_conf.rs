@@ -232,6 +232,7 @@ impl MainConfig {
         let mut dns_provider = None;
         let mut http3_pos = root.pos;
         let mut tls_pos = root.pos;
+        let mut access_log_file_pos = None;
         let (mut tcp_top, mut tcp_block) = (Vec::new(), None);
         let mut failed = false;
         for (key, value) in entries {
@@ -263,6 +264,7 @@ impl MainConfig {
                 "access_log" => set(&mut cfg.access_log, read_access_log(value, r)),
                 "access_log_file" => match read_log_target(value, k, r) {
                     Some(t) => {
+                        access_log_file_pos = Some(value.pos);
                         cfg.access_log_file = Some(t.path);
                         cfg.access_log_rotation = t.rotation;
                         true
@@ -485,6 +487,10 @@ impl MainConfig {
             r.error(pos, "acme", why);
             failed = true;
         }
+        if let Some(pos) = access_log_file_pos.filter(|_| cfg.access_log == AccessLog::Off) {
+            let why = "not written while access_log is off (set access_log: all or errors)";
+            r.warn(pos, "access_log_file", why);
+        }
         cfg.runuser = cfg.runuser.take().or(pingora_user);
         cfg.rungroup = cfg.rungroup.take().or(pingora_group);
         if failed {
@@ -502,6 +508,12 @@ impl MainConfig {
             ca_file: ca_file.as_deref(),
             runuser: cfg.runuser.as_deref(),
             rungroup: cfg.rungroup.as_deref(),
+            pid_file: &cfg.pid_file,
+            log_file: cfg.log_file.as_deref(),
+            access_log_file: cfg
+                .access_log_file
+                .as_deref()
+                .filter(|_| cfg.access_log != AccessLog::Off),
         };
         let everything_exists = exists::check(&named, &positions, r);
         let resolved = &cfg.upstreams_conf;
