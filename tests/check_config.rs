@@ -266,6 +266,19 @@ fn cases() -> Vec<Case> {
             vec![err(M, 3, "proxy_address_tls", "needs a certificate directory")],
         ),
         Case::main(
+            "admin_api_on_the_proxy_port",
+            "proxy_address_http: \"127.0.0.1:16193\"\nupstreams_conf: upstreams.yaml\nconfig_address: \"127.0.0.1:16193\"\n",
+            vec![err(M, 3, "config_address", "is also `proxy_address_http`'s (line 1)")],
+        ),
+        Case::main(
+            "tls_listener_on_the_plain_port_of_every_address",
+            "proxy_address_http: \"0.0.0.0:16193\"\nupstreams_conf: upstreams.yaml\nproxy_certificates: \".\"\nproxy_address_tls: \"127.0.0.1:16193\"\nfile_server_address: \"127.0.0.1:16193\"\n",
+            vec![
+                err(M, 4, "proxy_address_tls", "is also `proxy_address_http`'s (line 1)"),
+                err(M, 5, "file_server_address", "is also `proxy_address_http`'s (line 1)"),
+            ],
+        ),
+        Case::main(
             "log_file_in_a_missing_directory",
             &format!("{MAIN_OK}log_file: \"no-such-dir/aralez.log, 10, 3, false\"\n"),
             vec![err(M, 3, "log_file", "its directory").also("no-such-dir` does not exist")],

@@ -8,6 +8,7 @@ use super::acme_conf::{self, AcmeConfig};
 use super::cache_conf::{self, CacheConfig};
 use super::cluster_conf::ClusterConfig;
 use super::exists;
+use super::listeners;
 use super::log_conf::{AccessLogFormat, PatternPiece, Rotation};
 use super::main_values::{
     listen, one_of, opt, read_access_log, read_grade, read_hc_method, read_log_level,
@@ -228,6 +229,7 @@ impl MainConfig {
         let mut ca_file: Option<PathBuf> = None;
         let (mut pingora_user, mut pingora_group) = (None, None);
         let mut positions = exists::Positions::default();
+        let mut listening = listeners::Positions::default();
         let mut acme_pos = root.pos;
         let mut dns_provider = None;
         let mut http3_pos = root.pos;
@@ -238,6 +240,7 @@ impl MainConfig {
         for (key, value) in entries {
             let k = key.name.as_str();
             positions.note(k, value.pos);
+            listening.note(k, value.pos);
             let ok = match k {
                 "threads" => set(
                     &mut cfg.threads,
@@ -456,6 +459,7 @@ impl MainConfig {
         if cfg.certificates_dir.is_none() {
             cfg.certificates_dir = proxy_configs.map(|dir| dir.join("certificates"));
         }
+        failed |= !listeners::each_its_own(&listening, |key| cfg.address_of(key), r);
         if cfg.proxy_address_tls.is_some() && cfg.certificates_dir.is_none() {
             let why = "the TLS listener needs a certificate directory: set proxy_certificates (or proxy_configs)";
             r.error(tls_pos, "proxy_address_tls", why);
@@ -540,6 +544,18 @@ impl MainConfig {
     }
 
     /// Makes relative paths relative to main.yaml's directory, unless only the cwd-relative one exists.
+    /// The address a listener key (of [`listeners::KEYS`]) names.
+    fn address_of(&self, key: &str) -> Option<SocketAddr> {
+        match key {
+            "proxy_address_http" => Some(self.proxy_address_http),
+            "proxy_address_tls" => self.proxy_address_tls,
+            "config_address" => self.config_address,
+            "config_tls_address" => self.config_tls_address,
+            "file_server_address" => self.file_server_address,
+            _ => None,
+        }
+    }
+
     fn resolve_paths(&mut self) {
         let base = self.base_dir.clone();
         let fix = |p: &mut PathBuf| {

@@ -9,6 +9,7 @@ pub mod cluster_conf;
 pub mod discovery_conf;
 mod exists;
 pub mod issues;
+mod listeners;
 pub mod log_conf;
 pub mod main_conf;
 mod main_values;
