@@ -276,8 +276,29 @@ fn cases() -> Vec<Case> {
             vec![
                 err(M, 4, "proxy_address_tls", "is also `proxy_address_http`'s (line 1)"),
                 err(M, 5, "file_server_address", "is also `proxy_address_http`'s (line 1)"),
+                warn(M, 5, "file_server_address", "nothing is served without file_server_folder"),
             ],
         ),
+        Case::main(
+            "admin_tls_listener_without_its_certificate",
+            &format!("{MAIN_OK}config_tls_address: \"127.0.0.1:0\"\nconfig_tls_key_file: \"main.yaml\"\n"),
+            vec![err(M, 3, "config_tls_address", "needs config_tls_certificate and config_tls_key_file")],
+        ),
+        Case::main(
+            "file_server_address_without_a_folder",
+            &format!("{MAIN_OK}file_server_address: \"127.0.0.1:0\"\n"),
+            vec![warn(M, 3, "file_server_address", "nothing is served without file_server_folder")],
+        )
+        .warnings_only(),
+        Case::main(
+            "file_server_folder_and_admin_certificate_without_their_listeners",
+            &format!("{MAIN_OK}file_server_folder: \".\"\nconfig_tls_certificate: \"main.yaml\"\n"),
+            vec![
+                warn(M, 3, "file_server_folder", "not served without file_server_address"),
+                warn(M, 4, "config_tls_certificate", "not used without config_tls_address"),
+            ],
+        )
+        .warnings_only(),
         Case::main(
             "log_file_in_a_missing_directory",
             &format!("{MAIN_OK}log_file: \"no-such-dir/aralez.log, 10, 3, false\"\n"),
@@ -692,7 +713,8 @@ fn cases() -> Vec<Case> {
              proxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: no-certs\n\
              config_tls_certificate: no.crt\nconfig_tls_key_file: no.key\n\
              file_server_folder: no-www\nfile_server_address: \"127.0.0.1:0\"\n\
-             ca_file: no-ca.pem\nrunuser: no-such-user-aralez\nrungroup: no-such-group-aralez\n",
+             ca_file: no-ca.pem\nrunuser: no-such-user-aralez\nrungroup: no-such-group-aralez\n\
+             config_tls_address: \"127.0.0.1:0\"\n",
             vec![
                 err(M, 4, "proxy_certificates", "`").also("no-certs` does not exist"),
                 err(M, 5, "config_tls_certificate", "no.crt` does not exist"),

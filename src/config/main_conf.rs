@@ -232,8 +232,6 @@ impl MainConfig {
         let mut listening = listeners::Positions::default();
         let mut acme_pos = root.pos;
         let mut dns_provider = None;
-        let mut http3_pos = root.pos;
-        let mut tls_pos = root.pos;
         let mut access_log_file_pos = None;
         let (mut tcp_top, mut tcp_block) = (Vec::new(), None);
         let mut failed = false;
@@ -316,10 +314,7 @@ impl MainConfig {
                     seen_http = true;
                     set(&mut cfg.proxy_address_http, listen(value, k, r))
                 }
-                "proxy_address_tls" => {
-                    tls_pos = value.pos;
-                    opt(&mut cfg.proxy_address_tls, listen(value, k, r))
-                }
+                "proxy_address_tls" => opt(&mut cfg.proxy_address_tls, listen(value, k, r)),
                 "proxy_certificates" => opt(
                     &mut cfg.certificates_dir,
                     r.non_empty_string(value, k).map(PathBuf::from),
@@ -376,10 +371,7 @@ impl MainConfig {
                     true
                 }
                 "proxy_protocol" => set(&mut cfg.proxy_protocol, r.boolean(value, k)),
-                "http3" => {
-                    http3_pos = value.pos;
-                    set(&mut cfg.http3, r.boolean(value, k))
-                }
+                "http3" => set(&mut cfg.http3, r.boolean(value, k)),
                 "trusted_proxies" => set(
                     &mut cfg.trusted_proxies,
                     net_conf::read_trusted_proxies(value, k, r),
@@ -459,25 +451,19 @@ impl MainConfig {
         if cfg.certificates_dir.is_none() {
             cfg.certificates_dir = proxy_configs.map(|dir| dir.join("certificates"));
         }
-        failed |= !listeners::each_its_own(&listening, |key| cfg.address_of(key), r);
-        if cfg.proxy_address_tls.is_some() && cfg.certificates_dir.is_none() {
-            let why = "the TLS listener needs a certificate directory: set proxy_certificates (or proxy_configs)";
-            r.error(tls_pos, "proxy_address_tls", why);
-            failed = true;
-        }
+        let given = listeners::Given {
+            certificates_dir: cfg.certificates_dir.is_some(),
+            config_tls_certificate: cfg.config_tls_certificate.is_some(),
+            config_tls_key_file: cfg.config_tls_key_file.is_some(),
+            file_server_folder: cfg.file_server_folder.is_some(),
+            http3: cfg.http3,
+            http3_built: cfg!(feature = "http3"),
+        };
+        failed |= !listeners::check(&listening, |key| cfg.address_of(key), &given, r);
         if let Some(acme) = &mut cfg.acme {
             failed |= !acme_conf::check_with_provider(acme, dns_provider, acme_pos, r);
         } else if let Some((pos, _)) = dns_provider {
             r.warn(pos, "acme_dns_provider", "not used without an acme: block");
-        }
-        if cfg.http3 && !cfg!(feature = "http3") {
-            let why = "this binary was built without the `http3` feature (Cargo.toml)";
-            r.error(http3_pos, "http3", why);
-            failed = true;
-        } else if cfg.http3 && cfg.proxy_address_tls.is_none() {
-            let why = "HTTP/3 is served on the UDP port of proxy_address_tls: set it";
-            r.error(http3_pos, "http3", why);
-            failed = true;
         }
         let alpn = cfg.acme.as_ref().map(|a| a.challenge) == Some(acme_conf::Challenge::TlsAlpn01);
         if alpn && cfg.proxy_address_tls.is_none() {
