@@ -1,6 +1,6 @@
 //! Operators' defects (issue 19), each through the real binary, each reproducing the failure
 //! first: HEAD over HTTP/2 on replies aralez writes itself, log reopening on SIGUSR1 (and
-//! SIGUSR2 not killing the process).
+//! SIGUSR2 not killing the process), and a failed live upgrade leaving the pid file behind.
 
 use crate::support;
 
@@ -256,6 +256,51 @@ async fn a_second_instance_on_the_same_paths_or_port_is_refused() {
         c.get("a.test", "/").await.status(),
         200,
         "the first one still serves"
+    );
+}
+
+/// A live upgrade whose new process fails once its pid file is written (here the admin API's
+/// certificate, replaced by something that is none) used to leave the pid file naming that dead
+/// process, and the admin API's failure was only logged. The new process now exits 1 naming the
+/// admin API, the pid file names the old process again, and the old one serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_live_upgrade_gives_the_pid_file_back_to_the_old_process() {
+    let backend = Backend::start("b").await;
+    let certs = tempfile::tempdir().expect("temp dir");
+    write_self_signed(certs.path(), "admin", &["localhost"]);
+    let at = |name: &str| certs.path().join(name).display().to_string();
+    let main_extra = format!(
+        "config_tls_address: \"127.0.0.1:0\"\nconfig_tls_certificate: \"{}\"\nconfig_tls_key_file: \"{}\"",
+        at("admin.crt"),
+        at("admin.key")
+    );
+    let old = ProxyProcess::start(&default_route(&[&backend]), &main_extra);
+    // The proxy's port accepts before the admin API has read its certificate.
+    let admin_up = eventually(Duration::from_secs(10), || {
+        old.log_text().contains("admin API on https://")
+    });
+    assert!(
+        admin_up.await,
+        "the admin API did not start: {}",
+        old.log_text()
+    );
+    let pid_file = old.path("aralez.pid");
+    let named = || std::fs::read_to_string(&pid_file).unwrap_or_default();
+    assert_eq!(named().trim(), old.pid().to_string());
+
+    std::fs::write(certs.path().join("admin.crt"), "not a certificate\n").expect("rewrite");
+    let (status, stderr) = tokio::task::block_in_place(|| run_to_exit(old.dir.path(), &["-u"]));
+    assert_eq!(status.code(), Some(1), "the new process: {stderr}");
+    assert!(
+        stderr.contains("cannot start the admin API"),
+        "the error does not say what failed: {stderr}"
+    );
+    assert_eq!(named().trim(), old.pid().to_string(), "the pid file");
+    let mut c = Client::connect(Proto::H1, old.addr).await;
+    assert_eq!(
+        c.get("a.test", "/").await.status(),
+        200,
+        "the old one serves on"
     );
 }
 

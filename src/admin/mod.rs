@@ -429,7 +429,9 @@ pub enum AdminError {
 }
 
 /// Binds the admin addresses (plain and TLS, when configured) and serves them on `runtime`
-/// until `shutdown` turns true; returns the serving tasks (they end after their drain).
+/// until `shutdown` turns true; returns the serving tasks (they end after their drain). Both
+/// are bound, and the TLS one's certificate loaded, before either serves: on an error nothing
+/// is left running.
 pub fn start(
     runtime: &tokio::runtime::Runtime,
     main: &crate::config::MainConfig,
@@ -457,20 +459,9 @@ pub fn start(
             .and_then(|mut l| l.pop().ok_or_else(|| std::io::Error::other("no listener")));
         bound.map_err(|source| AdminError::Bind { addr, source })
     };
-    let mut tasks = Vec::new();
+    let mut listeners = Vec::new();
     if let Some(addr) = main.config_address {
-        let listener = bind(addr)?;
-        if let Ok(local) = listener.local_addr() {
-            tracing::info!("admin API on http://{local}");
-        }
-        let served = serve(
-            listener,
-            admin.clone(),
-            None,
-            limits.clone(),
-            shutdown.clone(),
-        );
-        tasks.push(runtime.spawn(served));
+        listeners.push((bind(addr)?, None));
     }
     if let Some(addr) = main.config_tls_address {
         let (Some(cert), Some(key)) = (&main.config_tls_certificate, &main.config_tls_key_file)
@@ -478,15 +469,19 @@ pub fn start(
             return Err(AdminError::MissingTlsFiles);
         };
         let acceptor = tokio_rustls::TlsAcceptor::from(crate::tls::single_pair_config(cert, key)?);
-        let listener = bind(addr)?;
+        listeners.push((bind(addr)?, Some(acceptor)));
+    }
+    let mut tasks = Vec::new();
+    for (listener, acceptor) in listeners {
         if let Ok(local) = listener.local_addr() {
-            tracing::info!("admin API on https://{local}");
+            let scheme = if acceptor.is_some() { "https" } else { "http" };
+            tracing::info!("admin API on {scheme}://{local}");
         }
         let served = serve(
             listener,
             admin.clone(),
-            Some(acceptor),
-            limits,
+            acceptor,
+            limits.clone(),
             shutdown.clone(),
         );
         tasks.push(runtime.spawn(served));

@@ -61,6 +61,8 @@ pub enum StartError {
     Daemon(#[from] daemon::DaemonError),
     #[error("another instance is running: {0}")]
     AlreadyRunning(String),
+    #[error("cannot start the admin API: {0}")]
+    Admin(#[from] crate::admin::AdminError),
 }
 
 fn render_errors(issues: &Issues) -> String {
@@ -264,7 +266,7 @@ impl Running {
         crate::control::start(control, main, ctx.reloader.snapshot.clone());
         crate::discovery::start(control, ctx.reloader.clone());
         let (stop, stopped) = watch::channel(false);
-        let side_tasks = start_side_listeners(control, main, ctx, &stopped);
+        let side_tasks = start_side_listeners(control, main, ctx, &stopped)?;
         let mut running = Running {
             stop,
             threads: Vec::new(),
@@ -380,13 +382,15 @@ fn no_huge_pages() -> nix::Result<()> {
     nix::sys::prctl::set_thp_disable(true)
 }
 
-/// The admin API, on the control runtime; its tasks end after their drain.
+/// The admin API (and what it shows: the cache, shared limits, ACME, the cluster), on the
+/// control runtime; its tasks end after their drain. An admin listener that cannot start stops
+/// the start, as a proxy listener does.
 fn start_side_listeners(
     control: &tokio::runtime::Runtime,
     main: &MainConfig,
     ctx: &Context,
     stop: &watch::Receiver<bool>,
-) -> Vec<tokio::task::JoinHandle<()>> {
+) -> Result<Vec<tokio::task::JoinHandle<()>>, StartError> {
     if let Some(cache) = &ctx.policy_state.cache {
         cache.follow_drops(control.handle());
     }
@@ -408,13 +412,7 @@ fn start_side_listeners(
         cluster: cluster_master(control, main, ctx),
         acme: ctx.acme.clone(),
     });
-    match crate::admin::start(control, main, admin, stop) {
-        Ok(tasks) => tasks,
-        Err(e) => {
-            tracing::error!("admin API: {e}");
-            Vec::new()
-        }
-    }
+    Ok(crate::admin::start(control, main, admin, stop)?)
 }
 
 /// Cluster mode's master, pushing to `worker_nodes` (with its retries on `control`); `None`

@@ -1,6 +1,6 @@
 //! The pid file: written atomically without following symlinks, removed on exit only while it
 //! still names this process (after a live upgrade it names the new one). A start that fails
-//! after writing it gives it back to the instance it named before, when that one still runs (a
+//! after writing it gives it back to the aralez it named before, when that one still runs (a
 //! live upgrade that failed leaves the old instance serving), and removes it otherwise.
 
 use std::fs::OpenOptions;
@@ -39,10 +39,10 @@ impl PidFile {
         }
     }
 
-    /// For a start that failed: the file names again the process it named before, if that one
+    /// For a start that failed: the file names again the aralez it named before, if that one
     /// still runs; otherwise it goes as on exit.
     pub fn abandon(self) {
-        match self.replaced.filter(|previous| is_running(*previous)) {
+        match self.replaced.filter(|previous| is_live_aralez(*previous)) {
             Some(previous) if self.still_ours() => {
                 if let Err(e) = write_pid(&self.path, previous) {
                     tracing::warn!(
@@ -81,20 +81,13 @@ fn write_pid(path: &Path, pid: u32) -> std::io::Result<()> {
     written
 }
 
-/// Whether a process `pid` exists (signal 0 checks without sending). Never asks about 0 or a
-/// negative number, which would mean a whole process group.
-fn is_running(pid: u32) -> bool {
-    use nix::errno::Errno;
-    let Ok(pid) = i32::try_from(pid) else {
-        return false;
-    };
-    if pid <= 0 {
+/// Whether `pid` is a running aralez other than this process (its program's name says so).
+pub fn is_live_aralez(pid: u32) -> bool {
+    if pid == std::process::id() {
         return false;
     }
-    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
-        Ok(()) | Err(Errno::EPERM) => true,
-        Err(_) => false,
-    }
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .is_ok_and(|comm| comm.trim().starts_with("aralez"))
 }
 
 /// The pid in `path`, read without following a symlink.
@@ -127,6 +120,33 @@ mod tests {
         pid
     }
 
+    /// A process whose program is called aralez (`sleep` under that name), killed on drop.
+    struct OtherAralez(std::process::Child);
+
+    impl OtherAralez {
+        fn start(dir: &tempfile::TempDir) -> OtherAralez {
+            let named = dir.path().join("aralez-old");
+            std::os::unix::fs::symlink("/bin/sleep", &named).expect("symlink");
+            let child = std::process::Command::new(named).arg("60").spawn();
+            let other = OtherAralez(child.expect("spawn the other aralez"));
+            // Until its exec, the child has the name of the test's thread that forked it.
+            let comm = format!("/proc/{}/comm", other.0.id());
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while std::fs::read_to_string(&comm).unwrap_or_default() != "aralez-old\n" {
+                assert!(std::time::Instant::now() < deadline, "sleep never ran");
+                std::thread::yield_now();
+            }
+            other
+        }
+    }
+
+    impl Drop for OtherAralez {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
     #[test]
     fn exit_removes_the_file_while_it_is_ours_only() {
         let dir = tempfile::tempdir().expect("temp dir");
@@ -141,34 +161,44 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_start_gives_the_file_back_to_the_running_instance() {
+    fn a_failed_start_gives_the_file_back_to_the_running_aralez() {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = pid_file_in(&dir);
-        let running = std::os::unix::process::parent_id();
-        write_pid(&path, running).expect("the running instance's pid");
+        let old = OtherAralez::start(&dir);
+        write_pid(&path, old.0.id()).expect("the running instance's pid");
         let ours = PidFile::write(&path).expect("write");
         assert_eq!(read_pid(&path), Some(std::process::id()));
         ours.abandon();
-        assert_eq!(read_pid(&path), Some(running));
+        assert_eq!(read_pid(&path), Some(old.0.id()));
     }
 
     #[test]
-    fn a_failed_start_removes_the_file_when_its_previous_process_is_gone() {
+    fn a_failed_start_removes_the_file_when_its_previous_process_is_no_aralez() {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = pid_file_in(&dir);
         write_pid(&path, gone_pid()).expect("a stale pid");
         PidFile::write(&path).expect("write").abandon();
         assert!(!path.exists(), "a stale pid is not put back");
 
+        let unrelated = std::os::unix::process::parent_id();
+        write_pid(&path, unrelated).expect("a pid reused by another program");
+        PidFile::write(&path).expect("write").abandon();
+        assert!(
+            !path.exists(),
+            "a pid now of another program is not put back"
+        );
+
         PidFile::write(&path).expect("write").abandon();
         assert!(!path.exists(), "a first start leaves nothing behind");
     }
 
     #[test]
-    fn only_positive_pids_are_asked_about() {
-        assert!(is_running(std::process::id()));
-        assert!(!is_running(0), "0 is our process group, not a process");
-        assert!(!is_running(u32::MAX), "-1 would be every process");
-        assert!(!is_running(gone_pid()));
+    fn only_another_running_aralez_counts() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let other = OtherAralez::start(&dir);
+        assert!(is_live_aralez(other.0.id()));
+        assert!(!is_live_aralez(std::process::id()), "this process");
+        assert!(!is_live_aralez(std::os::unix::process::parent_id()));
+        assert!(!is_live_aralez(gone_pid()));
     }
 }

@@ -38,16 +38,7 @@ pub fn another_instance(main: &MainConfig) -> Option<String> {
 
 /// The pid in `pid_file`, when it is a running process (not this one) whose program is aralez.
 fn live_aralez_in(pid_file: &Path) -> Option<u32> {
-    let pid: u32 = std::fs::read_to_string(pid_file)
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    if pid == std::process::id() {
-        return None;
-    }
-    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
-    comm.trim().starts_with("aralez").then_some(pid)
+    super::pidfile::read_pid(pid_file).filter(|pid| super::pidfile::is_live_aralez(*pid))
 }
 
 /// Whether binding `addr` without SO_REUSEPORT fails because someone listens there.
