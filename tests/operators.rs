@@ -259,10 +259,10 @@ async fn a_second_instance_on_the_same_paths_or_port_is_refused() {
     );
 }
 
-/// A live upgrade whose new process fails once its pid file is written (here the admin API's
-/// certificate, replaced by something that is none) used to leave the pid file naming that dead
-/// process, and the admin API's failure was only logged. The new process now exits 1 naming the
-/// admin API, the pid file names the old process again, and the old one serves on.
+/// A live upgrade whose new process cannot start (here the admin API's certificate, replaced by
+/// something that is none) must leave the pid file naming the old process, which serves on. The
+/// admin API's failure used to be only logged, the new process serving without it; it now stops
+/// the start, before the pid file is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_live_upgrade_gives_the_pid_file_back_to_the_old_process() {
     let backend = Backend::start("b").await;

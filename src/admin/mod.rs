@@ -428,26 +428,12 @@ pub enum AdminError {
     Tls(#[from] crate::tls::TlsError),
 }
 
-/// Binds the admin addresses (plain and TLS, when configured) and serves them on `runtime`
-/// until `shutdown` turns true; returns the serving tasks (they end after their drain). Both
-/// are bound, and the TLS one's certificate loaded, before either serves: on an error nothing
-/// is left running.
-pub fn start(
-    runtime: &tokio::runtime::Runtime,
-    main: &crate::config::MainConfig,
-    admin: Arc<Admin>,
-    shutdown: &watch::Receiver<bool>,
-) -> Result<Vec<tokio::task::JoinHandle<()>>, AdminError> {
-    let limits = Limits {
-        header_timeout: main.client_header_timeout,
-        max_header_bytes: main.max_request_header_bytes,
-        max_connections: MAX_CONNECTIONS,
-        keepalive: None,
-        grace_period: main.grace_period,
-        idle_timeout: main.client_idle_timeout,
-        send_timeout: main.client_send_timeout,
-        max_streams: 16,
-    };
+/// The admin API's listeners (plain and TLS, when configured), the TLS one with its
+/// certificate loaded: bound at start like the proxy's, before privileges are dropped.
+pub struct AdminListeners(Vec<(std::net::TcpListener, Option<tokio_rustls::TlsAcceptor>)>);
+
+/// Binds the admin addresses and loads the TLS one's certificate.
+pub fn bind(main: &crate::config::MainConfig) -> Result<AdminListeners, AdminError> {
     // SO_REUSEPORT, like the proxy's listeners: during a live upgrade the new process binds the
     // same address while the old one drains.
     let options = crate::server::ListenOptions {
@@ -471,8 +457,30 @@ pub fn start(
         let acceptor = tokio_rustls::TlsAcceptor::from(crate::tls::single_pair_config(cert, key)?);
         listeners.push((bind(addr)?, Some(acceptor)));
     }
+    Ok(AdminListeners(listeners))
+}
+
+/// Serves the bound admin listeners on `runtime` until `shutdown` turns true; returns the
+/// serving tasks (they end after their drain).
+pub fn start(
+    runtime: &tokio::runtime::Runtime,
+    main: &crate::config::MainConfig,
+    listeners: AdminListeners,
+    admin: Arc<Admin>,
+    shutdown: &watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let limits = Limits {
+        header_timeout: main.client_header_timeout,
+        max_header_bytes: main.max_request_header_bytes,
+        max_connections: MAX_CONNECTIONS,
+        keepalive: None,
+        grace_period: main.grace_period,
+        idle_timeout: main.client_idle_timeout,
+        send_timeout: main.client_send_timeout,
+        max_streams: 16,
+    };
     let mut tasks = Vec::new();
-    for (listener, acceptor) in listeners {
+    for (listener, acceptor) in listeners.0 {
         if let Ok(local) = listener.local_addr() {
             let scheme = if acceptor.is_some() { "https" } else { "http" };
             tracing::info!("admin API on {scheme}://{local}");
@@ -494,5 +502,5 @@ pub fn start(
             .run(admin.metrics.clone(), shutdown.clone());
         tasks.push(runtime.spawn(sampler));
     }
-    Ok(tasks)
+    tasks
 }

@@ -132,6 +132,7 @@ pub fn run(
     raise_open_files_limit();
     let ctx = Context::build(&main, upstreams, app_log.as_ref())?;
     let bound = sockets::open(&main, options.upgrade)?;
+    let admin = crate::admin::bind(&main)?;
     let pid_file =
         pidfile::PidFile::write(&main.pid_file).map_err(|source| StartError::PidFile {
             path: main.pid_file.display().to_string(),
@@ -139,7 +140,7 @@ pub fn run(
         })?;
     // Every way out from here takes the pid file along: a failed start must not leave it
     // naming a process that is gone (nor, after a failed live upgrade, hide the old one).
-    match serve(&main, options, &ctx, bound, app_log, daemon_ready) {
+    match serve(&main, options, &ctx, (bound, admin), app_log, daemon_ready) {
         Ok(()) => {
             pid_file.remove();
             tracing::info!("stopped");
@@ -157,7 +158,7 @@ fn serve(
     main: &MainConfig,
     options: RunOptions,
     ctx: &Context,
-    bound: sockets::Bound,
+    (bound, admin): (sockets::Bound, crate::admin::AdminListeners),
     app_log: Option<Arc<LogFile>>,
     daemon_ready: &mut Option<daemon::ReadyPipe>,
 ) -> Result<(), StartError> {
@@ -189,7 +190,7 @@ fn serve(
         quic,
         quic_owner,
     } = bound;
-    let listeners = (http, tls, quic.map(|socket| (socket, quic_owner)));
+    let listeners = (http, tls, quic.map(|socket| (socket, quic_owner)), admin);
     let mut running = Running::start(main, ctx, &control, listeners)?;
     control.block_on(async {
         if let Some((listener, folder)) = files {
@@ -225,11 +226,13 @@ fn serve(
     Ok(())
 }
 
-/// The proxy listeners (plain, TLS) and HTTP/3's socket with the process it came from.
-type ProxyListeners = (
+/// The proxy listeners (plain, TLS), HTTP/3's socket with the process it came from, and the
+/// admin API's listeners.
+type Listening = (
     Vec<std::net::TcpListener>,
     Vec<std::net::TcpListener>,
     Option<(std::net::UdpSocket, Option<i32>)>,
+    crate::admin::AdminListeners,
 );
 
 /// What serves once started, stopped together: the worker threads (and HTTP/3's), and the
@@ -247,7 +250,7 @@ impl Running {
         main: &MainConfig,
         ctx: &Context,
         control: &tokio::runtime::Runtime,
-        (http, tls_listeners, quic): ProxyListeners,
+        (http, tls_listeners, quic, admin): Listening,
     ) -> Result<Running, StartError> {
         let workers_count = http.len();
         if let Some(addr) = http.first().and_then(|l| l.local_addr().ok()) {
@@ -266,7 +269,7 @@ impl Running {
         crate::control::start(control, main, ctx.reloader.snapshot.clone());
         crate::discovery::start(control, ctx.reloader.clone());
         let (stop, stopped) = watch::channel(false);
-        let side_tasks = start_side_listeners(control, main, ctx, &stopped)?;
+        let side_tasks = start_side_listeners(control, main, ctx, admin, &stopped);
         let mut running = Running {
             stop,
             threads: Vec::new(),
@@ -383,14 +386,14 @@ fn no_huge_pages() -> nix::Result<()> {
 }
 
 /// The admin API (and what it shows: the cache, shared limits, ACME, the cluster), on the
-/// control runtime; its tasks end after their drain. An admin listener that cannot start stops
-/// the start, as a proxy listener does.
+/// control runtime; its tasks end after their drain.
 fn start_side_listeners(
     control: &tokio::runtime::Runtime,
     main: &MainConfig,
     ctx: &Context,
+    listeners: crate::admin::AdminListeners,
     stop: &watch::Receiver<bool>,
-) -> Result<Vec<tokio::task::JoinHandle<()>>, StartError> {
+) -> Vec<tokio::task::JoinHandle<()>> {
     if let Some(cache) = &ctx.policy_state.cache {
         cache.follow_drops(control.handle());
     }
@@ -412,7 +415,7 @@ fn start_side_listeners(
         cluster: cluster_master(control, main, ctx),
         acme: ctx.acme.clone(),
     });
-    Ok(crate::admin::start(control, main, admin, stop)?)
+    crate::admin::start(control, main, listeners, admin, stop)
 }
 
 /// Cluster mode's master, pushing to `worker_nodes` (with its retries on `control`); `None`
