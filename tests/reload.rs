@@ -181,6 +181,54 @@ async fn a_broken_file_keeps_the_old_routes_until_fixed() {
     wait_for_backend(&proxy, "b").await;
 }
 
+/// A file rewritten in place (`generate > upstreams.yaml`) is empty from its truncation to its
+/// writer's first bytes. The watcher used to reload it empty meanwhile: every route dropped, 404s
+/// until the write came. It now keeps the routes while the file is empty, for up to a second, and
+/// takes an emptying that lasts as meant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_truncated_for_a_rewrite_keeps_its_routes_until_written() {
+    let (a, b) = (Backend::start("a").await, Backend::start("b").await);
+    let proxy = ProxyProcess::start(&routes(&[&a]), "");
+    let file = proxy.path("upstreams.yaml");
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    assert_eq!(backend_of(&mut client).await, (200, "a".to_string()));
+
+    std::fs::write(&file, "").expect("truncate");
+    let waiting = eventually(Duration::from_secs(5), || {
+        proxy
+            .log_text()
+            .contains("is empty: the routes served stay")
+    });
+    assert!(
+        waiting.await,
+        "the emptied file was not waited for:\n{}",
+        proxy.log_text()
+    );
+    // The file is still empty: the routes are still served.
+    assert_eq!(backend_of(&mut client).await, (200, "a".to_string()));
+    std::fs::write(&file, routes(&[&b])).expect("the write");
+    wait_for_backend(&proxy, "b").await;
+    assert!(
+        !proxy
+            .log_text()
+            .contains("hosts removed: DEFAULT; backends added: none"),
+        "the routes were dropped meanwhile:\n{}",
+        proxy.log_text()
+    );
+
+    // Emptied for good: taken as meant once the grace is over.
+    std::fs::write(&file, "").expect("empty");
+    let dropped = eventually_async(Duration::from_secs(5), || async {
+        let mut client = Client::connect(Proto::H1, proxy.addr).await;
+        (backend_of(&mut client).await.0 == 404).then_some(())
+    });
+    assert!(
+        dropped.await.is_some(),
+        "an empty file never applied:\n{}",
+        proxy.log_text()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn of_two_quick_writes_the_second_wins() {
     let (a, b, c) = (

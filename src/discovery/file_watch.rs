@@ -4,6 +4,12 @@
 //! one the watcher waits a short, fixed delay (never extended, so a steady stream of writes
 //! cannot starve reloads), then reloads, reading the files as they are then. An event that
 //! arrives meanwhile leaves a permit behind and triggers one more reload, so the last write wins.
+//!
+//! A file truncated to be rewritten in place (`generate > upstreams.yaml`) is empty until its
+//! writer's first bytes, which may come long after the truncation; reloading it then would drop
+//! every route meanwhile (an empty file is a valid configuration). So while routes are served
+//! from the files, an empty upstreams.yaml is given [`REWRITE_GRACE`] to get its content: the
+//! reload waits for the write's own event, and takes the file as it is at the end of the grace.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,6 +22,10 @@ use super::Reloader;
 
 /// Delay between the first event of a burst and the reload.
 const COALESCE: Duration = Duration::from_millis(25);
+
+/// How long an emptied upstreams.yaml is given to get its content back before it is taken as
+/// meant (see the module's doc).
+const REWRITE_GRACE: Duration = Duration::from_secs(1);
 
 /// Whether `path` is one of the files whose change needs a reload.
 fn relevant(path: &Path, upstreams: &Path, conf_d: &Path) -> bool {
@@ -68,11 +78,33 @@ async fn run(
     loop {
         changed.notified().await;
         tokio::time::sleep(COALESCE).await;
+        if reloader.serves_file_routes() {
+            wait_while_emptied(&reloader.upstreams_path, &changed).await;
+        }
         if !watching_conf_d && conf_d.is_dir() {
             watching_conf_d = watcher.watch(&conf_d, RecursiveMode::NonRecursive).is_ok();
         }
         let reloader = reloader.clone();
         let _ = tokio::task::spawn_blocking(move || reloader.reload_files("file watch")).await;
+    }
+}
+
+/// Waits while `upstreams` is empty, at most [`REWRITE_GRACE`]; each event looks again.
+async fn wait_while_emptied(upstreams: &Path, changed: &Notify) {
+    let emptied = || std::fs::metadata(upstreams).is_ok_and(|m| m.len() == 0);
+    if !emptied() {
+        return;
+    }
+    tracing::info!(
+        "{} is empty: the routes served stay until it has content again, for at most {REWRITE_GRACE:?} (to remove every route, write `upstreams: {{}}`)",
+        upstreams.display()
+    );
+    let deadline = tokio::time::Instant::now() + REWRITE_GRACE;
+    while emptied() {
+        tokio::select! {
+            () = changed.notified() => tokio::time::sleep(COALESCE).await,
+            () = tokio::time::sleep_until(deadline) => return,
+        }
     }
 }
 
@@ -83,6 +115,50 @@ fn absolute(path: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `wait_while_emptied` on `file`, spawned; the test drives the (paused) clock.
+    fn waiting_on(file: &Path, changed: &Arc<Notify>) -> tokio::task::JoinHandle<Duration> {
+        let (file, changed) = (file.to_path_buf(), changed.clone());
+        tokio::spawn(async move {
+            let started = tokio::time::Instant::now();
+            wait_while_emptied(&file, &changed).await;
+            started.elapsed()
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_emptied_file_is_waited_for_until_its_content_comes() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("upstreams.yaml");
+        std::fs::write(&file, "").expect("truncated");
+        let changed = Arc::new(Notify::new());
+        let waiting = waiting_on(&file, &changed);
+        tokio::time::sleep(REWRITE_GRACE / 2).await;
+        assert!(!waiting.is_finished(), "the reload did not wait");
+        std::fs::write(&file, "upstreams: {}\n").expect("written");
+        changed.notify_one();
+        let waited = waiting.await.expect("the wait");
+        assert_eq!(waited, REWRITE_GRACE / 2 + COALESCE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_file_left_empty_is_taken_as_it_is_after_the_grace() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("upstreams.yaml");
+        std::fs::write(&file, "").expect("emptied");
+        let changed = Arc::new(Notify::new());
+        let waiting = waiting_on(&file, &changed);
+        // An event that leaves it empty (a chmod, a touch) does not end the wait either.
+        tokio::time::sleep(REWRITE_GRACE / 4).await;
+        changed.notify_one();
+        assert_eq!(waiting.await.expect("the wait"), REWRITE_GRACE);
+
+        std::fs::write(&file, "upstreams: {}\n").expect("content");
+        assert_eq!(
+            waiting_on(&file, &changed).await.expect("the wait"),
+            Duration::ZERO
+        );
+    }
 
     #[test]
     fn only_the_config_files_count() {

@@ -108,6 +108,14 @@ impl Reloader {
         self.sources().file.clone()
     }
 
+    /// Whether the files' configuration serving has any host.
+    pub fn serves_file_routes(&self) -> bool {
+        self.sources()
+            .file
+            .as_ref()
+            .is_some_and(|c| !c.hosts.is_empty())
+    }
+
     /// Reads the upstreams file (and conf.d) and publishes it unless it is unchanged.
     pub fn reload_files(&self, source: &str) -> Result<Applied, Issues> {
         let digest = config::files_digest(&self.upstreams_path);
