@@ -195,9 +195,7 @@ async fn a_file_truncated_for_a_rewrite_keeps_its_routes_until_written() {
 
     std::fs::write(&file, "").expect("truncate");
     let waiting = eventually(Duration::from_secs(5), || {
-        proxy
-            .log_text()
-            .contains("is empty: the routes served stay")
+        proxy.log_text().contains("is empty: its routes stay")
     });
     assert!(
         waiting.await,

@@ -7,9 +7,10 @@
 //!
 //! A file truncated to be rewritten in place (`generate > upstreams.yaml`) is empty until its
 //! writer's first bytes, which may come long after the truncation; reloading it then would drop
-//! every route meanwhile (an empty file is a valid configuration). So while routes are served
-//! from the files, an empty upstreams.yaml is given [`REWRITE_GRACE`] to get its content: the
+//! its routes meanwhile (an empty file is a valid configuration). So a watched file that had
+//! content at the last reload and is empty now is given [`REWRITE_GRACE`] to get it back: the
 //! reload waits for the write's own event, and takes the file as it is at the end of the grace.
+//! A file that was empty already (a placeholder in conf.d) or is deleted does not wait.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,7 +24,7 @@ use super::Reloader;
 /// Delay between the first event of a burst and the reload.
 const COALESCE: Duration = Duration::from_millis(25);
 
-/// How long an emptied upstreams.yaml is given to get its content back before it is taken as
+/// How long an emptied file is given to get its content back before it is taken as
 /// meant (see the module's doc).
 const REWRITE_GRACE: Duration = Duration::from_secs(1);
 
@@ -65,42 +66,68 @@ pub fn install(reloader: Arc<Reloader>) -> Option<impl std::future::Future<Outpu
     tracing::info!("watching {} for changes", upstreams.display());
     // Anything written between the first read and now is picked up by one check.
     changed.notify_one();
-    Some(run(reloader, watcher, changed, conf_d, watching_conf_d))
+    let files = Watched { upstreams, conf_d };
+    Some(run(reloader, watcher, changed, files, watching_conf_d))
+}
+
+/// The files a reload reads.
+struct Watched {
+    upstreams: PathBuf,
+    conf_d: PathBuf,
+}
+
+impl Watched {
+    /// Those that have content now: upstreams.yaml and conf.d's YAML files.
+    fn with_content(&self) -> Vec<PathBuf> {
+        let in_conf_d = std::fs::read_dir(&self.conf_d).into_iter().flatten();
+        let in_conf_d = in_conf_d.filter_map(|entry| entry.ok().map(|e| e.path()));
+        std::iter::once(self.upstreams.clone())
+            .chain(in_conf_d.filter(|p| relevant(p, &self.upstreams, &self.conf_d)))
+            .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.len() > 0))
+            .collect()
+    }
 }
 
 async fn run(
     reloader: Arc<Reloader>,
     mut watcher: impl Watcher,
     changed: Arc<Notify>,
-    conf_d: PathBuf,
+    files: Watched,
     mut watching_conf_d: bool,
 ) {
+    let mut had_content = files.with_content();
     loop {
         changed.notified().await;
         tokio::time::sleep(COALESCE).await;
-        if reloader.serves_file_routes() {
-            wait_while_emptied(&reloader.upstreams_path, &changed).await;
-        }
-        if !watching_conf_d && conf_d.is_dir() {
-            watching_conf_d = watcher.watch(&conf_d, RecursiveMode::NonRecursive).is_ok();
+        wait_while_emptied(&had_content, &changed).await;
+        if !watching_conf_d && files.conf_d.is_dir() {
+            watching_conf_d = watcher
+                .watch(&files.conf_d, RecursiveMode::NonRecursive)
+                .is_ok();
         }
         let reloader = reloader.clone();
         let _ = tokio::task::spawn_blocking(move || reloader.reload_files("file watch")).await;
+        had_content = files.with_content();
     }
 }
 
-/// Waits while `upstreams` is empty, at most [`REWRITE_GRACE`]; each event looks again.
-async fn wait_while_emptied(upstreams: &Path, changed: &Notify) {
-    let emptied = || std::fs::metadata(upstreams).is_ok_and(|m| m.len() == 0);
-    if !emptied() {
+/// Waits while one of `had_content` is empty, at most [`REWRITE_GRACE`]; each event looks
+/// again.
+async fn wait_while_emptied(had_content: &[PathBuf], changed: &Notify) {
+    let emptied = || {
+        had_content
+            .iter()
+            .find(|p| std::fs::metadata(p).is_ok_and(|m| m.len() == 0))
+    };
+    let Some(file) = emptied() else {
         return;
-    }
+    };
     tracing::info!(
-        "{} is empty: the routes served stay until it has content again, for at most {REWRITE_GRACE:?} (to remove every route, write `upstreams: {{}}`)",
-        upstreams.display()
+        "{} is empty: its routes stay until it has content again, for at most {REWRITE_GRACE:?} (to remove them, write `upstreams: {{}}`)",
+        file.display()
     );
     let deadline = tokio::time::Instant::now() + REWRITE_GRACE;
-    while emptied() {
+    while emptied().is_some() {
         tokio::select! {
             () = changed.notified() => tokio::time::sleep(COALESCE).await,
             () = tokio::time::sleep_until(deadline) => return,
@@ -116,14 +143,33 @@ fn absolute(path: &Path) -> PathBuf {
 mod tests {
     use super::*;
 
-    /// `wait_while_emptied` on `file`, spawned; the test drives the (paused) clock.
+    /// `wait_while_emptied` on `file` (which had content), spawned; the test drives the
+    /// (paused) clock.
     fn waiting_on(file: &Path, changed: &Arc<Notify>) -> tokio::task::JoinHandle<Duration> {
-        let (file, changed) = (file.to_path_buf(), changed.clone());
+        let (had_content, changed) = (vec![file.to_path_buf()], changed.clone());
         tokio::spawn(async move {
             let started = tokio::time::Instant::now();
-            wait_while_emptied(&file, &changed).await;
+            wait_while_emptied(&had_content, &changed).await;
             started.elapsed()
         })
+    }
+
+    #[test]
+    fn only_files_with_content_are_waited_for_once_emptied() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let conf_d = dir.path().join("conf.d");
+        std::fs::create_dir(&conf_d).expect("conf.d");
+        let files = Watched {
+            upstreams: dir.path().join("upstreams.yaml"),
+            conf_d: conf_d.clone(),
+        };
+        std::fs::write(&files.upstreams, "upstreams: {}\n").expect("upstreams");
+        std::fs::write(conf_d.join("app.yaml"), "upstreams: {}\n").expect("app");
+        std::fs::write(conf_d.join("placeholder.yaml"), "").expect("placeholder");
+        std::fs::write(conf_d.join("notes.txt"), "not a config").expect("notes");
+        let mut had = files.with_content();
+        had.sort();
+        assert_eq!(had, vec![conf_d.join("app.yaml"), files.upstreams.clone()]);
     }
 
     #[tokio::test(start_paused = true)]
