@@ -1,6 +1,7 @@
 //! Operators' defects (issue 19), each through the real binary, each reproducing the failure
 //! first: HEAD over HTTP/2 on replies aralez writes itself, log reopening on SIGUSR1 (and
-//! SIGUSR2 not killing the process), and a failed live upgrade leaving the pid file behind.
+//! SIGUSR2 not killing the process), a failed live upgrade leaving the pid file behind, and
+//! SIGHUP silent about a changed main.yaml.
 
 use crate::support;
 
@@ -302,6 +303,68 @@ async fn a_failed_live_upgrade_gives_the_pid_file_back_to_the_old_process() {
         200,
         "the old one serves on"
     );
+}
+
+/// nginx's HUP re-reads everything; aralez's re-reads the routes, and main.yaml's settings apply
+/// on a restart or `-u`. A changed main.yaml used to go unmentioned; SIGHUP now says it changed,
+/// and names the errors a restart would meet in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_says_when_main_yaml_changed_and_what_a_restart_would_meet() {
+    let backend = Backend::start("b").await;
+    let debug = [("RUST_LOG", "info,aralez=debug,h2=warn,hyper=warn")];
+    let proxy = ProxyProcess::start_env(&default_route(&[&backend]), "", &debug);
+    let main = proxy.path("main.yaml");
+    let said = |what: &'static str| {
+        let log = proxy.log_text();
+        move || log.matches(what).count()
+    };
+    let changed = "has changed: its settings apply on a restart";
+    let with_errors = "has changed and has errors";
+    // main.yaml as it started: the routes are re-read, and nothing is said of main.yaml.
+    proxy.signal(nix::sys::signal::Signal::SIGHUP);
+    let reread = eventually(Duration::from_secs(5), || {
+        proxy
+            .log_text()
+            .lines()
+            .any(|l| l.contains("configuration files unchanged") && l.contains("SIGHUP"))
+    });
+    assert!(
+        reread.await,
+        "SIGHUP was not handled:\n{}",
+        proxy.log_text()
+    );
+
+    let text = std::fs::read_to_string(&main).expect("main.yaml");
+    std::fs::write(&main, format!("{text}grace_period_seconds: 7\n")).expect("a change");
+    proxy.signal(nix::sys::signal::Signal::SIGHUP);
+    let logged = eventually(Duration::from_secs(5), || said(changed)() > 0);
+    assert!(
+        logged.await,
+        "the change went unmentioned:\n{}",
+        proxy.log_text()
+    );
+
+    let line = text.lines().count() + 2;
+    std::fs::write(
+        &main,
+        format!("{text}grace_period_seconds: 7\nthreads: many\n"),
+    )
+    .expect("an error");
+    proxy.signal(nix::sys::signal::Signal::SIGHUP);
+    let logged = eventually(Duration::from_secs(5), || said(with_errors)() > 0);
+    assert!(
+        logged.await,
+        "the error went unmentioned:\n{}",
+        proxy.log_text()
+    );
+    let log = proxy.log_text();
+    assert_eq!(said(changed)(), 1, "said more than once:\n{log}");
+    assert!(
+        log.contains(&format!("main.yaml:{line}:")) && log.contains("`threads`"),
+        "the error is not named by file, line and key:\n{log}"
+    );
+    let mut c = Client::connect(Proto::H1, proxy.addr).await;
+    assert_eq!(c.get("a.test", "/").await.status(), 200, "it serves on");
 }
 
 /// systemd's reload in the seed unit stops the old process first, then runs `aralez -u -d`:

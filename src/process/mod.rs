@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use signals::{LogFiles, Signals};
+use signals::{LogFiles, Signals, StartedFrom};
 
 pub use context::{limits, Context, DigestedUpstreams};
 
@@ -120,6 +120,7 @@ pub fn run(
 ) -> Result<(), StartError> {
     // First, so that what start-up allocates is not on huge pages either; said once logs work.
     let small_pages = no_huge_pages();
+    let started_from = StartedFrom::read(main_path);
     let (main, upstreams, issues) = load(main_path)?;
     let app_log = logging::open_app_log(&main).map_err(StartError::Logging)?;
     logging::init(&main, app_log.as_ref()).map_err(StartError::Logging)?;
@@ -140,7 +141,15 @@ pub fn run(
         })?;
     // Every way out from here takes the pid file along: a failed start must not leave it
     // naming a process that is gone (nor, after a failed live upgrade, hide the old one).
-    match serve(&main, options, &ctx, (bound, admin), app_log, daemon_ready) {
+    let read_at_start = (app_log, started_from);
+    match serve(
+        &main,
+        options,
+        &ctx,
+        (bound, admin),
+        read_at_start,
+        daemon_ready,
+    ) {
         Ok(()) => {
             pid_file.remove();
             tracing::info!("stopped");
@@ -159,7 +168,7 @@ fn serve(
     options: RunOptions,
     ctx: &Context,
     (bound, admin): (sockets::Bound, crate::admin::AdminListeners),
-    app_log: Option<Arc<LogFile>>,
+    (app_log, started_from): (Option<Arc<LogFile>>, StartedFrom),
     daemon_ready: &mut Option<daemon::ReadyPipe>,
 ) -> Result<(), StartError> {
     let ids = privileges::drop_to(main.runuser.as_deref(), main.rungroup.as_deref())?;
@@ -209,7 +218,7 @@ fn serve(
             app: app_log,
             access: ctx.access_log.clone(),
         };
-        until_stop_signal(signals, &ctx.reloader, &logs).await;
+        until_stop_signal(signals, &ctx.reloader, &logs, &started_from).await;
     });
     notify::notify("STOPPING=1");
     // Close our duplicates first, so the ports close (and refuse) once the workers let go.
@@ -351,9 +360,14 @@ fn announce_ready(upgrade: bool, daemon_ready: &mut Option<daemon::ReadyPipe>) {
 }
 
 /// Reacts to signals (reloads, log reopening) until one asks to stop.
-async fn until_stop_signal(signals: Option<Signals>, reloader: &Reloader, logs: &LogFiles) {
+async fn until_stop_signal(
+    signals: Option<Signals>,
+    reloader: &Reloader,
+    logs: &LogFiles,
+    started_from: &StartedFrom,
+) {
     match signals {
-        Some(signals) => signals.wait(reloader, logs).await,
+        Some(signals) => signals.wait(reloader, logs, started_from).await,
         None => {
             tracing::error!("cannot install signal handlers; stop with SIGKILL");
             std::future::pending::<()>().await;

@@ -1,11 +1,60 @@
 //! The process's signals: stop (TERM, INT, QUIT), reload (HUP), reopen the log files (USR1),
 //! and USR2 answered with a pointer to `aralez -u`.
+//!
+//! SIGHUP re-reads the routes (upstreams.yaml, conf.d). main.yaml holds the process's own
+//! settings (listeners, threads, users), which apply on a restart or a live upgrade; nginx's HUP
+//! re-reads everything, so an operator may expect it to. When main.yaml has changed since the
+//! start, SIGHUP says so, and names the errors a restart would meet.
 
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::accesslog::AccessLog;
+use crate::config::{self, Issues};
 use crate::discovery::Reloader;
 use crate::logfile::LogFile;
+
+/// main.yaml as the process started from it.
+pub(super) struct StartedFrom {
+    path: PathBuf,
+    digest: Option<u64>,
+}
+
+impl StartedFrom {
+    pub(super) fn read(path: &Path) -> StartedFrom {
+        StartedFrom {
+            path: path.to_path_buf(),
+            digest: digest_of(path),
+        }
+    }
+
+    /// Logs whether main.yaml has changed since the start, and what a restart would meet.
+    fn say_if_changed(&self) {
+        let shown = self.path.display();
+        if digest_of(&self.path) == self.digest {
+            return;
+        }
+        let mut issues = Issues::default();
+        let _ = config::load_main(&self.path, &mut issues);
+        if issues.has_errors() {
+            for error in issues.errors() {
+                tracing::error!("SIGHUP: {error}");
+            }
+            tracing::error!("SIGHUP: {shown} has changed and has errors: a restart or `aralez -u` would fail on them; this process keeps the settings it started with");
+        } else {
+            tracing::warn!("SIGHUP: {shown} has changed: its settings apply on a restart or a live upgrade (`aralez -u`); SIGHUP re-reads upstreams.yaml and conf.d only");
+        }
+    }
+}
+
+/// The hash of a file's bytes; `None` if it cannot be read.
+fn digest_of(path: &Path) -> Option<u64> {
+    let bytes = std::fs::read(path).ok()?;
+    let mut hasher = DefaultHasher::new();
+    bytes.hash(&mut hasher);
+    Some(hasher.finish())
+}
 
 /// The signals the process answers; installed early (see `run`).
 pub(super) struct Signals {
@@ -57,7 +106,12 @@ impl Signals {
     /// Returns on SIGTERM, SIGINT or SIGQUIT (the live upgrade's "drain and exit"); reloads on
     /// SIGHUP; reopens the log files on SIGUSR1 (logrotate); ignores SIGUSR2 (nginx's binary
     /// upgrade, which `aralez -u` does here), saying so.
-    pub(super) async fn wait(mut self, reloader: &Reloader, logs: &LogFiles) {
+    pub(super) async fn wait(
+        mut self,
+        reloader: &Reloader,
+        logs: &LogFiles,
+        started_from: &StartedFrom,
+    ) {
         loop {
             tokio::select! {
                 _ = self.term.recv() => return,
@@ -69,6 +123,7 @@ impl Signals {
                 _ = self.hup.recv() => {
                     // The reloader counts it in aralez_config_reloads_total.
                     let _ = reloader.reload_files("SIGHUP");
+                    started_from.say_if_changed();
                 }
                 _ = self.usr1.recv() => logs.reopen(),
                 _ = self.usr2.recv() => {
