@@ -192,26 +192,20 @@ fn daemon_returns_once_it_serves() {
 }
 
 /// A second instance with the same paths and port used to start and share everything with the
-/// first (the pid file, the upgrade socket, the port through SO_REUSEPORT). Each of the three
-/// now refuses it, with what to do; `-u` still takes over.
+/// first (the pid file, the upgrade socket, the port through SO_REUSEPORT, the admin API's port
+/// too). Each of them now refuses it, with what to do; `-u` still takes over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_instance_on_the_same_paths_or_port_is_refused() {
     let backend = Backend::start("b").await;
     let routes = default_route(&[&backend]);
-    let first = ProxyProcess::start(&routes, "");
+    let admin = free_addr();
+    let first = ProxyProcess::start(&routes, &format!("config_address: \"{admin}\""));
     let second = |main: String| {
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::write(dir.path().join("upstreams.yaml"), &routes).expect("upstreams");
         std::fs::write(dir.path().join("main.yaml"), main).expect("main");
-        let out = std::process::Command::new(binary())
-            .arg("-c")
-            .arg(dir.path().join("main.yaml"))
-            .output()
-            .expect("run a second aralez");
-        (
-            out.status,
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+        // Bounded: a second instance that is not refused serves on and is killed.
+        tokio::task::block_in_place(|| run_to_exit(dir.path(), &[]))
     };
     let own = |name: &str| format!("/tmp/aralez-test-{}-{name}", std::process::id());
     let cases = [
@@ -240,6 +234,15 @@ async fn a_second_instance_on_the_same_paths_or_port_is_refused() {
                 first.addr,
                 own("c.pid"),
                 own("c.sock")
+            ),
+            "already in use",
+        ),
+        (
+            "the same admin API port",
+            format!(
+                "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: \"upstreams.yaml\"\npid_file: \"{}\"\nupgrade_sock: \"{}\"\nconfig_address: \"{admin}\"\n",
+                own("d.pid"),
+                own("d.sock")
             ),
             "already in use",
         ),

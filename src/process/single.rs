@@ -28,6 +28,8 @@ pub fn another_instance(main: &MainConfig) -> Option<String> {
         Some(main.proxy_address_http),
         main.proxy_address_tls,
         main.file_server_address,
+        main.config_address,
+        main.config_tls_address,
     ];
     ports
         .into_iter()
