@@ -12,17 +12,17 @@
 //! not there yet. Most answers fit the socket's send buffer, so most connections are never
 //! registered for writing at all.
 //!
-//! How: reads and writes are tried directly. The first read that would wait registers the
-//! socket for reading (`EPOLLIN | EPOLLRDHUP`); the first write that would wait (or that is
-//! only partly taken, which on epoll means the buffer is full) registers it for writing, or,
-//! when it is registered for reading already, for both. tokio cannot change a registration's
-//! interest, so widening removes the registration and adds the socket again (two `epoll_ctl`,
-//! as HAProxy's `EPOLL_CTL_MOD` is one); adding reports the socket's state at once, so bytes
-//! (or room) that came in between are not missed. A removed registration forgets the wakers
-//! waiting on it without waking them, so widening wakes the connection's task itself: a read
-//! waiting when a write widened polls again and waits on the new registration. (The socket is
-//! only ever polled from one task at a time: its connection's, or its tunnel's after an
-//! upgrade.) One descriptor a connection, whatever it waits for.
+//! How: reads and writes are tried directly. The first read that would wait registers the socket
+//! for reading (`EPOLLIN | EPOLLRDHUP`); the first write that would wait (or that is only partly
+//! taken, which on epoll means the buffer is full) registers it for writing, or, when it is
+//! registered for reading already, for both. tokio cannot change a registration's interest, so
+//! widening removes the registration and adds the socket again (two `epoll_ctl` where HAProxy's
+//! `EPOLL_CTL_MOD` takes one); adding reports the socket's state at once, so bytes (or room) that
+//! came in between are not missed. A removed registration forgets the wakers waiting on it without
+//! waking them, so widening wakes the connection's task itself: a read waiting when a write widened
+//! polls again and waits on the new registration. (The socket is only ever polled from one task at
+//! a time: its connection's, or its tunnel's after an upgrade.) One descriptor a connection,
+//! whatever it waits for.
 
 use std::io::{self, IoSlice, Write as _};
 use std::mem::MaybeUninit;
