@@ -285,6 +285,14 @@ fn cases() -> Vec<Case> {
             vec![err(M, 3, "config_tls_address", "needs config_tls_certificate and config_tls_key_file")],
         ),
         Case::main(
+            "admin_certificate_and_key_are_not_pem",
+            &format!("{MAIN_OK}config_tls_address: \"127.0.0.1:0\"\nconfig_tls_certificate: \"upstreams.yaml\"\nconfig_tls_key_file: \"main.yaml\"\n"),
+            vec![
+                err(M, 4, "config_tls_certificate", "upstreams.yaml` holds no PEM certificate"),
+                err(M, 5, "config_tls_key_file", "main.yaml` holds no PEM private key"),
+            ],
+        ),
+        Case::main(
             "file_server_address_without_a_folder",
             &format!("{MAIN_OK}file_server_address: \"127.0.0.1:0\"\n"),
             vec![warn(M, 3, "file_server_address", "nothing is served without file_server_folder")],

@@ -292,7 +292,10 @@ async fn a_failed_live_upgrade_gives_the_pid_file_back_to_the_old_process() {
     let named = || std::fs::read_to_string(&pid_file).unwrap_or_default();
     assert_eq!(named().trim(), old.pid().to_string());
 
-    std::fs::write(certs.path().join("admin.crt"), "not a certificate\n").expect("rewrite");
+    // PEM in form (so the config check passes), no certificate inside.
+    let broken =
+        "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n";
+    std::fs::write(certs.path().join("admin.crt"), broken).expect("rewrite");
     let (status, stderr) = tokio::task::block_in_place(|| run_to_exit(old.dir.path(), &["-u"]));
     assert_eq!(status.code(), Some(1), "the new process: {stderr}");
     assert!(

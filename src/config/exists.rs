@@ -2,8 +2,10 @@
 //! a start agree (as `nginx -t` opens the files it names). Certificate and key files, the
 //! certificate directory, the file server's folder, Pingora's `ca_file`, the `runuser` and
 //! `rungroup` accounts, and the directories of the files the process creates at start (the pid
-//! file, the app log, the access log when it is on). Each problem is an error at the key that
-//! names the thing.
+//! file, the app log, the access log when it is on). The admin API's certificate and key, when
+//! its TLS listener is on, must also hold what their keys say in PEM, as the start reads them
+//! (whether the key suits the certificate is the start's to find). Each problem is an error at
+//! the key that names the thing.
 
 use std::path::Path;
 
@@ -17,6 +19,8 @@ pub struct Named<'a> {
     pub certificates_dir: Option<&'a Path>,
     pub config_tls_certificate: Option<&'a Path>,
     pub config_tls_key_file: Option<&'a Path>,
+    /// `config_tls_address` is set (so the two above are read at start).
+    pub admin_tls: bool,
     pub file_server_folder: Option<&'a Path>,
     pub ca_file: Option<&'a Path>,
     pub runuser: Option<&'a str>,
@@ -99,8 +103,50 @@ pub fn check(named: &Named<'_>, at: &Positions, r: &mut Reader) -> bool {
         Kind::Directory,
     );
     path("ca_file", named.ca_file, Kind::File);
+    if named.admin_tls {
+        ok &= admin_pem(named, at, r);
+    }
     ok &= accounts(named, at, r);
     ok &= created_files(named, at, r);
+    ok
+}
+
+/// The admin API's certificate file holds a PEM certificate, and its key file a PEM private key.
+fn admin_pem(named: &Named<'_>, at: &Positions, r: &mut Reader) -> bool {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let mut ok = true;
+    let mut check = |key: &str, path: Option<&Path>, holds: fn(&[u8]) -> bool, what: &str| {
+        let (Some(path), Some(pos)) = (path, at.of(key)) else {
+            return;
+        };
+        // Unreadable is the start's to report, with the reason.
+        let Ok(bytes) = std::fs::read(path) else {
+            return;
+        };
+        if !holds(&bytes) {
+            r.error(
+                pos,
+                key,
+                format!("`{}` holds no PEM {what}", path.display()),
+            );
+            ok = false;
+        }
+    };
+    let certificate = |b: &[u8]| CertificateDer::pem_slice_iter(b).any(|c| c.is_ok());
+    let private_key = |b: &[u8]| PrivateKeyDer::from_pem_slice(b).is_ok();
+    check(
+        "config_tls_certificate",
+        named.config_tls_certificate,
+        certificate,
+        "certificate",
+    );
+    check(
+        "config_tls_key_file",
+        named.config_tls_key_file,
+        private_key,
+        "private key",
+    );
     ok
 }
 

@@ -494,6 +494,7 @@ impl MainConfig {
             certificates_dir: cfg.certificates_dir.as_deref(),
             config_tls_certificate: cfg.config_tls_certificate.as_deref(),
             config_tls_key_file: cfg.config_tls_key_file.as_deref(),
+            admin_tls: cfg.config_tls_address.is_some(),
             file_server_folder: cfg.file_server_folder.as_deref(),
             ca_file: ca_file.as_deref(),
             runuser: cfg.runuser.as_deref(),
