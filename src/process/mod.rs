@@ -362,7 +362,7 @@ fn announce_ready(upgrade: bool, daemon_ready: &mut Option<daemon::ReadyPipe>) {
 /// Reacts to signals (reloads, log reopening) until one asks to stop.
 async fn until_stop_signal(
     signals: Option<Signals>,
-    reloader: &Reloader,
+    reloader: &Arc<Reloader>,
     logs: &LogFiles,
     started_from: &StartedFrom,
 ) {

@@ -16,6 +16,7 @@ use crate::discovery::Reloader;
 use crate::logfile::LogFile;
 
 /// main.yaml as the process started from it.
+#[derive(Clone)]
 pub(super) struct StartedFrom {
     path: PathBuf,
     digest: Option<u64>,
@@ -108,7 +109,7 @@ impl Signals {
     /// upgrade, which `aralez -u` does here), saying so.
     pub(super) async fn wait(
         mut self,
-        reloader: &Reloader,
+        reloader: &Arc<Reloader>,
         logs: &LogFiles,
         started_from: &StartedFrom,
     ) {
@@ -121,9 +122,15 @@ impl Signals {
                     return;
                 }
                 _ = self.hup.recv() => {
-                    // The reloader counts it in aralez_config_reloads_total.
-                    let _ = reloader.reload_files("SIGHUP");
-                    started_from.say_if_changed();
+                    // Off the control runtime's one thread, as the file watcher's reloads: the
+                    // files are read and parsed, and main.yaml's accounts looked up (NSS).
+                    let (reloader, started_from) = (reloader.clone(), started_from.clone());
+                    let _ = tokio::task::spawn_blocking(move || {
+                        // The reloader counts it in aralez_config_reloads_total.
+                        let _ = reloader.reload_files("SIGHUP");
+                        started_from.say_if_changed();
+                    })
+                    .await;
                 }
                 _ = self.usr1.recv() => logs.reopen(),
                 _ = self.usr2.recv() => {
