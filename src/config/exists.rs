@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use super::reader::Reader;
-use super::yaml::Pos;
+use super::yaml::KeyPositions;
 
 /// What main.yaml names, as read and resolved.
 pub struct Named<'a> {
@@ -31,40 +31,6 @@ pub struct Named<'a> {
     pub access_log_file: Option<&'a Path>,
 }
 
-/// Keys whose positions [`check`] needs (recorded while main.yaml is read).
-pub const NAMING_KEYS: &[&str] = &[
-    "proxy_certificates",
-    "proxy_configs",
-    "config_tls_certificate",
-    "config_tls_key_file",
-    "file_server_folder",
-    "ca_file",
-    "runuser",
-    "rungroup",
-    "user",
-    "group",
-    "pid_file",
-    "log_file",
-    "error_log",
-    "access_log_file",
-];
-
-/// Where each key of [`NAMING_KEYS`] was found.
-#[derive(Default)]
-pub struct Positions(Vec<(&'static str, Pos)>);
-
-impl Positions {
-    pub fn note(&mut self, key: &str, pos: Pos) {
-        if let Some(known) = NAMING_KEYS.iter().find(|k| **k == key) {
-            self.0.push((known, pos));
-        }
-    }
-
-    fn of(&self, key: &str) -> Option<Pos> {
-        self.0.iter().find(|(k, _)| *k == key).map(|(_, p)| *p)
-    }
-}
-
 /// What kind of thing a path must be.
 #[derive(Clone, Copy)]
 enum Kind {
@@ -73,7 +39,7 @@ enum Kind {
 }
 
 /// Checks everything main.yaml names; false if something is missing (each reported).
-pub fn check(named: &Named<'_>, at: &Positions, r: &mut Reader) -> bool {
+pub fn check(named: &Named<'_>, at: &KeyPositions<'_>, r: &mut Reader) -> bool {
     let mut ok = true;
     let mut path = |key: &str, path: Option<&Path>, kind: Kind| {
         if let (Some(path), Some(pos)) = (path, at.of(key)) {
@@ -112,7 +78,7 @@ pub fn check(named: &Named<'_>, at: &Positions, r: &mut Reader) -> bool {
 }
 
 /// The admin API's certificate file holds a PEM certificate, and its key file a PEM private key.
-fn admin_pem(named: &Named<'_>, at: &Positions, r: &mut Reader) -> bool {
+fn admin_pem(named: &Named<'_>, at: &KeyPositions<'_>, r: &mut Reader) -> bool {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::{CertificateDer, PrivateKeyDer};
     let mut ok = true;
@@ -152,7 +118,7 @@ fn admin_pem(named: &Named<'_>, at: &Positions, r: &mut Reader) -> bool {
 
 /// The files a start creates (or appends to) must have a directory to go in, and must not be
 /// directories themselves. Only where main.yaml names them: the defaults are in `/tmp`.
-fn created_files(named: &Named<'_>, at: &Positions, r: &mut Reader) -> bool {
+fn created_files(named: &Named<'_>, at: &KeyPositions<'_>, r: &mut Reader) -> bool {
     let mut ok = true;
     for (keys, path) in [
         (&["pid_file"][..], Some(named.pid_file)),
@@ -163,7 +129,7 @@ fn created_files(named: &Named<'_>, at: &Positions, r: &mut Reader) -> bool {
         let Some(path) = path else {
             continue;
         };
-        let Some((key, pos)) = keys.iter().find_map(|k| at.of(k).map(|p| (*k, p))) else {
+        let Some((key, pos)) = at.first_of(keys) else {
             continue;
         };
         if let Some(problem) = cannot_create(path) {
@@ -209,7 +175,7 @@ fn problem(path: &Path, kind: Kind) -> Option<&'static str> {
 
 /// `runuser` and `rungroup` (or Pingora's `user` and `group`) must name accounts of this system,
 /// looked up by name as the privilege drop at start does.
-fn accounts(named: &Named<'_>, at: &Positions, r: &mut Reader) -> bool {
+fn accounts(named: &Named<'_>, at: &KeyPositions<'_>, r: &mut Reader) -> bool {
     use nix::unistd::{Group, User};
     let user = named
         .runuser
@@ -225,7 +191,7 @@ fn accounts(named: &Named<'_>, at: &Positions, r: &mut Reader) -> bool {
         let Some((name, false)) = looked_up else {
             continue;
         };
-        if let Some((key, pos)) = keys.iter().find_map(|k| at.of(k).map(|p| (*k, p))) {
+        if let Some((key, pos)) = at.first_of(&keys) {
             r.error(pos, key, format!("no {what} `{name}` on this system"));
             ok = false;
         }

@@ -10,40 +10,7 @@
 use std::net::SocketAddr;
 
 use super::reader::Reader;
-use super::yaml::Pos;
-
-/// The keys that name a listening address.
-const KEYS: &[&str] = &[
-    "proxy_address_http",
-    "proxy_address_tls",
-    "config_address",
-    "config_tls_address",
-    "file_server_address",
-];
-
-/// The keys that name what a listener needs.
-const NEEDED_KEYS: &[&str] = &[
-    "http3",
-    "file_server_folder",
-    "config_tls_certificate",
-    "config_tls_key_file",
-];
-
-/// Where each key of [`KEYS`] and [`NEEDED_KEYS`] was found, in the order of the file.
-#[derive(Default)]
-pub struct Positions(Vec<(&'static str, Pos)>);
-
-impl Positions {
-    pub fn note(&mut self, key: &str, pos: Pos) {
-        if let Some(known) = KEYS.iter().chain(NEEDED_KEYS).find(|k| **k == key) {
-            self.0.push((known, pos));
-        }
-    }
-
-    fn of(&self, key: &str) -> Option<Pos> {
-        self.0.iter().find(|(k, _)| *k == key).map(|(_, p)| *p)
-    }
-}
+use super::yaml::KeyPositions;
 
 /// What main.yaml gives the listeners besides their addresses, as read.
 pub struct Given {
@@ -57,9 +24,10 @@ pub struct Given {
     pub http3_built: bool,
 }
 
-/// Every check of this module; false if one found an error (each reported).
+/// Every check of this module; false if one found an error (each reported). `address_of` gives
+/// the address a listener's key was read as, and `None` for any other key.
 pub fn check(
-    at: &Positions,
+    at: &KeyPositions<'_>,
     address_of: impl Fn(&str) -> Option<SocketAddr>,
     given: &Given,
     r: &mut Reader,
@@ -72,7 +40,7 @@ pub fn check(
 
 /// Each listener has what it needs: an error at its key where it lacks something.
 fn needs_met(
-    at: &Positions,
+    at: &KeyPositions<'_>,
     address_of: impl Fn(&str) -> Option<SocketAddr>,
     given: &Given,
     r: &mut Reader,
@@ -113,7 +81,7 @@ fn needs_met(
 
 /// What is named for a listener that is not there: a warning at its key, as it does nothing.
 fn unused(
-    at: &Positions,
+    at: &KeyPositions<'_>,
     address_of: impl Fn(&str) -> Option<SocketAddr>,
     given: &Given,
     r: &mut Reader,
@@ -150,16 +118,16 @@ fn unused(
 }
 
 /// Reports each listener whose address another one, earlier in the file, already takes; false
-/// if there is one. `address_of` gives what a key was read as (`None` if it was not).
-pub fn each_its_own(
-    at: &Positions,
+/// if there is one.
+fn each_its_own(
+    at: &KeyPositions<'_>,
     address_of: impl Fn(&str) -> Option<SocketAddr>,
     r: &mut Reader,
 ) -> bool {
-    let named: Vec<_> =
-        at.0.iter()
-            .filter_map(|(key, pos)| address_of(key).map(|addr| (*key, *pos, addr)))
-            .collect();
+    let named: Vec<_> = at
+        .in_order()
+        .filter_map(|(key, pos)| address_of(key).map(|addr| (key, pos, addr)))
+        .collect();
     let mut ok = true;
     for (later, (key, pos, addr)) in named.iter().enumerate() {
         let taken = named[..later].iter().find(|(_, _, a)| overlap(*a, *addr));

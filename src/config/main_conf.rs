@@ -17,7 +17,7 @@ use super::main_values::{
 pub use super::main_values::{AccessLog, TlsGrade};
 use super::net_conf::{self, Cidr, TcpSettings};
 use super::reader::Reader;
-use super::yaml::Node;
+use super::yaml::{KeyPositions, Node};
 
 /// The process settings of `main.yaml`, with defaults filled in.
 #[derive(Clone, Debug)]
@@ -224,21 +224,16 @@ impl MainConfig {
         let entries = r.map(root, "(document)")?;
         let mut seen_http = false;
         let mut seen_upstreams = false;
-        let mut upstreams_pos = root.pos;
         let mut proxy_configs: Option<PathBuf> = None;
         let mut ca_file: Option<PathBuf> = None;
         let (mut pingora_user, mut pingora_group) = (None, None);
-        let mut positions = exists::Positions::default();
-        let mut listening = listeners::Positions::default();
-        let mut acme_pos = root.pos;
+        let mut positions = KeyPositions::default();
         let mut dns_provider = None;
-        let mut access_log_file_pos = None;
         let (mut tcp_top, mut tcp_block) = (Vec::new(), None);
         let mut failed = false;
         for (key, value) in entries {
             let k = key.name.as_str();
             positions.note(k, value.pos);
-            listening.note(k, value.pos);
             let ok = match k {
                 "threads" => set(
                     &mut cfg.threads,
@@ -265,7 +260,6 @@ impl MainConfig {
                 "access_log" => set(&mut cfg.access_log, read_access_log(value, r)),
                 "access_log_file" => match read_log_target(value, k, r) {
                     Some(t) => {
-                        access_log_file_pos = Some(value.pos);
                         cfg.access_log_file = Some(t.path);
                         cfg.access_log_rotation = t.rotation;
                         true
@@ -326,7 +320,6 @@ impl MainConfig {
                 "proxy_tls_grade" => set(&mut cfg.proxy_tls_grade, read_grade(value, r)),
                 "upstreams_conf" => {
                     seen_upstreams = true;
-                    upstreams_pos = value.pos;
                     set(
                         &mut cfg.upstreams_conf,
                         r.non_empty_string(value, k).map(PathBuf::from),
@@ -357,10 +350,7 @@ impl MainConfig {
                     true
                 }
                 "cache" => opt(&mut cfg.cache, cache_conf::read_cache(value, r)),
-                "acme" => {
-                    acme_pos = value.pos;
-                    opt(&mut cfg.acme, acme_conf::read_acme(value, r))
-                }
+                "acme" => opt(&mut cfg.acme, acme_conf::read_acme(value, r)),
                 "acme_dns_provider" => acme_conf::read_dns_provider(value, k, r)
                     .map(|p| dns_provider = Some((value.pos, p)))
                     .is_some(),
@@ -459,7 +449,8 @@ impl MainConfig {
             http3: cfg.http3,
             http3_built: cfg!(feature = "http3"),
         };
-        failed |= !listeners::check(&listening, |key| cfg.address_of(key), &given, r);
+        failed |= !listeners::check(&positions, |key| cfg.address_of(key), &given, r);
+        let acme_pos = positions.of("acme").unwrap_or(root.pos);
         if let Some(acme) = &mut cfg.acme {
             failed |= !acme_conf::check_with_provider(acme, dns_provider, acme_pos, r);
         } else if let Some((pos, _)) = dns_provider {
@@ -477,7 +468,8 @@ impl MainConfig {
             r.error(pos, "acme", why);
             failed = true;
         }
-        if let Some(pos) = access_log_file_pos.filter(|_| cfg.access_log == AccessLog::Off) {
+        let unwritten = cfg.access_log_file.is_some() && cfg.access_log == AccessLog::Off;
+        if let Some(pos) = positions.of("access_log_file").filter(|_| unwritten) {
             let why = "not written while access_log is off (set access_log: all or errors)";
             r.warn(pos, "access_log_file", why);
         }
@@ -524,14 +516,15 @@ impl MainConfig {
                     resolved.display()
                 )
             };
-            r.error(upstreams_pos, "upstreams_conf", shown);
+            let pos = positions.of("upstreams_conf").unwrap_or(root.pos);
+            r.error(pos, "upstreams_conf", shown);
             return None;
         }
         everything_exists.then_some(cfg)
     }
 
     /// Makes relative paths relative to main.yaml's directory, unless only the cwd-relative one exists.
-    /// The address a listener key (of [`listeners::KEYS`]) names.
+    /// The address a listener's key names; `None` for any other key.
     fn address_of(&self, key: &str) -> Option<SocketAddr> {
         match key {
             "proxy_address_http" => Some(self.proxy_address_http),

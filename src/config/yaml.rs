@@ -29,6 +29,35 @@ impl Pos {
     }
 }
 
+/// Where each key of a mapping was found, in the order of the file (main.yaml's top level, for
+/// the checks that run once every key is read).
+#[derive(Default)]
+pub struct KeyPositions<'a>(Vec<(&'a str, Pos)>);
+
+impl<'a> KeyPositions<'a> {
+    pub fn note(&mut self, key: &'a str, pos: Pos) {
+        self.0.push((key, pos));
+    }
+
+    pub fn of(&self, key: &str) -> Option<Pos> {
+        self.first_of(&[key]).map(|(_, pos)| pos)
+    }
+
+    /// The first of `keys` (in their order) that the mapping has, and where.
+    pub fn first_of<'k>(&self, keys: &[&'k str]) -> Option<(&'k str, Pos)> {
+        keys.iter().find_map(|k| {
+            self.0
+                .iter()
+                .find(|(name, _)| name == k)
+                .map(|(_, p)| (*k, *p))
+        })
+    }
+
+    pub fn in_order(&self) -> impl Iterator<Item = (&'a str, Pos)> + '_ {
+        self.0.iter().copied()
+    }
+}
+
 /// One YAML value with its position.
 #[derive(Clone, Debug)]
 pub struct Node {

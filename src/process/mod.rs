@@ -133,7 +133,6 @@ pub fn run(
     raise_open_files_limit();
     let ctx = Context::build(&main, upstreams, app_log.as_ref())?;
     let bound = sockets::open(&main, options.upgrade)?;
-    let admin = crate::admin::bind(&main)?;
     let pid_file =
         pidfile::PidFile::write(&main.pid_file).map_err(|source| StartError::PidFile {
             path: main.pid_file.display().to_string(),
@@ -142,14 +141,7 @@ pub fn run(
     // Every way out from here takes the pid file along: a failed start must not leave it
     // naming a process that is gone (nor, after a failed live upgrade, hide the old one).
     let read_at_start = (app_log, started_from);
-    match serve(
-        &main,
-        options,
-        &ctx,
-        (bound, admin),
-        read_at_start,
-        daemon_ready,
-    ) {
+    match serve(&main, options, &ctx, bound, read_at_start, daemon_ready) {
         Ok(()) => {
             pid_file.remove();
             tracing::info!("stopped");
@@ -167,7 +159,7 @@ fn serve(
     main: &MainConfig,
     options: RunOptions,
     ctx: &Context,
-    (bound, admin): (sockets::Bound, crate::admin::AdminListeners),
+    bound: sockets::Bound,
     (app_log, started_from): (Option<Arc<LogFile>>, StartedFrom),
     daemon_ready: &mut Option<daemon::ReadyPipe>,
 ) -> Result<(), StartError> {
@@ -191,16 +183,13 @@ fn serve(
         Signals::install()
     };
     let sockets::Bound {
-        http,
-        tls,
+        proxy,
+        admin,
         files,
         upgrade_sock,
         offer,
-        quic,
-        quic_owner,
     } = bound;
-    let listeners = (http, tls, quic.map(|socket| (socket, quic_owner)), admin);
-    let mut running = Running::start(main, ctx, &control, listeners)?;
+    let mut running = Running::start(main, ctx, &control, proxy, admin)?;
     control.block_on(async {
         if let Some((listener, folder)) = files {
             let limits = Limits {
@@ -235,15 +224,6 @@ fn serve(
     Ok(())
 }
 
-/// The proxy listeners (plain, TLS), HTTP/3's socket with the process it came from, and the
-/// admin API's listeners.
-type Listening = (
-    Vec<std::net::TcpListener>,
-    Vec<std::net::TcpListener>,
-    Option<(std::net::UdpSocket, Option<i32>)>,
-    crate::admin::AdminListeners,
-);
-
 /// What serves once started, stopped together: the worker threads (and HTTP/3's), and the
 /// tasks on the control runtime that drain with them.
 struct Running {
@@ -259,8 +239,14 @@ impl Running {
         main: &MainConfig,
         ctx: &Context,
         control: &tokio::runtime::Runtime,
-        (http, tls_listeners, quic, admin): Listening,
+        proxy: sockets::ProxySockets,
+        admin: crate::admin::AdminListeners,
     ) -> Result<Running, StartError> {
+        let sockets::ProxySockets {
+            http,
+            tls: tls_listeners,
+            quic,
+        } = proxy;
         let workers_count = http.len();
         if let Some(addr) = http.first().and_then(|l| l.local_addr().ok()) {
             tracing::info!("listening on http://{addr} with {workers_count} worker(s)");

@@ -1,6 +1,6 @@
 //! Every listening socket the process needs, bound or inherited before privileges are dropped:
-//! the proxy's listeners (SO_REUSEPORT, or one shared socket: `tcp.so_reuseport`), the file
-//! server's, and `upgrade_sock`.
+//! the proxy's listeners (SO_REUSEPORT, or one shared socket: `tcp.so_reuseport`), the admin
+//! API's, the file server's, and `upgrade_sock`.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -13,18 +13,23 @@ use crate::server;
 
 /// The sockets of a starting process.
 pub struct Bound {
-    pub http: Vec<TcpListener>,
-    /// The TLS listeners (one per worker), when `proxy_address_tls` is set.
-    pub tls: Vec<TcpListener>,
+    pub proxy: ProxySockets,
+    pub admin: crate::admin::AdminListeners,
     pub files: Option<(TcpListener, PathBuf)>,
     pub upgrade_sock: Option<UpgradeSock>,
     /// Duplicates of every listener, handed to a new process on a live upgrade.
     pub offer: Offer,
-    /// HTTP/3's UDP socket (`http3: true`), on the TLS listener's address.
-    pub quic: Option<std::net::UdpSocket>,
-    /// The process the QUIC socket came from on a live upgrade: it reads the socket until it
-    /// exits, and two readers would split each connection's packets between them.
-    pub quic_owner: Option<i32>,
+}
+
+/// The proxy's listeners, which its workers and HTTP/3 serve.
+pub struct ProxySockets {
+    pub http: Vec<TcpListener>,
+    /// The TLS listeners (one per worker), when `proxy_address_tls` is set.
+    pub tls: Vec<TcpListener>,
+    /// HTTP/3's UDP socket (`http3: true`), on the TLS listener's address, and the process it
+    /// came from on a live upgrade: that one reads the socket until it exits, and two readers
+    /// would split each connection's packets between them.
+    pub quic: Option<(std::net::UdpSocket, Option<i32>)>,
 }
 
 /// Binds (or, with `upgrade`, receives from the running instance) every listener.
@@ -92,13 +97,15 @@ pub fn open(main: &MainConfig, upgrade: bool) -> Result<Bound, StartError> {
     };
     let offer = offer(&http, &tls, files.as_ref().map(|(l, _)| l), quic.as_ref())?;
     Ok(Bound {
-        http,
-        tls,
+        proxy: ProxySockets {
+            http,
+            tls,
+            quic: quic.map(|socket| (socket, quic_owner)),
+        },
+        admin: crate::admin::bind(main)?,
         files,
         upgrade_sock,
         offer,
-        quic,
-        quic_owner,
     })
 }
 
