@@ -279,15 +279,9 @@ async fn a_failed_live_upgrade_gives_the_pid_file_back_to_the_old_process() {
         at("admin.key")
     );
     let old = ProxyProcess::start(&default_route(&[&backend]), &main_extra);
-    // The proxy's port accepts before the admin API has read its certificate.
-    let admin_up = eventually(Duration::from_secs(10), || {
-        old.log_text().contains("admin API on https://")
-    });
-    assert!(
-        admin_up.await,
-        "the admin API did not start: {}",
-        old.log_text()
-    );
+    // The proxy's port accepts before the admin API serves.
+    old.wait_log("admin API on https://", Duration::from_secs(10))
+        .await;
     let pid_file = old.path("aralez.pid");
     let named = || std::fs::read_to_string(&pid_file).unwrap_or_default();
     assert_eq!(named().trim(), old.pid().to_string());
@@ -320,35 +314,17 @@ async fn sighup_says_when_main_yaml_changed_and_what_a_restart_would_meet() {
     let debug = [("RUST_LOG", "info,aralez=debug,h2=warn,hyper=warn")];
     let proxy = ProxyProcess::start_env(&default_route(&[&backend]), "", &debug);
     let main = proxy.path("main.yaml");
-    let said = |what: &'static str| {
-        let log = proxy.log_text();
-        move || log.matches(what).count()
-    };
     let changed = "has changed: its settings apply on a restart";
     let with_errors = "has changed and has errors";
     // main.yaml as it started: the routes are re-read, and nothing is said of main.yaml.
     proxy.signal(nix::sys::signal::Signal::SIGHUP);
-    let reread = eventually(Duration::from_secs(5), || {
-        proxy
-            .log_text()
-            .lines()
-            .any(|l| l.contains("configuration files unchanged") && l.contains("SIGHUP"))
-    });
-    assert!(
-        reread.await,
-        "SIGHUP was not handled:\n{}",
-        proxy.log_text()
-    );
+    let reread = "nothing to reload source=\"SIGHUP\"";
+    proxy.wait_log(reread, Duration::from_secs(5)).await;
 
     let text = std::fs::read_to_string(&main).expect("main.yaml");
     std::fs::write(&main, format!("{text}grace_period_seconds: 7\n")).expect("a change");
     proxy.signal(nix::sys::signal::Signal::SIGHUP);
-    let logged = eventually(Duration::from_secs(5), || said(changed)() > 0);
-    assert!(
-        logged.await,
-        "the change went unmentioned:\n{}",
-        proxy.log_text()
-    );
+    proxy.wait_log(changed, Duration::from_secs(5)).await;
 
     let line = text.lines().count() + 2;
     std::fs::write(
@@ -357,14 +333,9 @@ async fn sighup_says_when_main_yaml_changed_and_what_a_restart_would_meet() {
     )
     .expect("an error");
     proxy.signal(nix::sys::signal::Signal::SIGHUP);
-    let logged = eventually(Duration::from_secs(5), || said(with_errors)() > 0);
-    assert!(
-        logged.await,
-        "the error went unmentioned:\n{}",
-        proxy.log_text()
-    );
+    proxy.wait_log(with_errors, Duration::from_secs(5)).await;
     let log = proxy.log_text();
-    assert_eq!(said(changed)(), 1, "said more than once:\n{log}");
+    assert_eq!(proxy.log_count(changed), 1, "said more than once:\n{log}");
     assert!(
         log.contains(&format!("main.yaml:{line}:")) && log.contains("`threads`"),
         "the error is not named by file, line and key:\n{log}"

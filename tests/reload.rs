@@ -194,14 +194,8 @@ async fn a_file_truncated_for_a_rewrite_keeps_its_routes_until_written() {
     assert_eq!(backend_of(&mut client).await, (200, "a".to_string()));
 
     std::fs::write(&file, "").expect("truncate");
-    let waiting = eventually(Duration::from_secs(5), || {
-        proxy.log_text().contains("is empty: its routes stay")
-    });
-    assert!(
-        waiting.await,
-        "the emptied file was not waited for:\n{}",
-        proxy.log_text()
-    );
+    let waiting = "upstreams.yaml is empty: its routes stay";
+    proxy.wait_log(waiting, Duration::from_secs(5)).await;
     // The file is still empty: the routes are still served.
     assert_eq!(backend_of(&mut client).await, (200, "a".to_string()));
     std::fs::write(&file, routes(&[&b])).expect("the write");
@@ -295,15 +289,10 @@ async fn conf_d_hosts_are_merged_and_sighup_with_unchanged_files_swaps_nothing()
         .status()
         .unwrap()
         .success());
-    let sighup_unchanged = |l: &str| l.contains(UNCHANGED) && l.contains("SIGHUP");
-    let looked = eventually(Duration::from_secs(5), || {
-        proxy.log_text().lines().any(sighup_unchanged)
-    });
-    assert!(
-        looked.await,
-        "SIGHUP did not find the files unchanged:\n{}",
-        proxy.log_text()
-    );
+    let sighup_unchanged = format!("{UNCHANGED}; nothing to reload source=\"SIGHUP\"");
+    proxy
+        .wait_log(&sighup_unchanged, Duration::from_secs(5))
+        .await;
     assert_eq!(
         proxy.log_text().matches("configuration applied").count(),
         before

@@ -154,8 +154,16 @@ mod tests {
         })
     }
 
+    /// An upstreams.yaml that is empty now, in a directory that lives as long as the `TempDir`.
+    fn emptied_file() -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("upstreams.yaml");
+        std::fs::write(&file, "").expect("emptied");
+        (dir, file)
+    }
+
     #[test]
-    fn only_files_with_content_are_waited_for_once_emptied() {
+    fn the_files_noted_are_the_watched_ones_with_content() {
         let dir = tempfile::tempdir().expect("temp dir");
         let conf_d = dir.path().join("conf.d");
         std::fs::create_dir(&conf_d).expect("conf.d");
@@ -174,9 +182,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_emptied_file_is_waited_for_until_its_content_comes() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let file = dir.path().join("upstreams.yaml");
-        std::fs::write(&file, "").expect("truncated");
+        let (_dir, file) = emptied_file();
         let changed = Arc::new(Notify::new());
         let waiting = waiting_on(&file, &changed);
         tokio::time::sleep(REWRITE_GRACE / 2).await;
@@ -189,9 +195,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_file_left_empty_is_taken_as_it_is_after_the_grace() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let file = dir.path().join("upstreams.yaml");
-        std::fs::write(&file, "").expect("emptied");
+        let (_dir, file) = emptied_file();
         let changed = Arc::new(Notify::new());
         let waiting = waiting_on(&file, &changed);
         // An event that leaves it empty (a chmod, a touch) does not end the wait either.
