@@ -483,6 +483,47 @@ parse_wrk() {  # parse_wrk OUTFILE
   [[ -n "$RPS" && -n "$total" ]] || { cat "$out" >&2; die "could not parse wrk output"; }
 }
 
+# connload (bench/connload, Go, standard library only): a new connection for every request at a
+# fixed rate, timed from when each was due to its answer's end (connect, TLS handshake, request).
+# CONNLOAD_RATES ("SCENARIO:RATE ...", e.g. "tlsnew:1500 tcpnew:6000") turns it on in bench/run.sh.
+build_connload() {  # build_connload OUTFILE
+  command -v go >/dev/null 2>&1 || die "CONNLOAD_RATES needs Go (https://go.dev/dl/ or apt-get install golang-go)"
+  (cd "$(dirname "${BASH_SOURCE[0]}")/connload" && GOTOOLCHAIN=local go build -o "$1" .) \
+    || die "go build of bench/connload failed"
+}
+
+connload_rate() {  # connload_rate SCENARIO: its rate in CONNLOAD_RATES, or nothing
+  local pair
+  for pair in ${CONNLOAD_RATES:-}; do
+    [[ "${pair%%:*}" == "$1" ]] && { echo "${pair#*:}"; return; }
+  done
+}
+
+check_connload_rates() {
+  local pair
+  for pair in ${CONNLOAD_RATES:-}; do
+    [[ "$pair" =~ ^(tlsnew|tcpnew):[1-9][0-9]*$ ]] \
+      || die "CONNLOAD_RATES: '$pair' is not tlsnew:RATE or tcpnew:RATE (new connections a second)"
+  done
+}
+
+# run_connload ADDR RATE DURATION OUTFILE [connload args...]: sets C_OK C_BAD C_WHOLE50 C_WHOLE99
+# C_WHOLE999 C_REQ50 C_REQ99 (microseconds). GC off: the run's garbage is a few hundred MB at most,
+# and a collection on the load core would be a tail of the load generator's own.
+run_connload() {
+  local addr=$1 rate=$2 dur=$3 out=$4
+  shift 4
+  GOGC=off GOMAXPROCS=1 timeout $((dur + 30)) taskset -c "$LOAD_CPU" "$CONNLOAD_BIN" -a "$addr" -r "$rate" \
+    -c 64 -d "${dur}s" "$@" >"$out" 2>&1 || { cat "$out" >&2; die "connload failed against $addr"; }
+  C_OK=$(connload_field ok "$out") C_BAD=$(connload_field bad "$out")
+  C_WHOLE50=$(connload_field whole_p50 "$out") C_WHOLE99=$(connload_field whole_p99 "$out")
+  C_WHOLE999=$(connload_field whole_p999 "$out")
+  C_REQ50=$(connload_field request_p50 "$out") C_REQ99=$(connload_field request_p99 "$out")
+  [[ -n "$C_OK" && -n "$C_WHOLE99" ]] || { cat "$out" >&2; die "could not parse connload output"; }
+}
+
+connload_field() { tr ' ' '\n' <"$2" | awk -F= -v k="$1" '$1 == k {print $2}'; }
+
 run_h2load() {  # run_h2load URL DURATION OUTFILE [logfile [h2load args...]]
   local url=$1 dur=$2 out=$3 logf=${4:-}
   shift 3
@@ -614,6 +655,29 @@ print_table() {
     ((R_OTHER[$proxy] > OTHER_WARN_PCT)) && w=" -- WARNING: machine not idle, numbers distorted"
     echo "- $proxy: $(fmt_ms "${R_MEAN[$proxy]}") ± $(fmt_ms "${R_SD[$proxy]}")${R_NOTE[$proxy]:+ (${R_NOTE[$proxy]})}; other CPU activity during the window: ${R_OTHER[$proxy]}%$w"
   done
+}
+
+# print_connload_table SCENARIO RATE: the connload window's medians over the rounds (C_* arrays).
+print_connload_table() {
+  local proxy w99 pr
+  echo
+  echo "The same proxies at a fixed $2 new connections a second (bench/connload, 64 workers, open loop):"
+  echo "the whole connection, from when it was due to its answer's end, and the request alone (from"
+  echo "its write, wrk's span); medians of the rounds."
+  echo
+  echo "| proxy | whole p50 | whole p99 | whole p99.9 | request p50 | request p99 | whole p99 ratio to nginx |"
+  echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+  for proxy in $PROXIES; do
+    [[ -n "${C_W99[$proxy]:-}" ]] || continue
+    w99=$(median ${C_W99[$proxy]})
+    pr=n/a
+    [[ -n "${C_W99[nginx]:-}" ]] && pr=$(ratio "$w99" "$(median ${C_W99[nginx]})")
+    echo "| $proxy | $(fmt_ms "$(median ${C_W50[$proxy]})") | $(fmt_ms "$w99") | $(fmt_ms "$(median ${C_W999[$proxy]})") | $(fmt_ms "$(median ${C_R50[$proxy]})") | $(fmt_ms "$(median ${C_R99[$proxy]})") | $pr |"
+  done
+  echo
+  echo "whole p99 in each round:"
+  echo
+  for proxy in $PROXIES; do [[ -n "${C_W99[$proxy]:-}" ]] && echo "- $proxy:${C_W99[$proxy]}"; done
 }
 
 # ---------------------------------------------------------------- equal work for the peers

@@ -22,6 +22,10 @@
 #   PROXY_CPU / LOAD_CPU  cores for the proxy and for backend + load generator (default 0 / 1)
 #   PEER_DEFER `equal` (default) or `off`: whether nginx and HAProxy defer accepts until the first
 #              bytes as aralez does (`deferred`, `defer-accept`; see bench/lib.sh)
+#   CONNLOAD_RATES  e.g. "tlsnew:1500 tcpnew:6000": after wrk's window in those scenarios, a second
+#              window of bench/connload (needs Go) opening new connections at that fixed rate, timed
+#              whole (connect, handshake, request) from when each was due; a second table shows it.
+#              Off by default (see bench/README.md, "The whole connection at a fixed rate")
 #   PEER_HEADERS `equal` (default) or `bare`: whether nginx and HAProxy add the forwarded fields and
 #              request id aralez adds (see bench/lib.sh; the tables up to 2026-11-28 were `bare`)
 #
@@ -57,6 +61,7 @@ for p in $PROXIES; do
 done
 check_peer_headers
 check_peer_defer
+check_connload_rates
 [[ -n "${SCENARIOS// }" ]] || die "SCENARIOS is empty"
 [[ -n "${PROXIES// }" ]] || die "PROXIES is empty"
 
@@ -91,6 +96,7 @@ has_proxy haproxy && need_cmds+=(haproxy)
 { has_scenario h2c || has_scenario h2tls; } && need_cmds+=(h2load)
 ((TLS_ON)) && need_cmds+=(openssl)
 ensure_tools "${need_cmds[@]}"
+CONNLOAD_BIN=""
 
 NCPU=$(nproc)
 ((NCPU > PROXY_CPU && NCPU > LOAD_CPU)) || die "need cores $PROXY_CPU and $LOAD_CPU, this machine has $NCPU (set PROXY_CPU/LOAD_CPU)"
@@ -372,6 +378,15 @@ measure() {  # measure PROXY SCENARIO
   fi
   rm -f "$logf"
   CPU_US=$(us_per_req "$W_TICKS" "$OK")
+  C_OK=""
+  local rate
+  rate=$(connload_rate "$sc")
+  if [[ -n "$rate" ]]; then
+    local tls_args=()
+    is_tls "$sc" && tls_args=(-tls -ca "$TMP/certs/default.crt")
+    log "$sc / $proxy: ${DURATION}s of connload at $rate new connections a second"
+    run_connload "127.0.0.1:$(proxy_port "$url")" "$rate" "$DURATION" "$TMP/load/$proxy-$sc.connload" "${tls_args[@]}"
+  fi
   stop_started "$PROXY_PID"
   log "$sc / $proxy: ${RPS} req/s, ${OK} 2xx, ${BAD} bad, cpu $W_TICKS ticks (user $W_USER, sys $W_SYS) -> ${CPU_US} us/req, rss ${RSS_MB} MB, other CPU activity ${OTHER_PCT}%"
   if ((OTHER_PCT > OTHER_WARN_PCT)); then
@@ -390,6 +405,10 @@ fi
 # ---------------------------------------------------------------- run
 write_backend_conf
 write_post_lua
+if [[ -n "${CONNLOAD_RATES// }" ]]; then
+  CONNLOAD_BIN="$TMP/connload"
+  build_connload "$CONNLOAD_BIN"
+fi
 ((TLS_ON)) && make_cert "$TMP/certs"
 start_bg backend "$LOAD_CPU" nginx -p "$TMP/backend" -e "$TMP/backend/error.log" -c "$TMP/backend.conf"
 BACKEND_PID=$LAST_PID
@@ -420,6 +439,7 @@ FAILED=0
 for sc in $SCENARIOS; do
   declare -A R_RPS=() R_P50=() R_P99=() R_MEAN=() R_SD=() R_CPU=() R_RSS=() R_BAD=() R_NOTE=() R_OTHER=() R_TLS=()
   declare -A L_RPS=() L_P50=() L_P99=() L_MEAN=() L_SD=() L_CPU=() L_RSS=() L_OTHER=()
+  declare -A C_W50=() C_W99=() C_W999=() C_R50=() C_R99=()
   for ((round = 0; round < ROUNDS; round++)); do
     for proxy in $(rotate "$round" $PROXIES); do
       ((ROUNDS > 1)) && log "$sc: round $((round + 1)) of $ROUNDS"
@@ -427,6 +447,11 @@ for sc in $SCENARIOS; do
       L_RPS[$proxy]+=" $RPS" L_P50[$proxy]+=" $P50_US" L_P99[$proxy]+=" $P99_US" L_MEAN[$proxy]+=" $MEAN_US"
       L_SD[$proxy]+=" $SD_US" L_CPU[$proxy]+=" $CPU_US" L_RSS[$proxy]+=" $RSS_MB" L_OTHER[$proxy]+=" $OTHER_PCT"
       R_BAD[$proxy]=$((${R_BAD[$proxy]:-0} + BAD)) R_NOTE[$proxy]=$NOTE R_TLS[$proxy]=$TLS_INFO
+      if [[ -n "$C_OK" ]]; then
+        C_W50[$proxy]+=" $C_WHOLE50" C_W99[$proxy]+=" $C_WHOLE99" C_W999[$proxy]+=" $C_WHOLE999"
+        C_R50[$proxy]+=" $C_REQ50" C_R99[$proxy]+=" $C_REQ99"
+        BAD=$((BAD + C_BAD)) R_BAD[$proxy]=$((R_BAD[$proxy] + C_BAD))
+      fi
       if ((BAD > 0)); then
         FAILED=1
         log "FAILED: $sc / $proxy had $BAD non-2xx or failed responses"
@@ -443,6 +468,7 @@ for sc in $SCENARIOS; do
       h2c|h2tls) print_table "$(scenario_title "$sc")" h2load ;;
       *) print_table "$(scenario_title "$sc")" wrk ;;
     esac
+    [[ -n "$(connload_rate "$sc")" ]] && print_connload_table "$sc" "$(connload_rate "$sc")"
     if ((ROUNDS > 1)); then
       echo
       echo "$ROUNDS rounds; the table shows medians (RSS and other CPU activity: the highest round). CPU us/req in each round:"
@@ -458,6 +484,7 @@ for sc in $SCENARIOS; do
   } >>"$REPORT"
   unset R_RPS R_P50 R_P99 R_MEAN R_SD R_CPU R_RSS R_BAD R_NOTE R_OTHER R_TLS
   unset L_RPS L_P50 L_P99 L_MEAN L_SD L_CPU L_RSS L_OTHER
+  unset C_W50 C_W99 C_W999 C_R50 C_R99
 done
 
 if ((FAILED)); then

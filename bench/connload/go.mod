@@ -1,0 +1,3 @@
+module aralez/bench/connload
+
+go 1.21
