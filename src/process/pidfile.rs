@@ -81,13 +81,24 @@ fn write_pid(path: &Path, pid: u32) -> std::io::Result<()> {
     written
 }
 
-/// Whether `pid` is a running aralez other than this process (its program's name says so).
+/// Whether `pid` is a running aralez other than this process: its program's name says so, and
+/// it has not exited (a zombie, exited but not yet reaped by its parent, serves nothing).
 pub fn is_live_aralez(pid: u32) -> bool {
     if pid == std::process::id() {
         return false;
     }
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .is_ok_and(|comm| comm.trim().starts_with("aralez"))
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        name_and_state(&stat)
+            .is_some_and(|(name, state)| name.starts_with("aralez") && !matches!(state, 'Z' | 'X'))
+    })
+}
+
+/// The program name and state letter of a `/proc/PID/stat` line: `PID (NAME) STATE ...`, where
+/// the name may itself hold spaces and parentheses (so it ends at the last `)`).
+fn name_and_state(stat: &str) -> Option<(&str, char)> {
+    let (head, rest) = stat.rsplit_once(')')?;
+    let (_, name) = head.split_once('(')?;
+    Some((name, rest.trim_start().chars().next()?))
 }
 
 /// The pid in `path`, read without following a symlink.
@@ -200,5 +211,33 @@ mod tests {
         assert!(!is_live_aralez(std::process::id()), "this process");
         assert!(!is_live_aralez(std::os::unix::process::parent_id()));
         assert!(!is_live_aralez(gone_pid()));
+    }
+
+    #[test]
+    fn an_aralez_that_exited_unreaped_is_not_live() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let named = dir.path().join("aralez-old");
+        std::os::unix::fs::symlink("/bin/true", &named).expect("symlink");
+        let mut child = std::process::Command::new(named).spawn().expect("spawn");
+        let stat = format!("/proc/{}/stat", child.id());
+        // Not waited for: once `true` has run and exited, the child stays a zombie named by it.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !std::fs::read_to_string(&stat)
+            .unwrap_or_default()
+            .contains("(aralez-old) Z")
+        {
+            assert!(std::time::Instant::now() < deadline, "no zombie: {stat}");
+            std::thread::yield_now();
+        }
+        assert!(!is_live_aralez(child.id()));
+        child.wait().expect("reap");
+    }
+
+    #[test]
+    fn stat_lines_give_the_name_and_state() {
+        assert_eq!(name_and_state("42 (aralez) S 1 42"), Some(("aralez", 'S')));
+        assert_eq!(name_and_state("42 (a) (b)) Z 1"), Some(("a) (b)", 'Z')));
+        assert_eq!(name_and_state("42 aralez S"), None);
+        assert_eq!(name_and_state("42 (aralez)"), None);
     }
 }
