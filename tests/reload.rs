@@ -302,3 +302,64 @@ async fn conf_d_hosts_are_merged_and_sighup_with_unchanged_files_swaps_nothing()
         "the change log names the added host"
     );
 }
+
+/// Writes `content` as `file` of a Kubernetes ConfigMap mount in `dir`, as the kubelet updates
+/// one: a new version directory, a new `..data` link renamed over the old one, the old version
+/// deleted. The first call makes the mount: `..data`, and `file` linked to `..data/file`.
+fn update_config_map(dir: &std::path::Path, file: &str, version: u32, content: &str) {
+    let old = std::fs::read_link(dir.join("..data")).ok();
+    let new = format!("..v{version}");
+    std::fs::create_dir_all(dir.join(&new)).expect("version dir");
+    std::fs::write(dir.join(&new).join(file), content).expect("version file");
+    std::os::unix::fs::symlink(&new, dir.join("..data_tmp")).expect("new ..data");
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).expect("swap ..data");
+    match old {
+        Some(old) => std::fs::remove_dir_all(dir.join(old)).expect("old version"),
+        None => {
+            std::os::unix::fs::symlink(std::path::Path::new("..data").join(file), dir.join(file))
+                .expect("file link")
+        }
+    }
+}
+
+/// upstreams.yaml and conf.d mounted from ConfigMaps: every update applies. Only the first one
+/// used to: the watch was on the version directory the file resolved to at start, which the first
+/// update deletes, and a swap of `..data` never named a file the watcher looked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_map_mounts_apply_every_update() {
+    let (a, b, c) = (
+        Backend::start("a").await,
+        Backend::start("b").await,
+        Backend::start("c").await,
+    );
+    // The mount is made before the start, as in a pod: upstreams.yaml is a link from the start.
+    let mount = r#"d=$(dirname "$1") && mkdir "$d/..v0" && mv "$d/upstreams.yaml" "$d/..v0/" && ln -s ..v0 "$d/..data" && ln -s ..data/upstreams.yaml "$d/upstreams.yaml""#;
+    let proxy = ProxyProcess::start_after(&routes(&[&a]), "", mount);
+    let dir = proxy.path("");
+    for (version, backend) in [(1, &b), (2, &c), (3, &a), (4, &b)] {
+        update_config_map(&dir, "upstreams.yaml", version, &routes(&[backend]));
+        wait_for_backend(&proxy, backend.name).await;
+    }
+
+    let conf_d = proxy.path("conf.d");
+    std::fs::create_dir(&conf_d).expect("conf.d");
+    for (version, backend) in [(1, &a), (2, &c), (3, &b)] {
+        let extra = Upstreams::new()
+            .host(
+                "extra.example",
+                Host::new().path("/", Path::servers(&[backend])),
+            )
+            .render_conf_d();
+        update_config_map(&conf_d, "extra.yaml", version, &extra);
+        let served = eventually_async(Duration::from_secs(5), || async {
+            let mut client = Client::connect(Proto::H1, proxy.addr).await;
+            let resp = client.get("extra.example", "/").await;
+            (header(&resp, "x-backend") == backend.name).then_some(())
+        });
+        assert!(
+            served.await.is_some(),
+            "conf.d version {version} never applied:\n{}",
+            proxy.log_text()
+        );
+    }
+}

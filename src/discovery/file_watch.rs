@@ -11,14 +11,20 @@
 //! content at the last reload and is empty now is given [`REWRITE_GRACE`] to get it back: the
 //! reload waits for the write's own event, and takes the file as it is at the end of the grace.
 //! A file that was empty already (a placeholder in conf.d) or is deleted does not wait.
+//!
+//! Files reached through symbolic links (a Kubernetes ConfigMap mount) are followed: the watches
+//! and the paths that count are worked out again after every reload ([`super::watch_paths`]).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use notify::{EventKind, RecursiveMode, Watcher};
 use tokio::sync::Notify;
 
+use super::watch_paths::WatchPaths;
 use super::Reloader;
 
 /// Delay between the first event of a burst and the reload.
@@ -28,13 +34,14 @@ const COALESCE: Duration = Duration::from_millis(25);
 /// meant (see the module's doc).
 const REWRITE_GRACE: Duration = Duration::from_secs(1);
 
-/// Whether `path` is one of the files whose change needs a reload.
-fn relevant(path: &Path, upstreams: &Path, conf_d: &Path) -> bool {
-    if path.file_name() == upstreams.file_name() && path.parent() == upstreams.parent() {
-        return true;
-    }
-    let in_conf_d = path.parent() == Some(conf_d) || path == conf_d;
-    in_conf_d && (path == conf_d || path.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+/// Whether `path` is one of the files (or links to them) whose change needs a reload, or a YAML
+/// file in conf.d, or conf.d itself.
+fn relevant(path: &Path, followed: &WatchPaths, conf_d: &Path) -> bool {
+    followed.counts(path) || path == conf_d || is_conf_d_file(path, conf_d)
+}
+
+fn is_conf_d_file(path: &Path, conf_d: &Path) -> bool {
+    path.parent() == Some(conf_d) && path.extension().is_some_and(|e| e == "yaml" || e == "yml")
 }
 
 /// Installs the watcher now (so no write after start-up is missed) and returns the task that
@@ -45,68 +52,145 @@ pub fn install(reloader: Arc<Reloader>) -> Option<impl std::future::Future<Outpu
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("."));
-    let conf_d = dir.join("conf.d");
+    let files = Watched {
+        conf_d: dir.join("conf.d"),
+        upstreams,
+    };
+    let followed = Arc::new(ArcSwap::from_pointee(files.to_follow()));
     let changed = Arc::new(Notify::new());
-    let notify_handle = changed.clone();
-    let (up, cd) = (upstreams.clone(), conf_d.clone());
+    let (notify_handle, seen, conf_d) = (changed.clone(), followed.clone(), files.conf_d.clone());
     let handler = move |event: notify::Result<notify::Event>| {
         let Ok(event) = event else { return };
         if matches!(event.kind, EventKind::Access(_)) {
             return;
         }
-        if event.paths.iter().any(|p| relevant(p, &up, &cd)) {
+        let followed = seen.load();
+        if event.paths.iter().any(|p| relevant(p, &followed, &conf_d)) {
             notify_handle.notify_one();
         }
     };
     let mut watcher = notify::recommended_watcher(handler)
-        .and_then(|mut w| w.watch(&dir, RecursiveMode::NonRecursive).map(|()| w))
         .map_err(|e| tracing::error!("cannot watch {}: {e}; use SIGHUP to reload", dir.display()))
         .ok()?;
-    let watching_conf_d = watcher.watch(&conf_d, RecursiveMode::NonRecursive).is_ok();
-    tracing::info!("watching {} for changes", upstreams.display());
+    let mut watches = Watches::default();
+    watches.follow(&mut watcher, &followed.load());
+    if !watches.has(&dir) {
+        tracing::error!("cannot watch {}; use SIGHUP to reload", dir.display());
+        return None;
+    }
+    match std::fs::canonicalize(&files.upstreams) {
+        Ok(real) if real != files.upstreams => tracing::info!(
+            "watching {} (now a link to {}) for changes",
+            files.upstreams.display(),
+            real.display()
+        ),
+        _ => tracing::info!("watching {} for changes", files.upstreams.display()),
+    }
     // Anything written between the first read and now is picked up by one check.
     changed.notify_one();
-    let files = Watched { upstreams, conf_d };
-    Some(run(reloader, watcher, changed, files, watching_conf_d))
+    let watching = Watching {
+        watcher,
+        watches,
+        followed,
+    };
+    Some(run(reloader, watching, changed, files))
 }
 
 /// The files a reload reads.
 struct Watched {
+    /// As configured (absolute, links not resolved).
     upstreams: PathBuf,
     conf_d: PathBuf,
 }
 
 impl Watched {
-    /// Those that have content now: upstreams.yaml and conf.d's YAML files.
-    fn with_content(&self) -> Vec<PathBuf> {
+    /// upstreams.yaml and the YAML files in conf.d now, whatever their content.
+    fn files(&self) -> Vec<PathBuf> {
         let in_conf_d = std::fs::read_dir(&self.conf_d).into_iter().flatten();
         let in_conf_d = in_conf_d.filter_map(|entry| entry.ok().map(|e| e.path()));
         std::iter::once(self.upstreams.clone())
-            .chain(in_conf_d.filter(|p| relevant(p, &self.upstreams, &self.conf_d)))
-            .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.len() > 0))
+            .chain(in_conf_d.filter(|p| is_conf_d_file(p, &self.conf_d)))
             .collect()
+    }
+
+    /// Those that have content now.
+    fn with_content(&self) -> Vec<PathBuf> {
+        let mut files = self.files();
+        files.retain(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.len() > 0));
+        files
+    }
+
+    /// The paths to watch for them, following their links as they are now.
+    fn to_follow(&self) -> WatchPaths {
+        WatchPaths::of(&self.files(), &[self.upstreams_dir(), &self.conf_d])
+    }
+
+    fn upstreams_dir(&self) -> &Path {
+        self.upstreams.parent().unwrap_or(Path::new("."))
+    }
+}
+
+/// The watcher, its watches, and the paths its events are matched against.
+struct Watching<W> {
+    watcher: W,
+    watches: Watches,
+    followed: Arc<ArcSwap<WatchPaths>>,
+}
+
+impl<W: Watcher> Watching<W> {
+    /// Follows the links as they are now: watches what they lead to, drops what they left.
+    fn refresh(&mut self, files: &Watched) {
+        let followed = files.to_follow();
+        self.watches.follow(&mut self.watcher, &followed);
+        self.followed.store(Arc::new(followed));
+    }
+}
+
+/// The directories watched: what each resolves to -> the path given to the watcher.
+#[derive(Default)]
+struct Watches(HashMap<PathBuf, PathBuf>);
+
+impl Watches {
+    /// Makes the watches those `paths` asks for. A directory that cannot be watched (conf.d
+    /// before it exists) is tried again next time.
+    fn follow(&mut self, watcher: &mut impl Watcher, paths: &WatchPaths) {
+        let wanted = paths.dirs();
+        // Dropped first: a link swapped to a new directory is watched again by the same path.
+        self.0.retain(|real, given| {
+            let keep = wanted.get(real) == Some(given);
+            if !keep {
+                let _ = watcher.unwatch(given);
+            }
+            keep
+        });
+        for (real, given) in wanted {
+            if !self.0.contains_key(real)
+                && watcher.watch(given, RecursiveMode::NonRecursive).is_ok()
+            {
+                self.0.insert(real.clone(), given.clone());
+            }
+        }
+    }
+
+    fn has(&self, given: &Path) -> bool {
+        self.0.values().any(|g| g == given)
     }
 }
 
 async fn run(
     reloader: Arc<Reloader>,
-    mut watcher: impl Watcher,
+    mut watching: Watching<impl Watcher>,
     changed: Arc<Notify>,
     files: Watched,
-    mut watching_conf_d: bool,
 ) {
     let mut had_content = files.with_content();
     loop {
         changed.notified().await;
         tokio::time::sleep(COALESCE).await;
         wait_while_emptied(&had_content, &changed).await;
-        if !watching_conf_d && files.conf_d.is_dir() {
-            watching_conf_d = watcher
-                .watch(&files.conf_d, RecursiveMode::NonRecursive)
-                .is_ok();
-        }
         let reloader = reloader.clone();
         let _ = tokio::task::spawn_blocking(move || reloader.reload_files("file watch")).await;
+        watching.refresh(&files);
         had_content = files.with_content();
     }
 }
@@ -135,8 +219,9 @@ async fn wait_while_emptied(had_content: &[PathBuf], changed: &Notify) {
     }
 }
 
+/// `path` made absolute, its links left as they are (they are followed at each reload).
 fn absolute(path: &Path) -> PathBuf {
-    std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
 #[cfg(test)]
@@ -212,16 +297,25 @@ mod tests {
 
     #[test]
     fn only_the_config_files_count() {
-        let up = Path::new("/etc/aralez/upstreams.yaml");
+        let up = PathBuf::from("/etc/aralez/upstreams.yaml");
         let cd = Path::new("/etc/aralez/conf.d");
-        assert!(relevant(up, up, cd));
-        assert!(relevant(Path::new("/etc/aralez/conf.d/a.yaml"), up, cd));
-        assert!(relevant(cd, up, cd));
-        assert!(!relevant(Path::new("/etc/aralez/main.yaml"), up, cd));
-        assert!(!relevant(Path::new("/etc/aralez/conf.d/README.md"), up, cd));
+        let followed = WatchPaths::of(std::slice::from_ref(&up), &[]);
+        assert!(relevant(&up, &followed, cd));
+        assert!(relevant(
+            Path::new("/etc/aralez/conf.d/a.yaml"),
+            &followed,
+            cd
+        ));
+        assert!(relevant(cd, &followed, cd));
+        assert!(!relevant(Path::new("/etc/aralez/main.yaml"), &followed, cd));
+        assert!(!relevant(
+            Path::new("/etc/aralez/conf.d/README.md"),
+            &followed,
+            cd
+        ));
         assert!(!relevant(
             Path::new("/etc/aralez/.upstreams.yaml.swp"),
-            up,
+            &followed,
             cd
         ));
     }

@@ -10,6 +10,7 @@ mod diff;
 pub mod file_watch;
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
+mod watch_paths;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
