@@ -362,4 +362,10 @@ async fn config_map_mounts_apply_every_update() {
             proxy.log_text()
         );
     }
+    // The watch library's note on each deleted version directory stays out of the log.
+    assert!(
+        !proxy.log_text().contains("watch descriptor"),
+        "{}",
+        proxy.log_text()
+    );
 }

@@ -50,10 +50,13 @@ pub fn open_app_log(main: &MainConfig) -> Result<Option<Arc<LogFile>>, String> {
 }
 
 /// Installs the global subscriber, writing to `file` or stdout. `RUST_LOG`, when set,
-/// overrides `log_level`.
+/// overrides `log_level`. The libraries' own lines below warnings are left out: notify, for
+/// one, says at info that it could not remove the watch of a directory already deleted (every
+/// ConfigMap update does that).
 pub fn init(main: &MainConfig, file: Option<&Arc<LogFile>>) -> Result<(), String> {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(format!("{},h2=warn,hyper=warn", main.log_level)));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new(format!("{},h2=warn,hyper=warn,notify=warn", main.log_level))
+    });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false);
