@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
+use support::ports::free_port;
 use support::*;
 use tokio::net::TcpStream;
 
@@ -213,6 +214,48 @@ async fn live_upgrade_under_load_loses_nothing_three_times() {
         "connections were not handed over"
     );
     assert!(old.log_text().contains("live upgrade: received"));
+}
+
+/// A live upgrade hands the admin API's listener over with the proxy's: the new process takes the
+/// old one's socket (a second one bound beside it would reset the connections queued on the old
+/// one's when it closed, and cannot be bound at all when the old one belongs to another user),
+/// and serves it once the old one has left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_upgrade_hands_the_admin_listener_over() {
+    let backend = Backend::start("b").await;
+    let dir = tempfile::tempdir().unwrap();
+    let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let extra = format!(
+        "upgrade_sock: \"{}\"\nconfig_address: \"{admin}\"\nmaster_key: \"k\"",
+        dir.path().join("upgrade.sock").display()
+    );
+    let mut old = ProxyProcess::start(&upstreams_for(&backend), &extra);
+    let conf = old.path("main.yaml");
+    let new = tokio::task::block_in_place(|| ProxyProcess::spawn_args(&conf, &["-u"]));
+    new.wait_log("live upgrade: received", Duration::from_secs(10))
+        .await;
+    let log = new.log_text();
+    assert!(log.contains("\"admin\""), "admin not handed over:\n{log}");
+    assert!(!log.contains("unused inherited"), "{log}");
+    old.signal(Signal::SIGQUIT);
+    let status = tokio::task::block_in_place(|| old.wait_exit(Duration::from_secs(15)));
+    assert_eq!(
+        status.map(|s| s.code()),
+        Some(Some(0)),
+        "{}",
+        old.log_text()
+    );
+    let mut client = Client::connect(Proto::H1, admin).await;
+    let resp = client
+        .send(
+            http::Method::GET,
+            Some("admin"),
+            "/status",
+            &[("x-api-key", "k")],
+            full(String::new()),
+        )
+        .await;
+    assert_eq!(resp.status().as_u16(), 200, "{}", new.log_text());
 }
 
 /// A SIGTERM sent the moment the proxy says it listens (a supervisor that waits for that line)

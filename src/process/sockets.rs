@@ -82,6 +82,13 @@ pub fn open(main: &MainConfig, upgrade: bool) -> Result<Bound, StartError> {
     }
     let files = file_server(main, &mut inherited)?;
     let (quic, quic_owner) = quic_beside_tls(main, &mut tls, movable_tls, &mut inherited)?;
+    let admin = crate::admin::bind(
+        main,
+        crate::admin::Inherited {
+            plain: inherited.take(upgrade::ADMIN).pop(),
+            tls: inherited.take(upgrade::ADMIN_TLS).pop(),
+        },
+    )?;
     if !inherited.names().is_empty() {
         tracing::warn!(
             "live upgrade: unused inherited sockets {:?}",
@@ -95,14 +102,20 @@ pub fn open(main: &MainConfig, upgrade: bool) -> Result<Bound, StartError> {
             None
         }
     };
-    let offer = offer(&http, &tls, files.as_ref().map(|(l, _)| l), quic.as_ref())?;
+    let offer = offer(
+        &http,
+        &tls,
+        files.as_ref().map(|(l, _)| l),
+        quic.as_ref(),
+        &admin,
+    )?;
     Ok(Bound {
         proxy: ProxySockets {
             http,
             tls,
             quic: quic.map(|socket| (socket, quic_owner)),
         },
-        admin: crate::admin::bind(main)?,
+        admin,
         files,
         upgrade_sock,
         offer,
@@ -228,6 +241,7 @@ fn offer(
     tls: &[TcpListener],
     files: Option<&TcpListener>,
     quic: Option<&std::net::UdpSocket>,
+    admin: &crate::admin::AdminListeners,
 ) -> Result<Offer, StartError> {
     let mut sockets = Sockets::default();
     let dup_error = |source| StartError::Runtime {
@@ -245,6 +259,14 @@ fn offer(
     }
     if let Some(socket) = quic {
         sockets.add_udp(upgrade::QUIC, socket).map_err(dup_error)?;
+    }
+    for (listener, tls) in admin.to_hand_over() {
+        let name = if tls {
+            upgrade::ADMIN_TLS
+        } else {
+            upgrade::ADMIN
+        };
+        sockets.add(name, listener).map_err(dup_error)?;
     }
     Ok(Arc::new(Mutex::new(Some(sockets))))
 }

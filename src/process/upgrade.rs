@@ -2,7 +2,8 @@
 //!
 //! A running process listens on the unix socket `upgrade_sock` (mode 0600). A new process started
 //! with `-u` connects; the old one answers with one message carrying duplicates of all its
-//! listening sockets (SCM_RIGHTS) and their names (`http`, `files`). Both processes now accept on
+//! listening sockets (SCM_RIGHTS) and their names (`http`, `tls`, `files`, `quic`, `admin`,
+//! `admin-tls`). Both processes now accept on
 //! the very same sockets, so no connection is refused; the new one takes over `upgrade_sock` for
 //! the next upgrade. SIGQUIT then tells the old one to stop accepting, drain and exit: its
 //! descriptors close, but the sockets stay open in the new process.
@@ -25,6 +26,10 @@ pub const FILES: &str = "files";
 pub const TLS: &str = "tls";
 /// Name of HTTP/3's UDP socket in the hand-over.
 pub const QUIC: &str = "quic";
+/// Name of the admin API's plain listener in the hand-over.
+pub const ADMIN: &str = "admin";
+/// Name of the admin API's TLS listener in the hand-over.
+pub const ADMIN_TLS: &str = "admin-tls";
 
 const MAGIC: &str = "aralez-upgrade/1";
 /// At most this many sockets are handed over (the kernel's SCM_MAX_FD is 253).
