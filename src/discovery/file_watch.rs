@@ -120,9 +120,12 @@ impl Watched {
         files
     }
 
-    /// The paths to watch for them, following their links as they are now.
+    /// The paths to watch for them, following their links (and conf.d's own, when it is one:
+    /// a projected volume's `conf.d -> ..data/conf.d`) as they are now.
     fn to_follow(&self) -> WatchPaths {
-        WatchPaths::of(&self.files(), &[self.upstreams_dir(), &self.conf_d])
+        let mut followed = self.files();
+        followed.push(self.conf_d.clone());
+        WatchPaths::of(&followed, &[self.upstreams_dir(), &self.conf_d])
     }
 
     fn upstreams_dir(&self) -> &Path {
@@ -263,6 +266,22 @@ mod tests {
         let mut had = files.with_content();
         had.sort();
         assert_eq!(had, vec![conf_d.join("app.yaml"), files.upstreams.clone()]);
+    }
+
+    #[test]
+    fn a_linked_conf_d_is_followed_through_its_link() {
+        // A projected volume with a `conf.d/` item: conf.d -> ..data/conf.d, ..data -> ..v1.
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::create_dir_all(dir.path().join("..v1/conf.d")).expect("version dir");
+        std::os::unix::fs::symlink("..v1", dir.path().join("..data")).expect("..data");
+        let conf_d = dir.path().join("conf.d");
+        std::os::unix::fs::symlink("..data/conf.d", &conf_d).expect("conf.d link");
+        let files = Watched {
+            upstreams: dir.path().join("upstreams.yaml"),
+            conf_d,
+        };
+        // The swap of `..data` (a rename over it) is an event that counts.
+        assert!(files.to_follow().counts(&dir.path().join("..data")));
     }
 
     #[tokio::test(start_paused = true)]
