@@ -1,0 +1,189 @@
+//! The corpus's cases about main.yaml: its structure, listen addresses, `acme:`, and the files
+//! it names.
+
+use super::*;
+
+pub(crate) fn cases() -> Vec<Case> {
+    const U: &str = "upstreams.yaml";
+    const M: &str = "main.yaml";
+    vec![
+        // ---- acme: (DNS-01 and its provider) ----
+        Case::main(
+            "acme_dns_01_without_a_provider",
+            &format!("{MAIN_OK}proxy_certificates: \".\"\nacme:\n  challenge: dns-01\n  domains: [a.test]\n"),
+            vec![err(M, 5, "acme.challenge", "set it").also("acme_dns_provider")],
+        ),
+        Case::main(
+            "acme_wildcard_needs_dns_01",
+            &format!("{MAIN_OK}proxy_certificates: \".\"\nacme:\n  domains: [\"*.a.test\"]\n"),
+            vec![err(M, 5, "acme.domains", "only be validated by dns-01")],
+        ),
+        Case::main(
+            "acme_unknown_dns_provider",
+            &format!("{MAIN_OK}proxy_certificates: \".\"\nacme:\n  domains: [a.test]\nacme_dns_provider: godaddy\n"),
+            vec![err(M, 6, "acme_dns_provider", "not cloudflare, route53 or digitalocean")],
+        ),
+        Case::main(
+            "acme_provider_without_its_environment",
+            &format!("{MAIN_OK}proxy_certificates: \".\"\nacme:\n  domains: [\"*.a.test\"]\nacme_dns_provider: route53\n"),
+            vec![warn(M, 6, "acme_dns_provider", "AWS_ACCESS_KEY_ID").also("not set")],
+        )
+        .warnings_only(),
+        Case::path(
+            "acme_on_a_path",
+            "        servers: [\"127.0.0.1:8000\"]\n        acme: true\n",
+            vec![warn(U, 6, pk("acme"), "applies to a host")],
+        )
+        .warnings_only(),
+        Case::main(
+            "http3_without_a_tls_listener",
+            &format!("{MAIN_OK}http3: true\n"),
+            vec![err(M, 3, "http3", "proxy_address_tls")],
+        ),
+        Case::main(
+            "tls_listener_without_certificates",
+            &format!("{MAIN_OK}proxy_address_tls: \"127.0.0.1:0\"\n"),
+            vec![err(M, 3, "proxy_address_tls", "needs a certificate directory")],
+        ),
+        Case::main(
+            "admin_api_on_the_proxy_port",
+            "proxy_address_http: \"127.0.0.1:16193\"\nupstreams_conf: upstreams.yaml\nconfig_address: \"127.0.0.1:16193\"\n",
+            vec![err(M, 3, "config_address", "is also `proxy_address_http`'s (line 1)")],
+        ),
+        Case::main(
+            "tls_listener_on_the_plain_port_of_every_address",
+            "proxy_address_http: \"0.0.0.0:16193\"\nupstreams_conf: upstreams.yaml\nproxy_certificates: \".\"\nproxy_address_tls: \"127.0.0.1:16193\"\nfile_server_address: \"127.0.0.1:16193\"\n",
+            vec![
+                err(M, 4, "proxy_address_tls", "is also `proxy_address_http`'s (line 1)"),
+                err(M, 5, "file_server_address", "is also `proxy_address_http`'s (line 1)"),
+                warn(M, 5, "file_server_address", "nothing is served without file_server_folder"),
+            ],
+        ),
+        Case::main(
+            "admin_tls_listener_without_its_certificate",
+            &format!("{MAIN_OK}config_tls_address: \"127.0.0.1:0\"\nconfig_tls_key_file: \"main.yaml\"\n"),
+            vec![err(M, 3, "config_tls_address", "needs config_tls_certificate and config_tls_key_file")],
+        ),
+        Case::main(
+            "admin_certificate_and_key_are_not_pem",
+            &format!("{MAIN_OK}config_tls_address: \"127.0.0.1:0\"\nconfig_tls_certificate: \"upstreams.yaml\"\nconfig_tls_key_file: \"main.yaml\"\n"),
+            vec![
+                err(M, 4, "config_tls_certificate", "upstreams.yaml` holds no PEM certificate"),
+                err(M, 5, "config_tls_key_file", "main.yaml` holds no PEM private key"),
+            ],
+        ),
+        Case::main(
+            "file_server_address_without_a_folder",
+            &format!("{MAIN_OK}file_server_address: \"127.0.0.1:0\"\n"),
+            vec![warn(M, 3, "file_server_address", "nothing is served without file_server_folder")],
+        )
+        .warnings_only(),
+        Case::main(
+            "file_server_folder_and_admin_certificate_without_their_listeners",
+            &format!("{MAIN_OK}file_server_folder: \".\"\nconfig_tls_certificate: \"main.yaml\"\n"),
+            vec![
+                warn(M, 3, "file_server_folder", "not served without file_server_address"),
+                warn(M, 4, "config_tls_certificate", "not used without config_tls_address"),
+            ],
+        )
+        .warnings_only(),
+        Case::main(
+            "log_file_in_a_missing_directory",
+            &format!("{MAIN_OK}log_file: \"no-such-dir/aralez.log, 10, 3, false\"\n"),
+            vec![err(M, 3, "log_file", "its directory").also("no-such-dir` does not exist")],
+        ),
+        Case::main(
+            "error_log_in_a_missing_directory",
+            &format!("{MAIN_OK}error_log: \"no-such-dir/error.log\"\n"),
+            vec![err(M, 3, "error_log", "cannot be created")],
+        ),
+        Case::main(
+            "access_log_file_in_a_missing_directory",
+            &format!("{MAIN_OK}access_log: all\naccess_log_file: \"no-such-dir/access.log\"\n"),
+            vec![err(M, 4, "access_log_file", "cannot be created")],
+        ),
+        // Not opened while the access log is off: a warning that it is unused, not an error.
+        Case::main(
+            "access_log_file_while_the_access_log_is_off",
+            &format!("{MAIN_OK}access_log_file: \"no-such-dir/access.log\"\n"),
+            vec![warn(M, 3, "access_log_file", "not written while access_log is off")],
+        )
+        .warnings_only(),
+        Case::main(
+            "pid_file_is_a_directory",
+            &format!("{MAIN_OK}pid_file: \"/tmp\"\n"),
+            vec![err(M, 3, "pid_file", "is a directory, not a file")],
+        ),
+        // ---- listen addresses in main.yaml ----
+        Case::main(
+            "listen_without_port",
+            "proxy_address_http: \"0.0.0.0\"\nupstreams_conf: upstreams.yaml\n",
+            vec![err(M, 1, "proxy_address_http", "`0.0.0.0` has no port")],
+        ),
+        Case::main(
+            "listen_host_name",
+            "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: upstreams.yaml\nconfig_address: \"localhost:8080\"\n",
+            vec![err(M, 3, "config_address", "IP literal").also("`localhost`")],
+        ),
+        Case::main(
+            "listen_port_out_of_range",
+            "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: upstreams.yaml\nproxy_address_tls: \"0.0.0.0:99999\"\n",
+            vec![err(M, 3, "proxy_address_tls", "port 99999 is out of range")],
+        ),
+        Case::main(
+            "listen_ipv6_without_brackets",
+            "proxy_address_http: \"::1:6193\"\nupstreams_conf: upstreams.yaml\n",
+            vec![err(M, 1, "proxy_address_http", "brackets").also("[::1]:6193")],
+        ),
+        // ---- main.yaml structure ----
+        Case::main(
+            "main_missing_required_keys",
+            "threads: 2\nlog_level: info\n",
+            vec![
+                err(M, 1, "proxy_address_http", "required key is missing"),
+                err(M, 1, "upstreams_conf", "required key is missing"),
+            ],
+        ),
+        Case::main(
+            "upstreams_conf_missing_file",
+            "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: nowhere/upstreams.yaml\n",
+            vec![err(M, 2, "upstreams_conf", "`nowhere/upstreams.yaml` does not exist")],
+        )
+        .without_upstreams(),
+        Case::main(
+            "upstreams_conf_is_a_directory",
+            "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: .\n",
+            vec![err(M, 2, "upstreams_conf", "is a directory")],
+        ),
+        // ---- what main.yaml names must exist (as nginx -t opens its files) ----
+        Case::main(
+            "named_files_and_accounts_missing",
+            "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: upstreams.yaml\n\
+             proxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: no-certs\n\
+             config_tls_certificate: no.crt\nconfig_tls_key_file: no.key\n\
+             file_server_folder: no-www\nfile_server_address: \"127.0.0.1:0\"\n\
+             ca_file: no-ca.pem\nrunuser: no-such-user-aralez\nrungroup: no-such-group-aralez\n\
+             config_tls_address: \"127.0.0.1:0\"\n",
+            vec![
+                err(M, 4, "proxy_certificates", "`").also("no-certs` does not exist"),
+                err(M, 5, "config_tls_certificate", "no.crt` does not exist"),
+                err(M, 6, "config_tls_key_file", "no.key` does not exist"),
+                err(M, 7, "file_server_folder", "no-www` does not exist"),
+                err(M, 9, "ca_file", "no-ca.pem` does not exist"),
+                err(M, 10, "runuser", "no user `no-such-user-aralez` on this system"),
+                err(M, 11, "rungroup", "no group `no-such-group-aralez` on this system"),
+            ],
+        ),
+        Case::main(
+            "pingora_user_names_no_account",
+            "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: upstreams.yaml\nuser: no-such-user-aralez\n",
+            vec![err(M, 3, "user", "no user `no-such-user-aralez` on this system")],
+        ),
+        Case::main(
+            "file_server_folder_is_a_file",
+            "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: upstreams.yaml\n\
+             file_server_folder: upstreams.yaml\nfile_server_address: \"127.0.0.1:0\"\n",
+            vec![err(M, 3, "file_server_folder", "upstreams.yaml` is not a directory")],
+        ),
+    ]
+}

@@ -1,0 +1,399 @@
+//! The corpus's cases about upstreams.yaml and conf.d: YAML syntax, types, values, structure,
+//! hostile files, and errors in both files at once.
+
+use super::*;
+
+pub(crate) fn cases() -> Vec<Case> {
+    const U: &str = "upstreams.yaml";
+    const M: &str = "main.yaml";
+    vec![
+        // ---- YAML syntax ----
+        Case::broken(
+            "yaml_unclosed_flow_sequence",
+            MAIN_OK,
+            "upstreams:\n  a.com:\n    paths:\n      \"/\": {servers: [\"127.0.0.1:8000\"\n",
+            vec![err(U, 4, "(yaml)", "invalid YAML").also("unclosed")],
+        ),
+        Case::path(
+            "yaml_bad_indentation",
+            "        servers: [\"127.0.0.1:8000\"]\n     rate_limit: 3\n",
+            vec![err(U, 6, "(yaml)", "invalid YAML")],
+        ),
+        Case::broken(
+            "yaml_tab_indentation",
+            MAIN_OK,
+            "upstreams:\n  a.com:\n\tpaths:\n      \"/\":\n        servers: [\"127.0.0.1:8000\"]\n",
+            vec![err(U, 3, "(yaml)", "invalid YAML").also("tab")],
+        ),
+        Case::main(
+            "yaml_syntax_in_main",
+            "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: [upstreams.yaml\nthreads: 2\n",
+            vec![err(M, 3, "(yaml)", "invalid YAML").also("the `[` on line 2 closed?")],
+        ),
+        Case::path(
+            "yaml_duplicate_key_in_upstreams",
+            "        servers: [\"127.0.0.1:8000\"]\n        rate_limit: 5\n        rate_limit: 6\n",
+            vec![err(U, 7, "(yaml)", "duplicate key `rate_limit`")],
+        ),
+        Case::main(
+            "yaml_duplicate_key_in_main",
+            "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: upstreams.yaml\nproxy_address_http: \"127.0.0.1:1\"\n",
+            vec![err(M, 3, "(yaml)", "duplicate key `proxy_address_http`")],
+        ),
+        Case::broken(
+            "yaml_two_documents",
+            MAIN_OK,
+            &format!("{UPS_OK}---\nb.com: {{}}\n"),
+            vec![err(U, 6, "(yaml)", "more than one YAML document")],
+        ),
+        // ---- wrong types ----
+        Case::path(
+            "type_string_for_number",
+            "        servers: [\"127.0.0.1:8000\"]\n        rate_limit: \"ten\"\n",
+            vec![err(U, 6, pk("rate_limit"), "expected a whole number, found a string `ten`")],
+        ),
+        Case::broken(
+            "type_list_for_map",
+            MAIN_OK,
+            "upstreams:\n  a.com:\n    paths: [\"/\", \"/api\"]\n",
+            vec![err(U, 3, "upstreams.a.com.paths", "expected a mapping, found a list")],
+        ),
+        Case::path(
+            "type_map_for_list",
+            "        servers:\n          primary: \"127.0.0.1:8000\"\n",
+            vec![err(U, 6, pk("servers"), "expected a list of strings, found a mapping")],
+        ),
+        Case::main(
+            "type_string_for_number_in_main",
+            "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: upstreams.yaml\nthreads: many\n",
+            vec![err(M, 3, "threads", "expected a whole number, found a string `many`")],
+        ),
+        Case::path(
+            "type_bad_boolean",
+            "        servers: [\"127.0.0.1:8000\"]\n        to_https: maybe\n",
+            vec![err(U, 6, pk("to_https"), "expected true or false, found a string `maybe`")],
+        ),
+        // ---- backend addresses ----
+        Case::path(
+            "server_without_port",
+            "        servers: [\"127.0.0.1\"]\n",
+            vec![err(U, 5, pk("servers[0]"), "`127.0.0.1` has no port")],
+        ),
+        Case::path(
+            "server_port_zero",
+            "        servers:\n          - \"127.0.0.1:8000\"\n          - \"127.0.0.1:0\"\n",
+            vec![err(U, 7, pk("servers[1]"), "port 0 is not a valid port")],
+        ),
+        Case::path(
+            "server_port_out_of_range",
+            "        servers: [\"127.0.0.1:70000\"]\n",
+            vec![err(U, 5, pk("servers[0]"), "port 70000 is out of range")],
+        ),
+        Case::path(
+            "server_port_not_numeric",
+            "        servers: [\"backend.local:http\"]\n",
+            vec![err(U, 5, pk("servers[0]"), "port `http` is not a number")],
+        ),
+        Case::path(
+            "server_ipv6_without_brackets",
+            "        servers: [\"::1:8080\"]\n",
+            vec![err(U, 5, pk("servers[0]"), "brackets").also("[::1]:8080")],
+        ),
+        Case::path(
+            "server_bad_scheme",
+            "        servers: [\"ftp://127.0.0.1:21\"]\n",
+            vec![err(U, 5, pk("servers[0]"), "unknown scheme `ftp://`")],
+        ),
+        Case::path(
+            "server_no_host",
+            "        servers: [\":8000\"]\n",
+            vec![err(U, 5, pk("servers[0]"), "`:8000` has no host")],
+        ),
+        Case::path(
+            "server_with_path",
+            "        servers: [\"127.0.0.1:8000/api\"]\n",
+            vec![err(U, 5, pk("servers[0]"), "without a path")],
+        ),
+        // ---- headers ----
+        Case::path(
+            "header_without_colon",
+            "        servers: [\"127.0.0.1:8000\"]\n        server_headers: [\"X-From aralez\"]\n",
+            vec![err(U, 6, pk("server_headers[0]"), "`X-From aralez` has no `:`")],
+        ),
+        // ---- compress ----
+        Case::path(
+            "compress_not_a_boolean",
+            "        servers: [\"127.0.0.1:8000\"]\n        compress: gzip\n",
+            vec![err(U, 6, pk("compress"), "expected true, false or a mapping of min_size and types")],
+        ),
+        Case::path(
+            "compress_negative_min_size",
+            "        servers: [\"127.0.0.1:8000\"]\n        compress: {min_size: -5}\n",
+            vec![err(U, 6, pk("compress.min_size"), "must not be negative")],
+        ),
+        Case::path(
+            "compress_bad_media_type",
+            "        servers: [\"127.0.0.1:8000\"]\n        compress:\n          types: [\"text/html\", \"text/html; charset=utf-8\"]\n",
+            vec![err(U, 7, pk("compress.types[1]"), "is not a media type").also("no parameters")],
+        ),
+        Case::path(
+            "compress_empty_types",
+            "        servers: [\"127.0.0.1:8000\"]\n        compress: {types: []}\n",
+            vec![err(U, 6, pk("compress.types"), "the list of types is empty")],
+        ),
+        Case::path(
+            "compress_unknown_key",
+            "        servers: [\"127.0.0.1:8000\"]\n        compress: {min_size: 10, level: 9}\n",
+            vec![warn(U, 6, pk("compress.level"), "unknown key `level`")],
+        )
+        .warnings_only(),
+        Case::path(
+            "header_name_with_space",
+            "        servers: [\"127.0.0.1:8000\"]\n        client_headers:\n          - \"X-Ok: 1\"\n          - \"Bad Name: x\"\n",
+            vec![err(U, 8, pk("client_headers[1]"), "`Bad Name` is not a valid header name")
+                .also("space")],
+        ),
+        Case::path(
+            "header_value_control_char",
+            "        servers: [\"127.0.0.1:8000\"]\n        client_headers: [\"X-A: a\\x01b\"]\n",
+            vec![err(U, 6, pk("client_headers[0]"), "value of `X-A` contains a control character")],
+        ),
+        // ---- unknown keys (warnings) ----
+        Case::main(
+            "unknown_key_in_main",
+            "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: upstreams.yaml\nthreds: 4\n",
+            vec![warn(M, 3, "threds", "unknown key `threds`, did you mean `threads`?")],
+        )
+        .warnings_only(),
+        Case::broken(
+            "unknown_key_at_host_level",
+            MAIN_OK,
+            "upstreams:\n  a.com:\n    rate_limt: 10\n    paths:\n      \"/\": {servers: [\"127.0.0.1:8000\"]}\n",
+            vec![warn(U, 3, "upstreams.a.com.rate_limt", "did you mean `rate_limit`?")],
+        )
+        .warnings_only(),
+        Case::path(
+            "unknown_key_at_path_level",
+            "        servers: [\"127.0.0.1:8000\"]\n        rate_limt: 10\n",
+            vec![warn(U, 6, pk("rate_limt"), "unknown key `rate_limt`, did you mean `rate_limit`?")],
+        )
+        .warnings_only(),
+        // ---- authorization ----
+        Case::path(
+            "auth_unknown_type",
+            "        servers: [\"127.0.0.1:8000\"]\n        authorization:\n          type: jwk\n          data: secret\n",
+            vec![err(U, 7, pk("authorization.type"), "unknown auth type `jwk`, did you mean `jwt`?")],
+        ),
+        Case::path(
+            "auth_basic_without_data",
+            "        servers: [\"127.0.0.1:8000\"]\n        authorization: {type: basic}\n",
+            vec![err(U, 6, pk("authorization"), "auth type `basic` needs `data`")],
+        ),
+        Case::path(
+            "auth_apikey_without_data",
+            "        servers: [\"127.0.0.1:8000\"]\n        authorization:\n          type: apikey\n",
+            vec![err(U, 7, pk("authorization"), "auth type `apikey` needs `data`")],
+        ),
+        Case::path(
+            "auth_forward_without_data",
+            "        servers: [\"127.0.0.1:8000\"]\n        authorization:\n          type: forward\n          data: \"\"\n",
+            vec![err(U, 7, pk("authorization"), "auth type `forward` needs `data`")],
+        ),
+        Case::path(
+            "auth_forward_not_a_url",
+            "        servers: [\"127.0.0.1:8000\"]\n        authorization:\n          type: forward\n          data: auth.local/check\n",
+            vec![err(U, 8, pk("authorization.data"), "`auth.local/check` is not an http:// or https:// URL")],
+        ),
+        Case::path(
+            "auth_basic_data_without_colon",
+            "        servers: [\"127.0.0.1:8000\"]\n        authorization:\n          type: basic\n          data: justauser\n",
+            vec![err(U, 8, pk("authorization.data"), "must be `user:password`")],
+        ),
+        // ---- limits and values ----
+        Case::main(
+            "hc_interval_zero",
+            "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: upstreams.yaml\nhc_interval: 0\n",
+            vec![err(M, 3, "hc_interval", "must be between 1 and 3600 (found 0)")],
+        ),
+        Case::path(
+            "negative_rate_limit",
+            "        servers: [\"127.0.0.1:8000\"]\n        rate_limit: -5\n",
+            vec![err(U, 6, pk("rate_limit"), "must not be negative (found -5)")],
+        ),
+        Case::path(
+            "bad_sticky_sessions",
+            "        servers: [\"127.0.0.1:8000\"]\n        sticky_sessions: sometimes\n",
+            vec![err(U, 6, pk("sticky_sessions"), "true, false or a number of seconds")],
+        ),
+        Case::path(
+            "redirect_not_absolute",
+            "        redirect_to: \"www.example.com\"\n",
+            vec![err(U, 5, pk("redirect_to"), "must be an absolute URL")],
+        ),
+        // ---- structure ----
+        Case::path(
+            "empty_servers_list",
+            "        rate_limit: 5\n        servers: []\n",
+            vec![err(U, 6, pk("servers"), "the list of servers is empty")],
+        ),
+        Case::broken(
+            "path_without_leading_slash",
+            MAIN_OK,
+            "upstreams:\n  a.com:\n    paths:\n      \"/\": {servers: [\"127.0.0.1:8000\"]}\n      api:\n        servers: [\"127.0.0.1:8001\"]\n",
+            vec![err(U, 5, "upstreams.a.com.paths.api", "path `api` must start with `/`")],
+        ),
+        Case::broken(
+            "path_without_servers",
+            MAIN_OK,
+            "upstreams:\n  a.com:\n    paths:\n      \"/\": {servers: [\"127.0.0.1:8000\"]}\n      \"/api\":\n        rate_limit: 5\n",
+            vec![err(U, 5, "upstreams.a.com.paths./api", "path `/api` has no `servers`")],
+        ),
+        Case::broken(
+            "host_without_paths",
+            MAIN_OK,
+            "upstreams:\n  a.com:\n    paths:\n      \"/\": {servers: [\"127.0.0.1:8000\"]}\n  b.com:\n    rate_limit: 5\n",
+            vec![err(U, 5, "upstreams.b.com", "host `b.com` has no `paths`")],
+        ),
+        Case::broken(
+            "duplicate_host_other_case",
+            MAIN_OK,
+            "upstreams:\n  example.com:\n    paths:\n      \"/\": {servers: [\"127.0.0.1:8000\"]}\n  Example.COM:\n    paths:\n      \"/\": {servers: [\"127.0.0.1:8001\"]}\n",
+            vec![err(U, 5, "upstreams.Example.COM", "host `example.com` is defined twice (first on line 2)")],
+        ),
+        Case::broken(
+            "both_shapes_mixed",
+            MAIN_OK,
+            "rate_limit: 100\nupstreams:\n  a.com:\n    paths:\n      \"/\": {servers: [\"127.0.0.1:8000\"]}\nb.com:\n  paths:\n    \"/\": {servers: [\"127.0.0.1:8001\"]}\n",
+            vec![err(U, 6, "b.com", "under `upstreams:` (line 2)").also("`b.com`, line 6")],
+        ),
+        Case::broken(
+            "document_not_a_mapping",
+            MAIN_OK,
+            "- \"127.0.0.1:8000\"\n- \"127.0.0.1:8001\"\n",
+            vec![err(U, 1, "(document)", "expected a mapping, found a list")],
+        ),
+        Case::broken(
+            "legacy_shape_errors",
+            MAIN_OK,
+            "sticky_sessions: maybe\nheaders: [\"X-A 1\"]\nauthorization: {type: basic, creds: nocolon}\nb.com:\n  paths:\n    \"/\": {servers: [\"127.0.0.1\"]}\n",
+            vec![
+                err(U, 1, "sticky_sessions", "found a string `maybe`"),
+                err(U, 2, "headers[0]", "has no `:`"),
+                err(U, 3, "authorization.creds", "must be `user:password`"),
+                err(U, 6, "b.com.paths./.servers[0]", "has no port"),
+            ],
+        ),
+        // ---- hostile files ----
+        Case::broken(
+            "alias_bomb",
+            MAIN_OK,
+            &alias_bomb(),
+            vec![err(U, 6, "(yaml)", "alias bomb")],
+        ),
+        Case::broken(
+            "fifty_megabytes",
+            MAIN_OK,
+            "",
+            vec![err(U, 1, "(file)", "over the 8 MiB limit")],
+        )
+        .with_upstreams_bytes(fifty_megabytes()),
+        Case::broken(
+            "not_utf8",
+            MAIN_OK,
+            "",
+            vec![err(U, 6, "(file)", "not valid UTF-8").also("0xe9")],
+        )
+        .with_upstreams_bytes(
+            [UPS_OK.as_bytes(), b"# caf\xe9 au lait\n"].concat(),
+        ),
+        Case::main(
+            "main_not_utf8",
+            "",
+            vec![err(M, 2, "(file)", "not valid UTF-8")],
+        )
+        .with_main_bytes(b"proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: \xff\xfe\n".to_vec()),
+        // ---- conf.d ----
+        Case::broken(
+            "conf_d_file_with_error",
+            MAIN_OK,
+            UPS_OK,
+            vec![err("conf.d/20-bad.yaml", 4, "b.com.paths./api.servers[1]", "port 99999 is out of range")],
+        )
+        .with_conf_d("10-good.yaml", "c.com:\n  paths:\n    \"/\": {servers: [\"127.0.0.1:8002\"]}\n")
+        .with_conf_d(
+            "20-bad.yaml",
+            "b.com:\n  paths:\n    \"/api\":\n      servers: [\"127.0.0.1:8001\", \"127.0.0.1:99999\"]\n",
+        ),
+        Case::broken(
+            "conf_d_file_bad_yaml",
+            MAIN_OK,
+            UPS_OK,
+            vec![err("conf.d/b.yaml", 2, "(yaml)", "invalid YAML")],
+        )
+        .with_conf_d("b.yaml", "b.com:\n  paths: {\"/\": {servers: [\"127.0.0.1:8001\"]}\n"),
+        // ---- many errors in one file ----
+        Case::broken(
+            "several_errors_in_one_file",
+            MAIN_OK,
+            "upstreams:
+  a.com:
+    paths:
+      \"/\":
+        servers:
+          - \"127.0.0.1\"
+          - \"127.0.0.1:8000\"
+          - \"[::1]:99999\"
+        rate_limit: -1
+        client_headers: [\"NoColon\"]
+        authorization: {type: jwk}
+      api:
+        servers: [\"127.0.0.1:8000\"]
+  b.com:
+    paths:
+      \"/\": {servers: []}
+",
+            vec![
+                err(U, 6, pk("servers[0]"), "has no port"),
+                err(U, 8, pk("servers[2]"), "port 99999 is out of range"),
+                err(U, 9, pk("rate_limit"), "must not be negative"),
+                err(U, 10, pk("client_headers[0]"), "has no `:`"),
+                err(U, 11, pk("authorization.type"), "did you mean `jwt`?"),
+                err(U, 12, "upstreams.a.com.paths.api", "must start with `/`"),
+                err(U, 16, "upstreams.b.com.paths./.servers", "the list of servers is empty"),
+            ],
+        ),
+        Case::main(
+            "several_errors_in_main",
+            "proxy_address_http: \"0.0.0.0\"\nupstreams_conf: upstreams.yaml\nthreads: 0\nlog_level: loud\ndaemon: [yes]\nthreds: 3\n",
+            vec![
+                err(M, 1, "proxy_address_http", "has no port"),
+                err(M, 3, "threads", "must be between 1 and 1024 (found 0)"),
+                err(M, 4, "log_level", "`loud` is not one of"),
+                err(M, 5, "daemon", "expected true or false, found a list"),
+                warn(M, 6, "threds", "did you mean `threads`?"),
+            ],
+        ),
+        Case::main(
+            "log_keys_bad",
+            "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: upstreams.yaml\n\
+             log_file: \"a.log, 0, 3, true\"\nlog_pattern: \"{d} {q}\"\n\
+             access_log_file: \"b.log, 10, 2, maybe\"\naccess_log_format: xml\n",
+            vec![
+                err(M, 3, "log_file", "max MB `0` is not a whole number from 1"),
+                err(M, 4, "log_pattern", "`{q}` is not a known piece"),
+                err(M, 5, "access_log_file", "compress `maybe` is not true or false"),
+                err(M, 6, "access_log_format", "`xml` is not one of: logfmt, json"),
+            ],
+        ),
+        // ---- one file's errors do not hide the other's ----
+        Case::broken(
+            "errors_in_both_files_are_all_reported",
+            "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: upstreams.yaml\nthreads: many\n",
+            &format!("{PATH_HEAD}        servers: [\"127.0.0.1:8000\"]\n        rate_limit: \"ten\"\n"),
+            vec![
+                err(M, 3, "threads", "expected a whole number"),
+                err(U, 6, pk("rate_limit"), "expected a whole number, found a string `ten`"),
+            ],
+        ),
+    ]
+}
