@@ -149,9 +149,23 @@ impl<W: Watcher> Watching<W> {
     }
 }
 
-/// The directories watched: what each resolves to -> the path given to the watcher.
+/// The directories watched: what each resolves to -> the path given to the watcher, and the
+/// directory's identity when it was watched.
 #[derive(Default)]
-struct Watches(HashMap<PathBuf, PathBuf>);
+struct Watches(HashMap<PathBuf, (PathBuf, Option<DirId>)>);
+
+/// A directory's device, inode and birth time: one deleted and made again under the same name
+/// (`rm -r conf.d; mkdir conf.d`) is another directory, whose watch went with the old one. The
+/// kernel may give it the same inode number; its birth time differs (where the file system
+/// keeps one).
+type DirId = (u64, u64, Option<std::time::SystemTime>);
+
+fn dir_id(dir: &Path) -> Option<DirId> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(dir)
+        .ok()
+        .map(|m| (m.dev(), m.ino(), m.created().ok()))
+}
 
 impl Watches {
     /// Makes the watches those `paths` asks for. A directory that cannot be watched (conf.d
@@ -159,8 +173,8 @@ impl Watches {
     fn follow(&mut self, watcher: &mut impl Watcher, paths: &WatchPaths) {
         let wanted = paths.dirs();
         // Dropped first: a link swapped to a new directory is watched again by the same path.
-        self.0.retain(|real, given| {
-            let keep = wanted.get(real) == Some(given);
+        self.0.retain(|real, (given, id)| {
+            let keep = wanted.get(real) == Some(given) && *id == dir_id(given);
             if !keep {
                 let _ = watcher.unwatch(given);
             }
@@ -170,13 +184,13 @@ impl Watches {
             if !self.0.contains_key(real)
                 && watcher.watch(given, RecursiveMode::NonRecursive).is_ok()
             {
-                self.0.insert(real.clone(), given.clone());
+                self.0.insert(real.clone(), (given.clone(), dir_id(given)));
             }
         }
     }
 
     fn has(&self, given: &Path) -> bool {
-        self.0.values().any(|g| g == given)
+        self.0.values().any(|(g, _)| g == given)
     }
 }
 
@@ -282,6 +296,58 @@ mod tests {
         };
         // The swap of `..data` (a rename over it) is an event that counts.
         assert!(files.to_follow().counts(&dir.path().join("..data")));
+    }
+
+    /// A watcher that notes what it is asked to watch and unwatch.
+    #[derive(Default)]
+    struct Noted {
+        watched: Vec<PathBuf>,
+        unwatched: Vec<PathBuf>,
+    }
+
+    impl Watcher for Noted {
+        fn new<F: notify::EventHandler>(_: F, _: notify::Config) -> notify::Result<Self> {
+            Ok(Noted::default())
+        }
+        fn watch(&mut self, path: &Path, _: RecursiveMode) -> notify::Result<()> {
+            self.watched.push(path.to_path_buf());
+            Ok(())
+        }
+        fn unwatch(&mut self, path: &Path) -> notify::Result<()> {
+            self.unwatched.push(path.to_path_buf());
+            Ok(())
+        }
+        fn kind() -> notify::WatcherKind {
+            notify::WatcherKind::NullWatcher
+        }
+    }
+
+    #[test]
+    fn a_directory_made_again_is_watched_again() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let conf_d = dir.path().join("conf.d");
+        std::fs::create_dir(&conf_d).expect("conf.d");
+        let files = Watched {
+            upstreams: dir.path().join("upstreams.yaml"),
+            conf_d: conf_d.clone(),
+        };
+        let (mut watches, mut watcher) = (Watches::default(), Noted::default());
+        watches.follow(&mut watcher, &files.to_follow());
+        watches.follow(&mut watcher, &files.to_follow());
+        let times = |noted: &[PathBuf]| noted.iter().filter(|p| **p == conf_d).count();
+        assert_eq!(
+            times(&watcher.watched),
+            1,
+            "an unchanged directory is watched once"
+        );
+
+        // Another directory under the name (moved aside here, so that its inode is another
+        // one whatever the file system keeps of birth times).
+        std::fs::rename(&conf_d, dir.path().join("conf.d.old")).expect("mv conf.d");
+        std::fs::create_dir(&conf_d).expect("mkdir conf.d");
+        watches.follow(&mut watcher, &files.to_follow());
+        assert_eq!(times(&watcher.unwatched), 1);
+        assert_eq!(times(&watcher.watched), 2, "the new conf.d is not watched");
     }
 
     #[tokio::test(start_paused = true)]
