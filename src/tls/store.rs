@@ -221,7 +221,8 @@ impl CertStore {
     }
 }
 
-/// NAMEs that have a `.crt` (their `.key` is checked when loading).
+/// NAMEs that have a `.crt` (their `.key` is checked when loading), less CA certificates
+/// without a key.
 fn pair_names(dir: &Path) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
@@ -232,9 +233,30 @@ fn pair_names(dir: &Path) -> Vec<String> {
             let path = e.path();
             (path.extension()? == "crt").then(|| path.file_stem()?.to_str().map(str::to_string))?
         })
+        .filter(|name| !is_ca_without_key(dir, name))
         .collect();
     names.sort();
     names
+}
+
+/// Whether `dir/NAME.crt`, with no `NAME.key` beside it, holds a CA certificate: one to verify
+/// with, not to serve (a cert-manager Secret mounted as the directory holds `ca.crt` beside
+/// `tls.crt` and `tls.key`), so no pair is missing its key.
+fn is_ca_without_key(dir: &Path, name: &str) -> bool {
+    if dir.join(format!("{name}.key")).exists() {
+        return false;
+    }
+    let Ok(pem) = std::fs::read(dir.join(format!("{name}.crt"))) else {
+        return false;
+    };
+    let first = CertificateDer::pem_slice_iter(&pem).find_map(Result::ok);
+    let is_ca = first.is_some_and(|der| {
+        x509_parser::parse_x509_certificate(der.as_ref()).is_ok_and(|(_, cert)| cert.is_ca())
+    });
+    if is_ca {
+        tracing::debug!("certificates: {name}.crt is a CA certificate without a key; not served");
+    }
+    is_ca
 }
 
 impl ResolvesServerCert for CertStore {
@@ -269,6 +291,27 @@ mod tests {
             &index.find(None).unwrap(),
             index.fallback.as_ref().unwrap()
         ));
+    }
+
+    #[test]
+    fn a_ca_certificate_without_a_key_is_no_problem_a_leaf_one_is() {
+        // A cert-manager Secret: tls.crt and tls.key, and the issuer's ca.crt.
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ca_key = rcgen::KeyPair::generate().expect("key");
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = ca.self_signed(&ca_key).expect("ca");
+        std::fs::write(dir.path().join("ca.crt"), ca.pem()).expect("ca.crt");
+        let leaf = rcgen::generate_simple_self_signed(vec!["a.example".into()]).expect("leaf");
+        std::fs::write(dir.path().join("tls.crt"), leaf.cert.pem()).expect("tls.crt");
+        std::fs::write(dir.path().join("tls.key"), leaf.signing_key.serialize_pem()).expect("key");
+        // A server certificate whose key is missing is still reported.
+        let lonely = rcgen::generate_simple_self_signed(vec!["b.example".into()]).expect("b");
+        std::fs::write(dir.path().join("lonely.crt"), lonely.cert.pem()).expect("lonely.crt");
+        let (store, problems) = CertStore::open(dir.path());
+        assert_eq!(store.len(), 1);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("lonely.key"), "{problems:?}");
     }
 
     /// A CertifiedKey with a throwaway key and an empty chain, for index tests only.
