@@ -135,6 +135,18 @@ async fn wait_until(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
     eventually(limit, &mut check).await
 }
 
+/// SIGQUIT to `old` (an upgraded-from process): it drains and exits 0 within 15 s.
+fn quit_cleanly(old: &mut ProxyProcess, what: &str) {
+    old.signal(Signal::SIGQUIT);
+    let status = tokio::task::block_in_place(|| old.wait_exit(Duration::from_secs(15)));
+    assert_eq!(
+        status.map(|s| s.code()),
+        Some(Some(0)),
+        "{what}: {}",
+        old.log_text()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_upgrade_under_load_loses_nothing_three_times() {
     let backend = Backend::start("b").await;
@@ -172,14 +184,7 @@ async fn live_upgrade_under_load_loses_nothing_three_times() {
             new.pid().to_string(),
             "round {round}: pid file"
         );
-        old.signal(Signal::SIGQUIT);
-        let status = tokio::task::block_in_place(|| old.wait_exit(Duration::from_secs(15)));
-        assert_eq!(
-            status.map(|s| s.code()),
-            Some(Some(0)),
-            "round {round}: {}",
-            old.log_text()
-        );
+        quit_cleanly(&mut old, &format!("round {round}"));
         let after = load.ok.load(Ordering::Relaxed);
         assert!(
             wait_until(Duration::from_secs(10), || load.ok.load(Ordering::Relaxed)
@@ -237,14 +242,7 @@ async fn live_upgrade_hands_the_admin_listener_over() {
     let log = new.log_text();
     assert!(log.contains("\"admin\""), "admin not handed over:\n{log}");
     assert!(!log.contains("unused inherited"), "{log}");
-    old.signal(Signal::SIGQUIT);
-    let status = tokio::task::block_in_place(|| old.wait_exit(Duration::from_secs(15)));
-    assert_eq!(
-        status.map(|s| s.code()),
-        Some(Some(0)),
-        "{}",
-        old.log_text()
-    );
+    quit_cleanly(&mut old, "the old process");
     let mut client = Client::connect(Proto::H1, admin).await;
     let resp = client
         .send(

@@ -34,14 +34,20 @@ async fn backend_of(client: &mut Client) -> (u16, String) {
 
 /// Polls until the proxy answers from `want` (a backend name), or panics after 5 s.
 async fn wait_for_backend(proxy: &ProxyProcess, want: &str) {
+    wait_for_host_backend(proxy, "any", want).await;
+}
+
+/// Polls until the proxy answers `host`'s requests from `want`, or panics after 5 s.
+async fn wait_for_host_backend(proxy: &ProxyProcess, host: &str, want: &str) {
     let live = eventually_async(Duration::from_secs(5), || async {
         let mut client = Client::connect(Proto::H1, proxy.addr).await;
-        (backend_of(&mut client).await.1 == want).then_some(())
+        let resp = client.get(host, "/").await;
+        (header(&resp, "x-backend") == want).then_some(())
     })
     .await;
     assert!(
         live.is_some(),
-        "{want} never became live; log:\n{}",
+        "{host}: {want} never became live; log:\n{}",
         proxy.log_text()
     );
 }
@@ -257,17 +263,7 @@ async fn conf_d_hosts_are_merged_and_sighup_with_unchanged_files_swaps_nothing()
         .host("extra.example", Host::new().path("/", Path::servers(&[&b])))
         .render_conf_d();
     write_atomically(&proxy.path("conf.d/10-extra.yaml"), &extra);
-    let appeared = eventually_async(Duration::from_secs(5), || async {
-        let mut client = Client::connect(Proto::H1, proxy.addr).await;
-        let resp = client.get("extra.example", "/").await;
-        (header(&resp, "x-backend") == "b").then_some(())
-    })
-    .await;
-    assert!(
-        appeared.is_some(),
-        "conf.d host never appeared:\n{}",
-        proxy.log_text()
-    );
+    wait_for_host_backend(&proxy, "extra.example", "b").await;
     // The snapshot is served before its "configuration applied" line reaches the log: wait for
     // the line, or the count below may miss it and see it arrive after the SIGHUP.
     let logged = eventually(Duration::from_secs(5), || {
@@ -351,16 +347,7 @@ async fn config_map_mounts_apply_every_update() {
             )
             .render_conf_d();
         update_config_map(&conf_d, "extra.yaml", version, &extra);
-        let served = eventually_async(Duration::from_secs(5), || async {
-            let mut client = Client::connect(Proto::H1, proxy.addr).await;
-            let resp = client.get("extra.example", "/").await;
-            (header(&resp, "x-backend") == backend.name).then_some(())
-        });
-        assert!(
-            served.await.is_some(),
-            "conf.d version {version} never applied:\n{}",
-            proxy.log_text()
-        );
+        wait_for_host_backend(&proxy, "extra.example", backend.name).await;
     }
     // The watch library's note on each deleted version directory stays out of the log.
     assert!(

@@ -264,15 +264,19 @@ mod tests {
         (dir, file)
     }
 
-    #[test]
-    fn the_files_noted_are_the_watched_ones_with_content() {
+    /// A directory with an empty conf.d, and the files watched there.
+    fn with_conf_d() -> (tempfile::TempDir, Watched) {
         let dir = tempfile::tempdir().expect("temp dir");
         let conf_d = dir.path().join("conf.d");
         std::fs::create_dir(&conf_d).expect("conf.d");
-        let files = Watched {
-            upstreams: dir.path().join("upstreams.yaml"),
-            conf_d: conf_d.clone(),
-        };
+        let upstreams = dir.path().join("upstreams.yaml");
+        (dir, Watched { upstreams, conf_d })
+    }
+
+    #[test]
+    fn the_files_noted_are_the_watched_ones_with_content() {
+        let (_dir, files) = with_conf_d();
+        let conf_d = files.conf_d.clone();
         std::fs::write(&files.upstreams, "upstreams: {}\n").expect("upstreams");
         std::fs::write(conf_d.join("app.yaml"), "upstreams: {}\n").expect("app");
         std::fs::write(conf_d.join("placeholder.yaml"), "").expect("placeholder");
@@ -324,13 +328,8 @@ mod tests {
 
     #[test]
     fn a_directory_made_again_is_watched_again() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let conf_d = dir.path().join("conf.d");
-        std::fs::create_dir(&conf_d).expect("conf.d");
-        let files = Watched {
-            upstreams: dir.path().join("upstreams.yaml"),
-            conf_d: conf_d.clone(),
-        };
+        let (dir, files) = with_conf_d();
+        let conf_d = files.conf_d.clone();
         let (mut watches, mut watcher) = (Watches::default(), Noted::default());
         watches.follow(&mut watcher, &files.to_follow());
         watches.follow(&mut watcher, &files.to_follow());
