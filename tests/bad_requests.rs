@@ -14,6 +14,19 @@ use tokio::net::TcpStream;
 async fn raw_exchange(addr: std::net::SocketAddr, request: &[u8]) -> String {
     let mut stream = TcpStream::connect(addr).await.unwrap();
     stream.write_all(request).await.unwrap();
+    status_line(stream).await
+}
+
+/// [`raw_exchange`], the client closing its side after the bytes.
+async fn raw_exchange_then_close(addr: std::net::SocketAddr, request: &[u8]) -> String {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    stream.shutdown().await.unwrap();
+    status_line(stream).await
+}
+
+/// The status line the proxy answers on `stream` with ("" if none).
+async fn status_line(mut stream: TcpStream) -> String {
     let mut buf = vec![0u8; 4096];
     let mut got = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(5), async {
@@ -109,6 +122,63 @@ async fn bad_requests_get_4xx_and_garbage_backends_502() {
     let resp = bystander.get("a", "/still-here").await;
     assert_eq!(resp.status(), 200);
     assert_eq!(header(&resp, "x-backend"), "good");
+}
+
+/// A request body that breaks (a malformed chunk, or the client gone before the length it
+/// declared) is the client's 400, never the backend's 502. It is not sent again on another
+/// backend connection: polled past its error the body ends cleanly, so the backend took the
+/// request with an empty body and answered 200; each try also dropped a pooled connection.
+/// A backend connection the request never reached stays in the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_request_body_is_the_clients_400_and_never_sent_again() {
+    let h1 = Backend::builder("h1").h1_only().start().await;
+    let h2 = Backend::start("h2").await;
+    let yaml = Upstreams::new()
+        .host(
+            "DEFAULT",
+            Host::new()
+                .path("/h1", Path::servers(&[&h1]).healthcheck(false))
+                .path("/h2", Path::servers(&[&h2]).healthcheck(false)),
+        )
+        .render();
+    // One worker: one pool, which the first requests fill.
+    let proxy = ProxyProcess::start(&yaml, "threads: 1");
+    let malformed: [(&str, &str); 2] = [
+        (
+            "a chunk size past 64 bits",
+            "fffffffffffffffff1\r\nab\r\n0\r\n\r\n",
+        ),
+        ("a chunk line ended by a bare LF", "2\nab\n0\n\n"),
+    ];
+    for (route, backend) in [("/h1", &h1), ("/h2", &h2)] {
+        let mut client = Client::connect(Proto::H1, proxy.addr).await;
+        for _ in 0..2 {
+            assert_eq!(client.get("a", route).await.status(), 200, "{route}");
+        }
+        let accepts = backend.accepts();
+        for (what, body) in malformed {
+            let request = format!(
+                "POST {route} HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n{body}"
+            );
+            let status = raw_exchange(proxy.addr, request.as_bytes()).await;
+            assert!(
+                status.starts_with("HTTP/1.1 400"),
+                "{route}, {what}: {status:?}"
+            );
+        }
+        assert_eq!(
+            backend.accepts(),
+            accepts,
+            "{route}: backend connections opened for bodies that broke before a byte went out"
+        );
+        let cut = format!("POST {route} HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nab");
+        let status = raw_exchange_then_close(proxy.addr, cut.as_bytes()).await;
+        assert!(
+            status.starts_with("HTTP/1.1 400"),
+            "{route}, a cut body: {status:?}"
+        );
+        assert_eq!(client.get("a", route).await.status(), 200, "{route}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

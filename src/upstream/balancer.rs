@@ -177,6 +177,11 @@ pub fn send<'a>(
                         None => return Err(ProxyError::BackendReset),
                     }
                 }
+                Err(SendError::ClientBody(error)) => {
+                    // The client's doing: said at debug level, the access log has its 400.
+                    tracing::debug!(backend = %backend.label, "request body failed: {error}");
+                    return Err(ProxyError::ClientBody);
+                }
                 Err(SendError::BadResponse(error)) => {
                     tracing::warn!(backend = %backend.label, "invalid response: {error}");
                     return Err(ProxyError::BadResponse);

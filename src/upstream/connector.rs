@@ -303,6 +303,17 @@ pub fn exchange_error(error: &hyper::Error) -> ConnectErrorKind {
     }
 }
 
+/// Whether hyper's client failed because the request body did (the client's malformed or cut
+/// body): over HTTP/1.1 hyper says so; over HTTP/2 the stream was reset by hyper on this
+/// side, which it does for a failed body (or a request nobody waits for any more).
+pub fn is_client_body_error(error: &hyper::Error) -> bool {
+    if error.is_user() {
+        return true;
+    }
+    let h2 = std::error::Error::source(error).and_then(|e| e.downcast_ref::<h2::Error>());
+    h2.is_some_and(|e| e.is_reset() && !e.is_remote() && !e.is_library())
+}
+
 /// Rewrites an HTTP/1.1-form request (origin-form target, `Host`) for HTTP/2: an absolute target
 /// whose authority is the `Host` header (else `fallback`).
 pub fn to_h2_form<B>(

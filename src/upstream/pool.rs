@@ -58,6 +58,9 @@ pub enum SendError {
         reused: bool,
         replay: Option<Box<Parts>>,
     },
+    /// The client's request body failed (malformed, cut short): the client's fault, not the
+    /// backend's; never sent again, here or elsewhere.
+    ClientBody(BoxError),
     /// The backend answered with something that is not HTTP.
     BadResponse(BoxError),
     /// No response head within the response timeout.
@@ -383,6 +386,9 @@ fn target(req: &Request<UpBody>, x: Exchange<'_>, wire: Wire) -> Target {
 }
 
 fn classify(error: hyper::Error, reused: bool) -> SendError {
+    if connector::is_client_body_error(&error) {
+        return SendError::ClientBody(error.into());
+    }
     match connector::exchange_error(&error) {
         ConnectErrorKind::BadResponse => SendError::BadResponse(error.into()),
         _ => SendError::Reset {
@@ -517,6 +523,10 @@ fn send_on_inline<'a>(
             Err(SendFailure { error, .. }) if error.is_bad_response() => {
                 Err((SendError::BadResponse(error.into()), None))
             }
+            Err(SendFailure {
+                error: InlineError::RequestBody(error),
+                ..
+            }) => Err((SendError::ClientBody(error), None)),
             Err(SendFailure { error, unsent }) => {
                 let error = error.into();
                 let reset = SendError::Reset {

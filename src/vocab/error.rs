@@ -28,6 +28,9 @@ pub enum ProxyError {
     BadResponse,
     #[error("the backend closed the connection before answering")]
     BackendReset,
+    /// The request body was malformed (a bad chunk) or cut short by the client.
+    #[error("the request body was malformed or cut short")]
+    ClientBody,
     #[error("method not supported by this proxy")]
     MethodNotAllowed,
     /// An HTTP/1.1 request without `Host`, or a `to_https` redirect with no host to send the
@@ -98,6 +101,7 @@ impl ProxyError {
             ProxyError::MissingHost
             | ProxyError::DuplicateHost
             | ProxyError::AmbiguousPath
+            | ProxyError::ClientBody
             | ProxyError::ClusterMaster => StatusCode::BAD_REQUEST,
         }
     }
@@ -109,7 +113,10 @@ impl ProxyError {
             ProxyError::BasicAuthRequired | ProxyError::TokenRequired => "16",
             ProxyError::ApiKeyRequired => "7",
             ProxyError::RateLimited | ProxyError::TooMany4xx => "8",
-            ProxyError::MissingHost | ProxyError::DuplicateHost | ProxyError::AmbiguousPath => "3",
+            ProxyError::MissingHost
+            | ProxyError::DuplicateHost
+            | ProxyError::AmbiguousPath
+            | ProxyError::ClientBody => "3",
             _ => "14",
         }
     }
@@ -201,6 +208,7 @@ mod tests {
             (ProxyError::MissingHost, 400),
             (ProxyError::DuplicateHost, 400),
             (ProxyError::AmbiguousPath, 400),
+            (ProxyError::ClientBody, 400),
             (ProxyError::ClusterMaster, 400),
             (ProxyError::NoJwtSecret, 503),
             (ProxyError::AuthServiceTimeout, 503),

@@ -271,8 +271,14 @@ fn write_config_listening(
             dir.path().join("aralez.sock").display()
         )
     };
+    // Two workers unless the test says how many.
+    let threads = if main_extra.contains("threads:") {
+        ""
+    } else {
+        "threads: 2\n"
+    };
     let main = format!(
-        "threads: 2\nproxy_address_http: \"{listen}\"\nupstreams_conf: \"upstreams.yaml\"\nlog_level: info\npid_file: \"{}\"\n{upgrade_sock}{main_extra}\n",
+        "{threads}proxy_address_http: \"{listen}\"\nupstreams_conf: \"upstreams.yaml\"\nlog_level: info\npid_file: \"{}\"\n{upgrade_sock}{main_extra}\n",
         dir.path().join("aralez.pid").display()
     );
     let path = dir.path().join("main.yaml");

@@ -67,6 +67,8 @@ pub enum InlineError {
     Io(#[from] io::Error),
     #[error("invalid response: {0}")]
     Invalid(&'static str),
+    /// The client's body failed (malformed, cut short, or not the length it declared): the
+    /// client's fault, never the backend's.
     #[error("the request body: {0}")]
     RequestBody(BoxError),
     #[error("no response head within the response timeout")]
@@ -212,6 +214,15 @@ impl InlineConn {
             self.poll_by_deadline(cx, step)
         });
         if let Err(error) = uploaded.await {
+            if matches!(error, InlineError::RequestBody(_)) && upload.wrote_nothing() {
+                // The client's body failed before a byte went out: the connection is as the
+                // last response left it, and goes home for the next request.
+                home.keep(self);
+                return Err(SendFailure {
+                    error,
+                    unsent: None,
+                });
+            }
             let unsent = upload.into_unsent_body();
             return Err(SendFailure { error, unsent });
         }

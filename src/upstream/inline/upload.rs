@@ -31,8 +31,11 @@ pub struct Upload<B> {
     /// How much of `conn.out` is written.
     written: usize,
     piece: Bytes,
-    /// A byte went out, or a piece was taken from the client: the request cannot go elsewhere.
+    /// A byte went out, a piece was taken from the client, or the client's body failed: the
+    /// request cannot go elsewhere.
     committed: bool,
+    /// A byte went out: the connection carries part of this request.
+    wrote: bool,
     done: bool,
 }
 
@@ -60,6 +63,7 @@ where
             written: 0,
             piece: Bytes::new(),
             committed: false,
+            wrote: false,
             done: false,
         }
     }
@@ -83,6 +87,7 @@ where
                     Poll::Ready(Ok(n)) => {
                         self.written += n;
                         self.committed = true;
+                        self.wrote = true;
                         Poll::Ready(Ok(()))
                     }
                     other => other.map(|r| r.map(drop)),
@@ -91,6 +96,7 @@ where
                 match poll_write(&mut conn.io, cx, &self.piece) {
                     Poll::Ready(Ok(n)) => {
                         self.piece.advance(n);
+                        self.wrote = true;
                         Poll::Ready(Ok(()))
                     }
                     other => other.map(|r| r.map(drop)),
@@ -123,9 +129,16 @@ where
     }
 
     /// The body back, when nothing of the request went out and no piece was taken from it:
-    /// the request can still go on another connection.
+    /// the request can still go on another connection. Never after the body failed: a body
+    /// polled to its error may end cleanly when polled again (hyper's does), and another
+    /// connection would carry the request with its body cut short.
     pub fn into_unsent_body(self) -> Option<B> {
         (!self.committed).then_some(self.body)
+    }
+
+    /// Whether no byte of the request reached the connection.
+    pub fn wrote_nothing(&self) -> bool {
+        !self.wrote
     }
 
     /// Takes the next frame from the client and frames it behind what `conn.out` holds.
@@ -136,7 +149,10 @@ where
     ) -> Poll<Result<(), InlineError>> {
         loop {
             let frame = match ready!(Pin::new(&mut self.body).poll_frame(cx)) {
-                Some(Err(e)) => return Poll::Ready(Err(InlineError::RequestBody(e.into()))),
+                Some(Err(e)) => {
+                    self.committed = true;
+                    return Poll::Ready(Err(InlineError::RequestBody(e.into())));
+                }
                 Some(Ok(frame)) => frame,
                 None => return Poll::Ready(self.end(&mut conn.out, None)),
             };
