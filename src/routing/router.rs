@@ -134,7 +134,11 @@ impl Router {
         let mut host_buf = [0u8; normalise::MAX_HOST];
         let raw_host = host.map(HeaderValue::as_bytes);
         let raw_host = raw_host.or_else(|| req.uri().authority().map(|a| a.as_str().as_bytes()));
-        let host = raw_host.and_then(|raw| normalise::host(raw, &mut host_buf));
+        let host = match raw_host.map(|raw| normalise::host(raw, &mut host_buf)) {
+            Some(None) => return Err(self.refuse(conn, ProxyError::InvalidHost, grpc)),
+            Some(Some(host)) => Some(host),
+            None => None,
+        };
         let route = match snapshot.route_normalised(host, req.uri().path()) {
             Lookup::Found(route) => route.clone(),
             Lookup::NoPath => return Err(self.refuse(conn, ProxyError::NoPath, grpc)),
@@ -160,18 +164,57 @@ struct Routed {
     host: Option<Box<str>>,
 }
 
-/// What a request head must pass before routing: no plain CONNECT (a tunnel to anywhere), one
-/// `Host` at most and one on HTTP/1.1, a path that means one thing to every backend. Gives the
+/// What a request head must pass before routing: no plain CONNECT (a tunnel to anywhere), a
+/// target of a request's form, one `Host` at most and one on HTTP/1.1, naming the target's
+/// host if the target names one, a path that means one thing to every backend. Gives the
 /// `Host`, if any.
 pub fn check_head<B>(req: &Request<B>) -> Result<Option<&HeaderValue>, ProxyError> {
     if req.method() == Method::CONNECT && !is_extended_connect(req) {
         return Err(ProxyError::MethodNotAllowed);
     }
+    check_target(req)?;
     let host = one_host(req)?;
+    if let (Some(host), Some(authority)) = (host, req.uri().authority()) {
+        same_host(host.as_bytes(), authority.as_str().as_bytes())?;
+    }
     if normalise::is_ambiguous(req.uri().path()) {
         return Err(ProxyError::AmbiguousPath);
     }
     Ok(host)
+}
+
+/// RFC 9112 §3.2: a path (origin-form), an absolute URI, or `*` for OPTIONS. `GET x` parses
+/// as a lone authority, CONNECT's form, and was sent on as `GET /`.
+fn check_target<B>(req: &Request<B>) -> Result<(), ProxyError> {
+    let uri = req.uri();
+    let path = uri.path();
+    let form_ok = if uri.authority().is_some() {
+        uri.scheme().is_some()
+    } else if path == "*" {
+        req.method() == Method::OPTIONS
+    } else {
+        path.starts_with('/')
+    };
+    if form_ok {
+        Ok(())
+    } else {
+        Err(ProxyError::BadTarget)
+    }
+}
+
+/// A `Host` beside a target that names a host (absolute-form, HTTP/2's `:authority`) must
+/// name the same one (RFC 9113 §8.3.1; HAProxy refuses the mismatch too). Rare over HTTP/1.1,
+/// and HTTP/2 clients seldom send `Host`.
+fn same_host(host: &[u8], authority: &[u8]) -> Result<(), ProxyError> {
+    let (mut a, mut b) = ([0u8; normalise::MAX_HOST], [0u8; normalise::MAX_HOST]);
+    match (
+        normalise::host(host, &mut a),
+        normalise::host(authority, &mut b),
+    ) {
+        (Some(host), Some(authority)) if host == authority => Ok(()),
+        (None, _) | (_, None) => Err(ProxyError::InvalidHost),
+        _ => Err(ProxyError::HostMismatch),
+    }
 }
 
 /// The request's one `Host`, if any. RFC 9112 §3.2: an HTTP/1.1 request carries exactly one;
@@ -187,4 +230,55 @@ fn one_host<B>(req: &Request<B>) -> Result<Option<&HeaderValue>, ProxyError> {
         return Err(ProxyError::MissingHost);
     }
     Ok(first)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(method: &str, target: &str, hosts: &[&str]) -> Result<(), ProxyError> {
+        let mut builder = Request::builder().method(method).uri(target);
+        for host in hosts {
+            builder = builder.header(http::header::HOST, *host);
+        }
+        let req = builder.body(()).unwrap();
+        check_head(&req).map(drop)
+    }
+
+    #[test]
+    fn targets_of_a_requests_form_pass_others_do_not() {
+        assert_eq!(head("GET", "/a?b", &["a"]), Ok(()));
+        assert_eq!(head("GET", "http://a/x", &["a"]), Ok(()));
+        assert_eq!(head("OPTIONS", "*", &["a"]), Ok(()));
+        // A lone authority is CONNECT's form; `*` is OPTIONS's only.
+        assert_eq!(head("GET", "x", &["a"]), Err(ProxyError::BadTarget));
+        assert_eq!(head("GET", "a:80", &["a"]), Err(ProxyError::BadTarget));
+        assert_eq!(head("GET", "*", &["a"]), Err(ProxyError::BadTarget));
+        assert_eq!(
+            head("CONNECT", "a:443", &["a"]),
+            Err(ProxyError::MethodNotAllowed)
+        );
+    }
+
+    #[test]
+    fn a_host_beside_a_target_that_names_one_must_name_the_same() {
+        assert_eq!(
+            head("GET", "http://A.example:80/x", &["a.example."]),
+            Ok(())
+        );
+        assert_eq!(head("GET", "https://[::1]/x", &["[::1]:443"]), Ok(()));
+        assert_eq!(
+            head("GET", "http://admin.example/x", &["public.example"]),
+            Err(ProxyError::HostMismatch)
+        );
+        assert_eq!(
+            head("GET", "http://a/x", &["a b"]),
+            Err(ProxyError::InvalidHost)
+        );
+        assert_eq!(
+            head("GET", "/x", &["a", "a"]),
+            Err(ProxyError::DuplicateHost)
+        );
+        assert_eq!(head("GET", "/x", &[]), Err(ProxyError::MissingHost));
+    }
 }

@@ -40,6 +40,17 @@ pub enum ProxyError {
     /// More than one `Host` header: routing and the backend could disagree on which counts.
     #[error("the request has more than one Host header")]
     DuplicateHost,
+    /// A `Host` (or `:authority`) that is not a host name or address (RFC 9112 §3.2: a 400).
+    #[error("the request's Host is not a valid host")]
+    InvalidHost,
+    /// A `Host` that names another host than the request's target URI (absolute-form, or
+    /// HTTP/2's `:authority`): routing and the backend could each go by a different one.
+    #[error("the Host header names another host than the request target")]
+    HostMismatch,
+    /// A request target that is neither a path, an absolute URI, nor `*` for OPTIONS (an
+    /// authority alone is CONNECT's form).
+    #[error("the request target is not a path")]
+    BadTarget,
     /// This instance is a cluster master (`cluster_member: master`): it serves no proxy traffic.
     #[error("this instance is a cluster master and serves no proxy traffic")]
     ClusterMaster,
@@ -100,6 +111,9 @@ impl ProxyError {
             ProxyError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ProxyError::MissingHost
             | ProxyError::DuplicateHost
+            | ProxyError::InvalidHost
+            | ProxyError::HostMismatch
+            | ProxyError::BadTarget
             | ProxyError::AmbiguousPath
             | ProxyError::ClientBody
             | ProxyError::ClusterMaster => StatusCode::BAD_REQUEST,
@@ -115,6 +129,9 @@ impl ProxyError {
             ProxyError::RateLimited | ProxyError::TooMany4xx => "8",
             ProxyError::MissingHost
             | ProxyError::DuplicateHost
+            | ProxyError::InvalidHost
+            | ProxyError::HostMismatch
+            | ProxyError::BadTarget
             | ProxyError::AmbiguousPath
             | ProxyError::ClientBody => "3",
             _ => "14",
@@ -209,6 +226,9 @@ mod tests {
             (ProxyError::DuplicateHost, 400),
             (ProxyError::AmbiguousPath, 400),
             (ProxyError::ClientBody, 400),
+            (ProxyError::InvalidHost, 400),
+            (ProxyError::HostMismatch, 400),
+            (ProxyError::BadTarget, 400),
             (ProxyError::ClusterMaster, 400),
             (ProxyError::NoJwtSecret, 503),
             (ProxyError::AuthServiceTimeout, 503),
