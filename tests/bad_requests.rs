@@ -323,3 +323,83 @@ async fn idle_connections_close_after_client_idle_timeout_busy_ones_stay() {
         "HTTP/1.1 connection closed after {closed:?} idle, timeout 1 s"
     );
 }
+
+/// Answers every request head read from `stream` with `answer`, as long as the peer keeps the
+/// connection.
+async fn answer_each_head<S>(mut stream: S, answer: &'static [u8])
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+        }
+        while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+            seen.drain(..end + 4);
+            if stream.write_all(answer).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// A backend answer with both `Content-Length` and `Transfer-Encoding: chunked` is framed by
+/// the chunks (RFC 9112 §6.3), and its length does not go on to the client: it did, beside the
+/// chunks' 3 bytes, so the client waited for 5, or aralez's own HTTP/1.1 writer gave up on the
+/// answer and the client got an empty reply. Over aralez's HTTP/1.1 client (plain) and hyper's
+/// (TLS), to HTTP/1.1 and h2c clients.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_length_beside_a_transfer_coding_does_not_reach_the_client() {
+    const ANSWER: &[u8] =
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
+    let plain = bind_local().await;
+    let plain_addr = plain.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = plain.accept().await {
+            tokio::spawn(answer_each_head(stream, ANSWER));
+        }
+    });
+    let acceptor = tls_backend_acceptor(&[b"http/1.1"]);
+    let tls_addr = serve_tls(acceptor, any_local(), |tls| answer_each_head(tls, ANSWER)).await;
+    let yaml = Upstreams::new()
+        .host(
+            "DEFAULT",
+            Host::new()
+                .path(
+                    "/plain",
+                    Path::addrs(&[format!("http://{plain_addr}")]).healthcheck(false),
+                )
+                .path(
+                    "/tls",
+                    Path::addrs(&[format!("https://{tls_addr}")])
+                        .healthcheck(false)
+                        .upstream_tls_verify(false),
+                ),
+        )
+        .render();
+    let proxy = ProxyProcess::start(&yaml, "");
+    for proto in PROTOCOLS {
+        let mut client = Client::connect(proto, proxy.addr).await;
+        for path in ["/plain", "/tls"] {
+            let what = format!("{proto:?} {path}");
+            let resp =
+                tokio::time::timeout(std::time::Duration::from_secs(5), client.get("a", path))
+                    .await
+                    .unwrap_or_else(|_| panic!("{what}: no answer"));
+            assert_eq!(resp.status(), 200, "{what}");
+            assert_ne!(header(&resp, "content-length"), "5", "{what}");
+            let body = tokio::time::timeout(
+                std::time::Duration::from_secs(5),
+                resp.into_body().collect(),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("{what}: the body never ended"));
+            let body = body.unwrap_or_else(|e| panic!("{what}: {e}")).to_bytes();
+            assert_eq!(&body[..], b"abc", "{what}");
+        }
+    }
+}

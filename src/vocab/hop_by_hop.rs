@@ -92,6 +92,7 @@ fn keep_te_trailers_only(headers: &mut HeaderMap) {
 /// named any field.
 pub fn remove_hop_by_hop_from_request(headers: &mut HeaderMap) -> ProxyFields {
     let (mut connection, mut lists_names, mut fixed, mut te) = (false, false, false, false);
+    let mut coded = false;
     let (mut says_close, mut close_field) = (false, false);
     let mut proxy_fields = ProxyFields::default();
     for (name, value) in headers.iter() {
@@ -105,6 +106,7 @@ pub fn remove_hop_by_hop_from_request(headers: &mut HeaderMap) -> ProxyFields {
             }
             HopByHop::Te => te = true,
             HopByHop::Fixed => fixed = true,
+            HopByHop::TransferEncoding => (fixed, coded) = (true, true),
             HopByHop::Close => close_field = true,
             kind @ (HopByHop::Forwarded | HopByHop::RequestId) => proxy_fields.note(kind),
             HopByHop::No => {}
@@ -126,6 +128,9 @@ pub fn remove_hop_by_hop_from_request(headers: &mut HeaderMap) -> ProxyFields {
         headers.remove(header::TRANSFER_ENCODING);
         headers.remove(header::UPGRADE);
     }
+    if coded {
+        headers.remove(header::CONTENT_LENGTH);
+    }
     if te {
         keep_te_trailers_only(headers);
     }
@@ -138,6 +143,10 @@ enum HopByHop {
     Te,
     /// Always removed.
     Fixed,
+    /// Always removed, and `Content-Length` with it: the message was framed by it, and a
+    /// length beside it is not the body's (RFC 9112 §6.3; sent on, a client would wait for
+    /// bytes that never come).
+    TransferEncoding,
     /// A field named `close`: removed only when `Connection: close` names it (noting it here
     /// saves a hash and a lookup on every `Connection: close` message, which nearly never has one).
     Close,
@@ -156,9 +165,8 @@ fn hop_by_hop(name: &HeaderName) -> HopByHop {
         "close" => HopByHop::Close,
         "x-forwarded-for" | "x-forwarded-proto" | "x-forwarded-host" => HopByHop::Forwarded,
         "x-request-id" => HopByHop::RequestId,
-        "transfer-encoding" | "upgrade" | "keep-alive" | "proxy-connection" | "http2-settings" => {
-            HopByHop::Fixed
-        }
+        "transfer-encoding" => HopByHop::TransferEncoding,
+        "upgrade" | "keep-alive" | "proxy-connection" | "http2-settings" => HopByHop::Fixed,
         _ => HopByHop::No,
     }
 }
@@ -218,6 +226,8 @@ const NAMED_BY_TEXT: [&str; 2] = ["close", "trailers"];
 #[derive(Debug, Default)]
 pub struct AnswerHopByHop {
     sweep: bool,
+    /// A dropped `Transfer-Encoding` framed the answer: a `Content-Length` goes too.
+    coded: bool,
     /// A dropped `Connection` said `close`: a field named `close` goes too.
     dropped_close: bool,
 }
@@ -228,6 +238,10 @@ impl AnswerHopByHop {
         match hop_by_hop(name) {
             HopByHop::No | HopByHop::Forwarded | HopByHop::RequestId => true,
             HopByHop::Fixed => false,
+            HopByHop::TransferEncoding => {
+                self.coded = true;
+                false
+            }
             HopByHop::Connection => match lone_close_or_keep_alive(value) {
                 Some(close) => {
                     self.dropped_close |= close;
@@ -247,6 +261,9 @@ impl AnswerHopByHop {
 
     /// Takes out of the built map what could not be dropped field by field.
     pub fn finish(self, headers: &mut HeaderMap) {
+        if self.coded {
+            headers.remove(header::CONTENT_LENGTH);
+        }
         if self.sweep {
             remove_hop_by_hop(headers);
             if self.dropped_close {
@@ -319,6 +336,25 @@ mod tests {
                 &[],
                 &["transfer-encoding", "upgrade"],
             ),
+            // The length beside a transfer coding is not the body's, before it or after.
+            (
+                &[
+                    ("content-length", "5"),
+                    ("transfer-encoding", "chunked"),
+                    ("a", "1"),
+                ],
+                &["a"],
+                &["transfer-encoding", "content-length"],
+            ),
+            (
+                &[
+                    ("transfer-encoding", "gzip, chunked"),
+                    ("content-length", "5"),
+                ],
+                &[],
+                &["transfer-encoding", "content-length"],
+            ),
+            (&[("content-length", "5")], &["content-length"], &[]),
             (
                 &[
                     ("connection", "Keep-Alive"),
