@@ -221,18 +221,22 @@ async fn live_upgrade_under_load_loses_nothing_three_times() {
     assert!(old.log_text().contains("live upgrade: received"));
 }
 
-/// A live upgrade hands the admin API's listener over with the proxy's: the new process takes the
-/// old one's socket (a second one bound beside it would reset the connections queued on the old
-/// one's when it closed, and cannot be bound at all when the old one belongs to another user),
-/// and serves it once the old one has left.
+/// A live upgrade hands the admin API's listeners over with the proxy's, plain and TLS: the new
+/// process takes the old one's sockets (a second one bound beside it would reset the connections
+/// queued on the old one's when it closed, and cannot be bound at all when the old one belongs to
+/// another user), and serves them once the old one has left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn live_upgrade_hands_the_admin_listener_over() {
+async fn live_upgrade_hands_the_admin_listeners_over() {
     let backend = Backend::start("b").await;
     let dir = tempfile::tempdir().unwrap();
+    let root = write_self_signed(dir.path(), "admin", &["admin.local"]);
     let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let admin_tls = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let extra = format!(
-        "upgrade_sock: \"{}\"\nconfig_address: \"{admin}\"\nmaster_key: \"k\"",
-        dir.path().join("upgrade.sock").display()
+        "upgrade_sock: \"{0}/upgrade.sock\"\nconfig_address: \"{admin}\"\nmaster_key: \"k\"\n\
+         config_tls_address: \"{admin_tls}\"\nconfig_tls_certificate: \"{0}/admin.crt\"\n\
+         config_tls_key_file: \"{0}/admin.key\"",
+        dir.path().display()
     );
     let mut old = ProxyProcess::start(&upstreams_for(&backend), &extra);
     let conf = old.path("main.yaml");
@@ -241,19 +245,29 @@ async fn live_upgrade_hands_the_admin_listener_over() {
         .await;
     let log = new.log_text();
     assert!(log.contains("\"admin\""), "admin not handed over:\n{log}");
+    assert!(
+        log.contains("\"admin-tls\""),
+        "admin-tls not handed over:\n{log}"
+    );
     assert!(!log.contains("unused inherited"), "{log}");
     quit_cleanly(&mut old, "the old process");
-    let mut client = Client::connect(Proto::H1, admin).await;
-    let resp = client
-        .send(
-            http::Method::GET,
-            Some("admin"),
-            "/status",
-            &[("x-api-key", "k")],
-            full(String::new()),
-        )
-        .await;
-    assert_eq!(resp.status().as_u16(), 200, "{}", new.log_text());
+    let tls = tls_client_config(&[root], &[b"http/1.1"]);
+    for client in [
+        Client::connect(Proto::H1, admin).await,
+        Client::connect_tls(admin_tls, "admin.local", tls).await,
+    ] {
+        let mut client = client;
+        let resp = client
+            .send(
+                http::Method::GET,
+                Some("admin.local"),
+                "/status",
+                &[("x-api-key", "k")],
+                full(String::new()),
+            )
+            .await;
+        assert_eq!(resp.status().as_u16(), 200, "{}", new.log_text());
+    }
 }
 
 /// A SIGTERM sent the moment the proxy says it listens (a supervisor that waits for that line)
