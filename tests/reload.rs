@@ -227,6 +227,51 @@ async fn a_file_truncated_for_a_rewrite_keeps_its_routes_until_written() {
     );
 }
 
+/// A file written in place by a slow writer (a generator's output redirected to it) is read
+/// once its writer has closed it. Its first half is a valid file with fewer hosts, and was
+/// reloaded as such meanwhile: 404s for the hosts not written yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_written_slowly_in_place_is_read_once_closed() {
+    use std::io::Write;
+    let (a, b) = (Backend::start("a").await, Backend::start("b").await);
+    let two_hosts = |backend: &Backend| {
+        Upstreams::new()
+            .host("one.test", Host::new().path("/", Path::servers(&[backend])))
+            .host("two.test", Host::new().path("/", Path::servers(&[backend])))
+            .render()
+    };
+    let proxy = ProxyProcess::start(&two_hosts(&a), "");
+    // A write before the watch begins is read by the check that follows it, whole or not.
+    proxy.wait_log("for changes", Duration::from_secs(5)).await;
+    let text = two_hosts(&b);
+    let second = text.find("two.test").expect("the second host");
+    let cut = text[..second].rfind('\n').map_or(0, |n| n + 1);
+    let mut writer = std::fs::File::create(proxy.path("upstreams.yaml")).expect("truncate");
+    writer
+        .write_all(&text.as_bytes()[..cut])
+        .expect("the first half");
+    proxy
+        .wait_log("upstreams.yaml is being written", Duration::from_secs(5))
+        .await;
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    for host in ["one.test", "two.test"] {
+        let resp = client.get(host, "/").await;
+        assert_eq!(
+            header(&resp, "x-backend"),
+            "a",
+            "{host}: {}",
+            proxy.log_text()
+        );
+        body_bytes(resp).await;
+    }
+    writer.write_all(&text.as_bytes()[cut..]).expect("the rest");
+    drop(writer);
+    wait_for_host_backend(&proxy, "two.test", "b").await;
+    wait_for_host_backend(&proxy, "one.test", "b").await;
+    let log = proxy.log_text();
+    assert!(!log.contains("hosts removed: two.test"), "{log}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn of_two_quick_writes_the_second_wins() {
     let (a, b, c) = (

@@ -12,6 +12,11 @@
 //! reload waits for the write's own event, and takes the file as it is at the end of the grace.
 //! A file that was empty already (a placeholder in conf.d) or is deleted does not wait.
 //!
+//! A file written in place more slowly than the coalescing delay (a generator's output
+//! redirected to it) is read only once its writer has closed it ([`super::open_writes`]), at
+//! most [`WRITE_GRACE`] after the reload was due: read before, its first half could reload as
+//! a valid configuration with fewer routes.
+//!
 //! Files reached through symbolic links (a Kubernetes ConfigMap mount) are followed: the watches
 //! and the paths that count are worked out again after every reload ([`super::watch_paths`]).
 
@@ -21,9 +26,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use notify::event::{AccessKind, AccessMode};
 use notify::{EventKind, RecursiveMode, Watcher};
 use tokio::sync::Notify;
 
+use super::open_writes::OpenWrites;
 use super::watch_paths::WatchPaths;
 use super::Reloader;
 
@@ -33,6 +40,8 @@ const COALESCE: Duration = Duration::from_millis(25);
 /// How long an emptied file is given to get its content back before it is taken as
 /// meant (see the module's doc).
 const REWRITE_GRACE: Duration = Duration::from_secs(1);
+/// How long a reload waits for a file being written in place to be closed.
+const WRITE_GRACE: Duration = Duration::from_secs(5);
 
 /// Whether `path` is one of the files (or links to them) whose change needs a reload, or a YAML
 /// file in conf.d, or conf.d itself.
@@ -58,14 +67,26 @@ pub fn install(reloader: Arc<Reloader>) -> Option<impl std::future::Future<Outpu
     };
     let followed = Arc::new(ArcSwap::from_pointee(files.to_follow()));
     let changed = Arc::new(Notify::new());
+    let writes = Arc::new(OpenWrites::default());
     let (notify_handle, seen, conf_d) = (changed.clone(), followed.clone(), files.conf_d.clone());
+    let noted = writes.clone();
     let handler = move |event: notify::Result<notify::Event>| {
         let Ok(event) = event else { return };
-        if matches!(event.kind, EventKind::Access(_)) {
+        let closed = EventKind::Access(AccessKind::Close(AccessMode::Write));
+        if matches!(event.kind, EventKind::Access(_)) && event.kind != closed {
             return;
         }
         let followed = seen.load();
-        if event.paths.iter().any(|p| relevant(p, &followed, &conf_d)) {
+        let mut relevant_paths = false;
+        for path in event
+            .paths
+            .iter()
+            .filter(|p| relevant(p, &followed, &conf_d))
+        {
+            noted.note(&event.kind, path);
+            relevant_paths = true;
+        }
+        if relevant_paths {
             notify_handle.notify_one();
         }
     };
@@ -93,7 +114,7 @@ pub fn install(reloader: Arc<Reloader>) -> Option<impl std::future::Future<Outpu
         watches,
         followed,
     };
-    Some(run(reloader, watching, changed, files))
+    Some(run(reloader, watching, (changed, writes), files))
 }
 
 /// The files a reload reads.
@@ -197,7 +218,7 @@ impl Watches {
 async fn run(
     reloader: Arc<Reloader>,
     mut watching: Watching<impl Watcher>,
-    changed: Arc<Notify>,
+    (changed, writes): (Arc<Notify>, Arc<OpenWrites>),
     files: Watched,
 ) {
     let mut had_content = files.with_content();
@@ -205,6 +226,7 @@ async fn run(
         changed.notified().await;
         tokio::time::sleep(COALESCE).await;
         wait_while_emptied(&had_content, &changed).await;
+        wait_while_written(&writes, &changed).await;
         let reloader = reloader.clone();
         let _ = tokio::task::spawn_blocking(move || reloader.reload_files("file watch")).await;
         watching.refresh(&files);
@@ -232,6 +254,25 @@ async fn wait_while_emptied(had_content: &[PathBuf], changed: &Notify) {
         tokio::select! {
             () = changed.notified() => tokio::time::sleep(COALESCE).await,
             () = tokio::time::sleep_until(deadline) => return,
+        }
+    }
+}
+
+/// Waits while a watched file is being written in place, at most [`WRITE_GRACE`]; each event
+/// looks again. A writer that keeps its file open longer is forgotten.
+async fn wait_while_written(writes: &OpenWrites, changed: &Notify) {
+    let Some(file) = writes.one() else {
+        return;
+    };
+    tracing::info!(
+        "{} is being written: the reload waits until its writer closes it, for at most {WRITE_GRACE:?}",
+        file.display()
+    );
+    let deadline = tokio::time::Instant::now() + WRITE_GRACE;
+    while writes.one().is_some() {
+        tokio::select! {
+            () = changed.notified() => tokio::time::sleep(COALESCE).await,
+            () = tokio::time::sleep_until(deadline) => return writes.forget(),
         }
     }
 }
@@ -377,6 +418,45 @@ mod tests {
             waiting_on(&file, &changed).await.expect("the wait"),
             Duration::ZERO
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_file_written_in_place_is_read_once_closed_or_after_the_grace() {
+        use notify::event::{DataChange, ModifyKind};
+        let file = Path::new("/etc/aralez/upstreams.yaml");
+        let writes = Arc::new(OpenWrites::default());
+        let changed = Arc::new(Notify::new());
+        let wait = |writes: &Arc<OpenWrites>| {
+            let (writes, changed) = (writes.clone(), changed.clone());
+            tokio::spawn(async move {
+                let started = tokio::time::Instant::now();
+                wait_while_written(&writes, &changed).await;
+                started.elapsed()
+            })
+        };
+        let modified = EventKind::Modify(ModifyKind::Data(DataChange::Any));
+        writes.note(&modified, file);
+        let waiting = wait(&writes);
+        tokio::time::sleep(WRITE_GRACE / 2).await;
+        // More of it written: still open.
+        changed.notify_one();
+        tokio::time::sleep(COALESCE * 2).await;
+        assert!(
+            !waiting.is_finished(),
+            "the reload did not wait for the close"
+        );
+        writes.note(
+            &EventKind::Access(AccessKind::Close(AccessMode::Write)),
+            file,
+        );
+        changed.notify_one();
+        let waited = waiting.await.expect("the wait");
+        assert_eq!(waited, WRITE_GRACE / 2 + COALESCE * 3);
+
+        writes.note(&modified, file);
+        assert_eq!(wait(&writes).await.expect("the wait"), WRITE_GRACE);
+        assert_eq!(writes.one(), None, "a writer past the grace is forgotten");
+        assert_eq!(wait(&writes).await.expect("the wait"), Duration::ZERO);
     }
 
     #[test]

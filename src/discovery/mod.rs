@@ -10,6 +10,7 @@ mod diff;
 pub mod file_watch;
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
+mod open_writes;
 mod watch_paths;
 
 use std::collections::BTreeMap;
