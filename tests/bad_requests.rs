@@ -183,12 +183,13 @@ async fn a_broken_request_body_is_the_clients_400_and_never_sent_again() {
 
 /// RFC 9112 §3.2: a target that is not a path (`GET x` was sent on as `GET /`), a `Host` that
 /// is no host name (it went to `DEFAULT` and on to the backend as it was), and one that names
-/// another host than an absolute target, are each a 400; the well-formed neighbours pass.
+/// another host than an absolute target, are each a 400; a transfer coding other than one
+/// `chunked` is a 501 (§6.1); the well-formed neighbours pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn targets_and_hosts_that_are_not_one_are_400() {
+async fn targets_hosts_and_codings_that_are_not_one_are_refused() {
     let backend = Backend::start("b").await;
     let proxy = ProxyProcess::start(&default_route(&[&backend]), "");
-    let cases: [(&str, &str); 9] = [
+    let cases: [(&str, &str); 12] = [
         ("GET x HTTP/1.1\r\nHost: a", "400"),
         ("GET x HTTP/1.0", "400"),
         ("GET * HTTP/1.1\r\nHost: a", "400"),
@@ -198,6 +199,19 @@ async fn targets_and_hosts_that_are_not_one_are_400() {
         ("GET http://a/x HTTP/1.1\r\nHost: A:80", "200"),
         ("OPTIONS * HTTP/1.1\r\nHost: a", "200"),
         ("GET /x HTTP/1.1\r\nHost: a_b.example.:8080", "200"),
+        // A coding the proxy does not decode would reach the backend unlabelled.
+        (
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0",
+            "501",
+        ),
+        (
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0",
+            "501",
+        ),
+        (
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: Chunked\r\n\r\n0",
+            "200",
+        ),
     ];
     for (head, want) in cases {
         let request = format!("{head}\r\n\r\n");

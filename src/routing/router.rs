@@ -122,7 +122,8 @@ impl Router {
         if self.cluster_master {
             return Err(self.refuse(conn, ProxyError::ClusterMaster, grpc));
         }
-        let host = match check_head(req) {
+        let checked = check_transfer_coding(req).and_then(|()| check_head(req));
+        let host = match checked {
             Ok(host) => host,
             Err(err) => return Err(self.refuse(conn, err, grpc)),
         };
@@ -181,6 +182,25 @@ pub fn check_head<B>(req: &Request<B>) -> Result<Option<&HeaderValue>, ProxyErro
         return Err(ProxyError::AmbiguousPath);
     }
     Ok(host)
+}
+
+/// RFC 9112 §6.1: a request's body is framed by one `chunked` and nothing else. hyper reads
+/// `gzip, chunked` as chunked (and refuses a coding after `chunked`), and the coding before it
+/// would be dropped on the way to the backend with the field. Only hyper's HTTP/1 requests can
+/// have the field (aralez's own HTTP/1.1 reader leaves them to hyper; HTTP/2 refuses it).
+fn check_transfer_coding(req: &Request<ClientBody>) -> Result<(), ProxyError> {
+    if !matches!(req.body(), ClientBody::Hyper(_)) || req.version() > Version::HTTP_11 {
+        return Ok(());
+    }
+    let mut codings = req
+        .headers()
+        .get_all(http::header::TRANSFER_ENCODING)
+        .iter();
+    match (codings.next(), codings.next()) {
+        (None, _) => Ok(()),
+        (Some(one), None) if one.as_bytes().trim_ascii().eq_ignore_ascii_case(b"chunked") => Ok(()),
+        _ => Err(ProxyError::UnsupportedTransferCoding),
+    }
 }
 
 /// RFC 9112 §3.2: a path (origin-form), an absolute URI, or `*` for OPTIONS. `GET x` parses

@@ -51,6 +51,10 @@ pub enum ProxyError {
     /// authority alone is CONNECT's form).
     #[error("the request target is not a path")]
     BadTarget,
+    /// A `Transfer-Encoding` other than one `chunked` (RFC 9112 §6.1: a coding the proxy does
+    /// not decode; sent on without it, the backend would take coded bytes as the body).
+    #[error("only the chunked transfer coding is supported")]
+    UnsupportedTransferCoding,
     /// This instance is a cluster master (`cluster_member: master`): it serves no proxy traffic.
     #[error("this instance is a cluster master and serves no proxy traffic")]
     ClusterMaster,
@@ -109,6 +113,7 @@ impl ProxyError {
             ProxyError::RateLimited | ProxyError::TooMany4xx => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::ConnectTimeout | ProxyError::ResponseTimeout => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ProxyError::UnsupportedTransferCoding => StatusCode::NOT_IMPLEMENTED,
             ProxyError::MissingHost
             | ProxyError::DuplicateHost
             | ProxyError::InvalidHost
@@ -123,7 +128,10 @@ impl ProxyError {
     /// gRPC status code for clients that speak gRPC (they need trailers, not HTML).
     fn grpc_status(self) -> &'static str {
         match self {
-            ProxyError::NoHost | ProxyError::NoPath | ProxyError::MethodNotAllowed => "12",
+            ProxyError::NoHost
+            | ProxyError::NoPath
+            | ProxyError::MethodNotAllowed
+            | ProxyError::UnsupportedTransferCoding => "12",
             ProxyError::BasicAuthRequired | ProxyError::TokenRequired => "16",
             ProxyError::ApiKeyRequired => "7",
             ProxyError::RateLimited | ProxyError::TooMany4xx => "8",
@@ -229,6 +237,7 @@ mod tests {
             (ProxyError::InvalidHost, 400),
             (ProxyError::HostMismatch, 400),
             (ProxyError::BadTarget, 400),
+            (ProxyError::UnsupportedTransferCoding, 501),
             (ProxyError::ClusterMaster, 400),
             (ProxyError::NoJwtSecret, 503),
             (ProxyError::AuthServiceTimeout, 503),
