@@ -417,3 +417,76 @@ async fn a_length_beside_a_transfer_coding_does_not_reach_the_client() {
         }
     }
 }
+
+/// Answers the first request head read from `stream` with `answer` and then sends nothing more,
+/// holding the connection open.
+async fn answer_and_stall<S>(mut stream: S, answer: &'static [u8])
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+        }
+    }
+    if stream.write_all(answer).await.is_ok() {
+        // Held open (and unread) until the proxy lets go.
+        let _ = stream.read(&mut buf).await;
+    }
+}
+
+/// A backend that stops sending in the middle of a body is cut once nothing has come for the
+/// response timeout (nginx's `proxy_read_timeout`): the client's answer ends in an error then.
+/// It used to wait as long as the client did, holding both connections. Over aralez's HTTP/1.1
+/// client (plain) and hyper's (TLS).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_stalls_mid_body_is_cut_after_the_response_timeout() {
+    const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nfirst part";
+    let plain = bind_local().await;
+    let plain_addr = plain.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = plain.accept().await {
+            tokio::spawn(answer_and_stall(stream, ANSWER));
+        }
+    });
+    let acceptor = tls_backend_acceptor(&[b"http/1.1"]);
+    let tls_addr = serve_tls(acceptor, any_local(), |tls| answer_and_stall(tls, ANSWER)).await;
+    let yaml = Upstreams::new()
+        .host(
+            "DEFAULT",
+            Host::new()
+                .path(
+                    "/plain",
+                    Path::addrs(&[format!("http://{plain_addr}")]).healthcheck(false),
+                )
+                .path(
+                    "/tls",
+                    Path::addrs(&[format!("https://{tls_addr}")])
+                        .healthcheck(false)
+                        .upstream_tls_verify(false),
+                ),
+        )
+        .render();
+    let proxy = ProxyProcess::start(&yaml, "upstream_response_timeout: 1");
+    for proto in PROTOCOLS {
+        for path in ["/plain", "/tls"] {
+            let what = format!("{proto:?} {path}");
+            let mut client = Client::connect(proto, proxy.addr).await;
+            let resp = client.get("a", path).await;
+            assert_eq!(resp.status(), 200, "{what}");
+            let started = std::time::Instant::now();
+            let body = tokio::time::timeout(Duration::from_secs(10), resp.into_body().collect())
+                .await
+                .unwrap_or_else(|_| panic!("{what}: the stalled body was never cut"));
+            assert!(body.is_err(), "{what}: a cut body ended cleanly");
+            let waited = started.elapsed();
+            assert!(
+                waited >= Duration::from_millis(900),
+                "{what}: cut after {waited:?}"
+            );
+        }
+    }
+}

@@ -15,6 +15,7 @@ pub mod inline;
 pub mod pool;
 pub mod pooled_body;
 mod slot;
+pub mod stall;
 pub mod tls;
 
 pub use backend::{Backend, Registry};

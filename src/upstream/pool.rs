@@ -323,7 +323,7 @@ fn wrap_h1(
         worker: x.worker,
         sni: t.sni.clone(),
     });
-    PooledBody::wrap(resp, conn, None)
+    PooledBody::wrap(resp, (conn, None), x.timeouts.response)
 }
 
 async fn send_on_h2(
@@ -336,7 +336,11 @@ async fn send_on_h2(
         Err(_) => Err(SendError::Timeout),
         Ok(Ok(resp)) => {
             x.backend.metrics.upstream_connection(x.worker, reused);
-            Ok(PooledBody::wrap(resp, None, Some(ticket)))
+            Ok(PooledBody::wrap(
+                resp,
+                (None, Some(ticket)),
+                x.timeouts.response,
+            ))
         }
         Ok(Err(err)) => Err(classify(err, reused)),
     }

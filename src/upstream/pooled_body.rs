@@ -10,6 +10,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::Response;
@@ -22,6 +23,7 @@ use super::backend::Backend;
 use super::connector::UpBody;
 use super::inline::{self, InlineBody, InlineConn};
 use super::slot::StreamTicket;
+use super::stall::StallTimer;
 use crate::vocab::request_body::BoxError;
 use crate::vocab::WorkerId;
 
@@ -99,20 +101,21 @@ pub struct PooledBody {
 /// Where the body comes from: hyper's client connection, or a connection this body reads
 /// itself (which goes home on its own).
 enum Inner {
-    Hyper(Incoming),
+    Hyper(Incoming, StallTimer),
     Inline(InlineBody<PoolHome, UpBody>),
 }
 
 impl PooledBody {
-    /// hyper's response, with the HTTP/1.1 connection to give back or the HTTP/2 stream's place.
+    /// hyper's response, with the HTTP/1.1 connection to give back or the HTTP/2 stream's place;
+    /// the body is cut when nothing of it comes for `stall_limit` ([`StallTimer`]).
     pub fn wrap(
         resp: Response<Incoming>,
-        conn: Option<Reusable>,
-        stream: Option<StreamTicket>,
+        (conn, stream): (Option<Reusable>, Option<StreamTicket>),
+        stall_limit: Duration,
     ) -> Response<PooledBody> {
         resp.map(|inner| {
             let mut body = PooledBody {
-                inner: Inner::Hyper(inner),
+                inner: Inner::Hyper(inner, StallTimer::new(stall_limit)),
                 conn,
                 _stream: stream,
                 served_by: None,
@@ -166,7 +169,7 @@ impl Drop for PooledBody {
 impl Inner {
     fn is_end_stream(&self) -> bool {
         match self {
-            Inner::Hyper(b) => b.is_end_stream(),
+            Inner::Hyper(b, _) => b.is_end_stream(),
             Inner::Inline(b) => b.is_end_stream(),
         }
     }
@@ -181,7 +184,14 @@ impl Body for PooledBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let polled = match &mut self.inner {
-            Inner::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(BoxError::from),
+            Inner::Hyper(b, stall) => {
+                let polled = Pin::new(b).poll_frame(cx).map_err(BoxError::from);
+                if stall.stalled(polled.is_ready(), cx) {
+                    Poll::Ready(Some(Err(stall.error().into())))
+                } else {
+                    polled
+                }
+            }
             Inner::Inline(b) => return Pin::new(b).poll_frame(cx).map_err(BoxError::from),
         };
         match &polled {
@@ -199,7 +209,7 @@ impl Body for PooledBody {
 
     fn size_hint(&self) -> SizeHint {
         match &self.inner {
-            Inner::Hyper(b) => b.size_hint(),
+            Inner::Hyper(b, _) => b.size_hint(),
             Inner::Inline(b) => b.size_hint(),
         }
     }

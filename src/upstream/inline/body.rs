@@ -29,6 +29,8 @@ pub struct InlineBody<H, B> {
     home: Option<H>,
     /// What is left of the request, when the backend answered before it had all of it.
     upload: Option<Box<Upload<B>>>,
+    /// A read waits for the backend (since the last piece): the stall deadline is armed.
+    waiting: bool,
 }
 
 impl<H, B> InlineBody<H, B>
@@ -49,6 +51,7 @@ where
             keep_alive: framing.keep_alive,
             home: Some(home),
             upload,
+            waiting: false,
         };
         if body.state == State::Length(0) {
             body.finish();
@@ -93,7 +96,16 @@ where
                 _ => {}
             }
         }
-        match ready!(decode(conn, &mut self.state, cx)) {
+        let decoded = decode(conn, &mut self.state, cx);
+        if decoded.is_ready() {
+            self.waiting = false;
+        } else if conn.body_stalled(cx, &mut self.waiting) {
+            // A backend that stops sending mid-body (`stall`, as for hyper's client).
+            self.state = State::Done;
+            self.conn = None;
+            return Poll::Ready(Some(Err(InlineError::Stalled)));
+        }
+        match ready!(decoded) {
             Err(error) => {
                 self.state = State::Done;
                 self.conn = None;

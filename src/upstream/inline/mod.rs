@@ -73,6 +73,8 @@ pub enum InlineError {
     RequestBody(BoxError),
     #[error("no response head within the response timeout")]
     TimedOut,
+    #[error("the backend sent nothing of the body for the response timeout")]
+    Stalled,
 }
 
 impl InlineError {
@@ -188,6 +190,17 @@ impl InlineConn {
         } else {
             Poll::Pending
         }
+    }
+
+    /// For a body read that has to wait (`waiting`: this wait began before): the response
+    /// limit runs again from the wait's start (the clock read once a wait); whether it passed.
+    fn body_stalled(&mut self, cx: &mut Context<'_>, waiting: &mut bool) -> bool {
+        if !*waiting {
+            *waiting = true;
+            self.arm_deadline();
+        }
+        self.poll_by_deadline(cx, Poll::<Result<(), InlineError>>::Pending)
+            .is_ready()
     }
 
     /// Sends `head` (HTTP/1.1 form, with the `X-Forwarded-*` and `X-Request-Id` still to add)
