@@ -42,6 +42,7 @@ PROXIES=${PROXIES:-"aralez nginx haproxy"}
 BASE_PORT=${BASE_PORT:-18080}
 PROXY_CPU=${PROXY_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
+CONNLOAD_RATES=${CONNLOAD_RATES:-}
 WARMUP=2
 OTHER_WARN_PCT=3   # flag a window where other processes used more than this % of the machine
 
