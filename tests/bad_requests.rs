@@ -133,12 +133,19 @@ async fn bad_requests_get_4xx_and_garbage_backends_502() {
 async fn a_broken_request_body_is_the_clients_400_and_never_sent_again() {
     let h1 = Backend::builder("h1").h1_only().start().await;
     let h2 = Backend::start("h2").await;
+    let tls = start_tls_backend("tls", &[b"http/1.1"]).await;
     let yaml = Upstreams::new()
         .host(
             "DEFAULT",
             Host::new()
                 .path("/h1", Path::servers(&[&h1]).healthcheck(false))
-                .path("/h2", Path::servers(&[&h2]).healthcheck(false)),
+                .path("/h2", Path::servers(&[&h2]).healthcheck(false))
+                .path(
+                    "/tls",
+                    Path::addrs(&[format!("https://{tls}")])
+                        .healthcheck(false)
+                        .upstream_tls_verify(false),
+                ),
         )
         .render();
     // One worker: one pool, which the first requests fill.
@@ -150,12 +157,13 @@ async fn a_broken_request_body_is_the_clients_400_and_never_sent_again() {
         ),
         ("a chunk line ended by a bare LF", "2\nab\n0\n\n"),
     ];
-    for (route, backend) in [("/h1", &h1), ("/h2", &h2)] {
+    // aralez's HTTP/1.1 client, hyper's over HTTP/2 (h2c detected) and over HTTP/1.1 (TLS).
+    for (route, backend) in [("/h1", Some(&h1)), ("/h2", Some(&h2)), ("/tls", None)] {
         let mut client = Client::connect(Proto::H1, proxy.addr).await;
         for _ in 0..2 {
             assert_eq!(client.get("a", route).await.status(), 200, "{route}");
         }
-        let accepts = backend.accepts();
+        let accepts = backend.map(Backend::accepts);
         for (what, body) in malformed {
             let request = format!(
                 "POST {route} HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n{body}"
@@ -167,7 +175,7 @@ async fn a_broken_request_body_is_the_clients_400_and_never_sent_again() {
             );
         }
         assert_eq!(
-            backend.accepts(),
+            backend.map(Backend::accepts),
             accepts,
             "{route}: backend connections opened for bodies that broke before a byte went out"
         );
@@ -338,13 +346,19 @@ async fn idle_connections_close_after_client_idle_timeout_busy_ones_stay() {
     );
 }
 
-/// Answers every request head read from `stream` with `answer`, as long as the peer keeps the
-/// connection.
-async fn answer_each_head<S>(mut stream: S, answer: &'static [u8])
+/// What a scripted backend does after an answer.
+#[derive(Clone, Copy)]
+enum Then {
+    AnswerTheNext,
+    /// Holds the connection open without a byte more.
+    Stall,
+}
+
+/// Answers each request head read from `stream` with `answer`, then does as `then` says.
+async fn scripted_backend<S>(mut stream: S, answer: &'static [u8], then: Then)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut seen = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
@@ -357,29 +371,31 @@ where
             if stream.write_all(answer).await.is_err() {
                 return;
             }
+            if let Then::Stall = then {
+                // Unread until the proxy lets go.
+                let _ = stream.read(&mut buf).await;
+                return;
+            }
         }
     }
 }
 
-/// A backend answer with both `Content-Length` and `Transfer-Encoding: chunked` is framed by
-/// the chunks (RFC 9112 §6.3), and its length does not go on to the client: it did, beside the
-/// chunks' 3 bytes, so the client waited for 5, or aralez's own HTTP/1.1 writer gave up on the
-/// answer and the client got an empty reply. Over aralez's HTTP/1.1 client (plain) and hyper's
-/// (TLS), to HTTP/1.1 and h2c clients.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_length_beside_a_transfer_coding_does_not_reach_the_client() {
-    const ANSWER: &[u8] =
-        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
+/// Routes `/plain` (aralez's HTTP/1.1 client) and `/tls` (hyper's, HTTP/1.1 over TLS) to a
+/// scripted backend each.
+async fn scripted_routes(answer: &'static [u8], then: Then) -> String {
     let plain = bind_local().await;
     let plain_addr = plain.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((stream, _)) = plain.accept().await {
-            tokio::spawn(answer_each_head(stream, ANSWER));
+            tokio::spawn(scripted_backend(stream, answer, then));
         }
     });
     let acceptor = tls_backend_acceptor(&[b"http/1.1"]);
-    let tls_addr = serve_tls(acceptor, any_local(), |tls| answer_each_head(tls, ANSWER)).await;
-    let yaml = Upstreams::new()
+    let tls_addr = serve_tls(acceptor, any_local(), move |tls| {
+        scripted_backend(tls, answer, then)
+    })
+    .await;
+    Upstreams::new()
         .host(
             "DEFAULT",
             Host::new()
@@ -394,7 +410,19 @@ async fn a_length_beside_a_transfer_coding_does_not_reach_the_client() {
                         .upstream_tls_verify(false),
                 ),
         )
-        .render();
+        .render()
+}
+
+/// A backend answer with both `Content-Length` and `Transfer-Encoding: chunked` is framed by
+/// the chunks (RFC 9112 §6.3), and its length does not go on to the client: it did, beside the
+/// chunks' 3 bytes, so the client waited for 5, or aralez's own HTTP/1.1 writer gave up on the
+/// answer and the client got an empty reply. Over aralez's HTTP/1.1 client (plain) and hyper's
+/// (TLS), to HTTP/1.1 and h2c clients.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_length_beside_a_transfer_coding_does_not_reach_the_client() {
+    const ANSWER: &[u8] =
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
+    let yaml = scripted_routes(ANSWER, Then::AnswerTheNext).await;
     let proxy = ProxyProcess::start(&yaml, "");
     for proto in PROTOCOLS {
         let mut client = Client::connect(proto, proxy.addr).await;
@@ -418,26 +446,6 @@ async fn a_length_beside_a_transfer_coding_does_not_reach_the_client() {
     }
 }
 
-/// Answers the first request head read from `stream` with `answer` and then sends nothing more,
-/// holding the connection open.
-async fn answer_and_stall<S>(mut stream: S, answer: &'static [u8])
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
-    let mut seen = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
-        match stream.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => seen.extend_from_slice(&buf[..n]),
-        }
-    }
-    if stream.write_all(answer).await.is_ok() {
-        // Held open (and unread) until the proxy lets go.
-        let _ = stream.read(&mut buf).await;
-    }
-}
-
 /// A backend that stops sending in the middle of a body is cut once nothing has come for the
 /// response timeout (nginx's `proxy_read_timeout`): the client's answer ends in an error then.
 /// It used to wait as long as the client did, holding both connections. Over aralez's HTTP/1.1
@@ -445,31 +453,7 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_that_stalls_mid_body_is_cut_after_the_response_timeout() {
     const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nfirst part";
-    let plain = bind_local().await;
-    let plain_addr = plain.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = plain.accept().await {
-            tokio::spawn(answer_and_stall(stream, ANSWER));
-        }
-    });
-    let acceptor = tls_backend_acceptor(&[b"http/1.1"]);
-    let tls_addr = serve_tls(acceptor, any_local(), |tls| answer_and_stall(tls, ANSWER)).await;
-    let yaml = Upstreams::new()
-        .host(
-            "DEFAULT",
-            Host::new()
-                .path(
-                    "/plain",
-                    Path::addrs(&[format!("http://{plain_addr}")]).healthcheck(false),
-                )
-                .path(
-                    "/tls",
-                    Path::addrs(&[format!("https://{tls_addr}")])
-                        .healthcheck(false)
-                        .upstream_tls_verify(false),
-                ),
-        )
-        .render();
+    let yaml = scripted_routes(ANSWER, Then::Stall).await;
     let proxy = ProxyProcess::start(&yaml, "upstream_response_timeout: 1");
     for proto in PROTOCOLS {
         for path in ["/plain", "/tls"] {

@@ -304,11 +304,13 @@ pub fn exchange_error(error: &hyper::Error) -> ConnectErrorKind {
 }
 
 /// Whether hyper's client failed because the request body did (the client's malformed or cut
-/// body): over HTTP/1.1 hyper says so; over HTTP/2 the stream was reset by hyper on this
-/// side, which it does for a failed body (or a request nobody waits for any more).
+/// body). Over HTTP/1.1 hyper says so: a user error with a cause, the body's error (the client
+/// side's other user errors, a connection's task gone among them, carry none). Over HTTP/2 the
+/// stream was reset by hyper on this side, which it does for a failed body (or a request nobody
+/// waits for any more).
 pub fn is_client_body_error(error: &hyper::Error) -> bool {
     if error.is_user() {
-        return true;
+        return std::error::Error::source(error).is_some();
     }
     let h2 = std::error::Error::source(error).and_then(|e| e.downcast_ref::<h2::Error>());
     h2.is_some_and(|e| e.is_reset() && !e.is_remote() && !e.is_library())
