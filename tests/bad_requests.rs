@@ -136,16 +136,21 @@ async fn a_broken_request_body_is_the_clients_400_and_never_sent_again() {
     let tls = start_tls_backend("tls", &[b"http/1.1"]).await;
     let yaml = Upstreams::new()
         .host(
-            "DEFAULT",
-            Host::new()
-                .path("/h1", Path::servers(&[&h1]).healthcheck(false))
-                .path("/h2", Path::servers(&[&h2]).healthcheck(false))
-                .path(
-                    "/tls",
-                    Path::addrs(&[format!("https://{tls}")])
-                        .healthcheck(false)
-                        .upstream_tls_verify(false),
-                ),
+            "h1.test",
+            Host::new().path("/", Path::servers(&[&h1]).healthcheck(false)),
+        )
+        .host(
+            "h2.test",
+            Host::new().path("/", Path::servers(&[&h2]).healthcheck(false)),
+        )
+        .host(
+            "tls.test",
+            Host::new().path(
+                "/",
+                Path::addrs(&[format!("https://{tls}")])
+                    .healthcheck(false)
+                    .upstream_tls_verify(false),
+            ),
         )
         .render();
     // One worker: one pool, which the first requests fill.
@@ -158,15 +163,19 @@ async fn a_broken_request_body_is_the_clients_400_and_never_sent_again() {
         ("a chunk line ended by a bare LF", "2\nab\n0\n\n"),
     ];
     // aralez's HTTP/1.1 client, hyper's over HTTP/2 (h2c detected) and over HTTP/1.1 (TLS).
-    for (route, backend) in [("/h1", Some(&h1)), ("/h2", Some(&h2)), ("/tls", None)] {
+    for (route, backend) in [
+        ("h1.test", Some(&h1)),
+        ("h2.test", Some(&h2)),
+        ("tls.test", None),
+    ] {
         let mut client = Client::connect(Proto::H1, proxy.addr).await;
         for _ in 0..2 {
-            assert_eq!(client.get("a", route).await.status(), 200, "{route}");
+            assert_eq!(client.get(route, "/").await.status(), 200, "{route}");
         }
         let accepts = backend.map(Backend::accepts);
         for (what, body) in malformed {
             let request = format!(
-                "POST {route} HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n{body}"
+                "POST / HTTP/1.1\r\nHost: {route}\r\nTransfer-Encoding: chunked\r\n\r\n{body}"
             );
             let status = raw_exchange(proxy.addr, request.as_bytes()).await;
             assert!(
@@ -179,13 +188,16 @@ async fn a_broken_request_body_is_the_clients_400_and_never_sent_again() {
             accepts,
             "{route}: backend connections opened for bodies that broke before a byte went out"
         );
-        let cut = format!("POST {route} HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nab");
+        // The backend answers without reading the body: it waits a little (`/slow/`), so the
+        // body is cut before the answer could come, as the case is meant.
+        let cut =
+            format!("POST /slow/300 HTTP/1.1\r\nHost: {route}\r\nContent-Length: 10\r\n\r\nab");
         let status = raw_exchange_then_close(proxy.addr, cut.as_bytes()).await;
         assert!(
             status.starts_with("HTTP/1.1 400"),
             "{route}, a cut body: {status:?}"
         );
-        assert_eq!(client.get("a", route).await.status(), 200, "{route}");
+        assert_eq!(client.get(route, "/").await.status(), 200, "{route}");
     }
 }
 
@@ -442,6 +454,24 @@ async fn a_length_beside_a_transfer_coding_does_not_reach_the_client() {
             .unwrap_or_else(|_| panic!("{what}: the body never ended"));
             let body = body.unwrap_or_else(|e| panic!("{what}: {e}")).to_bytes();
             assert_eq!(&body[..], b"abc", "{what}");
+        }
+    }
+}
+
+/// A backend answer in a transfer coding the proxy does not decode (`gzip, chunked`) is a 502,
+/// as nginx answers it: the chunks were decoded and the gzip went with the field, so the client
+/// took gzip bytes for the body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_in_a_transfer_coding_not_decoded_is_a_502() {
+    const ANSWER: &[u8] =
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
+    let proxy = ProxyProcess::start(&scripted_routes(ANSWER, Then::AnswerTheNext).await, "");
+    for proto in PROTOCOLS {
+        let mut client = Client::connect(proto, proxy.addr).await;
+        for path in ["/plain", "/tls"] {
+            let resp = client.get("a", path).await;
+            assert_eq!(resp.status(), 502, "{proto:?} {path}");
+            body_bytes(resp).await;
         }
     }
 }

@@ -19,7 +19,7 @@ use crate::proxy::upgrade::is_extended_connect;
 use crate::proxy::{Forwarder, RespBody};
 use crate::vocab::acme_challenges::Challenges;
 use crate::vocab::error::is_grpc;
-use crate::vocab::headers::X_REQUEST_ID;
+use crate::vocab::headers::{only_chunked, X_REQUEST_ID};
 use crate::vocab::normalise;
 use crate::vocab::{ClientBody, ClientConn, ProxyError};
 
@@ -192,14 +192,12 @@ fn check_transfer_coding(req: &Request<ClientBody>) -> Result<(), ProxyError> {
     if !matches!(req.body(), ClientBody::Hyper(_)) || req.version() > Version::HTTP_11 {
         return Ok(());
     }
-    let mut codings = req
-        .headers()
-        .get_all(http::header::TRANSFER_ENCODING)
-        .iter();
-    match (codings.next(), codings.next()) {
-        (None, _) => Ok(()),
-        (Some(one), None) if one.as_bytes().trim_ascii().eq_ignore_ascii_case(b"chunked") => Ok(()),
-        _ => Err(ProxyError::UnsupportedTransferCoding),
+    let codings = req.headers().get_all(http::header::TRANSFER_ENCODING);
+    let mut values = codings.iter().map(HeaderValue::as_bytes).peekable();
+    if values.peek().is_none() || only_chunked(values) {
+        Ok(())
+    } else {
+        Err(ProxyError::UnsupportedTransferCoding)
     }
 }
 

@@ -31,6 +31,7 @@ use super::inline::{BodyLength, InlineConn, InlineError, SendFailure};
 use super::pooled_body::{PoolHome, PooledBody, Reusable};
 use super::slot::StreamTicket;
 use crate::vocab::forwarded::Deferred;
+use crate::vocab::headers::only_chunked;
 use crate::vocab::normalise::strip_port;
 use crate::vocab::request_body::BoxError;
 use crate::vocab::WorkerId;
@@ -263,7 +264,7 @@ async fn send_h1(
                 Err(_) => return Err(SendError::Timeout),
                 Ok(Ok(resp)) => {
                     backend.metrics.upstream_connection(x.worker, true);
-                    return Ok(wrap_h1(x, t, resp, conn));
+                    return wrap_h1(x, t, resp, conn);
                 }
                 Ok(Err(mut err)) => match err.take_message() {
                     // Never written: try the next idle connection, or a new one.
@@ -303,27 +304,34 @@ async fn send_on_new_h1(
         Err(_) => Err(SendError::Timeout),
         Ok(Ok(resp)) => {
             x.backend.metrics.upstream_connection(x.worker, false);
-            Ok(wrap_h1(x, t, resp, conn))
+            wrap_h1(x, t, resp, conn)
         }
         Ok(Err(err)) => Err(classify(err, false)),
     }
 }
 
 /// The response, with its connection to go back to the pool when the body ends; an upgraded
-/// connection belongs to the upgrade now, never to the pool.
+/// connection belongs to the upgrade now, never to the pool. A transfer coding hyper does not
+/// decode (anything but one `chunked`) is refused, as the inline client refuses it.
 fn wrap_h1(
     x: Exchange<'_>,
     t: &Target,
     resp: Response<Incoming>,
     conn: http1::SendRequest<UpBody>,
-) -> Response<PooledBody> {
+) -> Result<Response<PooledBody>, SendError> {
+    let codings = resp.headers().get_all(header::TRANSFER_ENCODING);
+    let mut values = codings.iter().map(http::HeaderValue::as_bytes).peekable();
+    if values.peek().is_some() && !only_chunked(values) {
+        let error = "a transfer coding other than chunked";
+        return Err(SendError::BadResponse(error.into()));
+    }
     let conn = (resp.status() != http::StatusCode::SWITCHING_PROTOCOLS).then(|| Reusable {
         conn,
         backend: x.backend.clone(),
         worker: x.worker,
         sni: t.sni.clone(),
     });
-    PooledBody::wrap(resp, (conn, None), x.timeouts.response)
+    Ok(PooledBody::wrap(resp, (conn, None), x.timeouts.response))
 }
 
 async fn send_on_h2(

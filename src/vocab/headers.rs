@@ -59,6 +59,17 @@ pub fn lists_token(value: &[u8], token: &[u8]) -> bool {
     })
 }
 
+/// Whether `Transfer-Encoding` field values are one `chunked` and nothing else: the one
+/// transfer coding the proxy decodes (RFC 9112 §6.1). Another coding, alone or before
+/// `chunked`, would be lost with the field on the way on, and its coded bytes taken for the
+/// body; nginx refuses them too.
+pub fn only_chunked<'a>(mut values: impl Iterator<Item = &'a [u8]>) -> bool {
+    match (values.next(), values.next()) {
+        (Some(one), None) => one.trim_ascii().eq_ignore_ascii_case(b"chunked"),
+        _ => false,
+    }
+}
+
 /// A `Content-Length` value (or one item of a list of them): decimal digits only, at most 19
 /// (which always fit in a `u64`).
 pub fn decimal_length(digits: &[u8]) -> Option<u64> {

@@ -6,7 +6,7 @@ use http::header::{self, HeaderName};
 use http::{StatusCode, Version};
 
 use super::InlineError;
-use crate::vocab::headers::lists_token;
+use crate::vocab::headers::{lists_token, only_chunked};
 
 /// How a response's body is delimited, and whether its connection may carry another request
 /// afterwards.
@@ -45,22 +45,21 @@ impl Framing {
             let state = State::Length(0);
             return Ok(Framing { state, keep_alive });
         }
-        let state = match (fields.last_coding_chunked, fields.content_length) {
-            (Some(chunked), length) => {
+        let state = match (fields.coding, fields.content_length) {
+            (Coding::Chunked, length) => {
                 // Both headers: a message that smuggling is made of; answer it, keep nothing
                 // after it.
                 if length != ContentLength::Absent {
                     keep_alive = false;
                 }
-                if chunked {
-                    State::ChunkSize
-                } else {
-                    State::UntilClose
-                }
+                State::ChunkSize
             }
-            (None, ContentLength::Is(length)) => State::Length(length),
-            (None, ContentLength::Invalid(what)) => return Err(InlineError::Invalid(what)),
-            (None, ContentLength::Absent) => State::UntilClose,
+            (Coding::Other, _) => {
+                return Err(InlineError::Invalid("a transfer coding other than chunked"))
+            }
+            (Coding::None, ContentLength::Is(length)) => State::Length(length),
+            (Coding::None, ContentLength::Invalid(what)) => return Err(InlineError::Invalid(what)),
+            (Coding::None, ContentLength::Absent) => State::UntilClose,
         };
         if state == State::UntilClose {
             keep_alive = false;
@@ -78,9 +77,19 @@ pub struct FramingFields {
     /// A `Connection` value lists the option that decides whether the connection is kept:
     /// `close` in HTTP/1.1, `keep-alive` in HTTP/1.0.
     listed: bool,
-    /// With `Transfer-Encoding`: whether the last coding of its last value is `chunked`.
-    last_coding_chunked: Option<bool>,
+    /// What `Transfer-Encoding` said.
+    coding: Coding,
     content_length: ContentLength,
+}
+
+/// The `Transfer-Encoding` fields seen so far: none, one `chunked` (the only coding decoded,
+/// [`only_chunked`]), or anything else (refused: nginx's "upstream sent unknown
+/// Transfer-Encoding").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Coding {
+    None,
+    Chunked,
+    Other,
 }
 
 /// The `Content-Length` fields seen so far: every value (and every item of a list) must be the
@@ -99,7 +108,7 @@ impl FramingFields {
         FramingFields {
             http11: version == Version::HTTP_11,
             listed: false,
-            last_coding_chunked: None,
+            coding: Coding::None,
             content_length: ContentLength::Absent,
         }
     }
@@ -111,7 +120,10 @@ impl FramingFields {
             let deciding: &[u8] = if self.http11 { b"close" } else { b"keep-alive" };
             self.listed |= lists_token(value, deciding);
         } else if *name == header::TRANSFER_ENCODING {
-            self.last_coding_chunked = Some(last_coding_is_chunked(value));
+            self.coding = match self.coding {
+                Coding::None if only_chunked(std::iter::once(value)) => Coding::Chunked,
+                _ => Coding::Other,
+            };
         } else if *name == header::CONTENT_LENGTH {
             self.content_length = self.content_length.and(value);
         }
@@ -150,13 +162,6 @@ impl ContentLength {
     }
 }
 
-fn last_coding_is_chunked(value: &[u8]) -> bool {
-    value
-        .rsplit(|&b| b == b',')
-        .next()
-        .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,8 +189,8 @@ mod tests {
         Ok(Framing { state, keep_alive })
     }
 
-    /// RFC 9112 §6.3 from the noted fields: the last coding of the last `Transfer-Encoding`
-    /// decides chunked; both lengths or no length close; `Content-Length` values must agree and
+    /// RFC 9112 §6.3 from the noted fields: one `Transfer-Encoding: chunked` is chunked, any
+    /// other coding is refused (the proxy decodes none); both lengths or no length close; `Content-Length` values must agree and
     /// be decimal, unless `Transfer-Encoding` or a bodiless status makes them moot; `close` (1.1)
     /// and `keep-alive` (1.0) may sit anywhere in any `Connection` value, in any case.
     #[test]
@@ -193,6 +198,7 @@ mod tests {
         use State::{ChunkSize, Length, UntilClose};
         let (h10, h11) = (Version::HTTP_10, Version::HTTP_11);
         let differing = Err("differing Content-Length values");
+        let coded = Err("a transfer coding other than chunked");
         #[rustfmt::skip]
         let cases = [
             (h11, 200, "content-length: 5", is(Length(5), KEPT)),
@@ -204,10 +210,14 @@ mod tests {
             (h11, 200, "content-length: x", Err("Content-Length")),
             (h11, 204, "content-length: x", is(Length(0), KEPT)),
             (h11, 304, "transfer-encoding: chunked", is(Length(0), KEPT)),
-            (h11, 200, "transfer-encoding: gzip, chunked", is(ChunkSize, KEPT)),
-            (h11, 200, "transfer-encoding: chunked, gzip", is(UntilClose, CLOSED)),
-            (h11, 200, "transfer-encoding: gzip\ntransfer-encoding:  Chunked ", is(ChunkSize, KEPT)),
-            (h11, 200, "transfer-encoding: chunked\ntransfer-encoding: gzip", is(UntilClose, CLOSED)),
+            (h11, 200, "transfer-encoding:  Chunked ", is(ChunkSize, KEPT)),
+            (h11, 200, "transfer-encoding: gzip, chunked", coded),
+            (h11, 200, "transfer-encoding: chunked, gzip", coded),
+            (h11, 200, "transfer-encoding: gzip\ntransfer-encoding:  Chunked ", coded),
+            (h11, 200, "transfer-encoding: chunked\ntransfer-encoding: gzip", coded),
+            (h11, 200, "transfer-encoding: chunked\ntransfer-encoding: chunked", coded),
+            (h11, 200, "transfer-encoding: gzip", coded),
+            (h11, 204, "transfer-encoding: gzip", is(Length(0), KEPT)),
             (h11, 200, "content-length: x\ntransfer-encoding: chunked", is(ChunkSize, CLOSED)),
             (h11, 200, "transfer-encoding: chunked\ncontent-length: 3", is(ChunkSize, CLOSED)),
             (h11, 200, "", is(UntilClose, CLOSED)),

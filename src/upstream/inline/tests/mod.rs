@@ -206,7 +206,7 @@ async fn chunks_and_trailers_arrive_one_byte_at_a_time() {
 #[tokio::test]
 async fn chunked_without_trailers_and_a_split_head() {
     let answer: &[u8] =
-        b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: Chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
     let (got, kept) = exchange(get("/"), vec![answer], Pace::ByteByByte).await;
     let (_, collected) = got.unwrap();
     assert!(collected.trailers().is_none());
@@ -308,8 +308,12 @@ async fn invalid_heads_are_bad_responses() {
     }
     many.extend_from_slice(b"\r\n");
     let many: &'static [u8] = many.leak();
-    let cases: [&'static [u8]; 6] = [
+    let cases: [&'static [u8]; 9] = [
         b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nabc",
+        // A transfer coding that is not decoded would reach the client unlabelled.
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nabc",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nContent-Length: +3\r\n\r\nabc",
         b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n",
         b"SSH-2.0-OpenSSH\r\n\r\n",
