@@ -190,9 +190,10 @@ mod tests {
     }
 
     /// RFC 9112 §6.3 from the noted fields: one `Transfer-Encoding: chunked` is chunked, any
-    /// other coding is refused (the proxy decodes none); both lengths or no length close; `Content-Length` values must agree and
-    /// be decimal, unless `Transfer-Encoding` or a bodiless status makes them moot; `close` (1.1)
-    /// and `keep-alive` (1.0) may sit anywhere in any `Connection` value, in any case.
+    /// other coding is refused (the proxy decodes none); both lengths or no length close;
+    /// `Content-Length` values must agree and be decimal, unless `Transfer-Encoding` or a
+    /// bodiless status makes them moot; `close` (1.1) and `keep-alive` (1.0) may sit anywhere in
+    /// any `Connection` value, in any case.
     #[test]
     fn framing_follows_every_field_of_the_head() {
         use State::{ChunkSize, Length, UntilClose};
