@@ -68,13 +68,7 @@ async fn sigterm_finishes_in_flight_requests_then_exits_zero() {
         signalled.elapsed() >= Duration::from_millis(1500),
         "finished too early"
     );
-    let status = tokio::task::block_in_place(|| proxy.wait_exit(Duration::from_secs(15)));
-    assert_eq!(
-        status.map(|s| s.code()),
-        Some(Some(0)),
-        "{}",
-        proxy.log_text()
-    );
+    proxy.expect_clean_exit(Duration::from_secs(15), "after SIGTERM");
     assert!(!pid_file.exists(), "pid file left behind");
     assert!(refused(addr).await);
 }
@@ -138,13 +132,7 @@ async fn wait_until(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
 /// SIGQUIT to `old` (an upgraded-from process): it drains and exits 0 within 15 s.
 fn quit_cleanly(old: &mut ProxyProcess, what: &str) {
     old.signal(Signal::SIGQUIT);
-    let status = tokio::task::block_in_place(|| old.wait_exit(Duration::from_secs(15)));
-    assert_eq!(
-        status.map(|s| s.code()),
-        Some(Some(0)),
-        "{what}: {}",
-        old.log_text()
-    );
+    old.expect_clean_exit(Duration::from_secs(15), what);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

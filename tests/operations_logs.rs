@@ -384,8 +384,7 @@ async fn lines_still_queued_at_sigterm_are_written() {
     }
     drop(client);
     proxy.signal(nix::sys::signal::Signal::SIGTERM);
-    let status = tokio::task::block_in_place(|| proxy.wait_exit(Duration::from_secs(10)));
-    assert_eq!(status.and_then(|s| s.code()), Some(0));
+    proxy.expect_clean_exit(Duration::from_secs(10), "after SIGTERM");
     let all = eventually(Duration::from_secs(5), || {
         access_lines(&proxy.log_text()).len() == 5
     });

@@ -135,13 +135,9 @@ impl ProxyError {
             ProxyError::BasicAuthRequired | ProxyError::TokenRequired => "16",
             ProxyError::ApiKeyRequired => "7",
             ProxyError::RateLimited | ProxyError::TooMany4xx => "8",
-            ProxyError::MissingHost
-            | ProxyError::DuplicateHost
-            | ProxyError::InvalidHost
-            | ProxyError::HostMismatch
-            | ProxyError::BadTarget
-            | ProxyError::AmbiguousPath
-            | ProxyError::ClientBody => "3",
+            // A 400 is the request's own fault (INVALID_ARGUMENT); a cluster master's is not.
+            ProxyError::ClusterMaster => "14",
+            malformed if malformed.status() == StatusCode::BAD_REQUEST => "3",
             _ => "14",
         }
     }
@@ -276,12 +272,18 @@ mod tests {
     }
 
     #[test]
-    fn grpc_statuses_for_policies() {
+    fn grpc_statuses_for_policies_and_malformed_requests() {
         for (err, code) in [
             (ProxyError::TokenRequired, "16"),
             (ProxyError::ApiKeyRequired, "7"),
             (ProxyError::RateLimited, "8"),
             (ProxyError::AuthServiceTimeout, "14"),
+            // The request's own fault is INVALID_ARGUMENT; a cluster master's 400 is not.
+            (ProxyError::InvalidHost, "3"),
+            (ProxyError::ClientBody, "3"),
+            (ProxyError::MissingHost, "3"),
+            (ProxyError::ClusterMaster, "14"),
+            (ProxyError::UnsupportedTransferCoding, "12"),
         ] {
             let resp: Response<Body> = err.response_for(true);
             assert_eq!(resp.headers()["grpc-status"], code, "{err:?}");

@@ -492,6 +492,18 @@ impl ProxyProcess {
         status
     }
 
+    /// Waits for the process to exit (at most `limit`) and asserts it exited 0; `what` and the
+    /// log say which otherwise.
+    pub fn expect_clean_exit(&mut self, limit: Duration, what: &str) {
+        let status = tokio::task::block_in_place(|| self.wait_exit(limit));
+        assert_eq!(
+            status.map(|s| s.code()),
+            Some(Some(0)),
+            "{what}: {}",
+            self.log_text()
+        );
+    }
+
     /// The address logged after `marker` (e.g. "admin API on http://"), waiting up to 10 s.
     pub fn logged_addr(&self, marker: &str) -> SocketAddr {
         let mut found = None;
