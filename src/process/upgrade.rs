@@ -3,9 +3,8 @@
 //! A running process listens on the unix socket `upgrade_sock` (mode 0600). A new process started
 //! with `-u` connects; the old one answers with one message carrying duplicates of all its
 //! listening sockets (SCM_RIGHTS) and their names (`http`, `tls`, `files`, `quic`, `admin`,
-//! `admin-tls`). Both processes now accept on
-//! the very same sockets, so no connection is refused; the new one takes over `upgrade_sock` for
-//! the next upgrade. SIGQUIT then tells the old one to stop accepting, drain and exit: its
+//! `admin-tls`). Both processes now accept on the very same sockets, so no connection is refused;
+//! the new one takes over `upgrade_sock` for the next upgrade. SIGQUIT then tells the old one to stop accepting, drain and exit: its
 //! descriptors close, but the sockets stay open in the new process.
 
 use std::io::{IoSlice, IoSliceMut, Read};
