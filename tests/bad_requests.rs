@@ -465,7 +465,19 @@ async fn a_length_beside_a_transfer_coding_does_not_reach_the_client() {
 async fn an_answer_in_a_transfer_coding_not_decoded_is_a_502() {
     const ANSWER: &[u8] =
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
-    let proxy = ProxyProcess::start(&scripted_routes(ANSWER, Then::AnswerTheNext).await, "");
+    answers_are_502(ANSWER).await;
+}
+
+/// A status past 599 is no status (RFC 9110 §15): it was passed on, with the reason `<none>`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_with_a_status_past_599_is_a_502() {
+    answers_are_502(b"HTTP/1.1 600 Odd\r\nContent-Length: 3\r\n\r\nabc").await;
+}
+
+/// `answer`, from a backend behind each of both clients, reaches HTTP/1.1 and h2c clients as
+/// a 502.
+async fn answers_are_502(answer: &'static [u8]) {
+    let proxy = ProxyProcess::start(&scripted_routes(answer, Then::AnswerTheNext).await, "");
     for proto in PROTOCOLS {
         let mut client = Client::connect(proto, proxy.addr).await;
         for path in ["/plain", "/tls"] {

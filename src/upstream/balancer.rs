@@ -152,6 +152,11 @@ pub fn send<'a>(
                 other => other,
             };
             match sent {
+                Ok(resp) if resp.status().as_u16() > 599 => {
+                    // RFC 9110 §15: outside 100..=599 is no status; taken as the server error it is.
+                    tracing::warn!(backend = %backend.label, "invalid response: status {}", resp.status());
+                    return Err(ProxyError::BadResponse);
+                }
                 Ok(mut resp) => {
                     backend.note_answer(worker, resp.status());
                     resp.body_mut()

@@ -153,6 +153,7 @@ pub fn encode(
     Ok(Written { framing, close })
 }
 
+/// The status line; a status with no registered reason gets an empty one (RFC 9112 §4).
 fn status_line(out: &mut Vec<u8>, status: StatusCode) {
     if status == StatusCode::OK {
         out.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
@@ -161,7 +162,7 @@ fn status_line(out: &mut Vec<u8>, status: StatusCode) {
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(status.as_str().as_bytes());
     out.push(b' ');
-    out.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes());
+    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
 }
 
@@ -266,5 +267,16 @@ mod tests {
             without.starts_with("HTTP/1.1 200 OK\r\nx-request-id: from-backend\r\nserver: b\r\n"),
             "{without}"
         );
+    }
+
+    /// A status with no registered reason gets an empty one, not a placeholder word.
+    #[test]
+    fn a_status_without_a_reason_has_an_empty_one() {
+        let mut out = Vec::new();
+        status_line(&mut out, StatusCode::from_u16(299).expect("a status"));
+        assert_eq!(out, b"HTTP/1.1 299 \r\n");
+        out.clear();
+        status_line(&mut out, StatusCode::NOT_FOUND);
+        assert_eq!(out, b"HTTP/1.1 404 Not Found\r\n");
     }
 }
