@@ -9,6 +9,7 @@ use crate::support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use http_body_util::BodyExt;
 use inproc::Proxy;
 use policies_support::AuthService;
 use support::{Backend, Host, Path, Upstreams};
@@ -470,6 +471,30 @@ async fn a_client_that_never_reads_is_cut_off_after_the_send_timeout() {
     // A client that reads is served all along.
     let mut ok = support::Client::connect(support::Proto::H2c, proxy.addr).await;
     assert_eq!(ok.get("any", "/").await.status(), 200);
+}
+
+/// The send timeout is the client's: a backend slower than it to answer, or quiet longer than
+/// it in the middle of its answer, is bounded by `upstream_response_timeout` alone. Both used
+/// to be cut at the send timeout, with no answer, over HTTP/1.1 and h2c alike.
+#[tokio::test(start_paused = true)]
+async fn a_slow_backend_is_not_cut_by_the_clients_send_timeout() {
+    let backend = Backend::start("b").await;
+    let proxy = Proxy::start(
+        &support::default_route(&[&backend]),
+        "client_send_timeout: 5\nupstream_response_timeout: 30",
+    )
+    .await;
+    for proto in [support::Proto::H1, support::Proto::H2c] {
+        let mut client = support::Client::connect(proto, proxy.addr).await;
+        let resp = client.get("any", "/slow/12000").await;
+        assert_eq!(resp.status(), 200, "{proto:?}");
+        assert_eq!(support::body_bytes(resp).await, "b", "{proto:?}");
+        let resp = client.get("any", "/pause/12000").await;
+        assert_eq!(resp.status(), 200, "{proto:?}");
+        let body = resp.into_body().collect().await;
+        let body = body.unwrap_or_else(|e| panic!("{proto:?}: the paused answer was cut: {e}"));
+        assert_eq!(body.to_bytes(), "first,rest", "{proto:?}");
+    }
 }
 
 #[tokio::test(start_paused = true)]

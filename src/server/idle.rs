@@ -47,6 +47,9 @@ pub struct Activity {
     /// counter, so the request path never reads the clock for it; the connection's timer
     /// notices when it stops moving.
     progress: AtomicU64,
+    /// Open requests waiting for their backend (its head, or its next body bytes): time the
+    /// backend's own deadlines bound, never the client's doing.
+    waiting: AtomicUsize,
     /// The connection speaks HTTP/2: no request-head deadline between requests.
     http2: AtomicBool,
     /// The timer asks the connection to park ([`super::park`]): hyper's next read that would
@@ -71,6 +74,7 @@ impl Activity {
             open: AtomicUsize::new(0),
             last_end: AtomicU64::new(0),
             progress: AtomicU64::new(0),
+            waiting: AtomicUsize::new(0),
             http2: AtomicBool::new(false),
             park_asked: AtomicBool::new(false),
             read_since_end: AtomicBool::new(false),
@@ -93,7 +97,10 @@ impl Activity {
             self.request_body.store(with_body, Ordering::Relaxed);
         }
         self.progress();
-        InFlight(self.clone())
+        InFlight {
+            activity: self.clone(),
+            waiting: false,
+        }
     }
 
     fn now_nanos(&self) -> u64 {
@@ -168,27 +175,47 @@ impl Activity {
 }
 
 /// One request of a connection, from its start until its response body is done or dropped.
-pub struct InFlight(Arc<Activity>);
+pub struct InFlight {
+    activity: Arc<Activity>,
+    /// Counted in [`Activity::waiting`].
+    waiting: bool,
+}
 
 impl InFlight {
     /// The request made progress (its response head, or a body frame, went out).
     pub fn progress(&self) {
-        self.0.progress();
+        self.activity.progress();
+    }
+
+    /// The request waits for its backend (`true`: its answer, or its body, was not ready when
+    /// asked for), or no longer does. While one does, the connection is not stalled: the
+    /// backend's deadlines bound that wait, and a client that stops reading asks for nothing.
+    pub fn set_waiting(&mut self, waiting: bool) {
+        if self.waiting != waiting {
+            self.waiting = waiting;
+            if waiting {
+                self.activity.waiting.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.activity.waiting.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Whether the listener is draining.
     pub fn draining(&self) -> bool {
-        self.0.draining.load(Ordering::Relaxed)
+        self.activity.draining.load(Ordering::Relaxed)
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
+        self.set_waiting(false);
+        let activity = &self.activity;
         // At least 1: 0 means no request has ended yet.
-        let nanos = self.0.now_nanos().max(1);
-        self.0.last_end.store(nanos, Ordering::Relaxed);
-        self.0.read_since_end.store(false, Ordering::Relaxed);
-        self.0.open.fetch_sub(1, Ordering::Relaxed);
+        let nanos = activity.now_nanos().max(1);
+        activity.last_end.store(nanos, Ordering::Relaxed);
+        activity.read_since_end.store(false, Ordering::Relaxed);
+        activity.open.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -241,9 +268,10 @@ pub struct Timers {
     /// HTTP/1: no request head for this long after the connection's start or its previous
     /// request's end: closed at once.
     pub head: Duration,
-    /// Requests open but none making progress for this long: closed at once (nginx's
-    /// `send_timeout`; a client that stops reading, or an HTTP/2 client that never opens its
-    /// flow-control window, would otherwise hold its streams and their backend connections).
+    /// Requests open but none making progress, and none waiting for its backend, for this
+    /// long: closed at once (nginx's `send_timeout`; a client that stops reading, or an HTTP/2
+    /// client that never opens its flow-control window, would otherwise hold its streams and
+    /// their backend connections). A slow backend is bounded by its own deadlines instead.
     pub send: Duration,
     /// HTTP/1: no request for this long and nothing read since the last one: parked
     /// ([`super::park`]).
@@ -457,7 +485,8 @@ where
                 if now >= stall_at {
                     let progress = activity.progress.load(Ordering::Relaxed);
                     let open = activity.open.load(Ordering::Relaxed) > 0;
-                    if progress != seen.0 || !open {
+                    let waiting = activity.waiting.load(Ordering::Relaxed) > 0;
+                    if progress != seen.0 || !open || waiting {
                         seen = (progress, now);
                     } else if now.saturating_duration_since(seen.1) >= timers.send {
                         tracing::debug!(

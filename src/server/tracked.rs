@@ -101,14 +101,20 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let Ok(mut resp) = std::task::ready!(this.inner.poll(cx));
+        let Poll::Ready(Ok(mut resp)) = this.inner.poll(cx) else {
+            if let Some(in_flight) = this.in_flight.as_mut() {
+                in_flight.set_waiting(true);
+            }
+            return Poll::Pending;
+        };
         if *this.writer == HeadWriter::Hyper {
             if let Some(id) = resp.body_mut().take_request_id() {
                 resp.headers_mut().insert(X_REQUEST_ID.clone(), id);
             }
         }
         let mut draining = false;
-        if let Some(in_flight) = this.in_flight.as_ref() {
+        if let Some(in_flight) = this.in_flight.as_mut() {
+            in_flight.set_waiting(false);
             in_flight.progress();
             draining = in_flight.draining();
         }
@@ -120,7 +126,7 @@ where
         let head = *this.head;
         Poll::Ready(Ok(resp.map(|inner| ActiveBody {
             inner,
-            _in_flight: in_flight,
+            in_flight,
             head,
         })))
     }
@@ -134,7 +140,7 @@ pin_project! {
     pub struct ActiveBody<B> {
         #[pin]
         inner: B,
-        _in_flight: Option<InFlight>,
+        in_flight: Option<InFlight>,
         head: bool,
     }
 }
@@ -158,8 +164,11 @@ impl<B: Body> Body for ActiveBody<B> {
             return Poll::Ready(None);
         }
         let polled = this.inner.poll_frame(cx);
-        if let (Poll::Ready(Some(Ok(_))), Some(in_flight)) = (&polled, this._in_flight.as_ref()) {
-            in_flight.progress();
+        if let Some(in_flight) = this.in_flight.as_mut() {
+            in_flight.set_waiting(polled.is_pending());
+            if let Poll::Ready(Some(Ok(_))) = &polled {
+                in_flight.progress();
+            }
         }
         polled
     }

@@ -376,6 +376,8 @@ pub(crate) async fn answer(
         generated_body(n.parse().unwrap_or(0))
     } else if path.starts_with("/echo") {
         echo_until_error(req.into_body())
+    } else if let Some(ms) = path.strip_prefix("/pause/") {
+        paused_body(Duration::from_millis(ms.parse().unwrap_or(0)))
     } else if let Some(ms) = path.strip_prefix("/slow/") {
         let ms: u64 = ms.parse().unwrap_or(0);
         // The point of /slow/: an answer that really takes this long.
@@ -385,6 +387,25 @@ pub(crate) async fn answer(
         full(name)
     };
     Ok(builder.body(body).expect("backend response"))
+}
+
+/// `first,` at once, then `rest` after `pause`: a backend quiet in the middle of its answer.
+fn paused_body(pause: Duration) -> ClientBody {
+    let frames = futures_util::stream::unfold(0, move |sent| async move {
+        let data: &'static [u8] = match sent {
+            0 => b"first,",
+            1 => {
+                tokio::time::sleep(pause).await;
+                b"rest"
+            }
+            _ => return None,
+        };
+        Some((
+            Ok::<_, Infallible>(hyper::body::Frame::data(data.into())),
+            sent + 1,
+        ))
+    });
+    http_body_util::StreamBody::new(frames).boxed()
 }
 
 /// The request's body as the answer's, ended at the first error. A request body fails when the
