@@ -56,6 +56,7 @@ mod shared_limits;
 mod status_page;
 mod tcp_block;
 mod tls;
+mod trailers;
 mod tunnels;
 mod upstream_protocols;
 mod websocket;

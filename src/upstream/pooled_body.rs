@@ -1,5 +1,6 @@
 //! The backend's response body on its way to the client: it gives its HTTP/1.1 connection back
 //! to the worker's pool once read to the end, and says which backend answered ([`ServedBy`]).
+//! Trailer fields unfit to cross are taken out ([`trailers`]), whichever client read them.
 //!
 //! The backend travels in the body, not in the response's extensions: the first extension of a
 //! response allocates a map, an entry and a box, which every proxied request would pay. Where
@@ -25,6 +26,7 @@ use super::inline::{self, InlineBody, InlineConn};
 use super::slot::StreamTicket;
 use super::stall::StallTimer;
 use crate::vocab::request_body::BoxError;
+use crate::vocab::trailers;
 use crate::vocab::WorkerId;
 
 /// The backend that answered (for metrics, the access log and sticky cookies), and when the
@@ -192,8 +194,12 @@ impl Body for PooledBody {
                     polled
                 }
             }
-            Inner::Inline(b) => return Pin::new(b).poll_frame(cx).map_err(BoxError::from),
+            Inner::Inline(b) => {
+                let polled = Pin::new(b).poll_frame(cx).map_err(BoxError::from);
+                return trailers::fit_frame(polled);
+            }
         };
+        let polled = trailers::fit_frame(polled);
         match &polled {
             Poll::Ready(None) => self.release_if_done(),
             Poll::Ready(Some(Ok(_))) => self.release_if_done(),

@@ -1,7 +1,7 @@
 //! The client's request body on its way to a backend, counting the bytes that pass when the
 //! access log asked for them (`bytes_in`): [`BytesIn`] is the request extension that asks,
 //! [`RequestBody`] the body that counts. Without the extension nothing is counted and the body
-//! is the client's, frame for frame. The counter is held until the body is dropped, so whoever
+//! is the client's, frame for frame, but for trailers unfit to cross ([`super::trailers`]). The counter is held until the body is dropped, so whoever
 //! counts can tell when the request side is over. [`ClientBody`] is what a client connection
 //! hands the router: hyper's body (HTTP/1.1, HTTP/2), an HTTP/3 stream's, or none (a request
 //! aralez's own HTTP/1.1 server side read).
@@ -124,7 +124,7 @@ impl Body for RequestBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        let polled = super::trailers::fit_frame(Pin::new(&mut this.inner).poll_frame(cx));
         if let (Some(counter), Poll::Ready(Some(Ok(frame)))) = (&this.counter, &polled) {
             if let Some(data) = frame.data_ref() {
                 counter.add(data.len() as u64);

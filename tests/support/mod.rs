@@ -32,6 +32,7 @@ mod limits;
 pub mod pebble;
 pub mod ports;
 pub mod redis;
+pub mod scripted;
 pub mod tools;
 pub mod upstreams;
 
