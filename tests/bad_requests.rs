@@ -408,6 +408,17 @@ async fn an_answer_with_a_status_past_599_is_a_502() {
     answers_are_502(b"HTTP/1.1 600 Odd\r\nContent-Length: 3\r\n\r\nabc").await;
 }
 
+/// A 101 to a request that asked for no upgrade (RFC 9110 §15.2.2): hyper's client passed it on
+/// as a final answer, to an HTTP/1.1 client without its `Upgrade`, to an HTTP/2 one as a 101
+/// that ended the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unasked_101_is_a_502() {
+    answers_are_502(
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: foo\r\nConnection: upgrade\r\n\r\nraw",
+    )
+    .await;
+}
+
 /// `answer`, from a backend behind each of both clients, reaches HTTP/1.1 and h2c clients as
 /// a 502.
 async fn answers_are_502(answer: &'static [u8]) {

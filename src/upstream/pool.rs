@@ -89,6 +89,8 @@ struct Target {
     sni: Option<Arc<str>>,
     /// The name came from the client: a handshake it makes fail says nothing of the backend.
     sni_by_client: bool,
+    /// The request asks to switch protocols: only then may the answer be a 101.
+    upgrade: bool,
 }
 
 /// Sends `req` (HTTP/1.1 form) to the backend, reusing a pooled connection when one has room.
@@ -312,7 +314,9 @@ async fn send_on_new_h1(
 
 /// The response, with its connection to go back to the pool when the body ends; an upgraded
 /// connection belongs to the upgrade now, never to the pool. A transfer coding hyper does not
-/// decode (anything but one `chunked`) is refused, as the inline client refuses it.
+/// decode (anything but one `chunked`) is refused, as the inline client refuses it, and so is a
+/// 101 to a request that asked for no upgrade (RFC 9110 §15.2.2): it went on to the client as
+/// a final answer, a 101 without its `Upgrade` (over HTTP/2, a 101 that protocol has not).
 fn wrap_h1(
     x: Exchange<'_>,
     t: &Target,
@@ -323,6 +327,10 @@ fn wrap_h1(
     let mut values = codings.iter().map(http::HeaderValue::as_bytes).peekable();
     if values.peek().is_some() && !only_chunked(values) {
         let error = "a transfer coding other than chunked";
+        return Err(SendError::BadResponse(error.into()));
+    }
+    if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS && !t.upgrade {
+        let error = "101 Switching Protocols without an upgrade";
         return Err(SendError::BadResponse(error.into()));
     }
     let conn = (resp.status() != http::StatusCode::SWITCHING_PROTOCOLS).then(|| Reusable {
@@ -368,11 +376,13 @@ impl Target {
 /// The request's target: on TLS the server name is the request's host when it is a name and
 /// the route lets the request choose, else the backend's host.
 fn target(req: &Request<UpBody>, x: Exchange<'_>, wire: Wire) -> Target {
+    let upgrade = req.headers().contains_key(header::UPGRADE);
     if wire != Wire::Tls {
         return Target {
             wire,
             sni: None,
             sni_by_client: false,
+            upgrade,
         };
     }
     let from_request = x
@@ -388,11 +398,13 @@ fn target(req: &Request<UpBody>, x: Exchange<'_>, wire: Wire) -> Target {
             wire,
             sni: Some(name.to_ascii_lowercase().into()),
             sni_by_client: true,
+            upgrade,
         },
         _ => Target {
             wire,
             sni: Some(x.backend.own_name.clone()),
             sni_by_client: false,
+            upgrade,
         },
     }
 }
