@@ -304,6 +304,33 @@ fn assert_one_request_id(resp: &http::Response<hyper::body::Incoming>, what: &st
     assert_eq!(header(resp, "x-seen-request-id-lines"), "1", "{what}");
 }
 
+/// An HTTP/1.0 request without `Host` goes on as HTTP/1.1, which must carry one (RFC 9112
+/// §3.2): the backend's own, as nginx sends `$proxy_host`. It went without any.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_without_a_host_reaches_the_backend_with_its_own() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let backend = Backend::start("b").await;
+    // Pinned to HTTP/1.1: over HTTP/2 the backend's authority was sent already.
+    let yaml = Upstreams::new()
+        .host(
+            "DEFAULT",
+            Host::new().path("/", Path::addrs(&[format!("http://{}", backend.addr)])),
+        )
+        .render();
+    let proxy = ProxyProcess::start(&yaml, "");
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    stream.write_all(b"GET /x HTTP/1.0\r\n\r\n").await.unwrap();
+    let mut answer = String::new();
+    let read = stream.read_to_string(&mut answer);
+    tokio::time::timeout(std::time::Duration::from_secs(5), read)
+        .await
+        .expect("an answer within 5 s")
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.0 200 OK\r\n"), "{answer}");
+    let seen = format!("x-seen-host: {}\r\n", backend.addr);
+    assert!(answer.contains(&seen), "{answer}");
+}
+
 /// The proxy with every path of every host going to `backend`.
 fn proxy_to(backend: &Backend) -> ProxyProcess {
     let yaml = Upstreams::new()

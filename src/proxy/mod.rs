@@ -107,7 +107,7 @@ fn outgoing(
     upgrade: Option<&upgrade::UpgradeAsk>,
 ) -> Outgoing {
     let (mut parts, body) = req.into_parts();
-    let deferred = prepare_headers(&mut parts, client, rules);
+    let (deferred, no_host) = prepare_headers(&mut parts, client, rules);
     if let Some(ask) = upgrade {
         upgrade::prepare_backend_request(&mut parts, ask);
     }
@@ -118,6 +118,7 @@ fn outgoing(
     Outgoing {
         head: parts,
         deferred,
+        no_host,
         body: Either::Left(RequestBody::new(body, counter)),
         replayable,
     }
@@ -132,12 +133,14 @@ fn is_idempotent(method: &Method) -> bool {
 
 /// Header rewrites that do not depend on which backend is chosen. `X-Forwarded-*`, and the
 /// `request_id` not yet in the map, wait for the head to be written (returned) when neither the
-/// client nor a route rule set any of them.
+/// client nor a route rule set any of them. Also returned: whether the request has no host at
+/// all (an HTTP/1.0 request without `Host`, an HTTP/2 one without `:authority`), for the
+/// chosen backend's own to be sent.
 fn prepare_headers(
     parts: &mut Parts,
     (conn, request_id): (&ClientConn, Option<&HeaderValue>),
     rules: &HeaderRules,
-) -> Option<forwarded::Deferred> {
+) -> (Option<forwarded::Deferred>, bool) {
     let host_field = parts.headers.get(header::HOST).cloned();
     let host_in_map = host_field.is_some();
     let client_host = host_field.or_else(|| authority_host(&parts.uri));
@@ -163,15 +166,25 @@ fn prepare_headers(
     // A rule that sets the id wins, as it does every other field.
     let request_id = request_id.filter(|_| !set_by_rules.request_id).cloned();
     // The client's own `Host` stays, unless its `Connection` named it (no need to look then).
+    let mut no_host = false;
     if !host_in_map || (sent.connection_named && !headers.contains_key(header::HOST)) {
-        if let Some(host) = client_host {
-            headers.insert(header::HOST, host);
+        match client_host {
+            Some(host) => drop(headers.insert(header::HOST, host)),
+            None => no_host = true,
         }
     }
     for (name, value) in rules.to_backend.iter() {
         headers.insert(name.clone(), value.clone());
     }
-    forwarded::Deferred::new(forwarded, request_id)
+    if no_host
+        && rules
+            .to_backend
+            .iter()
+            .any(|(name, _)| name == header::HOST)
+    {
+        no_host = false;
+    }
+    (forwarded::Deferred::new(forwarded, request_id), no_host)
 }
 
 /// The request head in HTTP/1.1 form (origin-form target, `Host`); the pool rewrites it for a

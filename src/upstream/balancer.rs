@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use http::request::Parts;
-use http::{Request, Response};
+use http::{header, HeaderValue, Request, Response};
 use http_body_util::{Either, Empty};
 
 use super::backend::Backend;
@@ -95,6 +95,9 @@ pub struct Outgoing {
     pub head: Parts,
     /// `X-Forwarded-*` and `X-Request-Id` still to add, when the head has none of its own.
     pub deferred: Option<Deferred>,
+    /// The request has no host (an HTTP/1.0 client's without `Host`): it is sent with the
+    /// backend's own (as nginx's `$proxy_host`), since HTTP/1.1 requires one (RFC 9112 §3.2).
+    pub no_host: bool,
     pub body: UpBody,
     pub replayable: bool,
 }
@@ -117,6 +120,7 @@ pub fn send<'a>(
     };
     let replayable = out.replayable;
     let deferred = out.deferred;
+    let no_host = out.no_host;
     let mut pending = Some(Request::from_parts(out.head, out.body));
     async move {
         let mut last_error = None;
@@ -127,9 +131,15 @@ pub fn send<'a>(
             if !set.usable(backend) || tried.contains(&identity(backend)) {
                 continue;
             }
-            let Some(request) = pending.take() else {
+            let Some(mut request) = pending.take() else {
                 break;
             };
+            if no_host {
+                // Rare: allocated per attempt.
+                if let Ok(host) = HeaderValue::from_str(backend.authority.as_str()) {
+                    request.headers_mut().insert(header::HOST, host);
+                }
+            }
             let x = Exchange {
                 backend,
                 worker,
