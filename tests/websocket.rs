@@ -172,6 +172,22 @@ async fn extended_connect<IO>(
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let resp = ask_extended_connect(io, scheme, "/socket").await;
+    assert_eq!(resp.status(), 200, "RFC 8441: the stream opens with 200");
+    assert!(resp.headers().get("sec-websocket-accept").is_none());
+    let upgraded = hyper::upgrade::on(resp).await.expect("upgraded stream");
+    WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Client, None).await
+}
+
+/// The proxy's answer to a WebSocket extended CONNECT for `path` on `io`, an h2 connection.
+async fn ask_extended_connect<IO>(
+    io: IO,
+    scheme: &str,
+    path: &str,
+) -> http::Response<hyper::body::Incoming>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let (mut sender, conn) =
         hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(io))
             .await
@@ -184,20 +200,31 @@ where
     sender.send_request(warm).await.expect("first request");
     let mut req = http::Request::builder()
         .method(http::Method::CONNECT)
-        .uri(format!("{scheme}://chat.local/socket"))
+        .uri(format!("{scheme}://chat.local{path}"))
         .header("sec-websocket-version", "13")
         .body(Empty::<Bytes>::new())
         .unwrap();
     req.extensions_mut()
         .insert(hyper::ext::Protocol::from_static("websocket"));
-    let resp = sender
+    sender
         .send_request(req)
         .await
-        .expect("extended CONNECT through the proxy");
-    assert_eq!(resp.status(), 200, "RFC 8441: the stream opens with 200");
-    assert!(resp.headers().get("sec-websocket-accept").is_none());
-    let upgraded = hyper::upgrade::on(resp).await.expect("upgraded stream");
-    WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Client, None).await
+        .expect("extended CONNECT through the proxy")
+}
+
+/// A backend that answers the upgrade with a 2xx of its own and switches nothing: the HTTP/2
+/// client gets a 502, not a 200 that would say its tunnel is open (h2 reset the stream, the
+/// answer having a body). Over plain and TLS backends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extended_connect_the_backend_does_not_switch_is_a_502() {
+    use support::scripted::{scripted_routes, Then};
+    const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nno";
+    let proxy = ProxyProcess::start(&scripted_routes(ANSWER, Then::AnswerTheNext).await, "");
+    for path in ["/plain", "/tls"] {
+        let plain = TcpStream::connect(proxy.addr).await.unwrap();
+        let resp = ask_extended_connect(plain, "http", path).await;
+        assert_eq!(resp.status(), 502, "{path}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -77,24 +77,29 @@ impl Forwarder {
         let out = outgoing((conn, request_id), rules, req, ask);
         let sending = balancer::send(backends, out, conn.worker, self.timeouts);
         future::Either::Right(sending.map(move |sent| match client_upgrade {
-            Some(client) => sent.map(|resp| answer_upgrade(resp, client, conn, rules)),
+            Some(client) => sent.and_then(|resp| answer_upgrade(resp, client, conn, rules)),
             None => sent.map(|resp| finish_response(resp, rules)),
         }))
     }
 }
 
 /// The backend's answer to an upgrade request: the two connections joined if it switched
-/// protocols, else an ordinary response.
+/// protocols, else an ordinary response. A 2xx that switched nothing cannot answer an HTTP/2
+/// extended CONNECT, where a 2xx says the tunnel is open (RFC 8441 §5): a 502 then (h2 reset
+/// the stream instead, as the answer had a body).
 fn answer_upgrade(
     resp: Response<PooledBody>,
     client: upgrade::ClientUpgrade,
     conn: &ClientConn,
     rules: &HeaderRules,
-) -> Response<RespBody> {
+) -> Result<Response<RespBody>, ProxyError> {
     if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
-        upgrade::bridge(resp, client, &conn.tunnels)
+        Ok(upgrade::bridge(resp, client, &conn.tunnels))
+    } else if client.ask.over_h2 && resp.status().is_success() {
+        tracing::warn!(status = %resp.status(), "backend did not switch protocols for an extended CONNECT");
+        Err(ProxyError::BadResponse)
     } else {
-        finish_response(resp, rules)
+        Ok(finish_response(resp, rules))
     }
 }
 
