@@ -419,6 +419,24 @@ async fn an_unasked_101_is_a_502() {
     .await;
 }
 
+/// A 204 never carries a `Content-Length` (RFC 9110 §8.6), whatever its backend sent: HTTP/2
+/// clients were given the backend's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_204_reaches_every_client_without_a_length() {
+    const ANSWER: &[u8] = b"HTTP/1.1 204 No Content\r\nContent-Length: 64\r\n\r\n";
+    let proxy = ProxyProcess::start(&scripted_routes(ANSWER, Then::AnswerTheNext).await, "");
+    for proto in PROTOCOLS {
+        let mut client = Client::connect(proto, proxy.addr).await;
+        for path in ["/plain", "/tls"] {
+            let resp = client.get("a", path).await;
+            assert_eq!(resp.status(), 204, "{proto:?} {path}");
+            let length = resp.headers().get("content-length");
+            assert!(length.is_none(), "{proto:?} {path}: {length:?}");
+            assert!(body_bytes(resp).await.is_empty(), "{proto:?} {path}");
+        }
+    }
+}
+
 /// `answer`, from a backend behind each of both clients, reaches HTTP/1.1 and h2c clients as
 /// a 502.
 async fn answers_are_502(answer: &'static [u8]) {

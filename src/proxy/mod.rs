@@ -221,6 +221,10 @@ fn finish_response(resp: Response<PooledBody>, rules: &HeaderRules) -> Response<
     let bodiless = parts.status == http::StatusCode::NO_CONTENT
         || parts.status == http::StatusCode::NOT_MODIFIED;
     if bodiless {
+        if parts.status == http::StatusCode::NO_CONTENT {
+            // RFC 9110 §8.6: never on a 204 (a 304's still describes the 200's body).
+            parts.headers.remove(header::CONTENT_LENGTH);
+        }
         keep_served_by(&mut parts, &body);
         return Response::from_parts(parts, Either::Right(Full::new(Bytes::new())));
     }
