@@ -209,6 +209,36 @@ fn hostile_files_are_refused_quickly() {
     }
 }
 
+/// A FIFO or a device where a config file should be: check-config waited for a writer for good
+/// (a FIFO) or read until memory ran out (`/dev/zero`).
+#[test]
+fn special_files_are_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let main = dir.path().join("main.yaml");
+    let yaml = "proxy_address_http: \"127.0.0.1:6193\"\nupstreams_conf: \"upstreams.yaml\"\n";
+    std::fs::write(&main, yaml).unwrap();
+    let upstreams = dir.path().join("upstreams.yaml");
+    let fifo = || nix::unistd::mkfifo(&upstreams, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let device = || std::os::unix::fs::symlink("/dev/zero", &upstreams).unwrap();
+    for (what, make) in [("a FIFO", &fifo as &dyn Fn()), ("/dev/zero", &device)] {
+        let _ = std::fs::remove_file(&upstreams);
+        make();
+        let (out, json) = check_json(&main);
+        assert!(!out.timed_out, "{what}: check-config never ended");
+        assert_eq!(out.code, Some(1), "{what}: {}", out.stdout);
+        let issues = json["issues"].as_array().cloned().unwrap_or_default();
+        let refused = issues.iter().any(|i| {
+            i["file"]
+                .as_str()
+                .is_some_and(|f| f.ends_with("/upstreams.yaml"))
+                && i["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("not a regular file"))
+        });
+        assert!(refused, "{what}:\n{}", describe(&issues));
+    }
+}
+
 #[test]
 fn broken_configs_never_panic_and_the_proxy_refuses_to_start() {
     let mut failures = Vec::new();

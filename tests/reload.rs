@@ -187,6 +187,27 @@ async fn a_broken_file_keeps_the_old_routes_until_fixed() {
     wait_for_backend(&proxy, "b").await;
 }
 
+/// A FIFO put where upstreams.yaml was: the reload waited for a writer that never came, and no
+/// later change was ever applied (the watch waits for each reload), nor was SIGTERM heard while a
+/// SIGHUP's reload hung. It is refused at once now, and the next real file is applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_in_place_of_the_file_is_refused_and_the_next_file_applied() {
+    let (a, b) = (Backend::start("a").await, Backend::start("b").await);
+    let proxy = ProxyProcess::start(&routes(&[&a]), "");
+    proxy.wait_log("for changes", Duration::from_secs(5)).await;
+    let file = proxy.path("upstreams.yaml");
+    let fifo = proxy.path("upstreams.fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    std::fs::rename(&fifo, &file).unwrap();
+    proxy
+        .wait_log("is not a regular file", Duration::from_secs(10))
+        .await;
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    assert_eq!(backend_of(&mut client).await, (200, "a".to_string()));
+    write_atomically(&file, &routes(&[&b]));
+    wait_for_backend(&proxy, "b").await;
+}
+
 /// A file rewritten in place (`generate > upstreams.yaml`) is empty from its truncation to its
 /// writer's first bytes. The watcher used to reload it empty meanwhile: every route dropped, 404s
 /// until the write came. It now keeps the routes while the file is empty, for up to a second, and

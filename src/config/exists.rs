@@ -87,7 +87,7 @@ fn admin_pem(named: &Named<'_>, at: &KeyPositions<'_>, r: &mut Reader) -> bool {
             return;
         };
         // Unreadable is the start's to report, with the reason.
-        let Ok(bytes) = std::fs::read(path) else {
+        let Ok(bytes) = super::file_bytes::read_regular(path, super::yaml::MAX_FILE_BYTES) else {
             return;
         };
         if !holds(&bytes) {

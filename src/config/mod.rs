@@ -8,6 +8,7 @@ pub mod cache_conf;
 pub mod cluster_conf;
 pub mod discovery_conf;
 mod exists;
+pub mod file_bytes;
 pub mod issues;
 mod listeners;
 pub mod log_conf;
@@ -29,6 +30,7 @@ pub use issues::{Issue, Issues, Severity};
 pub use main_conf::MainConfig;
 pub use upstreams::{Shape, UpstreamsConfig};
 
+use file_bytes::{io_reason, FileProblem};
 use reader::Reader;
 use yaml::{Node, Pos};
 
@@ -47,33 +49,18 @@ fn read_tree_digested(
     let file: Arc<str> = Arc::from(path.display().to_string());
     let mut r = Reader::new(file, issues);
     let start = Pos { line: 1, column: 1 };
-    match std::fs::metadata(path) {
-        Ok(meta) if meta.is_dir() => {
+    let bytes = match file_bytes::read_regular(path, yaml::MAX_FILE_BYTES) {
+        Ok(bytes) => bytes,
+        Err(FileProblem::Directory) => {
             r.error(start, "(file)", "is a directory, not a YAML file");
             return None;
         }
-        Ok(meta) if meta.len() > yaml::MAX_FILE_BYTES => {
-            r.error(
-                start,
-                "(file)",
-                format!(
-                    "file is {} bytes, over the {} MiB limit for a config file",
-                    meta.len(),
-                    yaml::MAX_FILE_BYTES / (1024 * 1024)
-                ),
-            );
-            return None;
-        }
-        Ok(_) => {}
-        Err(e) => {
+        Err(FileProblem::Io(e)) => {
             r.error(start, "(file)", format!("cannot read: {}", io_reason(&e)));
             return None;
         }
-    }
-    let bytes = match std::fs::read(path) {
-        Ok(b) => b,
-        Err(e) => {
-            r.error(start, "(file)", format!("cannot read: {}", io_reason(&e)));
+        Err(problem) => {
+            r.error(start, "(file)", problem.to_string());
             return None;
         }
     };
@@ -109,15 +96,6 @@ fn read_tree_digested(
         }
     };
     parse_tree(&text, &mut r)
-}
-
-/// An I/O error without the "(os error N)" suffix.
-fn io_reason(e: &std::io::Error) -> String {
-    match e.kind() {
-        std::io::ErrorKind::NotFound => "no such file".to_string(),
-        std::io::ErrorKind::PermissionDenied => "permission denied".to_string(),
-        _ => e.to_string(),
-    }
 }
 
 fn parse_tree(text: &str, r: &mut Reader) -> Option<Node> {
@@ -169,13 +147,13 @@ pub fn load_upstreams_digested(path: &Path, issues: &mut Issues) -> Option<(Upst
 /// What identifies the upstreams file and conf.d as they are on disk: file names and bytes,
 /// hashed the way [`load_upstreams_digested`] hashes what it parses.
 pub fn files_digest(upstreams: &Path) -> u64 {
+    let read =
+        |path: &Path| file_bytes::read_regular(path, yaml::MAX_FILE_BYTES).unwrap_or_default();
     let mut digest = DefaultHasher::new();
-    std::fs::read(upstreams)
-        .unwrap_or_default()
-        .hash(&mut digest);
+    read(upstreams).hash(&mut digest);
     for file in conf_d_files(upstreams) {
         file.hash(&mut digest);
-        std::fs::read(&file).unwrap_or_default().hash(&mut digest);
+        read(&file).hash(&mut digest);
     }
     digest.finish()
 }
@@ -211,8 +189,8 @@ pub fn upstreams_conf_of(main: Option<&MainConfig>, main_path: &Path) -> Option<
 /// Where main.yaml points `upstreams_conf`, read from its YAML alone (the rest of it may be
 /// broken) and resolved like `upstreams_conf`.
 fn upstreams_conf_in(main_path: &Path) -> Option<PathBuf> {
-    let text = std::fs::read_to_string(main_path).ok()?;
-    let root = yaml::parse(&text).ok()?;
+    let bytes = file_bytes::read_regular(main_path, yaml::MAX_FILE_BYTES).ok()?;
+    let root = yaml::parse(std::str::from_utf8(&bytes).ok()?).ok()?;
     let yaml::Value::Map(entries) = &root.value else {
         return None;
     };

@@ -51,7 +51,7 @@ impl StartedFrom {
 
 /// The hash of a file's bytes; `None` if it cannot be read.
 fn digest_of(path: &Path) -> Option<u64> {
-    let bytes = std::fs::read(path).ok()?;
+    let bytes = config::file_bytes::read_regular(path, config::yaml::MAX_FILE_BYTES).ok()?;
     let mut hasher = DefaultHasher::new();
     bytes.hash(&mut hasher);
     Some(hasher.finish())

@@ -15,6 +15,9 @@ use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
+use crate::config::file_bytes::{read_regular, FileProblem};
+use crate::config::yaml::MAX_FILE_BYTES;
+
 /// One loaded pair.
 #[derive(Clone, Debug)]
 pub struct LoadedPair {
@@ -27,10 +30,7 @@ pub struct LoadedPair {
 #[derive(Debug, thiserror::Error)]
 pub enum PairError {
     #[error("{path}: cannot read: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Read { path: PathBuf, source: FileProblem },
     #[error("{path}: no PEM certificate found")]
     NoCertificate { path: PathBuf },
     #[error("{path}: no usable PEM private key ({reason})")]
@@ -54,7 +54,7 @@ pub fn load_pair_files(crt: &Path, key_path: &Path) -> Result<LoadedPair, PairEr
         .and_then(|s| s.to_str())
         .unwrap_or("certificate");
     let (crt, key_path) = (crt.to_path_buf(), key_path.to_path_buf());
-    let crt_bytes = std::fs::read(&crt).map_err(|source| PairError::Read {
+    let crt_bytes = read_regular(&crt, MAX_FILE_BYTES).map_err(|source| PairError::Read {
         path: crt.clone(),
         source,
     })?;
@@ -64,7 +64,7 @@ pub fn load_pair_files(crt: &Path, key_path: &Path) -> Result<LoadedPair, PairEr
     if chain.is_empty() {
         return Err(PairError::NoCertificate { path: crt });
     }
-    let key_bytes = std::fs::read(&key_path).map_err(|source| PairError::Read {
+    let key_bytes = read_regular(&key_path, MAX_FILE_BYTES).map_err(|source| PairError::Read {
         path: key_path.clone(),
         source,
     })?;
