@@ -15,9 +15,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use bytes::Bytes;
+use futures_util::StreamExt;
 use http::{Request, Response, StatusCode};
-use http_body_util::Full;
-use hyper::body::Incoming;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use inproc::Proxy;
@@ -25,12 +26,27 @@ use support::*;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
+type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
 const FIXTURE: &str = include_str!("fixtures/consul/health-service-web-passing.json");
 
 struct ConsulState {
     index: u64,
     instances: Vec<SocketAddr>,
     tokens_seen: Vec<String>,
+    /// How the agent misbehaves, if it does.
+    mode: Misbehaving,
+    /// Health queries answered.
+    queries: usize,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Misbehaving {
+    Not,
+    /// Answers at once, with no `X-Consul-Index`.
+    NoIndex,
+    /// Answers with a body that never ends.
+    Endless,
 }
 
 /// A fake Consul agent for the service `web`.
@@ -50,6 +66,8 @@ async fn fake_consul(
         index,
         instances,
         tokens_seen: Vec::new(),
+        mode: Misbehaving::Not,
+        queries: 0,
     }));
     let consul = FakeConsul::start(any_local(), state.clone(), Arc::new(Notify::new())).await;
     (consul, state)
@@ -120,7 +138,8 @@ async fn answer(
     req: Request<Incoming>,
     state: Arc<Mutex<ConsulState>>,
     changed: Arc<Notify>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+) -> Result<Response<Body>, Infallible> {
+    let full = |body: Full<Bytes>| Response::new(body.boxed());
     let token = req
         .headers()
         .get("x-consul-token")
@@ -131,13 +150,11 @@ async fn answer(
     if token != "tok" {
         return Ok(Response::builder()
             .status(StatusCode::FORBIDDEN)
-            .body(Full::new(Bytes::from("ACL not found")))
+            .body(Full::new(Bytes::from("ACL not found")).boxed())
             .unwrap());
     }
     if req.uri().path() != "/v1/health/service/web" {
-        return Ok(Response::builder()
-            .body(Full::new(Bytes::from("[]")))
-            .unwrap());
+        return Ok(full(Full::new(Bytes::from("[]"))));
     }
     let query = req.uri().query().unwrap_or("").to_string();
     let param = |name: &str| {
@@ -150,6 +167,28 @@ async fn answer(
     let wait = param("wait")
         .and_then(|w| w.trim_end_matches('s').parse().ok())
         .unwrap_or(0u64);
+    let mode = {
+        let mut st = state.lock().unwrap();
+        st.queries += 1;
+        st.mode
+    };
+    match mode {
+        Misbehaving::Not => {}
+        Misbehaving::NoIndex => {
+            let body = body_for(&state.lock().unwrap().instances);
+            return Ok(full(Full::new(Bytes::from(body))));
+        }
+        Misbehaving::Endless => {
+            let chunk = Bytes::from(vec![b' '; 1 << 20]);
+            let spaces = futures_util::stream::repeat_with(move || Ok(Frame::data(chunk.clone())));
+            let body = futures_util::stream::once(async { Ok(Frame::data(Bytes::from("["))) })
+                .chain(spaces);
+            return Ok(Response::builder()
+                .header("x-consul-index", "70")
+                .body(BodyExt::boxed(StreamBody::new(body)))
+                .unwrap());
+        }
+    }
     let notified = changed.notified();
     tokio::pin!(notified);
     notified.as_mut().enable();
@@ -160,7 +199,7 @@ async fn answer(
     Ok(Response::builder()
         .header("content-type", "application/json")
         .header("x-consul-index", st.index.to_string())
-        .body(Full::new(Bytes::from(body_for(&st.instances))))
+        .body(Full::new(Bytes::from(body_for(&st.instances))).boxed())
         .unwrap())
 }
 
@@ -327,4 +366,46 @@ async fn the_file_wins_over_a_discovered_route_on_conflict() {
         let resp = client.get("web.local", "/").await;
         assert_eq!(header(&resp, "x-backend"), "file", "the file's route wins");
     }
+}
+
+/// An agent whose answers carry no index returns at once each time: the watcher asked it
+/// thousands of times a second. Queries now start at least 250 ms apart.
+#[tokio::test(start_paused = true)]
+async fn an_agent_that_answers_at_once_is_asked_four_times_a_second_at_most() {
+    let a = Backend::start("a").await;
+    let (consul, state) = fake_consul(3, vec![a.addr]).await;
+    let proxy = Proxy::start(&consul_routes(consul.addr, "tok"), "").await;
+    wait_for_set(&proxy, &["a"], Duration::from_secs(5)).await;
+    state.lock().unwrap().mode = Misbehaving::NoIndex;
+    // The blocking query under way returns at once.
+    consul.set(&[a.addr]);
+    let (before, started) = (state.lock().unwrap().queries, Instant::now());
+    let asked = eventually(Duration::from_secs(30), || {
+        state.lock().unwrap().queries >= before + 9
+    })
+    .await;
+    assert!(asked, "the watcher stopped asking");
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(1750), "8 queries in {took:?}");
+    assert_eq!(backend_for_web(&proxy).await, (200, "a".to_string()));
+}
+
+/// An answer whose body never ends is cut at 64 MiB: it was read into memory without limit
+/// (13 GB in 30 s). The last known backends keep serving.
+#[tokio::test(start_paused = true)]
+async fn an_answer_without_end_is_cut_and_the_backends_kept() {
+    let a = Backend::start("a").await;
+    let (consul, state) = fake_consul(3, vec![a.addr]).await;
+    let proxy = Proxy::start(&consul_routes(consul.addr, "tok"), "").await;
+    wait_for_set(&proxy, &["a"], Duration::from_secs(5)).await;
+    // The blocking query under way ends with its wait; the next one meets the endless body.
+    state.lock().unwrap().mode = Misbehaving::Endless;
+    let cut = eventually(Duration::from_secs(120), || {
+        proxy
+            .log_text()
+            .contains("reading the answer: length limit exceeded")
+    })
+    .await;
+    assert!(cut, "{}", proxy.log_text());
+    assert_eq!(backend_for_web(&proxy).await, (200, "a".to_string()));
 }

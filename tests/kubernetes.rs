@@ -36,6 +36,20 @@ struct ApiState {
     resource_version: u64,
     watchers: Vec<mpsc::UnboundedSender<Bytes>>,
     lists: usize,
+    /// Watches asked for.
+    watches: usize,
+    /// How watches are answered.
+    watch_mode: WatchMode,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum WatchMode {
+    /// Events as they come.
+    Events,
+    /// A clean end at once.
+    EndAtOnce,
+    /// One line that never ends.
+    Endless,
 }
 
 /// A slice named `name` from the fixture, with `(ip, ready)` endpoints on `port`.
@@ -76,6 +90,8 @@ impl FakeApi {
             resource_version: 100,
             watchers: Vec::new(),
             lists: 0,
+            watches: 0,
+            watch_mode: WatchMode::Events,
         }));
         let st = state.clone();
         tokio::spawn(async move {
@@ -162,6 +178,19 @@ async fn answer(
         .split('&')
         .any(|p| p == "watch=true" || p == "watch=1")
     {
+        let mode = {
+            let mut st = state.lock().unwrap();
+            st.watches += 1;
+            st.watch_mode
+        };
+        if mode == WatchMode::EndAtOnce {
+            return Ok(full(StatusCode::OK, String::new()));
+        }
+        if mode == WatchMode::Endless {
+            let chunk = Bytes::from(vec![b'x'; 1 << 20]);
+            let line = futures_util::stream::repeat_with(move || Ok(Frame::data(chunk.clone())));
+            return Ok(Response::new(BodyExt::boxed(StreamBody::new(line))));
+        }
         let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
         state.lock().unwrap().watchers.push(tx);
         let stream = tokio_stream_from(rx).map(|b| Ok::<_, Infallible>(Frame::data(b)));
@@ -304,4 +333,56 @@ async fn a_bad_token_is_reported_clearly() {
     .await;
     assert!(reported, "{}", proxy.log_text());
     assert!(answering(&proxy).await.is_empty());
+}
+
+/// An API server that ends each watch at once, cleanly: kube starts the next at once, and it
+/// was asked thousands of times a second. A watch now lasts a second at least.
+#[tokio::test(start_paused = true)]
+async fn a_watch_that_ends_at_once_is_started_again_once_a_second_at_most() {
+    let a = Backend::start("a").await;
+    let api = FakeApi::start(vec![slice(
+        "web-1",
+        a.addr.port(),
+        &[("127.0.0.1", Some(true))],
+    )])
+    .await;
+    api.state.lock().unwrap().watch_mode = WatchMode::EndAtOnce;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start(&k8s_routes(api.addr, &account(dir.path(), TOKEN)), "").await;
+    wait_for(&proxy, &["a"]).await;
+    let (before, started) = (
+        api.state.lock().unwrap().watches,
+        tokio::time::Instant::now(),
+    );
+    let asked = eventually(Duration::from_secs(60), || {
+        api.state.lock().unwrap().watches >= before + 5
+    })
+    .await;
+    assert!(asked, "the watcher stopped:\n{}", proxy.log_text());
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(3500), "5 watches in {took:?}");
+    assert_eq!(answering(&proxy).await, ["a".to_string()].into());
+}
+
+/// A watch that sends one line without end is cut at 64 MiB (it grew to 15 GB); the last
+/// known backends keep serving.
+#[tokio::test(start_paused = true)]
+async fn a_watch_line_without_end_is_cut_and_the_backends_kept() {
+    let a = Backend::start("a").await;
+    let api = FakeApi::start(vec![slice(
+        "web-1",
+        a.addr.port(),
+        &[("127.0.0.1", Some(true))],
+    )])
+    .await;
+    api.state.lock().unwrap().watch_mode = WatchMode::Endless;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start(&k8s_routes(api.addr, &account(dir.path(), TOKEN)), "").await;
+    wait_for(&proxy, &["a"]).await;
+    let cut = eventually(Duration::from_secs(60), || {
+        proxy.log_text().contains("larger than 64 MiB")
+    })
+    .await;
+    assert!(cut, "{}", proxy.log_text());
+    assert_eq!(answering(&proxy).await, ["a".to_string()].into());
 }

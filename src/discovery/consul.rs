@@ -3,6 +3,12 @@
 //!
 //! When Consul cannot be reached the last known backends keep serving; the loop moves on to the
 //! next server in the list and retries with exponential backoff.
+//!
+//! What a server answers is bounded: the whole answer, head and body, comes within
+//! `QUERY_TIMEOUT` and holds at most `MAX_ANSWER_BYTES`, and queries start at most every
+//! `MIN_QUERY_INTERVAL` whatever comes back (an index that never moves, or none, made every
+//! query return at once, thousands a second). An index is never below 1 after the first answer,
+//! as Consul's blocking-query guide asks of clients.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -10,7 +16,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, StatusCode, Uri};
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 
@@ -23,6 +29,12 @@ const WAIT: &str = "30s";
 /// Our own limit on one query: the wait plus Consul's jitter (wait/16) and some slack.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(40);
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// The largest answer read: a health list of tens of thousands of instances fits.
+const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
+/// The least time from one query's start to the next one's.
+const MIN_QUERY_INTERVAL: Duration = Duration::from_millis(250);
+/// How much of an error answer's body goes into the log.
+const ERROR_BODY_SHOWN: usize = 256;
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
 
 type HttpClient = Client<HttpConnector, Empty<Bytes>>;
@@ -50,29 +62,37 @@ struct ServiceInfo {
     port: u16,
 }
 
+/// The backends of a health answer, and the entries that name none.
+#[derive(Debug, Default, PartialEq)]
+struct Listed {
+    backends: Vec<ServerSpec>,
+    skipped: Vec<String>,
+}
+
 /// Backends of a health response: `Service.Address` (else `Node.Address`) + `Service.Port`.
-fn backends_of(body: &[u8]) -> Result<Vec<ServerSpec>, String> {
+fn backends_of(body: &[u8]) -> Result<Listed, String> {
     let entries: Vec<Entry> =
         serde_json::from_slice(body).map_err(|e| format!("unexpected JSON: {e}"))?;
-    let mut out: Vec<ServerSpec> = entries
-        .iter()
-        .filter_map(|e| {
-            let host = if e.service.address.is_empty() {
-                &e.node.address
-            } else {
-                &e.service.address
-            };
-            let entry = if host.contains(':') {
-                format!("[{host}]:{}", e.service.port)
-            } else {
-                format!("{host}:{}", e.service.port)
-            };
-            parse_server(&entry).ok()
-        })
-        .collect();
-    out.sort_by_key(ToString::to_string);
-    out.dedup();
-    Ok(out)
+    let mut listed = Listed::default();
+    for e in &entries {
+        let host = if e.service.address.is_empty() {
+            &e.node.address
+        } else {
+            &e.service.address
+        };
+        let entry = if host.contains(':') {
+            format!("[{host}]:{}", e.service.port)
+        } else {
+            format!("{host}:{}", e.service.port)
+        };
+        match parse_server(&entry) {
+            Ok(server) => listed.backends.push(server),
+            Err(_) => listed.skipped.push(entry),
+        }
+    }
+    listed.backends.sort_by_key(ToString::to_string);
+    listed.backends.dedup();
+    Ok(listed)
 }
 
 /// Every service's last known backends, and where they are routed.
@@ -114,14 +134,35 @@ async fn watch_service(
 ) {
     let name = cfg.services[which].upstream.clone();
     let (mut index, mut server, mut backoff) = (0u64, 0usize, BACKOFF_MIN);
+    let mut skipped_before = Vec::new();
     loop {
         let base = &cfg.servers[server % cfg.servers.len()];
-        match query(&client, base, &name, index, cfg.token.as_deref()).await {
-            Ok((new_index, backends)) => {
+        let started = tokio::time::Instant::now();
+        let answer = tokio::time::timeout(
+            QUERY_TIMEOUT,
+            query(&client, base, &name, index, cfg.token.as_deref()),
+        );
+        match answer
+            .await
+            .unwrap_or_else(|_| Err("no whole answer in time".into()))
+        {
+            Ok((new_index, listed)) => {
                 backoff = BACKOFF_MIN;
-                // A lower index means Consul's state was reset: start over from 0.
-                index = if new_index < index { 0 } else { new_index };
-                publish(which, backends, &known, &reloader);
+                // A lower index means Consul's state was reset: start over from 0. Else at
+                // least 1: an index of 0 would make every query return at once.
+                index = if new_index < index {
+                    0
+                } else {
+                    new_index.max(1)
+                };
+                if listed.skipped != skipped_before {
+                    if let Some(first) = listed.skipped.first() {
+                        tracing::warn!(service = %name, server = %base, "consul: {} entries name no usable address and are left out, first `{first}`", listed.skipped.len());
+                    }
+                    skipped_before = listed.skipped;
+                }
+                publish(which, listed.backends, &known, &reloader);
+                tokio::time::sleep_until(started + MIN_QUERY_INTERVAL).await;
             }
             Err(reason) => {
                 tracing::warn!(service = %name, server = %base, "consul: {reason}; keeping the last known backends, retrying in {backoff:?}");
@@ -139,7 +180,7 @@ async fn query(
     service: &str,
     index: u64,
     token: Option<&str>,
-) -> Result<(u64, Vec<ServerSpec>), String> {
+) -> Result<(u64, Listed), String> {
     let base_text = base.to_string();
     let base_text = base_text.trim_end_matches('/');
     let mut url = format!("{base_text}/v1/health/service/{service}?passing=1");
@@ -153,9 +194,9 @@ async fn query(
     let req = req
         .body(Empty::new())
         .map_err(|e| format!("bad request: {e}"))?;
-    let resp = tokio::time::timeout(QUERY_TIMEOUT, client.request(req))
+    let resp = client
+        .request(req)
         .await
-        .map_err(|_| "no answer in time".to_string())?
         .map_err(|e| format!("unreachable: {e}"))?;
     let status = resp.status();
     let new_index = resp
@@ -164,8 +205,7 @@ async fn query(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    let body = resp
-        .into_body()
+    let body = Limited::new(resp.into_body(), MAX_ANSWER_BYTES)
         .collect()
         .await
         .map_err(|e| format!("reading the answer: {e}"))?
@@ -173,11 +213,19 @@ async fn query(
     match status {
         StatusCode::OK => Ok((new_index, backends_of(&body)?)),
         StatusCode::FORBIDDEN => Err("403: the ACL token was refused (check consul.token)".into()),
-        other => Err(format!(
-            "answered {other}: {}",
-            String::from_utf8_lossy(&body).trim()
-        )),
+        other => Err(format!("answered {other}: {}", shown_error_body(&body))),
     }
+}
+
+/// The start of an error answer's body, its control characters escaped: it goes into a log
+/// line, where a newline would start a line the server wrote.
+fn shown_error_body(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&body[..body.len().min(ERROR_BODY_SHOWN)]);
+    let mut shown: String = text.trim().escape_debug().collect();
+    if body.len() > ERROR_BODY_SHOWN {
+        shown.push_str("...");
+    }
+    shown
 }
 
 fn publish(which: usize, backends: Vec<ServerSpec>, known: &Mutex<Known>, reloader: &Reloader) {
@@ -205,14 +253,24 @@ mod tests {
     fn reads_the_fixture_shape() {
         let body = br#"[{"Node":{"Address":"10.0.0.1"},"Service":{"Address":"","Port":80},"Checks":[]},
                         {"Node":{"Address":"10.0.0.1"},"Service":{"Address":"10.1.1.1","Port":8080},"Checks":[]},
-                        {"Node":{"Address":"n"},"Service":{"Address":"::1","Port":9},"Checks":[]}]"#;
-        let list: Vec<String> = backends_of(body)
-            .unwrap()
-            .iter()
-            .map(ToString::to_string)
-            .collect();
+                        {"Node":{"Address":"n"},"Service":{"Address":"::1","Port":9},"Checks":[]},
+                        {"Node":{"Address":"n"},"Service":{"Address":"bad host!!","Port":9},"Checks":[]}]"#;
+        let listed = backends_of(body).unwrap();
+        let list: Vec<String> = listed.backends.iter().map(ToString::to_string).collect();
         assert_eq!(list, ["10.0.0.1:80", "10.1.1.1:8080", "[::1]:9"]);
+        assert_eq!(listed.skipped, ["bad host!!:9"]);
         assert!(backends_of(b"{}").is_err());
-        assert!(backends_of(b"[]").unwrap().is_empty());
+        assert_eq!(backends_of(b"[]").unwrap(), Listed::default());
+    }
+
+    /// A server's error body cannot forge log lines, nor fill the log.
+    #[test]
+    fn an_error_body_is_shown_short_and_escaped() {
+        let forged = b"oops\n2026-12-06T00:00:00Z  INFO configuration applied: FORGED";
+        let shown = shown_error_body(forged);
+        assert!(!shown.contains('\n'), "{shown}");
+        assert!(shown.starts_with("oops\\n2026"), "{shown}");
+        let long = vec![b'x'; 10_000];
+        assert_eq!(shown_error_body(&long).len(), ERROR_BODY_SHOWN + 3);
     }
 }

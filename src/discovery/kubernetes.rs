@@ -1,7 +1,9 @@
 //! Kubernetes discovery (SPEC §13.2) with kube: each service's `discovery.k8s.io/v1`
 //! EndpointSlices (label `kubernetes.io/service-name=<upstream>`) are listed and watched; ready
 //! endpoints become backends on the slice's port. kube's watcher relists on 410 Gone and backs
-//! off on errors; the last known backends keep serving meanwhile.
+//! off on errors; the last known backends keep serving meanwhile. Each of the API server's
+//! answers is bounded in size and time, and watches in how often they start
+//! ([`super::answer_bounds`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -12,6 +14,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 
+use super::answer_bounds::AnswerBoundsLayer;
 use super::{hosts_for, Reloader};
 use crate::config::discovery_conf::{DiscoveredService, KubernetesConfig};
 use crate::config::values::{parse_server, ServerSpec};
@@ -83,7 +86,10 @@ fn client_for(cfg: &KubernetesConfig) -> Result<(Client, String), KubeSetupError
     if ca.is_file() {
         config.root_cert_file = Some(ca);
     }
-    Ok((Client::try_from(config)?, ns))
+    let client = kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&AnswerBoundsLayer)
+        .build();
+    Ok((client, ns))
 }
 
 /// Ready endpoints of a slice, on its first port. `conditions.ready` absent means ready.
@@ -108,7 +114,14 @@ fn ready_backends(slice: &EndpointSlice) -> Vec<ServerSpec> {
             } else {
                 format!("{addr}:{port}")
             };
-            parse_server(&entry).ok()
+            match parse_server(&entry) {
+                Ok(server) => Some(server),
+                Err(_) => {
+                    let slice = slice.metadata.name.as_deref().unwrap_or("");
+                    tracing::warn!("kubernetes: EndpointSlice `{slice}` names `{entry}`, no usable address; left out");
+                    None
+                }
+            }
         })
         .collect()
 }

@@ -5,6 +5,8 @@
 //! Sources: the upstreams file and conf.d (watched, and on SIGHUP), the admin API (`POST /conf`),
 //! Consul and Kubernetes. Discovered routes are merged with the file's; the file wins on conflict.
 
+#[cfg(feature = "kubernetes")]
+mod answer_bounds;
 pub mod consul;
 mod diff;
 pub mod file_watch;
