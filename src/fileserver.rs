@@ -1,6 +1,8 @@
 //! The built-in static file server (SPEC §10): GET/HEAD, content types, ranges, conditional
 //! requests and `index.html` through tower-http's `ServeDir`; no listings, no dotfiles (however
-//! encoded), no escape from the folder (symlinks that lead out of it are not followed). It runs on the control-plane runtime, off the proxy's workers.
+//! encoded), no escape from the folder (symlinks that lead out of it are not followed), and
+//! nothing but regular files (no FIFO, no device). It runs on the control-plane runtime, off the
+//! proxy's workers.
 //!
 //! `ServeDir` speaks `Last-Modified`/`If-Modified-Since` only; this module adds a weak `ETag`
 //! (size and modification time, as nginx does) and answers `If-None-Match` with 304.
@@ -66,7 +68,7 @@ async fn answer(
     let Some(path) = visible_path(req.uri().path()) else {
         return plain(StatusCode::NOT_FOUND, "404 Not Found\n");
     };
-    if escapes(root, &path).await {
+    if !servable(root, &path).await {
         return plain(StatusCode::NOT_FOUND, "404 Not Found\n");
     }
     let mut req = req;
@@ -115,16 +117,31 @@ fn visible_path(raw: &str) -> Option<String> {
     (!hidden).then_some(path)
 }
 
-/// Whether `path` under `root` resolves (through symlinks) to somewhere outside the folder's
-/// real location (resolved per request: the folder may be created or moved while serving). A
-/// path that does not exist escapes nothing (`ServeDir` answers 404).
-async fn escapes(root: &std::path::Path, path: &str) -> bool {
+/// Whether `path` under `root` may be handed to `ServeDir`: it resolves (through symlinks)
+/// inside the folder's real location (resolved per request: the folder may be created or moved
+/// while serving), and to a regular file or a directory whose `index.html`, if any, is one. A
+/// FIFO or a device is not served (as nginx: "is not a regular file"): opening a FIFO blocks
+/// until a writer comes, and each request for one held a thread of the blocking pool the
+/// control plane shares (reloads and the admin API stalled once it was full). A path that does
+/// not exist passes (`ServeDir` answers 404).
+async fn servable(root: &std::path::Path, path: &str) -> bool {
     let candidate = root.join(path.trim_start_matches('/'));
     let Ok(real) = tokio::fs::canonicalize(&candidate).await else {
-        return false;
+        return true;
     };
-    match tokio::fs::canonicalize(root).await {
-        Ok(real_root) => !real.starts_with(real_root),
+    let inside = match tokio::fs::canonicalize(root).await {
+        Ok(real_root) => real.starts_with(real_root),
+        Err(_) => false,
+    };
+    if !inside {
+        return false;
+    }
+    match tokio::fs::metadata(&real).await {
+        Ok(meta) if meta.is_dir() => match tokio::fs::metadata(real.join("index.html")).await {
+            Ok(index) => index.is_file(),
+            Err(_) => true,
+        },
+        Ok(meta) => meta.is_file(),
         Err(_) => true,
     }
 }

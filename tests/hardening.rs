@@ -180,6 +180,13 @@ async fn the_file_server_hides_dotfiles_however_encoded_and_stays_in_its_folder(
     std::fs::write(outside.path().join("hostname"), "elsewhere").unwrap();
     std::os::unix::fs::symlink(outside.path(), root.path().join("outlink")).unwrap();
     std::os::unix::fs::symlink(root.path().join("sub"), root.path().join("inlink")).unwrap();
+    // FIFOs: opening one blocks until a writer comes (each request held a blocking thread).
+    let fifo = |path: std::path::PathBuf| {
+        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    };
+    fifo(root.path().join("sub/pipe"));
+    std::fs::create_dir_all(root.path().join("piped")).unwrap();
+    fifo(root.path().join("piped/index.html"));
     let listener = support::proxy_listener();
     let addr = listener.local_addr().unwrap();
     let (_stop, stop_rx) = tokio::sync::watch::channel(false);
@@ -203,6 +210,8 @@ async fn the_file_server_hides_dotfiles_however_encoded_and_stays_in_its_folder(
         "/sub/%2Eenv",
         "/sub%5C.env",
         "/outlink/hostname",
+        "/sub/pipe",
+        "/piped/",
     ] {
         let answer = exchange(addr, &get(hidden)).await;
         assert_eq!(status(&answer), 404, "{hidden}: {answer}");
