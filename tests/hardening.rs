@@ -149,6 +149,14 @@ async fn a_connection_header_cannot_strip_forward_auth_identity() {
     assert_eq!(status(&answer), 200, "{answer}");
     assert_eq!(header_of(&answer, "x-seen-remote-user"), "alice");
     assert_eq!(header_of(&answer, "x-seen-auth-groups"), "staff");
+    // Spelled with `_`, the client's own reached the backend, which CGI-style servers read as
+    // the auth service's (`REMOTE_USER`).
+    let head = "GET /ok HTTP/1.1\r\nHost: fwd.test\r\nRemote_User: root\r\nX_Auth_Groups: admins\r\nConnection: close\r\n\r\n";
+    let answer = exchange(proxy.addr, head).await;
+    assert_eq!(status(&answer), 200, "{answer}");
+    let names = header_of(&answer, "x-seen-headers");
+    assert!(!names.contains('_'), "{names}");
+    assert_eq!(header_of(&answer, "x-seen-remote-user"), "alice");
 }
 
 #[tokio::test(start_paused = true)]
