@@ -127,6 +127,35 @@ async fn password_guessing_meets_the_4xx_limit() {
     assert_eq!(status(&exchange(proxy.addr, right).await), 200);
 }
 
+/// The rate limit counts requests auth refuses: it ran after auth, so guesses were never
+/// limited (nor the calls to a forward-auth service). Credentials given twice are a 400.
+#[tokio::test(start_paused = true)]
+async fn password_guessing_meets_the_rate_limit() {
+    let backend = Backend::start("b").await;
+    let yaml = Upstreams::new()
+        .host(
+            "basic.test",
+            Host::new().path(
+                "/",
+                Path::servers(&[&backend])
+                    .healthcheck(false)
+                    .rate_limit(2)
+                    .authorization_data("basic", "ann:secret"),
+            ),
+        )
+        .render();
+    let proxy = Proxy::start(&yaml, "").await;
+    let guess = "GET / HTTP/1.1\r\nHost: basic.test\r\nAuthorization: Basic YW5uOndyb25n\r\nConnection: close\r\n\r\n";
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        statuses.push(status(&exchange(proxy.addr, guess).await));
+    }
+    assert_eq!(statuses, [401, 401, 429, 429, 429]);
+    proxy.pass(Duration::from_millis(1001)).await;
+    let twice = "GET / HTTP/1.1\r\nHost: basic.test\r\nAuthorization: Basic YW5uOnNlY3JldA==\r\nAuthorization: Basic YW5uOndyb25n\r\nConnection: close\r\n\r\n";
+    assert_eq!(status(&exchange(proxy.addr, twice).await), 400);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_connection_header_cannot_strip_forward_auth_identity() {
     let backend = Backend::start("b").await;

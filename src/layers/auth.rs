@@ -165,6 +165,13 @@ where
         let Some(rule) = self.rule else {
             return Either::Right(Either::Left(self.inner.call(req)));
         };
+        let credentials = match rule {
+            Auth::ApiKey(_) => &X_API_KEY,
+            _ => &header::AUTHORIZATION,
+        };
+        if req.headers().get_all(credentials).iter().nth(1).is_some() {
+            return Either::Left(ready(Err(ProxyError::DuplicateCredentials)));
+        }
         let checked = match rule {
             Auth::Basic(basic) => basic.check(req.headers()),
             Auth::ApiKey(key) => key.check(req.headers()),
@@ -245,6 +252,15 @@ mod tests {
                 0,
             ),
             (vec![], Err(ProxyError::BasicAuthRequired), 0),
+            // Twice: the check would read the first, a backend perhaps the second.
+            (
+                vec![
+                    ("authorization", format!("Basic {good}")),
+                    ("authorization", format!("Basic {wrong}")),
+                ],
+                Err(ProxyError::DuplicateCredentials),
+                0,
+            ),
         ];
         for (headers, expected, reached) in cases {
             let h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
@@ -256,6 +272,10 @@ mod tests {
     async fn apikey_right_wrong_missing() {
         let rule = AuthRule::ApiKey("k-123".into());
         assert_eq!(run(&rule, &[("x-api-key", "k-123")]).await, (Ok(200), 1));
+        assert_eq!(
+            run(&rule, &[("x-api-key", "k-123"), ("x-api-key", "k-124")]).await,
+            (Err(ProxyError::DuplicateCredentials), 0)
+        );
         assert_eq!(
             run(&rule, &[("x-api-key", "k-124")]).await,
             (Err(ProxyError::ApiKeyRequired), 0)

@@ -202,8 +202,10 @@ impl LocalBody for Full<Bytes> {
 /// Runs `req` through a route's policies, then `forward`.
 ///
 /// Redirects (`to_https`, `redirect_to`) come first, so a redirected request meets no other
-/// policy. The 4xx limit comes before auth, so refused credentials count toward it and a client
-/// guessing passwords is blocked (429) like any other client drawing 4xx. The cache comes after
+/// policy. The 4xx limit and the rate limit come before auth (as nginx's `limit_req` runs
+/// before `auth_basic` and `auth_request`): refused credentials count toward both, so a client
+/// guessing passwords is blocked (429) like any other, and a forward-auth service is asked no
+/// more often than the rate limit lets requests through. The cache comes after
 /// every policy that can refuse (a hit still counts toward limits) and outside compression, so
 /// it keeps what the client was sent. Compression comes last, next to forwarding: it only ever
 /// touches what the backend sent. (A plain function returning a named future rather than an `async fn`: the compiler
@@ -224,12 +226,12 @@ where
     ServiceBuilder::new()
         .layer(RedirectLayer::new(policies.redirect.as_ref(), conn.tls))
         .layer(X4xxLayer::new(policies.x4xx_limit.as_ref(), client_ip))
-        .layer(AuthLayer::new(policies.auth.as_ref(), conn))
         .layer(RateLimitLayer::new(
             policies.rate_limit.as_ref(),
             client_ip,
             conn.worker.0,
         ))
+        .layer(AuthLayer::new(policies.auth.as_ref(), conn))
         .layer(StickyLayer::new(
             policies.sticky.as_ref(),
             backends,

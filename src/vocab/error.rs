@@ -68,6 +68,10 @@ pub enum ProxyError {
     /// `jwt` auth: no token, or one that is malformed, expired, badly signed or not HS256.
     #[error("a valid token is required")]
     TokenRequired,
+    /// A route with auth got its credential field (`Authorization`, `x-api-key`) more than
+    /// once: the check would read one and the backend perhaps another.
+    #[error("the request carries its credentials more than once")]
+    DuplicateCredentials,
     /// `apikey` auth: the `x-api-key` header is missing or wrong.
     #[error("a valid x-api-key header is required")]
     ApiKeyRequired,
@@ -121,6 +125,7 @@ impl ProxyError {
             | ProxyError::BadTarget
             | ProxyError::AmbiguousPath
             | ProxyError::ClientBody
+            | ProxyError::DuplicateCredentials
             | ProxyError::ClusterMaster => StatusCode::BAD_REQUEST,
         }
     }
@@ -233,6 +238,7 @@ mod tests {
             (ProxyError::InvalidHost, 400),
             (ProxyError::HostMismatch, 400),
             (ProxyError::BadTarget, 400),
+            (ProxyError::DuplicateCredentials, 400),
             (ProxyError::UnsupportedTransferCoding, 501),
             (ProxyError::ClusterMaster, 400),
             (ProxyError::NoJwtSecret, 503),
@@ -282,6 +288,7 @@ mod tests {
             (ProxyError::InvalidHost, "3"),
             (ProxyError::ClientBody, "3"),
             (ProxyError::MissingHost, "3"),
+            (ProxyError::DuplicateCredentials, "3"),
             (ProxyError::ClusterMaster, "14"),
             (ProxyError::UnsupportedTransferCoding, "12"),
         ] {
