@@ -509,3 +509,37 @@ fn check_config_names_the_line_of_a_bad_cache_value() {
         "{text}"
     );
 }
+
+/// The host as the client wrote it reaches the backend (`Host`, `X-Forwarded-Host`), which may
+/// build links from it: an entry fetched for `c.test:1337` or `C.TEST.` was served to every
+/// client of `c.test`. Each spelling now has its own entry; the routed one stays purgeable.
+#[tokio::test]
+async fn a_host_spelled_otherwise_cannot_poison_the_routed_hosts_entry() {
+    let origin = Origin::start().await;
+    let proxy = proxy_for(&origin);
+    for proto in PROTOCOLS {
+        let mut c = Client::connect(proto, proxy.addr).await;
+        let path = format!("/spelled-{proto:?}?cc=max-age=60");
+        for (host, want) in [
+            ("c.test:1337", "MISS"),
+            ("c.test", "MISS"),
+            ("c.test", "HIT"),
+            ("C.TEST", "MISS"),
+            ("c.test:1337", "HIT"),
+        ] {
+            let resp = c
+                .send(
+                    Method::GET,
+                    Some(host),
+                    &path,
+                    &[],
+                    full(bytes::Bytes::new()),
+                )
+                .await;
+            let status = resp.headers().get("x-cache-status").cloned();
+            body_bytes(resp).await;
+            let status = status.map(|v| v.to_str().unwrap_or("?").to_string());
+            assert_eq!(status.as_deref(), Some(want), "{proto:?} {host}");
+        }
+    }
+}

@@ -139,7 +139,7 @@ where
         let (lookup, auth) = rules::ask(req.method(), req.headers());
         let key = match (lookup, self.layer.host) {
             (Lookup::Pass, _) | (_, None) => None,
-            (_, Some(host)) => Some(key_of(self.layer.tls, host, req.uri())),
+            (_, Some(host)) => Some(key_of(self.layer.tls, host, &req)),
         };
         let Some(key) = key else {
             return FutEither::Left(self.inner.call(req));
@@ -163,11 +163,23 @@ where
 }
 
 /// The cache key: scheme, host (normalised as for routing: lower case, no port) and path with
-/// query.
-fn key_of(https: bool, host: &str, uri: &http::Uri) -> String {
+/// query; then, when the client wrote its host otherwise (a port, capitals, a trailing dot),
+/// that spelling. The backend sees the host as written (`Host`, `X-Forwarded-Host`) and may
+/// build links or redirects from it: under the routed host alone, `Host: site:1337` put its
+/// links in the entry every client of `site` was then served.
+fn key_of<B>(https: bool, host: &str, req: &Request<B>) -> String {
     let scheme = if https { "https://" } else { "http://" };
+    let uri = req.uri();
     let target = uri.path_and_query().map_or("/", |pq| pq.as_str());
-    [scheme, host, target].concat()
+    let written = match req.headers().get(http::header::HOST) {
+        Some(value) => value.as_bytes(),
+        None => uri.authority().map_or(&b""[..], |a| a.as_str().as_bytes()),
+    };
+    if written == host.as_bytes() || written.is_empty() {
+        return [scheme, host, target].concat();
+    }
+    let written = String::from_utf8_lossy(written);
+    [scheme, host, target, "\0as ", &written].concat()
 }
 
 /// The key of `target` (path and query) on `host` over `https` or not.
