@@ -331,6 +331,27 @@ async fn a_request_without_a_host_reaches_the_backend_with_its_own() {
     assert!(answer.contains(&seen), "{answer}");
 }
 
+/// An HTTP/2 client's cookie crumbs (RFC 9113 §8.2.3) reach an HTTP/1.1 backend as one field
+/// joined with `; `: as two fields, a server reading them as a list (`a=1, b=2`) lost `b`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cookie_crumbs_reach_an_http1_backend_as_one_field() {
+    let backend = Backend::start("b").await;
+    let yaml = Upstreams::new()
+        .host(
+            "DEFAULT",
+            Host::new().path("/", Path::addrs(&[format!("http://{}", backend.addr)])),
+        )
+        .render();
+    let proxy = ProxyProcess::start(&yaml, "");
+    let mut client = Client::connect(Proto::H2c, proxy.addr).await;
+    let crumbs = [("cookie", "a=1"), ("cookie", "b=2")];
+    let resp = client
+        .send(Method::GET, Some("a"), "/", &crumbs, full(Bytes::new()))
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(header(&resp, "x-seen-cookie-fields"), "a=1; b=2");
+}
+
 /// The proxy with every path of every host going to `backend`.
 fn proxy_to(backend: &Backend) -> ProxyProcess {
     let yaml = Upstreams::new()

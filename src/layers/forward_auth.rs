@@ -139,6 +139,8 @@ impl ForwardAuth {
                 h.append(name.clone(), value.clone());
             }
         }
+        // As to a backend: an HTTP/2 client's crumbs as one field.
+        crate::vocab::hop_by_hop::join_cookies(h);
         if let Ok(m) = HeaderValue::from_str(req.method().as_str()) {
             h.insert(X_FORWARDED_METHOD.clone(), m);
         }

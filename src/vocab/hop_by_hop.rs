@@ -1,7 +1,7 @@
 //! Hop-by-hop fields (SPEC §6.2): which fields of a message belong to one connection only and
 //! never cross the proxy, taken out of a request's map ([`remove_hop_by_hop_from_request`]), of
 //! any map ([`remove_hop_by_hop`]), or of a backend's answer as its head is read
-//! ([`AnswerHopByHop`]).
+//! ([`AnswerHopByHop`]). The same pass over a request's fields joins its `Cookie` crumbs.
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
@@ -92,7 +92,7 @@ fn keep_te_trailers_only(headers: &mut HeaderMap) {
 /// named any field.
 pub fn remove_hop_by_hop_from_request(headers: &mut HeaderMap) -> ProxyFields {
     let (mut connection, mut lists_names, mut fixed, mut te) = (false, false, false, false);
-    let mut coded = false;
+    let (mut coded, mut cookies) = (false, 0u32);
     let (mut says_close, mut close_field) = (false, false);
     let mut proxy_fields = ProxyFields::default();
     for (name, value) in headers.iter() {
@@ -109,8 +109,12 @@ pub fn remove_hop_by_hop_from_request(headers: &mut HeaderMap) -> ProxyFields {
             HopByHop::TransferEncoding => (fixed, coded) = (true, true),
             HopByHop::Close => close_field = true,
             kind @ (HopByHop::Forwarded | HopByHop::RequestId) => proxy_fields.note(kind),
+            HopByHop::Cookie => cookies += 1,
             HopByHop::No => {}
         }
+    }
+    if cookies > 1 {
+        join_cookies(headers);
     }
     if lists_names {
         proxy_fields.connection_named = true;
@@ -154,6 +158,8 @@ enum HopByHop {
     Forwarded,
     /// `X-Request-Id`: kept, and reported.
     RequestId,
+    /// `Cookie`: kept; several are joined into one ([`join_cookies`]).
+    Cookie,
     No,
 }
 
@@ -165,9 +171,29 @@ fn hop_by_hop(name: &HeaderName) -> HopByHop {
         "close" => HopByHop::Close,
         "x-forwarded-for" | "x-forwarded-proto" | "x-forwarded-host" => HopByHop::Forwarded,
         "x-request-id" => HopByHop::RequestId,
+        "cookie" => HopByHop::Cookie,
         "transfer-encoding" => HopByHop::TransferEncoding,
         "upgrade" | "keep-alive" | "proxy-connection" | "http2-settings" => HopByHop::Fixed,
         _ => HopByHop::No,
+    }
+}
+
+/// Several `Cookie` fields become one, joined with `; ` (RFC 9113 §8.2.3: an HTTP/2 client may
+/// send each crumb as a field of its own, and they MUST be joined before an HTTP/1.1
+/// connection). Read as a list, `a=1, b=2` is one cookie `a` worth `1, b=2` to most servers,
+/// and one that reads the first field only loses the rest. None or one: left as it is.
+pub fn join_cookies(headers: &mut HeaderMap) {
+    let mut crumbs = headers.get_all(header::COOKIE).iter();
+    let (Some(first), Some(_)) = (crumbs.next(), crumbs.next()) else {
+        return;
+    };
+    let mut joined = first.as_bytes().to_vec();
+    for crumb in headers.get_all(header::COOKIE).iter().skip(1) {
+        joined.extend_from_slice(b"; ");
+        joined.extend_from_slice(crumb.as_bytes());
+    }
+    if let Ok(value) = HeaderValue::from_bytes(&joined) {
+        headers.insert(header::COOKIE, value);
     }
 }
 
@@ -236,7 +262,7 @@ impl AnswerHopByHop {
     /// Whether the field goes into the answer's map.
     pub fn keeps(&mut self, name: &HeaderName, value: &[u8]) -> bool {
         match hop_by_hop(name) {
-            HopByHop::No | HopByHop::Forwarded | HopByHop::RequestId => true,
+            HopByHop::No | HopByHop::Forwarded | HopByHop::RequestId | HopByHop::Cookie => true,
             HopByHop::Fixed => false,
             HopByHop::TransferEncoding => {
                 self.coded = true;
@@ -434,5 +460,17 @@ mod tests {
                 assert!(!m.contains_key(*k), "{k} should go from {input:?}");
             }
         }
+    }
+
+    /// An HTTP/2 client's cookie crumbs go on as one field; a lone one is left as it is.
+    #[test]
+    fn cookie_crumbs_become_one_field() {
+        let mut headers = map(&[("cookie", "a=1"), ("x", "y"), ("cookie", "b=2")]);
+        remove_hop_by_hop_from_request(&mut headers);
+        let cookies: Vec<_> = headers.get_all("cookie").iter().collect();
+        assert_eq!(cookies, ["a=1; b=2"]);
+        let mut headers = map(&[("cookie", "a=1, b")]);
+        remove_hop_by_hop_from_request(&mut headers);
+        assert_eq!(headers["cookie"], "a=1, b");
     }
 }

@@ -358,7 +358,8 @@ pub(crate) async fn answer(
         .header("x-seen-remote-user", seen("remote-user"))
         .header("x-seen-auth-groups", seen("x-auth-groups"))
         .header("x-seen-authorization", seen("authorization"))
-        .header("x-seen-te", te_values(req.headers()));
+        .header("x-seen-te", te_values(req.headers()))
+        .header("x-seen-cookie-fields", cookie_fields(req.headers()));
     if ans.cookies {
         builder = builder
             .header("set-cookie", format!("app={name}; Path=/"))
@@ -419,6 +420,20 @@ fn echo_until_error(body: Incoming) -> ClientBody {
         }
     });
     http_body_util::StreamBody::new(frames).boxed()
+}
+
+/// Every `Cookie` field, joined with `|`, or `-` without one.
+fn cookie_fields(headers: &http::HeaderMap) -> String {
+    let fields: Vec<&str> = headers
+        .get_all("cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap_or("?"))
+        .collect();
+    if fields.is_empty() {
+        "-".into()
+    } else {
+        fields.join("|")
+    }
 }
 
 /// Every `TE` value, joined with `|`, or `-` without one.
