@@ -361,3 +361,38 @@ async fn a_token_from_jwt_opens_a_jwt_route() {
     assert_eq!(resp.status(), 200);
     assert_eq!(header(&resp, "x-backend"), "a");
 }
+
+/// Several `POST /conf?save` at once: each is saved and installed in turn, so the file on disk
+/// is what serves. They raced: one request's temporary file was renamed by another (its answer a
+/// 500 "not applied" though another's text was on disk), and the text saved first could be
+/// installed last, the file and the routes apart for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn saves_at_once_leave_the_file_and_the_routes_alike() {
+    let backends = [
+        Backend::start("a").await,
+        Backend::start("b").await,
+        Backend::start("c").await,
+    ];
+    let proxy = ProxyProcess::start(&routes(&[&backends[0]]), ADMIN);
+    let admin = admin_addr(&proxy);
+    let file = proxy.path("upstreams.yaml");
+    for round in 0..8 {
+        let posts = backends.iter().map(|backend| {
+            let body = routes(&[backend]);
+            async move {
+                let key = [("x-api-key", "s3cret")];
+                call(admin, Method::POST, "/conf?save", &key, &body).await
+            }
+        });
+        for (status, text) in futures_util::future::join_all(posts).await {
+            assert_eq!(status, 200, "round {round}: {text}");
+        }
+        let on_disk = std::fs::read_to_string(&file).unwrap();
+        let saved = backends
+            .iter()
+            .find(|b| routes(&[b]) == on_disk)
+            .map(|b| b.name)
+            .expect("one of the texts on disk");
+        assert_eq!(served_by(&proxy).await, saved, "round {round}");
+    }
+}

@@ -74,6 +74,10 @@ pub struct Reloader {
     pub snapshot: Arc<ArcSwap<Snapshot>>,
     metrics: Arc<Metrics>,
     sources: Mutex<Sources>,
+    /// Held from reading or saving a configuration until it is installed, so the one installed
+    /// last is the one on disk: two `POST /conf?save` at once could each save, and the first
+    /// saved install last, for good (the file and what served stayed apart).
+    applying: Mutex<()>,
 }
 
 impl Reloader {
@@ -90,6 +94,7 @@ impl Reloader {
             snapshot: Arc::new(ArcSwap::from_pointee(Snapshot::default())),
             metrics,
             sources: Mutex::new(Sources::default()),
+            applying: Mutex::new(()),
         }
     }
 
@@ -122,6 +127,7 @@ impl Reloader {
 
     /// Reads the upstreams file (and conf.d) and publishes it unless it is unchanged.
     pub fn reload_files(&self, source: &str) -> Result<Applied, Issues> {
+        let _applying = self.applying.lock().unwrap_or_else(|p| p.into_inner());
         let digest = config::files_digest(&self.upstreams_path);
         if self.sources().file.is_some() && self.sources().file_digest == digest {
             tracing::debug!(source, "configuration files unchanged; nothing to reload");
@@ -165,6 +171,7 @@ impl Reloader {
                 return Err(ReloadError::Invalid(issues));
             }
         };
+        let _applying = self.applying.lock().unwrap_or_else(|p| p.into_inner());
         let mut digest = self.sources().file_digest;
         if save {
             save_atomically(&self.upstreams_path, text.as_bytes()).map_err(|source| {
