@@ -409,3 +409,51 @@ async fn an_answer_without_end_is_cut_and_the_backends_kept() {
     assert!(cut, "{}", proxy.log_text());
     assert_eq!(backend_for_web(&proxy).await, (200, "a".to_string()));
 }
+
+/// A new file config that changes `consul:` restarts the watchers on it: the change was dropped
+/// silently ("no route changes"), the old service still watched and routed, even with the
+/// section gone.
+#[tokio::test(start_paused = true)]
+async fn a_changed_consul_section_is_followed() {
+    let a = Backend::start("a").await;
+    let (consul, _state) = fake_consul(3, vec![a.addr]).await;
+    let proxy = Proxy::start(&consul_routes(consul.addr, "tok"), "").await;
+    wait_for_set(&proxy, &["a"], Duration::from_secs(5)).await;
+    let moved = Upstreams::new()
+        .discovery(consul_discovery(consul.addr, "tok").service(Service::new(
+            "web2.local",
+            "web",
+            "/",
+        )))
+        .render();
+    proxy
+        .ctx
+        .reloader
+        .apply_text(&moved, false)
+        .expect("applied");
+    let served = |host: &'static str| {
+        let proxy = &proxy;
+        async move {
+            let mut client = Client::connect(Proto::H1, proxy.addr).await;
+            let resp = client.get(host, "/").await;
+            let status = resp.status().as_u16();
+            body_bytes(resp).await;
+            status
+        }
+    };
+    let followed = eventually_async(Duration::from_secs(5), || async {
+        (served("web2.local").await == 200).then_some(())
+    })
+    .await;
+    assert!(followed.is_some(), "{}", proxy.log_text());
+    assert_eq!(served("web.local").await, 404);
+    let without = Upstreams::new()
+        .host("other.local", Host::new().path("/", Path::servers(&[&a])))
+        .render();
+    proxy
+        .ctx
+        .reloader
+        .apply_text(&without, false)
+        .expect("applied");
+    assert_eq!(served("web2.local").await, 404);
+}

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 
-use crate::config::discovery_conf::{DiscoveredService, KubernetesConfig};
+use crate::config::discovery_conf::{ConsulConfig, DiscoveredService, KubernetesConfig};
 use crate::config::upstreams::{HostConfig, PathConfig};
 use crate::config::values::ServerSpec;
 use crate::config::{self, Issues, UpstreamsConfig};
@@ -78,6 +78,19 @@ pub struct Reloader {
     /// last is the one on disk: two `POST /conf?save` at once could each save, and the first
     /// saved install last, for good (the file and what served stayed apart).
     applying: Mutex<()>,
+    /// The Consul and Kubernetes watchers running, and the settings they follow.
+    watching: Mutex<Watching>,
+}
+
+/// The discovery watchers running ([`start`]): restarted when a new file config changes their
+/// settings, so a reload or `POST /conf` that changes `consul:` or `kubernetes:` takes effect
+/// (it was dropped silently: the old services kept being watched and routed).
+#[derive(Default)]
+struct Watching {
+    /// Where the watchers run; `None` until [`start`] (check-config, tests of the reloader).
+    runtime: Option<tokio::runtime::Handle>,
+    settings: (Option<ConsulConfig>, Option<KubernetesConfig>),
+    tasks: Vec<tokio::task::AbortHandle>,
 }
 
 impl Reloader {
@@ -95,6 +108,7 @@ impl Reloader {
             metrics,
             sources: Mutex::new(Sources::default()),
             applying: Mutex::new(()),
+            watching: Mutex::new(Watching::default()),
         }
     }
 
@@ -126,7 +140,7 @@ impl Reloader {
     }
 
     /// Reads the upstreams file (and conf.d) and publishes it unless it is unchanged.
-    pub fn reload_files(&self, source: &str) -> Result<Applied, Issues> {
+    pub fn reload_files(self: &Arc<Self>, source: &str) -> Result<Applied, Issues> {
         let _applying = self.applying.lock().unwrap_or_else(|p| p.into_inner());
         let digest = config::files_digest(&self.upstreams_path);
         if self.sources().file.is_some() && self.sources().file_digest == digest {
@@ -144,6 +158,7 @@ impl Reloader {
                 }
                 self.install_file_config(cfg, digest, source);
                 self.metrics.config_reload(metric_source(source), true);
+                self.follow_discovery_settings();
                 Ok(Applied::Changed)
             }
             _ => {
@@ -161,7 +176,7 @@ impl Reloader {
 
     /// Validates upstreams YAML handed over in memory (admin API) and publishes it; with `save`
     /// the file is replaced atomically first (temp file + rename).
-    pub fn apply_text(&self, text: &str, save: bool) -> Result<Applied, ReloadError> {
+    pub fn apply_text(self: &Arc<Self>, text: &str, save: bool) -> Result<Applied, ReloadError> {
         let mut issues = Issues::default();
         let origin = "POST /conf";
         let cfg = match config::parse_upstreams_text(text, origin, &mut issues) {
@@ -186,7 +201,48 @@ impl Reloader {
         self.install_file_config(cfg, digest, origin);
         self.sources().text_digest = Some(text_digest(text));
         self.metrics.config_reload("api", true);
+        self.follow_discovery_settings();
         Ok(Applied::Changed)
+    }
+
+    /// Starts the watchers the serving file config asks for, on `runtime`.
+    pub fn start_watchers(self: &Arc<Self>, runtime: tokio::runtime::Handle) {
+        let mut watching = self.watching.lock().unwrap_or_else(|p| p.into_inner());
+        watching.runtime = Some(runtime);
+        self.spawn_watchers(&mut watching);
+    }
+
+    /// Restarts the watchers when the serving file config's `consul:` or `kubernetes:` differs
+    /// from what they follow; the hosts they found go with them.
+    fn follow_discovery_settings(self: &Arc<Self>) {
+        let mut watching = self.watching.lock().unwrap_or_else(|p| p.into_inner());
+        if watching.runtime.is_none() || watching.settings == discovery_settings(self) {
+            return;
+        }
+        for task in watching.tasks.drain(..) {
+            task.abort();
+        }
+        {
+            let mut sources = self.sources();
+            let old = merged(&sources);
+            let found_before = sources.discovered.len();
+            sources.discovered.clear();
+            if found_before > 0 {
+                self.publish_locked(&sources, old.as_ref(), "discovery settings changed");
+            }
+        }
+        tracing::info!("discovery settings changed: watchers restarted");
+        self.spawn_watchers(&mut watching);
+    }
+
+    fn spawn_watchers(self: &Arc<Self>, watching: &mut Watching) {
+        let Some(runtime) = watching.runtime.clone() else {
+            return;
+        };
+        watching.settings = discovery_settings(self);
+        for watcher in service_watchers(self) {
+            watching.tasks.push(runtime.spawn(watcher).abort_handle());
+        }
     }
 
     /// Replaces the hosts a discovery source found, and republishes.
@@ -283,9 +339,14 @@ pub fn start(runtime: &tokio::runtime::Runtime, reloader: Arc<Reloader>) {
     if let Some(watch) = file_watch::install(reloader.clone()) {
         runtime.spawn(watch);
     }
-    for watcher in service_watchers(&reloader) {
-        runtime.spawn(watcher);
-    }
+    reloader.start_watchers(runtime.handle().clone());
+}
+
+/// The discovery settings of the serving file config.
+fn discovery_settings(reloader: &Reloader) -> (Option<ConsulConfig>, Option<KubernetesConfig>) {
+    let file = reloader.file_config();
+    let consul = file.as_ref().and_then(|c| c.consul.clone());
+    (consul, file.and_then(|c| c.kubernetes))
 }
 
 /// A source of discovered routes, running until its runtime stops.

@@ -132,9 +132,8 @@ impl Proxy {
         }
         let snapshot = ctx.reloader.snapshot.clone();
         tokio::spawn(health::run(snapshot, HealthSettings::from_main(&main)));
-        for watcher in aralez::discovery::service_watchers(&ctx.reloader) {
-            tokio::spawn(watcher);
-        }
+        ctx.reloader
+            .start_watchers(tokio::runtime::Handle::current());
         Proxy {
             addr,
             log,
