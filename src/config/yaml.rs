@@ -7,7 +7,7 @@
 
 use std::fmt;
 
-use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_saphyr::Spanned;
 
 /// Largest config file read at all; anything bigger is refused before parsing.
@@ -318,20 +318,17 @@ impl<'de> Visitor<'de> for RawVisitor {
     fn visit_i64<E>(self, v: i64) -> Result<RawNode, E> {
         Ok(RawNode::Int(v))
     }
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<RawNode, E> {
-        i64::try_from(v)
-            .map(RawNode::Int)
-            .map_err(|_| E::custom("integer is too large"))
+    // An integer past i64 is kept as the number it is, for the key's reader to refuse with its
+    // name and range, as larger ones are: failing the parse here hid every other issue behind
+    // an unkeyed "invalid YAML".
+    fn visit_u64<E>(self, v: u64) -> Result<RawNode, E> {
+        Ok(i64::try_from(v).map_or(RawNode::Float(v as f64), RawNode::Int))
     }
-    fn visit_i128<E: de::Error>(self, v: i128) -> Result<RawNode, E> {
-        i64::try_from(v)
-            .map(RawNode::Int)
-            .map_err(|_| E::custom("integer is too large"))
+    fn visit_i128<E>(self, v: i128) -> Result<RawNode, E> {
+        Ok(i64::try_from(v).map_or(RawNode::Float(v as f64), RawNode::Int))
     }
-    fn visit_u128<E: de::Error>(self, v: u128) -> Result<RawNode, E> {
-        i64::try_from(v)
-            .map(RawNode::Int)
-            .map_err(|_| E::custom("integer is too large"))
+    fn visit_u128<E>(self, v: u128) -> Result<RawNode, E> {
+        Ok(i64::try_from(v).map_or(RawNode::Float(v as f64), RawNode::Int))
     }
     fn visit_f64<E>(self, v: f64) -> Result<RawNode, E> {
         Ok(RawNode::Float(v))

@@ -7,6 +7,16 @@ pub(crate) fn cases() -> Vec<Case> {
     const U: &str = "upstreams.yaml";
     const M: &str = "main.yaml";
     vec![
+        // An integer past i64 is the key's error, beside the others: it was an unkeyed
+        // "invalid YAML" that hid every other issue.
+        Case::main(
+            "integer_past_i64_is_the_keys_error",
+            &format!("{MAIN_OK}threads: 9223372036854775808\nlog_level: bogus\n"),
+            vec![
+                err(M, 3, "threads", "expected a whole number"),
+                err(M, 4, "log_level", "is not one of"),
+            ],
+        ),
         // ---- acme: (DNS-01 and its provider) ----
         Case::main(
             "acme_dns_01_without_a_provider",
