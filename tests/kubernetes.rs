@@ -386,3 +386,29 @@ async fn a_watch_line_without_end_is_cut_and_the_backends_kept() {
     assert!(cut, "{}", proxy.log_text());
     assert_eq!(answering(&proxy).await, ["a".to_string()].into());
 }
+
+/// A token file written late, and ending in a newline (as `echo` writes it): the client was
+/// never built without the file (discovery stayed off for good), and kube put the newline in
+/// the header (every request failed). Now the API's 401 is logged until the file comes, and the
+/// token is read trimmed.
+#[tokio::test(start_paused = true)]
+async fn a_token_file_written_late_with_a_newline_is_read() {
+    let a = Backend::start("a").await;
+    let api = FakeApi::start(vec![slice(
+        "web-1",
+        a.addr.port(),
+        &[("127.0.0.1", Some(true))],
+    )])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = account(dir.path(), TOKEN);
+    std::fs::remove_file(&token).unwrap();
+    let proxy = Proxy::start(&k8s_routes(api.addr, &token), "").await;
+    let refused = eventually(Duration::from_secs(30), || {
+        proxy.log_text().contains("401 Unauthorized")
+    })
+    .await;
+    assert!(refused, "{}", proxy.log_text());
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    wait_for(&proxy, &["a"]).await;
+}

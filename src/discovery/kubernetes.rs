@@ -3,7 +3,7 @@
 //! endpoints become backends on the slice's port. kube's watcher relists on 410 Gone and backs
 //! off on errors; the last known backends keep serving meanwhile. Each of the API server's
 //! answers is bounded in size and time, and watches in how often they start
-//! ([`super::answer_bounds`]).
+//! ([`super::answer_bounds`]). The token file is read by [`super::bearer_file`].
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -15,6 +15,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 
 use super::answer_bounds::AnswerBoundsLayer;
+use super::bearer_file::BearerFileLayer;
 use super::{hosts_for, Reloader};
 use crate::config::discovery_conf::{DiscoveredService, KubernetesConfig};
 use crate::config::values::{parse_server, ServerSpec};
@@ -80,14 +81,15 @@ fn client_for(cfg: &KubernetesConfig) -> Result<(Client, String), KubeSetupError
     let mut config = kube::Config::new(cluster_url(cfg)?);
     let ns = namespace(cfg, &account_dir);
     config.default_namespace = ns.clone();
-    // A token file is re-read by kube as it rotates.
-    config.auth_info.token_file = Some(cfg.tokenpath.clone());
     let ca = account_dir.join("ca.crt");
     if ca.is_file() {
         config.root_cert_file = Some(ca);
     }
+    // The token file is read (and read again as it rotates) by a layer of ours, not by kube.
+    let token = BearerFileLayer::new(PathBuf::from(&cfg.tokenpath));
     let client = kube::client::ClientBuilder::try_from(config)?
         .with_layer(&AnswerBoundsLayer)
+        .with_layer(&token)
         .build();
     Ok((client, ns))
 }

@@ -7,6 +7,8 @@
 
 #[cfg(feature = "kubernetes")]
 mod answer_bounds;
+#[cfg(feature = "kubernetes")]
+mod bearer_file;
 pub mod consul;
 mod diff;
 pub mod file_watch;
