@@ -5,7 +5,9 @@
 //! proxy's workers.
 //!
 //! `ServeDir` speaks `Last-Modified`/`If-Modified-Since` only; this module adds a weak `ETag`
-//! (size and modification time, as nginx does) and answers `If-None-Match` with 304.
+//! (size and modification time, as nginx does), answers `If-None-Match` with 304, `If-Match`
+//! and `If-Unmodified-Since` with 412, and hands `ServeDir` a `Range` only when it asks for one
+//! satisfiable byte range that `If-Range` allows.
 
 use std::convert::Infallible;
 use std::path::PathBuf;
@@ -68,10 +70,18 @@ async fn answer(
     let Some(path) = visible_path(req.uri().path()) else {
         return plain(StatusCode::NOT_FOUND, "404 Not Found\n");
     };
-    if !servable(root, &path).await {
-        return plain(StatusCode::NOT_FOUND, "404 Not Found\n");
-    }
+    let found = look_up(root, &path).await;
     let mut req = req;
+    match &found {
+        Found::Refused => return plain(StatusCode::NOT_FOUND, "404 Not Found\n"),
+        Found::File(meta) => {
+            if let Some(refused) = failed_precondition(req.headers(), meta) {
+                return refused;
+            }
+            settle_range(req.headers_mut(), meta);
+        }
+        Found::Other => {}
+    }
     let if_none_match = req.headers_mut().remove(header::IF_NONE_MATCH);
     if if_none_match.is_some() {
         // RFC 9110 §13.1.3: with If-None-Match, If-Modified-Since is ignored.
@@ -117,32 +127,104 @@ fn visible_path(raw: &str) -> Option<String> {
     (!hidden).then_some(path)
 }
 
-/// Whether `path` under `root` may be handed to `ServeDir`: it resolves (through symlinks)
-/// inside the folder's real location (resolved per request: the folder may be created or moved
-/// while serving), and to a regular file or a directory whose `index.html`, if any, is one. A
-/// FIFO or a device is not served (as nginx: "is not a regular file"): opening a FIFO blocks
-/// until a writer comes, and each request for one held a thread of the blocking pool the
-/// control plane shares (reloads and the admin API stalled once it was full). A path that does
-/// not exist passes (`ServeDir` answers 404).
-async fn servable(root: &std::path::Path, path: &str) -> bool {
-    let candidate = root.join(path.trim_start_matches('/'));
+/// What a request path leads to.
+enum Found {
+    /// Not to be served (404).
+    Refused,
+    /// A regular file, with what the conditions and ranges are checked against.
+    File(std::fs::Metadata),
+    /// Nothing (`ServeDir` answers 404), or a folder (its `index.html`, a regular file if any).
+    Other,
+}
+
+/// What `path` under `root` leads to. It must resolve (through symlinks) inside the folder's
+/// real location (resolved per request: the folder may be created or moved while serving), to
+/// a regular file (named without a trailing `/`) or a folder whose `index.html`, if any, is
+/// one. A FIFO or a device is
+/// refused (as nginx: "is not a regular file"): opening a FIFO blocks until a writer comes, and
+/// each request for one held a thread of the blocking pool the control plane shares (reloads
+/// and the admin API stalled once it was full).
+async fn look_up(root: &std::path::Path, path: &str) -> Found {
+    let candidate = root.join(path.trim_matches('/'));
     let Ok(real) = tokio::fs::canonicalize(&candidate).await else {
-        return true;
+        return Found::Other;
     };
     let inside = match tokio::fs::canonicalize(root).await {
         Ok(real_root) => real.starts_with(real_root),
         Err(_) => false,
     };
     if !inside {
-        return false;
+        return Found::Refused;
     }
     match tokio::fs::metadata(&real).await {
         Ok(meta) if meta.is_dir() => match tokio::fs::metadata(real.join("index.html")).await {
-            Ok(index) => index.is_file(),
-            Err(_) => true,
+            Ok(index) if !index.is_file() => Found::Refused,
+            _ => Found::Other,
         },
-        Ok(meta) => meta.is_file(),
-        Err(_) => true,
+        // A file is not a folder (`ServeDir` served `/a.txt/` as `/a.txt`).
+        Ok(meta) if meta.is_file() && path.ends_with('/') => Found::Refused,
+        Ok(meta) if meta.is_file() => Found::File(meta),
+        Ok(_) => Found::Refused,
+        Err(_) => Found::Other,
+    }
+}
+
+/// A 412 when `If-Match` or `If-Unmodified-Since` fails (RFC 9110 §13.1.1, §13.1.4; `ServeDir`
+/// ignored both). The file's tags are weak, and `If-Match` compares strongly: only `*` matches.
+fn failed_precondition(
+    headers: &http::HeaderMap,
+    meta: &std::fs::Metadata,
+) -> Option<Response<FileBody>> {
+    let failed = match headers.get(header::IF_MATCH) {
+        Some(tags) => tags.as_bytes().trim_ascii() != b"*",
+        None => headers
+            .get(header::IF_UNMODIFIED_SINCE)
+            .and_then(|date| httpdate::parse_http_date(date.to_str().ok()?).ok())
+            .is_some_and(|date| modified_secs(meta).is_some_and(|m| m > date)),
+    };
+    failed.then(|| plain(StatusCode::PRECONDITION_FAILED, "412 Precondition Failed\n"))
+}
+
+/// When the file last changed, to the second (as `Last-Modified` says it).
+fn modified_secs(meta: &std::fs::Metadata) -> Option<std::time::SystemTime> {
+    let since = meta
+        .modified()
+        .ok()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?;
+    Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(since.as_secs()))
+}
+
+/// Leaves `Range` for `ServeDir` only when it asks for one satisfiable range of this file
+/// (RFC 9110 §14): dropped (the whole file, 200) when `If-Range` does not match (a tag never
+/// does, ours being weak; a date must be the file's), when its unit is not `bytes`, when it
+/// asks for several ranges, or when the file is empty; a suffix longer than the file is the
+/// whole file. `ServeDir` answered 416 to most of these, and 206 to a stale `If-Range`.
+fn settle_range(headers: &mut http::HeaderMap, meta: &std::fs::Metadata) {
+    let Some(range) = headers.get(header::RANGE) else {
+        return;
+    };
+    let keep = match headers.get(header::IF_RANGE) {
+        None => true,
+        Some(v) => httpdate::parse_http_date(v.to_str().unwrap_or(""))
+            .is_ok_and(|date| modified_secs(meta) == Some(date)),
+    };
+    let spec = range.to_str().ok().and_then(|r| r.split_once('='));
+    let settled = match spec {
+        Some((unit, set)) if keep && unit.trim().eq_ignore_ascii_case("bytes") => {
+            let set = set.trim();
+            let len = meta.len();
+            match set.strip_prefix('-').map(str::parse::<u64>) {
+                _ if set.contains(',') || len == 0 => None,
+                Some(Ok(suffix)) if suffix > len => Some(format!("bytes=-{len}")),
+                _ => Some(format!("bytes={set}")),
+            }
+        }
+        _ => None,
+    };
+    match settled.and_then(|r| HeaderValue::from_str(&r).ok()) {
+        Some(range) => drop(headers.insert(header::RANGE, range)),
+        None => drop(headers.remove(header::RANGE)),
     }
 }
 

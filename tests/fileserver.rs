@@ -203,3 +203,57 @@ async fn file_server_connections_have_their_own_cap() {
     let mut client = Client::connect(Proto::H1, proxy.addr).await;
     assert!(client.get("any", "/").await.status().as_u16() > 0);
 }
+
+/// Ranges and preconditions `ServeDir` got wrong (RFC 9110 §13, §14): a stale `If-Range` got a
+/// 206 of the new file (a resumed download then mixed two versions), `If-Match` and
+/// `If-Unmodified-Since` were ignored, a suffix past the file, an unknown unit or several ranges
+/// were a 416, an empty file's range a `bytes 0-0/0` 206, and `/a.txt/` served the file.
+#[tokio::test]
+async fn ranges_and_preconditions_follow_rfc_9110() {
+    let (_proxy, addr, _root, www) = start();
+    std::fs::write(www.join("empty.txt"), "").unwrap();
+    let (_, headers, _) = http_get(addr, "/a.txt", &[]).await;
+    let modified = headers["last-modified"].to_str().unwrap().to_string();
+    let etag = headers["etag"].to_str().unwrap().to_string();
+    let range = ("range", "bytes=0-1");
+    for (asked, want, body) in [
+        (vec![range, ("if-range", "\"zzz\"")], 200, CONTENT),
+        (vec![range, ("if-range", etag.as_str())], 200, CONTENT),
+        (
+            vec![range, ("if-range", "Sat, 01 Jan 2000 00:00:00 GMT")],
+            200,
+            CONTENT,
+        ),
+        (vec![range, ("if-range", modified.as_str())], 206, "01"),
+        (vec![("range", "bytes=-100")], 206, CONTENT),
+        (vec![("range", "items=1-2")], 200, CONTENT),
+        (vec![("range", "BYTES=1-2")], 206, "12"),
+        (vec![("range", "bytes=0-1,3-4")], 200, CONTENT),
+        (
+            vec![("if-match", "\"zz\"")],
+            412,
+            "412 Precondition Failed\n",
+        ),
+        (vec![("if-match", "*")], 200, CONTENT),
+        (
+            vec![("if-unmodified-since", "Sat, 01 Jan 2000 00:00:00 GMT")],
+            412,
+            "412 Precondition Failed\n",
+        ),
+        (
+            vec![("if-unmodified-since", modified.as_str())],
+            200,
+            CONTENT,
+        ),
+    ] {
+        let (status, _, got) = http_get(addr, "/a.txt", &asked).await;
+        assert_eq!(
+            (status.as_u16(), &got[..]),
+            (want, body.as_bytes()),
+            "{asked:?}"
+        );
+    }
+    let (status, _, got) = http_get(addr, "/empty.txt", &[("range", "bytes=0-")]).await;
+    assert_eq!((status.as_u16(), got.len()), (200, 0));
+    assert_eq!(raw_status(addr, "/a.txt/").await.0, 404);
+}
