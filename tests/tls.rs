@@ -91,6 +91,10 @@ async fn replaced_pairs_serve_new_handshakes_and_broken_ones_are_skipped() {
     let mut open = Client::connect_tls(t.tls, "alpha.local", config.clone()).await;
     assert_eq!(open.get("alpha.local", "/").await.status(), 200);
 
+    // A FIFO named like a certificate, with no key: reading it waited for a writer for good,
+    // and no change was ever picked up again.
+    let fifo = t.certs.path().join("pipe.crt");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
     let new_alpha = write_self_signed(t.certs.path(), "alpha", &["alpha.local"]);
     t.roots.push(new_alpha.clone());
     let config = tls_client_config(&t.roots, &[b"http/1.1"]);

@@ -246,7 +246,7 @@ fn is_ca_without_key(dir: &Path, name: &str) -> bool {
     if dir.join(format!("{name}.key")).exists() {
         return false;
     }
-    let Ok(pem) = std::fs::read(dir.join(format!("{name}.crt"))) else {
+    let Ok(pem) = read_regular(&dir.join(format!("{name}.crt")), MAX_FILE_BYTES) else {
         return false;
     };
     let first = CertificateDer::pem_slice_iter(&pem).find_map(Result::ok);
