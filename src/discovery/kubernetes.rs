@@ -18,6 +18,7 @@ use super::answer_bounds::AnswerBoundsLayer;
 use super::bearer_file::BearerFileLayer;
 use super::{hosts_for, Reloader};
 use crate::config::discovery_conf::{DiscoveredService, KubernetesConfig};
+use crate::config::file_bytes::read_regular;
 use crate::config::values::{parse_server, ServerSpec};
 
 /// Why the Kubernetes client could not be set up.
@@ -64,8 +65,9 @@ fn namespace(cfg: &KubernetesConfig, account_dir: &Path) -> String {
     cfg.namespace
         .clone()
         .or_else(|| {
-            std::fs::read_to_string(account_dir.join("namespace"))
+            read_regular(&account_dir.join("namespace"), 4096)
                 .ok()
+                .and_then(|bytes| String::from_utf8(bytes).ok())
                 .map(|s| s.trim().to_string())
         })
         .filter(|s| !s.is_empty())

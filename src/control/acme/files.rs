@@ -39,7 +39,8 @@ pub fn with_certificate<T>(
     path: &Path,
     read: impl FnOnce(&x509_parser::certificate::X509Certificate<'_>) -> Option<T>,
 ) -> Option<T> {
-    let pem = std::fs::read(path).ok()?;
+    let pem =
+        crate::config::file_bytes::read_regular(path, crate::config::yaml::MAX_FILE_BYTES).ok()?;
     let (_, block) = x509_parser::pem::parse_x509_pem(&pem).ok()?;
     let cert = block.parse_x509().ok()?;
     read(&cert)

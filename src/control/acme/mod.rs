@@ -311,7 +311,9 @@ impl Acme {
             return Ok(account);
         }
         let path = self.state_dir.join("account.json");
-        if let Ok(text) = std::fs::read_to_string(&path) {
+        let read =
+            crate::config::file_bytes::read_regular(&path, crate::config::yaml::MAX_FILE_BYTES);
+        if let Some(text) = read.ok().and_then(|bytes| String::from_utf8(bytes).ok()) {
             let json: serde_json::Value =
                 serde_json::from_str(&text).map_err(|e| AcmeError::Account(path.clone(), e))?;
             let kept_for = json["directory"].as_str().unwrap_or_default().to_string();
