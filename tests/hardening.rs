@@ -543,6 +543,32 @@ async fn a_slow_backend_is_not_cut_by_the_clients_send_timeout() {
     }
 }
 
+/// `upstream_response_timeout` is the wait for the backend's answer once the request is sent:
+/// an upload that keeps moving, slower than the timeout in all, is not cut (it got a 504 at
+/// the timeout, the backend a body cut short), nginx's `proxy_send_timeout` bounding the time
+/// between writes instead. Over aralez's HTTP/1.1 client.
+#[tokio::test(start_paused = true)]
+async fn a_slow_upload_that_keeps_moving_is_not_cut_by_the_response_timeout() {
+    let backend = Backend::start("b").await;
+    let pinned = Path::addrs(&[format!("http://{}", backend.addr)]).healthcheck(false);
+    let yaml = Upstreams::new()
+        .host("DEFAULT", Host::new().path("/", pinned))
+        .render();
+    let proxy = Proxy::start(&yaml, "upstream_response_timeout: 3").await;
+    let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+    let head =
+        "POST /collect HTTP/1.1\r\nHost: any\r\nContent-Length: 10000\r\nConnection: close\r\n\r\n";
+    stream.write_all(head.as_bytes()).await.unwrap();
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        stream.write_all(&[b'x'; 1000]).await.unwrap();
+    }
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.ends_with("10000"), "{answer}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_backend_gets_no_more_connections_than_its_limit() {
     let backend = Backend::start("b").await;

@@ -377,6 +377,10 @@ pub(crate) async fn answer(
         generated_body(n.parse().unwrap_or(0))
     } else if path.starts_with("/echo") {
         echo_until_error(req.into_body())
+    } else if path.starts_with("/collect") {
+        // The whole request body first, then an answer: its length.
+        let read = req.into_body().collect().await.map(|b| b.to_bytes().len());
+        full(read.map_or_else(|_| "broken".to_string(), |n| n.to_string()))
     } else if let Some(ms) = path.strip_prefix("/pause/") {
         paused_body(Duration::from_millis(ms.parse().unwrap_or(0)))
     } else if let Some(ms) = path.strip_prefix("/slow/") {

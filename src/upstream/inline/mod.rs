@@ -155,7 +155,9 @@ impl InlineConn {
     }
 
     /// The next exchanges fail with [`InlineError::TimedOut`] when their response head has not
-    /// been read `limit` after they start (the request body's upload included).
+    /// been read `limit` after their request was sent, or when their upload does not move for
+    /// `limit` (nginx's `proxy_read_timeout` and `proxy_send_timeout`): a slow upload that
+    /// keeps moving is not cut.
     pub fn respond_within(&mut self, limit: Duration) {
         self.response_limit = Some(limit);
     }
@@ -222,8 +224,18 @@ impl InlineConn {
         head::encode_request(&mut self.out, head, deferred, length);
         self.arm_deadline();
         let mut upload = Upload::new(body, length);
+        // The deadline runs again from each move after a wait (the clock read once a wait):
+        // an upload that had to wait is timed from its last move, the head from its end.
+        let mut waited_at = None;
         let uploaded = std::future::poll_fn(|cx| {
             let step = upload.poll(&mut self, cx);
+            if waited_at.is_some_and(|moves| moves != upload.moves()) {
+                self.arm_deadline();
+                waited_at = None;
+            }
+            if step.is_pending() {
+                waited_at.get_or_insert(upload.moves());
+            }
             self.poll_by_deadline(cx, step)
         });
         if let Err(error) = uploaded.await {

@@ -37,6 +37,8 @@ pub struct Upload<B> {
     /// A byte went out: the connection carries part of this request.
     wrote: bool,
     done: bool,
+    /// Counts writes to the backend and pieces taken from the client: whether the upload moved.
+    moves: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +66,7 @@ where
             piece: Bytes::new(),
             committed: false,
             wrote: false,
+            moves: 0,
             done: false,
         }
     }
@@ -88,6 +91,7 @@ where
                         self.written += n;
                         self.committed = true;
                         self.wrote = true;
+                        self.moves = self.moves.wrapping_add(1);
                         Poll::Ready(Ok(()))
                     }
                     other => other.map(|r| r.map(drop)),
@@ -97,6 +101,7 @@ where
                     Poll::Ready(Ok(n)) => {
                         self.piece.advance(n);
                         self.wrote = true;
+                        self.moves = self.moves.wrapping_add(1);
                         Poll::Ready(Ok(()))
                     }
                     other => other.map(|r| r.map(drop)),
@@ -141,6 +146,11 @@ where
         !self.wrote
     }
 
+    /// A count that changes whenever the upload moves (a write, a piece from the client).
+    pub fn moves(&self) -> u32 {
+        self.moves
+    }
+
     /// Takes the next frame from the client and frames it behind what `conn.out` holds.
     fn poll_next(
         &mut self,
@@ -157,6 +167,7 @@ where
                 None => return Poll::Ready(self.end(&mut conn.out, None)),
             };
             self.committed = true;
+            self.moves = self.moves.wrapping_add(1);
             let data = match frame.into_data() {
                 Ok(data) if data.is_empty() => continue,
                 Ok(data) => data,
