@@ -237,11 +237,21 @@ impl Backend {
     }
 
     /// A place among the backend's open connections (`upstream_max_connections`).
-    fn reserve_connection(&self) -> Result<CountedSlot, ConnectError> {
-        CountedSlot::reserve(&self.open_conns, self.max_conns).ok_or_else(|| {
-            let detail = format!("{} connections open", self.max_conns);
-            ConnectError::new(ConnectErrorKind::Capacity, detail)
-        })
+    /// A place in the count of open connections. At the limit, an idle plain connection (of
+    /// any worker: each keeps its own) is closed to make room: only busy ones may keep a
+    /// request out. Another worker's idle ones made requests get 503 while the backend idled.
+    pub(super) fn reserve_connection(&self) -> Result<CountedSlot, ConnectError> {
+        let reserve = || CountedSlot::reserve(&self.open_conns, self.max_conns);
+        if let Some(counted) = reserve() {
+            return Ok(counted);
+        }
+        while self.slots.iter().any(WorkerSlot::close_one_inline) {
+            if let Some(counted) = reserve() {
+                return Ok(counted);
+            }
+        }
+        let detail = format!("{} connections open", self.max_conns);
+        Err(ConnectError::new(ConnectErrorKind::Capacity, detail))
     }
 
     /// A TCP connection, counted in passive health (protocol detection).

@@ -92,6 +92,12 @@ impl WorkerSlot {
         None
     }
 
+    /// Closes one idle plain connection, whatever its state; whether there was one.
+    pub fn close_one_inline(&self) -> bool {
+        let closed = lock(&self.idle_inline).pop();
+        closed.is_some()
+    }
+
     /// Keeps a plain connection whose response has been read: within `max` idle ones, or above
     /// that if `surplus_allowed()` (see `idle_list`). Returns whether a trim is now due.
     pub fn put_inline(

@@ -25,13 +25,13 @@ struct FirstExchange {
 }
 
 /// A keep-alive backend answering `ok` to every request, counting the connections it accepts.
-fn backend(first: FirstExchange) -> (SocketAddr, Arc<AtomicUsize>) {
+fn backend(first: Option<FirstExchange>) -> (SocketAddr, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("addr");
     let accepted = Arc::new(AtomicUsize::new(0));
     let count = accepted.clone();
     std::thread::spawn(move || {
-        let mut first = Some(first);
+        let mut first = first;
         for stream in listener.incoming() {
             let Ok(stream) = stream else { return };
             count.fetch_add(1, Ordering::SeqCst);
@@ -110,11 +110,11 @@ async fn connections_for_two_requests(client: Client) -> usize {
     let (got, mut got_first) = tokio::sync::mpsc::unbounded_channel();
     let (go, go_rx) = mpsc::channel();
     let (answered, answered_first) = mpsc::channel();
-    let (addr, accepted) = backend(FirstExchange {
+    let (addr, accepted) = backend(Some(FirstExchange {
         got,
         go: go_rx,
         answered,
-    });
+    }));
     let registry = Registry::for_tests(1, Duration::from_secs(60));
     let backend = registry.backend(&parse_server(&addr.to_string()).expect("spec"), false);
     backend.set_detected(Wire::Http1);
@@ -144,4 +144,28 @@ async fn connections_for_two_requests(client: Client) -> usize {
 
     assert_eq!((&a[..], &b[..]), (&b"ok"[..], &b"ok"[..]), "{client:?}");
     accepted.load(Ordering::SeqCst)
+}
+
+/// At the connection limit, another worker's idle plain connection is closed to make room:
+/// each worker keeps its own idle ones, and another's made requests get 503 (`Capacity`)
+/// while the backend idled.
+#[tokio::test]
+async fn another_workers_idle_connection_makes_room_under_the_limit() {
+    let (addr, accepted) = backend(None);
+    let registry = Registry::for_tests(2, Duration::from_secs(60)).with_max_connections(1);
+    let backend = registry.backend(&parse_server(&addr.to_string()).expect("spec"), false);
+    backend.set_detected(Wire::Http1);
+    let on = |worker| Exchange {
+        backend: &backend,
+        worker: WorkerId(worker),
+        timeouts: Timeouts {
+            connect: Duration::from_secs(5),
+            response: Duration::from_secs(5),
+        },
+        sni_from_request: false,
+        deferred: None,
+    };
+    assert_eq!(&get(on(0), Client::Inline).await[..], b"ok");
+    assert_eq!(&get(on(1), Client::Inline).await[..], b"ok");
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
 }
