@@ -55,6 +55,7 @@ mod reload;
 mod shared_limits;
 mod status_page;
 mod tcp_block;
+mod timeouts;
 mod tls;
 mod trailers;
 mod tunnels;

@@ -26,7 +26,7 @@ pub enum FileProblem {
 pub fn read_regular(path: &Path, limit: u64) -> Result<Vec<u8>, FileProblem> {
     let file = OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NONBLOCK)
+        .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
         .open(path)?;
     let meta = file.metadata()?;
     if meta.is_dir() {
