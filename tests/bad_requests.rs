@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use http_body_util::BodyExt;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use support::scripted::{scripted_routes, Then};
+use support::scripted::{answers_to_every_client, scripted_routes, Then};
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -368,27 +368,21 @@ async fn idle_connections_close_after_client_idle_timeout_busy_ones_stay() {
 async fn a_length_beside_a_transfer_coding_does_not_reach_the_client() {
     const ANSWER: &[u8] =
         b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
-    let yaml = scripted_routes(ANSWER, Then::AnswerTheNext).await;
-    let proxy = ProxyProcess::start(&yaml, "");
-    for proto in PROTOCOLS {
-        let mut client = Client::connect(proto, proxy.addr).await;
-        for path in ["/plain", "/tls"] {
-            let what = format!("{proto:?} {path}");
-            let resp =
-                tokio::time::timeout(std::time::Duration::from_secs(5), client.get("a", path))
-                    .await
-                    .unwrap_or_else(|_| panic!("{what}: no answer"));
-            assert_eq!(resp.status(), 200, "{what}");
-            assert_ne!(header(&resp, "content-length"), "5", "{what}");
-            let body = tokio::time::timeout(
-                std::time::Duration::from_secs(5),
-                resp.into_body().collect(),
-            )
-            .await
-            .unwrap_or_else(|_| panic!("{what}: the body never ended"));
-            let body = body.unwrap_or_else(|e| panic!("{what}: {e}")).to_bytes();
-            assert_eq!(&body[..], b"abc", "{what}");
-        }
+    for got in answers_to_every_client(ANSWER, &[]).await {
+        let what = &got.what;
+        assert_eq!(got.head.status, 200, "{what}");
+        assert!(
+            got.head
+                .headers
+                .get("content-length")
+                .is_none_or(|l| l != "5"),
+            "{what}"
+        );
+        let body = got
+            .body
+            .unwrap_or_else(|e| panic!("{what}: {e}"))
+            .to_bytes();
+        assert_eq!(&body[..], b"abc", "{what}");
     }
 }
 
@@ -424,30 +418,21 @@ async fn an_unasked_101_is_a_502() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_204_reaches_every_client_without_a_length() {
     const ANSWER: &[u8] = b"HTTP/1.1 204 No Content\r\nContent-Length: 64\r\n\r\n";
-    let proxy = ProxyProcess::start(&scripted_routes(ANSWER, Then::AnswerTheNext).await, "");
-    for proto in PROTOCOLS {
-        let mut client = Client::connect(proto, proxy.addr).await;
-        for path in ["/plain", "/tls"] {
-            let resp = client.get("a", path).await;
-            assert_eq!(resp.status(), 204, "{proto:?} {path}");
-            let length = resp.headers().get("content-length");
-            assert!(length.is_none(), "{proto:?} {path}: {length:?}");
-            assert!(body_bytes(resp).await.is_empty(), "{proto:?} {path}");
-        }
+    for got in answers_to_every_client(ANSWER, &[]).await {
+        let what = &got.what;
+        assert_eq!(got.head.status, 204, "{what}");
+        let length = got.head.headers.get("content-length");
+        assert!(length.is_none(), "{what}: {length:?}");
+        let body = got.body.unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(body.to_bytes().is_empty(), "{what}");
     }
 }
 
 /// `answer`, from a backend behind each of both clients, reaches HTTP/1.1 and h2c clients as
 /// a 502.
 async fn answers_are_502(answer: &'static [u8]) {
-    let proxy = ProxyProcess::start(&scripted_routes(answer, Then::AnswerTheNext).await, "");
-    for proto in PROTOCOLS {
-        let mut client = Client::connect(proto, proxy.addr).await;
-        for path in ["/plain", "/tls"] {
-            let resp = client.get("a", path).await;
-            assert_eq!(resp.status(), 502, "{proto:?} {path}");
-            body_bytes(resp).await;
-        }
+    for got in answers_to_every_client(answer, &[]).await {
+        assert_eq!(got.head.status, 502, "{}", got.what);
     }
 }
 

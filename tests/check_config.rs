@@ -212,7 +212,7 @@ fn hostile_files_are_refused_quickly() {
 /// A FIFO or a device where a config file should be: check-config waited for a writer for good
 /// (a FIFO) or read until memory ran out (`/dev/zero`).
 #[test]
-fn special_files_are_refused_at_once() {
+fn special_files_are_refused_instead_of_waited_on_or_read() {
     let dir = tempfile::tempdir().unwrap();
     let main = dir.path().join("main.yaml");
     let yaml = "proxy_address_http: \"127.0.0.1:6193\"\nupstreams_conf: \"upstreams.yaml\"\n";

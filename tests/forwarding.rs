@@ -310,14 +310,8 @@ fn assert_one_request_id(resp: &http::Response<hyper::body::Incoming>, what: &st
 async fn a_request_without_a_host_reaches_the_backend_with_its_own() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let backend = Backend::start("b").await;
-    // Pinned to HTTP/1.1: over HTTP/2 the backend's authority was sent already.
-    let yaml = Upstreams::new()
-        .host(
-            "DEFAULT",
-            Host::new().path("/", Path::addrs(&[format!("http://{}", backend.addr)])),
-        )
-        .render();
-    let proxy = ProxyProcess::start(&yaml, "");
+    // Over HTTP/1.1: over HTTP/2 the backend's authority was sent already.
+    let proxy = ProxyProcess::start(&http1_route(&backend), "");
     let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     stream.write_all(b"GET /x HTTP/1.0\r\n\r\n").await.unwrap();
     let mut answer = String::new();
@@ -336,13 +330,7 @@ async fn a_request_without_a_host_reaches_the_backend_with_its_own() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cookie_crumbs_reach_an_http1_backend_as_one_field() {
     let backend = Backend::start("b").await;
-    let yaml = Upstreams::new()
-        .host(
-            "DEFAULT",
-            Host::new().path("/", Path::addrs(&[format!("http://{}", backend.addr)])),
-        )
-        .render();
-    let proxy = ProxyProcess::start(&yaml, "");
+    let proxy = ProxyProcess::start(&http1_route(&backend), "");
     let mut client = Client::connect(Proto::H2c, proxy.addr).await;
     let crumbs = [("cookie", "a=1"), ("cookie", "b=2")];
     let resp = client

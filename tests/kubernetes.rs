@@ -108,6 +108,12 @@ impl FakeApi {
         FakeApi { addr, state }
     }
 
+    /// An API server whose one slice lists `backend` (on 127.0.0.1), ready.
+    async fn serving(backend: &Backend) -> FakeApi {
+        let ready = [("127.0.0.1", Some(true))];
+        FakeApi::start(vec![slice("web-1", backend.addr.port(), &ready)]).await
+    }
+
     /// Sends a watch event (`type` + object) to every open watch, keeping the list in step.
     fn event(&self, kind: &str, object: serde_json::Value) {
         let mut st = self.state.lock().unwrap();
@@ -313,12 +319,7 @@ async fn endpoint_slices_are_listed_watched_and_relisted() {
 #[tokio::test(start_paused = true)]
 async fn a_bad_token_is_reported_clearly() {
     let a = Backend::start("a").await;
-    let api = FakeApi::start(vec![slice(
-        "web-1",
-        a.addr.port(),
-        &[("127.0.0.1", Some(true))],
-    )])
-    .await;
+    let api = FakeApi::serving(&a).await;
     let dir = tempfile::tempdir().unwrap();
     let proxy = Proxy::start(
         &k8s_routes(api.addr, &account(dir.path(), "stale-token")),
@@ -340,12 +341,7 @@ async fn a_bad_token_is_reported_clearly() {
 #[tokio::test(start_paused = true)]
 async fn a_watch_that_ends_at_once_is_started_again_once_a_second_at_most() {
     let a = Backend::start("a").await;
-    let api = FakeApi::start(vec![slice(
-        "web-1",
-        a.addr.port(),
-        &[("127.0.0.1", Some(true))],
-    )])
-    .await;
+    let api = FakeApi::serving(&a).await;
     api.state.lock().unwrap().watch_mode = WatchMode::EndAtOnce;
     let dir = tempfile::tempdir().unwrap();
     let proxy = Proxy::start(&k8s_routes(api.addr, &account(dir.path(), TOKEN)), "").await;
@@ -369,12 +365,7 @@ async fn a_watch_that_ends_at_once_is_started_again_once_a_second_at_most() {
 #[tokio::test(start_paused = true)]
 async fn a_watch_line_without_end_is_cut_and_the_backends_kept() {
     let a = Backend::start("a").await;
-    let api = FakeApi::start(vec![slice(
-        "web-1",
-        a.addr.port(),
-        &[("127.0.0.1", Some(true))],
-    )])
-    .await;
+    let api = FakeApi::serving(&a).await;
     api.state.lock().unwrap().watch_mode = WatchMode::Endless;
     let dir = tempfile::tempdir().unwrap();
     let proxy = Proxy::start(&k8s_routes(api.addr, &account(dir.path(), TOKEN)), "").await;
@@ -394,12 +385,7 @@ async fn a_watch_line_without_end_is_cut_and_the_backends_kept() {
 #[tokio::test(start_paused = true)]
 async fn a_token_file_written_late_with_a_newline_is_read() {
     let a = Backend::start("a").await;
-    let api = FakeApi::start(vec![slice(
-        "web-1",
-        a.addr.port(),
-        &[("127.0.0.1", Some(true))],
-    )])
-    .await;
+    let api = FakeApi::serving(&a).await;
     let dir = tempfile::tempdir().unwrap();
     let token = account(dir.path(), TOKEN);
     std::fs::remove_file(&token).unwrap();

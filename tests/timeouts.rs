@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use http_body_util::BodyExt;
 use inproc::Proxy;
-use support::{Backend, Host, Path, Upstreams};
+use support::Backend;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -88,11 +88,11 @@ async fn a_slow_backend_is_not_cut_by_the_clients_send_timeout() {
 #[tokio::test(start_paused = true)]
 async fn a_slow_upload_that_keeps_moving_is_not_cut_by_the_response_timeout() {
     let backend = Backend::start("b").await;
-    let pinned = Path::addrs(&[format!("http://{}", backend.addr)]).healthcheck(false);
-    let yaml = Upstreams::new()
-        .host("DEFAULT", Host::new().path("/", pinned))
-        .render();
-    let proxy = Proxy::start(&yaml, "upstream_response_timeout: 3").await;
+    let proxy = Proxy::start(
+        &support::http1_route(&backend),
+        "upstream_response_timeout: 3",
+    )
+    .await;
     let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
     let head =
         "POST /collect HTTP/1.1\r\nHost: any\r\nContent-Length: 10000\r\nConnection: close\r\n\r\n";

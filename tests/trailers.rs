@@ -11,9 +11,9 @@ use futures_util::stream;
 use http::{HeaderMap, Method};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
-use support::scripted::{scripted_routes, Then};
+use support::scripted::{answers_to_every_client, read_more};
 use support::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
@@ -44,12 +44,7 @@ async fn trailer_recording_backend() -> (std::net::SocketAddr, mpsc::UnboundedRe
 
 async fn record_trailers(mut stream: TcpStream, sections: mpsc::UnboundedSender<String>) {
     let mut seen = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        match stream.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => seen.extend_from_slice(&buf[..n]),
-        }
+    while read_more(&mut stream, &mut seen).await {
         let text = String::from_utf8_lossy(&seen).to_ascii_lowercase();
         let Some(last_chunk) = text.find("\r\n0\r\n").map(|at| at + 5) else {
             continue;
@@ -123,28 +118,21 @@ async fn unfit_answer_trailers_go_and_the_answer_arrives_whole() {
         Trailer: x-t, connection, content-length, set-cookie\r\n\r\n3\r\nabc\r\n0\r\n\
         connection: close\r\nkeep-alive: 5\r\ncontent-length: 99\r\nset-cookie: a=b\r\n\
         x-t: v\r\n\r\n";
-    let proxy = ProxyProcess::start(&scripted_routes(ANSWER, Then::AnswerTheNext).await, "");
-    for proto in PROTOCOLS {
-        let mut client = Client::connect(proto, proxy.addr).await;
-        for path in ["/plain", "/tls"] {
-            let what = format!("{proto:?} {path}");
-            let headers = [("te", "trailers")];
-            let resp = client
-                .send(Method::GET, Some("a"), path, &headers, full(Bytes::new()))
-                .await;
-            assert_eq!(resp.status(), 200, "{what}");
-            let body = resp.into_body().collect().await;
-            let body = body.unwrap_or_else(|e| panic!("{what}: the answer broke: {e}"));
-            let trailers = body.trailers().cloned().unwrap_or_default();
-            assert_eq!(body.to_bytes(), "abc", "{what}");
-            assert_eq!(
-                trailers.get("x-t").map(|v| v.as_bytes()),
-                Some(&b"v"[..]),
-                "{what}"
-            );
-            for name in ["connection", "keep-alive", "content-length", "set-cookie"] {
-                assert!(!trailers.contains_key(name), "{what}: {name} crossed");
-            }
+    for got in answers_to_every_client(ANSWER, &[("te", "trailers")]).await {
+        let what = &got.what;
+        assert_eq!(got.head.status, 200, "{what}");
+        let body = got
+            .body
+            .unwrap_or_else(|e| panic!("{what}: the answer broke: {e}"));
+        let trailers = body.trailers().cloned().unwrap_or_default();
+        assert_eq!(body.to_bytes(), "abc", "{what}");
+        assert_eq!(
+            trailers.get("x-t").map(|v| v.as_bytes()),
+            Some(&b"v"[..]),
+            "{what}"
+        );
+        for name in ["connection", "keep-alive", "content-length", "set-cookie"] {
+            assert!(!trailers.contains_key(name), "{what}: {name} crossed");
         }
     }
 }

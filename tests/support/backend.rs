@@ -358,8 +358,8 @@ pub(crate) async fn answer(
         .header("x-seen-remote-user", seen("remote-user"))
         .header("x-seen-auth-groups", seen("x-auth-groups"))
         .header("x-seen-authorization", seen("authorization"))
-        .header("x-seen-te", te_values(req.headers()))
-        .header("x-seen-cookie-fields", cookie_fields(req.headers()));
+        .header("x-seen-te", fields_of(req.headers(), "te"))
+        .header("x-seen-cookie-fields", fields_of(req.headers(), "cookie"));
     if ans.cookies {
         builder = builder
             .header("set-cookie", format!("app={name}; Path=/"))
@@ -426,10 +426,10 @@ fn echo_until_error(body: Incoming) -> ClientBody {
     http_body_util::StreamBody::new(frames).boxed()
 }
 
-/// Every `Cookie` field, joined with `|`, or `-` without one.
-fn cookie_fields(headers: &http::HeaderMap) -> String {
+/// Every `name` field, joined with `|`, or `-` without one.
+fn fields_of(headers: &http::HeaderMap, name: &str) -> String {
     let fields: Vec<&str> = headers
-        .get_all("cookie")
+        .get_all(name)
         .iter()
         .map(|v| v.to_str().unwrap_or("?"))
         .collect();
@@ -437,20 +437,6 @@ fn cookie_fields(headers: &http::HeaderMap) -> String {
         "-".into()
     } else {
         fields.join("|")
-    }
-}
-
-/// Every `TE` value, joined with `|`, or `-` without one.
-fn te_values(headers: &http::HeaderMap) -> String {
-    let values: Vec<&str> = headers
-        .get_all("te")
-        .iter()
-        .map(|v| v.to_str().unwrap_or("?"))
-        .collect();
-    if values.is_empty() {
-        "-".into()
-    } else {
-        values.join("|")
     }
 }
 

@@ -41,8 +41,8 @@ pub use backend::*;
 pub use limits::{allow_connections, open_in_batches};
 #[allow(unused_imports)] // each test file uses some of them
 pub use upstreams::{
-    default_route, default_route_to, host_route, unused_route, Discovery, Host, Path, Service,
-    Upstreams,
+    default_route, default_route_to, host_route, http1_route, unused_route, Discovery, Host, Path,
+    Service, Upstreams,
 };
 
 pub type ClientBody = BoxBody<Bytes, Infallible>;

@@ -19,12 +19,7 @@ where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     let mut seen = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        match stream.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => seen.extend_from_slice(&buf[..n]),
-        }
+    while read_more(&mut stream, &mut seen).await {
         while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
             seen.drain(..end + 4);
             if stream.write_all(answer).await.is_err() {
@@ -32,9 +27,24 @@ where
             }
             if let Then::Stall = then {
                 // Unread until the proxy lets go.
-                let _ = stream.read(&mut buf).await;
+                let _ = stream.read(&mut [0u8; 1]).await;
                 return;
             }
+        }
+    }
+}
+
+/// Reads what comes next from `stream` onto `seen`; `false` once the stream has ended.
+pub async fn read_more<S: tokio::io::AsyncRead + Unpin>(
+    stream: &mut S,
+    seen: &mut Vec<u8>,
+) -> bool {
+    let mut buf = [0u8; 4096];
+    match stream.read(&mut buf).await {
+        Ok(0) | Err(_) => false,
+        Ok(n) => {
+            seen.extend_from_slice(&buf[..n]);
+            true
         }
     }
 }
@@ -70,4 +80,39 @@ pub async fn scripted_routes(answer: &'static [u8], then: Then) -> String {
                 ),
         )
         .render()
+}
+
+/// What one client got over one route: which (`H1 /plain`, ...), the head, and the body read to
+/// its end or its error.
+pub struct Got {
+    pub what: String,
+    pub head: http::response::Parts,
+    pub body: Result<http_body_util::Collected<bytes::Bytes>, hyper::Error>,
+}
+
+/// `answer`, from the scripted backends of [`scripted_routes`] (aralez's HTTP/1.1 client and
+/// hyper's over TLS), as an HTTP/1.1 and an h2c client each get it, their requests carrying
+/// `headers`. Each head and each body must come within 5 s.
+pub async fn answers_to_every_client(answer: &'static [u8], headers: &[(&str, &str)]) -> Vec<Got> {
+    use http_body_util::BodyExt;
+    let limit = std::time::Duration::from_secs(5);
+    let proxy = super::ProxyProcess::start(&scripted_routes(answer, Then::AnswerTheNext).await, "");
+    let mut got = Vec::new();
+    for proto in super::PROTOCOLS {
+        let mut client = super::Client::connect(proto, proxy.addr).await;
+        for path in ["/plain", "/tls"] {
+            let what = format!("{proto:?} {path}");
+            let empty = super::full(bytes::Bytes::new());
+            let asked = client.send(http::Method::GET, Some("a"), path, headers, empty);
+            let resp = tokio::time::timeout(limit, asked)
+                .await
+                .unwrap_or_else(|_| panic!("{what}: no answer"));
+            let (head, body) = resp.into_parts();
+            let body = tokio::time::timeout(limit, body.collect())
+                .await
+                .unwrap_or_else(|_| panic!("{what}: the body never ended"));
+            got.push(Got { what, head, body });
+        }
+    }
+    got
 }

@@ -516,8 +516,14 @@ pub fn default_route(backends: &[&Backend]) -> String {
         .render()
 }
 
+/// [`default_route`] to one backend pinned to HTTP/1.1 over plain TCP (`http://`): aralez's own
+/// client, never the h2c that detection would pick for a test backend.
+pub fn http1_route(backend: &Backend) -> String {
+    default_route_to(&[format!("http://{}", backend.addr)])
+}
+
 /// upstreams.yaml sending every host and path to these addresses, without health checks.
-pub fn default_route_to(servers: &[std::net::SocketAddr]) -> String {
+pub fn default_route_to<S: Display>(servers: &[S]) -> String {
     Upstreams::new()
         .host(
             "DEFAULT",
