@@ -35,6 +35,7 @@ mod fileserver;
 mod forwarding;
 mod grpc;
 mod h2_abuse;
+mod h2_backend_recycling;
 mod h2_hpack;
 mod hardening;
 mod health;

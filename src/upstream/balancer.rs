@@ -201,6 +201,11 @@ pub fn send<'a>(
                     tracing::warn!(backend = %backend.label, "invalid response: {error}");
                     return Err(ProxyError::BadResponse);
                 }
+                Err(SendError::Unprocessed(_)) => {
+                    // The pool sends these again itself and reports what is left as a reset.
+                    tracing::warn!(backend = %backend.label, "backend refused the request");
+                    return Err(ProxyError::BackendReset);
+                }
                 Err(SendError::Timeout) => {
                     tracing::warn!(backend = %backend.label, "no response within {:?}", timeouts.response);
                     return Err(ProxyError::ResponseTimeout);

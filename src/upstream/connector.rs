@@ -317,12 +317,16 @@ pub fn is_client_body_error(error: &hyper::Error) -> bool {
 }
 
 /// Rewrites an HTTP/1.1-form request (origin-form target, `Host`) for HTTP/2: an absolute target
-/// whose authority is the `Host` header (else `fallback`).
+/// whose authority is the `Host` header (else `fallback`). A request in that form already (sent
+/// again after a refusal) is left as it is.
 pub fn to_h2_form<B>(
     mut req: Request<B>,
     tls: bool,
     fallback: &http::uri::Authority,
 ) -> Request<B> {
+    if req.version() == http::Version::HTTP_2 && req.uri().authority().is_some() {
+        return req;
+    }
     let scheme = if tls { Scheme::HTTPS } else { Scheme::HTTP };
     let authority = req
         .headers_mut()

@@ -14,6 +14,7 @@ mod idle_list;
 pub mod inline;
 pub mod pool;
 pub mod pooled_body;
+mod refused;
 mod slot;
 pub mod stall;
 pub mod tls;

@@ -29,6 +29,7 @@ use super::connector::{self, ConnectError, ConnectErrorKind, Fresh, Wire};
 use super::detect;
 use super::inline::{BodyLength, InlineConn, InlineError, SendFailure};
 use super::pooled_body::{PoolHome, PooledBody, Reusable};
+use super::refused::{self, Resendable};
 use super::slot::StreamTicket;
 use crate::vocab::forwarded::Deferred;
 use crate::vocab::headers::only_chunked;
@@ -66,6 +67,9 @@ pub enum SendError {
     BadResponse(BoxError),
     /// No response head within the response timeout.
     Timeout,
+    /// An HTTP/2 backend refused the request before processing any of it (see `refused`), which
+    /// comes back whole, in HTTP/2 form. Sent again within this module, never returned from it.
+    Unprocessed(Box<Request<UpBody>>),
 }
 
 /// One request on its way to one backend: which worker sends it, under which limits.
@@ -166,9 +170,22 @@ async fn send_by_hyper_replayable(
     }
     let target = target(&req, x, wire);
     let replay = replayable.then(|| copy_head(&req));
-    send_by_hyper(x, &target, req)
-        .await
-        .map_err(|error| with_replay(error, replay))
+    let mut sent = send_by_hyper(x, &target, req).await;
+    for _ in 0..refused::RESENDS {
+        let Err(SendError::Unprocessed(req)) = sent else {
+            break;
+        };
+        tracing::debug!(backend = %x.backend.label, "request refused unprocessed; sending it again");
+        sent = send_by_hyper(x, &target, *req).await;
+    }
+    if let Err(SendError::Unprocessed(_)) = sent {
+        sent = Err(SendError::Reset {
+            error: "the backend refused the request, every time".into(),
+            reused: true,
+            replay: None,
+        });
+    }
+    sent.map_err(|error| with_replay(error, replay))
 }
 
 /// Sends on hyper's client: upgrades, `Expect`, TLS and HTTP/2 backends.
@@ -342,14 +359,29 @@ fn wrap_h1(
     Ok(PooledBody::wrap(resp, (conn, None), x.timeouts.response))
 }
 
+/// Sends on an HTTP/2 stream. A request the backend refused unprocessed, or that never got onto
+/// the connection (it was closing), comes back as [`SendError::Unprocessed`].
 async fn send_on_h2(
     x: Exchange<'_>,
     (mut conn, ticket): (http2::SendRequest<UpBody>, StreamTicket),
-    req: Request<UpBody>,
+    mut req: Request<UpBody>,
     reused: bool,
 ) -> Result<Response<PooledBody>, SendError> {
-    match tokio::time::timeout(x.timeouts.response, conn.send_request(req)).await {
+    let resendable = Resendable::prepare(&mut req);
+    match tokio::time::timeout(x.timeouts.response, conn.try_send_request(req)).await {
         Err(_) => Err(SendError::Timeout),
+        Ok(Err(mut failed)) => {
+            if let Some(req) = failed.take_message() {
+                return Err(SendError::Unprocessed(Box::new(req)));
+            }
+            let error = failed.into_error();
+            if refused::is_refused(&error) {
+                if let Some(req) = resendable.take_back().await {
+                    return Err(SendError::Unprocessed(Box::new(req)));
+                }
+            }
+            Err(classify(error, reused))
+        }
         Ok(Ok(resp)) => {
             x.backend.metrics.upstream_connection(x.worker, reused);
             Ok(PooledBody::wrap(
@@ -358,7 +390,6 @@ async fn send_on_h2(
                 x.timeouts.response,
             ))
         }
-        Ok(Err(err)) => Err(classify(err, reused)),
     }
 }
 

@@ -15,6 +15,8 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
 
+use super::kept_body::{KeptBody, KeptHome};
+
 /// An error of a client's body, whatever its protocol.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -25,6 +27,8 @@ pub enum ClientBody {
     /// A request without a body (aralez's own HTTP/1.1 server side), or whose body had ended
     /// by the time it reached the router.
     Empty,
+    /// A body kept to be sent again to an HTTP/2 backend that may refuse it ([`KeptBody`]).
+    Kept(Box<KeptBody>),
 }
 
 impl std::fmt::Debug for ClientBody {
@@ -33,6 +37,7 @@ impl std::fmt::Debug for ClientBody {
             ClientBody::Hyper(inner) => inner.fmt(f),
             ClientBody::Stream(_) => f.write_str("ClientBody::Stream"),
             ClientBody::Empty => f.write_str("ClientBody::Empty"),
+            ClientBody::Kept(_) => f.write_str("ClientBody::Kept"),
         }
     }
 }
@@ -62,6 +67,7 @@ impl Body for ClientBody {
             ClientBody::Hyper(inner) => Pin::new(inner).poll_frame(cx).map_err(Into::into),
             ClientBody::Stream(inner) => Pin::new(inner).poll_frame(cx),
             ClientBody::Empty => Poll::Ready(None),
+            ClientBody::Kept(inner) => Pin::new(inner.as_mut()).poll_frame(cx),
         }
     }
 
@@ -70,6 +76,7 @@ impl Body for ClientBody {
             ClientBody::Hyper(inner) => inner.is_end_stream(),
             ClientBody::Stream(inner) => inner.is_end_stream(),
             ClientBody::Empty => true,
+            ClientBody::Kept(inner) => inner.is_end_stream(),
         }
     }
 
@@ -78,6 +85,7 @@ impl Body for ClientBody {
             ClientBody::Hyper(inner) => inner.size_hint(),
             ClientBody::Stream(inner) => inner.size_hint(),
             ClientBody::Empty => SizeHint::with_exact(0),
+            ClientBody::Kept(inner) => inner.size_hint(),
         }
     }
 }
@@ -111,6 +119,28 @@ impl RequestBody {
         RequestBody {
             inner,
             counter: counter.map(|c| c.0),
+        }
+    }
+
+    /// Keeps what this body passes on, to send it again if the attempt it goes on is refused
+    /// unprocessed; `None` for a body that has none to pass on.
+    pub fn keep_for_replay(&mut self) -> Option<KeptHome> {
+        match &mut self.inner {
+            ClientBody::Empty => return None,
+            ClientBody::Kept(kept) => return Some(kept.rehome()),
+            ClientBody::Hyper(_) | ClientBody::Stream(_) => {}
+        }
+        let inner = std::mem::replace(&mut self.inner, ClientBody::Empty);
+        let (kept, home) = KeptBody::new(inner, self.counter.take());
+        self.inner = ClientBody::Kept(Box::new(kept));
+        Some(home)
+    }
+
+    /// A kept body back from a refused attempt, to be sent again (it counts its bytes itself).
+    pub fn replaying(kept: KeptBody) -> RequestBody {
+        RequestBody {
+            inner: ClientBody::Kept(Box::new(kept)),
+            counter: None,
         }
     }
 }

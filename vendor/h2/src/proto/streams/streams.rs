@@ -818,8 +818,13 @@ impl Inner {
         let peer = counts.peer();
         self.store.for_each(|stream| {
             if stream.id > last_stream_id && peer.is_local_init(stream.id) {
+                // Patched in by aralez: a stream above the last stream id was never processed
+                // (RFC 9113 §6.8), as one reset with REFUSED_STREAM (§8.7), and it says so: the
+                // GOAWAY's own error is also what streams at or below it get if the connection
+                // then ends before they do, and those may have been processed.
+                let refused = Error::remote_reset(stream.id, Reason::REFUSED_STREAM);
                 counts.transition(stream, |counts, stream| {
-                    actions.recv.handle_error(&err, &mut *stream);
+                    actions.recv.handle_error(&refused, &mut *stream);
                     actions.send.handle_error(send_buffer, stream, counts);
                 })
             }
