@@ -317,3 +317,32 @@ async fn half_close_passes_through_an_upgraded_connection() {
         .unwrap();
     assert_eq!(answer, "got 100000");
 }
+
+/// A WebSocket open when the proxy is told to stop keeps working through the drain, and the
+/// proxy exits once it closes, well within the grace period (nginx keeps an old worker for its
+/// upgraded connections until `worker_shutdown_timeout`). It used to be cut at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_open_at_sigterm_lives_through_the_drain() {
+    let backend = echo_server().await;
+    let mut proxy = ProxyProcess::start(&ws_route(backend), "grace_period_seconds: 20");
+    let stream = TcpStream::connect(proxy.addr).await.unwrap();
+    let (mut ws, _) = tokio_tungstenite::client_async("ws://chat.local/socket", stream)
+        .await
+        .expect("WebSocket handshake through the proxy");
+    proxy.signal(nix::sys::signal::Signal::SIGTERM);
+    let stopped = std::time::Instant::now();
+    // Messages for longer than the drain takes without tunnels (it lingers for a second).
+    for i in 0..8 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let text = format!("message {i}");
+        ws.send(Message::text(text.clone())).await.unwrap();
+        assert_eq!(ws.next().await.unwrap().unwrap(), Message::text(text));
+    }
+    ws.close(None).await.unwrap();
+    drop(ws);
+    proxy.expect_clean_exit(Duration::from_secs(10), "after the WebSocket closed");
+    assert!(
+        stopped.elapsed() < Duration::from_secs(15),
+        "waited for the grace period"
+    );
+}

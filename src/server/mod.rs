@@ -27,7 +27,9 @@ pub mod real_client;
 mod settle;
 mod tracked;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use hyper::service::service_fn;
 use tokio::sync::watch;
@@ -184,8 +186,11 @@ pub async fn serve_worker(
     // Upgraded connections still count, and still close when idle.
     let tunnels = Arc::new(TunnelLimits {
         open: open.clone(),
+        live: Arc::default(),
         idle: limits.idle_timeout,
     });
+    let tunnels_closed =
+        tunnels_closed(tunnels.live.clone(), limits.grace_period, shutdown.clone());
     let request_ids = Arc::new(real_client::RequestIds::new());
     let floor = tokio::spawn(timer_floor());
     // The service of one proxy connection: every request through [`observe::answer`].
@@ -233,9 +238,33 @@ pub async fn serve_worker(
                 proxy_protocol: serving.proxy_protocol,
             };
             let secure = tls_loop.run(proxy_service(side.hsts, side.alt_svc), shutdown);
-            tokio::join!(plain, secure);
+            tokio::join!(plain, secure, tunnels_closed);
         }
-        None => plain.await,
+        None => {
+            tokio::join!(plain, tunnels_closed);
+        }
     }
     floor.abort();
+}
+
+/// Once the worker is told to stop, waits for its tunnels (WebSocket and other upgraded
+/// connections) to close, for at most the grace period, as its listeners wait for requests in
+/// flight: nginx's old workers keep upgraded connections until `worker_shutdown_timeout`.
+async fn tunnels_closed(
+    live: Arc<AtomicUsize>,
+    grace: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
+    let deadline = tokio::time::Instant::now() + grace;
+    let open = || live.load(Ordering::Relaxed);
+    while open() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    if open() > 0 {
+        tracing::warn!(
+            "grace period over; closing {} upgraded connections still open",
+            open()
+        );
+    }
 }

@@ -90,11 +90,14 @@ impl ClientConn {
 }
 
 /// Limits an upgraded connection keeps once it has left HTTP: it still counts among the
-/// listener's open connections, and it is closed when no byte has crossed it for `idle`.
+/// listener's open connections, it is closed when no byte has crossed it for `idle`, and a
+/// draining worker waits for it (`live`) as for a request in flight.
 #[derive(Debug)]
 pub struct TunnelLimits {
     /// The listener family's count of open connections (the one `max_connections` caps).
     pub open: Arc<AtomicUsize>,
+    /// The worker's open tunnels.
+    pub live: Arc<AtomicUsize>,
     pub idle: Duration,
 }
 
@@ -102,15 +105,17 @@ impl Default for TunnelLimits {
     fn default() -> TunnelLimits {
         TunnelLimits {
             open: Arc::default(),
+            live: Arc::default(),
             idle: Duration::from_secs(60),
         }
     }
 }
 
 impl TunnelLimits {
-    /// Counts an open tunnel among the listener's connections until the slot is dropped.
-    pub fn count_tunnel(&self) -> CountedSlot {
-        CountedSlot::take(&self.open)
+    /// Counts an open tunnel among the listener's connections and the worker's tunnels until
+    /// the slots are dropped.
+    pub fn count_tunnel(&self) -> [CountedSlot; 2] {
+        [CountedSlot::take(&self.open), CountedSlot::take(&self.live)]
     }
 }
 
