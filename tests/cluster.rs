@@ -203,28 +203,46 @@ fn check_config_names_what_a_master_lacks_and_bad_cluster_values() {
     }
 }
 
+/// A master pushes to an `https://` worker whose certificate it can verify (its CA given by
+/// `SSL_CERT_FILE`, its name the URL's), and never sends the key to one it cannot.
 #[tokio::test]
-async fn a_master_pushes_to_a_worker_over_https() {
+async fn a_master_pushes_to_a_worker_over_https_only_when_its_certificate_checks_out() {
     let (a, b) = (
         Backend::start("backend-a").await,
         Backend::start("backend-b").await,
     );
+    let pki = test_pki(&["localhost"]);
     let certs = tempfile::tempdir().expect("temp dir");
-    write_self_signed(certs.path(), "admin", &["localhost"]);
+    let write = |name: &str, text: &str| {
+        let path = certs.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let (crt, key) = (write("admin.crt", &pki.leaf_pem), write("admin.key", &pki.leaf_key_pem));
+    let ca = write("ca.pem", &pki.ca_pem);
     let port = free_port();
     let worker = ProxyProcess::start(
         &routes_to(&a),
         &format!(
-            "cluster_member: worker\nmaster_key: \"{KEY}\"\nconfig_api_enabled: true\nconfig_tls_address: \"127.0.0.1:{port}\"\nconfig_tls_certificate: \"{0}/admin.crt\"\nconfig_tls_key_file: \"{0}/admin.key\"\n",
-            certs.path().display()
+            "cluster_member: worker\nmaster_key: \"{KEY}\"\nconfig_api_enabled: true\nconfig_tls_address: \"127.0.0.1:{port}\"\nconfig_tls_certificate: \"{crt}\"\nconfig_tls_key_file: \"{key}\"\n"
         ),
     );
     worker.logged_addr("admin API on https://");
-    let master = ProxyProcess::start(
-        &routes_to(&a),
-        &format!("cluster_member: master\nworker_nodes: [\"https://127.0.0.1:{port}\"]\nmaster_key: \"{KEY}\"\nconfig_api_enabled: true\nconfig_address: \"127.0.0.1:0\"\n"),
-    );
-    let master_admin = master.logged_addr("admin API on http://");
+    let master_of = |url: &str, env: &[(&str, &str)]| {
+        let main = format!("cluster_member: master\nworker_nodes: [\"{url}\"]\nmaster_key: \"{KEY}\"\nconfig_api_enabled: true\nconfig_address: \"127.0.0.1:0\"\n");
+        ProxyProcess::start_env(&routes_to(&a), &main, env)
+    };
+    // Not trusted (no CA given), then trusted but reached by a name the certificate lacks.
+    let stranger = master_of(&format!("https://localhost:{port}"), &[]);
+    let misnamed = master_of(&format!("https://127.0.0.1:{port}"), &[("SSL_CERT_FILE", &ca)]);
+    for master in [&stranger, &misnamed] {
+        let master_admin = master.logged_addr("admin API on http://");
+        let (status, answer) = admin(master_admin, Method::POST, "/conf", routes_to(&b)).await;
+        assert_eq!(status, 502, "{answer}");
+        assert!(served_by(worker.addr).await.contains("backend-a"));
+    }
+    let trusted = master_of(&format!("https://localhost:{port}"), &[("SSL_CERT_FILE", &ca)]);
+    let master_admin = trusted.logged_addr("admin API on http://");
     let (status, answer) = admin(master_admin, Method::POST, "/conf", routes_to(&b)).await;
     assert_eq!(status, 200, "{answer}");
     assert!(served_by(worker.addr).await.contains("backend-b"));

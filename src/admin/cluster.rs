@@ -161,7 +161,9 @@ impl Cluster {
             .header("x-api-key", &self.master_key)
             .body(Full::new(body))
             .map_err(|e| e.to_string())?;
-        let answer = call::send(&target, req, false, EXCHANGE_DEADLINE, MAX_ANSWER).await?;
+        // The key opens the worker's `/conf`: an `https://` worker must prove who it is (the
+        // system trust store, which `SSL_CERT_FILE` / `SSL_CERT_DIR` replace) before it is sent.
+        let answer = call::send(&target, req, true, EXCHANGE_DEADLINE, MAX_ANSWER).await?;
         Ok((answer.status, answer.text()))
     }
 
