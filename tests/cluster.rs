@@ -218,7 +218,10 @@ async fn a_master_pushes_to_a_worker_over_https_only_when_its_certificate_checks
         std::fs::write(&path, text).unwrap();
         path.display().to_string()
     };
-    let (crt, key) = (write("admin.crt", &pki.leaf_pem), write("admin.key", &pki.leaf_key_pem));
+    let (crt, key) = (
+        write("admin.crt", &pki.leaf_pem),
+        write("admin.key", &pki.leaf_key_pem),
+    );
     let ca = write("ca.pem", &pki.ca_pem);
     let port = free_port();
     let worker = ProxyProcess::start(
@@ -234,14 +237,20 @@ async fn a_master_pushes_to_a_worker_over_https_only_when_its_certificate_checks
     };
     // Not trusted (no CA given), then trusted but reached by a name the certificate lacks.
     let stranger = master_of(&format!("https://localhost:{port}"), &[]);
-    let misnamed = master_of(&format!("https://127.0.0.1:{port}"), &[("SSL_CERT_FILE", &ca)]);
+    let misnamed = master_of(
+        &format!("https://127.0.0.1:{port}"),
+        &[("SSL_CERT_FILE", &ca)],
+    );
     for master in [&stranger, &misnamed] {
         let master_admin = master.logged_addr("admin API on http://");
         let (status, answer) = admin(master_admin, Method::POST, "/conf", routes_to(&b)).await;
         assert_eq!(status, 502, "{answer}");
         assert!(served_by(worker.addr).await.contains("backend-a"));
     }
-    let trusted = master_of(&format!("https://localhost:{port}"), &[("SSL_CERT_FILE", &ca)]);
+    let trusted = master_of(
+        &format!("https://localhost:{port}"),
+        &[("SSL_CERT_FILE", &ca)],
+    );
     let master_admin = trusted.logged_addr("admin API on http://");
     let (status, answer) = admin(master_admin, Method::POST, "/conf", routes_to(&b)).await;
     assert_eq!(status, 200, "{answer}");

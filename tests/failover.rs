@@ -76,6 +76,30 @@ async fn a_backend_stopped_mid_test_costs_no_request() {
     }
 }
 
+/// The round robin shares a backend that is down out evenly among the others, as nginx and
+/// HAProxy do: the next one in the list used to take its whole share.
+#[tokio::test(start_paused = true)]
+async fn a_backend_out_of_rotation_leaves_an_even_share_to_each_other() {
+    let (a, b, c) = (
+        Backend::start("a").await,
+        Backend::start("b").await,
+        Backend::start("c").await,
+    );
+    b.stop();
+    let proxy = one_route(&[&a, &b, &c], "").await;
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    for _ in 0..300 {
+        let resp = client.get("any", "/").await;
+        assert_eq!(resp.status(), 200);
+        body_bytes(resp).await;
+    }
+    let (at_a, at_c) = (
+        a.requests.load(Ordering::SeqCst),
+        c.requests.load(Ordering::SeqCst),
+    );
+    assert!(at_a.abs_diff(at_c) <= 6, "a answered {at_a}, c {at_c}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn all_backends_down_gives_502_then_503_never_a_hang() {
     let (a, b) = (Backend::start("a").await, Backend::start("b").await);

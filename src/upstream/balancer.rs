@@ -84,8 +84,24 @@ impl BackendSet {
         }
     }
 
+    /// The next turn of the round robin that falls on a usable backend: a turn that falls on
+    /// one out of rotation is passed over, so the others share its turns evenly (taking the
+    /// next usable one after it gave that one a double share, as nginx and HAProxy do not).
     fn next_start(&self) -> usize {
-        self.next.fetch_add(1, Ordering::Relaxed)
+        let turn = || self.next.fetch_add(1, Ordering::Relaxed);
+        let first = turn();
+        let usable = |n: usize| {
+            self.backends
+                .get(n % self.backends.len().max(1))
+                .is_some_and(|b| self.usable(b))
+        };
+        if usable(first) {
+            return first;
+        }
+        (1..self.backends.len())
+            .map(|_| turn())
+            .find(|n| usable(*n))
+            .unwrap_or(first)
     }
 }
 
