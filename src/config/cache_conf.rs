@@ -116,7 +116,12 @@ fn read_storage(node: &Node, path: &str, r: &mut Reader) -> Option<Storage> {
     match lower.as_str() {
         "memory" => Some(Storage::Memory),
         "hybrid" => Some(Storage::Hybrid),
-        _ if lower.starts_with("redis://") => Some(Storage::Redis(text.trim().to_string())),
+        _ if lower.starts_with("redis://") => {
+            let url = text.trim();
+            let checked =
+                super::values::check_redis_url(url).map_err(|why| r.error(node.pos, path, why));
+            checked.ok().map(|()| Storage::Redis(url.to_string()))
+        }
         _ if lower.contains("://") => {
             not_built(r, &format!("storage `{}`", text.trim()));
             Some(Storage::Memory)

@@ -139,17 +139,10 @@ fn read_nodes(node: &Node, key: &str, r: &mut Reader) -> Option<Vec<String>> {
 fn read_store(node: &Node, key: &str, r: &mut Reader) -> Option<String> {
     let text = r.non_empty_string(node, key)?;
     let url = text.trim();
-    let host = url
-        .strip_prefix("redis://")
-        .map(|rest| rest.split('/').next());
-    match host {
-        Some(Some(authority)) if !authority.is_empty() => Some(url.to_string()),
-        _ => {
-            r.error(
-                node.pos,
-                key,
-                format!("`{url}` is not redis://host:port[/db]"),
-            );
+    match super::values::check_redis_url(url) {
+        Ok(()) => Some(url.to_string()),
+        Err(why) => {
+            r.error(node.pos, key, why);
             None
         }
     }
@@ -208,6 +201,14 @@ mod tests {
                 "not http://host:port",
             ),
             ("limits_store: \"memcached://x\"\n", "not redis://"),
+            (
+                "limits_store: \"redis://127.0.0.1:99999\"\n",
+                "not a Redis URL",
+            ),
+            (
+                "limits_store: \"redis://127.0.0.1:6379/abc\"\n",
+                "not a Redis URL",
+            ),
         ] {
             let (_, ok, issues) = read(text, true);
             assert!(!ok, "{text}");

@@ -470,7 +470,7 @@ impl MainConfig {
         }
         let unwritten = cfg.access_log_file.is_some() && cfg.access_log == AccessLog::Off;
         if let Some(pos) = positions.of("access_log_file").filter(|_| unwritten) {
-            let why = "not written while access_log is off (set access_log: all or errors)";
+            let why = "not written while access_log is off (set access_log: all or error)";
             r.warn(pos, "access_log_file", why);
         }
         cfg.runuser = cfg.runuser.take().or(pingora_user);

@@ -99,8 +99,10 @@ pub(super) fn read_log_pattern(node: &Node, r: &mut Reader) -> Option<Vec<Patter
 }
 
 pub(super) fn read_log_level(node: &Node, r: &mut Reader) -> Option<String> {
+    // YAML 1.1 reads an unquoted `off` (or `no`) as false.
     let levels = [
         ("off", "off"),
+        ("false", "off"),
         ("error", "error"),
         ("warn", "warn"),
         ("warning", "warn"),

@@ -179,6 +179,21 @@ fn is_dns_name(host: &str) -> bool {
 }
 
 /// Parses a listen address `IP:port` (`[v6]:port` for IPv6). Port 0 is allowed (the OS picks).
+/// Checks a `redis://host:port[/db]` URL as the Redis client will read it at start (a port
+/// out of range, a database that is no number), so `check-config` refuses what start would.
+pub fn check_redis_url(url: &str) -> Result<(), String> {
+    use redis::IntoConnectionInfo as _;
+    let authority = url
+        .strip_prefix("redis://")
+        .and_then(|rest| rest.split('/').next());
+    if authority.is_none_or(str::is_empty) {
+        return Err(format!("`{url}` is not redis://host:port[/db]"));
+    }
+    url.into_connection_info()
+        .map(drop)
+        .map_err(|e| format!("`{url}` is not a Redis URL the client can use ({e})"))
+}
+
 pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
     let text = text.trim();
     if let Ok(addr) = text.parse::<SocketAddr>() {

@@ -17,6 +17,13 @@ pub(crate) fn cases() -> Vec<Case> {
                 err(M, 4, "log_level", "is not one of"),
             ],
         ),
+        // `log_level: off` unquoted is YAML 1.1's false, and the documented value: accepted. A
+        // Redis URL the client would refuse at start is refused here too.
+        Case::main(
+            "log_level_off_unquoted_and_unusable_redis_urls",
+            &format!("{MAIN_OK}log_level: off\nlimits_store: \"redis://127.0.0.1:99999\"\n"),
+            vec![err(M, 4, "limits_store", "not a Redis URL")],
+        ),
         // ---- acme: (DNS-01 and its provider) ----
         Case::main(
             "acme_dns_01_without_a_provider",
