@@ -248,7 +248,9 @@ fn push_ip(out: &mut String, ip: IpAddr) {
 }
 
 /// Copies printable ASCII and spaces except `"` and `\\`; every other byte becomes `\\xNN`
-/// (logfmt) or `\\u00NN` (JSON), so a line stays one line of valid text.
+/// (logfmt) or `\\u00NN` (JSON), so a line stays one line of valid text. In JSON, UTF-8 text
+/// stays as it is (a byte as `\\u00NN` would read as another character: `é` as `Ã©`), and a
+/// byte that is not UTF-8 becomes U+FFFD.
 fn push_escaped(out: &mut String, style: Style, bytes: &[u8]) {
     let plain = |b: &u8| (b.is_ascii_graphic() && *b != b'"' && *b != b'\\') || *b == b' ';
     let mut rest = bytes;
@@ -257,11 +259,37 @@ fn push_escaped(out: &mut String, style: Style, bytes: &[u8]) {
         // The run is printable ASCII, hence UTF-8.
         out.push_str(std::str::from_utf8(&rest[..run]).unwrap_or_default());
         let Some(&odd) = rest.get(run) else { break };
+        rest = &rest[run..];
+        if style == Style::Json && !odd.is_ascii() {
+            rest = push_json_non_ascii(out, rest);
+            continue;
+        }
         let _ = match style {
             Style::Logfmt => write!(out, "\\x{odd:02x}"),
             Style::Json => write!(out, "\\u{odd:04x}"),
         };
-        rest = &rest[run + 1..];
+        rest = &rest[1..];
+    }
+}
+
+/// Copies the UTF-8 character `bytes` starts with, or writes U+FFFD for a byte that starts none;
+/// returns what follows.
+fn push_json_non_ascii<'a>(out: &mut String, bytes: &'a [u8]) -> &'a [u8] {
+    let len = match bytes.first() {
+        Some(0xc2..=0xdf) => 2,
+        Some(0xe0..=0xef) => 3,
+        Some(0xf0..=0xf4) => 4,
+        _ => 1,
+    };
+    match bytes.get(..len).map(std::str::from_utf8) {
+        Some(Ok(character)) if len > 1 => {
+            out.push_str(character);
+            &bytes[len..]
+        }
+        _ => {
+            out.push_str("\\ufffd");
+            bytes.get(1..).unwrap_or_default()
+        }
     }
 }
 
@@ -356,8 +384,20 @@ mod tests {
         assert_eq!(v["backend"], serde_json::Value::Null);
         assert_eq!(v["upstream_ms"], 1.2);
         assert_eq!(v["tls"], "TLSv1.3");
-        assert_eq!(v["referer"], "http://r/\t\u{ff}");
+        assert_eq!(v["referer"], "http://r/\t\u{fffd}");
         assert_eq!(v["user_agent"], "curl/8 (x)");
+        // UTF-8 passes as it is; what is not UTF-8 (a lone continuation byte, a sequence cut
+        // short, an overlong one) is U+FFFD, and the line stays valid JSON.
+        e.user_agent = Some(HeaderValue::from_bytes("café ü 日本 🦀".as_bytes()).unwrap());
+        e.referer = Some(HeaderValue::from_bytes(b"a\x80b\xe6\x97c\xc0\xafd\xe6").unwrap());
+        line.clear();
+        format_line(&mut line, &mut Clock::default(), AccessLogFormat::Json, &e);
+        let v: serde_json::Value = serde_json::from_str(line.trim_end()).unwrap();
+        assert_eq!(v["user_agent"], "café ü 日本 🦀");
+        assert_eq!(
+            v["referer"],
+            "a\u{fffd}b\u{fffd}\u{fffd}c\u{fffd}\u{fffd}d\u{fffd}"
+        );
         assert_eq!(v["time"], "2023-11-14T22:13:20.123Z");
     }
 }
