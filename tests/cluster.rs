@@ -119,6 +119,13 @@ async fn a_master_pushes_configurations_to_its_workers() {
         assert!(served_by(w.addr).await.contains("backend-b"));
     }
 
+    // An empty body (curl's `--data-binary @typo` sends one) changes nothing anywhere.
+    let (status, answer) = admin(master_admin, Method::POST, "/conf", String::new()).await;
+    assert_eq!(status, 400, "{answer}");
+    for w in &workers {
+        assert!(served_by(w.addr).await.contains("backend-b"));
+    }
+
     // A bad configuration is refused by the master, with its lines, and reaches no worker.
     let bad = "upstreams:\n  c.test:\n    paths:\n      \"/\":\n        servers: [\"nowhere\"]\n";
     let (status, answer) = admin(master_admin, Method::POST, "/conf", bad.to_string()).await;
@@ -255,4 +262,24 @@ async fn a_master_pushes_to_a_worker_over_https_only_when_its_certificate_checks
     let (status, answer) = admin(master_admin, Method::POST, "/conf", routes_to(&b)).await;
     assert_eq!(status, 200, "{answer}");
     assert!(served_by(worker.addr).await.contains("backend-b"));
+}
+
+/// A master listed among its own workers takes its push once and does not pass it on again:
+/// it went round 64 times, until the admin API's connection cap stopped it.
+#[tokio::test]
+async fn a_master_among_its_own_workers_does_not_push_round_in_circles() {
+    let (a, b) = (
+        Backend::start("backend-a").await,
+        Backend::start("backend-b").await,
+    );
+    let port = free_port();
+    let master = ProxyProcess::start(
+        &routes_to(&a),
+        &format!("cluster_member: master\nworker_nodes: [\"http://127.0.0.1:{port}\"]\nmaster_key: \"{KEY}\"\nconfig_api_enabled: true\nconfig_address: \"127.0.0.1:{port}\"\n"),
+    );
+    let master_admin = master.logged_addr("admin API on http://");
+    let (status, answer) = admin(master_admin, Method::POST, "/conf", routes_to(&b)).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer.matches("workers:").count(), 1, "{answer}");
+    assert!(answer.contains("not passed on"), "{answer}");
 }

@@ -20,6 +20,10 @@ use crate::upstream::call;
 use crate::utc::rfc3339;
 
 /// How long one push (or one status read) may take.
+/// The header a master's pushes carry: a master that receives one applies it without passing
+/// it on (a master listed among its own workers, or two masters listing each other).
+pub const PUSHED_BY_MASTER: &str = "x-aralez-pushed-by-master";
+
 const EXCHANGE_DEADLINE: Duration = Duration::from_secs(5);
 /// How often each worker's digest is checked.
 pub const CHECK_EVERY: Duration = Duration::from_secs(5);
@@ -159,6 +163,7 @@ impl Cluster {
             .method(method)
             .uri(target.path(path))
             .header("x-api-key", &self.master_key)
+            .header(PUSHED_BY_MASTER, "1")
             .body(Full::new(body))
             .map_err(|e| e.to_string())?;
         // The key opens the worker's `/conf`: an `https://` worker must prove who it is (the

@@ -176,6 +176,7 @@ impl Admin {
             .uri()
             .query()
             .is_some_and(|q| q.split('&').any(|p| p == "save" || p.starts_with("save=")));
+        let req_from_master = req.headers().contains_key(cluster::PUSHED_BY_MASTER);
         let body = match read_body(req, MAX_CONF_BODY).await {
             Ok(b) => b,
             Err(resp) => return resp,
@@ -183,6 +184,14 @@ impl Admin {
         let Ok(yaml) = std::str::from_utf8(&body) else {
             return text(StatusCode::BAD_REQUEST, "the body is not UTF-8 text");
         };
+        if yaml.trim().is_empty() {
+            // A missing file given to curl (`--data-binary @typo`) sends nothing: not taken for
+            // "no routes" everywhere.
+            let why =
+                "the body is empty; nothing changed (to remove every route, send `upstreams: {}`)";
+            return text(StatusCode::BAD_REQUEST, why);
+        }
+        let from_master = req_from_master;
         let reloader = self.reloader.clone();
         let text_of = yaml.to_string();
         let outcome =
@@ -193,6 +202,15 @@ impl Admin {
                 let Some(cluster) = &self.cluster else {
                     return text(StatusCode::OK, done);
                 };
+                if from_master {
+                    // A master among another master's workers (or its own): passing it on
+                    // again would go round without end.
+                    tracing::warn!("a master pushed a configuration to this master: applied, not passed on (check worker_nodes)");
+                    return text(
+                        StatusCode::OK,
+                        format!("{done}; not passed on (it came from a master)"),
+                    );
+                }
                 // The master passes what it accepted on to every worker.
                 let (all, lines) = cluster.push_all(yaml, save).await;
                 let status = if all {
