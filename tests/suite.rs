@@ -60,6 +60,7 @@ mod timeouts;
 mod tls;
 mod trailers;
 mod tunnels;
+mod upgrade_listeners;
 mod upstream_protocols;
 mod websocket;
 

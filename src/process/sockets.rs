@@ -46,6 +46,11 @@ pub fn open(main: &MainConfig, upgrade: bool) -> Result<Bound, StartError> {
             // Nobody answers (the old process is already gone: systemd's reload that stops it
             // first): start as a fresh instance would, binding every port.
             Err(UpgradeError::Connect { path, source }) => {
+                // Unless another instance holds the ports still (an `upgrade_sock` that differs):
+                // a fresh bind would share them with it through SO_REUSEPORT.
+                if let Some(why) = super::single::another_instance(main) {
+                    return Err(StartError::AlreadyRunning(why));
+                }
                 tracing::warn!(
                     "live upgrade: no running instance answers on {path} ({source}); binding the listeners afresh"
                 );
@@ -59,7 +64,7 @@ pub fn open(main: &MainConfig, upgrade: bool) -> Result<Bound, StartError> {
         }
         Sockets::default()
     };
-    let mut http = inherited.take(upgrade::HTTP);
+    let mut http = inherited.take_at(upgrade::HTTP, Some(main.proxy_address_http));
     defer_accepts(main, &http)?;
     if http.is_empty() {
         http = bind_proxy(main, main.proxy_address_http, main.threads)?;
@@ -71,7 +76,7 @@ pub fn open(main: &MainConfig, upgrade: bool) -> Result<Bound, StartError> {
             http.len()
         );
     }
-    let mut tls = inherited.take(upgrade::TLS);
+    let mut tls = inherited.take_at(upgrade::TLS, main.proxy_address_tls);
     defer_accepts(main, &tls)?;
     // A TLS listener on a port of the kernel's choosing (0) may move, so that HTTP/3 has the
     // same port; a configured or inherited one never does.
@@ -85,8 +90,10 @@ pub fn open(main: &MainConfig, upgrade: bool) -> Result<Bound, StartError> {
     let admin = crate::admin::bind(
         main,
         crate::admin::Inherited {
-            plain: inherited.take(upgrade::ADMIN).pop(),
-            tls: inherited.take(upgrade::ADMIN_TLS).pop(),
+            plain: inherited.take_at(upgrade::ADMIN, main.config_address).pop(),
+            tls: inherited
+                .take_at(upgrade::ADMIN_TLS, main.config_tls_address)
+                .pop(),
         },
     )?;
     if !inherited.names().is_empty() {
@@ -154,7 +161,7 @@ fn file_server(
     let (Some(folder), Some(addr)) = (&main.file_server_folder, main.file_server_address) else {
         return Ok(None);
     };
-    let listener = match inherited.take(upgrade::FILES).pop() {
+    let listener = match inherited.take_at(upgrade::FILES, Some(addr)).pop() {
         Some(listener) => listener,
         None => {
             let listener = TcpListener::bind(addr).map_err(|source| bind_error(addr, source))?;
@@ -226,7 +233,8 @@ fn quic_socket(
     if !main.http3 {
         return Ok((None, None));
     }
-    if let Some(socket) = inherited.take_udp(upgrade::QUIC) {
+    let tls_addr = tls.first().and_then(|l| l.local_addr().ok());
+    if let Some(socket) = inherited.take_udp_at(upgrade::QUIC, tls_addr) {
         return Ok((Some(socket), inherited.from_pid()));
     }
     let Some(addr) = tls.first().and_then(|l| l.local_addr().ok()) else {

@@ -8,6 +8,7 @@
 //! descriptors close, but the sockets stay open in the new process.
 
 use std::io::{IoSlice, IoSliceMut, Read};
+use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -92,6 +93,44 @@ impl Sockets {
             .into_iter()
             .map(|(_, fd)| std::net::TcpListener::from(fd))
             .collect()
+    }
+
+    /// Takes every socket named `name` that listens where the configuration now says (`want`;
+    /// its port 0 takes any port); one elsewhere, or with nowhere configured, is closed: a live
+    /// upgrade applies main.yaml's addresses, as nginx's binary upgrade keeps only the
+    /// listeners its new configuration still names.
+    pub fn take_at(&mut self, name: &str, want: Option<SocketAddr>) -> Vec<std::net::TcpListener> {
+        let mut taken = self.take(name);
+        taken.retain(|listener| {
+            let local = listener.local_addr().ok();
+            let kept = local.zip(want).is_some_and(|(l, w)| same_place(l, w));
+            if !kept {
+                let at = local.map_or_else(|| "?".to_string(), |l| l.to_string());
+                let now = want.map_or_else(|| "none".to_string(), |w| w.to_string());
+                tracing::warn!(
+                    "live upgrade: the inherited {name} listener on {at} is not in the configuration (now {now}); closed"
+                );
+            }
+            kept
+        });
+        taken
+    }
+
+    /// [`Self::take_udp`] where the configuration now says, as [`Self::take_at`].
+    pub fn take_udp_at(
+        &mut self,
+        name: &str,
+        want: Option<SocketAddr>,
+    ) -> Option<std::net::UdpSocket> {
+        let socket = self.take_udp(name)?;
+        let local = socket.local_addr().ok();
+        if local.zip(want).is_some_and(|(l, w)| same_place(l, w)) {
+            return Some(socket);
+        }
+        tracing::warn!(
+            "live upgrade: the inherited {name} socket is not on the configured address; closed"
+        );
+        None
     }
 
     /// Names of the sockets not taken.
@@ -344,4 +383,9 @@ mod tests {
             Err(e) => assert_ne!(nix::unistd::geteuid().as_raw(), 0, "chown failed: {e}"),
         }
     }
+}
+
+/// Whether a socket bound at `local` is the one configured as `want` (port 0: any port).
+fn same_place(local: SocketAddr, want: SocketAddr) -> bool {
+    local.ip() == want.ip() && (want.port() == 0 || local.port() == want.port())
 }
