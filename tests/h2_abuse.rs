@@ -341,3 +341,22 @@ async fn an_upload_is_granted_fixed_flow_control_windows() {
         .sum();
     assert_eq!(echoed, STREAM_WINDOW as usize, "the backend's echo");
 }
+
+/// An idle HTTP/2 connection asked to close (GOAWAY and a PING) is closed even when its client
+/// never answers the PING: such a connection was held for good, so a client could take every
+/// place up to `max_connections` and keep it.
+#[tokio::test(start_paused = true)]
+async fn an_idle_connection_that_never_answers_the_goaway_ping_is_closed() {
+    let backend = Backend::start("b").await;
+    let main = "client_idle_timeout: 10\nclient_header_timeout: 5";
+    let proxy = Proxy::start(&default_route(&[&backend]), main).await;
+    let mut s = opened(proxy.addr).await;
+    s.write_all(&h2_frame(SETTINGS, ACK, 0, &[])).await.unwrap();
+    let get = h2_frame(HEADERS, END_HEADERS | END_STREAM, 1, &get_block());
+    s.write_all(&get).await.unwrap();
+    // Everything the proxy sends is read (the answer, GOAWAY, its PING); nothing is answered.
+    let (goaway, closed) = outcome(s, Duration::from_secs(30)).await;
+    assert!(goaway);
+    assert!(closed, "still open 30 s after the GOAWAY");
+    a_normal_client_is_served(proxy.addr).await;
+}

@@ -2,7 +2,9 @@
 //! drains or when it has carried no request for `client_idle_timeout`.
 //!
 //! "Gracefully" is hyper's `graceful_shutdown`: an idle HTTP/1 connection closes, a busy one
-//! after its response; HTTP/2 gets GOAWAY and its open streams finish. Requests are counted by
+//! after its response; HTTP/2 gets GOAWAY and its open streams finish. One with no request open
+//! that has not closed `client_header_timeout` after it was asked is closed (an HTTP/2 client
+//! that never answers the GOAWAY's PING keeps hyper waiting for good). Requests are counted by
 //! an [`InFlight`] guard that lives in the response body, so a stream counts until its body has
 //! been sent (a long download, a WebSocket tunnel over extended CONNECT) and never as idle.
 //!
@@ -389,11 +391,16 @@ where
     tokio::pin!(timer);
     let mut seen = (activity.progress.load(Ordering::Relaxed), start);
     let mut asked = *drain.borrow();
+    // When the connection was asked to finish: one without requests that has not closed a head
+    // timeout later is closed (an HTTP/2 client that never answers the PING after GOAWAY would
+    // hold it for good).
+    let mut asked_at = asked.then_some(start);
     // A second handle on the drain signal, to ask cheaply whether it moved: the wait below
     // borrows the first.
     let peek = drain.clone();
     if asked {
         conn.as_mut().shut_down();
+        idle_at = idle_at.min(start + timers.head);
     }
     // Whether the timer has the task's waker since its last reset: then the connection's other
     // wake-ups only look at its state instead of polling it. The task's waker does not change:
@@ -443,10 +450,23 @@ where
             Woke::Done(done) => return done,
             Woke::Drain => {
                 asked = true;
+                let now = Instant::now();
+                asked_at = Some(now);
                 conn.as_mut().shut_down();
+                idle_at = idle_at.min(now + timers.head);
+                timer.as_mut().reset(idle_at.min(stall_at));
+                timer_has_waker = false;
             }
             Woke::Timer => {
                 let now = Instant::now();
+                let unanswered = asked_at.is_some_and(|at| now >= at + timers.head);
+                if now >= idle_at && unanswered && activity.open.load(Ordering::Relaxed) == 0 {
+                    tracing::debug!(
+                        "closing a connection without requests still open {:?} after it was asked to close",
+                        timers.head
+                    );
+                    return Ok(T::default());
+                }
                 if now >= idle_at {
                     // Two `park`s: h2 may first learn that it has no streams at the poll a `park`
                     // after the last request (its last stream's end need not wake it).
@@ -469,9 +489,10 @@ where
                             if !asked {
                                 tracing::debug!("closing a connection idle for {:?}", timers.idle);
                                 asked = true;
+                                asked_at = Some(now);
                                 conn.as_mut().shut_down();
                             }
-                            // Asked already: only the head rule may still close it.
+                            // Asked already: closed a head timeout later if it has not closed.
                             idle_at = now + timers.head;
                         }
                         IdleStep::Park => {
