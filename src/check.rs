@@ -1,8 +1,10 @@
 //! `aralez check-config` and `-t`: validate everything a start would read and report every issue.
 
 use std::path::Path;
+use std::sync::Arc;
 
-use crate::config::{self, Issue, Issues, Severity, Shape};
+use crate::config::yaml::Pos;
+use crate::config::{self, Issue, Issues, MainConfig, Severity, Shape};
 
 /// The outcome of a full validation.
 pub struct Report {
@@ -28,6 +30,9 @@ pub fn check(main_path: &Path) -> Report {
     let mut shape = None;
     // Every file's issues at once: a broken main.yaml still says where upstreams.yaml is.
     let main = config::load_main(main_path, &mut issues);
+    if let Some(main) = &main {
+        check_certificates(main, main_path, &mut issues);
+    }
     let upstreams_conf = config::upstreams_conf_of(main.as_ref(), main_path);
     if let Some(upstreams_conf) = upstreams_conf {
         files.push(upstreams_conf.display().to_string());
@@ -44,6 +49,52 @@ pub fn check(main_path: &Path) -> Report {
         issues,
         shape,
         files,
+    }
+}
+
+/// Loads the certificates main.yaml names as the start will: a pair of the certificate
+/// directory the start would skip is a warning (as it is then), a pair of the admin API that
+/// does not load is an error (the start fails on it). Each at its key's line.
+fn check_certificates(main: &MainConfig, main_path: &Path, issues: &mut Issues) {
+    let file: Arc<str> = main_path.display().to_string().into();
+    let text = config::file_bytes::read_regular(main_path, config::yaml::MAX_FILE_BYTES)
+        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+        .unwrap_or_default();
+    let at = |keys: &[&str]| line_of(&text, keys);
+    if let (Some(dir), Some(_)) = (&main.certificates_dir, main.proxy_address_tls) {
+        let key = ["proxy_certificates", "proxy_configs"];
+        let (store, problems) = crate::tls::store::CertStore::open(dir);
+        for problem in problems {
+            issues.push(Severity::Warning, &file, at(&key), key[0], problem);
+        }
+        if store.is_empty() && main.acme.is_none() {
+            let why = format!(
+                "no usable certificate pair in {}: TLS handshakes fail until one is added",
+                dir.display()
+            );
+            issues.push(Severity::Warning, &file, at(&key), key[0], why);
+        }
+    }
+    if let (Some(crt), Some(key)) = (&main.config_tls_certificate, &main.config_tls_key_file) {
+        if let Err(e) = crate::tls::single_pair_config(crt, key) {
+            let keys = ["config_tls_certificate"];
+            let why = format!("the admin API's certificate does not load: {e}");
+            issues.push(Severity::Error, &file, at(&keys), keys[0], why);
+        }
+    }
+}
+
+/// Where the first of `keys` is set at the top of a YAML file (line 1 if none is).
+fn line_of(text: &str, keys: &[&str]) -> Pos {
+    let line = text.lines().position(|l| {
+        keys.iter().any(|k| {
+            l.strip_prefix(k)
+                .is_some_and(|rest| rest.trim_start().starts_with(':'))
+        })
+    });
+    Pos {
+        line: line.map_or(1, |n| n as u32 + 1),
+        column: 1,
     }
 }
 

@@ -492,3 +492,60 @@ fn the_proxy_starts_on_a_valid_config() {
         out.code, out.stdout, out.stderr
     );
 }
+
+/// The certificates main.yaml names are loaded as the start loads them: a pair the certificate
+/// directory would skip (a key of another certificate, a `.crt` that is not PEM) is a warning at
+/// `proxy_certificates`, an admin API pair that does not load (the start fails on it) an error
+/// at `config_tls_certificate`. Both passed with no issue.
+#[test]
+fn certificates_are_checked_as_the_start_loads_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    std::fs::create_dir(&certs).unwrap();
+    let pair = |name: &str| rcgen::generate_simple_self_signed(vec![name.to_string()]).unwrap();
+    let (one, two) = (pair("a.test"), pair("b.test"));
+    let (one_key, two_key) = (
+        one.signing_key.serialize_pem(),
+        two.signing_key.serialize_pem(),
+    );
+    let write = |path: std::path::PathBuf, text: &str| std::fs::write(path, text).unwrap();
+    write(certs.join("good.crt"), &one.cert.pem());
+    write(certs.join("good.key"), &one_key);
+    write(certs.join("mismatch.crt"), &one.cert.pem());
+    write(certs.join("mismatch.key"), &two_key);
+    write(certs.join("garbage.crt"), "not a certificate\n");
+    write(certs.join("garbage.key"), &two_key);
+    write(dir.path().join("admin.crt"), &two.cert.pem());
+    write(dir.path().join("admin.key"), &one_key);
+    write(dir.path().join("upstreams.yaml"), UPS_OK);
+    let d = dir.path().display();
+    let main = format!(
+        "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: upstreams.yaml\n\
+         proxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{d}/certs\"\n\
+         config_tls_address: \"127.0.0.1:0\"\nconfig_tls_certificate: \"{d}/admin.crt\"\n\
+         config_tls_key_file: \"{d}/admin.key\"\nmaster_key: \"0123456789abcdef\"\n"
+    );
+    write(dir.path().join("main.yaml"), &main);
+    let (out, json) = check_json(&dir.path().join("main.yaml"));
+    let issues = json["issues"].as_array().cloned().unwrap_or_default();
+    let listed = describe(&issues);
+    assert_eq!(out.code, Some(1), "{listed}");
+    assert_eq!(
+        (json["errors"].as_u64(), json["warnings"].as_u64()),
+        (Some(1), Some(2)),
+        "{listed}"
+    );
+    let found = |key: &str, line: u64, text: &str| {
+        issues.iter().any(|i| {
+            i["key"] == key
+                && i["line"] == line
+                && i["message"].as_str().is_some_and(|m| m.contains(text))
+        })
+    };
+    assert!(
+        found("config_tls_certificate", 6, "does not match"),
+        "{listed}"
+    );
+    assert!(found("proxy_certificates", 4, "mismatch"), "{listed}");
+    assert!(found("proxy_certificates", 4, "garbage"), "{listed}");
+}
