@@ -360,3 +360,39 @@ async fn an_idle_connection_that_never_answers_the_goaway_ping_is_closed() {
     assert!(closed, "still open 30 s after the GOAWAY");
     a_normal_client_is_served(proxy.addr).await;
 }
+
+/// RFC 9113 §8.3.1: `:path` starts with `/`, or is `*` for OPTIONS. A GET for `*` or `?x`
+/// reached HTTP/1.1 backends as `GET * HTTP/1.1` and `GET ?x HTTP/1.1`, request lines an
+/// HTTP/1.1 client cannot send through (they are 400s there). A 400 now.
+#[tokio::test(start_paused = true)]
+async fn a_path_that_is_not_one_is_a_400() {
+    let backend = Backend::start("b").await;
+    let proxy = Proxy::start(&default_route(&[&backend]), "").await;
+    // `:method` GET (2) or OPTIONS (literal), `:scheme` http, `:path` literal, `:authority` a;
+    // answers `:status` 400 and 200 are static-table entries 12 and 8.
+    let options = [0x02, 0x07, b'O', b'P', b'T', b'I', b'O', b'N', b'S'];
+    for (method, path, status) in [
+        (&[0x82][..], "*", 0x8c),
+        (&[0x82][..], "?x", 0x8c),
+        (&[0x82][..], "/x", 0x88),
+        (&options[..], "*", 0x88),
+    ] {
+        let s = opened(proxy.addr).await;
+        let (mut rd, mut wr) = s.into_split();
+        let mut block = method.to_vec();
+        block.extend([0x86, 0x04, path.len() as u8]);
+        block.extend(path.as_bytes());
+        block.extend([0x01, 0x01, b'a']);
+        let request = h2_frame(HEADERS, END_HEADERS | END_STREAM, 1, &block);
+        wr.write_all(&request).await.unwrap();
+        let answer = |f: &Frame| f.kind == HEADERS && f.stream == 1;
+        let sent = read_until(&mut rd, &mut Vec::new(), |fs| fs.iter().any(answer)).await;
+        let head = sent.iter().find(|f| answer(f)).unwrap();
+        assert_eq!(
+            head.payload.first(),
+            Some(&status),
+            "{path}: {:?}",
+            head.payload
+        );
+    }
+}

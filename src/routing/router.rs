@@ -213,7 +213,14 @@ fn check_target<B>(req: &Request<B>) -> Result<(), ProxyError> {
     } else {
         path.starts_with('/')
     };
-    if form_ok {
+    // RFC 9113 §8.3.1 (and RFC 9114 §4.3.1): `:path` starts with `/`, or is `*` for OPTIONS;
+    // `*` or `?x` for a GET would reach an HTTP/1.1 backend as a request line no HTTP/1.1
+    // client could send through.
+    let pseudo_path_ok = || {
+        let sent = uri.path_and_query().map_or("", |p| p.as_str());
+        sent.starts_with('/') || (sent == "*" && req.method() == Method::OPTIONS)
+    };
+    if form_ok && (req.version() < Version::HTTP_2 || pseudo_path_ok()) {
         Ok(())
     } else {
         Err(ProxyError::BadTarget)

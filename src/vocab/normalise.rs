@@ -189,7 +189,8 @@ pub fn prefix_matches(prefix: &str, path: &str) -> bool {
 
 /// Whether a request path could mean one thing to routing and another to a backend, and so is
 /// refused (400) before routing: `;` path parameters (`/public/..;/admin` is `/admin` to
-/// Tomcat), encoded separators (`%2F`, `%5C`, and `%3B`), backslashes, dot segments, plain or
+/// Tomcat), encoded separators (`%2F`, `%5C`, and `%3B`) and NUL (`/admin%00` is `/admin` to a
+/// backend that stops at it; nginx refuses it too), backslashes, dot segments, plain or
 /// encoded, and a `%` not followed by two hex digits (nginx refuses those too: `/%4%34` is
 /// `/%44` to one decoder and `/D` to one that decodes twice). What is routed is then exactly
 /// what the backend receives.
@@ -212,7 +213,7 @@ pub fn is_ambiguous(raw: &str) -> bool {
         w[0] == b'%'
             && matches!(
                 (w[1], w[2].to_ascii_lowercase()),
-                (b'2', b'f') | (b'5', b'c') | (b'3', b'b')
+                (b'2', b'f') | (b'5', b'c') | (b'3', b'b') | (b'0', b'0')
             )
     });
     if encoded_separator || has_malformed_escape(bytes) {
@@ -303,6 +304,8 @@ mod tests {
             "/a/%2e%2e/admin",
             "/a/.%2E/admin",
             "/a/..",
+            "/admin%00",
+            "/a%00b",
         ] {
             assert!(is_ambiguous(raw), "{raw}");
         }
