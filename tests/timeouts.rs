@@ -106,3 +106,23 @@ async fn a_slow_upload_that_keeps_moving_is_not_cut_by_the_response_timeout() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.ends_with("10000"), "{answer}");
 }
+
+/// A request body that stops coming, the backend waiting for the rest, is the client's stall:
+/// a 408 and the connection closed (nginx's `client_body_timeout`), not the 504 that blamed the
+/// backend for it. Over aralez's HTTP/1.1 client.
+#[tokio::test(start_paused = true)]
+async fn a_request_body_that_stops_coming_is_a_408_not_the_backends_504() {
+    let backend = Backend::start("b").await;
+    let proxy = Proxy::start(
+        &support::http1_route(&backend),
+        "upstream_response_timeout: 3",
+    )
+    .await;
+    let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+    let head = "POST /collect HTTP/1.1\r\nHost: any\r\nContent-Length: 100\r\n\r\n0123456789";
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    let read = tokio::time::timeout(Duration::from_secs(30), stream.read_to_string(&mut answer));
+    assert!(read.await.is_ok(), "the connection stayed open: {answer}");
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+}

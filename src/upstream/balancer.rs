@@ -217,6 +217,11 @@ pub fn send<'a>(
                     tracing::warn!(backend = %backend.label, "invalid response: {error}");
                     return Err(ProxyError::BadResponse);
                 }
+                Err(SendError::ClientStalled) => {
+                    // The client's doing, as a failed body is: not the backend's 504.
+                    tracing::debug!(backend = %backend.label, "the request body stopped coming");
+                    return Err(ProxyError::ClientBodyTimeout);
+                }
                 Err(SendError::Unprocessed(_)) => {
                     // The pool sends these again itself and reports what is left as a reset.
                     tracing::warn!(backend = %backend.label, "backend refused the request");

@@ -67,6 +67,8 @@ pub enum SendError {
     BadResponse(BoxError),
     /// No response head within the response timeout.
     Timeout,
+    /// The client's body stopped coming for the response timeout (the backend waited for it).
+    ClientStalled,
     /// An HTTP/2 backend refused the request before processing any of it (see `refused`), which
     /// comes back whole, in HTTP/2 form. Sent again within this module, never returned from it.
     Unprocessed(Box<Request<UpBody>>),
@@ -575,6 +577,10 @@ fn send_on_inline<'a>(
                 error: InlineError::TimedOut,
                 ..
             }) => Err((SendError::Timeout, None)),
+            Err(SendFailure {
+                error: InlineError::ClientStalled,
+                ..
+            }) => Err((SendError::ClientStalled, None)),
             Err(SendFailure { error, .. }) if error.is_bad_response() => {
                 Err((SendError::BadResponse(error.into()), None))
             }

@@ -31,6 +31,10 @@ pub enum ProxyError {
     /// The request body was malformed (a bad chunk) or cut short by the client.
     #[error("the request body was malformed or cut short")]
     ClientBody,
+    /// The request body stopped coming for the response timeout while the backend waited for
+    /// it (nginx's `client_body_timeout`).
+    #[error("the request body stopped coming")]
+    ClientBodyTimeout,
     #[error("method not supported by this proxy")]
     MethodNotAllowed,
     /// An HTTP/1.1 request without `Host`, or a `to_https` redirect with no host to send the
@@ -117,6 +121,7 @@ impl ProxyError {
             ProxyError::RateLimited | ProxyError::TooMany4xx => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::ConnectTimeout | ProxyError::ResponseTimeout => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ProxyError::ClientBodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ProxyError::UnsupportedTransferCoding => StatusCode::NOT_IMPLEMENTED,
             ProxyError::MissingHost
             | ProxyError::DuplicateHost
@@ -140,6 +145,7 @@ impl ProxyError {
             ProxyError::BasicAuthRequired | ProxyError::TokenRequired => "16",
             ProxyError::ApiKeyRequired => "7",
             ProxyError::RateLimited | ProxyError::TooMany4xx => "8",
+            ProxyError::ClientBodyTimeout => "4",
             // A 400 is the request's own fault (INVALID_ARGUMENT); a cluster master's is not.
             ProxyError::ClusterMaster => "14",
             malformed if malformed.status() == StatusCode::BAD_REQUEST => "3",
@@ -235,6 +241,7 @@ mod tests {
             (ProxyError::DuplicateHost, 400),
             (ProxyError::AmbiguousPath, 400),
             (ProxyError::ClientBody, 400),
+            (ProxyError::ClientBodyTimeout, 408),
             (ProxyError::InvalidHost, 400),
             (ProxyError::HostMismatch, 400),
             (ProxyError::BadTarget, 400),

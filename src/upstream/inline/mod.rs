@@ -73,6 +73,10 @@ pub enum InlineError {
     RequestBody(BoxError),
     #[error("no response head within the response timeout")]
     TimedOut,
+    /// The upload waited on the client for the response timeout: the client's stall, not the
+    /// backend's.
+    #[error("the client sent nothing more of its body for the response timeout")]
+    ClientStalled,
     #[error("the backend sent nothing of the body for the response timeout")]
     Stalled,
 }
@@ -238,7 +242,10 @@ impl InlineConn {
             }
             self.poll_by_deadline(cx, step)
         });
-        if let Err(error) = uploaded.await {
+        if let Err(mut error) = uploaded.await {
+            if matches!(error, InlineError::TimedOut) && upload.awaits_client() {
+                error = InlineError::ClientStalled;
+            }
             if matches!(error, InlineError::RequestBody(_)) && upload.wrote_nothing() {
                 // The client's body failed before a byte went out: the connection is as the
                 // last response left it, and goes home for the next request.

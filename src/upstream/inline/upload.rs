@@ -39,6 +39,8 @@ pub struct Upload<B> {
     done: bool,
     /// Counts writes to the backend and pieces taken from the client: whether the upload moved.
     moves: u32,
+    /// The upload waits for the client's next piece (not for the backend to read).
+    awaits_client: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +69,7 @@ where
             committed: false,
             wrote: false,
             moves: 0,
+            awaits_client: false,
             done: false,
         }
     }
@@ -112,10 +115,12 @@ where
             } else {
                 conn.out.clear();
                 self.written = 0;
-                self.poll_next(conn, cx)
+                let next = self.poll_next(conn, cx);
+                self.awaits_client = next.is_pending();
+                next
             };
             match step {
-                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Ok(())) => self.awaits_client = false,
                 Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
                 Poll::Pending => {
                     // Waiting: has the backend begun to answer?
@@ -144,6 +149,11 @@ where
     /// Whether no byte of the request reached the connection.
     pub fn wrote_nothing(&self) -> bool {
         !self.wrote
+    }
+
+    /// Whether the upload last waited for the client's body rather than for the backend.
+    pub fn awaits_client(&self) -> bool {
+        self.awaits_client
     }
 
     /// A count that changes whenever the upload moves (a write, a piece from the client).
