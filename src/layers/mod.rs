@@ -171,7 +171,7 @@ impl Policies {
             sticky: settings
                 .sticky_sessions
                 .flatten()
-                .map(|max_age| Sticky::compile(max_age, backends, &state.keys)),
+                .map(|max_age| Sticky::compile(max_age, backends, &state.keys, prefix)),
             compress: settings
                 .compress
                 .as_ref()

@@ -63,7 +63,16 @@ pub struct Sticky {
 }
 
 impl Sticky {
-    pub fn compile(max_age: Duration, backends: &[Arc<Backend>], keys: &Keys) -> Sticky {
+    /// The route at `prefix` sets its cookie for that path (`/` for the usual route at `/`,
+    /// as SPEC §5 says): two sticky routes of a host on different backends each keep their
+    /// own, where one cookie for `/` made each route pin the client anew on every request.
+    pub fn compile(
+        max_age: Duration,
+        backends: &[Arc<Backend>],
+        keys: &Keys,
+        prefix: &str,
+    ) -> Sticky {
+        let path = cookie_path(prefix);
         let ids: Box<[[u8; 32]]> = backends
             .iter()
             .map(|b| backend_id(b, keys.sticky()))
@@ -72,7 +81,7 @@ impl Sticky {
             let id = std::str::from_utf8(id).unwrap_or("");
             let secure = if secure { "; Secure" } else { "" };
             let text = format!(
-                "{COOKIE}={id}; Path=/; Max-Age={}; HttpOnly; SameSite=Lax{secure}",
+                "{COOKIE}={id}; Path={path}; Max-Age={}; HttpOnly; SameSite=Lax{secure}",
                 max_age.as_secs()
             );
             HeaderValue::from_str(&text)
@@ -85,10 +94,12 @@ impl Sticky {
         }
     }
 
-    /// The backend the request's cookie names, if it is one of this route's and in rotation.
+    /// The backend a request's cookie names, if it is one of this route's and in rotation: a
+    /// client of several sticky routes sends a `backend_id` for each path it matches, and the
+    /// one naming a backend of this route counts.
     fn pinned(&self, headers: &HeaderMap, backends: &BackendSet) -> Option<usize> {
-        let value = cookie_value(headers)?;
-        let index = self.ids.iter().position(|id| ct_eq(id, value))?;
+        let index = cookie_values(headers)
+            .find_map(|value| self.ids.iter().position(|id| ct_eq(id, value)))?;
         backends
             .get(index)
             .is_some_and(|b| backends.usable(b))
@@ -104,14 +115,25 @@ impl Sticky {
     }
 }
 
-/// The value of the first `backend_id` cookie.
-fn cookie_value(headers: &HeaderMap) -> Option<&[u8]> {
-    headers.get_all(header::COOKIE).iter().find_map(|v| {
-        v.as_bytes().split(|b| *b == b';').find_map(|pair| {
+/// The values of the `backend_id` cookies, in the order sent.
+fn cookie_values(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
+    headers.get_all(header::COOKIE).iter().flat_map(|v| {
+        v.as_bytes().split(|b| *b == b';').filter_map(|pair| {
             let pair = pair.trim_ascii();
             pair.strip_prefix(COOKIE.as_bytes())?.strip_prefix(b"=")
         })
     })
+}
+
+/// A route prefix as a cookie's `Path` (RFC 6265 §5.2.4 matches it on the same segment
+/// boundaries as routing); `/` for one a cookie cannot carry.
+fn cookie_path(prefix: &str) -> &str {
+    let fits = prefix.starts_with('/') && prefix.bytes().all(|b| b.is_ascii_graphic() && b != b';');
+    if fits {
+        prefix
+    } else {
+        "/"
+    }
 }
 
 /// Pins requests of a sticky route (or does nothing).
@@ -231,14 +253,20 @@ mod tests {
     }
 
     fn route() -> Route {
-        let yaml = "upstreams:\n  a.com:\n    paths:\n      /:\n        servers: [\"127.0.0.1:1\", \"127.0.0.1:2\", \"127.0.0.1:3\"]\n        sticky_sessions: 120\n";
+        route_at("/", "[\"127.0.0.1:1\", \"127.0.0.1:2\", \"127.0.0.1:3\"]")
+    }
+
+    /// A sticky route at `prefix` over `servers` (a YAML list).
+    fn route_at(prefix: &str, servers: &str) -> Route {
+        let yaml = format!("upstreams:\n  a.com:\n    paths:\n      {prefix}:\n        servers: {servers}\n        sticky_sessions: 120\n");
         let mut issues = Issues::default();
-        let cfg = parse_upstreams_text(yaml, "test", &mut issues).expect("valid");
+        let cfg = parse_upstreams_text(&yaml, "test", &mut issues).expect("valid");
         let registry = Registry::for_tests(1, Duration::from_secs(60));
         let servers = &cfg.hosts[0].paths[0].servers;
         let backends: Box<[Arc<Backend>]> =
             servers.iter().map(|s| registry.backend(s, false)).collect();
-        let sticky = Sticky::compile(Duration::from_secs(120), &backends, &Keys::for_tests(None));
+        let keys = Keys::for_tests(None);
+        let sticky = Sticky::compile(Duration::from_secs(120), &backends, &keys, prefix);
         Route {
             backends: BackendSet::new(backends, true, true),
             sticky,
@@ -320,6 +348,32 @@ mod tests {
         let (pinned, cookies) = send(r, Some(format!("x=1; {id}; y=2")), 0).await;
         assert_eq!(pinned, Some(1));
         assert_eq!(cookies, ["app=1", "theme=dark"]);
+    }
+
+    /// Two sticky routes of a host on different backends: each sets its cookie for its own
+    /// path, and takes the cookie naming one of its backends among those the client sends.
+    #[tokio::test]
+    async fn each_route_keeps_its_own_cookie() {
+        let (site, api) = (
+            route(),
+            route_at("/api", "[\"127.0.0.1:4\", \"127.0.0.1:5\"]"),
+        );
+        let (_, site_cookies) = send(&site, None, 2).await;
+        let (_, api_cookies) = send(&api, None, 1).await;
+        let api_cookie = api_cookies
+            .iter()
+            .find(|c| c.starts_with("backend_id="))
+            .unwrap();
+        assert!(api_cookie.contains("; Path=/api;"), "{api_cookie}");
+        // A browser sends the longer path's cookie first; either order pins each route.
+        let both = [
+            format!("{}; {}", id_of(&site_cookies), id_of(&api_cookies)),
+            format!("{}; {}", id_of(&api_cookies), id_of(&site_cookies)),
+        ];
+        for cookies in both {
+            assert_eq!(send(&api, Some(cookies.clone()), 0).await.0, Some(1));
+            assert_eq!(send(&site, Some(cookies), 0).await.0, Some(2));
+        }
     }
 
     #[tokio::test]
