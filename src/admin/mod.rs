@@ -346,8 +346,10 @@ impl Admin {
                 let backends: Vec<serde_json::Value> = route
                     .backends
                     .iter()
-                    .filter(|b| !live_only || b.is_up())
-                    .map(|b| serde_json::json!({ "address": &*b.label, "up": b.is_up(), "protocol": b.wire().map_or("detecting", |w| w.name()) }))
+                    .enumerate()
+                    .map(|(i, b)| (b, route.backends.usable_at(i)))
+                    .filter(|(_, up)| !live_only || *up)
+                    .map(|(b, up)| serde_json::json!({ "address": &*b.label, "up": up, "protocol": b.wire().map_or("detecting", |w| w.name()) }))
                     .collect();
                 serde_json::json!({ "host": &*route.host, "path": &*route.prefix, "backends": backends })
             })
@@ -373,12 +375,16 @@ impl Admin {
     async fn metrics(&self, _req: Request<ClientBody>) -> Reply {
         let snapshot = self.reloader.snapshot.load_full();
         let backends = snapshot.routes().flat_map(|route| {
-            route.backends.iter().map(move |b| BackendUp {
-                host: &route.host,
-                path: &route.prefix,
-                backend: &b.label,
-                up: b.is_up(),
-            })
+            route
+                .backends
+                .iter()
+                .enumerate()
+                .map(move |(i, b)| BackendUp {
+                    host: &route.host,
+                    path: &route.prefix,
+                    backend: &b.label,
+                    up: route.backends.usable_at(i),
+                })
         });
         let mut text = self.metrics.render_prometheus(backends);
         if let Some(cache) = &self.cache {

@@ -3,8 +3,9 @@
 //! Every `hc_interval` seconds, one round: each distinct (backend, route path) pair of the serving
 //! snapshot is probed once, all at the same time, with `hc_method` on the path over a fresh
 //! connection. A probe passes when a response with status < 500 arrives within
-//! min(`hc_interval`, 5 s). A backend whose probes all passed is in rotation; one failed probe
-//! takes it out until a round where all pass. Routes with `healthcheck: false` are not probed
+//! min(`hc_interval`, 5 s). A failed probe takes the backend out of the routes at that path
+//! (a backend shared with another route whose probe passes stays in that one) until a round
+//! where it passes. Routes with `healthcheck: false` are not probed
 //! (their backends count as up; passive health still applies).
 //!
 //! A probe that only ran out of time does not fail while the backend answered proxied requests
@@ -16,7 +17,7 @@
 //! reloads. A blackholed backend only costs its own probe's timeout: probes never wait for each
 //! other.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -76,36 +77,27 @@ pub async fn run(snapshot: Arc<ArcSwap<Snapshot>>, settings: HealthSettings) {
     }
 }
 
-/// One round over every probed (backend, path) pair; returns how many probes ran.
+/// One round over every probed (backend, path) pair, each verdict for that path's routes
+/// only; returns how many probes ran.
 pub async fn round(snapshot: &Snapshot, settings: &HealthSettings) -> usize {
-    let mut probes: JoinSet<(usize, bool)> = JoinSet::new();
-    let mut backends: HashMap<usize, (Arc<Backend>, bool)> = HashMap::new();
-    let mut seen: std::collections::HashSet<(usize, &str)> = std::collections::HashSet::new();
+    let mut probes: JoinSet<()> = JoinSet::new();
+    let mut seen: HashSet<(usize, &str)> = HashSet::new();
     for route in snapshot.routes().filter(|r| r.backends.health_checked()) {
         for backend in route.backends.iter() {
             let id = Arc::as_ptr(backend) as usize;
             if !seen.insert((id, &route.prefix)) {
                 continue;
             }
-            backends
-                .entry(id)
-                .or_insert_with(|| (backend.clone(), true));
             let (backend, path) = (backend.clone(), route.prefix.to_string());
             let (method, timeout) = (settings.method.clone(), settings.probe_timeout());
-            probes.spawn(async move { (id, probe(&backend, &path, method, timeout).await) });
+            probes.spawn(async move {
+                let passed = probe(&backend, &path, method, timeout).await;
+                backend.set_probed(&path, passed);
+            });
         }
     }
     let count = probes.len();
-    while let Some(done) = probes.join_next().await {
-        if let Ok((id, passed)) = done {
-            if let Some(entry) = backends.get_mut(&id) {
-                entry.1 &= passed;
-            }
-        }
-    }
-    for (backend, healthy) in backends.into_values() {
-        backend.set_probed(healthy);
-    }
+    while probes.join_next().await.is_some() {}
     count
 }
 
@@ -261,6 +253,56 @@ mod tests {
         assert!(!route.backends.get(1).unwrap().is_up());
     }
 
+    /// A raw HTTP/1.1 server answering 500 to requests for `/admin`, 204 to the others.
+    async fn failing_at_admin() -> std::net::SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 2048];
+                    let n = s.read(&mut buf).await.unwrap_or(0);
+                    let admin = buf[..n].windows(7).any(|w| w == b" /admin");
+                    let code = if admin { 500 } else { 204 };
+                    let head = format!(
+                        "HTTP/1.1 {code} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                    );
+                    let _ = s.write_all(head.as_bytes()).await;
+                });
+            }
+        });
+        addr
+    }
+
+    /// SPEC §6.1 probes each (backend, path): a backend failing one route's probe leaves that
+    /// route only. It left every route, taking the whole site down with one broken path.
+    #[tokio::test]
+    async fn a_failed_probe_takes_the_backend_out_of_its_paths_routes_only() {
+        let (a, b) = (failing_at_admin().await, failing_at_admin().await);
+        let registry = Registry::for_tests(1, Duration::from_secs(60));
+        let yaml = format!(
+            "upstreams:\n  h:\n    paths:\n      /:\n        servers: [\"{a}\", \"{b}\"]\n      /admin:\n        servers: [\"{a}\", \"{b}\"]\n"
+        );
+        let snap = snapshot(&yaml, &registry);
+        let settings = HealthSettings {
+            method: Method::HEAD,
+            interval: Duration::from_millis(300),
+        };
+        assert_eq!(round(&snap, &settings).await, 4);
+        let usable = |prefix: &str| {
+            let route = snap.routes().find(|r| &*r.prefix == prefix).unwrap();
+            (0..2)
+                .map(|i| route.backends.usable_at(i))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(usable("/"), [true, true]);
+        assert_eq!(usable("/admin"), [false, false]);
+        // The verdicts outlive a reload (the registry keeps them).
+        let reloaded = snapshot(&yaml, &registry);
+        let route = reloaded.routes().find(|r| &*r.prefix == "/admin").unwrap();
+        assert!(!route.backends.usable_at(0));
+    }
+
     #[tokio::test]
     async fn a_probe_out_of_time_keeps_a_backend_that_answers_requests_meanwhile() {
         let hits = Arc::new(AtomicUsize::new(0));
@@ -312,8 +354,7 @@ mod tests {
         assert_eq!(round(&snap, &settings).await, 0);
         assert_eq!(hits.load(Ordering::SeqCst), 0);
         let route = snap.routes().next().unwrap();
-        let first = route.backends.get(0).unwrap();
-        assert!(route.backends.usable(first));
+        assert!(route.backends.usable_at(0));
     }
 
     #[test]

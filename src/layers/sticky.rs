@@ -100,10 +100,7 @@ impl Sticky {
     fn pinned(&self, headers: &HeaderMap, backends: &BackendSet) -> Option<usize> {
         let index = cookie_values(headers)
             .find_map(|value| self.ids.iter().position(|id| ct_eq(id, value)))?;
-        backends
-            .get(index)
-            .is_some_and(|b| backends.usable(b))
-            .then_some(index)
+        backends.usable_at(index).then_some(index)
     }
 
     fn set_cookie(&self, index: usize, secure: bool) -> Option<&HeaderValue> {
@@ -268,7 +265,7 @@ mod tests {
         let keys = Keys::for_tests(None);
         let sticky = Sticky::compile(Duration::from_secs(120), &backends, &keys, prefix);
         Route {
-            backends: BackendSet::new(backends, true, true),
+            backends: BackendSet::new(backends, Some(prefix), true),
             sticky,
         }
     }

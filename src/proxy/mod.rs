@@ -256,7 +256,7 @@ mod tests {
         };
         let peer = std::net::SocketAddr::from(([127, 0, 0, 1], 1));
         let conn = ClientConn::new(peer, false, WorkerId(0));
-        let backends = BackendSet::new(Box::new([]), false, false);
+        let backends = BackendSet::new(Box::new([]), None, false);
         let rules = HeaderRules::default();
         let body = ClientBody::Stream(Empty::new().map_err(|e| match e {}).boxed_unsync());
         let forwarding = forwarder.forward(&conn, &backends, &rules, Request::new(body), None);

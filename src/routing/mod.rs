@@ -102,7 +102,11 @@ impl Snapshot {
                         prefix: p.prefix.as_str().into(),
                         // A `DEFAULT` route takes any host a client makes up: its TLS backends
                         // are always asked for by their own name.
-                        backends: BackendSet::new(backends, health_checked, host.name != "DEFAULT"),
+                        backends: BackendSet::new(
+                            backends,
+                            health_checked.then_some(p.prefix.as_str()),
+                            host.name != "DEFAULT",
+                        ),
                         headers: HeaderRules {
                             to_backend: boxed(&settings.server_headers),
                             to_client: boxed(&settings.client_headers),

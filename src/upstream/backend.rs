@@ -63,10 +63,12 @@ impl std::fmt::Debug for Backend {
 }
 
 /// Passive health (consecutive connect failures mark the backend down for a while) and the
-/// verdict of the last active health check round (`health.rs`).
+/// verdicts of the last active health check round (`health.rs`), one per route path probed.
 struct Health {
-    /// The last health check round found this backend failing.
-    probe_down: AtomicBool,
+    /// Per route path: the last round's probe of that path failed. A backend that fails one
+    /// route's probe leaves that route only (SPEC §6.1 probes each (backend, path)). Kept
+    /// here, in the registry's backend, so verdicts survive reloads; routes read their flags.
+    probe_down: Mutex<HashMap<Box<str>, Arc<AtomicBool>>>,
     consecutive_failures: AtomicU32,
     /// Milliseconds since `born` until which the backend is out of rotation (0: in rotation).
     down_until_ms: AtomicU64,
@@ -304,7 +306,7 @@ impl Backend {
             .unwrap_or_else(|_| http::uri::Authority::from_static("backend"));
         let workers = workers.max(1);
         let health = Health {
-            probe_down: AtomicBool::new(false),
+            probe_down: Mutex::default(),
             consecutive_failures: AtomicU32::new(0),
             down_until_ms: AtomicU64::new(0),
             down_for_ms: AtomicU64::new(registry.down_for.as_millis() as u64),
@@ -329,10 +331,27 @@ impl Backend {
         }
     }
 
-    /// In rotation: the last health check passed (or none ran) and passive health has not
-    /// marked it down (or its time out has passed; then it gets another chance).
+    /// Up for every route: no path's last health check failed (or none ran) and passive health
+    /// has not marked it down (or its time out has passed; then it gets another chance). A
+    /// route asks its own path's verdict ([`Backend::probe_down_at`]).
     pub fn is_up(&self) -> bool {
-        !self.health.probe_down.load(Ordering::Relaxed) && self.passive_up()
+        let verdicts = self
+            .health
+            .probe_down
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        !verdicts.values().any(|down| down.load(Ordering::Relaxed)) && self.passive_up()
+    }
+
+    /// The flag the health checks set when this backend fails the probe of route path `path`;
+    /// a route keeps it and reads it on every request.
+    pub fn probe_down_at(&self, path: &str) -> Arc<AtomicBool> {
+        let mut verdicts = self
+            .health
+            .probe_down
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        verdicts.entry(path.into()).or_default().clone()
     }
 
     /// Passive health only (for routes with `healthcheck: false`).
@@ -341,18 +360,19 @@ impl Backend {
         until == 0 || self.health.now_ms() >= until
     }
 
-    /// Records a health check round's verdict; a pass also clears passive marking.
-    pub fn set_probed(&self, healthy: bool) {
-        let was_down = self.health.probe_down.swap(!healthy, Ordering::Relaxed);
+    /// Records a health check round's verdict for route path `path`; a pass also clears
+    /// passive marking.
+    pub fn set_probed(&self, path: &str, healthy: bool) {
+        let was_down = self.probe_down_at(path).swap(!healthy, Ordering::Relaxed);
         if healthy {
             self.connect_succeeded();
         }
         match (was_down, healthy) {
             (false, false) => {
-                tracing::warn!(backend = %self.label, "health check failed; out of rotation")
+                tracing::warn!(backend = %self.label, path, "health check failed; out of the route's rotation")
             }
             (true, true) => {
-                tracing::info!(backend = %self.label, "health check passed; back in rotation")
+                tracing::info!(backend = %self.label, path, "health check passed; back in the route's rotation")
             }
             _ => {}
         }
@@ -499,13 +519,13 @@ mod tests {
     fn probes_decide_and_a_pass_clears_passive_marking() {
         let reg = Registry::for_tests(1, Duration::from_secs(60));
         let b = reg.backend(&parse_server("127.0.0.1:9").unwrap(), false);
-        b.set_probed(false);
+        b.set_probed("/", false);
         assert!(!b.is_up());
         assert!(b.passive_up());
         for _ in 0..3 {
             b.connect_failed();
         }
-        b.set_probed(true);
+        b.set_probed("/", true);
         assert!(
             b.is_up(),
             "a passing probe brings a passively marked backend back"

@@ -5,7 +5,7 @@
 //! a prepared request and gets back a response or the [`ProxyError`] to answer with.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use http::request::Parts;
@@ -30,20 +30,28 @@ pub struct BackendSet {
     backends: Box<[Arc<Backend>]>,
     /// Active health checks run for this route; without them only passive health counts.
     health_checked: bool,
+    /// Per backend, the verdict of the probe of this route's path (empty when unprobed).
+    probe_down: Box<[Arc<AtomicBool>]>,
     /// The request's host may name the TLS server (a named route; never `DEFAULT`).
     sni_from_request: bool,
     next: AtomicUsize,
 }
 
 impl BackendSet {
+    /// The backends of a route; `probed_path`: the route's path, when health checks run for it.
     pub fn new(
         backends: Box<[Arc<Backend>]>,
-        health_checked: bool,
+        probed_path: Option<&str>,
         sni_from_request: bool,
     ) -> BackendSet {
+        let probe_down = match probed_path {
+            Some(path) => backends.iter().map(|b| b.probe_down_at(path)).collect(),
+            None => Box::default(),
+        };
         BackendSet {
             backends,
-            health_checked,
+            health_checked: probed_path.is_some(),
+            probe_down,
             sni_from_request,
             next: AtomicUsize::new(0),
         }
@@ -74,14 +82,14 @@ impl BackendSet {
         self.health_checked
     }
 
-    /// Whether `backend` may take requests: in rotation, judged by passive health alone when
-    /// the route turned health checks off.
-    pub fn usable(&self, backend: &Backend) -> bool {
-        if self.health_checked {
-            backend.is_up()
-        } else {
-            backend.passive_up()
-        }
+    /// Whether the backend at `index` may take requests: passive health, and its probe of this
+    /// route's path when health checks run for the route.
+    pub fn usable_at(&self, index: usize) -> bool {
+        let probe_passed = self
+            .probe_down
+            .get(index)
+            .is_none_or(|down| !down.load(Ordering::Relaxed));
+        probe_passed && self.backends.get(index).is_some_and(|b| b.passive_up())
     }
 
     /// The next turn of the round robin that falls on a usable backend: a turn that falls on
@@ -90,11 +98,7 @@ impl BackendSet {
     fn next_start(&self) -> usize {
         let turn = || self.next.fetch_add(1, Ordering::Relaxed);
         let first = turn();
-        let usable = |n: usize| {
-            self.backends
-                .get(n % self.backends.len().max(1))
-                .is_some_and(|b| self.usable(b))
-        };
+        let usable = |n: usize| self.usable_at(n % self.backends.len().max(1));
         if usable(first) {
             return first;
         }
@@ -143,8 +147,9 @@ pub fn send<'a>(
         // Backends already tried; allocated only when a first attempt fails.
         let mut tried: Vec<usize> = Vec::new();
         for step in 0..len {
-            let backend = &set.backends[(start + step) % len];
-            if !set.usable(backend) || tried.contains(&identity(backend)) {
+            let index = (start + step) % len;
+            let backend = &set.backends[index];
+            if !set.usable_at(index) || tried.contains(&identity(backend)) {
                 continue;
             }
             let Some(mut request) = pending.take() else {
