@@ -177,19 +177,25 @@ async fn connections_the_backend_shuts_down_lose_no_request() {
     assert!(record.connections.load(Ordering::SeqCst) >= 240 / 5 / 2);
 }
 
-/// A backend of raw HTTP/2 frames: on each connection, once `per_connection` streams have
-/// begun (or the client has gone quiet for 100 ms), it sends a GOAWAY naming the last of them,
-/// answers the streams up to it and ignores those above; then it closes the connection. It
-/// records the body of each stream it answered, and counts the streams it ignored.
-async fn start_goaway_backend(per_connection: usize) -> (std::net::SocketAddr, Arc<Record>) {
+/// A backend of raw HTTP/2 frames: on each of its first `recycled` connections, once a stream
+/// beyond the first `per_connection` has begun (or the client has gone quiet for 100 ms), it
+/// sends a GOAWAY naming the last of those, answers the streams up to it and ignores those
+/// above (it answers none before); then it closes the connection. Later connections answer every stream (so a request is refused
+/// `recycled` times at most, within the proxy's resends). It records the body of each stream
+/// it answered, and counts the streams it ignored.
+async fn start_goaway_backend(
+    per_connection: usize,
+    recycled: usize,
+) -> (std::net::SocketAddr, Arc<Record>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let record = Arc::new(Record::default());
     let shared = record.clone();
     tokio::spawn(async move {
         while let Ok((socket, _)) = listener.accept().await {
-            shared.connections.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(serve_raw(socket, per_connection, shared.clone()));
+            let n = shared.connections.fetch_add(1, Ordering::SeqCst);
+            let limit = (n < recycled).then_some(per_connection);
+            tokio::spawn(serve_raw(socket, limit, shared.clone()));
         }
     });
     (addr, record)
@@ -222,13 +228,14 @@ async fn read_frame(socket: &mut TcpStream) -> Option<(u8, u8, u32, Vec<u8>)> {
     Some((head[3], head[4], stream, payload))
 }
 
-async fn serve_raw(mut socket: TcpStream, per_connection: usize, record: Arc<Record>) {
+/// One connection of [`start_goaway_backend`]; `per_connection`: `None` never recycles.
+async fn serve_raw(mut socket: TcpStream, per_connection: Option<usize>, record: Arc<Record>) {
     let mut preface = [0u8; 24];
     if socket.read_exact(&mut preface).await.is_err() {
         return;
     }
     let _ = socket.write_all(&frame(SETTINGS, 0, 0, &[])).await;
-    let mut begun = 0;
+    let mut begun: Vec<u32> = Vec::new();
     let mut last: Option<u32> = None;
     // Streams whose request has ended, with their bodies; and those still coming in.
     let mut bodies: HashMap<u32, Vec<u8>> = HashMap::new();
@@ -241,7 +248,7 @@ async fn serve_raw(mut socket: TcpStream, per_connection: usize, record: Arc<Rec
         let mut out = Vec::new();
         match next {
             Ok(None) => return,
-            Err(_) if last.is_none() && begun > 0 => {
+            Err(_) if last.is_none() && !begun.is_empty() && per_connection.is_some() => {
                 last = bodies.keys().chain(&ended).max().copied();
             }
             Err(_) => {}
@@ -252,13 +259,18 @@ async fn serve_raw(mut socket: TcpStream, per_connection: usize, record: Arc<Rec
                     ignored.insert(stream);
                 }
                 HEADERS => {
-                    begun += 1;
+                    begun.push(stream);
                     bodies.insert(stream, Vec::new());
-                    if begun == per_connection {
-                        last = Some(stream);
-                    }
                     if flags & END_STREAM != 0 {
                         ended.push(stream);
+                    }
+                    if let Some(n) = per_connection.filter(|n| begun.len() == n + 1) {
+                        last = Some(begun[n - 1]);
+                        for above in &begun[n..] {
+                            bodies.remove(above);
+                            ended.retain(|e| e != above);
+                            ignored.insert(*above);
+                        }
                     }
                 }
                 DATA => {
@@ -270,10 +282,10 @@ async fn serve_raw(mut socket: TcpStream, per_connection: usize, record: Arc<Rec
                 _ => {}
             },
         }
-        let Some(last) = last else {
+        let Some(last) = last.or(per_connection.is_none().then_some(u32::MAX)) else {
             continue;
         };
-        if !goaway_sent {
+        if !goaway_sent && last != u32::MAX {
             goaway_sent = true;
             let mut goaway = last.to_be_bytes().to_vec();
             goaway.extend(0u32.to_be_bytes());
@@ -289,7 +301,7 @@ async fn serve_raw(mut socket: TcpStream, per_connection: usize, record: Arc<Rec
         if socket.write_all(&out).await.is_err() {
             return;
         }
-        if bodies.keys().all(|s| *s > last) {
+        if last != u32::MAX && bodies.keys().all(|s| *s > last) {
             record.refused.fetch_add(ignored.len(), Ordering::SeqCst);
             // A lingering close, as servers do: closed with unread bytes, the connection would
             // be reset, and the answers just written lost with it.
@@ -307,9 +319,9 @@ async fn serve_raw(mut socket: TcpStream, per_connection: usize, record: Arc<Rec
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_above_a_goaways_last_stream_are_sent_again() {
-    let (backend, record) = start_goaway_backend(3).await;
+    let (backend, record) = start_goaway_backend(2, 2).await;
     let proxy = proxy_for(backend);
-    let runs = (0..8).map(|c| {
+    let runs = (0..16).map(|c| {
         let proxy = &proxy;
         async move {
             let mut client = Client::connect(Proto::H1, proxy.addr).await;

@@ -2,15 +2,14 @@
 //! left above the last stream id of a GOAWAY (the connection recycled), or never handed to a
 //! connection that was closing. RFC 9113 §8.7 lets any such request go again, whatever its
 //! method; [`Resendable`] keeps what that takes (a copy of the head, the body's frames through
-//! [`crate::vocab::kept_body`]) while the request is on its way.
+//! [`crate::vocab::request_body::KeptBody`]) while the request is on its way.
 
 use http::request::Parts;
 use http::Request;
 use http_body_util::Either;
 
 use super::connector::UpBody;
-use crate::vocab::kept_body::KeptHome;
-use crate::vocab::request_body::RequestBody;
+use crate::vocab::request_body::{KeptHome, RequestBody};
 
 /// How often a refused request goes again to the same backend before the refusal is its answer.
 pub const RESENDS: usize = 3;

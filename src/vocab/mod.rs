@@ -4,7 +4,7 @@
 //! [`WorkerId`] serving it), header rules of forwarding ([`headers`]), the hop-by-hop fields
 //! ([`hop_by_hop`]), where a parsed head's fields lie ([`field_offsets`]), the request id a
 //! response carries back ([`late_id`]), host and path normalisation ([`normalise`]), the
-//! `araleztoken` query parameter ([`token_param`]), what trailers may cross ([`trailers`]), a body kept to be sent again ([`kept_body`]) and the link to a Redis server that shared
+//! `araleztoken` query parameter ([`token_param`]), what trailers may cross ([`trailers`]) and the link to a Redis server that shared
 //! state uses ([`redis_link`]).
 
 pub mod acme_challenges;
@@ -13,7 +13,6 @@ pub mod field_offsets;
 pub mod forwarded;
 pub mod headers;
 pub mod hop_by_hop;
-pub mod kept_body;
 pub mod late_id;
 pub mod normalise;
 pub mod redis_link;

@@ -5,17 +5,26 @@
 //! counts can tell when the request side is over. [`ClientBody`] is what a client connection
 //! hands the router: hyper's body (HTTP/1.1, HTTP/2), an HTTP/3 stream's, or none (a request
 //! aralez's own HTTP/1.1 server side read).
+//!
+//! A client's body that can be sent again ([`KeptBody`]): while it goes to a backend it keeps a
+//! copy of the frames it passes on, up to a bound, and when whoever sends it drops it (hyper's
+//! client does, on a stream the backend refused) it goes back to the one waiting for it
+//! ([`KeptHome`]), which sends the kept frames again, followed by the rest of the body.
+//!
+//! An HTTP/2 backend that refuses a stream (REFUSED_STREAM, or a GOAWAY below it) has processed
+//! none of it, so the request may go again whatever its method (RFC 9113 §8.7); hyper's client
+//! has taken the body by then, and may have sent part of it.
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
-
-use super::kept_body::{KeptBody, KeptHome};
+use tokio::sync::oneshot;
 
 /// An error of a client's body, whatever its protocol.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -169,5 +178,162 @@ impl Body for RequestBody {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+/// The most of a body kept for sending it again; a larger body is not sent again.
+pub const KEPT_BODY_LIMIT: usize = 64 * 1024;
+
+/// How long a refused request waits for its body to come back from hyper's client (it comes as
+/// soon as the refused stream's task sees the reset).
+const RETURN_DEADLINE: Duration = Duration::from_secs(1);
+
+/// The client's body, with the frames it passed on kept for another attempt.
+pub struct KeptBody {
+    inner: ClientBody,
+    /// Counts the bytes the client sent, once: frames sent again are not counted again.
+    counter: Option<Arc<dyn BodyCounter>>,
+    kept: Vec<Frame<Bytes>>,
+    kept_bytes: usize,
+    /// More than [`KEPT_BODY_LIMIT`] went by: what is kept is not the whole of it.
+    overflowed: bool,
+    /// How many kept frames this attempt has sent again.
+    replayed: usize,
+    home: Option<oneshot::Sender<KeptBody>>,
+}
+
+/// Where a [`KeptBody`] comes back to when its attempt drops it.
+pub struct KeptHome(oneshot::Receiver<KeptBody>);
+
+impl KeptBody {
+    /// Keeps `inner` (counted into `counter`); the body comes back to the home when dropped.
+    pub fn new(inner: ClientBody, counter: Option<Arc<dyn BodyCounter>>) -> (KeptBody, KeptHome) {
+        let (home, waiting) = oneshot::channel();
+        let body = KeptBody {
+            inner,
+            counter,
+            kept: Vec::new(),
+            kept_bytes: 0,
+            overflowed: false,
+            replayed: 0,
+            home: Some(home),
+        };
+        (body, KeptHome(waiting))
+    }
+
+    /// A new home for a body that is going again as it is (its attempt never took it).
+    pub fn rehome(&mut self) -> KeptHome {
+        let (home, waiting) = oneshot::channel();
+        self.home = Some(home);
+        KeptHome(waiting)
+    }
+
+    fn keep(&mut self, frame: &Frame<Bytes>) {
+        if self.overflowed {
+            return;
+        }
+        let copy = match (frame.data_ref(), frame.trailers_ref()) {
+            (Some(data), _) => {
+                self.kept_bytes += data.len();
+                Frame::data(data.clone())
+            }
+            (None, Some(trailers)) => Frame::trailers(trailers.clone()),
+            (None, None) => return,
+        };
+        if self.kept_bytes > KEPT_BODY_LIMIT {
+            self.overflowed = true;
+            self.kept = Vec::new();
+        } else {
+            self.kept.push(copy);
+        }
+    }
+
+    fn replay_frame(&mut self) -> Option<Frame<Bytes>> {
+        let frame = self.kept.get(self.replayed)?;
+        self.replayed += 1;
+        match (frame.data_ref(), frame.trailers_ref()) {
+            (Some(data), _) => Some(Frame::data(data.clone())),
+            (None, Some(trailers)) => Some(Frame::trailers(trailers.clone())),
+            (None, None) => None,
+        }
+    }
+
+    fn to_replay(&self) -> usize {
+        let left = self.kept.get(self.replayed..).unwrap_or_default();
+        left.iter()
+            .filter_map(|f| f.data_ref().map(Bytes::len))
+            .sum()
+    }
+}
+
+impl KeptHome {
+    /// The body back from an attempt that processed none of it, to be sent again from its first
+    /// byte; `None` if it is not whole (past the bound) or does not come back in time.
+    pub async fn take_back(self) -> Option<KeptBody> {
+        let body = tokio::time::timeout(RETURN_DEADLINE, self.0)
+            .await
+            .ok()?
+            .ok()?;
+        (!body.overflowed).then_some(body)
+    }
+}
+
+impl Drop for KeptBody {
+    fn drop(&mut self) {
+        let Some(home) = self.home.take() else {
+            return;
+        };
+        if home.is_closed() || self.overflowed {
+            return;
+        }
+        let back = KeptBody {
+            inner: std::mem::replace(&mut self.inner, ClientBody::Empty),
+            counter: self.counter.take(),
+            kept: std::mem::take(&mut self.kept),
+            kept_bytes: self.kept_bytes,
+            overflowed: false,
+            replayed: 0,
+            home: None,
+        };
+        let _ = home.send(back);
+    }
+}
+
+impl Body for KeptBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if let Some(frame) = this.replay_frame() {
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled {
+            if let (Some(counter), Some(data)) = (&this.counter, frame.data_ref()) {
+                counter.add(data.len() as u64);
+            }
+            this.keep(frame);
+            this.replayed = this.kept.len();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.replayed >= self.kept.len() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let to_replay = self.to_replay() as u64;
+        let inner = self.inner.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower() + to_replay);
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + to_replay);
+        }
+        hint
     }
 }
