@@ -216,7 +216,16 @@ pub fn conf_d_files(upstreams: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = read
         .filter_map(Result::ok)
         .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml") && p.is_file())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        // A shell's `*.yaml` leaves dotfiles out (an editor's or a generator's temporary file
+        // would be merged half-written).
+        .filter(|p| {
+            !p.file_name()
+                .is_some_and(|n| n.as_encoded_bytes().starts_with(b"."))
+        })
+        // A link is kept even when it leads nowhere: reading it fails, and the load with it
+        // (nginx's include fails on an entry it cannot open), instead of its hosts vanishing.
+        .filter(|p| p.is_file() || p.symlink_metadata().is_ok_and(|m| m.is_symlink()))
         .collect();
     files.sort();
     files
@@ -230,6 +239,22 @@ mod tests {
     const B: &str = "upstreams:\n  b.example:\n    paths:\n      \"/\":\n        servers: [\"127.0.0.1:8001\"]\n";
     /// A conf.d file holds hosts at its top level.
     const EXTRA: &str = "c.example:\n  paths:\n    \"/\":\n      servers: [\"127.0.0.1:8002\"]\n";
+
+    #[test]
+    fn a_conf_d_link_leading_nowhere_fails_the_load_and_dotfiles_are_left_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("upstreams.yaml");
+        let conf_d = dir.path().join("conf.d");
+        std::fs::create_dir(&conf_d).unwrap();
+        std::fs::write(&path, A).unwrap();
+        std::fs::write(conf_d.join(".half-written.yaml"), "c.example: [").unwrap();
+        std::os::unix::fs::symlink("../moved/b.yaml", conf_d.join("b.yaml")).unwrap();
+        assert_eq!(conf_d_files(&path), [conf_d.join("b.yaml")]);
+        let mut issues = Issues::default();
+        assert!(load_upstreams(&path, &mut issues).is_none());
+        let error = issues.errors().next().expect("an error");
+        assert!(error.file.ends_with("b.yaml"), "{error}");
+    }
 
     #[test]
     fn the_digest_of_a_load_is_that_of_the_bytes_it_parsed() {
