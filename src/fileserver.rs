@@ -65,7 +65,11 @@ async fn answer(
     req: Request<ClientBody>,
 ) -> Response<FileBody> {
     if !matches!(*req.method(), http::Method::GET | http::Method::HEAD) {
-        return plain(StatusCode::METHOD_NOT_ALLOWED, "405 Method Not Allowed\n");
+        let mut refused = plain(StatusCode::METHOD_NOT_ALLOWED, "405 Method Not Allowed\n");
+        // RFC 9110 §15.5.6: a 405 says what is allowed.
+        let allow = http::HeaderValue::from_static("GET, HEAD");
+        refused.headers_mut().insert(http::header::ALLOW, allow);
+        return refused;
     }
     let Some(path) = visible_path(req.uri().path()) else {
         return plain(StatusCode::NOT_FOUND, "404 Not Found\n");

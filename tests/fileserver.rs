@@ -257,3 +257,18 @@ async fn ranges_and_preconditions_follow_rfc_9110() {
     assert_eq!((status.as_u16(), got.len()), (200, 0));
     assert_eq!(raw_status(addr, "/a.txt/").await.0, 404);
 }
+
+/// A method other than GET and HEAD is a 405 that says which are allowed (RFC 9110 §15.5.6).
+#[tokio::test]
+async fn other_methods_get_a_405_that_names_the_allowed_ones() {
+    let (_proxy, addr, _root, _) = start();
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req =
+        b"PUT /a.txt HTTP/1.1\r\nHost: files\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    stream.write_all(req).await.unwrap();
+    let mut resp = Vec::new();
+    stream.read_to_end(&mut resp).await.unwrap();
+    let text = String::from_utf8_lossy(&resp).to_ascii_lowercase();
+    assert!(text.starts_with("http/1.1 405"), "{text}");
+    assert!(text.contains("\r\nallow: get, head\r\n"), "{text}");
+}

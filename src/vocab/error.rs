@@ -189,6 +189,13 @@ impl ProxyError {
                     HeaderValue::from_static("Bearer realm=\"aralez\""),
                 );
             }
+            ProxyError::MethodNotAllowed => {
+                // RFC 9110 §15.5.6: a 405 says what is allowed; every method but CONNECT goes on.
+                headers.insert(
+                    header::ALLOW,
+                    HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
+                );
+            }
             _ => {}
         }
         match status {
@@ -223,6 +230,16 @@ mod tests {
     use super::*;
 
     type Body = Full<Bytes>;
+
+    #[test]
+    fn a_405_names_the_methods_that_go_on() {
+        let resp = ProxyError::MethodNotAllowed.response_for(false);
+        let allow = resp.headers().get(header::ALLOW).map(HeaderValue::as_bytes);
+        assert_eq!(
+            allow,
+            Some(&b"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"[..])
+        );
+    }
 
     #[test]
     fn status_mapping_is_pinned() {

@@ -63,9 +63,14 @@ pub fn lists_token(value: &[u8], token: &[u8]) -> bool {
 /// transfer coding the proxy decodes (RFC 9112 §6.1). Another coding, alone or before
 /// `chunked`, would be lost with the field on the way on, and its coded bytes taken for the
 /// body; nginx refuses them too.
-pub fn only_chunked<'a>(mut values: impl Iterator<Item = &'a [u8]>) -> bool {
-    match (values.next(), values.next()) {
-        (Some(one), None) => one.trim_ascii().eq_ignore_ascii_case(b"chunked"),
+pub fn only_chunked<'a>(values: impl Iterator<Item = &'a [u8]>) -> bool {
+    // Empty list elements do not count (RFC 9110 §5.6.1: `, chunked` is `chunked`).
+    let mut codings = values
+        .flat_map(|v| v.split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|c| !c.is_empty());
+    match (codings.next(), codings.next()) {
+        (Some(one), None) => one.eq_ignore_ascii_case(b"chunked"),
         _ => false,
     }
 }
@@ -235,6 +240,29 @@ mod tests {
             parser.parse_response(&mut httparse::Response::new(&mut fields), &head)
         };
         matches!(parsed, Ok(httparse::Status::Complete(_)))
+    }
+
+    #[test]
+    fn only_chunked_reads_lists_with_empty_elements() {
+        let fields = |v: &[&'static str]| v.iter().map(|f| f.as_bytes()).collect::<Vec<_>>();
+        for ok in [
+            &["chunked"][..],
+            &[" Chunked "],
+            &[",chunked"],
+            &["chunked, "],
+            &["", "chunked"],
+        ] {
+            assert!(only_chunked(fields(ok).into_iter()), "{ok:?}");
+        }
+        for refused in [
+            &["gzip, chunked"][..],
+            &["chunked, chunked"],
+            &["chunked", "chunked"],
+            &[","],
+            &["xchunked"],
+        ] {
+            assert!(!only_chunked(fields(refused).into_iter()), "{refused:?}");
+        }
     }
 
     #[test]
