@@ -32,6 +32,7 @@ pub fn check(main_path: &Path) -> Report {
     let main = config::load_main(main_path, &mut issues);
     if let Some(main) = &main {
         check_certificates(main, main_path, &mut issues);
+        issues.no_master_secret = !config::master_secret_set(main);
     }
     let upstreams_conf = config::upstreams_conf_of(main.as_ref(), main_path);
     if let Some(upstreams_conf) = upstreams_conf {

@@ -45,6 +45,9 @@ impl fmt::Display for Issue {
 #[derive(Debug, Default)]
 pub struct Issues {
     pub list: Vec<Issue>,
+    /// Known to have no master secret (neither `master_key` nor `JWT_KEY`): a `jwt` rule
+    /// without `data` is then an error. False when not known (a file read on its own).
+    pub no_master_secret: bool,
 }
 
 impl Issues {

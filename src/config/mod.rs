@@ -120,6 +120,12 @@ pub fn load_main(path: &Path, issues: &mut Issues) -> Option<MainConfig> {
 }
 
 /// Reads upstreams.yaml and merges `conf.d/*.yaml` beside it, in name order (SPEC §3.5).
+/// Whether JWT rules without `data` have a secret: `JWT_KEY` (not empty) or `master_key`, as
+/// the keys built at start read them.
+pub fn master_secret_set(main: &MainConfig) -> bool {
+    main.master_key.is_some() || std::env::var("JWT_KEY").is_ok_and(|k| !k.is_empty())
+}
+
 pub fn load_upstreams(path: &Path, issues: &mut Issues) -> Option<UpstreamsConfig> {
     load_upstreams_digested(path, issues).map(|(cfg, _)| cfg)
 }

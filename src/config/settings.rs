@@ -317,6 +317,11 @@ fn read_auth(node: &Node, path: &str, r: &mut Reader) -> Option<AuthRule> {
         return None;
     }
     match parse_auth(&kind, data.as_ref().map(|(_, _, d)| d.as_str())) {
+        Ok(AuthRule::Jwt(None)) if r.issues.no_master_secret => {
+            let why = "jwt without `data` checks tokens with master_key or JWT_KEY, and neither is set: every request would get a 503";
+            r.error(kind_pos, path, why);
+            None
+        }
         Ok(rule) => Some(rule),
         Err(AuthError::Data(msg)) => {
             let (pos, key_path) = data

@@ -142,6 +142,14 @@ impl Reloader {
     }
 
     /// Reads the upstreams file (and conf.d) and publishes it unless it is unchanged.
+    /// An empty list of issues for reading a configuration this process would serve.
+    fn issues(&self) -> Issues {
+        Issues {
+            no_master_secret: !self.policy_state.keys.has_jwt_master(),
+            ..Issues::default()
+        }
+    }
+
     pub fn reload_files(self: &Arc<Self>, source: &str) -> Result<Applied, Issues> {
         let _applying = self.applying.lock().unwrap_or_else(|p| p.into_inner());
         let digest = config::files_digest(&self.upstreams_path);
@@ -149,7 +157,7 @@ impl Reloader {
             tracing::debug!(source, "configuration files unchanged; nothing to reload");
             return Ok(Applied::Unchanged);
         }
-        let mut issues = Issues::default();
+        let mut issues = self.issues();
         // The digest kept is that of the bytes parsed, not the one above: a write landing
         // between the two must not leave one file's digest beside another's routes (the
         // write after it, if it brought the digest back, would then be skipped as unchanged).
@@ -179,7 +187,7 @@ impl Reloader {
     /// Validates upstreams YAML handed over in memory (admin API) and publishes it; with `save`
     /// the file is replaced atomically first (temp file + rename).
     pub fn apply_text(self: &Arc<Self>, text: &str, save: bool) -> Result<Applied, ReloadError> {
-        let mut issues = Issues::default();
+        let mut issues = self.issues();
         let origin = "POST /conf";
         let cfg = match config::parse_upstreams_text(text, origin, &mut issues) {
             Some(cfg) if !issues.has_errors() => cfg,

@@ -63,6 +63,11 @@ impl Keys {
         self.master.as_deref()
     }
 
+    /// Whether there is a master secret for JWT rules without their own.
+    pub fn has_jwt_master(&self) -> bool {
+        self.jwt_master.is_some()
+    }
+
     pub(super) fn jwt_master(&self) -> Option<(&DecodingKey, u64)> {
         self.jwt_master.as_ref().map(|(k, f)| (k, *f))
     }

@@ -99,6 +99,7 @@ pub fn daemonize_if_asked(
 fn load(main_path: &Path) -> Result<(MainConfig, DigestedUpstreams, Issues), StartError> {
     let mut issues = Issues::default();
     let main = config::load_main(main_path, &mut issues);
+    issues.no_master_secret = main.as_ref().is_some_and(|m| !config::master_secret_set(m));
     let upstreams = config::upstreams_conf_of(main.as_ref(), main_path)
         .and_then(|path| config::load_upstreams_digested(&path, &mut issues));
     let (Some(main), Some(upstreams)) = (main, upstreams) else {

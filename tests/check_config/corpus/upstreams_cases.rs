@@ -189,6 +189,13 @@ pub(crate) fn cases() -> Vec<Case> {
             "        servers: [\"127.0.0.1:8000\"]\n        authorization: {type: basic}\n",
             vec![err(U, 6, pk("authorization"), "auth type `basic` needs `data`")],
         ),
+        // A jwt rule without data takes master_key or JWT_KEY; with neither set (MAIN_OK has
+        // no master_key), every request of the route was a 503.
+        Case::path(
+            "auth_jwt_without_data_or_master_secret",
+            "        servers: [\"127.0.0.1:8000\"]\n        authorization:\n          type: jwt\n",
+            vec![err(U, 7, pk("authorization"), "neither is set")],
+        ),
         Case::path(
             "auth_apikey_without_data",
             "        servers: [\"127.0.0.1:8000\"]\n        authorization:\n          type: apikey\n",
