@@ -36,8 +36,30 @@ impl fmt::Display for Issue {
         write!(
             f,
             "{}:{}:{}: {level}: `{}`: {}",
-            self.file, self.line, self.column, self.key, self.message
+            Escaped(&self.file),
+            self.line,
+            self.column,
+            Escaped(&self.key),
+            Escaped(&self.message)
         )
+    }
+}
+
+/// Text from a config file (a key's name, a message quoting it) shown with its control
+/// characters escaped: a newline or a terminal escape in a key must not forge a log line or
+/// rewrite the operator's terminal.
+struct Escaped<'a>(&'a str);
+
+impl fmt::Display for Escaped<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut rest = self.0;
+        while let Some(at) = rest.find(char::is_control) {
+            f.write_str(&rest[..at])?;
+            let c = rest[at..].chars().next().unwrap_or_default();
+            write!(f, "{}", c.escape_default())?;
+            rest = &rest[at + c.len_utf8()..];
+        }
+        f.write_str(rest)
     }
 }
 
@@ -112,6 +134,21 @@ fn edit_distance(a: &str, b: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn control_characters_in_keys_and_messages_are_shown_escaped() {
+        let issue = Issue {
+            severity: Severity::Warning,
+            file: "up.yaml".into(),
+            line: 3,
+            column: 1,
+            key: "x\n2026 INFO forged\u{1b}[2J".into(),
+            message: "unknown key `x\n2026 INFO forged\u{1b}[2J`".into(),
+        };
+        let shown = issue.to_string();
+        assert!(!shown.chars().any(char::is_control), "{shown:?}");
+        assert!(shown.contains("x\\n2026 INFO forged\\u{1b}[2J"), "{shown}");
+    }
 
     #[test]
     fn suggests_close_keys_only() {

@@ -165,12 +165,18 @@ struct Routed {
     host: Option<Box<str>>,
 }
 
-/// What a request head must pass before routing: no plain CONNECT (a tunnel to anywhere), a
+/// What a request head must pass before routing: no plain CONNECT (a tunnel to anywhere) nor
+/// TRACE, a
 /// target of a request's form, one `Host` at most and one on HTTP/1.1, naming the target's
 /// host if the target names one, a path that means one thing to every backend. Gives the
 /// `Host`, if any.
 pub fn check_head<B>(req: &Request<B>) -> Result<Option<&HeaderValue>, ProxyError> {
     if req.method() == Method::CONNECT && !is_extended_connect(req) {
+        return Err(ProxyError::MethodNotAllowed);
+    }
+    if req.method() == Method::TRACE {
+        // Echoed back by a backend, TRACE shows a script what the proxy added to the request
+        // (cross-site tracing); nginx refuses it too.
         return Err(ProxyError::MethodNotAllowed);
     }
     check_target(req)?;
