@@ -545,3 +545,36 @@ async fn accept_failures_are_logged_at_a_bounded_rate() {
     assert!(proxy.log_text().contains("more since the last report"));
     drop(clients);
 }
+
+/// A second SIGTERM (or Ctrl-C) during the drain ends the process at once instead of waiting
+/// out the grace period for the requests in flight; it was ignored, and only SIGKILL helped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_stop_signal_ends_the_drain_at_once() {
+    let backend = Backend::start("slow").await;
+    let mut proxy = ProxyProcess::start(&upstreams_for(&backend), "grace_period_seconds: 60");
+    // A request in flight for 30 s, on a connection the test holds.
+    let mut inflight = TcpStream::connect(proxy.addr).await.unwrap();
+    let request = b"GET /slow/30000 HTTP/1.1\r\nHost: x.test\r\n\r\n";
+    tokio::io::AsyncWriteExt::write_all(&mut inflight, request)
+        .await
+        .unwrap();
+    let requests = backend.requests.clone();
+    assert!(
+        eventually(Duration::from_secs(10), || requests.load(Ordering::SeqCst)
+            >= 1)
+        .await
+    );
+    proxy.signal(Signal::SIGTERM);
+    proxy.wait_log("draining", Duration::from_secs(10)).await;
+    let signalled = Instant::now();
+    proxy.signal(Signal::SIGINT);
+    let status = tokio::task::block_in_place(|| proxy.wait_exit(Duration::from_secs(10)));
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(1),
+        "{}",
+        proxy.log_text()
+    );
+    assert!(signalled.elapsed() < Duration::from_secs(10));
+    drop(inflight);
+}

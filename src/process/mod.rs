@@ -346,7 +346,8 @@ fn announce_ready(upgrade: bool, daemon_ready: &mut Option<daemon::ReadyPipe>) {
     }
 }
 
-/// Reacts to signals (reloads, log reopening) until one asks to stop.
+/// Reacts to signals (reloads, log reopening) until one asks to stop; then another stop signal
+/// ends the process at once.
 async fn until_stop_signal(
     signals: Option<Signals>,
     reloader: &Arc<Reloader>,
@@ -354,7 +355,10 @@ async fn until_stop_signal(
     started_from: &StartedFrom,
 ) {
     match signals {
-        Some(signals) => signals.wait(reloader, logs, started_from).await,
+        Some(mut signals) => {
+            signals.wait(reloader, logs, started_from).await;
+            drop(tokio::spawn(signals.exit_on_another_stop()));
+        }
         None => {
             tracing::error!("cannot install signal handlers; stop with SIGKILL");
             std::future::pending::<()>().await;

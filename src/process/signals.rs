@@ -108,7 +108,7 @@ impl Signals {
     /// SIGHUP; reopens the log files on SIGUSR1 (logrotate); ignores SIGUSR2 (nginx's binary
     /// upgrade, which `aralez -u` does here), saying so.
     pub(super) async fn wait(
-        mut self,
+        &mut self,
         reloader: &Arc<Reloader>,
         logs: &LogFiles,
         started_from: &StartedFrom,
@@ -138,5 +138,17 @@ impl Signals {
                 }
             }
         }
+    }
+
+    /// Once the drain has begun: a SIGTERM or SIGINT ends the process at once, without waiting
+    /// for the requests in flight (an operator's second Ctrl-C; it was ignored, and only
+    /// SIGKILL stopped a drain that waited for its grace period).
+    pub(super) async fn exit_on_another_stop(mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+        tracing::warn!("another stop signal: exiting without waiting for the drain");
+        std::process::exit(1);
     }
 }
