@@ -155,6 +155,12 @@ impl<'a> Reader<'a> {
     /// Records an unknown key as a warning, suggesting the nearest known one.
     pub fn unknown_key(&mut self, key: &Key, path: &str, known: &[&str]) {
         let message = match did_you_mean(&key.name, known) {
+            // A misspelt `authorization` would serve the route to anyone: an error, as nginx
+            // refuses an unknown directive.
+            Some(near @ "authorization") => {
+                let message = format!("unknown key `{}`, did you mean `{near}`? (the route would be served without it)", key.name);
+                return self.error(key.pos, path, message);
+            }
             Some(near) => format!("unknown key `{}`, did you mean `{near}`?", key.name),
             None => format!("unknown key `{}` (ignored)", key.name),
         };

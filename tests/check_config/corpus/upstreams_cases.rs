@@ -179,6 +179,12 @@ pub(crate) fn cases() -> Vec<Case> {
         )
         .warnings_only(),
         // ---- authorization ----
+        // A misspelt `authorization` served the route to anyone, with a warning only.
+        Case::path(
+            "auth_key_misspelt",
+            "        servers: [\"127.0.0.1:8000\"]\n        authorisation: {type: basic, data: \"a:b\"}\n",
+            vec![err(U, 6, pk("authorisation"), "did you mean `authorization`?")],
+        ),
         Case::path(
             "auth_unknown_type",
             "        servers: [\"127.0.0.1:8000\"]\n        authorization:\n          type: jwk\n          data: secret\n",
