@@ -48,6 +48,7 @@ pub async fn serve(
         open: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         parked: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         proxy_protocol: false,
+        per_client: None,
     };
     let make = move |_: ConnInfo| {
         let (dir, root) = (dir.clone(), root.clone());

@@ -396,3 +396,49 @@ async fn saves_at_once_leave_the_file_and_the_routes_alike() {
         assert_eq!(served_by(&proxy).await, saved, "round {round}");
     }
 }
+
+/// A connection to the admin API from `ip` (a loopback address of the test's choosing).
+async fn connect_from(ip: [u8; 4], admin: std::net::SocketAddr) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind((std::net::Ipv4Addr::from(ip), 0).into())
+        .unwrap();
+    socket.connect(admin).await.unwrap()
+}
+
+/// One address that holds its admin connections open (each sends a byte of a head, as a
+/// slowloris does) gets at most 16 of the admin API's 64 places; another address is served
+/// meanwhile. One address could take all 64 and shut out the monitoring and cluster pushes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_cannot_take_every_admin_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let a = Backend::start("a").await;
+    let proxy = ProxyProcess::start(&routes(&[&a]), ADMIN);
+    let admin = admin_addr(&proxy);
+    let mut held = Vec::new();
+    for _ in 0..64 {
+        let mut stream = connect_from([127, 0, 0, 2], admin).await;
+        let _ = stream.write_all(b"G").await;
+        held.push(stream);
+    }
+    // Those past the address's 16 are closed at once; the 16 wait for the rest of their head.
+    let closed = held.iter_mut().map(|stream| async move {
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(1), stream.read(&mut byte)).await;
+        matches!(read, Ok(Ok(0) | Err(_)))
+    });
+    let closed = futures_util::future::join_all(closed).await;
+    assert_eq!(closed.iter().filter(|c| **c).count(), 48);
+    let other = connect_from([127, 0, 0, 3], admin).await;
+    let mut client = Client::handshake(Proto::H1, other).await;
+    let resp = client
+        .send(
+            Method::GET,
+            Some("admin"),
+            "/status",
+            &[("x-api-key", "s3cret")],
+            full(""),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+}

@@ -97,6 +97,7 @@ fn serve(tls: Option<tokio_rustls::TlsAcceptor>) -> Served {
         open: Arc::new(AtomicUsize::new(0)),
         parked: parked.clone(),
         proxy_protocol: false,
+        per_client: None,
     };
     let (shutdown, stop) = watch::channel(false);
     // Boxed: a listener's answers are `Unpin`.

@@ -24,9 +24,13 @@ use tokio::sync::watch;
 
 use crate::discovery::{ReloadError, Reloader};
 use crate::metrics::{BackendUp, Metrics};
+use crate::server::per_client::PerClient;
 use crate::server::{AcceptLoop, ConnInfo, Limits};
 use crate::vocab::ClientBody;
 use auth::Access;
+
+/// How many connections one client address may hold to the admin API (of its 64).
+const ADMIN_CONNECTIONS_PER_CLIENT: usize = 16;
 
 /// Largest `POST /conf` body accepted (read only once the key has been checked).
 const MAX_CONF_BODY: usize = 4 * 1024 * 1024;
@@ -97,6 +101,8 @@ pub async fn serve(
         open: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         parked: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         proxy_protocol: false,
+        // One address that holds its connections open takes at most a quarter of the places.
+        per_client: Some(PerClient::new(ADMIN_CONNECTIONS_PER_CLIENT)),
     };
     let make = move |_: ConnInfo| {
         let admin = admin.clone();

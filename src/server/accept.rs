@@ -30,6 +30,7 @@ use super::idle::{self, Activity, Timers};
 use super::limits::{Builders, Limits};
 use super::listener::{apply_keepalive, pass_on_connection_options};
 use super::park::{self, ClientSocket, Dock, Parkable, Wake};
+use super::per_client::{ClientSlot, PerClient};
 use super::proxy_protocol::{self, Header};
 use super::settle::ReleaseWhenSettled;
 use super::tracked::{HeadWriter, Tracked};
@@ -107,6 +108,8 @@ pub struct AcceptLoop {
     pub parked: Arc<AtomicUsize>,
     /// Every connection starts with a PROXY protocol header naming the client.
     pub proxy_protocol: bool,
+    /// A cap on each client address's connections (the admin API's), if any.
+    pub per_client: Option<Arc<PerClient>>,
 }
 
 /// Logs a repeated warning at most once a second, with how many were held back.
@@ -142,16 +145,23 @@ struct OpenConnection {
     peer: SocketAddr,
     open: Arc<AtomicUsize>,
     live: Arc<AtomicUsize>,
+    /// Its place among its address's connections, where the listener caps them.
+    _client: Option<ClientSlot>,
 }
 
 impl OpenConnection {
-    fn new(peer: SocketAddr, open: &Arc<AtomicUsize>, live: &Arc<AtomicUsize>) -> Self {
+    fn new(
+        peer: SocketAddr,
+        (open, live): (&Arc<AtomicUsize>, &Arc<AtomicUsize>),
+        client: Option<ClientSlot>,
+    ) -> Self {
         open.fetch_add(1, Ordering::Relaxed);
         live.fetch_add(1, Ordering::Relaxed);
         OpenConnection {
             peer,
             open: open.clone(),
             live: live.clone(),
+            _client: client,
         }
     }
 
@@ -190,6 +200,7 @@ struct Shared<F> {
     limits: Limits,
     name: &'static str,
     proxy_protocol: bool,
+    per_client: Option<Arc<PerClient>>,
 }
 
 impl AcceptLoop {
@@ -222,6 +233,7 @@ impl AcceptLoop {
             limits: self.limits,
             name: self.name,
             proxy_protocol: self.proxy_protocol,
+            per_client: self.per_client,
         });
         let mut accept_errors = Throttled {
             last: None,
@@ -258,7 +270,17 @@ impl AcceptLoop {
             if let Some(ka) = shared.limits.keepalive {
                 apply_keepalive(&stream, ka);
             }
-            let counted = OpenConnection::new(peer, &shared.open, &shared.live);
+            let client = match &shared.per_client {
+                None => None,
+                Some(table) => match table.take(peer.ip()) {
+                    Some(slot) => Some(slot),
+                    None => {
+                        tracing::debug!(%peer, "{}: connection refused: this address holds as many as it may", self.name);
+                        continue;
+                    }
+                },
+            };
+            let counted = OpenConnection::new(peer, (&shared.open, &shared.live), client);
             spawn_serving(&shared, counted, stream, self.tls.as_ref());
         }
         drop(listener);

@@ -22,6 +22,7 @@ mod limits;
 pub mod listener;
 mod observe;
 mod park;
+pub mod per_client;
 pub mod proxy_protocol;
 pub mod real_client;
 mod settle;
@@ -224,6 +225,7 @@ pub async fn serve_worker(
         open: open.clone(),
         parked: parked.clone(),
         proxy_protocol: serving.proxy_protocol,
+        per_client: None,
     };
     let plain = plain_loop.run(proxy_service(false, None), shutdown.clone());
     match tls {
@@ -236,6 +238,7 @@ pub async fn serve_worker(
                 open,
                 parked,
                 proxy_protocol: serving.proxy_protocol,
+                per_client: None,
             };
             let secure = tls_loop.run(proxy_service(side.hsts, side.alt_svc), shutdown);
             tokio::join!(plain, secure, tunnels_closed);
