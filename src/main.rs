@@ -8,14 +8,42 @@ use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 #[global_allocator]
 static GLOBAL: aralez::allocator::Mimalloc = aralez::allocator::Mimalloc;
 
+/// The optional parts of `--version`'s feature list, as this build has them.
+#[cfg(feature = "http3")]
+macro_rules! http3_feature {
+    () => {
+        ", HTTP/3 (QUIC)"
+    };
+}
+#[cfg(not(feature = "http3"))]
+macro_rules! http3_feature {
+    () => {
+        ""
+    };
+}
+#[cfg(feature = "kubernetes")]
+macro_rules! discovery_feature {
+    () => {
+        "Consul and Kubernetes discovery"
+    };
+}
+#[cfg(not(feature = "kubernetes"))]
+macro_rules! discovery_feature {
+    () => {
+        "Consul discovery"
+    };
+}
+
 /// `aralez --version`: version, the commit built from, and what is compiled in.
 const VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
     " (commit ",
     env!("ARALEZ_COMMIT"),
-    ")\nfeatures: HTTP/1.1, HTTP/2 (h2c and ALPN), TLS (rustls: TLS 1.2 and 1.3), WebSocket \
-     (also over HTTP/2), gRPC, Consul and Kubernetes discovery, file server, admin API, \
-     Prometheus metrics; allocator mimalloc"
+    ")\nfeatures: HTTP/1.1, HTTP/2 (h2c and ALPN)",
+    http3_feature!(),
+    ", TLS (rustls: TLS 1.2 and 1.3), WebSocket (also over HTTP/2), gRPC, ",
+    discovery_feature!(),
+    ", file server, admin API, Prometheus metrics; allocator mimalloc"
 );
 
 /// `aralez --help`, after the options: signals and environment variables.

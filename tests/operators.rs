@@ -383,6 +383,8 @@ fn version_and_help_say_what_an_operator_needs() {
         version.contains("features:") && version.contains("HTTP/2"),
         "{version}"
     );
+    // The default build has HTTP/3 (it was left out of the list).
+    assert!(version.contains("HTTP/3"), "{version}");
     let help = run("--help");
     for needle in [
         "USR1",
