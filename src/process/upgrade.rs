@@ -352,6 +352,11 @@ fn hand_over(stream: &tokio::net::UnixStream, offer: &Offer) -> Result<usize, St
     Ok(raw.len())
 }
 
+/// Whether a socket bound at `local` is the one configured as `want` (port 0: any port).
+fn same_place(local: SocketAddr, want: SocketAddr) -> bool {
+    local.ip() == want.ip() && (want.port() == 0 || local.port() == want.port())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -383,9 +388,4 @@ mod tests {
             Err(e) => assert_ne!(nix::unistd::geteuid().as_raw(), 0, "chown failed: {e}"),
         }
     }
-}
-
-/// Whether a socket bound at `local` is the one configured as `want` (port 0: any port).
-fn same_place(local: SocketAddr, want: SocketAddr) -> bool {
-    local.ip() == want.ip() && (want.port() == 0 || local.port() == want.port())
 }
