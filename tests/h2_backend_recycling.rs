@@ -150,17 +150,24 @@ fn assert_each_answered_once(sent: &[(String, u16)], record: &Record) {
     assert_eq!(answered.len(), sent.len());
 }
 
+/// `clients` x `each` requests of [`mixed_load`] through the proxy to a backend that recycles
+/// as `how` says; each must be answered 200, and by the backend once.
+async fn recycled_run(how: Recycling, clients: usize, each: usize) -> (usize, Arc<Record>) {
+    let (backend, record) = start_recycling_backend(how).await;
+    let proxy = proxy_for(backend);
+    let sent = mixed_load(&proxy, clients, each).await;
+    assert_each_answered_once(&sent, &record);
+    (sent.len(), record)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_streams_are_sent_again_with_their_bodies() {
     let how = Recycling {
         per_connection: 0,
         refuse_each_once: true,
     };
-    let (backend, record) = start_recycling_backend(how).await;
-    let proxy = proxy_for(backend);
-    let sent = mixed_load(&proxy, 4, 10).await;
-    assert_each_answered_once(&sent, &record);
-    assert_eq!(record.refused.load(Ordering::SeqCst), sent.len());
+    let (sent, record) = recycled_run(how, 4, 10).await;
+    assert_eq!(record.refused.load(Ordering::SeqCst), sent);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -169,12 +176,9 @@ async fn connections_the_backend_shuts_down_lose_no_request() {
         per_connection: 5,
         refuse_each_once: false,
     };
-    let (backend, record) = start_recycling_backend(how).await;
-    let proxy = proxy_for(backend);
-    let sent = mixed_load(&proxy, 8, 30).await;
-    assert_each_answered_once(&sent, &record);
+    let (sent, record) = recycled_run(how, 8, 30).await;
     // 240 requests, 5 a connection: the proxy did move on to new connections.
-    assert!(record.connections.load(Ordering::SeqCst) >= 240 / 5 / 2);
+    assert!(record.connections.load(Ordering::SeqCst) >= sent / 5 / 2);
 }
 
 /// A backend of raw HTTP/2 frames: on each of its first `recycled` connections, once a stream

@@ -87,16 +87,9 @@ async fn a_slow_backend_is_not_cut_by_the_clients_send_timeout() {
 /// between writes instead. Over aralez's HTTP/1.1 client.
 #[tokio::test(start_paused = true)]
 async fn a_slow_upload_that_keeps_moving_is_not_cut_by_the_response_timeout() {
-    let backend = Backend::start("b").await;
-    let proxy = Proxy::start(
-        &support::http1_route(&backend),
-        "upstream_response_timeout: 3",
-    )
-    .await;
-    let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
     let head =
         "POST /collect HTTP/1.1\r\nHost: any\r\nContent-Length: 10000\r\nConnection: close\r\n\r\n";
-    stream.write_all(head.as_bytes()).await.unwrap();
+    let (_backend, _proxy, mut stream) = upload_started(head).await;
     for _ in 0..10 {
         tokio::time::sleep(Duration::from_secs(1)).await;
         stream.write_all(&[b'x'; 1000]).await.unwrap();
@@ -112,6 +105,17 @@ async fn a_slow_upload_that_keeps_moving_is_not_cut_by_the_response_timeout() {
 /// backend for it. Over aralez's HTTP/1.1 client.
 #[tokio::test(start_paused = true)]
 async fn a_request_body_that_stops_coming_is_a_408_not_the_backends_504() {
+    let head = "POST /collect HTTP/1.1\r\nHost: any\r\nContent-Length: 100\r\n\r\n0123456789";
+    let (_backend, _proxy, mut stream) = upload_started(head).await;
+    let mut answer = String::new();
+    let read = tokio::time::timeout(Duration::from_secs(30), stream.read_to_string(&mut answer));
+    assert!(read.await.is_ok(), "the connection stayed open: {answer}");
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+}
+
+/// A proxy with `upstream_response_timeout: 3` in front of an HTTP/1.1 backend, and a
+/// connection to it that has sent `head` (and what of the body follows it).
+async fn upload_started(head: &str) -> (Backend, Proxy, TcpStream) {
     let backend = Backend::start("b").await;
     let proxy = Proxy::start(
         &support::http1_route(&backend),
@@ -119,10 +123,6 @@ async fn a_request_body_that_stops_coming_is_a_408_not_the_backends_504() {
     )
     .await;
     let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
-    let head = "POST /collect HTTP/1.1\r\nHost: any\r\nContent-Length: 100\r\n\r\n0123456789";
     stream.write_all(head.as_bytes()).await.unwrap();
-    let mut answer = String::new();
-    let read = tokio::time::timeout(Duration::from_secs(30), stream.read_to_string(&mut answer));
-    assert!(read.await.is_ok(), "the connection stayed open: {answer}");
-    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    (backend, proxy, stream)
 }
