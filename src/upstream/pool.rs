@@ -29,7 +29,7 @@ use super::connector::{self, ConnectError, ConnectErrorKind, Fresh, Wire};
 use super::detect;
 use super::inline::{BodyLength, InlineConn, InlineError, SendFailure};
 use super::pooled_body::{PoolHome, PooledBody, Reusable};
-use super::refused::{self, Resendable};
+use super::refused::{self, copy_head, Resendable};
 use super::slot::StreamTicket;
 use crate::vocab::forwarded::Deferred;
 use crate::vocab::headers::only_chunked;
@@ -539,16 +539,6 @@ fn with_replay(error: SendError, head: Option<Parts>) -> SendError {
         },
         other => other,
     }
-}
-
-/// A copy of a request's head, field by field (cheaper than the request builder).
-fn copy_head(req: &Request<UpBody>) -> Parts {
-    let (mut head, ()) = Request::new(()).into_parts();
-    head.method = req.method().clone();
-    head.uri = req.uri().clone();
-    head.version = req.version();
-    head.headers = req.headers().clone();
-    head
 }
 
 /// One exchange on an inline connection; a failure before any of the request went out gives

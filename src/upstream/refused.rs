@@ -27,12 +27,10 @@ impl Resendable {
             Either::Left(body) => body.keep_for_replay(),
             Either::Right(_) => None,
         };
-        let (mut head, ()) = Request::new(()).into_parts();
-        head.method = req.method().clone();
-        head.uri = req.uri().clone();
-        head.version = req.version();
-        head.headers = req.headers().clone();
-        Resendable { head, body }
+        Resendable {
+            head: copy_head(req),
+            body,
+        }
     }
 
     /// The request again, once hyper's client has given its body back; `None` if the body was
@@ -54,4 +52,14 @@ impl Resendable {
 pub fn is_refused(error: &hyper::Error) -> bool {
     let h2 = std::error::Error::source(error).and_then(|e| e.downcast_ref::<h2::Error>());
     h2.is_some_and(|e| e.is_remote() && e.reason() == Some(h2::Reason::REFUSED_STREAM))
+}
+
+/// A copy of a request's head, field by field (cheaper than the request builder).
+pub fn copy_head(req: &Request<UpBody>) -> Parts {
+    let (mut head, ()) = Request::new(()).into_parts();
+    head.method = req.method().clone();
+    head.uri = req.uri().clone();
+    head.version = req.version();
+    head.headers = req.headers().clone();
+    head
 }

@@ -48,6 +48,14 @@ impl std::fmt::Debug for RedisLink {
     }
 }
 
+/// The one line saying Redis is unreachable: the client's errors quote what the server said,
+/// newlines and all, which are escaped (a reply could otherwise forge log lines).
+fn unreachable_line(incident: &Incident, why: &str) -> String {
+    let Incident { user, meanwhile } = incident;
+    let why = why.escape_debug();
+    format!("{user}: Redis unreachable ({why}); {meanwhile} until it answers")
+}
+
 impl RedisLink {
     /// A link to `url` with `slots` connection slots; connects on first use.
     pub fn new(url: &str, slots: usize, incident: Incident) -> Result<RedisLink, RedisError> {
@@ -118,8 +126,7 @@ impl RedisLink {
         let until = self.now_ms() + u64::try_from(RETRY_AFTER.as_millis()).unwrap_or(1000);
         self.down_until.store(until, Ordering::Relaxed);
         if !self.in_incident.swap(true, Ordering::Relaxed) {
-            let Incident { user, meanwhile } = self.incident;
-            tracing::warn!("{user}: Redis unreachable ({why}); {meanwhile} until it answers");
+            tracing::warn!("{}", unreachable_line(&self.incident, why));
         }
         None
     }
@@ -198,5 +205,22 @@ impl RedisLink {
             }
             tokio::time::sleep(RETRY_AFTER).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_redis_error_is_logged_on_one_line() {
+        let incident = Incident {
+            user: "limits_store",
+            meanwhile: "each instance counts alone",
+        };
+        let why = "Parse error at 1\nUnexpected `84`\n2026-12-06T00:00:00Z  INFO forged";
+        let line = unreachable_line(&incident, why);
+        assert!(!line.contains('\n'), "{line}");
+        assert!(line.contains("Parse error at 1\\nUnexpected"), "{line}");
     }
 }
