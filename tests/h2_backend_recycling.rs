@@ -27,6 +27,22 @@ struct Recycling {
     refuse_each_once: bool,
 }
 
+impl Recycling {
+    fn refusing_each_once() -> Recycling {
+        Recycling {
+            per_connection: 0,
+            refuse_each_once: true,
+        }
+    }
+
+    fn shutting_down_after(per_connection: usize) -> Recycling {
+        Recycling {
+            per_connection,
+            refuse_each_once: false,
+        }
+    }
+}
+
 /// The backend's record: each answered request as "METHOD path body", connections accepted,
 /// streams refused.
 #[derive(Default)]
@@ -162,21 +178,13 @@ async fn recycled_run(how: Recycling, clients: usize, each: usize) -> (usize, Ar
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_streams_are_sent_again_with_their_bodies() {
-    let how = Recycling {
-        per_connection: 0,
-        refuse_each_once: true,
-    };
-    let (sent, record) = recycled_run(how, 4, 10).await;
+    let (sent, record) = recycled_run(Recycling::refusing_each_once(), 4, 10).await;
     assert_eq!(record.refused.load(Ordering::SeqCst), sent);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_the_backend_shuts_down_lose_no_request() {
-    let how = Recycling {
-        per_connection: 5,
-        refuse_each_once: false,
-    };
-    let (sent, record) = recycled_run(how, 8, 30).await;
+    let (sent, record) = recycled_run(Recycling::shutting_down_after(5), 8, 30).await;
     // 240 requests, 5 a connection: the proxy did move on to new connections.
     assert!(record.connections.load(Ordering::SeqCst) >= sent / 5 / 2);
 }

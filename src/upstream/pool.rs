@@ -69,9 +69,10 @@ pub enum SendError {
     Timeout,
     /// The client's body stopped coming for the response timeout (the backend waited for it).
     ClientStalled,
-    /// An HTTP/2 backend refused the request before processing any of it (see `refused`), which
-    /// comes back whole, in HTTP/2 form. Sent again within this module, never returned from it.
-    Unprocessed(Box<Request<UpBody>>),
+    /// An HTTP/2 backend refused the request before processing any of it (see `refused`). It
+    /// comes back whole, in HTTP/2 form, or `None`: to be made again from the caller's copy of
+    /// its head ([`Target::head_held`]). Sent again within this module, never returned from it.
+    Unprocessed(Option<Box<Request<UpBody>>>),
 }
 
 /// One request on its way to one backend: which worker sends it, under which limits.
@@ -97,6 +98,9 @@ struct Target {
     sni_by_client: bool,
     /// The request asks to switch protocols: only then may the answer be a 101.
     upgrade: bool,
+    /// The caller keeps a copy of the (bodyless) request's head for a replay: a stream refused
+    /// unprocessed is sent again from it, and needs no copy of its own.
+    head_held: bool,
 }
 
 /// Sends `req` (HTTP/1.1 form) to the backend, reusing a pooled connection when one has room.
@@ -170,24 +174,35 @@ async fn send_by_hyper_replayable(
     if let Some(deferred) = x.deferred {
         deferred.insert_into(req.headers_mut());
     }
-    let target = target(&req, x, wire);
+    let mut target = target(&req, x, wire);
     let replay = replayable.then(|| copy_head(&req));
-    let mut sent = send_by_hyper(x, &target, req).await;
-    for _ in 0..refused::RESENDS {
-        let Err(SendError::Unprocessed(req)) = sent else {
-            break;
-        };
-        tracing::debug!(backend = %x.backend.label, "request refused unprocessed; sending it again");
-        sent = send_by_hyper(x, &target, *req).await;
-    }
-    if let Err(SendError::Unprocessed(_)) = sent {
-        sent = Err(SendError::Reset {
-            error: "the backend refused the request, every time".into(),
-            reused: true,
-            replay: None,
-        });
-    }
+    target.head_held = replay.is_some();
+    let mut resends = 0;
+    let sent = loop {
+        match send_by_hyper(x, &target, req).await {
+            Err(SendError::Unprocessed(again)) if resends < refused::RESENDS => {
+                let again = again.map(|r| *r);
+                let Some(again) = again.or_else(|| replay.as_ref().map(refused::bodyless)) else {
+                    break Err(refused_every_time());
+                };
+                tracing::debug!(backend = %x.backend.label, "request refused unprocessed; sending it again");
+                resends += 1;
+                req = again;
+            }
+            Err(SendError::Unprocessed(_)) => break Err(refused_every_time()),
+            other => break other,
+        }
+    };
     sent.map_err(|error| with_replay(error, replay))
+}
+
+/// What a request refused more often than it may be sent again gets.
+fn refused_every_time() -> SendError {
+    SendError::Reset {
+        error: "the backend refused the request, every time".into(),
+        reused: true,
+        replay: None,
+    }
 }
 
 /// Sends on hyper's client: upgrades, `Expect`, TLS and HTTP/2 backends.
@@ -203,7 +218,7 @@ async fn send_by_hyper(
         return send_h1(x, t, req).await;
     }
     if let Some(stream) = slot.h2_stream(t.sni.as_deref()) {
-        return send_on_h2(x, stream, h2_form(req, backend, wire), true).await;
+        return send_on_h2(x, t, stream, h2_form(req, backend, wire), true).await;
     }
     if wire == Wire::Tls && slot.tls_chose_h1.load(Ordering::Relaxed) {
         return send_h1(x, t, req).await;
@@ -211,7 +226,7 @@ async fn send_by_hyper(
     let opening = slot.opening_h2.lock().await;
     if let Some(stream) = slot.h2_stream(t.sni.as_deref()) {
         drop(opening);
-        return send_on_h2(x, stream, h2_form(req, backend, wire), true).await;
+        return send_on_h2(x, t, stream, h2_form(req, backend, wire), true).await;
     }
     let connecting = backend.connect(
         wire,
@@ -255,7 +270,7 @@ async fn send_on_fresh(
                 .slot(x.worker)
                 .add_h2(t.sni.clone(), conn.clone(), limit);
             drop(opening);
-            send_on_h2(x, (conn, ticket), h2_form(req, backend, wire), false).await
+            send_on_h2(x, t, (conn, ticket), h2_form(req, backend, wire), false).await
         }
     }
 }
@@ -365,21 +380,22 @@ fn wrap_h1(
 /// the connection (it was closing), comes back as [`SendError::Unprocessed`].
 async fn send_on_h2(
     x: Exchange<'_>,
+    t: &Target,
     (mut conn, ticket): (http2::SendRequest<UpBody>, StreamTicket),
     mut req: Request<UpBody>,
     reused: bool,
 ) -> Result<Response<PooledBody>, SendError> {
-    let resendable = Resendable::prepare(&mut req);
+    let resendable = Resendable::prepare(&mut req, t.head_held);
     match tokio::time::timeout(x.timeouts.response, conn.try_send_request(req)).await {
         Err(_) => Err(SendError::Timeout),
         Ok(Err(mut failed)) => {
             if let Some(req) = failed.take_message() {
-                return Err(SendError::Unprocessed(Box::new(req)));
+                return Err(SendError::Unprocessed(Some(Box::new(req))));
             }
             let error = failed.into_error();
             if refused::is_refused(&error) {
-                if let Some(req) = resendable.take_back().await {
-                    return Err(SendError::Unprocessed(Box::new(req)));
+                if let Some(again) = resendable.take_back().await {
+                    return Err(SendError::Unprocessed(again.map(Box::new)));
                 }
             }
             Err(classify(error, reused))
@@ -416,6 +432,7 @@ fn target(req: &Request<UpBody>, x: Exchange<'_>, wire: Wire) -> Target {
             sni: None,
             sni_by_client: false,
             upgrade,
+            head_held: false,
         };
     }
     let from_request = x
@@ -432,12 +449,14 @@ fn target(req: &Request<UpBody>, x: Exchange<'_>, wire: Wire) -> Target {
             sni: Some(name.to_ascii_lowercase().into()),
             sni_by_client: true,
             upgrade,
+            head_held: false,
         },
         _ => Target {
             wire,
             sni: Some(x.backend.own_name.clone()),
             sni_by_client: false,
             upgrade,
+            head_held: false,
         },
     }
 }

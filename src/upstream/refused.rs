@@ -16,26 +16,28 @@ pub const RESENDS: usize = 3;
 
 /// What sending a request again takes, kept while it is on an HTTP/2 stream.
 pub struct Resendable {
-    head: Parts,
+    /// `None` when the caller holds a copy of the head itself (a bodyless replayable request):
+    /// one copy a request is enough.
+    head: Option<Parts>,
     body: Option<KeptHome>,
 }
 
 impl Resendable {
-    /// Keeps a copy of `req`'s head and has its body keep the frames it passes on.
-    pub fn prepare(req: &mut Request<UpBody>) -> Resendable {
+    /// Has `req`'s body keep the frames it passes on, and keeps a copy of its head unless
+    /// `head_held` (the caller has one) and it has no body to go with it.
+    pub fn prepare(req: &mut Request<UpBody>, head_held: bool) -> Resendable {
         let body = match req.body_mut() {
             Either::Left(body) => body.keep_for_replay(),
             Either::Right(_) => None,
         };
-        Resendable {
-            head: copy_head(req),
-            body,
-        }
+        let head = (!head_held || body.is_some()).then(|| copy_head(req));
+        Resendable { head, body }
     }
 
-    /// The request again, once hyper's client has given its body back; `None` if the body was
-    /// too large to keep whole, or does not come back.
-    pub async fn take_back(self) -> Option<Request<UpBody>> {
+    /// The request again, once hyper's client has given its body back: `Some(None)` when it
+    /// is to be made from the caller's copy of the head; `None` if the body was too large to
+    /// keep whole, or does not come back.
+    pub async fn take_back(self) -> Option<Option<Request<UpBody>>> {
         let body = match self.body {
             None => Either::Right(http_body_util::Empty::new()),
             Some(home) => {
@@ -43,8 +45,18 @@ impl Resendable {
                 Either::Left(RequestBody::replaying(kept))
             }
         };
-        Some(Request::from_parts(self.head, body))
+        Some(self.head.map(|head| Request::from_parts(head, body)))
     }
+}
+
+/// A bodyless request made again from a copy of its head.
+pub fn bodyless(head: &Parts) -> Request<UpBody> {
+    let mut req = Request::new(Either::Right(http_body_util::Empty::new()));
+    *req.method_mut() = head.method.clone();
+    *req.uri_mut() = head.uri.clone();
+    *req.version_mut() = head.version;
+    *req.headers_mut() = head.headers.clone();
+    req
 }
 
 /// Whether hyper's client failed because the backend refused the stream unprocessed (the h2

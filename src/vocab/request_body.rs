@@ -232,14 +232,10 @@ impl KeptBody {
         if self.overflowed {
             return;
         }
-        let copy = match (frame.data_ref(), frame.trailers_ref()) {
-            (Some(data), _) => {
-                self.kept_bytes += data.len();
-                Frame::data(data.clone())
-            }
-            (None, Some(trailers)) => Frame::trailers(trailers.clone()),
-            (None, None) => return,
+        let Some(copy) = copy_frame(frame) else {
+            return;
         };
+        self.kept_bytes += frame.data_ref().map_or(0, Bytes::len);
         if self.kept_bytes > KEPT_BODY_LIMIT {
             self.overflowed = true;
             self.kept = Vec::new();
@@ -251,11 +247,7 @@ impl KeptBody {
     fn replay_frame(&mut self) -> Option<Frame<Bytes>> {
         let frame = self.kept.get(self.replayed)?;
         self.replayed += 1;
-        match (frame.data_ref(), frame.trailers_ref()) {
-            (Some(data), _) => Some(Frame::data(data.clone())),
-            (None, Some(trailers)) => Some(Frame::trailers(trailers.clone())),
-            (None, None) => None,
-        }
+        copy_frame(frame)
     }
 
     fn to_replay(&self) -> usize {
@@ -263,6 +255,15 @@ impl KeptBody {
         left.iter()
             .filter_map(|f| f.data_ref().map(Bytes::len))
             .sum()
+    }
+}
+
+/// A copy of a data or trailers frame (`Frame` is not `Clone`); data is shared, not copied.
+fn copy_frame(frame: &Frame<Bytes>) -> Option<Frame<Bytes>> {
+    match (frame.data_ref(), frame.trailers_ref()) {
+        (Some(data), _) => Some(Frame::data(data.clone())),
+        (None, Some(trailers)) => Some(Frame::trailers(trailers.clone())),
+        (None, None) => None,
     }
 }
 
