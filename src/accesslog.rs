@@ -24,7 +24,7 @@ use http::{HeaderValue, Method, Request, Uri, Version};
 use crate::config::log_conf::AccessLogFormat;
 use crate::config::main_conf::AccessLog as Mode;
 use crate::logfile::LogFile;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, CLIENT_CLOSED_REQUEST};
 use crate::vocab::request_body::{BodyCounter, BytesIn};
 use crate::vocab::TlsFacts;
 use line::{format_line, Clock};
@@ -271,6 +271,8 @@ impl Drop for Record {
             return;
         };
         entry.duration = entry.start.elapsed();
+        // No response head: the request was dropped because its client left.
+        entry.status.get_or_insert(CLIENT_CLOSED_REQUEST);
         match self.1.take() {
             // The request body's counter may still be counting: the later of the two submits.
             Some(done) => {

@@ -34,6 +34,9 @@ const BUCKETS: [f64; 12] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
 ];
 const STATUS_MIN: usize = 100;
+/// The status counted and logged for a request whose client left before its answer (nginx's
+/// 499).
+pub const CLIENT_CLOSED_REQUEST: u16 = 499;
 const STATUS_COUNT: usize = 500;
 
 /// One line of `aralez_backend_up`: a backend of a route, and whether it is in rotation.
@@ -146,8 +149,24 @@ impl Metrics {
         elapsed: Duration,
         upstream: Option<&str>,
     ) {
+        self.count_answer(worker, status.as_u16(), elapsed, upstream);
+    }
+
+    /// Counts a request dropped because its client left before the answer, as
+    /// [`CLIENT_CLOSED_REQUEST`].
+    pub fn client_left(&self, worker: WorkerId, elapsed: Duration) {
+        self.count_answer(worker, CLIENT_CLOSED_REQUEST, elapsed, None);
+    }
+
+    fn count_answer(
+        &self,
+        worker: WorkerId,
+        status: u16,
+        elapsed: Duration,
+        upstream: Option<&str>,
+    ) {
         let shard = self.shard(worker);
-        let index = usize::from(status.as_u16()).saturating_sub(STATUS_MIN);
+        let index = usize::from(status).saturating_sub(STATUS_MIN);
         if let Some(counter) = shard.by_status.get(index) {
             bump(counter);
         }

@@ -390,3 +390,97 @@ async fn lines_still_queued_at_sigterm_are_written() {
     });
     assert!(all.await, "{}", proxy.log_text());
 }
+
+/// A backend that reads each request head and waits up to 10 s for the proxy to let go of the
+/// connection before it answers: it reports each request's arrival, then whether the proxy
+/// closed the connection (`true`) or it had to answer (`false`).
+async fn backend_that_notices_cancels() -> (
+    std::net::SocketAddr,
+    tokio::sync::mpsc::UnboundedReceiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = bind_local().await;
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                    if !scripted::read_more(&mut stream, &mut seen).await {
+                        return;
+                    }
+                }
+                let wait = tokio::time::timeout(Duration::from_secs(10), async {
+                    while stream.read(&mut [0u8; 512]).await.is_ok_and(|n| n > 0) {}
+                });
+                let closed = wait.await.is_ok();
+                let _ = tx.send(closed);
+                if !closed {
+                    let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                    let _ = stream.write_all(answer).await;
+                }
+            });
+        }
+    });
+    (addr, rx)
+}
+
+/// The next outcome of [`backend_that_notices_cancels`], within 12 s.
+async fn next_outcome(outcomes: &mut tokio::sync::mpsc::UnboundedReceiver<bool>) -> Option<bool> {
+    let next = tokio::time::timeout(Duration::from_secs(12), outcomes.recv());
+    next.await.ok().flatten()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_before_its_answer_cancels_the_backend_request_and_is_logged_499() {
+    use tokio::io::AsyncWriteExt;
+    let (backend, mut outcomes) = backend_that_notices_cancels().await;
+    let upstreams = Upstreams::new()
+        .host(
+            "x.test",
+            Host::new().path(
+                "/",
+                Path::addrs(&[format!("http://{backend}")]).healthcheck(false),
+            ),
+        )
+        .render();
+    let proxy = ProxyProcess::start(&upstreams, &format!("{ADMIN}\naccess_log: all"));
+    let admin = proxy.logged_addr("admin API on http://");
+
+    // HTTP/1.1, aralez's own server side: the client sends its request and closes.
+    let mut h1 = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    h1.write_all(b"GET /h1 HTTP/1.1\r\nhost: x.test\r\n\r\n")
+        .await
+        .unwrap();
+    // Long enough for the request to reach the backend.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let left = Instant::now();
+    drop(h1);
+    assert_eq!(next_outcome(&mut outcomes).await, Some(true), "h1: not cancelled");
+    assert!(left.elapsed() < Duration::from_secs(5), "{:?}", left.elapsed());
+
+    // HTTP/2: the client resets its stream.
+    let mut h2 = Client::connect(Proto::H2c, proxy.addr).await;
+    let asked = tokio::time::timeout(Duration::from_millis(300), h2.get("x.test", "/h2"));
+    assert!(asked.await.is_err(), "the backend does not answer");
+    assert_eq!(next_outcome(&mut outcomes).await, Some(true), "h2: not cancelled");
+
+    let logged = eventually(Duration::from_secs(5), || {
+        access_lines(&proxy.log_text()).len() >= 2
+    });
+    assert!(logged.await, "{}", proxy.log_text());
+    let log = proxy.log_text();
+    for target in ["target=\"/h1\"", "target=\"/h2\""] {
+        let line = access_lines(&log)
+            .into_iter()
+            .find(|l| l.contains(target))
+            .unwrap_or_else(|| panic!("{target} not logged: {log}"));
+        assert!(line.contains(" status=499 "), "{line}");
+    }
+    assert_eq!(
+        metric(admin, "aralez_responses_total{status=\"499\"}").await,
+        Some(2.0)
+    );
+}

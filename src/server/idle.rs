@@ -132,6 +132,11 @@ impl Activity {
         self.http2.load(Ordering::Relaxed) || self.open.load(Ordering::Relaxed) == 0
     }
 
+    /// Whether an HTTP/1 request waits for its backend.
+    fn waits_for_backend_over_http1(&self) -> bool {
+        !self.http2.load(Ordering::Relaxed) && self.waiting.load(Ordering::Relaxed) > 0
+    }
+
     /// Whether parking was asked; asking again is needed for the next time.
     pub fn take_park_ask(&self) -> bool {
         self.park_asked.swap(false, Ordering::Relaxed)
@@ -224,6 +229,10 @@ impl Drop for InFlight {
 /// A served connection that can be asked to finish gracefully.
 pub trait Graceful: Future {
     fn shut_down(self: Pin<&mut Self>);
+
+    /// An HTTP/1 request has been waiting for its backend: from now until its answer comes,
+    /// a client that leaves ends it. (hyper's servers notice on their own.)
+    fn watch_client(self: Pin<&mut Self>) {}
 }
 
 /// The bounds under which hyper-util offers `graceful_shutdown` (as in its own `graceful`).
@@ -459,6 +468,9 @@ where
             }
             Woke::Timer => {
                 let now = Instant::now();
+                if activity.waits_for_backend_over_http1() {
+                    conn.as_mut().watch_client();
+                }
                 let unanswered = asked_at.is_some_and(|at| now >= at + timers.head);
                 if now >= idle_at && unanswered && activity.open.load(Ordering::Relaxed) == 0 {
                     tracing::debug!(

@@ -25,7 +25,7 @@ use crate::proxy::RespBody;
 use crate::routing::Router;
 use crate::upstream::served_by;
 use crate::vocab::late_id::LateId;
-use crate::vocab::{ClientBody, ClientConn};
+use crate::vocab::{ClientBody, ClientConn, WorkerId};
 
 /// The client's response body, counting bytes for the access log, with the request id for the
 /// head.
@@ -65,6 +65,20 @@ impl Body for LoggedBody {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+/// Counts the request as its client's leaving (499) if it is dropped before its answer, which
+/// its server does when the client goes away; the record logs it so too ([`Record`]).
+struct Unanswered<'a> {
+    metrics: &'a Metrics,
+    worker: WorkerId,
+    start: Instant,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        self.metrics.client_left(self.worker, self.start.elapsed());
     }
 }
 
@@ -117,7 +131,13 @@ pub fn handle(
         if let Some(counter) = record.count_body(&req) {
             req.extensions_mut().insert(counter);
         }
+        let unanswered = Unanswered {
+            metrics: &ctx.metrics,
+            worker: client.worker,
+            start,
+        };
         let mut resp = ctx.router.handle(client, req, request_id.to_set()).await;
+        std::mem::forget(unanswered);
         let served = served_by(&resp);
         let status = resp.status();
         let now = Instant::now();

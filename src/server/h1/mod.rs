@@ -158,6 +158,9 @@ pub struct Connection<IO, S: Serve> {
     feed: Option<body::Feed>,
     date: CachedDate,
     shutdown_asked: bool,
+    /// The connection's timer saw the request wait for its backend: a client that leaves
+    /// meanwhile ends the request ([`client_left`]).
+    watching: bool,
     served: u64,
 }
 
@@ -175,6 +178,7 @@ impl<IO, S: Serve> Connection<IO, S> {
             feed: None,
             date: CachedDate::new(),
             shutdown_asked: false,
+            watching: false,
             served: 0,
         }
     }
@@ -203,7 +207,16 @@ impl<IO: Socket, S: Serve> Future for Connection<IO, S> {
                     method,
                     close,
                 } => {
-                    let Ok(resp) = ready!(Pin::new(answer).poll(cx));
+                    let Poll::Ready(Ok(resp)) = Pin::new(answer).poll(cx) else {
+                        if this.watching && client_left(io, &mut this.read, &this.feed, cx) {
+                            tracing::debug!("the client left before its answer came");
+                            // Dropping the answer cancels the backend's exchange (nginx's 499).
+                            this.state = State::Done;
+                            this.io = None;
+                            return Poll::Ready(Ok(None));
+                        }
+                        return Poll::Pending;
+                    };
                     let (method, close) = (method.clone(), *close);
                     this.start_response(resp, &method, close)?;
                 }
@@ -256,6 +269,40 @@ impl<IO: Socket, S: Serve> Graceful for Connection<IO, S> {
     fn shut_down(self: Pin<&mut Self>) {
         self.get_mut().shutdown_asked = true;
     }
+
+    fn watch_client(self: Pin<&mut Self>) {
+        let this = self.get_mut();
+        if matches!(this.state, State::Answer { .. }) {
+            this.watching = true;
+        }
+    }
+}
+
+/// Whether the client has closed the connection (or it failed) while its request waits for
+/// the answer. What it sent meanwhile is kept in `read` for later: a pipelined request is no
+/// sign of leaving, and a client that pipelined a whole buffer's worth is not looked at. While
+/// the request's body is still read, its own reads notice the end ([`body::Feed::cut`]).
+///
+/// An end of the stream counts as leaving, as with nginx: a client that half-closes after its
+/// request (nc -N) cannot be told from one that is gone.
+fn client_left<IO: Socket>(
+    io: &mut IO,
+    read: &mut BytesMut,
+    feed: &Option<body::Feed>,
+    cx: &mut Context<'_>,
+) -> bool {
+    if feed.as_ref().is_some_and(|feed| !feed.is_done()) {
+        return false;
+    }
+    while read.len() < READ_ROOM {
+        read.reserve(READ_ROOM - read.len());
+        match tokio_util::io::poll_read_buf(Pin::new(&mut *io), cx, read) {
+            Poll::Ready(Ok(0) | Err(_)) => return true,
+            Poll::Ready(Ok(_)) => {}
+            Poll::Pending => return false,
+        }
+    }
+    false
 }
 
 impl<IO: Socket, S: Serve> Connection<IO, S> {
@@ -315,6 +362,7 @@ impl<IO: Socket, S: Serve> Connection<IO, S> {
         let request = parsed.request.map(|()| body);
         let answer = self.service.call(request);
         self.served += 1;
+        self.watching = false;
         self.state = State::Answer {
             answer,
             method,

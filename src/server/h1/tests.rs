@@ -300,3 +300,88 @@ fn last_answer_text(text: &str) -> String {
     let len = text.len();
     format!("HTTP/1.1 200 OK\r\ncontent-length: {len}\r\nconnection: close\r\n\r\n{text}")
 }
+
+/// Answers when `release` fires; says on `dropped` if it is dropped before.
+fn held_answer(
+    release: tokio::sync::oneshot::Receiver<()>,
+    dropped: tokio::sync::oneshot::Sender<()>,
+) -> Answer {
+    struct Tell(Option<tokio::sync::oneshot::Sender<()>>);
+    impl Drop for Tell {
+        fn drop(&mut self) {
+            if let Some(tx) = self.0.take() {
+                let _ = tx.send(());
+            }
+        }
+    }
+    let tell = Tell(Some(dropped));
+    Box::pin(async move {
+        let mut tell = tell;
+        let _ = release.await;
+        drop(tell.0.take());
+        let body = Full::new(Bytes::from("late")).map_err(|e| match e {});
+        Ok(Response::new(body.boxed_unsync()))
+    })
+}
+
+/// A connection whose first request's answer waits for the returned sender; the receiver
+/// hears if that answer is dropped instead.
+fn serve_held() -> (
+    DuplexStream,
+    Pin<Box<Connection<DuplexStream, impl super::Serve>>>,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::sync::oneshot::Receiver<()>,
+) {
+    let (release_tx, release_rx) = tokio::sync::oneshot::channel();
+    let (dropped_tx, dropped_rx) = tokio::sync::oneshot::channel();
+    let held = std::sync::Mutex::new(Some((release_rx, dropped_tx)));
+    let service = service_fn(move |req: Request<ClientBody>| match held.lock().unwrap().take() {
+        Some((release, dropped)) => held_answer(release, dropped),
+        None => answer(req),
+    });
+    let (client, server) = tokio::io::duplex(64 * 1024);
+    let conn = Box::pin(Connection::new(server, service, BytesMut::new()));
+    (client, conn, release_tx, dropped_rx)
+}
+
+#[tokio::test]
+async fn a_watched_request_ends_when_its_client_leaves_and_not_when_it_pipelines() {
+    use super::super::idle::Graceful;
+    let noop = futures_util::task::noop_waker();
+    let mut cx = std::task::Context::from_waker(&noop);
+
+    // The client leaves: the answer is dropped and the connection ends.
+    let (mut client, mut conn, _release, mut dropped) = serve_held();
+    client.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n").await.unwrap();
+    assert!(conn.as_mut().poll(&mut cx).is_pending(), "the answer waits");
+    conn.as_mut().watch_client();
+    drop(client);
+    assert!(matches!(conn.as_mut().poll(&mut cx), std::task::Poll::Ready(Ok(None))));
+    assert!(dropped.try_recv().is_ok(), "the answer was not dropped");
+
+    // Unwatched (the timer has not seen it wait), a client that leaves is found at the write.
+    let (mut client, mut conn, release, mut dropped) = serve_held();
+    client.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n").await.unwrap();
+    assert!(conn.as_mut().poll(&mut cx).is_pending());
+    let (_, to_server) = tokio::io::split(client);
+    drop(to_server);
+    assert!(conn.as_mut().poll(&mut cx).is_pending(), "not watched: still waits");
+    assert!(dropped.try_recv().is_err());
+    drop(release);
+
+    // The client pipelines its next request meanwhile: both are answered, in order.
+    let (mut client, mut conn, release, _dropped) = serve_held();
+    client.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n").await.unwrap();
+    assert!(conn.as_mut().poll(&mut cx).is_pending());
+    conn.as_mut().watch_client();
+    client.write_all(b"GET /next HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n").await.unwrap();
+    assert!(conn.as_mut().poll(&mut cx).is_pending(), "pipelining is not leaving");
+    release.send(()).unwrap();
+    let mut text = String::new();
+    let (served, read) = tokio::join!(conn, client.read_to_string(&mut text));
+    read.unwrap();
+    assert!(matches!(served, Ok(None)));
+    let bodies: Vec<&str> = text.split("\r\n\r\n").skip(1).collect();
+    assert!(text.matches("HTTP/1.1 200 OK").count() == 2, "{text}");
+    assert!(bodies[0].starts_with("late") && text.contains("x-path: /next"), "{text}");
+}
