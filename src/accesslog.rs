@@ -43,9 +43,11 @@ pub struct Entry {
     pub time: SystemTime,
     pub start: Instant,
     pub client: IpAddr,
-    pub method: Method,
-    pub target: Uri,
-    pub version: Version,
+    /// The request line's parts; `None` for a request refused before it was read
+    /// ([`AccessLog::refused`]).
+    pub method: Option<Method>,
+    pub target: Option<Uri>,
+    pub version: Option<Version>,
     pub host: Option<HeaderValue>,
     pub status: Option<u16>,
     pub bytes: u64,
@@ -157,9 +159,9 @@ impl AccessLog {
             time: SystemTime::now(),
             start,
             client,
-            method: req.method().clone(),
-            target: target.clone(),
-            version: req.version(),
+            method: Some(req.method().clone()),
+            target: Some(target.clone()),
+            version: Some(req.version()),
             host: headers.get(HOST).cloned().or_else(|| {
                 target
                     .authority()
@@ -181,6 +183,37 @@ impl AccessLog {
             user_agent: headers.get(USER_AGENT).cloned(),
         });
         Record(Some((entry, sink.clone())), None)
+    }
+}
+
+impl AccessLog {
+    /// Logs a request refused before it could be read as one (a malformed or oversized
+    /// head: hyper answers it itself), from `client`, with the `status` it was answered.
+    pub fn refused(&self, client: IpAddr, tls: &TlsFacts, status: u16) {
+        let Some(sink) = &self.0 else {
+            return;
+        };
+        let entry = Box::new(Entry {
+            time: SystemTime::now(),
+            start: Instant::now(),
+            client,
+            method: None,
+            target: None,
+            version: None,
+            host: None,
+            status: Some(status),
+            bytes: 0,
+            duration: Duration::ZERO,
+            backend: None,
+            upstream_time: None,
+            bytes_in: None,
+            request_id: None,
+            tls_version: tls.version,
+            sni: tls.sni.clone(),
+            referer: None,
+            user_agent: None,
+        });
+        submit(sink, entry);
     }
 }
 

@@ -49,6 +49,7 @@ pub async fn serve(
         parked: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         proxy_protocol: false,
         per_client: None,
+        refusals: None,
     };
     let make = move |_: ConnInfo| {
         let (dir, root) = (dir.clone(), root.clone());

@@ -152,6 +152,14 @@ impl Metrics {
         self.count_answer(worker, status.as_u16(), elapsed, upstream);
     }
 
+    /// Counts a request refused before it could be read as one (hyper answered `status` to a
+    /// malformed or oversized head): method and version `OTHER`, and its status.
+    pub fn request_refused(&self, worker: WorkerId, status: StatusCode) {
+        let shard = self.shard(worker);
+        bump(&shard.by_method_version[KINDS - 1]);
+        self.count_answer(worker, status.as_u16(), Duration::ZERO, None);
+    }
+
     /// Counts a request dropped because its client left before the answer, as
     /// [`CLIENT_CLOSED_REQUEST`].
     pub fn client_left(&self, worker: WorkerId, elapsed: Duration) {

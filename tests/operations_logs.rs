@@ -458,14 +458,26 @@ async fn a_client_that_leaves_before_its_answer_cancels_the_backend_request_and_
     tokio::time::sleep(Duration::from_millis(300)).await;
     let left = Instant::now();
     drop(h1);
-    assert_eq!(next_outcome(&mut outcomes).await, Some(true), "h1: not cancelled");
-    assert!(left.elapsed() < Duration::from_secs(5), "{:?}", left.elapsed());
+    assert_eq!(
+        next_outcome(&mut outcomes).await,
+        Some(true),
+        "h1: not cancelled"
+    );
+    assert!(
+        left.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        left.elapsed()
+    );
 
     // HTTP/2: the client resets its stream.
     let mut h2 = Client::connect(Proto::H2c, proxy.addr).await;
     let asked = tokio::time::timeout(Duration::from_millis(300), h2.get("x.test", "/h2"));
     assert!(asked.await.is_err(), "the backend does not answer");
-    assert_eq!(next_outcome(&mut outcomes).await, Some(true), "h2: not cancelled");
+    assert_eq!(
+        next_outcome(&mut outcomes).await,
+        Some(true),
+        "h2: not cancelled"
+    );
 
     let logged = eventually(Duration::from_secs(5), || {
         access_lines(&proxy.log_text()).len() >= 2
@@ -483,4 +495,91 @@ async fn a_client_that_leaves_before_its_answer_cancels_the_backend_request_and_
         metric(admin, "aralez_responses_total{status=\"499\"}").await,
         Some(2.0)
     );
+}
+
+/// Sends `bytes` on a new connection and reads what comes back until `heads` answer heads
+/// have come (or the connection ends).
+async fn raw_answer(addr: std::net::SocketAddr, bytes: &[u8], heads: usize) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(bytes).await.unwrap();
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut buf = [0u8; 4096];
+        while got.windows(4).filter(|w| *w == b"\r\n\r\n").count() < heads {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    });
+    assert!(read.await.is_ok(), "no answer in time");
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_refused_for_their_head_are_logged_and_counted() {
+    let backend = Backend::start("alpha").await;
+    let proxy = ProxyProcess::start(
+        &upstreams_for(&backend),
+        &format!("{ADMIN}\naccess_log: all"),
+    );
+    let admin = proxy.logged_addr("admin API on http://");
+    let bad_name = b"GET /a HTTP/1.1\r\nHost: x.test\r\nBad Header: x\r\n\r\n".to_vec();
+    let two_lengths =
+        b"POST /b HTTP/1.1\r\nHost: x.test\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nxy"
+            .to_vec();
+    let big = format!(
+        "GET /c HTTP/1.1\r\nHost: x.test\r\nX-Big: {}\r\n\r\n",
+        "y".repeat(100_000)
+    );
+    // After a request served on the same connection (hyper's HTTP/1-only side then).
+    let after_one = b"GET / HTTP/1.1\r\nHost: x.test\r\n\r\nGET /d HTTP/1.1\r\nHost: x.test\r\nBad Header: x\r\n\r\n".to_vec();
+    for (bytes, status, heads) in [
+        (bad_name, "400", 1),
+        (two_lengths, "400", 1),
+        (big.into_bytes(), "431", 1),
+        (after_one, "400", 2),
+    ] {
+        let answer = raw_answer(proxy.addr, &bytes, heads).await;
+        let last = answer.rfind("HTTP/1.1 ").map_or("", |at| &answer[at..]);
+        assert!(last.starts_with(&format!("HTTP/1.1 {status}")), "{answer}");
+    }
+    // One line each, and the good request's.
+    let logged = eventually(Duration::from_secs(5), || {
+        access_lines(&proxy.log_text()).len() >= 5
+    });
+    assert!(logged.await, "{}", proxy.log_text());
+    let log = proxy.log_text();
+    let refused: Vec<&str> = access_lines(&log)
+        .into_iter()
+        .filter(|l| l.contains(" method=- target=- "))
+        .collect();
+    assert_eq!(refused.len(), 4, "{log}");
+    assert_eq!(
+        refused
+            .iter()
+            .filter(|l| l.contains(" status=400 "))
+            .count(),
+        3,
+        "{log}"
+    );
+    assert_eq!(
+        refused
+            .iter()
+            .filter(|l| l.contains(" status=431 "))
+            .count(),
+        1,
+        "{log}"
+    );
+    assert!(
+        refused.iter().all(|l| l.contains("client=127.0.0.1 ")),
+        "{log}"
+    );
+    for (status, count) in [("400", 3.0), ("431", 1.0), ("200", 1.0)] {
+        let series = format!("aralez_responses_total{{status=\"{status}\"}}");
+        assert_eq!(metric(admin, &series).await, Some(count), "{series}");
+    }
+    let other = "aralez_requests_total{method=\"OTHER\",version=\"OTHER\"}";
+    assert_eq!(metric(admin, other).await, Some(4.0));
 }

@@ -98,6 +98,7 @@ fn serve(tls: Option<tokio_rustls::TlsAcceptor>) -> Served {
         parked: parked.clone(),
         proxy_protocol: false,
         per_client: None,
+        refusals: None,
     };
     let (shutdown, stop) = watch::channel(false);
     // Boxed: a listener's answers are `Unpin`.

@@ -40,12 +40,17 @@ pub fn format_line(out: &mut String, clock: &mut Clock, format: AccessLogFormat,
     line.open();
     line.time(clock, e.time);
     line.raw_field("client", |out| push_ip(out, e.client));
-    line.text("method", Some(e.method.as_str().as_bytes()));
+    line.text("method", e.method.as_ref().map(|m| m.as_str().as_bytes()));
     // Origin form for every version: HTTP/2's absolute URI loses its authority (that is `host`).
-    let target = e.target.path_and_query().map_or("/", |p| p.as_str());
-    line.quoted_field("target", |out, style| push_target(out, style, target));
+    match &e.target {
+        Some(target) => {
+            let target = target.path_and_query().map_or("/", |p| p.as_str());
+            line.quoted_field("target", |out, style| push_target(out, style, target));
+        }
+        None => line.text("target", None),
+    }
     line.text("host", e.host.as_ref().map(|h| h.as_bytes()));
-    line.text("version", Some(version_name(e.version).as_bytes()));
+    line.text("version", e.version.map(|v| version_name(v).as_bytes()));
     line.number("status", e.status.map(u64::from));
     line.number("bytes", Some(e.bytes));
     line.millis("duration_ms", Some(e.duration));
@@ -322,9 +327,9 @@ mod tests {
             time: UNIX_EPOCH + Duration::from_millis(1_700_000_000_123),
             start: Instant::now(),
             client: "10.0.0.1".parse().unwrap(),
-            method: Method::GET,
-            target: "/a?b=1".parse().unwrap(),
-            version: Version::HTTP_11,
+            method: Some(Method::GET),
+            target: Some("/a?b=1".parse().unwrap()),
+            version: Some(Version::HTTP_11),
             host: Some(HeaderValue::from_static("x\".org")),
             status: Some(200),
             bytes: 5,

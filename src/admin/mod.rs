@@ -103,6 +103,7 @@ pub async fn serve(
         proxy_protocol: false,
         // One address that holds its connections open takes at most a quarter of the places.
         per_client: Some(PerClient::new(ADMIN_CONNECTIONS_PER_CLIENT)),
+        refusals: None,
     };
     let make = move |_: ConnInfo| {
         let admin = admin.clone();

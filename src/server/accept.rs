@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
-use http::{Request, Response};
+use http::{Request, Response, StatusCode};
 use http_body::Body;
 use hyper::service::Service;
 use hyper_util::rt::TokioIo;
@@ -29,6 +29,7 @@ use super::h2_guard::FloodGuard;
 use super::idle::{self, Activity, Timers};
 use super::limits::{Builders, Limits};
 use super::listener::{apply_keepalive, pass_on_connection_options};
+use super::observe::Refusals;
 use super::park::{self, ClientSocket, Dock, Parkable, Wake};
 use super::per_client::{ClientSlot, PerClient};
 use super::proxy_protocol::{self, Header};
@@ -110,6 +111,8 @@ pub struct AcceptLoop {
     pub proxy_protocol: bool,
     /// A cap on each client address's connections (the admin API's), if any.
     pub per_client: Option<Arc<PerClient>>,
+    /// Where requests hyper refuses itself are counted and logged (the proxy's listeners).
+    pub refusals: Option<Refusals>,
 }
 
 /// Logs a repeated warning at most once a second, with how many were held back.
@@ -201,6 +204,7 @@ struct Shared<F> {
     name: &'static str,
     proxy_protocol: bool,
     per_client: Option<Arc<PerClient>>,
+    refusals: Option<Refusals>,
 }
 
 impl AcceptLoop {
@@ -234,6 +238,7 @@ impl AcceptLoop {
             name: self.name,
             proxy_protocol: self.proxy_protocol,
             per_client: self.per_client,
+            refusals: self.refusals,
         });
         let mut accept_errors = Throttled {
             last: None,
@@ -392,7 +397,7 @@ async fn serve_parking<F: MakeService, S: ClientSocket>(
                     let hyper = HyperSide {
                         shared: &shared,
                         activity: &activity,
-                        peer,
+                        info: &info,
                         timers,
                     };
                     // Boxed, as the parked wait below: both are rare, and held inline they
@@ -421,7 +426,7 @@ async fn serve_parking<F: MakeService, S: ClientSocket>(
 struct HyperSide<'a, F> {
     shared: &'a Shared<F>,
     activity: &'a Arc<Activity>,
-    peer: SocketAddr,
+    info: &'a ConnInfo,
     timers: Timers,
 }
 
@@ -435,20 +440,43 @@ impl<F: MakeService> HyperSide<'_, F> {
     ) -> bool {
         let mut io = handoff.io;
         io.unread(handoff.read);
-        let io = TokioIo::new(FloodGuard::new(io, self.peer));
+        let peer = self.info.peer;
+        let io = TokioIo::new(FloodGuard::new(io, peer));
         let (drain, activity) = (self.shared.drain.clone(), self.activity.clone());
-        if handoff.served == 0 {
+        let ended = if handoff.served == 0 {
             let builder = &self.shared.builders.sniffing;
             let conn = builder.serve_connection_with_upgrades(io, service);
-            let ended = idle::drive_boxed(conn.into_owned(), drain, activity, self.timers);
-            ended_cleanly(ended.await, self.peer)
+            idle::drive_boxed(conn.into_owned(), drain, activity, self.timers).await
         } else {
             let builder = &self.shared.builders.http1;
             let conn = builder.serve_connection(io, service).with_upgrades();
-            let ended = idle::drive_boxed(conn, drain, activity, self.timers);
-            ended_cleanly(ended.await, self.peer)
+            let ended = idle::drive_boxed(conn, drain, activity, self.timers).await;
+            ended.map_err(Into::into)
+        };
+        if let (Err(e), Some(refusals)) = (&ended, &self.shared.refusals) {
+            if let Some(status) = refused_with(&**e) {
+                refusals.refused(peer.ip(), &self.info.tls_facts, status);
+            }
         }
+        ended_cleanly(ended, peer)
     }
+}
+
+/// The status hyper answered a request it refused itself, if `error` says it did: 400 for a
+/// malformed head, 431 for one too large, 414 for a target too long (hyper's `on_error`).
+/// An HTTP/2 preface on an HTTP/1 connection and hyper's internal errors get no answer.
+fn refused_with(error: &(dyn std::error::Error + 'static)) -> Option<StatusCode> {
+    let error = error.downcast_ref::<hyper::Error>()?;
+    if error.is_parse_too_large() {
+        let uri = error.to_string().starts_with("URI too long");
+        return Some(match uri {
+            true => StatusCode::URI_TOO_LONG,
+            false => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+        });
+    }
+    let text = error.to_string();
+    let unanswered = text.contains("HTTP2 preface") || text.starts_with("internal error");
+    (error.is_parse() && !error.is_parse_status() && !unanswered).then_some(StatusCode::BAD_REQUEST)
 }
 
 /// Whether a connection ended without an error; logs the error otherwise.

@@ -217,6 +217,11 @@ pub async fn serve_worker(
             service_fn(move |req| Box::pin(observe::answer(ctx.clone(), req)))
         }
     };
+    let refusals = observe::Refusals {
+        metrics: serving.metrics.clone(),
+        access_log: serving.access_log.clone(),
+        worker,
+    };
     let plain_loop = AcceptLoop {
         name: "proxy",
         listener: plain,
@@ -226,6 +231,7 @@ pub async fn serve_worker(
         parked: parked.clone(),
         proxy_protocol: serving.proxy_protocol,
         per_client: None,
+        refusals: Some(refusals.clone()),
     };
     let plain = plain_loop.run(proxy_service(false, None), shutdown.clone());
     match tls {
@@ -239,6 +245,7 @@ pub async fn serve_worker(
                 parked,
                 proxy_protocol: serving.proxy_protocol,
                 per_client: None,
+                refusals: Some(refusals),
             };
             let secure = tls_loop.run(proxy_service(side.hsts, side.alt_svc), shutdown);
             tokio::join!(plain, secure, tunnels_closed);

@@ -7,6 +7,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -15,7 +16,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use futures_util::FutureExt;
 use http::header::{HeaderValue, ALT_SVC, STRICT_TRANSPORT_SECURITY};
-use http::{Request, Response};
+use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 
 use super::real_client::{self, RequestIds, TrustedProxies};
@@ -25,7 +26,7 @@ use crate::proxy::RespBody;
 use crate::routing::Router;
 use crate::upstream::served_by;
 use crate::vocab::late_id::LateId;
-use crate::vocab::{ClientBody, ClientConn, WorkerId};
+use crate::vocab::{ClientBody, ClientConn, TlsFacts, WorkerId};
 
 /// The client's response body, counting bytes for the access log, with the request id for the
 /// head.
@@ -79,6 +80,23 @@ struct Unanswered<'a> {
 impl Drop for Unanswered<'_> {
     fn drop(&mut self) {
         self.metrics.client_left(self.worker, self.start.elapsed());
+    }
+}
+
+/// Where requests that never reach the router are counted and logged: those hyper refuses
+/// itself, answering a malformed head with 400 and an oversized one with 431 or 414.
+#[derive(Clone)]
+pub struct Refusals {
+    pub metrics: Arc<Metrics>,
+    pub access_log: AccessLog,
+    pub worker: WorkerId,
+}
+
+impl Refusals {
+    /// A request from `client` (over TLS as `tls` says) was refused with `status`.
+    pub fn refused(&self, client: IpAddr, tls: &TlsFacts, status: StatusCode) {
+        self.metrics.request_refused(self.worker, status);
+        self.access_log.refused(client, tls, status.as_u16());
     }
 }
 

@@ -335,10 +335,12 @@ fn serve_held() -> (
     let (release_tx, release_rx) = tokio::sync::oneshot::channel();
     let (dropped_tx, dropped_rx) = tokio::sync::oneshot::channel();
     let held = std::sync::Mutex::new(Some((release_rx, dropped_tx)));
-    let service = service_fn(move |req: Request<ClientBody>| match held.lock().unwrap().take() {
-        Some((release, dropped)) => held_answer(release, dropped),
-        None => answer(req),
-    });
+    let service = service_fn(
+        move |req: Request<ClientBody>| match held.lock().unwrap().take() {
+            Some((release, dropped)) => held_answer(release, dropped),
+            None => answer(req),
+        },
+    );
     let (client, server) = tokio::io::duplex(64 * 1024);
     let conn = Box::pin(Connection::new(server, service, BytesMut::new()));
     (client, conn, release_tx, dropped_rx)
@@ -352,30 +354,51 @@ async fn a_watched_request_ends_when_its_client_leaves_and_not_when_it_pipelines
 
     // The client leaves: the answer is dropped and the connection ends.
     let (mut client, mut conn, _release, mut dropped) = serve_held();
-    client.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n").await.unwrap();
+    client
+        .write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n")
+        .await
+        .unwrap();
     assert!(conn.as_mut().poll(&mut cx).is_pending(), "the answer waits");
     conn.as_mut().watch_client();
     drop(client);
-    assert!(matches!(conn.as_mut().poll(&mut cx), std::task::Poll::Ready(Ok(None))));
+    assert!(matches!(
+        conn.as_mut().poll(&mut cx),
+        std::task::Poll::Ready(Ok(None))
+    ));
     assert!(dropped.try_recv().is_ok(), "the answer was not dropped");
 
     // Unwatched (the timer has not seen it wait), a client that leaves is found at the write.
     let (mut client, mut conn, release, mut dropped) = serve_held();
-    client.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n").await.unwrap();
+    client
+        .write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n")
+        .await
+        .unwrap();
     assert!(conn.as_mut().poll(&mut cx).is_pending());
     let (_, to_server) = tokio::io::split(client);
     drop(to_server);
-    assert!(conn.as_mut().poll(&mut cx).is_pending(), "not watched: still waits");
+    assert!(
+        conn.as_mut().poll(&mut cx).is_pending(),
+        "not watched: still waits"
+    );
     assert!(dropped.try_recv().is_err());
     drop(release);
 
     // The client pipelines its next request meanwhile: both are answered, in order.
     let (mut client, mut conn, release, _dropped) = serve_held();
-    client.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n").await.unwrap();
+    client
+        .write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n")
+        .await
+        .unwrap();
     assert!(conn.as_mut().poll(&mut cx).is_pending());
     conn.as_mut().watch_client();
-    client.write_all(b"GET /next HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n").await.unwrap();
-    assert!(conn.as_mut().poll(&mut cx).is_pending(), "pipelining is not leaving");
+    client
+        .write_all(b"GET /next HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(
+        conn.as_mut().poll(&mut cx).is_pending(),
+        "pipelining is not leaving"
+    );
     release.send(()).unwrap();
     let mut text = String::new();
     let (served, read) = tokio::join!(conn, client.read_to_string(&mut text));
@@ -383,5 +406,8 @@ async fn a_watched_request_ends_when_its_client_leaves_and_not_when_it_pipelines
     assert!(matches!(served, Ok(None)));
     let bodies: Vec<&str> = text.split("\r\n\r\n").skip(1).collect();
     assert!(text.matches("HTTP/1.1 200 OK").count() == 2, "{text}");
-    assert!(bodies[0].starts_with("late") && text.contains("x-path: /next"), "{text}");
+    assert!(
+        bodies[0].starts_with("late") && text.contains("x-path: /next"),
+        "{text}"
+    );
 }
