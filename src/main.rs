@@ -51,7 +51,7 @@ const AFTER_HELP: &str = "\
 Signals:
   TERM, INT   stop accepting, finish in-flight requests (grace_period_seconds), exit 0
   QUIT        the same drain, for the old process of a live upgrade (aralez -u)
-  HUP         re-read upstreams.yaml and conf.d
+  HUP         re-read upstreams.yaml, conf.d and the certificates
   USR1        reopen log_file and access_log_file (logrotate)
   USR2        ignored (nginx's binary upgrade is `aralez -u` here)
 

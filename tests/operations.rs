@@ -388,8 +388,9 @@ fn is_root() -> bool {
 struct TempUser(String);
 
 impl TempUser {
-    fn create() -> TempUser {
-        let name = format!("aralezt{}", std::process::id() % 100_000);
+    /// A system user and group of the same name, unique to this process and `tag`.
+    fn create(tag: char) -> TempUser {
+        let name = format!("aralez{tag}{}", std::process::id() % 100_000);
         let status = std::process::Command::new("useradd")
             .args([
                 "--system",
@@ -427,7 +428,7 @@ async fn drops_to_runuser_after_binding_a_low_port() {
         println!("SKIPPED drops_to_runuser_after_binding_a_low_port: needs root (useradd, a port below 1024)");
         return;
     }
-    let user = TempUser::create();
+    let user = TempUser::create('t');
     let uid = nix::unistd::User::from_name(&user.0)
         .unwrap()
         .unwrap()
@@ -577,4 +578,43 @@ async fn a_second_stop_signal_ends_the_drain_at_once() {
     );
     assert!(signalled.elapsed() < Duration::from_secs(10));
     drop(inflight);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_readable_by_root_only_load_before_privileges_drop() {
+    use std::os::unix::fs::PermissionsExt;
+    if !is_root() {
+        println!("SKIPPED certificates_readable_by_root_only_load_before_privileges_drop: needs root (useradd)");
+        return;
+    }
+    let user = TempUser::create('c');
+    let backend = Backend::start("tls").await;
+    let certs = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(certs.path(), PermissionsExt::from_mode(0o755)).unwrap();
+    let roots = vec![write_self_signed(
+        certs.path(),
+        "default",
+        &["default.local"],
+    )];
+    // As certbot's privkey.pem and /etc/ssl/private keep them.
+    let key = certs.path().join("default.key");
+    std::fs::set_permissions(&key, PermissionsExt::from_mode(0o600)).unwrap();
+    let main = format!(
+        "runuser: \"{0}\"\nrungroup: \"{0}\"\nproxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{1}\"",
+        user.0,
+        certs.path().display()
+    );
+    let proxy = ProxyProcess::start(&default_route(&[&backend]), &main);
+    let tls = proxy.logged_addr("listening on https://");
+    let config = tls_client_config(&roots, &[b"http/1.1"]);
+    let mut client = Client::connect_tls(tls, "default.local", config).await;
+    let resp = client.get("default.local", "/").await;
+    assert_eq!(resp.status(), 200, "{}", proxy.log_text());
+    assert!(
+        proxy
+            .log_text()
+            .contains("cannot be read by the user this process runs as"),
+        "{}",
+        proxy.log_text()
+    );
 }

@@ -501,3 +501,76 @@ async fn two_tickets_after_a_full_handshake_one_after_a_resumption() {
         [(Some(Full), 2), (Some(Resumed), 3), (Some(Resumed), 4)]
     );
 }
+
+/// Points `link` at `target` by a new link renamed over it, as `ln -sfn` and certbot do.
+fn relink(target: &str, link: &std::path::Path) {
+    let fresh = link.with_extension("new-link");
+    std::os::unix::fs::symlink(target, &fresh).unwrap();
+    std::fs::rename(&fresh, link).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_follow_their_links_a_replaced_directory_and_sighup() {
+    let backend = Backend::start("a").await;
+    let root = tempfile::tempdir().unwrap();
+    let at = |p: &str| root.path().join(p);
+    for dir in ["certs", "le/live/b", "le/archive/b"] {
+        std::fs::create_dir_all(at(dir)).unwrap();
+    }
+    // certbot's layout: certs/b.crt -> le/live/b/fullchain.pem -> ../../archive/b/one.crt
+    let mut roots = vec![write_self_signed(
+        &at("certs"),
+        "default",
+        &["default.local"],
+    )];
+    roots.push(write_self_signed(&at("le/archive/b"), "one", &["b.local"]));
+    relink("../../archive/b/one.crt", &at("le/live/b/fullchain.pem"));
+    relink("../../archive/b/one.key", &at("le/live/b/privkey.pem"));
+    relink(
+        at("le/live/b/fullchain.pem").to_str().unwrap(),
+        &at("certs/b.crt"),
+    );
+    relink(
+        at("le/live/b/privkey.pem").to_str().unwrap(),
+        &at("certs/b.key"),
+    );
+    let (proxy, tls) = start_tls_proxy(&backend, &at("certs"), "medium");
+    let config = tls_client_config(&roots, &[b"http/1.1"]);
+    assert_eq!(served_cert(tls, "b.local", config).await.unwrap(), roots[1]);
+
+    // A renewal: new files in archive/, the links in live/ moved to them.
+    let renewed = write_self_signed(&at("le/archive/b"), "two", &["b.local"]);
+    roots.push(renewed.clone());
+    relink("../../archive/b/two.crt", &at("le/live/b/fullchain.pem"));
+    relink("../../archive/b/two.key", &at("le/live/b/privkey.pem"));
+    let config = tls_client_config(&roots, &[b"http/1.1"]);
+    let picked_up = eventually_async(Duration::from_secs(3), || async {
+        let served = served_cert(tls, "b.local", config.clone()).await;
+        (served.unwrap() == renewed).then_some(())
+    });
+    assert!(picked_up.await.is_some(), "{}", proxy.log_text());
+
+    // SIGHUP reloads them (certbot's deploy hook).
+    let reloads = || proxy.log_text().matches("certificates reloaded").count();
+    let before = reloads();
+    proxy.signal(nix::sys::signal::Signal::SIGHUP);
+    let reloaded = eventually(Duration::from_secs(3), || reloads() > before);
+    assert!(reloaded.await, "{}", proxy.log_text());
+
+    // The directory removed and made again: what is copied into it serves.
+    std::fs::remove_dir_all(at("certs")).unwrap();
+    std::fs::create_dir(at("certs")).unwrap();
+    roots.push(write_self_signed(
+        &at("certs"),
+        "default",
+        &["default.local"],
+    ));
+    let fresh = write_self_signed(&at("certs"), "c", &["c.local"]);
+    roots.push(fresh.clone());
+    let config = tls_client_config(&roots, &[b"http/1.1"]);
+    let picked_up = eventually_async(Duration::from_secs(3), || async {
+        let served = served_cert(tls, "c.local", config.clone()).await;
+        served.is_ok_and(|cert| cert == fresh).then_some(())
+    });
+    assert!(picked_up.await.is_some(), "{}", proxy.log_text());
+}

@@ -22,12 +22,11 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use signals::{LogFiles, Signals, StartedFrom};
+use signals::{LogFiles, Reloads, Signals, StartedFrom};
 
 pub use context::{limits, Context, DigestedUpstreams};
 
 use crate::config::{self, Issues, MainConfig};
-use crate::discovery::Reloader;
 use crate::logfile::LogFile;
 use crate::server::{self, Limits};
 
@@ -164,10 +163,18 @@ fn serve(
     (app_log, started_from): (Option<Arc<LogFile>>, StartedFrom),
     daemon_ready: &mut Option<daemon::ReadyPipe>,
 ) -> Result<(), StartError> {
+    let certificates = tls_side::load_certificates(main)?;
     let ids = privileges::drop_to(main.runuser.as_deref(), main.rungroup.as_deref())?;
     if let Some((uid, gid)) = ids {
         tracing::info!("running as uid {uid}, gid {gid}");
+        if let Some(certificates) = &certificates {
+            certificates.check_readable_after_privileges_drop();
+        }
     }
+    let cert_reload = certificates
+        .as_ref()
+        .map(tls_side::LoadedCertificates::reload)
+        .unwrap_or_default();
     let control = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("aralez-control")
@@ -190,7 +197,7 @@ fn serve(
         upgrade_sock,
         offer,
     } = bound;
-    let mut running = Running::start(main, ctx, &control, proxy, admin)?;
+    let mut running = Running::start(main, ctx, &control, (proxy, certificates), admin)?;
     control.block_on(async {
         if let Some((listener, folder)) = files {
             let limits = Limits {
@@ -208,7 +215,12 @@ fn serve(
             app: app_log,
             access: ctx.access_log.clone(),
         };
-        until_stop_signal(signals, &ctx.reloader, &logs, &started_from).await;
+        let reloads = Reloads {
+            routes: &ctx.reloader,
+            certificates: &cert_reload,
+            started_from: &started_from,
+        };
+        until_stop_signal(signals, reloads, &logs).await;
     });
     notify::notify("STOPPING=1");
     // Close our duplicates first, so the ports close (and refuse) once the workers let go.
@@ -240,7 +252,7 @@ impl Running {
         main: &MainConfig,
         ctx: &Context,
         control: &tokio::runtime::Runtime,
-        proxy: sockets::ProxySockets,
+        (proxy, certificates): (sockets::ProxySockets, Option<tls_side::LoadedCertificates>),
         admin: crate::admin::AdminListeners,
     ) -> Result<Running, StartError> {
         let sockets::ProxySockets {
@@ -253,7 +265,7 @@ impl Running {
             tracing::info!("listening on http://{addr} with {workers_count} worker(s)");
         }
         let challenges = ctx.acme.as_ref().map(|a| a.challenges());
-        let mut tls = tls_side::tls_acceptor(main, control, challenges)?;
+        let mut tls = tls_side::tls_acceptor(main, control, challenges, certificates)?;
         if let Some(addr) = tls_listeners.first().and_then(|l| l.local_addr().ok()) {
             ctx.policy_state.tls_port.set(addr.port());
             tracing::info!("listening on https://{addr} with {workers_count} worker(s)");
@@ -348,15 +360,10 @@ fn announce_ready(upgrade: bool, daemon_ready: &mut Option<daemon::ReadyPipe>) {
 
 /// Reacts to signals (reloads, log reopening) until one asks to stop; then another stop signal
 /// ends the process at once.
-async fn until_stop_signal(
-    signals: Option<Signals>,
-    reloader: &Arc<Reloader>,
-    logs: &LogFiles,
-    started_from: &StartedFrom,
-) {
+async fn until_stop_signal(signals: Option<Signals>, reloads: Reloads<'_>, logs: &LogFiles) {
     match signals {
         Some(mut signals) => {
-            signals.wait(reloader, logs, started_from).await;
+            signals.wait(reloads, logs).await;
             drop(tokio::spawn(signals.exit_on_another_stop()));
         }
         None => {

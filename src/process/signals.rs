@@ -1,7 +1,8 @@
 //! The process's signals: stop (TERM, INT, QUIT), reload (HUP), reopen the log files (USR1),
 //! and USR2 answered with a pointer to `aralez -u`.
 //!
-//! SIGHUP re-reads the routes (upstreams.yaml, conf.d). main.yaml holds the process's own
+//! SIGHUP re-reads the routes (upstreams.yaml, conf.d) and the certificates (certbot's deploy
+//! hook sends it after a renewal). main.yaml holds the process's own
 //! settings (listeners, threads, users), which apply on a restart or a live upgrade; nginx's HUP
 //! re-reads everything, so an operator may expect it to. When main.yaml has changed since the
 //! start, SIGHUP says so, and names the errors a restart would meet.
@@ -44,7 +45,7 @@ impl StartedFrom {
             }
             tracing::error!("SIGHUP: {shown} has changed and has errors: a restart or `aralez -u` would fail on them; this process keeps the settings it started with");
         } else {
-            tracing::warn!("SIGHUP: {shown} has changed: its settings apply on a restart or a live upgrade (`aralez -u`); SIGHUP re-reads upstreams.yaml and conf.d only");
+            tracing::warn!("SIGHUP: {shown} has changed: its settings apply on a restart or a live upgrade (`aralez -u`); SIGHUP re-reads upstreams.yaml, conf.d and the certificates only");
         }
     }
 }
@@ -68,6 +69,14 @@ pub(super) struct Signals {
 }
 
 /// The files SIGUSR1 reopens.
+/// What SIGHUP reloads: the routes, the certificates; and main.yaml, looked at only to say
+/// that it changed.
+pub(super) struct Reloads<'a> {
+    pub routes: &'a Arc<Reloader>,
+    pub certificates: &'a crate::tls::CertReload,
+    pub started_from: &'a StartedFrom,
+}
+
 pub(super) struct LogFiles {
     pub(super) app: Option<Arc<LogFile>>,
     pub(super) access: AccessLog,
@@ -107,12 +116,7 @@ impl Signals {
     /// Returns on SIGTERM, SIGINT or SIGQUIT (the live upgrade's "drain and exit"); reloads on
     /// SIGHUP; reopens the log files on SIGUSR1 (logrotate); ignores SIGUSR2 (nginx's binary
     /// upgrade, which `aralez -u` does here), saying so.
-    pub(super) async fn wait(
-        &mut self,
-        reloader: &Arc<Reloader>,
-        logs: &LogFiles,
-        started_from: &StartedFrom,
-    ) {
+    pub(super) async fn wait(&mut self, reloads: Reloads<'_>, logs: &LogFiles) {
         loop {
             tokio::select! {
                 _ = self.term.recv() => return,
@@ -122,9 +126,11 @@ impl Signals {
                     return;
                 }
                 _ = self.hup.recv() => {
+                    reloads.certificates.now();
                     // Off the control runtime's one thread, as the file watcher's reloads: the
                     // files are read and parsed, and main.yaml's accounts looked up (NSS).
-                    let (reloader, started_from) = (reloader.clone(), started_from.clone());
+                    let reloader = reloads.routes.clone();
+                    let started_from = reloads.started_from.clone();
                     let _ = tokio::task::spawn_blocking(move || {
                         // The reloader counts it in aralez_config_reloads_total.
                         let _ = reloader.reload_files("SIGHUP");

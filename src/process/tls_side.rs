@@ -34,7 +34,47 @@ pub fn tls_acceptor(
     main: &MainConfig,
     control: &tokio::runtime::Runtime,
     alpn_challenges: Option<Arc<Challenges>>,
+    certificates: Option<LoadedCertificates>,
 ) -> Result<Option<server::TlsSide>, StartError> {
+    let Some(LoadedCertificates { store, reload }) = certificates else {
+        return Ok(None);
+    };
+    let resolver: Arc<dyn rustls::server::ResolvesServerCert> = match alpn_challenges {
+        Some(challenges) => Arc::new(crate::tls::WithAcmeChallenges {
+            inner: store.clone(),
+            challenges,
+        }),
+        None => store.clone(),
+    };
+    let alpn: &[&[u8]] = if main
+        .acme
+        .as_ref()
+        .is_some_and(|a| a.challenge == Challenge::TlsAlpn01)
+    {
+        &[b"h2", b"http/1.1", ACME_TLS_ALPN]
+    } else {
+        &[b"h2", b"http/1.1"]
+    };
+    let config = crate::tls::server_config(resolver.clone(), main.proxy_tls_grade, alpn)
+        .map_err(|e| StartError::Config(format!("  {e}\n")))?;
+    control.spawn(crate::tls::watch(store, reload));
+    Ok(Some(server::TlsSide {
+        acceptor: tokio_rustls::TlsAcceptor::from(config),
+        hsts: main.proxy_tls_grade == crate::config::main_conf::TlsGrade::High,
+        resolver,
+        alt_svc: None,
+    }))
+}
+
+/// The proxy's certificates, read at start (before privileges are dropped: keys readable by
+/// root only load, as nginx's master reads them), and the handle that reloads them on SIGHUP.
+pub struct LoadedCertificates {
+    store: Arc<crate::tls::CertStore>,
+    reload: crate::tls::CertReload,
+}
+
+/// Reads the certificate directory when `proxy_address_tls` is set.
+pub fn load_certificates(main: &MainConfig) -> Result<Option<LoadedCertificates>, StartError> {
     if main.proxy_address_tls.is_none() {
         return Ok(None);
     }
@@ -62,30 +102,29 @@ pub fn tls_acceptor(
     if main.proxy_tls_grade == crate::config::main_conf::TlsGrade::Unsafe {
         tracing::warn!("proxy_tls_grade: unsafe offers the same as medium: rustls has nothing weaker than TLS 1.2 with AEAD suites");
     }
-    // With TLS-ALPN-01, handshakes offering `acme-tls/1` get the challenge certificates.
-    let resolver: Arc<dyn rustls::server::ResolvesServerCert> = match alpn_challenges {
-        Some(challenges) => Arc::new(crate::tls::WithAcmeChallenges {
-            inner: store.clone(),
-            challenges,
-        }),
-        None => store.clone(),
-    };
-    let alpn: &[&[u8]] = if main
-        .acme
-        .as_ref()
-        .is_some_and(|a| a.challenge == Challenge::TlsAlpn01)
-    {
-        &[b"h2", b"http/1.1", ACME_TLS_ALPN]
-    } else {
-        &[b"h2", b"http/1.1"]
-    };
-    let config = crate::tls::server_config(resolver.clone(), main.proxy_tls_grade, alpn)
-        .map_err(|e| StartError::Config(format!("  {e}\n")))?;
-    control.spawn(crate::tls::watch(store));
-    Ok(Some(server::TlsSide {
-        acceptor: tokio_rustls::TlsAcceptor::from(config),
-        hsts: main.proxy_tls_grade == crate::config::main_conf::TlsGrade::High,
-        resolver,
-        alt_svc: None,
+    Ok(Some(LoadedCertificates {
+        store,
+        reload: crate::tls::CertReload::new(),
     }))
+}
+
+impl LoadedCertificates {
+    /// What SIGHUP uses to reload them.
+    pub fn reload(&self) -> crate::tls::CertReload {
+        self.reload.clone()
+    }
+
+    /// Says which of the directory's files the process can no longer read, once it runs as
+    /// `runuser`: the pairs loaded at start keep serving, but their renewals would not load.
+    pub fn check_readable_after_privileges_drop(&self) {
+        let unreadable = self.store.unreadable_files();
+        if let Some(first) = unreadable.first() {
+            tracing::warn!(
+                "certificates: {} file(s) of {} cannot be read by the user this process runs as ({} first); the pairs read at start keep serving, but changes to them will not load",
+                unreadable.len(),
+                self.store.dir.display(),
+                first.display()
+            );
+        }
+    }
 }

@@ -1,13 +1,14 @@
-//! TLS: certificate store, server configs per grade (SPEC §7.2), and the directory watcher.
+//! TLS: certificate store, server configs per grade (SPEC §7.2), and the directory watcher
+//! ([`watch`]).
 //!
 //! rustls offers TLS 1.2 and 1.3 with AEAD suites only, so nothing weaker than TLS 1.2 is ever
 //! offered whatever the grade.
 
 pub mod store;
+mod watch;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use rustls::crypto::CryptoProvider;
 use rustls::server::ResolvesServerCert;
@@ -16,6 +17,7 @@ use rustls::{CipherSuite, ServerConfig};
 use crate::config::main_conf::TlsGrade;
 use crate::vocab::acme_challenges::{Challenges, ACME_TLS_ALPN};
 pub use store::CertStore;
+pub use watch::{watch, CertReload};
 
 /// Why a TLS server config could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -123,41 +125,6 @@ impl ResolvesServerCert for WithAcmeChallenges {
             return self.challenges.cert_for(hello.server_name()?);
         }
         self.inner.resolve(hello)
-    }
-}
-
-/// Watches the certificate directory and reloads the store within about a second of a change.
-pub async fn watch(store: Arc<CertStore>) {
-    use notify::{RecursiveMode, Watcher};
-    let changed = Arc::new(tokio::sync::Notify::new());
-    let tx = changed.clone();
-    let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if event.is_ok_and(|e| !matches!(e.kind, notify::EventKind::Access(_))) {
-            tx.notify_one();
-        }
-    })
-    .and_then(|mut w| w.watch(&store.dir, RecursiveMode::NonRecursive).map(|()| w));
-    let _watcher = match watcher {
-        Ok(w) => w,
-        Err(e) => {
-            tracing::error!(
-                "cannot watch {}: {e}; certificates reload on SIGHUP only",
-                store.dir.display()
-            );
-            return;
-        }
-    };
-    loop {
-        changed.notified().await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let store = store.clone();
-        let problems = tokio::task::spawn_blocking(move || (store.reload(), store.len())).await;
-        if let Ok((problems, count)) = problems {
-            for p in &problems {
-                tracing::warn!("certificates: {p}");
-            }
-            tracing::info!("certificates reloaded: {count} pair(s) serving");
-        }
     }
 }
 

@@ -24,6 +24,15 @@ pub struct LoadedPair {
     pub key: Arc<CertifiedKey>,
     /// DNS names from the SAN extension, plus the subject CN; lower case.
     pub names: Vec<String>,
+    /// The leaf's validity, in seconds since the Unix epoch (an unreadable one: always valid).
+    pub valid: (i64, i64),
+}
+
+impl LoadedPair {
+    /// Whether the leaf is valid at `now` (seconds since the Unix epoch).
+    fn valid_at(&self, now: i64) -> bool {
+        self.valid.0 <= now && now <= self.valid.1
+    }
 }
 
 /// Why a pair could not be loaded.
@@ -33,6 +42,12 @@ pub enum PairError {
     Read { path: PathBuf, source: FileProblem },
     #[error("{path}: no PEM certificate found")]
     NoCertificate { path: PathBuf },
+    #[error("{path}: certificate {number} of the chain is not valid PEM ({reason})")]
+    BadChain {
+        path: PathBuf,
+        number: usize,
+        reason: String,
+    },
     #[error("{path}: no usable PEM private key ({reason})")]
     BadKey { path: PathBuf, reason: String },
     #[error("{name}: the key does not match the certificate")]
@@ -58,9 +73,17 @@ pub fn load_pair_files(crt: &Path, key_path: &Path) -> Result<LoadedPair, PairEr
         path: crt.clone(),
         source,
     })?;
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&crt_bytes)
-        .filter_map(Result::ok)
-        .collect();
+    // A damaged certificate in the chain fails the pair (nginx -t refuses it too): served
+    // without its intermediate, the leaf fails on clients that do not fetch it.
+    let mut chain: Vec<CertificateDer<'static>> = Vec::new();
+    for (at, der) in CertificateDer::pem_slice_iter(&crt_bytes).enumerate() {
+        let der = der.map_err(|e| PairError::BadChain {
+            path: crt.clone(),
+            number: at + 1,
+            reason: e.to_string(),
+        })?;
+        chain.push(der);
+    }
     if chain.is_empty() {
         return Err(PairError::NoCertificate { path: crt });
     }
@@ -78,7 +101,7 @@ pub fn load_pair_files(crt: &Path, key_path: &Path) -> Result<LoadedPair, PairEr
             reason: e.to_string(),
         }
     })?;
-    let names = cert_names(&chain[0]);
+    let (names, valid) = leaf_facts(&chain[0]);
     let certified = CertifiedKey::new(chain, signer);
     if certified.keys_match().is_err() {
         return Err(PairError::Mismatch {
@@ -88,13 +111,24 @@ pub fn load_pair_files(crt: &Path, key_path: &Path) -> Result<LoadedPair, PairEr
     Ok(LoadedPair {
         key: Arc::new(certified),
         names,
+        valid,
     })
 }
 
-fn cert_names(cert: &CertificateDer<'_>) -> Vec<String> {
+/// The leaf's names (see [`LoadedPair::names`]) and validity.
+fn leaf_facts(cert: &CertificateDer<'_>) -> (Vec<String>, (i64, i64)) {
     let Ok((_, parsed)) = x509_parser::parse_x509_certificate(cert.as_ref()) else {
-        return Vec::new();
+        return (Vec::new(), (i64::MIN, i64::MAX));
     };
+    let validity = parsed.validity();
+    let valid = (
+        validity.not_before.timestamp(),
+        validity.not_after.timestamp(),
+    );
+    (cert_names(&parsed), valid)
+}
+
+fn cert_names(parsed: &x509_parser::certificate::X509Certificate<'_>) -> Vec<String> {
     let mut names: Vec<String> = Vec::new();
     if let Ok(Some(san)) = parsed.subject_alternative_name() {
         for general in &san.value.general_names {
@@ -122,21 +156,26 @@ struct Index {
 }
 
 impl Index {
-    fn build(pairs: &BTreeMap<String, LoadedPair>) -> Index {
-        let mut index = Index::default();
+    /// The index of `pairs` at `now` (seconds since the Unix epoch). Where pairs share a name,
+    /// one valid now beats one that is not, then the one valid longest (a renewed certificate
+    /// beside the one it replaces, whatever their file names), then the first by file name.
+    fn build(pairs: &BTreeMap<String, LoadedPair>, now: i64) -> Index {
+        let rank = |pair: &LoadedPair| (pair.valid_at(now), pair.valid.1);
+        let mut best: HashMap<&str, &LoadedPair> = HashMap::new();
         for pair in pairs.values() {
             for name in &pair.names {
-                match name.strip_prefix("*.") {
-                    Some(suffix) => index
-                        .wildcard
-                        .entry(suffix.to_string())
-                        .or_insert_with(|| pair.key.clone()),
-                    None => index
-                        .exact
-                        .entry(name.clone())
-                        .or_insert_with(|| pair.key.clone()),
-                };
+                let chosen = best.entry(name).or_insert(pair);
+                if rank(pair) > rank(chosen) {
+                    *chosen = pair;
+                }
             }
+        }
+        let mut index = Index::default();
+        for (name, pair) in best {
+            match name.strip_prefix("*.") {
+                Some(suffix) => index.wildcard.insert(suffix.to_string(), pair.key.clone()),
+                None => index.exact.insert(name.to_string(), pair.key.clone()),
+            };
         }
         index.fallback = pairs
             .get("default")
@@ -146,6 +185,8 @@ impl Index {
     }
 
     fn find(&self, sni: Option<&str>) -> Option<Arc<CertifiedKey>> {
+        // A fully qualified name's trailing dot names the same host (as Host routing reads it).
+        let sni = sni.map(|name| name.strip_suffix('.').unwrap_or(name));
         if let Some(name) = sni.map(str::to_ascii_lowercase) {
             if let Some(key) = self.exact.get(&name) {
                 return Some(key.clone());
@@ -195,6 +236,16 @@ impl CertStore {
         self.len() == 0
     }
 
+    /// The pairs' files this process cannot open (it may run as another user than the one that
+    /// loaded them).
+    pub fn unreadable_files(&self) -> Vec<PathBuf> {
+        pair_names(&self.dir)
+            .iter()
+            .flat_map(|name| ["crt", "key"].map(|ext| self.dir.join(format!("{name}.{ext}"))))
+            .filter(|path| std::fs::File::open(path).is_err())
+            .collect()
+    }
+
     /// Re-reads the directory. A pair that fails keeps its last good copy; a deleted pair goes.
     pub fn reload(&self) -> Vec<String> {
         let names = pair_names(&self.dir);
@@ -216,9 +267,27 @@ impl CertStore {
                 }
             }
         }
-        self.index.store(Arc::new(Index::build(&pairs)));
+        let now = unix_now();
+        for (name, pair) in pairs.iter().filter(|(_, pair)| !pair.valid_at(now)) {
+            let when = if now < pair.valid.0 {
+                "is not valid yet"
+            } else {
+                "has expired"
+            };
+            problems.push(format!(
+                "{}: the certificate {when}; a valid one for the same names is preferred",
+                self.dir.join(format!("{name}.crt")).display()
+            ));
+        }
+        self.index.store(Arc::new(Index::build(&pairs, now)));
         problems
     }
+}
+
+/// Seconds since the Unix epoch.
+fn unix_now() -> i64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    since.map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 /// NAMEs that have a `.crt` (their `.key` is checked when loading), less CA certificates
@@ -312,6 +381,85 @@ mod tests {
         assert_eq!(store.len(), 1);
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert!(problems[0].contains("lonely.key"), "{problems:?}");
+    }
+
+    /// Writes `dir/stem.crt` + `.key` for `name`, valid from `from` to `to` (Unix seconds).
+    fn write_pair(
+        dir: &Path,
+        stem: &str,
+        name: &str,
+        (from, to): (i64, i64),
+    ) -> CertificateDer<'static> {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut params = rcgen::CertificateParams::new(vec![name.to_string()]).expect("params");
+        let date = |secs: i64| {
+            let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs as u64);
+            let utc = crate::utc::UtcTime::of(at);
+            rcgen::date_time_ymd(utc.year as i32, utc.month as u8, utc.day as u8)
+        };
+        (params.not_before, params.not_after) = (date(from), date(to));
+        let cert = params.self_signed(&key).expect("cert");
+        std::fs::write(dir.join(format!("{stem}.crt")), cert.pem()).expect("crt");
+        std::fs::write(dir.join(format!("{stem}.key")), key.serialize_pem()).expect("key");
+        cert.der().clone()
+    }
+
+    fn served_for(store: &CertStore, name: &str) -> CertificateDer<'static> {
+        let index = store.index.load();
+        index.find(Some(name)).expect("a certificate").cert[0].clone()
+    }
+
+    #[test]
+    fn of_two_pairs_for_a_name_the_valid_one_serves_then_the_one_valid_longest() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let now = unix_now();
+        let day = 86_400;
+        // By file name the expired and the future ones come first.
+        let _expired = write_pair(
+            dir.path(),
+            "a-1-old",
+            "a.example",
+            (now - 90 * day, now - day),
+        );
+        let _future = write_pair(
+            dir.path(),
+            "a-2-future",
+            "a.example",
+            (now + day, now + 90 * day),
+        );
+        let shorter = write_pair(dir.path(), "a-3", "a.example", (now - day, now + 30 * day));
+        let (store, problems) = CertStore::open(dir.path());
+        assert_eq!(served_for(&store, "a.example"), shorter);
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems
+            .iter()
+            .any(|p| p.contains("a-1-old.crt: the certificate has expired")));
+        assert!(problems
+            .iter()
+            .any(|p| p.contains("a-2-future.crt: the certificate is not valid yet")));
+        // A renewal beside it, named to sort last: the one valid longest serves.
+        let renewed = write_pair(dir.path(), "b", "a.example", (now - 60, now + 90 * day));
+        assert!(store.reload().len() == 2);
+        assert_eq!(served_for(&store, "a.example"), renewed);
+        // And a name's trailing dot is the same name.
+        assert_eq!(served_for(&store, "A.Example."), renewed);
+    }
+
+    #[test]
+    fn a_damaged_certificate_in_the_chain_fails_the_pair() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let now = unix_now();
+        write_pair(dir.path(), "a", "a.example", (now - 60, now + 86_400));
+        let crt = dir.path().join("a.crt");
+        let leaf = std::fs::read_to_string(&crt).expect("crt");
+        let intermediate = leaf.replacen("MII", "M#I", 1);
+        std::fs::write(&crt, format!("{leaf}{intermediate}")).expect("crt");
+        let (store, problems) = CertStore::open(dir.path());
+        assert!(store.is_empty());
+        assert!(
+            problems[0].contains("certificate 2 of the chain is not valid PEM"),
+            "{problems:?}"
+        );
     }
 
     /// A CertifiedKey with a throwaway key and an empty chain, for index tests only.

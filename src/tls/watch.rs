@@ -1,0 +1,189 @@
+//! Reloads the certificate directory within about a second of a change, and at once on SIGHUP
+//! ([`CertReload`]).
+//!
+//! What is watched, besides the directory's own entries:
+//! - its parent, for the directory itself being replaced (removed and made again, renamed over,
+//!   or a symlink to it swapped): the watch follows the path, not the old directory;
+//! - the directories a symlinked pair leads through (certbot's `live/NAME/*.pem` links into
+//!   `archive/NAME/`): a renewal changes the links there, never the entries here.
+//!
+//! The watch is set up again after each reload, so it follows links that now lead elsewhere.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use notify::{RecommendedWatcher, RecursiveMode, Watcher};
+use tokio::sync::Notify;
+
+use super::CertStore;
+
+/// Directories watched for the links of one certificate directory, at most: beyond, a renewal
+/// through links is picked up on SIGHUP only.
+const MAX_LINK_DIRS: usize = 512;
+/// Hops followed along one chain of symlinks.
+const MAX_HOPS: usize = 8;
+/// Entries of the certificate directory looked at for links.
+const MAX_ENTRIES: usize = 16_384;
+
+/// Asks the watcher to reload the certificates now (SIGHUP); does nothing without TLS.
+#[derive(Clone, Default)]
+pub struct CertReload(Option<Arc<Notify>>);
+
+impl CertReload {
+    /// A reload handle for [`watch`].
+    pub fn new() -> CertReload {
+        CertReload(Some(Arc::new(Notify::new())))
+    }
+
+    pub fn now(&self) {
+        if let Some(wake) = &self.0 {
+            wake.notify_one();
+        }
+    }
+}
+
+/// Watches `store`'s directory, reloading it after each change and whenever `reload` asks.
+pub async fn watch(store: Arc<CertStore>, reload: CertReload) {
+    let wake = reload.0.unwrap_or_default();
+    let dir = std::path::absolute(&store.dir).unwrap_or_else(|_| store.dir.clone());
+    let mut said_unwatched = false;
+    let mut identity = dir_identity(&dir);
+    loop {
+        let armed = arm(&dir, wake.clone());
+        match &armed {
+            Ok(_) => said_unwatched = false,
+            Err(e) if !said_unwatched => {
+                tracing::warn!(
+                    "certificates: cannot watch {}: {e}; they reload on SIGHUP",
+                    dir.display()
+                );
+                said_unwatched = true;
+            }
+            Err(_) => {}
+        }
+        // A directory made anew since the last look: what was copied into it before this
+        // watch was set up is read now.
+        let now = dir_identity(&dir);
+        if now != identity {
+            identity = now;
+            wake.notify_one();
+        }
+        wake.notified().await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let store = store.clone();
+        let reloaded = tokio::task::spawn_blocking(move || (store.reload(), store.len())).await;
+        if let Ok((problems, count)) = reloaded {
+            for p in &problems {
+                tracing::warn!("certificates: {p}");
+            }
+            match count {
+                0 => tracing::warn!(
+                    "certificates reloaded: no usable pair in {}; TLS handshakes fail until one is added",
+                    dir.display()
+                ),
+                _ => tracing::info!("certificates reloaded: {count} pair(s) serving"),
+            }
+        }
+        drop(armed);
+    }
+}
+
+/// The directory's device and inode, to tell a directory made anew from the one watched.
+fn dir_identity(dir: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(dir).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// A watcher waking `wake` on changes to `dir`'s entries, to `dir` itself (through its parent)
+/// and to the directories its symlinks lead through.
+fn arm(dir: &Path, wake: Arc<Notify>) -> notify::Result<RecommendedWatcher> {
+    let parent = dir.parent().map(Path::to_path_buf);
+    let links = link_dirs(dir);
+    let parent_only = parent.clone().filter(|p| !links.contains(p));
+    let own = dir.to_path_buf();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let Ok(event) = event else { return };
+        if matches!(event.kind, notify::EventKind::Access(_)) {
+            return;
+        }
+        // The parent's other entries are none of this directory's business.
+        let elsewhere = |path: &PathBuf| path.parent() == parent_only.as_deref() && *path != own;
+        if !event.paths.is_empty() && event.paths.iter().all(elsewhere) {
+            return;
+        }
+        wake.notify_one();
+    })?;
+    watcher.watch(dir, RecursiveMode::NonRecursive)?;
+    // Best effort beyond the directory itself: it still reloads on its own changes and SIGHUP.
+    for other in parent.iter().chain(links.iter()) {
+        if let Err(e) = watcher.watch(other, RecursiveMode::NonRecursive) {
+            tracing::debug!("certificates: cannot watch {}: {e}", other.display());
+        }
+    }
+    Ok(watcher)
+}
+
+/// The directories `dir`'s symlinked entries lead through (each link's own directory and its
+/// target's, hop by hop), `dir` left out.
+fn link_dirs(dir: &Path) -> BTreeSet<PathBuf> {
+    let mut dirs = BTreeSet::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return dirs;
+    };
+    for entry in entries.filter_map(Result::ok).take(MAX_ENTRIES) {
+        let is_link = entry.file_type().is_ok_and(|t| t.is_symlink());
+        if is_link {
+            follow_links(entry.path(), &mut dirs);
+        }
+        if dirs.len() > MAX_LINK_DIRS {
+            tracing::warn!(
+                "certificates: the links of {} lead through more than {MAX_LINK_DIRS} directories; changes beyond them reload on SIGHUP only",
+                dir.display()
+            );
+            break;
+        }
+    }
+    dirs.remove(dir);
+    dirs
+}
+
+/// Adds the directory of each hop of the symlink chain starting at `link`.
+fn follow_links(mut link: PathBuf, dirs: &mut BTreeSet<PathBuf>) {
+    for _ in 0..MAX_HOPS {
+        let Ok(target) = std::fs::read_link(&link) else {
+            return;
+        };
+        let Some(from) = link.parent() else { return };
+        let next = from.join(target);
+        if let Some(at) = next.parent() {
+            dirs.insert(at.to_path_buf());
+        }
+        link = next;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_directories_of_every_hop_of_a_link_chain_are_watched() {
+        // certbot's layout: certs/b.crt -> le/live/b/fullchain.pem -> ../../archive/b/f1.pem
+        let root = tempfile::tempdir().expect("temp dir");
+        let at = |p: &str| root.path().join(p);
+        for dir in ["certs", "le/live/b", "le/archive/b"] {
+            std::fs::create_dir_all(at(dir)).expect("dir");
+        }
+        std::fs::write(at("le/archive/b/f1.pem"), "x").expect("file");
+        std::os::unix::fs::symlink("../../archive/b/f1.pem", at("le/live/b/fullchain.pem"))
+            .expect("link");
+        std::os::unix::fs::symlink(at("le/live/b/fullchain.pem"), at("certs/b.crt")).expect("link");
+        std::fs::write(at("certs/plain.crt"), "x").expect("file");
+        let dirs: Vec<PathBuf> = link_dirs(&at("certs")).into_iter().collect();
+        assert_eq!(dirs.len(), 2, "{dirs:?}");
+        assert!(dirs[0].ends_with("le/live/b"), "{dirs:?}");
+        assert!(dirs[1].ends_with("le/live/b/../../archive/b"), "{dirs:?}");
+    }
+}
