@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::log_conf::{self, LogTarget, PatternPiece};
 use super::reader::Reader;
-use super::yaml::Node;
+use super::yaml::{Node, Value};
 
 /// Which requests the access log records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -137,7 +137,22 @@ pub(super) fn read_grade(node: &Node, r: &mut Reader) -> Option<TlsGrade> {
         ("b", TlsGrade::Unsafe),
         ("c", TlsGrade::Unsafe),
     ];
-    one_of(node, "proxy_tls_grade", r, &choices)
+    let grade = one_of(node, "proxy_tls_grade", r, &choices)?;
+    let letter = match &node.value {
+        Value::Str(text) => choices[3..]
+            .iter()
+            .any(|(name, _)| name.eq_ignore_ascii_case(text)),
+        _ => false,
+    };
+    if letter {
+        let name = choices.iter().find(|(_, g)| *g == grade).map_or("", |c| c.0);
+        r.warn(
+            node.pos,
+            "proxy_tls_grade",
+            format!("an Aralez letter grade: read as `{name}` (SPEC: high, medium or unsafe)"),
+        );
+    }
+    Some(grade)
 }
 
 pub(super) fn read_hc_method(node: &Node, r: &mut Reader) -> Option<http::Method> {

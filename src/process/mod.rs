@@ -40,6 +40,11 @@ pub enum StartError {
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
+    #[error("cannot listen on UDP {addr} for HTTP/3 (the TLS listener's port): {source}")]
+    BindUdp {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
     #[error("cannot start {what}: {source}")]
     Runtime {
         what: &'static str,

@@ -209,7 +209,7 @@ fn quic_beside_tls(
     let mut moves = 0;
     loop {
         match (quic_socket(main, tls, inherited), movable) {
-            (Err(StartError::Bind { source, .. }), Some(addr))
+            (Err(StartError::BindUdp { source, .. }), Some(addr))
                 if source.kind() == std::io::ErrorKind::AddrInUse && moves < QUIC_PORT_ATTEMPTS =>
             {
                 moves += 1;
@@ -240,7 +240,8 @@ fn quic_socket(
     let Some(addr) = tls.first().and_then(|l| l.local_addr().ok()) else {
         return Ok((None, None));
     };
-    let socket = std::net::UdpSocket::bind(addr).map_err(|source| bind_error(addr, source))?;
+    let socket = std::net::UdpSocket::bind(addr)
+        .map_err(|source| StartError::BindUdp { addr, source })?;
     Ok((Some(socket), None))
 }
 
@@ -364,7 +365,7 @@ mod tests {
         let result = quic_beside_tls(&at.main, &mut at.tls, None, &mut Sockets::default());
         let (tls, taken) = (&at.tls, at.taken);
         match result {
-            Err(StartError::Bind { addr, source }) => {
+            Err(StartError::BindUdp { addr, source }) => {
                 assert_eq!(addr.port(), taken, "the error names the taken port");
                 assert_eq!(source.kind(), std::io::ErrorKind::AddrInUse);
             }

@@ -52,6 +52,13 @@ pub(crate) fn cases() -> Vec<Case> {
             vec![warn(U, 6, pk("acme"), "applies to a host")],
         )
         .warnings_only(),
+        // Aralez's letter grades are read as the grade they stand for, with a warning naming it.
+        Case::main(
+            "letter_grades_are_warnings_that_name_the_grade",
+            &format!("{MAIN_OK}proxy_tls_grade: A+\n"),
+            vec![warn(M, 3, "proxy_tls_grade", "read as `high`")],
+        )
+        .warnings_only(),
         Case::main(
             "http3_without_a_tls_listener",
             &format!("{MAIN_OK}http3: true\n"),
