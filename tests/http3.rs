@@ -214,6 +214,15 @@ async fn requests_over_http3_take_the_same_routes_policies_and_backends() {
     let (status, _, _) = exchange(&mut send, Method::GET, "/private/x", &key, Bytes::new()).await;
     assert_eq!(status, 200);
 
+    // Connection-specific fields make a request malformed (RFC 9114 §4.2), as over HTTP/2.
+    for field in [("connection", "keep-alive"), ("te", "gzip")] {
+        let (status, _, _) = exchange(&mut send, Method::GET, "/x", &[field], Bytes::new()).await;
+        assert_eq!(status, 400, "{field:?}");
+    }
+    let trailers = [("te", "trailers")];
+    let (status, _, _) = exchange(&mut send, Method::GET, "/x", &trailers, Bytes::new()).await;
+    assert_eq!(status, 200);
+
     // The route's rate limit and redirect, as on every listener.
     let mut limited = Vec::new();
     for _ in 0..6 {

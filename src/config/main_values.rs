@@ -145,7 +145,10 @@ pub(super) fn read_grade(node: &Node, r: &mut Reader) -> Option<TlsGrade> {
         _ => false,
     };
     if letter {
-        let name = choices.iter().find(|(_, g)| *g == grade).map_or("", |c| c.0);
+        let name = choices
+            .iter()
+            .find(|(_, g)| *g == grade)
+            .map_or("", |c| c.0);
         r.warn(
             node.pos,
             "proxy_tls_grade",

@@ -240,8 +240,8 @@ fn quic_socket(
     let Some(addr) = tls.first().and_then(|l| l.local_addr().ok()) else {
         return Ok((None, None));
     };
-    let socket = std::net::UdpSocket::bind(addr)
-        .map_err(|source| StartError::BindUdp { addr, source })?;
+    let socket =
+        std::net::UdpSocket::bind(addr).map_err(|source| StartError::BindUdp { addr, source })?;
     Ok((Some(socket), None))
 }
 

@@ -180,6 +180,9 @@ pub fn check_head<B>(req: &Request<B>) -> Result<Option<&HeaderValue>, ProxyErro
         return Err(ProxyError::MethodNotAllowed);
     }
     check_target(req)?;
+    if req.version() == Version::HTTP_3 {
+        check_h3_fields(req.headers())?;
+    }
     let host = one_host(req)?;
     if let (Some(host), Some(authority)) = (host, req.uri().authority()) {
         same_host(host.as_bytes(), authority.as_str().as_bytes())?;
@@ -188,6 +191,26 @@ pub fn check_head<B>(req: &Request<B>) -> Result<Option<&HeaderValue>, ProxyErro
         return Err(ProxyError::AmbiguousPath);
     }
     Ok(host)
+}
+
+/// RFC 9114 §4.2: an HTTP/3 request with a connection-specific field, or a `TE` other than
+/// `trailers`, is malformed (h2 refuses the same over HTTP/2; h3 passes them on).
+fn check_h3_fields(headers: &http::HeaderMap) -> Result<(), ProxyError> {
+    use http::header::{CONNECTION, TE, TRANSFER_ENCODING, UPGRADE};
+    let connection_specific = [CONNECTION, TRANSFER_ENCODING, UPGRADE]
+        .iter()
+        .any(|name| headers.contains_key(name))
+        || headers.contains_key("keep-alive")
+        || headers.contains_key("proxy-connection");
+    let te_other = headers
+        .get_all(TE)
+        .iter()
+        .any(|v| !v.as_bytes().eq_ignore_ascii_case(b"trailers"));
+    if connection_specific || te_other {
+        Err(ProxyError::MalformedHttp3)
+    } else {
+        Ok(())
+    }
 }
 
 /// RFC 9112 §6.1: a request's body is framed by one `chunked` and nothing else. hyper reads
@@ -289,6 +312,35 @@ mod tests {
             head("CONNECT", "a:443", &["a"]),
             Err(ProxyError::MethodNotAllowed)
         );
+    }
+
+    #[test]
+    fn http3_requests_with_connection_specific_fields_are_malformed() {
+        let h3 = |name: &str, value: &str, version| {
+            let req = Request::builder()
+                .version(version)
+                .uri("https://a/x")
+                .header("host", "a")
+                .header(name, value)
+                .body(())
+                .unwrap();
+            check_head(&req).map(drop)
+        };
+        let malformed = Err(ProxyError::MalformedHttp3);
+        for (name, value) in [
+            ("connection", "keep-alive"),
+            ("keep-alive", "5"),
+            ("proxy-connection", "x"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "websocket"),
+            ("te", "gzip"),
+        ] {
+            assert_eq!(h3(name, value, Version::HTTP_3), malformed, "{name}");
+        }
+        assert_eq!(h3("te", "trailers", Version::HTTP_3), Ok(()));
+        assert_eq!(h3("x-other", "1", Version::HTTP_3), Ok(()));
+        // HTTP/1.1 carries them by design (and hop-by-hop removal drops them).
+        assert_eq!(h3("connection", "keep-alive", Version::HTTP_11), Ok(()));
     }
 
     #[test]

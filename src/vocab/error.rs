@@ -66,6 +66,9 @@ pub enum ProxyError {
     /// a backend could read it differently.
     #[error("the request path is ambiguous (path parameters, encoded separators or dot segments)")]
     AmbiguousPath,
+    /// An HTTP/3 request with a connection-specific field (RFC 9114 §4.2).
+    #[error("HTTP/3 requests carry no connection-specific fields")]
+    MalformedHttp3,
     /// `basic` auth: credentials missing or wrong.
     #[error("authentication required")]
     BasicAuthRequired,
@@ -129,6 +132,7 @@ impl ProxyError {
             | ProxyError::HostMismatch
             | ProxyError::BadTarget
             | ProxyError::AmbiguousPath
+            | ProxyError::MalformedHttp3
             | ProxyError::ClientBody
             | ProxyError::DuplicateCredentials
             | ProxyError::ClusterMaster => StatusCode::BAD_REQUEST,
@@ -262,6 +266,7 @@ mod tests {
             (ProxyError::InvalidHost, 400),
             (ProxyError::HostMismatch, 400),
             (ProxyError::BadTarget, 400),
+            (ProxyError::MalformedHttp3, 400),
             (ProxyError::DuplicateCredentials, 400),
             (ProxyError::UnsupportedTransferCoding, 501),
             (ProxyError::ClusterMaster, 400),
