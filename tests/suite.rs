@@ -29,6 +29,7 @@ mod check_config;
 mod cluster;
 mod compression;
 mod consul;
+mod early_answers;
 mod failover;
 mod features;
 mod fileserver;

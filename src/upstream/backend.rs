@@ -22,6 +22,8 @@ use crate::vocab::{CountedSlot, WorkerId};
 
 /// Consecutive connect failures after which a backend is taken out of rotation.
 const FAILS_BEFORE_DOWN: u32 = 3;
+/// Failed exchanges on new connections in a row after which the protocol is detected again.
+const DOUBTS_BEFORE_REDETECTION: u32 = 3;
 
 /// One backend server.
 pub struct Backend {
@@ -37,6 +39,9 @@ pub struct Backend {
     detected: AtomicU8,
     /// One detection at a time per backend.
     pub(super) detecting: tokio::sync::Mutex<()>,
+    /// New connections in a row whose exchange failed as a changed protocol would make it
+    /// fail ([`Backend::doubt_protocol`]).
+    protocol_doubts: AtomicU32,
     /// Verify the backend's certificate (`upstream_tls_verify: true`).
     pub verify_tls: bool,
     /// Value for the `:authority` of HTTP/2 requests when the client sent none.
@@ -187,6 +192,24 @@ impl Backend {
         if status.as_u16() < 500 {
             self.slot(worker).note_answer();
         }
+        // Any answer shows the protocol is right.
+        if self.protocol_doubts.load(Ordering::Relaxed) != 0 {
+            self.protocol_doubts.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// A new connection's exchange failed (a reset, an answer that is no HTTP/1.1 response) as
+    /// it would if the backend spoke another protocol now. One such failure is usually that
+    /// request's own (a handler that crashes, a malformed answer on one URL): the protocol is
+    /// detected again only after [`DOUBTS_BEFORE_REDETECTION`] in a row, since detecting
+    /// holds up every request to the backend meanwhile, for up to 2 s against a server that
+    /// sits on a TLS ClientHello.
+    pub fn doubt_protocol(&self) {
+        let doubts = self.protocol_doubts.fetch_add(1, Ordering::Relaxed) + 1;
+        if doubts >= DOUBTS_BEFORE_REDETECTION {
+            self.protocol_doubts.store(0, Ordering::Relaxed);
+            self.forget_detection();
+        }
     }
 
     /// Response heads under 500 this backend has sent to any worker so far.
@@ -318,6 +341,7 @@ impl Backend {
             addrs,
             pinned,
             detected: AtomicU8::new(0),
+            protocol_doubts: AtomicU32::new(0),
             detecting: tokio::sync::Mutex::new(()),
             verify_tls,
             authority,

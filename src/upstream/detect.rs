@@ -9,8 +9,8 @@
 //!
 //! Every backend without a scheme is detected on its first connection, whether or not its route
 //! runs health checks. The result is cached on the backend and forgotten when connections start
-//! failing
-//! ([`Backend::forget_detection`]); the next connection, or the next health check round,
+//! failing ([`Backend::forget_detection`]): connects, or three exchanges in a row on new
+//! connections ([`Backend::doubt_protocol`]); the next connection, or the next health check round,
 //! detects again. Detection only learns whether the backend speaks TLS, so its handshake never
 //! verifies the certificate; real connections do when `upstream_tls_verify` asks for it.
 

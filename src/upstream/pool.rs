@@ -125,7 +125,7 @@ pub fn send<'a>(
     sending.map(move |sent| {
         if let Err(SendError::BadResponse(_) | SendError::Reset { reused: false, .. }) = &sent {
             // A new connection failed: the backend may speak something else now.
-            backend.forget_detection();
+            backend.doubt_protocol();
         }
         sent
     })

@@ -4,7 +4,8 @@
 //! that reads slowly) the connection is watched: a backend that begins to answer before it
 //! has the whole body (a 413, or an echo that streams back as it reads) is heard at once, and
 //! the rest of the body goes on being sent beside the answer, full duplex, as long as the
-//! backend takes it. A connection whose answer ended before its request did is not reused.
+//! backend takes it. A connection whose answer ended before its request did is not reused;
+//! nor one whose backend stopped taking the request, whose answer is read all the same.
 
 use std::io::{self, Write as _};
 use std::pin::Pin;
@@ -41,6 +42,9 @@ pub struct Upload<B> {
     moves: u32,
     /// The upload waits for the client's next piece (not for the backend to read).
     awaits_client: bool,
+    /// A write failed after part of the request went out ([`Upload::write_failed`]): nothing
+    /// more is sent, and the backend's answer, if it sent one, is read.
+    cut: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +75,7 @@ where
             moves: 0,
             awaits_client: false,
             done: false,
+            cut: false,
         }
     }
 
@@ -81,6 +86,9 @@ where
         conn: &mut InlineConn,
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), InlineError>> {
+        if self.cut {
+            return Poll::Ready(Ok(()));
+        }
         if !self.committed && self.framing != Framing::Finished {
             // The first piece, when the client has sent it already, joins the head.
             if let Poll::Ready(next) = self.poll_next(conn, cx) {
@@ -97,7 +105,8 @@ where
                         self.moves = self.moves.wrapping_add(1);
                         Poll::Ready(Ok(()))
                     }
-                    other => other.map(|r| r.map(drop)),
+                    Poll::Ready(Err(error)) => return self.write_failed(error),
+                    Poll::Pending => Poll::Pending,
                 }
             } else if !self.piece.is_empty() {
                 match poll_write(&mut conn.io, cx, &self.piece) {
@@ -107,7 +116,8 @@ where
                         self.moves = self.moves.wrapping_add(1);
                         Poll::Ready(Ok(()))
                     }
-                    other => other.map(|r| r.map(drop)),
+                    Poll::Ready(Err(error)) => return self.write_failed(error),
+                    Poll::Pending => Poll::Pending,
                 }
             } else if self.framing == Framing::Finished {
                 self.done = true;
@@ -131,6 +141,22 @@ where
                 }
             }
         }
+    }
+
+    /// A write the backend refused. With part of the request sent, its answer may be waiting:
+    /// a backend that refuses an upload (413) or its credentials (401) answers, closes without
+    /// reading the rest, and the next write meets the reset (RFC 9112 §9.5: the client stops
+    /// sending and reads the answer). The upload stops there and the answer is read; without
+    /// one, reading fails as the write did. With nothing sent, the error as it is: the request
+    /// may still go on another connection.
+    fn write_failed(&mut self, error: InlineError) -> Poll<Result<(), InlineError>> {
+        if !self.wrote {
+            return Poll::Ready(Err(error));
+        }
+        tracing::debug!("the backend stopped taking the request ({error}); reading its answer");
+        self.cut = true;
+        self.piece = Bytes::new();
+        Poll::Ready(Ok(()))
     }
 
     /// Whether the whole request is written.

@@ -1,0 +1,117 @@
+//! Backends that answer before the request is whole, or answer one request badly: the client
+//! gets what the backend said, and one bad answer costs the other requests nothing.
+
+use crate::support;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A raw HTTP/1.1 backend: for each request head it reads, `answer(path)` says what to write
+/// back and whether to close right after (without reading any body). It reads nothing until a
+/// blank line, as many small servers do: a TLS ClientHello gets no answer (it has none).
+async fn raw_backend(answer: fn(&str) -> (&'static [u8], bool)) -> std::net::SocketAddr {
+    let listener = bind_local().await;
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                loop {
+                    while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head = String::from_utf8_lossy(&seen[..end]).into_owned();
+                        seen.drain(..end + 4);
+                        let path = head.split(' ').nth(1).unwrap_or("/").to_owned();
+                        let (bytes, close) = answer(&path);
+                        if stream.write_all(bytes).await.is_err() || close {
+                            return;
+                        }
+                    }
+                    let mut buf = [0u8; 4096];
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => seen.extend_from_slice(&buf[..n]),
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+fn route_to(backend: String) -> String {
+    Upstreams::new()
+        .host(
+            "x.test",
+            Host::new().path("/", Path::addrs(&[backend]).healthcheck(false)),
+        )
+        .render()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_refuses_an_upload_early_is_heard_not_a_502() {
+    // The answer, then the connection closed with the body unread: the proxy's next writes
+    // meet a reset.
+    let backend = raw_backend(|_| {
+        let refusal: &[u8] =
+            b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 9\r\nconnection: close\r\n\r\ntoo large";
+        (refusal, true)
+    })
+    .await;
+    let proxy = ProxyProcess::start(&route_to(format!("http://{backend}")), "");
+    let body = Bytes::from(vec![b'x'; 8 << 20]);
+    for round in 0..5 {
+        let mut client = Client::connect(Proto::H1, proxy.addr).await;
+        let sent = client.send(
+            http::Method::POST,
+            Some("x.test"),
+            "/upload",
+            &[],
+            full(body.clone()),
+        );
+        let resp = tokio::time::timeout(Duration::from_secs(10), sent)
+            .await
+            .expect("an answer");
+        assert_eq!(resp.status(), 413, "round {round}: {}", proxy.log_text());
+        assert_eq!(&body_bytes(resp).await[..], b"too large");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_malformed_answer_does_not_hold_up_the_next_requests() {
+    // Two Content-Lengths that disagree on /bad; a plain answer elsewhere. No scheme: the
+    // backend's protocol is detected, and this one sits on a TLS ClientHello (2 s probe).
+    let backend = raw_backend(|path| {
+        let bad: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\nok!";
+        let good: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+        (if path == "/bad" { bad } else { good }, false)
+    })
+    .await;
+    let proxy = ProxyProcess::start(&route_to(backend.to_string()), "");
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    let first = client.get("x.test", "/").await;
+    assert_eq!(first.status(), 200, "{}", proxy.log_text());
+    body_bytes(first).await;
+    for _ in 0..2 {
+        let bad = client.get("x.test", "/bad").await;
+        assert_eq!(bad.status(), 502);
+        body_bytes(bad).await;
+        let started = Instant::now();
+        let next = client.get("x.test", "/").await;
+        assert_eq!(next.status(), 200);
+        body_bytes(next).await;
+        assert!(
+            started.elapsed() < Duration::from_millis(1000),
+            "the next request took {:?}: {}",
+            started.elapsed(),
+            proxy.log_text()
+        );
+    }
+    assert!(
+        !proxy.log_text().contains("detected again"),
+        "{}",
+        proxy.log_text()
+    );
+}
