@@ -13,8 +13,8 @@ pub static CLOSE: HeaderName = HeaderName::from_static("close");
 
 /// Removes hop-by-hop headers: `Connection` and every header it names, `Keep-Alive`,
 /// `Proxy-Connection`, `Transfer-Encoding`, `Upgrade`, `HTTP2-Settings` (it only ever belongs to
-/// an `h2c` upgrade, which is refused), and `TE` unless every value is `trailers` (in any case;
-/// it is then left as one lowercase `trailers`).
+/// an `h2c` upgrade, which is refused), and `TE` but for `trailers` (left as one lowercase
+/// `trailers` when any of its elements says it).
 ///
 /// One pass over the fields finds what is present, so the common case (none of them, or only
 /// `Connection: keep-alive` or `close`) costs one name match a field and, for `Connection`, a
@@ -71,19 +71,26 @@ impl ProxyFields {
 }
 
 /// `TE` passes only as `trailers` (RFC 9110 §10.1.4; RFC 9113 §8.2.2 allows nothing else over
-/// HTTP/2): dropped if any value is something else, and made one lowercase `trailers` if it was
-/// spelled otherwise or repeated, since HTTP/2 backends' clients refuse any other spelling.
+/// HTTP/2): one lowercase `trailers` if any element of any value says `trailers` (`trailers,
+/// gzip` is cut down to it: SPEC §6.2's "TE except trailers"), since HTTP/2 backends' clients
+/// refuse any other spelling; dropped otherwise.
 fn keep_te_trailers_only(headers: &mut HeaderMap) {
-    let (mut count, mut exact, mut trailers) = (0, true, true);
+    let (mut count, mut exact, mut trailers) = (0, true, false);
     for value in headers.get_all(header::TE) {
-        trailers &= value.as_bytes().eq_ignore_ascii_case(b"trailers");
-        exact &= value.as_bytes() == b"trailers";
+        let bytes = value.as_bytes();
+        exact &= bytes == b"trailers";
+        trailers |= bytes
+            .split(|b| *b == b',')
+            .any(|element| element.trim_ascii().eq_ignore_ascii_case(b"trailers"));
         count += 1;
     }
-    if !trailers {
-        headers.remove(header::TE);
-    } else if count > 1 || !exact {
+    if count == 0 || (count == 1 && exact) {
+        return;
+    }
+    if trailers {
         headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    } else {
+        headers.remove(header::TE);
     }
 }
 
@@ -325,8 +332,11 @@ mod tests {
             (&[("te", "trailers")], &["trailers"]),
             (&[("te", "Trailers")], &["trailers"]),
             (&[("te", "trailers"), ("te", "TRAILERS")], &["trailers"]),
-            (&[("te", "trailers"), ("te", "gzip")], &[]),
-            (&[("te", "trailers, deflate")], &[]),
+            (&[("te", "trailers"), ("te", "gzip")], &["trailers"]),
+            (&[("te", "trailers, deflate")], &["trailers"]),
+            (&[("te", "gzip;q=0.5 , Trailers")], &["trailers"]),
+            (&[("te", "gzip"), ("te", "deflate")], &[]),
+            (&[("te", "trailersx")], &[]),
         ];
         for (input, left) in cases {
             let mut m = map(input);
