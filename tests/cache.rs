@@ -543,3 +543,64 @@ async fn a_host_spelled_otherwise_cannot_poison_the_routed_hosts_entry() {
         }
     }
 }
+
+#[tokio::test]
+async fn event_streams_are_neither_stored_nor_coalesced() {
+    let origin = Origin::start().await;
+    let proxy = proxy_for(&origin);
+    let path = "/events?cc=max-age=60&ct=text/event-stream&slow=300";
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..2 {
+        let addr = proxy.addr;
+        tasks.spawn(async move {
+            let mut c = Client::connect(Proto::H1, addr).await;
+            let started = std::time::Instant::now();
+            let got = get(&mut c, path).await;
+            (got, started.elapsed())
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        let ((word, _), took) = done.expect("request task");
+        assert_eq!(word, "MISS");
+        assert!(took < Duration::from_secs(2), "took {took:?}");
+    }
+    assert_eq!(origin.requests(), 2, "each subscriber asks the origin");
+    let mut c = Client::connect(Proto::H1, proxy.addr).await;
+    assert_eq!(
+        get(&mut c, path).await.0,
+        "MISS",
+        "never replayed from the cache"
+    );
+    assert_eq!(origin.requests(), 3);
+}
+
+#[tokio::test]
+async fn a_slow_reader_of_a_large_answer_does_not_hold_up_the_next_request() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let origin = Origin::start().await;
+    let cache = "  storage: memory\n  mem_size_mb: 64\n  item_max_size: 16\n  ttl: 60\n";
+    let proxy = proxy_cache(&origin, cache, "");
+    let path = "/large?cc=max-age=60&len=12000000";
+    // The first client reads the head and a little, then stops: the proxy can write the rest
+    // only as fast as it reads, so the copy for the cache fills no faster.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut slow = socket.connect(proxy.addr).await.unwrap();
+    let ask = format!("GET {path} HTTP/1.1\r\nhost: c.test\r\n\r\n");
+    slow.write_all(ask.as_bytes()).await.unwrap();
+    let mut first = [0u8; 1024];
+    let n = slow.read(&mut first).await.unwrap();
+    assert!(String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"));
+    let started = std::time::Instant::now();
+    let mut c = Client::connect(Proto::H1, proxy.addr).await;
+    let (resp, body) = send(&mut c, Method::GET, path, &[]).await;
+    let took = started.elapsed();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(body.len(), 12_000_000);
+    assert!(
+        took < Duration::from_millis(2500),
+        "the second request took {took:?}"
+    );
+    assert_eq!(origin.requests(), 2);
+    drop(slow);
+}

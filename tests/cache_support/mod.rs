@@ -20,7 +20,7 @@ use crate::support::*;
 
 /// An origin whose answer the query describes: `cc` (Cache-Control), `vary`, `cookie`
 /// (a Set-Cookie), `status`, `age` (an Age header on a 200), `slow` (ms before answering), `len`
-/// (body bytes), `etag` (an ETag; a request whose If-None-Match names it gets a 304 with the
+/// (body bytes), `ct` (a Content-Type), `etag` (an ETag; a request whose If-None-Match names it gets a 304 with the
 /// same Cache-Control). The body is `#<n>` (its request count) unless `len` is given. `X-Lang`
 /// echoes the request's Accept-Language. While `failing` is set every answer is a 503. `flip`
 /// answers `no-store` until `flipped` is set, then `max-age=60`. `seen` keeps what it was
@@ -202,6 +202,7 @@ async fn answer(
         ("vary", "vary"),
         ("cookie", "set-cookie"),
         ("age", "age"),
+        ("ct", "content-type"),
     ] {
         if let Some(value) = get(param) {
             resp = resp.header(name, value);

@@ -47,6 +47,9 @@ use store::{CacheStore, Flight, FlightGuard, Found};
 
 pub use store::CacheStore as Store;
 
+/// The largest body whose fill other requests for the key wait for ([`finish`]).
+const COALESCED_BODY_MAX: u64 = 256 * 1024;
+
 /// A route's cache settings, compiled with the snapshot.
 #[derive(Debug)]
 pub struct RouteCache {
@@ -343,6 +346,10 @@ fn finish(
     let store = &cache.store;
     let (status, headers) = (resp.status(), resp.headers());
     let storable = rules::storable(auth, status, headers, cache.ttl, SystemTime::now);
+    // Requests for the same key wait for the entry only while it fills at the backend's pace.
+    // A large body fills as fast as this request's client reads it (one slow reader would hold
+    // every follower for the whole coalescing wait): they go to the backend themselves.
+    let guard = guard.filter(|_| !fills_at_the_clients_pace(headers));
     match (keep, storable) {
         (Keep::Entry(sent), Some(storable)) => {
             keep_copy(store, (key, slot), &sent, storable, resp, guard)
@@ -363,6 +370,15 @@ fn finish(
         }
         _ => resp,
     }
+}
+
+/// A body larger than the socket buffers take at once: written, and so copied into the
+/// cache, only as fast as the client reads it.
+fn fills_at_the_clients_pace(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|len| len.to_str().ok()?.parse::<u64>().ok())
+        .is_some_and(|len| len > COALESCED_BODY_MAX)
 }
 
 /// An answer that could not be stored says the key's answers cannot be.

@@ -191,6 +191,11 @@ pub fn storable(
     if cc.no_store || cc.private || headers.contains_key(header::SET_COOKIE) {
         return None;
     }
+    // A stream of events (SSE) is live: replayed from the cache it would be old news, and
+    // coalesced, the second subscriber would wait for the first one's stream to end.
+    if is_event_stream(headers) {
+        return None;
+    }
     // Kept without freshness when it can be revalidated: each use asks the backend first.
     let validator =
         headers.contains_key(header::ETAG) || headers.contains_key(header::LAST_MODIFIED);
@@ -229,6 +234,20 @@ pub fn storable(
         must_revalidate,
         stale_while_revalidate: if must_revalidate { Duration::ZERO } else { swr },
         stale_if_error: if must_revalidate { Duration::ZERO } else { sie },
+    })
+}
+
+/// Whether the answer is `text/event-stream` (server-sent events).
+fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers.get(header::CONTENT_TYPE).is_some_and(|ct| {
+        let essence = ct
+            .as_bytes()
+            .split(|b| *b == b';')
+            .next()
+            .unwrap_or_default();
+        essence
+            .trim_ascii()
+            .eq_ignore_ascii_case(b"text/event-stream")
     })
 }
 
