@@ -72,6 +72,9 @@ pub async fn watch(store: Arc<CertStore>, reload: CertReload) {
         }
         wake.notified().await;
         tokio::time::sleep(Duration::from_millis(100)).await;
+        // The rest of the burst (a write, then its close) woke it again meanwhile: this one
+        // reload covers it.
+        let _ = tokio::time::timeout(Duration::ZERO, wake.notified()).await;
         let store = store.clone();
         let reloaded = tokio::task::spawn_blocking(move || (store.reload(), store.len())).await;
         if let Ok((problems, count)) = reloaded {
