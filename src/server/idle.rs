@@ -15,6 +15,10 @@
 //! own timer rather than hyper's header-read timer, which registers and drops a timer for every
 //! request; here one timer per connection serves the idle, head and stall checks.
 //!
+//! When it finds an HTTP/1 request waiting for its backend, the timer has the connection watch
+//! its client ([`Graceful::watch_client`]): one that leaves ends the request (nginx's 499),
+//! with no look at the socket for the requests answered sooner.
+//!
 //! The same timer asks an HTTP/1 connection to park ([`super::park`]) once it has carried no
 //! request for [`Timers::park`] and read nothing since its last one. To notice a request's end
 //! in time it looks at least that often on HTTP/1 connections (once a second: a cheap poll of

@@ -411,7 +411,7 @@ mod tests {
             ),
             (&[("te", "trailers")], &["te"], &[]),
             (&[("te", "gzip")], &[], &["te"]),
-            (&[("te", "trailers"), ("te", "gzip")], &[], &["te"]),
+            (&[("te", "trailers"), ("te", "gzip")], &["te"], &[]),
             (
                 &[("connection", "close, Keep-Alive"), ("keep-alive", "1")],
                 &[],
