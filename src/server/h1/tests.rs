@@ -324,14 +324,18 @@ fn held_answer(
     })
 }
 
-/// A connection whose first request's answer waits for the returned sender; the receiver
-/// hears if that answer is dropped instead.
-fn serve_held() -> (
+/// The client's end, the connection, what releases its first answer, and what hears that the
+/// answer was dropped instead.
+type Held<S> = (
     DuplexStream,
-    Pin<Box<Connection<DuplexStream, impl super::Serve>>>,
+    Pin<Box<Connection<DuplexStream, S>>>,
     tokio::sync::oneshot::Sender<()>,
     tokio::sync::oneshot::Receiver<()>,
-) {
+);
+
+/// A connection whose first request's answer waits for the returned sender; the receiver
+/// hears if that answer is dropped instead.
+fn serve_held() -> Held<impl super::Serve> {
     let (release_tx, release_rx) = tokio::sync::oneshot::channel();
     let (dropped_tx, dropped_rx) = tokio::sync::oneshot::channel();
     let held = std::sync::Mutex::new(Some((release_rx, dropped_tx)));
