@@ -583,3 +583,47 @@ async fn requests_refused_for_their_head_are_logged_and_counted() {
     let other = "aralez_requests_total{method=\"OTHER\",version=\"OTHER\"}";
     assert_eq!(metric(admin, other).await, Some(4.0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_exchange_is_logged_with_the_backend_it_failed_with() {
+    // A port nothing listens on, and a backend that reads requests and never answers.
+    let dead = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    let silent = Backend::builder("silent").status(0).start().await;
+    let upstreams = Upstreams::new()
+        .host(
+            "x.test",
+            Host::new()
+                .path(
+                    "/dead",
+                    Path::addrs(&[format!("http://{dead}")]).healthcheck(false),
+                )
+                .path(
+                    "/silent",
+                    Path::addrs(&[format!("http://{}", silent.addr)]).healthcheck(false),
+                ),
+        )
+        .render();
+    let proxy = ProxyProcess::start(&upstreams, "access_log: all\nupstream_response_timeout: 1");
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    for (path, status) in [("/dead", 502), ("/silent", 504)] {
+        let resp = client.get("x.test", path).await;
+        assert_eq!(resp.status(), status, "{path}");
+        body_bytes(resp).await;
+    }
+    let logged = eventually(Duration::from_secs(5), || {
+        access_lines(&proxy.log_text()).len() >= 2
+    });
+    assert!(logged.await, "{}", proxy.log_text());
+    let log = proxy.log_text();
+    for (target, backend) in [("/dead", dead), ("/silent", silent.addr)] {
+        let line = access_lines(&log)
+            .into_iter()
+            .find(|l| l.contains(&format!("target=\"{target}\"")))
+            .unwrap_or_else(|| panic!("{target} not logged: {log}"));
+        assert!(line.contains(&format!(" backend={backend} ")), "{line}");
+        assert!(line.contains(" upstream_ms=- "), "no answer came: {line}");
+    }
+}

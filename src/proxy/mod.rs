@@ -21,7 +21,9 @@ use http_body::Body as _;
 use http_body_util::{Either, Full};
 
 use crate::upstream::balancer;
-use crate::upstream::{keep_served_by, BackendSet, Outgoing, PooledBody, Timeouts};
+use crate::upstream::{
+    keep_served_by, BackendSet, Failed, FailedAt, Outgoing, PooledBody, Timeouts,
+};
 use crate::vocab::forwarded::{self, Forwarded};
 use crate::vocab::headers::X_REQUEST_ID;
 use crate::vocab::hop_by_hop::{self, ProxyFields};
@@ -60,12 +62,16 @@ impl Forwarder {
     /// Not an `async fn`: the request is made the backend's before the future is, and the
     /// future is the balancer's with the response step mapped on, so every request's future
     /// holds no copy of the request (an `async fn` keeps its arguments twice).
+    ///
+    /// When the exchange fails with a backend (a 502, 503 or 504), the answer is the proxy's
+    /// own, built here for a gRPC client (`grpc`) or not, and names that backend ([`FailedAt`])
+    /// for the access log; with no backend tried it is the error.
     pub fn forward<'a>(
         &'a self,
         conn: &'a ClientConn,
         backends: &'a BackendSet,
         rules: &'a HeaderRules,
-        mut req: Request<ClientBody>,
+        (mut req, grpc): (Request<ClientBody>, bool),
         request_id: Option<&HeaderValue>,
     ) -> impl Future<Output = Result<Response<RespBody>, ProxyError>> + 'a {
         let client_upgrade = upgrade::take(&mut req);
@@ -76,11 +82,26 @@ impl Forwarder {
         let ask = client_upgrade.as_ref().map(|u| &u.ask);
         let out = outgoing((conn, request_id), rules, req, ask);
         let sending = balancer::send(backends, out, conn.worker, self.timeouts);
-        future::Either::Right(sending.map(move |sent| match client_upgrade {
-            Some(client) => sent.and_then(|resp| answer_upgrade(resp, client, conn, rules)),
-            None => sent.map(|resp| finish_response(resp, rules)),
+        future::Either::Right(sending.map(move |sent| {
+            let sent = match sent {
+                Ok(resp) => resp,
+                Err(failed) => return failure_answer(failed, grpc),
+            };
+            match client_upgrade {
+                Some(client) => answer_upgrade(sent, client, conn, rules),
+                None => Ok(finish_response(sent, rules)),
+            }
         }))
     }
+}
+
+/// The answer to an exchange that failed: the proxy's own, naming the backend it failed with.
+fn failure_answer(failed: Failed, grpc: bool) -> Result<Response<RespBody>, ProxyError> {
+    let Failed { error, at } = failed;
+    let at = at.ok_or(error)?;
+    let mut resp = error.response_for(grpc).map(Either::Right);
+    resp.extensions_mut().insert(FailedAt(at));
+    Ok(resp)
 }
 
 /// The backend's answer to an upgrade request: the two connections joined if it switched
@@ -259,7 +280,8 @@ mod tests {
         let backends = BackendSet::new(Box::new([]), None, false);
         let rules = HeaderRules::default();
         let body = ClientBody::Stream(Empty::new().map_err(|e| match e {}).boxed_unsync());
-        let forwarding = forwarder.forward(&conn, &backends, &rules, Request::new(body), None);
+        let forwarding =
+            forwarder.forward(&conn, &backends, &rules, (Request::new(body), false), None);
         let size = std::mem::size_of_val(&forwarding);
         assert!(size <= 2560, "the forwarding future grew to {size} bytes");
     }

@@ -24,7 +24,7 @@ use crate::accesslog::{AccessLog, Record};
 use crate::metrics::Metrics;
 use crate::proxy::RespBody;
 use crate::routing::Router;
-use crate::upstream::served_by;
+use crate::upstream::{served_by, FailedAt};
 use crate::vocab::late_id::LateId;
 use crate::vocab::{ClientBody, ClientConn, TlsFacts, WorkerId};
 
@@ -162,7 +162,10 @@ pub fn handle(
         let label = served.map(|s| &s.0.label);
         ctx.metrics
             .response_ready(client.worker, status, now - start, label.map(|l| &**l));
-        record.respond(status.as_u16(), label, (served.map(|s| s.1), now));
+        // The backend an exchange failed with, for the log only: it sent no answer.
+        let failed_at = || resp.extensions().get::<FailedAt>().map(|f| &f.0.label);
+        let logged = label.or_else(failed_at);
+        record.respond(status.as_u16(), logged, (served.map(|s| s.1), now));
         if ctx.hsts && !resp.headers().contains_key(STRICT_TRANSPORT_SECURITY) {
             resp.headers_mut().insert(
                 STRICT_TRANSPORT_SECURITY,

@@ -122,6 +122,14 @@ pub struct Outgoing {
     pub replayable: bool,
 }
 
+/// Why no backend answered: the error to answer with, and the backend it failed with last
+/// (none when none was tried).
+#[derive(Debug)]
+pub struct Failed {
+    pub error: ProxyError,
+    pub at: Option<Arc<Backend>>,
+}
+
 /// Sends `out` to the set's backends: the pinned one first if any, else the next in round
 /// robin; on to the next usable backend while connections cannot be made (or a replayable
 /// request's connection broke); each backend is tried once, however often it is listed.
@@ -130,7 +138,7 @@ pub fn send<'a>(
     out: Outgoing,
     worker: WorkerId,
     timeouts: Timeouts,
-) -> impl Future<Output = Result<Response<PooledBody>, ProxyError>> + 'a {
+) -> impl Future<Output = Result<Response<PooledBody>, Failed>> + 'a {
     // Not an `async fn`: that would keep `out` twice in its state, beside the request made of
     // it, and this future sits inside every request's.
     let len = set.len();
@@ -144,6 +152,7 @@ pub fn send<'a>(
     let mut pending = Some(Request::from_parts(out.head, out.body));
     async move {
         let mut last_error = None;
+        let mut last_tried = None;
         // Backends already tried; allocated only when a first attempt fails.
         let mut tried: Vec<usize> = Vec::new();
         for step in 0..len {
@@ -186,7 +195,7 @@ pub fn send<'a>(
                 Ok(resp) if resp.status().as_u16() > 599 => {
                     // RFC 9110 §15: outside 100..=599 is no status; taken as the server error it is.
                     tracing::warn!(backend = %backend.label, "invalid response: status {}", resp.status());
-                    return Err(ProxyError::BadResponse);
+                    return Err(failed(ProxyError::BadResponse, backend));
                 }
                 Ok(mut resp) => {
                     backend.note_answer(worker, resp.status());
@@ -210,36 +219,48 @@ pub fn send<'a>(
                     last_error = Some(ProxyError::BackendReset);
                     match replay {
                         Some(head) => pending = Some(replay_request(*head)),
-                        None => return Err(ProxyError::BackendReset),
+                        None => return Err(failed(ProxyError::BackendReset, backend)),
                     }
                 }
                 Err(SendError::ClientBody(error)) => {
                     // The client's doing: said at debug level, the access log has its 400.
                     tracing::debug!(backend = %backend.label, "request body failed: {error}");
-                    return Err(ProxyError::ClientBody);
+                    return Err(failed(ProxyError::ClientBody, backend));
                 }
                 Err(SendError::BadResponse(error)) => {
                     tracing::warn!(backend = %backend.label, "invalid response: {error}");
-                    return Err(ProxyError::BadResponse);
+                    return Err(failed(ProxyError::BadResponse, backend));
                 }
                 Err(SendError::ClientStalled) => {
                     // The client's doing, as a failed body is: not the backend's 504.
                     tracing::debug!(backend = %backend.label, "the request body stopped coming");
-                    return Err(ProxyError::ClientBodyTimeout);
+                    return Err(failed(ProxyError::ClientBodyTimeout, backend));
                 }
                 Err(SendError::Unprocessed(_)) => {
                     // The pool sends these again itself and reports what is left as a reset.
                     tracing::warn!(backend = %backend.label, "backend refused the request");
-                    return Err(ProxyError::BackendReset);
+                    return Err(failed(ProxyError::BackendReset, backend));
                 }
                 Err(SendError::Timeout) => {
                     tracing::warn!(backend = %backend.label, "no response within {:?}", timeouts.response);
-                    return Err(ProxyError::ResponseTimeout);
+                    return Err(failed(ProxyError::ResponseTimeout, backend));
                 }
             }
             tried.push(identity(backend));
+            last_tried = Some(backend);
         }
-        Err(last_error.unwrap_or(ProxyError::AllBackendsDown))
+        Err(Failed {
+            error: last_error.unwrap_or(ProxyError::AllBackendsDown),
+            at: last_tried.cloned(),
+        })
+    }
+}
+
+/// A failure with `backend`.
+fn failed(error: ProxyError, backend: &Arc<Backend>) -> Failed {
+    Failed {
+        error,
+        at: Some(backend.clone()),
     }
 }
 

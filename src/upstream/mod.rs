@@ -20,7 +20,7 @@ pub mod stall;
 pub mod tls;
 
 pub use backend::{Backend, Registry};
-pub use balancer::{BackendSet, Outgoing, Pinned};
+pub use balancer::{BackendSet, Failed, Outgoing, Pinned};
 pub use connector::{ConnectError, ConnectErrorKind, Endpoint, UpBody, Wire};
 pub use pool::{SendError, Timeouts};
-pub use pooled_body::{keep_served_by, served_by, PooledBody, Served, ServedBy};
+pub use pooled_body::{keep_served_by, served_by, FailedAt, PooledBody, Served, ServedBy};

@@ -34,6 +34,12 @@ use crate::vocab::WorkerId;
 #[derive(Clone, Debug)]
 pub struct ServedBy(pub Arc<Backend>, pub std::time::Instant);
 
+/// On the proxy's own answer to an exchange that failed: the backend it failed with (the last
+/// one tried), for the access log (nginx's `$upstream_addr` on a 502 or 504). Not an answer of
+/// the backend's: metrics and sticky sessions leave it alone.
+#[derive(Clone, Debug)]
+pub struct FailedAt(pub Arc<Backend>);
+
 /// Bodies that may come from a backend: which one answered, if any did.
 pub trait Served {
     fn served_by(&self) -> Option<&ServedBy>;
