@@ -29,6 +29,8 @@ pub struct Named<'a> {
     pub log_file: Option<&'a Path>,
     /// `access_log_file`, when the access log is on (it is not opened otherwise).
     pub access_log_file: Option<&'a Path>,
+    /// main.yaml and upstreams.yaml: no file the process writes may be one of them.
+    pub config_files: [&'a Path; 2],
 }
 
 /// What kind of thing a path must be.
@@ -132,12 +134,27 @@ fn created_files(named: &Named<'_>, at: &KeyPositions<'_>, r: &mut Reader) -> bo
         let Some((key, pos)) = at.first_of(keys) else {
             continue;
         };
-        if let Some(problem) = cannot_create(path) {
+        let problem = cannot_create(path).or_else(|| overwrites_config(path, &named.config_files));
+        if let Some(problem) = problem {
             r.error(pos, key, problem);
             ok = false;
         }
     }
     ok
+}
+
+/// A file the process writes that is one of its configuration files (a pid file written
+/// over main.yaml, a log appended to upstreams.yaml) would destroy it at the first start.
+fn overwrites_config(path: &Path, config_files: &[&Path]) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let id = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    let written = id(path)?;
+    let config = config_files.iter().find(|c| id(c) == Some(written))?;
+    Some(format!(
+        "`{}` is the configuration file {}: the process would write over it",
+        path.display(),
+        config.display()
+    ))
 }
 
 fn cannot_create(path: &Path) -> Option<String> {

@@ -497,6 +497,7 @@ impl MainConfig {
                 .access_log_file
                 .as_deref()
                 .filter(|_| cfg.access_log != AccessLog::Off),
+            config_files: [path, &cfg.upstreams_conf],
         };
         let everything_exists = exists::check(&named, &positions, r);
         let resolved = &cfg.upstreams_conf;

@@ -52,6 +52,15 @@ pub(crate) fn cases() -> Vec<Case> {
             vec![warn(U, 6, pk("acme"), "applies to a host")],
         )
         .warnings_only(),
+        // A pid file or log written over a configuration file would destroy it at the start.
+        Case::main(
+            "files_the_process_writes_are_not_its_configuration",
+            &format!("{MAIN_OK}pid_file: main.yaml\nlog_file: upstreams.yaml\n"),
+            vec![
+                err(M, 3, "pid_file", "is the configuration file"),
+                err(M, 4, "log_file", "is the configuration file"),
+            ],
+        ),
         // Aralez's letter grades are read as the grade they stand for, with a warning naming it.
         Case::main(
             "letter_grades_are_warnings_that_name_the_grade",
