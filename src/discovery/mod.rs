@@ -154,7 +154,12 @@ impl Reloader {
         let _applying = self.applying.lock().unwrap_or_else(|p| p.into_inner());
         let digest = config::files_digest(&self.upstreams_path);
         if self.sources().file.is_some() && self.sources().file_digest == digest {
-            tracing::debug!(source, "configuration files unchanged; nothing to reload");
+            // Said where an operator asked for the reload; the watcher's own are routine.
+            if source == "SIGHUP" {
+                tracing::info!(source, "configuration files unchanged; nothing to reload");
+            } else {
+                tracing::debug!(source, "configuration files unchanged; nothing to reload");
+            }
             return Ok(Applied::Unchanged);
         }
         let mut issues = self.issues();
