@@ -486,3 +486,52 @@ async fn a_request_head_that_never_completes_is_dropped_and_the_connection_serve
     let (status, _, body) = exchange(&mut send, Method::GET, "/", &[], Bytes::new()).await;
     assert_eq!((status, &body[..]), (200, &b"h3-backend"[..]));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_live_upgrade_alt_svc_waits_until_http3_is_served() {
+    let backend = Backend::start("h3-backend").await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let sock = dir.path().join("upgrade.sock");
+    let extra = format!(
+        "upgrade_sock: \"{}\"\ngrace_period_seconds: 10\n",
+        sock.display()
+    );
+    let mut h3 = H3Proxy::start_with(&backend, &extra);
+    let alt_svc = || async {
+        let config = tls_client_config(std::slice::from_ref(&h3.pki.ca), &[b"http/1.1"]);
+        let mut client = Client::connect_tls(h3.tls, "h3.test", config).await;
+        let resp = client.get("h3.test", "/").await;
+        assert_eq!(resp.status(), 200);
+        resp.headers()
+            .get("alt-svc")
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    assert!(alt_svc().await.is_some());
+    // An HTTP/3 request in flight keeps the old instance draining for a while.
+    let (_endpoint, mut send, _driving, _conn) = h3.connect(std::slice::from_ref(&h3.pki.ca)).await;
+    let slow = tokio::spawn(async move {
+        let req = Request::get("https://h3.test/slow/2500")
+            .body(())
+            .expect("request");
+        let mut stream = send.send_request(req).await.expect("send");
+        stream.finish().await.expect("finish");
+        stream.recv_response().await.expect("response").status()
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let conf = h3.proxy.path("main.yaml");
+    let new = tokio::task::block_in_place(|| ProxyProcess::spawn_args(&conf, &["-u"]));
+    h3.proxy.signal(nix::sys::signal::Signal::SIGQUIT);
+    // The old instance no longer accepts: the new one answers, without offering HTTP/3 yet.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(alt_svc().await, None, "{}", new.log_text());
+    assert_eq!(
+        slow.await.expect("the slow request"),
+        200,
+        "{}",
+        h3.proxy.log_text()
+    );
+    h3.proxy
+        .expect_clean_exit(Duration::from_secs(15), "the old process after SIGQUIT");
+    let offered = eventually_async(Duration::from_secs(5), || async { alt_svc().await });
+    assert!(offered.await.is_some(), "{}", new.log_text());
+}

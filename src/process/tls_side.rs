@@ -19,12 +19,21 @@ pub fn http3_side(
 ) -> server::H3Side {
     let port = socket.local_addr().map_or(0, |a| a.port());
     let alt_svc = format!("h3=\":{port}\"; ma=86400");
-    side.alt_svc = http::HeaderValue::from_str(&alt_svc).ok();
+    // Bound already, the socket queues what comes until HTTP/3 reads it; after a live
+    // upgrade it is offered once the previous instance has let go of it.
+    let offered = Arc::new(std::sync::atomic::AtomicBool::new(previous_owner.is_none()));
+    side.alt_svc = http::HeaderValue::from_str(&alt_svc)
+        .ok()
+        .map(|value| server::AltSvc {
+            value,
+            offered: offered.clone(),
+        });
     server::H3Side {
         socket,
         resolver: side.resolver.clone(),
         hsts: side.hsts,
         previous_owner,
+        offered,
     }
 }
 

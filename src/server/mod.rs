@@ -66,7 +66,16 @@ pub struct TlsSide {
     /// The certificates (HTTP/3 serves the same ones).
     pub resolver: Arc<dyn rustls::server::ResolvesServerCert>,
     /// `Alt-Svc` on the TLS listener's responses (`h3=":PORT"; ma=86400` with HTTP/3 on).
-    pub alt_svc: Option<http::HeaderValue>,
+    pub alt_svc: Option<AltSvc>,
+}
+
+/// The `Alt-Svc` that offers HTTP/3, and whether it is offered yet: only once HTTP/3 reads its
+/// socket (after a live upgrade, once the previous instance has exited), so that clients are
+/// not sent to a port nobody answers.
+#[derive(Clone, Debug)]
+pub struct AltSvc {
+    pub value: http::HeaderValue,
+    pub offered: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What HTTP/3 (`server::h3`) needs from start-up: its UDP socket and the TLS listener's
@@ -78,6 +87,8 @@ pub struct H3Side {
     pub hsts: bool,
     /// After a live upgrade: the previous instance, which reads the socket until it exits.
     pub previous_owner: Option<i32>,
+    /// Set once HTTP/3 serves: the TLS listener's `Alt-Svc` offers it from then on.
+    pub offered: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What every worker's connections share: the router, and where requests are counted and
@@ -195,7 +206,7 @@ pub async fn serve_worker(
     let request_ids = Arc::new(real_client::RequestIds::new());
     let floor = tokio::spawn(timer_floor());
     // The service of one proxy connection: every request through [`observe::answer`].
-    let proxy_service = |hsts: bool, alt_svc: Option<http::HeaderValue>| {
+    let proxy_service = |hsts: bool, alt_svc: Option<AltSvc>| {
         let (serving, tunnels) = (serving.clone(), tunnels.clone());
         let request_ids = request_ids.clone();
         move |info: ConnInfo| {

@@ -20,6 +20,7 @@ use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 
 use super::real_client::{self, RequestIds, TrustedProxies};
+use super::AltSvc;
 use crate::accesslog::{AccessLog, Record};
 use crate::metrics::Metrics;
 use crate::proxy::RespBody;
@@ -109,7 +110,7 @@ pub struct ConnCtx {
     /// Add `Strict-Transport-Security` to responses that lack it (TLS grade `high`).
     pub hsts: bool,
     /// `Alt-Svc` for responses that lack it (the TLS listener, when HTTP/3 is on).
-    pub alt_svc: Option<HeaderValue>,
+    pub alt_svc: Option<AltSvc>,
     pub trusted: Arc<TrustedProxies>,
     /// The worker's request id generator.
     pub request_ids: Arc<RequestIds>,
@@ -173,8 +174,9 @@ pub fn handle(
             );
         }
         if let Some(alt_svc) = &ctx.alt_svc {
-            if !resp.headers().contains_key(ALT_SVC) {
-                resp.headers_mut().insert(ALT_SVC, alt_svc.clone());
+            let offered = alt_svc.offered.load(std::sync::atomic::Ordering::Relaxed);
+            if offered && !resp.headers().contains_key(ALT_SVC) {
+                resp.headers_mut().insert(ALT_SVC, alt_svc.value.clone());
             }
         }
         let request_id = Some(request_id.value);

@@ -129,9 +129,13 @@ impl Backend {
         Wire::from_u8(self.detected.load(Ordering::Relaxed))
     }
 
-    /// This worker's connections to the backend.
+    /// This worker's connections to the backend. Threads that are no worker (HTTP/3's) share
+    /// the last slot, one of their own: a worker's HTTP/2 and TLS connections are driven by
+    /// tasks on its runtime, which stops when the worker has drained, and an HTTP/3 request
+    /// still running on one of them lost its stream.
     pub(super) fn slot(&self, worker: WorkerId) -> &WorkerSlot {
-        &self.slots[worker.0 % self.slots.len()]
+        let last = self.slots.len() - 1;
+        &self.slots[worker.0.min(last)]
     }
 
     /// Gives a plain connection whose response has been read back to `worker`'s idle list.
@@ -346,7 +350,7 @@ impl Backend {
             verify_tls,
             authority,
             health,
-            slots: (0..workers).map(|_| WorkerSlot::default()).collect(),
+            slots: (0..=workers).map(|_| WorkerSlot::default()).collect(),
             idle_per_worker: pool_size.div_ceil(workers),
             metrics: registry.metrics.clone(),
             own_name,
@@ -442,7 +446,8 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// `workers` slots per backend sharing `pool_size` idle connections; `down_for`: how long
+    /// `workers` slots per backend (and one for threads that are no worker) sharing
+    /// `pool_size` idle connections; `down_for`: how long
     /// passive health keeps a failing backend out; connections counted in `metrics`.
     pub fn new(
         workers: usize,

@@ -120,7 +120,11 @@ pub fn spawn(
                     quic_runtime,
                 );
                 match endpoint {
-                    Ok(endpoint) => serve(endpoint, serving, limits, side.hsts, shutdown).await,
+                    Ok(endpoint) => {
+                        side.offered
+                            .store(true, std::sync::atomic::Ordering::Relaxed);
+                        serve(endpoint, serving, limits, side.hsts, shutdown).await;
+                    }
                     Err(e) => tracing::error!("http/3: the QUIC endpoint on {addr}: {e}"),
                 }
             })
