@@ -346,3 +346,28 @@ async fn a_websocket_open_at_sigterm_lives_through_the_drain() {
         "waited for the grace period"
     );
 }
+
+/// A WebSocket over an HTTP/2 stream is the connection's business as long as it lives: its
+/// response ended as the tunnel opened, and the connection looked idle, was asked to close
+/// (`client_idle_timeout`, 3 s here) and was cut a header timeout (1 s) later, traffic or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_websocket_over_http2_outlives_the_connections_idle_timeout() {
+    let chat = ChatProxy::start().await;
+    let plain = TcpStream::connect(chat.proxy.addr).await.unwrap();
+    let mut ws = extended_connect(plain, "http").await;
+    let started = std::time::Instant::now();
+    let mut n = 0;
+    while started.elapsed() < Duration::from_secs(6) {
+        n += 1;
+        let text = format!("message {n}");
+        ws.send(Message::text(text.clone())).await.unwrap();
+        let echoed = tokio::time::timeout(Duration::from_secs(2), ws.next()).await;
+        let echoed =
+            echoed.unwrap_or_else(|_| panic!("no echo of {text} after {:?}", started.elapsed()));
+        match echoed {
+            Some(Ok(msg)) => assert_eq!(msg, Message::text(text)),
+            other => panic!("the tunnel ended after {:?}: {other:?}", started.elapsed()),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}

@@ -33,12 +33,14 @@ use tokio::time::Instant;
 
 use super::RespBody;
 use crate::upstream::{keep_served_by, PooledBody};
-use crate::vocab::TunnelLimits;
+use crate::vocab::{StreamHeld, TunnelLimits};
 
 /// A client's request to switch protocols.
 pub struct ClientUpgrade {
     pub ask: UpgradeAsk,
     on_client: OnUpgrade,
+    /// An HTTP/2 stream's place on its connection, kept while the tunnel lives.
+    held: Option<StreamHeld>,
 }
 
 /// What the backend is asked to switch to, and how the client asked.
@@ -84,6 +86,7 @@ pub fn take<B>(req: &mut Request<B>) -> Option<ClientUpgrade> {
             over_h2: false,
         },
         on_client,
+        held: None,
     })
 }
 
@@ -100,12 +103,14 @@ fn take_extended_connect<B>(req: &mut Request<B>) -> Option<ClientUpgrade> {
     let protocol = req.extensions().get::<hyper::ext::Protocol>()?.as_str();
     let protocol = HeaderValue::from_str(protocol).ok()?;
     let on_client = req.extensions_mut().remove::<OnUpgrade>()?;
+    let held = req.extensions_mut().remove::<StreamHeld>();
     Some(ClientUpgrade {
         ask: UpgradeAsk {
             protocol,
             over_h2: true,
         },
         on_client,
+        held,
     })
 }
 
@@ -173,6 +178,7 @@ pub fn bridge(
         match tokio::try_join!(client.on_client, on_server) {
             Ok((client_io, server_io)) => {
                 let _counted = limits.count_tunnel();
+                let _held = client.held;
                 let (c, s) = (TokioIo::new(client_io), TokioIo::new(server_io));
                 tunnel(c, s, limits.idle).await;
             }

@@ -19,7 +19,7 @@ use pin_project_lite::pin_project;
 use super::idle::{Activity, InFlight};
 use crate::vocab::headers::X_REQUEST_ID;
 use crate::vocab::late_id::LateId;
-use crate::vocab::ClientBody;
+use crate::vocab::{ClientBody, StreamHeld};
 
 /// Who writes the heads of a connection's answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,11 +62,14 @@ where
     type Future = TrackedAnswer<S::Future>;
 
     fn call(&self, req: Request<RB>) -> Self::Future {
-        let req: Request<ClientBody> = req.map(Into::into);
+        let mut req: Request<ClientBody> = req.map(Into::into);
         let in_flight = Some(self.activity.begin(!req.body().is_end_stream()));
         let http1 = req.version() < Version::HTTP_2;
         if !http1 {
             self.activity.mark_http2();
+            if req.method() == Method::CONNECT {
+                hold_for_a_tunnel(&self.activity, &mut req);
+            }
         }
         let head = req.method() == Method::HEAD;
         TrackedAnswer {
@@ -77,6 +80,15 @@ where
             writer: self.writer,
         }
     }
+}
+
+/// An HTTP/2 CONNECT may become a tunnel that outlives its response: it holds a request's
+/// place on the connection of its own ([`StreamHeld`]), counted as waiting (the tunnel's idle
+/// timeout bounds it, not the connection's stall check).
+fn hold_for_a_tunnel(activity: &Arc<Activity>, req: &mut Request<ClientBody>) {
+    let mut held = activity.begin(false);
+    held.set_waiting(true);
+    req.extensions_mut().insert(StreamHeld(Arc::new(held)));
 }
 
 pin_project! {

@@ -88,6 +88,14 @@ impl ClientConn {
     }
 }
 
+/// Held by the tunnel an HTTP/2 stream becomes (an extended CONNECT, RFC 8441): its client
+/// connection counts it as a request in flight while it lives. The stream's response ends as
+/// the tunnel opens, so without it the connection looked idle, was asked to close and was cut
+/// a header timeout later with the tunnel busy. Put on the request by the server; type-erased,
+/// as the server's guard is not this layer's to know.
+#[derive(Clone)]
+pub struct StreamHeld(pub Arc<dyn std::any::Any + Send + Sync>);
+
 /// Limits an upgraded connection keeps once it has left HTTP: it still counts among the
 /// listener's open connections, it is closed when no byte has crossed it for `idle`, and a
 /// draining worker waits for it (`live`) as for a request in flight.
