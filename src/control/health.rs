@@ -111,7 +111,14 @@ pub async fn probe(backend: &Backend, path: &str, method: Method, timeout: Durat
         connector::exchange_once(ep, &backend.spec.host, req, timeout).await
     };
     let answers_before = backend.answers();
-    let outcome: Result<Result<_, ConnectError>, _> = tokio::time::timeout(timeout, attempt).await;
+    // Detecting first (no protocol known yet) has the TLS probe's time on top: within the
+    // probe's own, a backend that sits on a ClientHello for as long as probes may take was
+    // never detected, its probes all failed, and it stayed out of rotation for good.
+    let budget = match backend.wire() {
+        Some(_) => timeout,
+        None => timeout + detect::tls_probe_wait(timeout),
+    };
+    let outcome: Result<Result<_, ConnectError>, _> = tokio::time::timeout(budget, attempt).await;
     let timed_out = match &outcome {
         Err(_) => true,
         Ok(Err(e)) => e.is_timeout(),
@@ -251,6 +258,49 @@ mod tests {
         let reloaded = snapshot(&yaml, &registry);
         let route = reloaded.routes().find(|r| &*r.prefix == "/").unwrap();
         assert!(!route.backends.get(1).unwrap().is_up());
+    }
+
+    /// A raw HTTP/1.1 server that answers 204 once it has a request head, and says nothing to
+    /// anything else, a TLS ClientHello included (as many small servers do).
+    async fn waiting_for_a_head() -> std::net::SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut seen = Vec::new();
+                    let mut buf = [0u8; 2048];
+                    while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => seen.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let head = "HTTP/1.1 204 X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+                    let _ = s.write_all(head.as_bytes()).await;
+                });
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn a_backend_that_sits_on_a_client_hello_for_the_whole_probe_time_is_detected() {
+        let addr = waiting_for_a_head().await;
+        let registry = Registry::for_tests(1, Duration::from_secs(60));
+        let yaml =
+            format!("upstreams:\n  h:\n    paths:\n      /:\n        servers: [\"{addr}\"]\n");
+        let snap = snapshot(&yaml, &registry);
+        // Probes have 1 s; the TLS probe waits as long for an answer that never comes.
+        let settings = HealthSettings {
+            method: Method::HEAD,
+            interval: Duration::from_secs(1),
+        };
+        round(&snap, &settings).await;
+        let route = snap.routes().next().unwrap();
+        let backend = route.backends.iter().next().unwrap();
+        assert!(backend.is_up(), "the probe ran out of time while detecting");
+        assert_eq!(backend.wire(), Some(crate::upstream::Wire::Http1));
     }
 
     /// A raw HTTP/1.1 server answering 500 to requests for `/admin`, 204 to the others.

@@ -45,9 +45,14 @@ pub async fn wire_of(backend: &Backend, timeout: Duration) -> Result<Wire, Conne
     Ok(wire)
 }
 
+/// How long detection waits on the TLS probe, for a caller whose steps take `timeout` each.
+pub fn tls_probe_wait(timeout: Duration) -> Duration {
+    timeout.min(TLS_PROBE_TIME)
+}
+
 async fn detect(backend: &Backend, timeout: Duration) -> Result<Wire, ConnectError> {
     let stream = backend.tcp(timeout).await?;
-    let tls_wait = timeout.min(TLS_PROBE_TIME);
+    let tls_wait = tls_probe_wait(timeout);
     let handshake = super::tls::handshake(stream, &backend.spec.host, true, false);
     if let Ok(Ok(_)) = tokio::time::timeout(tls_wait, handshake).await {
         return Ok(Wire::Tls);
