@@ -371,3 +371,18 @@ async fn a_busy_websocket_over_http2_outlives_the_connections_idle_timeout() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
+
+/// The proxy made the `Sec-WebSocket-Key` the backend saw (the HTTP/2 client sends none), so it
+/// alone can tell a wrong `Sec-WebSocket-Accept`: a 502, not a tunnel to something that did not
+/// understand the handshake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extended_connect_answered_with_a_wrong_accept_is_a_502() {
+    use support::scripted::{scripted_routes, Then};
+    const ANSWER: &[u8] = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: AAAAAAAAAAAAAAAAAAAAAAAAAAA=\r\n\r\n";
+    let proxy = ProxyProcess::start(&scripted_routes(ANSWER, Then::Stall).await, "");
+    for path in ["/plain", "/tls"] {
+        let plain = TcpStream::connect(proxy.addr).await.unwrap();
+        let resp = ask_extended_connect(plain, "http", path).await;
+        assert_eq!(resp.status(), 502, "{path}");
+    }
+}

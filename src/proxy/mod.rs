@@ -74,12 +74,12 @@ impl Forwarder {
         (mut req, grpc): (Request<ClientBody>, bool),
         request_id: Option<&HeaderValue>,
     ) -> impl Future<Output = Result<Response<RespBody>, ProxyError>> + 'a {
-        let client_upgrade = upgrade::take(&mut req);
+        let mut client_upgrade = upgrade::take(&mut req);
         if client_upgrade.is_none() && req.method() == Method::CONNECT {
             // An extended CONNECT that cannot become an upgrade never reaches a backend.
             return future::Either::Left(future::ready(Err(ProxyError::MethodNotAllowed)));
         }
-        let ask = client_upgrade.as_ref().map(|u| &u.ask);
+        let ask = client_upgrade.as_mut().map(|u| &mut u.ask);
         let out = outgoing((conn, request_id), rules, req, ask);
         let sending = balancer::send(backends, out, conn.worker, self.timeouts);
         future::Either::Right(sending.map(move |sent| {
@@ -115,6 +115,10 @@ fn answer_upgrade(
     rules: &HeaderRules,
 ) -> Result<Response<RespBody>, ProxyError> {
     if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+        if !client.ask.accepted_by(resp.headers()) {
+            tracing::warn!("backend's Sec-WebSocket-Accept does not answer the key sent to it");
+            return Err(ProxyError::BadResponse);
+        }
         Ok(upgrade::bridge(resp, client, &conn.tunnels))
     } else if client.ask.over_h2 && resp.status().is_success() {
         tracing::warn!(status = %resp.status(), "backend did not switch protocols for an extended CONNECT");
@@ -130,7 +134,7 @@ fn outgoing(
     client: (&ClientConn, Option<&HeaderValue>),
     rules: &HeaderRules,
     req: Request<ClientBody>,
-    upgrade: Option<&upgrade::UpgradeAsk>,
+    upgrade: Option<&mut upgrade::UpgradeAsk>,
 ) -> Outgoing {
     let (mut parts, body) = req.into_parts();
     let (deferred, no_host) = prepare_headers(&mut parts, client, rules);

@@ -49,6 +49,31 @@ pub struct UpgradeAsk {
     pub protocol: HeaderValue,
     /// An HTTP/2 extended CONNECT: the client gets `200`, not `101`.
     pub over_h2: bool,
+    /// The `Sec-WebSocket-Key` the proxy made for the backend (an extended CONNECT bridged to
+    /// an HTTP/1.1 upgrade): the backend's `Sec-WebSocket-Accept` is checked against it, as the
+    /// client, who never sees the key, cannot (RFC 6455 §4.1).
+    pub key_sent: Option<HeaderValue>,
+}
+
+impl UpgradeAsk {
+    /// Whether a backend's `101` answers the key the proxy sent, if it sent one.
+    pub fn accepted_by(&self, answer: &http::HeaderMap) -> bool {
+        let Some(key) = &self.key_sent else {
+            return true;
+        };
+        let sent = answer.get(header::SEC_WEBSOCKET_ACCEPT);
+        sent.is_some_and(|accept| accept.as_bytes() == websocket_accept(key.as_bytes()).as_bytes())
+    }
+}
+
+/// RFC 6455 §4.2.2: base64 of the SHA-1 of the key and the protocol's GUID.
+fn websocket_accept(key: &[u8]) -> String {
+    use aws_lc_rs::digest;
+    use base64::Engine as _;
+    let mut ctx = digest::Context::new(&digest::SHA1_FOR_LEGACY_USE_ONLY);
+    ctx.update(key);
+    ctx.update(b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11");
+    base64::engine::general_purpose::STANDARD.encode(ctx.finish())
 }
 
 /// An HTTP/2 extended CONNECT (RFC 8441): `CONNECT` with a `:protocol`.
@@ -84,6 +109,7 @@ pub fn take<B>(req: &mut Request<B>) -> Option<ClientUpgrade> {
         ask: UpgradeAsk {
             protocol,
             over_h2: false,
+            key_sent: None,
         },
         on_client,
         held: None,
@@ -108,6 +134,7 @@ fn take_extended_connect<B>(req: &mut Request<B>) -> Option<ClientUpgrade> {
         ask: UpgradeAsk {
             protocol,
             over_h2: true,
+            key_sent: None,
         },
         on_client,
         held,
@@ -116,7 +143,7 @@ fn take_extended_connect<B>(req: &mut Request<B>) -> Option<ClientUpgrade> {
 
 /// Makes the request to the backend an HTTP/1.1 upgrade (after hop-by-hop removal): the
 /// upgrade headers back, and an extended CONNECT turned into the `GET` it stands for.
-pub fn prepare_backend_request(parts: &mut Parts, ask: &UpgradeAsk) {
+pub fn prepare_backend_request(parts: &mut Parts, ask: &mut UpgradeAsk) {
     let headers = &mut parts.headers;
     headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     headers.insert(header::UPGRADE, ask.protocol.clone());
@@ -128,7 +155,8 @@ pub fn prepare_backend_request(parts: &mut Parts, ask: &UpgradeAsk) {
     let websocket = ask.protocol.as_bytes().eq_ignore_ascii_case(b"websocket");
     if websocket && !headers.contains_key(header::SEC_WEBSOCKET_KEY) {
         if let Some(key) = fresh_websocket_key() {
-            headers.insert(header::SEC_WEBSOCKET_KEY, key);
+            headers.insert(header::SEC_WEBSOCKET_KEY, key.clone());
+            ask.key_sent = Some(key);
         }
     }
 }
@@ -274,5 +302,37 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_accept_answers_the_key_as_rfc_6455_computes_it() {
+        // RFC 6455 §1.3's own example.
+        let key = HeaderValue::from_static("dGhlIHNhbXBsZSBub25jZQ==");
+        assert_eq!(
+            websocket_accept(key.as_bytes()),
+            "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+        );
+        let ask = UpgradeAsk {
+            protocol: HeaderValue::from_static("websocket"),
+            over_h2: true,
+            key_sent: Some(key),
+        };
+        let mut answer = http::HeaderMap::new();
+        assert!(!ask.accepted_by(&answer), "no accept at all");
+        answer.insert(
+            header::SEC_WEBSOCKET_ACCEPT,
+            HeaderValue::from_static("s3pPLMBiTxaQ9kYGzzhZRbK+xOo="),
+        );
+        assert!(ask.accepted_by(&answer));
+        answer.insert(
+            header::SEC_WEBSOCKET_ACCEPT,
+            HeaderValue::from_static("AAAAAAAAAAAAAAAAAAAAAAAAAAA="),
+        );
+        assert!(!ask.accepted_by(&answer));
     }
 }
