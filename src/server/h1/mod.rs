@@ -140,6 +140,11 @@ enum State<F, B> {
     Discard,
     /// Shutting the connection down.
     Close,
+    /// Ending a connection whose client is still sending a body nobody reads ([`linger`]);
+    /// whether its side is shut down yet.
+    Linger {
+        shut: bool,
+    },
     Done,
 }
 
@@ -258,6 +263,10 @@ impl<IO: Socket, S: Serve> Future for Connection<IO, S> {
                     let _ = ready!(Pin::new(io).poll_end(cx));
                     this.state = State::Done;
                 }
+                State::Linger { shut } => {
+                    ready!(linger(io, &mut this.read, shut, cx));
+                    this.state = State::Done;
+                }
                 State::Done => return Poll::Ready(Ok(None)),
             }
         }
@@ -274,6 +283,33 @@ impl<IO: Socket, S: Serve> Graceful for Connection<IO, S> {
         let this = self.get_mut();
         if matches!(this.state, State::Answer { .. }) {
             this.watching = true;
+        }
+    }
+}
+
+/// Ends a connection whose client is still sending a body nobody will read (an answer that came
+/// before it, a 413, a 401): the sending side is shut down, so the client reads the answer and
+/// its end, and what it sends is read and dropped until it closes. Closed at once instead,
+/// with bytes unread, the socket would send a reset, and a client still writing its body (as
+/// hyper's, and browsers', do) would take the reset for the answer (nginx's `lingering_close`).
+/// The connection's head timeout ends a client that never stops (`idle::drive`).
+fn linger<IO: Socket>(
+    io: &mut IO,
+    read: &mut BytesMut,
+    shut: &mut bool,
+    cx: &mut Context<'_>,
+) -> Poll<()> {
+    if !*shut {
+        // Errors do not matter: the connection is over either way.
+        let _ = ready!(Pin::new(&mut *io).poll_shutdown(cx));
+        *shut = true;
+    }
+    loop {
+        read.clear();
+        read.reserve(READ_ROOM);
+        match ready!(tokio_util::io::poll_read_buf(Pin::new(&mut *io), cx, read)) {
+            Ok(0) | Err(_) => return Poll::Ready(()),
+            Ok(_) => {}
         }
     }
 }
@@ -403,7 +439,9 @@ impl<IO: Socket, S: Serve> Connection<IO, S> {
                     self.feed = Some(feed);
                     State::Discard
                 } else {
-                    State::Close
+                    // The rest of the body is still coming: closed now, the connection would be
+                    // reset under the answer.
+                    State::Linger { shut: false }
                 }
             }
             _ if close => State::Close,
