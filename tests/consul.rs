@@ -447,6 +447,36 @@ async fn a_changed_consul_section_is_followed() {
     .await;
     assert!(followed.is_some(), "{}", proxy.log_text());
     assert_eq!(served("web.local").await, 404);
+    // The same service with other settings: a change in Consul afterwards must not bring the
+    // earlier section's back. Its watch went on, and published its own view over the new one
+    // at each change (an `authorization` just added came and went).
+    let marked = Service::new("web2.local", "web", "/").client_headers(&["X-Via:second"]);
+    let again = Upstreams::new()
+        .discovery(consul_discovery(consul.addr, "tok").service(marked))
+        .render();
+    let reloader = &proxy.ctx.reloader;
+    reloader.apply_text(&again, false).expect("applied");
+    let via = || async {
+        let mut client = Client::connect(Proto::H1, proxy.addr).await;
+        let resp = client.get("web2.local", "/").await;
+        let via = header(&resp, "x-via");
+        body_bytes(resp).await;
+        via
+    };
+    let second = eventually_async(Duration::from_secs(5), || async {
+        (via().await == "second").then_some(())
+    });
+    assert!(second.await.is_some(), "{}", proxy.log_text());
+    let b = Backend::start("b").await;
+    consul.set(&[a.addr, b.addr]);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for _ in 0..4 {
+        assert_eq!(via().await, "second", "{}", proxy.log_text());
+    }
+    // Only the watch of the serving section published: the earlier ones, when they went on,
+    // each put their own routes back, and which one came last decided what served.
+    let log = proxy.log_text();
+    assert_eq!(log.matches("hosts added: web.local;").count(), 1, "{log}");
     let without = Upstreams::new()
         .host("other.local", Host::new().path("/", Path::servers(&[&a])))
         .render();

@@ -50,6 +50,8 @@ enum WatchMode {
     EndAtOnce,
     /// One line that never ends.
     Endless,
+    /// The watch request itself refused: 410 Gone (its version was compacted away).
+    Gone,
 }
 
 /// A slice named `name` from the fixture, with `(ip, ready)` endpoints on `port`.
@@ -191,6 +193,10 @@ async fn answer(
         };
         if mode == WatchMode::EndAtOnce {
             return Ok(full(StatusCode::OK, String::new()));
+        }
+        if mode == WatchMode::Gone {
+            let gone = "{\"kind\":\"Status\",\"apiVersion\":\"v1\",\"metadata\":{},\"status\":\"Failure\",\"message\":\"too old resource version\",\"reason\":\"Expired\",\"code\":410}";
+            return Ok(full(StatusCode::GONE, gone.to_string()));
         }
         if mode == WatchMode::Endless {
             let chunk = Bytes::from(vec![b'x'; 1 << 20]);
@@ -397,4 +403,29 @@ async fn a_token_file_written_late_with_a_newline_is_read() {
     assert!(refused, "{}", proxy.log_text());
     std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
     wait_for(&proxy, &["a"]).await;
+}
+
+/// A watch request answered with HTTP 410 itself (not an ERROR event in the stream): kube's
+/// watcher asks again from the same compacted version for good; aralez lists again.
+#[tokio::test(start_paused = true)]
+async fn a_watch_refused_with_410_gone_lists_again() {
+    let a = Backend::start("a").await;
+    let port = a.addr.port();
+    let b = Backend::builder("b")
+        .start_on(format!("127.0.0.2:{port}").parse().unwrap())
+        .await;
+    let api = FakeApi::serving(&a).await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start(&k8s_routes(api.addr, &account(dir.path(), TOKEN)), "").await;
+    wait_for(&proxy, &["a"]).await;
+    {
+        let mut st = api.state.lock().unwrap();
+        st.watch_mode = WatchMode::Gone;
+        st.slices = vec![slice("web-2", port, &[("127.0.0.2", Some(true))])];
+        st.resource_version += 10;
+        // The open watch ends; the next one is refused.
+        st.watchers.clear();
+    }
+    wait_for(&proxy, &["b"]).await;
+    drop((a, b));
 }

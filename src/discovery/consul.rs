@@ -109,7 +109,10 @@ pub async fn run(cfg: ConsulConfig, reloader: Arc<Reloader>) {
         backends: BTreeMap::new(),
     }));
     let cfg = Arc::new(cfg);
-    let mut tasks = Vec::new();
+    // A set, not loose tasks: when the settings change this future is aborted, and the set
+    // aborts every service's watch with it. Loose ones went on publishing their old view over
+    // the new one (an `authorization` just added came and went with each change in Consul).
+    let mut watches = tokio::task::JoinSet::new();
     for index in 0..cfg.services.len() {
         let watch = watch_service(
             index,
@@ -118,11 +121,9 @@ pub async fn run(cfg: ConsulConfig, reloader: Arc<Reloader>) {
             known.clone(),
             reloader.clone(),
         );
-        tasks.push(tokio::spawn(watch));
+        watches.spawn(watch);
     }
-    for task in tasks {
-        let _ = task.await;
-    }
+    while watches.join_next().await.is_some() {}
 }
 
 async fn watch_service(

@@ -97,13 +97,34 @@ fn client_for(cfg: &KubernetesConfig) -> Result<(Client, String), KubeSetupError
 }
 
 /// Ready endpoints of a slice, on its first port. `conditions.ready` absent means ready.
-fn ready_backends(slice: &EndpointSlice) -> Vec<ServerSpec> {
-    let Some(port) = slice
+/// The slice's port that carries HTTP: a TCP one (a slice's port without a protocol is TCP),
+/// the one named `http` or `https` (or starting so: `http-web`) when there are several, else
+/// the first. Slices list their ports in no promised order, so a `metrics` or UDP port listed
+/// first got the traffic.
+fn http_port(slice: &EndpointSlice) -> Option<i32> {
+    let tcp = slice
         .ports
-        .as_ref()
-        .and_then(|p| p.first())
-        .and_then(|p| p.port)
-    else {
+        .iter()
+        .flatten()
+        .filter(|p| p.protocol.as_deref().is_none_or(|proto| proto == "TCP"))
+        .filter(|p| p.port.is_some());
+    let named_http = |p: &&k8s_openapi::api::discovery::v1::EndpointPort| {
+        p.name
+            .as_deref()
+            .is_some_and(|name| name.starts_with("http"))
+    };
+    let mut first = None;
+    for port in tcp {
+        if named_http(&port) {
+            return port.port;
+        }
+        first = first.or(port.port);
+    }
+    first
+}
+
+fn ready_backends(slice: &EndpointSlice) -> Vec<ServerSpec> {
+    let Some(port) = http_port(slice) else {
         return Vec::new();
     };
     slice
@@ -149,19 +170,14 @@ pub async fn run(cfg: KubernetesConfig, reloader: Arc<Reloader>) {
         services: cfg.services.clone(),
         slices: BTreeMap::new(),
     }));
-    let mut tasks = Vec::new();
+    // A set, so that aborting this future (the settings changed) aborts every watch; see
+    // `consul::run`.
+    let mut watches = tokio::task::JoinSet::new();
     for which in 0..cfg.services.len() {
         let api: Api<EndpointSlice> = Api::namespaced(client.clone(), &ns);
-        tasks.push(tokio::spawn(watch_service(
-            which,
-            api,
-            known.clone(),
-            reloader.clone(),
-        )));
+        watches.spawn(watch_service(which, api, known.clone(), reloader.clone()));
     }
-    for task in tasks {
-        let _ = task.await;
-    }
+    while watches.join_next().await.is_some() {}
 }
 
 async fn watch_service(
@@ -175,7 +191,12 @@ async fn watch_service(
         .clone();
     let config =
         watcher::Config::default().labels(&format!("kubernetes.io/service-name={service}"));
-    let mut events = watcher(api, config).default_backoff().boxed();
+    let start = || {
+        watcher(api.clone(), config.clone())
+            .default_backoff()
+            .boxed()
+    };
+    let mut events = start();
     let mut slices: BTreeMap<String, Vec<ServerSpec>> = BTreeMap::new();
     let mut relisting: Option<BTreeMap<String, Vec<ServerSpec>>> = None;
     while let Some(event) = events.next().await {
@@ -199,11 +220,24 @@ async fn watch_service(
                 slices.remove(&name_of(&slice));
                 publish(which, &slices, &known, &reloader);
             }
+            Err(e) if watch_refused_as_gone(&e) => {
+                // kube's watcher retries such a watch from the same, compacted, version for
+                // good; a watcher made anew lists first (the fixtures' "or an HTTP 410").
+                tracing::info!(service = %service, "kubernetes: the watch's version is gone (410); listing again");
+                events = start();
+                relisting = None;
+            }
             Err(e) => {
                 tracing::warn!(service = %service, "kubernetes: {}; keeping the last known backends", describe(&e))
             }
         }
     }
+}
+
+/// Whether the API server answered the watch request itself with 410 Gone: its version was
+/// compacted away, and only a new list helps.
+fn watch_refused_as_gone(e: &watcher::Error) -> bool {
+    matches!(e, watcher::Error::WatchStartFailed(kube::Error::Api(status)) if status.code == 410)
 }
 
 /// A watcher error in an operator's words (a 401 says which token to check).
@@ -240,4 +274,46 @@ fn publish(
         hosts_for(&pairs)
     };
     reloader.set_discovered("kubernetes", hosts);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slice_with_ports(ports: serde_json::Value) -> EndpointSlice {
+        let slice = serde_json::json!({
+            "addressType": "IPv4",
+            "metadata": { "name": "web-1" },
+            "endpoints": [{ "addresses": ["10.0.0.1"] }],
+            "ports": ports,
+        });
+        serde_json::from_value(slice).expect("an EndpointSlice")
+    }
+
+    #[test]
+    fn the_http_port_is_a_tcp_one_named_http_else_the_first_tcp_one() {
+        let cases = [
+            (
+                serde_json::json!([{ "name": "metrics", "port": 9090 }, { "name": "http", "port": 8080 }]),
+                Some(8080),
+            ),
+            (
+                serde_json::json!([{ "name": "dns", "port": 53, "protocol": "UDP" }, { "port": 8080 }]),
+                Some(8080),
+            ),
+            (
+                serde_json::json!([{ "name": "grpc", "port": 9000, "protocol": "TCP" }, { "name": "admin", "port": 9001 }]),
+                Some(9000),
+            ),
+            (
+                serde_json::json!([{ "name": "http-web", "port": 81 }]),
+                Some(81),
+            ),
+            (serde_json::json!([{ "port": 53, "protocol": "UDP" }]), None),
+            (serde_json::json!([]), None),
+        ];
+        for (ports, want) in cases {
+            assert_eq!(http_port(&slice_with_ports(ports.clone())), want, "{ports}");
+        }
+    }
 }
