@@ -388,17 +388,23 @@ async fn an_independent_client_aioquic_gets_the_same_answers() {
     assert!(answers[4..].iter().all(|a| a["status"] == 200), "{text}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_live_upgrade_hands_the_quic_socket_over_and_no_request_is_lost() {
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-    let backend = Backend::start("h3-backend").await;
+/// [`H3Proxy`] with an upgrade socket in the returned directory, for a live upgrade, and a
+/// grace period of 10 s.
+fn upgradable(backend: &Backend) -> (H3Proxy, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("temp dir");
     let sock = dir.path().join("upgrade.sock");
     let extra = format!(
         "upgrade_sock: \"{}\"\ngrace_period_seconds: 10\n",
         sock.display()
     );
-    let mut h3 = H3Proxy::start_with(&backend, &extra);
+    (H3Proxy::start_with(backend, &extra), dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_upgrade_hands_the_quic_socket_over_and_no_request_is_lost() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let backend = Backend::start("h3-backend").await;
+    let (mut h3, _dir) = upgradable(&backend);
     let (stop, ok, failed) = (
         Arc::new(AtomicBool::new(false)),
         Arc::new(AtomicUsize::new(0)),
@@ -490,13 +496,7 @@ async fn a_request_head_that_never_completes_is_dropped_and_the_connection_serve
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_live_upgrade_alt_svc_waits_until_http3_is_served() {
     let backend = Backend::start("h3-backend").await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let sock = dir.path().join("upgrade.sock");
-    let extra = format!(
-        "upgrade_sock: \"{}\"\ngrace_period_seconds: 10\n",
-        sock.display()
-    );
-    let mut h3 = H3Proxy::start_with(&backend, &extra);
+    let (mut h3, _dir) = upgradable(&backend);
     let alt_svc = || async {
         let config = tls_client_config(std::slice::from_ref(&h3.pki.ca), &[b"http/1.1"]);
         let mut client = Client::connect_tls(h3.tls, "h3.test", config).await;
