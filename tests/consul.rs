@@ -318,10 +318,11 @@ async fn a_wrong_token_is_reported_and_no_instance_means_503() {
     })
     .await;
     assert!(reported, "{}", proxy.log_text());
+    // The route is configured, its backends unknown: 503 (it was a 404, as if no such host).
     assert_eq!(
         backend_for_web(&proxy).await.0,
-        404,
-        "nothing discovered, no route"
+        503,
+        "nothing discovered yet, no backend"
     );
 
     let proxy = Proxy::start(&consul_routes(consul.addr, "tok"), "").await;
@@ -486,4 +487,39 @@ async fn a_changed_consul_section_is_followed() {
         .apply_text(&without, false)
         .expect("applied");
     assert_eq!(served("web2.local").await, 404);
+}
+
+/// A changed `consul:` section while Consul is down: the services it still lists keep their
+/// last known backends, under the new settings (they all went, 404, until Consul answered).
+#[tokio::test(start_paused = true)]
+async fn a_changed_section_keeps_the_last_known_backends_while_consul_is_down() {
+    let a = Backend::start("a").await;
+    let (consul, _) = fake_consul(3, vec![a.addr]).await;
+    let proxy = Proxy::start(&consul_routes(consul.addr, "tok"), "").await;
+    wait_for_set(&proxy, &["a"], Duration::from_secs(5)).await;
+    let (consul_addr, _, _) = consul.stop();
+    let marked = Service::new("web.local", "web", "/").client_headers(&["X-Via:changed"]);
+    let other = Service::new("api.local", "api", "/");
+    let changed = Upstreams::new()
+        .discovery(
+            consul_discovery(consul_addr, "tok")
+                .service(marked)
+                .service(other),
+        )
+        .render();
+    proxy
+        .ctx
+        .reloader
+        .apply_text(&changed, false)
+        .expect("applied");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    let resp = client.get("web.local", "/").await;
+    assert_eq!(resp.status(), 200, "{}", proxy.log_text());
+    assert_eq!(header(&resp, "x-via"), "changed", "the new settings apply");
+    body_bytes(resp).await;
+    // A service never answered for yet: its route, no backend.
+    let resp = client.get("api.local", "/").await;
+    assert_eq!(resp.status(), 503);
+    body_bytes(resp).await;
 }

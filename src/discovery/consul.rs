@@ -104,9 +104,10 @@ struct Known {
 /// Runs the watch loops until the runtime stops.
 pub async fn run(cfg: ConsulConfig, reloader: Arc<Reloader>) {
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    // From the backends last known, as published when the watchers started.
     let known = Arc::new(Mutex::new(Known {
+        backends: reloader.seeded("consul", &cfg.services),
         services: cfg.services.clone(),
-        backends: BTreeMap::new(),
     }));
     let cfg = Arc::new(cfg);
     // A set, not loose tasks: when the settings change this future is aborted, and the set
@@ -235,6 +236,7 @@ fn publish(which: usize, backends: Vec<ServerSpec>, known: &Mutex<Known>, reload
         if known.backends.get(&which) == Some(&backends) {
             return;
         }
+        reloader.remember("consul", &known.services[which].upstream, &backends);
         known.backends.insert(which, backends);
         let pairs: Vec<(&DiscoveredService, &[ServerSpec])> = known
             .backends

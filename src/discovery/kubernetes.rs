@@ -166,9 +166,14 @@ pub async fn run(cfg: KubernetesConfig, reloader: Arc<Reloader>) {
             return;
         }
     };
+    // From the backends last known, as published when the watchers started.
+    let seeds = reloader.seeded("kubernetes", &cfg.services);
     let known = Arc::new(Mutex::new(Known {
         services: cfg.services.clone(),
-        slices: BTreeMap::new(),
+        slices: seeds
+            .into_iter()
+            .map(|(which, backends)| (which, [(String::new(), backends)].into()))
+            .collect(),
     }));
     // A set, so that aborting this future (the settings changed) aborts every watch; see
     // `consul::run`.
@@ -265,6 +270,8 @@ fn publish(
         if known.slices.get(&which) == Some(&as_map) {
             return;
         }
+        let service = &known.services[which].upstream;
+        reloader.remember("kubernetes", service, &as_map[""]);
         known.slices.insert(which, as_map);
         let pairs: Vec<(&DiscoveredService, &[ServerSpec])> = known
             .slices

@@ -65,6 +65,9 @@ struct Sources {
     text_digest: Option<String>,
     /// Hosts found by each discovery source (`consul`, `kubernetes`).
     discovered: BTreeMap<String, Vec<HostConfig>>,
+    /// The backends each discovered service last had, by source and service name: watchers
+    /// started anew (their section changed) begin from them ([`Reloader::seeded`]).
+    found: BTreeMap<(String, String), Vec<ServerSpec>>,
 }
 
 /// Builds and publishes snapshots. Used only off the request path.
@@ -228,7 +231,7 @@ impl Reloader {
     }
 
     /// Restarts the watchers when the serving file config's `consul:` or `kubernetes:` differs
-    /// from what they follow; the hosts they found go with them.
+    /// from what they follow.
     fn follow_discovery_settings(self: &Arc<Self>) {
         let mut watching = self.watching.lock().unwrap_or_else(|p| p.into_inner());
         if watching.runtime.is_none() || watching.settings == discovery_settings(self) {
@@ -237,27 +240,65 @@ impl Reloader {
         for task in watching.tasks.drain(..) {
             task.abort();
         }
-        {
-            let mut sources = self.sources();
-            let old = merged(&sources);
-            let found_before = sources.discovered.len();
-            sources.discovered.clear();
-            if found_before > 0 {
-                self.publish_locked(&sources, old.as_ref(), "discovery settings changed");
-            }
-        }
         tracing::info!("discovery settings changed: watchers restarted");
         self.spawn_watchers(&mut watching);
     }
 
+    /// Starts the watchers of the serving settings. Their services' routes are published
+    /// first, with the backends last known for each (none yet: a 503, not a 404, until the
+    /// first answer): a changed section used to take every discovered route away until its
+    /// watchers' first answers, for good while Consul was down.
     fn spawn_watchers(self: &Arc<Self>, watching: &mut Watching) {
         let Some(runtime) = watching.runtime.clone() else {
             return;
         };
         watching.settings = discovery_settings(self);
+        self.publish_seeds(&watching.settings);
         for watcher in service_watchers(self) {
             watching.tasks.push(runtime.spawn(watcher).abort_handle());
         }
+    }
+
+    /// The discovered routes of `settings`' services, from the backends last known for each;
+    /// the sources no longer configured lose theirs.
+    fn publish_seeds(&self, (consul, k8s): &(Option<ConsulConfig>, Option<KubernetesConfig>)) {
+        let mut sources = self.sources();
+        let old = merged(&sources);
+        let before = sources.discovered.clone();
+        sources.discovered.clear();
+        let configured = [
+            ("consul", consul.as_ref().map(|c| &c.services)),
+            ("kubernetes", k8s.as_ref().map(|k| &k.services)),
+        ];
+        for (source, services) in configured {
+            let Some(services) = services else { continue };
+            let seeds = seeded_locked(&sources, source, services);
+            let pairs: Vec<(&DiscoveredService, &[ServerSpec])> = seeds
+                .iter()
+                .map(|(i, b)| (&services[*i], b.as_slice()))
+                .collect();
+            let hosts = hosts_for(&pairs);
+            sources.discovered.insert(source.to_string(), hosts);
+        }
+        if sources.discovered != before {
+            self.publish_locked(&sources, old.as_ref(), "discovery settings");
+        }
+    }
+
+    /// The backends last known for each of `services` (by index) of `source`; an empty list
+    /// for a service not known yet.
+    pub fn seeded(
+        &self,
+        source: &str,
+        services: &[DiscoveredService],
+    ) -> BTreeMap<usize, Vec<ServerSpec>> {
+        seeded_locked(&self.sources(), source, services)
+    }
+
+    /// Notes the backends `service` of `source` has now.
+    pub fn remember(&self, source: &str, service: &str, backends: &[ServerSpec]) {
+        let key = (source.to_string(), service.to_string());
+        self.sources().found.insert(key, backends.to_vec());
     }
 
     /// Replaces the hosts a discovery source found, and republishes.
@@ -295,6 +336,18 @@ impl Reloader {
             None => tracing::info!(source, "configuration loaded: {} host(s)", new.hosts.len()),
         }
     }
+}
+
+fn seeded_locked(
+    sources: &Sources,
+    source: &str,
+    services: &[DiscoveredService],
+) -> BTreeMap<usize, Vec<ServerSpec>> {
+    let known = |svc: &DiscoveredService| {
+        let key = (source.to_string(), svc.upstream.clone());
+        sources.found.get(&key).cloned().unwrap_or_default()
+    };
+    services.iter().map(known).enumerate().collect()
 }
 
 /// The file config with discovered hosts and paths added where the file has none.
