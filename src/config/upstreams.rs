@@ -99,11 +99,15 @@ impl UpstreamsConfig {
         };
         let global_known = known_at(GLOBAL_ONLY_KEYS);
         let mut top_level_hosts: Vec<&(Key, Node)> = Vec::new();
+        let mut provider_key = None;
         for entry @ (key, value) in entries {
             let k = key.name.as_str();
             match k {
                 "upstreams" => {}
-                "provider" => cfg.provider = read_provider(value, r).unwrap_or_default(),
+                "provider" => {
+                    cfg.provider = read_provider(value, r).unwrap_or_default();
+                    provider_key = Some(key.pos);
+                }
                 "consul" => cfg.consul = super::discovery_conf::read_consul(value, k, r),
                 "kubernetes" => {
                     cfg.kubernetes = super::discovery_conf::read_kubernetes(value, k, r)
@@ -121,6 +125,9 @@ impl UpstreamsConfig {
                 }
                 _ => r.unknown_key(key, k, &global_known),
             }
+        }
+        if let Some(pos) = provider_key {
+            say_what_provider_changes(&cfg, pos, r);
         }
         match (wrapper, shape) {
             (Some((wkey, wnode)), _) => {
@@ -172,6 +179,24 @@ impl UpstreamsConfig {
 /// A top-level key whose value is a mapping holding `paths` is a host of the older shape.
 fn looks_like_host(value: &Node) -> bool {
     matches!(&value.value, Value::Map(entries) if entries.iter().any(|(k, _)| k.name == "paths"))
+}
+
+/// aralez watches every discovery section present, whatever `provider` says; Aralez watches
+/// only the provider's. Where the two would differ, a warning says what this one does.
+fn say_what_provider_changes(cfg: &UpstreamsConfig, pos: Pos, r: &mut Reader) {
+    let sections = [
+        ("consul", Provider::Consul, cfg.consul.is_some()),
+        ("kubernetes", Provider::Kubernetes, cfg.kubernetes.is_some()),
+    ];
+    for (name, provider, present) in sections {
+        let named = cfg.provider == provider;
+        let why = match (named, present) {
+            (true, false) => format!("`{name}`, but there is no `{name}:` section: nothing is discovered"),
+            (false, true) => format!("not `{name}`, but the `{name}:` section is watched all the same (Aralez would ignore it)"),
+            _ => continue,
+        };
+        r.warn(pos, "provider", why);
+    }
 }
 
 fn read_provider(node: &Node, r: &mut Reader) -> Option<Provider> {

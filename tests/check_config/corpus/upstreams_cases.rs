@@ -46,6 +46,19 @@ pub(crate) fn cases() -> Vec<Case> {
             &format!("{UPS_OK}---\nb.com: {{}}\n"),
             vec![err(U, 6, "(yaml)", "more than one YAML document")],
         ),
+        // ---- provider ----
+        // Every discovery section present is watched, whatever `provider` says (Aralez watches
+        // the provider's only): where the two differ, a warning.
+        Case::broken(
+            "provider_and_sections_disagree",
+            MAIN_OK,
+            &format!("provider: kubernetes\nconsul:\n  servers: [\"http://127.0.0.1:8500\"]\n  services: []\n{UPS_OK}"),
+            vec![
+                warn(U, 1, "provider", "the `consul:` section is watched all the same"),
+                warn(U, 1, "provider", "there is no `kubernetes:` section"),
+            ],
+        )
+        .warnings_only(),
         // ---- wrong types ----
         Case::path(
             "type_string_for_number",
