@@ -126,6 +126,15 @@ pub fn read_consul(node: &Node, path: &str, r: &mut Reader) -> Option<ConsulConf
             "servers" => {
                 for (pos, item_path, text) in r.string_list(value, &key_path).unwrap_or_default() {
                     match text.parse::<Uri>() {
+                        // Never used (Consul takes a token), and shown in every log line that
+                        // names the server: refused, and not echoed.
+                        Ok(uri) if uri.authority().is_some_and(|a| a.as_str().contains('@')) => {
+                            r.error(
+                                pos,
+                                &item_path,
+                                "the URL carries credentials, which Consul does not read: set the ACL token as `token`",
+                            )
+                        }
                         Ok(uri)
                             if uri.scheme_str() == Some("http") && uri.authority().is_some() =>
                         {

@@ -59,6 +59,14 @@ pub(crate) fn cases() -> Vec<Case> {
             ],
         )
         .warnings_only(),
+        // Credentials in a Consul URL are never used and would be logged: an error that does
+        // not repeat them.
+        Case::broken(
+            "consul_url_with_credentials",
+            MAIN_OK,
+            &format!("consul:\n  servers: [\"http://admin:hunter2@127.0.0.1:8500\"]\n  services: []\n{UPS_OK}"),
+            vec![err(U, 2, "consul.servers[0]", "carries credentials")],
+        ),
         // ---- wrong types ----
         Case::path(
             "type_string_for_number",
