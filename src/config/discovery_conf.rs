@@ -176,7 +176,16 @@ pub fn read_kubernetes(node: &Node, path: &str, r: &mut Reader) -> Option<Kubern
     for (key, value) in entries {
         let key_path = join(path, &key.name);
         match key.name.as_str() {
-            "servers" => cfg.servers = read_strings(value, &key_path, r),
+            "servers" => {
+                cfg.servers = read_strings(value, &key_path, r);
+                if cfg.servers.len() > 1 {
+                    r.warn(
+                        key.pos,
+                        &key_path,
+                        "only the first API server is used (no failover to the others)",
+                    );
+                }
+            }
             "tokenpath" => {
                 cfg.tokenpath = r
                     .non_empty_string(value, &key_path)

@@ -67,6 +67,14 @@ pub(crate) fn cases() -> Vec<Case> {
             &format!("consul:\n  servers: [\"http://admin:hunter2@127.0.0.1:8500\"]\n  services: []\n{UPS_OK}"),
             vec![err(U, 2, "consul.servers[0]", "carries credentials")],
         ),
+        // Kubernetes talks to the first API server only: more are a warning, not a failover.
+        Case::broken(
+            "kubernetes_several_servers",
+            MAIN_OK,
+            &format!("kubernetes:\n  servers: [\"https://10.0.0.1:6443\", \"https://10.0.0.2:6443\"]\n  services: []\n{UPS_OK}"),
+            vec![warn(U, 2, "kubernetes.servers", "only the first API server is used")],
+        )
+        .warnings_only(),
         // ---- wrong types ----
         Case::path(
             "type_string_for_number",
