@@ -71,26 +71,28 @@ impl Forwarder {
         conn: &'a ClientConn,
         backends: &'a BackendSet,
         rules: &'a HeaderRules,
-        (mut req, grpc): (Request<ClientBody>, bool),
+        mut req: Request<ClientBody>,
         request_id: Option<&HeaderValue>,
+        grpc: bool,
     ) -> impl Future<Output = Result<Response<RespBody>, ProxyError>> + 'a {
-        let mut client_upgrade = upgrade::take(&mut req);
+        // Boxed: rare, and the future below holds it beside the balancer's.
+        let client_upgrade = upgrade::take(&mut req).map(Box::new);
         if client_upgrade.is_none() && req.method() == Method::CONNECT {
             // An extended CONNECT that cannot become an upgrade never reaches a backend.
             return future::Either::Left(future::ready(Err(ProxyError::MethodNotAllowed)));
         }
-        let ask = client_upgrade.as_mut().map(|u| &mut u.ask);
+        let ask = client_upgrade.as_ref().map(|u| &u.ask);
         let out = outgoing((conn, request_id), rules, req, ask);
         let sending = balancer::send(backends, out, conn.worker, self.timeouts);
-        future::Either::Right(sending.map(move |sent| {
-            let sent = match sent {
-                Ok(resp) => resp,
-                Err(failed) => return failure_answer(failed, grpc),
-            };
-            match client_upgrade {
-                Some(client) => answer_upgrade(sent, client, conn, rules),
-                None => Ok(finish_response(sent, rules)),
-            }
+        future::Either::Right(sending.map(move |sent| match client_upgrade {
+            Some(client) => match sent {
+                Ok(resp) => answer_upgrade(resp, *client, conn, rules),
+                Err(failed) => failure_answer(failed, grpc),
+            },
+            None => match sent {
+                Ok(resp) => Ok(finish_response(resp, rules)),
+                Err(failed) => failure_answer(failed, grpc),
+            },
         }))
     }
 }
@@ -134,7 +136,7 @@ fn outgoing(
     client: (&ClientConn, Option<&HeaderValue>),
     rules: &HeaderRules,
     req: Request<ClientBody>,
-    upgrade: Option<&mut upgrade::UpgradeAsk>,
+    upgrade: Option<&upgrade::UpgradeAsk>,
 ) -> Outgoing {
     let (mut parts, body) = req.into_parts();
     let (deferred, no_host) = prepare_headers(&mut parts, client, rules);
@@ -285,7 +287,7 @@ mod tests {
         let rules = HeaderRules::default();
         let body = ClientBody::Stream(Empty::new().map_err(|e| match e {}).boxed_unsync());
         let forwarding =
-            forwarder.forward(&conn, &backends, &rules, (Request::new(body), false), None);
+            forwarder.forward(&conn, &backends, &rules, Request::new(body), None, false);
         let size = std::mem::size_of_val(&forwarding);
         assert!(size <= 2560, "the forwarding future grew to {size} bytes");
     }

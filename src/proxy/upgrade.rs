@@ -52,13 +52,13 @@ pub struct UpgradeAsk {
     /// The `Sec-WebSocket-Key` the proxy made for the backend (an extended CONNECT bridged to
     /// an HTTP/1.1 upgrade): the backend's `Sec-WebSocket-Accept` is checked against it, as the
     /// client, who never sees the key, cannot (RFC 6455 §4.1).
-    pub key_sent: Option<HeaderValue>,
+    pub key_sent: std::sync::OnceLock<HeaderValue>,
 }
 
 impl UpgradeAsk {
     /// Whether a backend's `101` answers the key the proxy sent, if it sent one.
     pub fn accepted_by(&self, answer: &http::HeaderMap) -> bool {
-        let Some(key) = &self.key_sent else {
+        let Some(key) = self.key_sent.get() else {
             return true;
         };
         let sent = answer.get(header::SEC_WEBSOCKET_ACCEPT);
@@ -109,7 +109,7 @@ pub fn take<B>(req: &mut Request<B>) -> Option<ClientUpgrade> {
         ask: UpgradeAsk {
             protocol,
             over_h2: false,
-            key_sent: None,
+            key_sent: std::sync::OnceLock::new(),
         },
         on_client,
         held: None,
@@ -134,7 +134,7 @@ fn take_extended_connect<B>(req: &mut Request<B>) -> Option<ClientUpgrade> {
         ask: UpgradeAsk {
             protocol,
             over_h2: true,
-            key_sent: None,
+            key_sent: std::sync::OnceLock::new(),
         },
         on_client,
         held,
@@ -143,7 +143,7 @@ fn take_extended_connect<B>(req: &mut Request<B>) -> Option<ClientUpgrade> {
 
 /// Makes the request to the backend an HTTP/1.1 upgrade (after hop-by-hop removal): the
 /// upgrade headers back, and an extended CONNECT turned into the `GET` it stands for.
-pub fn prepare_backend_request(parts: &mut Parts, ask: &mut UpgradeAsk) {
+pub fn prepare_backend_request(parts: &mut Parts, ask: &UpgradeAsk) {
     let headers = &mut parts.headers;
     headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     headers.insert(header::UPGRADE, ask.protocol.clone());
@@ -156,7 +156,7 @@ pub fn prepare_backend_request(parts: &mut Parts, ask: &mut UpgradeAsk) {
     if websocket && !headers.contains_key(header::SEC_WEBSOCKET_KEY) {
         if let Some(key) = fresh_websocket_key() {
             headers.insert(header::SEC_WEBSOCKET_KEY, key.clone());
-            ask.key_sent = Some(key);
+            let _ = ask.key_sent.set(key);
         }
     }
 }
@@ -320,7 +320,7 @@ mod tests {
         let ask = UpgradeAsk {
             protocol: HeaderValue::from_static("websocket"),
             over_h2: true,
-            key_sent: Some(key),
+            key_sent: std::sync::OnceLock::from(key),
         };
         let mut answer = http::HeaderMap::new();
         assert!(!ask.accepted_by(&answer), "no accept at all");

@@ -84,13 +84,7 @@ impl Router {
                 // Most routes: no layer to pass through, so nothing to box or to move the
                 // request through (callgrind: 1,000 instructions a request).
                 forwarder
-                    .forward(
-                        conn,
-                        &route.backends,
-                        &route.headers,
-                        (req, grpc),
-                        request_id,
-                    )
+                    .forward(conn, &route.backends, &route.headers, req, request_id, grpc)
                     .await
             } else {
                 // The layers (forward-auth) read the id from the request.
@@ -102,14 +96,8 @@ impl Router {
                 // them is far cheaper than moving the whole forwarding state machine
                 // (callgrind: -20k instructions per request against one allocation).
                 let forward = tower::service_fn(move |req| {
-                    let route_backends = &route.backends;
-                    Box::pin(forwarder.forward(
-                        conn,
-                        route_backends,
-                        &route.headers,
-                        (req, grpc),
-                        None,
-                    ))
+                    let backends = &route.backends;
+                    Box::pin(forwarder.forward(conn, backends, &route.headers, req, None, grpc))
                 });
                 let client = (conn, host.as_deref());
                 crate::layers::apply(&route.policies, &route.backends, client, req, forward).await
