@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use support::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 /// A raw HTTP/1.1 backend: for each request head it reads, `answer(path)` says what to write
 /// back and whether to close right after (without reading any body). It reads nothing until a
@@ -29,10 +29,8 @@ async fn raw_backend(answer: fn(&str) -> (&'static [u8], bool)) -> std::net::Soc
                             return;
                         }
                     }
-                    let mut buf = [0u8; 4096];
-                    match stream.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => seen.extend_from_slice(&buf[..n]),
+                    if !support::scripted::read_more(&mut stream, &mut seen).await {
+                        return;
                     }
                 }
             });
