@@ -8,7 +8,7 @@ use crate::support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use inproc::Proxy;
+use inproc::{in_real_time, Proxy};
 use support::{bind_local, default_route_to};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -64,20 +64,24 @@ async fn open_tunnel(proxy: SocketAddr) -> TcpStream {
 async fn echo(s: &mut TcpStream, data: &[u8]) -> Option<Vec<u8>> {
     s.write_all(data).await.ok()?;
     let mut back = vec![0u8; data.len()];
-    match tokio::time::timeout(Duration::from_secs(1), s.read_exact(&mut back)).await {
-        Ok(Ok(_)) => Some(back),
+    match in_real_time(REAL_WAIT, s.read_exact(&mut back)).await {
+        Some(Ok(_)) => Some(back),
         _ => None,
     }
 }
 
-/// Whether the proxy closed `s` (EOF or reset) within a second.
+/// Whether the proxy has closed `s` (EOF or reset). Waited for in real time with the paused
+/// clock held: a close in flight under load is not mistaken for an open tunnel.
 async fn closed(s: &mut TcpStream) -> bool {
     let mut buf = [0u8; 16];
     matches!(
-        tokio::time::timeout(Duration::from_secs(1), s.read(&mut buf)).await,
-        Ok(Ok(0)) | Ok(Err(_))
+        in_real_time(REAL_WAIT, s.read(&mut buf)).await,
+        Some(Ok(0) | Err(_))
     )
 }
+
+/// How long a check waits on the kernel (wall clock; a tunnel that answers takes microseconds).
+const REAL_WAIT: Duration = Duration::from_secs(5);
 
 const MAIN: &str = "max_connections: 3\nclient_idle_timeout: 7\nclient_header_timeout: 2";
 

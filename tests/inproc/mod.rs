@@ -170,3 +170,30 @@ impl Drop for Proxy {
         let _ = self.stop.send(true);
     }
 }
+
+/// Awaits `work` for up to `limit` of wall-clock time while the paused clock stands still, for
+/// a check that waits on the kernel rather than on a timer: a byte or a FIN in flight on
+/// loopback is late under load, and the paused clock would otherwise jump (and a timeout
+/// fire) whenever the runtime finds nothing to do meanwhile. A blocking task in flight keeps
+/// tokio from advancing the clock; it ends as soon as `work` does. `None` when `limit` passed.
+pub async fn in_real_time<F: std::future::Future>(limit: Duration, work: F) -> Option<F::Output> {
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let holding = done.clone();
+    let hold = tokio::task::spawn_blocking(move || {
+        let until = std::time::Instant::now() + limit;
+        while !holding.load(std::sync::atomic::Ordering::Relaxed) {
+            if std::time::Instant::now() >= until {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    });
+    tokio::pin!(hold);
+    let out = tokio::select! {
+        out = work => Some(out),
+        _ = &mut hold => None,
+    };
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = hold.await;
+    out
+}
