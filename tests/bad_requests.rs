@@ -469,3 +469,40 @@ async fn a_backend_that_stalls_mid_body_is_cut_after_the_response_timeout() {
         }
     }
 }
+
+/// A plain HTTP request sent to the TLS port gets nginx's readable 400 rather than a TLS alert
+/// (its body and all, read whole by the client: no reset), is logged and counted as refused,
+/// and the port goes on serving TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_request_on_the_tls_port_gets_a_readable_400() {
+    let backend = Backend::start("a").await;
+    let certs = tempfile::tempdir().unwrap();
+    let roots = [write_self_signed(certs.path(), "d", &["127.0.0.1"])];
+    let main = format!(
+        "proxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"\naccess_log: all",
+        certs.path().display()
+    );
+    let proxy = ProxyProcess::start(&default_route(&[&backend]), &main);
+    let tls = proxy.logged_addr("listening on https://");
+    let mut stream = TcpStream::connect(tls).await.unwrap();
+    let request = b"POST /x HTTP/1.1\r\nHost: a.test\r\nContent-Length: 5\r\n\r\nhello";
+    stream.write_all(request).await.unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer));
+    assert!(matches!(read.await, Ok(Ok(_))), "{answer:?}");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{answer}");
+    assert!(
+        answer.ends_with("The plain HTTP request was sent to an HTTPS port.\n"),
+        "{answer}"
+    );
+    let logged = eventually(Duration::from_secs(5), || {
+        proxy.log_text().lines().any(|l| {
+            l.starts_with("access ") && l.contains(" status=400 ") && l.contains(" method=- ")
+        })
+    });
+    assert!(logged.await, "{}", proxy.log_text());
+    let config = tls_client_config(&roots, &[b"http/1.1"]);
+    let mut client = Client::connect_tls(tls, "127.0.0.1", config).await;
+    assert_eq!(client.get("a.test", "/").await.status(), 200);
+}

@@ -30,6 +30,7 @@ use super::idle::{self, Activity, Timers};
 use super::limits::{Builders, Limits};
 use super::listener::{apply_keepalive, pass_on_connection_options};
 use super::observe::Refusals;
+use super::plain_on_tls::{self, FirstBytes};
 use super::park::{self, ClientSocket, Dock, Parkable, Wake};
 use super::per_client::{ClientSlot, PerClient};
 use super::proxy_protocol::{self, Header};
@@ -499,6 +500,10 @@ async fn serve_tls<F: MakeService>(
     deadline: tokio::time::Instant,
 ) {
     let peer = counted.peer;
+    let mut stream = stream;
+    if !Box::pin(judged_as_tls(&shared, &mut stream, deadline, peer)).await {
+        return;
+    }
     let Some(stream) = handshake(acceptor, stream, deadline, peer, shared.name).await else {
         return;
     };
@@ -524,6 +529,32 @@ async fn serve_tls<F: MakeService>(
     let conn = shared.builders.h2_only.serve_connection(io, service);
     let conn = idle::drive_boxed(conn.into_owned(), drain, activity, idle);
     counted.run(conn).await;
+}
+
+/// Whether the connection goes on to the TLS handshake: not when it ended before its first
+/// byte, nor when it is a plain HTTP request, answered here with a 400 (logged and counted as
+/// a refused request) within `deadline`.
+async fn judged_as_tls<F>(
+    shared: &Shared<F>,
+    stream: &mut ClientTcp,
+    deadline: tokio::time::Instant,
+    peer: SocketAddr,
+) -> bool {
+    let first = tokio::time::timeout_at(deadline, plain_on_tls::first_bytes(stream)).await;
+    match first {
+        Ok(FirstBytes::Tls) => true,
+        Ok(FirstBytes::Nothing) | Err(_) => false,
+        Ok(FirstBytes::PlainHttp) => {
+            tracing::debug!(%peer, "{}: a plain HTTP request on the TLS port", shared.name);
+            if let Some(refusals) = &shared.refusals {
+                let plain = TlsFacts::default();
+                refusals.refused(peer.ip(), &plain, StatusCode::BAD_REQUEST);
+            }
+            let answered = tokio::time::timeout_at(deadline, plain_on_tls::answer(stream));
+            let _ = answered.await;
+            false
+        }
+    }
 }
 
 /// The TLS handshake, by `deadline`; `None` (logged) when it fails or is late. Its state is

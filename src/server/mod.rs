@@ -22,6 +22,7 @@ mod limits;
 pub mod listener;
 mod observe;
 mod park;
+mod plain_on_tls;
 pub mod per_client;
 pub mod proxy_protocol;
 pub mod real_client;
