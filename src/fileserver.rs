@@ -128,7 +128,7 @@ fn visible_path(raw: &str) -> Option<String> {
     if decoded.contains('\\') {
         return None;
     }
-    let path = normalise::path(&decoded).into_owned();
+    let path = normalise::remove_dot_segments(&decoded);
     let hidden = path.split('/').any(|segment| segment.starts_with('.'));
     (!hidden).then_some(path)
 }

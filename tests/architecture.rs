@@ -8,27 +8,28 @@ use std::path::{Path, PathBuf};
 
 /// Top-level modules from the bottom up: a module may import only modules of a lower rank.
 /// The data path runs server -> routing -> layers -> proxy -> upstream -> vocab; `config`,
-/// `metrics` and `accesslog` are leaves beside it; the control plane and `process` sit above.
+/// `metrics` and `accesslog` are leaves beside it (`config` above `vocab`: routes are read in
+/// the form requests are normalised to); the control plane and `process` sit above.
 const RANKS: &[(&str, u8)] = &[
     ("vocab", 0),
-    ("config", 0),
+    ("config", 1),
     ("utc", 0),
     ("allocator", 0),
-    ("metrics", 1),
-    ("logfile", 1),
-    ("accesslog", 2),
-    ("upstream", 3),
-    ("proxy", 4),
-    ("layers", 5),
-    ("routing", 6),
-    ("server", 7),
-    ("tls", 8),
-    ("fileserver", 8),
-    ("control", 8),
-    ("discovery", 9),
-    ("admin", 10),
-    ("check", 10),
-    ("process", 11),
+    ("metrics", 2),
+    ("logfile", 2),
+    ("accesslog", 3),
+    ("upstream", 4),
+    ("proxy", 5),
+    ("layers", 6),
+    ("routing", 7),
+    ("server", 8),
+    ("tls", 9),
+    ("fileserver", 9),
+    ("control", 9),
+    ("discovery", 10),
+    ("admin", 11),
+    ("check", 11),
+    ("process", 12),
 ];
 
 /// `src/a/b.rs` -> `a::b`, `src/a/mod.rs` -> `a`; `None` for the crate roots.

@@ -491,7 +491,10 @@ async fn a_plain_request_on_the_tls_port_gets_a_readable_400() {
     let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer));
     assert!(matches!(read.await, Ok(Ok(_))), "{answer:?}");
     let answer = String::from_utf8_lossy(&answer);
-    assert!(answer.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{answer}");
+    assert!(
+        answer.starts_with("HTTP/1.1 400 Bad Request\r\n"),
+        "{answer}"
+    );
     assert!(
         answer.ends_with("The plain HTTP request was sent to an HTTPS port.\n"),
         "{answer}"

@@ -137,7 +137,7 @@ async fn forwarding_headers() {
     // Pinned to HTTP/1.1 (the backend also speaks h2c, which detection would pick).
     let route = Path::addrs(&[format!("http://{}", a.addr)])
         .server_headers(&["X-To-Backend: yes"])
-        .client_headers(&["X-Frame-Options:DENY"]);
+        .client_headers(&["X-Frame-Options:DENY", "Set-Cookie:a=1", "Set-Cookie:b=2"]);
     let yaml = Upstreams::new()
         .server_headers(&["X-Global:g"])
         .host("example.com", Host::new().path("/", route))
@@ -181,8 +181,11 @@ async fn forwarding_headers() {
             seen.contains("x-global") && seen.contains("x-to-backend"),
             "{proto:?}: server headers add up: {seen}"
         );
-        // The backend's hop-by-hop headers never reach the client; client headers do.
+        // The backend's hop-by-hop headers never reach the client; client headers do, a
+        // name listed twice with both values.
         assert!(resp.headers().get("x-hop").is_none(), "{proto:?}");
+        let cookies: Vec<_> = resp.headers().get_all("set-cookie").iter().collect();
+        assert_eq!(cookies, ["a=1", "b=2"], "{proto:?}");
         assert!(resp.headers().get("keep-alive").is_none(), "{proto:?}");
         assert_eq!(header(&resp, "x-frame-options"), "DENY", "{proto:?}");
         body_bytes(resp).await;

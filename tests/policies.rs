@@ -521,3 +521,54 @@ async fn with_a_master_key_sticky_cookies_survive_a_restart() {
         "without a key: per process"
     );
 }
+
+/// A protected prefix meets its policy however a client writes the path: encoded as browsers
+/// send `/café`, in another case, or one slash short (`/secret` for `/secret/`: a 301 there,
+/// as nginx answers, not the open route of `/`). Before, all three reached the backend of `/`.
+#[tokio::test]
+async fn a_protected_prefix_meets_its_policy_however_the_path_is_written() {
+    let backend = Backend::start("b").await;
+    let to = || Path::servers(&[&backend]);
+    let key = |p: Path| p.authorization_data("apikey", "k-1");
+    let yaml = Upstreams::new()
+        .host(
+            "p.test",
+            Host::new()
+                .path("/", to())
+                .path("/caf\u{e9}", key(to()))
+                .path("/a b", key(to()))
+                .path("/secret/", key(to())),
+        )
+        .render();
+    let proxy = ProxyProcess::start(&yaml, "");
+    for proto in PROTOCOLS {
+        let mut c = Client::connect(proto, proxy.addr).await;
+        let before = backend.requests();
+        for path in [
+            "/caf%C3%A9",
+            "/caf%c3%a9/x",
+            "/CAF%C3%A9",
+            "/a%20b",
+            "/secret/x",
+        ] {
+            assert_eq!(
+                get(&mut c, "p.test", path, &[]).await.0,
+                403,
+                "{proto:?} {path}"
+            );
+        }
+        for (path, location) in [("/secret", "/secret/"), ("/secret?q=1", "/secret/?q=1")] {
+            let (status, headers, _) = get(&mut c, "p.test", path, &[]).await;
+            assert_eq!(status, 301, "{proto:?} {path}");
+            assert_eq!(headers["location"], location, "{proto:?} {path}");
+        }
+        assert_eq!(
+            backend.requests(),
+            before,
+            "{proto:?}: nothing reached the backend"
+        );
+        let key = [("x-api-key", "k-1")];
+        assert_eq!(get(&mut c, "p.test", "/caf%C3%A9", &key).await.0, 200);
+        assert_eq!(get(&mut c, "p.test", "/secretx", &[]).await.0, 200);
+    }
+}

@@ -277,11 +277,33 @@ fn read_headers(node: &Node, path: &str, r: &mut Reader) -> HeaderList {
     let mut out = Vec::with_capacity(items.len());
     for (pos, item_path, text) in items {
         match parse_header(&text) {
+            Ok((name, _)) if is_connection_field(&name) => {
+                let message = format!(
+                    "`{name}` describes the connection or how the message is framed: the proxy sets \
+                     it for each hop itself, and a fixed value would cut or corrupt bodies"
+                );
+                r.error(pos, &item_path, message);
+            }
             Ok(h) => out.push(h),
             Err(msg) => r.error(pos, &item_path, msg),
         }
     }
     out
+}
+
+/// A field a route's header lists may not set: framing and hop-by-hop ones (RFC 9110 §7.6.1).
+fn is_connection_field(name: &http::HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "content-length"
+            | "transfer-encoding"
+            | "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "upgrade"
+            | "te"
+            | "trailer"
+    )
 }
 
 fn read_auth(node: &Node, path: &str, r: &mut Reader) -> Option<AuthRule> {

@@ -9,6 +9,7 @@ use super::settings::{read_setting, SETTING_KEYS};
 pub use super::settings::{CompressRule, HeaderList, RouteSettings};
 use super::values::{parse_server, ServerSpec};
 use super::yaml::{Key, Node, Pos, Value};
+use crate::vocab::normalise;
 
 /// Which of the two accepted shapes a file used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -260,7 +261,24 @@ fn normalise_host_key(key: &Key, path: &str, r: &mut Reader) -> Option<String> {
         r.error(key.pos, path, format!("`{raw}` is not a valid host name"));
         return None;
     }
-    Some(name.to_string())
+    let warning = if name == "default" {
+        Some("is a host name like any other; the host that catches every other is `DEFAULT`, in capitals".to_string())
+    } else if name.contains('*') {
+        Some("matches only a request whose host is that very text: host names match exactly (a certificate's name may be a wildcard, a route's may not)".to_string())
+    } else {
+        None
+    };
+    if let Some(warning) = warning {
+        r.warn(key.pos, path, format!("host `{raw}` {warning}"));
+    }
+    let without_port = normalise::strip_port(name);
+    if without_port.len() < name.len() {
+        let message = format!(
+            "host `{raw}` is `{without_port}`: requests are routed by their host without its port"
+        );
+        r.warn(key.pos, path, message);
+    }
+    Some(without_port.to_string())
 }
 
 fn read_host(
@@ -303,21 +321,66 @@ fn read_host(
 
 fn read_paths(entries: &[(Key, Node)], parent: &str, r: &mut Reader) -> Vec<PathConfig> {
     let mut paths = Vec::with_capacity(entries.len());
+    // Each prefix as matched, case folded: where it was first written, and how.
+    let mut first_seen: std::collections::HashMap<String, (Pos, &str)> =
+        std::collections::HashMap::new();
     for (key, value) in entries {
         let path = join(parent, &key.name);
-        if !key.name.starts_with('/') {
-            r.error(
-                key.pos,
-                &path,
-                format!("path `{}` must start with `/`", key.name),
-            );
+        let Some(prefix) = path_prefix(key, &path, r) else {
             continue;
+        };
+        match first_seen.entry(prefix.to_ascii_lowercase()) {
+            std::collections::hash_map::Entry::Occupied(first) => {
+                let (pos, written) = first.get();
+                let message = format!(
+                    "path `{}` matches the same requests as `{written}` (line {}): paths match \
+                     whatever their case and encoding, and the first one wins",
+                    key.name, pos.line
+                );
+                r.warn(key.pos, &path, message);
+            }
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert((key.pos, key.name.as_str()));
+            }
         }
-        if let Some(p) = read_path(key, value, &path, r) {
+        if let Some(mut p) = read_path(key, value, &path, r) {
+            p.prefix = prefix;
             paths.push(p);
         }
     }
     paths
+}
+
+/// A `paths` key as routing matches it: in the form request paths are normalised to
+/// (`normalise::prefix`: `/café` is `/caf%C3%A9`, `//a` is `/a`). An error when no request
+/// could ever match it: a prefix with a query, or with what requests are refused for before
+/// routing (`normalise::is_ambiguous`).
+fn path_prefix(key: &Key, path: &str, r: &mut Reader) -> Option<String> {
+    let written = key.name.as_str();
+    let problem = if !written.starts_with('/') {
+        Some("must start with `/`")
+    } else if written.contains(['?', '#']) {
+        Some("holds a query or a fragment: routes match the path alone")
+    } else if normalise::is_ambiguous(written) {
+        Some(
+            "can never match: requests whose path holds `;`, `\\`, an encoded `/`, `\\`, `;` \
+             or NUL, a dot segment or a `%` without two hex digits are refused (400) before routing",
+        )
+    } else {
+        None
+    };
+    if let Some(problem) = problem {
+        r.error(key.pos, path, format!("path `{written}` {problem}"));
+        return None;
+    }
+    let prefix = normalise::prefix(written);
+    if written.contains("//") {
+        let message = format!(
+            "path `{written}` matches as `{prefix}`: request paths have repeated slashes merged"
+        );
+        r.warn(key.pos, path, message);
+    }
+    Some(prefix)
 }
 
 fn read_path(key: &Key, node: &Node, path: &str, r: &mut Reader) -> Option<PathConfig> {

@@ -320,6 +320,12 @@ pub fn parse_auth(kind: &str, data: Option<&str>) -> Result<AuthRule, AuthError>
             let (user, password) = data.split_once(':').ok_or_else(|| {
                 AuthError::Data("basic auth `data` must be `user:password`".to_string())
             })?;
+            if user.is_empty() || password.is_empty() {
+                let empty = if user.is_empty() { "user" } else { "password" };
+                return Err(AuthError::Data(format!(
+                    "basic auth `data` has an empty {empty}: any client could send it (expected `user:password`)"
+                )));
+            }
             Ok(AuthRule::Basic {
                 user: user.to_string(),
                 password: password.to_string(),
@@ -441,6 +447,13 @@ mod tests {
             Ok(AuthRule::Basic { .. })
         ));
         assert!(parse_auth("basic", Some("nocolon")).is_err());
+        for empty in [":", "admin:", ":secret"] {
+            let refused = parse_auth("basic", Some(empty));
+            assert!(
+                matches!(refused, Err(AuthError::Data(m)) if m.contains("has an empty")),
+                "{empty}"
+            );
+        }
         assert!(parse_auth("apikey", None)
             .unwrap_err()
             .to_string()

@@ -211,19 +211,8 @@ impl ForwardAuth {
     }
 }
 
-/// `Remote-*` and `X-Auth-*`: the identity an auth service vouches for.
-/// `Remote-*` and `X-Auth-*`, spelled with `_` too: CGI, WSGI and PHP read `Remote_User` as
-/// `REMOTE_USER`, the same variable as `Remote-User`, so a client's own would pass for the
-/// auth service's.
 fn is_identity_header(name: &HeaderName) -> bool {
-    let n = name.as_str().as_bytes();
-    let starts = |prefix: &[u8]| {
-        n.len() >= prefix.len()
-            && n.iter()
-                .zip(prefix)
-                .all(|(&b, &p)| b == p || (p == b'-' && b == b'_'))
-    };
-    starts(b"remote-") || starts(b"x-auth-")
+    crate::vocab::headers::is_identity_field(name.as_str())
 }
 
 fn remove_identity_headers(h: &mut HeaderMap) {

@@ -80,6 +80,10 @@ impl Jwt {
         let now = jwt_cache::unix_now();
         if !jwt_cache::is_verified(fingerprint, token, now) {
             match jsonwebtoken::decode::<Expiry>(token, key, &self.validation) {
+                Ok(_) if names_critical_extensions(token) => {
+                    tracing::debug!("token refused: it names critical extensions (`crit`)");
+                    return Err(ProxyError::TokenRequired);
+                }
                 Ok(data) => jwt_cache::remember(fingerprint, token, data.claims.exp),
                 Err(e) => {
                     tracing::debug!("token refused: {e}");
@@ -91,6 +95,22 @@ impl Jwt {
             *req.uri_mut() = stripped;
         }
         Ok(())
+    }
+}
+
+/// Whether a (verified) token's header has `crit`: extensions it says must be understood,
+/// none of which this checker knows, so the token must be refused (RFC 7515 §4.1.11).
+fn names_critical_extensions(token: &str) -> bool {
+    use base64::Engine as _;
+    let Some(header) = token.split('.').next() else {
+        return true;
+    };
+    let Ok(json) = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(header) else {
+        return true;
+    };
+    match serde_json::from_slice::<serde_json::Value>(&json) {
+        Ok(header) => header.get("crit").is_some(),
+        Err(_) => true,
     }
 }
 
@@ -164,6 +184,15 @@ pub(crate) mod tests {
             let sig = signed.rsplit('.').next().unwrap().to_string();
             forged("RS256", &serde_json::json!({"exp": exp}), &sig)
         };
+        let critical = {
+            let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+            let header = b64.encode(r#"{"alg":"HS256","typ":"JWT","crit":["x-new"],"x-new":1}"#);
+            let body = b64.encode(serde_json::json!({"exp": exp}).to_string());
+            let signed = format!("{header}.{body}");
+            let key = EncodingKey::from_secret(b"k1");
+            let signature = jsonwebtoken::crypto::sign(signed.as_bytes(), &key, Algorithm::HS256);
+            format!("{signed}.{}", signature.unwrap())
+        };
         let bearer = |t: &str| format!("Bearer {t}");
         assert_eq!(check(&jwt, "/", Some(&bearer(&good))).0, Ok(()));
         assert_eq!(check(&jwt, "/", Some(&bearer(&begun))).0, Ok(()));
@@ -174,6 +203,7 @@ pub(crate) mod tests {
             ("no exp", &no_exp),
             ("alg none", &none),
             ("RS256", &rs256),
+            ("crit", &critical),
         ] {
             assert_eq!(
                 check(&jwt, "/", Some(&bearer(token))).0,

@@ -66,6 +66,10 @@ impl Redirect {
         tls: bool,
     ) -> Result<Option<(StatusCode, String)>, ProxyError> {
         let path_and_query = req.uri().path_and_query().map_or("/", |p| p.as_str());
+        if path_and_query == "*" {
+            // `OPTIONS *` asks about the server, not a resource: there is nowhere to send it.
+            return Ok(None);
+        }
         if let Some(base) = &self.redirect_to {
             return Ok(Some((
                 StatusCode::MOVED_PERMANENTLY,
@@ -214,6 +218,13 @@ mod tests {
             target(&moved, Method::GET, "/x?y", "old.com", true),
             Some((301, "https://www.example.com/x?y".into()))
         );
+        for rule in [&https, &moved] {
+            assert_eq!(
+                target(rule, Method::OPTIONS, "*", "ex.com", false),
+                None,
+                "OPTIONS *"
+            );
+        }
         assert!(Redirect::compile(Some(false), None, &port).is_none());
         let no_host = Request::builder().uri("/a").body(()).unwrap();
         assert_eq!(https.target(&no_host, false), Err(ProxyError::MissingHost));

@@ -205,9 +205,7 @@ fn prepare_headers(
             None => no_host = true,
         }
     }
-    for (name, value) in rules.to_backend.iter() {
-        headers.insert(name.clone(), value.clone());
-    }
+    set_listed(headers, &rules.to_backend);
     if no_host
         && rules
             .to_backend
@@ -217,6 +215,18 @@ fn prepare_headers(
         no_host = false;
     }
     (forwarded::Deferred::new(forwarded, request_id), no_host)
+}
+
+/// Sets a route's header list on `headers`: each name replaces what was there, and a name
+/// listed more than once (two `Set-Cookie`s) is sent with every value listed.
+fn set_listed(headers: &mut http::HeaderMap, listed: &[(HeaderName, HeaderValue)]) {
+    for (at, (name, value)) in listed.iter().enumerate() {
+        if listed[..at].iter().any(|(earlier, _)| earlier == name) {
+            headers.append(name.clone(), value.clone());
+        } else {
+            headers.insert(name.clone(), value.clone());
+        }
+    }
 }
 
 /// The request head in HTTP/1.1 form (origin-form target, `Host`); the pool rewrites it for a
@@ -242,9 +252,7 @@ fn finish_response(resp: Response<PooledBody>, rules: &HeaderRules) -> Response<
     if !body.hop_by_hop_gone() {
         hop_by_hop::remove_hop_by_hop(&mut parts.headers);
     }
-    for (name, value) in rules.to_client.iter() {
-        parts.headers.insert(name.clone(), value.clone());
-    }
+    set_listed(&mut parts.headers, &rules.to_client);
     let bodiless = parts.status == http::StatusCode::NO_CONTENT
         || parts.status == http::StatusCode::NOT_MODIFIED;
     if bodiless {

@@ -43,16 +43,41 @@ struct HostRoutes {
 }
 
 impl HostRoutes {
-    fn find(&self, path: &str) -> Option<&Arc<Route>> {
-        self.routes
-            .iter()
-            .find(|r| normalise::prefix_matches(&r.prefix, path))
+    /// The longest prefix matching `path`; but a prefix that is `path` with a slash added
+    /// (`/secret/` for `/secret`) beats a shorter one, as with nginx's `location /secret/`:
+    /// the client is sent to it ([`Lookup::AddSlash`]) rather than to the route of `/`, whose
+    /// backend may well serve `/secret` as `/secret/`, without `/secret/`'s policies.
+    fn find(&self, path: &str) -> Lookup<'_> {
+        let mut slash_added = false;
+        for route in &self.routes {
+            if normalise::prefix_matches(&route.prefix, path) {
+                // A route for the path itself is what the operator asked for.
+                return match slash_added && route.prefix.len() < path.len() {
+                    true => Lookup::AddSlash,
+                    false => Lookup::Found(route),
+                };
+            }
+            slash_added = slash_added || is_with_a_slash(&route.prefix, path);
+        }
+        match slash_added {
+            true => Lookup::AddSlash,
+            false => Lookup::NoPath,
+        }
     }
+}
+
+/// Whether `prefix` is `path` with a `/` added.
+fn is_with_a_slash(prefix: &str, path: &str) -> bool {
+    prefix.len() == path.len() + 1
+        && prefix.ends_with('/')
+        && prefix.as_bytes()[..path.len()].eq_ignore_ascii_case(path.as_bytes())
 }
 
 /// The result of a lookup.
 pub enum Lookup<'s> {
     Found(&'s Arc<Route>),
+    /// No prefix is the path, but one is the path with `/` added: a 301 there.
+    AddSlash,
     /// The host (or `DEFAULT`) exists but no path of it matches.
     NoPath,
     /// Neither the host nor `DEFAULT` exists.
@@ -142,11 +167,7 @@ impl Snapshot {
         let Some(table) = table else {
             return Lookup::NoHost;
         };
-        let path = normalise::path(raw_path);
-        match table.find(&path) {
-            Some(route) => Lookup::Found(route),
-            None => Lookup::NoPath,
-        }
+        table.find(&normalise::path(raw_path))
     }
 
     /// Every route, for status pages and health checks.
@@ -209,6 +230,46 @@ mod tests {
         );
         assert_eq!(found(&s, Some("other.org"), "/api").unwrap(), "DEFAULT/");
         assert_eq!(found(&s, None, "/").unwrap(), "DEFAULT/");
+    }
+
+    /// `/secret/` written, `/secret` asked for: sent to `/secret/` (nginx's 301), not to `/`,
+    /// unless a route is written for `/secret` itself.
+    #[test]
+    fn a_path_one_slash_short_of_a_prefix_is_sent_to_it() {
+        let s = snapshot(
+            "upstreams:\n  a.com:\n    paths:\n      /: {servers: [\"127.0.0.1:1\"]}\n      /secret/: {servers: [\"127.0.0.1:2\"]}\n      /both/: {servers: [\"127.0.0.1:2\"]}\n      /both: {servers: [\"127.0.0.1:3\"]}\n",
+        );
+        assert!(matches!(
+            s.route(Some(b"a.com"), "/secret"),
+            Lookup::AddSlash
+        ));
+        assert!(matches!(
+            s.route(Some(b"a.com"), "/SECRET"),
+            Lookup::AddSlash
+        ));
+        assert_eq!(
+            found(&s, Some("a.com"), "/secret/x").unwrap(),
+            "a.com/secret/"
+        );
+        assert_eq!(found(&s, Some("a.com"), "/both").unwrap(), "a.com/both");
+        assert_eq!(found(&s, Some("a.com"), "/both/x").unwrap(), "a.com/both/");
+        assert_eq!(found(&s, Some("a.com"), "/secretx").unwrap(), "a.com/");
+    }
+
+    /// A prefix written with characters a URL encodes matches however the client sends them.
+    #[test]
+    fn prefixes_match_encoded_and_raw_paths_alike() {
+        let s = snapshot(
+            "upstreams:\n  a.com:\n    paths:\n      /: {servers: [\"127.0.0.1:1\"]}\n      \"/caf\u{e9}\": {servers: [\"127.0.0.1:2\"]}\n      \"/a b\": {servers: [\"127.0.0.1:3\"]}\n",
+        );
+        for path in ["/caf%C3%A9", "/caf%c3%a9/x", "/caf\u{e9}"] {
+            assert_eq!(
+                found(&s, Some("a.com"), path).unwrap(),
+                "a.com/caf%C3%A9",
+                "{path}"
+            );
+        }
+        assert_eq!(found(&s, Some("a.com"), "/a%20b").unwrap(), "a.com/a%20b");
     }
 
     #[test]

@@ -143,6 +143,7 @@ impl Router {
         };
         let route = match snapshot.route_normalised(host, req.uri().path()) {
             Lookup::Found(route) => route.clone(),
+            Lookup::AddSlash => return Err(slash_added(req)),
             Lookup::NoPath => return Err(self.refuse(conn, ProxyError::NoPath, grpc)),
             Lookup::NoHost => return Err(self.refuse(conn, ProxyError::NoHost, grpc)),
         };
@@ -158,6 +159,22 @@ impl Router {
         }
         err.response_for(grpc).map(Either::Right)
     }
+}
+
+/// A 301 to the request's path with `/` added, its query kept ([`Lookup::AddSlash`]).
+fn slash_added<B>(req: &Request<B>) -> Response<RespBody> {
+    let uri = req.uri();
+    let location = match uri.query() {
+        Some(query) => format!("{}/?{query}", uri.path()),
+        None => format!("{}/", uri.path()),
+    };
+    let mut resp = Response::new(Either::Right(Full::new(Bytes::new())));
+    *resp.status_mut() = http::StatusCode::MOVED_PERMANENTLY;
+    // The path and query were a valid URI's, so they are a valid header value.
+    if let Ok(location) = HeaderValue::from_str(&location) {
+        resp.headers_mut().insert(http::header::LOCATION, location);
+    }
+    resp
 }
 
 /// A request's route, and its normalised host when the route's layers need it.

@@ -10,6 +10,20 @@ pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-fo
 /// The request's id: kept from a trusted peer or made by the server, sent upstream (and to a
 /// forward-auth service), returned and logged.
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// `Remote-*` and `X-Auth-*`: the identity a forward-auth service vouches for; spelled with `_`
+/// too: CGI, WSGI and PHP read `Remote_User` as `REMOTE_USER`, the same variable as
+/// `Remote-User`, so a client's own would pass for the auth service's.
+pub fn is_identity_field(name: &str) -> bool {
+    let n = name.as_bytes();
+    let starts = |prefix: &[u8]| {
+        n.len() >= prefix.len()
+            && n.iter()
+                .zip(prefix)
+                .all(|(&b, &p)| b == p || (p == b'-' && b == b'_'))
+    };
+    starts(b"remote-") || starts(b"x-auth-")
+}
+
 /// Room for the fields forwarding adds to a request (`X-Forwarded-For`, `-Proto`, `-Host`,
 /// `X-Request-Id`), beyond those the client sent: a map built with it does not grow, and rehash
 /// every field, on the way to the backend (callgrind: two such growths were 1,200 instructions

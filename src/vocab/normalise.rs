@@ -31,7 +31,7 @@ pub fn host<'b>(raw: &[u8], buf: &'b mut [u8; MAX_HOST]) -> Option<&'b str> {
         (without_port, &REG_NAME)
     };
     let name = without_port.strip_suffix(b".").unwrap_or(without_port);
-    if name.is_empty() || name.len() > MAX_HOST {
+    if name.is_empty() || name.len() > MAX_HOST || has_empty_label(name) {
         return None;
     }
     // Every byte is looked at, with no early exit, and then lower-cased as a block (byte by
@@ -44,6 +44,12 @@ pub fn host<'b>(raw: &[u8], buf: &'b mut [u8; MAX_HOST]) -> Option<&'b str> {
     out.copy_from_slice(name);
     out.make_ascii_lowercase();
     std::str::from_utf8(out).ok()
+}
+
+/// Whether a name has an empty label (`a..b`, `.a`, `a..`): no host is named so, and nginx
+/// refuses such a `Host` (400) rather than route it to the default server.
+fn has_empty_label(name: &[u8]) -> bool {
+    name.first() == Some(&b'.') || name.last() == Some(&b'.') || name.windows(2).any(|w| w == b"..")
 }
 
 /// The bytes of a host name (RFC 3986 `reg-name`: unreserved, sub-delims, `%` of an escape).
@@ -78,21 +84,44 @@ pub fn strip_port(host: &str) -> &str {
     }
 }
 
-/// The path as routing judges it: `%XX` of unreserved characters decoded, dot segments resolved,
-/// repeated slashes merged. Borrowed when nothing needs changing.
+/// The path as routing judges it: `%XX` of unreserved characters decoded, bytes a path cannot
+/// hold as they are (non-ASCII, a space, `"`, `{`, ...) percent-encoded, every escape kept in
+/// upper case, dot segments resolved, repeated slashes merged. Config path prefixes are put in
+/// the same form ([`prefix`]), so `/café` written in a file matches `/caf%C3%A9` sent by a
+/// browser, and the raw `/café` some clients send. Borrowed when nothing needs changing.
 pub fn path(raw: &str) -> Cow<'_, str> {
-    let bytes = raw.as_bytes();
-    let needs_work = bytes.first() != Some(&b'/')
-        || bytes.contains(&b'%')
-        || bytes.windows(2).any(|w| w == b"/." || w == b"//");
-    if !needs_work {
+    if !needs_work(raw.as_bytes()) {
         return Cow::Borrowed(raw);
     }
-    let decoded = decode_unreserved(raw);
+    let decoded = canonical_bytes(raw);
     Cow::Owned(remove_dot_segments(&decoded))
 }
 
-fn decode_unreserved(raw: &str) -> String {
+/// A path prefix from the config in the form [`path`] gives request paths.
+pub fn prefix(written: &str) -> String {
+    path(written).into_owned()
+}
+
+/// Whether [`path`] would change `bytes`: not starting with `/`, a byte outside
+/// [`PLAIN_PATH`] (`%` included), or a `/` followed by `.` or `/`. One pass, no allocation.
+fn needs_work(bytes: &[u8]) -> bool {
+    if bytes.first() != Some(&b'/') {
+        return true;
+    }
+    let mut after_slash = false;
+    for &b in bytes {
+        if !PLAIN_PATH[b as usize] || (after_slash && (b == b'.' || b == b'/')) {
+            return true;
+        }
+        after_slash = b == b'/';
+    }
+    false
+}
+
+/// The bytes a path holds as they are (RFC 3986 `pchar` and `/`, without `%`).
+static PLAIN_PATH: [bool; 256] = byte_set(b"-._~!$&'()*+,;=:@/");
+
+fn canonical_bytes(raw: &str) -> String {
     let bytes = raw.as_bytes();
     let mut out = Vec::with_capacity(raw.len());
     let mut i = 0;
@@ -114,13 +143,24 @@ fn decode_unreserved(raw: &str) -> String {
                 continue;
             }
         }
-        // Bytes, not chars: a UTF-8 sequence (which `http` lets into a path) is copied whole.
-        out.push(bytes[i]);
+        let b = bytes[i];
+        if PLAIN_PATH[b as usize] || b == b'%' {
+            // A `%` without two hex digits stays (requests with one are refused before routing).
+            out.push(b);
+        } else {
+            out.extend([
+                b'%',
+                HEX_UPPER[usize::from(b >> 4)],
+                HEX_UPPER[usize::from(b & 15)],
+            ]);
+        }
         i += 1;
     }
-    // Only ASCII was decoded and every other byte copied from valid UTF-8, so this is UTF-8.
+    // Every byte out is ASCII.
     String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
+
+const HEX_UPPER: &[u8; 16] = b"0123456789ABCDEF";
 
 /// Every `%XX` of `raw` decoded (a `%` not followed by two hex digits stays as it is).
 pub fn percent_decode(raw: &str) -> Vec<u8> {
@@ -154,7 +194,9 @@ fn hex(b: u8) -> Option<u8> {
     }
 }
 
-fn remove_dot_segments(path: &str) -> String {
+/// `path` with its dot segments resolved and repeated slashes merged, nothing decoded or
+/// encoded (for a path already decoded, such as the file server's).
+pub fn remove_dot_segments(path: &str) -> String {
     let mut segments: Vec<&str> = Vec::new();
     let trailing_slash = path.ends_with('/') || path.ends_with("/.") || path.ends_with("/..");
     for seg in path.split('/') {
@@ -270,12 +312,13 @@ mod tests {
     }
 
     /// Found by the `path` fuzz target: non-ASCII bytes were copied as Latin-1 chars, so a
-    /// path needing work came out as mojibake (and changed again when normalised twice).
+    /// path needing work came out as mojibake (and changed again when normalised twice). They
+    /// are percent-encoded now, as a browser sends them.
     #[test]
     fn non_ascii_paths_keep_their_bytes_and_normalise_once() {
         for (raw, want) in [
-            ("//a//.\u{463}", "/a/.\u{463}"),
-            ("/%b\u{59d}\u{35a}2ex", "/%b\u{59d}\u{35a}2ex"),
+            ("//a//.\u{463}", "/a/.%D1%A3"),
+            ("/%b\u{59d}\u{35a}2ex", "/%b%D6%9D%CD%9A2ex"),
             ("/caf\u{e9}/../%41", "/A"),
         ] {
             let once = path(raw);
@@ -358,6 +401,11 @@ mod tests {
             ("[a@b]", None),
             ("a:b:80", None),
             ("a\"b", None),
+            // Empty labels (nginx: 400).
+            ("mixed.test..", None),
+            ("a..b", None),
+            (".a", None),
+            (".", None),
         ];
         for (raw, want) in cases {
             assert_eq!(h(raw).as_deref(), want, "{raw}");
@@ -380,6 +428,10 @@ mod tests {
             ("/a/..", "/"),
             ("/%", "/%"),
             ("/%4", "/%4"),
+            ("/caf\u{e9}", "/caf%C3%A9"),
+            ("/caf%c3%a9/x", "/caf%C3%A9/x"),
+            ("/a b", "/a%20b"),
+            ("/a\"{x}", "/a%22%7Bx%7D"),
         ];
         for (raw, want) in cases {
             assert_eq!(path(raw), want, "{raw}");

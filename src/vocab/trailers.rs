@@ -41,12 +41,22 @@ pub fn remove_unfit(trailers: &mut HeaderMap) {
     }
 }
 
-/// A field that only means something in a header section, or that the proxy sets itself.
+/// A field that only means something in a header section, or that the proxy (or a
+/// forward-auth service) sets itself; spelled with `_` for `-` too, as CGI-style backends read
+/// both alike.
 fn header_section_only(name: &str) -> bool {
-    matches!(
-        name,
-        // Framing, routing, the content's format.
-        "content-length" | "content-type" | "content-encoding" | "content-range" | "trailer"
+    if name.contains('_') {
+        return header_section_only_as_spelled(&name.replace('_', "-"));
+    }
+    header_section_only_as_spelled(name)
+}
+
+fn header_section_only_as_spelled(name: &str) -> bool {
+    super::headers::is_identity_field(name)
+        || matches!(
+            name,
+            // Framing, routing, the content's format.
+            "content-length" | "content-type" | "content-encoding" | "content-range" | "trailer"
             | "te" | "host"
             // Authentication and state.
             | "authorization" | "proxy-authorization" | "www-authenticate"
@@ -56,7 +66,8 @@ fn header_section_only(name: &str) -> bool {
             | "expires" | "date" | "location" | "retry-after" | "vary"
             // What the proxy says about the client and the request.
             | "forwarded" | "via" | "x-real-ip" | "x-request-id"
-    ) || name.starts_with("if-")
+        )
+        || name.starts_with("if-")
         || name.starts_with("x-forwarded-")
 }
 
@@ -82,6 +93,10 @@ mod tests {
             ("grpc-status", "0"),
             ("grpc-message", "fine"),
             ("x-checksum", "abc"),
+            ("remote-user", "admin"),
+            ("remote_user", "root"),
+            ("x-auth-role", "superuser"),
+            ("x_forwarded_for", "6.6.6.6"),
         ] {
             trailers.append(name, value.parse().expect("a value"));
         }

@@ -427,6 +427,52 @@ pub(crate) fn cases() -> Vec<Case> {
                 err(M, 6, "access_log_format", "`xml` is not one of: logfmt, json"),
             ],
         ),
+        // ---- paths and hosts no request could match ----
+        // Prefixes are matched in the form request paths are normalised to (encoding, case,
+        // repeated slashes); one that no request could match is an error, one that matches as
+        // another prefix does a warning.
+        Case::broken(
+            "paths_no_request_could_match",
+            MAIN_OK,
+            "upstreams:\n  a.com:\n    paths:\n      \"/\":\n        servers: [\"127.0.0.1:8000\"]\n\
+             \x20     \"/q?x\":\n        servers: [\"127.0.0.1:8000\"]\n\
+             \x20     \"/dot/../x\":\n        servers: [\"127.0.0.1:8000\"]\n\
+             \x20     \"//double\":\n        servers: [\"127.0.0.1:8000\"]\n\
+             \x20     \"/case\":\n        servers: [\"127.0.0.1:8000\"]\n\
+             \x20     \"/Case\":\n        servers: [\"127.0.0.1:8000\"]\n\
+             \x20     \"/caf\u{e9}\":\n        servers: [\"127.0.0.1:8000\"]\n\
+             \x20     \"/caf%c3%a9\":\n        servers: [\"127.0.0.1:8000\"]\n",
+            vec![
+                err(U, 6, "upstreams.a.com.paths./q?x", "holds a query"),
+                err(U, 8, "upstreams.a.com.paths./dot/../x", "can never match"),
+                warn(U, 10, "upstreams.a.com.paths.//double", "matches as `/double`"),
+                warn(U, 14, "upstreams.a.com.paths./Case", "the same requests as `/case` (line 12)"),
+                warn(U, 18, "upstreams.a.com.paths./caf%c3%a9", "the same requests as `/caf\u{e9}` (line 16)"),
+            ],
+        ),
+        Case::broken(
+            "hosts_no_request_could_match_as_written",
+            MAIN_OK,
+            "upstreams:\n  \"port.test:8080\":\n    paths:\n      \"/\": {servers: [\"127.0.0.1:8000\"]}\n\
+             \x20 \"*.wild.test\":\n    paths:\n      \"/\": {servers: [\"127.0.0.1:8000\"]}\n\
+             \x20 default:\n    paths:\n      \"/\": {servers: [\"127.0.0.1:8000\"]}\n",
+            vec![
+                warn(U, 2, "upstreams.port.test:8080", "is `port.test`: requests are routed by their host without its port"),
+                warn(U, 5, "upstreams.*.wild.test", "host names match exactly"),
+                warn(U, 8, "upstreams.default", "the host that catches every other is `DEFAULT`"),
+            ],
+        )
+        .warnings_only(),
+        // A route's header lists may not set framing or hop-by-hop fields: `Content-Length:0`
+        // emptied every request body.
+        Case::path(
+            "header_lists_set_no_framing",
+            "        servers: [\"127.0.0.1:8000\"]\n        server_headers: [\"Content-Length:0\", \"X-Ok:1\"]\n        client_headers: [\"Transfer-Encoding:chunked\"]\n",
+            vec![
+                err(U, 6, pk("server_headers[0]"), "`content-length` describes the connection or how the message is framed"),
+                err(U, 7, pk("client_headers[0]"), "`transfer-encoding` describes the connection"),
+            ],
+        ),
         // ---- one file's errors do not hide the other's ----
         Case::broken(
             "errors_in_both_files_are_all_reported",
