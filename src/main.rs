@@ -140,10 +140,22 @@ enum Format {
 }
 
 fn check(conf: &std::path::Path, format: Format, deny_warnings: bool) -> ExitCode {
+    use std::io::Write as _;
     let report = aralez::check::check(conf);
-    match format {
-        Format::Text => print!("{}", aralez::check::render_text(&report)),
-        Format::Json => println!("{}", aralez::check::render_json(&report)),
+    let rendered = match format {
+        Format::Text => aralez::check::render_text(&report),
+        Format::Json => format!("{}\n", aralez::check::render_json(&report)),
+    };
+    // A full disk or a closed pipe (`| head`) is reported, not a panic (print! panics).
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out
+        .write_all(rendered.as_bytes())
+        .and_then(|()| out.flush())
+    {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            eprintln!("check-config: cannot write the report: {e}");
+        }
+        return ExitCode::FAILURE;
     }
     if aralez::check::failed(&report, deny_warnings) {
         ExitCode::FAILURE

@@ -442,3 +442,70 @@ async fn one_address_cannot_take_every_admin_connection() {
         .await;
     assert_eq!(resp.status(), 200);
 }
+
+/// Which backend answers a request for `host`.
+async fn served_for(proxy: &ProxyProcess, host: &str) -> String {
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    let resp = client.get(host, "/").await;
+    let name = header(&resp, "x-backend");
+    body_bytes(resp).await;
+    name
+}
+
+/// `POST /conf` serves its body with conf.d merged, as a load of the file would (conf.d's
+/// hosts fell to DEFAULT); a SIGHUP afterwards makes the files serve again, as nginx's HUP
+/// does (it said "unchanged"); `?save` keeps the file's mode (600 became 644) and follows a
+/// link to it (the link was replaced by a file); `?save=false` writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conf_merges_conf_d_sighup_brings_the_files_back_and_save_keeps_the_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let (a, b, c) = (
+        Backend::start("a").await,
+        Backend::start("b").await,
+        Backend::start("c").await,
+    );
+    let proxy = ProxyProcess::start(&routes(&[&a]), ADMIN);
+    let (admin, key) = (admin_addr(&proxy), [("x-api-key", "s3cret")]);
+    let conf_d = proxy.path("conf.d");
+    std::fs::create_dir(&conf_d).unwrap();
+    let c_host = format!(
+        "c.test:\n  paths:\n    \"/\":\n      servers: [\"{}\"]\n",
+        c.addr
+    );
+    write_atomically(&conf_d.join("10-c.yaml"), &c_host);
+    let c_served = || async { (served_for(&proxy, "c.test").await == "c").then_some(()) };
+    assert!(eventually_async(Duration::from_secs(10), c_served)
+        .await
+        .is_some());
+
+    let (status, text) = call(admin, Method::POST, "/conf", &key, &routes(&[&b])).await;
+    assert_eq!((status, text.trim()), (200, "applied"));
+    assert_eq!(served_by(&proxy).await, "b");
+    assert_eq!(served_for(&proxy, "c.test").await, "c", "conf.d merged");
+    proxy.signal(nix::sys::signal::Signal::SIGHUP);
+    let files_back = || async { (served_by(&proxy).await == "a").then_some(()) };
+    let back = eventually_async(Duration::from_secs(10), files_back).await;
+    assert!(back.is_some(), "{}", proxy.log_text());
+
+    let (file, real) = (proxy.path("upstreams.yaml"), proxy.path("real.yaml"));
+    std::fs::rename(&file, &real).unwrap();
+    std::os::unix::fs::symlink(&real, &file).unwrap();
+    std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let unsaved = call(
+        admin,
+        Method::POST,
+        "/conf?save=false",
+        &key,
+        &routes(&[&b]),
+    )
+    .await;
+    assert_eq!(unsaved.0, 200, "{}", unsaved.1);
+    assert_eq!(std::fs::read_to_string(&real).unwrap(), routes(&[&a]));
+    let saved = call(admin, Method::POST, "/conf?save", &key, &routes(&[&c])).await;
+    assert_eq!(saved.0, 200, "{}", saved.1);
+    assert_eq!(std::fs::read_to_string(&real).unwrap(), routes(&[&c]));
+    assert!(std::fs::symlink_metadata(&file).unwrap().is_symlink());
+    let mode = std::fs::metadata(&real).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    assert_eq!(served_by(&proxy).await, "c");
+}

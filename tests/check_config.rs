@@ -549,3 +549,24 @@ fn certificates_are_checked_as_the_start_loads_them() {
     assert!(found("proxy_certificates", 4, "mismatch"), "{listed}");
     assert!(found("proxy_certificates", 4, "garbage"), "{listed}");
 }
+
+/// A report that cannot be written (a full disk, a pipe closed by `head`) is an error exit with
+/// a line saying so, not a panic (exit 134).
+#[test]
+fn a_report_that_cannot_be_written_is_an_error_not_a_panic() {
+    let case = Case::broken("good", MAIN_OK, UPS_OK, Vec::new());
+    let (_dir, main) = case.write();
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let out = Command::new(BIN)
+        .args(["check-config".as_ref(), "-c".as_ref(), main.as_os_str()])
+        .stdout(full)
+        .output()
+        .expect("run aralez");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cannot write the report"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

@@ -544,7 +544,7 @@ async fn certificates_follow_their_links_a_replaced_directory_and_sighup() {
     relink("../../archive/b/two.crt", &at("le/live/b/fullchain.pem"));
     relink("../../archive/b/two.key", &at("le/live/b/privkey.pem"));
     let config = tls_client_config(&roots, &[b"http/1.1"]);
-    let picked_up = eventually_async(Duration::from_secs(3), || async {
+    let picked_up = eventually_async(Duration::from_secs(10), || async {
         let served = served_cert(tls, "b.local", config.clone()).await;
         (served.unwrap() == renewed).then_some(())
     });
@@ -554,7 +554,7 @@ async fn certificates_follow_their_links_a_replaced_directory_and_sighup() {
     let reloads = || proxy.log_text().matches("certificates reloaded").count();
     let before = reloads();
     proxy.signal(nix::sys::signal::Signal::SIGHUP);
-    let reloaded = eventually(Duration::from_secs(3), || reloads() > before);
+    let reloaded = eventually(Duration::from_secs(10), || reloads() > before);
     assert!(reloaded.await, "{}", proxy.log_text());
 
     // The directory removed and made again: what is copied into it serves.
@@ -568,7 +568,7 @@ async fn certificates_follow_their_links_a_replaced_directory_and_sighup() {
     let fresh = write_self_signed(&at("certs"), "c", &["c.local"]);
     roots.push(fresh.clone());
     let config = tls_client_config(&roots, &[b"http/1.1"]);
-    let picked_up = eventually_async(Duration::from_secs(3), || async {
+    let picked_up = eventually_async(Duration::from_secs(10), || async {
         let served = served_cert(tls, "c.local", config.clone()).await;
         served.is_ok_and(|cert| cert == fresh).then_some(())
     });

@@ -224,6 +224,12 @@ async fn an_extended_connect_the_backend_does_not_switch_is_a_502() {
         let plain = TcpStream::connect(proxy.addr).await.unwrap();
         let resp = ask_extended_connect(plain, "http", path).await;
         assert_eq!(resp.status(), 502, "{path}");
+        let body = body_bytes(resp).await;
+        let text = String::from_utf8_lossy(&body);
+        assert!(
+            text.contains("did not accept the protocol upgrade"),
+            "{path}: {text}"
+        );
     }
 }
 
@@ -384,5 +390,11 @@ async fn an_extended_connect_answered_with_a_wrong_accept_is_a_502() {
         let plain = TcpStream::connect(proxy.addr).await.unwrap();
         let resp = ask_extended_connect(plain, "http", path).await;
         assert_eq!(resp.status(), 502, "{path}");
+        let body = body_bytes(resp).await;
+        let text = String::from_utf8_lossy(&body);
+        assert!(
+            text.contains("did not accept the protocol upgrade"),
+            "{path}: {text}"
+        );
     }
 }

@@ -179,10 +179,7 @@ impl Admin {
                 "forbidden: the config API is disabled (config_api_enabled: false)",
             );
         }
-        let save = req
-            .uri()
-            .query()
-            .is_some_and(|q| q.split('&').any(|p| p == "save" || p.starts_with("save=")));
+        let save = req.uri().query().is_some_and(asks_to_save);
         let req_from_master = req.headers().contains_key(cluster::PUSHED_BY_MASTER);
         let body = match read_body(req, MAX_CONF_BODY).await {
             Ok(b) => b,
@@ -573,4 +570,19 @@ pub fn start(
         tasks.push(runtime.spawn(sampler));
     }
     tasks
+}
+
+/// Whether a `/conf` query asks for the file to be written: `save`, or `save=` anything but a
+/// word for no (`save=false` wrote the file all the same).
+fn asks_to_save(query: &str) -> bool {
+    query.split('&').any(|pair| match pair.split_once('=') {
+        None => pair == "save",
+        Some((name, value)) => {
+            name == "save"
+                && !matches!(
+                    value.to_ascii_lowercase().as_str(),
+                    "false" | "0" | "no" | "off"
+                )
+        }
+    })
 }

@@ -26,6 +26,7 @@ pub struct Named<'a> {
     pub runuser: Option<&'a str>,
     pub rungroup: Option<&'a str>,
     pub pid_file: &'a Path,
+    pub upgrade_sock: &'a Path,
     pub log_file: Option<&'a Path>,
     /// `access_log_file`, when the access log is on (it is not opened otherwise).
     pub access_log_file: Option<&'a Path>,
@@ -139,6 +140,14 @@ fn created_files(named: &Named<'_>, at: &KeyPositions<'_>, r: &mut Reader) -> bo
             r.error(pos, key, problem);
             ok = false;
         }
+    }
+    // The start goes on without it (a warning then too): only live upgrades need it.
+    if let (Some(pos), Some(problem)) = (at.of("upgrade_sock"), cannot_create(named.upgrade_sock)) {
+        r.warn(
+            pos,
+            "upgrade_sock",
+            format!("{problem}: live upgrades (`aralez -u`) will not be possible"),
+        );
     }
     ok
 }

@@ -492,6 +492,7 @@ impl MainConfig {
             runuser: cfg.runuser.as_deref(),
             rungroup: cfg.rungroup.as_deref(),
             pid_file: &cfg.pid_file,
+            upgrade_sock: &cfg.upgrade_sock,
             log_file: cfg.log_file.as_deref(),
             access_log_file: cfg
                 .access_log_file

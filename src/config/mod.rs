@@ -175,6 +175,28 @@ pub fn parse_upstreams_text(
     UpstreamsConfig::read(&root, &mut r)
 }
 
+/// [`parse_upstreams_text`] in place of the file at `upstreams`, with the `conf.d` files
+/// beside it merged as a load of that file merges them (SPEC §3.5): what `POST /conf` serves
+/// is what the same text saved there would.
+pub fn parse_upstreams_text_beside(
+    text: &str,
+    origin: &str,
+    upstreams: &Path,
+    issues: &mut Issues,
+) -> Option<UpstreamsConfig> {
+    let mut cfg = parse_upstreams_text(text, origin, issues)?;
+    let mut ok = true;
+    for file in conf_d_files(upstreams) {
+        let Some(root) = read_tree(&file, issues) else {
+            ok = false;
+            continue;
+        };
+        let mut r = Reader::new(Arc::from(file.display().to_string()), issues);
+        ok &= cfg.merge_conf_d(&root, &mut r);
+    }
+    ok.then_some(cfg)
+}
+
 /// Parses main.yaml text held in memory as if read from `path` (relative paths in it are taken
 /// from beside `path`; nothing is read from disk).
 pub fn parse_main_text(text: &str, path: &Path, issues: &mut Issues) -> Option<MainConfig> {

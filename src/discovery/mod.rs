@@ -41,6 +41,10 @@ pub enum Applied {
     Unchanged,
 }
 
+/// The files' digest noted while a config that is not theirs serves (`POST /conf` without
+/// `save`): no digest of theirs is taken for it.
+const NOT_THE_FILES: u64 = 0;
+
 /// Why a change was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ReloadError {
@@ -60,6 +64,9 @@ struct Sources {
     file: Option<UpstreamsConfig>,
     /// Digest of the files' bytes behind `file`, to skip reloading identical content.
     file_digest: u64,
+    /// Digest of the files' bytes last rejected: the watcher's second look at the same bytes
+    /// (it looks again after a burst of events) is not a second rejection.
+    rejected_digest: Option<u64>,
     /// SHA-256 of the text behind `file` when it came through `POST /conf` (what a cluster
     /// master compares with what it pushed).
     text_digest: Option<String>,
@@ -165,6 +172,13 @@ impl Reloader {
             }
             return Ok(Applied::Unchanged);
         }
+        if source != "SIGHUP" && self.sources().rejected_digest == Some(digest) {
+            tracing::debug!(
+                source,
+                "configuration files as last rejected; nothing to reload"
+            );
+            return Ok(Applied::Unchanged);
+        }
         let mut issues = self.issues();
         // The digest kept is that of the bytes parsed, not the one above: a write landing
         // between the two must not leave one file's digest beside another's routes (the
@@ -180,6 +194,7 @@ impl Reloader {
                 Ok(Applied::Changed)
             }
             _ => {
+                self.sources().rejected_digest = Some(digest);
                 self.metrics.config_reload(metric_source(source), false);
                 for error in issues.errors() {
                     tracing::error!(
@@ -197,7 +212,9 @@ impl Reloader {
     pub fn apply_text(self: &Arc<Self>, text: &str, save: bool) -> Result<Applied, ReloadError> {
         let mut issues = self.issues();
         let origin = "POST /conf";
-        let cfg = match config::parse_upstreams_text(text, origin, &mut issues) {
+        let parsed =
+            config::parse_upstreams_text_beside(text, origin, &self.upstreams_path, &mut issues);
+        let cfg = match parsed {
             Some(cfg) if !issues.has_errors() => cfg,
             _ => {
                 self.metrics.config_reload("api", false);
@@ -205,7 +222,9 @@ impl Reloader {
             }
         };
         let _applying = self.applying.lock().unwrap_or_else(|p| p.into_inner());
-        let mut digest = self.sources().file_digest;
+        // Not saved, the files no longer say what serves: the next SIGHUP (or change to them)
+        // loads them again, as nginx's HUP makes the running config the files'.
+        let mut digest = NOT_THE_FILES;
         if save {
             save_atomically(&self.upstreams_path, text.as_bytes()).map_err(|source| {
                 ReloadError::Save {
@@ -386,9 +405,12 @@ pub fn text_digest(text: &str) -> String {
 }
 
 /// Writes `bytes` to `path` through a temporary file beside it and a rename, so a reader (the
-/// watcher, a reload) never sees half a file.
+/// watcher, a reload) never sees half a file. A symbolic link is followed: its target is
+/// replaced, the link stays. The file keeps its permissions (upstreams.yaml may hold
+/// passwords and keys, and a `chmod 600` must survive a save); a new one gets the usual mode.
 fn save_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
+    let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
         .file_name()
@@ -396,9 +418,12 @@ fn save_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .unwrap_or("upstreams.yaml");
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let mut file = std::fs::File::create(&tmp)?;
+    if let Ok(old) = std::fs::metadata(&path) {
+        file.set_permissions(old.permissions())?;
+    }
     file.write_all(bytes)?;
     file.sync_all()?;
-    std::fs::rename(&tmp, path)
+    std::fs::rename(&tmp, &path)
 }
 
 /// Starts the control-plane sources: the file watcher, and Consul/Kubernetes watchers when the

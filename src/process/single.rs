@@ -35,7 +35,14 @@ pub fn another_instance(main: &MainConfig) -> Option<String> {
         .into_iter()
         .flatten()
         .find(|addr| is_taken(*addr))
-        .map(|addr| format!("{addr} is already in use (a second aralez would share it through SO_REUSEPORT): {HOW}"))
+        .map(|addr| {
+            format!(
+                "{addr} is already in use (bind: address in use), by another program or by an \
+                 aralez whose pid_file and upgrade_sock are elsewhere (a second aralez would share \
+                 the port through SO_REUSEPORT): free the port, give this instance other ports, or, \
+                 if it is an aralez, take over with `aralez -u`"
+            )
+        })
 }
 
 /// The pid in `pid_file`, when it is a running process (not this one) whose program is aralez.

@@ -119,12 +119,12 @@ fn answer_upgrade(
     if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
         if !client.ask.accepted_by(resp.headers()) {
             tracing::warn!("backend's Sec-WebSocket-Accept does not answer the key sent to it");
-            return Err(ProxyError::BadResponse);
+            return Err(ProxyError::UpgradeRefused);
         }
         Ok(upgrade::bridge(resp, client, &conn.tunnels))
     } else if client.ask.over_h2 && resp.status().is_success() {
         tracing::warn!(status = %resp.status(), "backend did not switch protocols for an extended CONNECT");
-        Err(ProxyError::BadResponse)
+        Err(ProxyError::UpgradeRefused)
     } else {
         Ok(finish_response(resp, rules))
     }

@@ -26,6 +26,11 @@ pub enum ProxyError {
     ResponseTimeout,
     #[error("the backend's answer was not valid HTTP")]
     BadResponse,
+    /// An upgrade (WebSocket) the backend answered without switching protocols where a
+    /// switch was the only fit answer (an HTTP/2 extended CONNECT's 2xx), or with a
+    /// `Sec-WebSocket-Accept` that does not answer the key sent to it.
+    #[error("the backend did not accept the protocol upgrade")]
+    UpgradeRefused,
     #[error("the backend closed the connection before answering")]
     BackendReset,
     /// The request body was malformed (a bad chunk) or cut short by the client.
@@ -117,6 +122,7 @@ impl ProxyError {
             | ProxyError::AuthServiceTimeout => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::ConnectFailed
             | ProxyError::BadResponse
+            | ProxyError::UpgradeRefused
             | ProxyError::BackendReset
             | ProxyError::AuthServiceFailed => StatusCode::BAD_GATEWAY,
             ProxyError::BasicAuthRequired | ProxyError::TokenRequired => StatusCode::UNAUTHORIZED,
@@ -254,6 +260,7 @@ mod tests {
             (ProxyError::BackendBusy, 503),
             (ProxyError::ConnectFailed, 502),
             (ProxyError::BadResponse, 502),
+            (ProxyError::UpgradeRefused, 502),
             (ProxyError::BackendReset, 502),
             (ProxyError::ConnectTimeout, 504),
             (ProxyError::ResponseTimeout, 504),

@@ -125,6 +125,13 @@ pub(crate) fn cases() -> Vec<Case> {
             &format!("{MAIN_OK}log_file: \"no-such-dir/aralez.log, 10, 3, false\"\n"),
             vec![err(M, 3, "log_file", "its directory").also("no-such-dir` does not exist")],
         ),
+        // The start goes on without the socket (live upgrades are then impossible): a warning.
+        Case::main(
+            "upgrade_sock_in_a_missing_directory",
+            &format!("{MAIN_OK}upgrade_sock: \"no-such-dir/a.sock\"\n"),
+            vec![warn(M, 3, "upgrade_sock", "cannot be created").also("live upgrades")],
+        )
+        .warnings_only(),
         Case::main(
             "error_log_in_a_missing_directory",
             &format!("{MAIN_OK}error_log: \"no-such-dir/error.log\"\n"),
