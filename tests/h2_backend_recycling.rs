@@ -25,6 +25,8 @@ struct Recycling {
     per_connection: usize,
     /// Refuse the first stream of every request path with REFUSED_STREAM.
     refuse_each_once: bool,
+    /// Reset every stream with INTERNAL_ERROR once its request is in (processed, then failed).
+    fail_each: bool,
 }
 
 impl Recycling {
@@ -32,6 +34,7 @@ impl Recycling {
         Recycling {
             per_connection: 0,
             refuse_each_once: true,
+            fail_each: false,
         }
     }
 
@@ -39,6 +42,7 @@ impl Recycling {
         Recycling {
             per_connection,
             refuse_each_once: false,
+            fail_each: false,
         }
     }
 }
@@ -76,7 +80,10 @@ async fn serve_connection(socket: TcpStream, how: Recycling, record: Arc<Record>
         streams += 1;
         let path = req.uri().path().to_owned();
         let first_time = lock(&record.refused_paths).insert(path);
-        if how.refuse_each_once && first_time {
+        if how.fail_each {
+            record.refused.fetch_add(1, Ordering::SeqCst);
+            respond.send_reset(Reason::INTERNAL_ERROR);
+        } else if how.refuse_each_once && first_time {
             record.refused.fetch_add(1, Ordering::SeqCst);
             respond.send_reset(Reason::REFUSED_STREAM);
         } else {
@@ -180,6 +187,36 @@ async fn recycled_run(how: Recycling, clients: usize, each: usize) -> (usize, Ar
 async fn refused_streams_are_sent_again_with_their_bodies() {
     let (sent, record) = recycled_run(Recycling::refusing_each_once(), 4, 10).await;
     assert_eq!(record.refused.load(Ordering::SeqCst), sent);
+}
+
+/// A stream the backend reset with INTERNAL_ERROR on a connection that lives on reached it:
+/// a 502, not the same request sent to the same backend again as if the connection had been
+/// stale (SPEC §5: at most one try a backend). It was sent twice when the connection was reused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_the_backend_resets_is_not_sent_to_it_again() {
+    let how = Recycling {
+        per_connection: 0,
+        refuse_each_once: false,
+        fail_each: true,
+    };
+    let (backend, record) = start_recycling_backend(how).await;
+    let proxy = proxy_for(backend);
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    for round in 1..=3 {
+        let resp = client.get("h2.local", "/reset").await;
+        assert_eq!(resp.status(), 502, "round {round}");
+        body_bytes(resp).await;
+        assert_eq!(
+            record.refused.load(Ordering::SeqCst),
+            round,
+            "tries by round {round}"
+        );
+    }
+    assert_eq!(
+        record.connections.load(Ordering::SeqCst),
+        1,
+        "the connection lived on"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -142,7 +142,10 @@ async fn upstream_tls_verify_checks_chain_and_name() {
     let trusted = serve_tls_backend("trusted", acceptor.clone(), any_local()).await;
     // The same server again, for a route whose host its certificate does not name (one backend
     // object per address: connections are shared by every route that uses it).
-    let misnamed = serve_tls_backend("trusted", acceptor, any_local()).await;
+    let misnamed = serve_tls_backend("trusted", acceptor.clone(), any_local()).await;
+    // And once more for a route with health checks: its probes ask for the name its requests
+    // do (they asked for the backend's address, failed verification, and held it down).
+    let checked = serve_tls_backend("checked", acceptor, any_local()).await;
     let stranger = start_tls_backend("stranger", &[b"h2", b"http/1.1"]).await;
     let to = |server: &TlsBackend, verify: bool| {
         Path::addrs(&[format!("https://{server}")])
@@ -155,14 +158,26 @@ async fn upstream_tls_verify_checks_chain_and_name() {
             Host::new()
                 .path("/trusted", to(&trusted, true))
                 .path("/stranger", to(&stranger, true))
-                .path("/unverified", to(&stranger, false)),
+                .path("/unverified", to(&stranger, false))
+                .path(
+                    "/checked",
+                    Path::addrs(&[format!("https://{checked}")]).upstream_tls_verify(true),
+                ),
         )
         // The name checked is the SNI, the request's host: the certificate does not cover it.
         .host("other.local", Host::new().path("/", to(&misnamed, true)))
         .render();
     let ca = ca_file.to_str().unwrap();
-    let proxy = ProxyProcess::start_env(&yaml, "", &[("SSL_CERT_FILE", ca)]);
+    let proxy = ProxyProcess::start_env(&yaml, "hc_interval: 1", &[("SSL_CERT_FILE", ca)]);
     let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    // Three health rounds: the checked route stays in rotation.
+    let rounds = std::time::Instant::now();
+    while rounds.elapsed() < std::time::Duration::from_millis(3_000) {
+        let resp = client.get("backend.local", "/checked").await;
+        assert_eq!(resp.status(), 200, "{}", proxy.log_text());
+        body_bytes(resp).await;
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     let cases = [
         ("backend.local", "/trusted", 200, "trusted"),
         ("backend.local", "/stranger", 502, ""),

@@ -89,9 +89,10 @@ pub async fn round(snapshot: &Snapshot, settings: &HealthSettings) -> usize {
                 continue;
             }
             let (backend, path) = (backend.clone(), route.prefix.to_string());
+            let name = server_name(&route.host, &backend);
             let (method, timeout) = (settings.method.clone(), settings.probe_timeout());
             probes.spawn(async move {
-                let passed = probe(&backend, &path, method, timeout).await;
+                let passed = probe(&backend, &name, &path, method, timeout).await;
                 backend.set_probed(&path, passed);
             });
         }
@@ -101,14 +102,32 @@ pub async fn round(snapshot: &Snapshot, settings: &HealthSettings) -> usize {
     count
 }
 
-/// One probe: true when a status below 500 arrives within `timeout`.
-pub async fn probe(backend: &Backend, path: &str, method: Method, timeout: Duration) -> bool {
+/// The name a TLS backend is asked for (and its certificate checked against) by the route's
+/// requests: the route's host, or for `DEFAULT` (any host a client makes up) the backend's own
+/// name. A probe must ask for the same, or it checks a handshake traffic never makes: a
+/// backend named by its IP with a certificate for the site was held down for good, and one
+/// whose certificate matched only its IP shown up while every request got a 502.
+fn server_name(route_host: &str, backend: &Backend) -> String {
+    match route_host {
+        "DEFAULT" => backend.spec.host.clone(),
+        host => host.to_string(),
+    }
+}
+
+/// One probe: true when a status below 500 arrives within `timeout`, asking for `name` over TLS.
+pub async fn probe(
+    backend: &Backend,
+    name: &str,
+    path: &str,
+    method: Method,
+    timeout: Duration,
+) -> bool {
     let attempt = async {
         let wire = detect::wire_of(backend, timeout).await?;
         let addrs = backend.addrs();
         let ep = backend.endpoint(&addrs, wire);
         let req = probe_request(backend, path, method);
-        connector::exchange_once(ep, &backend.spec.host, req, timeout).await
+        connector::exchange_once(ep, name, req, timeout).await
     };
     let answers_before = backend.answers();
     // Detecting first (no protocol known yet) has the TLS probe's time on top: within the
@@ -129,9 +148,8 @@ pub async fn probe(backend: &Backend, path: &str, method: Method, timeout: Durat
         tracing::debug!(backend = %backend.label, path, "health probe: no answer within {timeout:?}, but {answered_meanwhile} requests were answered meanwhile; kept in rotation");
         return true;
     }
-    if !matches!(outcome, Ok(Ok(_))) {
-        // Connections fail: the backend may have come back speaking something else.
-        backend.forget_detection();
+    if let Ok(Err(e)) = &outcome {
+        doubt_detection(backend, e);
     }
     match outcome {
         Ok(Ok(resp)) if resp.status().as_u16() < 500 => true,
@@ -147,6 +165,27 @@ pub async fn probe(backend: &Backend, path: &str, method: Method, timeout: Durat
             tracing::debug!(backend = %backend.label, path, "health probe: no answer within {timeout:?}");
             false
         }
+    }
+}
+
+/// What a failed probe says about the backend's detected protocol. No connection: it may come
+/// back speaking something else, so it is detected again. A connection that failed later (a
+/// handshake, a reset, an answer that is not HTTP) may be the protocol or only this path (a
+/// path that resets, shared with routes whose requests are answered): a doubt, three in a row
+/// without an answer between detect it again ([`Backend::doubt_protocol`]). Detecting holds
+/// every request to the backend, on every route, for up to the TLS probe's wait: one path's
+/// failing probe did that every round. A probe that ran out of time says nothing.
+fn doubt_detection(backend: &Backend, error: &ConnectError) {
+    use connector::ConnectErrorKind as Kind;
+    if error.is_timeout() {
+        return;
+    }
+    match error.kind() {
+        Kind::Resolve | Kind::Tcp => backend.forget_detection(),
+        Kind::Tls | Kind::Handshake | Kind::Exchange | Kind::BadResponse => {
+            backend.doubt_protocol()
+        }
+        Kind::BodyTooLarge | Kind::Capacity => {}
     }
 }
 
@@ -258,6 +297,52 @@ mod tests {
         let reloaded = snapshot(&yaml, &registry);
         let route = reloaded.routes().find(|r| &*r.prefix == "/").unwrap();
         assert!(!route.backends.get(1).unwrap().is_up());
+    }
+
+    /// A raw HTTP/1.1 server answering 204, but closing without a word on requests for
+    /// `/reset` (as a path that fails behind it would).
+    async fn resetting_one_path() -> std::net::SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 2048];
+                    let n = s.read(&mut buf).await.unwrap_or(0);
+                    if buf[..n].windows(7).any(|w| w == b" /reset") {
+                        return;
+                    }
+                    let head = "HTTP/1.1 204 X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+                    let _ = s.write_all(head.as_bytes()).await;
+                });
+            }
+        });
+        addr
+    }
+
+    /// One route's path that fails its probes takes that route's backend out, but does not
+    /// make the backend's protocol be detected again every round (detecting holds every
+    /// request to it, on every route).
+    #[tokio::test]
+    async fn one_failing_path_does_not_make_its_backend_detected_again() {
+        let addr = resetting_one_path().await;
+        let registry = Registry::for_tests(1, Duration::from_secs(60));
+        let yaml = format!(
+            "upstreams:\n  h:\n    paths:\n      /:\n        servers: [\"{addr}\"]\n      /reset:\n        servers: [\"{addr}\"]\n"
+        );
+        let snap = snapshot(&yaml, &registry);
+        let settings = HealthSettings {
+            method: Method::HEAD,
+            interval: Duration::from_millis(500),
+        };
+        for _ in 0..2 {
+            round(&snap, &settings).await;
+            let by_path = |p: &str| snap.routes().find(|r| &*r.prefix == p).unwrap();
+            let backend = by_path("/").backends.get(0).unwrap().clone();
+            assert!(backend.wire().is_some(), "detected again");
+            assert!(by_path("/").backends.usable_at(0));
+            assert!(!by_path("/reset").backends.usable_at(0));
+        }
     }
 
     /// A raw HTTP/1.1 server that answers 204 once it has a request head, and says nothing to

@@ -398,7 +398,8 @@ async fn send_on_h2(
                     return Err(SendError::Unprocessed(again.map(Box::new)));
                 }
             }
-            Err(classify(error, reused))
+            let stale = reused && !refused::is_stream_reset(&error);
+            Err(classify(error, stale))
         }
         Ok(Ok(resp)) => {
             x.backend.metrics.upstream_connection(x.worker, reused);

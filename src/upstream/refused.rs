@@ -66,6 +66,15 @@ pub fn is_refused(error: &hyper::Error) -> bool {
     h2.is_some_and(|e| e.is_remote() && e.reason() == Some(h2::Reason::REFUSED_STREAM))
 }
 
+/// Whether the backend reset this one stream (RST_STREAM) on a connection that lives on: it
+/// was not a stale connection, and the request may well have been processed, so it is not
+/// tried again on the same backend as a stale keep-alive connection's would be (SPEC §5: at
+/// most one try per backend).
+pub fn is_stream_reset(error: &hyper::Error) -> bool {
+    let h2 = std::error::Error::source(error).and_then(|e| e.downcast_ref::<h2::Error>());
+    h2.is_some_and(|e| e.is_remote() && e.is_reset())
+}
+
 /// A copy of a request's head, field by field (cheaper than the request builder).
 pub fn copy_head(req: &Request<UpBody>) -> Parts {
     let (mut head, ()) = Request::new(()).into_parts();

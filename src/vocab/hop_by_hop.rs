@@ -21,7 +21,7 @@ pub static CLOSE: HeaderName = HeaderName::from_static("close");
 /// removal or two (parsing a lone `keep-alive` as a list cost about 480 instructions an answer,
 /// callgrind).
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
-    remove_hop_by_hop_from_request(headers);
+    sweep(headers, false);
 }
 
 /// What a `Connection` value that is only `close` or only `keep-alive` (in any case) says:
@@ -98,6 +98,12 @@ fn keep_te_trailers_only(headers: &mut HeaderMap) {
 /// same pass sees every name; one that `Connection` lists counts too) and whether `Connection`
 /// named any field.
 pub fn remove_hop_by_hop_from_request(headers: &mut HeaderMap) -> ProxyFields {
+    sweep(headers, true)
+}
+
+/// [`remove_hop_by_hop`]'s pass; `TE` stays as `trailers` in a request (`te_allowed`) and goes
+/// from an answer, where it means nothing (RFC 9110 §10.1.4 is a request field).
+fn sweep(headers: &mut HeaderMap, te_allowed: bool) -> ProxyFields {
     let (mut connection, mut lists_names, mut fixed, mut te) = (false, false, false, false);
     let (mut coded, mut cookies) = (false, 0u32);
     let (mut says_close, mut close_field) = (false, false);
@@ -142,8 +148,10 @@ pub fn remove_hop_by_hop_from_request(headers: &mut HeaderMap) -> ProxyFields {
     if coded {
         headers.remove(header::CONTENT_LENGTH);
     }
-    if te {
+    if te && te_allowed {
         keep_te_trailers_only(headers);
+    } else if te {
+        headers.remove(header::TE);
     }
     proxy_fields
 }
@@ -285,7 +293,9 @@ impl AnswerHopByHop {
                     true
                 }
             },
-            HopByHop::Te | HopByHop::Close => {
+            // Connection-specific, and a request field: nothing in an answer.
+            HopByHop::Te => false,
+            HopByHop::Close => {
                 self.sweep = true;
                 true
             }
@@ -409,9 +419,10 @@ mod tests {
                 &[],
                 &["connection", "a"],
             ),
-            (&[("te", "trailers")], &["te"], &[]),
+            // A request field: nothing in an answer (a request keeps `trailers`, below).
+            (&[("te", "trailers")], &[], &["te"]),
             (&[("te", "gzip")], &[], &["te"]),
-            (&[("te", "trailers"), ("te", "gzip")], &["te"], &[]),
+            (&[("te", "trailers"), ("te", "gzip")], &[], &["te"]),
             (
                 &[("connection", "close, Keep-Alive"), ("keep-alive", "1")],
                 &[],
@@ -440,8 +451,8 @@ mod tests {
             ),
             (
                 &[("connection", "close"), ("te", "trailers"), ("close", "x")],
-                &["te"],
-                &["connection", "close"],
+                &[],
+                &["connection", "close", "te"],
             ),
             (
                 &[
