@@ -78,6 +78,8 @@ pub enum Lookup<'s> {
     Found(&'s Arc<Route>),
     /// No prefix is the path, but one is the path with `/` added: a 301 there.
     AddSlash,
+    /// A host no route names and none could: it has an empty label (`a..b`), a 400.
+    BadHost,
     /// The host (or `DEFAULT`) exists but no path of it matches.
     NoPath,
     /// Neither the host nor `DEFAULT` exists.
@@ -161,11 +163,15 @@ impl Snapshot {
 
     /// [`route`](Self::route) for a host already normalised (`normalise::host`).
     pub fn route_normalised(&self, host: Option<&str>, raw_path: &str) -> Lookup<'_> {
-        let table = host
-            .and_then(|name| self.hosts.get(name))
-            .or(self.default.as_ref());
-        let Some(table) = table else {
-            return Lookup::NoHost;
+        let table = match host.and_then(|name| self.hosts.get(name)) {
+            Some(table) => table,
+            None if host.is_some_and(|h| normalise::has_empty_label(h.as_bytes())) => {
+                return Lookup::BadHost;
+            }
+            None => match &self.default {
+                Some(table) => table,
+                None => return Lookup::NoHost,
+            },
         };
         table.find(&normalise::path(raw_path))
     }
@@ -229,6 +235,10 @@ mod tests {
             "example.com/api"
         );
         assert_eq!(found(&s, Some("other.org"), "/api").unwrap(), "DEFAULT/");
+        // No host has an empty label: not the default's (nginx: 400).
+        for bad in [&b"mixed.test.."[..], b"a..b", b".a"] {
+            assert!(matches!(s.route(Some(bad), "/"), Lookup::BadHost));
+        }
         assert_eq!(found(&s, None, "/").unwrap(), "DEFAULT/");
     }
 
