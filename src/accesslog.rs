@@ -416,6 +416,8 @@ fn write_loop(
     let mut batch = String::with_capacity(BATCH_BYTES * 2);
     let mut clock = Clock::default();
     let mut lines = 0;
+    let mut failures = WriteFailures::default();
+    let metrics = (metrics, &mut failures);
     while let Ok(msg) = rx.recv() {
         let mut asked = Asked {
             format,
@@ -432,25 +434,58 @@ fn write_loop(
         while let Ok(msg) = rx.try_recv() {
             asked.take(msg, &mut batch, &mut clock, &mut lines);
             if batch.len() >= BATCH_BYTES {
-                write_batch(&out, &mut batch, &mut lines, metrics);
+                write_batch(&out, &mut batch, &mut lines, metrics.0, metrics.1);
             }
         }
-        write_batch(&out, &mut batch, &mut lines, metrics);
+        write_batch(&out, &mut batch, &mut lines, metrics.0, metrics.1);
         if let Some(done) = asked.flushed {
             let _ = done.send(());
         }
     }
 }
 
-fn write_batch(out: &Destination, batch: &mut String, lines: &mut u64, metrics: &Metrics) {
+fn write_batch(
+    out: &Destination,
+    batch: &mut String,
+    lines: &mut u64,
+    metrics: &Metrics,
+    failures: &mut WriteFailures,
+) {
     if batch.is_empty() {
         return;
     }
-    if out.write_all(batch.as_bytes()).is_err() {
+    if let Err(e) = out.write_all(batch.as_bytes()) {
         for _ in 0..*lines {
             metrics.logging_error();
         }
+        failures.note(&e, *lines);
     }
     batch.clear();
     *lines = 0;
+}
+
+/// Failed writes of the access log, said in the app log at most once a minute (as nginx logs
+/// a failed `write()`; counting them in `aralez_logging_errors_total` alone told no one why).
+#[derive(Default)]
+struct WriteFailures {
+    said_at: Option<Instant>,
+    lost_since: u64,
+}
+
+impl WriteFailures {
+    const EVERY: Duration = Duration::from_secs(60);
+
+    fn note(&mut self, error: &std::io::Error, lost: u64) {
+        self.lost_since += lost;
+        let now = Instant::now();
+        if self.said_at.is_some_and(|at| now < at + Self::EVERY) {
+            return;
+        }
+        tracing::error!(
+            "access log: write failed ({error}); {} line(s) lost since the last report",
+            self.lost_since
+        );
+        self.said_at = Some(now);
+        self.lost_since = 0;
+    }
 }

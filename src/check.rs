@@ -44,6 +44,9 @@ pub fn check(main_path: &Path) -> Report {
         );
         if let Some(ups) = config::load_upstreams(&upstreams_conf, &mut issues) {
             shape = Some(ups.shape);
+            if let Some(main) = &main {
+                config::across::check(main, &ups, &upstreams_conf, &mut issues);
+            }
         }
     }
     Report {

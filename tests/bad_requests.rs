@@ -509,3 +509,31 @@ async fn a_plain_request_on_the_tls_port_gets_a_readable_400() {
     let mut client = Client::connect_tls(tls, "127.0.0.1", config).await;
     assert_eq!(client.get("a.test", "/").await.status(), 200);
 }
+
+/// A backend whose chunked answer ends early (it closes mid-body): the client gets the head
+/// and what came, then the close, an answer cut short as nginx sends it. It got an empty reply
+/// (logged as a 200) about one time in three.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_cut_short_by_its_backend_reaches_the_client_cut_short() {
+    use support::scripted::{scripted_routes, Then};
+    const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n";
+    let proxy = ProxyProcess::start(&scripted_routes(ANSWER, Then::Close).await, "");
+    for round in 0..6 {
+        let path = if round % 2 == 0 { "/plain" } else { "/tls" };
+        let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+        let ask = format!("GET {path} HTTP/1.1\r\nHost: x.test\r\n\r\n");
+        stream.write_all(ask.as_bytes()).await.unwrap();
+        let mut got = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), async {
+            while support::scripted::read_more(&mut stream, &mut got).await {}
+        });
+        read.await.expect("the connection ends");
+        let text = String::from_utf8_lossy(&got);
+        assert!(text.starts_with("HTTP/1.1 200"), "{path}: {text:?}");
+        assert!(text.contains("hello"), "{path}: {text:?}");
+        assert!(
+            !text.ends_with("0\r\n\r\n"),
+            "{path}: not cut short: {text:?}"
+        );
+    }
+}

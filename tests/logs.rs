@@ -227,3 +227,30 @@ async fn log_pattern_shapes_app_log_lines() {
         "{line}"
     );
 }
+
+/// An access log that cannot be written (a full disk) is said in the app log, once for a burst
+/// of lines, besides `aralez_logging_errors_total`: nginx logs its failed `write()`, and the
+/// counter alone told no one why lines were missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_access_log_that_cannot_be_written_is_said_in_the_app_log() {
+    let backend = Backend::start("a").await;
+    let proxy = ProxyProcess::start(
+        &upstreams_for(&backend),
+        "access_log: all\naccess_log_file: \"/dev/full\"",
+    );
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    for _ in 0..20 {
+        let resp = client.get("x.test", "/").await;
+        assert_eq!(resp.status(), 200);
+        body_bytes(resp).await;
+    }
+    let said = "access log: write failed";
+    let logged = eventually(Duration::from_secs(5), || proxy.log_count(said) >= 1);
+    assert!(logged.await, "{}", proxy.log_text());
+    assert_eq!(
+        proxy.log_count(said),
+        1,
+        "once a minute: {}",
+        proxy.log_text()
+    );
+}

@@ -261,6 +261,10 @@ async fn a_second_instance_on_the_same_paths_or_port_is_refused() {
         200,
         "the first one still serves"
     );
+    // The second start's look at upgrade_sock took nothing: the first one handed no socket
+    // over, and did not tell the operator to SIGQUIT it (which left nothing listening).
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(first.log_count("handed"), 0, "{}", first.log_text());
 }
 
 /// A live upgrade whose new process cannot start (here the admin API's certificate, replaced by

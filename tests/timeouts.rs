@@ -111,6 +111,14 @@ async fn a_request_body_that_stops_coming_is_a_408_not_the_backends_504() {
     let read = tokio::time::timeout(Duration::from_secs(30), stream.read_to_string(&mut answer));
     assert!(read.await.is_ok(), "the connection stayed open: {answer}");
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    // Closed with the answer, and saying so (it stayed open for the idle timeout, and served
+    // what came late as a request).
+    assert!(
+        answer
+            .to_ascii_lowercase()
+            .contains("\r\nconnection: close\r\n"),
+        "{answer}"
+    );
 }
 
 /// A proxy with `upstream_response_timeout: 3` in front of an HTTP/1.1 backend, and a

@@ -4,6 +4,7 @@
 //! file, line, column and key. No I/O happens here beyond reading the files themselves.
 
 pub mod acme_conf;
+pub mod across;
 pub mod cache_conf;
 pub mod cluster_conf;
 pub mod discovery_conf;

@@ -303,6 +303,13 @@ fn read_host(
                 saw_paths = true;
                 if let Some(paths) = r.map(value, &key_path) {
                     host.paths = read_paths(paths, &key_path, r);
+                    if paths.is_empty() {
+                        let why = format!(
+                            "host `{}` has no path: its requests get 404 (they do not go to DEFAULT)",
+                            host_key.name
+                        );
+                        r.warn(value.pos, &key_path, why);
+                    }
                 }
             }
             k if SETTING_KEYS.contains(&k) => read_setting(&mut host.settings, key, value, path, r),

@@ -99,6 +99,14 @@ pub fn parse_server(text: &str) -> Result<ServerSpec, String> {
             shorten(host)
         ));
     }
+    // All digits and dots, yet not an address (`300.1.1.1`, `10.0.0`): a typo, which would
+    // otherwise be looked up in DNS as a name, fail, and leave the route without a backend.
+    if host.parse::<IpAddr>().is_err() && host.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return Err(format!(
+            "`{}` looks like an IPv4 address but is not one",
+            shorten(host)
+        ));
+    }
     Ok(ServerSpec {
         scheme,
         host: host.to_string(),
@@ -447,6 +455,13 @@ mod tests {
             Ok(AuthRule::Basic { .. })
         ));
         assert!(parse_auth("basic", Some("nocolon")).is_err());
+        for typo in ["300.1.1.1:80", "10.0.0:80", "1.2.3.4.5:80"] {
+            let refused = parse_server(typo).unwrap_err();
+            assert!(
+                refused.contains("looks like an IPv4 address"),
+                "{typo}: {refused}"
+            );
+        }
         for empty in [":", "admin:", ":secret"] {
             let refused = parse_auth("basic", Some(empty));
             assert!(

@@ -21,15 +21,22 @@ fn backends(cfg: &UpstreamsConfig) -> BTreeSet<String> {
         .collect()
 }
 
+/// Names listed in full in one part of the line; more are counted. A reload of 30,000 hosts
+/// made a 1.4 MB log line, which journald and syslog split or drop.
+const LISTED_AT_MOST: usize = 20;
+
 fn list(items: Vec<&String>) -> String {
     if items.is_empty() {
-        "none".into()
-    } else {
-        items
-            .into_iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>()
-            .join(", ")
+        return "none".into();
+    }
+    let shown: Vec<&str> = items
+        .iter()
+        .take(LISTED_AT_MOST)
+        .map(|s| s.as_str())
+        .collect();
+    match items.len().saturating_sub(LISTED_AT_MOST) {
+        0 => shown.join(", "),
+        more => format!("{} and {more} more", shown.join(", ")),
     }
 }
 
@@ -52,4 +59,18 @@ pub fn describe(old: &UpstreamsConfig, new: &UpstreamsConfig) -> String {
         list(added),
         list(removed)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_lists_are_cut_and_counted() {
+        let names: Vec<String> = (0..25).map(|i| format!("h{i}")).collect();
+        let listed = list(names.iter().collect());
+        assert!(listed.ends_with("h19 and 5 more"), "{listed}");
+        assert_eq!(list(names.iter().take(2).collect()), "h0, h1");
+        assert_eq!(list(Vec::new()), "none");
+    }
 }

@@ -41,10 +41,6 @@ pub enum Applied {
     Unchanged,
 }
 
-/// The files' digest noted while a config that is not theirs serves (`POST /conf` without
-/// `save`): no digest of theirs is taken for it.
-const NOT_THE_FILES: u64 = 0;
-
 /// Why a change was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ReloadError {
@@ -64,6 +60,9 @@ struct Sources {
     file: Option<UpstreamsConfig>,
     /// Digest of the files' bytes behind `file`, to skip reloading identical content.
     file_digest: u64,
+    /// `file` came from `POST /conf` without `save`: the files on disk say something else, and
+    /// a SIGHUP makes them serve again (the watcher still skips files left as they were).
+    unsaved_api_config: bool,
     /// Digest of the files' bytes last rejected: the watcher's second look at the same bytes
     /// (it looks again after a burst of events) is not a second rejection.
     rejected_digest: Option<u64>,
@@ -163,7 +162,12 @@ impl Reloader {
     pub fn reload_files(self: &Arc<Self>, source: &str) -> Result<Applied, Issues> {
         let _applying = self.applying.lock().unwrap_or_else(|p| p.into_inner());
         let digest = config::files_digest(&self.upstreams_path);
-        if self.sources().file.is_some() && self.sources().file_digest == digest {
+        let unchanged = {
+            let sources = self.sources();
+            let asked = source == "SIGHUP" && sources.unsaved_api_config;
+            sources.file.is_some() && sources.file_digest == digest && !asked
+        };
+        if unchanged {
             // Said where an operator asked for the reload; the watcher's own are routine.
             if source == "SIGHUP" {
                 tracing::info!(source, "configuration files unchanged; nothing to reload");
@@ -222,9 +226,7 @@ impl Reloader {
             }
         };
         let _applying = self.applying.lock().unwrap_or_else(|p| p.into_inner());
-        // Not saved, the files no longer say what serves: the next SIGHUP (or change to them)
-        // loads them again, as nginx's HUP makes the running config the files'.
-        let mut digest = NOT_THE_FILES;
+        let mut digest = self.sources().file_digest;
         if save {
             save_atomically(&self.upstreams_path, text.as_bytes()).map_err(|source| {
                 ReloadError::Save {
@@ -236,7 +238,12 @@ impl Reloader {
             digest = config::files_digest(&self.upstreams_path);
         }
         self.install_file_config(cfg, digest, origin);
-        self.sources().text_digest = Some(text_digest(text));
+        // Not saved, the files no longer say what serves: the next SIGHUP loads them again, as
+        // nginx's HUP makes the running config the files' (it said "unchanged").
+        let mut sources = self.sources();
+        sources.text_digest = Some(text_digest(text));
+        sources.unsaved_api_config = !save;
+        drop(sources);
         self.metrics.config_reload("api", true);
         self.follow_discovery_settings();
         Ok(Applied::Changed)
@@ -339,6 +346,7 @@ impl Reloader {
         sources.file = Some(cfg);
         sources.file_digest = digest;
         sources.text_digest = None;
+        sources.unsaved_api_config = false;
         self.publish_locked(&sources, old.as_ref(), source);
     }
 

@@ -104,11 +104,14 @@ fn load(main_path: &Path) -> Result<(MainConfig, DigestedUpstreams, Issues), Sta
     let mut issues = Issues::default();
     let main = config::load_main(main_path, &mut issues);
     issues.no_master_secret = main.as_ref().is_some_and(|m| !config::master_secret_set(m));
-    let upstreams = config::upstreams_conf_of(main.as_ref(), main_path)
-        .and_then(|path| config::load_upstreams_digested(&path, &mut issues));
-    let (Some(main), Some(upstreams)) = (main, upstreams) else {
+    let upstreams_path = config::upstreams_conf_of(main.as_ref(), main_path);
+    let upstreams = upstreams_path
+        .as_ref()
+        .and_then(|path| config::load_upstreams_digested(path, &mut issues));
+    let (Some(main), Some(upstreams), Some(path)) = (main, upstreams, upstreams_path) else {
         return Err(StartError::Config(render_errors(&issues)));
     };
+    config::across::check(&main, &upstreams.0, &path, &mut issues);
     if issues.has_errors() {
         return Err(StartError::Config(render_errors(&issues)));
     }
@@ -148,12 +151,12 @@ pub fn run(
     let read_at_start = (app_log, started_from);
     match serve(&main, options, &ctx, bound, read_at_start, daemon_ready) {
         Ok(()) => {
-            pid_file.remove();
+            pid_file.leave();
             tracing::info!("stopped");
             Ok(())
         }
         Err(e) => {
-            pid_file.abandon();
+            pid_file.leave();
             Err(e)
         }
     }
@@ -224,6 +227,7 @@ fn serve(
             routes: &ctx.reloader,
             certificates: &cert_reload,
             started_from: &started_from,
+            pid_file: &main.pid_file,
         };
         until_stop_signal(signals, reloads, &logs).await;
     });
@@ -368,8 +372,9 @@ fn announce_ready(upgrade: bool, daemon_ready: &mut Option<daemon::ReadyPipe>) {
 async fn until_stop_signal(signals: Option<Signals>, reloads: Reloads<'_>, logs: &LogFiles) {
     match signals {
         Some(mut signals) => {
+            let pid_file = reloads.pid_file.to_path_buf();
             signals.wait(reloads, logs).await;
-            drop(tokio::spawn(signals.exit_on_another_stop()));
+            drop(tokio::spawn(signals.exit_on_another_stop(pid_file)));
         }
         None => {
             tracing::error!("cannot install signal handlers; stop with SIGKILL");

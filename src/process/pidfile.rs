@@ -39,9 +39,11 @@ impl PidFile {
         }
     }
 
-    /// For a start that failed: the file names again the aralez it named before, if that one
-    /// still runs; otherwise it goes as on exit.
-    pub fn abandon(self) {
+    /// On the way out (a failed start, or a stop): when this process took the file over from
+    /// an aralez that still runs (a live upgrade rolled back by stopping the new one, as
+    /// nginx's `.oldbin`), the file names that one again; otherwise it goes. Removed, the
+    /// old instance was left with no pid file, and `cat pid` in logrotate and systemd broke.
+    pub fn leave(self) {
         match self.replaced.filter(|previous| is_live_aralez(*previous)) {
             Some(previous) if self.still_ours() => {
                 if let Err(e) = write_pid(&self.path, previous) {
@@ -57,6 +59,14 @@ impl PidFile {
 
     fn still_ours(&self) -> bool {
         read_pid(&self.path) == Some(self.pid)
+    }
+}
+
+/// Removes the pid file at `path` when it names this process (an exit that cannot wait for
+/// the usual way out: a second stop signal during the drain).
+pub fn remove_if_ours(path: &Path) {
+    if read_pid(path) == Some(std::process::id()) {
+        let _ = std::fs::remove_file(path);
     }
 }
 
@@ -172,14 +182,14 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_start_gives_the_file_back_to_the_running_aralez() {
+    fn leaving_gives_the_file_back_to_the_running_aralez_it_was_taken_from() {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = pid_file_in(&dir);
         let old = OtherAralez::start(&dir);
         write_pid(&path, old.0.id()).expect("the running instance's pid");
         let ours = PidFile::write(&path).expect("write");
         assert_eq!(read_pid(&path), Some(std::process::id()));
-        ours.abandon();
+        ours.leave();
         assert_eq!(read_pid(&path), Some(old.0.id()));
     }
 
@@ -188,18 +198,18 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = pid_file_in(&dir);
         write_pid(&path, gone_pid()).expect("a stale pid");
-        PidFile::write(&path).expect("write").abandon();
+        PidFile::write(&path).expect("write").leave();
         assert!(!path.exists(), "a stale pid is not put back");
 
         let unrelated = std::os::unix::process::parent_id();
         write_pid(&path, unrelated).expect("a pid reused by another program");
-        PidFile::write(&path).expect("write").abandon();
+        PidFile::write(&path).expect("write").leave();
         assert!(
             !path.exists(),
             "a pid now of another program is not put back"
         );
 
-        PidFile::write(&path).expect("write").abandon();
+        PidFile::write(&path).expect("write").leave();
         assert!(!path.exists(), "a first start leaves nothing behind");
     }
 

@@ -75,6 +75,8 @@ pub(super) struct Reloads<'a> {
     pub routes: &'a Arc<Reloader>,
     pub certificates: &'a crate::tls::CertReload,
     pub started_from: &'a StartedFrom,
+    /// Taken along by an exit that cannot wait for the usual way out.
+    pub pid_file: &'a std::path::Path,
 }
 
 pub(super) struct LogFiles {
@@ -149,12 +151,13 @@ impl Signals {
     /// Once the drain has begun: a SIGTERM or SIGINT ends the process at once, without waiting
     /// for the requests in flight (an operator's second Ctrl-C; it was ignored, and only
     /// SIGKILL stopped a drain that waited for its grace period).
-    pub(super) async fn exit_on_another_stop(mut self) {
+    pub(super) async fn exit_on_another_stop(mut self, pid_file: std::path::PathBuf) {
         tokio::select! {
             _ = self.term.recv() => {}
             _ = self.int.recv() => {}
         }
         tracing::warn!("another stop signal: exiting without waiting for the drain");
+        super::pidfile::remove_if_ours(&pid_file);
         std::process::exit(1);
     }
 }

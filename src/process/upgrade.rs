@@ -32,6 +32,12 @@ pub const ADMIN: &str = "admin";
 pub const ADMIN_TLS: &str = "admin-tls";
 
 const MAGIC: &str = "aralez-upgrade/1";
+/// What a new process says before the running one hands anything over: a bare connection (a
+/// second start checking whether an instance runs) gets nothing. It used to get the sockets,
+/// and the log told the operator to SIGQUIT the running process, which left nothing listening.
+const ASK: &[u8] = b"aralez-upgrade/1 take\n";
+/// How long the running process waits for [`ASK`] on a connection.
+const ASK_WAIT: Duration = Duration::from_secs(5);
 /// At most this many sockets are handed over (the kernel's SCM_MAX_FD is 253).
 const MAX_FDS: usize = 250;
 
@@ -176,6 +182,7 @@ pub fn receive(path: &Path) -> Result<Sockets, UpgradeError> {
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(|e| bad(e.to_string()))?;
+    std::io::Write::write_all(&mut stream, ASK).map_err(|e| bad(e.to_string()))?;
     let mut buf = vec![0u8; 8192];
     let (len, fds) = receive_message(&stream, &mut buf).map_err(bad)?;
     buf.truncate(len);
@@ -279,7 +286,7 @@ impl UpgradeSock {
                 }
             };
             loop {
-                let stream = match listener.accept().await {
+                let mut stream = match listener.accept().await {
                     Ok((stream, _)) => stream,
                     Err(e) => {
                         tracing::warn!("upgrade socket: accept failed: {e}");
@@ -287,6 +294,16 @@ impl UpgradeSock {
                         continue;
                     }
                 };
+                if !peer_allowed(&stream) {
+                    tracing::warn!("upgrade socket: refused a peer of another user");
+                    continue;
+                }
+                if !asks_for_the_sockets(&mut stream).await {
+                    tracing::debug!(
+                        "upgrade socket: a connection that did not ask for the sockets (another start looking for a running instance?)"
+                    );
+                    continue;
+                }
                 answer(&stream, &offer);
             }
         }
@@ -301,11 +318,15 @@ impl UpgradeSock {
     }
 }
 
+/// Whether the peer asks for the sockets ([`ASK`]) within [`ASK_WAIT`].
+async fn asks_for_the_sockets(stream: &mut tokio::net::UnixStream) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut asked = [0u8; ASK.len()];
+    let read = tokio::time::timeout(ASK_WAIT, stream.read_exact(&mut asked)).await;
+    matches!(read, Ok(Ok(_))) && asked == ASK
+}
+
 fn answer(stream: &tokio::net::UnixStream, offer: &Offer) {
-    if !peer_allowed(stream) {
-        tracing::warn!("upgrade socket: refused a peer of another user");
-        return;
-    }
     match hand_over(stream, offer) {
         Ok(n) => tracing::info!(
             "live upgrade: handed {n} listening socket(s) to a new process; \

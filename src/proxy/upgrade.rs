@@ -78,7 +78,10 @@ fn websocket_accept(key: &[u8]) -> String {
 
 /// An HTTP/2 extended CONNECT (RFC 8441): `CONNECT` with a `:protocol`.
 pub fn is_extended_connect<B>(req: &Request<B>) -> bool {
-    req.method() == Method::CONNECT && req.extensions().get::<hyper::ext::Protocol>().is_some()
+    // `:protocol h2c` is no tunnel this proxy opens (an HTTP/1 `Upgrade: h2c` is refused too):
+    // it is a plain CONNECT then, refused (405) before routing.
+    let protocol = req.extensions().get::<hyper::ext::Protocol>();
+    req.method() == Method::CONNECT && protocol.is_some_and(|p| !names_h2c(p.as_str().as_bytes()))
 }
 
 /// Takes the upgrade out of a request that asks for one (HTTP/1.1 `Connection: upgrade` and an
@@ -98,7 +101,7 @@ pub fn take<B>(req: &mut Request<B>) -> Option<ClientUpgrade> {
             .split(',')
             .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
     });
-    if !wants || names_h2c(&protocol) {
+    if !wants || names_h2c(protocol.as_bytes()) {
         // `Upgrade: h2c` is refused (RFC 9113 §3.1 removed it; smuggling tools use it to reach a
         // backend's HTTP/2 side past the proxy's checks): the request goes on as plain HTTP/1.1
         // and its hop-by-hop headers, `HTTP2-Settings` included, are removed.
@@ -116,13 +119,12 @@ pub fn take<B>(req: &mut Request<B>) -> Option<ClientUpgrade> {
     })
 }
 
-/// Whether an `Upgrade` value lists `h2c`.
-fn names_h2c(protocol: &HeaderValue) -> bool {
+/// Whether an `Upgrade` value (or a `:protocol`) lists `h2c`, read as bytes: a value with
+/// obs-text (`h2c, \xff`) is no text, and was read as naming nothing.
+fn names_h2c(protocol: &[u8]) -> bool {
     protocol
-        .to_str()
-        .unwrap_or("")
-        .split(',')
-        .any(|p| p.trim().eq_ignore_ascii_case("h2c"))
+        .split(|&b| b == b',')
+        .any(|p| p.trim_ascii().eq_ignore_ascii_case(b"h2c"))
 }
 
 fn take_extended_connect<B>(req: &mut Request<B>) -> Option<ClientUpgrade> {
@@ -308,6 +310,32 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `h2c` is refused however it is written: among others, with obs-text beside it (which
+    /// made the value no text, read as naming nothing), and as an extended CONNECT's protocol.
+    #[test]
+    fn h2c_is_found_however_it_is_written() {
+        for value in [
+            &b"h2c"[..],
+            b"H2C",
+            b" h2c ",
+            b"websocket, h2c",
+            b"h2c, \xff",
+        ] {
+            assert!(names_h2c(value), "{value:?}");
+        }
+        for value in [&b"websocket"[..], b"h2", b"h2cx", b""] {
+            assert!(!names_h2c(value), "{value:?}");
+        }
+        let connect = |protocol: &'static str| {
+            let mut req = Request::builder().method(Method::CONNECT).body(()).unwrap();
+            req.extensions_mut()
+                .insert(hyper::ext::Protocol::from_static(protocol));
+            req
+        };
+        assert!(is_extended_connect(&connect("websocket")));
+        assert!(!is_extended_connect(&connect("h2c")));
+    }
 
     #[test]
     fn the_accept_answers_the_key_as_rfc_6455_computes_it() {

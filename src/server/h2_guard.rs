@@ -33,6 +33,8 @@ const HEADERS: u8 = 0x1;
 const PRIORITY: u8 = 0x2;
 const SETTINGS: u8 = 0x4;
 const PING: u8 = 0x6;
+const WINDOW_UPDATE: u8 = 0x8;
+#[cfg(test)]
 const ACK: u8 = 0x1;
 const END_STREAM: u8 = 0x1;
 
@@ -48,8 +50,12 @@ impl FrameHead {
     /// A frame that asks work of the server and carries nothing for it to pass on.
     fn is_control(self) -> bool {
         match self.kind {
-            PING | SETTINGS => self.flags & ACK == 0,
-            PRIORITY => true,
+            // Acknowledgements too: a client acknowledges the server's few PINGs and its one
+            // SETTINGS, and a flood of unasked ones cost as much CPU as a PING flood.
+            PING | SETTINGS | PRIORITY => true,
+            // A client grants window as it receives DATA (which resets the strikes); a flood
+            // of WINDOW_UPDATEs with nothing sent is work for nothing.
+            WINDOW_UPDATE => true,
             DATA => self.length == 0 && self.flags & END_STREAM == 0,
             _ => false,
         }
@@ -323,10 +329,22 @@ mod tests {
             assert!(g.observe_read(&frame(PING, 0, 8)));
             tokio::time::advance(STRIKE_WINDOW).await;
         }
-        // Acknowledgements and requests are not control frames.
+        // Requests are not control frames.
         for _ in 0..3 * MAX_STRIKES {
-            assert!(g.observe_read(&frame(SETTINGS, ACK, 0)));
             assert!(g.observe_read(&frame(HEADERS, 0x5, 20)));
+        }
+    }
+
+    /// Unasked acknowledgements and WINDOW_UPDATEs with nothing sent are floods too (they
+    /// passed, and two such connections slowed every other client tenfold).
+    #[tokio::test(start_paused = true)]
+    async fn ack_and_window_update_floods_are_refused() {
+        for (kind, flags, payload) in [(PING, ACK, 8), (SETTINGS, ACK, 0), (WINDOW_UPDATE, 0, 4)] {
+            let mut g = guard();
+            assert!(g.observe_read(PREFACE));
+            let refused =
+                (0..=MAX_STRIKES + 1).any(|_| !g.observe_read(&frame(kind, flags, payload)));
+            assert!(refused, "frame type {kind} flags {flags}");
         }
     }
 

@@ -11,6 +11,8 @@ pub enum Then {
     AnswerTheNext,
     /// Holds the connection open without a byte more.
     Stall,
+    /// Closes the connection (an answer that was cut short ends there).
+    Close,
 }
 
 /// Answers each request head read from `stream` with `answer`, then does as `then` says.
@@ -25,10 +27,14 @@ where
             if stream.write_all(answer).await.is_err() {
                 return;
             }
-            if let Then::Stall = then {
+            match then {
+                Then::AnswerTheNext => {}
                 // Unread until the proxy lets go.
-                let _ = stream.read(&mut [0u8; 1]).await;
-                return;
+                Then::Stall => {
+                    let _ = stream.read(&mut [0u8; 1]).await;
+                    return;
+                }
+                Then::Close => return,
             }
         }
     }

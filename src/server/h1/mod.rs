@@ -239,6 +239,16 @@ impl<IO: Socket, S: Serve> Future for Connection<IO, S> {
                     let step = poll_body(io, cx, body, sending, outbox);
                     match ready!(step) {
                         Ok(()) => this.state = State::Finish { close },
+                        // What came of the body still goes out, without its end, and the
+                        // connection closes: the client sees the answer cut short (nginx does
+                        // the same). Failing at once, it lost the head already buffered and
+                        // got an empty reply, logged as a 200.
+                        Err(H1Error::Body(e)) => {
+                            tracing::debug!(
+                                "the answer's body failed: {e}; closing after what came"
+                            );
+                            this.state = State::Finish { close: true };
+                        }
                         Err(e) => return Poll::Ready(Err(e)),
                     }
                 }
@@ -506,7 +516,10 @@ impl<IO: Socket, S: Serve> Connection<IO, S> {
             .feed
             .as_ref()
             .is_some_and(body::Feed::more_than_discardable);
-        let closing = close || self.shutdown_asked || body_left;
+        // A 408 ends the connection (RFC 9110 §15.5.9, as nginx does): its body stopped coming,
+        // and what comes late is no request.
+        let timed_out = parts.status == http::StatusCode::REQUEST_TIMEOUT;
+        let closing = close || self.shutdown_asked || body_left || timed_out;
         let written = response::encode(
             &mut self.out,
             (&parts, request_id.as_ref()),

@@ -473,6 +473,24 @@ pub(crate) fn cases() -> Vec<Case> {
                 err(U, 7, pk("client_headers[0]"), "`transfer-encoding` describes the connection"),
             ],
         ),
+        // A host with an empty `paths` takes its requests and answers 404; a server that is
+        // digits and dots but no address would be looked up as a name.
+        Case::broken(
+            "empty_paths_and_a_mistyped_address",
+            MAIN_OK,
+            "upstreams:\n  a.test:\n    paths: {}\n  b.test:\n    paths:\n      \"/\": {servers: [\"300.1.1.1:80\"]}\n",
+            vec![
+                warn(U, 3, "upstreams.a.test.paths", "has no path: its requests get 404"),
+                err(U, 6, "upstreams.b.test.paths./.servers[0]", "looks like an IPv4 address but is not one"),
+            ],
+        ),
+        // Across the two files: a redirect to an HTTPS port nothing listens on.
+        Case::path(
+            "to_https_without_a_tls_listener",
+            "        servers: [\"127.0.0.1:8000\"]\n        to_https: true\n",
+            vec![warn(U, 6, "to_https", "main.yaml has no `proxy_address_tls`")],
+        )
+        .warnings_only(),
         // ---- one file's errors do not hide the other's ----
         Case::broken(
             "errors_in_both_files_are_all_reported",
