@@ -114,6 +114,19 @@ pub struct Policies {
 }
 
 impl Policies {
+    /// A redirect and nothing else.
+    pub fn only_redirect(redirect: Redirect) -> Policies {
+        Policies {
+            redirect: Some(redirect),
+            auth: None,
+            rate_limit: None,
+            x4xx_limit: None,
+            sticky: None,
+            compress: None,
+            cache: None,
+        }
+    }
+
     /// Whether the route has none: its requests go straight to forwarding.
     pub fn is_empty(&self) -> bool {
         matches!(

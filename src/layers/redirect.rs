@@ -40,6 +40,9 @@ pub struct Redirect {
     pub to_https: bool,
     /// `redirect_to` without a trailing slash.
     pub redirect_to: Option<String>,
+    /// The rule of a path one slash short of a route's prefix (`/secret` for `/secret/`): a 301
+    /// to the request's path with `/` added ([`Redirect::add_slash`]).
+    add_slash: bool,
     tls_port: Arc<TlsPort>,
 }
 
@@ -54,8 +57,22 @@ impl Redirect {
         (to_https || redirect_to.is_some()).then(|| Redirect {
             to_https,
             redirect_to: redirect_to.map(|u| u.trim_end_matches('/').to_string()),
+            add_slash: false,
             tls_port: tls_port.clone(),
         })
+    }
+
+    /// The rule of a path one slash short of a route written with a trailing slash: a request
+    /// for `/secret` where `/secret/` is a route (and `/secret` none) is sent there with a 301,
+    /// as nginx answers a `location /secret/`, not to the route of `/`, whose backend may serve
+    /// `/secret` as `/secret/` without `/secret/`'s policies.
+    pub fn add_slash(tls_port: &Arc<TlsPort>) -> Redirect {
+        Redirect {
+            to_https: false,
+            redirect_to: None,
+            add_slash: true,
+            tls_port: tls_port.clone(),
+        }
     }
 
     /// Where a request should go instead, if anywhere. A plain request to a `to_https` route
@@ -69,6 +86,14 @@ impl Redirect {
         if path_and_query == "*" {
             // `OPTIONS *` asks about the server, not a resource: there is nowhere to send it.
             return Ok(None);
+        }
+        if self.add_slash {
+            let uri = req.uri();
+            let location = match uri.query() {
+                Some(query) => format!("{}/?{query}", uri.path()),
+                None => format!("{}/", uri.path()),
+            };
+            return Ok(Some((StatusCode::MOVED_PERMANENTLY, location)));
         }
         if let Some(base) = &self.redirect_to {
             return Ok(Some((

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use http::{HeaderName, HeaderValue};
 
 use crate::config::upstreams::{HeaderList, RouteSettings, UpstreamsConfig};
-use crate::layers::{Policies, PolicyState};
+use crate::layers::{Policies, PolicyState, Redirect};
 use crate::proxy::HeaderRules;
 use crate::upstream::{Backend, BackendSet, Registry};
 use crate::vocab::normalise;
@@ -34,6 +34,9 @@ pub struct Route {
     pub settings: RouteSettings,
     /// The policies compiled from `settings` (auth, limits, sticky sessions).
     pub policies: Policies,
+    /// Made by routing, not written: it only sends the client on to the prefix with a `/`
+    /// added ([`slash_short_routes`]); left out of [`Snapshot::routes`].
+    pub adds_slash: bool,
 }
 
 /// A host's routes, longest prefix first.
@@ -43,41 +46,45 @@ struct HostRoutes {
 }
 
 impl HostRoutes {
-    /// The longest prefix matching `path`; but a prefix that is `path` with a slash added
-    /// (`/secret/` for `/secret`) beats a shorter one, as with nginx's `location /secret/`:
-    /// the client is sent to it ([`Lookup::AddSlash`]) rather than to the route of `/`, whose
-    /// backend may well serve `/secret` as `/secret/`, without `/secret/`'s policies.
-    fn find(&self, path: &str) -> Lookup<'_> {
-        let mut slash_added = false;
-        for route in &self.routes {
-            if normalise::prefix_matches(&route.prefix, path) {
-                // A route for the path itself is what the operator asked for.
-                return match slash_added && route.prefix.len() < path.len() {
-                    true => Lookup::AddSlash,
-                    false => Lookup::Found(route),
-                };
-            }
-            slash_added = slash_added || is_with_a_slash(&route.prefix, path);
-        }
-        match slash_added {
-            true => Lookup::AddSlash,
-            false => Lookup::NoPath,
-        }
+    fn find(&self, path: &str) -> Option<&Arc<Route>> {
+        self.routes
+            .iter()
+            .find(|r| normalise::prefix_matches(&r.prefix, path))
     }
 }
 
-/// Whether `prefix` is `path` with a `/` added.
-fn is_with_a_slash(prefix: &str, path: &str) -> bool {
-    prefix.len() == path.len() + 1
-        && prefix.ends_with('/')
-        && prefix.as_bytes()[..path.len()].eq_ignore_ascii_case(path.as_bytes())
+/// For each prefix written with a trailing slash (`/secret/`) and no route without it, a route
+/// of that path (`/secret`) whose one policy sends the client to the slash
+/// ([`Redirect::add_slash`]), as nginx answers a `location /secret/`: the request went to the
+/// route of `/`, whose backend may serve `/secret` as `/secret/` without `/secret/`'s
+/// policies. A route of its own, so the request path does not pay for it (a lookup result of
+/// its own made every request's routing future copy itself twice more, +330 instructions).
+fn slash_short_routes(routes: &[Arc<Route>], state: &PolicyState) -> Vec<Arc<Route>> {
+    let short_of = |route: &Arc<Route>| {
+        let short = route.prefix.strip_suffix('/').filter(|s| !s.is_empty())?;
+        let written = routes.iter().any(|r| r.prefix.eq_ignore_ascii_case(short));
+        (!written).then(|| short.to_string())
+    };
+    routes
+        .iter()
+        .filter_map(|route| {
+            let short = short_of(route)?;
+            Some(Arc::new(Route {
+                host: route.host.clone(),
+                prefix: short.into(),
+                backends: BackendSet::new(Box::new([]), None, false),
+                headers: HeaderRules::default(),
+                settings: RouteSettings::default(),
+                policies: Policies::only_redirect(Redirect::add_slash(&state.tls_port)),
+                adds_slash: true,
+            }))
+        })
+        .collect()
 }
 
 /// The result of a lookup.
 pub enum Lookup<'s> {
     Found(&'s Arc<Route>),
-    /// No prefix is the path, but one is the path with `/` added: a 301 there.
-    AddSlash,
     /// A host no route names and none could: it has an empty label (`a..b`), a 400.
     BadHost,
     /// The host (or `DEFAULT`) exists but no path of it matches.
@@ -140,9 +147,12 @@ impl Snapshot {
                         },
                         policies,
                         settings,
+                        adds_slash: false,
                     })
                 })
                 .collect();
+            let slash_short = slash_short_routes(&routes, state);
+            routes.extend(slash_short);
             routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
             let table = HostRoutes { routes };
             if host.name == "DEFAULT" {
@@ -173,7 +183,10 @@ impl Snapshot {
                 None => return Lookup::NoHost,
             },
         };
-        table.find(&normalise::path(raw_path))
+        match table.find(&normalise::path(raw_path)) {
+            Some(route) => Lookup::Found(route),
+            None => Lookup::NoPath,
+        }
     }
 
     /// Every route, for status pages and health checks.
@@ -182,6 +195,7 @@ impl Snapshot {
             .values()
             .chain(self.default.iter())
             .flat_map(|t| t.routes.iter())
+            .filter(|r| !r.adds_slash)
     }
 }
 
@@ -249,14 +263,14 @@ mod tests {
         let s = snapshot(
             "upstreams:\n  a.com:\n    paths:\n      /: {servers: [\"127.0.0.1:1\"]}\n      /secret/: {servers: [\"127.0.0.1:2\"]}\n      /both/: {servers: [\"127.0.0.1:2\"]}\n      /both: {servers: [\"127.0.0.1:3\"]}\n",
         );
-        assert!(matches!(
-            s.route(Some(b"a.com"), "/secret"),
-            Lookup::AddSlash
-        ));
-        assert!(matches!(
-            s.route(Some(b"a.com"), "/SECRET"),
-            Lookup::AddSlash
-        ));
+        for path in ["/secret", "/SECRET"] {
+            let Lookup::Found(route) = s.route(Some(b"a.com"), path) else {
+                panic!("{path}: no route");
+            };
+            assert!(route.adds_slash, "{path}");
+            assert!(route.policies.redirect.is_some(), "{path}");
+        }
+        assert!(s.routes().all(|r| !r.adds_slash), "not listed");
         assert_eq!(
             found(&s, Some("a.com"), "/secret/x").unwrap(),
             "a.com/secret/"

@@ -141,38 +141,15 @@ impl Router {
             Some(Some(host)) => Some(host),
             None => None,
         };
-        // The refusals share one way out: a call site of their own (a 301 built here) made
-        // every request's routing future copy itself twice more (callgrind: +330 instructions
-        // a request).
-        let refused = match snapshot.route_normalised(host, req.uri().path()) {
-            Lookup::Found(route) => Ok(route.clone()),
-            Lookup::AddSlash => Err(ProxyError::AddSlash),
-            Lookup::BadHost => Err(ProxyError::InvalidHost),
-            Lookup::NoPath => Err(ProxyError::NoPath),
-            Lookup::NoHost => Err(ProxyError::NoHost),
-        };
-        let route = match refused {
-            Ok(route) => route,
-            Err(err) => return Err(self.refuse_at(conn, err, grpc, req.uri())),
+        let route = match snapshot.route_normalised(host, req.uri().path()) {
+            Lookup::Found(route) => route.clone(),
+            Lookup::BadHost => return Err(self.refuse(conn, ProxyError::InvalidHost, grpc)),
+            Lookup::NoPath => return Err(self.refuse(conn, ProxyError::NoPath, grpc)),
+            Lookup::NoHost => return Err(self.refuse(conn, ProxyError::NoHost, grpc)),
         };
         // Only the layers need the host afterwards.
         let host = host.filter(|_| !route.policies.is_empty()).map(Box::from);
         Ok(Routed { route, host })
-    }
-
-    /// [`Self::refuse`] a request for `uri`: a 301 to it with a `/` added gets its `Location`.
-    fn refuse_at(
-        &self,
-        conn: &ClientConn,
-        err: ProxyError,
-        grpc: bool,
-        uri: &http::Uri,
-    ) -> Response<RespBody> {
-        let mut resp = self.refuse(conn, err, grpc);
-        if err == ProxyError::AddSlash {
-            add_slash_location(&mut resp, uri);
-        }
-        resp
     }
 
     /// Answers with `err` (the one place a `ProxyError` becomes a response).
@@ -181,21 +158,6 @@ impl Router {
             self.metrics.rate_limited(conn.worker);
         }
         err.response_for(grpc).map(Either::Right)
-    }
-}
-
-/// The `Location` of a 301 to `uri`'s path with `/` added, its query kept
-/// ([`Lookup::AddSlash`]).
-#[cold]
-#[inline(never)]
-fn add_slash_location(resp: &mut Response<RespBody>, uri: &http::Uri) {
-    let location = match uri.query() {
-        Some(query) => format!("{}/?{query}", uri.path()),
-        None => format!("{}/", uri.path()),
-    };
-    // The path and query were a valid URI's, so they are a valid header value.
-    if let Ok(location) = HeaderValue::from_str(&location) {
-        resp.headers_mut().insert(http::header::LOCATION, location);
     }
 }
 

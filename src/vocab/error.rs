@@ -13,10 +13,6 @@ pub enum ProxyError {
     NoHost,
     #[error("no route for this path")]
     NoPath,
-    /// No route is the path, but one is the path with a `/` added (`/secret` for a route
-    /// `/secret/`): a 301 there (the router adds the `Location`).
-    #[error("this path has moved to the same path with a trailing slash")]
-    AddSlash,
     #[error("every backend of this route is down")]
     AllBackendsDown,
     /// Every usable backend already has `upstream_max_connections` open.
@@ -120,7 +116,6 @@ impl ProxyError {
     pub fn status(self) -> StatusCode {
         match self {
             ProxyError::NoHost | ProxyError::NoPath => StatusCode::NOT_FOUND,
-            ProxyError::AddSlash => StatusCode::MOVED_PERMANENTLY,
             ProxyError::AllBackendsDown
             | ProxyError::BackendBusy
             | ProxyError::NoJwtSecret
@@ -155,7 +150,6 @@ impl ProxyError {
         match self {
             ProxyError::NoHost
             | ProxyError::NoPath
-            | ProxyError::AddSlash
             | ProxyError::MethodNotAllowed
             | ProxyError::UnsupportedTransferCoding => "12",
             ProxyError::BasicAuthRequired | ProxyError::TokenRequired => "16",
@@ -262,7 +256,6 @@ mod tests {
         let table = [
             (ProxyError::NoHost, 404),
             (ProxyError::NoPath, 404),
-            (ProxyError::AddSlash, 301),
             (ProxyError::AllBackendsDown, 503),
             (ProxyError::BackendBusy, 503),
             (ProxyError::ConnectFailed, 502),
