@@ -299,33 +299,12 @@ mod tests {
         assert!(!route.backends.get(1).unwrap().is_up());
     }
 
-    /// A raw HTTP/1.1 server answering 204, but closing without a word on requests for
-    /// `/reset` (as a path that fails behind it would).
-    async fn resetting_one_path() -> std::net::SocketAddr {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            while let Ok((mut s, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    let mut buf = [0u8; 2048];
-                    let n = s.read(&mut buf).await.unwrap_or(0);
-                    if buf[..n].windows(7).any(|w| w == b" /reset") {
-                        return;
-                    }
-                    let head = "HTTP/1.1 204 X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
-                    let _ = s.write_all(head.as_bytes()).await;
-                });
-            }
-        });
-        addr
-    }
-
     /// One route's path that fails its probes takes that route's backend out, but does not
     /// make the backend's protocol be detected again every round (detecting holds every
     /// request to it, on every route).
     #[tokio::test]
     async fn one_failing_path_does_not_make_its_backend_detected_again() {
-        let addr = resetting_one_path().await;
+        let addr = answering_heads(Some(b" /reset ")).await;
         let registry = Registry::for_tests(1, Duration::from_secs(60));
         let yaml = format!(
             "upstreams:\n  h:\n    paths:\n      /:\n        servers: [\"{addr}\"]\n      /reset:\n        servers: [\"{addr}\"]\n"
@@ -346,8 +325,9 @@ mod tests {
     }
 
     /// A raw HTTP/1.1 server that answers 204 once it has a request head, and says nothing to
-    /// anything else, a TLS ClientHello included (as many small servers do).
-    async fn waiting_for_a_head() -> std::net::SocketAddr {
+    /// anything else, a TLS ClientHello included (as many small servers do); a head holding
+    /// `closing_on` is answered by a close without a word (as a path failing behind it would).
+    async fn answering_heads(closing_on: Option<&'static [u8]>) -> std::net::SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move {
@@ -361,6 +341,9 @@ mod tests {
                             Ok(n) => seen.extend_from_slice(&buf[..n]),
                         }
                     }
+                    if closing_on.is_some_and(|c| seen.windows(c.len()).any(|w| w == c)) {
+                        return;
+                    }
                     let head = "HTTP/1.1 204 X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
                     let _ = s.write_all(head.as_bytes()).await;
                 });
@@ -371,7 +354,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_backend_that_sits_on_a_client_hello_for_the_whole_probe_time_is_detected() {
-        let addr = waiting_for_a_head().await;
+        let addr = answering_heads(None).await;
         let registry = Registry::for_tests(1, Duration::from_secs(60));
         let yaml =
             format!("upstreams:\n  h:\n    paths:\n      /:\n        servers: [\"{addr}\"]\n");
