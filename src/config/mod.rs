@@ -138,17 +138,29 @@ pub fn load_upstreams_digested(path: &Path, issues: &mut Issues) -> Option<(Upst
     let root = read_tree_digested(path, issues, &mut digest)?;
     let mut r = Reader::new(Arc::from(path.display().to_string()), issues);
     let mut cfg = UpstreamsConfig::read(&root, &mut r)?;
+    let merged = merge_conf_d(&mut cfg, path, issues, &mut digest);
+    merged.then(|| (cfg, digest.finish()))
+}
+
+/// Merges the `conf.d` files beside `upstreams` into `cfg` (SPEC §3.5), hashing their names
+/// and bytes into `digest` as [`files_digest`] does; false if one of them fails.
+fn merge_conf_d(
+    cfg: &mut UpstreamsConfig,
+    upstreams: &Path,
+    issues: &mut Issues,
+    digest: &mut DefaultHasher,
+) -> bool {
     let mut ok = true;
-    for file in conf_d_files(path) {
-        file.hash(&mut digest);
-        let Some(root) = read_tree_digested(&file, issues, &mut digest) else {
+    for file in conf_d_files(upstreams) {
+        file.hash(&mut *digest);
+        let Some(root) = read_tree_digested(&file, issues, digest) else {
             ok = false;
             continue;
         };
         let mut r = Reader::new(Arc::from(file.display().to_string()), issues);
         ok &= cfg.merge_conf_d(&root, &mut r);
     }
-    ok.then(|| (cfg, digest.finish()))
+    ok
 }
 
 /// What identifies the upstreams file and conf.d as they are on disk: file names and bytes,
@@ -186,16 +198,7 @@ pub fn parse_upstreams_text_beside(
     issues: &mut Issues,
 ) -> Option<UpstreamsConfig> {
     let mut cfg = parse_upstreams_text(text, origin, issues)?;
-    let mut ok = true;
-    for file in conf_d_files(upstreams) {
-        let Some(root) = read_tree(&file, issues) else {
-            ok = false;
-            continue;
-        };
-        let mut r = Reader::new(Arc::from(file.display().to_string()), issues);
-        ok &= cfg.merge_conf_d(&root, &mut r);
-    }
-    ok.then_some(cfg)
+    merge_conf_d(&mut cfg, upstreams, issues, &mut DefaultHasher::new()).then_some(cfg)
 }
 
 /// Parses main.yaml text held in memory as if read from `path` (relative paths in it are taken

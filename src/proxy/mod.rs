@@ -306,7 +306,6 @@ mod tests {
         let forwarding =
             forwarder.forward(&conn, &backends, &rules, Request::new(body), None, false);
         let size = std::mem::size_of_val(&forwarding);
-        eprintln!("FORWARD SIZE {size}");
         assert!(size <= 2560, "the forwarding future grew to {size} bytes");
     }
 

@@ -495,12 +495,11 @@ fn ended_cleanly<E: std::fmt::Display>(ended: Result<(), E>, peer: SocketAddr) -
 async fn serve_tls<F: MakeService>(
     shared: Arc<Shared<F>>,
     counted: OpenConnection,
-    stream: ClientTcp,
+    mut stream: ClientTcp,
     acceptor: tokio_rustls::TlsAcceptor,
     deadline: tokio::time::Instant,
 ) {
     let peer = counted.peer;
-    let mut stream = stream;
     if !Box::pin(judged_as_tls(&shared, &mut stream, deadline, peer)).await {
         return;
     }

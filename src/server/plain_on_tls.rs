@@ -4,13 +4,12 @@
 //! the same, from the connection's first byte: a TLS connection starts with a handshake
 //! record (22), an HTTP/1 request with a method's capital letter.
 //!
-//! The request itself is never read as HTTP: the answer goes out, the sending side is shut
-//! down, and what the client sent is read and dropped until it closes (or the handshake's
-//! deadline), so that the close does not turn into a reset that loses the answer.
+//! The request itself is never read as HTTP: the answer goes out, then the connection ends as
+//! HTTP/1.1's do after an early answer (a lingering close, until the handshake's deadline).
 
 use std::io;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 use super::client_tcp::ClientTcp;
 
@@ -24,10 +23,6 @@ content-length: 50\r\n\
 connection: close\r\n\
 \r\n\
 The plain HTTP request was sent to an HTTPS port.\n";
-
-/// What a client may send before its end that the answer waits out (a request head and a
-/// small body); more is a client that is not listening, and the connection just closes.
-const DROPPED_AT_MOST: usize = 64 * 1024;
 
 /// What a connection's first bytes are, as far as the TLS listener cares.
 #[derive(Debug, PartialEq, Eq)]
@@ -58,19 +53,13 @@ fn judge(first: u8) -> FirstBytes {
     }
 }
 
-/// Answers a plain request with the 400 and ends the connection (see the module's doc). The
-/// caller bounds it with the handshake's deadline.
+/// Answers a plain request with the 400 and ends the connection with a lingering close
+/// ([`super::h1::linger`]), so the close is no reset that loses the answer. The caller bounds
+/// it with the handshake's deadline.
 pub async fn answer(stream: &mut ClientTcp) -> io::Result<()> {
     stream.write_all(ANSWER).await?;
-    stream.shutdown().await?;
-    let mut dropped = [0u8; 4096];
-    let mut total = 0;
-    while total < DROPPED_AT_MOST {
-        match stream.read(&mut dropped).await? {
-            0 => break,
-            n => total += n,
-        }
-    }
+    let (mut dropped, mut shut) = (bytes::BytesMut::new(), false);
+    std::future::poll_fn(|cx| super::h1::linger(stream, &mut dropped, &mut shut, cx)).await;
     Ok(())
 }
 

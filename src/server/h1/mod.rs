@@ -303,7 +303,7 @@ impl<IO: Socket, S: Serve> Graceful for Connection<IO, S> {
 /// with bytes unread, the socket would send a reset, and a client still writing its body (as
 /// hyper's, and browsers', do) would take the reset for the answer (nginx's `lingering_close`).
 /// The connection's head timeout ends a client that never stops (`idle::drive`).
-fn linger<IO: Socket>(
+pub(super) fn linger<IO: Socket>(
     io: &mut IO,
     read: &mut BytesMut,
     shut: &mut bool,
