@@ -119,6 +119,29 @@ async fn basic_and_apikey_right_wrong_missing() {
         );
         assert_eq!(backend.requests(), before + 2);
     }
+    // An upload waiting for `100 Continue` that is refused is told the connection closes: its
+    // body was never asked for, and will not be read.
+    let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let head =
+        "POST / HTTP/1.1\r\nHost: basic.test\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n";
+    tokio::io::AsyncWriteExt::write_all(&mut s, head.as_bytes())
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    let read = tokio::io::AsyncReadExt::read_to_string(&mut s, &mut answer);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(10), read)
+            .await
+            .is_ok(),
+        "{answer}"
+    );
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    assert!(
+        answer
+            .to_ascii_lowercase()
+            .contains("\r\nconnection: close\r\n"),
+        "{answer}"
+    );
 }
 
 #[tokio::test]

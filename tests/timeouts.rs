@@ -100,25 +100,42 @@ async fn a_slow_upload_that_keeps_moving_is_not_cut_by_the_response_timeout() {
     assert!(answer.ends_with("10000"), "{answer}");
 }
 
-/// A request body that stops coming, the backend waiting for the rest, is the client's stall:
-/// a 408 and the connection closed (nginx's `client_body_timeout`), not the 504 that blamed the
-/// backend for it. Over aralez's HTTP/1.1 client.
+/// A request body that stops coming is the client's stall: a 408 and the connection closed
+/// (nginx's `client_body_timeout`), not the 504 that blamed the backend for it. A body of up to
+/// 64 KiB is read whole first, and never reaches the backend; a larger one stalls with the
+/// backend waiting for the rest (over aralez's HTTP/1.1 client).
 #[tokio::test(start_paused = true)]
 async fn a_request_body_that_stops_coming_is_a_408_not_the_backends_504() {
-    let head = "POST /collect HTTP/1.1\r\nHost: any\r\nContent-Length: 100\r\n\r\n0123456789";
-    let (_backend, _proxy, mut stream) = upload_started(head).await;
-    let mut answer = String::new();
-    let read = tokio::time::timeout(Duration::from_secs(30), stream.read_to_string(&mut answer));
-    assert!(read.await.is_ok(), "the connection stayed open: {answer}");
-    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
-    // Closed with the answer, and saying so (it stayed open for the idle timeout, and served
-    // what came late as a request).
-    assert!(
-        answer
-            .to_ascii_lowercase()
-            .contains("\r\nconnection: close\r\n"),
-        "{answer}"
-    );
+    // An `Expect: 100-continue` upload got a 504 (hyper's client waited for the backend).
+    let cases = [
+        (100, "", false),
+        (100, "Expect: 100-continue\r\n", false),
+        (100_000, "", true),
+    ];
+    for (length, expect, reaches_backend) in cases {
+        let head = format!(
+            "POST /collect HTTP/1.1\r\nHost: any\r\n{expect}Content-Length: {length}\r\n\r\n0123456789"
+        );
+        let (backend, _proxy, mut stream) = upload_started(&head).await;
+        let mut answer = String::new();
+        let read =
+            tokio::time::timeout(Duration::from_secs(30), stream.read_to_string(&mut answer));
+        assert!(read.await.is_ok(), "the connection stayed open: {answer}");
+        let answer = answer.trim_start_matches("HTTP/1.1 100 Continue\r\n\r\n");
+        assert!(
+            answer.starts_with("HTTP/1.1 408"),
+            "{length} {expect}: {answer}"
+        );
+        // Closed with the answer, and saying so (it stayed open for the idle timeout, and served
+        // what came late as a request).
+        assert!(
+            answer
+                .to_ascii_lowercase()
+                .contains("\r\nconnection: close\r\n"),
+            "{answer}"
+        );
+        assert_eq!(backend.requests() > 0, reaches_backend, "{length} {expect}");
+    }
 }
 
 /// A proxy with `upstream_response_timeout: 3` in front of an HTTP/1.1 backend, and a
@@ -133,4 +150,80 @@ async fn upload_started(head: &str) -> (Backend, Proxy, TcpStream) {
     let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
     stream.write_all(head.as_bytes()).await.unwrap();
     (backend, proxy, stream)
+}
+
+/// A small upload still on its way holds no backend connection: the proxy reads a body of
+/// declared length up to 64 KiB whole before it picks a backend (nginx's request buffering).
+/// With one connection allowed to the backend, a client that stalled its upload held it, and
+/// every other request got a 503 until the upload's timeout. Over HTTP/1.1 and h2c.
+#[tokio::test(start_paused = true)]
+async fn a_small_upload_on_its_way_holds_no_backend_connection() {
+    let backend = Backend::start("b").await;
+    let proxy = Proxy::start(
+        &support::http1_route(&backend),
+        "upstream_max_connections: 1\nupstream_response_timeout: 30",
+    )
+    .await;
+    // Over HTTP/1.1: the head and a tenth of the body.
+    let mut upload = TcpStream::connect(proxy.addr).await.unwrap();
+    let head =
+        "POST /collect HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\nConnection: close\r\n\r\n";
+    upload.write_all(head.as_bytes()).await.unwrap();
+    upload.write_all(&[b'x'; 10]).await.unwrap();
+    another_request_is_served_meanwhile(&proxy, &backend, 1).await;
+    upload.write_all(&[b'x'; 90]).await.unwrap();
+    let mut answer = String::new();
+    upload.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.ends_with("\r\n\r\n100"), "{answer}");
+
+    // Over h2c: a stream whose DATA stops after a tenth of its declared length.
+    let mut client = support::Client::connect(support::Proto::H2c, proxy.addr).await;
+    let (more, rx) = tokio::sync::mpsc::channel(2);
+    let piece = |n| {
+        Ok::<_, std::convert::Infallible>(http_body::Frame::data(bytes::Bytes::from(vec![b'x'; n])))
+    };
+    more.send(piece(10)).await.unwrap();
+    let mut rx = rx;
+    let stream = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
+    let body = http_body_util::BodyExt::boxed(http_body_util::StreamBody::new(stream));
+    let uploading = tokio::spawn(async move {
+        let length = [("content-length", "100")];
+        client
+            .send(http::Method::POST, Some("a"), "/collect", &length, body)
+            .await
+    });
+    another_request_is_served_meanwhile(&proxy, &backend, 3).await;
+    more.send(piece(90)).await.unwrap();
+    drop(more);
+    let resp = uploading.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(support::body_bytes(resp).await, "100");
+}
+
+/// Once the proxy has taken the `started`th request (an upload still on its way), a GET is
+/// answered by the backend, and the upload has not reached it.
+async fn another_request_is_served_meanwhile(proxy: &Proxy, backend: &Backend, started: u64) {
+    let metrics = &proxy.ctx.metrics;
+    let taken = inproc::in_real_time(Duration::from_secs(10), async {
+        while metrics.requests() < started {
+            tokio::task::yield_now().await;
+        }
+    });
+    assert!(taken.await.is_some(), "the upload never reached the proxy");
+    // Time for the proxy to pass the upload on, if it did that.
+    proxy.pass(Duration::from_millis(200)).await;
+    let before = backend.requests();
+    let mut other = support::Client::connect(support::Proto::H1, proxy.addr).await;
+    let resp = other.get("a", "/").await;
+    assert_eq!(
+        resp.status(),
+        200,
+        "the upload held the backend's one connection"
+    );
+    assert_eq!(
+        backend.requests(),
+        before + 1,
+        "the upload reached the backend"
+    );
 }

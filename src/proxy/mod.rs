@@ -6,10 +6,12 @@
 //! rules. Bodies stream both ways; [`encode`] compresses one on the way when a policy asks.
 
 pub mod encode;
+pub mod read_ahead;
 pub mod tee;
 pub mod upgrade;
 
 use std::future::Future;
+use std::pin::Pin;
 
 use bytes::Bytes;
 use futures_util::future::{self, FutureExt as _};
@@ -74,12 +76,31 @@ impl Forwarder {
         mut req: Request<ClientBody>,
         request_id: Option<&HeaderValue>,
         grpc: bool,
-    ) -> impl Future<Output = Result<Response<RespBody>, ProxyError>> + 'a {
+    ) -> impl Future<Output = Result<Response<RespBody>, ProxyError>> + Send + 'a {
         // Boxed: rare, and the future below holds it beside the balancer's.
         let client_upgrade = upgrade::take(&mut req).map(Box::new);
-        if client_upgrade.is_none() && req.method() == Method::CONNECT {
-            // An extended CONNECT that cannot become an upgrade never reaches a backend.
-            return future::Either::Left(future::ready(Err(ProxyError::MethodNotAllowed)));
+        // What is not sent at once is rare, and boxed: a refusal, or a body still on its way.
+        let aside = |answer| future::Either::Left(answer);
+        if client_upgrade.is_none() {
+            if req.method() == Method::CONNECT {
+                // An extended CONNECT that cannot become an upgrade never reaches a backend.
+                return aside(refusal(ProxyError::MethodNotAllowed));
+            }
+            if read_ahead::wanted(&req, grpc) {
+                match read_ahead::read_now(&mut req) {
+                    Ok(None) => {}
+                    Err(error) => return aside(refusal(error)),
+                    Ok(Some(ahead)) => {
+                        let request_id = request_id.cloned();
+                        let stall = self.timeouts.response;
+                        return aside(Box::pin(async move {
+                            read_ahead::read_rest(&mut req, ahead, stall).await?;
+                            let id = request_id.as_ref();
+                            self.forward(conn, backends, rules, req, id, grpc).await
+                        }));
+                    }
+                }
+            }
         }
         let ask = client_upgrade.as_ref().map(|u| &u.ask);
         let out = outgoing((conn, request_id), rules, req, ask);
@@ -95,6 +116,13 @@ impl Forwarder {
             },
         }))
     }
+}
+
+/// A forwarding that ends before it starts.
+type Aside<'a> = Pin<Box<dyn Future<Output = Result<Response<RespBody>, ProxyError>> + Send + 'a>>;
+
+fn refusal<'a>(error: ProxyError) -> Aside<'a> {
+    Box::pin(future::ready(Err(error)))
 }
 
 /// The answer to an exchange that failed: the proxy's own, naming the backend it failed with.

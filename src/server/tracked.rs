@@ -10,8 +10,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::header::{HeaderValue, CONNECTION};
-use http::{Method, Request, Response, Version};
+use http::header::{HeaderValue, CONNECTION, EXPECT};
+use http::{Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use hyper::service::Service;
 use pin_project_lite::pin_project;
@@ -72,7 +72,11 @@ where
             }
         }
         let head = req.method() == Method::HEAD;
+        // Only hyper serves HTTP/1.1 requests with `Expect` (aralez's own side hands them over).
+        let expects =
+            http1 && self.writer == HeadWriter::Hyper && req.headers().contains_key(EXPECT);
         TrackedAnswer {
+            expects,
             inner: self.inner.call(req),
             in_flight,
             http1,
@@ -100,6 +104,8 @@ pin_project! {
         // HTTP/1: told `Connection: close` when draining.
         http1: bool,
         head: bool,
+        // The request asked for `100 Continue` before sending its body.
+        expects: bool,
         writer: HeadWriter,
     }
 }
@@ -130,7 +136,7 @@ where
             in_flight.progress();
             draining = in_flight.draining();
         }
-        if *this.http1 && draining {
+        if *this.http1 && (draining || ends_connection(&resp, *this.writer, *this.expects)) {
             resp.headers_mut()
                 .insert(CONNECTION, HeaderValue::from_static("close"));
         }
@@ -142,6 +148,16 @@ where
             head,
         })))
     }
+}
+
+/// Whether hyper is to close the connection after `resp`, saying so: a 408 (the request's body
+/// stopped coming, so what follows on the connection is no request; aralez's own HTTP/1.1
+/// writer does the same), or a refusal of a request that `expects` to be told to send its body
+/// (the body was never asked for, and hyper closes rather than read it).
+fn ends_connection<B>(resp: &Response<B>, writer: HeadWriter, expects: bool) -> bool {
+    let status = resp.status();
+    (writer == HeadWriter::Hyper && status == StatusCode::REQUEST_TIMEOUT)
+        || (expects && status.as_u16() >= 400)
 }
 
 pin_project! {

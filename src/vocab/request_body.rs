@@ -38,6 +38,27 @@ pub enum ClientBody {
     Empty,
     /// A body kept to be sent again to an HTTP/2 backend that may refuse it ([`KeptBody`]).
     Kept(Box<KeptBody>),
+    /// A body read whole before a backend was chosen (`proxy::read_ahead`).
+    Whole(WholeBody),
+}
+
+/// A client's body read to its end: its data in one piece, and its trailers if it had any.
+pub struct WholeBody {
+    pub data: Bytes,
+    pub trailers: Option<Box<http::HeaderMap>>,
+}
+
+impl WholeBody {
+    fn poll_frame(&mut self) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if !self.data.is_empty() {
+            return Poll::Ready(Some(Ok(Frame::data(std::mem::take(&mut self.data)))));
+        }
+        Poll::Ready(self.trailers.take().map(|t| Ok(Frame::trailers(*t))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_empty() && self.trailers.is_none()
+    }
 }
 
 impl std::fmt::Debug for ClientBody {
@@ -47,6 +68,7 @@ impl std::fmt::Debug for ClientBody {
             ClientBody::Stream(_) => f.write_str("ClientBody::Stream"),
             ClientBody::Empty => f.write_str("ClientBody::Empty"),
             ClientBody::Kept(_) => f.write_str("ClientBody::Kept"),
+            ClientBody::Whole(whole) => write!(f, "ClientBody::Whole({})", whole.data.len()),
         }
     }
 }
@@ -77,6 +99,7 @@ impl Body for ClientBody {
             ClientBody::Stream(inner) => Pin::new(inner).poll_frame(cx),
             ClientBody::Empty => Poll::Ready(None),
             ClientBody::Kept(inner) => Pin::new(inner.as_mut()).poll_frame(cx),
+            ClientBody::Whole(whole) => whole.poll_frame(),
         }
     }
 
@@ -86,6 +109,7 @@ impl Body for ClientBody {
             ClientBody::Stream(inner) => inner.is_end_stream(),
             ClientBody::Empty => true,
             ClientBody::Kept(inner) => inner.is_end_stream(),
+            ClientBody::Whole(whole) => whole.is_end_stream(),
         }
     }
 
@@ -95,6 +119,7 @@ impl Body for ClientBody {
             ClientBody::Stream(inner) => inner.size_hint(),
             ClientBody::Empty => SizeHint::with_exact(0),
             ClientBody::Kept(inner) => inner.size_hint(),
+            ClientBody::Whole(whole) => SizeHint::with_exact(whole.data.len() as u64),
         }
     }
 }
@@ -137,7 +162,7 @@ impl RequestBody {
         match &mut self.inner {
             ClientBody::Empty => return None,
             ClientBody::Kept(kept) => return Some(kept.rehome()),
-            ClientBody::Hyper(_) | ClientBody::Stream(_) => {}
+            ClientBody::Hyper(_) | ClientBody::Stream(_) | ClientBody::Whole(_) => {}
         }
         let inner = std::mem::replace(&mut self.inner, ClientBody::Empty);
         let (kept, home) = KeptBody::new(inner, self.counter.take());
