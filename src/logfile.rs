@@ -78,7 +78,7 @@ impl LogFile {
             if state.size >= rotation.max_bytes {
                 if let Err(e) = self.rotate(&mut state, rotation) {
                     // The log itself is what failed; stderr is the one place left to say so.
-                    eprintln!("aralez: cannot rotate {}: {e}", self.path.display());
+                    say_on_stderr(format_args!("aralez: cannot rotate {}: {e}", self.path.display()));
                     // Try again only after another full size, not on every write.
                     state.size = 0;
                 }
@@ -113,7 +113,7 @@ impl LogFile {
                 .name("aralez-log-gzip".into())
                 .spawn(move || {
                     if let Err(e) = gzip_in_place(&rotated) {
-                        eprintln!("aralez: cannot compress {}: {e}", rotated.display());
+                        say_on_stderr(format_args!("aralez: cannot compress {}: {e}", rotated.display()));
                     }
                 })
                 .ok();
@@ -179,6 +179,12 @@ fn gzip_in_place(path: &Path) -> io::Result<()> {
     encoder.finish()?.sync_all()?;
     std::fs::rename(&tmp, &gz)?;
     std::fs::remove_file(path)
+}
+
+/// Writes one line to stderr, whatever becomes of it: `eprintln!` panics when stderr cannot be
+/// written (a closed pipe, a full disk under a daemon's log), and a panic aborts the process.
+pub fn say_on_stderr(line: std::fmt::Arguments<'_>) {
+    let _ = writeln!(io::stderr().lock(), "{line}");
 }
 
 #[cfg(test)]

@@ -467,3 +467,46 @@ async fn metrics_key_reads_metrics_and_status_only() {
     assert_eq!(get("/metrics", "master").await.0, 200);
     assert_eq!(get("/metrics", "wrong").await.0, 403);
 }
+
+/// A log line that cannot be written is lost, and the proxy serves on: with stdout and stderr
+/// both closed pipes (a daemon's log on a full disk is the same), the first log line made
+/// tracing say its failure with `eprintln!`, which panicked, and the process aborted (134).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_that_cannot_be_written_does_not_stop_the_proxy() {
+    let backend = Backend::start("b").await;
+    let admin = free_addr();
+    let listen = free_addr();
+    let main_extra = format!("config_address: \"{admin}\"\nmaster_key: \"k\"\naccess_log: all");
+    let (_dir, main) =
+        write_config_listening(&default_route(&[&backend]), &main_extra, &listen.to_string());
+    let mut child = std::process::Command::new(binary())
+        .arg("-c")
+        .arg(&main)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn aralez");
+    let serving = eventually(Duration::from_secs(20), || {
+        std::net::TcpStream::connect(listen).is_ok()
+    });
+    assert!(serving.await, "the proxy did not start");
+    // The readers go: every write to stdout and stderr now fails (EPIPE).
+    drop(child.stdout.take());
+    drop(child.stderr.take());
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    for round in 1..=3 {
+        // An app log line (the SIGHUP's), and an access log line whose failure is said in the
+        // app log.
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).expect("SIGHUP");
+        let mut client = Client::connect(Proto::H1, listen).await;
+        assert_eq!(client.get("a", "/").await.status(), 200, "round {round}");
+        let failed = eventually_async(Duration::from_secs(10), || async {
+            let failures = metric(admin, "aralez_logging_errors_total").await;
+            failures.filter(|n| *n >= f64::from(round))
+        });
+        assert!(failed.await.is_some(), "round {round}: no failed write counted");
+    }
+    assert!(child.try_wait().expect("wait").is_none(), "the proxy exited");
+    let _ = child.kill();
+    let _ = child.wait();
+}

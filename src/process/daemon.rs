@@ -10,6 +10,8 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
+
+use crate::logfile::say_on_stderr;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::time::Duration;
@@ -99,21 +101,23 @@ fn await_child(from_child: OwnedFd) -> i32 {
     match rx.recv_timeout(READY_WAIT) {
         Ok(said) if said.starts_with("ready") => 0,
         Ok(said) if !said.is_empty() => {
-            eprintln!(
+            say_on_stderr(format_args!(
                 "aralez: the background process did not start: {}",
                 said.trim_end()
-            );
+            ));
             1
         }
         Ok(_) => {
-            eprintln!("aralez: the background process exited before it served (see log_file)");
+            say_on_stderr(format_args!(
+                "aralez: the background process exited before it served (see log_file)"
+            ));
             1
         }
         Err(_) => {
-            eprintln!(
+            say_on_stderr(format_args!(
                 "aralez: the background process did not say it serves within {}s (see log_file)",
                 READY_WAIT.as_secs()
-            );
+            ));
             1
         }
     }

@@ -57,9 +57,13 @@ pub fn init(main: &MainConfig, file: Option<&Arc<LogFile>>) -> Result<(), String
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         EnvFilter::new(format!("{},h2=warn,hyper=warn,notify=warn", main.log_level))
     });
+    // A line that cannot be written is lost, not said on stderr: tracing says it with
+    // `eprintln!`, which panics (and the process aborts) when stderr cannot be written either, as
+    // a daemon's log on a full disk or a closed pipe.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_target(false);
+        .with_target(false)
+        .log_internal_errors(false);
     let ansi = file.is_none() && std::io::stdout().is_terminal();
     let builder = builder.with_ansi(ansi);
     let writer = match file {

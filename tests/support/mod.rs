@@ -256,7 +256,7 @@ pub fn write_config(upstreams: &str, main_extra: &str) -> (tempfile::TempDir, Pa
     write_config_listening(upstreams, main_extra, "127.0.0.1:0")
 }
 
-fn write_config_listening(
+pub fn write_config_listening(
     upstreams: &str,
     main_extra: &str,
     listen: &str,
