@@ -12,6 +12,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
@@ -22,6 +23,10 @@ pub struct LogFile {
     path: PathBuf,
     rotation: Option<Rotation>,
     state: Mutex<State>,
+    /// The file is also the process's stdout and stderr (a daemon's, `daemon`): each file it
+    /// opens again takes their place, as nginx points stderr at its error log when it reopens
+    /// it. Otherwise panics and stderr's messages went to a rotated file, deleted or not.
+    carries_stdio: AtomicBool,
 }
 
 struct State {
@@ -50,7 +55,28 @@ impl LogFile {
                 size,
                 compressing: None,
             }),
+            carries_stdio: AtomicBool::new(false),
         })
+    }
+
+    /// Makes each file this one opens from now on the process's stdout and stderr too (a
+    /// daemon's, whose stdio the file already is).
+    pub fn carry_stdio(&self) {
+        self.carries_stdio.store(true, Ordering::Relaxed);
+    }
+
+    /// Points stdout and stderr at `file` if this log carries them.
+    fn take_stdio(&self, file: &File) {
+        if !self.carries_stdio.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Err(e) = nix::unistd::dup2_stdout(file).and_then(|()| nix::unistd::dup2_stderr(file))
+        {
+            say_on_stderr(format_args!(
+                "aralez: cannot point stderr at {}: {e}",
+                self.path.display()
+            ));
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -61,6 +87,7 @@ impl LogFile {
     /// stays in use.
     pub fn reopen(&self) -> io::Result<()> {
         let (file, size) = open_append(&self.path)?;
+        self.take_stdio(&file);
         let mut state = self.lock();
         state.file = file;
         state.size = size;
@@ -78,7 +105,10 @@ impl LogFile {
             if state.size >= rotation.max_bytes {
                 if let Err(e) = self.rotate(&mut state, rotation) {
                     // The log itself is what failed; stderr is the one place left to say so.
-                    say_on_stderr(format_args!("aralez: cannot rotate {}: {e}", self.path.display()));
+                    say_on_stderr(format_args!(
+                        "aralez: cannot rotate {}: {e}",
+                        self.path.display()
+                    ));
                     // Try again only after another full size, not on every write.
                     state.size = 0;
                 }
@@ -105,6 +135,7 @@ impl LogFile {
             std::fs::rename(&self.path, numbered(&self.path, 1, false))?;
         }
         let (file, size) = open_append(&self.path)?;
+        self.take_stdio(&file);
         state.file = file;
         state.size = size;
         if rotation.compress && rotation.keep > 0 {
@@ -113,7 +144,10 @@ impl LogFile {
                 .name("aralez-log-gzip".into())
                 .spawn(move || {
                     if let Err(e) = gzip_in_place(&rotated) {
-                        say_on_stderr(format_args!("aralez: cannot compress {}: {e}", rotated.display()));
+                        say_on_stderr(format_args!(
+                            "aralez: cannot compress {}: {e}",
+                            rotated.display()
+                        ));
                     }
                 })
                 .ok();

@@ -191,6 +191,31 @@ fn daemon_returns_once_it_serves() {
     assert!(had_pid_file, "no pid file once -d returned");
 }
 
+/// A background process's stdout and stderr follow its log file when SIGUSR1 reopens it (and
+/// when it rotates itself): they stayed on the file renamed away (panics and stderr's messages
+/// went there, and a deleted one kept its disk space).
+#[test]
+fn a_daemons_stderr_follows_its_log_file() {
+    let dir = daemon_config(free_addr());
+    let (status, stderr) = run_to_exit(dir.path(), &["-d"]);
+    assert_eq!(status.code(), Some(0), "stderr: {stderr}");
+    let pid = std::fs::read_to_string(dir.path().join("aralez.pid")).expect("pid file");
+    let pid = pid.trim().to_string();
+    let log = dir.path().join("aralez.log");
+    let stdio_at = |fd| std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).expect("fd");
+    let canonical_log = log.canonicalize().expect("log");
+    assert_eq!(stdio_at(2), canonical_log);
+    std::fs::rename(&log, dir.path().join("aralez.log.1")).expect("rotate");
+    let pid_number = nix::unistd::Pid::from_raw(pid.parse().expect("pid"));
+    nix::sys::signal::kill(pid_number, nix::sys::signal::Signal::SIGUSR1).expect("SIGUSR1");
+    let followed = eventually_blocking(Duration::from_secs(10), || {
+        stdio_at(1) == canonical_log && stdio_at(2) == canonical_log
+    });
+    let (out, err) = (stdio_at(1), stdio_at(2));
+    stop_daemon(dir.path());
+    assert!(followed, "stdout at {out:?}, stderr at {err:?}");
+}
+
 /// A second instance with the same paths and port used to start and share everything with the
 /// first (the pid file, the upgrade socket, the port through SO_REUSEPORT, the admin API's port
 /// too). Each of them now refuses it, with what to do; `-u` still takes over.
@@ -477,8 +502,11 @@ async fn a_log_that_cannot_be_written_does_not_stop_the_proxy() {
     let admin = free_addr();
     let listen = free_addr();
     let main_extra = format!("config_address: \"{admin}\"\nmaster_key: \"k\"\naccess_log: all");
-    let (_dir, main) =
-        write_config_listening(&default_route(&[&backend]), &main_extra, &listen.to_string());
+    let (_dir, main) = write_config_listening(
+        &default_route(&[&backend]),
+        &main_extra,
+        &listen.to_string(),
+    );
     let mut child = std::process::Command::new(binary())
         .arg("-c")
         .arg(&main)
@@ -504,9 +532,15 @@ async fn a_log_that_cannot_be_written_does_not_stop_the_proxy() {
             let failures = metric(admin, "aralez_logging_errors_total").await;
             failures.filter(|n| *n >= f64::from(round))
         });
-        assert!(failed.await.is_some(), "round {round}: no failed write counted");
+        assert!(
+            failed.await.is_some(),
+            "round {round}: no failed write counted"
+        );
     }
-    assert!(child.try_wait().expect("wait").is_none(), "the proxy exited");
+    assert!(
+        child.try_wait().expect("wait").is_none(),
+        "the proxy exited"
+    );
     let _ = child.kill();
     let _ = child.wait();
 }

@@ -131,6 +131,10 @@ pub fn run(
     let started_from = StartedFrom::read(main_path);
     let (main, upstreams, issues) = load(main_path)?;
     let app_log = logging::open_app_log(&main).map_err(StartError::Logging)?;
+    if let (Some(log), Some(_)) = (&app_log, daemon_ready.as_ref()) {
+        // A background process's stdout and stderr are this file (`daemonize`).
+        log.carry_stdio();
+    }
     logging::init(&main, app_log.as_ref()).map_err(StartError::Logging)?;
     if let Err(e) = small_pages {
         tracing::debug!("cannot turn transparent huge pages off: {e}");
