@@ -9,6 +9,7 @@
 //! and `If-Unmodified-Since` with 412, and hands `ServeDir` a `Range` only when it asks for one
 //! satisfiable byte range that `If-Range` allows.
 
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -35,11 +36,7 @@ pub async fn serve(
     limits: Limits,
     shutdown: watch::Receiver<bool>,
 ) {
-    // Symlinks are checked against the real folder; resolved once here, off the request path.
-    let root: Arc<std::path::Path> = std::fs::canonicalize(&folder)
-        .unwrap_or(folder.clone())
-        .into();
-    let dir = ServeDir::new(folder).append_index_html_on_directories(true);
+    let folder: Arc<std::path::Path> = folder.into();
     let accept = AcceptLoop {
         name: "file server",
         listener,
@@ -52,20 +49,21 @@ pub async fn serve(
         refusals: None,
     };
     let make = move |_: ConnInfo| {
-        let (dir, root) = (dir.clone(), root.clone());
+        let folder = folder.clone();
         service_fn(move |req: Request<ClientBody>| {
-            let (dir, root) = (dir.clone(), root.clone());
-            Box::pin(async move { Ok::<_, Infallible>(answer(dir, &root, req).await) })
+            let folder = folder.clone();
+            Box::pin(async move { Ok::<_, Infallible>(answer(&folder, req).await) })
         })
     };
     accept.run(make, shutdown).await;
 }
 
-async fn answer(
-    dir: ServeDir,
-    root: &std::path::Path,
-    req: Request<ClientBody>,
-) -> Response<FileBody> {
+/// Answers `req` from `folder`, resolved for this request: the folder may be a symbolic link
+/// that a deployment switches to another release ("current -> releases/42"), and the checks
+/// and the file served must both be of the one it leads to now. Resolved once at start, the
+/// checks looked in the old release while `ServeDir` served the new one, where a link out of
+/// the folder was then followed.
+async fn answer(folder: &std::path::Path, req: Request<ClientBody>) -> Response<FileBody> {
     if !matches!(*req.method(), http::Method::GET | http::Method::HEAD) {
         let mut refused = plain(StatusCode::METHOD_NOT_ALLOWED, "405 Method Not Allowed\n");
         // RFC 9110 §15.5.6: a 405 says what is allowed.
@@ -73,11 +71,21 @@ async fn answer(
         refused.headers_mut().insert(http::header::ALLOW, allow);
         return refused;
     }
+    let mut req = req;
+    // The path as routing reads it (dot segments resolved, `//` merged): `ServeDir` refused
+    // `/a/../b` and redirected `//sub` to `//sub/`, another host to a browser.
+    if let Cow::Owned(canonical) = normalise::path(req.uri().path()) {
+        if set_path(&mut req, &canonical).is_err() {
+            return plain(StatusCode::NOT_FOUND, "404 Not Found\n");
+        }
+    }
     let Some(path) = visible_path(req.uri().path()) else {
         return plain(StatusCode::NOT_FOUND, "404 Not Found\n");
     };
-    let found = look_up(root, &path).await;
-    let mut req = req;
+    let Ok(root) = tokio::fs::canonicalize(folder).await else {
+        return plain(StatusCode::NOT_FOUND, "404 Not Found\n");
+    };
+    let found = look_up(&root, &path).await;
     match &found {
         Found::Refused => return plain(StatusCode::NOT_FOUND, "404 Not Found\n"),
         Found::File(meta) => {
@@ -93,6 +101,7 @@ async fn answer(
         // RFC 9110 §13.1.3: with If-None-Match, If-Modified-Since is ignored.
         req.headers_mut().remove(header::IF_MODIFIED_SINCE);
     }
+    let dir = ServeDir::new(&root).append_index_html_on_directories(true);
     let mut resp = match dir.oneshot(req).await {
         Ok(resp) => resp.map(|b| b.map_err(std::io::Error::other).boxed_unsync()),
         Err(never) => match never {},
@@ -133,6 +142,16 @@ fn visible_path(raw: &str) -> Option<String> {
     (!hidden).then_some(path)
 }
 
+/// Puts `path` in place of `req`'s path, its query kept.
+fn set_path<B>(req: &mut Request<B>, path: &str) -> Result<(), http::Error> {
+    let target = match req.uri().query() {
+        Some(query) => format!("{path}?{query}"),
+        None => path.to_owned(),
+    };
+    *req.uri_mut() = http::Uri::builder().path_and_query(target).build()?;
+    Ok(())
+}
+
 /// What a request path leads to.
 enum Found {
     /// Not to be served (404).
@@ -143,8 +162,8 @@ enum Found {
     Other,
 }
 
-/// What `path` under `root` leads to. It must resolve (through symlinks) inside the folder's
-/// real location (resolved per request: the folder may be created or moved while serving), to
+/// What `path` under `root` (the folder's real location, resolved for this request) leads to.
+/// It must resolve (through symlinks) inside `root`, to
 /// a regular file (named without a trailing `/`) or a folder whose `index.html`, if any, is
 /// one. A FIFO or a device is
 /// refused (as nginx: "is not a regular file"): opening a FIFO blocks until a writer comes, and
@@ -155,11 +174,7 @@ async fn look_up(root: &std::path::Path, path: &str) -> Found {
     let Ok(real) = tokio::fs::canonicalize(&candidate).await else {
         return Found::Other;
     };
-    let inside = match tokio::fs::canonicalize(root).await {
-        Ok(real_root) => real.starts_with(real_root),
-        Err(_) => false,
-    };
-    if !inside {
+    if !real.starts_with(root) {
         return Found::Refused;
     }
     match tokio::fs::metadata(&real).await {

@@ -272,3 +272,82 @@ async fn other_methods_get_a_405_that_names_the_allowed_ones() {
     assert!(text.starts_with("http/1.1 405"), "{text}");
     assert!(text.contains("\r\nallow: get, head\r\n"), "{text}");
 }
+
+/// A folder that is a symbolic link switched to another release while serving (`current ->
+/// releases/2`, as deployments do): what is checked and what is served are both the new
+/// release's. The checks used to look in the release of the start, so a link out of the folder
+/// in the new one was followed (`/pw.txt` served the file outside), and ranges were worked out
+/// on the old file's size.
+#[tokio::test]
+async fn a_folder_switched_to_another_release_is_checked_where_it_leads() {
+    let root = tempfile::tempdir().unwrap();
+    let (one, two) = (root.path().join("r1"), root.path().join("r2"));
+    std::fs::create_dir_all(&one).unwrap();
+    std::fs::create_dir_all(&two).unwrap();
+    std::fs::write(root.path().join("outside.txt"), "outside").unwrap();
+    std::fs::write(one.join("f.txt"), "0123456789").unwrap();
+    std::fs::write(two.join("f.txt"), "abcdefghijklmnopqrst").unwrap();
+    std::os::unix::fs::symlink(root.path().join("outside.txt"), two.join("pw.txt")).unwrap();
+    let current = root.path().join("current");
+    std::os::unix::fs::symlink(&one, &current).unwrap();
+    let proxy = ProxyProcess::start(
+        &unused_route(),
+        &format!(
+            "file_server_folder: \"{}\"\nfile_server_address: \"127.0.0.1:0\"",
+            current.display()
+        ),
+    );
+    let addr = file_server_addr(&proxy);
+    assert_eq!(raw_status(addr, "/f.txt").await.0, 200);
+    // The switch: a new link renamed over the old one.
+    let next = root.path().join("current.next");
+    std::os::unix::fs::symlink(&two, &next).unwrap();
+    std::fs::rename(&next, &current).unwrap();
+    std::fs::remove_dir_all(&one).unwrap();
+    let (status, text) = raw_status(addr, "/pw.txt").await;
+    assert_eq!(status, 404, "{text}");
+    assert!(
+        !text.contains("outside"),
+        "a link out of the folder was followed"
+    );
+    let client = ranged_get(addr, "/f.txt", "bytes=-15").await;
+    assert!(client.starts_with("HTTP/1.1 206"), "{client}");
+    assert!(client.contains("content-range: bytes 5-19/20"), "{client}");
+    assert!(client.ends_with("fghijklmnopqrst"), "{client}");
+}
+
+/// Paths are read as routing reads them: `//sub` is `/sub` (redirected to `/sub/` on this
+/// host, not to `//sub/`, which a browser takes for another host), and `/sub/../a.txt` is
+/// `/a.txt` (it got a 404).
+#[tokio::test]
+async fn paths_are_normalised_before_they_are_served() {
+    let (_proxy, addr, _root, _) = start();
+    let (status, text) = raw_status(addr, "//sub").await;
+    assert!((300..400).contains(&status), "{text}");
+    let location = text
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("location: ")
+                .map(str::to_owned)
+        })
+        .unwrap_or_default();
+    assert_eq!(location, "/sub/", "{text}");
+    let (status, text) = raw_status(addr, "/sub/../a.txt").await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.ends_with(CONTENT), "{text}");
+    let (status, _) = raw_status(addr, "/sub/../.env").await;
+    assert_eq!(status, 404);
+}
+
+/// Sends a GET for `target` with `Range: range`, and returns the whole answer.
+async fn ranged_get(addr: SocketAddr, target: &str, range: &str) -> String {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "GET {target} HTTP/1.1\r\nHost: files\r\nRange: {range}\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(req.as_bytes()).await.unwrap();
+    let mut resp = Vec::new();
+    stream.read_to_end(&mut resp).await.unwrap();
+    String::from_utf8_lossy(&resp).into_owned()
+}
