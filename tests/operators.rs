@@ -544,3 +544,84 @@ async fn a_log_that_cannot_be_written_does_not_stop_the_proxy() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// The proxy's own shortage of file descriptors is not the backend's fault: connects that
+/// failed with EMFILE counted against the backend, three took it out of rotation, and every
+/// client got 503 after the burst of connections that used up the descriptors had gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_out_of_descriptors_does_not_take_a_backend_down() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let backend = Backend::start("b").await;
+    let listen = free_addr();
+    // Health checked (a backend marked down stays down until a probe passes), 30 s apart.
+    let pinned = format!("http://{}", backend.addr);
+    let route = Path::addrs(&[pinned]).hc_interval(30);
+    let routes = Upstreams::new()
+        .host("DEFAULT", Host::new().path("/", route))
+        .render();
+    let (dir, main) = write_config_listening(
+        &routes,
+        "threads: 1\nupstream_keepalive_pool_size: 0",
+        &listen.to_string(),
+    );
+    let mut command = std::process::Command::new(binary());
+    command
+        .arg("-c")
+        .arg(&main)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("stderr")).expect("stderr"));
+    // SAFETY: only setrlimit, async-signal-safe, between fork and exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+            nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, 64, 64)
+                .map_err(std::io::Error::from)
+        });
+    }
+    let mut child = command.spawn().expect("spawn aralez");
+    let serving = eventually(Duration::from_secs(20), || {
+        std::net::TcpStream::connect(listen).is_ok()
+    });
+    assert!(serving.await, "the proxy did not start");
+    // More idle clients than descriptors, then a request on each.
+    let mut clients = Vec::new();
+    for _ in 0..80 {
+        clients.push(
+            tokio::net::TcpStream::connect(listen)
+                .await
+                .expect("connect"),
+        );
+    }
+    // Each request holds its backend connection a while: they need descriptors all at once.
+    for client in &mut clients {
+        let _ = client
+            .write_all(b"GET /slow/300 HTTP/1.1\r\nHost: a\r\n\r\n")
+            .await;
+    }
+    let mut refused = 0;
+    for client in &mut clients {
+        let mut answer = [0u8; 12];
+        let read = tokio::time::timeout(Duration::from_millis(500), client.read_exact(&mut answer));
+        if let Ok(Ok(_)) = read.await {
+            refused += usize::from(answer.starts_with(b"HTTP/1.1 502"));
+        }
+    }
+    assert!(
+        refused >= 3,
+        "the descriptors were not used up ({refused} refused)"
+    );
+    drop(clients);
+    let mut client = None;
+    for _ in 0..50 {
+        if let Ok(c) =
+            tokio::time::timeout(Duration::from_secs(1), Client::connect(Proto::H1, listen)).await
+        {
+            client = Some(c);
+            break;
+        }
+    }
+    let mut client = client.expect("connect after the burst");
+    let status = client.get("a", "/").await.status();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(status, 200, "the backend was taken out of rotation");
+}

@@ -92,8 +92,9 @@ pub async fn round(snapshot: &Snapshot, settings: &HealthSettings) -> usize {
             let name = server_name(&route.host, &backend);
             let (method, timeout) = (settings.method.clone(), settings.probe_timeout());
             probes.spawn(async move {
-                let passed = probe(&backend, &name, &path, method, timeout).await;
-                backend.set_probed(&path, passed);
+                if let Some(passed) = probe(&backend, &name, &path, method, timeout).await {
+                    backend.set_probed(&path, passed);
+                }
             });
         }
     }
@@ -114,14 +115,15 @@ fn server_name(route_host: &str, backend: &Backend) -> String {
     }
 }
 
-/// One probe: true when a status below 500 arrives within `timeout`, asking for `name` over TLS.
+/// One probe: true when a status below 500 arrives within `timeout`, asking for `name` over TLS;
+/// `None` when the proxy could not even try (no socket: its own shortage, not the backend's).
 pub async fn probe(
     backend: &Backend,
     name: &str,
     path: &str,
     method: Method,
     timeout: Duration,
-) -> bool {
+) -> Option<bool> {
     let attempt = async {
         let wire = detect::wire_of(backend, timeout).await?;
         let addrs = backend.addrs();
@@ -146,24 +148,29 @@ pub async fn probe(
     let answered_meanwhile = backend.answers().saturating_sub(answers_before);
     if timed_out && answered_meanwhile > 0 {
         tracing::debug!(backend = %backend.label, path, "health probe: no answer within {timeout:?}, but {answered_meanwhile} requests were answered meanwhile; kept in rotation");
-        return true;
+        return Some(true);
     }
     if let Ok(Err(e)) = &outcome {
+        if e.kind() == connector::ConnectErrorKind::Local {
+            // The proxy could not even try: this round says nothing of the backend.
+            tracing::warn!(backend = %backend.label, path, "health probe not made: {e}");
+            return None;
+        }
         doubt_detection(backend, e);
     }
     match outcome {
-        Ok(Ok(resp)) if resp.status().as_u16() < 500 => true,
+        Ok(Ok(resp)) if resp.status().as_u16() < 500 => Some(true),
         Ok(Ok(resp)) => {
             tracing::debug!(backend = %backend.label, path, "health probe: status {}", resp.status());
-            false
+            Some(false)
         }
         Ok(Err(e)) => {
             tracing::debug!(backend = %backend.label, path, "health probe: {e}");
-            false
+            Some(false)
         }
         Err(_) => {
             tracing::debug!(backend = %backend.label, path, "health probe: no answer within {timeout:?}");
-            false
+            Some(false)
         }
     }
 }
@@ -185,7 +192,7 @@ fn doubt_detection(backend: &Backend, error: &ConnectError) {
         Kind::Tls | Kind::Handshake | Kind::Exchange | Kind::BadResponse => {
             backend.doubt_protocol()
         }
-        Kind::BodyTooLarge | Kind::Capacity => {}
+        Kind::BodyTooLarge | Kind::Capacity | Kind::Local => {}
     }
 }
 

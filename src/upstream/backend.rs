@@ -251,6 +251,7 @@ impl Backend {
         match &opened {
             Ok(_) => self.connect_succeeded(),
             Err(e) if sni_by_client && e.kind() == ConnectErrorKind::Tls => {}
+            Err(e) if e.kind() == ConnectErrorKind::Local => {}
             Err(e) if e.is_retryable() => self.connect_failed(),
             Err(_) => {}
         }
@@ -289,6 +290,7 @@ impl Backend {
         let connected = connector::tcp(&addrs, &self.spec.host, timeout).await;
         match &connected {
             Ok(_) => self.connect_succeeded(),
+            Err(e) if e.kind() == ConnectErrorKind::Local => {}
             Err(_) => self.connect_failed(),
         }
         connected

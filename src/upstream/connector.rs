@@ -82,6 +82,9 @@ pub enum ConnectErrorKind {
     BodyTooLarge,
     /// The backend already has as many connections as it may (`upstream_max_connections`).
     Capacity,
+    /// The proxy itself could not open a socket: out of file descriptors, memory or local
+    /// ports. Says nothing about the backend.
+    Local,
 }
 
 impl ConnectErrorKind {
@@ -95,6 +98,7 @@ impl ConnectErrorKind {
             ConnectErrorKind::BadResponse => "invalid response",
             ConnectErrorKind::BodyTooLarge => "body too large",
             ConnectErrorKind::Capacity => "connection limit",
+            ConnectErrorKind::Local => "no socket",
         }
     }
 }
@@ -142,6 +146,7 @@ impl ConnectError {
                 | ConnectErrorKind::Tls
                 | ConnectErrorKind::Handshake
                 | ConnectErrorKind::Capacity
+                | ConnectErrorKind::Local
         )
     }
 }
@@ -181,11 +186,35 @@ pub async fn tcp(
                 let _ = stream.set_nodelay(true);
                 return Ok(stream);
             }
+            Ok(Err(e)) if is_local_shortage(&e) => {
+                let detail = format!("{addr}: {e} (the proxy's own shortage, not the backend's)");
+                return Err(ConnectError::new(ConnectErrorKind::Local, detail));
+            }
             Ok(Err(e)) => last = ConnectError::new(ConnectErrorKind::Tcp, format!("{addr}: {e}")),
             Err(_) => last = ConnectError::timeout(ConnectErrorKind::Tcp, timeout),
         }
     }
     Err(last)
+}
+
+/// Whether a failed connect is the proxy's own shortage: descriptors (EMFILE, ENFILE), memory
+/// (ENOBUFS, ENOMEM) or local ports (EADDRNOTAVAIL). Counted against the backend, a burst of
+/// clients that used up the descriptors took a healthy backend out of rotation, and every
+/// client got 503 after the burst had gone.
+fn is_local_shortage(error: &std::io::Error) -> bool {
+    use nix::errno::Errno;
+    let Some(code) = error.raw_os_error() else {
+        return false;
+    };
+    [
+        Errno::EMFILE,
+        Errno::ENFILE,
+        Errno::ENOBUFS,
+        Errno::ENOMEM,
+        Errno::EADDRNOTAVAIL,
+    ]
+    .iter()
+    .any(|errno| *errno as i32 == code)
 }
 
 /// Opens a connection to `ep`: HTTP/1.1 or h2c on plain TCP; on TLS, whatever ALPN picks
