@@ -141,6 +141,9 @@ where
         let answer = std::task::ready!(this.inner.poll(cx));
         let status = match &answer {
             Ok(resp) => resp.status(),
+            // The route's own `rate_limit` refusing a client a little over its rate: counted,
+            // they kept it blocked for as long as it kept sending, not served at its rate.
+            Err(ProxyError::RateLimited) => return Poll::Ready(answer),
             Err(err) => err.status(),
         };
         if status.is_client_error() {
@@ -255,6 +258,23 @@ mod tests {
                 .oneshot(Request::new(()))
                 .await;
             assert_eq!(got.unwrap_err(), expected);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_rate_limits_own_refusals_do_not_count() {
+        let table = Arc::new(Table::new());
+        let limit = X4xxLimit::new(Rate::per_second(1).unwrap(), 9, table);
+        let limited = tower::service_fn(|_req: Request<()>| {
+            ready(Err::<Response<()>, _>(ProxyError::RateLimited))
+        });
+        let ip = IpAddr::from([10, 1, 1, 2]);
+        for _ in 0..10 {
+            let got = X4xxLayer::new(Some(&limit), ip)
+                .layer(limited)
+                .oneshot(Request::new(()))
+                .await;
+            assert_eq!(got.unwrap_err(), ProxyError::RateLimited, "never TooMany4xx");
         }
     }
 }
