@@ -604,3 +604,54 @@ async fn a_slow_reader_of_a_large_answer_does_not_hold_up_the_next_request() {
     assert_eq!(origin.requests(), 2);
     drop(slow);
 }
+
+/// A URL purge takes the entries of every spelling of its host that clients wrote (a port,
+/// capitals, a trailing dot: each has an entry of its own, as the backend may build links from
+/// it). It took only the routed spelling's and answered success, and the others were served
+/// stale until their lifetime ended.
+#[tokio::test]
+async fn purging_a_url_takes_every_spelling_of_its_host() {
+    let origin = Origin::start().await;
+    let proxy = proxy_with(&origin, 16, ADMIN);
+    let admin = proxy.logged_addr("admin API on http://");
+    let mut c = Client::connect(Proto::H1, proxy.addr).await;
+    let path = "/s?cc=max-age=60";
+    let spellings = ["c.test", "c.test:8080", "C.TEST", "c.test."];
+    let status_as = |resp: http::Response<hyper::body::Incoming>| {
+        resp.headers()
+            .get("x-cache-status")
+            .map(|v| v.to_str().unwrap_or("?").to_string())
+            .unwrap_or_default()
+    };
+    for host in spellings {
+        for expected in ["MISS", "HIT"] {
+            let resp = c
+                .send(
+                    Method::GET,
+                    Some(host),
+                    path,
+                    &[],
+                    full(bytes::Bytes::new()),
+                )
+                .await;
+            assert_eq!(status_as(resp), expected, "{host}");
+        }
+    }
+    let url = format!("{{\"url\": \"http://c.test{path}\"}}");
+    assert_eq!(
+        purge(admin, "k", &url).await,
+        (200, "{\"purged\":4}".to_string())
+    );
+    for host in spellings {
+        let resp = c
+            .send(
+                Method::GET,
+                Some(host),
+                path,
+                &[],
+                full(bytes::Bytes::new()),
+            )
+            .await;
+        assert_eq!(status_as(resp), "MISS", "{host} was left");
+    }
+}

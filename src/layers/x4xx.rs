@@ -274,7 +274,11 @@ mod tests {
                 .layer(limited)
                 .oneshot(Request::new(()))
                 .await;
-            assert_eq!(got.unwrap_err(), ProxyError::RateLimited, "never TooMany4xx");
+            assert_eq!(
+                got.unwrap_err(),
+                ProxyError::RateLimited,
+                "never TooMany4xx"
+            );
         }
     }
 }

@@ -182,7 +182,7 @@ fn key_of<B>(https: bool, host: &str, req: &Request<B>) -> String {
         return [scheme, host, target].concat();
     }
     let written = String::from_utf8_lossy(written);
-    [scheme, host, target, "\0as ", &written].concat()
+    [scheme, host, target, store::SPELLED, &written].concat()
 }
 
 /// The key of `target` (path and query) on `host` over `https` or not.

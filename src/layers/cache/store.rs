@@ -21,6 +21,10 @@ use super::remote::{Dropped, Fetched, RemoteTier};
 use crate::config::cache_conf::{CacheConfig, Storage};
 use crate::vocab::normalise;
 
+/// What follows a key's target when the client wrote its host otherwise than it is routed:
+/// then the host as written (`key_of`).
+pub const SPELLED: &str = "\0as ";
+
 /// What memory holds under one key.
 #[derive(Clone)]
 enum Held {
@@ -313,6 +317,11 @@ impl CacheStore {
 
     /// Drops every variant stored under `key`.
     pub fn invalidate(&self, key: &str, slot: usize) {
+        // A change made under one spelling of the host goes for the routed one's entry too
+        // (the other spellings' entries are left to their lifetime: finding them is a scan).
+        if let Some((routed, _)) = key.split_once(SPELLED) {
+            self.invalidate(routed, slot);
+        }
         self.entries.remove(key);
         if let Some(disk) = &self.disk {
             disk.remove_key(key);
@@ -322,17 +331,37 @@ impl CacheStore {
         }
     }
 
-    /// Drops every variant stored under `key`, in memory and on disk; returns how many.
+    /// Drops every variant stored under `key` (a key of the host as routed), and under each
+    /// spelling of its host that clients wrote (`site:8080`, `SITE`: keys of their own, see
+    /// `key_of`), in memory, on disk and in Redis; returns how many.
     pub async fn purge_key(&self, key: &str) -> usize {
-        let in_memory = self
-            .entries
-            .remove(key)
-            .map_or(0, |(_, held)| held.variant_count());
-        let on_disk = self.disk.as_ref().map_or(0, |d| d.remove_key(key));
-        let shared = match &self.remote {
-            Some(remote) => remote.remove(remote.admin_slot(), key).await,
-            None => 0,
-        };
+        let spelled = format!("{key}{SPELLED}");
+        let of_key = |k: &str| k == key || k.starts_with(&spelled);
+        let in_memory = AtomicU64::new(0);
+        self.entries.retain(|k, held| {
+            let hit = of_key(k);
+            if hit {
+                in_memory.fetch_add(held.variant_count() as u64, Ordering::Relaxed);
+            }
+            !hit
+        });
+        let in_memory = in_memory.into_inner() as usize;
+        let on_disk = self.disk.as_ref().map_or(0, |disk| {
+            let keys = disk.keys();
+            keys.iter()
+                .filter(|k| of_key(k))
+                .map(|k| disk.remove_key(k))
+                .sum()
+        });
+        let mut shared = 0;
+        if let Some(remote) = &self.remote {
+            let slot = remote.admin_slot();
+            for k in remote.keys(slot).await {
+                if of_key(&k) {
+                    shared += remote.remove(slot, &k).await;
+                }
+            }
+        }
         let removed = in_memory.max(on_disk).max(shared);
         self.counters
             .purged
