@@ -206,6 +206,12 @@ impl SharedLimits {
                     (Some(v), (Verdict::Admit, v.unsynced == 1))
                 } else {
                     let unseen = std::mem::take(&mut v.unsynced);
+                    // What goes to Redis with the question counts here until Redis answers, the
+                    // question itself as if admitted: the requests of the same instant found
+                    // the room it takes, and were admitted here one in two (twice the limit in
+                    // a burst). Too much counted only sends more questions to Redis.
+                    let asked = u64::from(unseen) + 1;
+                    v.tat = v.tat.max(now) + asked * rate.emission_ns();
                     (Some(v), (Verdict::Ask(counter, unseen), false))
                 }
             }
@@ -269,9 +275,12 @@ impl SharedLimits {
     fn renew(&self, c: Counter, ahead_us: u64) {
         let key = self.views.key((c.ip, c.scope));
         let now = self.views.now();
-        let tat = now.saturating_add(ahead_us.saturating_mul(1000));
+        let answered = now.saturating_add(ahead_us.saturating_mul(1000));
         self.views.update(key, now, |slot| {
             let unsynced = slot.map_or(0, |v| v.unsynced);
+            // Answers to questions asked together come in any order: an earlier one's lower
+            // time must not undo a later one's, nor what questions still out have counted.
+            let tat = slot.map_or(answered, |v| v.tat.max(answered));
             let view = View {
                 tat,
                 synced_at: now,
