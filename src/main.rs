@@ -57,7 +57,7 @@ Signals:
 
 Environment:
   RUST_LOG                   overrides log_level (tracing filter syntax)
-  JWT_KEY                    overrides master_key for JWTs and sticky cookies
+  JWT_KEY                    overrides master_key: for JWTs, sticky cookies and the admin API
   SSL_CERT_FILE, SSL_CERT_DIR  trust store for upstream_tls_verify
   NOTIFY_SOCKET              set by systemd (Type=notify): READY, STOPPING, MAINPID
   KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT_HTTPS, POD_NAMESPACE

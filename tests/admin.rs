@@ -509,3 +509,39 @@ async fn conf_merges_conf_d_sighup_brings_the_files_back_and_save_keeps_the_file
     assert_eq!(mode & 0o777, 0o600);
     assert_eq!(served_by(&proxy).await, "c");
 }
+
+/// A 405 names the methods the endpoint takes (RFC 9110 §15.5.6), and a backend listed twice
+/// on a path is one `aralez_backend_up` series (two were invalid exposition).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_405_says_what_is_allowed_and_metrics_have_no_duplicate_series() {
+    let a = Backend::start("a").await;
+    let proxy = ProxyProcess::start(&routes(&[&a, &a]), ADMIN);
+    let admin = admin_addr(&proxy);
+    for (method, path, allowed) in [
+        (Method::DELETE, "/status", "GET, HEAD"),
+        (Method::POST, "/metrics", "GET, HEAD"),
+        (Method::GET, "/conf", "POST"),
+    ] {
+        let mut client = Client::connect(Proto::H1, admin).await;
+        let key = [("x-api-key", "s3cret")];
+        let resp = client
+            .send(method.clone(), Some("admin"), path, &key, full(""))
+            .await;
+        assert_eq!(resp.status(), 405, "{method} {path}");
+        assert_eq!(header(&resp, "allow"), allowed, "{method} {path}");
+    }
+    let (status, text) = call(
+        admin,
+        Method::GET,
+        "/metrics",
+        &[("x-api-key", "s3cret")],
+        "",
+    )
+    .await;
+    assert_eq!(status, 200);
+    let series = text
+        .lines()
+        .filter(|l| l.starts_with("aralez_backend_up{"))
+        .collect::<Vec<_>>();
+    assert_eq!(series.len(), 1, "{series:?}");
+}

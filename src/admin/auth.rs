@@ -14,10 +14,9 @@ pub fn presented_key<B>(req: &Request<B>) -> Option<String> {
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
     {
-        if let Some(token) = v
-            .strip_prefix("Bearer ")
-            .or_else(|| v.strip_prefix("bearer "))
-        {
+        // The scheme's name is case-insensitive (RFC 9110 §11.1), as the jwt layer reads it.
+        let (scheme, token) = v.split_once(' ').unwrap_or((v, ""));
+        if scheme.eq_ignore_ascii_case("bearer") {
             return Some(token.trim().to_string());
         }
     }
@@ -72,6 +71,14 @@ mod tests {
                 Some("s3cret")
             ),
             Access::Granted
+        );
+        assert_eq!(
+            check(
+                &req(|b| b.header("authorization", "BEARER s3cret")),
+                Some("s3cret")
+            ),
+            Access::Granted,
+            "the scheme's name in any case"
         );
         let by_query = Request::builder()
             .uri("/status?all&key=s3%63ret")

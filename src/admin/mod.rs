@@ -132,8 +132,17 @@ impl Admin {
                 self.read_only(req, |_, _| async { status_page::response() })
                     .await
             }
-            (_, "/" | "/jwt" | "/conf" | "/status" | "/metrics" | "/cache/purge") => {
-                text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
+            (_, path @ ("/" | "/jwt" | "/conf" | "/status" | "/metrics" | "/cache/purge")) => {
+                // RFC 9110 §15.5.6: a 405 says what is allowed.
+                let allowed = match path {
+                    "/jwt" | "/conf" | "/cache/purge" => "POST",
+                    _ => "GET, HEAD",
+                };
+                let mut refused = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
+                refused
+                    .headers_mut()
+                    .insert(http::header::ALLOW, http::HeaderValue::from_static(allowed));
+                refused
             }
             _ => text(
                 StatusCode::NOT_FOUND,
@@ -378,11 +387,12 @@ impl Admin {
 
     async fn metrics(&self, _req: Request<ClientBody>) -> Reply {
         let snapshot = self.reloader.snapshot.load_full();
+        // A backend listed twice on a path (it then counts twice) is one series: a duplicate
+        // series is invalid exposition, and Prometheus fails the scrape's samples.
         let backends = snapshot.routes().flat_map(|route| {
-            route
-                .backends
-                .iter()
-                .enumerate()
+            let listed = route.backends.iter().enumerate();
+            listed
+                .filter(|&(i, b)| !route.backends.iter().take(i).any(|e| e.label == b.label))
                 .map(move |(i, b)| BackendUp {
                     host: &route.host,
                     path: &route.prefix,

@@ -101,12 +101,17 @@ impl ApiKey {
     }
 }
 
-/// Equality whose time depends only on the lengths, never on where the bytes differ.
-pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
+/// Whether `presented` (what a client sent) equals `secret`, in a time that depends only on
+/// the length of what was presented: neither where the bytes differ nor the secret's length
+/// shows (returning at once on a length mismatch told a client how long the key is).
+pub fn ct_eq(presented: &[u8], secret: &[u8]) -> bool {
+    if secret.is_empty() {
+        return presented.is_empty();
     }
-    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    let mut diff = presented.len() ^ secret.len();
+    for (at, byte) in presented.iter().enumerate() {
+        diff |= usize::from(byte ^ secret[at % secret.len()]);
+    }
     std::hint::black_box(diff) == 0
 }
 
@@ -293,5 +298,11 @@ mod tests {
         assert!(!ct_eq(b"abc", b"abd"));
         assert!(!ct_eq(b"abc", b"ab"));
         assert!(ct_eq(b"", b""));
+        assert!(!ct_eq(b"", b"abc"));
+        assert!(
+            !ct_eq(b"abcabc", b"abc"),
+            "a repeat of the secret is not it"
+        );
+        assert!(!ct_eq(b"abc\0", b"abc"));
     }
 }

@@ -99,7 +99,7 @@ impl Sticky {
     /// one naming a backend of this route counts.
     fn pinned(&self, headers: &HeaderMap, backends: &BackendSet) -> Option<usize> {
         let index = cookie_values(headers)
-            .find_map(|value| self.ids.iter().position(|id| ct_eq(id, value)))?;
+            .find_map(|value| self.ids.iter().position(|id| ct_eq(value, id)))?;
         backends.usable_at(index).then_some(index)
     }
 
