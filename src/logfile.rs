@@ -129,16 +129,22 @@ impl LogFile {
             let _ = running.join();
         }
         self.shift(rotation.keep)?;
-        if rotation.keep == 0 {
-            std::fs::remove_file(&self.path)?;
+        let moved = if rotation.keep == 0 {
+            std::fs::remove_file(&self.path)
         } else {
-            std::fs::rename(&self.path, numbered(&self.path, 1, false))?;
-        }
+            std::fs::rename(&self.path, numbered(&self.path, 1, false))
+        };
+        let gone = match moved {
+            // Deleted (or its folder moved) under the process: a fresh file at the path, as a
+            // reopen would make, instead of "cannot rotate" at every size and lines lost.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => true,
+            other => other.map(|()| false)?,
+        };
         let (file, size) = open_append(&self.path)?;
         self.take_stdio(&file);
         state.file = file;
         state.size = size;
-        if rotation.compress && rotation.keep > 0 {
+        if rotation.compress && rotation.keep > 0 && !gone {
             let rotated = numbered(&self.path, 1, false);
             state.compressing = std::thread::Builder::new()
                 .name("aralez-log-gzip".into())
@@ -232,6 +238,19 @@ mod tests {
             keep,
             compress,
         })
+    }
+
+    #[test]
+    fn a_file_deleted_under_it_is_made_again_at_the_next_rotation() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.log");
+        let log = LogFile::open(&path, rotation(100, 2, true)).unwrap();
+        log.append(&[b'x'; 60]).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        // Past the size: the rename finds nothing, and a fresh file takes the lines.
+        log.append(&[b'y'; 60]).unwrap();
+        log.append(b"after\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "after\n");
     }
 
     #[test]

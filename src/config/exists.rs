@@ -30,6 +30,9 @@ pub struct Named<'a> {
     pub log_file: Option<&'a Path>,
     /// `access_log_file`, when the access log is on (it is not opened otherwise).
     pub access_log_file: Option<&'a Path>,
+    /// Whether `log_file` and `access_log_file` rotate themselves (a size is given).
+    pub log_rotates: bool,
+    pub access_log_rotates: bool,
     /// main.yaml and upstreams.yaml: no file the process writes may be one of them.
     pub config_files: [&'a Path; 2],
 }
@@ -123,11 +126,19 @@ fn admin_pem(named: &Named<'_>, at: &KeyPositions<'_>, r: &mut Reader) -> bool {
 /// directories themselves. Only where main.yaml names them: the defaults are in `/tmp`.
 fn created_files(named: &Named<'_>, at: &KeyPositions<'_>, r: &mut Reader) -> bool {
     let mut ok = true;
-    for (keys, path) in [
-        (&["pid_file"][..], Some(named.pid_file)),
+    for (keys, path, rotates) in [
+        (&["pid_file"][..], Some(named.pid_file), false),
         // `log_file` wins over `error_log` (main.yaml's reading).
-        (&["log_file", "error_log"][..], named.log_file),
-        (&["access_log_file"][..], named.access_log_file),
+        (
+            &["log_file", "error_log"][..],
+            named.log_file,
+            named.log_rotates,
+        ),
+        (
+            &["access_log_file"][..],
+            named.access_log_file,
+            named.access_log_rotates,
+        ),
     ] {
         let Some(path) = path else {
             continue;
@@ -135,9 +146,25 @@ fn created_files(named: &Named<'_>, at: &KeyPositions<'_>, r: &mut Reader) -> bo
         let Some((key, pos)) = at.first_of(keys) else {
             continue;
         };
-        let problem = cannot_create(path).or_else(|| overwrites_config(path, &named.config_files));
+        let problem = cannot_create(path)
+            .or_else(|| overwrites_config(path, &named.config_files))
+            .or_else(|| rotates.then(|| cannot_rotate(path)).flatten());
         if let Some(problem) = problem {
             r.error(pos, key, problem);
+            ok = false;
+        }
+    }
+    let shared = named
+        .log_file
+        .zip(named.access_log_file)
+        .filter(|(app, access)| same_file(app, access));
+    if let (Some(_), Some(pos)) = (shared, at.of("access_log_file")) {
+        if named.log_rotates || named.access_log_rotates {
+            let why =
+                "the same file as log_file, and one of them rotates it: each would rotate it \
+                       on its own and one's lines would end up in a file the other deletes \
+                       (leave access_log_file out: the access log then shares log_file)";
+            r.error(pos, "access_log_file", why);
             ok = false;
         }
     }
@@ -150,6 +177,26 @@ fn created_files(named: &Named<'_>, at: &KeyPositions<'_>, r: &mut Reader) -> bo
         );
     }
     ok
+}
+
+/// Rotation renames the file and opens a new one at its path: a symbolic link, a device or a
+/// FIFO there (`/dev/stdout`, a link to `/dev/null`) would be renamed away and replaced.
+fn cannot_rotate(path: &Path) -> Option<String> {
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    (!meta.file_type().is_file()).then(|| {
+        format!(
+            "{} is not a regular file, and rotation (a size given) would rename it away: \
+             give no size, or a file of its own",
+            path.display()
+        )
+    })
+}
+
+/// Whether two paths name one file: the same text, or (both existing) the same inode.
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let id = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    a == b || id(a).is_some_and(|x| Some(x) == id(b))
 }
 
 /// A file the process writes that is one of its configuration files (a pid file written

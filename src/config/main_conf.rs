@@ -498,6 +498,8 @@ impl MainConfig {
                 .access_log_file
                 .as_deref()
                 .filter(|_| cfg.access_log != AccessLog::Off),
+            log_rotates: cfg.log_rotation.is_some(),
+            access_log_rotates: cfg.access_log_rotation.is_some(),
             config_files: [path, &cfg.upstreams_conf],
         };
         let everything_exists = exists::check(&named, &positions, r);

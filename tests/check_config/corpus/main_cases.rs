@@ -149,6 +149,18 @@ pub(crate) fn cases() -> Vec<Case> {
             vec![warn(M, 3, "access_log_file", "not written while access_log is off")],
         )
         .warnings_only(),
+        // Rotation renames the file: not for a device or a link (`/dev/stdout` renamed away),
+        // nor for the app log's file shared with the access log (each rotated it alone).
+        Case::main(
+            "a_rotated_log_that_is_not_a_regular_file",
+            &format!("{MAIN_OK}access_log: all\naccess_log_file: \"/dev/null, 10\"\n"),
+            vec![err(M, 4, "access_log_file", "not a regular file")],
+        ),
+        Case::main(
+            "the_app_log_and_the_access_log_rotating_one_file",
+            &format!("{MAIN_OK}log_file: \"both.log, 1, 2\"\naccess_log: all\naccess_log_file: \"both.log, 1, 2\"\n"),
+            vec![err(M, 5, "access_log_file", "the same file as log_file")],
+        ),
         Case::main(
             "pid_file_is_a_directory",
             &format!("{MAIN_OK}pid_file: \"/tmp\"\n"),
