@@ -245,3 +245,44 @@ async fn hosts_marked_acme_true_get_a_certificate_each_also_after_a_reload() {
         "one.test is not ordered again"
     );
 }
+
+/// An account the ACME server no longer knows (deactivated, or its database reset) is set
+/// aside and a new one made: ordering failed with `accountDoesNotExist` at every retry, for
+/// good, until someone deleted account.json by hand.
+#[tokio::test]
+async fn an_account_the_server_no_longer_knows_is_replaced() {
+    let http: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let Some(pebble) = Pebble::start(http.port()).await else {
+        return;
+    };
+    let backend = Backend::start("site").await;
+    let yaml = host_route("acme.test", &backend);
+    let certs = tempfile::tempdir().expect("certificate dir");
+    let state = tempfile::tempdir().expect("state dir");
+    let main = main_for(&pebble, certs.path(), state.path(), "");
+    let proxy = ProxyProcess::start_on(&yaml, &main, http);
+    assert!(
+        logs(&proxy, "acme: certificate issued").await,
+        "{}",
+        proxy.log_text()
+    );
+    drop(proxy);
+    // The account's URL now names one the server never made; the certificate is gone.
+    let account = state.path().join("account.json");
+    let mut creds: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&account).expect("account.json")).expect("json");
+    let id = creds["id"].as_str().expect("account id").to_string();
+    creds["id"] = serde_json::Value::String(format!("{id}gone"));
+    std::fs::write(&account, creds.to_string()).expect("write account.json");
+    std::fs::remove_file(certs.path().join("acme.test.crt")).expect("certificate");
+    std::fs::remove_file(certs.path().join("acme.test.key")).expect("key");
+    let proxy = ProxyProcess::start_on(&yaml, &main, http);
+    assert!(
+        logs(&proxy, "acme: certificate issued").await,
+        "{}",
+        proxy.log_text()
+    );
+    assert!(proxy.log_text().contains("does not know the account"));
+    assert!(state.path().join("account.json.previous").exists());
+    assert!(certs.path().join("acme.test.crt").exists());
+}

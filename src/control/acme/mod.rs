@@ -59,6 +59,17 @@ pub enum AcmeError {
     Order(String),
 }
 
+/// Whether the ACME server said it does not know the account (RFC 8555 §7.3.1).
+fn is_unknown_account(e: &AcmeError) -> bool {
+    match e {
+        AcmeError::Protocol(instant_acme::Error::Api(problem)) => problem
+            .r#type
+            .as_deref()
+            .is_some_and(|t| t.ends_with(":accountDoesNotExist")),
+        _ => false,
+    }
+}
+
 /// `e` with every cause under it (`client error (Connect): tcp connect error: ...`).
 fn with_causes(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
@@ -326,12 +337,7 @@ impl Acme {
             }
             // Another ACME server's account (the directory changed, e.g. staging to
             // production): kept aside, and an account made on the configured one.
-            let aside = path.with_extension("json.previous");
-            std::fs::rename(&path, &aside).map_err(|source| AcmeError::File {
-                what: "setting aside the account file",
-                path: path.clone(),
-                source,
-            })?;
+            let aside = self.set_account_aside()?;
             tracing::warn!(was = %kept_for, now = %self.cfg.directory, "acme: account.json was made on another ACME directory; kept as {}, making one on the configured directory", aside.display());
         }
         let contact = self.cfg.email.as_ref().map(|e| format!("mailto:{e}"));
@@ -351,6 +357,20 @@ impl Acme {
         tracing::info!(account = account.id(), "acme: account created");
         self.keep_account(&account);
         Ok(account)
+    }
+
+    /// Moves `account.json` to `account.json.previous` (and forgets the account), for a new one
+    /// to be made; where it went.
+    fn set_account_aside(&self) -> Result<PathBuf, AcmeError> {
+        *self.account.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        let path = self.state_dir.join("account.json");
+        let aside = path.with_extension("json.previous");
+        std::fs::rename(&path, &aside).map_err(|source| AcmeError::File {
+            what: "setting aside the account file",
+            path,
+            source,
+        })?;
+        Ok(aside)
     }
 
     /// Orders a certificate for `names` and writes it; counted.
@@ -385,7 +405,21 @@ impl Acme {
             Some(_) => self.replaced(names).await,
             None => None,
         };
-        self.order_with(&account, names, replaces).await?;
+        match self.order_with(&account, names, replaces).await {
+            // The server no longer knows the account (deactivated, or its database reset, as
+            // pebble's is at each start): kept aside and a new one made, once. Ordering with it
+            // failed for good, every retry, until someone deleted account.json.
+            Err(e) if is_unknown_account(&e) => {
+                let aside = self.set_account_aside()?;
+                tracing::warn!(
+                    "acme: the ACME server does not know the account; kept as {}, making a new one",
+                    aside.display()
+                );
+                let account = self.account().await?;
+                self.order_with(&account, names, None).await?;
+            }
+            ordered => ordered?,
+        }
         self.advisor.forget(&names[0]);
         Ok(())
     }
