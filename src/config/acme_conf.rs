@@ -74,6 +74,8 @@ pub struct AcmeConfig {
     pub email: Option<String>,
     /// Trust roots for the ACME server's own TLS (a private server).
     pub ca_file: Option<PathBuf>,
+    /// Where `ca_file` is written, for its check once resolved ([`check_ca_file`]).
+    pub ca_file_at: Option<Pos>,
     pub challenge: Challenge,
     /// Where the account and the orders are kept; `None`: `<proxy_configs>/autoconfigs`, else
     /// `autoconfigs` beside main.yaml.
@@ -106,6 +108,7 @@ pub fn read_acme(block: &Node, r: &mut Reader) -> Option<AcmeConfig> {
         directory: LETS_ENCRYPT.to_string(),
         email: None,
         ca_file: None,
+        ca_file_at: None,
         challenge: Challenge::Http01,
         state_dir: None,
         domains: Vec::new(),
@@ -121,10 +124,11 @@ pub fn read_acme(block: &Node, r: &mut Reader) -> Option<AcmeConfig> {
         let p = path.as_str();
         let read = match key.name.as_str() {
             "directory" => read_directory(value, p, r).map(|d| cfg.directory = d),
-            "email" => r.non_empty_string(value, p).map(|e| cfg.email = Some(e)),
-            "ca_file" => r
-                .non_empty_string(value, p)
-                .map(|f| cfg.ca_file = Some(PathBuf::from(f))),
+            "email" => read_email(value, p, r).map(|e| cfg.email = Some(e)),
+            "ca_file" => r.non_empty_string(value, p).map(|f| {
+                cfg.ca_file = Some(PathBuf::from(f));
+                cfg.ca_file_at = Some(value.pos);
+            }),
             "challenge" => read_challenge(value, p, r).map(|c| {
                 cfg.challenge = c;
                 cfg.challenge_given = true;
@@ -248,30 +252,95 @@ fn read_challenge(node: &Node, path: &str, r: &mut Reader) -> Option<Challenge> 
     }
 }
 
+/// `acme.ca_file` (resolved) holds PEM certificates, as the ACME client reads it at every order:
+/// a missing or unreadable file passed check-config, and each order failed with "No such file
+/// or directory" or "no items found", naming neither the file nor the key.
+pub fn check_ca_file(cfg: &AcmeConfig, r: &mut Reader) -> bool {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::CertificateDer;
+    let (Some(path), Some(at)) = (&cfg.ca_file, cfg.ca_file_at) else {
+        return true;
+    };
+    let problem = match super::file_bytes::read_regular(path, super::yaml::MAX_FILE_BYTES) {
+        Err(e) => format!("cannot be read: {e}"),
+        Ok(bytes) if !CertificateDer::pem_slice_iter(&bytes).any(|c| c.is_ok()) => {
+            "holds no PEM certificate".to_string()
+        }
+        Ok(_) => return true,
+    };
+    r.error(
+        at,
+        "acme.ca_file",
+        format!("`{}` {problem}", path.display()),
+    );
+    false
+}
+
+/// An account's contact: one address, `local@domain` with a dotted domain (the ACME server
+/// refuses anything else, and the account was asked for again at every retry).
+fn read_email(node: &Node, path: &str, r: &mut Reader) -> Option<String> {
+    let email = r.non_empty_string(node, path)?;
+    let email = email.trim().trim_start_matches("mailto:").to_string();
+    let shaped = email.split_once('@').is_some_and(|(local, domain)| {
+        !local.is_empty()
+            && domain.contains('.')
+            && !email.contains(|c: char| c.is_whitespace() || c == ',' || c == '<' || c == '>')
+            && !domain.contains('@')
+    });
+    if !shaped {
+        r.error(node.pos, path, format!("`{email}` is not an email address"));
+        return None;
+    }
+    Some(email)
+}
+
 fn read_domains(node: &Node, path: &str, r: &mut Reader) -> Option<Vec<String>> {
     let Value::Seq(items) = &node.value else {
         r.error(node.pos, path, "expected a list of names");
         return None;
     };
     let mut domains = Vec::with_capacity(items.len());
+    let mut ok = true;
+    // Every bad name is said, not the first only.
     for item in items {
-        let name = r.non_empty_string(item, path)?.trim().to_ascii_lowercase();
-        let bare = name.strip_prefix("*.").unwrap_or(&name);
-        let valid = bare.contains('.')
-            && bare.split('.').all(|label| {
-                !label.is_empty()
-                    && label.len() <= 63
-                    && label
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b == b'-')
-            });
-        if !valid || name.len() > 253 {
-            r.error(item.pos, path, format!("`{name}` is not a DNS name"));
-            return None;
+        let Some(name) = r.non_empty_string(item, path) else {
+            ok = false;
+            continue;
+        };
+        let name = name.trim().to_ascii_lowercase();
+        if let Some(why) = not_orderable(&name) {
+            r.error(item.pos, path, format!("`{name}` {why}"));
+            ok = false;
+            continue;
         }
         domains.push(name);
     }
-    Some(domains)
+    ok.then_some(domains)
+}
+
+/// Why a certificate cannot be ordered for `name`, if it cannot: not a DNS name (labels of
+/// letters, digits and inner `-`), or an IP address (ACME orders DNS identifiers here).
+pub fn not_orderable(name: &str) -> Option<&'static str> {
+    let bare = name.strip_prefix("*.").unwrap_or(name);
+    if bare.parse::<std::net::IpAddr>().is_ok()
+        || bare
+            .split('.')
+            .all(|l| l.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return Some("is an IP address: certificates are ordered for DNS names");
+    }
+    let valid = bare.contains('.')
+        && name.len() <= 253
+        && bare.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+    (!valid).then_some("is not a DNS name")
 }
 
 #[cfg(test)]
@@ -305,6 +374,13 @@ mod tests {
     }
 
     #[test]
+    fn every_bad_domain_is_said() {
+        let (cfg, issues) = read("domains: [\"a b\", a.test, \"x..test\", \"10.0.0.1\"]\n");
+        assert!(cfg.is_none());
+        assert_eq!(issues.errors().count(), 3, "{issues:?}");
+    }
+
+    #[test]
     fn errors_name_their_line() {
         for (text, line, says) in [
             ("domains: [a]\n", 1, "not a DNS name"),
@@ -316,6 +392,13 @@ mod tests {
             ),
             ("domains: [a.test]\nchallenge: smoke\n", 2, "not http-01"),
             ("domains: [\"a b\"]\n", 1, "not a DNS name"),
+            ("domains: [\"1.2.3.4\"]\n", 1, "is an IP address"),
+            ("domains: [\"-a.test\"]\n", 1, "not a DNS name"),
+            (
+                "domains: [a.test]\nemail: \"not an email\"\n",
+                2,
+                "not an email address",
+            ),
             (
                 "domains: [a.test]\ndirectory: \"http://x\"\n",
                 2,

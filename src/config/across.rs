@@ -9,20 +9,21 @@ use super::{file_bytes, Issues, MainConfig, Severity, UpstreamsConfig};
 
 /// `to_https: true` with no TLS listener: the redirect sends clients to a port where nothing
 /// listens (nginx has no such key; HAProxy's `redirect scheme https` has the same trap).
+/// `acme: true` with no `acme:` block in main.yaml: nothing orders the certificates.
 pub fn check(main: &MainConfig, upstreams: &UpstreamsConfig, path: &Path, issues: &mut Issues) {
-    if main.proxy_address_tls.is_some() || !redirects_to_https(upstreams) {
-        return;
-    }
     let file: Arc<str> = path.display().to_string().into();
-    let why = "`to_https: true` but main.yaml has no `proxy_address_tls`: clients are sent to \
-               an HTTPS port where nothing listens";
-    issues.push(
-        Severity::Warning,
-        &file,
-        line_of_setting(path, "to_https"),
-        "to_https",
-        why.into(),
-    );
+    if main.proxy_address_tls.is_none() && redirects_to_https(upstreams) {
+        let why = "`to_https: true` but main.yaml has no `proxy_address_tls`: clients are sent to \
+                   an HTTPS port where nothing listens";
+        let at = line_of_setting(path, "to_https");
+        issues.push(Severity::Warning, &file, at, "to_https", why.into());
+    }
+    if main.acme.is_none() && upstreams.asks_for_acme() {
+        let why = "`acme: true` but main.yaml has no `acme:` block: no certificate is ordered \
+                   (add `acme:` with at least its `directory` or `email`)";
+        let at = line_of_setting(path, "acme");
+        issues.push(Severity::Warning, &file, at, "acme", why.into());
+    }
 }
 
 fn redirects_to_https(upstreams: &UpstreamsConfig) -> bool {

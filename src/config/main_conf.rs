@@ -502,7 +502,10 @@ impl MainConfig {
             access_log_rotates: cfg.access_log_rotation.is_some(),
             config_files: [path, &cfg.upstreams_conf],
         };
-        let everything_exists = exists::check(&named, &positions, r);
+        let mut everything_exists = exists::check(&named, &positions, r);
+        if let Some(acme) = &cfg.acme {
+            everything_exists &= acme_conf::check_ca_file(acme, r);
+        }
         let resolved = &cfg.upstreams_conf;
         let problem = match std::fs::metadata(resolved) {
             Ok(meta) if meta.is_dir() => Some("is a directory, not a file"),

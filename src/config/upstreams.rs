@@ -72,12 +72,17 @@ impl UpstreamsConfig {
             .filter(|h| h.settings.acme.or(self.globals.acme) == Some(true))
             .map(|h| h.name.clone())
             .filter(|name| {
-                name.contains('.')
-                    && name
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+                !name.starts_with("*.") && super::acme_conf::not_orderable(name).is_none()
             })
             .collect()
+    }
+
+    /// Whether any host asks for `acme: true` (its own, or the file's global one), orderable
+    /// or not.
+    pub fn asks_for_acme(&self) -> bool {
+        self.hosts
+            .iter()
+            .any(|h| h.settings.acme.or(self.globals.acme) == Some(true))
     }
 
     /// Reads the root of upstreams.yaml.

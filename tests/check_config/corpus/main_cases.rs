@@ -30,6 +30,17 @@ pub(crate) fn cases() -> Vec<Case> {
             &format!("{MAIN_OK}proxy_certificates: \".\"\nacme:\n  challenge: dns-01\n  domains: [a.test]\n"),
             vec![err(M, 5, "acme.challenge", "set it").also("acme_dns_provider")],
         ),
+        // The ACME server's trust roots are read at every order: checked here, not failing each.
+        Case::main(
+            "acme_ca_file_missing_or_not_pem",
+            &format!("{MAIN_OK}proxy_certificates: \".\"\nacme:\n  domains: [a.test]\n  ca_file: \"/nonexistent.pem\"\n"),
+            vec![err(M, 6, "acme.ca_file", "cannot be read")],
+        ),
+        Case::main(
+            "acme_ca_file_not_pem",
+            &format!("{MAIN_OK}proxy_certificates: \".\"\nacme:\n  domains: [a.test]\n  ca_file: \"main.yaml\"\n"),
+            vec![err(M, 6, "acme.ca_file", "holds no PEM certificate")],
+        ),
         Case::main(
             "acme_wildcard_needs_dns_01",
             &format!("{MAIN_OK}proxy_certificates: \".\"\nacme:\n  domains: [\"*.a.test\"]\n"),

@@ -491,6 +491,14 @@ pub(crate) fn cases() -> Vec<Case> {
             vec![warn(U, 6, "to_https", "main.yaml has no `proxy_address_tls`")],
         )
         .warnings_only(),
+        // `acme: true` with no `acme:` block in main.yaml: nothing orders its certificate.
+        Case::broken(
+            "acme_true_without_an_acme_block",
+            MAIN_OK,
+            "upstreams:\n  a.test:\n    acme: true\n    paths:\n      \"/\": {servers: [\"127.0.0.1:8000\"]}\n",
+            vec![warn(U, 3, "acme", "main.yaml has no `acme:` block")],
+        )
+        .warnings_only(),
         // ---- one file's errors do not hide the other's ----
         Case::broken(
             "errors_in_both_files_are_all_reported",
