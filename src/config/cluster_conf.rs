@@ -28,6 +28,8 @@ pub struct ClusterConfig {
     pub limits_store: Option<String>,
     /// Where `cluster_member` was written, for the checks that involve other keys.
     pub member_pos: Option<Pos>,
+    /// Where `worker_nodes` is written (valid or not).
+    pub worker_nodes_at: Option<Pos>,
 }
 
 impl ClusterConfig {
@@ -39,7 +41,10 @@ impl ClusterConfig {
                 self.member = m;
                 self.member_pos = Some(node.pos);
             }),
-            "worker_nodes" => read_nodes(node, key, r).map(|n| self.worker_nodes = n),
+            "worker_nodes" => {
+                self.worker_nodes_at = Some(node.pos);
+                read_nodes(node, key, r).map(|n| self.worker_nodes = n)
+            }
             "limits_store" => read_store(node, key, r).map(|s| self.limits_store = Some(s)),
             _ => return None,
         };
@@ -54,12 +59,19 @@ impl ClusterConfig {
         };
         let off = "the config API is off (config_api_enabled: false)";
         match self.member {
-            Member::Worker if !config_api => {
-                r.warn(
-                    pos,
-                    "cluster_member",
-                    format!("a worker takes the master's pushes through POST /conf, and {off}"),
-                );
+            Member::Worker => {
+                if !config_api {
+                    let why =
+                        format!("a worker takes the master's pushes through POST /conf, and {off}");
+                    r.warn(pos, "cluster_member", why);
+                }
+                if let Some(at) = self.worker_nodes_at {
+                    r.warn(
+                        at,
+                        "worker_nodes",
+                        "a worker pushes to nobody: only a master's worker_nodes are used",
+                    );
+                }
                 return true;
             }
             Member::Master => {}
@@ -74,7 +86,8 @@ impl ClusterConfig {
             );
             ok = false;
         }
-        if self.worker_nodes.is_empty() {
+        // Written but wrong is said at the entries themselves.
+        if self.worker_nodes.is_empty() && self.worker_nodes_at.is_none() {
             let why = "a master needs `worker_nodes` (the workers' admin APIs, e.g. \"http://10.0.0.2:3000, http://10.0.0.3:3000\")";
             r.error(pos, "cluster_member", why);
             ok = false;
@@ -113,7 +126,9 @@ fn read_nodes(node: &Node, key: &str, r: &mut Reader) -> Option<Vec<String>> {
             text.split(',').map(|s| (node.pos, s.to_string())).collect()
         }
     };
-    let mut nodes = Vec::with_capacity(items.len());
+    let mut nodes: Vec<String> = Vec::with_capacity(items.len());
+    let mut ok = true;
+    // Every bad entry is said, not the first only.
     for (pos, item) in items {
         let url = item.trim().trim_end_matches('/');
         let rest = url
@@ -121,7 +136,15 @@ fn read_nodes(node: &Node, key: &str, r: &mut Reader) -> Option<Vec<String>> {
             .or_else(|| url.strip_prefix("https://"));
         match rest {
             Some(authority) if !authority.is_empty() && !authority.contains('/') => {
-                nodes.push(url.to_string())
+                if nodes.iter().any(|n| n == url) {
+                    r.warn(
+                        pos,
+                        key,
+                        format!("`{url}` is listed twice (pushed to once)"),
+                    );
+                } else {
+                    nodes.push(url.to_string());
+                }
             }
             _ => {
                 let why = format!(
@@ -129,18 +152,27 @@ fn read_nodes(node: &Node, key: &str, r: &mut Reader) -> Option<Vec<String>> {
                     item.trim()
                 );
                 r.error(pos, key, why);
-                return None;
+                ok = false;
             }
         }
     }
-    Some(nodes)
+    ok.then_some(nodes)
 }
 
 fn read_store(node: &Node, key: &str, r: &mut Reader) -> Option<String> {
     let text = r.non_empty_string(node, key)?;
     let url = text.trim();
     match super::values::check_redis_url(url) {
-        Ok(()) => Some(url.to_string()),
+        Ok(()) => {
+            // Past Redis's 16 databases (unless its `databases` says more) every command fails
+            // ("DB index is out of range") and the limits stay per instance for good.
+            let db = super::values::redis_db(url).and_then(|db| db.parse::<u32>().ok());
+            if db.is_some_and(|n| n > 15) {
+                let why = "names a database past 15: Redis has 16 (0-15) unless its `databases` says more";
+                r.warn(node.pos, key, why);
+            }
+            Some(url.to_string())
+        }
         Err(why) => {
             r.error(node.pos, key, why);
             None
@@ -189,6 +221,29 @@ mod tests {
         assert!(error.message.contains("master_key"), "{}", error.message);
         let (_, ok, issues) = read("cluster_member: master\n", true);
         assert!(!ok && issues.errors().any(|e| e.message.contains("worker_nodes")));
+    }
+
+    #[test]
+    fn every_bad_worker_is_said_and_nothing_claims_worker_nodes_is_missing() {
+        let text = "cluster_member: master\nworker_nodes: \"127.0.0.1:1, ftp://x, http://\"\n";
+        let (_, ok, issues) = read(text, true);
+        assert!(!ok);
+        let said: Vec<_> = issues.errors().map(|e| e.message.clone()).collect();
+        assert_eq!(said.len(), 3, "{said:?}");
+        assert!(
+            !said.iter().any(|m| m.contains("needs `worker_nodes`")),
+            "{said:?}"
+        );
+        let text = "cluster_member: master\nworker_nodes: \"http://a:1, http://a:1/\"\nlimits_store: \"redis://r:6379/99\"\n";
+        let (cfg, ok, issues) = read(text, true);
+        assert!(ok, "{issues:?}");
+        assert_eq!(cfg.worker_nodes, ["http://a:1"]);
+        let warned: Vec<_> = issues.warnings().map(|w| w.message.clone()).collect();
+        assert!(
+            warned.iter().any(|m| m.contains("listed twice")),
+            "{warned:?}"
+        );
+        assert!(warned.iter().any(|m| m.contains("past 15")), "{warned:?}");
     }
 
     #[test]

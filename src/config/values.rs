@@ -198,8 +198,21 @@ pub fn check_redis_url(url: &str) -> Result<(), String> {
         return Err(format!("`{url}` is not redis://host:port[/db]"));
     }
     url.into_connection_info()
-        .map(drop)
-        .map_err(|e| format!("`{url}` is not a Redis URL the client can use ({e})"))
+        .map_err(|e| format!("`{url}` is not a Redis URL the client can use ({e})"))?;
+    match redis_db(url) {
+        Some(db) if db.parse::<u32>().is_err() => {
+            Err(format!("`{url}`: the database `{db}` is not a number"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The database a `redis://host:port/db` URL names, if it names one.
+pub fn redis_db(url: &str) -> Option<&str> {
+    let (_, rest) = url.split_once("://")?;
+    let (_, db) = rest.split_once('/')?;
+    let db = db.split(['?', '#']).next().unwrap_or_default();
+    (!db.is_empty()).then_some(db)
 }
 
 pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
