@@ -40,6 +40,17 @@ async fn the_proxy_header_has_the_header_timeout() {
     // Accepts not deferred: the silent connection is timed from its accept on the paused clock.
     let main = "proxy_protocol: true\nclient_header_timeout: 3\ntcp:\n  tcp_defer_accept: false";
     let proxy = Proxy::start(&default_route(&[&backend]), main).await;
+    // A plain request where a PROXY header must come: closed, and said in the log (it was
+    // said at debug level only: an operator saw resets and nothing else).
+    let plain = b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n";
+    let (answer, _) = send_and_wait_close(proxy.addr, plain).await;
+    assert_eq!(answer, "");
+    assert_eq!(
+        proxy.log_count("closed (proxy_protocol is on)"),
+        1,
+        "{}",
+        proxy.log_text()
+    );
     // Silence, half a v1 header, half a v2 header: closed when the 3 s are up, not before.
     let v2_half = b"\r\n\r\n\0\r\nQUIT\n\x21\x11\x00\x0c\x7f\x00".as_slice();
     for bytes in [b"".as_slice(), b"PROXY TCP4 192.0.2.1 ", v2_half] {
@@ -50,6 +61,12 @@ async fn the_proxy_header_has_the_header_timeout() {
             "closed after {took:?}"
         );
     }
+    assert_eq!(
+        proxy.log_count("no PROXY header within 3s"),
+        3,
+        "{}",
+        proxy.log_text()
+    );
     // A whole header in time, then a request: served, from the header's client.
     let request = b"PROXY TCP4 192.0.2.1 127.0.0.1 1234 80\r\nGET / HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n";
     let (answer, _) = send_and_wait_close(proxy.addr, request).await;

@@ -123,7 +123,7 @@ struct Throttled {
 }
 
 impl Throttled {
-    fn warn(&mut self, what: &str, error: &std::io::Error) {
+    fn warn(&mut self, what: &str, error: &dyn std::fmt::Display) {
         let now = tokio::time::Instant::now();
         if self.last.is_some_and(|t| now < t + Duration::from_secs(1)) {
             self.held_back += 1;
@@ -206,6 +206,20 @@ struct Shared<F> {
     proxy_protocol: bool,
     per_client: Option<Arc<PerClient>>,
     refusals: Option<Refusals>,
+    /// Connections closed for a missing or bad PROXY header, said at most once a second: an
+    /// operator who turned `proxy_protocol` on while the load balancer does not send it saw
+    /// only resets.
+    bad_proxy_headers: std::sync::Mutex<Throttled>,
+}
+
+impl<F> Shared<F> {
+    fn said_bad_proxy_header(&self, what: &str, why: &dyn std::fmt::Display) {
+        let mut throttled = self
+            .bad_proxy_headers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        throttled.warn(what, why);
+    }
 }
 
 impl AcceptLoop {
@@ -240,6 +254,10 @@ impl AcceptLoop {
             proxy_protocol: self.proxy_protocol,
             per_client: self.per_client,
             refusals: self.refusals,
+            bad_proxy_headers: std::sync::Mutex::new(Throttled {
+                last: None,
+                held_back: 0,
+            }),
         });
         let mut accept_errors = Throttled {
             last: None,
@@ -342,12 +360,16 @@ async fn serve_proxied<F: MakeService>(
         Ok(Ok(Header::Proxied { source, .. })) => counted.peer = source,
         Ok(Ok(Header::Local)) => {}
         Ok(Err(e)) => {
-            tracing::debug!(peer = %socket_peer, "{name}: connection closed: {e}");
+            let what =
+                format!("{name}: connection from {socket_peer} closed (proxy_protocol is on)");
+            shared.said_bad_proxy_header(&what, &e);
             return;
         }
         Err(_) => {
             let limit = shared.limits.header_timeout;
-            tracing::debug!(peer = %socket_peer, "{name}: no PROXY header within {limit:?}; connection closed");
+            let what =
+                format!("{name}: connection from {socket_peer} closed (proxy_protocol is on)");
+            shared.said_bad_proxy_header(&what, &format!("no PROXY header within {limit:?}"));
             return;
         }
     }
