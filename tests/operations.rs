@@ -452,8 +452,9 @@ async fn drops_to_runuser_after_binding_a_low_port() {
         )
         .unwrap();
         std::fs::write(dir.path().join("upstreams.yaml"), upstreams_for(&backend)).unwrap();
+        // An access log that rotates, in a folder only root may write to.
         let main = format!(
-            "threads: 2\nproxy_address_http: \"127.0.0.1:{port}\"\nupstreams_conf: \"upstreams.yaml\"\npid_file: \"{1}/p.pid\"\nupgrade_sock: \"{1}/u.sock\"\n{user_key}: \"{0}\"\n{group_key}: \"{0}\"\n",
+            "threads: 2\nproxy_address_http: \"127.0.0.1:{port}\"\nupstreams_conf: \"upstreams.yaml\"\npid_file: \"{1}/p.pid\"\nupgrade_sock: \"{1}/u.sock\"\n{user_key}: \"{0}\"\n{group_key}: \"{0}\"\naccess_log: all\naccess_log_file: \"{1}/access.log, 1, 2\"\n",
             user.0,
             dir.path().display()
         );
@@ -479,6 +480,22 @@ async fn drops_to_runuser_after_binding_a_low_port() {
         let mut client = Client::connect(Proto::H1, proxy.addr).await;
         let resp = client.get("x.test", "/").await;
         assert_eq!(resp.status(), 200, "{}", proxy.log_text());
+        // The log the process keeps writing (and reopens on SIGUSR1) is the user's, and a
+        // rotation the folder will refuse is said at start, not at every size.
+        use std::os::unix::fs::MetadataExt;
+        let access = std::fs::metadata(dir.path().join("access.log")).expect("access.log");
+        assert_eq!(
+            (access.uid(), access.gid()),
+            (uid, gid),
+            "access.log still root's"
+        );
+        assert!(
+            proxy
+                .log_text()
+                .contains("cannot be rotated after the drop"),
+            "{}",
+            proxy.log_text()
+        );
     }
 }
 

@@ -176,7 +176,19 @@ fn serve(
     daemon_ready: &mut Option<daemon::ReadyPipe>,
 ) -> Result<(), StartError> {
     let certificates = tls_side::load_certificates(main)?;
-    let ids = privileges::drop_to(main.runuser.as_deref(), main.rungroup.as_deref())?;
+    let (runuser, rungroup) = (main.runuser.as_deref(), main.rungroup.as_deref());
+    let access_log = main
+        .access_log_file
+        .as_deref()
+        .filter(|_| main.access_log != crate::config::main_conf::AccessLog::Off)
+        .map(|path| (path, main.access_log_rotation.is_some()));
+    let written_log = main
+        .log_file
+        .as_deref()
+        .map(|path| (path, main.log_rotation.is_some()));
+    let logs: Vec<_> = written_log.into_iter().chain(access_log).collect();
+    privileges::hand_over_logs(runuser, rungroup, &logs);
+    let ids = privileges::drop_to(runuser, rungroup)?;
     if let Some((uid, gid)) = ids {
         tracing::info!("running as uid {uid}, gid {gid}");
         if let Some(certificates) = &certificates {

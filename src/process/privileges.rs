@@ -23,6 +23,58 @@ pub enum PrivilegeError {
     Verify { uid: u32, gid: u32 },
 }
 
+/// Gives the log files the process keeps writing to (and reopens on SIGUSR1, and rotates) to
+/// the user it is about to run as, as nginx hands its logs to its workers' user: created by
+/// root at start, they could not be reopened after the drop, and a rotation that needs the
+/// folder warns now instead of failing at every size.
+pub fn hand_over_logs(
+    runuser: Option<&str>,
+    rungroup: Option<&str>,
+    logs: &[(&std::path::Path, bool)],
+) {
+    if !geteuid().is_root() || (runuser.is_none() && rungroup.is_none()) {
+        return;
+    }
+    let Ok(user) = runuser.map(lookup_user).transpose() else {
+        return; // the drop says why
+    };
+    let gid = rungroup
+        .and_then(|g| lookup_group(g).ok())
+        .or(user.as_ref().map(|u| u.gid));
+    let uid = user.as_ref().map(|u| u.uid);
+    for &(path, rotates) in logs {
+        if let Err(e) =
+            nix::unistd::chown(path, uid, gid)
+                .or_else(|e| if path.exists() { Err(e) } else { Ok(()) })
+        {
+            tracing::warn!(
+                "cannot give {} to the user it will run as: {e}",
+                path.display()
+            );
+        }
+        let folder = path.parent().filter(|p| !p.as_os_str().is_empty());
+        let folder = folder.unwrap_or(std::path::Path::new("."));
+        if rotates && !writable_by(folder, uid, gid) {
+            tracing::warn!("{} cannot be rotated after the drop to runuser/rungroup: its folder {} is not writable by them (rotation renames the file in it)", path.display(), folder.display());
+        }
+    }
+}
+
+/// Whether the folder's mode lets `uid` (or `gid`) create and rename files in it.
+fn writable_by(folder: &std::path::Path, uid: Option<Uid>, gid: Option<Gid>) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(folder) else {
+        return false;
+    };
+    let mode = meta.mode();
+    let uid = uid.unwrap_or_else(getuid).as_raw();
+    let gid = gid.unwrap_or_else(getgid).as_raw();
+    uid == 0
+        || (meta.uid() == uid && mode & 0o300 == 0o300)
+        || (meta.gid() == gid && mode & 0o030 == 0o030)
+        || mode & 0o003 == 0o003
+}
+
 /// Switches to `runuser` / `rungroup` (either may be absent). With only `runuser`, its primary
 /// group is used. Returns what was dropped to, for the log.
 pub fn drop_to(

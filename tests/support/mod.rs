@@ -356,7 +356,7 @@ impl ProxyProcess {
     /// Starts the binary with extra arguments on the config `conf` (another process's dir).
     pub fn spawn_args(conf: &std::path::Path, args: &[&str]) -> ProxyProcess {
         let dir = tempfile::tempdir().expect("temp dir");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_aralez"));
+        let mut command = Command::new(binary());
         command.args(args).arg("-c").arg(conf);
         Self::spawn_command(command, dir)
     }
