@@ -29,9 +29,10 @@ const METHODS: [&str; 9] = [
 const VERSIONS: [&str; 5] = ["HTTP/1.0", "HTTP/1.1", "HTTP/2", "HTTP/3", "OTHER"];
 /// Method x version pairs counted per shard.
 const KINDS: usize = (METHODS.len() + 1) * VERSIONS.len();
-/// Upper bounds (seconds) of the latency histogram buckets; `+Inf` is implied.
-const BUCKETS: [f64; 12] = [
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+/// Upper bounds (seconds) of the latency histogram buckets; `+Inf` is implied. Aralez's own
+/// (0.001 ... 0.075, 0.1 ... 1, 2, 5) are all among them, so its dashboards' `le` still match.
+const BUCKETS: [f64; 15] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.0, 2.5, 5.0, 10.0,
 ];
 const STATUS_MIN: usize = 100;
 /// The status counted and logged for a request whose client left before its answer (nginx's
@@ -260,6 +261,7 @@ impl Metrics {
                 }
             }
         }
+        self.render_aralez_request_families(out);
         header(
             out,
             "aralez_responses_total",
@@ -271,6 +273,35 @@ impl Metrics {
             if n > 0 {
                 let status = index + STATUS_MIN;
                 let _ = writeln!(out, "aralez_responses_total{{status=\"{status}\"}} {n}");
+            }
+        }
+    }
+
+    /// Aralez's own request families (SPEC §11), for its dashboards: by method alone and by
+    /// version alone (`aralez_requests_total` carries both labels here).
+    fn render_aralez_request_families(&self, out: &mut String) {
+        let count =
+            |m: usize, v: usize| self.sum(|s| load(&s.by_method_version[m * VERSIONS.len() + v]));
+        let name = "aralez_requests_by_method_total";
+        header(
+            out,
+            name,
+            "counter",
+            "Requests received, by method (others as OTHER).",
+        );
+        let methods = METHODS.iter().chain(["OTHER"].iter());
+        for (m, method) in methods.enumerate() {
+            let n: u64 = (0..VERSIONS.len()).map(|v| count(m, v)).sum();
+            if n > 0 {
+                let _ = writeln!(out, "{name}{{method=\"{method}\"}} {n}");
+            }
+        }
+        let name = "aralez_requests_by_version_total";
+        header(out, name, "counter", "Requests received, by HTTP version.");
+        for (v, version) in VERSIONS.iter().enumerate() {
+            let n: u64 = (0..=METHODS.len()).map(|m| count(m, v)).sum();
+            if n > 0 {
+                let _ = writeln!(out, "{name}{{version=\"{version}\"}} {n}");
             }
         }
     }
@@ -360,8 +391,19 @@ impl Metrics {
             }
         }
         totals.sort();
-        for (label, n) in totals {
-            let _ = writeln!(out, "{name}{{upstream=\"{}\"}} {n}", escape(&label));
+        for (label, n) in &totals {
+            let _ = writeln!(out, "{name}{{upstream=\"{}\"}} {n}", escape(label));
+        }
+        // The same under Aralez's name (SPEC §11).
+        let name = "aralez_requests_by_upstream";
+        header(
+            out,
+            name,
+            "counter",
+            "Responses by the backend that sent them (Aralez's name).",
+        );
+        for (label, n) in &totals {
+            let _ = writeln!(out, "{name}{{upstream=\"{}\"}} {n}", escape(label));
         }
         self.labelled(
             out,
@@ -409,11 +451,16 @@ impl Metrics {
             "counter",
             "Access log lines dropped or not written.",
         );
-        let _ = writeln!(
+        let errors = self.logging_errors.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name} {errors}");
+        let name = "aralez_logging_errors";
+        header(
             out,
-            "{name} {}",
-            self.logging_errors.load(Ordering::Relaxed)
+            name,
+            "counter",
+            "Access log lines dropped or not written (Aralez's name).",
         );
+        let _ = writeln!(out, "{name} {errors}");
     }
 
     fn render_control(&self, out: &mut String) {
@@ -588,57 +635,4 @@ fn escape(value: &str) -> std::borrow::Cow<'_, str> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn counts_add_up_across_shards() {
-        let metrics = Metrics::new(2);
-        for worker in (0..3).map(WorkerId) {
-            metrics.request_started(worker, &Method::GET, Version::HTTP_11);
-            let brew = Method::from_bytes(b"BREW").unwrap();
-            metrics.request_started(worker, &brew, Version::HTTP_2);
-            let teapot = StatusCode::IM_A_TEAPOT;
-            metrics.response_ready(worker, teapot, Duration::from_millis(3), None);
-        }
-        let text = metrics.render_prometheus(std::iter::empty());
-        assert!(
-            text.contains("aralez_responses_total{status=\"418\"} 3\n"),
-            "{text}"
-        );
-        assert!(text.contains("aralez_requests_total{method=\"OTHER\",version=\"HTTP/2\"} 3\n"));
-        assert!(text.contains("aralez_requests_total{method=\"GET\",version=\"HTTP/1.1\"} 3\n"));
-        assert_eq!(metrics.requests(), 6);
-        assert!(text.contains("aralez_response_latency_seconds_bucket{le=\"0.005\"} 3\n"));
-        assert!(text.contains("aralez_response_latency_seconds_bucket{le=\"0.0025\"} 0\n"));
-    }
-
-    #[test]
-    fn totals_sum_the_shards_by_status_class_and_latency_bucket() {
-        let metrics = Metrics::new(1);
-        let cases = [(200, 2), (204, 3), (404, 30), (503, 20_000), (101, 1)];
-        for (worker, (status, ms)) in cases.into_iter().enumerate() {
-            let worker = WorkerId(worker % 2);
-            metrics.request_started(worker, &Method::GET, Version::HTTP_11);
-            let status = StatusCode::from_u16(status).unwrap();
-            metrics.response_ready(worker, status, Duration::from_millis(ms), None);
-        }
-        let totals = metrics.totals();
-        assert_eq!(totals.requests, 5);
-        assert_eq!(totals.responses, [1, 2, 0, 1, 1]);
-        let mut buckets = [0; BUCKETS.len() + 1];
-        buckets[0] = 1; // 1 ms
-        buckets[1] = 1; // 2 ms
-        buckets[2] = 1; // 3 ms
-        buckets[5] = 1; // 30 ms
-        buckets[BUCKETS.len()] = 1; // 20 s, past the largest bound
-        assert_eq!(totals.latency_buckets, buckets);
-        assert_eq!(totals.latency_sum_micros, 20_036_000);
-    }
-
-    #[test]
-    fn label_values_are_escaped() {
-        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
-        assert_eq!(escape("plain"), "plain");
-    }
-}
+mod tests;
