@@ -121,9 +121,31 @@ fn method_of(bytes: &[u8]) -> Option<Method> {
     (method != Method::CONNECT).then_some(method)
 }
 
+/// The request target as a URI. `"`, `<` and `>` in a query (or `<`, `>` in a path) are not
+/// URI characters, but clients send them raw and nginx takes them: they are percent-encoded
+/// (`%22`, `%3C`, `%3E`, what a backend decodes them to anyway) rather than refused with a 400.
+fn uri_of(target: Bytes) -> Option<Uri> {
+    match Uri::from_maybe_shared(target.clone()) {
+        Ok(uri) => Some(uri),
+        Err(_) if target.iter().any(|b| matches!(b, b'"' | b'<' | b'>')) => {
+            let mut encoded = Vec::with_capacity(target.len() + 8);
+            for &b in target.iter() {
+                match b {
+                    b'"' => encoded.extend_from_slice(b"%22"),
+                    b'<' => encoded.extend_from_slice(b"%3C"),
+                    b'>' => encoded.extend_from_slice(b"%3E"),
+                    other => encoded.push(other),
+                }
+            }
+            Uri::from_maybe_shared(Bytes::from(encoded)).ok()
+        }
+        Err(_) => None,
+    }
+}
+
 /// The request, when the head is of the common case.
 fn build(head: &Bytes, method: Method, located: &Located, at: &[FieldAt]) -> Option<Parsed> {
-    let uri = Uri::from_maybe_shared(head.slice(range(located.target))).ok()?;
+    let uri = uri_of(head.slice(range(located.target)))?;
     let mut headers = HeaderMap::with_capacity(at.len() + ADDED_TO_REQUESTS);
     let mut body_length = None;
     let (mut close, mut dropped_close, mut close_field) = (false, false, false);

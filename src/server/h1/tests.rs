@@ -415,3 +415,16 @@ async fn a_watched_request_ends_when_its_client_leaves_and_not_when_it_pipelines
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn quotes_and_angle_brackets_in_a_target_are_encoded_not_refused() {
+    // Not URI characters, but sent raw by clients and taken by nginx: they were a 400.
+    let (text, served) =
+        exchange("GET /q<1>?a=\"b\" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("x-path: /q%3C1%3E\r\n"), "{text}");
+    assert!(
+        matches!(served, Ok(None)),
+        "served here, not handed to hyper"
+    );
+}
