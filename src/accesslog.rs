@@ -454,11 +454,20 @@ fn write_batch(
     if batch.is_empty() {
         return;
     }
-    if let Err(e) = out.write_all(batch.as_bytes()) {
-        for _ in 0..*lines {
-            metrics.logging_error();
+    if failures.torn {
+        // A write that failed may have left part of a line: ended here, or the next line
+        // would be glued to it (a JSON line no shipper can read).
+        batch.insert(0, '\n');
+    }
+    match out.write_all(batch.as_bytes()) {
+        Ok(()) => failures.torn = false,
+        Err(e) => {
+            for _ in 0..*lines {
+                metrics.logging_error();
+            }
+            failures.note(&e, *lines);
+            failures.torn = true;
         }
-        failures.note(&e, *lines);
     }
     batch.clear();
     *lines = 0;
@@ -470,6 +479,8 @@ fn write_batch(
 struct WriteFailures {
     said_at: Option<Instant>,
     lost_since: u64,
+    /// The last write failed, maybe after part of a line went out.
+    torn: bool,
 }
 
 impl WriteFailures {
@@ -487,5 +498,35 @@ impl WriteFailures {
         );
         self.said_at = Some(now);
         self.lost_since = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_line_after_a_failed_write_starts_on_a_line_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("access.log");
+        // A full disk first (a link to /dev/full), then room again.
+        std::os::unix::fs::symlink("/dev/full", &path).unwrap();
+        let file = Arc::new(crate::logfile::LogFile::open(&path, None).unwrap());
+        let out = Destination::File(file);
+        let metrics = Metrics::new(1);
+        let mut failures = WriteFailures::default();
+        let (mut batch, mut lines) = ("lost line\n".to_string(), 1);
+        write_batch(&out, &mut batch, &mut lines, &metrics, &mut failures);
+        std::fs::remove_file(&path).unwrap();
+        out.reopen();
+        let (mut batch, mut lines) = ("next line\n".to_string(), 1);
+        write_batch(&out, &mut batch, &mut lines, &metrics, &mut failures);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "\nnext line\n");
+        let (mut batch, mut lines) = ("then\n".to_string(), 1);
+        write_batch(&out, &mut batch, &mut lines, &metrics, &mut failures);
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "\nnext line\nthen\n"
+        );
     }
 }
