@@ -193,7 +193,17 @@ fn piece(spec: &str) -> Result<PatternPiece, String> {
     };
     let piece = match (name, arg) {
         ("d" | "date", None) => PatternPiece::Date(None),
-        ("d" | "date", Some(format)) => {
+        ("d" | "date", Some(arg)) => {
+            // log4rs's second argument is the time zone: `{d(%H:%M)(utc)}`. Times are UTC here.
+            let format = match arg.split_once(")(") {
+                Some((format, "utc")) => format,
+                Some((_, zone)) => {
+                    return Err(format!(
+                        "`{{{spec}}}`: times are written in UTC; `({zone})` is not available (write `(utc)` or nothing)"
+                    ))
+                }
+                None => arg,
+            };
             check_date_format(format)?;
             PatternPiece::Date(Some(format.to_string()))
         }
@@ -312,7 +322,20 @@ mod tests {
                 right: true
             })
         );
-        for bad in ["{d}", "{m", "{q} {m}", "} {m}", "{d(%Q)} {m}", "{l:x} {m}"] {
+        // log4rs's time zone argument: UTC is what is written (it printed `)(utc` as text).
+        assert_eq!(
+            parse_log_pattern("{d(%H:%M)(utc)} {m}").unwrap()[0],
+            PatternPiece::Date(Some("%H:%M".into()))
+        );
+        for bad in [
+            "{d}",
+            "{m",
+            "{q} {m}",
+            "} {m}",
+            "{d(%Q)} {m}",
+            "{l:x} {m}",
+            "{d(%H)(local)} {m}",
+        ] {
             assert!(parse_log_pattern(bad).is_err(), "{bad}");
         }
     }
