@@ -183,6 +183,17 @@ async fn a_master_pushes_configurations_to_its_workers() {
             "{w}"
         );
     }
+
+    // An edit to the master's own upstreams.yaml goes on to the workers as a push does (it was
+    // applied on the master only, and the workers still shown current).
+    write_atomically(&master.path("upstreams.yaml"), &routes_to(&c));
+    for w in &workers {
+        assert!(
+            comes_to(w.addr, "backend-c").await,
+            "the master's file edit did not reach a worker; {}",
+            master.log_text()
+        );
+    }
 }
 
 #[test]

@@ -15,7 +15,7 @@ use http::{Method, Request, StatusCode};
 use http_body_util::Full;
 use tokio::time::Instant;
 
-use crate::discovery::text_digest;
+use crate::discovery::{text_digest, Reloader};
 use crate::upstream::call;
 use crate::utc::rfc3339;
 
@@ -96,12 +96,7 @@ impl Cluster {
     /// Sends `yaml` (accepted here) to every worker at once; one line per worker, and whether
     /// all took it.
     pub async fn push_all(&self, yaml: &str, save: bool) -> (bool, Vec<String>) {
-        let pushed = Arc::new(Pushed {
-            yaml: Bytes::copy_from_slice(yaml.as_bytes()),
-            save,
-            digest: text_digest(yaml),
-        });
-        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(pushed.clone());
+        let pushed = self.set_current(yaml, save);
         let pushes = self.workers.iter().map(|w| self.push(w, &pushed));
         let results = futures_util::future::join_all(pushes).await;
         let lines = self
@@ -111,6 +106,59 @@ impl Cluster {
             .map(|(w, r)| format!("{}: {}", w.url, r.as_deref().unwrap_or_else(|e| e)))
             .collect();
         (results.iter().all(Result::is_ok), lines)
+    }
+
+    /// Follows the master's own file: a change to upstreams.yaml (or conf.d) that the master
+    /// applies, by its watcher or a SIGHUP, goes to every worker as `POST /conf` does (the
+    /// file's text; each worker merges its own conf.d). Edits to the file were applied on the
+    /// master only, and `/status` still called the workers current.
+    pub async fn follow_file_reloads(self: Arc<Self>, reloader: Arc<Reloader>) {
+        let mut tick = tokio::time::interval(FIRST_RETRY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut seen = reloader.config_digest();
+        loop {
+            tick.tick().await;
+            let serving = reloader.config_digest();
+            if serving == seen {
+                continue;
+            }
+            seen = serving;
+            // A configuration `POST /conf` gave is pushed by it.
+            if !seen.starts_with("file:") {
+                continue;
+            }
+            let read = crate::config::file_bytes::read_regular(
+                &reloader.upstreams_path,
+                crate::config::yaml::MAX_FILE_BYTES,
+            );
+            match read.map(String::from_utf8) {
+                Ok(Ok(yaml)) => {
+                    tracing::info!(
+                        "upstreams.yaml applied on the master: passing it on to the workers"
+                    );
+                    self.set_current(&yaml, false);
+                    for worker in &self.workers {
+                        let mut state = worker.state();
+                        state.taken = None;
+                        state.next_try = Some(Instant::now());
+                    }
+                }
+                _ => tracing::warn!(
+                    "upstreams.yaml changed on the master but cannot be read again to pass it on"
+                ),
+            }
+        }
+    }
+
+    /// What is pushed from now on.
+    fn set_current(&self, yaml: &str, save: bool) -> Arc<Pushed> {
+        let pushed = Arc::new(Pushed {
+            yaml: Bytes::copy_from_slice(yaml.as_bytes()),
+            save,
+            digest: text_digest(yaml),
+        });
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(pushed.clone());
+        pushed
     }
 
     /// One push to one worker; its state follows the outcome.

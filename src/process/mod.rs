@@ -473,5 +473,6 @@ fn cluster_master(
         key,
     ));
     control.spawn(cluster.clone().keep_workers_current());
+    control.spawn(cluster.clone().follow_file_reloads(ctx.reloader.clone()));
     Some(cluster)
 }
