@@ -78,8 +78,8 @@ fn number(text: &str, what: &str, min: u64, max: u64) -> Result<u64, String> {
 
 fn flag(text: &str) -> Result<bool, String> {
     match text.to_ascii_lowercase().as_str() {
-        "true" | "yes" | "gzip" | "gz" | "compress" => Ok(true),
-        "false" | "no" | "none" => Ok(false),
+        "true" | "yes" | "on" | "1" | "gzip" | "gz" | "compress" => Ok(true),
+        "false" | "no" | "off" | "0" | "none" | "" => Ok(false),
         _ => Err(format!(
             "compress `{text}` is not true or false (the form is \"path, max MB, keep, compress\")"
         )),
@@ -286,6 +286,11 @@ mod tests {
         assert_eq!(parse_log_target("a.log").unwrap().rotation, None);
         let short = parse_log_target("a.log,1").unwrap().rotation.unwrap();
         assert_eq!((short.keep, short.compress), (5, false));
+        // The words an operator writes for a switch (Aralez took anything but `compress` as no).
+        for (word, compress) in [("off", false), ("0", false), ("on", true), ("1", true)] {
+            let t = parse_log_target(&format!("a.log, 1, 2, {word}")).unwrap();
+            assert_eq!(t.rotation.unwrap().compress, compress, "{word}");
+        }
         for bad in [
             "",
             " , 5",
