@@ -106,6 +106,14 @@ async fn answer(folder: &std::path::Path, req: Request<ClientBody>) -> Response<
         Ok(resp) => resp.map(|b| b.map_err(std::io::Error::other).boxed_unsync()),
         Err(never) => match never {},
     };
+    if resp.status() == StatusCode::NOT_MODIFIED {
+        // `ServeDir`'s 304 to `If-Modified-Since` carries no validator: RFC 9110 §15.4.5 wants
+        // the tag (and the date) a 200 would have carried.
+        if let Found::File(meta) = &found {
+            add_validators(&mut resp, meta);
+        }
+        return resp;
+    }
     let Some(etag) = entity_tag(&resp) else {
         return resp;
     };
@@ -266,6 +274,22 @@ fn entity_tag<B>(resp: &Response<B>) -> Option<HeaderValue> {
             .to_string(),
     };
     HeaderValue::from_str(&format!("W/\"{size}-{modified:x}\"")).ok()
+}
+
+/// The `ETag` and `Last-Modified` a 200 for the file would carry, on a 304.
+fn add_validators<B>(resp: &mut Response<B>, meta: &std::fs::Metadata) {
+    let Ok(modified) = meta.modified() else {
+        return;
+    };
+    let date = httpdate::fmt_http_date(modified);
+    let tag = format!("W/\"{}-{:x}\"", meta.len(), fold_date(&date));
+    let headers = resp.headers_mut();
+    if let Ok(tag) = HeaderValue::from_str(&tag) {
+        headers.insert(header::ETAG, tag);
+    }
+    if let Ok(date) = HeaderValue::from_str(&date) {
+        headers.insert(header::LAST_MODIFIED, date);
+    }
 }
 
 /// A stable number for an HTTP date (FNV-1a of its text; only equality matters in a tag).

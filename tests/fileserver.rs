@@ -123,8 +123,14 @@ async fn conditional_requests_answer_304() {
     ];
     let (status, _, _) = http_get(addr, "/a.txt", &both).await;
     assert_eq!(status, 200);
-    let (status, _, _) = http_get(addr, "/a.txt", &[("if-modified-since", &modified)]).await;
+    let (status, headers, _) = http_get(addr, "/a.txt", &[("if-modified-since", &modified)]).await;
     assert_eq!(status, 304);
+    // With the validators a 200 carries (RFC 9110 §15.4.5): it had none.
+    assert_eq!(
+        headers.get("etag").map(|v| v.to_str().unwrap()),
+        Some(etag.as_str())
+    );
+    assert_eq!(headers["last-modified"], modified.as_str());
 
     std::fs::write(www.join("a.txt"), "changed, and longer than before").unwrap();
     let (status, headers, _) = http_get(addr, "/a.txt", &[("if-none-match", &etag)]).await;
