@@ -496,6 +496,9 @@ async fn drops_to_runuser_after_binding_a_low_port() {
             "{}",
             proxy.log_text()
         );
+        // So is a pid file that the user cannot remove at exit.
+        let pid_file = format!("{}/p.pid will be left behind at exit", dir.path().display());
+        assert!(proxy.log_text().contains(&pid_file), "{}", proxy.log_text());
     }
 }
 

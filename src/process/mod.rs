@@ -188,6 +188,8 @@ fn serve(
         .map(|path| (path, main.log_rotation.is_some()));
     let logs: Vec<_> = written_log.into_iter().chain(access_log).collect();
     privileges::hand_over_logs(runuser, rungroup, &logs);
+    let removed_at_exit = [main.pid_file.as_path(), main.upgrade_sock.as_path()];
+    privileges::warn_left_behind(runuser, rungroup, &removed_at_exit);
     let ids = privileges::drop_to(runuser, rungroup)?;
     if let Some((uid, gid)) = ids {
         tracing::info!("running as uid {uid}, gid {gid}");

@@ -32,16 +32,9 @@ pub fn hand_over_logs(
     rungroup: Option<&str>,
     logs: &[(&std::path::Path, bool)],
 ) {
-    if !geteuid().is_root() || (runuser.is_none() && rungroup.is_none()) {
+    let Some((uid, gid)) = dropping_to(runuser, rungroup) else {
         return;
-    }
-    let Ok(user) = runuser.map(lookup_user).transpose() else {
-        return; // the drop says why
     };
-    let gid = rungroup
-        .and_then(|g| lookup_group(g).ok())
-        .or(user.as_ref().map(|u| u.gid));
-    let uid = user.as_ref().map(|u| u.uid);
     for &(path, rotates) in logs {
         if let Err(e) =
             nix::unistd::chown(path, uid, gid)
@@ -58,6 +51,38 @@ pub fn hand_over_logs(
             tracing::warn!("{} cannot be rotated after the drop to runuser/rungroup: its folder {} is not writable by them (rotation renames the file in it)", path.display(), folder.display());
         }
     }
+}
+
+/// Says at start when the files the process removes at exit (the pid file, the upgrade
+/// socket) sit in a folder the user it drops to may not remove them from: they were left
+/// behind, with a warning only at exit.
+pub fn warn_left_behind(runuser: Option<&str>, rungroup: Option<&str>, files: &[&std::path::Path]) {
+    let Some((uid, gid)) = dropping_to(runuser, rungroup) else {
+        return;
+    };
+    for path in files {
+        let folder = path.parent().filter(|p| !p.as_os_str().is_empty());
+        let folder = folder.unwrap_or(std::path::Path::new("."));
+        if !writable_by(folder, uid, gid) {
+            tracing::warn!("{} will be left behind at exit: its folder {} is not writable by runuser/rungroup (nginx keeps a root master for this; give the folder to that user)", path.display(), folder.display());
+        }
+    }
+}
+
+/// The user and group root is about to drop to (either may stay as it is), when it will drop;
+/// `None` otherwise, or when a name is unknown (the drop says why).
+fn dropping_to(
+    runuser: Option<&str>,
+    rungroup: Option<&str>,
+) -> Option<(Option<Uid>, Option<Gid>)> {
+    if !geteuid().is_root() || (runuser.is_none() && rungroup.is_none()) {
+        return None;
+    }
+    let user = runuser.map(lookup_user).transpose().ok()?;
+    let gid = rungroup
+        .and_then(|g| lookup_group(g).ok())
+        .or(user.as_ref().map(|u| u.gid));
+    Some((user.map(|u| u.uid), gid))
 }
 
 /// Whether the folder's mode lets `uid` (or `gid`) create and rename files in it.
