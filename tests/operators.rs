@@ -507,21 +507,22 @@ async fn a_log_that_cannot_be_written_does_not_stop_the_proxy() {
         &main_extra,
         &listen.to_string(),
     );
-    let mut child = std::process::Command::new(binary())
+    let child = std::process::Command::new(binary())
         .arg("-c")
         .arg(&main)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn aralez");
+    let mut child = KilledOnDrop(child);
     let serving = eventually(Duration::from_secs(20), || {
         std::net::TcpStream::connect(listen).is_ok()
     });
     assert!(serving.await, "the proxy did not start");
     // The readers go: every write to stdout and stderr now fails (EPIPE).
-    drop(child.stdout.take());
-    drop(child.stderr.take());
-    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    drop(child.0.stdout.take());
+    drop(child.0.stderr.take());
+    let pid = nix::unistd::Pid::from_raw(child.0.id() as i32);
     for round in 1..=3 {
         // An app log line (the SIGHUP's), and an access log line whose failure is said in the
         // app log.
@@ -538,11 +539,19 @@ async fn a_log_that_cannot_be_written_does_not_stop_the_proxy() {
         );
     }
     assert!(
-        child.try_wait().expect("wait").is_none(),
+        child.0.try_wait().expect("wait").is_none(),
         "the proxy exited"
     );
-    let _ = child.kill();
-    let _ = child.wait();
+}
+
+/// A process of the test's own, killed when the test ends however it ends.
+struct KilledOnDrop(std::process::Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// The proxy's own shortage of file descriptors is not the backend's fault: connects that
@@ -577,7 +586,7 @@ async fn running_out_of_descriptors_does_not_take_a_backend_down() {
                 .map_err(std::io::Error::from)
         });
     }
-    let mut child = command.spawn().expect("spawn aralez");
+    let _child = KilledOnDrop(command.spawn().expect("spawn aralez"));
     let serving = eventually(Duration::from_secs(20), || {
         std::net::TcpStream::connect(listen).is_ok()
     });
@@ -621,7 +630,5 @@ async fn running_out_of_descriptors_does_not_take_a_backend_down() {
     }
     let mut client = client.expect("connect after the burst");
     let status = client.get("a", "/").await.status();
-    let _ = child.kill();
-    let _ = child.wait();
     assert_eq!(status, 200, "the backend was taken out of rotation");
 }
