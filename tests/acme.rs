@@ -16,22 +16,20 @@ use support::*;
 
 #[tokio::test]
 async fn http_01_issues_a_certificate_served_at_once_and_kept_across_a_restart() {
-    let http: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let Some(pebble) = Pebble::start(http.port()).await else {
+    let Some(Issued {
+        pebble,
+        http,
+        yaml,
+        main,
+        certs,
+        state,
+        proxy,
+        backend: _backend,
+    }) = issued_for_acme_test().await
+    else {
         return;
     };
-    let backend = Backend::start("site").await;
-    let yaml = host_route("acme.test", &backend);
-    let certs = tempfile::tempdir().expect("certificate dir");
-    let state = tempfile::tempdir().expect("state dir");
-    let main = main_for(&pebble, certs.path(), state.path(), "");
-    let proxy = ProxyProcess::start_on(&yaml, &main, http);
     let crt = certs.path().join("acme.test.crt");
-    assert!(
-        logs(&proxy, "acme: certificate issued").await,
-        "{}",
-        proxy.log_text()
-    );
     assert!(crt.exists() && state.path().join("account.json").exists());
     // Served on SNI at once, and it chains to pebble's root.
     let root = pebble.root().await;
@@ -251,21 +249,19 @@ async fn hosts_marked_acme_true_get_a_certificate_each_also_after_a_reload() {
 /// good, until someone deleted account.json by hand.
 #[tokio::test]
 async fn an_account_the_server_no_longer_knows_is_replaced() {
-    let http: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let Some(pebble) = Pebble::start(http.port()).await else {
+    let Some(Issued {
+        http,
+        yaml,
+        main,
+        certs,
+        state,
+        proxy,
+        pebble: _pebble,
+        backend: _backend,
+    }) = issued_for_acme_test().await
+    else {
         return;
     };
-    let backend = Backend::start("site").await;
-    let yaml = host_route("acme.test", &backend);
-    let certs = tempfile::tempdir().expect("certificate dir");
-    let state = tempfile::tempdir().expect("state dir");
-    let main = main_for(&pebble, certs.path(), state.path(), "");
-    let proxy = ProxyProcess::start_on(&yaml, &main, http);
-    assert!(
-        logs(&proxy, "acme: certificate issued").await,
-        "{}",
-        proxy.log_text()
-    );
     drop(proxy);
     // The account's URL now names one the server never made; the certificate is gone.
     let account = state.path().join("account.json");

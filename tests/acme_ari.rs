@@ -203,21 +203,19 @@ fn openssl_identifier(crt: &std::path::Path) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_servers_renewal_window_decides_when_a_fresh_certificate_is_renewed() {
-    let http: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let Some(pebble) = Pebble::start(http.port()).await else {
+    let Some(Issued {
+        pebble,
+        http,
+        yaml,
+        main: direct,
+        certs,
+        state: _state,
+        proxy,
+        backend: _backend,
+    }) = issued_for_acme_test().await
+    else {
         return;
     };
-    let backend = Backend::start("site").await;
-    let yaml = host_route("acme.test", &backend);
-    let certs = tempfile::tempdir().expect("certificate dir");
-    let state = tempfile::tempdir().expect("state dir");
-    let direct = main_for(&pebble, certs.path(), state.path(), "");
-    let proxy = ProxyProcess::start_on(&yaml, &direct, http);
-    assert!(
-        logs(&proxy, "acme: certificate issued").await,
-        "{}",
-        proxy.log_text()
-    );
     drop(proxy);
     let crt = certs.path().join("acme.test.crt");
     let first = std::fs::read(&crt).expect("certificate");

@@ -270,3 +270,44 @@ pub async fn logs(proxy: &ProxyProcess, text: &str) -> bool {
     });
     said.await.is_some()
 }
+
+/// pebble, a backend for `acme.test`, and a proxy (on `http`, the port pebble validates on)
+/// that pebble has issued `acme.test`'s certificate to.
+pub struct Issued {
+    pub pebble: Pebble,
+    pub backend: Backend,
+    pub http: std::net::SocketAddr,
+    /// upstreams.yaml and main.yaml of the proxy.
+    pub yaml: String,
+    pub main: String,
+    pub certs: tempfile::TempDir,
+    pub state: tempfile::TempDir,
+    pub proxy: ProxyProcess,
+}
+
+/// [`Issued`], or `None` when pebble is not installed.
+pub async fn issued_for_acme_test() -> Option<Issued> {
+    let http: std::net::SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let pebble = Pebble::start(http.port()).await?;
+    let backend = Backend::start("site").await;
+    let yaml = host_route("acme.test", &backend);
+    let certs = tempfile::tempdir().expect("certificate dir");
+    let state = tempfile::tempdir().expect("state dir");
+    let main = main_for(&pebble, certs.path(), state.path(), "");
+    let proxy = ProxyProcess::start_on(&yaml, &main, http);
+    assert!(
+        logs(&proxy, "acme: certificate issued").await,
+        "{}",
+        proxy.log_text()
+    );
+    Some(Issued {
+        pebble,
+        backend,
+        http,
+        yaml,
+        main,
+        certs,
+        state,
+        proxy,
+    })
+}
