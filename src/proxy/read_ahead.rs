@@ -28,7 +28,8 @@ use crate::vocab::{ClientBody, ProxyError};
 
 /// The largest body read whole before a backend is chosen (nginx's `client_body_buffer_size`
 /// is 16 KiB on 64-bit systems, past which it writes the body to disk; bodies are kept in
-/// memory here, so the bound is the HTTP/2 stream window a client is given).
+/// memory here, and this is what HTTP/2 backends' refused streams are replayed from too,
+/// `KEPT_BODY_LIMIT`). Covers form posts and JSON API calls; uploads of files stream.
 pub const READ_AHEAD_LIMIT: u64 = 64 * 1024;
 
 /// Whether `req`'s body is read whole before a backend is chosen: it has a declared length of
