@@ -11,6 +11,11 @@
 //! within `stall` of the last one (the response timeout, as for an upload that stalls); past
 //! that the client gets a 408, no backend having seen the request.
 //!
+//! What it holds stays within what a client could make the proxy hold before: over HTTP/1.1
+//! one body a connection (its connection held a piece of up to 64 KiB); over HTTP/2 at most
+//! `MAX_CLIENT_STREAMS` (100) bodies of 64 KiB, 6.4 MiB, under the 16 MiB connection window a
+//! client may fill ahead of the backends' reading.
+//!
 //! Most bodies arrive with their head: [`read_now`] takes them at once, without waiting or
 //! allocating, and only a body still on its way gets a future of its own ([`ReadAhead`]).
 
