@@ -1,8 +1,9 @@
 //! Learning a backend's HTTP/2 stream limit. hyper keeps the peer's SETTINGS to itself, so the
-//! IO under an upstream HTTP/2 connection reads the backend's first frame on its way to hyper:
-//! RFC 9113 §3.4 makes it a SETTINGS frame, and its `SETTINGS_MAX_CONCURRENT_STREAMS` is how
-//! many requests the pool may put on that connection before it opens another. After that frame
-//! the wrapper only passes bytes through.
+//! IO under an upstream HTTP/2 connection follows the backend's frames on their way to hyper:
+//! RFC 9113 §3.4 makes the first a SETTINGS frame, and its `SETTINGS_MAX_CONCURRENT_STREAMS` is
+//! how many requests the pool may put on that connection before it opens another; a later
+//! SETTINGS frame may change it. Only frame heads and SETTINGS payloads are looked at; other
+//! payloads pass by.
 
 use std::io;
 use std::pin::Pin;
@@ -19,6 +20,8 @@ pub const DEFAULT_STREAM_LIMIT: usize = 100;
 
 /// SETTINGS frame type and the identifier of SETTINGS_MAX_CONCURRENT_STREAMS.
 const SETTINGS: u8 = 0x4;
+/// The ACK flag of a SETTINGS frame (its payload is empty).
+const ACK: u8 = 0x1;
 const MAX_CONCURRENT_STREAMS: u16 = 0x3;
 /// A first SETTINGS frame larger than this is not parsed (the default limit stays).
 const LARGEST_SETTINGS: usize = 6 * 32;
@@ -47,21 +50,43 @@ impl StreamLimit {
         self.known.notified().await;
     }
 
+    /// What the backend's first SETTINGS frame said (or nothing, when there was none).
     fn learn(&self, streams: Option<usize>) {
+        self.change(streams);
+        self.known.notify_one();
+    }
+
+    /// A limit a later SETTINGS frame names.
+    fn change(&self, streams: Option<usize>) {
         if let Some(streams) = streams {
             // Zero would stop all requests; one at a time is the closest honest reading.
             self.streams.store(streams.max(1), Ordering::Relaxed);
         }
-        self.known.notify_one();
     }
 }
 
-/// An upstream connection's IO that reads the backend's first SETTINGS frame in passing.
+/// An upstream connection's IO that reads the backend's SETTINGS frames in passing.
 pub struct SettingsWatch<IO> {
     inner: IO,
-    /// The bytes of the first frame read so far; `None` once it has been seen.
-    first_frame: Option<Vec<u8>>,
+    frames: Frames,
     limit: Arc<StreamLimit>,
+}
+
+/// Where the reading is in the backend's frames: every frame head is read, SETTINGS payloads
+/// kept, other payloads skipped. A backend may lower (or raise) its stream limit in any later
+/// SETTINGS frame (RFC 9113 §6.5): read in the first only, requests queued past a lowered
+/// limit waited in h2's queue into 504s instead of going to another connection.
+struct Frames {
+    head: [u8; FRAME_HEAD],
+    head_len: usize,
+    /// Payload bytes of the current frame still to come.
+    left: usize,
+    /// The current frame's payload, when it is a SETTINGS frame to read.
+    settings: Option<Vec<u8>>,
+    /// No frame is finished yet (the first must be SETTINGS, RFC 9113 §3.4).
+    first: bool,
+    /// The bytes are not HTTP/2 frames (the first was no SETTINGS frame): nothing more is read.
+    lost: bool,
 }
 
 impl<IO> SettingsWatch<IO> {
@@ -69,46 +94,79 @@ impl<IO> SettingsWatch<IO> {
         let limit = StreamLimit::new();
         let watch = SettingsWatch {
             inner,
-            first_frame: Some(Vec::with_capacity(FRAME_HEAD + 36)),
+            frames: Frames {
+                head: [0; FRAME_HEAD],
+                head_len: 0,
+                left: 0,
+                settings: None,
+                first: true,
+                lost: false,
+            },
             limit: limit.clone(),
         };
         (watch, limit)
     }
 
-    fn observe(&mut self, read: &[u8]) {
-        let Some(frame) = self.first_frame.as_mut() else {
+    fn observe(&mut self, mut read: &[u8]) {
+        let frames = &mut self.frames;
+        if frames.lost {
             return;
-        };
+        }
         if read.is_empty() {
-            self.finish(None);
+            self.end();
             return;
         }
-        let wanted = match frame.get(..3) {
-            Some(len) if frame.len() >= FRAME_HEAD => FRAME_HEAD + u24(len),
-            _ => FRAME_HEAD,
-        };
-        let take = wanted.saturating_sub(frame.len()).min(read.len());
-        frame.extend_from_slice(&read[..take]);
-        if frame.len() < FRAME_HEAD {
-            return;
-        }
-        let length = u24(&frame[..3]);
-        if frame[3] != SETTINGS || length > LARGEST_SETTINGS {
-            self.finish(None);
-            return;
-        }
-        if frame.len() >= FRAME_HEAD + length {
-            let streams = max_concurrent_streams(&frame[FRAME_HEAD..FRAME_HEAD + length]);
-            self.finish(streams);
-        } else if take < read.len() {
-            // The head told how long the frame is; take the rest of this read too.
-            self.observe(&read[take..]);
+        while !read.is_empty() {
+            if frames.left == 0 && frames.settings.is_none() {
+                let take = (FRAME_HEAD - frames.head_len).min(read.len());
+                frames.head[frames.head_len..frames.head_len + take].copy_from_slice(&read[..take]);
+                frames.head_len += take;
+                read = &read[take..];
+                if frames.head_len < FRAME_HEAD {
+                    return;
+                }
+                frames.head_len = 0;
+                let length = u24(&frames.head[..3]);
+                let settings = frames.head[3] == SETTINGS && frames.head[4] & ACK == 0;
+                if frames.first && (!settings || length > LARGEST_SETTINGS) {
+                    // Not HTTP/2, or a first frame too large to be one: the default stays.
+                    frames.lost = true;
+                    frames.first = false;
+                    self.limit.learn(None);
+                    return;
+                }
+                frames.left = length;
+                if settings && length <= LARGEST_SETTINGS {
+                    frames.settings = Some(Vec::with_capacity(length));
+                }
+            }
+            let take = frames.left.min(read.len());
+            if let Some(payload) = frames.settings.as_mut() {
+                payload.extend_from_slice(&read[..take]);
+            }
+            frames.left -= take;
+            read = &read[take..];
+            if frames.left == 0 {
+                if let Some(payload) = frames.settings.take() {
+                    let streams = max_concurrent_streams(&payload);
+                    if frames.first {
+                        frames.first = false;
+                        self.limit.learn(streams);
+                    } else if streams.is_some() {
+                        self.limit.change(streams);
+                    }
+                }
+            }
         }
     }
 
-    fn finish(&mut self, streams: Option<usize>) {
-        self.first_frame = None;
-        self.limit.learn(streams);
+    /// The connection ended or failed: whoever waits for the first frame stops waiting.
+    fn end(&mut self) {
+        if self.frames.first {
+            self.frames.first = false;
+            self.limit.learn(None);
+        }
+        self.frames.lost = true;
     }
 }
 
@@ -135,12 +193,10 @@ impl<IO: AsyncRead + Unpin> AsyncRead for SettingsWatch<IO> {
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if self.first_frame.is_some() {
-            match &polled {
-                Poll::Ready(Ok(())) => self.observe(&buf.filled()[before..]),
-                Poll::Ready(Err(_)) => self.finish(None),
-                Poll::Pending => {}
-            }
+        match &polled {
+            Poll::Ready(Ok(())) => self.observe(&buf.filled()[before..]),
+            Poll::Ready(Err(_)) => self.end(),
+            Poll::Pending => {}
         }
         polled
     }
@@ -205,9 +261,36 @@ mod tests {
         // Split across reads at every point, with more frames after it in the same read.
         for cut in 1..frame.len() {
             let mut tail = frame[cut..].to_vec();
-            tail.extend_from_slice(&settings_frame(&[(0x3, 99)]));
+            tail.extend_from_slice(&data_frame(300));
             assert_eq!(watch_reads(&[&frame[..cut], &tail]), 10, "cut at {cut}");
         }
+    }
+
+    #[test]
+    fn a_later_settings_frame_changes_the_limit() {
+        // 10 first; DATA, an ACK and other frames between; then 3, split at every point.
+        let mut bytes = settings_frame(&[(0x3, 10)]);
+        bytes.extend_from_slice(&data_frame(1000));
+        bytes.extend_from_slice(&[0, 0, 0, SETTINGS, ACK, 0, 0, 0, 0]);
+        bytes.extend_from_slice(&settings_frame(&[(0x4, 1)]));
+        assert_eq!(
+            watch_reads(&[&bytes]),
+            10,
+            "a SETTINGS frame without the limit keeps it"
+        );
+        let later = settings_frame(&[(0x3, 3)]);
+        let mut all = bytes.clone();
+        all.extend_from_slice(&later);
+        // (An empty read is the connection's end: every cut leaves something in the first.)
+        for cut in 1..all.len() {
+            assert_eq!(watch_reads(&[&all[..cut], &all[cut..]]), 3, "cut at {cut}");
+        }
+    }
+
+    fn data_frame(length: usize) -> Vec<u8> {
+        let mut frame = vec![0, (length >> 8) as u8, length as u8, 0x0, 0, 0, 0, 0, 1];
+        frame.resize(FRAME_HEAD + length, b'x');
+        frame
     }
 
     #[test]
