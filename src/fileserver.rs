@@ -188,6 +188,9 @@ async fn look_up(root: &std::path::Path, path: &str) -> Found {
     match tokio::fs::metadata(&real).await {
         Ok(meta) if meta.is_dir() => match tokio::fs::metadata(real.join("index.html")).await {
             Ok(index) if !index.is_file() => Found::Refused,
+            // `/sub/` is its index.html: preconditions and ranges are the file's (`If-Match`
+            // was ignored on a folder).
+            Ok(index) if path.ends_with('/') => Found::File(index),
             _ => Found::Other,
         },
         // A file is not a folder (`ServeDir` served `/a.txt/` as `/a.txt`).

@@ -259,6 +259,9 @@ async fn ranges_and_preconditions_follow_rfc_9110() {
             "{asked:?}"
         );
     }
+    // A folder's index.html answers its preconditions too (`If-Match` was ignored on `/sub/`).
+    let (status, _, _) = http_get(addr, "/sub/", &[("if-match", "\"zz\"")]).await;
+    assert_eq!(status.as_u16(), 412);
     let (status, _, got) = http_get(addr, "/empty.txt", &[("range", "bytes=0-")]).await;
     assert_eq!((status.as_u16(), got.len()), (200, 0));
     assert_eq!(raw_status(addr, "/a.txt/").await.0, 404);
