@@ -394,12 +394,13 @@ impl Metrics {
         for (label, n) in &totals {
             let _ = writeln!(out, "{name}{{upstream=\"{}\"}} {n}", escape(label));
         }
-        // The same under Aralez's name (SPEC §11).
+        // The same under Aralez's name (SPEC §11); `untyped`, as a counter's name ends in
+        // `_total` and Aralez's does not.
         let name = "aralez_requests_by_upstream";
         header(
             out,
             name,
-            "counter",
+            "untyped",
             "Responses by the backend that sent them (Aralez's name).",
         );
         for (label, n) in &totals {
@@ -457,7 +458,7 @@ impl Metrics {
         header(
             out,
             name,
-            "counter",
+            "untyped",
             "Access log lines dropped or not written (Aralez's name).",
         );
         let _ = writeln!(out, "{name} {errors}");
