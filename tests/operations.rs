@@ -209,6 +209,54 @@ async fn live_upgrade_under_load_loses_nothing_three_times() {
     assert!(old.log_text().contains("live upgrade: received"));
 }
 
+/// Aralez's systemd unit sends SIGQUIT first, then starts `aralez -u -d`: the old process keeps
+/// its listeners open and served until the new one takes them. It closed them at once, and the
+/// connections made before the new process bound afresh were refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigquit_before_the_new_process_keeps_serving_until_it_takes_over() {
+    let backend = Backend::start("b").await;
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("upgrade.sock");
+    let extra = format!("upgrade_sock: \"{}\"", sock.display());
+    let mut old = ProxyProcess::start(&upstreams_for(&backend), &extra);
+    let conf = old.path("main.yaml");
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = Arc::new(Load::default());
+    let clients: Vec<_> = (0..8)
+        .map(|_| tokio::spawn(client_loop(old.addr, stop.clone(), load.clone())))
+        .collect();
+    old.signal(Signal::SIGQUIT);
+    old.wait_log("serving on until `aralez -u` does", Duration::from_secs(10))
+        .await;
+    // Served meanwhile.
+    let before = load.ok.load(Ordering::Relaxed);
+    assert!(
+        wait_until(Duration::from_secs(5), || load.ok.load(Ordering::Relaxed)
+            > before + 200)
+        .await,
+        "nothing served between SIGQUIT and the new process"
+    );
+    let new = tokio::task::block_in_place(|| ProxyProcess::spawn_args(&conf, &["-u"]));
+    old.expect_clean_exit(Duration::from_secs(15), "the old process once handed over");
+    let after = load.ok.load(Ordering::Relaxed);
+    assert!(
+        wait_until(Duration::from_secs(10), || load.ok.load(Ordering::Relaxed)
+            > after + 200)
+        .await,
+        "nothing served by the new process"
+    );
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.await.unwrap();
+    }
+    let (failed, refused) = (
+        load.failed.load(Ordering::Relaxed),
+        load.refused.load(Ordering::Relaxed),
+    );
+    assert_eq!((failed, refused), (0, 0), "{}", new.log_text());
+    assert!(new.log_text().contains("live upgrade: received"));
+}
+
 /// A live upgrade hands the admin API's listeners over with the proxy's, plain and TLS: the new
 /// process takes the old one's sockets (a second one bound beside it would reset the connections
 /// queued on the old one's when it closed, and cannot be bound at all when the old one belongs to

@@ -233,9 +233,11 @@ fn serve(
             let served = crate::fileserver::serve(listener, folder, limits, running.stopped());
             running.side_tasks.push(tokio::spawn(served));
         }
-        if let Some(sock) = &upgrade_sock {
-            drop(tokio::spawn(sock.serve(offer.clone())));
-        }
+        let handovers = upgrade_sock.as_ref().map(|sock| {
+            let handovers = Arc::new(upgrade::Handovers::default());
+            drop(tokio::spawn(sock.serve(offer.clone(), handovers.clone())));
+            handovers
+        });
         announce_ready(options.upgrade, daemon_ready);
         let logs = LogFiles {
             app: app_log,
@@ -247,7 +249,7 @@ fn serve(
             started_from: &started_from,
             pid_file: &main.pid_file,
         };
-        until_stop_signal(signals, reloads, &logs).await;
+        until_stop_signal(signals, reloads, &logs, handovers.as_deref()).await;
     });
     notify::notify("STOPPING=1");
     // Close our duplicates first, so the ports close (and refuse) once the workers let go.
@@ -387,11 +389,16 @@ fn announce_ready(upgrade: bool, daemon_ready: &mut Option<daemon::ReadyPipe>) {
 
 /// Reacts to signals (reloads, log reopening) until one asks to stop; then another stop signal
 /// ends the process at once.
-async fn until_stop_signal(signals: Option<Signals>, reloads: Reloads<'_>, logs: &LogFiles) {
+async fn until_stop_signal(
+    signals: Option<Signals>,
+    reloads: Reloads<'_>,
+    logs: &LogFiles,
+    handovers: Option<&upgrade::Handovers>,
+) {
     match signals {
         Some(mut signals) => {
             let pid_file = reloads.pid_file.to_path_buf();
-            signals.wait(reloads, logs).await;
+            signals.wait(reloads, logs, handovers).await;
             drop(tokio::spawn(signals.exit_on_another_stop(pid_file)));
         }
         None => {

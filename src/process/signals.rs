@@ -16,6 +16,8 @@ use crate::config::{self, Issues};
 use crate::discovery::Reloader;
 use crate::logfile::LogFile;
 
+use super::upgrade::Handovers;
+
 /// main.yaml as the process started from it.
 #[derive(Clone)]
 pub(super) struct StartedFrom {
@@ -71,6 +73,9 @@ pub(super) struct Signals {
 /// The files SIGUSR1 reopens.
 /// What SIGHUP reloads: the routes, the certificates; and main.yaml, looked at only to say
 /// that it changed.
+/// How long SIGQUIT keeps the listeners for a new process that has not taken them yet.
+const TAKER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 pub(super) struct Reloads<'a> {
     pub routes: &'a Arc<Reloader>,
     pub certificates: &'a crate::tls::CertReload,
@@ -118,13 +123,18 @@ impl Signals {
     /// Returns on SIGTERM, SIGINT or SIGQUIT (the live upgrade's "drain and exit"); reloads on
     /// SIGHUP; reopens the log files on SIGUSR1 (logrotate); ignores SIGUSR2 (nginx's binary
     /// upgrade, which `aralez -u` does here), saying so.
-    pub(super) async fn wait(&mut self, reloads: Reloads<'_>, logs: &LogFiles) {
+    pub(super) async fn wait(
+        &mut self,
+        reloads: Reloads<'_>,
+        logs: &LogFiles,
+        handovers: Option<&Handovers>,
+    ) {
         loop {
             tokio::select! {
                 _ = self.term.recv() => return,
                 _ = self.int.recv() => return,
                 _ = self.quit.recv() => {
-                    tracing::info!("SIGQUIT: handing over to the new process");
+                    self.wait_for_a_taker(handovers).await;
                     return;
                 }
                 _ = self.hup.recv() => {
@@ -145,6 +155,29 @@ impl Signals {
                     tracing::info!("SIGUSR2 ignored: for a new binary, run `aralez -u` (see the README)");
                 }
             }
+        }
+    }
+
+    /// SIGQUIT before a new process took the sockets (Aralez's systemd unit sends it first,
+    /// then starts `aralez -u -d`, as Pingora's old process waits to hand its sockets over):
+    /// the listeners stay open and served for up to [`TAKER_WAIT`] until one takes them. They
+    /// closed at once, and the new process bound afresh: connections in between were refused.
+    async fn wait_for_a_taker(&mut self, handovers: Option<&Handovers>) {
+        let Some(handovers) = handovers.filter(|h| !h.any()) else {
+            tracing::info!("SIGQUIT: handing over to the new process");
+            return;
+        };
+        tracing::info!(
+            "SIGQUIT: no new process has taken the sockets yet; serving on until `aralez -u` does (at most {}s)",
+            TAKER_WAIT.as_secs()
+        );
+        tokio::select! {
+            () = handovers.next() => tracing::info!("SIGQUIT: handed over; draining"),
+            () = tokio::time::sleep(TAKER_WAIT) => {
+                tracing::warn!("SIGQUIT: no new process took the sockets within {}s; stopping", TAKER_WAIT.as_secs());
+            }
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
         }
     }
 

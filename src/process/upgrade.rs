@@ -149,6 +149,35 @@ impl Sockets {
 /// stopped process no longer keeps its ports open).
 pub type Offer = Arc<Mutex<Option<Sockets>>>;
 
+/// How many new processes took the sockets, and a wake-up for who waits for the next.
+#[derive(Default)]
+pub struct Handovers {
+    count: std::sync::atomic::AtomicUsize,
+    taken: tokio::sync::Notify,
+}
+
+impl Handovers {
+    /// Whether a new process has taken the sockets.
+    pub fn any(&self) -> bool {
+        self.count.load(std::sync::atomic::Ordering::Relaxed) > 0
+    }
+
+    /// Waits until a new process takes the sockets.
+    pub async fn next(&self) {
+        let taken = self.taken.notified();
+        if self.any() {
+            return;
+        }
+        taken.await;
+    }
+
+    fn took(&self) {
+        self.count
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.taken.notify_waiters();
+    }
+}
+
 /// Connects to the running instance and receives its listening sockets. The socket file and the
 /// process answering on it must belong to this user (or root): anyone else could hand us
 /// listeners of their choosing.
@@ -275,7 +304,11 @@ impl UpgradeSock {
     }
 
     /// Answers every connecting `aralez -u` with the offered sockets; spawn it on a runtime.
-    pub fn serve(&self, offer: Offer) -> impl std::future::Future<Output = ()> + Send + 'static {
+    pub fn serve(
+        &self,
+        offer: Offer,
+        handovers: Arc<Handovers>,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let listener = self.listener.try_clone();
         async move {
             let listener = match listener.and_then(tokio::net::UnixListener::from_std) {
@@ -304,7 +337,9 @@ impl UpgradeSock {
                     );
                     continue;
                 }
-                answer(&stream, &offer);
+                if answer(&stream, &offer) {
+                    handovers.took();
+                }
             }
         }
     }
@@ -326,14 +361,21 @@ async fn asks_for_the_sockets(stream: &mut tokio::net::UnixStream) -> bool {
     matches!(read, Ok(Ok(_))) && asked == ASK
 }
 
-fn answer(stream: &tokio::net::UnixStream, offer: &Offer) {
+/// Hands the sockets over; whether they went.
+fn answer(stream: &tokio::net::UnixStream, offer: &Offer) -> bool {
     match hand_over(stream, offer) {
-        Ok(n) => tracing::info!(
-            "live upgrade: handed {n} listening socket(s) to a new process; \
-             send SIGQUIT to this one (pid {}) to let it drain and exit",
-            std::process::id()
-        ),
-        Err(e) => tracing::error!("live upgrade: hand-over failed: {e}"),
+        Ok(n) => {
+            tracing::info!(
+                "live upgrade: handed {n} listening socket(s) to a new process; \
+                 send SIGQUIT to this one (pid {}) to let it drain and exit",
+                std::process::id()
+            );
+            true
+        }
+        Err(e) => {
+            tracing::error!("live upgrade: hand-over failed: {e}");
+            false
+        }
     }
 }
 
