@@ -194,6 +194,29 @@ async fn a_master_pushes_configurations_to_its_workers() {
             master.log_text()
         );
     }
+    // A write the master refuses is not passed on (the file was read again when the change was
+    // seen, and what it held then was pushed, refused or not).
+    let bad = "upstreams:\n  c.test:\n    paths:\n      \"/\": { servers: [] }\n";
+    write_atomically(&master.path("upstreams.yaml"), bad);
+    assert!(
+        master
+            .wait_log_count("reload rejected", 1, Duration::from_secs(10))
+            .await
+    );
+    for w in &workers {
+        assert!(served_by(w.addr).await.contains("backend-c"));
+    }
+    // The next good edit goes on, and it is the second passed on: the refused one was not.
+    write_atomically(&master.path("upstreams.yaml"), &routes_to(&b));
+    for w in &workers {
+        assert!(comes_to(w.addr, "backend-b").await, "{}", master.log_text());
+    }
+    assert_eq!(
+        master.log_count("passing it on to the workers"),
+        2,
+        "{}",
+        master.log_text()
+    );
 }
 
 #[test]

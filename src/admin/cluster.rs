@@ -108,14 +108,17 @@ impl Cluster {
         (results.iter().all(Result::is_ok), lines)
     }
 
-    /// Follows the master's own file: a change to upstreams.yaml (or conf.d) that the master
-    /// applies, by its watcher or a SIGHUP, goes to every worker as `POST /conf` does (the
-    /// file's text; each worker merges its own conf.d). Edits to the file were applied on the
-    /// master only, and `/status` still called the workers current.
+    /// Follows the master's own file: a change to upstreams.yaml that the master applies, by
+    /// its watcher or a SIGHUP, goes to every worker as `POST /conf` does: the text it applied
+    /// (a later write it refused is not it), without `?save`. Edits to the file were applied on
+    /// the master only, and `/status` still called the workers current. conf.d is each
+    /// instance's own: a change there alone is not passed on (each worker merges its own), nor
+    /// is an emptied file (a worker refuses an empty configuration).
     pub async fn follow_file_reloads(self: Arc<Self>, reloader: Arc<Reloader>) {
         let mut tick = tokio::time::interval(FIRST_RETRY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut seen = reloader.config_digest();
+        let mut passed_on = reloader.applied_file_text();
         loop {
             tick.tick().await;
             let serving = reloader.config_digest();
@@ -123,29 +126,26 @@ impl Cluster {
                 continue;
             }
             seen = serving;
-            // A configuration `POST /conf` gave is pushed by it.
-            if !seen.starts_with("file:") {
+            // A configuration `POST /conf` gave is pushed by it; a text unknown (written over
+            // while it was read) waits for the next change.
+            let Some(text) = reloader.applied_file_text() else {
+                continue;
+            };
+            if passed_on.as_ref() == Some(&text) {
+                tracing::info!("conf.d changed on the master: not passed on (each worker merges its own conf.d)");
                 continue;
             }
-            let read = crate::config::file_bytes::read_regular(
-                &reloader.upstreams_path,
-                crate::config::yaml::MAX_FILE_BYTES,
-            );
-            match read.map(String::from_utf8) {
-                Ok(Ok(yaml)) => {
-                    tracing::info!(
-                        "upstreams.yaml applied on the master: passing it on to the workers"
-                    );
-                    self.set_current(&yaml, false);
-                    for worker in &self.workers {
-                        let mut state = worker.state();
-                        state.taken = None;
-                        state.next_try = Some(Instant::now());
-                    }
-                }
-                _ => tracing::warn!(
-                    "upstreams.yaml changed on the master but cannot be read again to pass it on"
-                ),
+            passed_on = Some(text.clone());
+            if text.trim().is_empty() {
+                tracing::warn!("upstreams.yaml was emptied on the master: not passed on (the workers keep theirs)");
+                continue;
+            }
+            tracing::info!("upstreams.yaml applied on the master: passing it on to the workers");
+            self.set_current(&text, false);
+            for worker in &self.workers {
+                let mut state = worker.state();
+                state.taken = None;
+                state.next_try = Some(Instant::now());
             }
         }
     }

@@ -69,6 +69,9 @@ struct Sources {
     /// SHA-256 of the text behind `file` when it came through `POST /conf` (what a cluster
     /// master compares with what it pushed).
     text_digest: Option<String>,
+    /// The text of upstreams.yaml behind `file` when it came from the files (what a cluster
+    /// master passes on: the bytes it applied, not the file as it is later).
+    file_text: Option<Arc<str>>,
     /// Hosts found by each discovery source (`consul`, `kubernetes`).
     discovered: BTreeMap<String, Vec<HostConfig>>,
     /// The backends each discovered service last had, by source and service name: watchers
@@ -137,6 +140,26 @@ impl Reloader {
         }
     }
 
+    /// upstreams.yaml's text, when the files still hash to `digest` (the bytes just parsed;
+    /// a write landing in between leaves it unknown).
+    fn text_behind(&self, digest: u64) -> Option<Arc<str>> {
+        let bytes =
+            config::file_bytes::read_regular(&self.upstreams_path, config::yaml::MAX_FILE_BYTES)
+                .ok()?;
+        let text = String::from_utf8(bytes).ok()?;
+        (config::files_digest(&self.upstreams_path) == digest).then(|| Arc::from(text))
+    }
+
+    /// The text of upstreams.yaml behind the configuration serving, when it came from the files.
+    pub fn applied_file_text(&self) -> Option<Arc<str>> {
+        let sources = self.sources();
+        sources
+            .text_digest
+            .is_none()
+            .then(|| sources.file_text.clone())
+            .flatten()
+    }
+
     /// The file config currently serving (for consul/kubernetes settings and status pages).
     pub fn file_config(&self) -> Option<UpstreamsConfig> {
         self.sources().file.clone()
@@ -192,7 +215,9 @@ impl Reloader {
                 for warning in issues.warnings() {
                     tracing::warn!(source, "{warning}");
                 }
+                let text = self.text_behind(digest);
                 self.install_file_config(cfg, digest, source);
+                self.sources().file_text = text;
                 self.metrics.config_reload(metric_source(source), true);
                 self.follow_discovery_settings();
                 Ok(Applied::Changed)
