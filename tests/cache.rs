@@ -141,7 +141,14 @@ async fn the_client_and_unsafe_methods_can_refresh_the_cache() {
     // `no-store` from the client: not served from the cache.
     let (resp, _) = send(&mut c, Method::GET, path, &[("cache-control", "no-store")]).await;
     assert_eq!(hdr(&resp, "x-cache-status"), "BYPASS");
-    // A POST to the URL drops what is stored for it.
+    // A POST the backend refuses changed nothing there: what is stored stays (RFC 9111 §4.4; it
+    // was dropped on the POST's arrival, so any request could evict entries).
+    origin.failing.store(true, Ordering::SeqCst);
+    let (resp, _) = send(&mut c, Method::POST, path, &[]).await;
+    assert_eq!(resp.status(), 503);
+    origin.failing.store(false, Ordering::SeqCst);
+    assert_eq!(get(&mut c, path).await.0, "HIT");
+    // A POST it takes drops what is stored for the URL.
     send(&mut c, Method::POST, path, &[]).await;
     assert_eq!(get(&mut c, path).await.0, "MISS");
 }

@@ -148,8 +148,22 @@ where
             return FutEither::Left(self.inner.call(req));
         };
         if lookup == Lookup::Invalidate {
-            cache.store.invalidate(&key, self.layer.slot);
-            return FutEither::Left(self.inner.call(req));
+            // Once the backend has answered, and only if it did not refuse (RFC 9111 §4.4): on
+            // arrival, a GET in the meantime stored the old answer again for its whole lifetime
+            // (the body is read before a backend is chosen), and a request that never reached a
+            // backend (cut short, refused) evicted entries at will.
+            let slot = self.layer.slot;
+            let answering = self.inner.call(req);
+            return FutEither::Right(Box::pin(async move {
+                let answer = answering.await;
+                if answer
+                    .as_ref()
+                    .is_ok_and(|resp| resp.status().as_u16() < 400)
+                {
+                    cache.store.invalidate(&key, slot);
+                }
+                answer
+            }));
         }
         // The ready service goes to the request; its clone stays for the next.
         let clone = self.inner.clone();
