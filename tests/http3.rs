@@ -535,3 +535,45 @@ async fn after_a_live_upgrade_alt_svc_waits_until_http3_is_served() {
     let offered = eventually_async(Duration::from_secs(5), || async { alt_svc().await });
     assert!(offered.await.is_some(), "{}", new.log_text());
 }
+
+/// An HTTP/3 request body of declared length is read whole before a backend is chosen, as over
+/// HTTP/1.1 and HTTP/2 (its size was unknown, so a slow uploader held a backend connection):
+/// one that stops coming is a 408 that no backend saw; DATA past its content-length is refused
+/// (it was cut silently).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http3_bodies_are_read_ahead_and_held_to_their_length() {
+    let backend = Backend::start("h3-backend").await;
+    let h3 = H3Proxy::start_with(&backend, "upstream_response_timeout: 1\n");
+    let (_endpoint, mut send, _driving, _conn) = h3.connect(std::slice::from_ref(&h3.pki.ca)).await;
+    let before = backend.requests();
+    let req = Request::post("https://h3.test/collect")
+        .header("content-length", "10")
+        .body(())
+        .expect("request");
+    let mut stream = send.send_request(req).await.expect("send request");
+    stream
+        .send_data(Bytes::from_static(b"01234"))
+        .await
+        .expect("half the body");
+    let resp = tokio::time::timeout(Duration::from_secs(10), stream.recv_response()).await;
+    let resp = resp.expect("an answer").expect("a response");
+    assert_eq!(resp.status(), 408);
+    assert_eq!(
+        backend.requests(),
+        before,
+        "the backend saw the stalled upload"
+    );
+    // More DATA than the declared length: refused, not cut to it.
+    let req = Request::post("https://h3.test/collect")
+        .header("content-length", "4")
+        .body(())
+        .expect("request");
+    let mut stream = send.send_request(req).await.expect("send request");
+    stream
+        .send_data(Bytes::from_static(b"0123456789"))
+        .await
+        .expect("the body");
+    stream.finish().await.expect("finish");
+    let resp = stream.recv_response().await.expect("a response");
+    assert_eq!(resp.status(), 400);
+}

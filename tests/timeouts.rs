@@ -227,3 +227,25 @@ async fn another_request_is_served_meanwhile(proxy: &Proxy, backend: &Backend, s
         "the upload reached the backend"
     );
 }
+
+/// With no backend in rotation, an upload on its way is answered 503 at once: the proxy read
+/// the whole body first (an `Expect: 100-continue` client was even asked for it), then refused.
+#[tokio::test(start_paused = true)]
+async fn with_no_backend_in_rotation_an_upload_is_refused_without_its_body() {
+    let backend = Backend::start("b").await;
+    let proxy = Proxy::start(&support::http1_route(&backend), "hc_interval: 60").await;
+    backend.stop();
+    // Three failed connects take it out of rotation (passive health).
+    for _ in 0..3 {
+        let mut client = support::Client::connect(support::Proto::H1, proxy.addr).await;
+        assert_eq!(client.get("a", "/").await.status(), 502);
+    }
+    let mut upload = TcpStream::connect(proxy.addr).await.unwrap();
+    let head = "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\nConnection: close\r\n\r\n";
+    upload.write_all(head.as_bytes()).await.unwrap();
+    upload.write_all(b"0123456789").await.unwrap();
+    let mut answer = String::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), upload.read_to_string(&mut answer));
+    assert!(read.await.is_ok(), "no answer before the rest of the body");
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+}

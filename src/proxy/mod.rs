@@ -86,7 +86,8 @@ impl Forwarder {
                 // An extended CONNECT that cannot become an upgrade never reaches a backend.
                 return aside(refusal(ProxyError::MethodNotAllowed));
             }
-            if read_ahead::wanted(&req, grpc) {
+            // With no backend in rotation the 503 comes at once, not after the upload.
+            if read_ahead::wanted(&req, grpc) && backends.any_usable() {
                 match read_ahead::read_now(&mut req) {
                     Ok(None) => {}
                     Err(error) => return aside(refusal(error)),

@@ -92,6 +92,11 @@ impl BackendSet {
         probe_passed && self.backends.get(index).is_some_and(|b| b.passive_up())
     }
 
+    /// Whether any backend may take requests now.
+    pub fn any_usable(&self) -> bool {
+        (0..self.backends.len()).any(|index| self.usable_at(index))
+    }
+
     /// The next turn of the round robin that falls on a usable backend: a turn that falls on
     /// one out of rotation is passed over, so the others share its turns evenly (taking the
     /// next usable one after it gave that one a double share, as nginx and HAProxy do not).

@@ -86,10 +86,55 @@ fn request_body(
             Err(e) => Some((Err(BoxError::from(e)), None)),
         }
     });
-    (
-        ClientBody::Stream(StreamBody::new(frames.boxed()).boxed_unsync()),
-        None,
-    )
+    let body = StreamBody::new(frames.boxed());
+    let body = match length {
+        Some(left) => Declared { inner: body, left }.boxed_unsync(),
+        None => body.boxed_unsync(),
+    };
+    (ClientBody::Stream(body), None)
+}
+
+/// A request body with its declared `content-length`: its size is known (so a small one is
+/// read whole before a backend is chosen, as over HTTP/1.1 and HTTP/2), and DATA past the
+/// length, or short of it, is an error (RFC 9114 §4.1.2: malformed) rather than cut silently.
+struct Declared<B> {
+    inner: B,
+    left: u64,
+}
+
+impl<B> http_body::Body for Declared<B>
+where
+    B: http_body::Body<Data = Bytes, Error = BoxError> + Unpin,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        let std::task::Poll::Ready(frame) = polled else {
+            return std::task::Poll::Pending;
+        };
+        let checked = match frame {
+            Some(Ok(frame)) => match frame.data_ref().map(|d| d.len() as u64) {
+                Some(n) if n > self.left => Some(Err("more body than its content-length".into())),
+                Some(n) => {
+                    self.left -= n;
+                    Some(Ok(frame))
+                }
+                None => Some(Ok(frame)),
+            },
+            None if self.left > 0 => Some(Err("body shorter than its content-length".into())),
+            other => other,
+        };
+        std::task::Poll::Ready(checked)
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.left)
+    }
 }
 
 /// Sends the head, then each frame of the body, then finishes the stream.
