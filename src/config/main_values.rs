@@ -119,6 +119,8 @@ pub(super) fn read_access_log(node: &Node, r: &mut Reader) -> Option<AccessLog> 
         ("false", AccessLog::Off),
         ("all", AccessLog::All),
         ("true", AccessLog::All),
+        // Aralez's documented value for "every request".
+        ("access", AccessLog::All),
         ("error", AccessLog::Errors),
     ];
     one_of(node, "access_log", r, &choices)

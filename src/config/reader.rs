@@ -11,11 +11,18 @@ use super::yaml::{Key, Node, Pos, Value};
 pub struct Reader<'a> {
     pub file: Arc<str>,
     pub issues: &'a mut Issues,
+    /// upstreams.yaml has a global `authorization` (a host's or path's own is then worth a
+    /// word: Aralez let the global one win, here the nearest one does).
+    pub global_authorization: bool,
 }
 
 impl<'a> Reader<'a> {
     pub fn new(file: Arc<str>, issues: &'a mut Issues) -> Self {
-        Reader { file, issues }
+        Reader {
+            file,
+            issues,
+            global_authorization: false,
+        }
     }
 
     pub fn error(&mut self, pos: Pos, key: &str, message: impl Into<String>) {
@@ -154,6 +161,13 @@ impl<'a> Reader<'a> {
 
     /// Records an unknown key as a warning, suggesting the nearest known one.
     pub fn unknown_key(&mut self, key: &Key, path: &str, known: &[&str]) {
+        if let Some(instead) = aralez_key_replaced(&key.name) {
+            let message = format!(
+                "`{}` (Aralez's) is not read here (ignored): {instead}",
+                key.name
+            );
+            return self.warn(key.pos, path, message);
+        }
         let message = match did_you_mean(&key.name, known) {
             // A misspelt `authorization` would serve the route to anyone: an error, as nginx
             // refuses an unknown directive.
@@ -166,6 +180,24 @@ impl<'a> Reader<'a> {
         };
         self.warn(key.pos, path, message);
     }
+}
+
+/// What replaces a key of some Aralez version's main.yaml that is not read here, for the
+/// warning to say it (an operator switching over saw only "unknown key").
+fn aralez_key_replaced(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "cache_size_mb" => "use the `cache:` block (`cache: { storage: memory, mem_size_mb: N }`)",
+        "log_structured" | "log_structired" => {
+            "structured logs are `access_log_format: json` (no Elasticsearch sink)"
+        }
+        "sticky_sessions" => {
+            "set `sticky_sessions` in upstreams.yaml (globally, or for a host or path)"
+        }
+        "tls_certificate" | "tls_key_file" => {
+            "put the pair in `proxy_certificates`, a directory of `<name>.crt` + `<name>.key` files"
+        }
+        _ => return None,
+    })
 }
 
 /// A value quoted back in a message: control characters escaped, long text cut.

@@ -149,7 +149,13 @@ pub(super) fn read_setting(
         "x4xx_limit" => settings.x4xx_limit = r.uint(node, p, 0, 10_000_000).map(|n| n as u32),
         "server_headers" => settings.server_headers = read_headers(node, p, r),
         "client_headers" | "headers" => settings.client_headers.extend(read_headers(node, p, r)),
-        "authorization" => settings.authorization = read_auth(node, p, r),
+        "authorization" => {
+            if r.global_authorization && !parent.is_empty() {
+                let why = "this route's own authorization applies here, not the global one (Aralez let a global authorization override every route's)";
+                r.warn(key.pos, p, why);
+            }
+            settings.authorization = read_auth(node, p, r);
+        }
         "healthcheck" => settings.healthcheck = r.boolean(node, p),
         "redirect_to" => settings.redirect_to = read_redirect(node, p, r),
         "upstream_tls_verify" => settings.upstream_tls_verify = r.boolean(node, p),

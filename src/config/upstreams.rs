@@ -135,6 +135,7 @@ impl UpstreamsConfig {
         if let Some(pos) = provider_key {
             say_what_provider_changes(&cfg, pos, r);
         }
+        r.global_authorization = cfg.globals.authorization.is_some();
         match (wrapper, shape) {
             (Some((wkey, wnode)), _) => {
                 if let Some(first) = top_level_hosts.first() {

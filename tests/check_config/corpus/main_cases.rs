@@ -172,6 +172,18 @@ pub(crate) fn cases() -> Vec<Case> {
             &format!("{MAIN_OK}log_file: \"both.log, 1, 2\"\naccess_log: all\naccess_log_file: \"both.log, 1, 2\"\n"),
             vec![err(M, 5, "access_log_file", "the same file as log_file")],
         ),
+        // Keys of some Aralez versions' main.yaml that are not read here: the warning says what
+        // replaces each (it said only "unknown key"); Aralez's `access_log: access` is read.
+        Case::main(
+            "aralez_keys_say_what_replaces_them",
+            &format!("{MAIN_OK}access_log: access\ncache_size_mb: 64\nsticky_sessions: true\ntls_certificate: \"a.crt\"\n"),
+            vec![
+                warn(M, 4, "cache_size_mb", "use the `cache:` block"),
+                warn(M, 5, "sticky_sessions", "in upstreams.yaml"),
+                warn(M, 6, "tls_certificate", "put the pair in `proxy_certificates`"),
+            ],
+        )
+        .warnings_only(),
         Case::main(
             "pid_file_is_a_directory",
             &format!("{MAIN_OK}pid_file: \"/tmp\"\n"),

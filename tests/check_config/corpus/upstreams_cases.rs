@@ -491,6 +491,15 @@ pub(crate) fn cases() -> Vec<Case> {
             vec![warn(U, 6, "to_https", "main.yaml has no `proxy_address_tls`")],
         )
         .warnings_only(),
+        // A route's own authorization under a global one: it applies (SPEC §8), where Aralez
+        // let the global one win; said, for operators coming from Aralez.
+        Case::broken(
+            "a_routes_authorization_under_a_global_one",
+            MAIN_OK,
+            "authorization: {type: basic, data: \"root:toor\"}\nupstreams:\n  a.test:\n    paths:\n      \"/\":\n        servers: [\"127.0.0.1:8000\"]\n        authorization: {type: basic, data: \"admin:admin\"}\n",
+            vec![warn(U, 7, "upstreams.a.test.paths./.authorization", "not the global one")],
+        )
+        .warnings_only(),
         // `acme: true` with no `acme:` block in main.yaml: nothing orders its certificate.
         Case::broken(
             "acme_true_without_an_acme_block",
