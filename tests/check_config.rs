@@ -407,7 +407,25 @@ polo.mydomain.com:
       authorization: { type: apikey, creds: "5ecbf799" }
       servers: ["192.168.1.1:8000"]
 "#;
-    assert_valid(ups, &[], Value::from("top-level"));
+    // Valid; its one warning says that polo's own apikey applies there, where Aralez let the
+    // global basic auth override it.
+    let case = Case::broken("older", MAIN_OK, ups, Vec::new());
+    let (_dir, main) = case.write();
+    let (out, json) = check_json(&main);
+    let issues = json["issues"].as_array().cloned().unwrap_or_default();
+    assert_eq!(out.code, Some(0), "{}", describe(&issues));
+    assert_eq!(
+        (json["errors"].clone(), json["warnings"].clone()),
+        (Value::from(0), Value::from(1)),
+        "{}",
+        describe(&issues)
+    );
+    assert!(
+        describe(&issues).contains("polo.mydomain.com.paths./.authorization"),
+        "{}",
+        describe(&issues)
+    );
+    assert_eq!(json["shape"], Value::from("top-level"));
 }
 
 #[test]
