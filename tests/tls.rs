@@ -574,3 +574,38 @@ async fn certificates_follow_their_links_a_replaced_directory_and_sighup() {
     });
     assert!(picked_up.await.is_some(), "{}", proxy.log_text());
 }
+
+/// A ClientHello whose SNI is an IP address (wrk and h2load send one) is served without a word
+/// in the log: rustls warned of each, a line per handshake that any client could send until the
+/// disk was full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ip_address_as_sni_fills_no_log() {
+    let t = start("medium").await;
+    for _ in 0..3 {
+        let out = tokio::task::block_in_place(|| {
+            std::process::Command::new("openssl")
+                .args([
+                    "s_client",
+                    "-connect",
+                    &t.tls.to_string(),
+                    "-servername",
+                    "9.9.9.9",
+                ])
+                .stdin(std::process::Stdio::null())
+                .output()
+                .expect("openssl s_client")
+        });
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(said.contains("BEGIN CERTIFICATE"), "no handshake: {said}");
+    }
+    // A SIGHUP after them: its line marks that theirs, if any, were written.
+    t.proxy.signal(nix::sys::signal::Signal::SIGHUP);
+    t.proxy
+        .wait_log("configuration files unchanged", Duration::from_secs(10))
+        .await;
+    assert!(
+        !t.proxy.log_text().contains("SNI"),
+        "{}",
+        t.proxy.log_text()
+    );
+}

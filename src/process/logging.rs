@@ -52,10 +52,15 @@ pub fn open_app_log(main: &MainConfig) -> Result<Option<Arc<LogFile>>, String> {
 /// Installs the global subscriber, writing to `file` or stdout. `RUST_LOG`, when set,
 /// overrides `log_level`. The libraries' own lines below warnings are left out: notify, for
 /// one, says at info that it could not remove the watch of a directory already deleted (every
-/// ConfigMap update does that).
+/// ConfigMap update does that). rustls's warnings too: it warns of every ClientHello whose SNI
+/// is an IP address (wrk and h2load send one), a line per handshake that any client could use
+/// to fill the disk; a handshake that fails is aralez's to say.
 pub fn init(main: &MainConfig, file: Option<&Arc<LogFile>>) -> Result<(), String> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        EnvFilter::new(format!("{},h2=warn,hyper=warn,notify=warn", main.log_level))
+        EnvFilter::new(format!(
+            "{},h2=warn,hyper=warn,notify=warn,rustls=error",
+            main.log_level
+        ))
     });
     // A line that cannot be written is lost, not said on stderr: tracing says it with
     // `eprintln!`, which panics (and the process aborts) when stderr cannot be written either, as
