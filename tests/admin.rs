@@ -36,6 +36,11 @@ async fn call(
     )
 }
 
+/// A GET of `path` with the master key.
+async fn keyed_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    call(addr, Method::GET, path, &[("x-api-key", "s3cret")], "").await
+}
+
 async fn served_by(proxy: &ProxyProcess) -> String {
     let mut client = Client::connect(Proto::H1, proxy.addr).await;
     let resp = client.get("any", "/").await;
@@ -103,14 +108,7 @@ async fn every_endpoint_checks_the_key() {
         a.addr.to_string()
     );
     assert_eq!(parsed["routes"][0]["backends"][0]["up"], true);
-    let (_, metrics) = call(
-        admin,
-        Method::GET,
-        "/metrics",
-        &[("x-api-key", "s3cret")],
-        "",
-    )
-    .await;
+    let (_, metrics) = keyed_get(admin, "/metrics").await;
     assert!(metrics.contains("aralez_requests_total"), "{metrics}");
     // The three accepted POST /conf calls above count as applied reloads from the API.
     let api_applied = metrics
@@ -530,14 +528,7 @@ async fn a_405_says_what_is_allowed_and_metrics_have_no_duplicate_series() {
         assert_eq!(resp.status(), 405, "{method} {path}");
         assert_eq!(header(&resp, "allow"), allowed, "{method} {path}");
     }
-    let (status, text) = call(
-        admin,
-        Method::GET,
-        "/metrics",
-        &[("x-api-key", "s3cret")],
-        "",
-    )
-    .await;
+    let (status, text) = keyed_get(admin, "/metrics").await;
     assert_eq!(status, 200);
     let series = text
         .lines()

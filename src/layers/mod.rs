@@ -118,12 +118,7 @@ impl Policies {
     pub fn only_redirect(redirect: Redirect) -> Policies {
         Policies {
             redirect: Some(redirect),
-            auth: None,
-            rate_limit: None,
-            x4xx_limit: None,
-            sticky: None,
-            compress: None,
-            cache: None,
+            ..Policies::default()
         }
     }
 

@@ -45,8 +45,7 @@ pub fn hand_over_logs(
                 path.display()
             );
         }
-        let folder = path.parent().filter(|p| !p.as_os_str().is_empty());
-        let folder = folder.unwrap_or(std::path::Path::new("."));
+        let folder = folder_of(path);
         if rotates && !writable_by(folder, uid, gid) {
             tracing::warn!("{} cannot be rotated after the drop to runuser/rungroup: its folder {} is not writable by them (rotation renames the file in it)", path.display(), folder.display());
         }
@@ -61,8 +60,7 @@ pub fn warn_left_behind(runuser: Option<&str>, rungroup: Option<&str>, files: &[
         return;
     };
     for path in files {
-        let folder = path.parent().filter(|p| !p.as_os_str().is_empty());
-        let folder = folder.unwrap_or(std::path::Path::new("."));
+        let folder = folder_of(path);
         if !writable_by(folder, uid, gid) {
             tracing::warn!("{} will be left behind at exit: its folder {} is not writable by runuser/rungroup (nginx keeps a root master for this; give the folder to that user)", path.display(), folder.display());
         }
@@ -86,6 +84,12 @@ fn dropping_to(
 }
 
 /// Whether the folder's mode lets `uid` (or `gid`) create and rename files in it.
+/// The folder a file is in (`.` for a bare name).
+fn folder_of(path: &std::path::Path) -> &std::path::Path {
+    let folder = path.parent().filter(|p| !p.as_os_str().is_empty());
+    folder.unwrap_or(std::path::Path::new("."))
+}
+
 fn writable_by(folder: &std::path::Path, uid: Option<Uid>, gid: Option<Gid>) -> bool {
     use std::os::unix::fs::MetadataExt;
     let Ok(meta) = std::fs::metadata(folder) else {
