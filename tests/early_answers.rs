@@ -113,3 +113,57 @@ async fn one_malformed_answer_does_not_hold_up_the_next_requests() {
         proxy.log_text()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_before_a_chunked_upload_is_read_reaches_the_client() {
+    // A chunked upload (no Content-Length) is served by hyper's side: answered before its body
+    // is in, by the backend (413) or by the proxy itself (401), the connection must end with a
+    // lingering close, or the client, still sending, meets a reset that loses the answer.
+    let backend = raw_backend(|_| {
+        let refusal: &[u8] =
+            b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 9\r\nconnection: close\r\n\r\ntoo large";
+        (refusal, true)
+    })
+    .await;
+    let upstreams = Upstreams::new()
+        .host(
+            "x.test",
+            Host::new().path(
+                "/",
+                Path::addrs(&[format!("http://{backend}")]).healthcheck(false),
+            ),
+        )
+        .host(
+            "auth.test",
+            Host::new().path(
+                "/",
+                Path::addrs(&[format!("http://{backend}")])
+                    .healthcheck(false)
+                    .authorization_data("basic", "ann:pa:ss"),
+            ),
+        )
+        .render();
+    let proxy = ProxyProcess::start(&upstreams, "");
+    for (host, status) in [("auth.test", 401), ("x.test", 413)] {
+        for round in 0..6 {
+            let mut client = Client::connect(Proto::H1, proxy.addr).await;
+            let sent = client.send(
+                http::Method::POST,
+                Some(host),
+                "/upload",
+                &[],
+                generated_body(4 << 20),
+            );
+            let resp = tokio::time::timeout(Duration::from_secs(10), sent)
+                .await
+                .expect("an answer in time");
+            assert_eq!(
+                resp.status(),
+                status,
+                "{host} round {round}: {}",
+                proxy.log_text()
+            );
+            body_bytes(resp).await;
+        }
+    }
+}

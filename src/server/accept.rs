@@ -30,7 +30,7 @@ use super::idle::{self, Activity, Timers};
 use super::limits::{Builders, Limits};
 use super::listener::{apply_keepalive, pass_on_connection_options};
 use super::observe::Refusals;
-use super::park::{self, ClientSocket, Dock, Parkable, Wake};
+use super::park::{self, ClientSocket, Dock, Left, Parkable, Wake};
 use super::per_client::{ClientSlot, PerClient};
 use super::plain_on_tls::{self, FirstBytes};
 use super::proxy_protocol::{self, Header};
@@ -431,11 +431,16 @@ async fn serve_parking<F: MakeService, S: ClientSocket>(
                 }
                 Err(e) => ended_cleanly(Err(e), peer),
             };
-        if !served_cleanly {
-            break;
-        }
-        // Not parked: the connection ended.
-        let Some(mut parked) = dock.take() else { break };
+        let mut parked = match dock.take() {
+            Some(Left::Parked(parked)) if served_cleanly => parked,
+            // hyper ended it: the client may still be sending a body its answer came before.
+            Some(Left::Ended(mut ended)) => {
+                let closing = h1::lingering_close(&mut ended, true);
+                let _ = Box::pin(tokio::time::timeout(timers.head, closing)).await;
+                break;
+            }
+            _ => break,
+        };
         let woke = park::wait_parked(&mut parked, &activity, timers, &mut drain, &shared.parked);
         if Box::pin(woke).await == Wake::Close {
             break;
@@ -463,6 +468,7 @@ impl<F: MakeService> HyperSide<'_, F> {
     ) -> bool {
         let mut io = handoff.io;
         io.unread(handoff.read);
+        io.linger_when_ended();
         let peer = self.info.peer;
         let io = TokioIo::new(FloodGuard::new(io, peer));
         let (drain, activity) = (self.shared.drain.clone(), self.activity.clone());

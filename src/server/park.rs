@@ -21,6 +21,12 @@
 //! waiting in hyper's buffer for the client to read (hyper's last write waited on the socket):
 //! ending the connection then would cut the answer.
 //!
+//! A connection hyper shut down (the end of a request it served, its own refusal, the client's
+//! `Connection: close`) is left in the dock too when [`Parkable::linger_when_ended`] asked for it,
+//! for a lingering close ([`super::h1::linger`]): hyper drops its IO as soon as the answer is
+//! out, and a client still sending a body the answer came before (a chunked upload refused
+//! early) would otherwise meet a reset that loses the answer.
+//!
 //! A parked connection closes at the same deadline as an idle one (`client_header_timeout` or
 //! `client_idle_timeout` after its last request, whichever is first) and at once when the
 //! listener drains. A client that pipelined half a request head and then went quiet cannot be
@@ -31,7 +37,7 @@ use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -80,27 +86,37 @@ impl<S: ClientSocket> ClientSocket for Box<S> {
     }
 }
 
+/// What was left in a [`Dock`].
+pub enum Left<S> {
+    /// The connection parked: wait until the client sends again.
+    Parked(S),
+    /// hyper shut the connection down: end it with a lingering close.
+    Ended(S),
+}
+
 /// Where a parking connection's socket is left when hyper drops its IO.
-pub struct Dock<S>(Mutex<Option<S>>);
+pub struct Dock<S>(Mutex<Option<Left<S>>>);
 
 impl<S: ClientSocket> Dock<S> {
     pub fn new() -> Arc<Dock<S>> {
         Arc::new(Dock(Mutex::new(None)))
     }
 
-    /// The socket left here, if the connection parked, without the buffers it need not keep
-    /// while it waits.
-    pub fn take(&self) -> Option<S> {
-        let mut socket = self.0.lock().ok()?.take()?;
-        socket.release_idle_buffers();
-        Some(socket)
+    /// The socket left here, if any; if the connection parked, without the buffers it need
+    /// not keep while it waits.
+    pub fn take(&self) -> Option<Left<S>> {
+        let mut left = self.0.lock().ok()?.take()?;
+        if let Left::Parked(socket) = &mut left {
+            socket.release_idle_buffers();
+        }
+        Some(left)
     }
 }
 
 impl<S> Dock<S> {
-    fn leave(&self, socket: S) {
+    fn leave(&self, left: Left<S>) {
         if let Ok(mut slot) = self.0.lock() {
-            *slot = Some(socket);
+            *slot = Some(left);
         }
     }
 }
@@ -119,6 +135,9 @@ pub struct Parkable<S> {
     /// hyper's last write or flush waited on the socket: part of an answer is still in its
     /// buffer, and ending the connection now would cut it.
     write_blocked: bool,
+    /// Once shut down, the socket is left in the dock when dropped, for a lingering close.
+    linger_when_ended: bool,
+    shut: bool,
 }
 
 impl<S> Parkable<S> {
@@ -130,7 +149,16 @@ impl<S> Parkable<S> {
             dock,
             parked: false,
             write_blocked: false,
+            linger_when_ended: false,
+            shut: false,
         }
+    }
+
+    /// Asks that the socket be left in the dock if it is dropped after a shutdown, for the
+    /// caller to close it lingering: set for hyper, which closes at once; aralez's own side
+    /// lingers itself.
+    pub fn linger_when_ended(&mut self) {
+        self.linger_when_ended = true;
     }
 
     /// Puts `bytes` back in front of what the socket has still to give.
@@ -157,8 +185,13 @@ impl<S> Parkable<S> {
 
 impl<S> Drop for Parkable<S> {
     fn drop(&mut self) {
-        if let (true, Some(socket)) = (self.parked, self.socket.take()) {
-            self.dock.leave(socket);
+        let Some(socket) = self.socket.take() else {
+            return;
+        };
+        if self.parked {
+            self.dock.leave(Left::Parked(socket));
+        } else if self.shut && self.linger_when_ended {
+            self.dock.leave(Left::Ended(socket));
         }
     }
 }
@@ -232,7 +265,11 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Parkable<S> {
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         match this.socket.as_mut() {
-            Some(socket) if !this.parked => Pin::new(socket).poll_shutdown(cx),
+            Some(socket) if !this.parked => {
+                let shut = ready!(Pin::new(socket).poll_shutdown(cx));
+                this.shut = true;
+                Poll::Ready(shut)
+            }
             _ => Poll::Ready(Ok(())),
         }
     }

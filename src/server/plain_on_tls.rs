@@ -58,8 +58,7 @@ fn judge(first: u8) -> FirstBytes {
 /// it with the handshake's deadline.
 pub async fn answer(stream: &mut ClientTcp) -> io::Result<()> {
     stream.write_all(ANSWER).await?;
-    let (mut dropped, mut shut) = (bytes::BytesMut::new(), false);
-    std::future::poll_fn(|cx| super::h1::linger(stream, &mut dropped, &mut shut, cx)).await;
+    super::h1::lingering_close(stream, false).await;
     Ok(())
 }
 

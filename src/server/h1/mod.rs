@@ -324,6 +324,14 @@ pub(super) fn linger<IO: Socket>(
     }
 }
 
+/// [`linger`] as a future of its own, for a connection served elsewhere (hyper's, a refused
+/// plain request on a TLS port); `shut`: its sending side is shut down already. The caller
+/// bounds it with a deadline.
+pub(super) async fn lingering_close<IO: Socket>(io: &mut IO, shut: bool) {
+    let (mut dropped, mut shut) = (BytesMut::new(), shut);
+    std::future::poll_fn(|cx| linger(io, &mut dropped, &mut shut, cx)).await;
+}
+
 /// Whether the client has closed the connection (or it failed) while its request waits for
 /// the answer. What it sent meanwhile is kept in `read` for later: a pipelined request is no
 /// sign of leaving, and a client that pipelined a whole buffer's worth is not looked at. While
