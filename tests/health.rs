@@ -61,6 +61,9 @@ async fn failing_backend_leaves_within_two_rounds_and_comes_back() {
     proxy.pass(Duration::from_millis(2300)).await;
     let (names, statuses) = answered_by(&mut c, 10).await;
     assert_eq!((names, statuses), (set(&["a"]), HashSet::from([200])));
+    // The warning says why the probe failed, once.
+    let why = "health check failed (status 500 Internal Server Error)";
+    assert_eq!(proxy.log_count(why), 1, "{}", proxy.log_text());
 
     b.set_status(204);
     proxy.pass(Duration::from_millis(2300)).await;

@@ -92,8 +92,8 @@ pub async fn round(snapshot: &Snapshot, settings: &HealthSettings) -> usize {
             let name = server_name(&route.host, &backend);
             let (method, timeout) = (settings.method.clone(), settings.probe_timeout());
             probes.spawn(async move {
-                if let Some(passed) = probe(&backend, &name, &path, method, timeout).await {
-                    backend.set_probed(&path, passed);
+                if let Some(verdict) = probe(&backend, &name, &path, method, timeout).await {
+                    backend.set_probed(&path, verdict.as_ref().copied().map_err(String::as_str));
                 }
             });
         }
@@ -115,15 +115,16 @@ fn server_name(route_host: &str, backend: &Backend) -> String {
     }
 }
 
-/// One probe: true when a status below 500 arrives within `timeout`, asking for `name` over TLS;
-/// `None` when the proxy could not even try (no socket: its own shortage, not the backend's).
+/// One probe: passed when a status below 500 arrives within `timeout`, asking for `name` over
+/// TLS, else failed with why; `None` when the proxy could not even try (no socket: its own
+/// shortage, not the backend's).
 pub async fn probe(
     backend: &Backend,
     name: &str,
     path: &str,
     method: Method,
     timeout: Duration,
-) -> Option<bool> {
+) -> Option<Result<(), String>> {
     let attempt = async {
         let wire = detect::wire_of(backend, timeout).await?;
         let addrs = backend.addrs();
@@ -148,7 +149,7 @@ pub async fn probe(
     let answered_meanwhile = backend.answers().saturating_sub(answers_before);
     if timed_out && answered_meanwhile > 0 {
         tracing::debug!(backend = %backend.label, path, "health probe: no answer within {timeout:?}, but {answered_meanwhile} requests were answered meanwhile; kept in rotation");
-        return Some(true);
+        return Some(Ok(()));
     }
     if let Ok(Err(e)) = &outcome {
         if e.kind() == connector::ConnectErrorKind::Local {
@@ -158,21 +159,14 @@ pub async fn probe(
         }
         doubt_detection(backend, e);
     }
-    match outcome {
-        Ok(Ok(resp)) if resp.status().as_u16() < 500 => Some(true),
-        Ok(Ok(resp)) => {
-            tracing::debug!(backend = %backend.label, path, "health probe: status {}", resp.status());
-            Some(false)
-        }
-        Ok(Err(e)) => {
-            tracing::debug!(backend = %backend.label, path, "health probe: {e}");
-            Some(false)
-        }
-        Err(_) => {
-            tracing::debug!(backend = %backend.label, path, "health probe: no answer within {timeout:?}");
-            Some(false)
-        }
-    }
+    let why = match outcome {
+        Ok(Ok(resp)) if resp.status().as_u16() < 500 => return Some(Ok(())),
+        Ok(Ok(resp)) => format!("status {}", resp.status()),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => format!("no answer within {timeout:?}"),
+    };
+    tracing::debug!(backend = %backend.label, path, "health probe: {why}");
+    Some(Err(why))
 }
 
 /// What a failed probe says about the backend's detected protocol. No connection: it may come

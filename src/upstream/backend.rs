@@ -390,18 +390,19 @@ impl Backend {
         until == 0 || self.health.now_ms() >= until
     }
 
-    /// Records a health check round's verdict for route path `path`; a pass also clears
-    /// passive marking.
-    pub fn set_probed(&self, path: &str, healthy: bool) {
+    /// Records a health check round's verdict for route path `path` (a failure says why); a
+    /// pass also clears passive marking.
+    pub fn set_probed(&self, path: &str, verdict: Result<(), &str>) {
+        let healthy = verdict.is_ok();
         let was_down = self.probe_down_at(path).swap(!healthy, Ordering::Relaxed);
         if healthy {
             self.connect_succeeded();
         }
-        match (was_down, healthy) {
-            (false, false) => {
-                tracing::warn!(backend = %self.label, path, "health check failed; out of the route's rotation")
+        match (was_down, verdict) {
+            (false, Err(why)) => {
+                tracing::warn!(backend = %self.label, path, "health check failed ({why}); out of the route's rotation")
             }
-            (true, true) => {
+            (true, Ok(())) => {
                 tracing::info!(backend = %self.label, path, "health check passed; back in the route's rotation")
             }
             _ => {}
@@ -550,13 +551,13 @@ mod tests {
     fn probes_decide_and_a_pass_clears_passive_marking() {
         let reg = Registry::for_tests(1, Duration::from_secs(60));
         let b = reg.backend(&parse_server("127.0.0.1:9").unwrap(), false);
-        b.set_probed("/", false);
+        b.set_probed("/", Err("status 503"));
         assert!(!b.is_up());
         assert!(b.passive_up());
         for _ in 0..3 {
             b.connect_failed();
         }
-        b.set_probed("/", true);
+        b.set_probed("/", Ok(()));
         assert!(
             b.is_up(),
             "a passing probe brings a passively marked backend back"
