@@ -433,10 +433,15 @@ async fn serve_parking<F: MakeService, S: ClientSocket>(
             };
         let mut parked = match dock.take() {
             Some(Left::Parked(parked)) if served_cleanly => parked,
-            // hyper ended it: the client may still be sending a body its answer came before.
+            // hyper ended it with bytes unread: the client may still be sending a body its
+            // answer came before, and a close now would send a reset that loses the answer.
+            // With none (an idle connection closed, a client that sent its last byte), the
+            // close is clean and nothing need wait for the client to close its side.
             Some(Left::Ended(mut ended)) => {
-                let closing = h1::lingering_close(&mut ended, true);
-                let _ = Box::pin(tokio::time::timeout(timers.head, closing)).await;
+                if ended.tcp().has_unread_bytes() {
+                    let closing = h1::lingering_close(&mut ended, true);
+                    let _ = Box::pin(tokio::time::timeout(timers.head, closing)).await;
+                }
                 break;
             }
             _ => break,

@@ -77,6 +77,12 @@ impl ClientTcp {
             .map_ok(drop)
     }
 
+    /// Whether bytes the client sent are waiting to be read, now, without waiting: closed with
+    /// them unread, the socket would send a reset.
+    pub fn has_unread_bytes(&self) -> bool {
+        matches!(self.socket.peek(&mut [0u8; 1]), Ok(1))
+    }
+
     /// Copies what has arrived without taking it off the socket, waiting until something has.
     pub async fn peek(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         std::future::poll_fn(|cx| self.poll_peek(cx, buf)).await
