@@ -413,3 +413,37 @@ async fn a_burst_over_the_pool_size_finds_its_connections_until_they_go_unused()
     burst(&proxy, 6).await;
     assert_eq!(capped.accepts(), 9, "three closed on return");
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_connection_its_backend_closed_is_closed_too() {
+    use tokio::io::AsyncWriteExt;
+    // A backend that answers once and ends the connection (its keep-alive timeout), then waits
+    // for the proxy's side to end too.
+    let listener = bind_local().await;
+    let addr = listener.local_addr().unwrap();
+    let (ended, proxy_ended) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut buf = Vec::new();
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+            assert!(Dropper::read_more(&mut stream, &mut buf).await);
+        }
+        let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-backend: once\r\n\r\nok";
+        stream.write_all(answer).await.unwrap();
+        stream.shutdown().await.unwrap();
+        while Dropper::read_more(&mut stream, &mut buf).await {}
+        let _ = ended.send(());
+    });
+    let proxy = Proxy::start(&route_to(&[format!("http://{addr}")]), "").await;
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    let resp = client.get("any", "/").await;
+    assert_eq!(resp.status(), 200);
+    body_bytes(resp).await;
+    // A sweep or two later the pooled connection is closed, not left in CLOSE-WAIT.
+    proxy.pass(Duration::from_secs(5)).await;
+    let closed = inproc::in_real_time(Duration::from_secs(5), proxy_ended).await;
+    assert!(
+        closed.is_some(),
+        "the proxy kept the idle connection its backend had closed"
+    );
+}

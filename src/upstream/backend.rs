@@ -161,6 +161,12 @@ impl Backend {
         self.trim_later(trim_due, worker, IdleKind::Hyper);
     }
 
+    /// Closes the idle connections of every worker that the backend has closed: they would stay
+    /// half-closed (CLOSE-WAIT) until the next request found them. How many.
+    pub fn close_gone_idle(&self) -> usize {
+        self.slots.iter().map(WorkerSlot::close_gone_inline).sum()
+    }
+
     /// Idle connections above the pool size may wait for the next burst (see `idle_list`) while
     /// the backend has used at most half its `upstream_max_connections`: idle ones on one worker
     /// must not take the places another worker needs.

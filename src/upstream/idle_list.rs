@@ -92,6 +92,24 @@ impl<T> IdleList<T> {
         (closed, self.trim_armed)
     }
 
+    /// Takes off the items `gone` says are of no more use (closed by the other side), wherever
+    /// they are, and returns them; the others keep their order.
+    pub fn remove_gone(&mut self, mut gone: impl FnMut(&mut T) -> bool) -> Vec<T> {
+        let mut removed = Vec::new();
+        let mut index = 0;
+        while index < self.items.len() {
+            if !gone(&mut self.items[index]) {
+                index += 1;
+                continue;
+            }
+            removed.push(self.items.remove(index));
+            if index < self.untouched {
+                self.untouched -= 1;
+            }
+        }
+        removed
+    }
+
     #[cfg(test)]
     fn len(&self) -> usize {
         self.items.len()
@@ -105,6 +123,21 @@ impl<T> IdleList<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gone_items_leave_from_anywhere_and_the_untouched_count_follows() {
+        // The first three stay untouched from the keep that went over the size.
+        let mut list = list_of(2, 0..6);
+        assert_eq!(list.untouched, 3);
+        let gone = list.remove_gone(|item| *item % 2 == 1);
+        assert_eq!(gone, vec![1, 3, 5]);
+        assert_eq!(list.items, vec![0, 2, 4]);
+        assert_eq!(list.untouched, 2, "0 and 2 are still the untouched bottom");
+        // The trim still closes only the surplus no request has touched.
+        let (closed, still_over) = list.trim(2);
+        assert_eq!((closed, still_over), (vec![0], false));
+        assert!(list.remove_gone(|_| false).is_empty());
+    }
 
     fn list_of(size: usize, items: std::ops::Range<u32>) -> IdleList<u32> {
         let mut list = IdleList::default();

@@ -98,6 +98,13 @@ impl WorkerSlot {
         closed.is_some()
     }
 
+    /// Closes the idle plain connections the backend has closed (or sent unasked bytes on);
+    /// how many.
+    pub fn close_gone_inline(&self) -> usize {
+        let gone = lock(&self.idle_inline).remove_gone(|conn| !conn.is_reusable_now());
+        gone.len()
+    }
+
     /// Keeps a plain connection whose response has been read: within `max` idle ones, or above
     /// that if `surplus_allowed()` (see `idle_list`). Returns whether a trim is now due.
     pub fn put_inline(

@@ -131,6 +131,10 @@ impl Proxy {
             ));
         }
         let snapshot = ctx.reloader.snapshot.clone();
+        tokio::spawn(aralez::control::idle_sweep::run(
+            snapshot.clone(),
+            aralez::control::idle_sweep::EVERY,
+        ));
         tokio::spawn(health::run(snapshot, HealthSettings::from_main(&main)));
         ctx.reloader
             .start_watchers(tokio::runtime::Handle::current());
