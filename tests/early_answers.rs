@@ -39,6 +39,29 @@ async fn raw_backend(answer: fn(&str) -> (&'static [u8], bool)) -> std::net::Soc
     addr
 }
 
+/// A backend that answers every request 413 at once and closes, its body unread.
+async fn refusing_backend() -> std::net::SocketAddr {
+    raw_backend(|_| {
+        let refusal: &[u8] =
+            b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 9\r\nconnection: close\r\n\r\ntoo large";
+        (refusal, true)
+    })
+    .await
+}
+
+/// POSTs `body` to `host`'s `/upload` over a new HTTP/1.1 connection: the answer, within 10 s.
+async fn upload(
+    proxy: &ProxyProcess,
+    host: &str,
+    body: ClientBody,
+) -> hyper::Response<hyper::body::Incoming> {
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    let sent = client.send(http::Method::POST, Some(host), "/upload", &[], body);
+    tokio::time::timeout(Duration::from_secs(10), sent)
+        .await
+        .expect("an answer in time")
+}
+
 fn route_to(backend: String) -> String {
     Upstreams::new()
         .host(
@@ -52,26 +75,11 @@ fn route_to(backend: String) -> String {
 async fn a_backend_that_refuses_an_upload_early_is_heard_not_a_502() {
     // The answer, then the connection closed with the body unread: the proxy's next writes
     // meet a reset.
-    let backend = raw_backend(|_| {
-        let refusal: &[u8] =
-            b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 9\r\nconnection: close\r\n\r\ntoo large";
-        (refusal, true)
-    })
-    .await;
+    let backend = refusing_backend().await;
     let proxy = ProxyProcess::start(&route_to(format!("http://{backend}")), "");
     let body = Bytes::from(vec![b'x'; 8 << 20]);
     for round in 0..5 {
-        let mut client = Client::connect(Proto::H1, proxy.addr).await;
-        let sent = client.send(
-            http::Method::POST,
-            Some("x.test"),
-            "/upload",
-            &[],
-            full(body.clone()),
-        );
-        let resp = tokio::time::timeout(Duration::from_secs(10), sent)
-            .await
-            .expect("an answer");
+        let resp = upload(&proxy, "x.test", full(body.clone())).await;
         assert_eq!(resp.status(), 413, "round {round}: {}", proxy.log_text());
         assert_eq!(&body_bytes(resp).await[..], b"too large");
     }
@@ -119,44 +127,17 @@ async fn an_answer_before_a_chunked_upload_is_read_reaches_the_client() {
     // A chunked upload (no Content-Length) is served by hyper's side: answered before its body
     // is in, by the backend (413) or by the proxy itself (401), the connection must end with a
     // lingering close, or the client, still sending, meets a reset that loses the answer.
-    let backend = raw_backend(|_| {
-        let refusal: &[u8] =
-            b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 9\r\nconnection: close\r\n\r\ntoo large";
-        (refusal, true)
-    })
-    .await;
+    let backend = refusing_backend().await;
+    let to_backend = || Path::addrs(&[format!("http://{backend}")]).healthcheck(false);
+    let basic = to_backend().authorization_data("basic", "ann:pa:ss");
     let upstreams = Upstreams::new()
-        .host(
-            "x.test",
-            Host::new().path(
-                "/",
-                Path::addrs(&[format!("http://{backend}")]).healthcheck(false),
-            ),
-        )
-        .host(
-            "auth.test",
-            Host::new().path(
-                "/",
-                Path::addrs(&[format!("http://{backend}")])
-                    .healthcheck(false)
-                    .authorization_data("basic", "ann:pa:ss"),
-            ),
-        )
+        .host("x.test", Host::new().path("/", to_backend()))
+        .host("auth.test", Host::new().path("/", basic))
         .render();
     let proxy = ProxyProcess::start(&upstreams, "");
     for (host, status) in [("auth.test", 401), ("x.test", 413)] {
         for round in 0..6 {
-            let mut client = Client::connect(Proto::H1, proxy.addr).await;
-            let sent = client.send(
-                http::Method::POST,
-                Some(host),
-                "/upload",
-                &[],
-                generated_body(4 << 20),
-            );
-            let resp = tokio::time::timeout(Duration::from_secs(10), sent)
-                .await
-                .expect("an answer in time");
+            let resp = upload(&proxy, host, generated_body(4 << 20)).await;
             assert_eq!(
                 resp.status(),
                 status,
