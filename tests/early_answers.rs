@@ -55,7 +55,15 @@ async fn upload(
     host: &str,
     body: ClientBody,
 ) -> hyper::Response<hyper::body::Incoming> {
-    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    upload_on(Client::connect(Proto::H1, proxy.addr).await, host, body).await
+}
+
+/// [`upload`] on `client`'s connection.
+async fn upload_on(
+    mut client: Client,
+    host: &str,
+    body: ClientBody,
+) -> hyper::Response<hyper::body::Incoming> {
     let sent = client.send(http::Method::POST, Some(host), "/upload", &[], body);
     tokio::time::timeout(Duration::from_secs(10), sent)
         .await
@@ -134,10 +142,22 @@ async fn an_answer_before_a_chunked_upload_is_read_reaches_the_client() {
         .host("x.test", Host::new().path("/", to_backend()))
         .host("auth.test", Host::new().path("/", basic))
         .render();
-    let proxy = ProxyProcess::start(&upstreams, "");
+    let certs = tempfile::tempdir().unwrap();
+    let root = write_self_signed(certs.path(), "test", &["x.test", "auth.test"]);
+    let tls_listener = format!(
+        "proxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"",
+        certs.path().display()
+    );
+    let proxy = ProxyProcess::start(&upstreams, &tls_listener);
+    let tls = proxy.logged_addr("listening on https://");
+    let tls_config = tls_client_config(&[root], &[b"http/1.1"]);
     for (host, status) in [("auth.test", 401), ("x.test", 413)] {
-        for round in 0..6 {
-            let resp = upload(&proxy, host, generated_body(4 << 20)).await;
+        for round in 0..8 {
+            let client = match round % 2 {
+                0 => Client::connect(Proto::H1, proxy.addr).await,
+                _ => Client::connect_tls(tls, host, tls_config.clone()).await,
+            };
+            let resp = upload_on(client, host, generated_body(4 << 20)).await;
             assert_eq!(
                 resp.status(),
                 status,

@@ -433,12 +433,14 @@ async fn serve_parking<F: MakeService, S: ClientSocket>(
             };
         let mut parked = match dock.take() {
             Some(Left::Parked(parked)) if served_cleanly => parked,
-            // hyper ended it with bytes unread: the client may still be sending a body its
-            // answer came before, and a close now would send a reset that loses the answer.
-            // With none (an idle connection closed, a client that sent its last byte), the
-            // close is clean and nothing need wait for the client to close its side.
+            // hyper ended it after a request with a body, or with bytes unread: the client
+            // may still be sending a body its answer came before, and a close now would send a
+            // reset that loses the answer (what it sent may all have been read into hyper's or
+            // rustls's buffer, the rest still on its way). Otherwise (an idle connection
+            // closed, a client that said `Connection: close`) the close is clean, and nothing
+            // need wait for a client that may never close its side.
             Some(Left::Ended(mut ended)) => {
-                if ended.tcp().has_unread_bytes() {
+                if activity.last_request_had_body() || ended.tcp().has_unread_bytes() {
                     let closing = h1::lingering_close(&mut ended, true);
                     let _ = Box::pin(tokio::time::timeout(timers.head, closing)).await;
                 }

@@ -109,6 +109,12 @@ impl Activity {
         }
     }
 
+    /// Whether the last request began with a body to come: its client may still be sending
+    /// what nobody reads.
+    pub fn last_request_had_body(&self) -> bool {
+        self.request_body.load(Ordering::Relaxed)
+    }
+
     fn now_nanos(&self) -> u64 {
         let since_base = Instant::now().saturating_duration_since(self.base);
         u64::try_from(since_base.as_nanos()).unwrap_or(u64::MAX)
