@@ -50,19 +50,8 @@ pub async fn watch(store: Arc<CertStore>, reload: CertReload) {
     let dir = std::path::absolute(&store.dir).unwrap_or_else(|_| store.dir.clone());
     let mut said_unwatched = false;
     let mut identity = dir_identity(&dir);
+    let mut armed = arm_or_say(&dir, &wake, &mut said_unwatched);
     loop {
-        let armed = arm(&dir, wake.clone());
-        match &armed {
-            Ok(_) => said_unwatched = false,
-            Err(e) if !said_unwatched => {
-                tracing::warn!(
-                    "certificates: cannot watch {}: {e}; they reload on SIGHUP",
-                    dir.display()
-                );
-                said_unwatched = true;
-            }
-            Err(_) => {}
-        }
         // A directory made anew since the last look: what was copied into it before this
         // watch was set up is read now.
         let now = dir_identity(&dir);
@@ -89,7 +78,35 @@ pub async fn watch(store: Arc<CertStore>, reload: CertReload) {
                 _ => tracing::info!("certificates reloaded: {count} pair(s) serving"),
             }
         }
-        drop(armed);
+        // The next watch (links may lead elsewhere now) is set before this one goes: a change
+        // made meanwhile wakes one of them. Dropped first, the watch missed a renewal's links
+        // moved while it was being set up again, until the next SIGHUP.
+        let next = arm_or_say(&dir, &wake, &mut said_unwatched);
+        drop(std::mem::replace(&mut armed, next));
+    }
+}
+
+/// [`arm`], saying once (until it works again) when the directory cannot be watched.
+fn arm_or_say(
+    dir: &Path,
+    wake: &Arc<Notify>,
+    said_unwatched: &mut bool,
+) -> Option<RecommendedWatcher> {
+    match arm(dir, wake.clone()) {
+        Ok(watcher) => {
+            *said_unwatched = false;
+            Some(watcher)
+        }
+        Err(e) => {
+            if !*said_unwatched {
+                tracing::warn!(
+                    "certificates: cannot watch {}: {e}; they reload on SIGHUP",
+                    dir.display()
+                );
+                *said_unwatched = true;
+            }
+            None
+        }
     }
 }
 
