@@ -351,6 +351,39 @@ fn proxy_to(backend: &Backend) -> ProxyProcess {
     ProxyProcess::start(&yaml, "")
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_answer_reaches_a_client_that_asked_to_close_whole() {
+    // The last piece of an answer of known length, over 16 KiB, written on a connection that
+    // closes after it (`Connection: close`, as urllib sends, or the drain): it went out cut.
+    // An HTTP/1.1 backend: its answer comes in pieces as large as the proxy reads.
+    let backend = Backend::builder("a").h1_only().start().await;
+    let certs = tempfile::tempdir().unwrap();
+    let root = write_self_signed(certs.path(), "test", &["x.test"]);
+    let (proxy, tls) = start_tls_proxy(&backend, certs.path(), "medium");
+    let tls_config = tls_client_config(&[root], &[b"http/1.1"]);
+    for size in [60_000, 300_000, 2_000_000] {
+        for over_tls in [false, true] {
+            let mut client = match over_tls {
+                false => Client::connect(Proto::H1, proxy.addr).await,
+                true => Client::connect_tls(tls, "x.test", tls_config.clone()).await,
+            };
+            let path = format!("/sized/{size}");
+            let close = [("connection", "close")];
+            let resp = client
+                .send(Method::GET, Some("x.test"), &path, &close, full(""))
+                .await;
+            assert_eq!(resp.status(), 200);
+            assert_eq!(header(&resp, "content-length"), size.to_string());
+            let got = resp.into_body().collect().await;
+            let got = got.map(|body| body.to_bytes().len());
+            assert!(
+                matches!(got, Ok(n) if n == size),
+                "{size} bytes, TLS {over_tls}: {got:?}"
+            );
+        }
+    }
+}
+
 fn chunked_unknown_length(chunks: usize, size: usize) -> ClientBody {
     let parts =
         (0..chunks).map(move |i| Ok(Frame::data(Bytes::from(vec![b'a' + (i % 26) as u8; size]))));

@@ -192,7 +192,7 @@ impl BackendBuilder {
 /// `x-seen-uri` (path and query), `x-seen-target` (the request target as
 /// received: absolute over HTTP/2), `x-seen-version`, `x-seen-headers` (every header name, sorted,
 /// comma-joined), `x-seen-remote-user`, `x-seen-auth-groups`. Paths: `/big/<bytes>` streams that
-/// many bytes; `/echo...` streams the request body back; `/slow/<ms>` answers after that long;
+/// many bytes; `/sized/<bytes>` sends that many in one piece, with a `Content-Length`; `/echo...` streams the request body back; `/slow/<ms>` answers after that long;
 /// anything else answers `name` as the body. HTTP/1.1 responses also carry hop-by-hop headers the
 /// proxy must drop.
 ///
@@ -375,6 +375,8 @@ pub(crate) async fn answer(
     let path = req.uri().path().to_string();
     let body: ClientBody = if let Some(n) = path.strip_prefix("/big/") {
         generated_body(n.parse().unwrap_or(0))
+    } else if let Some(n) = path.strip_prefix("/sized/") {
+        full(vec![b'x'; n.parse().unwrap_or(0)])
     } else if path.starts_with("/echo") {
         echo_until_error(req.into_body())
     } else if path.starts_with("/collect") {

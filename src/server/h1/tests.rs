@@ -24,7 +24,8 @@ type TestBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
 type Answer = Pin<Box<dyn Future<Output = Result<Response<TestBody>, Infallible>> + Send>>;
 
 /// Answers `/` with `hello`, `/chunks` with two frames of unknown length, `/big` with one
-/// 20,000-byte frame of unknown length, `/empty` with 204; each says which path it served.
+/// 20,000-byte frame of unknown length, `/sized` with one 100,000-byte frame of known length,
+/// `/empty` with 204; each says which path it served.
 fn answer(req: Request<ClientBody>) -> Answer {
     Box::pin(async move {
         let path = req.uri().path().to_owned();
@@ -37,6 +38,9 @@ fn answer(req: Request<ClientBody>) -> Answer {
                 let frame = Ok(Frame::data(Bytes::from(vec![b'x'; 20_000])));
                 StreamBody::new(futures_util::stream::iter([frame])).boxed_unsync()
             }
+            "/sized" => Full::new(Bytes::from(vec![b'y'; 100_000]))
+                .map_err(|e| match e {})
+                .boxed_unsync(),
             _ => Full::new(Bytes::from("hello"))
                 .map_err(|e| match e {})
                 .boxed_unsync(),
@@ -104,6 +108,17 @@ async fn a_large_chunk_goes_out_whole_with_its_framing() {
     let (head, body) = text.split_once("\r\n\r\n").unwrap();
     assert!(head.contains("transfer-encoding: chunked"), "{head}");
     assert_eq!(body, format!("4e20\r\n{}\r\n0\r\n\r\n", "x".repeat(20_000)));
+}
+
+#[tokio::test]
+async fn a_large_last_piece_goes_out_whole_on_a_closing_connection() {
+    // More than the pipe takes at once: the head and part of the piece go in the first write,
+    // the rest of the piece alone in the next ones.
+    let (text, served) = exchange("GET /sized HTTP/1.1\r\nconnection: close\r\n\r\n").await;
+    assert!(matches!(served, Ok(None)), "{served:?}");
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    assert!(head.contains("content-length: 100000"), "{head}");
+    assert_eq!(body.len(), 100_000);
 }
 
 #[tokio::test]

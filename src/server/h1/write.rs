@@ -164,7 +164,12 @@ pub fn flush_all<IO: Socket>(
         let both = *written < out.len() && !piece.is_empty();
         let io = Pin::new(&mut *io);
         let n = if last {
-            ready!(io.poll_write_last(cx, if both { &slices } else { &slices[..1] }))?
+            let pending = match (both, *written < out.len()) {
+                (true, _) => &slices[..],
+                (false, true) => &slices[..1],
+                (false, false) => &slices[1..],
+            };
+            ready!(io.poll_write_last(cx, pending))?
         } else if both && io.is_write_vectored() {
             ready!(io.poll_write_vectored(cx, &slices))?
         } else if *written < out.len() {
