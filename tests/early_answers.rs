@@ -164,7 +164,25 @@ async fn an_answer_before_a_chunked_upload_is_read_reaches_the_client() {
                 "{host} round {round}: {}",
                 proxy.log_text()
             );
+            // The connection ends after it, and says so.
+            assert_eq!(header(&resp, "connection"), "close", "{host} round {round}");
             body_bytes(resp).await;
         }
     }
+    // HTTP/1.0 asking to keep the connection, refused before its body is read: told to close.
+    let mut raw = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let head = "POST /upload HTTP/1.0\r\nhost: auth.test\r\nconnection: keep-alive\r\ncontent-length: 65536\r\n\r\n";
+    raw.write_all(head.as_bytes()).await.unwrap();
+    raw.write_all(&[b'x'; 1000]).await.unwrap();
+    let mut seen = Vec::new();
+    while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+        assert!(support::scripted::read_more(&mut raw, &mut seen).await);
+    }
+    let answer = String::from_utf8_lossy(&seen).into_owned();
+    assert!(answer.starts_with("HTTP/1.0 401"), "{answer}");
+    let answer = answer.to_ascii_lowercase();
+    assert!(
+        answer.contains("connection: close") && !answer.contains("keep-alive"),
+        "{answer}"
+    );
 }

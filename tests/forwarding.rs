@@ -422,6 +422,8 @@ async fn request_and_response_bodies() {
                 chunked_unknown_length(40, 5000),
             )
             .await;
+        // Answered while the body is still read, and read to its end: the connection goes on.
+        assert_eq!(header(&resp, "connection"), "", "{proto:?}");
         let echoed = body_bytes(resp).await;
         assert_eq!(
             echoed.len(),
@@ -429,6 +431,8 @@ async fn request_and_response_bodies() {
             "{proto:?}: chunked body of unknown length"
         );
         assert_eq!(echoed[5000], b'b');
+        let next = client.get("x", "/").await;
+        assert_eq!(next.status(), 200, "{proto:?}: the same connection again");
     }
 }
 

@@ -220,7 +220,7 @@ fn check_h3_fields(headers: &http::HeaderMap) -> Result<(), ProxyError> {
 /// would be dropped on the way to the backend with the field. Only hyper's HTTP/1 requests can
 /// have the field (aralez's own HTTP/1.1 reader leaves them to hyper; HTTP/2 refuses it).
 fn check_transfer_coding(req: &Request<ClientBody>) -> Result<(), ProxyError> {
-    if !matches!(req.body(), ClientBody::Hyper(_)) || req.version() > Version::HTTP_11 {
+    if req.version() > Version::HTTP_11 {
         return Ok(());
     }
     let codings = req.headers().get_all(http::header::TRANSFER_ENCODING);

@@ -7,8 +7,11 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+
+use bytes::Bytes;
 
 use http::header::{HeaderValue, CONNECTION, EXPECT};
 use http::{Method, Request, Response, StatusCode, Version};
@@ -19,6 +22,7 @@ use pin_project_lite::pin_project;
 use super::idle::{Activity, InFlight};
 use crate::vocab::headers::X_REQUEST_ID;
 use crate::vocab::late_id::LateId;
+use crate::vocab::request_body::BoxError;
 use crate::vocab::{ClientBody, StreamHeld};
 
 /// Who writes the heads of a connection's answers.
@@ -63,8 +67,12 @@ where
 
     fn call(&self, req: Request<RB>) -> Self::Future {
         let mut req: Request<ClientBody> = req.map(Into::into);
-        let in_flight = Some(self.activity.begin(!req.body().is_end_stream()));
-        let http1 = req.version() < Version::HTTP_2;
+        let with_body = !req.body().is_end_stream();
+        let in_flight = Some(self.activity.begin(with_body));
+        let req_version = req.version();
+        let http1 = req_version < Version::HTTP_2;
+        let body_end = (http1 && with_body && self.writer == HeadWriter::Hyper)
+            .then(|| note_body_end(&mut req));
         if !http1 {
             self.activity.mark_http2();
             if req.method() == Method::CONNECT {
@@ -77,12 +85,79 @@ where
             http1 && self.writer == HeadWriter::Hyper && req.headers().contains_key(EXPECT);
         TrackedAnswer {
             expects,
+            body_end,
             inner: self.inner.call(req),
             in_flight,
-            http1,
+            version: req_version,
             head,
             writer: self.writer,
         }
+    }
+}
+
+/// Wraps `req`'s body (hyper's, HTTP/1) so that its end is noted. An answer that comes before
+/// it and leaves the rest unread (a refusal, a backend's early answer; [`body_left_unread`])
+/// ends the connection, as hyper will not read the rest: it must say `Connection: close` (RFC
+/// 9112 §9.6), or a client that reuses the connection meets its end, and one that pipelined
+/// loses the request. hyper writes the head before it finds out, and then closes without
+/// saying so.
+fn note_body_end(req: &mut Request<ClientBody>) -> Arc<AtomicBool> {
+    let ended = Arc::new(AtomicBool::new(false));
+    let inner = std::mem::replace(req.body_mut(), ClientBody::Empty);
+    let noted = EndNoted {
+        inner,
+        ended: ended.clone(),
+    };
+    *req.body_mut() = ClientBody::Stream(http_body_util::BodyExt::boxed_unsync(noted));
+    ended
+}
+
+/// Whether the rest of a request body, not read to its end when the answer came, will be left
+/// unread: nobody holds the body any more (a refusal), or the answer is an error (a backend's
+/// early 413, whose upload stops). A body still held under a success (a backend that streams
+/// its answer while it reads, as an echo does) is read to its end by hyper, and the connection
+/// goes on.
+fn body_left_unread(ended: &Arc<AtomicBool>, status: StatusCode) -> bool {
+    let dropped = Arc::strong_count(ended) == 1;
+    !ended.load(Ordering::Relaxed) && (dropped || status.as_u16() >= 400)
+}
+
+pin_project! {
+    /// A request body that notes when it has been read to its end.
+    struct EndNoted {
+        #[pin]
+        inner: ClientBody,
+        ended: Arc<AtomicBool>,
+    }
+}
+
+impl Body for EndNoted {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let mut this = self.project();
+        let polled = this.inner.as_mut().poll_frame(cx);
+        let ended = match &polled {
+            Poll::Ready(None) => true,
+            Poll::Ready(Some(Ok(_))) => this.inner.is_end_stream(),
+            _ => false,
+        };
+        if ended {
+            this.ended.store(true, Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -101,11 +176,13 @@ pin_project! {
         #[pin]
         inner: F,
         in_flight: Option<InFlight>,
-        // HTTP/1: told `Connection: close` when draining.
-        http1: bool,
+        // The request's: HTTP/1 is told `Connection: close` when draining.
+        version: Version,
         head: bool,
         // The request asked for `100 Continue` before sending its body.
         expects: bool,
+        // hyper's HTTP/1 request body: whether it has been read to its end.
+        body_end: Option<Arc<AtomicBool>>,
         writer: HeadWriter,
     }
 }
@@ -136,9 +213,19 @@ where
             in_flight.progress();
             draining = in_flight.draining();
         }
-        if *this.http1 && (draining || ends_connection(&resp, *this.writer, *this.expects)) {
+        let body_left = this
+            .body_end
+            .as_ref()
+            .is_some_and(|ended| body_left_unread(ended, resp.status()));
+        let ends = body_left || ends_connection(&resp, *this.writer, *this.expects);
+        if *this.version < Version::HTTP_2 && (draining || ends) {
             resp.headers_mut()
                 .insert(CONNECTION, HeaderValue::from_static("close"));
+            // An HTTP/1.1 answer to an HTTP/1.0 request that asked to keep the connection gets
+            // hyper's `keep-alive` added to the `close`; one marked HTTP/1.0 does not.
+            if *this.version == Version::HTTP_10 {
+                *resp.version_mut() = Version::HTTP_10;
+            }
         }
         let in_flight = this.in_flight.take();
         let head = *this.head;
