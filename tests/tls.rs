@@ -41,12 +41,17 @@ async fn start(grade: &str) -> TlsProxy {
     }
 }
 
-/// Handshakes with `name` as SNI (an IP sends none) and returns the certificate served.
+/// Handshakes with `name` as SNI (an IP sends none) and returns the certificate served. Never
+/// resumed: a resumed session reports the certificate of the session it resumes, so a check
+/// that ran once before a renewal was picked up would see the old certificate for good.
 async fn served_cert(
     addr: SocketAddr,
     name: &str,
     config: Arc<rustls::ClientConfig>,
 ) -> std::io::Result<CertificateDer<'static>> {
+    let mut config = (*config).clone();
+    config.resumption = rustls::client::Resumption::disabled();
+    let config = Arc::new(config);
     let stream = TcpStream::connect(addr).await?;
     let server_name = ServerName::try_from(name.to_string()).expect("name");
     let tls = tokio_rustls::TlsConnector::from(config)
@@ -573,6 +578,46 @@ async fn certificates_follow_their_links_a_replaced_directory_and_sighup() {
         served.is_ok_and(|cert| cert == fresh).then_some(())
     });
     assert!(picked_up.await.is_some(), "{}", proxy.log_text());
+
+    // The directory gone for a while (moved away; its replacement moved in later): the pairs
+    // loaded keep serving meanwhile, and the replacement's serve once it is there, no SIGHUP.
+    std::fs::rename(at("certs"), at("certs.old")).unwrap();
+    let seen_gone = || proxy.log_text().contains("pair(s) loaded keep serving");
+    assert!(
+        eventually(Duration::from_secs(10), seen_gone).await,
+        "{}",
+        proxy.log_text()
+    );
+    let still = served_cert(tls, "c.local", config.clone()).await;
+    assert_eq!(still.ok(), Some(fresh.clone()), "{}", proxy.log_text());
+    std::fs::create_dir(at("certs.new")).unwrap();
+    let replacement = write_self_signed(&at("certs.new"), "d", &["d.local"]);
+    std::fs::rename(at("certs.new"), at("certs")).unwrap();
+    let config = tls_client_config(&[replacement.clone()], &[b"http/1.1"]);
+    let picked_up = eventually_async(Duration::from_secs(10), || async {
+        let served = served_cert(tls, "d.local", config.clone()).await;
+        served.is_ok_and(|cert| cert == replacement).then_some(())
+    });
+    assert!(picked_up.await.is_some(), "{}", proxy.log_text());
+}
+
+/// A change made after the certificates were read at start but before the directory was
+/// watched (no event will ever tell of it) is read once the watch is set up.
+#[tokio::test]
+async fn a_change_before_the_watch_began_is_read_when_it_begins() {
+    let dir = tempfile::tempdir().unwrap();
+    write_self_signed(dir.path(), "a", &["a.local"]);
+    let (store, problems) = aralez::tls::CertStore::open(dir.path());
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_eq!(store.len(), 1);
+    write_self_signed(dir.path(), "b", &["b.local"]);
+    let watching = tokio::spawn(aralez::tls::watch(
+        store.clone(),
+        aralez::tls::CertReload::new(),
+    ));
+    let read = eventually(Duration::from_secs(10), || store.len() == 2).await;
+    watching.abort();
+    assert!(read, "the pair added before the watch began was not read");
 }
 
 /// A ClientHello whose SNI is an IP address (wrk and h2load send one) is served without a word

@@ -207,6 +207,37 @@ pub struct CertStore {
     index: ArcSwap<Index>,
     /// Last good copy of each pair, by NAME (control plane only).
     pairs: Mutex<BTreeMap<String, LoadedPair>>,
+    /// The directory as the last reload found it.
+    read_as: Mutex<DirPrint>,
+}
+
+/// Entries of a directory looked at for its print.
+const MAX_PRINTED: usize = 16_384;
+
+/// What a directory's entries lead to: each name with the device, inode, size and change time
+/// of the file it reads as (links followed). Equal prints: nothing a reload reads has changed.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct DirPrint(Vec<(std::ffi::OsString, u64, u64, u64, i64, i64)>);
+
+impl DirPrint {
+    /// `dir`'s print; a directory that cannot be read prints empty.
+    fn of(dir: &Path) -> DirPrint {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return DirPrint::default();
+        };
+        let mut print: Vec<_> = entries
+            .filter_map(Result::ok)
+            .take(MAX_PRINTED)
+            .filter_map(|entry| {
+                let m = std::fs::metadata(entry.path()).ok()?;
+                let (name, at) = (entry.file_name(), (m.mtime(), m.mtime_nsec()));
+                Some((name, m.dev(), m.ino(), m.size(), at.0, at.1))
+            })
+            .collect();
+        print.sort_unstable();
+        DirPrint(print)
+    }
 }
 
 impl std::fmt::Debug for CertStore {
@@ -222,6 +253,7 @@ impl CertStore {
             dir: dir.to_path_buf(),
             index: ArcSwap::from_pointee(Index::default()),
             pairs: Mutex::new(BTreeMap::new()),
+            read_as: Mutex::new(DirPrint::default()),
         });
         let problems = store.reload();
         (store, problems)
@@ -240,17 +272,36 @@ impl CertStore {
     /// loaded them).
     pub fn unreadable_files(&self) -> Vec<PathBuf> {
         pair_names(&self.dir)
+            .unwrap_or_default()
             .iter()
             .flat_map(|name| ["crt", "key"].map(|ext| self.dir.join(format!("{name}.{ext}"))))
             .filter(|path| std::fs::File::open(path).is_err())
             .collect()
     }
 
+    /// Whether the directory has changed since the last reload read it (a change made before
+    /// it was watched).
+    pub fn changed_since_read(&self) -> bool {
+        let read_as = self.read_as.lock().unwrap_or_else(|p| p.into_inner());
+        DirPrint::of(&self.dir) != *read_as
+    }
+
     /// Re-reads the directory. A pair that fails keeps its last good copy; a deleted pair goes.
+    /// A directory that cannot be read (gone while it is replaced) changes nothing.
     pub fn reload(&self) -> Vec<String> {
-        let names = pair_names(&self.dir);
-        let mut problems = Vec::new();
+        *self.read_as.lock().unwrap_or_else(|p| p.into_inner()) = DirPrint::of(&self.dir);
         let mut pairs = self.pairs.lock().unwrap_or_else(|p| p.into_inner());
+        let names = match pair_names(&self.dir) {
+            Ok(names) => names,
+            Err(e) => {
+                let dir = self.dir.display();
+                let kept = pairs.len();
+                return vec![format!(
+                    "cannot read {dir}: {e}; the {kept} pair(s) loaded keep serving"
+                )];
+            }
+        };
+        let mut problems = Vec::new();
         pairs.retain(|name, _| names.contains(name));
         for name in &names {
             match load_pair(&self.dir, name) {
@@ -292,10 +343,8 @@ fn unix_now() -> i64 {
 
 /// NAMEs that have a `.crt` (their `.key` is checked when loading), less CA certificates
 /// without a key.
-fn pair_names(dir: &Path) -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
+fn pair_names(dir: &Path) -> std::io::Result<Vec<String>> {
+    let entries = std::fs::read_dir(dir)?;
     let mut names: Vec<String> = entries
         .filter_map(Result::ok)
         .filter_map(|e| {
@@ -305,7 +354,7 @@ fn pair_names(dir: &Path) -> Vec<String> {
         .filter(|name| !is_ca_without_key(dir, name))
         .collect();
     names.sort();
-    names
+    Ok(names)
 }
 
 /// Whether `dir/NAME.crt`, with no `NAME.key` beside it, holds a CA certificate: one to verify

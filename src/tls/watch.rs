@@ -7,7 +7,11 @@
 //! - the directories a symlinked pair leads through (certbot's `live/NAME/*.pem` links into
 //!   `archive/NAME/`): a renewal changes the links there, never the entries here.
 //!
-//! The watch is set up again after each reload, so it follows links that now lead elsewhere.
+//! The watch is set up again after each reload, so it follows links that now lead elsewhere;
+//! whatever changed while it was not set up (before the first one, or between two) is found by
+//! comparing the directory with what the last reload read. A directory that is gone for a while
+//! (replaced by `mv`) keeps its pairs serving, and its parent's watch tells when it is back; with
+//! nothing to watch at all, it is looked at every few seconds.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -22,6 +26,8 @@ use super::CertStore;
 /// Directories watched for the links of one certificate directory, at most: beyond, a renewal
 /// through links is picked up on SIGHUP only.
 const MAX_LINK_DIRS: usize = 512;
+/// How often a directory that cannot be watched is looked at.
+const UNWATCHED_LOOK: Duration = Duration::from_secs(5);
 /// Hops followed along one chain of symlinks.
 const MAX_HOPS: usize = 8;
 /// Entries of the certificate directory looked at for links.
@@ -52,14 +58,24 @@ pub async fn watch(store: Arc<CertStore>, reload: CertReload) {
     let mut identity = dir_identity(&dir);
     let mut armed = arm_or_say(&dir, &wake, &mut said_unwatched);
     loop {
-        // A directory made anew since the last look: what was copied into it before this
-        // watch was set up is read now.
+        // A directory made anew, or changed, since it was last read (the first time: since the
+        // start read it, before it was watched): read it now.
         let now = dir_identity(&dir);
-        if now != identity {
+        if now != identity || store.changed_since_read() {
             identity = now;
             wake.notify_one();
         }
-        wake.notified().await;
+        match armed {
+            Some(_) => wake.notified().await,
+            // Nothing watched (the directory and its parent gone): look again now and then.
+            None => {
+                let woken = tokio::time::timeout(UNWATCHED_LOOK, wake.notified()).await;
+                if woken.is_err() && !store.changed_since_read() {
+                    armed = arm_or_say(&dir, &wake, &mut said_unwatched);
+                    continue;
+                }
+            }
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
         // The rest of the burst (a write, then its close) woke it again meanwhile: this one
         // reload covers it.
@@ -135,14 +151,24 @@ fn arm(dir: &Path, wake: Arc<Notify>) -> notify::Result<RecommendedWatcher> {
         }
         wake.notify_one();
     })?;
-    watcher.watch(dir, RecursiveMode::NonRecursive)?;
+    let own_watch = watcher.watch(dir, RecursiveMode::NonRecursive);
     // Best effort beyond the directory itself: it still reloads on its own changes and SIGHUP.
+    let mut others = false;
     for other in parent.iter().chain(links.iter()) {
-        if let Err(e) = watcher.watch(other, RecursiveMode::NonRecursive) {
-            tracing::debug!("certificates: cannot watch {}: {e}", other.display());
+        match watcher.watch(other, RecursiveMode::NonRecursive) {
+            Ok(()) => others = true,
+            Err(e) => tracing::debug!("certificates: cannot watch {}: {e}", other.display()),
         }
     }
-    Ok(watcher)
+    match own_watch {
+        Ok(()) => Ok(watcher),
+        // The directory is gone for now (being replaced): its parent tells when it is back.
+        Err(e) if others => {
+            tracing::debug!("certificates: cannot watch {} yet: {e}", dir.display());
+            Ok(watcher)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// The directories `dir`'s symlinked entries lead through (each link's own directory and its
