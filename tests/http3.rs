@@ -335,6 +335,20 @@ async fn sigterm_lets_an_http3_request_in_flight_finish() {
     assert_eq!((status, &body[..]), (200, &b"h3-backend"[..]));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_does_not_wait_for_an_idle_http3_connection_to_time_out() {
+    // An idle connection (its one request done) ends once told to close: the stop waited for
+    // the client's idle timeout (here 60 s, past the grace period's 30) before.
+    let backend = Backend::start("h3-backend").await;
+    let mut h3 = H3Proxy::start_with(&backend, "client_idle_timeout: 60");
+    let (_endpoint, mut send, _driving, _conn) = h3.connect(std::slice::from_ref(&h3.pki.ca)).await;
+    let (status, _, _) = exchange(&mut send, Method::GET, "/", &[], Bytes::new()).await;
+    assert_eq!(status, 200);
+    h3.proxy.signal(nix::sys::signal::Signal::SIGTERM);
+    let exited = h3.proxy.wait_exit(Duration::from_secs(15));
+    assert!(exited.is_some(), "still running: {}", h3.proxy.log_text());
+}
+
 #[tokio::test]
 async fn an_independent_client_aioquic_gets_the_same_answers() {
     let Some(python) = tools::find(&AIOQUIC) else {

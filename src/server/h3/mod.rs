@@ -270,6 +270,11 @@ impl Accepted {
         let mut requests = JoinSet::new();
         let mut closing = false;
         loop {
+            // Told to close and its last request done: it ends now, not when the client lets
+            // it idle out (which held a stop, and a live upgrade's takeover, for as long).
+            if closing && requests.is_empty() {
+                break;
+            }
             let accepted = tokio::select! {
                 accepted = h3.accept() => accepted,
                 () = until_stopped(&mut shutdown), if !closing => {
@@ -278,6 +283,7 @@ impl Accepted {
                     let _ = h3.shutdown(0).await;
                     continue;
                 }
+                Some(_) = requests.join_next(), if closing => continue,
             };
             match accepted {
                 Ok(Some(resolver)) => {
