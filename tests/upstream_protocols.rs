@@ -166,6 +166,16 @@ async fn upstream_tls_verify_checks_chain_and_name() {
         )
         // The name checked is the SNI, the request's host: the certificate does not cover it.
         .host("other.local", Host::new().path("/", to(&misnamed, true)))
+        // The checked backend on the same path for a host its certificate does not name: its
+        // probes ask for that host, and fail, and must not take the backend out of the route
+        // of the host they pass for (one probe asking one of the names decided for both).
+        .host(
+            "aaa.local",
+            Host::new().path(
+                "/checked",
+                Path::addrs(&[format!("https://{checked}")]).upstream_tls_verify(true),
+            ),
+        )
         .render();
     let ca = ca_file.to_str().unwrap();
     let proxy = ProxyProcess::start_env(&yaml, "hc_interval: 1", &[("SSL_CERT_FILE", ca)]);
@@ -183,6 +193,7 @@ async fn upstream_tls_verify_checks_chain_and_name() {
         ("backend.local", "/stranger", 502, ""),
         ("backend.local", "/unverified", 200, "stranger"),
         ("other.local", "/", 502, ""),
+        ("aaa.local", "/checked", 503, ""),
     ];
     for (host, path, status, backend) in cases {
         let resp = client.get(host, path).await;

@@ -17,7 +17,7 @@
 //! reloads. A blackholed backend only costs its own probe's timeout: probes never wait for each
 //! other.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -78,22 +78,39 @@ pub async fn run(snapshot: Arc<ArcSwap<Snapshot>>, settings: HealthSettings) {
 }
 
 /// One round over every probed (backend, path) pair, each verdict for that path's routes
-/// only; returns how many probes ran.
+/// only; returns how many probes ran. A TLS backend is probed once for each server name its
+/// routes of that path ask for (a certificate good for one host may not be for another); any
+/// other once, its verdict for every name.
 pub async fn round(snapshot: &Snapshot, settings: &HealthSettings) -> usize {
     let mut probes: JoinSet<()> = JoinSet::new();
-    let mut seen: HashSet<(usize, &str)> = HashSet::new();
+    let mut pairs: HashMap<(usize, &str), (Arc<Backend>, Vec<String>)> = HashMap::new();
     for route in snapshot.routes().filter(|r| r.backends.health_checked()) {
         for backend in route.backends.iter() {
             let id = Arc::as_ptr(backend) as usize;
-            if !seen.insert((id, &route.prefix)) {
-                continue;
+            let (_, names) = pairs
+                .entry((id, &route.prefix))
+                .or_insert_with(|| (backend.clone(), Vec::new()));
+            let name = backend.server_name_for(&route.host);
+            if !names.iter().any(|n| n == name) {
+                names.push(name.to_string());
             }
-            let (backend, path) = (backend.clone(), route.prefix.to_string());
-            let name = server_name(&route.host, &backend);
+        }
+    }
+    for ((_, path), (backend, names)) in pairs {
+        let by_name = speaks_tls(&backend);
+        let probed: Vec<(String, Vec<String>)> = match by_name {
+            true => names.into_iter().map(|n| (n.clone(), vec![n])).collect(),
+            false => vec![(names[0].clone(), names)],
+        };
+        for (name, verdict_for) in probed {
+            let (backend, path) = (backend.clone(), path.to_string());
             let (method, timeout) = (settings.method.clone(), settings.probe_timeout());
             probes.spawn(async move {
                 if let Some(verdict) = probe(&backend, &name, &path, method, timeout).await {
-                    backend.set_probed(&path, verdict.as_ref().copied().map_err(String::as_str));
+                    let verdict = verdict.as_ref().copied().map_err(String::as_str);
+                    for name in &verdict_for {
+                        backend.set_probed(name, &path, verdict);
+                    }
                 }
             });
         }
@@ -103,16 +120,10 @@ pub async fn round(snapshot: &Snapshot, settings: &HealthSettings) -> usize {
     count
 }
 
-/// The name a TLS backend is asked for (and its certificate checked against) by the route's
-/// requests: the route's host, or for `DEFAULT` (any host a client makes up) the backend's own
-/// name. A probe must ask for the same, or it checks a handshake traffic never makes: a
-/// backend named by its IP with a certificate for the site was held down for good, and one
-/// whose certificate matched only its IP shown up while every request got a 502.
-fn server_name(route_host: &str, backend: &Backend) -> String {
-    match route_host {
-        "DEFAULT" => backend.spec.host.clone(),
-        host => host.to_string(),
-    }
+/// Whether `backend` is spoken to over TLS: so configured, or so detected.
+fn speaks_tls(backend: &Backend) -> bool {
+    backend.spec.scheme == Some(crate::config::values::Scheme::Https)
+        || backend.wire() == Some(connector::Wire::Tls)
 }
 
 /// One probe: passed when a status below 500 arrives within `timeout`, asking for `name` over

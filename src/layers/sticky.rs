@@ -265,7 +265,7 @@ mod tests {
         let keys = Keys::for_tests(None);
         let sticky = Sticky::compile(Duration::from_secs(120), &backends, &keys, prefix);
         Route {
-            backends: BackendSet::new(backends, Some(prefix), true),
+            backends: BackendSet::new(backends, Some(("x.test", prefix)), true),
             sticky,
         }
     }

@@ -138,7 +138,7 @@ impl Snapshot {
                         // are always asked for by their own name.
                         backends: BackendSet::new(
                             backends,
-                            health_checked.then_some(p.prefix.as_str()),
+                            health_checked.then_some((host.name.as_str(), p.prefix.as_str())),
                             host.name != "DEFAULT",
                         ),
                         headers: HeaderRules {

@@ -379,15 +379,27 @@ impl Backend {
         !verdicts.values().any(|down| down.load(Ordering::Relaxed)) && self.passive_up()
     }
 
-    /// The flag the health checks set when this backend fails the probe of route path `path`;
-    /// a route keeps it and reads it on every request.
-    pub fn probe_down_at(&self, path: &str) -> Arc<AtomicBool> {
+    /// The name a TLS backend is asked for (and its certificate checked against) by the
+    /// requests of a route of host `route_host`: the route's host, or for `DEFAULT` (any host a
+    /// client makes up) the backend's own name. Its probes ask for the same.
+    pub fn server_name_for<'a>(&'a self, route_host: &'a str) -> &'a str {
+        match route_host {
+            "DEFAULT" => &self.spec.host,
+            host => host,
+        }
+    }
+
+    /// The flag the health checks set when this backend fails the probe of route path `path`
+    /// asking for server name `name` ([`Backend::server_name_for`]); a route keeps it and reads
+    /// it on every request.
+    pub fn probe_down_at(&self, name: &str, path: &str) -> Arc<AtomicBool> {
+        let key = format!("{name} {path}");
         let mut verdicts = self
             .health
             .probe_down
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        verdicts.entry(path.into()).or_default().clone()
+        verdicts.entry(key.into_boxed_str()).or_default().clone()
     }
 
     /// Passive health only (for routes with `healthcheck: false`).
@@ -396,20 +408,22 @@ impl Backend {
         until == 0 || self.health.now_ms() >= until
     }
 
-    /// Records a health check round's verdict for route path `path` (a failure says why); a
-    /// pass also clears passive marking.
-    pub fn set_probed(&self, path: &str, verdict: Result<(), &str>) {
+    /// Records a health check round's verdict for route path `path` asking for `name` (a
+    /// failure says why); a pass also clears passive marking.
+    pub fn set_probed(&self, name: &str, path: &str, verdict: Result<(), &str>) {
         let healthy = verdict.is_ok();
-        let was_down = self.probe_down_at(path).swap(!healthy, Ordering::Relaxed);
+        let was_down = self
+            .probe_down_at(name, path)
+            .swap(!healthy, Ordering::Relaxed);
         if healthy {
             self.connect_succeeded();
         }
         match (was_down, verdict) {
             (false, Err(why)) => {
-                tracing::warn!(backend = %self.label, path, "health check failed ({why}); out of the route's rotation")
+                tracing::warn!(backend = %self.label, name, path, "health check failed ({why}); out of the route's rotation")
             }
             (true, Ok(())) => {
-                tracing::info!(backend = %self.label, path, "health check passed; back in the route's rotation")
+                tracing::info!(backend = %self.label, name, path, "health check passed; back in the route's rotation")
             }
             _ => {}
         }
@@ -557,13 +571,13 @@ mod tests {
     fn probes_decide_and_a_pass_clears_passive_marking() {
         let reg = Registry::for_tests(1, Duration::from_secs(60));
         let b = reg.backend(&parse_server("127.0.0.1:9").unwrap(), false);
-        b.set_probed("/", Err("status 503"));
+        b.set_probed("x.test", "/", Err("status 503"));
         assert!(!b.is_up());
         assert!(b.passive_up());
         for _ in 0..3 {
             b.connect_failed();
         }
-        b.set_probed("/", Ok(()));
+        b.set_probed("x.test", "/", Ok(()));
         assert!(
             b.is_up(),
             "a passing probe brings a passively marked backend back"

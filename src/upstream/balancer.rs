@@ -38,19 +38,24 @@ pub struct BackendSet {
 }
 
 impl BackendSet {
-    /// The backends of a route; `probed_path`: the route's path, when health checks run for it.
+    /// The backends of a route; `probed`: the route's host and path, when health checks run
+    /// for it (each backend's verdict is the one of its probes of that path asking for the name
+    /// the route's requests ask for).
     pub fn new(
         backends: Box<[Arc<Backend>]>,
-        probed_path: Option<&str>,
+        probed: Option<(&str, &str)>,
         sni_from_request: bool,
     ) -> BackendSet {
-        let probe_down = match probed_path {
-            Some(path) => backends.iter().map(|b| b.probe_down_at(path)).collect(),
+        let probe_down = match probed {
+            Some((host, path)) => backends
+                .iter()
+                .map(|b| b.probe_down_at(b.server_name_for(host), path))
+                .collect(),
             None => Box::default(),
         };
         BackendSet {
             backends,
-            health_checked: probed_path.is_some(),
+            health_checked: probed.is_some(),
             probe_down,
             sni_from_request,
             next: AtomicUsize::new(0),
