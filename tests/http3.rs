@@ -95,6 +95,15 @@ async fn connect_to(
     quic: SocketAddr,
     roots: &[rustls_pki_types::CertificateDer<'static>],
 ) -> Option<H3Client> {
+    connect_with(quic, roots, None).await
+}
+
+/// [`connect_to`] with the client's own QUIC transport settings.
+async fn connect_with(
+    quic: SocketAddr,
+    roots: &[rustls_pki_types::CertificateDer<'static>],
+    transport: Option<quinn::TransportConfig>,
+) -> Option<H3Client> {
     {
         let mut store = rustls::RootCertStore::empty();
         for root in roots {
@@ -109,7 +118,11 @@ async fn connect_to(
         tls.alpn_protocols = vec![b"h3".to_vec()];
         let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).expect("QUIC TLS");
         let mut endpoint = quinn::Endpoint::client(([127, 0, 0, 1], 0).into()).expect("endpoint");
-        endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
+        let mut client = quinn::ClientConfig::new(Arc::new(crypto));
+        if let Some(transport) = transport {
+            client.transport_config(Arc::new(transport));
+        }
+        endpoint.set_default_client_config(client);
         let conn = endpoint.connect(quic, "h3.test").ok()?.await.ok()?;
         let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(conn.clone()))
             .await
@@ -347,6 +360,53 @@ async fn sigterm_does_not_wait_for_an_idle_http3_connection_to_time_out() {
     h3.proxy.signal(nix::sys::signal::Signal::SIGTERM);
     let exited = h3.proxy.wait_exit(Duration::from_secs(15));
     assert!(exited.is_some(), "still running: {}", h3.proxy.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http3_client_that_stops_reading_gives_its_backend_connection_back() {
+    // A client that never opens its flow-control window again holds its stream only for
+    // `client_send_timeout`: it held the stream, and with it the backend's one connection
+    // (`upstream_max_connections: 1`), for good, and everyone else got 503.
+    let backend = Backend::builder("h3-backend").h1_only().start().await;
+    let main = "client_send_timeout: 2\nupstream_max_connections: 1";
+    let h3 = H3Proxy::start_with(&backend, main);
+    let mut stingy = quinn::TransportConfig::default();
+    stingy.stream_receive_window(16_384u32.into());
+    stingy.receive_window(65_536u32.into());
+    let client = connect_with(h3.quic, std::slice::from_ref(&h3.pki.ca), Some(stingy)).await;
+    let (_endpoint, mut send, _driving, _conn) = client.expect("an HTTP/3 connection");
+    let req = Request::get("https://h3.test/big/50000000")
+        .body(())
+        .unwrap();
+    let mut stream = send.send_request(req).await.expect("send request");
+    stream.finish().await.expect("finish");
+    let resp = stream.recv_response().await.expect("response");
+    assert_eq!(resp.status(), 200);
+    // Nothing more is read: the proxy's writes find no room.
+    let mut other = Client::connect_tls(
+        h3.tls,
+        "h3.test",
+        tls_client_config(std::slice::from_ref(&h3.pki.ca), &[b"http/1.1"]),
+    )
+    .await;
+    let until = std::time::Instant::now() + Duration::from_secs(15);
+    let mut statuses = Vec::new();
+    while std::time::Instant::now() < until {
+        let resp = other.get("h3.test", "/").await;
+        statuses.push(resp.status().as_u16());
+        body_bytes(resp).await;
+        if statuses.last() == Some(&200) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        statuses.last(),
+        Some(&200),
+        "{statuses:?}: {}",
+        h3.proxy.log_text()
+    );
+    drop(stream);
 }
 
 #[tokio::test]

@@ -4,6 +4,7 @@
 //! the body where it is, a bounded window at a time).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use futures_util::StreamExt as _;
@@ -24,19 +25,30 @@ type SendSide = RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
 const REQUEST_END_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 type RecvSide = RequestStream<h3_quinn::RecvStream, Bytes>;
 
-/// Answers one request; whatever goes wrong on the stream ends only that stream.
+/// Answers one request; whatever goes wrong on the stream ends only that stream. Each write of
+/// the answer must find room within `send_within` (`client_send_timeout`, nginx's
+/// `send_timeout`), or the stream is reset: a client that stops reading (never opens its flow
+/// control window) would otherwise hold the stream, and its backend connection, for good.
 pub async fn answer(
     ctx: Arc<ConnCtx>,
     head: Request<()>,
     stream: RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>,
+    send_within: Duration,
 ) {
     let (mut send, recv) = stream.split();
     let (mut parts, ()) = head.into_parts();
     parts.version = Version::HTTP_3;
     let (body, unread) = request_body(&parts.method, &parts.headers, recv);
     let resp = observe::handle(ctx, Request::from_parts(parts, body)).await;
-    if let Err(e) = respond(&mut send, resp).await {
-        tracing::debug!("http/3: the answer did not reach the client: {e}");
+    match respond(&mut send, resp, send_within).await {
+        Ok(()) => {}
+        Err(Unsent::TimedOut) => {
+            tracing::debug!("http/3: the client took nothing for {send_within:?}; stream reset");
+            send.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
+        }
+        Err(Unsent::Failed(e)) => {
+            tracing::debug!("http/3: the answer did not reach the client: {e}")
+        }
     }
     if let Some(unread) = unread {
         close_request_side(unread).await;
@@ -137,8 +149,40 @@ where
     }
 }
 
-/// Sends the head, then each frame of the body, then finishes the stream.
-async fn respond(send: &mut SendSide, resp: Response<observe::LoggedBody>) -> Result<(), BoxError> {
+/// Why an answer did not go out whole.
+enum Unsent {
+    /// A write found no room within the send timeout.
+    TimedOut,
+    Failed(BoxError),
+}
+
+impl<E: Into<BoxError>> From<E> for Unsent {
+    fn from(e: E) -> Unsent {
+        Unsent::Failed(e.into())
+    }
+}
+
+/// `write`, within `limit`.
+async fn within<T, E>(
+    limit: Duration,
+    write: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, Unsent>
+where
+    E: Into<BoxError>,
+{
+    match tokio::time::timeout(limit, write).await {
+        Ok(written) => written.map_err(Unsent::from),
+        Err(_) => Err(Unsent::TimedOut),
+    }
+}
+
+/// Sends the head, then each frame of the body, then finishes the stream; each write within
+/// `limit`.
+async fn respond(
+    send: &mut SendSide,
+    resp: Response<observe::LoggedBody>,
+    limit: Duration,
+) -> Result<(), Unsent> {
     let (mut parts, mut body) = resp.into_parts();
     if let Some(id) = body.take_request_id() {
         parts.headers.insert(X_REQUEST_ID.clone(), id);
@@ -153,20 +197,20 @@ async fn respond(send: &mut SendSide, resp: Response<observe::LoggedBody>) -> Re
     ] {
         parts.headers.remove(name);
     }
-    send.send_response(Response::from_parts(parts, ())).await?;
+    within(limit, send.send_response(Response::from_parts(parts, ()))).await?;
     while let Some(frame) = body.frame().await {
         let frame = frame?;
         match frame.into_data() {
             Ok(data) if data.is_empty() => {}
-            Ok(data) => send.send_data(data).await?,
+            Ok(data) => within(limit, send.send_data(data)).await?,
             Err(frame) => {
                 if let Ok(trailers) = frame.into_trailers() {
-                    send.send_trailers(trailers).await?;
+                    within(limit, send.send_trailers(trailers)).await?;
                     return Ok(());
                 }
             }
         }
     }
-    send.finish().await?;
+    within(limit, send.finish()).await?;
     Ok(())
 }
