@@ -33,6 +33,9 @@ use super::real_client::RequestIds;
 use super::{H3Side, Limits, Serving, MAX_CLIENT_STREAMS};
 use crate::vocab::{ClientConn, CountedSlot, TlsFacts, WorkerId};
 
+/// How long a connection told to close still takes requests sent before its GOAWAY arrived,
+/// once none is in flight.
+const LATE_REQUESTS: Duration = Duration::from_secs(1);
 /// How long a finished connection waits for the client to close it.
 const LINGER: Duration = Duration::from_secs(2);
 
@@ -270,11 +273,11 @@ impl Accepted {
         let mut requests = JoinSet::new();
         let mut closing = false;
         loop {
-            // Told to close and its last request done: it ends now, not when the client lets
-            // it idle out (which held a stop, and a live upgrade's takeover, for as long).
-            if closing && requests.is_empty() {
-                break;
-            }
+            // Told to close and its last request done: it ends a moment later (requests the
+            // client sent before it saw the GOAWAY are still taken meanwhile), not when the
+            // client lets it idle out, which held a stop, and a live upgrade's takeover of the
+            // QUIC socket, for as long.
+            let done = closing && requests.is_empty();
             let accepted = tokio::select! {
                 accepted = h3.accept() => accepted,
                 () = until_stopped(&mut shutdown), if !closing => {
@@ -284,6 +287,7 @@ impl Accepted {
                     continue;
                 }
                 Some(_) = requests.join_next(), if closing => continue,
+                () = tokio::time::sleep(LATE_REQUESTS), if done => break,
             };
             match accepted {
                 Ok(Some(resolver)) => {
