@@ -234,6 +234,7 @@ async fn the_file_server_hides_dotfiles_however_encoded_and_stays_in_its_folder(
         grace_period: Duration::from_secs(1),
         idle_timeout: Duration::from_secs(5),
         send_timeout: Duration::from_secs(60),
+        backend_wait: Duration::from_secs(60),
         max_streams: 16,
     };
     let folder = root.path().to_path_buf();

@@ -409,6 +409,23 @@ async fn an_http3_client_that_stops_reading_gives_its_backend_connection_back() 
     drop(stream);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http3_request_waiting_for_its_backend_is_not_idle() {
+    // QUIC's idle timer was `client_idle_timeout` itself: a request whose backend took longer
+    // to answer (within `upstream_response_timeout`) lost its connection, no packet having
+    // crossed meanwhile. The connection idles out once it carries no request instead.
+    let backend = Backend::start("h3-backend").await;
+    let h3 = H3Proxy::start_with(
+        &backend,
+        "client_idle_timeout: 1\nupstream_response_timeout: 10",
+    );
+    let (_endpoint, mut send, _driving, conn) = h3.connect(std::slice::from_ref(&h3.pki.ca)).await;
+    let (status, _, body) = exchange(&mut send, Method::GET, "/slow/2500", &[], Bytes::new()).await;
+    assert_eq!((status, &body[..]), (200, &b"h3-backend"[..]));
+    let closed = tokio::time::timeout(Duration::from_secs(10), conn.closed()).await;
+    assert!(closed.is_ok(), "the idle connection was never closed");
+}
+
 #[tokio::test]
 async fn an_independent_client_aioquic_gets_the_same_answers() {
     let Some(python) = tools::find(&AIOQUIC) else {

@@ -32,6 +32,7 @@ fn limits(max_connections: usize) -> Limits {
         grace_period: Duration::from_secs(5),
         idle_timeout: IDLE_TIMEOUT,
         send_timeout: Duration::from_secs(60),
+        backend_wait: Duration::from_secs(60),
         max_streams: 16,
     }
 }

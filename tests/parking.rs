@@ -80,6 +80,7 @@ fn limits() -> Limits {
         grace_period: Duration::from_secs(5),
         idle_timeout: Duration::from_secs(60),
         send_timeout: Duration::from_secs(60),
+        backend_wait: Duration::from_secs(60),
         max_streams: 100,
     }
 }

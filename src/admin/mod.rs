@@ -554,6 +554,7 @@ pub fn start(
         grace_period: main.grace_period,
         idle_timeout: main.client_idle_timeout,
         send_timeout: main.client_send_timeout,
+        backend_wait: main.upstream_response_timeout,
         max_streams: 16,
     };
     let mut tasks = Vec::new();

@@ -174,6 +174,7 @@ pub fn limits(main: &MainConfig) -> Limits {
         grace_period: main.grace_period,
         idle_timeout: main.client_idle_timeout,
         send_timeout: main.client_send_timeout,
+        backend_wait: main.upstream_response_timeout,
         max_streams: server::MAX_CLIENT_STREAMS,
     }
 }

@@ -30,6 +30,9 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// A connection whose open requests make no progress for this long is closed.
     pub send_timeout: Duration,
+    /// The longest a request may wait for its backend's answer, or its next bytes
+    /// (`upstream_response_timeout`): a connection is not idle meanwhile.
+    pub backend_wait: Duration,
     /// Streams one HTTP/2 connection may open at once.
     pub max_streams: u32,
 }

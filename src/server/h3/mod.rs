@@ -33,6 +33,8 @@ use super::real_client::RequestIds;
 use super::{H3Side, Limits, Serving, MAX_CLIENT_STREAMS};
 use crate::vocab::{ClientConn, CountedSlot, TlsFacts, WorkerId};
 
+/// How long QUIC's idle timer outlasts the longest quiet time a live connection may have.
+const QUIC_IDLE_MARGIN: Duration = Duration::from_secs(5);
 /// How long a connection told to close still takes requests sent before its GOAWAY arrived,
 /// once none is in flight.
 const LATE_REQUESTS: Duration = Duration::from_secs(1);
@@ -75,10 +77,19 @@ fn quic_server_config(
         .max_concurrent_bidi_streams(MAX_CLIENT_STREAMS.into())
         // The client's control stream and its two QPACK streams, and a spare.
         .max_concurrent_uni_streams(4u32.into())
-        .max_idle_timeout(limits.idle_timeout.try_into().ok());
+        // QUIC's own idle timer sees no packet while a request waits for its backend: it
+        // must outlast that wait, and `client_idle_timeout` is kept by the connection's loop,
+        // which counts only the time without a request.
+        .max_idle_timeout(quic_idle_timeout(limits).try_into().ok());
     config.transport_config(Arc::new(transport));
     config.migration(true);
     Ok(config)
+}
+
+/// QUIC's idle timeout: past `client_idle_timeout` and the longest wait for a backend, so that
+/// only a peer that is gone meets it.
+fn quic_idle_timeout(limits: &Limits) -> Duration {
+    limits.idle_timeout.max(limits.backend_wait) + QUIC_IDLE_MARGIN
 }
 
 /// Starts HTTP/3 on a thread of its own; it returns once `shutdown` turned true and its
@@ -278,6 +289,9 @@ impl Accepted {
             // client lets it idle out, which held a stop, and a live upgrade's takeover of the
             // QUIC socket, for as long.
             let done = closing && requests.is_empty();
+            // No request for `client_idle_timeout` (counted from the last one's end): asked to
+            // close, as an HTTP/2 connection is.
+            let idle = !closing && requests.is_empty();
             let accepted = tokio::select! {
                 accepted = h3.accept() => accepted,
                 () = until_stopped(&mut shutdown), if !closing => {
@@ -286,7 +300,12 @@ impl Accepted {
                     let _ = h3.shutdown(0).await;
                     continue;
                 }
-                Some(_) = requests.join_next(), if closing => continue,
+                () = tokio::time::sleep(self.limits.idle_timeout), if idle => {
+                    closing = true;
+                    let _ = h3.shutdown(0).await;
+                    continue;
+                }
+                Some(_) = requests.join_next(), if !requests.is_empty() => continue,
                 () = tokio::time::sleep(LATE_REQUESTS), if done => break,
             };
             match accepted {
