@@ -369,6 +369,25 @@ async fn the_file_wins_over_a_discovered_route_on_conflict() {
     }
 }
 
+/// A discovered service whose hostname is `DEFAULT` catches every host no route names, as the
+/// file's `DEFAULT` does (it was read as a host called `default`).
+#[tokio::test(start_paused = true)]
+async fn a_discovered_default_host_catches_every_other_host() {
+    let discovered = Backend::start("consul").await;
+    let (consul, _) = fake_consul(5, vec![discovered.addr]).await;
+    let discovery =
+        consul_discovery(consul.addr, "tok").service(Service::new("DEFAULT", "web", "/"));
+    let yaml = Upstreams::new().discovery(discovery).render();
+    let proxy = Proxy::start(&yaml, "").await;
+    let caught = eventually_async(Duration::from_secs(5), || async {
+        let mut client = Client::connect(Proto::H1, proxy.addr).await;
+        let resp = client.get("any.example", "/x").await;
+        (header(&resp, "x-backend") == "consul").then_some(())
+    })
+    .await;
+    assert!(caught.is_some(), "{}", proxy.log_text());
+}
+
 /// An agent whose answers carry no index returns at once each time: the watcher asked it
 /// thousands of times a second. Queries now start at least 250 ms apart.
 #[tokio::test(start_paused = true)]

@@ -3,6 +3,7 @@
 
 use http::Uri;
 
+use super::host_name::normalise_host;
 use super::reader::{join, Reader};
 use super::settings::{read_setting, RouteSettings, SETTING_KEYS};
 use super::yaml::{Node, Value};
@@ -66,11 +67,12 @@ fn read_services(node: &Node, path: &str, r: &mut Reader) -> Vec<DiscoveredServi
         for (key, value) in entries {
             let key_path = join(&item_path, &key.name);
             match key.name.as_str() {
+                // Read as a host of upstreams.yaml: `DEFAULT` is the catch-all there too.
                 "hostname" => {
                     svc.hostname = r
                         .non_empty_string(value, &key_path)
+                        .and_then(|raw| normalise_host(&raw, value.pos, &key_path, r))
                         .unwrap_or_default()
-                        .to_ascii_lowercase()
                 }
                 "upstream" => {
                     svc.upstream = r.non_empty_string(value, &key_path).unwrap_or_default()
@@ -98,6 +100,16 @@ fn read_services(node: &Node, path: &str, r: &mut Reader) -> Vec<DiscoveredServi
                     "required key is missing",
                 );
             }
+        }
+        let twin = out
+            .iter()
+            .position(|o: &DiscoveredService| o.hostname == svc.hostname && o.path == svc.path);
+        if let Some(first) = twin.filter(|_| !svc.hostname.is_empty()) {
+            let message = format!(
+                "{}{} is routed by {path}[{first}] already: this service gets no request",
+                svc.hostname, svc.path
+            );
+            r.warn(item.pos, &item_path, message);
         }
         out.push(svc);
     }

@@ -10,6 +10,7 @@ pub mod cluster_conf;
 pub mod discovery_conf;
 mod exists;
 pub mod file_bytes;
+mod host_name;
 pub mod issues;
 mod listeners;
 pub mod log_conf;

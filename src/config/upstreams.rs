@@ -3,6 +3,7 @@
 //! Both shapes are read: v0.92's `upstreams:` wrapper and the older README's top-level hosts.
 //! Global, host and path levels carry the same policy keys; what a level leaves unset it inherits.
 
+use super::host_name::normalise_host;
 use super::issues::did_you_mean;
 use super::reader::{join, Reader};
 use super::settings::{read_setting, SETTING_KEYS};
@@ -253,38 +254,7 @@ fn read_hosts(entries: &[(Key, Node)], parent: &str, r: &mut Reader) -> Vec<Host
 }
 
 fn normalise_host_key(key: &Key, path: &str, r: &mut Reader) -> Option<String> {
-    let raw = key.name.trim();
-    if raw == "DEFAULT" {
-        return Some(raw.to_string());
-    }
-    let lower = raw.to_ascii_lowercase();
-    let name = lower.strip_suffix('.').unwrap_or(&lower);
-    let valid = !name.is_empty()
-        && name.bytes().all(|b| {
-            b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'*' | b':' | b'[' | b']')
-        });
-    if !valid {
-        r.error(key.pos, path, format!("`{raw}` is not a valid host name"));
-        return None;
-    }
-    let warning = if name == "default" {
-        Some("is a host name like any other; the host that catches every other is `DEFAULT`, in capitals".to_string())
-    } else if name.contains('*') {
-        Some("matches only a request whose host is that very text: host names match exactly (a certificate's name may be a wildcard, a route's may not)".to_string())
-    } else {
-        None
-    };
-    if let Some(warning) = warning {
-        r.warn(key.pos, path, format!("host `{raw}` {warning}"));
-    }
-    let without_port = normalise::strip_port(name);
-    if without_port.len() < name.len() {
-        let message = format!(
-            "host `{raw}` is `{without_port}`: requests are routed by their host without its port"
-        );
-        r.warn(key.pos, path, message);
-    }
-    Some(without_port.to_string())
+    normalise_host(&key.name, key.pos, path, r)
 }
 
 fn read_host(

@@ -75,6 +75,19 @@ pub(crate) fn cases() -> Vec<Case> {
             vec![warn(U, 2, "kubernetes.servers", "only the first API server is used")],
         )
         .warnings_only(),
+        // A discovered service's hostname is read as a host of the file: `default` in lower
+        // case is a host like any other, and a second service on the same host and path gets
+        // no request.
+        Case::broken(
+            "discovered_hosts_read_as_the_files",
+            MAIN_OK,
+            &format!("consul:\n  servers: [\"http://127.0.0.1:8500\"]\n  services:\n    - {{ hostname: default, upstream: web }}\n    - {{ hostname: a.test, upstream: web }}\n    - {{ hostname: A.test, upstream: api }}\n{UPS_OK}"),
+            vec![
+                warn(U, 4, "consul.services[0].hostname", "the host that catches every other is `DEFAULT`"),
+                warn(U, 6, "consul.services[2]", "a.test/ is routed by consul.services[1] already"),
+            ],
+        )
+        .warnings_only(),
         // ---- wrong types ----
         Case::path(
             "type_string_for_number",
