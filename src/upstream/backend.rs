@@ -57,6 +57,9 @@ pub struct Backend {
     /// Open pooled connections, across workers, and how many there may be.
     open_conns: Arc<std::sync::atomic::AtomicUsize>,
     max_conns: usize,
+    /// Counts the times the host name led to other addresses: a plain connection opened
+    /// before the last change is not pooled again.
+    addrs_changed: AtomicU32,
 }
 
 impl std::fmt::Debug for Backend {
@@ -117,8 +120,21 @@ impl Backend {
             return false;
         }
         tracing::info!(backend = %self.label, "resolved again: {:?}", fresh);
-        self.addrs.store(Arc::new(fresh));
+        self.use_addrs(fresh);
         true
+    }
+
+    /// Connects to `fresh` from now on. The idle connections to the old addresses are closed
+    /// (HTTP/2 ones finish their streams first) and busy plain ones are not pooled again: kept,
+    /// they carried the backend's traffic to the old address for as long as they stayed busy,
+    /// and an address given to another service got its requests (nginx's keep-alive cache
+    /// checks the peer's address the same way).
+    fn use_addrs(&self, fresh: Box<[SocketAddr]>) {
+        self.addrs.store(Arc::new(fresh));
+        self.addrs_changed.fetch_add(1, Ordering::Relaxed);
+        for slot in self.slots.iter() {
+            slot.forget_connections();
+        }
     }
 
     /// How to speak to this backend, if known: pinned or detected. `None`: detect first.
@@ -140,6 +156,9 @@ impl Backend {
 
     /// Gives a plain connection whose response has been read back to `worker`'s idle list.
     pub(super) fn keep_inline(self: &Arc<Self>, worker: WorkerId, conn: Box<InlineConn>) {
+        if conn.addrs_changed_at_open() != self.addrs_changed.load(Ordering::Relaxed) {
+            return;
+        }
         let max = self.idle_per_worker;
         let trim_due = self
             .slot(worker)
@@ -268,8 +287,11 @@ impl Backend {
     /// among the backend's open connections and in its passive health.
     pub async fn connect_inline(&self, timeout: Duration) -> Result<Box<InlineConn>, ConnectError> {
         let counted = self.reserve_connection()?;
+        let changed = self.addrs_changed.load(Ordering::Relaxed);
         let tcp = self.tcp(timeout).await?;
-        Ok(InlineConn::new(tcp, Some(counted)))
+        let mut conn = InlineConn::new(tcp, Some(counted));
+        conn.note_addrs_changed_at_open(changed);
+        Ok(conn)
     }
 
     /// A place among the backend's open connections (`upstream_max_connections`).
@@ -363,6 +385,7 @@ impl Backend {
             metrics: registry.metrics.clone(),
             own_name,
             open_conns: Arc::default(),
+            addrs_changed: AtomicU32::new(0),
             max_conns: registry.max_conns,
         }
     }
@@ -565,6 +588,42 @@ mod tests {
         assert!(!b.is_up());
         b.connect_succeeded();
         assert!(b.is_up());
+    }
+
+    #[tokio::test]
+    async fn connections_opened_before_the_addresses_changed_are_not_pooled_again() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepting = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                held.push(stream);
+            }
+        });
+        let reg = Registry::for_tests(1, Duration::from_secs(60));
+        let b = reg.backend(&parse_server(&addr.to_string()).unwrap(), false);
+        let limit = Duration::from_secs(5);
+        let idle = b.connect_inline(limit).await.unwrap();
+        let busy = b.connect_inline(limit).await.unwrap();
+        let worker = WorkerId(0);
+        b.keep_inline(worker, idle);
+        b.use_addrs(Box::new([addr]));
+        assert!(
+            b.slot(worker).take_inline().is_none(),
+            "the idle one is closed"
+        );
+        b.keep_inline(worker, busy);
+        assert!(
+            b.slot(worker).take_inline().is_none(),
+            "the busy one is not kept"
+        );
+        let fresh = b.connect_inline(limit).await.unwrap();
+        b.keep_inline(worker, fresh);
+        assert!(
+            b.slot(worker).take_inline().is_some(),
+            "one opened since is kept"
+        );
+        accepting.abort();
     }
 
     #[test]

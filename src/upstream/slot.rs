@@ -98,6 +98,15 @@ impl WorkerSlot {
         closed.is_some()
     }
 
+    /// Closes every idle connection and stops sharing the HTTP/2 ones (their open streams
+    /// finish): the backend's addresses changed.
+    pub fn forget_connections(&self) {
+        let inline = std::mem::take(&mut *lock(&self.idle_inline));
+        let hyper = std::mem::take(&mut *lock(&self.idle));
+        let h2 = std::mem::take(&mut *lock(&self.h2));
+        drop((inline, hyper, h2));
+    }
+
     /// Closes the idle plain connections the backend has closed (or sent unasked bytes on);
     /// how many.
     pub fn close_gone_inline(&self) -> usize {

@@ -124,6 +124,8 @@ pub struct InlineConn {
     deadline: Option<Pin<Box<Sleep>>>,
     /// This connection's place in its backend's count of open connections.
     _counted: Option<CountedSlot>,
+    /// Its backend's count of address changes when it was opened.
+    addrs_changed_at_open: u32,
 }
 
 impl InlineConn {
@@ -137,7 +139,17 @@ impl InlineConn {
             response_limit: None,
             deadline: None,
             _counted: counted,
+            addrs_changed_at_open: 0,
         })
+    }
+
+    /// Notes its backend's count of address changes as the connection opens.
+    pub fn note_addrs_changed_at_open(&mut self, count: u32) {
+        self.addrs_changed_at_open = count;
+    }
+
+    pub fn addrs_changed_at_open(&self) -> u32 {
+        self.addrs_changed_at_open
     }
 
     /// Whether an idle connection can carry a request: the backend has neither closed it nor
