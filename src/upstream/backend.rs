@@ -4,7 +4,7 @@
 //! and pooled connections for every backend that stays.
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -92,17 +92,6 @@ impl Health {
     }
 }
 
-/// The addresses of a server entry: the literal IP, or what the host name resolves to now.
-fn resolve(spec: &ServerSpec) -> Box<[SocketAddr]> {
-    match spec.ip_addr() {
-        Some(addr) => Box::new([addr]),
-        None => (spec.host.as_str(), spec.port)
-            .to_socket_addrs()
-            .map(|it| it.collect())
-            .unwrap_or_default(),
-    }
-}
-
 impl Backend {
     /// The addresses to connect to, as last resolved.
     pub fn addrs(&self) -> Arc<Box<[SocketAddr]>> {
@@ -115,13 +104,20 @@ impl Backend {
         if self.spec.ip_addr().is_some() {
             return false;
         }
-        let fresh = resolve(&self.spec);
+        let fresh = super::lookup::resolve(&self.spec);
         if fresh.is_empty() || **self.addrs.load() == fresh {
             return false;
         }
         tracing::info!(backend = %self.label, "resolved again: {:?}", fresh);
         self.use_addrs(fresh);
         true
+    }
+
+    /// The first answer of a lookup of the host name, unless it is empty or a later one came.
+    pub(super) fn take_first_addrs(&self, fresh: Box<[SocketAddr]>) {
+        if !fresh.is_empty() && self.addrs.load().is_empty() {
+            self.addrs.store(Arc::new(fresh));
+        }
     }
 
     /// Connects to `fresh` from now on. The idle connections to the old addresses are closed
@@ -352,7 +348,11 @@ impl Backend {
         let own_name: Arc<str> = spec.host.as_str().into();
         let (workers, pool_size) = (registry.workers, registry.pool_size);
         let label: Arc<str> = spec.authority().into();
-        let addrs = arc_swap::ArcSwap::from_pointee(resolve(&spec));
+        // A host name is looked up by the registry, off this thread ([`super::lookup`]).
+        let addrs = match spec.ip_addr() {
+            Some(addr) => arc_swap::ArcSwap::from_pointee(Box::new([addr]) as Box<[SocketAddr]>),
+            None => arc_swap::ArcSwap::from_pointee(Box::default()),
+        };
         let pinned = spec.scheme.map(|scheme| match scheme {
             Scheme::Https => Wire::Tls,
             Scheme::H2c => Wire::H2c,
@@ -489,6 +489,8 @@ pub struct Registry {
     down_for: Duration,
     metrics: Arc<Metrics>,
     live: Mutex<HashMap<(ServerSpec, bool), Weak<Backend>>>,
+    /// Host name lookups running ([`super::lookup`]).
+    lookups: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Registry {
@@ -508,6 +510,7 @@ impl Registry {
             down_for,
             metrics,
             live: Mutex::new(HashMap::new()),
+            lookups: Arc::default(),
         }
     }
 
@@ -525,6 +528,19 @@ impl Registry {
     /// The backend for `spec` (with certificate verification or not): the existing one if any
     /// snapshot still holds it, else a new one.
     pub fn backend(&self, spec: &ServerSpec, verify_tls: bool) -> Arc<Backend> {
+        let backend = self.backend_unresolved(spec, verify_tls);
+        // Looked up once, when made, outside the registry's lock.
+        let made = Arc::strong_count(&backend) == 1;
+        if made && spec.ip_addr().is_none() && backend.addrs().is_empty() {
+            let (spec, running) = (spec.clone(), &self.lookups);
+            let lookup = move || super::lookup::resolve(&spec);
+            super::lookup::first_lookup(&backend, running, lookup, super::lookup::WAIT);
+        }
+        backend
+    }
+
+    /// [`Registry::backend`] without looking a new one's host name up.
+    pub(super) fn backend_unresolved(&self, spec: &ServerSpec, verify_tls: bool) -> Arc<Backend> {
         let mut live = self
             .live
             .lock()

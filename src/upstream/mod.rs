@@ -12,6 +12,7 @@ pub mod detect;
 mod h2_settings;
 mod idle_list;
 pub mod inline;
+pub mod lookup;
 pub mod pool;
 pub mod pooled_body;
 mod refused;
