@@ -298,6 +298,9 @@ async fn instances_follow_consul_and_survive_its_outage() {
         "outage not reported:\n{}",
         proxy.log_text()
     );
+    // Saying why: not only hyper's `client error (Connect)`.
+    let log = proxy.log_text();
+    assert!(log.contains("Connection refused"), "{log}");
     for _ in 0..5 {
         assert_eq!(backend_for_web(&proxy).await, (200, "b".to_string()));
     }

@@ -23,6 +23,7 @@ use hyper_util::rt::TokioExecutor;
 use super::{hosts_for, Reloader};
 use crate::config::discovery_conf::{ConsulConfig, DiscoveredService};
 use crate::config::values::{parse_server, ServerSpec};
+use crate::vocab::error_text::with_causes;
 
 /// How long Consul may hold a blocking query.
 const WAIT: &str = "30s";
@@ -75,11 +76,14 @@ fn backends_of(body: &[u8]) -> Result<Listed, String> {
         serde_json::from_slice(body).map_err(|e| format!("unexpected JSON: {e}"))?;
     let mut listed = Listed::default();
     for e in &entries {
-        let host = if e.service.address.is_empty() {
+        let written = if e.service.address.is_empty() {
             &e.node.address
         } else {
             &e.service.address
         };
+        // An IP address in one spelling: `::1` and `0:0:0:0:0:0:0:1` are one backend.
+        let canonical = written.parse::<std::net::IpAddr>().map(|ip| ip.to_string());
+        let host = canonical.as_ref().unwrap_or(written);
         let entry = if host.contains(':') {
             format!("[{host}]:{}", e.service.port)
         } else {
@@ -93,6 +97,21 @@ fn backends_of(body: &[u8]) -> Result<Listed, String> {
     listed.backends.sort_by_key(ToString::to_string);
     listed.backends.dedup();
     Ok(listed)
+}
+
+/// `name` as one segment of a URL path: every byte but the unreserved ones percent-encoded, so
+/// a `?` or a space in a service's name is asked for as part of it.
+fn path_segment(name: &str) -> String {
+    let mut segment = String::with_capacity(name.len());
+    for byte in name.bytes() {
+        match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                segment.push(char::from(byte))
+            }
+            other => segment.push_str(&format!("%{other:02X}")),
+        }
+    }
+    segment
 }
 
 /// Every service's last known backends, and where they are routed.
@@ -185,6 +204,7 @@ async fn query(
 ) -> Result<(u64, Listed), String> {
     let base_text = base.to_string();
     let base_text = base_text.trim_end_matches('/');
+    let service = path_segment(service);
     let mut url = format!("{base_text}/v1/health/service/{service}?passing=1");
     if index > 0 {
         url.push_str(&format!("&index={index}&wait={WAIT}"));
@@ -199,7 +219,7 @@ async fn query(
     let resp = client
         .request(req)
         .await
-        .map_err(|e| format!("unreachable: {e}"))?;
+        .map_err(|e| format!("unreachable: {}", with_causes(&e)))?;
     let status = resp.status();
     let new_index = resp
         .headers()
@@ -251,6 +271,22 @@ fn publish(which: usize, backends: Vec<ServerSpec>, known: &Mutex<Known>, reload
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_address_in_two_spellings_is_one_backend() {
+        let body = br#"[{"Node":{"Address":"n"},"Service":{"Address":"::1","Port":9},"Checks":[]},
+                        {"Node":{"Address":"n"},"Service":{"Address":"0:0:0:0:0:0:0:1","Port":9},"Checks":[]}]"#;
+        let listed = backends_of(body).unwrap();
+        let list: Vec<String> = listed.backends.iter().map(ToString::to_string).collect();
+        assert_eq!(list, ["[::1]:9"]);
+    }
+
+    #[test]
+    fn a_service_name_is_one_path_segment() {
+        assert_eq!(path_segment("web-1.v2_x~"), "web-1.v2_x~");
+        assert_eq!(path_segment("web?dc=x"), "web%3Fdc%3Dx");
+        assert_eq!(path_segment("my service/é"), "my%20service%2F%C3%A9");
+    }
 
     #[test]
     fn reads_the_fixture_shape() {

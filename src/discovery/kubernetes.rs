@@ -20,6 +20,7 @@ use super::{hosts_for, Reloader};
 use crate::config::discovery_conf::{DiscoveredService, KubernetesConfig};
 use crate::config::file_bytes::read_regular;
 use crate::config::values::{parse_server, ServerSpec};
+use crate::vocab::error_text::with_causes;
 
 /// Why the Kubernetes client could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -247,7 +248,7 @@ fn watch_refused_as_gone(e: &watcher::Error) -> bool {
 
 /// A watcher error in an operator's words (a 401 says which token to check).
 fn describe(e: &watcher::Error) -> String {
-    let text = e.to_string();
+    let text = with_causes(e);
     if text.contains("401") || text.contains("Unauthorized") {
         format!("401 Unauthorized from the API server: check the token at kubernetes.tokenpath ({text})")
     } else {

@@ -54,11 +54,13 @@ pub fn open_app_log(main: &MainConfig) -> Result<Option<Arc<LogFile>>, String> {
 /// one, says at info that it could not remove the watch of a directory already deleted (every
 /// ConfigMap update does that). rustls's warnings too: it warns of every ClientHello whose SNI
 /// is an IP address (wrk and h2load send one), a line per handshake that any client could use
-/// to fill the disk; a handshake that fails is aralez's to say.
+/// to fill the disk; a handshake that fails is aralez's to say. kube-client's errors too: they
+/// name neither the API server nor the service (`failed with error client error (Connect)`),
+/// and aralez's own warning for the watch says the same with its causes.
 pub fn init(main: &MainConfig, file: Option<&Arc<LogFile>>) -> Result<(), String> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         EnvFilter::new(format!(
-            "{},h2=warn,hyper=warn,notify=warn,rustls=error",
+            "{},h2=warn,hyper=warn,notify=warn,rustls=error,kube_client=off",
             main.log_level
         ))
     });

@@ -52,11 +52,11 @@ pub fn first_lookup(
     let spawned = std::thread::Builder::new()
         .name("aralez-lookup".into())
         .spawn(move || {
-            let _counted = counted;
             let fresh = lookup();
             if let Some(backend) = target.upgrade() {
                 backend.take_first_addrs(fresh);
             }
+            drop(counted);
             let _ = told.send(());
         });
     if let Err(e) = spawned {

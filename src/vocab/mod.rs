@@ -9,6 +9,7 @@
 
 pub mod acme_challenges;
 pub mod error;
+pub mod error_text;
 pub mod field_offsets;
 pub mod forwarded;
 pub mod headers;

@@ -30,6 +30,7 @@ use tokio::time::Instant;
 
 use crate::config::acme_conf::AcmeConfig;
 use crate::vocab::acme_challenges::Challenges;
+use crate::vocab::error_text::with_causes;
 use files::{cert_path, read_covering, write_atomically};
 
 const FIRST_RETRY: Duration = Duration::from_secs(60);
@@ -68,21 +69,6 @@ fn is_unknown_account(e: &AcmeError) -> bool {
             .is_some_and(|t| t.ends_with(":accountDoesNotExist")),
         _ => false,
     }
-}
-
-/// `e` with every cause under it (`client error (Connect): tcp connect error: ...`).
-fn with_causes(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let said = c.to_string();
-        if !text.contains(&said) {
-            text.push_str(": ");
-            text.push_str(&said);
-        }
-        cause = c.source();
-    }
-    text
 }
 
 /// The names of upstreams.yaml's hosts with `acme: true`, as serving now.
