@@ -21,6 +21,7 @@ use crate::vocab::acme_challenges::Challenges;
 use crate::vocab::error::is_grpc;
 use crate::vocab::headers::{only_chunked, X_REQUEST_ID};
 use crate::vocab::normalise;
+use crate::vocab::request_body::FramedByHyper;
 use crate::vocab::{ClientBody, ClientConn, ProxyError};
 
 /// Routes requests with the snapshot in force; shared by every connection of every worker.
@@ -220,7 +221,9 @@ fn check_h3_fields(headers: &http::HeaderMap) -> Result<(), ProxyError> {
 /// would be dropped on the way to the backend with the field. Only hyper's HTTP/1 requests can
 /// have the field (aralez's own HTTP/1.1 reader leaves them to hyper; HTTP/2 refuses it).
 fn check_transfer_coding(req: &Request<ClientBody>) -> Result<(), ProxyError> {
-    if req.version() > Version::HTTP_11 {
+    let from_hyper = matches!(req.body(), ClientBody::Hyper(_))
+        || req.extensions().get::<FramedByHyper>().is_some();
+    if !from_hyper || req.version() > Version::HTTP_11 {
         return Ok(());
     }
     let codings = req.headers().get_all(http::header::TRANSFER_ENCODING);

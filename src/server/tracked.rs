@@ -22,7 +22,7 @@ use pin_project_lite::pin_project;
 use super::idle::{Activity, InFlight};
 use crate::vocab::headers::X_REQUEST_ID;
 use crate::vocab::late_id::LateId;
-use crate::vocab::request_body::BoxError;
+use crate::vocab::request_body::{BoxError, FramedByHyper};
 use crate::vocab::{ClientBody, StreamHeld};
 
 /// Who writes the heads of a connection's answers.
@@ -109,6 +109,7 @@ fn note_body_end(req: &mut Request<ClientBody>) -> Arc<AtomicBool> {
         ended: ended.clone(),
     };
     *req.body_mut() = ClientBody::Stream(http_body_util::BodyExt::boxed_unsync(noted));
+    req.extensions_mut().insert(FramedByHyper);
     ended
 }
 

@@ -42,6 +42,12 @@ pub enum ClientBody {
     Whole(WholeBody),
 }
 
+/// Marks a request whose body hyper's HTTP/1 side framed, now carried as another variant (its
+/// end noted, `server::tracked`): it may have come with `Transfer-Encoding`, which routing
+/// checks only on such requests.
+#[derive(Clone, Copy, Debug)]
+pub struct FramedByHyper;
+
 /// A client's body read to its end: its data in one piece, and its trailers if it had any.
 pub struct WholeBody {
     pub data: Bytes,
