@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-
 use http::header::{HeaderValue, CONNECTION, EXPECT};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
