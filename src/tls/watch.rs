@@ -116,8 +116,9 @@ fn arm_or_say(
         Err(e) => {
             if !*said_unwatched {
                 tracing::warn!(
-                    "certificates: cannot watch {}: {e}; they reload on SIGHUP",
-                    dir.display()
+                    "certificates: cannot watch {}: {e}; it is looked at every {}s and on SIGHUP",
+                    dir.display(),
+                    UNWATCHED_LOOK.as_secs()
                 );
                 *said_unwatched = true;
             }
