@@ -593,7 +593,7 @@ async fn certificates_follow_their_links_a_replaced_directory_and_sighup() {
     std::fs::create_dir(at("certs.new")).unwrap();
     let replacement = write_self_signed(&at("certs.new"), "d", &["d.local"]);
     std::fs::rename(at("certs.new"), at("certs")).unwrap();
-    let config = tls_client_config(&[replacement.clone()], &[b"http/1.1"]);
+    let config = tls_client_config(std::slice::from_ref(&replacement), &[b"http/1.1"]);
     let picked_up = eventually_async(Duration::from_secs(10), || async {
         let served = served_cert(tls, "d.local", config.clone()).await;
         served.is_ok_and(|cert| cert == replacement).then_some(())

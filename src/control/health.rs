@@ -83,20 +83,23 @@ pub async fn run(snapshot: Arc<ArcSwap<Snapshot>>, settings: HealthSettings) {
 /// other once, its verdict for every name.
 pub async fn round(snapshot: &Snapshot, settings: &HealthSettings) -> usize {
     let mut probes: JoinSet<()> = JoinSet::new();
-    let mut pairs: HashMap<(usize, &str), (Arc<Backend>, Vec<String>)> = HashMap::new();
+    let mut pairs: HashMap<(usize, &str), AskedFor> = HashMap::new();
     for route in snapshot.routes().filter(|r| r.backends.health_checked()) {
         for backend in route.backends.iter() {
             let id = Arc::as_ptr(backend) as usize;
-            let (_, names) = pairs
+            let asked = pairs
                 .entry((id, &route.prefix))
-                .or_insert_with(|| (backend.clone(), Vec::new()));
+                .or_insert_with(|| AskedFor {
+                    backend: backend.clone(),
+                    names: Vec::new(),
+                });
             let name = backend.server_name_for(&route.host);
-            if !names.iter().any(|n| n == name) {
-                names.push(name.to_string());
+            if !asked.names.iter().any(|n| n == name) {
+                asked.names.push(name.to_string());
             }
         }
     }
-    for ((_, path), (backend, names)) in pairs {
+    for ((_, path), AskedFor { backend, names }) in pairs {
         let by_name = speaks_tls(&backend);
         let probed: Vec<(String, Vec<String>)> = match by_name {
             true => names.into_iter().map(|n| (n.clone(), vec![n])).collect(),
@@ -118,6 +121,12 @@ pub async fn round(snapshot: &Snapshot, settings: &HealthSettings) -> usize {
     let count = probes.len();
     while probes.join_next().await.is_some() {}
     count
+}
+
+/// A backend probed on one path, and the server names its routes there ask for.
+struct AskedFor {
+    backend: Arc<Backend>,
+    names: Vec<String>,
 }
 
 /// Whether `backend` is spoken to over TLS: so configured, or so detected.
