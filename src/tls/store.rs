@@ -50,8 +50,13 @@ pub enum PairError {
     },
     #[error("{path}: no usable PEM private key ({reason})")]
     BadKey { path: PathBuf, reason: String },
-    #[error("{name}: the key does not match the certificate")]
-    Mismatch { name: String },
+    #[error("{key}: the key does not match the certificate of {crt}{hint}")]
+    Mismatch {
+        crt: PathBuf,
+        key: PathBuf,
+        /// What the chain's first certificate says, when it explains the mismatch.
+        hint: &'static str,
+    },
 }
 
 /// Loads `dir/name.crt` + `dir/name.key`.
@@ -64,10 +69,6 @@ pub fn load_pair(dir: &Path, name: &str) -> Result<LoadedPair, PairError> {
 
 /// Loads a certificate chain and its key from two PEM files.
 pub fn load_pair_files(crt: &Path, key_path: &Path) -> Result<LoadedPair, PairError> {
-    let name = crt
-        .file_stem()
-        .and_then(|s| s.to_str())
-        .unwrap_or("certificate");
     let (crt, key_path) = (crt.to_path_buf(), key_path.to_path_buf());
     let crt_bytes = read_regular(&crt, MAX_FILE_BYTES).map_err(|source| PairError::Read {
         path: crt.clone(),
@@ -102,10 +103,18 @@ pub fn load_pair_files(crt: &Path, key_path: &Path) -> Result<LoadedPair, PairEr
         }
     })?;
     let (names, valid) = leaf_facts(&chain[0]);
+    let first_is_ca =
+        x509_parser::parse_x509_certificate(chain[0].as_ref()).is_ok_and(|(_, cert)| cert.is_ca());
     let certified = CertifiedKey::new(chain, signer);
     if certified.keys_match().is_err() {
+        let hint = match first_is_ca {
+            true => " (its first certificate is a CA's: the server's own must come first, then the intermediates)",
+            false => "",
+        };
         return Err(PairError::Mismatch {
-            name: name.to_string(),
+            crt,
+            key: key_path,
+            hint,
         });
     }
     Ok(LoadedPair {
@@ -326,7 +335,7 @@ impl CertStore {
                 "has expired"
             };
             problems.push(format!(
-                "{}: the certificate {when}; a valid one for the same names is preferred",
+                "{}: the certificate {when}; a valid one for its names, if any, is served instead",
                 self.dir.join(format!("{name}.crt")).display()
             ));
         }
@@ -430,6 +439,37 @@ mod tests {
         assert_eq!(store.len(), 1);
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert!(problems[0].contains("lonely.key"), "{problems:?}");
+    }
+
+    #[test]
+    fn a_mismatch_names_both_files_and_a_chain_in_the_wrong_order_says_so() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ca_key = rcgen::KeyPair::generate().expect("key");
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = ca.self_signed(&ca_key).expect("ca");
+        let leaf = rcgen::generate_simple_self_signed(vec!["a.example".into()]).expect("leaf");
+        let other = rcgen::generate_simple_self_signed(vec!["b.example".into()]).expect("b");
+        let at = |name: &str| dir.path().join(name);
+        // The intermediate first, the server's own certificate second.
+        std::fs::write(at("wrong.crt"), ca.pem() + &leaf.cert.pem()).expect("crt");
+        std::fs::write(at("wrong.key"), leaf.signing_key.serialize_pem()).expect("key");
+        std::fs::write(at("mixed.crt"), leaf.cert.pem()).expect("crt");
+        std::fs::write(at("mixed.key"), other.signing_key.serialize_pem()).expect("key");
+        let (_, problems) = CertStore::open(dir.path());
+        let said = |stem: &str| {
+            let found = problems.iter().find(|p| p.contains(&format!("{stem}.key")));
+            found.cloned().unwrap_or_default()
+        };
+        let mixed = said("mixed");
+        assert!(
+            mixed.contains("mixed.crt") && !mixed.contains("CA"),
+            "{problems:?}"
+        );
+        assert!(
+            said("wrong").contains("its first certificate is a CA's"),
+            "{problems:?}"
+        );
     }
 
     /// Writes `dir/stem.crt` + `.key` for `name`, valid from `from` to `to` (Unix seconds).
