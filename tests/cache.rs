@@ -646,15 +646,8 @@ async fn purging_a_url_takes_every_spelling_of_its_host() {
 
 /// `X-Cache-Status` of a GET of `path` with `host` written as given.
 async fn cache_status_on(c: &mut Client, host: &str, path: &str) -> String {
-    let resp = c
-        .send(
-            Method::GET,
-            Some(host),
-            path,
-            &[],
-            full(bytes::Bytes::new()),
-        )
-        .await;
-    let (parts, _) = resp.into_parts();
-    hdr(&http::Response::from_parts(parts, ()), "x-cache-status")
+    let resp = c.get(host, path).await;
+    let status = header(&resp, "x-cache-status");
+    body_bytes(resp).await;
+    status
 }

@@ -70,12 +70,11 @@ pub(super) struct Signals {
     usr2: tokio::signal::unix::Signal,
 }
 
-/// The files SIGUSR1 reopens.
-/// What SIGHUP reloads: the routes, the certificates; and main.yaml, looked at only to say
-/// that it changed.
 /// How long SIGQUIT keeps the listeners for a new process that has not taken them yet.
 const TAKER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// What SIGHUP reloads: the routes, the certificates; and main.yaml, looked at only to say
+/// that it changed.
 pub(super) struct Reloads<'a> {
     pub routes: &'a Arc<Reloader>,
     pub certificates: &'a crate::tls::CertReload,
@@ -84,6 +83,7 @@ pub(super) struct Reloads<'a> {
     pub pid_file: &'a std::path::Path,
 }
 
+/// The files SIGUSR1 reopens.
 pub(super) struct LogFiles {
     pub(super) app: Option<Arc<LogFile>>,
     pub(super) access: AccessLog,

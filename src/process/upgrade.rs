@@ -149,32 +149,31 @@ impl Sockets {
 /// stopped process no longer keeps its ports open).
 pub type Offer = Arc<Mutex<Option<Sockets>>>;
 
-/// How many new processes took the sockets, and a wake-up for who waits for the next.
+/// Whether a new process has taken the sockets, and a wake-up for who waits for that.
 #[derive(Default)]
 pub struct Handovers {
-    count: std::sync::atomic::AtomicUsize,
-    taken: tokio::sync::Notify,
+    taken: std::sync::atomic::AtomicBool,
+    woken: tokio::sync::Notify,
 }
 
 impl Handovers {
     /// Whether a new process has taken the sockets.
     pub fn any(&self) -> bool {
-        self.count.load(std::sync::atomic::Ordering::Relaxed) > 0
+        self.taken.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Waits until a new process takes the sockets.
     pub async fn next(&self) {
-        let taken = self.taken.notified();
+        let woken = self.woken.notified();
         if self.any() {
             return;
         }
-        taken.await;
+        woken.await;
     }
 
     fn took(&self) {
-        self.count
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.taken.notify_waiters();
+        self.taken.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.woken.notify_waiters();
     }
 }
 
