@@ -22,7 +22,7 @@ use crate::vocab::ClientBody;
 type SendSide = RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
 
 /// How long a bodiless request's end may come after its answer.
-const REQUEST_END_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
+const REQUEST_END_WITHIN: Duration = Duration::from_secs(1);
 type RecvSide = RequestStream<h3_quinn::RecvStream, Bytes>;
 
 /// Answers one request; whatever goes wrong on the stream ends only that stream. Each write of
