@@ -292,10 +292,12 @@ async fn counting_backend() -> std::net::SocketAddr {
     addr
 }
 
+/// ... and the tunnel's access log line is written when it ends, with the bytes each way (it
+/// was written at the 101, with none).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_close_passes_through_an_upgraded_connection() {
     let backend = counting_backend().await;
-    let proxy = ProxyProcess::start(&ws_route(backend), "");
+    let proxy = ProxyProcess::start(&ws_route(backend), "access_log: all");
     let mut client = TcpStream::connect(proxy.addr).await.unwrap();
     let ask = "GET / HTTP/1.1\r\nHost: chat.local\r\nConnection: upgrade\r\nUpgrade: count\r\n\r\n";
     client.write_all(ask.as_bytes()).await.unwrap();
@@ -322,6 +324,13 @@ async fn half_close_passes_through_an_upgraded_connection() {
         .expect("answer after half-close")
         .unwrap();
     assert_eq!(answer, "got 100000");
+    proxy.wait_log("status=101", Duration::from_secs(5)).await;
+    let log = proxy.log_text();
+    let line = log.lines().find(|l| l.contains("status=101")).unwrap();
+    assert!(
+        line.contains(" bytes=10 ") && line.contains(" bytes_in=100000 "),
+        "{line}"
+    );
 }
 
 /// A WebSocket open when the proxy is told to stop keeps working through the drain, and the

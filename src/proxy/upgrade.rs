@@ -12,7 +12,8 @@
 //! Upgraded connections leave hyper's HTTP handling, so HTTP timeouts no longer apply to them;
 //! instead a tunnel counts among the listener's open connections (`max_connections`) until it
 //! ends, and is closed when no byte has crossed it, either way, for `client_idle_timeout` (as
-//! nginx's `proxy_read_timeout` closes an idle WebSocket).
+//! nginx's `proxy_read_timeout` closes an idle WebSocket). Its access log line is written when
+//! it ends, with the bytes each way and the whole time ([`TunnelLine`]), as nginx logs one.
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -32,6 +33,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
 use super::RespBody;
+use crate::accesslog::TunnelLine;
 use crate::upstream::{keep_served_by, PooledBody};
 use crate::vocab::{StreamHeld, TunnelLimits};
 
@@ -200,6 +202,8 @@ pub fn bridge(
         parts.status = StatusCode::SWITCHING_PROTOCOLS;
     }
     let limits = limits.clone();
+    let line = TunnelLine::default();
+    parts.extensions.insert(line.clone());
     tokio::spawn(async move {
         let Some(on_server) = on_server else {
             tracing::warn!("backend switched protocols but its connection cannot be upgraded");
@@ -210,7 +214,8 @@ pub fn bridge(
                 let _counted = limits.count_tunnel();
                 let _held = client.held;
                 let (c, s) = (TokioIo::new(client_io), TokioIo::new(server_io));
-                tunnel(c, s, limits.idle).await;
+                let carried = tunnel(c, s, limits.idle).await;
+                line.ended(carried.to_client, carried.from_client);
             }
             Err(e) => tracing::debug!("upgrade did not complete: {e}"),
         }
@@ -218,9 +223,15 @@ pub fn bridge(
     Response::from_parts(parts, Either::Right(Full::new(Bytes::new())))
 }
 
+/// The bytes a tunnel carried each way.
+struct Carried {
+    to_client: u64,
+    from_client: u64,
+}
+
 /// Copies both ways until either side closes (half-closes pass through) or nothing has moved for
-/// `idle`.
-async fn tunnel<C, S>(client: C, server: S, idle: Duration)
+/// `idle`; says how much it carried.
+async fn tunnel<C, S>(client: C, server: S, idle: Duration) -> Carried
 where
     C: AsyncRead + AsyncWrite + Unpin,
     S: AsyncRead + AsyncWrite + Unpin,
@@ -229,7 +240,23 @@ where
     let last = Arc::new(AtomicU64::new(0));
     let mut c = Watched::new(client, started, last.clone());
     let mut s = Watched::new(server, started, last.clone());
-    let copy = tokio::io::copy_bidirectional(&mut c, &mut s);
+    copy_while_busy(&mut c, &mut s, idle, (started, &last)).await;
+    Carried {
+        to_client: s.read,
+        from_client: c.read,
+    }
+}
+
+async fn copy_while_busy<C, S>(
+    c: &mut Watched<C>,
+    s: &mut Watched<S>,
+    idle: Duration,
+    (started, last): (Instant, &AtomicU64),
+) where
+    C: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let copy = tokio::io::copy_bidirectional(c, s);
     tokio::pin!(copy);
     let mut check = Box::pin(tokio::time::sleep(idle));
     loop {
@@ -253,16 +280,22 @@ where
     }
 }
 
-/// An upgraded IO that notes when a byte last crossed it.
+/// An upgraded IO that notes when a byte last crossed it, and counts the bytes read from it.
 struct Watched<IO> {
     io: IO,
     started: Instant,
     last: Arc<AtomicU64>,
+    read: u64,
 }
 
 impl<IO> Watched<IO> {
     fn new(io: IO, started: Instant, last: Arc<AtomicU64>) -> Watched<IO> {
-        Watched { io, started, last }
+        Watched {
+            io,
+            started,
+            last,
+            read: 0,
+        }
     }
 
     fn touch(&self) {
@@ -282,7 +315,9 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Watched<IO> {
     ) -> Poll<std::io::Result<()>> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.io).poll_read(cx, buf);
-        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+        let read = buf.filled().len().saturating_sub(before);
+        if matches!(polled, Poll::Ready(Ok(()))) && read > 0 {
+            self.read += read as u64;
             self.touch();
         }
         polled

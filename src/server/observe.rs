@@ -4,6 +4,7 @@
 //! the id goes back with the response, in its body until the head is written ([`LateId`]).
 //!
 //! It only observes: the router's response passes through unchanged apart from HSTS and the id.
+//! An upgrade's record is handed to its tunnel, which writes it when it ends.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -16,12 +17,12 @@ use std::time::Instant;
 use bytes::Bytes;
 use futures_util::FutureExt;
 use http::header::{HeaderValue, ALT_SVC, STRICT_TRANSPORT_SECURITY};
-use http::{Request, Response, StatusCode};
+use http::{Method, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 
 use super::real_client::{self, RequestIds, TrustedProxies};
 use super::AltSvc;
-use crate::accesslog::{AccessLog, Record};
+use crate::accesslog::{AccessLog, Record, TunnelLine};
 use crate::metrics::Metrics;
 use crate::proxy::RespBody;
 use crate::routing::Router;
@@ -141,6 +142,7 @@ pub fn handle(
         let client = &*client;
         let start = Instant::now();
         let version = req.version();
+        let connect = req.method() == Method::CONNECT;
         ctx.metrics
             .request_started(client.worker, req.method(), version);
         let mut record = ctx
@@ -167,6 +169,12 @@ pub fn handle(
         let failed_at = || resp.extensions().get::<FailedAt>().map(|f| &f.0.label);
         let logged = label.or_else(failed_at);
         record.respond(status.as_u16(), logged, (served.map(|s| s.1), now));
+        let tunnel = status == StatusCode::SWITCHING_PROTOCOLS || (connect && status.is_success());
+        if tunnel {
+            if let Some(line) = resp.extensions_mut().remove::<TunnelLine>() {
+                line.hold(&mut record);
+            }
+        }
         if ctx.hsts && !resp.headers().contains_key(STRICT_TRANSPORT_SECURITY) {
             resp.headers_mut().insert(
                 STRICT_TRANSPORT_SECURITY,
