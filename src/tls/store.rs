@@ -18,6 +18,8 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use crate::config::file_bytes::{read_regular, FileProblem};
 use crate::config::yaml::MAX_FILE_BYTES;
 
+use super::pem_text;
+
 /// One loaded pair.
 #[derive(Clone, Debug)]
 pub struct LoadedPair {
@@ -81,7 +83,7 @@ pub fn load_pair_files(crt: &Path, key_path: &Path) -> Result<LoadedPair, PairEr
         let der = der.map_err(|e| PairError::BadChain {
             path: crt.clone(),
             number: at + 1,
-            reason: e.to_string(),
+            reason: pem_text::certificate_reason(&e),
         })?;
         chain.push(der);
     }
@@ -94,12 +96,12 @@ pub fn load_pair_files(crt: &Path, key_path: &Path) -> Result<LoadedPair, PairEr
     })?;
     let key_der = PrivateKeyDer::from_pem_slice(&key_bytes).map_err(|e| PairError::BadKey {
         path: key_path.clone(),
-        reason: e.to_string(),
+        reason: pem_text::key_reason(&key_bytes, &e),
     })?;
     let signer = rustls::crypto::aws_lc_rs::sign::any_supported_type(&key_der).map_err(|e| {
         PairError::BadKey {
             path: key_path.clone(),
-            reason: e.to_string(),
+            reason: pem_text::signer_reason(&chain[0], &e),
         }
     })?;
     let (names, valid) = leaf_facts(&chain[0]);
@@ -310,7 +312,7 @@ impl CertStore {
                 )];
             }
         };
-        let mut problems = Vec::new();
+        let mut problems: Vec<String> = pem_text::not_pair_files(&self.dir).into_iter().collect();
         pairs.retain(|name, _| names.contains(name));
         for name in &names {
             match load_pair(&self.dir, name) {
