@@ -309,6 +309,9 @@ async fn instances_follow_consul_and_survive_its_outage() {
     let consul = FakeConsul::start(addr, state, changed).await;
     consul.set(&[a.addr]);
     wait_for_set(&proxy, &["a"], Duration::from_secs(15)).await;
+    // ... and its return is said, with how long it was away.
+    let log = proxy.log_text();
+    assert!(log.contains("consul: answering again after"), "{log}");
 }
 
 #[tokio::test(start_paused = true)]

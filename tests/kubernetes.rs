@@ -403,6 +403,9 @@ async fn a_token_file_written_late_with_a_newline_is_read() {
     assert!(refused, "{}", proxy.log_text());
     std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
     wait_for(&proxy, &["a"]).await;
+    // The end of the refusals is said too.
+    let log = proxy.log_text();
+    assert!(log.contains("kubernetes: watching again after"), "{log}");
 }
 
 /// A watch request answered with HTTP 410 itself (not an ERROR event in the stream): kube's

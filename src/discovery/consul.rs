@@ -20,7 +20,7 @@ use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 
-use super::{hosts_for, Reloader};
+use super::{hosts_for, Outage, Reloader};
 use crate::config::discovery_conf::{ConsulConfig, DiscoveredService};
 use crate::config::values::{parse_server, ServerSpec};
 use crate::vocab::error_text::with_causes;
@@ -156,6 +156,7 @@ async fn watch_service(
     let name = cfg.services[which].upstream.clone();
     let (mut index, mut server, mut backoff) = (0u64, 0usize, BACKOFF_MIN);
     let mut skipped_before = Vec::new();
+    let mut outage = Outage::default();
     loop {
         let base = &cfg.servers[server % cfg.servers.len()];
         let started = tokio::time::Instant::now();
@@ -169,6 +170,9 @@ async fn watch_service(
         {
             Ok((new_index, listed)) => {
                 backoff = BACKOFF_MIN;
+                if let Some((failures, lasted)) = outage.ended() {
+                    tracing::info!(service = %name, server = %base, "consul: answering again after {failures} failed {} over {lasted:?}; the backends follow it again", if failures == 1 { "query" } else { "queries" });
+                }
                 // A lower index means Consul's state was reset: start over from 0. Else at
                 // least 1: an index of 0 would make every query return at once.
                 index = if new_index < index {
@@ -186,6 +190,7 @@ async fn watch_service(
                 tokio::time::sleep_until(started + MIN_QUERY_INTERVAL).await;
             }
             Err(reason) => {
+                outage.failed();
                 tracing::warn!(service = %name, server = %base, "consul: {reason}; keeping the last known backends, retrying in {backoff:?}");
                 server += 1;
                 tokio::time::sleep(backoff).await;

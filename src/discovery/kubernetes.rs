@@ -16,7 +16,7 @@ use kube::{Api, Client};
 
 use super::answer_bounds::AnswerBoundsLayer;
 use super::bearer_file::BearerFileLayer;
-use super::{hosts_for, Reloader};
+use super::{hosts_for, Outage, Reloader};
 use crate::config::discovery_conf::{DiscoveredService, KubernetesConfig};
 use crate::config::file_bytes::read_regular;
 use crate::config::values::{parse_server, ServerSpec};
@@ -205,7 +205,13 @@ async fn watch_service(
     let mut events = start();
     let mut slices: BTreeMap<String, Vec<ServerSpec>> = BTreeMap::new();
     let mut relisting: Option<BTreeMap<String, Vec<ServerSpec>>> = None;
+    let mut outage = Outage::default();
     while let Some(event) = events.next().await {
+        if event.is_ok() {
+            if let Some((errors, lasted)) = outage.ended() {
+                tracing::info!(service = %service, "kubernetes: watching again after {errors} failed {} over {lasted:?}; the backends follow it again", if errors == 1 { "try" } else { "tries" });
+            }
+        }
         let name_of = |s: &EndpointSlice| s.metadata.name.clone().unwrap_or_default();
         match event {
             Ok(watcher::Event::Init) => relisting = Some(BTreeMap::new()),
@@ -234,6 +240,7 @@ async fn watch_service(
                 relisting = None;
             }
             Err(e) => {
+                outage.failed();
                 tracing::warn!(service = %service, "kubernetes: {}; keeping the last known backends", describe(&e))
             }
         }

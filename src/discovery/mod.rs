@@ -531,3 +531,20 @@ pub fn hosts_for(services: &[(&DiscoveredService, &[ServerSpec])]) -> Vec<HostCo
     }
     hosts
 }
+
+/// A discovery source's failures since its last answer, for the line that says an outage ended.
+#[derive(Default)]
+pub(crate) struct Outage(Option<(u32, tokio::time::Instant)>);
+
+impl Outage {
+    pub(crate) fn failed(&mut self) {
+        let (failures, _) = self.0.get_or_insert((0, tokio::time::Instant::now()));
+        *failures += 1;
+    }
+
+    /// How many queries failed and for how long, if any did before this answer.
+    pub(crate) fn ended(&mut self) -> Option<(u32, std::time::Duration)> {
+        let (failures, since) = self.0.take()?;
+        Some((failures, since.elapsed()))
+    }
+}
