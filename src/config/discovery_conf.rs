@@ -6,7 +6,7 @@ use http::Uri;
 use super::host_name::normalise_host;
 use super::reader::{join, Reader};
 use super::settings::{read_setting, RouteSettings, SETTING_KEYS};
-use super::yaml::{Node, Value};
+use super::yaml::{Node, Pos, Value};
 
 /// One discovered service and where it is routed.
 #[derive(Clone, Debug, PartialEq)]
@@ -16,6 +16,43 @@ pub struct DiscoveredService {
     pub upstream: String,
     pub path: String,
     pub settings: RouteSettings,
+    /// Where the service is written, for messages about it.
+    pub written_at: WrittenAt,
+}
+
+/// Where a service is written: its line and key path. Not part of what the service is (a
+/// service moved to another line is the same service; its watch is not started again).
+#[derive(Clone, Debug, Default)]
+pub struct WrittenAt {
+    pub pos: Pos,
+    pub path: String,
+}
+
+impl PartialEq for WrittenAt {
+    fn eq(&self, _: &WrittenAt) -> bool {
+        true
+    }
+}
+
+/// Services of `consul` and `kubernetes` routed to a host and path `hosts` route already: the
+/// file's route wins (a discovered route only fills what the file leaves open), so the service
+/// gets no request. A warning at the service.
+pub fn warn_hidden_by_the_file(
+    services: &[&DiscoveredService],
+    hosts: &[super::upstreams::HostConfig],
+    r: &mut Reader,
+) {
+    for svc in services {
+        let host = hosts.iter().find(|h| h.name == svc.hostname);
+        if host.is_some_and(|h| h.paths.iter().any(|p| p.prefix == svc.path)) {
+            let message = format!(
+                "{}{} is routed by this file's own host `{}` too: the file's route wins and this \
+                 service gets no request",
+                svc.hostname, svc.path, svc.hostname
+            );
+            r.warn(svc.written_at.pos, &svc.written_at.path, message);
+        }
+    }
 }
 
 /// `consul:`.
@@ -62,6 +99,10 @@ fn read_services(node: &Node, path: &str, r: &mut Reader) -> Vec<DiscoveredServi
             upstream: String::new(),
             path: "/".into(),
             settings: RouteSettings::default(),
+            written_at: WrittenAt {
+                pos: item.pos,
+                path: item_path.clone(),
+            },
         };
         let known: Vec<&str> = SERVICE_KEYS.iter().chain(SETTING_KEYS).copied().collect();
         for (key, value) in entries {

@@ -158,6 +158,11 @@ impl UpstreamsConfig {
                 cfg.hosts = read_hosts(&owned, "", r);
             }
         }
+        let consul = cfg.consul.iter().flat_map(|c| &c.services);
+        let services: Vec<_> = consul
+            .chain(cfg.kubernetes.iter().flat_map(|k| &k.services))
+            .collect();
+        super::discovery_conf::warn_hidden_by_the_file(&services, &cfg.hosts, r);
         if r.issues.errors().count() > errors_before {
             return None;
         }

@@ -88,6 +88,19 @@ pub(crate) fn cases() -> Vec<Case> {
             ],
         )
         .warnings_only(),
+        // A discovered service on a host and path the file routes itself gets no request.
+        Case::broken(
+            "discovered_service_hidden_by_the_files_route",
+            MAIN_OK,
+            &format!("consul:\n  servers: [\"http://127.0.0.1:8500\"]\n  services:\n    - {{ hostname: example.com, upstream: web }}\n    - {{ hostname: example.com, upstream: api, path: /api }}\n{UPS_OK}"),
+            vec![warn(
+                U,
+                4,
+                "consul.services[0]",
+                "example.com/ is routed by this file's own host `example.com` too: the file's route wins",
+            )],
+        )
+        .warnings_only(),
         // ---- wrong types ----
         Case::path(
             "type_string_for_number",
