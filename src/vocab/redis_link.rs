@@ -3,8 +3,10 @@
 //! first use (or [`warm`](RedisLink::warm)ed at start); every command within a deadline; after
 //! an error, or [`TIMEOUTS_IN_A_ROW`] timeouts, the server is left alone for [`RETRY_AFTER`]
 //! (callers go on without it), the incident logged once and counted, and the first command after
-//! the pause tries again. A single late answer costs only the command that waited for it. A kept connection the server dropped
-//! (Redis restarted) is replaced once, at once.
+//! the pause tries again. A single late answer costs only the command that waited for it, and
+//! no command waits past its deadline, a connection made on the way included. A kept
+//! connection the server dropped (Redis restarted) is replaced once, at once, within the same
+//! deadline.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -94,22 +96,24 @@ impl RedisLink {
         slot.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The slot's connection, made now if there is none (within `deadline`); true when it
-    /// was made before (it may have been dropped by the server since).
-    async fn conn(&self, slot: usize, deadline: Duration) -> Option<(MultiplexedConnection, bool)> {
+    /// The slot's connection, made now if there is none (by `until`); true when it was made
+    /// before (it may have been dropped by the server since).
+    async fn conn(&self, slot: usize, until: Instant) -> Option<(MultiplexedConnection, bool)> {
         if self.is_down() {
             return None;
         }
         if let Some(conn) = self.slot(slot).clone() {
             return Some((conn, true));
         }
+        // No response timeout of the client's own: a late answer is the command's deadline's
+        // (`run`), counted among timeouts, not an I/O error that drops the connection.
         let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(deadline))
-            .set_response_timeout(Some(deadline));
+            .set_connection_timeout(Some(until.saturating_duration_since(Instant::now())))
+            .set_response_timeout(None);
         let made = self
             .client
             .get_multiplexed_async_connection_with_config(&config);
-        match tokio::time::timeout(deadline, made).await {
+        match tokio::time::timeout_at(until, made).await {
             Ok(Ok(conn)) => {
                 *self.slot(slot) = Some(conn.clone());
                 Some((conn, false))
@@ -145,7 +149,7 @@ impl RedisLink {
     /// Makes every slot's connection now (at start), each within `deadline`.
     pub async fn warm(&self, deadline: Duration) {
         for slot in 0..self.conns.len() {
-            if self.conn(slot, deadline).await.is_none() {
+            if self.conn(slot, Instant::now() + deadline).await.is_none() {
                 return;
             }
         }
@@ -158,21 +162,24 @@ impl RedisLink {
         }
     }
 
-    /// Runs `cmd` on the slot's connection within `deadline`; `None` when Redis is down, slow
-    /// or refusing (then it is left alone for [`RETRY_AFTER`]).
+    /// Runs `cmd` on the slot's connection within `deadline`, a connection made or made again
+    /// included; `None` when Redis is down, slow or refusing (then it is left alone for
+    /// [`RETRY_AFTER`]).
     pub async fn run<T: FromRedisValue>(
         &self,
         slot: usize,
         deadline: Duration,
         cmd: &Pipeline,
     ) -> Option<T> {
+        let until = Instant::now() + deadline;
         for _ in 0..2 {
-            let (mut conn, kept) = self.conn(slot, deadline).await?;
-            match tokio::time::timeout(deadline, cmd.query_async::<T>(&mut conn)).await {
+            let (mut conn, kept) = self.conn(slot, until).await?;
+            match tokio::time::timeout_at(until, cmd.query_async::<T>(&mut conn)).await {
                 Ok(Ok(value)) => {
                     self.succeeded();
                     return Some(value);
                 }
+                Ok(Err(e)) if e.is_timeout() => return self.timed_out(slot),
                 Ok(Err(e)) if kept && (e.is_connection_dropped() || e.is_io_error()) => {
                     *self.slot(slot) = None;
                 }
@@ -211,6 +218,63 @@ impl RedisLink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A Redis that answers `+OK` to each command while `answering` says so, and reads the
+    /// rest without a word; returns its URL.
+    async fn fake_redis(answering: Arc<AtomicBool>) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("redis://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let answering = answering.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    while let Ok(n @ 1..) = stream.read(&mut buf).await {
+                        let commands = buf[..n].iter().filter(|&&b| b == b'*').count();
+                        if answering.load(Ordering::Relaxed) {
+                            let answer = "+OK\r\n".repeat(commands);
+                            if stream.write_all(answer.as_bytes()).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        url
+    }
+
+    /// A Redis that stops answering costs each command its deadline once (the client's own
+    /// response timeout made it an I/O error: the connection was dropped and the command sent
+    /// again on a new one, for a second deadline), and only three late answers in a row are an
+    /// incident (a first command's late answer was one at once).
+    #[tokio::test(start_paused = true)]
+    async fn a_late_answer_costs_one_deadline_and_three_make_an_incident() {
+        let answering = Arc::new(AtomicBool::new(true));
+        let url = fake_redis(answering.clone()).await;
+        let incident = Incident {
+            user: "test",
+            meanwhile: "nothing",
+        };
+        let link = RedisLink::new(&url, 1, incident).unwrap();
+        let deadline = Duration::from_millis(50);
+        let mut ping = ::redis::pipe();
+        ping.cmd("PING");
+        let answer = link.run::<(String,)>(0, deadline, &ping).await;
+        assert_eq!(answer, Some(("OK".to_string(),)));
+        answering.store(false, Ordering::Relaxed);
+        for late in 1..=TIMEOUTS_IN_A_ROW {
+            assert!(!link.is_down(), "down after {} late answers", late - 1);
+            let started = Instant::now();
+            let answer = link.run::<(String,)>(0, deadline, &ping).await;
+            assert_eq!(answer, None);
+            assert_eq!(started.elapsed(), deadline, "late answer {late}");
+        }
+        assert!(link.is_down(), "three late answers are an incident");
+    }
 
     #[test]
     fn a_redis_error_is_logged_on_one_line() {
