@@ -493,6 +493,21 @@ async fn memory_stays_within_mem_size_mb_under_ten_times_the_working_set() {
     );
 }
 
+/// An answer up to `item_max_size` is kept even in a small tier: its capacity was split in
+/// shards (eight here) and each refused what was over its share, 512 KB of 4 MB.
+#[tokio::test]
+async fn an_answer_up_to_item_max_size_is_kept_in_a_small_tier() {
+    let origin = Origin::start().await;
+    let cache = "  storage: memory\n  mem_size_mb: 4\n  item_max_size: 3\n  ttl: 60\n";
+    let proxy = proxy_cache(&origin, cache, "");
+    let mut c = Client::connect(Proto::H1, proxy.addr).await;
+    for len in [700_000, 2_500_000] {
+        let path = format!("/big/{len}?cc=max-age=60&len={len}");
+        assert_eq!(get(&mut c, &path).await.0, "MISS", "{len}");
+        assert_eq!(get(&mut c, &path).await.0, "HIT", "{len}");
+    }
+}
+
 #[test]
 fn check_config_names_the_line_of_a_bad_cache_value() {
     let dir = tempfile::tempdir().expect("temp dir");
