@@ -165,7 +165,7 @@ async fn a_silent_redis_delays_a_request_by_a_bounded_time() {
         }
     });
     let origin = Origin::start().await;
-    let proxy = proxy_cache(&origin, &redis_cache(&format!("redis://{addr}/0")), "");
+    let proxy = proxy_cache(&origin, &redis_cache(&format!("redis://{addr}/0")), ADMIN);
     let mut c = Client::connect(Proto::H1, proxy.addr).await;
     for i in 0..3 {
         let started = Instant::now();
@@ -178,6 +178,17 @@ async fn a_silent_redis_delays_a_request_by_a_bounded_time() {
             "{:?}",
             started.elapsed()
         );
+    }
+    // A purge that could not reach the shared tier says so (it answered 200, purged: 1, and
+    // the answer kept being served from Redis).
+    let admin = proxy.logged_addr("admin API on http://");
+    for json in [
+        "{\"url\": \"http://c.test/s0?cc=max-age=60\"}",
+        "{\"host\": \"c.test\", \"prefix\": \"/\"}",
+    ] {
+        let (status, body) = purge(admin, "k", json).await;
+        assert_eq!(status, 503, "{json}: {body}");
+        assert!(body.contains("shared tier, did not answer"), "{body}");
     }
     held.abort();
 }

@@ -1,7 +1,8 @@
 //! `POST /cache/purge` (master key): drops stored answers, by URL (`{"url":
 //! "http://host/path?query"}`: that entry and all its `Vary` variants) or by host and path
 //! prefix (`{"host": "host", "prefix": "/path"}`: both schemes, whole segments). Answers 200
-//! with `{"purged": N}`, the number of stored answers removed.
+//! with `{"purged": N}`, the number of stored answers removed; 503 with the count and an
+//! `error` when Redis, the shared tier, did not answer (the purge is not whole: run it again).
 
 use http::StatusCode;
 use serde::Deserialize;
@@ -61,9 +62,16 @@ pub async fn purge(store: Option<&Store>, body: &[u8]) -> (StatusCode, String) {
             )
         }
     };
+    if purged.shared_unreached {
+        let error = "Redis, the cache's shared tier, did not answer: the answers stored there, \
+                     and in the other instances' memory, may still be served; purge again";
+        tracing::warn!("cache purge: {error}");
+        let body = serde_json::json!({ "purged": purged.removed, "error": error });
+        return (StatusCode::SERVICE_UNAVAILABLE, body.to_string());
+    }
     (
         StatusCode::OK,
-        serde_json::json!({ "purged": purged }).to_string(),
+        serde_json::json!({ "purged": purged.removed }).to_string(),
     )
 }
 

@@ -179,8 +179,8 @@ impl RemoteTier {
     }
 
     /// Drops `key`'s variants, here and (through [`DROPS`]) in every instance's memory;
-    /// returns how many there were.
-    pub async fn remove(&self, slot: usize, key: &str) -> usize {
+    /// returns how many there were (`None`: Redis did not answer).
+    pub async fn remove(&self, slot: usize, key: &str) -> Option<usize> {
         let mut cmd = ::redis::pipe();
         cmd.cmd("HLEN")
             .arg(redis_key(key))
@@ -193,7 +193,7 @@ impl RemoteTier {
             .ignore();
         self.run::<(usize,)>(slot, WRITE_DEADLINE, &cmd)
             .await
-            .map_or(0, |(n,)| n)
+            .map(|(n,)| n)
     }
 
     /// Drops, in a task of its own, `key`'s variants (an unsafe method's invalidation).
@@ -205,8 +205,9 @@ impl RemoteTier {
         runtime.spawn(async move { tier.remove(slot, &key).await });
     }
 
-    /// Every key aralez stored in Redis, for a purge by prefix (SCAN, never KEYS).
-    pub async fn keys(&self, slot: usize) -> Vec<String> {
+    /// Every key aralez stored in Redis, for a purge by prefix (SCAN, never KEYS); `None` when
+    /// Redis did not answer every step.
+    pub async fn keys(&self, slot: usize) -> Option<Vec<String>> {
         let mut keys = Vec::new();
         let mut cursor: u64 = 0;
         loop {
@@ -217,32 +218,30 @@ impl RemoteTier {
                 .arg(format!("{PREFIX}*"))
                 .arg("COUNT")
                 .arg(1000);
-            let Some(((next, batch),)) = self
+            let ((next, batch),) = self
                 .run::<((u64, Vec<String>),)>(slot, WRITE_DEADLINE, &cmd)
-                .await
-            else {
-                return keys;
-            };
+                .await?;
             keys.extend(
                 batch
                     .into_iter()
                     .filter_map(|k| k.strip_prefix(PREFIX).map(str::to_string)),
             );
             if next == 0 || keys.len() > 1_000_000 {
-                return keys;
+                return Some(keys);
             }
             cursor = next;
         }
     }
 
-    /// Tells every instance to drop what `dropped` names from memory.
-    pub async fn publish(&self, slot: usize, dropped: &Dropped) {
+    /// Tells every instance to drop what `dropped` names from memory; false when Redis did not
+    /// answer.
+    pub async fn publish(&self, slot: usize, dropped: &Dropped) -> bool {
         let mut cmd = ::redis::pipe();
         cmd.cmd("PUBLISH")
             .arg(DROPS)
             .arg(dropped.message())
             .ignore();
-        self.run::<()>(slot, WRITE_DEADLINE, &cmd).await;
+        self.run::<()>(slot, WRITE_DEADLINE, &cmd).await.is_some()
     }
 
     /// Follows [`DROPS`] for as long as the process runs, handing each drop to `on_drop`,

@@ -61,6 +61,35 @@ struct ByBytes;
 #[derive(Clone)]
 struct CountEvictions(Arc<AtomicU64>);
 
+/// What a purge removed (the most of any one tier: a shared answer is in several), and whether
+/// Redis, the shared tier, could not be reached: then the answers kept there, and in the other
+/// instances' memory, may still be served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Purged {
+    pub removed: usize,
+    pub shared_unreached: bool,
+}
+
+/// Drops the keys of the shared tier that `hit`, then publishes `tell_others`; `None` when
+/// Redis did not answer a step.
+async fn purge_shared(
+    remote: &RemoteTier,
+    hit: &impl Fn(&str) -> bool,
+    tell_others: Option<Dropped>,
+) -> Option<usize> {
+    let slot = remote.admin_slot();
+    let mut removed = 0;
+    for key in remote.keys(slot).await? {
+        if hit(&key) {
+            removed += remote.remove(slot, &key).await?;
+        }
+    }
+    match tell_others {
+        Some(dropped) => remote.publish(slot, &dropped).await.then_some(removed),
+        None => Some(removed),
+    }
+}
+
 /// The memory tier's shards: as many as quick_cache's default (four a core), but each large
 /// enough for an answer of `item_max` bytes with its head. quick_cache splits the capacity
 /// evenly and refuses an item over about 97 % of a shard's: 8 shards of a 4 MB tier never kept
@@ -348,13 +377,36 @@ impl CacheStore {
 
     /// Drops every variant stored under `key` (a key of the host as routed), and under each
     /// spelling of its host that clients wrote (`site:8080`, `SITE`: keys of their own, see
-    /// `key_of`), in memory, on disk and in Redis; returns how many.
-    pub async fn purge_key(&self, key: &str) -> usize {
+    /// `key_of`), in memory, on disk and in Redis.
+    pub async fn purge_key(&self, key: &str) -> Purged {
         let spelled = format!("{key}{SPELLED}");
+        // Each key's removal from Redis tells the other instances itself.
         let of_key = |k: &str| k == key || k.starts_with(&spelled);
+        self.purge_where(of_key, None).await
+    }
+
+    /// Drops every entry of `host` (normalised; both schemes) whose path lies under `prefix`
+    /// (whole segments).
+    pub async fn purge_prefix(&self, host: &str, prefix: &str) -> Purged {
+        let (host_name, path) = (host.to_string(), prefix.to_string());
+        let under = Dropped::Under {
+            host: host_name,
+            prefix: path,
+        };
+        let of_prefix = |k: &str| key_under(k, host, prefix);
+        self.purge_where(of_prefix, Some(under)).await
+    }
+
+    /// Drops the entries whose keys `hit`, from every tier; `tell_others` is published once
+    /// the shared tier is done.
+    async fn purge_where(
+        &self,
+        hit: impl Fn(&str) -> bool,
+        tell_others: Option<Dropped>,
+    ) -> Purged {
         let in_memory = AtomicU64::new(0);
         self.entries.retain(|k, held| {
-            let hit = of_key(k);
+            let hit = hit(k);
             if hit {
                 in_memory.fetch_add(held.variant_count() as u64, Ordering::Relaxed);
             }
@@ -364,59 +416,22 @@ impl CacheStore {
         let on_disk = self.disk.as_ref().map_or(0, |disk| {
             let keys = disk.keys();
             keys.iter()
-                .filter(|k| of_key(k))
+                .filter(|k| hit(k))
                 .map(|k| disk.remove_key(k))
                 .sum()
         });
-        let mut shared = 0;
-        if let Some(remote) = &self.remote {
-            let slot = remote.admin_slot();
-            for k in remote.keys(slot).await {
-                if of_key(&k) {
-                    shared += remote.remove(slot, &k).await;
-                }
-            }
-        }
-        let removed = in_memory.max(on_disk).max(shared);
+        let shared = match &self.remote {
+            Some(remote) => purge_shared(remote, &hit, tell_others).await,
+            None => Some(0),
+        };
+        let removed = in_memory.max(on_disk).max(shared.unwrap_or(0));
         self.counters
             .purged
             .fetch_add(removed as u64, Ordering::Relaxed);
-        removed
-    }
-
-    /// Drops every entry of `host` (normalised; both schemes) whose path lies under `prefix`
-    /// (whole segments); returns how many variants went.
-    pub async fn purge_prefix(&self, host: &str, prefix: &str) -> usize {
-        let in_memory = AtomicU64::new(0);
-        self.entries.retain(|key, held| {
-            let under = key_under(key, host, prefix);
-            if under {
-                in_memory.fetch_add(held.variant_count() as u64, Ordering::Relaxed);
-            }
-            !under
-        });
-        let in_memory = in_memory.into_inner() as usize;
-        let on_disk = self.disk.as_ref().map_or(0, |disk| {
-            let keys = disk.keys();
-            let under = keys.iter().filter(|k| key_under(k, host, prefix));
-            under.map(|k| disk.remove_key(k)).sum()
-        });
-        let mut shared = 0;
-        if let Some(remote) = &self.remote {
-            let slot = remote.admin_slot();
-            for key in remote.keys(slot).await {
-                if key_under(&key, host, prefix) {
-                    shared += remote.remove(slot, &key).await;
-                }
-            }
-            let (host, prefix) = (host.to_string(), prefix.to_string());
-            remote.publish(slot, &Dropped::Under { host, prefix }).await;
+        Purged {
+            removed,
+            shared_unreached: shared.is_none(),
         }
-        let removed = in_memory.max(on_disk).max(shared);
-        self.counters
-            .purged
-            .fetch_add(removed as u64, Ordering::Relaxed);
-        removed
     }
 
     /// Follows the other instances' drops (through Redis) on `runtime`, dropping the same
