@@ -5,8 +5,10 @@
 //! ways, and keeps gRPC's "ping strike" account: a control frame that comes within
 //! [`STRIKE_WINDOW`] of the previous one, with no HEADERS or DATA frame sent to the client in
 //! between, is a strike; more than [`MAX_STRIKES`] in a row close the connection (the read
-//! fails, hyper drops it). Keep-alive PINGs seconds apart, a client's SETTINGS at start and
-//! gRPC's bandwidth probes during a download (answered by DATA) never strike.
+//! fails, hyper drops it). A request (HEADERS) from the client clears the account as an answer
+//! does. Keep-alive PINGs seconds apart, a client's SETTINGS at start, gRPC's bandwidth probes
+//! during a download (answered by DATA) and its WINDOW_UPDATE after each call's HEADERS never
+//! strike.
 //!
 //! HTTP/1 connections are recognised by their first bytes (no connection preface) and from then
 //! on only passed through.
@@ -187,9 +189,15 @@ impl<IO> FloodGuard<IO> {
             return true;
         }
         let strikes = &mut self.strikes;
-        let within = self
-            .read
-            .feed(bytes, |head| !head.is_control() || strikes.control_frame());
+        let within = self.read.feed(bytes, |head| {
+            if head.kind == HEADERS {
+                // A request is work the client asks for, answered or not yet: gRPC's C core
+                // sends HEADERS, a stream WINDOW_UPDATE and DATA for each call, and 100 calls
+                // at once to a backend yet to answer were a flood.
+                strikes.answered = true;
+            }
+            !head.is_control() || strikes.control_frame()
+        });
         if !within {
             tracing::info!(peer = %self.peer, "HTTP/2 control-frame flood: closing the connection");
         }
@@ -332,6 +340,21 @@ mod tests {
         // Requests are not control frames.
         for _ in 0..3 * MAX_STRIKES {
             assert!(g.observe_read(&frame(HEADERS, 0x5, 20)));
+        }
+    }
+
+    /// A burst of gRPC calls as the C core sends them (HEADERS, a stream WINDOW_UPDATE, DATA),
+    /// none answered yet, is no flood: 100 at once closed the connection.
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_of_grpc_calls_never_strikes() {
+        let mut g = guard();
+        assert!(g.observe_read(PREFACE));
+        assert!(g.observe_read(&frame(SETTINGS, 0, 6)));
+        assert!(g.observe_read(&frame(WINDOW_UPDATE, 0, 4)));
+        for call in 0..5 * MAX_STRIKES {
+            assert!(g.observe_read(&frame(HEADERS, 0x4, 20)), "call {call}");
+            assert!(g.observe_read(&frame(WINDOW_UPDATE, 0, 4)), "call {call}");
+            assert!(g.observe_read(&frame(DATA, END_STREAM, 10)), "call {call}");
         }
     }
 
