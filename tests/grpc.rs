@@ -307,7 +307,7 @@ async fn grpc_over_h2c_and_tls_with_no_grpc_config() {
         .host("down.local", route("h2c://127.0.0.1:1".into()))
         .render();
     let main = format!(
-        "proxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"",
+        "access_log: error\nproxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"",
         certs.path().display()
     );
     let proxy = ProxyProcess::start(&yaml, &main);
@@ -353,6 +353,17 @@ async fn grpc_over_h2c_and_tls_with_no_grpc_config() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    // ... logged (`access_log: error`) as the 5xx it stands for; the calls answered are not.
+    proxy
+        .wait_log("host=\"down.local\"", Duration::from_secs(5))
+        .await;
+    let log = proxy.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("host=\"down.local\""))
+        .unwrap();
+    assert!(line.contains(" status=50"), "{line}");
+    assert!(!log.contains("host=\"grpc.local\""), "{log}");
 }
 
 /// A client on the plain listener for `authority`.

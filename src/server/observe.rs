@@ -27,6 +27,7 @@ use crate::metrics::Metrics;
 use crate::proxy::RespBody;
 use crate::routing::Router;
 use crate::upstream::{served_by, FailedAt};
+use crate::vocab::error::GrpcErrorFor;
 use crate::vocab::late_id::LateId;
 use crate::vocab::{ClientBody, ClientConn, TlsFacts, WorkerId};
 
@@ -160,7 +161,10 @@ pub fn handle(
         let mut resp = ctx.router.handle(client, req, request_id.to_set()).await;
         std::mem::forget(unanswered);
         let served = served_by(&resp);
-        let status = resp.status();
+        let status = match served {
+            Some(_) => resp.status(),
+            None => logged_status(&resp),
+        };
         let now = Instant::now();
         let label = served.map(|s| &s.0.label);
         ctx.metrics
@@ -169,6 +173,7 @@ pub fn handle(
         let failed_at = || resp.extensions().get::<FailedAt>().map(|f| &f.0.label);
         let logged = label.or_else(failed_at);
         record.respond(status.as_u16(), logged, (served.map(|s| s.1), now));
+        let status = resp.status();
         let tunnel = status == StatusCode::SWITCHING_PROTOCOLS || (connect && status.is_success());
         if tunnel {
             if let Some(line) = resp.extensions_mut().remove::<TunnelLine>() {
@@ -194,4 +199,11 @@ pub fn handle(
             request_id,
         })
     }
+}
+
+/// The status the proxy's own answer is logged and counted as: a gRPC error's stands for one
+/// (its HTTP status is 200).
+fn logged_status(resp: &Response<RespBody>) -> StatusCode {
+    let grpc_error = resp.extensions().get::<GrpcErrorFor>();
+    grpc_error.map_or(resp.status(), |error| error.0)
 }
