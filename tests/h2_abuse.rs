@@ -396,3 +396,41 @@ async fn a_path_that_is_not_one_is_a_400() {
         );
     }
 }
+
+/// RFC 9113 §8.1: trailers carry no pseudo-header field. One (`:path /admin` among the
+/// request's trailers) was dropped without a word and the rest passed on; the stream is reset
+/// with PROTOCOL_ERROR now, and the connection serves on.
+#[tokio::test(start_paused = true)]
+async fn request_trailers_with_a_pseudo_header_field_reset_the_stream() {
+    let backend = Backend::start("b").await;
+    let proxy = Proxy::start(&default_route(&[&backend]), "").await;
+    let s = opened(proxy.addr).await;
+    let (mut rd, mut wr) = s.into_split();
+    wr.write_all(&h2_frame(HEADERS, END_HEADERS, 1, &post_echo_block()))
+        .await
+        .unwrap();
+    wr.write_all(&h2_frame(DATA, 0, 1, b"abc")).await.unwrap();
+    // `:path /admin` (its name from the static table), then `x-t: 1`, both literals.
+    let mut trailers = vec![0x04, 0x06];
+    trailers.extend_from_slice(b"/admin");
+    trailers.extend_from_slice(&[0x00, 0x03, b'x', b'-', b't', 0x01, b'1']);
+    let end = END_HEADERS | END_STREAM;
+    wr.write_all(&h2_frame(HEADERS, end, 1, &trailers))
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let reset = loop {
+        let read = tokio::time::timeout(Duration::from_secs(30), rd.read(&mut buf)).await;
+        let n = read.expect("the proxy stopped sending").unwrap();
+        assert!(n > 0, "the proxy closed the connection");
+        got.extend_from_slice(&buf[..n]);
+        let sent = frames(&got);
+        if let Some(f) = sent.iter().find(|f| f.kind == RST_STREAM && f.stream == 1) {
+            break f.payload.clone();
+        }
+        assert!(!has_frame(&got, GOAWAY), "a GOAWAY, not a stream reset");
+    };
+    assert_eq!(reset, 1u32.to_be_bytes(), "PROTOCOL_ERROR");
+    a_normal_client_is_served(proxy.addr).await;
+}

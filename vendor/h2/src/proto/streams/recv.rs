@@ -432,6 +432,20 @@ impl Recv {
             return Err(Error::library_reset(stream.id, Reason::PROTOCOL_ERROR));
         }
 
+        // Patched in by aralez: trailers carry no pseudo-header field (RFC 9113 §8.1); one
+        // was dropped without a word and the rest passed on.
+        let pseudo = frame.pseudo();
+        let has_pseudo = pseudo.method.is_some()
+            || pseudo.scheme.is_some()
+            || pseudo.authority.is_some()
+            || pseudo.path.is_some()
+            || pseudo.protocol.is_some()
+            || pseudo.status.is_some();
+        if has_pseudo {
+            proto_err!(stream: "recv_trailers: a pseudo-header field; stream={:?};", stream.id);
+            return Err(Error::library_reset(stream.id, Reason::PROTOCOL_ERROR));
+        }
+
         let trailers = frame.into_fields();
 
         // Push the frame onto the stream's recv buffer
