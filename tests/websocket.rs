@@ -219,7 +219,8 @@ where
 async fn an_extended_connect_the_backend_does_not_switch_is_a_502() {
     use support::scripted::{scripted_routes, Then};
     const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nno";
-    let proxy = ProxyProcess::start(&scripted_routes(ANSWER, Then::AnswerTheNext).await, "");
+    let routes = scripted_routes(ANSWER, Then::AnswerTheNext).await;
+    let proxy = ProxyProcess::start(&routes, "access_log: all");
     for path in ["/plain", "/tls"] {
         let plain = TcpStream::connect(proxy.addr).await.unwrap();
         let resp = ask_extended_connect(plain, "http", path).await;
@@ -230,6 +231,17 @@ async fn an_extended_connect_the_backend_does_not_switch_is_a_502() {
             text.contains("did not accept the protocol upgrade"),
             "{path}: {text}"
         );
+    }
+    // The access log names the backend that refused (it said `backend=-`).
+    assert!(
+        proxy
+            .wait_log_count("status=502", 2, Duration::from_secs(5))
+            .await
+    );
+    let log = proxy.log_text();
+    let refusals = log.lines().filter(|l| l.contains("status=502"));
+    for line in refusals {
+        assert!(!line.contains(" backend=- "), "{line}");
     }
 }
 

@@ -145,15 +145,30 @@ fn answer_upgrade(
     conn: &ClientConn,
     rules: &HeaderRules,
 ) -> Result<Response<RespBody>, ProxyError> {
+    // A refusal names the backend, in the warning and the access log.
+    let refused = |resp: &Response<PooledBody>| {
+        let at = crate::upstream::served_by(resp).map(|served| served.0.clone());
+        failure_answer(
+            Failed {
+                error: ProxyError::UpgradeRefused,
+                at,
+            },
+            false,
+        )
+    };
+    let backend = || crate::upstream::served_by(&resp).map_or("-", |s| &*s.0.label);
     if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
         if !client.ask.accepted_by(resp.headers()) {
-            tracing::warn!("backend's Sec-WebSocket-Accept does not answer the key sent to it");
-            return Err(ProxyError::UpgradeRefused);
+            tracing::warn!(
+                backend = backend(),
+                "backend's Sec-WebSocket-Accept does not answer the key sent to it"
+            );
+            return refused(&resp);
         }
         Ok(upgrade::bridge(resp, client, &conn.tunnels))
     } else if client.ask.over_h2 && resp.status().is_success() {
-        tracing::warn!(status = %resp.status(), "backend did not switch protocols for an extended CONNECT");
-        Err(ProxyError::UpgradeRefused)
+        tracing::warn!(backend = backend(), status = %resp.status(), "backend did not switch protocols for an extended CONNECT");
+        refused(&resp)
     } else {
         Ok(finish_response(resp, rules))
     }
