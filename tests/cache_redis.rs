@@ -135,6 +135,10 @@ async fn two_instances_share_entries_and_survive_redis_going_away() {
     })
     .await;
     assert_eq!(warned.as_deref(), Some("BYPASS"), "{}", first.log_text());
+    // Losing the drops' channel is said too (it was silent).
+    first
+        .wait_log("cache: lost Redis channel", Duration::from_secs(5))
+        .await;
 
     // Redis is back (same port): after the retry pause the tier is used again.
     let redis = Redis::start(&program, port).await;

@@ -209,6 +209,8 @@ impl RedisLink {
                         on_message(&text);
                     }
                 }
+                let user = self.incident.user;
+                tracing::warn!("{user}: lost Redis channel `{channel}`; subscribing again every {RETRY_AFTER:?}");
             }
             tokio::time::sleep(RETRY_AFTER).await;
         }

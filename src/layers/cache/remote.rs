@@ -256,7 +256,7 @@ impl RemoteTier {
         };
         let subscribed = || {
             on_drop(Dropped::All);
-            tracing::info!("cache: following other instances' drops through Redis");
+            tracing::info!("cache: following other instances' drops through Redis (the memory tier starts empty: drops may have been missed)");
         };
         self.link.follow(DROPS, subscribed, message).await;
     }
