@@ -157,12 +157,37 @@ fn read_services(node: &Node, path: &str, r: &mut Reader) -> Vec<DiscoveredServi
     out
 }
 
-fn read_strings(node: &Node, path: &str, r: &mut Reader) -> Vec<String> {
-    r.string_list(node, path)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(_, _, s)| s)
-        .collect()
+const NOT_A_SERVER: &str = "is not an API server address (`host:port` or `https://host:port`)";
+
+/// `kubernetes.servers`: `host:port` (HTTPS) or an `http(s)://` URL each, as the watcher reads
+/// them; one it could not use is an error here (it failed only when discovery started).
+fn read_api_servers(node: &Node, path: &str, r: &mut Reader) -> Vec<String> {
+    let mut servers = Vec::new();
+    for (pos, item_path, text) in r.string_list(node, path).unwrap_or_default() {
+        let url = match text.contains("://") {
+            true => text.clone(),
+            false => format!("https://{text}"),
+        };
+        let parsed = url.parse::<Uri>().ok();
+        let authority = parsed.as_ref().and_then(Uri::authority);
+        let scheme_fits = parsed
+            .as_ref()
+            .is_some_and(|u| matches!(u.scheme_str(), Some("http" | "https")));
+        match authority {
+            Some(a) if !scheme_fits || a.host().is_empty() => {
+                r.error(pos, &item_path, format!("`{text}` {NOT_A_SERVER}"))
+            }
+            None => r.error(pos, &item_path, format!("`{text}` {NOT_A_SERVER}")),
+            // Shown in log lines that name the server: refused, and not echoed.
+            Some(a) if a.as_str().contains('@') => r.error(
+                pos,
+                &item_path,
+                "the URL carries credentials, which are never sent: the token is read from `tokenpath`",
+            ),
+            Some(_) => servers.push(text),
+        }
+    }
+    servers
 }
 
 /// Reads `consul:`.
@@ -230,7 +255,7 @@ pub fn read_kubernetes(node: &Node, path: &str, r: &mut Reader) -> Option<Kubern
         let key_path = join(path, &key.name);
         match key.name.as_str() {
             "servers" => {
-                cfg.servers = read_strings(value, &key_path, r);
+                cfg.servers = read_api_servers(value, &key_path, r);
                 if cfg.servers.len() > 1 {
                     r.warn(
                         key.pos,

@@ -75,6 +75,18 @@ pub(crate) fn cases() -> Vec<Case> {
             vec![warn(U, 2, "kubernetes.servers", "only the first API server is used")],
         )
         .warnings_only(),
+        // An API server the watcher could not use is refused here (it failed only once
+        // discovery started), credentials without repeating them.
+        Case::broken(
+            "kubernetes_bad_servers",
+            MAIN_OK,
+            &format!("kubernetes:\n  servers:\n    - \"ftp://10.0.0.1:6443\"\n    - \"not a host\"\n    - \"https://admin:hunter2@10.0.0.1:6443\"\n    - \"10.0.0.1:6443\"\n  services: []\n{UPS_OK}"),
+            vec![
+                err(U, 3, "kubernetes.servers[0]", "`ftp://10.0.0.1:6443` is not an API server address"),
+                err(U, 4, "kubernetes.servers[1]", "`not a host` is not an API server address"),
+                err(U, 5, "kubernetes.servers[2]", "the URL carries credentials, which are never sent"),
+            ],
+        ),
         // A discovered service's hostname is read as a host of the file: `default` in lower
         // case is a host like any other, and a second service on the same host and path gets
         // no request.
