@@ -162,13 +162,23 @@ impl Backend {
         self.trim_later(trim_due, worker, IdleKind::Inline);
     }
 
-    /// Gives hyper's HTTP/1.1 connection (opened for `sni`) back to `worker`'s idle list.
+    /// How many times the backend's addresses have changed ([`Backend::use_addrs`]).
+    pub(super) fn addrs_generation(&self) -> u32 {
+        self.addrs_changed.load(Ordering::Relaxed)
+    }
+
+    /// Gives hyper's HTTP/1.1 connection (opened for `sni`) back to `worker`'s idle list,
+    /// unless the addresses changed since its request was sent (`generation`): it may go to
+    /// the old one.
     pub(super) fn keep_hyper(
         self: &Arc<Self>,
         worker: WorkerId,
-        sni: Option<Arc<str>>,
+        (sni, generation): (Option<Arc<str>>, u32),
         conn: hyper::client::conn::http1::SendRequest<connector::UpBody>,
     ) {
+        if generation != self.addrs_generation() {
+            return;
+        }
         let max = self.idle_per_worker;
         let trim_due = self
             .slot(worker)
@@ -639,6 +649,24 @@ mod tests {
             b.slot(worker).take_inline().is_some(),
             "one opened since is kept"
         );
+        // hyper's (TLS backends): one whose request set out before the change is not kept.
+        let hyper_conn = || async {
+            let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let io = hyper_util::rt::TokioIo::new(tcp);
+            let (mut send, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+            tokio::spawn(conn);
+            send.ready().await.unwrap();
+            send
+        };
+        let before = b.addrs_generation();
+        b.use_addrs(Box::new([addr]));
+        b.keep_hyper(worker, (None, before), hyper_conn().await);
+        assert!(
+            b.slot(worker).take_idle(None).is_none(),
+            "busy across the change"
+        );
+        b.keep_hyper(worker, (None, b.addrs_generation()), hyper_conn().await);
+        assert!(b.slot(worker).take_idle(None).is_some(), "sent since");
         accepting.abort();
     }
 

@@ -101,6 +101,9 @@ struct Target {
     /// The caller keeps a copy of the (bodyless) request's head for a replay: a stream refused
     /// unprocessed is sent again from it, and needs no copy of its own.
     head_held: bool,
+    /// The backend's count of address changes when the request set out
+    /// ([`Backend::addrs_generation`]).
+    addrs_generation: u32,
 }
 
 /// Sends `req` (HTTP/1.1 form) to the backend, reusing a pooled connection when one has room.
@@ -372,6 +375,7 @@ fn wrap_h1(
         backend: x.backend.clone(),
         worker: x.worker,
         sni: t.sni.clone(),
+        addrs_generation: t.addrs_generation,
     });
     Ok(PooledBody::wrap(resp, (conn, None), x.timeouts.response))
 }
@@ -434,6 +438,7 @@ fn target(req: &Request<UpBody>, x: Exchange<'_>, wire: Wire) -> Target {
             sni_by_client: false,
             upgrade,
             head_held: false,
+            addrs_generation: x.backend.addrs_generation(),
         };
     }
     let from_request = x
@@ -451,6 +456,7 @@ fn target(req: &Request<UpBody>, x: Exchange<'_>, wire: Wire) -> Target {
             sni_by_client: true,
             upgrade,
             head_held: false,
+            addrs_generation: x.backend.addrs_generation(),
         },
         _ => Target {
             wire,
@@ -458,6 +464,7 @@ fn target(req: &Request<UpBody>, x: Exchange<'_>, wire: Wire) -> Target {
             sni_by_client: false,
             upgrade,
             head_held: false,
+            addrs_generation: x.backend.addrs_generation(),
         },
     }
 }

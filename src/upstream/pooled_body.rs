@@ -94,6 +94,9 @@ pub struct Reusable {
     pub backend: Arc<Backend>,
     pub worker: WorkerId,
     pub sni: Option<Arc<str>>,
+    /// The backend's count of address changes when the request was sent on it
+    /// ([`Backend::addrs_generation`]): one that changed meanwhile is not pooled again.
+    pub addrs_generation: u32,
 }
 
 /// A backend's response body that hands its HTTP/1.1 connection back to the pool once read to
@@ -156,7 +159,8 @@ impl PooledBody {
     fn release_if_done(&mut self) {
         if self.inner.is_end_stream() {
             if let Some(r) = self.conn.take() {
-                r.backend.keep_hyper(r.worker, r.sni, r.conn);
+                r.backend
+                    .keep_hyper(r.worker, (r.sni, r.addrs_generation), r.conn);
             }
         }
     }
