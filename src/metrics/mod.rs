@@ -7,7 +7,8 @@
 //! worker with relaxed atomics; the worker is named by its [`WorkerId`]), so the hot path shares
 //! no cache line; a scrape sums the shards. Every label has a bounded set of values: status codes 100..=599, a fixed method list
 //! (others count as `OTHER`), four HTTP versions, and at most [`MAX_UPSTREAMS`] upstream labels
-//! per shard (more count as `other`).
+//! per shard (more count as `other`); a backend no longer configured is forgotten at the next
+//! scrape.
 //!
 //! This module only counts and renders; serving `/metrics` is the admin API's job, which also
 //! hands in the backends' health (`aralez_backend_up`).
@@ -366,11 +367,25 @@ impl Metrics {
         let _ = writeln!(out, "{name}_count {count}");
     }
 
+    /// Forgets the per-backend counts of backends no longer configured (`configured`): their
+    /// series end, and their places go to new ones. Churned pods kept theirs for good, and once
+    /// [`MAX_UPSTREAMS`] were taken the new ones counted as `other`.
+    fn forget_gone_upstreams(&self, configured: &[BackendUp<'_>]) {
+        let kept = |label: &str| label == "other" || configured.iter().any(|b| b.backend == label);
+        for shard in self.shards.iter() {
+            if let Ok(mut list) = shard.by_upstream.lock() {
+                list.retain(|(label, _)| kept(label));
+            }
+        }
+    }
+
     fn render_upstreams<'a>(
         &self,
         out: &mut String,
         backends: impl Iterator<Item = BackendUp<'a>>,
     ) {
+        let backends: Vec<BackendUp<'a>> = backends.collect();
+        self.forget_gone_upstreams(&backends);
         let name = "aralez_upstream_responses_total";
         header(
             out,
@@ -422,7 +437,7 @@ impl Metrics {
             "gauge",
             "1 when the backend is in rotation, 0 when health took it out.",
         );
-        for b in backends {
+        for b in &backends {
             let _ = writeln!(
                 out,
                 "{name}{{upstream=\"{}\",path=\"{}\",backend=\"{}\"}} {}",

@@ -64,3 +64,35 @@ fn label_values_are_escaped() {
     assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
     assert_eq!(escape("plain"), "plain");
 }
+
+/// Per-backend counts of backends no longer configured are forgotten at a scrape, and their
+/// places go to new backends (churned pods kept theirs, and new ones counted as `other`).
+#[test]
+fn gone_backends_leave_the_upstream_counts_and_make_room() {
+    let metrics = Metrics::new(1);
+    let worker = WorkerId(0);
+    let answered = |label: &str| {
+        let ok = StatusCode::OK;
+        metrics.response_ready(worker, ok, Duration::from_millis(1), Some(label));
+    };
+    for pod in 0..MAX_UPSTREAMS {
+        answered(&format!("10.0.0.{pod}:80"));
+    }
+    answered("10.1.0.1:80");
+    let up = |backend: &'static str| BackendUp {
+        host: "a.test",
+        path: "/",
+        backend,
+        up: true,
+    };
+    let text = metrics.render_prometheus([up("10.0.0.7:80")].into_iter());
+    assert!(
+        text.contains("aralez_upstream_responses_total{upstream=\"other\"} 1\n"),
+        "{text}"
+    );
+    assert!(text.contains("{upstream=\"10.0.0.7:80\"} 1\n"), "{text}");
+    assert!(!text.contains("10.0.0.8:80"), "{text}");
+    answered("10.1.0.2:80");
+    let text = metrics.render_prometheus([up("10.1.0.2:80")].into_iter());
+    assert!(text.contains("{upstream=\"10.1.0.2:80\"} 1\n"), "{text}");
+}
