@@ -373,11 +373,15 @@ fn wrap_h1(
     let conn = (resp.status() != http::StatusCode::SWITCHING_PROTOCOLS).then(|| Reusable {
         conn,
         backend: x.backend.clone(),
-        worker: x.worker,
+        worker_and_generation: (worker_number(x.worker), t.addrs_generation),
         sni: t.sni.clone(),
-        addrs_generation: t.addrs_generation,
     });
     Ok(PooledBody::wrap(resp, (conn, None), x.timeouts.response))
+}
+
+/// A worker's number in a `u32` ([`Reusable`]); workers are a handful, numbered from 0.
+fn worker_number(worker: WorkerId) -> u32 {
+    u32::try_from(worker.0).unwrap_or(u32::MAX)
 }
 
 /// Sends on an HTTP/2 stream. A request the backend refused unprocessed, or that never got onto
