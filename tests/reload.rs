@@ -210,8 +210,10 @@ async fn a_fifo_in_place_of_the_file_is_refused_and_the_next_file_applied() {
 
 /// A file rewritten in place (`generate > upstreams.yaml`) is empty from its truncation to its
 /// writer's first bytes. The watcher used to reload it empty meanwhile: every route dropped, 404s
-/// until the write came. It now keeps the routes while the file is empty, for up to a second, and
-/// takes an emptying that lasts as meant.
+/// until the write came. It now keeps the routes while the file is empty, for up to a second,
+/// and then refuses it, the file watch and SIGHUP alike (an emptying that lasted was taken as
+/// meant, and SIGHUP took it at once: a failed template render took every route away);
+/// `upstreams: {}` removes them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_truncated_for_a_rewrite_keeps_its_routes_until_written() {
     let (a, b) = (Backend::start("a").await, Backend::start("b").await);
@@ -221,7 +223,7 @@ async fn a_file_truncated_for_a_rewrite_keeps_its_routes_until_written() {
     assert_eq!(backend_of(&mut client).await, (200, "a".to_string()));
 
     std::fs::write(&file, "").expect("truncate");
-    let waiting = "upstreams.yaml is empty: its routes stay";
+    let waiting = "upstreams.yaml is empty: the reload waits for its content";
     proxy.wait_log(waiting, Duration::from_secs(5)).await;
     // The file is still empty: the routes are still served.
     assert_eq!(backend_of(&mut client).await, (200, "a".to_string()));
@@ -235,15 +237,33 @@ async fn a_file_truncated_for_a_rewrite_keeps_its_routes_until_written() {
         proxy.log_text()
     );
 
-    // Emptied for good: taken as meant once the grace is over.
-    std::fs::write(&file, "").expect("empty");
+    // Emptied for good: refused once the grace is over, and by SIGHUP too.
+    std::fs::write(&file, "# nothing rendered\n").expect("empty");
+    let refused = "reload rejected, previous configuration kept";
+    assert!(
+        proxy
+            .wait_log_count(refused, 1, Duration::from_secs(5))
+            .await
+    );
+    proxy.signal(nix::sys::signal::Signal::SIGHUP);
+    assert!(
+        proxy
+            .wait_log_count(refused, 2, Duration::from_secs(5))
+            .await
+    );
+    assert!(proxy
+        .log_text()
+        .contains("the file is empty; the running routes are kept"));
+    assert_eq!(backend_of(&mut client).await, (200, "b".to_string()));
+    // Said as meant: every route goes.
+    std::fs::write(&file, "upstreams: {}\n").expect("no routes");
     let dropped = eventually_async(Duration::from_secs(5), || async {
         let mut client = Client::connect(Proto::H1, proxy.addr).await;
         (backend_of(&mut client).await.0 == 404).then_some(())
     });
     assert!(
         dropped.await.is_some(),
-        "an empty file never applied:\n{}",
+        "`upstreams: {{}}` never applied:\n{}",
         proxy.log_text()
     );
 }

@@ -34,27 +34,6 @@ impl PartialEq for WrittenAt {
     }
 }
 
-/// Services of `consul` and `kubernetes` routed to a host and path `hosts` route already: the
-/// file's route wins (a discovered route only fills what the file leaves open), so the service
-/// gets no request. A warning at the service.
-pub fn warn_hidden_by_the_file(
-    services: &[&DiscoveredService],
-    hosts: &[super::upstreams::HostConfig],
-    r: &mut Reader,
-) {
-    for svc in services {
-        let host = hosts.iter().find(|h| h.name == svc.hostname);
-        if host.is_some_and(|h| h.paths.iter().any(|p| p.prefix == svc.path)) {
-            let message = format!(
-                "{}{} is routed by this file's own host `{}` too: the file's route wins and this \
-                 service gets no request",
-                svc.hostname, svc.path, svc.hostname
-            );
-            r.warn(svc.written_at.pos, &svc.written_at.path, message);
-        }
-    }
-}
-
 /// `consul:`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ConsulConfig {

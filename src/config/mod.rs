@@ -138,6 +138,13 @@ pub fn load_upstreams_digested(path: &Path, issues: &mut Issues) -> Option<(Upst
     let mut digest = DefaultHasher::new();
     let root = read_tree_digested(path, issues, &mut digest)?;
     let mut r = Reader::new(Arc::from(path.display().to_string()), issues);
+    if is_blank(path) {
+        // A failed template render (`envsubst > upstreams.yaml`) or a full disk.
+        let start = Pos { line: 1, column: 1 };
+        let why = "the file is empty: no route, every request gets 404 (write `upstreams: {}` \
+                   to mean it; a reload of an empty file is refused)";
+        r.warn(start, "(file)", why);
+    }
     let mut cfg = UpstreamsConfig::read(&root, &mut r)?;
     let merged = merge_conf_d(&mut cfg, path, issues, &mut digest);
     merged.then(|| (cfg, digest.finish()))
@@ -162,6 +169,18 @@ fn merge_conf_d(
         ok &= cfg.merge_conf_d(&root, &mut r);
     }
     ok
+}
+
+/// Whether the file at `path` holds no YAML at all: nothing, blank lines or comments only (an
+/// unreadable file is not blank: its reading says why).
+pub fn is_blank(path: &Path) -> bool {
+    let Ok(bytes) = file_bytes::read_regular(path, yaml::MAX_FILE_BYTES) else {
+        return false;
+    };
+    bytes.split(|&b| b == b'\n').all(|line| {
+        let line = line.trim_ascii();
+        line.is_empty() || line.starts_with(b"#")
+    })
 }
 
 /// What identifies the upstreams file and conf.d as they are on disk: file names and bytes,

@@ -246,7 +246,7 @@ async fn wait_while_emptied(had_content: &[PathBuf], changed: &Notify) {
         return;
     };
     tracing::info!(
-        "{} is empty: its routes stay until it has content again, for at most {REWRITE_GRACE:?} (to remove them, write `upstreams: {{}}`)",
+        "{} is empty: the reload waits for its content, for at most {REWRITE_GRACE:?}; an emptied upstreams file is refused (to remove every route, write `upstreams: {{}}`)",
         file.display()
     );
     let deadline = tokio::time::Instant::now() + REWRITE_GRACE;

@@ -210,7 +210,11 @@ impl Reloader {
         // The digest kept is that of the bytes parsed, not the one above: a write landing
         // between the two must not leave one file's digest beside another's routes (the
         // write after it, if it brought the digest back, would then be skipped as unchanged).
-        match config::load_upstreams_digested(&self.upstreams_path, &mut issues) {
+        let loaded = config::load_upstreams_digested(&self.upstreams_path, &mut issues);
+        if let Some((cfg, _)) = &loaded {
+            self.refuse_blanked(cfg, &mut issues);
+        }
+        match loaded {
             Some((cfg, digest)) if !issues.has_errors() => {
                 for warning in issues.warnings() {
                     tracing::warn!(source, "{warning}");
@@ -233,6 +237,21 @@ impl Reloader {
                 }
                 Err(issues)
             }
+        }
+    }
+
+    /// An upstreams file emptied (a failed template render, a full disk) would take every route
+    /// away at once: refused, as the admin API refuses an empty body. `upstreams: {}` says so.
+    fn refuse_blanked(&self, cfg: &UpstreamsConfig, issues: &mut Issues) {
+        let blanked = cfg.hosts.is_empty()
+            && self.serves_file_routes()
+            && config::is_blank(&self.upstreams_path);
+        if blanked {
+            let file: Arc<str> = self.upstreams_path.display().to_string().into();
+            let why = "the file is empty; the running routes are kept (to remove every route, \
+                       write `upstreams: {}`)";
+            let start = crate::config::yaml::Pos { line: 1, column: 1 };
+            issues.push(config::Severity::Error, &file, start, "(file)", why.into());
         }
     }
 

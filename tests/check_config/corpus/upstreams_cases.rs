@@ -113,6 +113,14 @@ pub(crate) fn cases() -> Vec<Case> {
             )],
         )
         .warnings_only(),
+        // An empty file (a failed template render) serves nothing: said, and refused on reload.
+        Case::broken(
+            "upstreams_empty",
+            MAIN_OK,
+            "# rendered from nothing\n",
+            vec![warn(U, 1, "(file)", "the file is empty: no route, every request gets 404")],
+        )
+        .warnings_only(),
         // ---- wrong types ----
         Case::path(
             "type_string_for_number",
