@@ -475,9 +475,8 @@ impl MainConfig {
         }
         cfg.runuser = cfg.runuser.take().or(pingora_user);
         cfg.rungroup = cfg.rungroup.take().or(pingora_group);
-        if failed {
-            return None;
-        }
+        // The files and accounts are checked whatever failed above: check-config reports every
+        // problem at once (a bad value hid the missing files behind it, one CI run per layer).
         let written = cfg.upstreams_conf.clone();
         cfg.resolve_paths();
         let ca_file = ca_file.map(|p| cfg.base_dir.join(p));
@@ -507,7 +506,9 @@ impl MainConfig {
             everything_exists &= acme_conf::check_ca_file(acme, r);
         }
         let resolved = &cfg.upstreams_conf;
+        let unnamed = written.as_os_str().is_empty(); // already an error: the key is missing
         let problem = match std::fs::metadata(resolved) {
+            _ if unnamed => None,
             Ok(meta) if meta.is_dir() => Some("is a directory, not a file"),
             Ok(_) => None,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some("does not exist"),
@@ -527,7 +528,7 @@ impl MainConfig {
             r.error(pos, "upstreams_conf", shown);
             return None;
         }
-        everything_exists.then_some(cfg)
+        (everything_exists && !failed).then_some(cfg)
     }
 
     /// Makes relative paths relative to main.yaml's directory, unless only the cwd-relative one exists.

@@ -106,7 +106,11 @@ pub(crate) fn cases() -> Vec<Case> {
         Case::main(
             "admin_tls_listener_without_its_certificate",
             &format!("{MAIN_OK}config_tls_address: \"127.0.0.1:0\"\nconfig_tls_key_file: \"main.yaml\"\n"),
-            vec![err(M, 3, "config_tls_address", "needs config_tls_certificate and config_tls_key_file")],
+            vec![
+                err(M, 3, "config_tls_address", "needs config_tls_certificate and config_tls_key_file"),
+                // Checked too, in the same run.
+                err(M, 4, "config_tls_key_file", "holds no PEM private key"),
+            ],
         ),
         Case::main(
             "admin_certificate_and_key_are_not_pem",
@@ -135,6 +139,16 @@ pub(crate) fn cases() -> Vec<Case> {
             "log_file_in_a_missing_directory",
             &format!("{MAIN_OK}log_file: \"no-such-dir/aralez.log, 10, 3, false\"\n"),
             vec![err(M, 3, "log_file", "its directory").also("no-such-dir` does not exist")],
+        ),
+        // A bad value does not hide the files checked after the values: every problem in one run
+        // (each layer of errors took a CI run of its own).
+        Case::main(
+            "a_bad_value_and_a_missing_file_both",
+            &format!("{MAIN_OK}hc_interval: 0\nlog_file: \"no-such-dir/aralez.log\"\n"),
+            vec![
+                err(M, 3, "hc_interval", ""),
+                err(M, 4, "log_file", "no-such-dir` does not exist"),
+            ],
         ),
         // The start goes on without the socket (live upgrades are then impossible): a warning.
         Case::main(
