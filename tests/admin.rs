@@ -140,6 +140,13 @@ async fn conf_validates_fully_and_save_writes_the_file_once() {
         "a",
         "a rejected body changes nothing"
     );
+    // The refusal is logged too (only the metric moved).
+    proxy
+        .wait_log(
+            "configuration rejected, nothing changed",
+            Duration::from_secs(5),
+        )
+        .await;
     let file = proxy.path("upstreams.yaml");
     let before_file = std::fs::read_to_string(&file).unwrap();
 
@@ -148,6 +155,17 @@ async fn conf_validates_fully_and_save_writes_the_file_once() {
     assert_eq!((status, text.trim()), (200, "applied"));
     assert_eq!(served_by(&proxy).await, "b");
     assert_eq!(std::fs::read_to_string(&file).unwrap(), before_file);
+    // Applied with warnings: they are answered and logged (they went nowhere).
+    let pathless = format!("{}  extra.test:\n    paths: {{}}\n", routes(&[&b]));
+    let (status, text) = call(admin, Method::POST, "/conf", &key, &pathless).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.starts_with("applied, with warnings:"), "{text}");
+    assert!(text.contains("extra.test"), "{text}");
+    proxy
+        .wait_log("source=\"POST /conf\"", Duration::from_secs(5))
+        .await;
+    let (status, _) = call(admin, Method::POST, "/conf", &key, &routes(&[&b])).await;
+    assert_eq!(status, 200);
 
     // With ?save: the file holds exactly the body, and the watcher does not apply it a second time.
     // The watcher's check at start-up has run (it found the file unchanged), so the next

@@ -210,8 +210,12 @@ impl Admin {
         let outcome =
             tokio::task::spawn_blocking(move || reloader.apply_text(&text_of, save)).await;
         match outcome {
-            Ok(Ok(_)) => {
+            Ok(Ok(warnings)) => {
                 let done = if save { "applied and saved" } else { "applied" };
+                let done = match warnings.is_empty() {
+                    true => done.to_string(),
+                    false => format!("{done}, with warnings:\n{}", warnings.join("\n")),
+                };
                 let Some(cluster) = &self.cluster else {
                     return text(StatusCode::OK, done);
                 };

@@ -256,8 +256,13 @@ impl Reloader {
     }
 
     /// Validates upstreams YAML handed over in memory (admin API) and publishes it; with `save`
-    /// the file is replaced atomically first (temp file + rename).
-    pub fn apply_text(self: &Arc<Self>, text: &str, save: bool) -> Result<Applied, ReloadError> {
+    /// the file is replaced atomically first (temp file + rename). The warnings, as a reload of
+    /// the file logs them (they are logged too; so is a refusal).
+    pub fn apply_text(
+        self: &Arc<Self>,
+        text: &str,
+        save: bool,
+    ) -> Result<Vec<String>, ReloadError> {
         let mut issues = self.issues();
         let origin = "POST /conf";
         let parsed =
@@ -266,9 +271,19 @@ impl Reloader {
             Some(cfg) if !issues.has_errors() => cfg,
             _ => {
                 self.metrics.config_reload("api", false);
+                for error in issues.errors() {
+                    tracing::error!(
+                        source = origin,
+                        "configuration rejected, nothing changed: {error}"
+                    );
+                }
                 return Err(ReloadError::Invalid(issues));
             }
         };
+        let warnings: Vec<String> = issues.warnings().map(ToString::to_string).collect();
+        for warning in &warnings {
+            tracing::warn!(source = origin, "{warning}");
+        }
         let _applying = self.applying.lock().unwrap_or_else(|p| p.into_inner());
         let mut digest = self.sources().file_digest;
         if save {
@@ -290,7 +305,7 @@ impl Reloader {
         drop(sources);
         self.metrics.config_reload("api", true);
         self.follow_discovery_settings();
-        Ok(Applied::Changed)
+        Ok(warnings)
     }
 
     /// Starts the watchers the serving file config asks for, on `runtime`.
