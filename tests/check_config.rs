@@ -14,6 +14,7 @@ use serde_json::Value;
 const BIN: &str = env!("CARGO_BIN_EXE_aralez");
 
 mod corpus;
+mod unwritable;
 
 use corpus::*;
 

@@ -152,6 +152,9 @@ fn created_files(named: &Named<'_>, at: &KeyPositions<'_>, r: &mut Reader) -> bo
         if let Some(problem) = problem {
             r.error(pos, key, problem);
             ok = false;
+        } else if let Some(problem) = not_writable(path) {
+            // A warning: the check may run as another user than the service (in CI).
+            r.warn(pos, key, problem);
         }
     }
     let shared = named
@@ -233,6 +236,29 @@ fn cannot_create(path: &Path) -> Option<String> {
     Some(format!(
         "`{shown}` cannot be created: its directory `{}` {problem}",
         dir.display()
+    ))
+}
+
+/// Whether this user could not write `path` (or create it in its directory): the start fails
+/// then, as nginx -t fails on a log it cannot open.
+fn not_writable(path: &Path) -> Option<String> {
+    use nix::unistd::{access, AccessFlags};
+    let (at, flags) = match path.exists() {
+        true => (path, AccessFlags::W_OK),
+        false => (
+            path.parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .unwrap_or(Path::new(".")),
+            AccessFlags::W_OK | AccessFlags::X_OK,
+        ),
+    };
+    let Err(e) = access(at, flags) else {
+        return None;
+    };
+    let uid = nix::unistd::geteuid();
+    Some(format!(
+        "`{}` cannot be written by this user (uid {uid}: {e}): a start as this user fails",
+        path.display()
     ))
 }
 
