@@ -99,8 +99,10 @@ pub fn install(reloader: Arc<Reloader>) -> Option<impl std::future::Future<Outpu
         tracing::error!("cannot watch {}; use SIGHUP to reload", dir.display());
         return None;
     }
+    // A link is said as one; a path with `..` in it only resolves to the same file.
+    let linked = std::fs::symlink_metadata(&files.upstreams).is_ok_and(|m| m.is_symlink());
     match std::fs::canonicalize(&files.upstreams) {
-        Ok(real) if real != files.upstreams => tracing::info!(
+        Ok(real) if linked && real != files.upstreams => tracing::info!(
             "watching {} (now a link to {}) for changes",
             files.upstreams.display(),
             real.display()

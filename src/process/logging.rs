@@ -50,9 +50,10 @@ pub fn open_app_log(main: &MainConfig) -> Result<Option<Arc<LogFile>>, String> {
 }
 
 /// Installs the global subscriber, writing to `file` or stdout. `RUST_LOG`, when set,
-/// overrides `log_level`. The libraries' own lines below warnings are left out: notify, for
-/// one, says at info that it could not remove the watch of a directory already deleted (every
-/// ConfigMap update does that). rustls's warnings too: it warns of every ClientHello whose SNI
+/// overrides `log_level`. The libraries' own lines below warnings are left out, and notify's
+/// warnings too: it says it could not remove the watch of a directory already deleted (every
+/// ConfigMap update, and a conf.d removed), as a raw debug struct; aralez says what it watches
+/// itself. rustls's warnings too: it warns of every ClientHello whose SNI
 /// is an IP address (wrk and h2load send one), a line per handshake that any client could use
 /// to fill the disk; a handshake that fails is aralez's to say. kube-client's errors too: they
 /// name neither the API server nor the service (`failed with error client error (Connect)`),
@@ -60,7 +61,7 @@ pub fn open_app_log(main: &MainConfig) -> Result<Option<Arc<LogFile>>, String> {
 pub fn init(main: &MainConfig, file: Option<&Arc<LogFile>>) -> Result<(), String> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         EnvFilter::new(format!(
-            "{},h2=warn,hyper=warn,notify=warn,rustls=error,kube_client=off",
+            "{},h2=warn,hyper=warn,notify=error,rustls=error,kube_client=off",
             main.log_level
         ))
     });
