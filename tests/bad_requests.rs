@@ -536,4 +536,14 @@ async fn an_answer_cut_short_by_its_backend_reaches_the_client_cut_short() {
             "{path}: not cut short: {text:?}"
         );
     }
+    // Said, naming the backend, over the inline client (plain) and hyper's (TLS): nothing
+    // was, and the access log has the head's 200.
+    let said = "the backend's answer was cut after its head";
+    assert!(proxy.wait_log_count(said, 6, Duration::from_secs(5)).await);
+    let log = proxy.log_text();
+    assert!(
+        !log.lines()
+            .any(|l| l.contains(said) && l.contains("backend=-")),
+        "{log}"
+    );
 }

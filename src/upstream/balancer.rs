@@ -238,7 +238,8 @@ pub fn send<'a>(
                     return Err(failed(ProxyError::ClientBody, backend));
                 }
                 Err(SendError::BadResponse(error)) => {
-                    tracing::warn!(backend = %backend.label, "invalid response: {error}");
+                    // The error says "invalid response" itself.
+                    tracing::warn!(backend = %backend.label, "{error}");
                     return Err(failed(ProxyError::BadResponse, backend));
                 }
                 Err(SendError::ClientStalled) => {

@@ -22,7 +22,7 @@ use hyper::client::conn::http1;
 
 use super::backend::Backend;
 use super::connector::UpBody;
-use super::inline::{self, InlineBody, InlineConn};
+use super::inline::{self, InlineBody, InlineConn, InlineError};
 use super::slot::StreamTicket;
 use super::stall::StallTimer;
 use crate::vocab::request_body::BoxError;
@@ -153,6 +153,17 @@ impl PooledBody {
         matches!(self.inner, Inner::Inline(_))
     }
 
+    /// Says that the backend's answer was cut after its head (the client gets what came, then
+    /// the connection ends; the access log has the head's status): nginx's "upstream
+    /// prematurely closed connection while reading upstream".
+    fn say_cut(&self, error: &dyn std::fmt::Display) {
+        let backend = self.served_by.as_ref().map_or("-", |s| &*s.0.label);
+        tracing::warn!(
+            backend,
+            "the backend's answer was cut after its head: {error}"
+        );
+    }
+
     pub fn set_served_by(&mut self, served_by: ServedBy) {
         self.served_by = Some(served_by);
     }
@@ -207,15 +218,25 @@ impl Body for PooledBody {
                 }
             }
             Inner::Inline(b) => {
-                let polled = Pin::new(b).poll_frame(cx).map_err(BoxError::from);
-                return trailers::fit_frame(polled);
+                let polled = Pin::new(b).poll_frame(cx);
+                if let Poll::Ready(Some(Err(e))) = &polled {
+                    let client_side =
+                        matches!(e, InlineError::RequestBody(_) | InlineError::ClientStalled);
+                    if !client_side {
+                        self.say_cut(e);
+                    }
+                }
+                return trailers::fit_frame(polled.map_err(BoxError::from));
             }
         };
         let polled = trailers::fit_frame(polled);
         match &polled {
             Poll::Ready(None) => self.release_if_done(),
             Poll::Ready(Some(Ok(_))) => self.release_if_done(),
-            Poll::Ready(Some(Err(_))) => self.conn = None,
+            Poll::Ready(Some(Err(e))) => {
+                self.say_cut(e);
+                self.conn = None;
+            }
             Poll::Pending => {}
         }
         polled
