@@ -116,16 +116,24 @@ pub fn did_you_mean<'a>(unknown: &str, known: &[&'a str]) -> Option<&'a str> {
         .map(|(_, k)| k)
 }
 
+/// Edits between `a` and `b`, two letters swapped counting as one (`emial` is one from
+/// `email`: the commonest typo, which plain edit distance counted as two, past the limit).
 fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut before: Vec<usize> = vec![0; b.len() + 1];
     let mut prev: Vec<usize> = (0..=b.len()).collect();
     let mut cur = vec![0; b.len() + 1];
-    for (i, ca) in a.chars().enumerate() {
+    for (i, ca) in a.iter().enumerate() {
         cur[0] = i + 1;
         for (j, cb) in b.iter().enumerate() {
-            let cost = usize::from(ca != *cb);
+            let cost = usize::from(ca != cb);
             cur[j + 1] = (prev[j] + cost).min(prev[j + 1] + 1).min(cur[j] + 1);
+            let swapped = i > 0 && j > 0 && *ca == b[j - 1] && a[i - 1] == *cb;
+            if swapped {
+                cur[j + 1] = cur[j + 1].min(before[j - 1] + 1);
+            }
         }
+        std::mem::swap(&mut before, &mut prev);
         std::mem::swap(&mut prev, &mut cur);
     }
     prev[b.len()]
@@ -157,5 +165,8 @@ mod tests {
         assert_eq!(did_you_mean("server", &known), Some("servers"));
         assert_eq!(did_you_mean("RATE_LIMIT", &known), Some("rate_limit"));
         assert_eq!(did_you_mean("colour", &known), None);
+        // Two letters swapped are one edit.
+        assert_eq!(did_you_mean("emial", &["email", "domains"]), Some("email"));
+        assert_eq!(did_you_mean("sevrers", &known), Some("servers"));
     }
 }

@@ -418,6 +418,11 @@ impl MainConfig {
         failed |= !cfg
             .cluster
             .check(cfg.master_key.is_some(), cfg.config_api_enabled, r);
+        let keyless = cfg.config_api_enabled && cfg.master_key.is_none();
+        if let Some(pos) = positions.of("config_api_enabled").filter(|_| keyless) {
+            let why = "no master_key: the admin API answers every call with 403";
+            r.warn(pos, "config_api_enabled", why);
+        }
         match net_conf::read_tcp(&tcp_top, tcp_block, r) {
             Some(tcp) => cfg.tcp = tcp,
             None => failed = true,

@@ -140,6 +140,13 @@ pub(crate) fn cases() -> Vec<Case> {
             &format!("{MAIN_OK}log_file: \"no-such-dir/aralez.log, 10, 3, false\"\n"),
             vec![err(M, 3, "log_file", "its directory").also("no-such-dir` does not exist")],
         ),
+        // The admin API without a key refuses every call: said before the start.
+        Case::main(
+            "config_api_without_a_master_key",
+            &format!("{MAIN_OK}config_address: \"127.0.0.1:0\"\nconfig_api_enabled: true\n"),
+            vec![warn(M, 4, "config_api_enabled", "no master_key: the admin API answers every call with 403")],
+        )
+        .warnings_only(),
         // A bad value does not hide the files checked after the values: every problem in one run
         // (each layer of errors took a CI run of its own).
         Case::main(
