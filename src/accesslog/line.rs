@@ -342,6 +342,7 @@ mod tests {
             sni: None,
             referer: None,
             user_agent: Some(HeaderValue::from_static("curl/8 (x)")),
+            sent_to: None,
         }
     }
 
