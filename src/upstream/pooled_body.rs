@@ -153,9 +153,23 @@ impl PooledBody {
         matches!(self.inner, Inner::Inline(_))
     }
 
+    /// The inline client's body failed: said unless the client's side failed it.
+    #[cold]
+    fn inline_failed(&self, error: InlineError) -> BoxError {
+        let client_side = matches!(
+            error,
+            InlineError::RequestBody(_) | InlineError::ClientStalled
+        );
+        if !client_side {
+            self.say_cut(&error);
+        }
+        BoxError::from(error)
+    }
+
     /// Says that the backend's answer was cut after its head (the client gets what came, then
     /// the connection ends; the access log has the head's status): nginx's "upstream
     /// prematurely closed connection while reading upstream".
+    #[cold]
     fn say_cut(&self, error: &dyn std::fmt::Display) {
         let backend = self.served_by.as_ref().map_or("-", |s| &*s.0.label);
         tracing::warn!(
@@ -218,15 +232,11 @@ impl Body for PooledBody {
                 }
             }
             Inner::Inline(b) => {
-                let polled = Pin::new(b).poll_frame(cx);
-                if let Poll::Ready(Some(Err(e))) = &polled {
-                    let client_side =
-                        matches!(e, InlineError::RequestBody(_) | InlineError::ClientStalled);
-                    if !client_side {
-                        self.say_cut(e);
-                    }
-                }
-                return trailers::fit_frame(polled.map_err(BoxError::from));
+                let polled = match Pin::new(b).poll_frame(cx) {
+                    Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(self.inline_failed(e)))),
+                    other => other.map_err(BoxError::from),
+                };
+                return trailers::fit_frame(polled);
             }
         };
         let polled = trailers::fit_frame(polled);
