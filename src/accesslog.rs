@@ -26,7 +26,6 @@ use crate::config::main_conf::AccessLog as Mode;
 use crate::logfile::LogFile;
 use crate::metrics::{Metrics, CLIENT_CLOSED_REQUEST};
 use crate::vocab::request_body::{BodyCounter, BytesIn};
-use crate::vocab::sent_to::SentTo;
 use crate::vocab::TlsFacts;
 use line::{format_line, Clock};
 
@@ -66,8 +65,6 @@ pub struct Entry {
     pub sni: Option<Arc<str>>,
     pub referer: Option<HeaderValue>,
     pub user_agent: Option<HeaderValue>,
-    /// Where the request was sent, for a line written without an answer ([`SentTo`]).
-    pub sent_to: Option<SentTo>,
 }
 
 /// What workers (and the shutdown) send to the writer.
@@ -184,7 +181,6 @@ impl AccessLog {
             sni: tls.sni.clone(),
             referer: headers.get(REFERER).cloned(),
             user_agent: headers.get(USER_AGENT).cloned(),
-            sent_to: None,
         });
         Record(Some((entry, sink.clone())), None)
     }
@@ -216,7 +212,6 @@ impl AccessLog {
             sni: tls.sni.clone(),
             referer: None,
             user_agent: None,
-            sent_to: None,
         });
         submit(sink, entry);
     }
@@ -295,15 +290,6 @@ impl Record {
         Some(BytesIn(done))
     }
 
-    /// Has the backend the request is sent to noted, for a line written without an answer:
-    /// the extension to put on the request (`None` when the access log is off).
-    pub fn watch_sent_to(&mut self) -> Option<SentTo> {
-        let (entry, _) = self.0.as_mut()?;
-        let sent_to = SentTo::default();
-        entry.sent_to = Some(sent_to.clone());
-        Some(sent_to)
-    }
-
     /// Adds body bytes sent to the client.
     pub fn add_bytes(&mut self, n: usize) {
         if let Some((entry, _)) = self.0.as_mut() {
@@ -355,11 +341,7 @@ impl Drop for Record {
             return;
         };
         entry.duration = entry.start.elapsed();
-        // No response head: the request was dropped because its client left, maybe while a
-        // backend had it.
-        if entry.status.is_none() && entry.backend.is_none() {
-            entry.backend = entry.sent_to.as_ref().and_then(SentTo::last);
-        }
+        // No response head: the request was dropped because its client left.
         entry.status.get_or_insert(CLIENT_CLOSED_REQUEST);
         match self.1.take() {
             // The request body's counter may still be counting: the later of the two submits.

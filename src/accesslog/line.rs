@@ -342,7 +342,6 @@ mod tests {
             sni: None,
             referer: None,
             user_agent: Some(HeaderValue::from_static("curl/8 (x)")),
-            sent_to: None,
         }
     }
 

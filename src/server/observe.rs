@@ -153,9 +153,6 @@ pub fn handle(
         if let Some(counter) = record.count_body(&req) {
             req.extensions_mut().insert(counter);
         }
-        if let Some(sent_to) = record.watch_sent_to() {
-            req.extensions_mut().insert(sent_to);
-        }
         let unanswered = Unanswered {
             metrics: &ctx.metrics,
             worker: client.worker,

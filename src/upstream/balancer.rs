@@ -17,7 +17,6 @@ use super::connector::ConnectErrorKind;
 use super::pool::{self, Exchange, SendError, Timeouts, UpBody};
 use super::pooled_body::{PooledBody, ServedBy};
 use crate::vocab::forwarded::Deferred;
-use crate::vocab::sent_to::SentTo;
 use crate::vocab::{ProxyError, WorkerId};
 
 /// Request extension: the balancer tries this backend (an index into the route's backends)
@@ -157,8 +156,6 @@ pub fn send<'a>(
         Some(Pinned(index)) => *index,
         None => set.next_start(),
     };
-    // Only when the access log is on: where a request its client leaves was waiting.
-    let sent_to = out.head.extensions.get::<SentTo>().cloned();
     let replayable = out.replayable;
     let deferred = out.deferred;
     let no_host = out.no_host;
@@ -191,9 +188,6 @@ pub fn send<'a>(
                 deferred: deferred.as_ref(),
             };
             let began = std::time::Instant::now();
-            if let Some(sent_to) = &sent_to {
-                sent_to.note(&backend.label);
-            }
             let sent = match pool::send(x, request, replayable).await {
                 // A pooled connection turned out stale: the request, if it can be replayed,
                 // goes again on a fresh connection to the same backend.

@@ -18,7 +18,6 @@ pub mod late_id;
 pub mod normalise;
 pub mod redis_link;
 pub mod request_body;
-pub mod sent_to;
 pub mod token_param;
 pub mod trailers;
 
