@@ -136,8 +136,7 @@ mod tests {
         let leaf = CertificateDer::from_pem_slice(crt).expect("certificate");
         let der = PrivateKeyDer::from_pem_slice(key).expect("key");
         let error = rustls::crypto::aws_lc_rs::sign::any_supported_type(&der)
-            .err()
-            .expect("a 1024-bit key is refused");
+            .expect_err("a 1024-bit key is refused");
         let reason = signer_reason(&leaf, &error);
         assert!(reason.contains("an RSA key of 1024 bits"), "{reason}");
     }
