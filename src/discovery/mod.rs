@@ -573,7 +573,7 @@ pub(crate) struct Outage(Option<(u32, tokio::time::Instant)>);
 impl Outage {
     pub(crate) fn failed(&mut self) {
         let (failures, _) = self.0.get_or_insert((0, tokio::time::Instant::now()));
-        *failures += 1;
+        *failures = failures.saturating_add(1);
     }
 
     /// How many queries failed and for how long, if any did before this answer.

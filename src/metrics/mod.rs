@@ -371,7 +371,10 @@ impl Metrics {
     /// series end, and their places go to new ones. Churned pods kept theirs for good, and once
     /// [`MAX_UPSTREAMS`] were taken the new ones counted as `other`.
     fn forget_gone_upstreams(&self, configured: &[BackendUp<'_>]) {
-        let kept = |label: &str| label == "other" || configured.iter().any(|b| b.backend == label);
+        // A set first: the workers count under the same locks.
+        let configured: std::collections::HashSet<&str> =
+            configured.iter().map(|b| b.backend).collect();
+        let kept = |label: &str| label == "other" || configured.contains(label);
         for shard in self.shards.iter() {
             if let Ok(mut list) = shard.by_upstream.lock() {
                 list.retain(|(label, _)| kept(label));

@@ -247,6 +247,8 @@ where
     }
 }
 
+/// The copy both ways, until it ends or both sides have been quiet for `idle` (the last byte's
+/// time is `last`, in nanoseconds since `started`).
 async fn copy_while_busy<C, S>(
     c: &mut Watched<C>,
     s: &mut Watched<S>,
