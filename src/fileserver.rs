@@ -1,12 +1,17 @@
 //! The built-in static file server (SPEC §10): GET/HEAD, content types, ranges, conditional
-//! requests and `index.html` through tower-http's `ServeDir`; no listings, no dotfiles (however
-//! encoded), no escape from the folder (symlinks that lead out of it are not followed), and
-//! nothing but regular files (no FIFO, no device). It runs on the control-plane runtime, off the
-//! proxy's workers.
+//! requests and `index.html`; no listings, no dotfiles (however encoded), no escape from the
+//! folder (symlinks that lead out of it are not followed), and nothing but regular files (no
+//! FIFO, no device). It runs on the control-plane runtime, off the proxy's workers.
 //!
-//! `ServeDir` speaks `Last-Modified`/`If-Modified-Since` only; this module adds a weak `ETag`
+//! Each file is opened here first (without blocking), checked as opened (a regular file, really
+//! inside the folder), and handed to tower-http's `ServeFile` as `/proc/self/fd/N`: the same
+//! file, whatever its name leads to by the time it is served. Checked by name and served by name
+//! again, a link swapped in between served a file outside the folder, and a FIFO swapped in held
+//! a thread for good.
+//!
+//! `ServeFile` speaks `Last-Modified`/`If-Modified-Since` only; this module adds a weak `ETag`
 //! (size and modification time, as nginx does), answers `If-None-Match` with 304, `If-Match`
-//! and `If-Unmodified-Since` with 412, and hands `ServeDir` a `Range` only when it asks for one
+//! and `If-Unmodified-Since` with 412, and hands `ServeFile` a `Range` only when it asks for one
 //! satisfiable byte range that `If-Range` allows.
 
 use std::borrow::Cow;
@@ -19,9 +24,11 @@ use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::service::service_fn;
+use std::os::fd::AsRawFd;
 use tokio::sync::watch;
 use tower::ServiceExt;
-use tower_http::services::ServeDir;
+
+use tower_http::services::ServeFile;
 
 use crate::server::{AcceptLoop, ConnInfo, Limits};
 use crate::vocab::{normalise, ClientBody};
@@ -85,35 +92,39 @@ async fn answer(folder: &std::path::Path, req: Request<ClientBody>) -> Response<
     let Ok(root) = tokio::fs::canonicalize(folder).await else {
         return plain(StatusCode::NOT_FOUND, "404 Not Found\n");
     };
-    let found = look_up(&root, &path).await;
-    match &found {
+    let opened = match look_up(&root, &path).await {
         Found::Refused => return plain(StatusCode::NOT_FOUND, "404 Not Found\n"),
-        Found::File(meta) => {
-            if let Some(refused) = failed_precondition(req.headers(), meta) {
-                return refused;
-            }
-            settle_range(req.headers_mut(), meta);
-        }
-        Found::Other => {}
+        Found::Forbidden => return plain(StatusCode::FORBIDDEN, "403 Forbidden\n"),
+        Found::Folder => return to_folder(req.uri()),
+        Found::File(opened) => opened,
+    };
+    if let Some(refused) = failed_precondition(req.headers(), &opened.meta) {
+        return refused;
     }
+    settle_range(req.headers_mut(), &opened.meta);
     let if_none_match = req.headers_mut().remove(header::IF_NONE_MATCH);
     if if_none_match.is_some() {
         // RFC 9110 §13.1.3: with If-None-Match, If-Modified-Since is ignored.
         req.headers_mut().remove(header::IF_MODIFIED_SINCE);
     }
-    let dir = ServeDir::new(&root).append_index_html_on_directories(true);
-    let mut resp = match dir.oneshot(req).await {
+    // The file opened and checked, not its name again: `/proc/self/fd/N` opens the same file
+    // whatever its name leads to by now (a link swapped out of the folder, a FIFO renamed over
+    // it: both got through a check made by name and an open made by name again).
+    let mime = mime_guess::from_path(&opened.name).first_or_octet_stream();
+    let same_file = format!("/proc/self/fd/{}", opened.file.as_raw_fd());
+    let serve = ServeFile::new_with_mime(same_file, &mime);
+    let mut resp = match serve.oneshot(req).await {
         Ok(resp) => resp.map(|b| b.map_err(std::io::Error::other).boxed_unsync()),
         Err(never) => match never {},
     };
+    let found = opened;
     if resp.status() == StatusCode::NOT_MODIFIED {
-        // `ServeDir`'s 304 to `If-Modified-Since` carries no validator: RFC 9110 §15.4.5 wants
+        // `ServeFile`'s 304 to `If-Modified-Since` carries no validator: RFC 9110 §15.4.5 wants
         // the tag (and the date) a 200 would have carried.
-        if let Found::File(meta) = &found {
-            add_validators(&mut resp, meta);
-        }
+        add_validators(&mut resp, &found.meta);
         return resp;
     }
+    drop(found);
     let Some(etag) = entity_tag(&resp) else {
         return resp;
     };
@@ -133,8 +144,8 @@ async fn answer(folder: &std::path::Path, req: Request<ClientBody>) -> Response<
 
 /// The request's path, fully percent-decoded and normalised, unless it names a dotfile or a
 /// dot-directory in any segment, or carries an encoded separator (`%2F`, `%5C`) or a backslash
-/// that could hide one from this check: then `None` (404). The check runs on what `ServeDir`
-/// will open, not on the raw text.
+/// that could hide one from this check: then `None` (404). The check runs on what is
+/// opened, not on the raw text.
 fn visible_path(raw: &str) -> Option<String> {
     let lower = raw.to_ascii_lowercase();
     if lower.contains("%2f") || lower.contains("%5c") || raw.contains('\\') {
@@ -162,46 +173,94 @@ fn set_path<B>(req: &mut Request<B>, path: &str) -> Result<(), http::Error> {
 
 /// What a request path leads to.
 enum Found {
-    /// Not to be served (404).
+    /// Not to be served (404): nothing there, a dotfile, a way out of the folder, a FIFO, a
+    /// device, a name too long.
     Refused,
-    /// A regular file, with what the conditions and ranges are checked against.
-    File(std::fs::Metadata),
-    /// Nothing (`ServeDir` answers 404), or a folder (its `index.html`, a regular file if any).
-    Other,
+    /// There, but this process may not read it (403, as nginx: "Permission denied").
+    Forbidden,
+    /// A folder named without its trailing `/`: a 307 to it, as nginx's 301 (a folder without
+    /// an `index.html` is then a 404: no listings).
+    Folder,
+    /// A regular file inside the folder, opened.
+    File(Box<Opened>),
 }
 
-/// What `path` under `root` (the folder's real location, resolved for this request) leads to.
-/// It must resolve (through symlinks) inside `root`, to
-/// a regular file (named without a trailing `/`) or a folder whose `index.html`, if any, is
-/// one. A FIFO or a device is
-/// refused (as nginx: "is not a regular file"): opening a FIFO blocks until a writer comes, and
-/// each request for one held a thread of the blocking pool the control plane shares (reloads
-/// and the admin API stalled once it was full).
+/// A file opened for a request, and checked after the open: a regular file, inside the folder.
+struct Opened {
+    file: std::fs::File,
+    meta: std::fs::Metadata,
+    /// Its name as asked (for its content type).
+    name: PathBuf,
+}
+
+/// What `path` under `root` (the folder's real location, resolved for this request) leads to:
+/// a regular file (named without a trailing `/`), or a folder's `index.html` (named with one).
+/// The file is opened first and checked after: the open does not block (a FIFO opens at once)
+/// and what the descriptor is, and where it really is (`/proc/self/fd`), decide. A FIFO or a
+/// device is refused (as nginx: "is not a regular file"): opening a FIFO blocks until a writer
+/// comes, and each request for one held a thread of the blocking pool the control plane shares.
 async fn look_up(root: &std::path::Path, path: &str) -> Found {
     let candidate = root.join(path.trim_matches('/'));
-    let Ok(real) = tokio::fs::canonicalize(&candidate).await else {
-        return Found::Other;
+    let (root, asked) = (root.to_path_buf(), path.to_string());
+    let looked = tokio::task::spawn_blocking(move || open_checked(&root, candidate, &asked));
+    looked.await.unwrap_or(Found::Refused)
+}
+
+fn open_checked(root: &std::path::Path, candidate: PathBuf, asked: &str) -> Found {
+    use std::os::unix::fs::OpenOptionsExt;
+    let folder = std::fs::metadata(&candidate).is_ok_and(|m| m.is_dir());
+    let name = match (folder, asked.ends_with('/')) {
+        (true, true) => candidate.join("index.html"),
+        (true, false) => return Found::Folder,
+        // A file is not a folder (`/a.txt/` is not `/a.txt`).
+        (false, true) => return Found::Refused,
+        (false, false) => candidate,
     };
-    if !real.starts_with(root) {
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc_flags::NONBLOCK | libc_flags::NOCTTY)
+        .open(&name);
+    let file = match opened {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            tracing::warn!("file server: {}: {e}", name.display());
+            return Found::Forbidden;
+        }
+        Err(_) => return Found::Refused,
+    };
+    let Ok(meta) = file.metadata() else {
         return Found::Refused;
-    }
-    match tokio::fs::metadata(&real).await {
-        Ok(meta) if meta.is_dir() => match tokio::fs::metadata(real.join("index.html")).await {
-            Ok(index) if !index.is_file() => Found::Refused,
-            // `/sub/` is its index.html: preconditions and ranges are the file's (`If-Match`
-            // was ignored on a folder).
-            Ok(index) if path.ends_with('/') => Found::File(index),
-            _ => Found::Other,
-        },
-        // A file is not a folder (`ServeDir` served `/a.txt/` as `/a.txt`).
-        Ok(meta) if meta.is_file() && path.ends_with('/') => Found::Refused,
-        Ok(meta) if meta.is_file() => Found::File(meta),
-        Ok(_) => Found::Refused,
-        Err(_) => Found::Other,
+    };
+    let real = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()));
+    let inside = real.is_ok_and(|real| real.starts_with(root));
+    match meta.is_file() && inside {
+        true => Found::File(Box::new(Opened { file, meta, name })),
+        false => Found::Refused,
     }
 }
 
-/// A 412 when `If-Match` or `If-Unmodified-Since` fails (RFC 9110 §13.1.1, §13.1.4; `ServeDir`
+/// `open(2)` flags: a FIFO opens without waiting for a writer; a terminal does not become the
+/// process's.
+mod libc_flags {
+    pub const NONBLOCK: i32 = nix::fcntl::OFlag::O_NONBLOCK.bits();
+    pub const NOCTTY: i32 = nix::fcntl::OFlag::O_NOCTTY.bits();
+}
+
+/// A 307 from a folder named without its `/` to the folder (its query kept).
+fn to_folder(uri: &http::Uri) -> Response<FileBody> {
+    let mut location = format!("{}/", uri.path());
+    if let Some(query) = uri.query() {
+        location.push('?');
+        location.push_str(query);
+    }
+    let mut resp = plain(StatusCode::TEMPORARY_REDIRECT, "");
+    if let Ok(location) = HeaderValue::from_str(&location) {
+        resp.headers_mut().insert(header::LOCATION, location);
+    }
+    resp
+}
+
+/// A 412 when `If-Match` or `If-Unmodified-Since` fails (RFC 9110 §13.1.1, §13.1.4; `ServeFile`
 /// ignored both). The file's tags are weak, and `If-Match` compares strongly: only `*` matches.
 fn failed_precondition(
     headers: &http::HeaderMap,
@@ -227,11 +286,11 @@ fn modified_secs(meta: &std::fs::Metadata) -> Option<std::time::SystemTime> {
     Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(since.as_secs()))
 }
 
-/// Leaves `Range` for `ServeDir` only when it asks for one satisfiable range of this file
+/// Leaves `Range` for `ServeFile` only when it asks for one satisfiable range of this file
 /// (RFC 9110 §14): dropped (the whole file, 200) when `If-Range` does not match (a tag never
 /// does, ours being weak; a date must be the file's), when its unit is not `bytes`, when it
 /// asks for several ranges, or when the file is empty; a suffix longer than the file is the
-/// whole file. `ServeDir` answered 416 to most of these, and 206 to a stale `If-Range`.
+/// whole file. `ServeDir` (which served files before) answered 416 to most of these, and 206 to a stale `If-Range`.
 fn settle_range(headers: &mut http::HeaderMap, meta: &std::fs::Metadata) {
     let Some(range) = headers.get(header::RANGE) else {
         return;

@@ -360,3 +360,68 @@ async fn ranged_get(addr: SocketAddr, target: &str, range: &str) -> String {
     stream.read_to_end(&mut resp).await.unwrap();
     String::from_utf8_lossy(&resp).into_owned()
 }
+
+/// A folder's `index.html` that is a link out of the folder is not served (it was: the check
+/// looked only at whether it was a regular file), and a name too long for the file system is a
+/// 404 (it was a 500).
+#[tokio::test]
+async fn an_index_linked_out_and_a_name_too_long_are_404s() {
+    let (_proxy, addr, root, www) = start();
+    std::fs::create_dir(www.join("esc")).unwrap();
+    let outside = root.path().join("outside.txt");
+    std::os::unix::fs::symlink(&outside, www.join("esc/index.html")).unwrap();
+    for target in ["/esc/", "/esc/index.html"] {
+        let (status, text) = raw_status(addr, target).await;
+        assert_eq!(status, 404, "{target}:\n{text}");
+        assert!(!text.contains("outside"), "{target} leaked");
+    }
+    let (status, text) = raw_status(addr, "/esc").await;
+    assert_eq!(status, 307, "{text}");
+    assert!(text.contains("location: /esc/"), "{text}");
+    for target in ["/".to_string() + &"b".repeat(256), "/a".repeat(3000)] {
+        let (status, _) = raw_status(addr, &target).await;
+        assert_eq!(status, 404, "{} bytes", target.len());
+    }
+}
+
+/// The file served is the one checked: a link swapped between a file inside and one outside
+/// while it is asked for (another process renaming links into place) never serves the outside
+/// one, and a FIFO swapped in never holds a thread (it served the outside file about one time
+/// in seven, and each FIFO opened held one of the blocking pool's threads for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_swapped_while_asked_for_serves_only_what_was_checked() {
+    let (_proxy, addr, root, www) = start();
+    let (inside, outside) = (www.join("a.txt"), root.path().join("outside.txt"));
+    let fifo = root.path().join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+    let swapping = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let swapper = {
+        let (swapping, www) = (swapping.clone(), www.clone());
+        std::thread::spawn(move || {
+            let (target, spare) = (www.join("race.txt"), www.join("race.next"));
+            let mut turn = 0u64;
+            while swapping.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = std::fs::remove_file(&spare);
+                let lead = [&inside, &outside, &fifo][(turn % 3) as usize];
+                let _ = std::os::unix::fs::symlink(lead, &spare);
+                let _ = std::fs::rename(&spare, &target);
+                turn += 1;
+            }
+        })
+    };
+    let mut served = 0;
+    for _ in 0..300 {
+        let asked = raw_status(addr, "/race.txt");
+        let (status, text) = tokio::time::timeout(std::time::Duration::from_secs(5), asked)
+            .await
+            .expect("an answer: no request waits on a FIFO");
+        assert!(!text.contains("outside"), "the outside file was served");
+        served += usize::from(status == 200);
+    }
+    swapping.store(false, std::sync::atomic::Ordering::Relaxed);
+    swapper.join().unwrap();
+    assert!(
+        served > 0,
+        "the inside file is served when the link leads to it"
+    );
+}
