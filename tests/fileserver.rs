@@ -208,6 +208,11 @@ async fn file_server_connections_have_their_own_cap() {
     // ...while the proxy's own listener still answers.
     let mut client = Client::connect(Proto::H1, proxy.addr).await;
     assert!(client.get("any", "/").await.status().as_u16() > 0);
+    // The refusal is said at the default level (it was at debug only).
+    let said = "file server: connection refused: its connection cap (2) is reached";
+    proxy
+        .wait_log(said, std::time::Duration::from_secs(5))
+        .await;
 }
 
 /// Ranges and preconditions `ServeDir` got wrong (RFC 9110 §13, §14): a stale `If-Range` got a

@@ -263,6 +263,12 @@ impl AcceptLoop {
             last: None,
             held_back: 0,
         };
+        // Said at warn level (at most once a second): at debug only, an operator whose cap was
+        // too low saw nothing (nginx: "worker_connections are not enough", at alert).
+        let mut at_cap = Throttled {
+            last: None,
+            held_back: 0,
+        };
         // A second handle on the stop signal, to ask cheaply after each accept whether it moved:
         // the wait below borrows the first, and is polled only when no connection is waiting.
         let peek = shutdown.clone();
@@ -288,7 +294,9 @@ impl AcceptLoop {
                 }
             };
             if shared.open.load(Ordering::Relaxed) >= shared.limits.max_connections {
-                tracing::debug!(%peer, "{}: connection refused: max_connections reached", self.name);
+                let cap = shared.limits.max_connections;
+                let why = format_args!("its connection cap ({cap}) is reached");
+                at_cap.warn(&format!("{}: connection refused", self.name), &why);
                 continue;
             }
             if let Some(ka) = shared.limits.keepalive {
