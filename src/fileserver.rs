@@ -18,6 +18,7 @@ use std::borrow::Cow;
 use std::convert::Infallible;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -30,6 +31,7 @@ use tower::ServiceExt;
 
 use tower_http::services::ServeFile;
 
+use crate::accesslog::{AccessLog, Record};
 use crate::server::{AcceptLoop, ConnInfo, Limits};
 use crate::vocab::{normalise, ClientBody};
 
@@ -40,7 +42,7 @@ type FileBody = http_body_util::combinators::UnsyncBoxBody<Bytes, std::io::Error
 pub async fn serve(
     listener: std::net::TcpListener,
     folder: PathBuf,
-    limits: Limits,
+    (limits, access_log): (Limits, AccessLog),
     shutdown: watch::Receiver<bool>,
 ) {
     let folder: Arc<std::path::Path> = folder.into();
@@ -55,14 +57,56 @@ pub async fn serve(
         per_client: None,
         refusals: None,
     };
-    let make = move |_: ConnInfo| {
-        let folder = folder.clone();
+    let make = move |conn: ConnInfo| {
+        let (folder, access_log) = (folder.clone(), access_log.clone());
         service_fn(move |req: Request<ClientBody>| {
             let folder = folder.clone();
-            Box::pin(async move { Ok::<_, Infallible>(answer(&folder, req).await) })
+            let client = conn.peer.ip();
+            let record = access_log.begin(client, &conn.tls_facts, &req, Instant::now());
+            Box::pin(async move { Ok::<_, Infallible>(logged(answer(&folder, req).await, record)) })
         })
     };
     accept.run(make, shutdown).await;
+}
+
+/// `resp` with its access log line: written when its body ends (or the client leaves), as the
+/// proxy's are. The file server's requests were in no log.
+fn logged(resp: Response<FileBody>, mut record: Record) -> Response<FileBody> {
+    record.respond(resp.status().as_u16(), None, (None, Instant::now()));
+    resp.map(|inner| LoggedFile { inner, record }.boxed_unsync())
+}
+
+/// A file server answer's body, counting its bytes for the access log.
+struct LoggedFile {
+    inner: FileBody,
+    record: Record,
+}
+
+impl http_body::Body for LoggedFile {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+        let this = self.get_mut();
+        let polled = std::pin::Pin::new(&mut this.inner).poll_frame(cx);
+        if let std::task::Poll::Ready(Some(Ok(frame))) = &polled {
+            if let Some(data) = frame.data_ref() {
+                this.record.add_bytes(data.len());
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// Answers `req` from `folder`, resolved for this request: the folder may be a symbolic link

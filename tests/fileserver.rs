@@ -430,3 +430,30 @@ async fn a_name_swapped_while_asked_for_serves_only_what_was_checked() {
         "the inside file is served when the link leads to it"
     );
 }
+
+/// The file server's requests are in the access log, as the proxy's are (they were in none).
+#[tokio::test]
+async fn file_server_requests_are_in_the_access_log() {
+    let (_root, www) = files();
+    let proxy = ProxyProcess::start(
+        &unused_route(),
+        &format!(
+            "access_log: all\nfile_server_folder: \"{}\"\nfile_server_address: \"127.0.0.1:0\"",
+            www.display()
+        ),
+    );
+    let addr = file_server_addr(&proxy);
+    let (status, _, body) = http_get(addr, "/a.txt?unique123", &[]).await;
+    assert_eq!((status.as_u16(), body.len()), (200, CONTENT.len()));
+    assert_eq!(raw_status(addr, "/missing.txt").await.0, 404);
+    proxy
+        .wait_log("target=\"/missing.txt\"", std::time::Duration::from_secs(5))
+        .await;
+    let log = proxy.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("unique123"))
+        .expect("logged");
+    let bytes = format!(" status=200 bytes={} ", CONTENT.len());
+    assert!(line.contains(&bytes), "{line}");
+}

@@ -238,7 +238,8 @@ async fn the_file_server_hides_dotfiles_however_encoded_and_stays_in_its_folder(
         max_streams: 16,
     };
     let folder = root.path().to_path_buf();
-    tokio::spawn(aralez::fileserver::serve(listener, folder, limits, stop_rx));
+    let logs = (limits, aralez::accesslog::AccessLog::default());
+    tokio::spawn(aralez::fileserver::serve(listener, folder, logs, stop_rx));
     let get = |path: &str| format!("GET {path} HTTP/1.1\r\nHost: f\r\nConnection: close\r\n\r\n");
     for hidden in [
         "/sub/.env",

@@ -83,7 +83,7 @@ async fn start() -> Listeners {
     tokio::spawn(aralez::fileserver::serve(
         files_listener,
         folder,
-        limits(3),
+        (limits(3), aralez::accesslog::AccessLog::default()),
         stop_rx,
     ));
     let get = |path: &'static str| path;

@@ -223,6 +223,7 @@ fn serve(
         upgrade_sock,
         offer,
     } = bound;
+    let files_access_log = ctx.access_log.clone();
     let mut running = Running::start(main, ctx, &control, (proxy, certificates), admin)?;
     control.block_on(async {
         if let Some((listener, folder)) = files {
@@ -230,7 +231,8 @@ fn serve(
                 max_connections: main.file_server_max_connections,
                 ..limits(main)
             };
-            let served = crate::fileserver::serve(listener, folder, limits, running.stopped());
+            let logs = (limits, files_access_log.clone());
+            let served = crate::fileserver::serve(listener, folder, logs, running.stopped());
             running.side_tasks.push(tokio::spawn(served));
         }
         let handovers = upgrade_sock.as_ref().map(|sock| {
