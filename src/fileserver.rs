@@ -255,7 +255,11 @@ fn open_checked(root: &std::path::Path, candidate: PathBuf, asked: &str) -> Foun
     let folder = std::fs::metadata(&candidate).is_ok_and(|m| m.is_dir());
     let name = match (folder, asked.ends_with('/')) {
         (true, true) => candidate.join("index.html"),
-        (true, false) => return Found::Folder,
+        // Only a folder inside: a redirect would say a link out of it leads somewhere.
+        (true, false) if std::fs::canonicalize(&candidate).is_ok_and(|r| r.starts_with(root)) => {
+            return Found::Folder
+        }
+        (true, false) => return Found::Refused,
         // A file is not a folder (`/a.txt/` is not `/a.txt`).
         (false, true) => return Found::Refused,
         (false, false) => candidate,

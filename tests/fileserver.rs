@@ -383,6 +383,11 @@ async fn an_index_linked_out_and_a_name_too_long_are_404s() {
     let (status, text) = raw_status(addr, "/esc").await;
     assert_eq!(status, 307, "{text}");
     assert!(text.contains("location: /esc/"), "{text}");
+    // A folder linked out is not even redirected to.
+    std::os::unix::fs::symlink("/etc", www.join("etc")).unwrap();
+    for target in ["/etc", "/etc/", "/etc/passwd"] {
+        assert_eq!(raw_status(addr, target).await.0, 404, "{target}");
+    }
     for target in ["/".to_string() + &"b".repeat(256), "/a".repeat(3000)] {
         let (status, _) = raw_status(addr, &target).await;
         assert_eq!(status, 404, "{} bytes", target.len());
