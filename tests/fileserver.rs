@@ -37,6 +37,15 @@ fn file_server_addr(proxy: &ProxyProcess) -> SocketAddr {
         .expect("file server address in the log")
 }
 
+/// A proxy whose file server serves `www`, with `extra` lines in main.yaml.
+fn serving(www: &std::path::Path, extra: &str) -> ProxyProcess {
+    let main = format!(
+        "file_server_folder: \"{}\"\nfile_server_address: \"127.0.0.1:0\"\n{extra}",
+        www.display()
+    );
+    ProxyProcess::start(&unused_route(), &main)
+}
+
 /// A proxy whose file server serves [`files`]; the folder's path, kept alive with the proxy.
 fn start() -> (
     ProxyProcess,
@@ -45,13 +54,7 @@ fn start() -> (
     std::path::PathBuf,
 ) {
     let (root, www) = files();
-    let proxy = ProxyProcess::start(
-        &unused_route(),
-        &format!(
-            "file_server_folder: \"{}\"\nfile_server_address: \"127.0.0.1:0\"",
-            www.display()
-        ),
-    );
+    let proxy = serving(&www, "");
     let addr = file_server_addr(&proxy);
     (proxy, addr, root, www)
 }
@@ -178,13 +181,7 @@ async fn never_escapes_the_folder_or_shows_dotfiles() {
 #[tokio::test]
 async fn file_server_connections_have_their_own_cap() {
     let (_root, www) = files();
-    let proxy = ProxyProcess::start(
-        &unused_route(),
-        &format!(
-            "file_server_folder: \"{}\"\nfile_server_address: \"127.0.0.1:0\"\nfile_server_max_connections: 2",
-            www.display()
-        ),
-    );
+    let proxy = serving(&www, "file_server_max_connections: 2");
     let addr = file_server_addr(&proxy);
     // Two connections with half a request head each hold both places (sent bytes: the
     // listener defers accepts until a connection's first ones)...
@@ -440,13 +437,7 @@ async fn a_name_swapped_while_asked_for_serves_only_what_was_checked() {
 #[tokio::test]
 async fn file_server_requests_are_in_the_access_log() {
     let (_root, www) = files();
-    let proxy = ProxyProcess::start(
-        &unused_route(),
-        &format!(
-            "access_log: all\nfile_server_folder: \"{}\"\nfile_server_address: \"127.0.0.1:0\"",
-            www.display()
-        ),
-    );
+    let proxy = serving(&www, "access_log: all");
     let addr = file_server_addr(&proxy);
     let (status, _, body) = http_get(addr, "/a.txt?unique123", &[]).await;
     assert_eq!((status.as_u16(), body.len()), (200, CONTENT.len()));
