@@ -290,6 +290,16 @@ impl Record {
         Some(BytesIn(done))
     }
 
+    /// An upgraded connection ended having carried `to_client` bytes to the client and
+    /// `from_client` bytes from it: its line says so (written when the record is dropped, its
+    /// duration then the tunnel's whole life), as nginx logs a WebSocket when it closes.
+    pub fn tunnel_ended(&mut self, to_client: u64, from_client: u64) {
+        if let Some((entry, _)) = self.0.as_mut() {
+            entry.bytes += to_client;
+            entry.bytes_in = Some(entry.bytes_in.unwrap_or(0) + from_client);
+        }
+    }
+
     /// Adds body bytes sent to the client.
     pub fn add_bytes(&mut self, n: usize) {
         if let Some((entry, _)) = self.0.as_mut() {
@@ -302,36 +312,6 @@ impl Default for Record {
     /// A record that writes no line.
     fn default() -> Record {
         Record(None, None)
-    }
-}
-
-/// An upgraded connection's line (WebSocket and other tunnels): the upgrade's record waits here
-/// and is written when the tunnel ends, with the bytes each way and the whole time, as nginx logs
-/// a WebSocket when it closes. The proxy's record is moved in ([`TunnelLine::hold`]) and the
-/// tunnel adds what it carried ([`TunnelLine::ended`]); the line goes when both let go, so an
-/// upgrade that never became a tunnel is still logged.
-#[derive(Clone, Default)]
-pub struct TunnelLine(Arc<Mutex<Record>>);
-
-impl TunnelLine {
-    /// Keeps `record` (left empty) for the tunnel's end.
-    pub fn hold(&self, record: &mut Record) {
-        if let Ok(mut held) = self.0.lock() {
-            *held = std::mem::take(record);
-        }
-    }
-
-    /// The tunnel ended having carried `to_client` bytes to the client and `from_client` bytes
-    /// from it: the line is written with them.
-    pub fn ended(&self, to_client: u64, from_client: u64) {
-        let Ok(mut held) = self.0.lock() else {
-            return;
-        };
-        if let Some((entry, _)) = held.0.as_mut() {
-            entry.bytes += to_client;
-            entry.bytes_in = Some(entry.bytes_in.unwrap_or(0) + from_client);
-        }
-        drop(std::mem::take(&mut *held));
     }
 }
 

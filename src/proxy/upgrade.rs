@@ -12,8 +12,8 @@
 //! Upgraded connections leave hyper's HTTP handling, so HTTP timeouts no longer apply to them;
 //! instead a tunnel counts among the listener's open connections (`max_connections`) until it
 //! ends, and is closed when no byte has crossed it, either way, for `client_idle_timeout` (as
-//! nginx's `proxy_read_timeout` closes an idle WebSocket). Its access log line is written when
-//! it ends, with the bytes each way and the whole time ([`TunnelLine`]), as nginx logs one.
+//! nginx's `proxy_read_timeout` closes an idle WebSocket). What it carried each way is reported
+//! when it ends ([`TunnelEnd`]), for its access log line.
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -33,7 +33,6 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
 use super::RespBody;
-use crate::accesslog::TunnelLine;
 use crate::upstream::{keep_served_by, PooledBody};
 use crate::vocab::{StreamHeld, TunnelLimits};
 
@@ -202,8 +201,8 @@ pub fn bridge(
         parts.status = StatusCode::SWITCHING_PROTOCOLS;
     }
     let limits = limits.clone();
-    let line = TunnelLine::default();
-    parts.extensions.insert(line.clone());
+    let end = TunnelEnd::default();
+    parts.extensions.insert(end.clone());
     tokio::spawn(async move {
         let Some(on_server) = on_server else {
             tracing::warn!("backend switched protocols but its connection cannot be upgraded");
@@ -215,12 +214,36 @@ pub fn bridge(
                 let _held = client.held;
                 let (c, s) = (TokioIo::new(client_io), TokioIo::new(server_io));
                 let carried = tunnel(c, s, limits.idle).await;
-                line.ended(carried.to_client, carried.from_client);
+                end.report(carried.to_client, carried.from_client);
             }
             Err(e) => tracing::debug!("upgrade did not complete: {e}"),
         }
     });
     Response::from_parts(parts, Either::Right(Full::new(Bytes::new())))
+}
+
+/// On an upgrade's answer: where its tunnel reports, when it ends, the bytes it carried to the
+/// client and from it. The access log hands its record over ([`TunnelEnd::on_end`]); a tunnel
+/// that never began drops it unreported, and the line is written all the same.
+#[derive(Clone, Default)]
+pub struct TunnelEnd(Arc<std::sync::Mutex<Option<OnEnd>>>);
+
+type OnEnd = Box<dyn FnOnce(u64, u64) + Send>;
+
+impl TunnelEnd {
+    /// What to do with the bytes carried when the tunnel ends.
+    pub fn on_end(&self, then: impl FnOnce(u64, u64) + Send + 'static) {
+        if let Ok(mut slot) = self.0.lock() {
+            *slot = Some(Box::new(then));
+        }
+    }
+
+    fn report(&self, to_client: u64, from_client: u64) {
+        let then = self.0.lock().ok().and_then(|mut slot| slot.take());
+        if let Some(then) = then {
+            then(to_client, from_client);
+        }
+    }
 }
 
 /// The bytes a tunnel carried each way.

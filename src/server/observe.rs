@@ -22,8 +22,9 @@ use http_body::{Body, Frame, SizeHint};
 
 use super::real_client::{self, RequestIds, TrustedProxies};
 use super::AltSvc;
-use crate::accesslog::{AccessLog, Record, TunnelLine};
+use crate::accesslog::{AccessLog, Record};
 use crate::metrics::Metrics;
+use crate::proxy::upgrade::TunnelEnd;
 use crate::proxy::RespBody;
 use crate::routing::Router;
 use crate::upstream::{served_by, FailedAt};
@@ -176,8 +177,11 @@ pub fn handle(
         let status = resp.status();
         let tunnel = status == StatusCode::SWITCHING_PROTOCOLS || (connect && status.is_success());
         if tunnel {
-            if let Some(line) = resp.extensions_mut().remove::<TunnelLine>() {
-                line.hold(&mut record);
+            if let Some(end) = resp.extensions_mut().remove::<TunnelEnd>() {
+                let mut line = std::mem::take(&mut record);
+                end.on_end(move |to_client, from_client| {
+                    line.tunnel_ended(to_client, from_client);
+                });
             }
         }
         if ctx.hsts && !resp.headers().contains_key(STRICT_TRANSPORT_SECURITY) {
