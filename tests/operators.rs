@@ -515,12 +515,22 @@ async fn a_log_that_cannot_be_written_does_not_stop_the_proxy() {
         .spawn()
         .expect("spawn aralez");
     let mut child = KilledOnDrop(child);
-    let serving = eventually(Duration::from_secs(20), || {
-        std::net::TcpStream::connect(listen).is_ok()
+    // Until it says it listens: its port accepts before its signal handlers are in place, and a
+    // SIGHUP then met the default action (the process ended; CI saw it once).
+    let stdout = child.0.stdout.take().expect("stdout");
+    let listening = std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut lines = std::io::BufReader::new(stdout).lines();
+        while let Some(Ok(line)) = lines.next() {
+            if line.contains("listening on") {
+                return;
+            }
+        }
     });
+    let serving = eventually(Duration::from_secs(20), || listening.is_finished());
     assert!(serving.await, "the proxy did not start");
     // The readers go: every write to stdout and stderr now fails (EPIPE).
-    drop(child.0.stdout.take());
+    drop(listening);
     drop(child.0.stderr.take());
     let pid = nix::unistd::Pid::from_raw(child.0.id() as i32);
     for round in 1..=3 {
