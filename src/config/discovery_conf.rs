@@ -148,14 +148,12 @@ fn read_api_servers(node: &Node, path: &str, r: &mut Reader) -> Vec<String> {
             false => format!("https://{text}"),
         };
         let parsed = url.parse::<Uri>().ok();
-        let authority = parsed.as_ref().and_then(Uri::authority);
-        let scheme_fits = parsed
+        let usable = parsed
             .as_ref()
-            .is_some_and(|u| matches!(u.scheme_str(), Some("http" | "https")));
-        match authority {
-            Some(a) if !scheme_fits || a.host().is_empty() => {
-                r.error(pos, &item_path, format!("`{text}` {NOT_A_SERVER}"))
-            }
+            .filter(|u| matches!(u.scheme_str(), Some("http" | "https")))
+            .and_then(Uri::authority)
+            .filter(|a| !a.host().is_empty());
+        match usable {
             None => r.error(pos, &item_path, format!("`{text}` {NOT_A_SERVER}")),
             // Shown in log lines that name the server: refused, and not echoed.
             Some(a) if a.as_str().contains('@') => r.error(

@@ -422,14 +422,19 @@ mod tests {
         ));
     }
 
+    /// A CA's self-signed certificate (its key thrown away).
+    fn self_signed_ca() -> rcgen::Certificate {
+        let ca_key = rcgen::KeyPair::generate().expect("key");
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca.self_signed(&ca_key).expect("ca")
+    }
+
     #[test]
     fn a_ca_certificate_without_a_key_is_no_problem_a_leaf_one_is() {
         // A cert-manager Secret: tls.crt and tls.key, and the issuer's ca.crt.
         let dir = tempfile::tempdir().expect("temp dir");
-        let ca_key = rcgen::KeyPair::generate().expect("key");
-        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
-        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        let ca = ca.self_signed(&ca_key).expect("ca");
+        let ca = self_signed_ca();
         std::fs::write(dir.path().join("ca.crt"), ca.pem()).expect("ca.crt");
         let leaf = rcgen::generate_simple_self_signed(vec!["a.example".into()]).expect("leaf");
         std::fs::write(dir.path().join("tls.crt"), leaf.cert.pem()).expect("tls.crt");
@@ -446,10 +451,7 @@ mod tests {
     #[test]
     fn a_mismatch_names_both_files_and_a_chain_in_the_wrong_order_says_so() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let ca_key = rcgen::KeyPair::generate().expect("key");
-        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
-        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        let ca = ca.self_signed(&ca_key).expect("ca");
+        let ca = self_signed_ca();
         let leaf = rcgen::generate_simple_self_signed(vec!["a.example".into()]).expect("leaf");
         let other = rcgen::generate_simple_self_signed(vec!["b.example".into()]).expect("b");
         let at = |name: &str| dir.path().join(name);
