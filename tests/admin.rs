@@ -140,6 +140,12 @@ async fn conf_validates_fully_and_save_writes_the_file_once() {
         "a",
         "a rejected body changes nothing"
     );
+    // An empty body, or comments only (a template that rendered nothing), is no "no routes".
+    for empty in ["", "# rendered from nothing\n\n"] {
+        let (status, text) = call(admin, Method::POST, "/conf", &key, empty).await;
+        assert_eq!(status, 400, "{empty:?}: {text}");
+        assert!(text.contains("the body is empty"), "{text}");
+    }
     // The refusal is logged too (only the metric moved).
     proxy
         .wait_log(

@@ -197,9 +197,10 @@ impl Admin {
         let Ok(yaml) = std::str::from_utf8(&body) else {
             return text(StatusCode::BAD_REQUEST, "the body is not UTF-8 text");
         };
-        if yaml.trim().is_empty() {
-            // A missing file given to curl (`--data-binary @typo`) sends nothing: not taken for
-            // "no routes" everywhere.
+        if crate::config::is_blank_text(yaml.as_bytes()) {
+            // A missing file given to curl (`--data-binary @typo`) sends nothing, a template that
+            // rendered nothing only comments: not taken for "no routes" everywhere (an emptied
+            // file is refused alike).
             let why =
                 "the body is empty; nothing changed (to remove every route, send `upstreams: {}`)";
             return text(StatusCode::BAD_REQUEST, why);

@@ -174,10 +174,12 @@ fn merge_conf_d(
 /// Whether the file at `path` holds no YAML at all: nothing, blank lines or comments only (an
 /// unreadable file is not blank: its reading says why).
 pub fn is_blank(path: &Path) -> bool {
-    let Ok(bytes) = file_bytes::read_regular(path, yaml::MAX_FILE_BYTES) else {
-        return false;
-    };
-    bytes.split(|&b| b == b'\n').all(|line| {
+    file_bytes::read_regular(path, yaml::MAX_FILE_BYTES).is_ok_and(|bytes| is_blank_text(&bytes))
+}
+
+/// Whether `text` holds no YAML at all: nothing, blank lines or comments only.
+pub fn is_blank_text(text: &[u8]) -> bool {
+    text.split(|&b| b == b'\n').all(|line| {
         let line = line.trim_ascii();
         line.is_empty() || line.starts_with(b"#")
     })
