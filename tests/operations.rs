@@ -341,6 +341,45 @@ fn sigterm_right_after_listening_is_a_clean_stop() {
     }
 }
 
+/// A SIGHUP sent the moment the port accepts (a supervisor that polls the port, as many do)
+/// reloads and the proxy goes on serving, 10 times out of 10: the handlers are in place before
+/// the bind. Before, the port accepted while the pid file was written and the privileges
+/// dropped, and a SIGHUP then ended the process.
+#[test]
+fn sighup_as_soon_as_the_port_accepts_is_a_reload() {
+    for round in 0..10 {
+        let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+        let (_dir, main) = write_config_listening(&unused_route(), "", &addr.to_string());
+        let mut child = std::process::Command::new(binary())
+            .arg("-c")
+            .arg(&main)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        // No pause between attempts: the signal follows the first accept as closely as can be.
+        while std::net::TcpStream::connect(addr).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "round {round}: the port never accepted"
+            );
+        }
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        nix::sys::signal::kill(pid, Signal::SIGHUP).unwrap();
+        let ended = eventually_blocking(Duration::from_millis(500), || {
+            matches!(child.try_wait(), Ok(Some(_)))
+        });
+        let serving = std::net::TcpStream::connect(addr).is_ok();
+        let _ = child.kill();
+        let status = child.wait().unwrap();
+        assert!(
+            !ended && serving,
+            "round {round}: SIGHUP ended the proxy: {status:?}"
+        );
+    }
+}
+
 #[test]
 fn daemon_returns_at_once_and_cleans_its_pid_file() {
     let dir = tempfile::tempdir().unwrap();

@@ -144,6 +144,10 @@ pub fn run(
     }
     raise_open_files_limit();
     let ctx = Context::build(&main, upstreams, app_log.as_ref())?;
+    // Before the bind: once a port accepts, a SIGHUP or SIGTERM must meet our handlers, not
+    // the default action (exit on the spot, the pid file left behind). One sent earlier waits
+    // for the serving loop, as nginx's master installs its handlers before it listens.
+    let control = ControlPlane::start()?;
     let bound = sockets::open(&main, options.upgrade)?;
     let pid_file =
         pidfile::PidFile::write(&main.pid_file).map_err(|source| StartError::PidFile {
@@ -153,7 +157,14 @@ pub fn run(
     // Every way out from here takes the pid file along: a failed start must not leave it
     // naming a process that is gone (nor, after a failed live upgrade, hide the old one).
     let read_at_start = (app_log, started_from);
-    match serve(&main, options, &ctx, bound, read_at_start, daemon_ready) {
+    match serve(
+        &main,
+        options,
+        &ctx,
+        (control, bound),
+        read_at_start,
+        daemon_ready,
+    ) {
         Ok(()) => {
             pid_file.leave();
             tracing::info!("stopped");
@@ -171,7 +182,13 @@ fn serve(
     main: &MainConfig,
     options: RunOptions,
     ctx: &Context,
-    bound: sockets::Bound,
+    (
+        ControlPlane {
+            runtime: control,
+            signals,
+        },
+        bound,
+    ): (ControlPlane, sockets::Bound),
     (app_log, started_from): (Option<Arc<LogFile>>, StartedFrom),
     daemon_ready: &mut Option<daemon::ReadyPipe>,
 ) -> Result<(), StartError> {
@@ -201,21 +218,6 @@ fn serve(
         .as_ref()
         .map(tls_side::LoadedCertificates::reload)
         .unwrap_or_default();
-    let control = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("aralez-control")
-        .enable_all()
-        .build()
-        .map_err(|source| StartError::Runtime {
-            what: "the control runtime",
-            source,
-        })?;
-    // Before "listening on": a SIGTERM sent as soon as the proxy says it listens must drain
-    // and clean up, not meet the default action (exit on the spot, the pid file left behind).
-    let signals = {
-        let _context = control.enter();
-        Signals::install()
-    };
     let sockets::Bound {
         proxy,
         admin,
@@ -266,6 +268,33 @@ fn serve(
         sock.remove();
     }
     Ok(())
+}
+
+/// The control runtime (one thread: reloads, discovery, the admin API) and the signal handlers
+/// installed on it, made before the sockets are bound. Its thread changes user with the rest of
+/// the process: the C library applies `setuid`/`setgid` to every thread.
+struct ControlPlane {
+    runtime: tokio::runtime::Runtime,
+    signals: Option<Signals>,
+}
+
+impl ControlPlane {
+    fn start() -> Result<ControlPlane, StartError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("aralez-control")
+            .enable_all()
+            .build()
+            .map_err(|source| StartError::Runtime {
+                what: "the control runtime",
+                source,
+            })?;
+        let signals = {
+            let _context = runtime.enter();
+            Signals::install()
+        };
+        Ok(ControlPlane { runtime, signals })
+    }
 }
 
 /// What serves once started, stopped together: the worker threads (and HTTP/3's), and the
