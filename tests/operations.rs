@@ -500,13 +500,18 @@ impl Drop for TempUser {
     }
 }
 
+/// The ids `key` lists for every thread of `pid`, if all threads agree; panics if not (a
+/// thread made before the privilege drop must have changed user with the rest).
 fn status_ids(pid: u32, key: &str) -> Vec<String> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with(key)).unwrap();
-    line.split_whitespace()
-        .skip(1)
-        .map(str::to_string)
-        .collect()
+    let mut seen: Vec<Vec<String>> = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let status = std::fs::read_to_string(task.unwrap().path().join("status")).unwrap();
+        let line = status.lines().find(|l| l.starts_with(key)).unwrap();
+        seen.push(line.split_whitespace().skip(1).map(str::to_string).collect());
+    }
+    seen.dedup();
+    assert_eq!(seen.len(), 1, "threads of {pid} differ in {key} {seen:?}");
+    seen.remove(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
