@@ -507,7 +507,12 @@ fn status_ids(pid: u32, key: &str) -> Vec<String> {
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
         let status = std::fs::read_to_string(task.unwrap().path().join("status")).unwrap();
         let line = status.lines().find(|l| l.starts_with(key)).unwrap();
-        seen.push(line.split_whitespace().skip(1).map(str::to_string).collect());
+        seen.push(
+            line.split_whitespace()
+                .skip(1)
+                .map(str::to_string)
+                .collect(),
+        );
     }
     seen.dedup();
     assert_eq!(seen.len(), 1, "threads of {pid} differ in {key} {seen:?}");

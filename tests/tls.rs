@@ -164,6 +164,80 @@ async fn replaced_pairs_serve_new_handshakes_and_broken_ones_are_skipped() {
     );
 }
 
+/// A self-signed RSA pair `dir/stem.crt` + `.key` for `names`; returns the certificate.
+fn write_self_signed_rsa(
+    dir: &std::path::Path,
+    stem: &str,
+    names: &[&str],
+) -> CertificateDer<'static> {
+    let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_RSA_SHA256).expect("RSA key");
+    let cert = rcgen::CertificateParams::new(names)
+        .expect("params")
+        .self_signed(&key)
+        .expect("certificate");
+    std::fs::write(dir.join(format!("{stem}.crt")), cert.pem()).unwrap();
+    std::fs::write(dir.join(format!("{stem}.key")), key.serialize_pem()).unwrap();
+    cert.der().clone()
+}
+
+/// A client of TLS 1.2 with the given suites only (of aws-lc-rs's).
+fn tls12_with_suites(
+    roots: &[CertificateDer<'static>],
+    suites: &[CipherSuite],
+) -> Arc<rustls::ClientConfig> {
+    let mut provider: CryptoProvider = rustls::crypto::aws_lc_rs::default_provider();
+    provider
+        .cipher_suites
+        .retain(|s| suites.contains(&s.suite()));
+    let mut store = rustls::RootCertStore::empty();
+    for r in roots {
+        store.add(r.clone()).unwrap();
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+        .with_protocol_versions(&[&rustls::version::TLS12])
+        .unwrap()
+        .with_root_certificates(store)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Arc::new(config)
+}
+
+/// A name with an ECDSA and an RSA pair (nginx's two `ssl_certificate` lines): a client that
+/// can verify ECDSA gets that one, a TLS 1.2 client with RSA suites only gets the RSA one, and
+/// both are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_with_ecdsa_and_rsa_pairs_serves_each_client_one_it_can_use() {
+    let backend = Backend::start("a").await;
+    let certs = tempfile::tempdir().unwrap();
+    let rsa = write_self_signed_rsa(certs.path(), "dual-rsa", &["dual.local"]);
+    let ecdsa = write_self_signed(certs.path(), "dual-ecdsa", &["dual.local"]);
+    let (proxy, tls) = start_tls_proxy(&backend, certs.path(), "medium");
+    let roots = [rsa.clone(), ecdsa.clone()];
+    let rsa_suites = [CipherSuite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256];
+    let ecdsa_suites = [CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256];
+    let cases = [
+        ("TLS 1.3", tls_client_config(&roots, &[b"http/1.1"]), &ecdsa),
+        (
+            "TLS 1.2, RSA suites",
+            tls12_with_suites(&roots, &rsa_suites),
+            &rsa,
+        ),
+        (
+            "TLS 1.2, ECDSA suites",
+            tls12_with_suites(&roots, &ecdsa_suites),
+            &ecdsa,
+        ),
+    ];
+    for (client, config, want) in cases {
+        let served = served_cert(tls, "dual.local", config.clone()).await;
+        let served = served.unwrap_or_else(|e| panic!("{client}: {e}\n{}", proxy.log_text()));
+        assert_eq!(&served, want, "{client}");
+        let mut client = Client::connect_tls(tls, "dual.local", config).await;
+        assert_eq!(client.get("dual.local", "/").await.status(), 200);
+    }
+}
+
 /// A client that speaks only TLS 1.2 with AES-128-GCM suites.
 fn tls12_aes128_only(roots: &[CertificateDer<'static>]) -> Arc<rustls::ClientConfig> {
     let mut provider: CryptoProvider = rustls::crypto::aws_lc_rs::default_provider();

@@ -4,6 +4,7 @@
 //! rustls offers TLS 1.2 and 1.3 with AEAD suites only, so nothing weaker than TLS 1.2 is ever
 //! offered whatever the grade.
 
+mod index;
 mod pem_text;
 pub mod store;
 mod watch;

@@ -1,11 +1,12 @@
 //! The certificate directory (SPEC §7.1): `{NAME}.crt` (chain) + `{NAME}.key`, indexed by SAN and
 //! CN (wildcards allowed). SNI picks the certificate; no SNI or no match falls back to
-//! `default.crt`, else the first pair by name.
+//! `default.crt`, else the first pair by name. A name may have a pair of each key type
+//! (ECDSA and RSA): the client gets one it can verify ([`super::index`]).
 //!
 //! Reloading keeps the last good copy of a pair that turns broken, so a half-written file never
 //! takes a name offline. Handshakes read one immutable index through `ArcSwap`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -18,6 +19,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use crate::config::file_bytes::{read_regular, FileProblem};
 use crate::config::yaml::MAX_FILE_BYTES;
 
+use super::index::Index;
 use super::pem_text;
 
 /// One loaded pair.
@@ -32,7 +34,7 @@ pub struct LoadedPair {
 
 impl LoadedPair {
     /// Whether the leaf is valid at `now` (seconds since the Unix epoch).
-    fn valid_at(&self, now: i64) -> bool {
+    pub(super) fn valid_at(&self, now: i64) -> bool {
         self.valid.0 <= now && now <= self.valid.1
     }
 }
@@ -155,61 +157,6 @@ fn cert_names(parsed: &x509_parser::certificate::X509Certificate<'_>) -> Vec<Str
     }
     names.dedup();
     names
-}
-
-/// The lookup structure handshakes read.
-#[derive(Default)]
-struct Index {
-    exact: HashMap<String, Arc<CertifiedKey>>,
-    /// `*.example.com` stored as `example.com`.
-    wildcard: HashMap<String, Arc<CertifiedKey>>,
-    fallback: Option<Arc<CertifiedKey>>,
-}
-
-impl Index {
-    /// The index of `pairs` at `now` (seconds since the Unix epoch). Where pairs share a name,
-    /// one valid now beats one that is not, then the one valid longest (a renewed certificate
-    /// beside the one it replaces, whatever their file names), then the first by file name.
-    fn build(pairs: &BTreeMap<String, LoadedPair>, now: i64) -> Index {
-        let rank = |pair: &LoadedPair| (pair.valid_at(now), pair.valid.1);
-        let mut best: HashMap<&str, &LoadedPair> = HashMap::new();
-        for pair in pairs.values() {
-            for name in &pair.names {
-                let chosen = best.entry(name).or_insert(pair);
-                if rank(pair) > rank(chosen) {
-                    *chosen = pair;
-                }
-            }
-        }
-        let mut index = Index::default();
-        for (name, pair) in best {
-            match name.strip_prefix("*.") {
-                Some(suffix) => index.wildcard.insert(suffix.to_string(), pair.key.clone()),
-                None => index.exact.insert(name.to_string(), pair.key.clone()),
-            };
-        }
-        index.fallback = pairs
-            .get("default")
-            .or_else(|| pairs.values().next())
-            .map(|p| p.key.clone());
-        index
-    }
-
-    fn find(&self, sni: Option<&str>) -> Option<Arc<CertifiedKey>> {
-        // A fully qualified name's trailing dot names the same host (as Host routing reads it).
-        let sni = sni.map(|name| name.strip_suffix('.').unwrap_or(name));
-        if let Some(name) = sni.map(str::to_ascii_lowercase) {
-            if let Some(key) = self.exact.get(&name) {
-                return Some(key.clone());
-            }
-            if let Some((_, parent)) = name.split_once('.') {
-                if let Some(key) = self.wildcard.get(parent) {
-                    return Some(key.clone());
-                }
-            }
-        }
-        self.fallback.clone()
-    }
 }
 
 /// The live certificate set of one directory.
@@ -390,37 +337,16 @@ fn is_ca_without_key(dir: &Path, name: &str) -> bool {
 
 impl ResolvesServerCert for CertStore {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        self.index.load().find(hello.server_name())
+        self.index
+            .load()
+            .find(hello.server_name(), hello.signature_schemes())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn wildcard_and_fallback_lookup() {
-        let ck = |_: &str| -> Arc<CertifiedKey> {
-            let key = rcgen_free_key();
-            Arc::new(key)
-        };
-        let mut index = Index::default();
-        index.exact.insert("a.example".into(), ck("a"));
-        index.wildcard.insert("example".into(), ck("w"));
-        index.fallback = Some(ck("d"));
-        let a = index.find(Some("A.Example")).unwrap();
-        assert!(Arc::ptr_eq(&a, &index.exact["a.example"]));
-        let w = index.find(Some("b.example")).unwrap();
-        assert!(Arc::ptr_eq(&w, &index.wildcard["example"]));
-        assert!(Arc::ptr_eq(
-            &index.find(Some("x.y.example")).unwrap(),
-            index.fallback.as_ref().unwrap()
-        ));
-        assert!(Arc::ptr_eq(
-            &index.find(None).unwrap(),
-            index.fallback.as_ref().unwrap()
-        ));
-    }
+    use rustls::SignatureScheme;
 
     /// A CA's self-signed certificate (its key thrown away).
     fn self_signed_ca() -> rcgen::Certificate {
@@ -481,9 +407,20 @@ mod tests {
         dir: &Path,
         stem: &str,
         name: &str,
+        valid: (i64, i64),
+    ) -> CertificateDer<'static> {
+        write_pair_of(&rcgen::PKCS_ECDSA_P256_SHA256, dir, stem, name, valid)
+    }
+
+    /// As [`write_pair`], with a key of `algorithm`.
+    fn write_pair_of(
+        algorithm: &'static rcgen::SignatureAlgorithm,
+        dir: &Path,
+        stem: &str,
+        name: &str,
         (from, to): (i64, i64),
     ) -> CertificateDer<'static> {
-        let key = rcgen::KeyPair::generate().expect("key");
+        let key = rcgen::KeyPair::generate_for(algorithm).expect("key");
         let mut params = rcgen::CertificateParams::new(vec![name.to_string()]).expect("params");
         let date = |secs: i64| {
             let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs as u64);
@@ -497,9 +434,52 @@ mod tests {
         cert.der().clone()
     }
 
+    const ANY: &[SignatureScheme] = &[
+        SignatureScheme::ECDSA_NISTP256_SHA256,
+        SignatureScheme::RSA_PSS_SHA256,
+    ];
+
     fn served_for(store: &CertStore, name: &str) -> CertificateDer<'static> {
+        served_to(store, name, ANY)
+    }
+
+    fn served_to(
+        store: &CertStore,
+        name: &str,
+        offered: &[SignatureScheme],
+    ) -> CertificateDer<'static> {
         let index = store.index.load();
-        index.find(Some(name)).expect("a certificate").cert[0].clone()
+        index.find(Some(name), offered).expect("a certificate").cert[0].clone()
+    }
+
+    #[test]
+    fn a_name_with_an_ecdsa_and_an_rsa_pair_serves_each_client_one_it_can_verify() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let now = unix_now();
+        let valid = (now - 60, now + 86_400);
+        let rsa = write_pair_of(
+            &rcgen::PKCS_RSA_SHA256,
+            dir.path(),
+            "a-rsa",
+            "a.example",
+            valid,
+        );
+        let ecdsa = write_pair(dir.path(), "a-ecdsa", "a.example", valid);
+        let (store, problems) = CertStore::open(dir.path());
+        assert!(problems.is_empty(), "{problems:?}");
+        let rsa_only = &[SignatureScheme::RSA_PSS_SHA256];
+        assert_eq!(served_to(&store, "a.example", ANY), ecdsa);
+        assert_eq!(served_to(&store, "a.example", rsa_only), rsa);
+        // An expired ECDSA pair beside a valid RSA one: the RSA one serves everyone.
+        let day = 86_400;
+        write_pair(
+            dir.path(),
+            "a-ecdsa",
+            "a.example",
+            (now - 9 * day, now - day),
+        );
+        assert_eq!(store.reload().len(), 1);
+        assert_eq!(served_to(&store, "a.example", ANY), rsa);
     }
 
     #[test]
@@ -553,13 +533,5 @@ mod tests {
             problems[0].contains("certificate 2 of the chain is not valid PEM"),
             "{problems:?}"
         );
-    }
-
-    /// A CertifiedKey with a throwaway key and an empty chain, for index tests only.
-    fn rcgen_free_key() -> CertifiedKey {
-        let key = rcgen::KeyPair::generate().expect("key");
-        let der = PrivateKeyDer::try_from(key.serialize_der()).expect("der");
-        let signer = rustls::crypto::aws_lc_rs::sign::any_supported_type(&der).expect("signer");
-        CertifiedKey::new(Vec::new(), signer)
     }
 }
