@@ -348,6 +348,61 @@ async fn the_api_over_tls_checks_keys_the_same_way() {
     assert_eq!(served_by(&proxy).await, "a");
 }
 
+/// The certificate the admin API's TLS listener at `addr` serves to a new handshake.
+async fn admin_certificate(
+    addr: std::net::SocketAddr,
+    roots: &[rustls_pki_types::CertificateDer<'static>],
+) -> rustls_pki_types::CertificateDer<'static> {
+    let mut config = (*tls_client_config(roots, &[b"http/1.1"])).clone();
+    config.resumption = rustls::client::Resumption::disabled();
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from("admin.local").unwrap();
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, stream)
+        .await
+        .expect("handshake");
+    tls.get_ref().1.peer_certificates().expect("certificate")[0].clone()
+}
+
+/// The admin API's certificate is read again on SIGHUP (certbot's deploy hook after a
+/// renewal); a pair that does not load then leaves the one serving in place, and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_admin_certificate_and_keeps_it_when_the_new_one_is_broken() {
+    let a = Backend::start("a").await;
+    let certs = tempfile::tempdir().unwrap();
+    let first = write_self_signed(certs.path(), "admin", &["admin.local"]);
+    let main = format!(
+        "{ADMIN}\nconfig_tls_address: \"127.0.0.1:0\"\nconfig_tls_certificate: \"{0}/admin.crt\"\nconfig_tls_key_file: \"{0}/admin.key\"",
+        certs.path().display()
+    );
+    let proxy = ProxyProcess::start(&routes(&[&a]), &main);
+    let addr = proxy.logged_addr("admin API on https://");
+    let renewed = write_self_signed(certs.path(), "admin", &["admin.local"]);
+    let roots = [first.clone(), renewed.clone()];
+    assert_eq!(admin_certificate(addr, &roots).await, first);
+    proxy.signal(nix::sys::signal::Signal::SIGHUP);
+    proxy
+        .wait_log(
+            "the admin API's certificate reloaded",
+            Duration::from_secs(10),
+        )
+        .await;
+    assert_eq!(admin_certificate(addr, &roots).await, renewed);
+    // A key that is not the certificate's: refused, the renewed pair serves on.
+    let other = tempfile::tempdir().unwrap();
+    write_self_signed(other.path(), "other", &["admin.local"]);
+    std::fs::copy(
+        other.path().join("other.key"),
+        certs.path().join("admin.key"),
+    )
+    .unwrap();
+    proxy.signal(nix::sys::signal::Signal::SIGHUP);
+    proxy
+        .wait_log("the one loaded keeps serving", Duration::from_secs(10))
+        .await;
+    assert_eq!(admin_certificate(addr, &roots).await, renewed);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_from_jwt_opens_a_jwt_route() {
     let a = Backend::start("a").await;

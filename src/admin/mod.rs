@@ -475,6 +475,12 @@ pub enum AdminError {
 /// certificate loaded: bound at start like the proxy's, before privileges are dropped.
 pub struct AdminListeners(Vec<(std::net::TcpListener, Option<tokio_rustls::TlsAcceptor>)>);
 
+/// The admin API's bound listeners, and its TLS certificate to read again on SIGHUP.
+pub struct AdminBound {
+    pub listeners: AdminListeners,
+    pub certificate: Option<Arc<crate::tls::OnePair>>,
+}
+
 impl AdminListeners {
     /// Each listener, and whether it is the TLS one: what a live upgrade hands over.
     pub fn to_hand_over(&self) -> impl Iterator<Item = (&std::net::TcpListener, bool)> {
@@ -498,8 +504,9 @@ pub struct Inherited {
 pub fn bind(
     main: &crate::config::MainConfig,
     inherited: Inherited,
-) -> Result<AdminListeners, AdminError> {
+) -> Result<AdminBound, AdminError> {
     let mut listeners = Vec::new();
+    let mut certificate = None;
     if let Some(addr) = main.config_address {
         listeners.push((take_or_bind(main, addr, inherited.plain)?, None));
     }
@@ -508,10 +515,15 @@ pub fn bind(
         else {
             return Err(AdminError::MissingTlsFiles);
         };
-        let acceptor = tokio_rustls::TlsAcceptor::from(crate::tls::single_pair_config(cert, key)?);
+        let (config, pair) = crate::tls::single_pair_config(cert, key)?;
+        let acceptor = tokio_rustls::TlsAcceptor::from(config);
         listeners.push((take_or_bind(main, addr, inherited.tls)?, Some(acceptor)));
+        certificate = Some(pair);
     }
-    Ok(AdminListeners(listeners))
+    Ok(AdminBound {
+        listeners: AdminListeners(listeners),
+        certificate,
+    })
 }
 
 /// `inherited` when it listens on `addr`, else a listener bound on `addr`.

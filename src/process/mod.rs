@@ -220,7 +220,11 @@ fn serve(
         .unwrap_or_default();
     let sockets::Bound {
         proxy,
-        admin,
+        admin:
+            crate::admin::AdminBound {
+                listeners: admin,
+                certificate: admin_certificate,
+            },
         files,
         upgrade_sock,
         offer,
@@ -250,6 +254,7 @@ fn serve(
         let reloads = Reloads {
             routes: &ctx.reloader,
             certificates: &cert_reload,
+            admin_certificate: admin_certificate.as_ref(),
             started_from: &started_from,
             pid_file: &main.pid_file,
         };

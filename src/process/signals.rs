@@ -52,6 +52,17 @@ impl StartedFrom {
     }
 }
 
+/// Reads the admin API's certificate again, saying what became of it.
+fn reload_admin_certificate(pair: &crate::tls::OnePair) {
+    match pair.reload() {
+        Ok(true) => tracing::info!("SIGHUP: the admin API's certificate reloaded"),
+        Ok(false) => {}
+        Err(e) => tracing::warn!(
+            "SIGHUP: the admin API's certificate does not load: {e}; the one loaded keeps serving"
+        ),
+    }
+}
+
 /// The hash of a file's bytes; `None` if it cannot be read.
 fn digest_of(path: &Path) -> Option<u64> {
     let bytes = config::file_bytes::read_regular(path, config::yaml::MAX_FILE_BYTES).ok()?;
@@ -78,6 +89,8 @@ const TAKER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 pub(super) struct Reloads<'a> {
     pub routes: &'a Arc<Reloader>,
     pub certificates: &'a crate::tls::CertReload,
+    /// The admin API's own certificate (`config_tls_certificate`), when it listens over TLS.
+    pub admin_certificate: Option<&'a Arc<crate::tls::OnePair>>,
     pub started_from: &'a StartedFrom,
     /// Taken along by an exit that cannot wait for the usual way out.
     pub pid_file: &'a std::path::Path,
@@ -143,10 +156,14 @@ impl Signals {
                     // files are read and parsed, and main.yaml's accounts looked up (NSS).
                     let reloader = reloads.routes.clone();
                     let started_from = reloads.started_from.clone();
+                    let admin_certificate = reloads.admin_certificate.cloned();
                     let _ = tokio::task::spawn_blocking(move || {
                         // The reloader counts it in aralez_config_reloads_total.
                         let _ = reloader.reload_files("SIGHUP");
                         started_from.say_if_changed();
+                        if let Some(pair) = admin_certificate {
+                            reload_admin_certificate(&pair);
+                        }
                     })
                     .await;
                 }

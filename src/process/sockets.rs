@@ -14,7 +14,7 @@ use crate::server;
 /// The sockets of a starting process.
 pub struct Bound {
     pub proxy: ProxySockets,
-    pub admin: crate::admin::AdminListeners,
+    pub admin: crate::admin::AdminBound,
     pub files: Option<(TcpListener, PathBuf)>,
     pub upgrade_sock: Option<UpgradeSock>,
     /// Duplicates of every listener, handed to a new process on a live upgrade.
@@ -114,7 +114,7 @@ pub fn open(main: &MainConfig, upgrade: bool) -> Result<Bound, StartError> {
         &tls,
         files.as_ref().map(|(l, _)| l),
         quic.as_ref(),
-        &admin,
+        &admin.listeners,
     )?;
     Ok(Bound {
         proxy: ProxySockets {

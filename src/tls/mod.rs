@@ -73,37 +73,51 @@ pub fn server_config(
     Ok(Arc::new(config))
 }
 
-/// A config serving one certificate/key pair (the admin API's `config_tls_*`).
-pub fn single_pair_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, TlsError> {
-    let dir = cert.parent().unwrap_or(Path::new("."));
-    let stem = |p: &Path| {
-        p.file_stem()
-            .and_then(|s| s.to_str())
-            .unwrap_or("")
-            .to_string()
-    };
-    let pair = if key.parent() == Some(dir) && stem(cert) == stem(key) {
-        store::load_pair(dir, &stem(cert))?
-    } else {
-        store::load_pair_files(cert, key)?
-    };
-    server_config(
-        Arc::new(OneCert(pair.key)),
-        TlsGrade::Medium,
-        &[b"h2", b"http/1.1"],
-    )
+/// A config serving one certificate/key pair (the admin API's `config_tls_*`), and the pair,
+/// to read again on SIGHUP.
+pub fn single_pair_config(
+    cert: &Path,
+    key: &Path,
+) -> Result<(Arc<ServerConfig>, Arc<OnePair>), TlsError> {
+    let pair = Arc::new(OnePair::load(cert, key)?);
+    let alpn: &[&[u8]] = &[b"h2", b"http/1.1"];
+    let config = server_config(pair.clone(), TlsGrade::Medium, alpn)?;
+    Ok((config, pair))
 }
 
-/// Always the same certificate, whatever the SNI.
+/// One certificate, whatever the SNI, read from its two files at start and again on
+/// [`OnePair::reload`] (SIGHUP, as certbot's deploy hook sends after a renewal).
 #[derive(Debug)]
-struct OneCert(Arc<rustls::sign::CertifiedKey>);
+pub struct OnePair {
+    files: (std::path::PathBuf, std::path::PathBuf),
+    serving: arc_swap::ArcSwap<rustls::sign::CertifiedKey>,
+}
 
-impl ResolvesServerCert for OneCert {
+impl OnePair {
+    fn load(cert: &Path, key: &Path) -> Result<OnePair, store::PairError> {
+        let pair = store::load_pair_files(cert, key)?;
+        Ok(OnePair {
+            files: (cert.to_path_buf(), key.to_path_buf()),
+            serving: arc_swap::ArcSwap::new(pair.key),
+        })
+    }
+
+    /// Reads the two files again. A pair that does not load leaves the one serving in place;
+    /// whether the certificate changed.
+    pub fn reload(&self) -> Result<bool, store::PairError> {
+        let pair = store::load_pair_files(&self.files.0, &self.files.1)?;
+        let changed = pair.key.cert != self.serving.load().cert;
+        self.serving.store(pair.key);
+        Ok(changed)
+    }
+}
+
+impl ResolvesServerCert for OnePair {
     fn resolve(
         &self,
         _: rustls::server::ClientHello<'_>,
     ) -> Option<Arc<rustls::sign::CertifiedKey>> {
-        Some(self.0.clone())
+        Some(self.serving.load_full())
     }
 }
 
