@@ -94,3 +94,16 @@ fn the_tickets_wait_for_the_first_answer_and_leave_with_it() {
     use HandshakeKind::{Full, Resumed};
     assert_eq!(kinds, [Some(Full), Some(Resumed)]);
 }
+
+/// The admin API's pair is read from the two files named, whatever their extensions: a
+/// `NAME.pem` beside `NAME.key` was looked for as `NAME.crt`.
+#[test]
+fn a_single_pair_is_read_from_the_files_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let made = rcgen::generate_simple_self_signed(vec!["admin.local".to_string()]).unwrap();
+    let (cert, key) = (dir.path().join("admin.pem"), dir.path().join("admin.key"));
+    std::fs::write(&cert, made.cert.pem()).unwrap();
+    std::fs::write(&key, made.signing_key.serialize_pem()).unwrap();
+    let (_, pair) = super::single_pair_config(&cert, &key).expect("the pair loads");
+    assert_eq!(pair.reload().ok(), Some(false), "read again, unchanged");
+}
