@@ -56,6 +56,8 @@ pub struct Entry {
     pub backend: Option<Arc<str>>,
     /// From the start of the exchange with the backend that answered to its response head.
     pub upstream_time: Option<Duration>,
+    /// What the cache did, on a cached route's answer.
+    pub cache: Option<&'static str>,
     /// Request body bytes read from the client and passed on.
     pub bytes_in: Option<u64>,
     pub request_id: Option<HeaderValue>,
@@ -172,6 +174,7 @@ impl AccessLog {
             duration: Duration::ZERO,
             backend: None,
             upstream_time: None,
+            cache: None,
             // A counted body (`Record::count_body`) replaces this when the line is written.
             bytes_in: Some(0),
             // Set by the request-id step (`Record::request_id`): a client's own is not logged
@@ -206,6 +209,7 @@ impl AccessLog {
             duration: Duration::ZERO,
             backend: None,
             upstream_time: None,
+            cache: None,
             bytes_in: None,
             request_id: None,
             tls_version: tls.version,
@@ -265,6 +269,13 @@ impl Record {
         entry.status = Some(status);
         entry.backend = backend.cloned();
         entry.upstream_time = upstream_start.map(|start| now.saturating_duration_since(start));
+    }
+
+    /// Notes what the cache did with the request.
+    pub fn cache_status(&mut self, word: &'static str) {
+        if let Some((entry, _)) = self.0.as_mut() {
+            entry.cache = Some(word);
+        }
     }
 
     /// Notes the request's id.

@@ -666,3 +666,27 @@ async fn cache_status_on(c: &mut Client, host: &str, path: &str) -> String {
     body_bytes(resp).await;
     status
 }
+
+/// The access log says what the cache did (`cache=`, nginx's `$upstream_cache_status`): a
+/// miss, then a hit, and `-` on a route the cache leaves alone.
+#[tokio::test]
+async fn the_access_log_says_what_the_cache_did() {
+    let origin = Origin::start().await;
+    let proxy = proxy_with(&origin, 16, "access_log: all\n");
+    let mut c = Client::connect(Proto::H1, proxy.addr).await;
+    for path in ["/logged?cc=max-age=60", "/logged?cc=max-age=60", "/off"] {
+        get(&mut c, path).await;
+    }
+    assert!(
+        proxy
+            .wait_log_count("access ", 3, Duration::from_secs(10))
+            .await
+    );
+    let log = proxy.log_text();
+    let caches: Vec<&str> = log
+        .lines()
+        .filter(|l| l.starts_with("access "))
+        .filter_map(|l| l.split(" cache=").nth(1)?.split(' ').next())
+        .collect();
+    assert_eq!(caches, ["MISS", "HIT", "-"], "{log}");
+}

@@ -56,6 +56,7 @@ pub fn format_line(out: &mut String, clock: &mut Clock, format: AccessLogFormat,
     line.millis("duration_ms", Some(e.duration));
     line.text("backend", e.backend.as_ref().map(|b| b.as_bytes()));
     line.millis("upstream_ms", e.upstream_time);
+    line.text("cache", e.cache.map(str::as_bytes));
     line.number("bytes_in", e.bytes_in);
     line.text("request_id", e.request_id.as_ref().map(|v| v.as_bytes()));
     line.text("tls", e.tls_version.map(str::as_bytes));
@@ -336,6 +337,7 @@ mod tests {
             duration: Duration::from_micros(1500),
             backend: None,
             upstream_time: None,
+            cache: None,
             bytes_in: Some(0),
             request_id: Some(HeaderValue::from_static("r-1")),
             tls_version: None,
@@ -370,7 +372,7 @@ mod tests {
             line,
             "access time=2023-11-14T22:13:20.123Z client=10.0.0.1 method=GET target=\"/a?b=1\" \
              host=\"x\\x22.org\" version=HTTP/1.1 status=200 bytes=5 duration_ms=1.500 backend=- \
-             upstream_ms=- bytes_in=0 request_id=r-1 tls=- sni=- referer=- user_agent=\"curl/8 (x)\"\n"
+             upstream_ms=- cache=- bytes_in=0 request_id=r-1 tls=- sni=- referer=- user_agent=\"curl/8 (x)\"\n"
         );
     }
 
@@ -380,6 +382,7 @@ mod tests {
         e.referer = Some(HeaderValue::from_bytes(b"http://r/\t\xff").unwrap());
         e.tls_version = Some("TLSv1.3");
         e.upstream_time = Some(Duration::from_micros(1200));
+        e.cache = Some("HIT");
         let mut line = String::new();
         format_line(&mut line, &mut Clock::default(), AccessLogFormat::Json, &e);
         assert!(line.ends_with("}\n"));
@@ -388,6 +391,7 @@ mod tests {
         assert_eq!(v["status"], 200);
         assert_eq!(v["backend"], serde_json::Value::Null);
         assert_eq!(v["upstream_ms"], 1.2);
+        assert_eq!(v["cache"], "HIT");
         assert_eq!(v["tls"], "TLSv1.3");
         assert_eq!(v["referer"], "http://r/\t\u{fffd}");
         assert_eq!(v["user_agent"], "curl/8 (x)");

@@ -30,7 +30,7 @@ use crate::routing::Router;
 use crate::upstream::{served_by, FailedAt};
 use crate::vocab::error::GrpcErrorFor;
 use crate::vocab::late_id::LateId;
-use crate::vocab::{ClientBody, ClientConn, TlsFacts, WorkerId};
+use crate::vocab::{CacheStatus, ClientBody, ClientConn, TlsFacts, WorkerId};
 
 /// The client's response body, counting bytes for the access log, with the request id for the
 /// head.
@@ -174,6 +174,9 @@ pub fn handle(
         let failed_at = || resp.extensions().get::<FailedAt>().map(|f| &f.0.label);
         let logged = label.or_else(failed_at);
         record.respond(status.as_u16(), logged, (served.map(|s| s.1), now));
+        if let Some(cache) = resp.extensions().get::<CacheStatus>() {
+            record.cache_status(cache.0);
+        }
         let status = resp.status();
         let tunnel = status == StatusCode::SWITCHING_PROTOCOLS || (connect && status.is_success());
         if tunnel {

@@ -4,7 +4,7 @@
 //! [`WorkerId`] serving it), header rules of forwarding ([`headers`]), the hop-by-hop fields
 //! ([`hop_by_hop`]), where a parsed head's fields lie ([`field_offsets`]), the request id a
 //! response carries back ([`late_id`]), host and path normalisation ([`normalise`]), the
-//! `araleztoken` query parameter ([`token_param`]), what trailers may cross ([`trailers`]) and the link to a Redis server that shared
+//! `araleztoken` query parameter ([`token_param`]), what trailers may cross ([`trailers`]), what the cache did ([`CacheStatus`]) and the link to a Redis server that shared
 //! state uses ([`redis_link`]).
 
 pub mod acme_challenges;
@@ -30,6 +30,12 @@ use http::HeaderValue;
 
 pub use error::ProxyError;
 pub use request_body::ClientBody;
+
+/// On an answer of a cached route: what the cache did (`HIT`, `MISS`, `EXPIRED`, ...), the word
+/// its `X-Cache-Status` says, for the access log's `cache` field (nginx's
+/// `$upstream_cache_status`). Other answers carry none, and their extensions stay unallocated.
+#[derive(Clone, Copy, Debug)]
+pub struct CacheStatus(pub &'static str);
 
 /// Which worker thread serves a connection: the index of its listener, its slot in every
 /// backend's pool and its shard of the metrics. The one notion of worker identity.

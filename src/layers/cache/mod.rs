@@ -352,8 +352,7 @@ fn finish(
     word: &'static str,
     guard: Option<FlightGuard>,
 ) -> Response<RespBody> {
-    resp.headers_mut()
-        .insert(X_CACHE_STATUS.clone(), HeaderValue::from_static(word));
+    respond::mark(&mut resp, word);
     if matches!(keep, Keep::No) {
         return resp;
     }

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use super::entry::Entry;
 use crate::proxy::RespBody;
 use crate::vocab::headers::etag_matches;
+use crate::vocab::CacheStatus;
 
 /// `X-Cache-Status`, nginx's name for it.
 pub static X_CACHE_STATUS: HeaderName = HeaderName::from_static("x-cache-status");
@@ -50,8 +51,16 @@ fn with_head(
     let headers = resp.headers_mut();
     *headers = entry.headers.clone();
     headers.insert(header::AGE, HeaderValue::from(entry.age(now).as_secs()));
-    headers.insert(X_CACHE_STATUS.clone(), HeaderValue::from_static(word));
+    mark(&mut resp, word);
     resp
+}
+
+/// Says what the cache did with `resp`: `X-Cache-Status` for the client, [`CacheStatus`] for
+/// the access log.
+pub fn mark(resp: &mut Response<RespBody>, word: &'static str) {
+    resp.headers_mut()
+        .insert(X_CACHE_STATUS.clone(), HeaderValue::from_static(word));
+    resp.extensions_mut().insert(CacheStatus(word));
 }
 
 /// The client's validators match the entry: its answer would not change.
