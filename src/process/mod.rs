@@ -144,9 +144,9 @@ pub fn run(
     }
     raise_open_files_limit();
     let ctx = Context::build(&main, upstreams, app_log.as_ref())?;
-    // Before the bind: once a port accepts, a SIGHUP or SIGTERM must meet our handlers, not
-    // the default action (exit on the spot, the pid file left behind). One sent earlier waits
-    // for the serving loop, as nginx's master installs its handlers before it listens.
+    // Before the bind, as nginx's master installs its handlers before it listens: once a port
+    // accepts, a SIGHUP or SIGTERM must meet our handlers, not the default action (exit on the
+    // spot, the pid file left behind). One that comes before the serving loop waits for it.
     let control = ControlPlane::start()?;
     let bound = sockets::open(&main, options.upgrade)?;
     let pid_file =
