@@ -580,7 +580,14 @@ async fn a_protected_prefix_meets_its_policy_however_the_path_is_written() {
                 "{proto:?} {path}"
             );
         }
-        for (path, location) in [("/secret", "/secret/"), ("/secret?q=1", "/secret/?q=1")] {
+        // A path written with leading slashes gets one: `//secret/` would be another host's.
+        let one_slash_short = [
+            ("/secret", "/secret/"),
+            ("/secret?q=1", "/secret/?q=1"),
+            ("//secret?next=1", "/secret/?next=1"),
+            ("///secret", "/secret/"),
+        ];
+        for (path, location) in one_slash_short {
             let (status, headers, _) = get(&mut c, "p.test", path, &[]).await;
             assert_eq!(status, 301, "{proto:?} {path}");
             assert_eq!(headers["location"], location, "{proto:?} {path}");

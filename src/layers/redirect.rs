@@ -89,9 +89,12 @@ impl Redirect {
         }
         if self.add_slash {
             let uri = req.uri();
+            // One leading slash, whatever the client wrote: `//secret/` in a Location is
+            // another host's (`http://secret/`), as a browser reads a protocol-relative URL.
+            let path = uri.path().trim_start_matches(['/', '\\']);
             let location = match uri.query() {
-                Some(query) => format!("{}/?{query}", uri.path()),
-                None => format!("{}/", uri.path()),
+                Some(query) => format!("/{path}/?{query}"),
+                None => format!("/{path}/"),
             };
             return Ok(Some((StatusCode::MOVED_PERMANENTLY, location)));
         }
