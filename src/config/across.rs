@@ -15,8 +15,11 @@ pub fn check(main: &MainConfig, upstreams: &UpstreamsConfig, path: &Path, issues
     if main.proxy_address_tls.is_none() && redirects_to_https(upstreams) {
         let why = "`to_https: true` but main.yaml has no `proxy_address_tls`: clients are sent to \
                    an HTTPS port where nothing listens";
-        let at = line_of_setting(path, "to_https");
-        issues.push(Severity::Warning, &file, at, "to_https", why.into());
+        let (file, at, key) = issues.first_to_https.clone().unwrap_or_else(|| {
+            let at = line_of_setting(path, "to_https");
+            (file.clone(), at, "to_https".to_string())
+        });
+        issues.push(Severity::Warning, &file, at, &key, why.into());
     }
     if main.acme.is_none() && upstreams.asks_for_acme() {
         let why = "`acme: true` but main.yaml has no `acme:` block: no certificate is ordered \

@@ -70,6 +70,9 @@ pub struct Issues {
     /// Known to have no master secret (neither `master_key` nor `JWT_KEY`): a `jwt` rule
     /// without `data` is then an error. False when not known (a file read on its own).
     pub no_master_secret: bool,
+    /// Where the first `to_https: true` was read (file, place, key path), for the check across
+    /// files that needs main.yaml ([`super::across`]).
+    pub first_to_https: Option<(Arc<str>, Pos, String)>,
 }
 
 impl Issues {

@@ -144,7 +144,12 @@ pub(super) fn read_setting(
     let p = path.as_str();
     match key.name.as_str() {
         "sticky_sessions" => settings.sticky_sessions = read_sticky(node, p, r),
-        "to_https" => settings.to_https = r.boolean(node, p),
+        "to_https" => {
+            settings.to_https = r.boolean(node, p);
+            if settings.to_https == Some(true) && r.issues.first_to_https.is_none() {
+                r.issues.first_to_https = Some((r.file.clone(), node.pos, path.clone()));
+            }
+        }
         "rate_limit" => settings.rate_limit = r.uint(node, p, 0, 10_000_000).map(|n| n as u32),
         "x4xx_limit" => settings.x4xx_limit = r.uint(node, p, 0, 10_000_000).map(|n| n as u32),
         "server_headers" => settings.server_headers = read_headers(node, p, r),
@@ -371,6 +376,11 @@ fn read_auth(node: &Node, path: &str, r: &mut Reader) -> Option<AuthRule> {
 
 fn read_redirect(node: &Node, path: &str, r: &mut Reader) -> Option<String> {
     let text = r.non_empty_string(node, path)?;
+    if text.contains(['?', '#']) {
+        let why = format!("`{text}` has a query or a fragment: the request's path and query are added to the end of redirect_to, so it must end with its path (https://www.example.com/base)");
+        r.error(node.pos, path, why);
+        return None;
+    }
     match text.parse::<http::Uri>() {
         Ok(uri) if uri.scheme().is_some() && uri.authority().is_some() => {
             Some(text.trim_end_matches('/').to_string())

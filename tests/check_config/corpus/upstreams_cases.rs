@@ -318,6 +318,16 @@ pub(crate) fn cases() -> Vec<Case> {
             "        redirect_to: \"www.example.com\"\n",
             vec![err(U, 5, pk("redirect_to"), "must be an absolute URL")],
         ),
+        Case::path(
+            "redirect_with_a_query",
+            "        redirect_to: \"https://x.example/?a=1\"\n",
+            vec![err(U, 5, pk("redirect_to"), "has a query or a fragment")],
+        ),
+        Case::path(
+            "redirect_with_a_fragment",
+            "        redirect_to: \"https://x.example/p#top\"\n",
+            vec![err(U, 5, pk("redirect_to"), "has a query or a fragment")],
+        ),
         // ---- structure ----
         Case::path(
             "empty_servers_list",
@@ -534,8 +544,24 @@ pub(crate) fn cases() -> Vec<Case> {
         Case::path(
             "to_https_without_a_tls_listener",
             "        servers: [\"127.0.0.1:8000\"]\n        to_https: true\n",
-            vec![warn(U, 6, "to_https", "main.yaml has no `proxy_address_tls`")],
+            vec![warn(U, 6, pk("to_https"), "main.yaml has no `proxy_address_tls`")],
         )
+        .warnings_only(),
+        // The same in flow style, spelled `yes`, and in a conf.d file: the file, line and key
+        // where it is (it was found by searching upstreams.yaml's text, at line 1 for these).
+        Case::path(
+            "to_https_in_flow_style",
+            "        {servers: [\"127.0.0.1:8000\"], to_https: yes}\n",
+            vec![warn(U, 5, pk("to_https"), "main.yaml has no `proxy_address_tls`")],
+        )
+        .warnings_only(),
+        Case::broken(
+            "to_https_in_a_conf_d_file",
+            MAIN_OK,
+            UPS_OK,
+            vec![warn("conf.d/b.yaml", 4, "b.com.paths./.to_https", "main.yaml has no `proxy_address_tls`")],
+        )
+        .with_conf_d("b.yaml", "b.com:\n  paths:\n    \"/\":\n      to_https: true\n      servers: [\"127.0.0.1:8001\"]\n")
         .warnings_only(),
         // A route's own authorization under a global one: it applies (SPEC §8), where Aralez
         // let the global one win; said, for operators coming from Aralez.
