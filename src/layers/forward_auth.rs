@@ -156,7 +156,10 @@ impl ForwardAuth {
         if let Some(host) = client_host {
             h.insert(X_FORWARDED_HOST.clone(), host);
         }
-        let target = req.uri().path_and_query().map_or("/", PathAndQuery::as_str);
+        // As the backend will get it: without the `araleztoken` parameter.
+        let mut asked = req.uri().clone();
+        crate::vocab::token_param::strip_from(&mut asked);
+        let target = asked.path_and_query().map_or("/", PathAndQuery::as_str);
         if let Ok(uri) = HeaderValue::from_str(target) {
             h.insert(X_FORWARDED_URI.clone(), uri);
         }
@@ -298,7 +301,7 @@ mod tests {
         let rule = ForwardAuth::new(&"http://auth.local:9000/verify?x=1".parse().unwrap());
         let req = Request::builder()
             .method("POST")
-            .uri("/api/thing?q=2")
+            .uri("/api/thing?q=2&araleztoken=eyJ.secret.sig")
             .header("host", "app.example")
             .header("authorization", "Bearer abc")
             .header("cookie", "a=1")
@@ -319,6 +322,7 @@ mod tests {
         assert_eq!(h["x-forwarded-method"], "POST");
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["x-forwarded-host"], "app.example");
+        // Without the token, as the backend gets the target.
         assert_eq!(h["x-forwarded-uri"], "/api/thing?q=2");
         assert_eq!(h["x-forwarded-for"], "10.0.0.1, 127.0.0.9");
         assert!(!h.contains_key("remote-user"));
