@@ -365,6 +365,10 @@ pub fn parse_auth(kind: &str, data: Option<&str>) -> Result<AuthRule, AuthError>
                 ))
             };
             let uri: Uri = data.parse().map_err(|_| bad())?;
+            if uri.port_u16() == Some(0) {
+                let why = format!("`{}`: port 0 is no port to connect to", shorten(data));
+                return Err(AuthError::Data(why));
+            }
             match uri.scheme_str() {
                 Some("http") | Some("https") if uri.authority().is_some() => {
                     Ok(AuthRule::Forward(uri))
@@ -489,6 +493,7 @@ mod tests {
         assert_eq!(parse_auth("jwt", None), Ok(AuthRule::Jwt(None)));
         assert!(parse_auth("forward", Some("auth.local/check")).is_err());
         assert!(parse_auth("forward", Some("http://auth.local/check")).is_ok());
+        assert!(parse_auth("forward", Some("http://127.0.0.1:0/check")).is_err());
         assert!(parse_auth("jwk", None)
             .unwrap_err()
             .to_string()
