@@ -74,10 +74,7 @@ pub fn load_pair(dir: &Path, name: &str) -> Result<LoadedPair, PairError> {
 /// Loads a certificate chain and its key from two PEM files.
 pub fn load_pair_files(crt: &Path, key_path: &Path) -> Result<LoadedPair, PairError> {
     let (crt, key_path) = (crt.to_path_buf(), key_path.to_path_buf());
-    let crt_bytes = read_regular(&crt, MAX_FILE_BYTES).map_err(|source| PairError::Read {
-        path: crt.clone(),
-        source,
-    })?;
+    let crt_bytes = read_pem(&crt)?;
     // A damaged certificate in the chain fails the pair (nginx -t refuses it too): served
     // without its intermediate, the leaf fails on clients that do not fetch it.
     let mut chain: Vec<CertificateDer<'static>> = Vec::new();
@@ -92,10 +89,7 @@ pub fn load_pair_files(crt: &Path, key_path: &Path) -> Result<LoadedPair, PairEr
     if chain.is_empty() {
         return Err(PairError::NoCertificate { path: crt });
     }
-    let key_bytes = read_regular(&key_path, MAX_FILE_BYTES).map_err(|source| PairError::Read {
-        path: key_path.clone(),
-        source,
-    })?;
+    let key_bytes = read_pem(&key_path)?;
     let key_der = PrivateKeyDer::from_pem_slice(&key_bytes).map_err(|e| PairError::BadKey {
         path: key_path.clone(),
         reason: pem_text::key_reason(&key_bytes, &e),
@@ -126,6 +120,19 @@ pub fn load_pair_files(crt: &Path, key_path: &Path) -> Result<LoadedPair, PairEr
         names,
         valid,
     })
+}
+
+/// A PEM file's bytes, without the UTF-8 byte order mark an editor on Windows may put first
+/// (OpenSSL reads past it; the PEM parser took the first block after it for text before one).
+fn read_pem(path: &Path) -> Result<Vec<u8>, PairError> {
+    let mut bytes = read_regular(path, MAX_FILE_BYTES).map_err(|source| PairError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if bytes.starts_with(b"\xef\xbb\xbf") {
+        bytes.drain(..3);
+    }
+    Ok(bytes)
 }
 
 /// The leaf's names (see [`LoadedPair::names`]) and validity.
@@ -516,6 +523,22 @@ mod tests {
         assert_eq!(served_for(&store, "a.example"), renewed);
         // And a name's trailing dot is the same name.
         assert_eq!(served_for(&store, "A.Example."), renewed);
+    }
+
+    /// Files an editor saved with a UTF-8 byte order mark first load as OpenSSL loads them.
+    #[test]
+    fn a_byte_order_mark_before_the_pem_is_read_past() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let now = unix_now();
+        let served = write_pair(dir.path(), "a", "a.example", (now - 60, now + 86_400));
+        for ext in ["crt", "key"] {
+            let path = dir.path().join(format!("a.{ext}"));
+            let pem = std::fs::read(&path).expect("pem");
+            std::fs::write(&path, [&b"\xef\xbb\xbf"[..], &pem].concat()).expect("bom");
+        }
+        let (store, problems) = CertStore::open(dir.path());
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(served_for(&store, "a.example"), served);
     }
 
     #[test]
