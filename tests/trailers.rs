@@ -136,3 +136,31 @@ async fn unfit_answer_trailers_go_and_the_answer_arrives_whole() {
         }
     }
 }
+
+/// A chunked request with trailers keeps its connection: the request pipelined behind it is
+/// answered too. The trailers ended the body, but the body was not noted as read to its end,
+/// so the answer said `connection: close` and the next request was dropped unanswered.
+#[tokio::test]
+async fn a_request_with_trailers_keeps_its_connection_for_the_next_one() {
+    use tokio::io::AsyncReadExt;
+    let backend = Backend::start("b").await;
+    let proxy = ProxyProcess::start(&default_route(&[&backend]), "");
+    let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
+    conn.write_all(
+        b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n\
+          3\r\nabc\r\n0\r\nX-Trailer: v\r\n\r\n\
+          GET /next HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut answers = Vec::new();
+    let read = conn.read_to_end(&mut answers);
+    tokio::time::timeout(std::time::Duration::from_secs(10), read)
+        .await
+        .expect("both answers, then the close the second asked for")
+        .unwrap();
+    let answers = String::from_utf8_lossy(&answers);
+    assert_eq!(answers.matches("HTTP/1.1 200 OK").count(), 2, "{answers}");
+    let first = answers.split("HTTP/1.1 200 OK").nth(1).unwrap_or_default();
+    assert!(!first.contains("connection: close"), "{answers}");
+}

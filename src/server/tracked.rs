@@ -143,7 +143,8 @@ impl Body for EndNoted {
         let polled = this.inner.as_mut().poll_frame(cx);
         let ended = match &polled {
             Poll::Ready(None) => true,
-            Poll::Ready(Some(Ok(_))) => this.inner.is_end_stream(),
+            // Trailers are a body's last frame: hyper's body still says "more" (chunked).
+            Poll::Ready(Some(Ok(frame))) => frame.is_trailers() || this.inner.is_end_stream(),
             _ => false,
         };
         if ended {
