@@ -547,3 +547,32 @@ async fn an_answer_cut_short_by_its_backend_reaches_the_client_cut_short() {
         "{log}"
     );
 }
+
+/// The head of `answer` as an HTTP/1.1 client's `HEAD /plain` gets it through the proxy.
+async fn head_answer_through_the_proxy(answer: &'static [u8]) -> String {
+    let proxy = ProxyProcess::start(&scripted_routes(answer, Then::AnswerTheNext).await, "");
+    let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+    let ask = b"HEAD /plain HTTP/1.1\r\nHost: x.test\r\nConnection: close\r\n\r\n";
+    stream.write_all(ask).await.unwrap();
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut got));
+    read.await.expect("the answer, then the close").unwrap();
+    String::from_utf8_lossy(&got).to_lowercase()
+}
+
+/// A backend's answer to HEAD has its Content-Length checked as a GET's is: two that differ,
+/// or one that is no length, are a 502; the same one twice goes on once. They went to the
+/// client as the backend wrote them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_answers_content_length_is_checked_as_a_gets() {
+    let differing = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n";
+    let signed = b"HTTP/1.1 200 OK\r\nContent-Length: +2\r\n\r\n";
+    for answer in [&differing[..], &signed[..]] {
+        let got = head_answer_through_the_proxy(answer).await;
+        assert!(got.starts_with("http/1.1 502"), "{got:?}");
+    }
+    let twice = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n";
+    let got = head_answer_through_the_proxy(twice).await;
+    assert!(got.starts_with("http/1.1 200"), "{got:?}");
+    assert_eq!(got.matches("content-length: 5\r\n").count(), 1, "{got:?}");
+}

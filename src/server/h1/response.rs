@@ -78,24 +78,17 @@ pub fn encode(
     let mut trailers = Vec::new();
     for (name, value) in &parts.headers {
         if name == header::CONTENT_LENGTH {
-            match shape {
-                // A HEAD answer keeps the length a GET would have had.
-                Shape::Empty if head => {}
-                Shape::Empty | Shape::Known(_) => continue,
-                Shape::Unknown => {
-                    let declared =
-                        decimal_length(value.as_bytes()).ok_or(HeadError::ContentLength)?;
-                    match length_written {
-                        Some(previous) if previous != declared => {
-                            return Err(HeadError::ContentLength)
-                        }
-                        Some(_) => continue,
-                        None => length_written = Some(declared),
-                    }
-                }
+            // A HEAD answer keeps the length a GET would have had, checked as that GET's
+            // would be: one decimal value, however many times it is given.
+            let kept = matches!(shape, Shape::Unknown) || (head && matches!(shape, Shape::Empty));
+            if !kept {
+                continue;
             }
-            if length_written.is_none() {
-                length_written = Some(0);
+            let declared = decimal_length(value.as_bytes()).ok_or(HeadError::ContentLength)?;
+            match length_written {
+                Some(previous) if previous != declared => return Err(HeadError::ContentLength),
+                Some(_) => continue,
+                None => length_written = Some(declared),
             }
         } else if name == header::TRANSFER_ENCODING {
             // The framing is this module's choice.

@@ -42,6 +42,11 @@ impl Framing {
     ) -> Result<Framing, InlineError> {
         let mut keep_alive = fields.keeps_alive();
         if headless || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+            // A HEAD answer's length goes to the client (the length a GET would have had):
+            // checked as a GET's would be.
+            if let (true, ContentLength::Invalid(what)) = (headless, fields.content_length) {
+                return Err(InlineError::Invalid(what));
+            }
             let state = State::Length(0);
             return Ok(Framing { state, keep_alive });
         }
@@ -236,12 +241,16 @@ mod tests {
         }
     }
 
-    /// A HEAD answer has no body whatever its fields say, an invalid length included.
+    /// A HEAD answer has no body whatever length it gives; a length that is none is refused,
+    /// as a GET's would be (it goes on to the client).
     #[test]
     fn headless_answers_have_no_body() {
         let mut noted = FramingFields::new(Version::HTTP_11);
-        noted.note(&header::CONTENT_LENGTH, b"nonsense");
+        noted.note(&header::CONTENT_LENGTH, b"5");
         let got = Framing::of(StatusCode::OK, &noted, true).map_err(|_| "error");
         assert_eq!(got, is(State::Length(0), KEPT));
+        noted.note(&header::CONTENT_LENGTH, b"nonsense");
+        let got = Framing::of(StatusCode::OK, &noted, true).map_err(|_| "error");
+        assert_eq!(got, Err("error"));
     }
 }
