@@ -576,3 +576,24 @@ async fn a_head_answers_content_length_is_checked_as_a_gets() {
     assert!(got.starts_with("http/1.1 200"), "{got:?}");
     assert_eq!(got.matches("content-length: 5\r\n").count(), 1, "{got:?}");
 }
+
+/// An HTTP/1.0 client that asks to keep its connection is told `close` when the answer's end
+/// can only be the close (the backend's answer is chunked: HTTP/1.0 has no chunks). It was told
+/// `keep-alive`, and its next request on the connection went unanswered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_1_0_answer_of_no_known_length_says_close() {
+    const ANSWER: &[u8] =
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
+    let proxy = ProxyProcess::start(&scripted_routes(ANSWER, Then::AnswerTheNext).await, "");
+    let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+    let ask = b"GET /plain HTTP/1.0\r\nHost: x.test\r\nConnection: keep-alive\r\n\r\n";
+    stream.write_all(ask).await.unwrap();
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut got));
+    read.await.expect("the answer, then the close").unwrap();
+    let got = String::from_utf8_lossy(&got).to_lowercase();
+    let (head, body) = got.split_once("\r\n\r\n").unwrap_or_default();
+    assert!(head.contains("connection: close"), "{got:?}");
+    assert!(!head.contains("keep-alive"), "{got:?}");
+    assert_eq!(body, "hello", "{got:?}");
+}

@@ -57,7 +57,7 @@ impl<S> Tracked<S> {
 impl<S, B, RB> Service<Request<RB>> for Tracked<S>
 where
     S: Service<Request<ClientBody>, Response = Response<B>, Error = Infallible>,
-    B: LateId,
+    B: LateId + Body,
     RB: Body + Into<ClientBody>,
 {
     type Response = Response<ActiveBody<B>>;
@@ -191,7 +191,7 @@ pin_project! {
 impl<F, B> Future for TrackedAnswer<F>
 where
     F: Future<Output = Result<Response<B>, Infallible>>,
-    B: LateId,
+    B: LateId + Body,
 {
     type Output = Result<Response<ActiveBody<B>>, Infallible>;
 
@@ -218,7 +218,9 @@ where
             .body_end
             .as_ref()
             .is_some_and(|ended| body_left_unread(ended, resp.status()));
-        let ends = body_left || ends_connection(&resp, *this.writer, *this.expects);
+        let ends = body_left
+            || ends_connection(&resp, *this.writer, *this.expects)
+            || (*this.version == Version::HTTP_10 && ends_by_closing(&resp, *this.head));
         if *this.version < Version::HTTP_2 && (draining || ends) {
             resp.headers_mut()
                 .insert(CONNECTION, HeaderValue::from_static("close"));
@@ -246,6 +248,17 @@ fn ends_connection<B>(resp: &Response<B>, writer: HeadWriter, expects: bool) -> 
     let status = resp.status();
     (writer == HeadWriter::Hyper && status == StatusCode::REQUEST_TIMEOUT)
         || (expects && status.as_u16() >= 400)
+}
+
+/// Whether an answer to an HTTP/1.0 client can end only by the connection's close: it has a
+/// body of no known length (a backend's chunked or close-delimited answer, streamed). HTTP/1.0
+/// has no chunked coding, so hyper sends such a body until it closes, and said `keep-alive`
+/// before it: a client's next request on the connection was lost.
+fn ends_by_closing<B: Body>(resp: &Response<B>, head: bool) -> bool {
+    let no_body = head || matches!(resp.status().as_u16(), 204 | 304);
+    !no_body
+        && resp.body().size_hint().exact().is_none()
+        && !resp.headers().contains_key(http::header::CONTENT_LENGTH)
 }
 
 pin_project! {
