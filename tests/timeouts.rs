@@ -52,6 +52,9 @@ async fn a_client_that_never_reads_is_cut_off_after_the_send_timeout() {
         after >= Duration::from_secs(5) && after < Duration::from_secs(11),
         "closed after {after:?}"
     );
+    // Said, with the client's address.
+    let said = "(client_send_timeout: the client stopped reading); closed";
+    assert_eq!(proxy.log_count(said), 1, "{}", proxy.log_text());
     // A client that reads is served all along.
     let mut ok = support::Client::connect(support::Proto::H2c, proxy.addr).await;
     assert_eq!(ok.get("any", "/").await.status(), 200);
@@ -248,4 +251,35 @@ async fn with_no_backend_in_rotation_an_upload_is_refused_without_its_body() {
     let read = tokio::time::timeout(Duration::from_secs(5), upload.read_to_string(&mut answer));
     assert!(read.await.is_ok(), "no answer before the rest of the body");
     assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+}
+
+/// A connection closed at `client_header_timeout` with part of a request head sent (slowloris)
+/// is said at info with the client's address, and gets the access log's 408 line, as nginx
+/// logs it; one that sent nothing, or a keep-alive one left waiting after its request, closes
+/// as quietly as before. Both closed with no trace at all.
+#[tokio::test(start_paused = true)]
+async fn a_request_head_cut_short_is_logged_as_a_408() {
+    let backend = Backend::start("b").await;
+    let dir = tempfile::tempdir().unwrap();
+    let access = dir.path().join("access.log");
+    let main = format!(
+        "client_header_timeout: 3\naccess_log: all\nlog_file: \"{}\"",
+        access.display()
+    );
+    let proxy = Proxy::start(&support::default_route(&[&backend]), &main).await;
+    let mut partial = TcpStream::connect(proxy.addr).await.unwrap();
+    partial.write_all(b"GET / HTTP/1.1\r\nHo").await.unwrap();
+    let _silent = TcpStream::connect(proxy.addr).await.unwrap();
+    let mut served = support::Client::connect(support::Proto::H1, proxy.addr).await;
+    assert_eq!(served.get("any", "/").await.status(), 200);
+    proxy.pass(Duration::from_secs(5)).await;
+    let mut byte = [0u8; 1];
+    let closed = inproc::in_real_time(Duration::from_secs(5), partial.read(&mut byte)).await;
+    assert!(matches!(closed, Some(Ok(0))), "{closed:?}");
+    proxy.ctx.access_log.flush();
+    let lines = std::fs::read_to_string(&access).unwrap_or_default();
+    let timed_out = lines.lines().filter(|l| l.contains(" status=408 "));
+    assert_eq!(timed_out.count(), 1, "{lines}");
+    let said = "no whole request head within 3s (client_header_timeout)";
+    assert_eq!(proxy.log_count(said), 1, "{}", proxy.log_text());
 }

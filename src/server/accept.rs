@@ -26,7 +26,7 @@ use tokio::sync::watch;
 use super::client_tcp::{ClientListener, ClientTcp};
 use super::h1;
 use super::h2_guard::FloodGuard;
-use super::idle::{self, Activity, Timers};
+use super::idle::{self, Activity, Closed, Timers};
 use super::limits::{Builders, Limits};
 use super::listener::{apply_keepalive, pass_on_connection_options};
 use super::observe::Refusals;
@@ -462,7 +462,29 @@ async fn serve_parking<F: MakeService, S: ClientSocket>(
         }
         socket = parked;
     }
+    say_closed_for(&shared, &activity, &info);
     drop(counted);
+}
+
+/// Says why the connection's timer closed it when its client was the cause, with the client's
+/// address: a request head that never came whole also gets the access log's 408 line and its
+/// count, as nginx logs a `client_header_timeout`.
+fn say_closed_for<F>(shared: &Shared<F>, activity: &Activity, info: &ConnInfo) {
+    let peer = info.peer;
+    match activity.closed_for() {
+        Some(Closed::HeadTimedOut) => {
+            let limit = shared.limits.header_timeout;
+            tracing::info!("client {peer}: no whole request head within {limit:?} (client_header_timeout); closed");
+            if let Some(refusals) = &shared.refusals {
+                refusals.refused(peer.ip(), &info.tls_facts, StatusCode::REQUEST_TIMEOUT);
+            }
+        }
+        Some(Closed::Stalled) => {
+            let limit = shared.limits.send_timeout;
+            tracing::info!("client {peer}: its answer made no progress for {limit:?} (client_send_timeout: the client stopped reading); closed");
+        }
+        None => {}
+    }
 }
 
 /// What serving a connection handed over by [`h1`] needs.

@@ -30,7 +30,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -70,6 +70,18 @@ pub struct Activity {
     /// The HTTP/2 connection has settled (and carried no request since): each read of its
     /// socket that waits gives back the socket's idle buffers ([`super::settle`]).
     settled: AtomicBool,
+    /// Why the timer closed the connection, if it did for the client's doing ([`Closed`]).
+    closed_for: AtomicU8,
+}
+
+/// Why [`drive`] closed a connection for what its client did (or did not do).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Closed {
+    /// Part of a request head came, and not the rest within `client_header_timeout`
+    /// (slowloris): nginx logs it as a 408.
+    HeadTimedOut,
+    /// Its requests made no progress for `client_send_timeout`: the client stopped reading.
+    Stalled,
 }
 
 impl Activity {
@@ -86,7 +98,27 @@ impl Activity {
             read_since_end: AtomicBool::new(false),
             request_body: AtomicBool::new(false),
             settled: AtomicBool::new(false),
+            closed_for: AtomicU8::new(0),
         })
+    }
+
+    /// Why the timer closed the connection for its client's doing, if it did.
+    pub fn closed_for(&self) -> Option<Closed> {
+        match self.closed_for.load(Ordering::Relaxed) {
+            1 => Some(Closed::HeadTimedOut),
+            2 => Some(Closed::Stalled),
+            _ => None,
+        }
+    }
+
+    /// The head deadline passed: notes a slowloris, one that had sent part of a head (bytes
+    /// read since the last request ended, and not the rest of a body answered early).
+    fn note_head_deadline(&self) {
+        let first = self.last_end.load(Ordering::Relaxed) == 0;
+        let body_rest = !first && self.request_body.load(Ordering::Relaxed);
+        if self.read_since_end.load(Ordering::Relaxed) && !body_rest {
+            self.closed_for.store(1, Ordering::Relaxed);
+        }
     }
 
     /// The connection turned out to speak HTTP/2 (ALPN, or its first request).
@@ -501,6 +533,7 @@ where
                     match idle_step(activity, *timers, now, settled.is_some()) {
                         IdleStep::LookAt(at) => idle_at = at,
                         IdleStep::Close => {
+                            activity.note_head_deadline();
                             tracing::debug!(
                                 "closing a connection that sent no request head within {:?}",
                                 timers.head
@@ -532,6 +565,7 @@ where
                     if progress != seen.0 || !open || waiting {
                         seen = (progress, now);
                     } else if now.saturating_duration_since(seen.1) >= timers.send {
+                        activity.closed_for.store(2, Ordering::Relaxed);
                         tracing::debug!(
                             "closing a connection whose requests made no progress for {:?}",
                             now - seen.1
