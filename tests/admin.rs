@@ -615,3 +615,41 @@ async fn a_405_says_what_is_allowed_and_metrics_have_no_duplicate_series() {
         .collect::<Vec<_>>();
     assert_eq!(series.len(), 1, "{series:?}");
 }
+
+/// A refused key ends an HTTP/1.1 connection (it is kept for the next request with the right
+/// key): keep-alive connections that only collect 403s held the API's 64 places, 16 an
+/// address, so a client with no key could keep the one with it out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_key_ends_its_connection_a_granted_one_keeps_it() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let a = Backend::start("a").await;
+    let proxy = ProxyProcess::start(&routes(&[&a]), ADMIN);
+    let addr = admin_addr(&proxy);
+    let ask = |key: &str| format!("GET /status HTTP/1.1\r\nHost: a\r\nx-api-key: {key}\r\n\r\n");
+    let mut refused = tokio::net::TcpStream::connect(addr).await.unwrap();
+    refused.write_all(ask("wrong").as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), refused.read_to_end(&mut got));
+    read.await.expect("the 403, then the close").unwrap();
+    let got = String::from_utf8_lossy(&got).to_lowercase();
+    assert!(
+        got.starts_with("http/1.1 403") && got.contains("connection: close"),
+        "{got}"
+    );
+    // The right key, twice on one connection (a closed one fails the second send).
+    let mut granted = Client::connect(Proto::H1, addr).await;
+    for round in 0..2 {
+        let resp = granted
+            .send(
+                Method::GET,
+                Some("a"),
+                "/status",
+                &[("x-api-key", "s3cret")],
+                full(""),
+            )
+            .await;
+        assert_eq!(resp.status(), 200, "round {round}");
+        assert!(resp.headers().get("connection").is_none(), "round {round}");
+        body_bytes(resp).await;
+    }
+}

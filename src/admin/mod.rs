@@ -107,9 +107,19 @@ pub async fn serve(
     };
     let make = move |_: ConnInfo| {
         let admin = admin.clone();
-        service_fn(move |req| {
+        service_fn(move |req: Request<ClientBody>| {
             let admin = admin.clone();
-            Box::pin(async move { Ok::<_, Infallible>(admin.answer(req).await) })
+            Box::pin(async move {
+                let http1 = req.version() < http::Version::HTTP_2;
+                let mut reply = admin.answer(req).await;
+                // A refusal ends an HTTP/1 connection: connections kept alive to collect 403s
+                // held the API's places (64, 16 an address) from the clients with the key.
+                if http1 && reply.status() == StatusCode::FORBIDDEN {
+                    let close = http::HeaderValue::from_static("close");
+                    reply.headers_mut().insert(http::header::CONNECTION, close);
+                }
+                Ok::<_, Infallible>(reply)
+            })
         })
     };
     accept.run(make, shutdown).await;

@@ -269,6 +269,11 @@ impl AcceptLoop {
             last: None,
             held_back: 0,
         };
+        // Likewise one address at its own cap: the sign of a client holding places open.
+        let mut address_at_cap = Throttled {
+            last: None,
+            held_back: 0,
+        };
         // A second handle on the stop signal, to ask cheaply after each accept whether it moved:
         // the wait below borrows the first, and is polled only when no connection is waiting.
         let peek = shutdown.clone();
@@ -307,7 +312,8 @@ impl AcceptLoop {
                 Some(table) => match table.take(peer.ip()) {
                     Some(slot) => Some(slot),
                     None => {
-                        tracing::debug!(%peer, "{}: connection refused: this address holds as many as it may", self.name);
+                        let what = format!("{}: connection from {} refused", self.name, peer.ip());
+                        address_at_cap.warn(&what, &"that address holds as many as one may");
                         continue;
                     }
                 },
