@@ -210,8 +210,11 @@ fn tls12_with_suites(
 async fn a_name_with_ecdsa_and_rsa_pairs_serves_each_client_one_it_can_use() {
     let backend = Backend::start("a").await;
     let certs = tempfile::tempdir().unwrap();
-    let rsa = write_self_signed_rsa(certs.path(), "dual-rsa", &["dual.local"]);
-    let ecdsa = write_self_signed(certs.path(), "dual-ecdsa", &["dual.local"]);
+    // Also for 127.0.0.1, which a client sends no SNI for: the fallback (the first pair by
+    // file name) then offers its name's two as well.
+    let names = ["dual.local", "127.0.0.1"];
+    let rsa = write_self_signed_rsa(certs.path(), "dual-rsa", &names);
+    let ecdsa = write_self_signed(certs.path(), "dual-ecdsa", &names);
     let (proxy, tls) = start_tls_proxy(&backend, certs.path(), "medium");
     let roots = [rsa.clone(), ecdsa.clone()];
     let rsa_suites = [CipherSuite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256];
@@ -230,9 +233,12 @@ async fn a_name_with_ecdsa_and_rsa_pairs_serves_each_client_one_it_can_use() {
         ),
     ];
     for (client, config, want) in cases {
-        let served = served_cert(tls, "dual.local", config.clone()).await;
-        let served = served.unwrap_or_else(|e| panic!("{client}: {e}\n{}", proxy.log_text()));
-        assert_eq!(&served, want, "{client}");
+        for name in names {
+            let served = served_cert(tls, name, config.clone()).await;
+            let served =
+                served.unwrap_or_else(|e| panic!("{client} {name}: {e}\n{}", proxy.log_text()));
+            assert_eq!(&served, want, "{client} {name}");
+        }
         let mut client = Client::connect_tls(tls, "dual.local", config).await;
         assert_eq!(client.get("dual.local", "/").await.status(), 200);
     }

@@ -50,7 +50,9 @@ pub(super) struct Index {
     exact: HashMap<String, Choices>,
     /// `*.example.com` stored as `example.com`.
     wildcard: HashMap<String, Choices>,
-    fallback: Option<Arc<CertifiedKey>>,
+    /// For no SNI or no match: the certificates of the default pair's first name (so its RSA
+    /// counterpart too), or the pair alone when it names nothing.
+    fallback: Option<Choices>,
 }
 
 impl Index {
@@ -83,10 +85,19 @@ impl Index {
                 None => index.exact.insert(name.to_string(), choices),
             };
         }
-        index.fallback = pairs
-            .get("default")
-            .or_else(|| pairs.values().next())
-            .map(|p| p.key.clone());
+        let default = pairs.get("default").or_else(|| pairs.values().next());
+        index.fallback = default.map(|pair| {
+            let of_its_name = pair
+                .names
+                .first()
+                .and_then(|name| match name.strip_prefix("*.") {
+                    Some(suffix) => index.wildcard.get(suffix),
+                    None => index.exact.get(name),
+                });
+            of_its_name
+                .cloned()
+                .unwrap_or_else(|| Choices(vec![pair.key.clone()]))
+        });
         index
     }
 
@@ -108,7 +119,7 @@ impl Index {
                 }
             }
         }
-        self.fallback.clone()
+        self.fallback.as_ref()?.for_client(offered)
     }
 }
 
@@ -141,7 +152,7 @@ mod tests {
         let mut index = Index::default();
         index.exact.insert("a.example".into(), one(&a));
         index.wildcard.insert("example".into(), one(&w));
-        index.fallback = Some(d.clone());
+        index.fallback = Some(one(&d));
         let found = |sni| index.find(sni, ANY).expect("a certificate");
         assert!(Arc::ptr_eq(&found(Some("A.Example")), &a));
         assert!(Arc::ptr_eq(&found(Some("b.example")), &w));
