@@ -181,6 +181,53 @@ fn write_self_signed_rsa(
     cert.der().clone()
 }
 
+/// A self-signed ECDSA pair `dir/stem.crt` + `.key` for `name`, valid from `from` to `to`
+/// seconds from now; returns the certificate.
+fn write_valid_between(
+    dir: &std::path::Path,
+    stem: &str,
+    name: &str,
+    (from, to): (i64, i64),
+) -> CertificateDer<'static> {
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let at = |secs: i64| time::OffsetDateTime::from_unix_timestamp(now + secs).expect("time");
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut params = rcgen::CertificateParams::new(vec![name.to_string()]).expect("params");
+    (params.not_before, params.not_after) = (at(from), at(to));
+    let cert = params.self_signed(&key).expect("certificate");
+    std::fs::write(dir.join(format!("{stem}.crt")), cert.pem()).unwrap();
+    std::fs::write(dir.join(format!("{stem}.key")), key.serialize_pem()).unwrap();
+    cert.der().clone()
+}
+
+/// What a pair's validity decides is decided again when it changes, with no file touched: a
+/// renewal valid from a few seconds on takes over then. It was decided at the last reload
+/// only, so a pair that expired kept serving beside a valid one until something changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pair_that_becomes_valid_takes_over_when_it_does() {
+    let backend = Backend::start("a").await;
+    let certs = tempfile::tempdir().unwrap();
+    let day = 86_400;
+    let current = write_valid_between(certs.path(), "a-current", "v.local", (-60, day));
+    let renewal = write_valid_between(certs.path(), "b-renewal", "v.local", (3, 2 * day));
+    let (proxy, tls) = start_tls_proxy(&backend, certs.path(), "medium");
+    let config = tls_client_config(&[current.clone(), renewal.clone()], &[b"http/1.1"]);
+    let served = served_cert(tls, "v.local", config.clone())
+        .await
+        .expect("handshake");
+    assert_eq!(served, current);
+    // Looked at again until it changes, for up to 15 s: the change comes 3 s after the start.
+    let mut last = None;
+    for _ in 0..75 {
+        last = served_cert(tls, "v.local", config.clone()).await.ok();
+        if last.as_ref() == Some(&renewal) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(last.as_ref(), Some(&renewal), "{}", proxy.log_text());
+}
+
 /// A client of TLS 1.2 with the given suites only (of aws-lc-rs's).
 fn tls12_with_suites(
     roots: &[CertificateDer<'static>],

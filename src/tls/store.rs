@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
@@ -174,6 +175,9 @@ pub struct CertStore {
     pairs: Mutex<BTreeMap<String, LoadedPair>>,
     /// The directory as the last reload found it.
     read_as: Mutex<DirPrint>,
+    /// When a pair read last becomes valid or expires (seconds since the Unix epoch;
+    /// `i64::MAX`: none will), which changes what the index would choose.
+    next_change: AtomicI64,
 }
 
 /// Entries of a directory looked at for its print.
@@ -219,6 +223,7 @@ impl CertStore {
             index: ArcSwap::from_pointee(Index::default()),
             pairs: Mutex::new(BTreeMap::new()),
             read_as: Mutex::new(DirPrint::default()),
+            next_change: AtomicI64::new(i64::MAX),
         });
         let problems = store.reload();
         (store, problems)
@@ -249,6 +254,20 @@ impl CertStore {
     pub fn changed_since_read(&self) -> bool {
         let read_as = self.read_as.lock().unwrap_or_else(|p| p.into_inner());
         DirPrint::of(&self.dir) != *read_as
+    }
+
+    /// How long until a pair read last becomes valid or expires (a second after, so that it
+    /// has); `None` if none will.
+    pub fn until_validity_change(&self) -> Option<std::time::Duration> {
+        let next = self.next_change.load(Ordering::Relaxed);
+        let left = u64::try_from(next.saturating_sub(unix_now())).unwrap_or(0);
+        (next != i64::MAX).then(|| std::time::Duration::from_secs(left.saturating_add(1)))
+    }
+
+    /// Whether a pair has become valid or expired since the directory was last read: the
+    /// index should be made again.
+    pub fn validity_changed(&self) -> bool {
+        self.next_change.load(Ordering::Relaxed) <= unix_now()
     }
 
     /// Re-reads the directory. A pair that fails keeps its last good copy; a deleted pair goes.
@@ -296,8 +315,17 @@ impl CertStore {
             ));
         }
         self.index.store(Arc::new(Index::build(&pairs, now)));
+        let next = next_validity_change(pairs.values(), now).unwrap_or(i64::MAX);
+        self.next_change.store(next, Ordering::Relaxed);
         problems
     }
+}
+
+/// When the first of `pairs` becomes valid or expires after `now`: what the index chooses may
+/// change then.
+fn next_validity_change<'a>(pairs: impl Iterator<Item = &'a LoadedPair>, now: i64) -> Option<i64> {
+    let moments = pairs.flat_map(|pair| [pair.valid.0, pair.valid.1.saturating_add(1)]);
+    moments.filter(|&at| now < at && at < i64::MAX).min()
 }
 
 /// Seconds since the Unix epoch.

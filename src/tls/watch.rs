@@ -28,6 +28,8 @@ use super::CertStore;
 const MAX_LINK_DIRS: usize = 512;
 /// How often a directory that cannot be watched is looked at.
 const UNWATCHED_LOOK: Duration = Duration::from_secs(5);
+/// The longest wait for a pair's validity to change before looking again.
+const A_DAY: Duration = Duration::from_secs(86_400);
 /// Hops followed along one chain of symlinks.
 const MAX_HOPS: usize = 8;
 /// Entries of the certificate directory looked at for links.
@@ -65,12 +67,28 @@ pub async fn watch(store: Arc<CertStore>, reload: CertReload) {
             identity = now;
             wake.notify_one();
         }
+        // A pair that becomes valid or expires changes what is served, with no file changed:
+        // read again then (looked at once a day at least, a wait that long being capped).
+        let boundary = store.until_validity_change().map(|left| left.min(A_DAY));
         match armed {
-            Some(_) => wake.notified().await,
+            Some(_) => {
+                let woken = match boundary {
+                    Some(left) => tokio::time::timeout(left, wake.notified()).await.is_ok(),
+                    None => {
+                        wake.notified().await;
+                        true
+                    }
+                };
+                if !woken && !store.validity_changed() {
+                    continue;
+                }
+            }
             // Nothing watched (the directory and its parent gone): look again now and then.
             None => {
-                let woken = tokio::time::timeout(UNWATCHED_LOOK, wake.notified()).await;
-                if woken.is_err() && !store.changed_since_read() {
+                let look = boundary.map_or(UNWATCHED_LOOK, |left| left.min(UNWATCHED_LOOK));
+                let woken = tokio::time::timeout(look, wake.notified()).await;
+                let due = store.changed_since_read() || store.validity_changed();
+                if woken.is_err() && !due {
                     armed = arm_or_say(&dir, &wake, &mut said_unwatched);
                     continue;
                 }
