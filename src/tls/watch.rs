@@ -72,14 +72,26 @@ pub async fn watch(store: Arc<CertStore>, reload: CertReload) {
         let boundary = store.until_validity_change().map(|left| left.min(A_DAY));
         match armed {
             Some(_) => {
-                let woken = match boundary {
+                // The directory missing (a link to where nothing is yet): its parent's watch
+                // may not see it come (a link's target elsewhere, or beside it), so look now
+                // and then as well.
+                let wait = match dir.is_dir() {
+                    true => boundary,
+                    false => Some(boundary.map_or(UNWATCHED_LOOK, |l| l.min(UNWATCHED_LOOK))),
+                };
+                let woken = match wait {
                     Some(left) => tokio::time::timeout(left, wake.notified()).await.is_ok(),
                     None => {
                         wake.notified().await;
                         true
                     }
                 };
-                if !woken && !store.validity_changed() {
+                let due = || {
+                    store.validity_changed()
+                        || dir_identity(&dir) != identity
+                        || store.changed_since_read()
+                };
+                if !woken && !due() {
                     continue;
                 }
             }
