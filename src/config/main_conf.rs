@@ -443,8 +443,14 @@ impl MainConfig {
             );
             failed = true;
         }
-        if cfg.certificates_dir.is_none() {
-            cfg.certificates_dir = proxy_configs.map(|dir| dir.join("certificates"));
+        match (&cfg.certificates_dir, positions.of("proxy_configs")) {
+            (None, _) => cfg.certificates_dir = proxy_configs.map(|dir| dir.join("certificates")),
+            (Some(_), Some(at)) => r.warn(
+                at,
+                "proxy_configs",
+                "its certificates folder is not read: proxy_certificates is set, and that folder serves",
+            ),
+            (Some(_), None) => {}
         }
         let given = listeners::Given {
             certificates_dir: cfg.certificates_dir.is_some(),

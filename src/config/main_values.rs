@@ -140,6 +140,10 @@ pub(super) fn read_grade(node: &Node, r: &mut Reader) -> Option<TlsGrade> {
         ("c", TlsGrade::Unsafe),
     ];
     let grade = one_of(node, "proxy_tls_grade", r, &choices)?;
+    if grade == TlsGrade::Unsafe {
+        let why = "unsafe offers the same as medium: rustls has nothing weaker than TLS 1.2 with AEAD suites";
+        r.warn(node.pos, "proxy_tls_grade", why);
+    }
     let letter = match &node.value {
         Value::Str(text) => choices[3..]
             .iter()

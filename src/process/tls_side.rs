@@ -108,9 +108,6 @@ pub fn load_certificates(main: &MainConfig) -> Result<Option<LoadedCertificates>
             dir.display()
         );
     }
-    if main.proxy_tls_grade == crate::config::main_conf::TlsGrade::Unsafe {
-        tracing::warn!("proxy_tls_grade: unsafe offers the same as medium: rustls has nothing weaker than TLS 1.2 with AEAD suites");
-    }
     Ok(Some(LoadedCertificates {
         store,
         reload: crate::tls::CertReload::new(),

@@ -24,6 +24,20 @@ pub(crate) fn cases() -> Vec<Case> {
             &format!("{MAIN_OK}log_level: off\nlimits_store: \"redis://127.0.0.1:99999\"\n"),
             vec![err(M, 4, "limits_store", "not a Redis URL")],
         ),
+        // Both certificate folders named: proxy_configs' is not read, and said so.
+        Case::main(
+            "proxy_configs_beside_proxy_certificates",
+            &format!("{MAIN_OK}proxy_certificates: \".\"\nproxy_configs: \"/etc/aralez\"\n"),
+            vec![warn(M, 4, "proxy_configs", "its certificates folder is not read")],
+        )
+        .warnings_only(),
+        // `unsafe` is said in the check as at the start: it is medium's offer.
+        Case::main(
+            "the_unsafe_grade_is_medium",
+            &format!("{MAIN_OK}proxy_certificates: \".\"\nproxy_tls_grade: unsafe\n"),
+            vec![warn(M, 4, "proxy_tls_grade", "offers the same as medium")],
+        )
+        .warnings_only(),
         // ---- acme: (DNS-01 and its provider) ----
         Case::main(
             "acme_dns_01_without_a_provider",
