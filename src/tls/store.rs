@@ -45,8 +45,8 @@ impl LoadedPair {
 pub enum PairError {
     #[error("{path}: cannot read: {source}")]
     Read { path: PathBuf, source: FileProblem },
-    #[error("{path}: no PEM certificate found")]
-    NoCertificate { path: PathBuf },
+    #[error("{path}: no PEM certificate found{hint}")]
+    NoCertificate { path: PathBuf, hint: &'static str },
     #[error("{path}: certificate {number} of the chain is not valid PEM ({reason})")]
     BadChain {
         path: PathBuf,
@@ -88,7 +88,12 @@ pub fn load_pair_files(crt: &Path, key_path: &Path) -> Result<LoadedPair, PairEr
         chain.push(der);
     }
     if chain.is_empty() {
-        return Err(PairError::NoCertificate { path: crt });
+        let holds_a_key = crt_bytes.windows(16).any(|w| w == b"PRIVATE KEY-----");
+        let hint = match holds_a_key {
+            true => " (it holds a private key: are the .crt and .key swapped?)",
+            false => "",
+        };
+        return Err(PairError::NoCertificate { path: crt, hint });
     }
     let key_bytes = read_pem(&key_path)?;
     let key_der = PrivateKeyDer::from_pem_slice(&key_bytes).map_err(|e| PairError::BadKey {
@@ -551,6 +556,25 @@ mod tests {
         assert_eq!(served_for(&store, "a.example"), renewed);
         // And a name's trailing dot is the same name.
         assert_eq!(served_for(&store, "A.Example."), renewed);
+    }
+
+    /// A .crt holding the key (the two files swapped) says so, as a .key holding the
+    /// certificate does.
+    #[test]
+    fn a_key_where_the_certificate_should_be_is_named() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let now = unix_now();
+        write_pair(dir.path(), "a", "a.example", (now - 60, now + 86_400));
+        let (crt, key) = (dir.path().join("a.crt"), dir.path().join("a.key"));
+        let tmp = dir.path().join("a.tmp");
+        std::fs::rename(&crt, &tmp).expect("swap");
+        std::fs::rename(&key, &crt).expect("swap");
+        std::fs::rename(&tmp, &key).expect("swap");
+        let (_, problems) = CertStore::open(dir.path());
+        assert!(
+            problems[0].contains("a.crt: no PEM certificate found (it holds a private key: are the .crt and .key swapped?)"),
+            "{problems:?}"
+        );
     }
 
     /// Files an editor saved with a UTF-8 byte order mark first load as OpenSSL loads them.
