@@ -58,7 +58,7 @@ impl StallTimer {
     /// The error a stalled body ends with.
     pub fn error(&self) -> String {
         format!(
-            "the backend sent nothing of the body for {:?}",
+            "the backend sent no more of the body for {:?}",
             self.0.limit
         )
     }

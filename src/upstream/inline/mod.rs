@@ -77,7 +77,7 @@ pub enum InlineError {
     /// backend's.
     #[error("the client sent nothing more of its body for the response timeout")]
     ClientStalled,
-    #[error("the backend sent nothing of the body for the response timeout")]
+    #[error("the backend sent no more of the body for the response timeout")]
     Stalled,
 }
 
