@@ -303,17 +303,26 @@ async fn without_a_master_key_or_with_the_api_disabled_the_answer_is_403_and_why
     );
 }
 
+/// The proxy with the admin API over TLS, on `certs`' `admin.crt` and `admin.key`; its address.
+fn start_admin_over_tls(
+    backend: &Backend,
+    certs: &std::path::Path,
+) -> (ProxyProcess, std::net::SocketAddr) {
+    let main = format!(
+        "{ADMIN}\nconfig_tls_address: \"127.0.0.1:0\"\nconfig_tls_certificate: \"{0}/admin.crt\"\nconfig_tls_key_file: \"{0}/admin.key\"",
+        certs.display()
+    );
+    let proxy = ProxyProcess::start(&routes(&[backend]), &main);
+    let addr = proxy.logged_addr("admin API on https://");
+    (proxy, addr)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_over_tls_checks_keys_the_same_way() {
     let a = Backend::start("a").await;
     let certs = tempfile::tempdir().unwrap();
     let root = write_self_signed(certs.path(), "admin", &["admin.local"]);
-    let main = format!(
-        "{ADMIN}\nconfig_tls_address: \"127.0.0.1:0\"\nconfig_tls_certificate: \"{0}/admin.crt\"\nconfig_tls_key_file: \"{0}/admin.key\"",
-        certs.path().display()
-    );
-    let proxy = ProxyProcess::start(&routes(&[&a]), &main);
-    let addr = proxy.logged_addr("admin API on https://");
+    let (proxy, addr) = start_admin_over_tls(&a, certs.path());
     let config = tls_client_config(&[root], &[b"http/1.1"]);
     let cases: [(&[(&str, &str)], u16); 3] = [
         (&[], 403),
@@ -371,12 +380,7 @@ async fn sighup_reloads_the_admin_certificate_and_keeps_it_when_the_new_one_is_b
     let a = Backend::start("a").await;
     let certs = tempfile::tempdir().unwrap();
     let first = write_self_signed(certs.path(), "admin", &["admin.local"]);
-    let main = format!(
-        "{ADMIN}\nconfig_tls_address: \"127.0.0.1:0\"\nconfig_tls_certificate: \"{0}/admin.crt\"\nconfig_tls_key_file: \"{0}/admin.key\"",
-        certs.path().display()
-    );
-    let proxy = ProxyProcess::start(&routes(&[&a]), &main);
-    let addr = proxy.logged_addr("admin API on https://");
+    let (proxy, addr) = start_admin_over_tls(&a, certs.path());
     let renewed = write_self_signed(certs.path(), "admin", &["admin.local"]);
     let roots = [first.clone(), renewed.clone()];
     assert_eq!(admin_certificate(addr, &roots).await, first);

@@ -548,16 +548,22 @@ async fn an_answer_cut_short_by_its_backend_reaches_the_client_cut_short() {
     );
 }
 
-/// The head of `answer` as an HTTP/1.1 client's `HEAD /plain` gets it through the proxy.
-async fn head_answer_through_the_proxy(answer: &'static [u8]) -> String {
+/// What a client sending `ask` reads, lowercased, until the proxy closes, the backend of
+/// `/plain` answering `answer`.
+async fn through_the_proxy(answer: &'static [u8], ask: &[u8]) -> String {
     let proxy = ProxyProcess::start(&scripted_routes(answer, Then::AnswerTheNext).await, "");
     let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
-    let ask = b"HEAD /plain HTTP/1.1\r\nHost: x.test\r\nConnection: close\r\n\r\n";
     stream.write_all(ask).await.unwrap();
     let mut got = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut got));
     read.await.expect("the answer, then the close").unwrap();
     String::from_utf8_lossy(&got).to_lowercase()
+}
+
+/// The head of `answer` as an HTTP/1.1 client's `HEAD /plain` gets it through the proxy.
+async fn head_answer_through_the_proxy(answer: &'static [u8]) -> String {
+    let ask = b"HEAD /plain HTTP/1.1\r\nHost: x.test\r\nConnection: close\r\n\r\n";
+    through_the_proxy(answer, ask).await
 }
 
 /// A backend's answer to HEAD has its Content-Length checked as a GET's is: two that differ,
@@ -584,14 +590,8 @@ async fn a_head_answers_content_length_is_checked_as_a_gets() {
 async fn an_http_1_0_answer_of_no_known_length_says_close() {
     const ANSWER: &[u8] =
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
-    let proxy = ProxyProcess::start(&scripted_routes(ANSWER, Then::AnswerTheNext).await, "");
-    let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
     let ask = b"GET /plain HTTP/1.0\r\nHost: x.test\r\nConnection: keep-alive\r\n\r\n";
-    stream.write_all(ask).await.unwrap();
-    let mut got = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut got));
-    read.await.expect("the answer, then the close").unwrap();
-    let got = String::from_utf8_lossy(&got).to_lowercase();
+    let got = through_the_proxy(ANSWER, ask).await;
     let (head, body) = got.split_once("\r\n\r\n").unwrap_or_default();
     assert!(head.contains("connection: close"), "{got:?}");
     assert!(!head.contains("keep-alive"), "{got:?}");

@@ -70,7 +70,8 @@ pub struct Activity {
     /// The HTTP/2 connection has settled (and carried no request since): each read of its
     /// socket that waits gives back the socket's idle buffers ([`super::settle`]).
     settled: AtomicBool,
-    /// Why the timer closed the connection, if it did for the client's doing ([`Closed`]).
+    /// Why the timer closed the connection, if it did for the client's doing ([`Closed`] as
+    /// [`Closed::code`]; 0: it did not).
     closed_for: AtomicU8,
 }
 
@@ -82,6 +83,15 @@ pub enum Closed {
     HeadTimedOut,
     /// Its requests made no progress for `client_send_timeout`: the client stopped reading.
     Stalled,
+}
+
+impl Closed {
+    const ALL: [Closed; 2] = [Closed::HeadTimedOut, Closed::Stalled];
+
+    /// As [`Activity`] keeps it (never 0).
+    fn code(self) -> u8 {
+        self as u8 + 1
+    }
 }
 
 impl Activity {
@@ -104,11 +114,8 @@ impl Activity {
 
     /// Why the timer closed the connection for its client's doing, if it did.
     pub fn closed_for(&self) -> Option<Closed> {
-        match self.closed_for.load(Ordering::Relaxed) {
-            1 => Some(Closed::HeadTimedOut),
-            2 => Some(Closed::Stalled),
-            _ => None,
-        }
+        let code = self.closed_for.load(Ordering::Relaxed);
+        Closed::ALL.into_iter().find(|why| why.code() == code)
     }
 
     /// The head deadline passed: notes a slowloris, one that had sent part of a head (bytes
@@ -117,7 +124,8 @@ impl Activity {
         let first = self.last_end.load(Ordering::Relaxed) == 0;
         let body_rest = !first && self.request_body.load(Ordering::Relaxed);
         if self.read_since_end.load(Ordering::Relaxed) && !body_rest {
-            self.closed_for.store(1, Ordering::Relaxed);
+            self.closed_for
+                .store(Closed::HeadTimedOut.code(), Ordering::Relaxed);
         }
     }
 
@@ -565,7 +573,8 @@ where
                     if progress != seen.0 || !open || waiting {
                         seen = (progress, now);
                     } else if now.saturating_duration_since(seen.1) >= timers.send {
-                        activity.closed_for.store(2, Ordering::Relaxed);
+                        let code = Closed::Stalled.code();
+                        activity.closed_for.store(code, Ordering::Relaxed);
                         tracing::debug!(
                             "closing a connection whose requests made no progress for {:?}",
                             now - seen.1
