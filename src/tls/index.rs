@@ -13,7 +13,22 @@ use std::sync::Arc;
 use rustls::sign::CertifiedKey;
 use rustls::{SignatureAlgorithm, SignatureScheme};
 
-use super::store::LoadedPair;
+/// One loaded pair: its key and chain, and what the index chooses by (the store reads it).
+#[derive(Clone, Debug)]
+pub struct LoadedPair {
+    pub key: Arc<CertifiedKey>,
+    /// DNS names from the SAN extension, plus the subject CN; lower case.
+    pub names: Vec<String>,
+    /// The leaf's validity, in seconds since the Unix epoch (an unreadable one: always valid).
+    pub valid: (i64, i64),
+}
+
+impl LoadedPair {
+    /// Whether the leaf is valid at `now` (seconds since the Unix epoch).
+    pub(super) fn valid_at(&self, now: i64) -> bool {
+        self.valid.0 <= now && now <= self.valid.1
+    }
+}
 
 /// The certificates of one name, the most preferred first; never empty.
 #[derive(Clone, Debug)]

@@ -21,24 +21,8 @@ use crate::config::file_bytes::{read_regular, FileProblem};
 use crate::config::yaml::MAX_FILE_BYTES;
 
 use super::index::Index;
+pub use super::index::LoadedPair;
 use super::pem_text;
-
-/// One loaded pair.
-#[derive(Clone, Debug)]
-pub struct LoadedPair {
-    pub key: Arc<CertifiedKey>,
-    /// DNS names from the SAN extension, plus the subject CN; lower case.
-    pub names: Vec<String>,
-    /// The leaf's validity, in seconds since the Unix epoch (an unreadable one: always valid).
-    pub valid: (i64, i64),
-}
-
-impl LoadedPair {
-    /// Whether the leaf is valid at `now` (seconds since the Unix epoch).
-    pub(super) fn valid_at(&self, now: i64) -> bool {
-        self.valid.0 <= now && now <= self.valid.1
-    }
-}
 
 /// Why a pair could not be loaded.
 #[derive(Debug, thiserror::Error)]
