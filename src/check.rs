@@ -45,7 +45,7 @@ pub fn check(main_path: &Path) -> Report {
         if let Some(ups) = config::load_upstreams(&upstreams_conf, &mut issues) {
             shape = Some(ups.shape);
             if let Some(main) = &main {
-                config::across::check(main, &ups, &upstreams_conf, &mut issues);
+                config::across::check(main, &ups, &mut issues);
             }
         }
     }

@@ -3,6 +3,7 @@
 //! Readers push issues into an [`Issues`] list instead of returning at the first one, so
 //! `check-config` can report everything in one run. Errors reject the config; warnings do not.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -70,9 +71,17 @@ pub struct Issues {
     /// Known to have no master secret (neither `master_key` nor `JWT_KEY`): a `jwt` rule
     /// without `data` is then an error. False when not known (a file read on its own).
     pub no_master_secret: bool,
-    /// Where the first `to_https: true` was read (file, place, key path), for the check across
-    /// files that needs main.yaml ([`super::across`]).
-    pub first_to_https: Option<(Arc<str>, Pos, String)>,
+    /// Where route settings that a check across files looks at (`to_https`, `acme`) were first
+    /// set true: that check needs main.yaml too, and points there ([`super::across`]).
+    pub first_true: BTreeMap<&'static str, SetAt>,
+}
+
+/// Where a setting was read: its file, its place and its whole key path.
+#[derive(Clone, Debug)]
+pub struct SetAt {
+    pub file: Arc<str>,
+    pub pos: Pos,
+    pub key: String,
 }
 
 impl Issues {

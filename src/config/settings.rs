@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
 
+use super::issues::SetAt;
 use super::reader::{bool_word, join, Reader};
 use super::values::{parse_auth, parse_header, AuthError, AuthRule};
 use super::yaml::{Key, Node, Pos, Value};
@@ -144,12 +145,7 @@ pub(super) fn read_setting(
     let p = path.as_str();
     match key.name.as_str() {
         "sticky_sessions" => settings.sticky_sessions = read_sticky(node, p, r),
-        "to_https" => {
-            settings.to_https = r.boolean(node, p);
-            if settings.to_https == Some(true) && r.issues.first_to_https.is_none() {
-                r.issues.first_to_https = Some((r.file.clone(), node.pos, path.clone()));
-            }
-        }
+        "to_https" => settings.to_https = noted_boolean("to_https", node, p, r),
         "rate_limit" => settings.rate_limit = r.uint(node, p, 0, 10_000_000).map(|n| n as u32),
         "x4xx_limit" => settings.x4xx_limit = r.uint(node, p, 0, 10_000_000).map(|n| n as u32),
         "server_headers" => settings.server_headers = read_headers(node, p, r),
@@ -166,7 +162,7 @@ pub(super) fn read_setting(
         "upstream_tls_verify" => settings.upstream_tls_verify = r.boolean(node, p),
         "compress" => settings.compress = read_compress(node, p, r),
         "cache" => settings.cache = r.boolean(node, p),
-        "acme" => settings.acme = r.boolean(node, p),
+        "acme" => settings.acme = noted_boolean("acme", node, p, r),
         "cache_ttl" => {
             settings.cache_ttl = r.uint(node, p, 1, 365 * 86_400).map(Duration::from_secs)
         }
@@ -372,6 +368,21 @@ fn read_auth(node: &Node, path: &str, r: &mut Reader) -> Option<AuthRule> {
             None
         }
     }
+}
+
+/// A boolean setting that the check across files looks at: where it is first set true is
+/// noted for that check to point at.
+fn noted_boolean(name: &'static str, node: &Node, path: &str, r: &mut Reader) -> Option<bool> {
+    let value = r.boolean(node, path);
+    if value == Some(true) {
+        let set_at = || SetAt {
+            file: r.file.clone(),
+            pos: node.pos,
+            key: path.to_string(),
+        };
+        r.issues.first_true.entry(name).or_insert_with(set_at);
+    }
+    value
 }
 
 fn read_redirect(node: &Node, path: &str, r: &mut Reader) -> Option<String> {

@@ -25,6 +25,7 @@ use super::LocalBody;
 use crate::upstream::connector::{self, ConnectError};
 use crate::upstream::{Endpoint, UpBody, Wire};
 use crate::vocab::headers::{self, X_REQUEST_ID};
+use crate::vocab::token_param;
 use crate::vocab::{ClientConn, ProxyError};
 
 /// How long the auth service has to answer (connect, head and body).
@@ -157,9 +158,9 @@ impl ForwardAuth {
             h.insert(X_FORWARDED_HOST.clone(), host);
         }
         // As the backend will get it: without the `araleztoken` parameter.
-        let mut asked = req.uri().clone();
-        crate::vocab::token_param::strip_from(&mut asked);
-        let target = asked.path_and_query().map_or("/", PathAndQuery::as_str);
+        let stripped = token_param::strip_query_param(req.uri(), token_param::QUERY_PARAM);
+        let target = stripped.as_ref().unwrap_or(req.uri()).path_and_query();
+        let target = target.map_or("/", PathAndQuery::as_str);
         if let Ok(uri) = HeaderValue::from_str(target) {
             h.insert(X_FORWARDED_URI.clone(), uri);
         }

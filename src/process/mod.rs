@@ -108,10 +108,10 @@ fn load(main_path: &Path) -> Result<(MainConfig, DigestedUpstreams, Issues), Sta
     let upstreams = upstreams_path
         .as_ref()
         .and_then(|path| config::load_upstreams_digested(path, &mut issues));
-    let (Some(main), Some(upstreams), Some(path)) = (main, upstreams, upstreams_path) else {
+    let (Some(main), Some(upstreams)) = (main, upstreams) else {
         return Err(StartError::Config(render_errors(&issues)));
     };
-    config::across::check(&main, &upstreams.0, &path, &mut issues);
+    config::across::check(&main, &upstreams.0, &mut issues);
     if issues.has_errors() {
         return Err(StartError::Config(render_errors(&issues)));
     }

@@ -26,6 +26,16 @@ pub fn certificate_reason(error: &pem::Error) -> String {
     }
 }
 
+/// What to add to "no PEM certificate found" for `crt_pem`: a key in its place says the
+/// pair's two files may be swapped (as [`key_reason`] says of a certificate in the key's).
+pub fn no_certificate_hint(crt_pem: &[u8]) -> &'static str {
+    let holds_a_key = crt_pem.windows(16).any(|w| w == b"PRIVATE KEY-----");
+    match holds_a_key {
+        true => " (it holds a private key: are the .crt and .key swapped?)",
+        false => "",
+    }
+}
+
 /// Why `key_pem` gave no private key (`error` is the PEM reader's).
 pub fn key_reason(key_pem: &[u8], error: &pem::Error) -> String {
     let holds = |text: &str| key_pem.windows(text.len()).any(|w| w == text.as_bytes());

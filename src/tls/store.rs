@@ -72,11 +72,7 @@ pub fn load_pair_files(crt: &Path, key_path: &Path) -> Result<LoadedPair, PairEr
         chain.push(der);
     }
     if chain.is_empty() {
-        let holds_a_key = crt_bytes.windows(16).any(|w| w == b"PRIVATE KEY-----");
-        let hint = match holds_a_key {
-            true => " (it holds a private key: are the .crt and .key swapped?)",
-            false => "",
-        };
+        let hint = pem_text::no_certificate_hint(&crt_bytes);
         return Err(PairError::NoCertificate { path: crt, hint });
     }
     let key_bytes = read_pem(&key_path)?;

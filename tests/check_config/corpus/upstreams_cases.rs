@@ -577,7 +577,7 @@ pub(crate) fn cases() -> Vec<Case> {
             "acme_true_without_an_acme_block",
             MAIN_OK,
             "upstreams:\n  a.test:\n    acme: true\n    paths:\n      \"/\": {servers: [\"127.0.0.1:8000\"]}\n",
-            vec![warn(U, 3, "acme", "main.yaml has no `acme:` block")],
+            vec![warn(U, 3, "upstreams.a.test.acme", "main.yaml has no `acme:` block")],
         )
         .warnings_only(),
         // ---- one file's errors do not hide the other's ----
