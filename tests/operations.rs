@@ -342,11 +342,11 @@ fn sigterm_right_after_listening_is_a_clean_stop() {
 }
 
 /// A SIGHUP sent the moment the port accepts (a supervisor that polls the port, as many do)
-/// reloads and the proxy goes on serving, 10 times out of 10: the handlers are in place before
+/// leaves the proxy serving, 10 times out of 10: the handlers are in place before
 /// the bind. Before, the port accepted while the pid file was written and the privileges
 /// dropped, and a SIGHUP then ended the process.
 #[test]
-fn sighup_as_soon_as_the_port_accepts_is_a_reload() {
+fn sighup_as_soon_as_the_port_accepts_leaves_the_proxy_serving() {
     for round in 0..10 {
         let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
         let (_dir, main) = write_config_listening(&unused_route(), "", &addr.to_string());
