@@ -175,8 +175,8 @@ fn read_sticky(node: &Node, path: &str, r: &mut Reader) -> Option<Option<Duratio
     match &node.value {
         Value::Bool(true) => hour,
         Value::Bool(false) => Some(None),
-        Value::Str(s) if s.trim().eq_ignore_ascii_case("true") => hour,
-        Value::Str(s) if s.trim().eq_ignore_ascii_case("false") => Some(None),
+        Value::Str(s) if bool_word(s) == Some(true) => hour,
+        Value::Str(s) if bool_word(s) == Some(false) => Some(None),
         Value::Int(_) => r
             .uint(node, path, 0, 10 * 365 * 86_400)
             .map(|s| (s > 0).then(|| Duration::from_secs(s))),
@@ -404,5 +404,32 @@ fn read_redirect(node: &Node, path: &str, r: &mut Reader) -> Option<String> {
             );
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::issues::Issues;
+    use crate::config::yaml;
+
+    fn sticky(text: &str) -> Option<Option<Duration>> {
+        let mut issues = Issues::default();
+        let doc = yaml::parse(text).expect("yaml");
+        let mut r = Reader::new("upstreams.yaml".into(), &mut issues);
+        read_sticky(&doc, "sticky_sessions", &mut r)
+    }
+
+    #[test]
+    fn sticky_sessions_takes_every_spelling_of_a_boolean_as_to_https_does() {
+        let hour = Some(Some(Duration::from_secs(3600)));
+        for on in ["true", "yes", "\"yes\"", "'On'", "\"TRUE\""] {
+            assert_eq!(sticky(on), hour, "{on}");
+        }
+        for off in ["false", "no", "\"no\"", "'off'", "0"] {
+            assert_eq!(sticky(off), Some(None), "{off}");
+        }
+        assert_eq!(sticky("\"600\""), Some(Some(Duration::from_secs(600))));
+        assert_eq!(sticky("sometimes"), None);
     }
 }
