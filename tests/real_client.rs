@@ -446,3 +446,54 @@ async fn request_ids_and_forwarded_for_follow_trust() {
         "an outsider's XFF is not believed"
     );
 }
+
+/// A TLS-terminating balancer in `trusted_proxies` says its client came over TLS with
+/// `X-Forwarded-Proto: https`: a `to_https` route serves the request (a redirect would loop) and
+/// the backend hears `https`. From anyone else the field is not believed and the route redirects.
+#[tokio::test]
+async fn to_https_believes_a_trusted_balancers_forwarded_proto() {
+    let backend = Backend::start("b").await;
+    let routes = support::upstreams::Upstreams::new()
+        .host(
+            "DEFAULT",
+            support::upstreams::Host::new().path(
+                "/",
+                support::upstreams::Path::servers(&[&backend])
+                    .healthcheck(false)
+                    .to_https(true),
+            ),
+        )
+        .render();
+    let proxy = ProxyProcess::start(&routes, "trusted_proxies: [\"127.0.0.2\"]");
+    for proto in [Proto::H1, Proto::H2c] {
+        let mut lb = connect_from(proto, proxy.addr, ip("127.0.0.2")).await;
+        let resp = send_a(&mut lb, &[("x-forwarded-proto", "https")]).await;
+        assert_eq!(resp.status(), 200, "{proto:?}: served, not redirected");
+        assert_eq!(header(&resp, "x-seen-proto"), "https", "{proto:?}");
+        body_bytes(resp).await;
+        let resp = send_a(&mut lb, &[]).await;
+        assert_eq!(resp.status(), 301, "{proto:?}: no field, a plain request");
+        assert_eq!(header(&resp, "location"), "https://app.test/a?b=1");
+        body_bytes(resp).await;
+        let mut outsider = connect_from(proto, proxy.addr, ip("127.0.0.3")).await;
+        let resp = send_a(&mut outsider, &[("x-forwarded-proto", "https")]).await;
+        assert_eq!(
+            resp.status(),
+            301,
+            "{proto:?}: an outsider's field is not believed"
+        );
+        body_bytes(resp).await;
+    }
+    assert_eq!(backend.requests(), 2);
+}
+
+async fn send_a(c: &mut Client, headers: &[(&str, &str)]) -> http::Response<hyper::body::Incoming> {
+    c.send(
+        Method::GET,
+        Some("app.test"),
+        "/a?b=1",
+        headers,
+        full(Bytes::new()),
+    )
+    .await
+}

@@ -6,6 +6,9 @@
 //!   `real_ip_recursive on`); from any other peer the header is not believed. Without
 //!   `trusted_proxies` nothing is parsed. The header sent upstream is left to forwarding (it
 //!   appends the peer, as always).
+//! - A trusted peer's one `X-Forwarded-Proto` (`https` or `http`) says whether its client came
+//!   over TLS: `to_https`, the cache key, forward auth and the `X-Forwarded-Proto` sent upstream
+//!   follow it, so a TLS-terminating balancer in front meets no redirect loop.
 //! - `X-Request-Id` from a trusted peer is kept when it is sane (1 to [`MAX_REQUEST_ID`]
 //!   visible ASCII characters); otherwise a new one replaces it. Either way forwarding sets it
 //!   on the request to the backend; the caller returns it on the response and logs it.
@@ -23,8 +26,8 @@ use bytes::Bytes;
 use http::header::{HeaderMap, HeaderValue};
 
 use crate::config::net_conf::Cidr;
-use crate::vocab::headers::X_FORWARDED_FOR;
 pub use crate::vocab::headers::X_REQUEST_ID;
+use crate::vocab::headers::{X_FORWARDED_FOR, X_FORWARDED_PROTO};
 use crate::vocab::ClientConn;
 
 /// The longest `X-Request-Id` kept from a trusted peer.
@@ -203,12 +206,31 @@ pub fn identify<'a>(
         return (Cow::Borrowed(conn), id);
     }
     let client_ip = trusted.client_behind(conn.peer.ip(), headers);
-    if client_ip == conn.client_ip {
+    let tls = scheme_behind(headers).unwrap_or(conn.tls);
+    if client_ip == conn.client_ip && tls == conn.tls {
         return (Cow::Borrowed(conn), id);
     }
     let mut behind = conn.clone();
     behind.client_ip = client_ip;
+    behind.tls = tls;
     (Cow::Owned(behind), id)
+}
+
+/// Whether the client behind a trusted peer reached it over TLS, as one `X-Forwarded-Proto`
+/// of `https` or `http` says; `None` when the field is absent, repeated or anything else.
+fn scheme_behind(headers: &HeaderMap) -> Option<bool> {
+    let mut values = headers.get_all(&X_FORWARDED_PROTO).iter();
+    let (Some(value), None) = (values.next(), values.next()) else {
+        return None;
+    };
+    let value = value.as_bytes();
+    if value.eq_ignore_ascii_case(b"https") {
+        Some(true)
+    } else if value.eq_ignore_ascii_case(b"http") {
+        Some(false)
+    } else {
+        None
+    }
 }
 
 #[cfg(test)]
@@ -292,6 +314,38 @@ mod tests {
         let (_, id) = identify(&t, &ids, &from_lb, &twice);
         assert_eq!(id.value.len(), 32);
         assert!(!id.kept);
+    }
+
+    #[test]
+    fn a_trusted_peers_one_forwarded_proto_says_whether_its_client_came_over_tls() {
+        let t = trusted(&["10.0.0.0/8"]);
+        let ids = RequestIds::new();
+        let proto = |values: &[&str]| {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append(X_FORWARDED_PROTO.clone(), HeaderValue::from_str(v).unwrap());
+            }
+            h
+        };
+        let from_lb = conn("10.0.0.1:5000", true);
+        let tls_of = |c: &ClientConn, values: &[&str]| identify(&t, &ids, c, &proto(values)).0.tls;
+        assert!(tls_of(&from_lb, &["https"]));
+        assert!(tls_of(&from_lb, &["HTTPS"]));
+        assert!(!tls_of(&from_lb, &[]));
+        assert!(!tls_of(&from_lb, &["ftp"]));
+        assert!(
+            !tls_of(&from_lb, &["https", "https"]),
+            "repeated: not believed"
+        );
+        let mut over_tls = from_lb.clone();
+        over_tls.tls = true;
+        assert!(!tls_of(&over_tls, &["http"]));
+        assert!(tls_of(&over_tls, &[]));
+        let stranger = conn("192.0.2.1:5000", false);
+        assert!(
+            !tls_of(&stranger, &["https"]),
+            "an untrusted peer's is not believed"
+        );
     }
 
     #[test]
