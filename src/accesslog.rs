@@ -191,8 +191,9 @@ impl AccessLog {
 
 impl AccessLog {
     /// Logs a request refused before it could be read as one (a malformed or oversized
-    /// head: hyper answers it itself), from `client`, with the `status` it was answered.
-    pub fn refused(&self, client: IpAddr, tls: &TlsFacts, status: u16) {
+    /// head: hyper answers it itself), from `client`, with the `status` it was answered and
+    /// the `body_bytes` of that answer.
+    pub fn refused(&self, client: IpAddr, tls: &TlsFacts, status: u16, body_bytes: u64) {
         let Some(sink) = &self.0 else {
             return;
         };
@@ -205,7 +206,7 @@ impl AccessLog {
             version: None,
             host: None,
             status: Some(status),
-            bytes: 0,
+            bytes: body_bytes,
             duration: Duration::ZERO,
             backend: None,
             upstream_time: None,

@@ -501,10 +501,13 @@ async fn a_plain_request_on_the_tls_port_gets_a_readable_400() {
     );
     let logged = eventually(Duration::from_secs(5), || {
         proxy.log_text().lines().any(|l| {
-            l.starts_with("access ") && l.contains(" status=400 ") && l.contains(" method=- ")
+            l.starts_with("access ")
+                && l.contains(" status=400 ")
+                && l.contains(" method=- ")
+                && l.contains(" bytes=50 ")
         })
     });
-    assert!(logged.await, "{}", proxy.log_text());
+    assert!(logged.await, "the 400's 50 bytes: {}", proxy.log_text());
     let config = tls_client_config(&roots, &[b"http/1.1"]);
     let mut client = Client::connect_tls(tls, "127.0.0.1", config).await;
     assert_eq!(client.get("a.test", "/").await.status(), 200);

@@ -482,7 +482,7 @@ fn say_closed_for<F>(shared: &Shared<F>, activity: &Activity, info: &ConnInfo) {
             let limit = shared.limits.header_timeout;
             tracing::info!("client {peer}: no whole request head within {limit:?} (client_header_timeout); closed");
             if let Some(refusals) = &shared.refusals {
-                refusals.refused(peer.ip(), &info.tls_facts, StatusCode::REQUEST_TIMEOUT);
+                refusals.refused(peer.ip(), &info.tls_facts, StatusCode::REQUEST_TIMEOUT, 0);
             }
         }
         Some(Closed::Stalled) => {
@@ -527,7 +527,7 @@ impl<F: MakeService> HyperSide<'_, F> {
         };
         if let (Err(e), Some(refusals)) = (&ended, &self.shared.refusals) {
             if let Some(status) = refused_with(&**e) {
-                refusals.refused(peer.ip(), &self.info.tls_facts, status);
+                refusals.refused(peer.ip(), &self.info.tls_facts, status, 0);
             }
         }
         ended_cleanly(ended, peer)
@@ -618,7 +618,12 @@ async fn judged_as_tls<F>(
             tracing::debug!(%peer, "{}: a plain HTTP request on the TLS port", shared.name);
             if let Some(refusals) = &shared.refusals {
                 let plain = TlsFacts::default();
-                refusals.refused(peer.ip(), &plain, StatusCode::BAD_REQUEST);
+                refusals.refused(
+                    peer.ip(),
+                    &plain,
+                    StatusCode::BAD_REQUEST,
+                    plain_on_tls::BODY_BYTES,
+                );
             }
             let answered = tokio::time::timeout_at(deadline, plain_on_tls::answer(stream));
             let _ = answered.await;

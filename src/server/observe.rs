@@ -97,10 +97,12 @@ pub struct Refusals {
 }
 
 impl Refusals {
-    /// A request from `client` (over TLS as `tls` says) was refused with `status`.
-    pub fn refused(&self, client: IpAddr, tls: &TlsFacts, status: StatusCode) {
+    /// A request from `client` (over TLS as `tls` says) was refused with `status` and an
+    /// answer of `body_bytes`.
+    pub fn refused(&self, client: IpAddr, tls: &TlsFacts, status: StatusCode, body_bytes: u64) {
         self.metrics.request_refused(self.worker, status);
-        self.access_log.refused(client, tls, status.as_u16());
+        self.access_log
+            .refused(client, tls, status.as_u16(), body_bytes);
     }
 }
 

@@ -24,6 +24,9 @@ connection: close\r\n\
 \r\n\
 The plain HTTP request was sent to an HTTPS port.\n";
 
+/// The length of [`ANSWER`]'s body (its `content-length`), for the access log.
+pub const BODY_BYTES: u64 = 50;
+
 /// What a connection's first bytes are, as far as the TLS listener cares.
 #[derive(Debug, PartialEq, Eq)]
 pub enum FirstBytes {
@@ -83,6 +86,7 @@ mod tests {
         let (head, body) = text.split_once("\r\n\r\n").expect("a head");
         assert!(head.starts_with("HTTP/1.1 400 Bad Request\r\n"));
         assert!(head.contains(&format!("content-length: {}", body.len())));
+        assert_eq!(body.len() as u64, BODY_BYTES, "the access log's bytes");
         assert!(body.contains("plain HTTP request"));
     }
 }
