@@ -45,7 +45,7 @@ pub fn format_line(out: &mut String, clock: &mut Clock, format: AccessLogFormat,
     match &e.target {
         Some(target) => {
             let target = target.path_and_query().map_or("/", |p| p.as_str());
-            line.quoted_field("target", |out, style| push_target(out, style, target));
+            line.quoted_field("target", |out| push_target(out, target));
         }
         None => line.text("target", None),
     }
@@ -155,10 +155,10 @@ impl Line<'_> {
     }
 
     /// A value always quoted.
-    fn quoted_field(&mut self, key: &str, write: impl FnOnce(&mut String, Style)) {
+    fn quoted_field(&mut self, key: &str, write: impl FnOnce(&mut String)) {
         self.key(key);
         self.out.push('"');
-        write(self.out, self.style);
+        write(self.out);
         self.out.push('"');
     }
 
@@ -169,12 +169,13 @@ impl Line<'_> {
         let Some(bytes) = value else {
             return self.absent();
         };
-        let quote = self.style == Style::Json || !bytes.iter().all(|b| b.is_ascii_graphic());
+        let bare = |b: &u8| b.is_ascii_graphic() && !matches!(b, b'"' | b'\\' | b'=');
+        let quote = self.style == Style::Json || !bytes.iter().all(bare);
         let quote = quote || matches!(key, "host" | "referer" | "user_agent" | "sni");
         if quote {
             self.out.push('"');
         }
-        push_escaped(self.out, self.style, bytes);
+        push_escaped(self.out, bytes);
         if quote {
             self.out.push('"');
         }
@@ -202,15 +203,15 @@ impl Line<'_> {
 }
 
 /// The target with the value of every `araleztoken` query parameter replaced by `REDACTED`.
-fn push_target(out: &mut String, style: Style, target: &str) {
+fn push_target(out: &mut String, target: &str) {
     let Some((path, query)) = target
         .split_once('?')
         .filter(|(_, q)| q.contains(QUERY_PARAM))
     else {
-        push_escaped(out, style, target.as_bytes());
+        push_escaped(out, target.as_bytes());
         return;
     };
-    push_escaped(out, style, path.as_bytes());
+    push_escaped(out, path.as_bytes());
     for (i, pair) in query.split('&').enumerate() {
         out.push(if i == 0 { '?' } else { '&' });
         match pair.split_once('=') {
@@ -218,7 +219,7 @@ fn push_target(out: &mut String, style: Style, target: &str) {
                 out.push_str(QUERY_PARAM);
                 out.push_str("=REDACTED");
             }
-            _ => push_escaped(out, style, pair.as_bytes()),
+            _ => push_escaped(out, pair.as_bytes()),
         }
     }
 }
@@ -253,11 +254,12 @@ fn push_ip(out: &mut String, ip: IpAddr) {
     }
 }
 
-/// Copies printable ASCII and spaces except `"` and `\\`; every other byte becomes `\\xNN`
-/// (logfmt) or `\\u00NN` (JSON), so a line stays one line of valid text. In JSON, UTF-8 text
-/// stays as it is (a byte as `\\u00NN` would read as another character: `é` as `Ã©`), and a
-/// byte that is not UTF-8 becomes U+FFFD.
-fn push_escaped(out: &mut String, style: Style, bytes: &[u8]) {
+/// Copies printable ASCII and spaces; `"` and `\\` become `\\"` and `\\\\`, other ASCII bytes
+/// `\\u00NN`, so a line stays one line of valid text. Both formats take JSON's escapes: a logfmt
+/// reader (go-logfmt, Loki's `| logfmt`) knows no other inside quotes. UTF-8 text stays as it is
+/// (a byte as `\\u00NN` would read as another character: `é` as `Ã©`), and a byte that is not
+/// UTF-8 becomes U+FFFD.
+fn push_escaped(out: &mut String, bytes: &[u8]) {
     let plain = |b: &u8| (b.is_ascii_graphic() && *b != b'"' && *b != b'\\') || *b == b' ';
     let mut rest = bytes;
     while !rest.is_empty() {
@@ -266,13 +268,14 @@ fn push_escaped(out: &mut String, style: Style, bytes: &[u8]) {
         out.push_str(std::str::from_utf8(&rest[..run]).unwrap_or_default());
         let Some(&odd) = rest.get(run) else { break };
         rest = &rest[run..];
-        if style == Style::Json && !odd.is_ascii() {
-            rest = push_json_non_ascii(out, rest);
+        if !odd.is_ascii() {
+            rest = push_non_ascii(out, rest);
             continue;
         }
-        let _ = match style {
-            Style::Logfmt => write!(out, "\\x{odd:02x}"),
-            Style::Json => write!(out, "\\u{odd:04x}"),
+        let _ = match odd {
+            b'"' => out.write_str("\\\""),
+            b'\\' => out.write_str("\\\\"),
+            _ => write!(out, "\\u{odd:04x}"),
         };
         rest = &rest[1..];
     }
@@ -280,7 +283,7 @@ fn push_escaped(out: &mut String, style: Style, bytes: &[u8]) {
 
 /// Copies the UTF-8 character `bytes` starts with, or writes U+FFFD for a byte that starts none;
 /// returns what follows.
-fn push_json_non_ascii<'a>(out: &mut String, bytes: &'a [u8]) -> &'a [u8] {
+fn push_non_ascii<'a>(out: &mut String, bytes: &'a [u8]) -> &'a [u8] {
     let len = match bytes.first() {
         Some(0xc2..=0xdf) => 2,
         Some(0xe0..=0xef) => 3,
@@ -349,14 +352,80 @@ mod tests {
 
     #[test]
     fn tokens_never_reach_the_log() {
-        for style in [Style::Logfmt, Style::Json] {
-            let mut out = String::new();
-            push_target(&mut out, style, "/a?x=1&araleztoken=eyJ.secret.sig&y=2");
-            assert_eq!(out, "/a?x=1&araleztoken=REDACTED&y=2");
-            out.clear();
-            push_target(&mut out, style, "/a?araleztokenx=1");
-            assert_eq!(out, "/a?araleztokenx=1");
+        let mut out = String::new();
+        push_target(&mut out, "/a?x=1&araleztoken=eyJ.secret.sig&y=2");
+        assert_eq!(out, "/a?x=1&araleztoken=REDACTED&y=2");
+        out.clear();
+        push_target(&mut out, "/a?araleztokenx=1");
+        assert_eq!(out, "/a?araleztokenx=1");
+    }
+
+    /// Reads a logfmt line as go-logfmt does: `key=bare` (no space, `=`, `"`, `\\` or control
+    /// byte) or `key="..."` with JSON's escapes (read by serde_json, as a JSON string is the same).
+    fn read_logfmt(line: &str) -> Vec<(String, String)> {
+        let mut fields = Vec::new();
+        let mut rest = line
+            .trim_end_matches('\n')
+            .strip_prefix("access ")
+            .expect("access");
+        while !rest.is_empty() {
+            let (key, after) = rest.split_once('=').expect("key=");
+            assert!(!key.contains([' ', '"']), "key {key:?} in {line}");
+            let (value, after) = if let Some(quoted) = after.strip_prefix('"') {
+                let mut end = 0;
+                let bytes = quoted.as_bytes();
+                while bytes[end] != b'"' {
+                    end += if bytes[end] == b'\\' { 2 } else { 1 };
+                }
+                let literal = &after[..end + 2];
+                let value: String = serde_json::from_str(literal).expect(literal);
+                (value, &quoted[end + 1..])
+            } else {
+                let end = after.find(' ').unwrap_or(after.len());
+                let bare = &after[..end];
+                assert!(
+                    !bare.contains(['=', '"', '\\']) && !bare.chars().any(char::is_control),
+                    "bare {bare:?} in {line}"
+                );
+                (bare.to_string(), &after[end..])
+            };
+            fields.push((key.to_string(), value));
+            rest = after.strip_prefix(' ').unwrap_or(after);
         }
+        fields
+    }
+
+    #[test]
+    fn logfmt_values_read_back_as_sent_whatever_the_client_put_in_them() {
+        let mut e = entry();
+        e.user_agent =
+            Some(HeaderValue::from_bytes(b"a\"b\\c\tq\xff\xc3\xa9 x=1 status=999").unwrap());
+        e.host = Some(HeaderValue::from_bytes("é.local".as_bytes()).unwrap());
+        e.request_id = Some(HeaderValue::from_static("a=b\"c\\d"));
+        e.referer = Some(HeaderValue::from_static("http://r/?q=1"));
+        let mut line = String::new();
+        format_line(
+            &mut line,
+            &mut Clock::default(),
+            AccessLogFormat::Logfmt,
+            &e,
+        );
+        let fields = read_logfmt(&line);
+        let field = |k: &str| {
+            fields
+                .iter()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(fields.len(), 18, "{line}");
+        assert_eq!(
+            field("user_agent"),
+            Some("a\"b\\c\tq\u{fffd}é x=1 status=999")
+        );
+        assert_eq!(field("status"), Some("200"));
+        assert_eq!(field("host"), Some("é.local"));
+        assert_eq!(field("request_id"), Some("a=b\"c\\d"));
+        assert_eq!(field("referer"), Some("http://r/?q=1"));
     }
 
     #[test]
@@ -371,7 +440,7 @@ mod tests {
         assert_eq!(
             line,
             "access time=2023-11-14T22:13:20.123Z client=10.0.0.1 method=GET target=\"/a?b=1\" \
-             host=\"x\\x22.org\" version=HTTP/1.1 status=200 bytes=5 duration_ms=1.500 backend=- \
+             host=\"x\\\".org\" version=HTTP/1.1 status=200 bytes=5 duration_ms=1.500 backend=- \
              upstream_ms=- cache=- bytes_in=0 request_id=r-1 tls=- sni=- referer=- user_agent=\"curl/8 (x)\"\n"
         );
     }
