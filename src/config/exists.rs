@@ -7,7 +7,7 @@
 //! (whether the key suits the certificate is the start's to find). Each problem is an error at
 //! the key that names the thing.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::reader::Reader;
 use super::yaml::KeyPositions;
@@ -196,10 +196,30 @@ fn cannot_rotate(path: &Path) -> Option<String> {
 }
 
 /// Whether two paths name one file: the same text, or (both existing) the same inode.
+/// Whether two paths are one file: the same inode when both exist; otherwise the same name in
+/// the same directory, however each is spelled (relative or absolute, `..`, links to the
+/// directory), as the first start would create it.
 fn same_file(a: &Path, b: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     let id = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
-    a == b || id(a).is_some_and(|x| Some(x) == id(b))
+    if a == b {
+        return true;
+    }
+    match (id(a), id(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => where_created(a).is_some_and(|x| Some(x) == where_created(b)),
+    }
+}
+
+/// The file `path` names, as its directory resolved (`None` when that directory is not there:
+/// nothing could be created in it).
+fn where_created(path: &Path) -> Option<PathBuf> {
+    let name = path.file_name()?;
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    Some(std::fs::canonicalize(dir).ok()?.join(name))
 }
 
 /// A file the process writes that is one of its configuration files (a pid file written
@@ -296,4 +316,28 @@ fn accounts(named: &Named<'_>, at: &KeyPositions<'_>, r: &mut Reader) -> bool {
         }
     }
     ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_spellings_of_a_file_not_made_yet_are_one_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir(root.join("sub")).unwrap();
+        std::os::unix::fs::symlink(root, root.join("link")).unwrap();
+        let log = root.join("x.log");
+        assert!(same_file(&log, &root.join("sub/../x.log")));
+        assert!(same_file(&log, &root.join("link/x.log")));
+        assert!(!same_file(&log, &root.join("y.log")));
+        assert!(!same_file(&log, &root.join("sub/x.log")));
+        assert!(
+            !same_file(&log, &root.join("gone/x.log")),
+            "no such directory"
+        );
+        std::fs::write(&log, "").unwrap();
+        assert!(same_file(&log, &root.join("link/x.log")), "once made");
+    }
 }

@@ -542,7 +542,6 @@ impl MainConfig {
         (everything_exists && !failed).then_some(cfg)
     }
 
-    /// Makes relative paths relative to main.yaml's directory, unless only the cwd-relative one exists.
     /// The address a listener's key names; `None` for any other key.
     fn address_of(&self, key: &str) -> Option<SocketAddr> {
         match key {
@@ -555,6 +554,8 @@ impl MainConfig {
         }
     }
 
+    /// Makes relative paths relative to main.yaml's directory (for files it only reads: unless
+    /// only the cwd-relative one exists).
     fn resolve_paths(&mut self) {
         let base = self.base_dir.clone();
         let fix = |p: &mut PathBuf| {
