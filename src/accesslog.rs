@@ -23,7 +23,7 @@ use http::{HeaderValue, Method, Request, Uri, Version};
 
 use crate::config::log_conf::AccessLogFormat;
 use crate::config::main_conf::AccessLog as Mode;
-use crate::logfile::LogFile;
+use crate::logfile::{write_counted, LogFile, PartWritten};
 use crate::metrics::{Metrics, CLIENT_CLOSED_REQUEST};
 use crate::vocab::request_body::{BodyCounter, BytesIn};
 use crate::vocab::TlsFacts;
@@ -404,12 +404,15 @@ impl Destination {
         }
     }
 
-    fn write_all(&self, bytes: &[u8]) -> std::io::Result<()> {
+    fn write_all(&self, bytes: &[u8]) -> Result<(), PartWritten> {
         match self {
             Destination::Stdout => {
                 let mut out = std::io::stdout().lock();
-                out.write_all(bytes)?;
-                out.flush()
+                write_counted(&mut out, bytes)?;
+                out.flush().map_err(|error| PartWritten {
+                    bytes: bytes.len(),
+                    error,
+                })
             }
             Destination::File(file) => file.append(bytes),
         }
@@ -490,16 +493,26 @@ fn write_batch(
     }
     match out.write_all(batch.as_bytes()) {
         Ok(()) => failures.torn = false,
-        Err(e) => {
-            for _ in 0..*lines {
+        Err(part) => {
+            let lost = lines_lost(batch, part.bytes, *lines, failures.torn);
+            for _ in 0..lost {
                 metrics.logging_error();
             }
-            failures.note(&e, *lines);
+            failures.note(&part.error, lost);
             failures.torn = true;
         }
     }
     batch.clear();
     *lines = 0;
+}
+
+/// How many of a batch's `lines` a write that stopped after `written` bytes lost: those that
+/// went out whole are in the file. A `torn` batch starts with a newline that ends no line.
+fn lines_lost(batch: &str, written: usize, lines: u64, torn: bool) -> u64 {
+    let out = batch.as_bytes().get(..written).unwrap_or_default();
+    let ends = out.iter().filter(|b| **b == b'\n').count() as u64;
+    let whole = ends.saturating_sub(u64::from(torn && written > 0));
+    lines.saturating_sub(whole)
 }
 
 /// Failed writes of the access log, said in the app log at most once a minute (as nginx logs
@@ -531,31 +544,4 @@ impl WriteFailures {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_line_after_a_failed_write_starts_on_a_line_of_its_own() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("access.log");
-        // A full disk first (a link to /dev/full), then room again.
-        std::os::unix::fs::symlink("/dev/full", &path).unwrap();
-        let file = Arc::new(crate::logfile::LogFile::open(&path, None).unwrap());
-        let out = Destination::File(file);
-        let metrics = Metrics::new(1);
-        let mut failures = WriteFailures::default();
-        let (mut batch, mut lines) = ("lost line\n".to_string(), 1);
-        write_batch(&out, &mut batch, &mut lines, &metrics, &mut failures);
-        std::fs::remove_file(&path).unwrap();
-        out.reopen();
-        let (mut batch, mut lines) = ("next line\n".to_string(), 1);
-        write_batch(&out, &mut batch, &mut lines, &metrics, &mut failures);
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "\nnext line\n");
-        let (mut batch, mut lines) = ("then\n".to_string(), 1);
-        write_batch(&out, &mut batch, &mut lines, &metrics, &mut failures);
-        assert_eq!(
-            std::fs::read_to_string(&path).unwrap(),
-            "\nnext line\nthen\n"
-        );
-    }
-}
+mod tests;

@@ -18,6 +18,36 @@ use std::thread::JoinHandle;
 
 use crate::config::log_conf::Rotation;
 
+/// A write that failed after `bytes` of its buffer had gone out.
+#[derive(Debug)]
+pub struct PartWritten {
+    pub bytes: usize,
+    pub error: io::Error,
+}
+
+impl From<PartWritten> for io::Error {
+    fn from(part: PartWritten) -> io::Error {
+        part.error
+    }
+}
+
+/// `write_all`, saying how much went out when it fails (a full disk takes part of a batch).
+pub fn write_counted(out: &mut impl Write, buf: &[u8]) -> Result<(), PartWritten> {
+    let mut bytes = 0;
+    while bytes < buf.len() {
+        match out.write(&buf[bytes..]) {
+            Ok(0) => {
+                let error = io::Error::from(io::ErrorKind::WriteZero);
+                return Err(PartWritten { bytes, error });
+            }
+            Ok(n) => bytes += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(PartWritten { bytes, error }),
+        }
+    }
+    Ok(())
+}
+
 /// An append-only log file, reopened on demand and rotated by size.
 pub struct LogFile {
     path: PathBuf,
@@ -97,10 +127,14 @@ impl LogFile {
     /// Writes `buf` whole at the end of the file, then rotates when the file has grown past
     /// its limit. A failed rotation is reported once to stderr and writing goes on in the same
     /// file.
-    pub fn append(&self, buf: &[u8]) -> io::Result<()> {
+    pub fn append(&self, buf: &[u8]) -> Result<(), PartWritten> {
         let mut state = self.lock();
-        state.file.write_all(buf)?;
-        state.size += buf.len() as u64;
+        let written = write_counted(&mut state.file, buf);
+        state.size += match &written {
+            Ok(()) => buf.len() as u64,
+            Err(part) => part.bytes as u64,
+        };
+        written?;
         if let Some(rotation) = self.rotation {
             if state.size >= rotation.max_bytes {
                 if let Err(e) = self.rotate(&mut state, rotation) {

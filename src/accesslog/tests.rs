@@ -1,0 +1,79 @@
+//! The access log writer: failed writes, counted and mended.
+
+use super::*;
+
+#[test]
+fn lines_that_went_out_whole_before_a_failure_are_not_counted_lost() {
+    let batch = "a\nbb\nccc\n";
+    assert_eq!(lines_lost(batch, 0, 3, false), 3);
+    assert_eq!(lines_lost(batch, 2, 3, false), 2);
+    assert_eq!(lines_lost(batch, 4, 3, false), 2, "one line cut");
+    assert_eq!(lines_lost(batch, 5, 3, false), 1);
+    let torn = "\na\nbb\n";
+    assert_eq!(lines_lost(torn, 1, 2, true), 2, "only the torn line's end");
+    assert_eq!(lines_lost(torn, 3, 2, true), 1);
+}
+
+/// Takes `room` bytes, then fails as a full disk does.
+struct Full {
+    room: usize,
+    took: Vec<u8>,
+}
+
+impl std::io::Write for Full {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.room == 0 {
+            return Err(std::io::Error::from_raw_os_error(28));
+        }
+        let n = buf.len().min(self.room).min(3);
+        self.room -= n;
+        self.took.extend_from_slice(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_write_that_fails_part_way_says_how_much_went_out() {
+    let mut full = Full {
+        room: 7,
+        took: Vec::new(),
+    };
+    let part = write_counted(&mut full, b"a\nbb\nccc\n").unwrap_err();
+    assert_eq!((part.bytes, full.took.as_slice()), (7, &b"a\nbb\ncc"[..]));
+    assert_eq!(part.error.raw_os_error(), Some(28));
+    let mut roomy = Full {
+        room: 100,
+        took: Vec::new(),
+    };
+    assert!(write_counted(&mut roomy, b"a\nbb\n").is_ok());
+    assert_eq!(roomy.took, b"a\nbb\n");
+}
+
+#[test]
+fn the_line_after_a_failed_write_starts_on_a_line_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("access.log");
+    // A full disk first (a link to /dev/full), then room again.
+    std::os::unix::fs::symlink("/dev/full", &path).unwrap();
+    let file = Arc::new(crate::logfile::LogFile::open(&path, None).unwrap());
+    let out = Destination::File(file);
+    let metrics = Metrics::new(1);
+    let mut failures = WriteFailures::default();
+    let (mut batch, mut lines) = ("lost line\n".to_string(), 1);
+    write_batch(&out, &mut batch, &mut lines, &metrics, &mut failures);
+    std::fs::remove_file(&path).unwrap();
+    out.reopen();
+    let (mut batch, mut lines) = ("next line\n".to_string(), 1);
+    write_batch(&out, &mut batch, &mut lines, &metrics, &mut failures);
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "\nnext line\n");
+    let (mut batch, mut lines) = ("then\n".to_string(), 1);
+    write_batch(&out, &mut batch, &mut lines, &metrics, &mut failures);
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        "\nnext line\nthen\n"
+    );
+}
