@@ -518,7 +518,9 @@ impl<F: MakeService> HyperSide<'_, F> {
         let ended = if handoff.served == 0 {
             let builder = &self.shared.builders.sniffing;
             let conn = builder.serve_connection_with_upgrades(io, service);
-            idle::drive_boxed(conn.into_owned(), drain, activity, self.timers).await
+            let conn = idle::drive_boxed(conn.into_owned(), drain, activity, self.timers);
+            let refusals = h2_refusals(self.shared, self.info);
+            h2::refusals::scope(refusals, conn).await
         } else {
             let builder = &self.shared.builders.http1;
             let conn = builder.serve_connection(io, service).with_upgrades();
@@ -592,13 +594,20 @@ async fn serve_tls<F: MakeService>(
     }
     let activity = Activity::new(shared.draining.clone());
     activity.mark_http2();
+    let refusals = h2_refusals(&shared, &info);
     let service = Tracked::new(shared.make.make(info), activity.clone(), HeadWriter::Hyper);
     let (drain, idle) = (shared.drain.clone(), shared.limits.timers());
     let stream = ReleaseWhenSettled::new(stream, activity.clone());
     let io = TokioIo::new(FloodGuard::new(stream, peer));
     let conn = shared.builders.h2_only.serve_connection(io, service);
     let conn = idle::drive_boxed(conn.into_owned(), drain, activity, idle);
-    counted.run(conn).await;
+    counted.run(h2::refusals::scope(refusals, conn)).await;
+}
+
+/// Where an HTTP/2 connection's refused request heads are told (see [`Refusals::h2_note`]).
+fn h2_refusals<F>(shared: &Shared<F>, info: &ConnInfo) -> Option<h2::refusals::Note> {
+    let refusals = shared.refusals.as_ref()?;
+    Some(refusals.h2_note(info.peer.ip(), info.tls_facts.clone()))
 }
 
 /// Whether the connection goes on to the TLS handshake: not when it ended before its first

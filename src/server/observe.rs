@@ -104,6 +104,17 @@ impl Refusals {
         self.access_log
             .refused(client, tls, status.as_u16(), body_bytes);
     }
+
+    /// What an HTTP/2 connection from `client` tells of the request heads h2 refuses itself
+    /// (a 431, or a malformed head's reset as 400): logged and counted as hyper's HTTP/1
+    /// refusals are. Made once per HTTP/2 connection.
+    pub fn h2_note(&self, client: IpAddr, tls: TlsFacts) -> h2::refusals::Note {
+        let refusals = self.clone();
+        Box::new(move |status| {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+            refusals.refused(client, &tls, status, 0);
+        })
+    }
 }
 
 /// What every request of one client connection shares.

@@ -128,6 +128,7 @@ pub mod frame;
 
 pub mod client;
 pub mod ext;
+pub mod refusals;
 pub mod server;
 mod share;
 

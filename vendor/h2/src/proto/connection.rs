@@ -524,6 +524,14 @@ where
 
                 debug_assert_eq!(initiator, Initiator::Library);
                 tracing::trace!(?id, ?reason, ?initiator, "stream error");
+                // Patched in by aralez: a header block the codec refused (a malformed one)
+                // on a stream not opened yet is a request head refused.
+                if self.streams.is_server()
+                    && reason == Reason::PROTOCOL_ERROR
+                    && id > self.streams.last_processed_id()
+                {
+                    crate::refusals::refused(400);
+                }
                 match self.streams.send_reset(id, reason) {
                     Ok(()) => (),
                     Err(crate::proto::error::GoAway { debug_data, reason }) => {

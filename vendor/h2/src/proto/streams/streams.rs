@@ -554,6 +554,8 @@ impl Inner {
                     Ok(()) => Ok(()),
                     Err(RecvHeaderBlockError::Oversize) => {
                         if peer.is_server() {
+                            // Patched in by aralez: a refused request is told of.
+                            crate::refusals::refused(431);
                             let mut resp = frame::Headers::new(
                                 stream.id,
                                 frame::Pseudo::response(
@@ -580,7 +582,13 @@ impl Inner {
                             Err(Error::library_reset(stream.id, Reason::PROTOCOL_ERROR))
                         }
                     },
-                    Err(RecvHeaderBlockError::State(err)) => Err(err),
+                    Err(RecvHeaderBlockError::State(err)) => {
+                        // Patched in by aralez: a request head reset as malformed is told of.
+                        if peer.is_server() && matches!(err, Error::Reset(..)) {
+                            crate::refusals::refused(400);
+                        }
+                        Err(err)
+                    }
                 }
             } else {
                 if !frame.is_end_stream() {

@@ -1,0 +1,196 @@
+//! HTTP/2 request heads that h2 refuses itself, before they become requests (vendor/h2's
+//! `refusals`): one over the header list limit gets a 431, a malformed one (no `:path`, a
+//! connection-specific field) a `RST_STREAM` with `PROTOCOL_ERROR`. They are logged and counted
+//! as hyper's HTTP/1 refusals are (`method=- target=-`, method and version `OTHER`), over h2c and
+//! over TLS. Before, they left no line and no count: a client whose every request was refused
+//! looked like no client at all.
+
+use crate::support;
+
+use std::time::Duration;
+
+use support::*;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const HEADERS: u8 = 0x1;
+const RST_STREAM: u8 = 0x3;
+const SETTINGS: u8 = 0x4;
+const CONTINUATION: u8 = 0x9;
+const END_STREAM: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+
+/// An HPACK integer with an `n`-bit prefix (RFC 7541 §5.1), the prefix's other bits `first`.
+fn hpack_int(first: u8, n: u32, mut value: usize, out: &mut Vec<u8>) {
+    let max = (1usize << n) - 1;
+    if value < max {
+        out.push(first | value as u8);
+        return;
+    }
+    out.push(first | max as u8);
+    value -= max;
+    while value >= 128 {
+        out.push((value % 128 + 128) as u8);
+        value /= 128;
+    }
+    out.push(value as u8);
+}
+
+/// A literal field without indexing, its name literal too.
+fn literal(name: &str, value: &str, out: &mut Vec<u8>) {
+    out.push(0x00);
+    hpack_int(0, 7, name.len(), out);
+    out.extend_from_slice(name.as_bytes());
+    hpack_int(0, 7, value.len(), out);
+    out.extend_from_slice(value.as_bytes());
+}
+
+/// `GET http://x.test/` (`:method GET`, `:scheme http`, `:path /` from the static table, a
+/// literal `:authority`), then `extra`; without `:path` when `path` is false.
+fn block(path: bool, extra: &[(&str, &str)]) -> Vec<u8> {
+    let mut out = vec![0x82, 0x86];
+    if path {
+        out.push(0x84);
+    }
+    out.extend_from_slice(&[0x41, 0x06]);
+    out.extend_from_slice(b"x.test");
+    for (name, value) in extra {
+        literal(name, value, &mut out);
+    }
+    out
+}
+
+/// A whole request on `stream`: HEADERS, then CONTINUATIONs of at most 16 KiB each.
+fn request(stream: u32, block: &[u8]) -> Vec<u8> {
+    let mut pieces = block.chunks(16_384).peekable();
+    let mut out = Vec::new();
+    let mut kind = HEADERS;
+    let mut flags = END_STREAM;
+    while let Some(piece) = pieces.next() {
+        let last = pieces.peek().is_none();
+        let end = if last { END_HEADERS } else { 0 };
+        out.extend(h2_frame(kind, flags | end, stream, piece));
+        (kind, flags) = (CONTINUATION, 0);
+    }
+    out
+}
+
+/// The frames' kinds and streams in `bytes`, until the last whole one.
+fn frames(bytes: &[u8]) -> Vec<(u8, u32, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at + 9 <= bytes.len() {
+        let len = (usize::from(bytes[at]) << 16)
+            | (usize::from(bytes[at + 1]) << 8)
+            | usize::from(bytes[at + 2]);
+        if at + 9 + len > bytes.len() {
+            break;
+        }
+        let id = u32::from_be_bytes([bytes[at + 5], bytes[at + 6], bytes[at + 7], bytes[at + 8]]);
+        out.push((
+            bytes[at + 3],
+            id & 0x7fff_ffff,
+            bytes[at + 9..at + 9 + len].to_vec(),
+        ));
+        at += 9 + len;
+    }
+    out
+}
+
+/// Sends the three refused requests (streams 1, 3, 5) and a good one (7) on one connection;
+/// waits until each is answered: 431 on 1 (`:status` is a literal: not in the static table),
+/// resets with PROTOCOL_ERROR on 3 and 5, a head on 7.
+async fn refused_three<S: AsyncRead + AsyncWrite + Unpin>(mut s: S) {
+    let big = "y".repeat(70_000);
+    s.write_all(PREFACE).await.unwrap();
+    s.write_all(&h2_frame(SETTINGS, 0, 0, &[])).await.unwrap();
+    s.write_all(&request(1, &block(true, &[("x-big", &big)])))
+        .await
+        .unwrap();
+    s.write_all(&request(3, &block(false, &[]))).await.unwrap();
+    s.write_all(&request(5, &block(true, &[("connection", "close")])))
+        .await
+        .unwrap();
+    s.write_all(&request(7, &block(true, &[]))).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let done = |got: &[u8]| {
+        let fs = frames(got);
+        let reset = |id| {
+            fs.iter()
+                .any(|f| f.0 == RST_STREAM && f.1 == id && f.2 == [0, 0, 0, 1])
+        };
+        let head = |id| fs.iter().any(|f| f.0 == HEADERS && f.1 == id);
+        head(1) && reset(3) && reset(5) && head(7)
+    };
+    let read = tokio::time::timeout(Duration::from_secs(10), async {
+        while !done(&got) {
+            let n = s.read(&mut buf).await.expect("read");
+            assert!(n > 0, "closed: {:?}", frames(&got));
+            got.extend_from_slice(&buf[..n]);
+        }
+    });
+    read.await.expect("every stream answered");
+    let fs = frames(&got);
+    let head = fs.iter().find(|f| f.0 == HEADERS && f.1 == 1).unwrap();
+    assert!(
+        head.2.windows(3).any(|w| w == b"431"),
+        "a 431 on stream 1: {:?}",
+        head.2
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heads_h2_refuses_itself_are_logged_and_counted() {
+    let backend = Backend::start("b").await;
+    let certs = tempfile::tempdir().unwrap();
+    let roots = [write_self_signed(certs.path(), "x", &["x.test"])];
+    let main = format!(
+        "config_address: \"127.0.0.1:0\"\nmaster_key: \"k\"\naccess_log: all\n\
+         proxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"",
+        certs.path().display()
+    );
+    let proxy = ProxyProcess::start(&default_route(&[&backend]), &main);
+    let admin = proxy.logged_addr("admin API on http://");
+    let tls = proxy.logged_addr("listening on https://");
+    refused_three(TcpStream::connect(proxy.addr).await.unwrap()).await;
+    let name = rustls_pki_types::ServerName::try_from("x.test").unwrap();
+    let config = tls_client_config(&roots, &[b"h2"]);
+    let stream = TcpStream::connect(tls).await.unwrap();
+    let stream = tokio_rustls::TlsConnector::from(config)
+        .connect(name, stream)
+        .await
+        .expect("TLS handshake");
+    refused_three(stream).await;
+    let refused = |log: &str| {
+        log.lines()
+            .filter(|l| l.starts_with("access ") && l.contains(" method=- target=- "))
+            .map(|l| (l.contains(" tls=TLSv1.3 "), l.contains(" status=431 ")))
+            .collect::<Vec<_>>()
+    };
+    let logged = eventually(Duration::from_secs(5), || {
+        refused(&proxy.log_text()).len() >= 6
+    });
+    assert!(logged.await, "{}", proxy.log_text());
+    let mut lines = refused(&proxy.log_text());
+    lines.sort();
+    let want = [(false, false), (false, false), (false, true)];
+    let want: Vec<_> = want
+        .iter()
+        .chain(&want.map(|(_, big)| (true, big)))
+        .copied()
+        .collect();
+    assert_eq!(
+        lines,
+        want,
+        "(over TLS, 431) for each: {}",
+        proxy.log_text()
+    );
+    for (status, count) in [("400", 4.0), ("431", 2.0), ("200", 2.0)] {
+        let series = format!("aralez_responses_total{{status=\"{status}\"}}");
+        assert_eq!(metric(admin, &series).await, Some(count), "{series}");
+    }
+    let other = "aralez_requests_total{method=\"OTHER\",version=\"OTHER\"}";
+    assert_eq!(metric(admin, other).await, Some(6.0));
+}
