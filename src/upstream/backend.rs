@@ -498,7 +498,7 @@ pub struct Registry {
     max_conns: usize,
     down_for: Duration,
     metrics: Arc<Metrics>,
-    live: Mutex<HashMap<(ServerSpec, bool), Weak<Backend>>>,
+    live: Mutex<Live>,
     /// Host name lookups running ([`super::lookup`]).
     lookups: Arc<std::sync::atomic::AtomicUsize>,
 }
@@ -519,7 +519,7 @@ impl Registry {
             max_conns: usize::MAX,
             down_for,
             metrics,
-            live: Mutex::new(HashMap::new()),
+            live: Mutex::default(),
             lookups: Arc::default(),
         }
     }
@@ -556,13 +556,33 @@ impl Registry {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let key = (spec.clone(), verify_tls);
-        if let Some(existing) = live.get(&key).and_then(Weak::upgrade) {
+        if let Some(existing) = live.backends.get(&key).and_then(Weak::upgrade) {
             return existing;
         }
-        live.retain(|_, weak| weak.strong_count() > 0);
+        live.sweep_when_grown();
         let backend = Arc::new(Backend::new(spec.clone(), verify_tls, self));
-        live.insert(key, Arc::downgrade(&backend));
+        live.backends.insert(key, Arc::downgrade(&backend));
         backend
+    }
+}
+
+/// The backends some snapshot may still hold, by entry.
+#[derive(Default)]
+struct Live {
+    backends: HashMap<(ServerSpec, bool), Weak<Backend>>,
+    /// The size at which entries no snapshot holds any more are swept out: twice what was
+    /// left by the last sweep. A sweep on every new backend made a discovery answer of 100,000
+    /// backends take 100,000 walks over up to as many (half a minute of the control plane).
+    sweep_at: usize,
+}
+
+impl Live {
+    fn sweep_when_grown(&mut self) {
+        if self.backends.len() < self.sweep_at {
+            return;
+        }
+        self.backends.retain(|_, weak| weak.strong_count() > 0);
+        self.sweep_at = (2 * self.backends.len()).max(64);
     }
 }
 
@@ -570,6 +590,27 @@ impl Registry {
 mod tests {
     use super::*;
     use crate::config::values::parse_server;
+
+    #[test]
+    fn entries_no_snapshot_holds_are_swept_as_the_registry_grows() {
+        let reg = Registry::for_tests(1, Duration::from_secs(1));
+        let spec = |i: u32| parse_server(&format!("127.1.{}.{}:80", i / 250, i % 250)).unwrap();
+        let held: Vec<_> = (0..1000).map(|i| reg.backend(&spec(i), false)).collect();
+        for i in 1000..3000 {
+            drop(reg.backend(&spec(i), false));
+        }
+        let live = reg.live.lock().unwrap();
+        let (entries, sweep_at) = (live.backends.len(), live.sweep_at);
+        drop(live);
+        assert!(entries < 2 * 1000 + 64, "dropped ones swept: {entries}");
+        assert!(
+            sweep_at >= 2 * 1000,
+            "the next sweep waits for the map to double"
+        );
+        for (i, backend) in held.iter().enumerate() {
+            assert!(Arc::ptr_eq(backend, &reg.backend(&spec(i as u32), false)));
+        }
+    }
 
     #[test]
     fn registry_reuses_live_backends() {
