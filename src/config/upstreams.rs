@@ -107,6 +107,7 @@ impl UpstreamsConfig {
         let global_known = known_at(GLOBAL_ONLY_KEYS);
         let mut top_level_hosts: Vec<&(Key, Node)> = Vec::new();
         let mut provider_key = None;
+        let mut section_keys = Vec::new();
         for entry @ (key, value) in entries {
             let k = key.name.as_str();
             match k {
@@ -115,9 +116,13 @@ impl UpstreamsConfig {
                     cfg.provider = read_provider(value, r).unwrap_or_default();
                     provider_key = Some(key.pos);
                 }
-                "consul" => cfg.consul = super::discovery_conf::read_consul(value, k, r),
+                "consul" => {
+                    cfg.consul = super::discovery_conf::read_consul(value, k, r);
+                    section_keys.push((k, key.pos));
+                }
                 "kubernetes" => {
-                    cfg.kubernetes = super::discovery_conf::read_kubernetes(value, k, r)
+                    cfg.kubernetes = super::discovery_conf::read_kubernetes(value, k, r);
+                    section_keys.push((k, key.pos));
                 }
                 _ if SETTING_KEYS.contains(&k) => read_setting(&mut cfg.globals, key, value, "", r),
                 _ if looks_like_host(value) => top_level_hosts.push(entry),
@@ -133,8 +138,9 @@ impl UpstreamsConfig {
                 _ => r.unknown_key(key, k, &global_known),
             }
         }
-        if let Some(pos) = provider_key {
-            say_what_provider_changes(&cfg, pos, r);
+        match provider_key {
+            Some(pos) => say_what_provider_changes(&cfg, pos, r),
+            None => say_sections_watched_without_provider(&section_keys, r),
         }
         r.global_authorization = cfg.globals.authorization.is_some();
         match (wrapper, shape) {
@@ -230,6 +236,16 @@ fn say_what_provider_changes(cfg: &UpstreamsConfig, pos: Pos, r: &mut Reader) {
             _ => continue,
         };
         r.warn(pos, "provider", why);
+    }
+}
+
+/// With no `provider`, Aralez reads `file` and ignores a discovery section; aralez watches it.
+fn say_sections_watched_without_provider(sections: &[(&str, Pos)], r: &mut Reader) {
+    for (name, pos) in sections {
+        let why = format!(
+            "watched, though `provider` is not set (Aralez reads `file` then and would ignore this section): set `provider: {name}` to say so"
+        );
+        r.warn(*pos, name, why);
     }
 }
 

@@ -59,20 +59,42 @@ pub(crate) fn cases() -> Vec<Case> {
             ],
         )
         .warnings_only(),
+        // With no `provider`, Aralez reads `file` and ignores the sections aralez watches: said
+        // at each section. A port out of range is an error (it was read as no port: 80), and a
+        // token that cannot be a header value too (trimmed first: a block scalar's newline).
+        Case::broken(
+            "discovery_without_provider_bad_ports_and_token",
+            MAIN_OK,
+            &format!("consul:\n  servers: [\"http://127.0.0.1:86536\"]\n  token: \"a\\nb\"\n  services: []\nkubernetes:\n  servers: [\"10.0.0.1:0\"]\n  services: []\n{UPS_OK}"),
+            vec![
+                warn(U, 1, "consul", "`provider` is not set"),
+                err(U, 2, "consul.servers[0]", "the port is out of range"),
+                err(U, 3, "consul.token", "a character a header cannot carry"),
+                warn(U, 5, "kubernetes", "set `provider: kubernetes`"),
+                err(U, 6, "kubernetes.servers[0]", "the port is out of range"),
+            ],
+        ),
+        Case::broken(
+            "consul_token_block_scalar_is_trimmed",
+            MAIN_OK,
+            &format!("provider: consul\nconsul:\n  servers: [\"http://127.0.0.1:8500\"]\n  token: |\n    b5e3c6d2\n  services: []\n{UPS_OK}"),
+            vec![],
+        )
+        .warnings_only(),
         // Credentials in a Consul URL are never used and would be logged: an error that does
         // not repeat them.
         Case::broken(
             "consul_url_with_credentials",
             MAIN_OK,
-            &format!("consul:\n  servers: [\"http://admin:hunter2@127.0.0.1:8500\"]\n  services: []\n{UPS_OK}"),
-            vec![err(U, 2, "consul.servers[0]", "carries credentials")],
+            &format!("provider: consul\nconsul:\n  servers: [\"http://admin:hunter2@127.0.0.1:8500\"]\n  services: []\n{UPS_OK}"),
+            vec![err(U, 3, "consul.servers[0]", "carries credentials")],
         ),
         // Kubernetes talks to the first API server only: more are a warning, not a failover.
         Case::broken(
             "kubernetes_several_servers",
             MAIN_OK,
-            &format!("kubernetes:\n  servers: [\"https://10.0.0.1:6443\", \"https://10.0.0.2:6443\"]\n  services: []\n{UPS_OK}"),
-            vec![warn(U, 2, "kubernetes.servers", "only the first API server is used")],
+            &format!("provider: kubernetes\nkubernetes:\n  servers: [\"https://10.0.0.1:6443\", \"https://10.0.0.2:6443\"]\n  services: []\n{UPS_OK}"),
+            vec![warn(U, 3, "kubernetes.servers", "only the first API server is used")],
         )
         .warnings_only(),
         // An API server the watcher could not use is refused here (it failed only once
@@ -80,11 +102,11 @@ pub(crate) fn cases() -> Vec<Case> {
         Case::broken(
             "kubernetes_bad_servers",
             MAIN_OK,
-            &format!("kubernetes:\n  servers:\n    - \"ftp://10.0.0.1:6443\"\n    - \"not a host\"\n    - \"https://admin:hunter2@10.0.0.1:6443\"\n    - \"10.0.0.1:6443\"\n  services: []\n{UPS_OK}"),
+            &format!("provider: kubernetes\nkubernetes:\n  servers:\n    - \"ftp://10.0.0.1:6443\"\n    - \"not a host\"\n    - \"https://admin:hunter2@10.0.0.1:6443\"\n    - \"10.0.0.1:6443\"\n  services: []\n{UPS_OK}"),
             vec![
-                err(U, 3, "kubernetes.servers[0]", "`ftp://10.0.0.1:6443` is not an API server address"),
-                err(U, 4, "kubernetes.servers[1]", "`not a host` is not an API server address"),
-                err(U, 5, "kubernetes.servers[2]", "the URL carries credentials, which are never sent"),
+                err(U, 4, "kubernetes.servers[0]", "`ftp://10.0.0.1:6443` is not an API server address"),
+                err(U, 5, "kubernetes.servers[1]", "`not a host` is not an API server address"),
+                err(U, 6, "kubernetes.servers[2]", "the URL carries credentials, which are never sent"),
             ],
         ),
         // A discovered service's hostname is read as a host of the file: `default` in lower
@@ -93,10 +115,10 @@ pub(crate) fn cases() -> Vec<Case> {
         Case::broken(
             "discovered_hosts_read_as_the_files",
             MAIN_OK,
-            &format!("consul:\n  servers: [\"http://127.0.0.1:8500\"]\n  services:\n    - {{ hostname: default, upstream: web }}\n    - {{ hostname: a.test, upstream: web }}\n    - {{ hostname: A.test, upstream: api }}\n{UPS_OK}"),
+            &format!("provider: consul\nconsul:\n  servers: [\"http://127.0.0.1:8500\"]\n  services:\n    - {{ hostname: default, upstream: web }}\n    - {{ hostname: a.test, upstream: web }}\n    - {{ hostname: A.test, upstream: api }}\n{UPS_OK}"),
             vec![
-                warn(U, 4, "consul.services[0].hostname", "the host that catches every other is `DEFAULT`"),
-                warn(U, 6, "consul.services[2]", "a.test/ is routed by consul.services[1] already"),
+                warn(U, 5, "consul.services[0].hostname", "the host that catches every other is `DEFAULT`"),
+                warn(U, 7, "consul.services[2]", "a.test/ is routed by consul.services[1] already"),
             ],
         )
         .warnings_only(),
@@ -104,10 +126,10 @@ pub(crate) fn cases() -> Vec<Case> {
         Case::broken(
             "discovered_service_hidden_by_the_files_route",
             MAIN_OK,
-            &format!("consul:\n  servers: [\"http://127.0.0.1:8500\"]\n  services:\n    - {{ hostname: example.com, upstream: web }}\n    - {{ hostname: example.com, upstream: api, path: /api }}\n{UPS_OK}"),
+            &format!("provider: consul\nconsul:\n  servers: [\"http://127.0.0.1:8500\"]\n  services:\n    - {{ hostname: example.com, upstream: web }}\n    - {{ hostname: example.com, upstream: api, path: /api }}\n{UPS_OK}"),
             vec![warn(
                 U,
-                4,
+                5,
                 "consul.services[0]",
                 "example.com/ is routed by this file's own host `example.com` too: the file's route wins",
             )],
