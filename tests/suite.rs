@@ -33,6 +33,7 @@ mod early_answers;
 mod failover;
 mod features;
 mod fileserver;
+mod forward_auth_answers;
 mod forwarding;
 mod grpc;
 mod h2_abuse;

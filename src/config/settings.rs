@@ -325,6 +325,11 @@ fn read_auth(node: &Node, path: &str, r: &mut Reader) -> Option<AuthRule> {
                 Some(s) => kind = Some((value.pos, s)),
                 None => ok = false,
             },
+            "data" | "creds" if data.is_some() => {
+                let why = "`data` and `creds` are one setting (`creds` its older name), given twice: keep one";
+                r.error(key.pos, &key_path, why);
+                ok = false;
+            }
             "data" | "creds" => match r.string(value, &key_path) {
                 Some(s) => data = Some((value.pos, key_path, s)),
                 None => ok = false,

@@ -365,6 +365,11 @@ pub fn parse_auth(kind: &str, data: Option<&str>) -> Result<AuthRule, AuthError>
                 ))
             };
             let uri: Uri = data.parse().map_err(|_| bad())?;
+            if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+                // Not echoed: a password in a log line and a check-config report.
+                let why = "the URL carries credentials, which would be sent as the `Host` field and authenticate nothing: the auth service gets the client's `Authorization` and `Cookie`";
+                return Err(AuthError::Data(why.to_string()));
+            }
             if uri.port_u16() == Some(0) {
                 let why = format!("`{}`: port 0 is no port to connect to", shorten(data));
                 return Err(AuthError::Data(why));

@@ -5,7 +5,8 @@
 //! A 2xx answer lets the request through with the service's `Remote-*` and `X-Auth-*` headers set
 //! on it (the client's own copies of those are always removed first, so a client can never
 //! claim an identity). Any other answer goes back to the client as it came (status, headers,
-//! body up to [`MAX_BODY`]) and the backend is never called. No answer within [`TIMEOUT`] is 503.
+//! body up to [`MAX_BODY`]; a longer body is left out, the status and headers still go) and the
+//! backend is never called. An interim answer (a 101) is a 502, no answer within [`TIMEOUT`] 503.
 //!
 //! The service is asked over a fresh connection through the upstream connector, like every
 //! upstream exchange: HTTP/1.1 for `http://` URLs; for `https://` ones TLS with the same client
@@ -22,7 +23,7 @@ use http_body_util::{Either, Empty};
 use tower::Service;
 
 use super::LocalBody;
-use crate::upstream::connector::{self, ConnectError};
+use crate::upstream::connector::{self, ConnectError, ConnectErrorKind};
 use crate::upstream::{Endpoint, UpBody, Wire};
 use crate::vocab::headers::{self, X_REQUEST_ID};
 use crate::vocab::token_param;
@@ -199,6 +200,12 @@ impl ForwardAuth {
             .await
             .map_err(failed)?;
         let (mut parts, body) = resp.into_parts();
+        if parts.status.is_informational() {
+            // A switch of protocols (hyper's client hands a 101 on as final) answers nothing,
+            // and would reach an HTTP/1.1 client as an empty reply, an HTTP/2 one as an error.
+            tracing::warn!(auth = label, status = %parts.status, "auth service: an interim answer where a final one was due");
+            return Err(ProxyError::AuthServiceFailed);
+        }
         if parts.status.is_success() {
             let identity = parts
                 .headers
@@ -208,7 +215,15 @@ impl ForwardAuth {
                 .collect();
             return Ok(Verdict::Allow(identity));
         }
-        let body = connector::read_body(body, MAX_BODY).await.map_err(failed)?;
+        let body = match connector::read_body(body, MAX_BODY).await {
+            Ok(body) => body,
+            // Its status and headers (`WWW-Authenticate`, `Location`, `Set-Cookie`) still go.
+            Err(e) if e.kind() == ConnectErrorKind::BodyTooLarge => {
+                tracing::warn!(auth = label, status = %parts.status, "auth service: its refusal's body is {}: relayed without it", e);
+                Bytes::new()
+            }
+            Err(e) => return Err(failed(e)),
+        };
         crate::vocab::hop_by_hop::remove_hop_by_hop(&mut parts.headers);
         parts.headers.remove(header::CONTENT_LENGTH);
         Ok(Verdict::Deny(Response::from_parts(parts, body)))

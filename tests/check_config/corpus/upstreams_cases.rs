@@ -314,6 +314,16 @@ pub(crate) fn cases() -> Vec<Case> {
             "        servers: [\"127.0.0.1:8000\"]\n        authorization:\n          type: forward\n          data: auth.local/check\n",
             vec![err(U, 8, pk("authorization.data"), "`auth.local/check` is not an http:// or https:// URL")],
         ),
+        // Credentials in the URL would go out as the Host field: an error that does not repeat
+        // them. `data` and `creds` (its older name) both given: which one wins is no answer.
+        Case::path(
+            "auth_forward_url_with_credentials_and_data_given_twice",
+            "        servers: [\"127.0.0.1:8000\"]\n        authorization:\n          type: forward\n          data: \"http://svc:pw@127.0.0.1:9/ok\"\n      /b:\n        servers: [\"127.0.0.1:8000\"]\n        authorization: {type: basic, data: \"a:b\", creds: \"c:d\"}\n",
+            vec![
+                err(U, 8, pk("authorization.data"), "the URL carries credentials, which would be sent as the `Host` field"),
+                err(U, 11, "upstreams.a.com.paths./b.authorization.creds", "given twice: keep one"),
+            ],
+        ),
         Case::path(
             "auth_basic_data_without_colon",
             "        servers: [\"127.0.0.1:8000\"]\n        authorization:\n          type: basic\n          data: justauser\n",
