@@ -84,6 +84,12 @@ impl Jwt {
                     tracing::debug!("token refused: it names critical extensions (`crit`)");
                     return Err(ProxyError::TokenRequired);
                 }
+                // jsonwebtoken passes `exp == now`; RFC 7519 §4.1.4 wants now before it, as
+                // the cache of verified tokens checks.
+                Ok(data) if data.claims.exp <= now => {
+                    tracing::debug!("token refused: it expires this second");
+                    return Err(ProxyError::TokenRequired);
+                }
                 Ok(data) => jwt_cache::remember(fingerprint, token, data.claims.exp),
                 Err(e) => {
                     tracing::debug!("token refused: {e}");
@@ -175,6 +181,7 @@ pub(crate) mod tests {
         let good = hs256("k1", &serde_json::json!({"sub": "ann", "exp": exp}));
         let other_secret = hs256("k2", &serde_json::json!({"exp": exp}));
         let expired = hs256("k1", &serde_json::json!({"exp": now() - 5}));
+        let expiring = hs256("k1", &serde_json::json!({"exp": now()}));
         let early = hs256("k1", &serde_json::json!({"exp": exp, "nbf": now() + 300}));
         let begun = hs256("k1", &serde_json::json!({"exp": exp, "nbf": now() - 5}));
         let no_exp = hs256("k1", &serde_json::json!({"sub": "ann"}));
@@ -199,6 +206,7 @@ pub(crate) mod tests {
         for (name, token) in [
             ("wrong secret", &other_secret),
             ("expired", &expired),
+            ("expiring this second", &expiring),
             ("not yet valid", &early),
             ("no exp", &no_exp),
             ("alg none", &none),
