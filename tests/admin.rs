@@ -260,6 +260,15 @@ async fn jwt_issues_hs256_tokens_for_the_master_key_only() {
     // `exp` is accepted in place of `valid`.
     let (status, _) = ask_for_token(admin, r#"{"master_key":"s3cret","owner":"ci","exp":1}"#).await;
     assert_eq!(status, 201);
+    // A validity out of 1 minute to a year is refused with the range, not quietly changed.
+    for valid in [0, 525_601, 100_000_000] {
+        let body = format!(r#"{{"master_key":"s3cret","owner":"ci","valid":{valid}}}"#);
+        let (status, text) = ask_for_token(admin, &body).await;
+        assert_eq!(status, 400, "{valid}: {text}");
+        assert!(text.contains("from 1 to 525600"), "{text}");
+    }
+    let body = r#"{"master_key":"s3cret","owner":"ci","valid":525600}"#;
+    assert_eq!(ask_for_token(admin, body).await.0, 201);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

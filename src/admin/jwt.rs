@@ -21,9 +21,22 @@ struct Claims<'a> {
     exp: u64,
 }
 
-/// Signs a token for `req`, valid for its minutes (default 60, at most a year).
-pub fn issue(req: &TokenRequest, secret: &str) -> Result<String, String> {
-    let minutes = req.valid.or(req.exp).unwrap_or(60).clamp(1, 365 * 24 * 60);
+/// The longest a token may be valid: a year, in minutes.
+const MAX_MINUTES: u64 = 365 * 24 * 60;
+
+/// How many minutes the token `req` asks for is valid: 60 when it does not say; a number out of
+/// 1 to a year is refused (the answer's text says the range), not quietly changed.
+pub fn valid_minutes(req: &TokenRequest) -> Result<u64, String> {
+    match req.valid.or(req.exp).unwrap_or(60) {
+        minutes @ 1..=MAX_MINUTES => Ok(minutes),
+        other => Err(format!(
+            "`valid` is in minutes, from 1 to {MAX_MINUTES} (a year); found {other}"
+        )),
+    }
+}
+
+/// Signs a token for `req`'s owner, valid for `minutes`.
+pub fn issue(req: &TokenRequest, minutes: u64, secret: &str) -> Result<String, String> {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())

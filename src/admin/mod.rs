@@ -347,7 +347,11 @@ impl Admin {
         if !crate::layers::auth::ct_eq(request.master_key.as_bytes(), master.as_bytes()) {
             return text(StatusCode::FORBIDDEN, "forbidden: wrong master_key");
         }
-        match jwt::issue(&request, master) {
+        let minutes = match jwt::valid_minutes(&request) {
+            Ok(minutes) => minutes,
+            Err(why) => return text(StatusCode::BAD_REQUEST, why),
+        };
+        match jwt::issue(&request, minutes, master) {
             Ok(token) => reply(
                 StatusCode::CREATED,
                 "application/json",
