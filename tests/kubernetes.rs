@@ -36,6 +36,8 @@ struct ApiState {
     resource_version: u64,
     watchers: Vec<mpsc::UnboundedSender<Bytes>>,
     lists: usize,
+    /// Requests of any kind, refused ones too.
+    requests: usize,
     /// Watches asked for.
     watches: usize,
     /// How watches are answered.
@@ -92,6 +94,7 @@ impl FakeApi {
             resource_version: 100,
             watchers: Vec::new(),
             lists: 0,
+            requests: 0,
             watches: 0,
             watch_mode: WatchMode::Events,
         }));
@@ -163,6 +166,7 @@ async fn answer(
             .body(Full::new(Bytes::from(body)).boxed())
             .unwrap()
     };
+    state.lock().unwrap().requests += 1;
     let auth = req
         .headers()
         .get("authorization")
@@ -431,4 +435,78 @@ async fn a_watch_refused_with_410_gone_lists_again() {
     }
     wait_for(&proxy, &["b"]).await;
     drop((a, b));
+}
+
+/// A list refused every time (a stale token): kube's watcher starts its back-off again at each
+/// list it begins, so the API server was asked once a second for good, and each failure was
+/// followed by "watching again". The tries now come further and further apart (to 30 s), and
+/// nothing says the watch is back until a list succeeds.
+#[tokio::test(start_paused = true)]
+async fn a_list_that_keeps_failing_is_tried_less_and_less_often() {
+    let a = Backend::start("a").await;
+    let api = FakeApi::serving(&a).await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = account(dir.path(), "stale-token");
+    let proxy = Proxy::start(&k8s_routes(api.addr, &token), "").await;
+    proxy.pass(Duration::from_secs(120)).await;
+    let asked = api.state.lock().unwrap().requests;
+    assert!((3..=14).contains(&asked), "{asked} tries in 120 s");
+    let log = proxy.log_text();
+    assert!(!log.contains("watching again after"), "{log}");
+    std::fs::write(&token, TOKEN).unwrap();
+    let back = eventually(Duration::from_secs(60), || {
+        proxy.log_text().contains("watching again after")
+    });
+    assert!(back.await, "{}", proxy.log_text());
+    wait_for(&proxy, &["a"]).await;
+}
+
+/// A burst of slice changes (a rolling deploy, or a flapping endpoint) is published at most
+/// every 250 ms: each event rebuilt every route and logged a line (23,000 a second).
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_slice_changes_is_one_rebuild() {
+    let a = Backend::start("a").await;
+    let port = a.addr.port();
+    let b = Backend::builder("b")
+        .start_on(format!("127.0.0.2:{port}").parse().unwrap())
+        .await;
+    let api = FakeApi::serving(&a).await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start(&k8s_routes(api.addr, &account(dir.path(), TOKEN)), "").await;
+    wait_for(&proxy, &["a"]).await;
+    let applied = || proxy.log_count("configuration applied");
+    let before = applied();
+    for round in 0..201 {
+        let ip = if round % 2 == 0 {
+            "127.0.0.2"
+        } else {
+            "127.0.0.1"
+        };
+        api.event("MODIFIED", slice("web-1", port, &[(ip, Some(true))]));
+    }
+    wait_for(&proxy, &["b"]).await;
+    let rebuilds = applied() - before;
+    assert!(
+        (1..=4).contains(&rebuilds),
+        "{rebuilds} rebuilds for 201 changes"
+    );
+    drop((a, b));
+}
+
+/// A list past 10,000 backends is dropped and the last known backends kept: an API server that
+/// paged on without end had it all held in memory.
+#[tokio::test(start_paused = true)]
+async fn a_list_of_too_many_backends_keeps_the_last_known_ones() {
+    let a = Backend::start("a").await;
+    let api = FakeApi::serving(&a).await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start(&k8s_routes(api.addr, &account(dir.path(), TOKEN)), "").await;
+    wait_for(&proxy, &["a"]).await;
+    let many = vec![("127.0.0.3", Some(true)); 10_001];
+    api.expire(vec![slice("web-big", a.addr.port(), &many)]);
+    let said = eventually(Duration::from_secs(30), || {
+        proxy.log_text().contains("lists more than 10000 backends")
+    });
+    assert!(said.await, "{}", proxy.log_text());
+    assert_eq!(answering(&proxy).await, ["a".to_string()].into());
 }

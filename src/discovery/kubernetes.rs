@@ -1,13 +1,15 @@
 //! Kubernetes discovery (SPEC §13.2) with kube: each service's `discovery.k8s.io/v1`
 //! EndpointSlices (label `kubernetes.io/service-name=<upstream>`) are listed and watched; ready
-//! endpoints become backends on the slice's port. kube's watcher relists on 410 Gone and backs
-//! off on errors; the last known backends keep serving meanwhile. Each of the API server's
+//! endpoints become backends on the slice's port. kube's watcher relists on 410 Gone; errors
+//! back off (doubling to 30 s) and the last known backends keep serving meanwhile. A service's
+//! changes are published at most every [`COALESCE`], and a list is bounded ([`MAX_BACKENDS`]). Each of the API server's
 //! answers is bounded in size and time, and watches in how often they start
 //! ([`super::answer_bounds`]). The token file is read by [`super::bearer_file`].
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -186,6 +188,29 @@ pub async fn run(cfg: KubernetesConfig, reloader: Arc<Reloader>) {
     while watches.join_next().await.is_some() {}
 }
 
+/// One service's publishes are at least this far apart: a rolling deploy's burst of slice
+/// changes is one rebuild of the routes and one log line, not one per endpoint (Consul's
+/// queries are as far apart).
+const COALESCE: Duration = Duration::from_millis(250);
+
+/// Most backends (ready endpoints, counted over slices) one service may list, and most slices.
+/// A list past either is dropped, the last known backends kept, and listed again after a
+/// back-off: an API server that pages on without end held it all in memory.
+const MAX_BACKENDS: usize = 10_000;
+const MAX_SLICES: usize = 10_000;
+
+/// The wait before watching again after `failures` failures in a row: kube's own back-off
+/// starts again whenever its watcher begins a list, which it reports before the list fails.
+fn back_off(failures: u32) -> Duration {
+    let doubled = Duration::from_millis(500).saturating_mul(1 << failures.min(6));
+    doubled.min(Duration::from_secs(30))
+}
+
+/// Whether a list being gathered is past what one service may list.
+fn too_many(slices: &BTreeMap<String, Vec<ServerSpec>>) -> bool {
+    slices.len() > MAX_SLICES || slices.values().map(Vec::len).sum::<usize>() > MAX_BACKENDS
+}
+
 async fn watch_service(
     which: usize,
     api: Api<EndpointSlice>,
@@ -206,31 +231,52 @@ async fn watch_service(
     let mut slices: BTreeMap<String, Vec<ServerSpec>> = BTreeMap::new();
     let mut relisting: Option<BTreeMap<String, Vec<ServerSpec>>> = None;
     let mut outage = Outage::default();
-    while let Some(event) = events.next().await {
-        if event.is_ok() {
-            if let Some((errors, lasted)) = outage.ended() {
-                tracing::info!(service = %service, "kubernetes: watching again after {errors} failed {} over {lasted:?}; the backends follow it again", if errors == 1 { "try" } else { "tries" });
-            }
-        }
+    let mut failures: u32 = 0;
+    let mut publishing = Coalesced::default();
+    loop {
+        let event = match publishing.due {
+            Some(due) => tokio::select! {
+                event = events.next() => event,
+                () = tokio::time::sleep_until(due) => {
+                    publishing.done();
+                    publish(which, &slices, &known, &reloader);
+                    continue;
+                }
+            },
+            None => events.next().await,
+        };
+        let Some(event) = event else { break };
         let name_of = |s: &EndpointSlice| s.metadata.name.clone().unwrap_or_default();
+        let mut changed = true;
         match event {
-            Ok(watcher::Event::Init) => relisting = Some(BTreeMap::new()),
+            Ok(watcher::Event::Init) => {
+                relisting = Some(BTreeMap::new());
+                changed = false;
+            }
             Ok(watcher::Event::InitApply(slice)) => {
-                if let Some(buffer) = relisting.as_mut() {
-                    buffer.insert(name_of(&slice), ready_backends(&slice));
+                changed = false;
+                let Some(buffer) = relisting.as_mut() else {
+                    continue;
+                };
+                buffer.insert(name_of(&slice), ready_backends(&slice));
+                if too_many(buffer) {
+                    relisting = None;
+                    outage.failed();
+                    failures += 1;
+                    let wait = back_off(failures);
+                    tracing::error!(service = %service, "kubernetes: the service lists more than {MAX_BACKENDS} backends or {MAX_SLICES} slices; keeping the last known backends, listing again in {wait:?}");
+                    tokio::time::sleep(wait).await;
+                    events = start();
                 }
             }
             Ok(watcher::Event::InitDone) => {
                 slices = relisting.take().unwrap_or_default();
-                publish(which, &slices, &known, &reloader);
             }
             Ok(watcher::Event::Apply(slice)) => {
                 slices.insert(name_of(&slice), ready_backends(&slice));
-                publish(which, &slices, &known, &reloader);
             }
             Ok(watcher::Event::Delete(slice)) => {
                 slices.remove(&name_of(&slice));
-                publish(which, &slices, &known, &reloader);
             }
             Err(e) if watch_refused_as_gone(&e) => {
                 // kube's watcher retries such a watch from the same, compacted, version for
@@ -238,12 +284,46 @@ async fn watch_service(
                 tracing::info!(service = %service, "kubernetes: the watch's version is gone (410); listing again");
                 events = start();
                 relisting = None;
+                changed = false;
             }
             Err(e) => {
                 outage.failed();
-                tracing::warn!(service = %service, "kubernetes: {}; keeping the last known backends", describe(&e))
+                failures += 1;
+                let wait = back_off(failures);
+                tracing::warn!(service = %service, "kubernetes: {}; keeping the last known backends, watching again in {wait:?}", describe(&e));
+                tokio::time::sleep(wait).await;
+                changed = false;
             }
         }
+        if changed {
+            // A list done, or a change watched: the API server answers again.
+            failures = 0;
+            if let Some((errors, lasted)) = outage.ended() {
+                tracing::info!(service = %service, "kubernetes: watching again after {errors} failed {} over {lasted:?}; the backends follow it again", if errors == 1 { "try" } else { "tries" });
+            }
+            publishing.changed();
+        }
+    }
+}
+
+/// When a service's next publish is due: at once after a quiet spell, else [`COALESCE`] after
+/// the last one.
+#[derive(Default)]
+struct Coalesced {
+    last: Option<tokio::time::Instant>,
+    due: Option<tokio::time::Instant>,
+}
+
+impl Coalesced {
+    fn changed(&mut self) {
+        let now = tokio::time::Instant::now();
+        let earliest = self.last.map_or(now, |last| (last + COALESCE).max(now));
+        self.due.get_or_insert(earliest);
+    }
+
+    fn done(&mut self) {
+        self.last = Some(tokio::time::Instant::now());
+        self.due = None;
     }
 }
 
