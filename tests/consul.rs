@@ -47,6 +47,8 @@ enum Misbehaving {
     NoIndex,
     /// Answers with a body that never ends.
     Endless,
+    /// Answers with 10,001 instances.
+    Crowded,
 }
 
 /// A fake Consul agent for the service `web`.
@@ -177,6 +179,19 @@ async fn answer(
         Misbehaving::NoIndex => {
             let body = body_for(&state.lock().unwrap().instances);
             return Ok(full(Full::new(Bytes::from(body))));
+        }
+        Misbehaving::Crowded => {
+            let entry = |port| {
+                format!(
+                    r#"{{"Node":{{"Address":""}},"Service":{{"Address":"127.0.0.9","Port":{port}}}}}"#
+                )
+            };
+            let entries: Vec<String> = (1..=10_001).map(entry).collect();
+            let body = format!("[{}]", entries.join(","));
+            return Ok(Response::builder()
+                .header("x-consul-index", "90")
+                .body(Full::new(Bytes::from(body)).boxed())
+                .unwrap());
         }
         Misbehaving::Endless => {
             let chunk = Bytes::from(vec![b' '; 1 << 20]);
@@ -547,4 +562,53 @@ async fn a_changed_section_keeps_the_last_known_backends_while_consul_is_down() 
     let resp = client.get("api.local", "/").await;
     assert_eq!(resp.status(), 503);
     body_bytes(resp).await;
+}
+
+/// The first server takes connections and never answers: its first query (which does not
+/// block) is given 5 s, then the next server is asked. It was given the blocking queries' 40 s,
+/// every discovered route answering 503 meanwhile.
+#[tokio::test(start_paused = true)]
+async fn a_silent_first_server_is_left_after_5_s() {
+    let a = Backend::start("a").await;
+    let (consul, _state) = fake_consul(3, vec![a.addr]).await;
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_addr = silent.local_addr().unwrap();
+    let _held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            open.push(s);
+        }
+    });
+    let servers = [
+        format!("http://{silent_addr}"),
+        format!("http://{}", consul.addr),
+    ];
+    let servers: Vec<&str> = servers.iter().map(String::as_str).collect();
+    let web = Service::new("web.local", "web", "/");
+    let routes = Upstreams::new()
+        .discovery(Discovery::consul(&servers).token("tok").service(web))
+        .render();
+    let proxy = Proxy::start(&routes, "").await;
+    let took = wait_for_set(&proxy, &["a"], Duration::from_secs(20)).await;
+    assert!(took < Duration::from_secs(8), "took {took:?}");
+    assert!(proxy.log_text().contains("no whole answer within 5s"));
+}
+
+/// An answer of more than 10,000 instances is refused, the last known backends kept: building
+/// routes of 100,000 backends held the control plane for half a minute.
+#[tokio::test(start_paused = true)]
+async fn an_answer_of_too_many_instances_keeps_the_last_known_backends() {
+    let a = Backend::start("a").await;
+    let (consul, state) = fake_consul(3, vec![a.addr]).await;
+    let proxy = Proxy::start(&consul_routes(consul.addr, "tok"), "").await;
+    wait_for_set(&proxy, &["a"], Duration::from_secs(5)).await;
+    state.lock().unwrap().mode = Misbehaving::Crowded;
+    consul.set(&[a.addr]);
+    let said = eventually(Duration::from_secs(60), || {
+        proxy
+            .log_text()
+            .contains("the service lists 10001 backends, more than 10000")
+    });
+    assert!(said.await, "{}", proxy.log_text());
+    assert_eq!(backend_for_web(&proxy).await, (200, "a".to_string()));
 }

@@ -20,7 +20,7 @@ use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 
-use super::{hosts_for, Outage, Reloader};
+use super::{hosts_for, Outage, Reloader, MAX_BACKENDS};
 use crate::config::discovery_conf::{ConsulConfig, DiscoveredService};
 use crate::config::values::{parse_server, ServerSpec};
 use crate::vocab::error_text::with_causes;
@@ -29,6 +29,10 @@ use crate::vocab::error_text::with_causes;
 const WAIT: &str = "30s";
 /// Our own limit on one query: the wait plus Consul's jitter (wait/16) and some slack.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(40);
+/// The limit on a query that does not block (the first, with no index): Consul answers it at
+/// once, and a server that takes connections and says nothing held every service at 503 for
+/// the whole `QUERY_TIMEOUT` before the next server was asked.
+const FIRST_QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 /// The largest answer read: a health list of tens of thousands of instances fits.
 const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
@@ -160,14 +164,25 @@ async fn watch_service(
     loop {
         let base = &cfg.servers[server % cfg.servers.len()];
         let started = tokio::time::Instant::now();
+        let limit = if index == 0 {
+            FIRST_QUERY_TIMEOUT
+        } else {
+            QUERY_TIMEOUT
+        };
         let answer = tokio::time::timeout(
-            QUERY_TIMEOUT,
+            limit,
             query(&client, base, &name, index, cfg.token.as_deref()),
         );
-        match answer
+        let answer = answer
             .await
-            .unwrap_or_else(|_| Err("no whole answer in time".into()))
-        {
+            .unwrap_or_else(|_| Err(format!("no whole answer within {limit:?}")))
+            .and_then(|(index, listed)| match listed.backends.len() {
+                0..=MAX_BACKENDS => Ok((index, listed)),
+                more => Err(format!(
+                    "the service lists {more} backends, more than {MAX_BACKENDS}"
+                )),
+            });
+        match answer {
             Ok((new_index, listed)) => {
                 backoff = BACKOFF_MIN;
                 if let Some((failures, lasted)) = outage.ended() {

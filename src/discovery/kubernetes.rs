@@ -18,7 +18,7 @@ use kube::{Api, Client};
 
 use super::answer_bounds::AnswerBoundsLayer;
 use super::bearer_file::BearerFileLayer;
-use super::{hosts_for, Outage, Reloader};
+use super::{hosts_for, Outage, Reloader, MAX_BACKENDS};
 use crate::config::discovery_conf::{DiscoveredService, KubernetesConfig};
 use crate::config::file_bytes::read_regular;
 use crate::config::values::{parse_server, ServerSpec};
@@ -193,10 +193,9 @@ pub async fn run(cfg: KubernetesConfig, reloader: Arc<Reloader>) {
 /// queries are as far apart).
 const COALESCE: Duration = Duration::from_millis(250);
 
-/// Most backends (ready endpoints, counted over slices) one service may list, and most slices.
-/// A list past either is dropped, the last known backends kept, and listed again after a
-/// back-off: an API server that pages on without end held it all in memory.
-const MAX_BACKENDS: usize = 10_000;
+/// Most slices one service may list; with [`MAX_BACKENDS`], ready endpoints counted over its
+/// slices. A list past either is dropped, the last known backends kept, and listed again after
+/// a back-off: an API server that pages on without end held it all in memory.
 const MAX_SLICES: usize = 10_000;
 
 /// The wait before watching again after `failures` failures in a row: kube's own back-off

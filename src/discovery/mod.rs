@@ -566,6 +566,12 @@ pub fn hosts_for(services: &[(&DiscoveredService, &[ServerSpec])]) -> Vec<HostCo
     hosts
 }
 
+/// Most backends one discovered service may list: an answer (Consul) or a list (Kubernetes)
+/// past it is refused with an error and the last known backends kept. Routes of that many
+/// backends are far past what a proxy's balancing serves well, and building them held the
+/// control plane.
+pub(crate) const MAX_BACKENDS: usize = 10_000;
+
 /// A discovery source's failures since its last answer, for the line that says an outage ended.
 #[derive(Default)]
 pub(crate) struct Outage(Option<(u32, tokio::time::Instant)>);
