@@ -405,6 +405,8 @@ async fn a_token_file_written_late_with_a_newline_is_read() {
     })
     .await;
     assert!(refused, "{}", proxy.log_text());
+    let said = format!("`{}`, which cannot be read: No such file", token.display());
+    assert!(proxy.log_text().contains(&said), "{}", proxy.log_text());
     std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
     wait_for(&proxy, &["a"]).await;
     // The end of the refusals is said too.

@@ -183,7 +183,14 @@ pub async fn run(cfg: KubernetesConfig, reloader: Arc<Reloader>) {
     let mut watches = tokio::task::JoinSet::new();
     for which in 0..cfg.services.len() {
         let api: Api<EndpointSlice> = Api::namespaced(client.clone(), &ns);
-        watches.spawn(watch_service(which, api, known.clone(), reloader.clone()));
+        let tokenpath = Arc::from(Path::new(&cfg.tokenpath));
+        watches.spawn(watch_service(
+            which,
+            api,
+            tokenpath,
+            known.clone(),
+            reloader.clone(),
+        ));
     }
     while watches.join_next().await.is_some() {}
 }
@@ -213,6 +220,7 @@ fn too_many(slices: &BTreeMap<String, Vec<ServerSpec>>) -> bool {
 async fn watch_service(
     which: usize,
     api: Api<EndpointSlice>,
+    tokenpath: Arc<Path>,
     known: Arc<Mutex<Known>>,
     reloader: Arc<Reloader>,
 ) {
@@ -289,7 +297,7 @@ async fn watch_service(
                 outage.failed();
                 failures += 1;
                 let wait = back_off(failures);
-                tracing::warn!(service = %service, "kubernetes: {}; keeping the last known backends, watching again in {wait:?}", describe(&e));
+                tracing::warn!(service = %service, "kubernetes: {}; keeping the last known backends, watching again in {wait:?}", describe(&e, &tokenpath));
                 tokio::time::sleep(wait).await;
                 changed = false;
             }
@@ -332,14 +340,18 @@ fn watch_refused_as_gone(e: &watcher::Error) -> bool {
     matches!(e, watcher::Error::WatchStartFailed(kube::Error::Api(status)) if status.code == 410)
 }
 
-/// A watcher error in an operator's words (a 401 says which token to check).
-fn describe(e: &watcher::Error) -> String {
+/// A watcher error in an operator's words (a 401 says which token file to check, and whether
+/// it is there at all).
+fn describe(e: &watcher::Error, tokenpath: &Path) -> String {
     let text = with_causes(e);
-    if text.contains("401") || text.contains("Unauthorized") {
-        format!("401 Unauthorized from the API server: check the token at kubernetes.tokenpath ({text})")
-    } else {
-        text
+    if !(text.contains("401") || text.contains("Unauthorized")) {
+        return text;
     }
+    let file = match std::fs::metadata(tokenpath) {
+        Ok(_) => format!("`{}`", tokenpath.display()),
+        Err(why) => format!("`{}`, which cannot be read: {why}", tokenpath.display()),
+    };
+    format!("401 Unauthorized from the API server: check the token at kubernetes.tokenpath, {file} ({text})")
 }
 
 fn publish(
