@@ -345,6 +345,11 @@ async fn a_wrong_token_is_reported_and_no_instance_means_503() {
         503,
         "nothing discovered yet, no backend"
     );
+    // ... and it says so: no backend is down, there is none yet.
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    let body = body_bytes(client.get("web.local", "/").await).await;
+    let body = String::from_utf8_lossy(&body);
+    assert!(body.contains("this route has no backend"), "{body}");
 
     let proxy = Proxy::start(&consul_routes(consul.addr, "tok"), "").await;
     wait_for_set(&proxy, &["a"], Duration::from_secs(5)).await;

@@ -261,7 +261,11 @@ pub fn send<'a>(
             last_tried = Some(backend);
         }
         Err(Failed {
-            error: last_error.unwrap_or(ProxyError::AllBackendsDown),
+            error: last_error.unwrap_or(if len == 0 {
+                ProxyError::NoBackends
+            } else {
+                ProxyError::AllBackendsDown
+            }),
             at: last_tried.cloned(),
         })
     }

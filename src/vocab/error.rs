@@ -15,6 +15,10 @@ pub enum ProxyError {
     NoPath,
     #[error("every backend of this route is down")]
     AllBackendsDown,
+    /// The route has no backend at all: a discovered service not answered for yet, or one
+    /// listing no instance.
+    #[error("this route has no backend (none discovered yet, or none listed)")]
+    NoBackends,
     /// Every usable backend already has `upstream_max_connections` open.
     #[error("every backend of this route is at its connection limit")]
     BackendBusy,
@@ -123,6 +127,7 @@ impl ProxyError {
         match self {
             ProxyError::NoHost | ProxyError::NoPath => StatusCode::NOT_FOUND,
             ProxyError::AllBackendsDown
+            | ProxyError::NoBackends
             | ProxyError::BackendBusy
             | ProxyError::NoJwtSecret
             | ProxyError::AuthServiceTimeout => StatusCode::SERVICE_UNAVAILABLE,
@@ -264,6 +269,7 @@ mod tests {
             (ProxyError::NoHost, 404),
             (ProxyError::NoPath, 404),
             (ProxyError::AllBackendsDown, 503),
+            (ProxyError::NoBackends, 503),
             (ProxyError::BackendBusy, 503),
             (ProxyError::ConnectFailed, 502),
             (ProxyError::BadResponse, 502),
