@@ -110,3 +110,43 @@ async fn an_upgrade_that_finds_no_instance_does_not_share_another_ones_ports() {
     assert_eq!(client.get("x.test", "/").await.status(), 200);
     drop(running);
 }
+
+/// An upgrade rolled back by stopping the new process (nginx's `.oldbin`): the old one takes
+/// upgrades again. The new process removed its socket file on the way out, so the next
+/// `aralez -u` found no instance, and the old one, counting the sockets as taken, drained at
+/// once on SIGQUIT with nobody serving after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_rollback_the_old_process_takes_the_next_upgrade() {
+    let backend = Backend::start("b").await;
+    let mut old = ProxyProcess::start(&upstreams_for(&backend), "grace_period_seconds: 5");
+    let conf = old.path("main.yaml");
+    let pid_file = old.path("aralez.pid");
+    let named = || std::fs::read_to_string(&pid_file).unwrap_or_default();
+    let mut rolled_back = tokio::task::block_in_place(|| ProxyProcess::spawn_args(&conf, &["-u"]));
+    rolled_back
+        .wait_log("live upgrade: received", Duration::from_secs(10))
+        .await;
+    rolled_back.signal(Signal::SIGTERM);
+    rolled_back.expect_clean_exit(Duration::from_secs(15), "the rolled-back process");
+    assert_eq!(
+        named().trim(),
+        old.pid().to_string(),
+        "the pid file goes back"
+    );
+    old.wait_log("takes upgrades again", Duration::from_secs(10))
+        .await;
+    let mut next = tokio::task::block_in_place(|| ProxyProcess::spawn_args(&conf, &["-u"]));
+    next.wait_log("live upgrade: received", Duration::from_secs(10))
+        .await;
+    old.signal(Signal::SIGQUIT);
+    old.expect_clean_exit(Duration::from_secs(15), "the old process");
+    assert_eq!(named().trim(), next.pid().to_string());
+    let mut c = Client::connect(Proto::H1, next.addr).await;
+    assert_eq!(
+        c.get("x.test", "/").await.status(),
+        200,
+        "the next one serves"
+    );
+    next.signal(Signal::SIGTERM);
+    next.expect_clean_exit(Duration::from_secs(15), "the next process");
+}

@@ -156,6 +156,9 @@ pub struct Handovers {
     woken: tokio::sync::Notify,
 }
 
+/// How often a process that handed its sockets over looks whether the taker still runs.
+const TAKER_CHECK: Duration = Duration::from_secs(1);
+
 impl Handovers {
     /// Whether a new process has taken the sockets.
     pub fn any(&self) -> bool {
@@ -174,6 +177,23 @@ impl Handovers {
     fn took(&self) {
         self.taken.store(true, std::sync::atomic::Ordering::Relaxed);
         self.woken.notify_waiters();
+    }
+
+    /// The taker is gone: a SIGQUIT waits for the next one again.
+    fn given_back(&self) {
+        self.taken
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Returns once the process `taker` has ended (polled every [`TAKER_CHECK`]); never for none.
+async fn taker_ended(taker: Option<i32>) {
+    let Some(pid) = taker else {
+        return std::future::pending().await;
+    };
+    let pid = nix::unistd::Pid::from_raw(pid);
+    while nix::sys::signal::kill(pid, None).is_ok() {
+        tokio::time::sleep(TAKER_CHECK).await;
     }
 }
 
@@ -272,53 +292,60 @@ fn own_received(raw: Vec<RawFd>) -> Vec<OwnedFd> {
 pub struct UpgradeSock {
     listener: UnixListener,
     path: PathBuf,
-    inode: u64,
+    /// The socket file's, to tell ours from a newer process's; a new one after a rollback.
+    inode: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl UpgradeSock {
     /// Listens on `path` (replacing a stale socket file or the old process's one after an
     /// upgrade), readable and writable by this user only.
     pub fn bind(path: &Path) -> Result<UpgradeSock, UpgradeError> {
-        let fail = |source| UpgradeError::Bind {
-            path: path.display().to_string(),
-            source,
-        };
-        if let Ok(meta) = std::fs::symlink_metadata(path) {
-            if !meta.file_type().is_socket() {
-                return Err(fail(std::io::Error::other(
-                    "the path exists and is not a socket",
-                )));
-            }
-            std::fs::remove_file(path).map_err(fail)?;
-        }
-        let listener = UnixListener::bind(path).map_err(fail)?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(fail)?;
-        listener.set_nonblocking(true).map_err(fail)?;
-        let inode = std::fs::symlink_metadata(path).map_err(fail)?.ino();
+        let (listener, inode) = bind_file(path)?;
         Ok(UpgradeSock {
             listener,
             path: path.to_path_buf(),
-            inode,
+            inode: Arc::new(inode.into()),
         })
     }
 
     /// Answers every connecting `aralez -u` with the offered sockets; spawn it on a runtime.
+    /// When the process that took them ends while this one still runs (the upgrade rolled
+    /// back by stopping it, as nginx's `.oldbin`), this one listens on `upgrade_sock` again
+    /// (the taker removed its socket file on the way out) and a SIGQUIT waits for a taker
+    /// once more: the next `aralez -u` found no socket, and a SIGQUIT drained at once.
     pub fn serve(
         &self,
         offer: Offer,
         handovers: Arc<Handovers>,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let listener = self.listener.try_clone();
+        let (path, inode) = (self.path.clone(), self.inode.clone());
         async move {
-            let listener = match listener.and_then(tokio::net::UnixListener::from_std) {
+            let mut listener = match listener.and_then(tokio::net::UnixListener::from_std) {
                 Ok(l) => l,
                 Err(e) => {
                     tracing::error!("upgrade socket: {e}; live upgrade unavailable");
                     return;
                 }
             };
+            let mut taker = None;
             loop {
-                let mut stream = match listener.accept().await {
+                let accepted = tokio::select! {
+                    accepted = listener.accept() => accepted,
+                    () = taker_ended(taker) => {
+                        taker = None;
+                        match listen_again(&path, &inode) {
+                            Ok(again) => {
+                                listener = again;
+                                handovers.given_back();
+                                tracing::warn!("live upgrade: the process that took the sockets has ended while this one runs (rolled back?); this one takes upgrades again on {}", path.display());
+                            }
+                            Err(e) => tracing::error!("live upgrade: the process that took the sockets has ended, and {e}: no further live upgrade from this one"),
+                        }
+                        continue;
+                    }
+                };
+                let mut stream = match accepted {
                     Ok((stream, _)) => stream,
                     Err(e) => {
                         tracing::warn!("upgrade socket: accept failed: {e}");
@@ -338,6 +365,7 @@ impl UpgradeSock {
                 }
                 if answer(&stream, &offer) {
                     handovers.took();
+                    taker = stream.peer_cred().ok().and_then(|cred| cred.pid());
                 }
             }
         }
@@ -345,11 +373,49 @@ impl UpgradeSock {
 
     /// Removes the socket file unless another process has replaced it.
     pub fn remove(self) {
-        let ours = std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.inode);
+        let inode = self.inode.load(std::sync::atomic::Ordering::Relaxed);
+        let ours = std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == inode);
         if ours {
             let _ = std::fs::remove_file(&self.path);
         }
     }
+}
+
+/// Listens on `path` (mode 0600), replacing a socket file there; the listener and the file's
+/// inode.
+fn bind_file(path: &Path) -> Result<(UnixListener, u64), UpgradeError> {
+    let fail = |source| UpgradeError::Bind {
+        path: path.display().to_string(),
+        source,
+    };
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(fail(std::io::Error::other(
+                "the path exists and is not a socket",
+            )));
+        }
+        std::fs::remove_file(path).map_err(fail)?;
+    }
+    let listener = UnixListener::bind(path).map_err(fail)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(fail)?;
+    listener.set_nonblocking(true).map_err(fail)?;
+    let inode = std::fs::symlink_metadata(path).map_err(fail)?.ino();
+    Ok((listener, inode))
+}
+
+/// [`bind_file`] again after a rollback, noting the new file's inode for [`UpgradeSock::remove`].
+fn listen_again(
+    path: &Path,
+    inode: &std::sync::atomic::AtomicU64,
+) -> Result<tokio::net::UnixListener, UpgradeError> {
+    let (listener, new_inode) = bind_file(path)?;
+    let listener =
+        tokio::net::UnixListener::from_std(listener).map_err(|source| UpgradeError::Bind {
+            path: path.display().to_string(),
+            source,
+        })?;
+    inode.store(new_inode, std::sync::atomic::Ordering::Relaxed);
+    Ok(listener)
 }
 
 /// Whether the peer asks for the sockets ([`ASK`]) within [`ASK_WAIT`].
