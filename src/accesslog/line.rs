@@ -169,9 +169,9 @@ impl Line<'_> {
         let Some(bytes) = value else {
             return self.absent();
         };
-        let bare = |b: &u8| b.is_ascii_graphic() && !matches!(b, b'"' | b'\\' | b'=');
-        let quote = self.style == Style::Json || !bytes.iter().all(bare);
-        let quote = quote || matches!(key, "host" | "referer" | "user_agent" | "sni");
+        let quote = self.style == Style::Json
+            || matches!(key, "host" | "referer" | "user_agent" | "sni")
+            || !bytes.iter().all(|b| BARE[usize::from(*b)]);
         if quote {
             self.out.push('"');
         }
@@ -253,6 +253,17 @@ fn push_ip(out: &mut String, ip: IpAddr) {
         }
     }
 }
+
+/// The bytes a logfmt value may hold unquoted: printable ASCII but `"`, `\\` and `=`.
+static BARE: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0x21;
+    while b < 0x7f {
+        table[b] = !matches!(b as u8, b'"' | b'\\' | b'=');
+        b += 1;
+    }
+    table
+};
 
 /// Copies printable ASCII and spaces; `"` and `\\` become `\\"` and `\\\\`, other ASCII bytes
 /// `\\u00NN`, so a line stays one line of valid text. Both formats take JSON's escapes: a logfmt
