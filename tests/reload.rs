@@ -185,6 +185,12 @@ async fn a_broken_file_keeps_the_old_routes_until_fixed() {
     }
     write_atomically(&file, &routes(&[&b]));
     wait_for_backend(&proxy, "b").await;
+    // The same broken file again, after a good one: a new mistake, said again (it was taken
+    // for the watcher's second look at the bytes already refused, and nothing was said).
+    write_atomically(&file, &broken);
+    let said_again = proxy.wait_log_count("reload rejected", 2, Duration::from_secs(5));
+    assert!(said_again.await, "{}", proxy.log_text());
+    assert_eq!(backend_of(&mut client).await, (200, "b".to_string()));
 }
 
 /// A FIFO put where upstreams.yaml was: the reload waited for a writer that never came, and no

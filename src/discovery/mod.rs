@@ -406,6 +406,8 @@ impl Reloader {
         sources.file_digest = digest;
         sources.text_digest = None;
         sources.unsaved_api_config = false;
+        // Bytes rejected before and written again later are a new mistake, said again.
+        sources.rejected_digest = None;
         self.publish_locked(&sources, old.as_ref(), source);
     }
 
