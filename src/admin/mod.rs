@@ -205,7 +205,9 @@ impl Admin {
             Err(resp) => return resp,
         };
         let Ok(yaml) = std::str::from_utf8(&body) else {
-            return text(StatusCode::BAD_REQUEST, "the body is not UTF-8 text");
+            let why = "the body is not UTF-8 text";
+            self.reloader.refuse_text(why);
+            return text(StatusCode::BAD_REQUEST, why);
         };
         if crate::config::is_blank_text(yaml.as_bytes()) {
             // A missing file given to curl (`--data-binary @typo`) sends nothing, a template that
@@ -213,6 +215,7 @@ impl Admin {
             // file is refused alike).
             let why =
                 "the body is empty; nothing changed (to remove every route, send `upstreams: {}`)";
+            self.reloader.refuse_text(why);
             return text(StatusCode::BAD_REQUEST, why);
         }
         let from_master = req_from_master;

@@ -255,6 +255,16 @@ impl Reloader {
         }
     }
 
+    /// A body handed over in memory (admin API) refused before it could be read as YAML (empty,
+    /// not UTF-8): logged and counted as a refused one is.
+    pub fn refuse_text(&self, why: &str) {
+        self.metrics.config_reload("api", false);
+        tracing::error!(
+            source = "POST /conf",
+            "configuration rejected, nothing changed: {why}"
+        );
+    }
+
     /// Validates upstreams YAML handed over in memory (admin API) and publishes it; with `save`
     /// the file is replaced atomically first (temp file + rename). The warnings, as a reload of
     /// the file logs them (they are logged too; so is a refusal).
