@@ -448,3 +448,52 @@ async fn config_map_mounts_apply_every_update() {
         proxy.log_text()
     );
 }
+
+/// A release swap (Capistrano's `current` -> `releases/N`, replaced by renaming a new link over
+/// it) with upstreams.yaml read through the link: the new release applies, and its edits after.
+/// The swap changed no watched directory: nothing applied until a SIGHUP, and after one the
+/// watches stayed on the old release (its edits reloaded, the live one's ignored).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_swap_of_a_directory_link_is_followed() {
+    let (a, b) = (Backend::start("a").await, Backend::start("b").await);
+    let dir = tempfile::tempdir().unwrap();
+    for release in ["1", "2"] {
+        let at = dir.path().join("releases").join(release);
+        std::fs::create_dir_all(&at).unwrap();
+        std::fs::write(at.join("upstreams.yaml"), routes(&[&a])).unwrap();
+    }
+    std::os::unix::fs::symlink("releases/1", dir.path().join("current")).unwrap();
+    let main = dir.path().join("main.yaml");
+    let at = |name: &str| dir.path().join(name).display().to_string();
+    let text = format!(
+        "threads: 2\nproxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: \"current/upstreams.yaml\"\nlog_level: debug\npid_file: \"{}\"\nupgrade_sock: \"{}\"\n",
+        at("aralez.pid"),
+        at("aralez.sock")
+    );
+    std::fs::write(&main, text).unwrap();
+    let proxy = ProxyProcess::spawn_args(&main, &[]);
+    wait_for_backend(&proxy, "a").await;
+    // An edit of the release in use applies: the watcher is past its look at start-up (which
+    // would read a swap made before it as any change).
+    write_atomically(
+        &dir.path().join("releases/1/upstreams.yaml"),
+        &routes(&[&b]),
+    );
+    wait_for_backend(&proxy, "b").await;
+    // ... and past the look its later events bring (a swap before that look would be read as
+    // any change is): it finds the files unchanged.
+    let settled = eventually(Duration::from_secs(5), || {
+        let log = proxy.log_text();
+        let applied = log.rfind("configuration applied");
+        applied.is_some_and(|at| log[at..].contains(UNCHANGED))
+    });
+    assert!(settled.await, "{}", proxy.log_text());
+    std::fs::write(dir.path().join("releases/2/upstreams.yaml"), routes(&[&a])).unwrap();
+    let swap = dir.path().join("current.tmp");
+    std::os::unix::fs::symlink("releases/2", &swap).unwrap();
+    std::fs::rename(&swap, dir.path().join("current")).unwrap();
+    wait_for_backend(&proxy, "a").await;
+    let live = dir.path().join("releases/2/upstreams.yaml");
+    write_atomically(&live, &routes(&[&b]));
+    wait_for_backend(&proxy, "b").await;
+}

@@ -92,7 +92,21 @@ fn chain(file: &Path) -> Vec<PathBuf> {
     if let Ok(real) = std::fs::canonicalize(file) {
         names.push(real);
     }
+    names.extend(linked_ancestors(file));
     names
+}
+
+/// The directories on `file`'s way that are symbolic links (a release swap: `current` ->
+/// `releases/N`, replaced by renaming a new link over it). The rename is an event in the
+/// link's own directory, which nothing else watches: the file read changed with no event.
+fn linked_ancestors(file: &Path) -> Vec<PathBuf> {
+    file.ancestors()
+        .skip(1)
+        .take(MAX_HOPS)
+        .filter(|dir| dir.parent().is_some())
+        .filter(|dir| std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink()))
+        .map(Path::to_path_buf)
+        .collect()
 }
 
 #[cfg(test)]
@@ -150,6 +164,23 @@ mod tests {
         assert!(paths.counts(&file));
         assert!(paths.counts(&real));
         assert_eq!(paths.dirs().len(), 2);
+    }
+
+    #[test]
+    fn a_directory_link_on_the_way_counts_its_swap() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let release = dir.path().join("releases/1");
+        std::fs::create_dir_all(&release).expect("release");
+        std::fs::write(release.join("upstreams.yaml"), "upstreams: {}\n").expect("file");
+        let current = dir.path().join("current");
+        symlink("releases/1", &current).expect("current");
+        let file = current.join("upstreams.yaml");
+        let paths = WatchPaths::of(std::slice::from_ref(&file), &[]);
+        assert!(paths.counts(&file));
+        // `mv -T current.tmp current` names `current` in its own directory, watched too.
+        assert!(paths.counts(&current));
+        let root = std::fs::canonicalize(dir.path()).expect("root");
+        assert_eq!(paths.dirs().get(&root), Some(&dir.path().to_path_buf()));
     }
 
     #[test]
