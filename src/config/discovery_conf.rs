@@ -293,3 +293,25 @@ pub fn read_kubernetes(node: &Node, path: &str, r: &mut Reader) -> Option<Kubern
     }
     Some(cfg)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::issues::Issues;
+    use crate::config::yaml;
+
+    fn token(text: &str) -> (Option<String>, bool) {
+        let mut issues = Issues::default();
+        let doc = yaml::parse(text).expect("yaml");
+        let mut r = Reader::new("upstreams.yaml".into(), &mut issues);
+        let token = read_consul_token(&doc, "consul.token", &mut r);
+        (token, issues.has_errors())
+    }
+
+    #[test]
+    fn a_consul_token_is_trimmed_and_one_no_header_can_carry_is_an_error() {
+        assert_eq!(token("|\n  b5e3c6d2\n"), (Some("b5e3c6d2".into()), false));
+        assert_eq!(token("\" tok \""), (Some("tok".into()), false));
+        assert_eq!(token("\"a\\nb\""), (None, true));
+    }
+}

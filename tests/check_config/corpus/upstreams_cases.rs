@@ -74,13 +74,6 @@ pub(crate) fn cases() -> Vec<Case> {
                 err(U, 6, "kubernetes.servers[0]", "the port is out of range"),
             ],
         ),
-        Case::broken(
-            "consul_token_block_scalar_is_trimmed",
-            MAIN_OK,
-            &format!("provider: consul\nconsul:\n  servers: [\"http://127.0.0.1:8500\"]\n  token: |\n    b5e3c6d2\n  services: []\n{UPS_OK}"),
-            vec![],
-        )
-        .warnings_only(),
         // Credentials in a Consul URL are never used and would be logged: an error that does
         // not repeat them.
         Case::broken(
