@@ -38,6 +38,7 @@ mod forwarding;
 mod grpc;
 mod h2_abuse;
 mod h2_backend_recycling;
+mod h2_cut_answers;
 mod h2_hpack;
 mod h2_refused_heads;
 mod hardening;

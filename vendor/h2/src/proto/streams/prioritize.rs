@@ -683,6 +683,26 @@ impl Prioritize {
         }
     }
 
+    /// Patched in by aralez: [`Prioritize::clear_queue`], keeping the queued HEADERS frames in
+    /// their order.
+    pub fn clear_queue_but_headers<B>(
+        &mut self,
+        buffer: &mut Buffer<Frame<B>>,
+        stream: &mut store::Ptr,
+    ) {
+        let mut kept = Vec::new();
+        while let Some(frame) = stream.pending_send.pop_front(buffer) {
+            match frame {
+                Frame::Headers(headers) => kept.push(headers),
+                frame => tracing::trace!(?frame, "dropping"),
+            }
+        }
+        self.clear_queue(buffer, stream);
+        for headers in kept {
+            stream.pending_send.push_back(buffer, Frame::Headers(headers));
+        }
+    }
+
     pub fn clear_pending_send(&mut self, store: &mut Store, counts: &mut Counts) {
         while let Some(mut stream) = self.pending_send.pop(store) {
             let is_pending_reset = stream.is_pending_reset_expiration();

@@ -268,7 +268,13 @@ impl Send {
         // on idle streams and §6.4 says RST_STREAM on idle is a PROTOCOL_ERROR.
         // Keep the queued HEADERS so the stream opens, then send the reset
         // immediately after.
-        if !stream.is_pending_open {
+        if !stream.is_pending_open && initiator == Initiator::User && counts.peer().is_server() {
+            // Patched in by aralez: a server that resets its answer's stream (hyper does, when
+            // the answer's body fails: a backend that closed mid-body) keeps the answer's
+            // HEADERS still queued, so the client learns the status before the reset, as it
+            // does when they went out a moment sooner. The DATA is dropped.
+            self.prioritize.clear_queue_but_headers(buffer, stream);
+        } else if !stream.is_pending_open {
             // Otherwise, drop any buffered DATA/HEADERS and only send the
             // reset.
             //
