@@ -317,3 +317,102 @@ async fn a_master_among_its_own_workers_does_not_push_round_in_circles() {
     assert_eq!(answer.matches("workers:").count(), 1, "{answer}");
     assert!(answer.contains("not passed on"), "{answer}");
 }
+
+/// A worker that answers every request with a 500 whose body spans lines, the second made to
+/// look like a log line of the master's.
+async fn forging_worker() -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut buf = vec![0u8; 64 * 1024];
+                let _ = s.read(&mut buf).await;
+                let body = "internal error\nINJECTED 2026-12-07T00:00:00Z  INFO forged line\n";
+                let answer = format!(
+                    "HTTP/1.1 500 Internal Server Error\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = s.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    port
+}
+
+/// The master's file served again by SIGHUP after a `POST /conf` (which did not save) goes on to
+/// the workers: its text was the one passed on before the POST, taken for a conf.d change and
+/// not passed on, and the workers kept the POST's routes while the master's status called them
+/// current. A worker's answer is one line of the master's log however many its text has.
+#[tokio::test]
+async fn the_masters_file_served_again_after_a_push_reaches_the_workers() {
+    let (a, b, c) = (
+        Backend::start("backend-a").await,
+        Backend::start("backend-b").await,
+        Backend::start("backend-c").await,
+    );
+    let port = free_port();
+    let w = worker(&a, port);
+    let forging = forging_worker().await;
+    let nodes = format!("\"http://127.0.0.1:{port}, http://127.0.0.1:{forging}\"");
+    let master = ProxyProcess::start(
+        &routes_to(&a),
+        &format!("cluster_member: master\nworker_nodes: {nodes}\nmaster_key: \"{KEY}\"\nconfig_api_enabled: true\nconfig_address: \"127.0.0.1:0\"\n"),
+    );
+    let master_admin = master.logged_addr("admin API on http://");
+    for pushed in [&b, &c] {
+        let (status, answer) = admin(master_admin, Method::POST, "/conf", routes_to(pushed)).await;
+        assert_eq!(status, 502, "the forging worker fails it: {answer}");
+        assert!(served_by(w.addr).await.contains(pushed.name), "{answer}");
+        master.signal(nix::sys::signal::Signal::SIGHUP);
+        assert!(
+            comes_to(w.addr, "backend-a").await,
+            "the master's file did not reach the worker again; {}",
+            master.log_text()
+        );
+    }
+    let log = master.log_text();
+    assert!(
+        log.contains("INJECTED"),
+        "the worker's answer is shown: {log}"
+    );
+    assert!(
+        !log.lines().any(|l| l.starts_with("INJECTED")),
+        "a worker's text began a line of the master's log: {log}"
+    );
+}
+
+/// Two `POST /conf` at once: what the master serves is what it pushed last, so its workers end
+/// on the master's configuration. Applied in one order and pushed in the other, they stayed on
+/// the other one for good, the master's status calling them current (1 round in 6 to 15).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_pushes_at_once_leave_the_workers_on_what_the_master_serves() {
+    let (a, b, c) = (
+        Backend::start("backend-a").await,
+        Backend::start("backend-b").await,
+        Backend::start("backend-c").await,
+    );
+    let port = free_port();
+    let _w = worker(&a, port);
+    let master = ProxyProcess::start(
+        &routes_to(&a),
+        &format!("cluster_member: master\nworker_nodes: \"http://127.0.0.1:{port}\"\nmaster_key: \"{KEY}\"\nconfig_api_enabled: true\nconfig_address: \"127.0.0.1:0\"\n"),
+    );
+    let master_admin = master.logged_addr("admin API on http://");
+    for round in 0..20 {
+        let (first, second) = tokio::join!(
+            admin(master_admin, Method::POST, "/conf", routes_to(&b)),
+            admin(master_admin, Method::POST, "/conf", routes_to(&c)),
+        );
+        assert_eq!((first.0, second.0), (200, 200), "{first:?} {second:?}");
+        let (_, own) = admin(master_admin, Method::GET, "/status?digest", String::new()).await;
+        let own: serde_json::Value = serde_json::from_str(&own).expect("status JSON");
+        let (_, status) = admin(master_admin, Method::GET, "/status", String::new()).await;
+        let status: serde_json::Value = serde_json::from_str(&status).expect("status JSON");
+        assert_eq!(
+            status["workers"][0]["pushed_digest"], own["config_digest"],
+            "round {round}: pushed one configuration, serves another"
+        );
+    }
+}

@@ -497,3 +497,35 @@ async fn a_release_swap_of_a_directory_link_is_followed() {
     write_atomically(&live, &routes(&[&b]));
     wait_for_backend(&proxy, "b").await;
 }
+
+/// `POST /conf?save` whose file cannot be written (a directory where its temporary file goes)
+/// answers 500, changes nothing, and is logged and counted as any refused configuration: it was
+/// answered and nothing more, on the instance where it failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_save_that_fails_is_logged_and_counted() {
+    let (a, b) = (Backend::start("a").await, Backend::start("b").await);
+    let admin = "config_address: \"127.0.0.1:0\"\nmaster_key: \"k\"\nconfig_api_enabled: true";
+    let proxy = ProxyProcess::start(&routes(&[&a]), admin);
+    let admin = proxy.logged_addr("admin API on http://");
+    let blocker = proxy.path(&format!(".upstreams.yaml.tmp-{}", proxy.pid()));
+    std::fs::create_dir(&blocker).unwrap();
+    let mut client = Client::connect(Proto::H1, admin).await;
+    let key = [("x-api-key", "k")];
+    let body = full(Bytes::from(routes(&[&b])));
+    let resp = client
+        .send(Method::POST, Some("localhost"), "/conf?save", &key, body)
+        .await;
+    assert_eq!(resp.status(), 500);
+    let text = String::from_utf8_lossy(&body_bytes(resp).await).into_owned();
+    assert!(text.starts_with("not applied: cannot save"), "{text}");
+    proxy
+        .wait_log(
+            "configuration not applied: cannot save",
+            Duration::from_secs(5),
+        )
+        .await;
+    let failed = "aralez_config_reloads_total{source=\"api\",result=\"rejected\"}";
+    assert_eq!(metric(admin, failed).await, Some(1.0));
+    let mut c = Client::connect(Proto::H1, proxy.addr).await;
+    assert_eq!(backend_of(&mut c).await, (200, "a".to_string()));
+}

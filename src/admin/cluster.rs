@@ -64,6 +64,20 @@ impl Worker {
     }
 }
 
+/// A worker's answer as one line of the master's log and answers: its line breaks and control
+/// characters escaped (a worker's text split the master's log lines, and could forge some), at
+/// most [`SHOWN_ANSWER`] characters.
+fn one_line(text: &str) -> String {
+    let mut line: String = text.trim_end().escape_debug().take(SHOWN_ANSWER).collect();
+    if line.len() < text.trim_end().escape_debug().count() {
+        line.push_str("...");
+    }
+    line
+}
+
+/// The most of a worker's answer shown.
+const SHOWN_ANSWER: usize = 2048;
+
 /// The master's side of cluster mode.
 #[derive(Debug)]
 pub struct Cluster {
@@ -71,6 +85,10 @@ pub struct Cluster {
     master_key: String,
     /// The configuration pushed last; what every worker must have.
     current: Mutex<Option<Arc<Pushed>>>,
+    /// Held from a `POST /conf`'s apply on the master to its push: two at once could apply in
+    /// one order and be pushed in the other, leaving the workers on what the master no longer
+    /// serves.
+    turn: tokio::sync::Mutex<()>,
 }
 
 impl Cluster {
@@ -83,7 +101,13 @@ impl Cluster {
             workers: worker_nodes.iter().map(worker).collect(),
             master_key: master_key.to_string(),
             current: Mutex::new(None),
+            turn: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// Taken by a `POST /conf` before it applies, held until its push is done.
+    pub async fn turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.turn.lock().await
     }
 
     fn current(&self) -> Option<Arc<Pushed>> {
@@ -122,17 +146,29 @@ impl Cluster {
         loop {
             tick.tick().await;
             let serving = reloader.config_digest();
-            if serving == seen {
-                continue;
-            }
+            let changed = serving != seen;
             seen = serving;
             // A configuration `POST /conf` gave is pushed by it; a text unknown (written over
             // while it was read) waits for the next change.
             let Some(text) = reloader.applied_file_text() else {
                 continue;
             };
-            if passed_on.as_ref() == Some(&text) {
-                tracing::info!("conf.d changed on the master: not passed on (each worker merges its own conf.d)");
+            // The workers have what was pushed last (or, before any push, their own file,
+            // taken as the master's at its start): a file that says that is conf.d's change
+            // alone. Asked only when the serving configuration changed, a file served again
+            // within a second of a `POST /conf` (a SIGHUP) went unseen; compared with the last
+            // text passed on, a file back to it after a push was taken for conf.d's change.
+            let workers_have = match self.current() {
+                Some(pushed) => pushed.digest == text_digest(&text),
+                None => passed_on.as_ref() == Some(&text),
+            };
+            if workers_have {
+                if changed {
+                    tracing::info!("conf.d changed on the master: not passed on (each worker merges its own conf.d)");
+                }
+                continue;
+            }
+            if passed_on.as_ref() == Some(&text) && text.trim().is_empty() {
                 continue;
             }
             passed_on = Some(text.clone());
@@ -169,9 +205,9 @@ impl Cluster {
             .await;
         let outcome = match outcome {
             Ok((status, body)) if status.is_success() => {
-                Ok(format!("{} {}", status.as_u16(), body))
+                Ok(format!("{} {}", status.as_u16(), one_line(&body)))
             }
-            Ok((status, body)) => Err(format!("{} {}", status.as_u16(), body)),
+            Ok((status, body)) => Err(format!("{} {}", status.as_u16(), one_line(&body))),
             Err(e) => Err(format!("unreachable ({e}); will retry")),
         };
         let mut state = worker.state();
@@ -252,7 +288,9 @@ impl Cluster {
             if checking {
                 last_check = Instant::now();
             }
-            for worker in &self.workers {
+            // All at once: one worker that takes the whole deadline to answer held every other
+            // worker's push and check behind it (13 s for a file edit to reach them).
+            let rounds = self.workers.iter().map(|worker| async {
                 let due = {
                     let state = worker.state();
                     state.taken.is_none() && state.next_try.is_none_or(|at| Instant::now() >= at)
@@ -262,7 +300,8 @@ impl Cluster {
                 } else if checking {
                     self.check(worker, &pushed).await;
                 }
-            }
+            });
+            futures_util::future::join_all(rounds).await;
         }
     }
 

@@ -219,6 +219,13 @@ impl Admin {
             return text(StatusCode::BAD_REQUEST, why);
         }
         let from_master = req_from_master;
+        // On a master, one body at a time from its apply to its push (see `Cluster::turn`);
+        // not for a master's own push, which it does not pass on (a master among its own
+        // workers would wait for itself).
+        let _turn = match &self.cluster {
+            Some(cluster) if !from_master => Some(cluster.turn().await),
+            _ => None,
+        };
         let reloader = self.reloader.clone();
         let text_of = yaml.to_string();
         let outcome =

@@ -298,10 +298,13 @@ impl Reloader {
         let mut digest = self.sources().file_digest;
         if save {
             save_atomically(&self.upstreams_path, text.as_bytes()).map_err(|source| {
-                ReloadError::Save {
+                let failed = ReloadError::Save {
                     path: self.upstreams_path.clone(),
                     source,
-                }
+                };
+                self.metrics.config_reload("api", false);
+                tracing::error!(source = origin, "configuration not applied: {failed}");
+                failed
             })?;
             // The watcher will see the rename; the same digest makes it a no-op.
             digest = config::files_digest(&self.upstreams_path);
