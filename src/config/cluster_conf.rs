@@ -30,6 +30,8 @@ pub struct ClusterConfig {
     pub member_pos: Option<Pos>,
     /// Where `worker_nodes` is written (valid or not).
     pub worker_nodes_at: Option<Pos>,
+    /// `worker_nodes` is written, valid, and lists nobody (`[]`).
+    pub worker_nodes_listed_none: bool,
 }
 
 impl ClusterConfig {
@@ -43,7 +45,10 @@ impl ClusterConfig {
             }),
             "worker_nodes" => {
                 self.worker_nodes_at = Some(node.pos);
-                read_nodes(node, key, r).map(|n| self.worker_nodes = n)
+                read_nodes(node, key, r).map(|n| {
+                    self.worker_nodes_listed_none = n.is_empty();
+                    self.worker_nodes = n;
+                })
             }
             "limits_store" => read_store(node, key, r).map(|s| self.limits_store = Some(s)),
             _ => return None,
@@ -86,10 +91,15 @@ impl ClusterConfig {
             );
             ok = false;
         }
-        // Written but wrong is said at the entries themselves.
+        // Written but wrong is said at the entries themselves; written empty, at the key.
         if self.worker_nodes.is_empty() && self.worker_nodes_at.is_none() {
             let why = "a master needs `worker_nodes` (the workers' admin APIs, e.g. \"http://10.0.0.2:3000, http://10.0.0.3:3000\")";
             r.error(pos, "cluster_member", why);
+            ok = false;
+        }
+        if let (true, Some(at)) = (self.worker_nodes_listed_none, self.worker_nodes_at) {
+            let why = "lists no worker: a master would push to nobody and serve no proxy traffic";
+            r.error(at, "worker_nodes", why);
             ok = false;
         }
         if !has_master_key {
@@ -116,47 +126,75 @@ fn read_member(node: &Node, key: &str, r: &mut Reader) -> Option<Member> {
 
 /// Aralez's form, one string of comma-separated URLs, or a list of them.
 fn read_nodes(node: &Node, key: &str, r: &mut Reader) -> Option<Vec<String>> {
-    let items: Vec<(Pos, String)> = match &node.value {
+    let mut ok = true;
+    let items: Vec<(Pos, String, String)> = match &node.value {
         Value::Seq(items) => items
             .iter()
-            .map(|n| r.non_empty_string(n, key).map(|s| (n.pos, s)))
-            .collect::<Option<_>>()?,
+            .enumerate()
+            .filter_map(|(i, n)| {
+                let item_key = format!("{key}[{i}]");
+                let text = r.non_empty_string(n, &item_key);
+                ok &= text.is_some();
+                text.map(|s| (n.pos, item_key, s))
+            })
+            .collect(),
         _ => {
             let text = r.non_empty_string(node, key)?;
-            text.split(',').map(|s| (node.pos, s.to_string())).collect()
+            text.split(',')
+                .map(|s| (node.pos, key.to_string(), s.to_string()))
+                .collect()
         }
     };
     let mut nodes: Vec<String> = Vec::with_capacity(items.len());
-    let mut ok = true;
     // Every bad entry is said, not the first only.
-    for (pos, item) in items {
+    for (pos, item_key, item) in items {
         let url = item.trim().trim_end_matches('/');
-        let rest = url
-            .strip_prefix("http://")
-            .or_else(|| url.strip_prefix("https://"));
-        match rest {
-            Some(authority) if !authority.is_empty() && !authority.contains('/') => {
-                if nodes.iter().any(|n| n == url) {
-                    r.warn(
-                        pos,
-                        key,
-                        format!("`{url}` is listed twice (pushed to once)"),
-                    );
-                } else {
-                    nodes.push(url.to_string());
-                }
-            }
-            _ => {
-                let why = format!(
-                    "`{}` is not http://host:port or https://host:port",
-                    item.trim()
-                );
-                r.error(pos, key, why);
+        match worker_url_problem(url) {
+            Some(why) => {
+                r.error(pos, &item_key, why);
                 ok = false;
             }
+            None if nodes.iter().any(|n| n == url) => r.warn(
+                pos,
+                &item_key,
+                format!("`{url}` is listed twice (pushed to once)"),
+            ),
+            None => nodes.push(url.to_string()),
         }
     }
     ok.then_some(nodes)
+}
+
+/// What is wrong with a worker's URL, if anything: it must be `http://host:port` or
+/// `https://host:port`, whose host and port a connection can use. Credentials are refused
+/// without repeating them: they would be sent nowhere and shown in every log line that names
+/// the worker.
+fn worker_url_problem(url: &str) -> Option<String> {
+    let not_one = || {
+        Some(format!(
+            "`{url}` is not http://host:port or https://host:port"
+        ))
+    };
+    let Some(authority) = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+    else {
+        return not_one();
+    };
+    if authority.contains('@') {
+        return Some("the URL carries credentials, which are never sent: the master's pushes carry master_key".into());
+    }
+    if authority.is_empty() || authority.contains(['/', '?', '#']) {
+        return not_one();
+    }
+    match authority.parse::<http::uri::Authority>() {
+        Ok(a) if a.host().is_empty() => not_one(),
+        Ok(a) if !super::values::port_in_range(&a) => {
+            Some(format!("`{url}`: the port is out of range (1-65535)"))
+        }
+        Ok(_) => None,
+        Err(_) => not_one(),
+    }
 }
 
 fn read_store(node: &Node, key: &str, r: &mut Reader) -> Option<String> {

@@ -155,7 +155,7 @@ fn read_api_servers(node: &Node, path: &str, r: &mut Reader) -> Vec<String> {
             .filter(|a| !a.host().is_empty());
         match usable {
             None => r.error(pos, &item_path, format!("`{text}` {NOT_A_SERVER}")),
-            Some(a) if !port_in_range(a) => r.error(pos, &item_path, PORT_OUT_OF_RANGE),
+            Some(a) if !super::values::port_in_range(a) => r.error(pos, &item_path, PORT_OUT_OF_RANGE),
             // Shown in log lines that name the server: refused, and not echoed.
             Some(a) if a.as_str().contains('@') => r.error(
                 pos,
@@ -170,20 +170,6 @@ fn read_api_servers(node: &Node, path: &str, r: &mut Reader) -> Vec<String> {
 
 /// The error for a server URL whose port is no port (`:86536` was read as no port: 80).
 const PORT_OUT_OF_RANGE: &str = "the port is out of range (1-65535)";
-
-/// Whether an authority's port, if it gives one, is a port (`http` reads one out of range as
-/// none at all).
-fn port_in_range(authority: &http::uri::Authority) -> bool {
-    let text = authority.as_str();
-    let after_host = match text.rfind(']') {
-        Some(end) => &text[end + 1..],
-        None => text.rsplit_once('@').map_or(text, |(_, host)| host),
-    };
-    match after_host.rsplit_once(':') {
-        Some((_, port)) if !port.is_empty() => port.parse::<u16>().is_ok_and(|p| p > 0),
-        _ => true,
-    }
-}
 
 /// `consul.token`, trimmed as the Kubernetes token file is (a YAML block scalar ends in a
 /// newline); one that still cannot be a header value is an error here, not on every query.
@@ -223,7 +209,7 @@ pub fn read_consul(node: &Node, path: &str, r: &mut Reader) -> Option<ConsulConf
                                 "the URL carries credentials, which Consul does not read: set the ACL token as `token`",
                             )
                         }
-                        Ok(uri) if uri.authority().is_some_and(|a| !port_in_range(a)) => {
+                        Ok(uri) if uri.authority().is_some_and(|a| !super::values::port_in_range(a)) => {
                             r.error(pos, &item_path, PORT_OUT_OF_RANGE)
                         }
                         Ok(uri)

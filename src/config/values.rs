@@ -396,6 +396,20 @@ pub fn parse_auth(kind: &str, data: Option<&str>) -> Result<AuthRule, AuthError>
     }
 }
 
+/// Whether an authority's port, if it gives one, is a port (`http` reads one out of range as
+/// none at all).
+pub fn port_in_range(authority: &http::uri::Authority) -> bool {
+    let text = authority.as_str();
+    let after_host = match text.rfind(']') {
+        Some(end) => &text[end + 1..],
+        None => text.rsplit_once('@').map_or(text, |(_, host)| host),
+    };
+    match after_host.rsplit_once(':') {
+        Some((_, port)) if !port.is_empty() => port.parse::<u16>().is_ok_and(|p| p > 0),
+        _ => true,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

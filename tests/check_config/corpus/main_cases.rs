@@ -24,6 +24,23 @@ pub(crate) fn cases() -> Vec<Case> {
             &format!("{MAIN_OK}log_level: off\nlimits_store: \"redis://127.0.0.1:99999\"\n"),
             vec![err(M, 4, "limits_store", "not a Redis URL")],
         ),
+        // Every worker URL that cannot work is said at its entry (a list stopped at the first):
+        // credentials (not repeated), a port out of range, a query; and a master listing none.
+        Case::main(
+            "worker_nodes_that_cannot_work",
+            &format!("{MAIN_OK}cluster_member: master\nmaster_key: \"k\"\nconfig_api_enabled: true\nworker_nodes:\n  - \"http://u:pw@10.0.0.2:3000\"\n  - \"http://10.0.0.3:99999\"\n  - \"http://h:1?x=1\"\n  - \"\"\n  - \"http://10.0.0.4:3000\"\n"),
+            vec![
+                err(M, 7, "worker_nodes[0]", "carries credentials"),
+                err(M, 8, "worker_nodes[1]", "the port is out of range"),
+                err(M, 9, "worker_nodes[2]", "is not http://host:port"),
+                err(M, 10, "worker_nodes[3]", "must not be empty"),
+            ],
+        ),
+        Case::main(
+            "a_master_listing_no_worker",
+            &format!("{MAIN_OK}cluster_member: master\nmaster_key: \"k\"\nconfig_api_enabled: true\nworker_nodes: []\n"),
+            vec![err(M, 6, "worker_nodes", "lists no worker")],
+        ),
         // Both certificate folders named: proxy_configs' is not read, and said so.
         Case::main(
             "proxy_configs_beside_proxy_certificates",
