@@ -18,6 +18,7 @@ mod support;
 
 mod acme;
 mod acme_ari;
+mod acme_deadline;
 mod acme_dns;
 mod admin;
 mod architecture;

@@ -40,6 +40,13 @@ const LOOK_EVERY: Duration = Duration::from_secs(30);
 /// The shortest time between two successful orders of one set (a renewal threshold longer
 /// than the lifetime would otherwise order again at once, forever).
 const BETWEEN_ORDERS: Duration = Duration::from_secs(3600);
+/// The most one order may take, every exchange with the ACME server in it. Its own waits are
+/// bounded (the DNS record 120 s, the order 90 s); the exchanges were not, and a server that
+/// took a connection and said nothing stopped every set's orders and renewals for good, with
+/// no line said.
+const ORDER_DEADLINE: Duration = Duration::from_secs(300);
+/// The most the renewal information (ARI) may take before the lifetime's threshold is used.
+const ADVICE_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Why an order failed.
 #[derive(Debug, thiserror::Error)]
@@ -228,11 +235,12 @@ impl Acme {
     /// that comes sooner still wins). ARI is only asked with an account already in place.
     async fn due_in(&self, names: &[String]) -> Option<Duration> {
         let threshold = self.renew_in(names)?;
-        let Some(account) = self.existing_account().await else {
-            return Some(threshold);
+        let asked = async {
+            let account = self.existing_account().await?;
+            let crt = cert_path(&self.certs_dir, names, "crt");
+            self.advisor.advice(&account, &names[0], &crt).await
         };
-        let crt = cert_path(&self.certs_dir, names, "crt");
-        let Some(advice) = self.advisor.advice(&account, &names[0], &crt).await else {
+        let Ok(Some(advice)) = tokio::time::timeout(ADVICE_DEADLINE, asked).await else {
             return Some(threshold);
         };
         let suggested = advice
@@ -385,6 +393,18 @@ impl Acme {
     /// Orders a certificate for `names` and writes it; with renewal information in use, the
     /// order says which certificate it replaces.
     async fn order_for(&self, names: &[String]) -> Result<(), AcmeError> {
+        match tokio::time::timeout(ORDER_DEADLINE, self.order_unbounded(names)).await {
+            Ok(ordered) => ordered,
+            Err(_) => Err(AcmeError::Order(format!(
+                "the ACME server ({}) did not finish the order within {}s",
+                self.cfg.directory,
+                ORDER_DEADLINE.as_secs()
+            ))),
+        }
+    }
+
+    /// [`Acme::order_for`] without its deadline.
+    async fn order_unbounded(&self, names: &[String]) -> Result<(), AcmeError> {
         let account = self.account().await?;
         // Only a certificate of these very names is replaced.
         let replaces = match self.renew_in(names) {
