@@ -51,4 +51,18 @@ async fn an_acme_server_that_never_answers_ends_the_order_at_its_deadline() {
         "{said}"
     );
     assert!(said.contains(&addr.to_string()), "{said}");
+    // `/acme_create`'s account, within 30 s.
+    let started = tokio::time::Instant::now();
+    let Err(failed) = acme.account_within().await else {
+        panic!("an account from a server that says nothing");
+    };
+    assert!(
+        started.elapsed() < Duration::from_secs(31),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        failed.to_string().contains("did not answer within 30s"),
+        "{failed}"
+    );
 }

@@ -280,7 +280,7 @@ impl Admin {
         let Some(acme) = &self.acme else {
             return text(StatusCode::NOT_FOUND, NO_ACME);
         };
-        match acme.account().await {
+        match acme.account_within().await {
             Ok(account) => text(StatusCode::OK, account.id()),
             Err(e) => text(
                 StatusCode::INTERNAL_SERVER_ERROR,

@@ -45,7 +45,8 @@ const BETWEEN_ORDERS: Duration = Duration::from_secs(3600);
 /// took a connection and said nothing stopped every set's orders and renewals for good, with
 /// no line said.
 const ORDER_DEADLINE: Duration = Duration::from_secs(300);
-/// The most the renewal information (ARI) may take before the lifetime's threshold is used.
+/// The most the renewal information (ARI) may take before the lifetime's threshold is used,
+/// and `/acme_create`'s account.
 const ADVICE_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Why an order failed.
@@ -307,6 +308,19 @@ impl Acme {
                 }
                 None
             }
+        }
+    }
+
+    /// [`Acme::account`] within [`ADVICE_DEADLINE`] (`/acme_create`: a server that said
+    /// nothing held the admin connection).
+    pub async fn account_within(&self) -> Result<Account, AcmeError> {
+        match tokio::time::timeout(ADVICE_DEADLINE, self.account()).await {
+            Ok(account) => account,
+            Err(_) => Err(AcmeError::Order(format!(
+                "the ACME server ({}) did not answer within {}s",
+                self.cfg.directory,
+                ADVICE_DEADLINE.as_secs()
+            ))),
         }
     }
 
