@@ -31,6 +31,8 @@ async fn an_acme_server_that_never_answers_ends_the_order_at_its_deadline() {
         dns_resolver: None,
         dns_provider: None,
         challenge_given: false,
+        challenge_at: None,
+        domains_at: None,
     };
     std::fs::create_dir(dir.path().join("state")).unwrap();
     let acme = Acme::new(cfg, dir.path().join("certs"), Box::new(Vec::new));

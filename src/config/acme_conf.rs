@@ -89,6 +89,9 @@ pub struct AcmeConfig {
     pub dns_provider: Option<DnsProvider>,
     /// Whether `challenge` was written (Aralez picks DNS-01 from `acme_dns_provider` alone).
     pub challenge_given: bool,
+    /// Where `challenge` and `domains` are written, for the checks across keys.
+    pub challenge_at: Option<Pos>,
+    pub domains_at: Option<Pos>,
 }
 
 const KEYS: &[&str] = &[
@@ -116,6 +119,8 @@ pub fn read_acme(block: &Node, r: &mut Reader) -> Option<AcmeConfig> {
         dns_resolver: None,
         dns_provider: None,
         challenge_given: false,
+        challenge_at: None,
+        domains_at: None,
     };
     let entries = r.map(block, "acme")?;
     let mut ok = true;
@@ -132,11 +137,15 @@ pub fn read_acme(block: &Node, r: &mut Reader) -> Option<AcmeConfig> {
             "challenge" => read_challenge(value, p, r).map(|c| {
                 cfg.challenge = c;
                 cfg.challenge_given = true;
+                cfg.challenge_at = Some(key.pos);
             }),
             "state_dir" => r
                 .non_empty_string(value, p)
                 .map(|d| cfg.state_dir = Some(PathBuf::from(d))),
-            "domains" => read_domains(value, p, r).map(|d| cfg.domains = d),
+            "domains" => read_domains(value, p, r).map(|d| {
+                cfg.domains = d;
+                cfg.domains_at = Some(key.pos);
+            }),
             "renew_before_days" => r
                 .uint(value, p, 1, 365)
                 .map(|n| cfg.renew_before_days = Some(n)),
@@ -168,7 +177,7 @@ pub fn check_with_provider(
     match (cfg.challenge, provider) {
         (Challenge::Dns01, None) => {
             let why = "dns-01 publishes its records through acme_dns_provider (cloudflare, route53 or digitalocean): set it";
-            r.error(acme_pos, "acme.challenge", why);
+            r.error(cfg.challenge_at.unwrap_or(acme_pos), "acme.challenge", why);
             ok = false;
         }
         (Challenge::Dns01, Some((pos, p))) => {
@@ -186,7 +195,7 @@ pub fn check_with_provider(
     if cfg.challenge != Challenge::Dns01 {
         if let Some(wild) = cfg.domains.iter().find(|d| d.starts_with("*.")) {
             let why = format!("`{wild}`: a wildcard name can only be validated by dns-01");
-            r.error(acme_pos, "acme.domains", why);
+            r.error(cfg.domains_at.unwrap_or(acme_pos), "acme.domains", why);
             ok = false;
         }
     }
@@ -340,8 +349,25 @@ pub fn not_orderable(name: &str) -> Option<&'static str> {
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b == b'-')
         });
-    (!valid).then_some("is not a DNS name")
+    if !valid {
+        return Some("is not a DNS name");
+    }
+    // The certificate's files are named after it (`_wildcard.` for `*.`), the longest
+    // `<name>.acme-tmp`: past 255 bytes it cannot be written, and every retry was another
+    // certificate issued and thrown away.
+    let stem = if name.starts_with("*.") {
+        name.len() + 8
+    } else {
+        name.len()
+    };
+    (stem > MAX_FILE_STEM).then_some(
+        "is too long for its certificate's file name (246 characters at most, 238 for a wildcard)",
+    )
 }
+
+/// The longest file stem a certificate's files can have: a file name is at most 255 bytes,
+/// and `.acme-tmp` takes 9.
+const MAX_FILE_STEM: usize = 255 - ".acme-tmp".len();
 
 #[cfg(test)]
 mod tests {

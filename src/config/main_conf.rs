@@ -470,7 +470,8 @@ impl MainConfig {
         let alpn = cfg.acme.as_ref().map(|a| a.challenge) == Some(acme_conf::Challenge::TlsAlpn01);
         if alpn && cfg.proxy_address_tls.is_none() {
             let why = "tls-alpn-01 is answered on proxy_address_tls: set it, or use http-01";
-            r.error(acme_pos, "acme.challenge", why);
+            let at = cfg.acme.as_ref().and_then(|a| a.challenge_at);
+            r.error(at.unwrap_or(acme_pos), "acme.challenge", why);
             failed = true;
         }
         if cfg.acme.is_some() && cfg.certificates_dir.is_none() {

@@ -289,10 +289,31 @@ fn read_hosts(entries: &[(Key, Node)], parent: &str, r: &mut Reader) -> Vec<Host
         }
         first_seen.insert(name.clone(), key.pos);
         if let Some(host) = read_host(name, key, value, &path, r) {
+            warn_if_unorderable(&host, key, &path, r);
             hosts.push(host);
         }
     }
     hosts
+}
+
+/// `acme: true` on a host no certificate can be ordered for (an IP address, one label, a
+/// wildcard, a name too long for its file): said at the host, as `acme.domains` says it. It
+/// was left out without a word.
+fn warn_if_unorderable(host: &HostConfig, key: &Key, path: &str, r: &mut Reader) {
+    if host.settings.acme != Some(true) || host.name == "DEFAULT" {
+        return;
+    }
+    let why = match host.name.strip_prefix("*.") {
+        Some(_) => Some("is a wildcard, which only dns-01 validates and `acme.domains` orders"),
+        None => super::acme_conf::not_orderable(&host.name),
+    };
+    if let Some(why) = why {
+        let said = format!(
+            "acme: true, but `{}` {why}: no certificate is ordered for it",
+            host.name
+        );
+        r.warn(key.pos, path, said);
+    }
 }
 
 fn normalise_host_key(key: &Key, path: &str, r: &mut Reader) -> Option<String> {

@@ -41,6 +41,33 @@ pub(crate) fn cases() -> Vec<Case> {
             &format!("{MAIN_OK}cluster_member: master\nmaster_key: \"k\"\nconfig_api_enabled: true\nworker_nodes: []\n"),
             vec![err(M, 6, "worker_nodes", "lists no worker")],
         ),
+        // The checks across acme's keys point at the key at fault, not at the block's first
+        // key; a name too long for its certificate's file name is refused (each retry issued
+        // another certificate that could not be written).
+        Case::main(
+            "acme_checks_point_at_their_keys",
+            &format!("{MAIN_OK}proxy_certificates: \".\"\nacme:\n  email: \"a@b.test\"\n  challenge: tls-alpn-01\n  domains: [\"*.w.test\"]\n"),
+            vec![
+                err(M, 6, "acme.challenge", "tls-alpn-01 is answered on proxy_address_tls"),
+                err(M, 7, "acme.domains", "a wildcard name can only be validated by dns-01"),
+            ],
+        ),
+        Case::main(
+            "acme_name_too_long_for_its_file",
+            &format!("{MAIN_OK}proxy_certificates: \".\"\nacme:\n  email: \"a@b.test\"\n  domains: [\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb.ccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc.dddddddddddddddddddddddddddddddddddddddddddddddddddddd.test\"]\n"),
+            vec![err(M, 6, "acme.domains", "too long for its certificate's file name")],
+        ),
+        // `acme: true` on a host no certificate can be ordered for is said at the host.
+        Case::broken(
+            "acme_true_on_hosts_that_cannot_be_ordered",
+            &format!("{MAIN_OK}proxy_certificates: \".\"\nacme:\n  email: \"a@b.test\"\n"),
+            "upstreams:\n  \"192.168.1.10\":\n    acme: true\n    paths: {\"/\": {servers: [\"127.0.0.1:8000\"]}}\n  intranet:\n    acme: true\n    paths: {\"/\": {servers: [\"127.0.0.1:8000\"]}}\n",
+            vec![
+                warn(U, 2, "upstreams.192.168.1.10", "is an IP address"),
+                warn(U, 5, "upstreams.intranet", "is not a DNS name"),
+            ],
+        )
+        .warnings_only(),
         // Both certificate folders named: proxy_configs' is not read, and said so.
         Case::main(
             "proxy_configs_beside_proxy_certificates",
