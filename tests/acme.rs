@@ -81,6 +81,9 @@ async fn http_01_issues_a_certificate_served_at_once_and_kept_across_a_restart()
         (200, "Certificate is successfully generated \n".to_string())
     );
     assert!(certs.path().join("other.test.crt").exists());
+    // Counted as the sets' orders are (it was not).
+    let other = "aralez_acme_orders_total{domain=\"other.test\",result=\"issued\"}";
+    assert_eq!(metric(admin, other).await, Some(1.0));
     assert!(serves(&proxy, "other.test", root.clone()).await);
     assert_eq!(call("/acme_order/..%2Fetc", "k").await.0, 400);
 

@@ -68,6 +68,13 @@ pub enum AcmeError {
     Order(String),
 }
 
+/// The configured set `domain` belongs to, or the name alone.
+fn set_of(sets: Vec<Vec<String>>, domain: String) -> Vec<String> {
+    sets.into_iter()
+        .find(|set| set.contains(&domain))
+        .unwrap_or_else(|| vec![domain])
+}
+
 /// Whether the ACME server said it does not know the account (RFC 8555 §7.3.1).
 fn is_unknown_account(e: &AcmeError) -> bool {
     match e {
@@ -394,13 +401,15 @@ impl Acme {
     }
 
     /// `/acme_order/<domain>` (Aralez's answers): a certificate for `domain` now, unless a
-    /// fresh one is there.
+    /// fresh one is there. A name of a configured set orders the whole set, counted as the
+    /// set's orders are: ordered alone, it replaced the set's file with a certificate for that
+    /// one name, and the set's other names met a certificate not theirs.
     pub async fn order_now(&self, domain: &str) -> Result<String, AcmeError> {
-        let names = [domain.to_ascii_lowercase()];
+        let names = set_of(self.sets(), domain.to_ascii_lowercase());
         if self.renew_in(&names).is_some_and(|w| !w.is_zero()) {
             return Ok("Fresh certificate exists. Not renewing ! \n".to_string());
         }
-        self.order_for(&names).await?;
+        self.order(&names).await?;
         Ok("Certificate is successfully generated \n".to_string())
     }
 
@@ -478,5 +487,22 @@ impl Acme {
                 "aralez_acme_certificate_expiry_seconds{{domain=\"{domain}\"}} {left}"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_of_a_set_is_ordered_with_its_set() {
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let sets = vec![names(&["a.test", "www.a.test"]), names(&["b.test"])];
+        assert_eq!(
+            set_of(sets.clone(), "www.a.test".into()),
+            names(&["a.test", "www.a.test"])
+        );
+        assert_eq!(set_of(sets.clone(), "b.test".into()), names(&["b.test"]));
+        assert_eq!(set_of(sets, "c.test".into()), names(&["c.test"]));
     }
 }
