@@ -549,9 +549,10 @@ async fn drops_to_runuser_after_binding_a_low_port() {
         )
         .unwrap();
         std::fs::write(dir.path().join("upstreams.yaml"), upstreams_for(&backend)).unwrap();
-        // An access log that rotates, in a folder only root may write to.
+        // An access log that rotates, and ACME's folders, in folders only root may write to.
+        std::fs::create_dir(dir.path().join("certs")).unwrap();
         let main = format!(
-            "threads: 2\nproxy_address_http: \"127.0.0.1:{port}\"\nupstreams_conf: \"upstreams.yaml\"\npid_file: \"{1}/p.pid\"\nupgrade_sock: \"{1}/u.sock\"\n{user_key}: \"{0}\"\n{group_key}: \"{0}\"\naccess_log: all\naccess_log_file: \"{1}/access.log, 1, 2\"\n",
+            "threads: 2\nproxy_address_http: \"127.0.0.1:{port}\"\nupstreams_conf: \"upstreams.yaml\"\npid_file: \"{1}/p.pid\"\nupgrade_sock: \"{1}/u.sock\"\n{user_key}: \"{0}\"\n{group_key}: \"{0}\"\naccess_log: all\naccess_log_file: \"{1}/access.log, 1, 2\"\nproxy_certificates: \"{1}/certs\"\nacme:\n  directory: \"https://127.0.0.1:1/dir\"\n  domains: [\"low.test\"]\n",
             user.0,
             dir.path().display()
         );
@@ -596,6 +597,21 @@ async fn drops_to_runuser_after_binding_a_low_port() {
         // So is a pid file that the user cannot remove at exit.
         let pid_file = format!("{}/p.pid will be left behind at exit", dir.path().display());
         assert!(proxy.log_text().contains(&pid_file), "{}", proxy.log_text());
+        // And ACME's folders, which every order would fail to write (it was said at each
+        // order's failure only).
+        for key in ["acme.state_dir", "proxy_certificates"] {
+            let said = format!("{key} {}", dir.path().display());
+            let line = proxy
+                .log_text()
+                .lines()
+                .find(|l| l.contains(&said))
+                .map(String::from);
+            assert!(
+                line.is_some_and(|l| l.contains("is not writable by runuser/rungroup")),
+                "{key}: {}",
+                proxy.log_text()
+            );
+        }
     }
 }
 

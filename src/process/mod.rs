@@ -207,6 +207,14 @@ fn serve(
     privileges::hand_over_logs(runuser, rungroup, &logs);
     let removed_at_exit = [main.pid_file.as_path(), main.upgrade_sock.as_path()];
     privileges::warn_left_behind(runuser, rungroup, &removed_at_exit);
+    if let (Some(acme), Some(certs)) = (&main.acme, &main.certificates_dir) {
+        let state = acme.state_dir.as_deref().unwrap_or(certs);
+        let written = [
+            ("acme.state_dir", state),
+            ("proxy_certificates", certs.as_path()),
+        ];
+        privileges::warn_unwritable_folders(runuser, rungroup, &written);
+    }
     let ids = privileges::drop_to(runuser, rungroup)?;
     if let Some((uid, gid)) = ids {
         tracing::info!("running as uid {uid}, gid {gid}");

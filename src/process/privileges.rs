@@ -83,13 +83,34 @@ fn dropping_to(
     Some((user.map(|u| u.uid), gid))
 }
 
-/// Whether the folder's mode lets `uid` (or `gid`) create and rename files in it.
+/// Folders written into after the privileges are dropped (ACME's account and certificates):
+/// one `runuser`/`rungroup` cannot write (or, not made yet, whose parent it cannot) fails every
+/// order, said at start with its key. It was said only at each order's failure.
+pub fn warn_unwritable_folders(
+    runuser: Option<&str>,
+    rungroup: Option<&str>,
+    folders: &[(&str, &std::path::Path)],
+) {
+    let Some((uid, gid)) = dropping_to(runuser, rungroup) else {
+        return;
+    };
+    for (key, folder) in folders {
+        let Some(there) = folder.ancestors().find(|f| f.exists()) else {
+            continue;
+        };
+        if !writable_by(there, uid, gid) {
+            tracing::warn!("{key} {}: {} is not writable by runuser/rungroup; ACME orders will fail until it is (the account and the certificates are written there)", folder.display(), there.display());
+        }
+    }
+}
+
 /// The folder a file is in (`.` for a bare name).
 fn folder_of(path: &std::path::Path) -> &std::path::Path {
     let folder = path.parent().filter(|p| !p.as_os_str().is_empty());
     folder.unwrap_or(std::path::Path::new("."))
 }
 
+/// Whether the folder's mode lets `uid` (or `gid`) create and rename files in it.
 fn writable_by(folder: &std::path::Path, uid: Option<Uid>, gid: Option<Gid>) -> bool {
     use std::os::unix::fs::MetadataExt;
     let Ok(meta) = std::fs::metadata(folder) else {
