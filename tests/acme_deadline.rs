@@ -3,37 +3,20 @@
 //! exchanges had no deadline, and one such server stopped every set's orders and renewals for
 //! good, with no line said. In process, on tokio's paused clock.
 
+use crate::support;
+
 use std::time::Duration;
 
-use aralez::config::acme_conf::{AcmeConfig, Challenge};
+use aralez::config::acme_conf::AcmeConfig;
 use aralez::control::acme::Acme;
 
 #[tokio::test(start_paused = true)]
 async fn an_acme_server_that_never_answers_ends_the_order_at_its_deadline() {
-    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = silent.local_addr().unwrap();
-    let _held = tokio::spawn(async move {
-        let mut open = Vec::new();
-        while let Ok((s, _)) = silent.accept().await {
-            open.push(s);
-        }
-    });
+    let addr = support::silent_server().await;
     let dir = tempfile::tempdir().unwrap();
-    let cfg = AcmeConfig {
-        directory: format!("https://{addr}/dir"),
-        email: None,
-        ca_file: None,
-        ca_file_at: None,
-        challenge: Challenge::Http01,
-        state_dir: Some(dir.path().join("state")),
-        domains: vec!["acme.test".into()],
-        renew_before_days: None,
-        dns_resolver: None,
-        dns_provider: None,
-        challenge_given: false,
-        challenge_at: None,
-        domains_at: None,
-    };
+    let mut cfg = AcmeConfig::ordering_from(&format!("https://{addr}/dir"));
+    cfg.state_dir = Some(dir.path().join("state"));
+    cfg.domains = vec!["acme.test".into()];
     std::fs::create_dir(dir.path().join("state")).unwrap();
     let acme = Acme::new(cfg, dir.path().join("certs"), Box::new(Vec::new));
     let started = tokio::time::Instant::now();

@@ -576,14 +576,7 @@ async fn a_changed_section_keeps_the_last_known_backends_while_consul_is_down() 
 async fn a_silent_first_server_is_left_after_5_s() {
     let a = Backend::start("a").await;
     let (consul, _state) = fake_consul(3, vec![a.addr]).await;
-    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let silent_addr = silent.local_addr().unwrap();
-    let _held = tokio::spawn(async move {
-        let mut open = Vec::new();
-        while let Ok((s, _)) = silent.accept().await {
-            open.push(s);
-        }
-    });
+    let silent_addr = support::silent_server().await;
     let servers = [
         format!("http://{silent_addr}"),
         format!("http://{}", consul.addr),

@@ -12,22 +12,10 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use inproc::Proxy;
+use support::frame::*;
 use support::{default_route, h2_frame, Backend, Client, Proto};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-const DATA: u8 = 0x0;
-const HEADERS: u8 = 0x1;
-const RST_STREAM: u8 = 0x3;
-const SETTINGS: u8 = 0x4;
-const PING: u8 = 0x6;
-const GOAWAY: u8 = 0x7;
-const WINDOW_UPDATE: u8 = 0x8;
-const CONTINUATION: u8 = 0x9;
-const END_STREAM: u8 = 0x1;
-const ACK: u8 = 0x1;
-const END_HEADERS: u8 = 0x4;
 
 /// `GET http://a/` in HPACK from the static table (`:method GET`, `:scheme http`, `:path /`)
 /// and a literal `:authority a`.
@@ -57,39 +45,6 @@ async fn outcome(mut s: TcpStream, limit: Duration) -> (bool, bool) {
         }
     };
     (has_frame(&got, GOAWAY), closed)
-}
-
-/// One frame the proxy sent.
-struct Frame {
-    kind: u8,
-    flags: u8,
-    stream: u32,
-    payload: Vec<u8>,
-}
-
-/// The whole frames in `bytes` (which follow no preface), in order.
-fn frames(bytes: &[u8]) -> Vec<Frame> {
-    let mut out = Vec::new();
-    let mut at = 0;
-    while at + 9 <= bytes.len() {
-        let len = (usize::from(bytes[at]) << 16)
-            | (usize::from(bytes[at + 1]) << 8)
-            | usize::from(bytes[at + 2]);
-        let end = at + 9 + len;
-        if end > bytes.len() {
-            break;
-        }
-        let stream =
-            u32::from_be_bytes([bytes[at + 5], bytes[at + 6], bytes[at + 7], bytes[at + 8]]);
-        out.push(Frame {
-            kind: bytes[at + 3],
-            flags: bytes[at + 4],
-            stream: stream & 0x7fff_ffff,
-            payload: bytes[at + 9..end].to_vec(),
-        });
-        at = end;
-    }
-    out
 }
 
 /// Whether a frame of `kind` is among the frames in `bytes` (which follow no preface).

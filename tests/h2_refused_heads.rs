@@ -9,17 +9,10 @@ use crate::support;
 
 use std::time::Duration;
 
+use support::frame::*;
 use support::*;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-const HEADERS: u8 = 0x1;
-const RST_STREAM: u8 = 0x3;
-const SETTINGS: u8 = 0x4;
-const CONTINUATION: u8 = 0x9;
-const END_STREAM: u8 = 0x1;
-const END_HEADERS: u8 = 0x4;
 
 /// An HPACK integer with an `n`-bit prefix (RFC 7541 §5.1), the prefix's other bits `first`.
 fn hpack_int(first: u8, n: u32, mut value: usize, out: &mut Vec<u8>) {
@@ -76,28 +69,6 @@ fn request(stream: u32, block: &[u8]) -> Vec<u8> {
     out
 }
 
-/// The frames' kinds and streams in `bytes`, until the last whole one.
-fn frames(bytes: &[u8]) -> Vec<(u8, u32, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut at = 0;
-    while at + 9 <= bytes.len() {
-        let len = (usize::from(bytes[at]) << 16)
-            | (usize::from(bytes[at + 1]) << 8)
-            | usize::from(bytes[at + 2]);
-        if at + 9 + len > bytes.len() {
-            break;
-        }
-        let id = u32::from_be_bytes([bytes[at + 5], bytes[at + 6], bytes[at + 7], bytes[at + 8]]);
-        out.push((
-            bytes[at + 3],
-            id & 0x7fff_ffff,
-            bytes[at + 9..at + 9 + len].to_vec(),
-        ));
-        at += 9 + len;
-    }
-    out
-}
-
 /// Sends the three refused requests (streams 1, 3, 5) and a good one (7) on one connection;
 /// waits until each is answered: 431 on 1 (`:status` is a literal: not in the static table),
 /// resets with PROTOCOL_ERROR on 3 and 5, a head on 7.
@@ -119,25 +90,28 @@ async fn refused_three<S: AsyncRead + AsyncWrite + Unpin>(mut s: S) {
         let fs = frames(got);
         let reset = |id| {
             fs.iter()
-                .any(|f| f.0 == RST_STREAM && f.1 == id && f.2 == [0, 0, 0, 1])
+                .any(|f| f.kind == RST_STREAM && f.stream == id && f.payload == [0, 0, 0, 1])
         };
-        let head = |id| fs.iter().any(|f| f.0 == HEADERS && f.1 == id);
+        let head = |id| fs.iter().any(|f| f.kind == HEADERS && f.stream == id);
         head(1) && reset(3) && reset(5) && head(7)
     };
     let read = tokio::time::timeout(Duration::from_secs(10), async {
         while !done(&got) {
             let n = s.read(&mut buf).await.expect("read");
-            assert!(n > 0, "closed: {:?}", frames(&got));
+            assert!(n > 0, "closed after {} frames", frames(&got).len());
             got.extend_from_slice(&buf[..n]);
         }
     });
     read.await.expect("every stream answered");
     let fs = frames(&got);
-    let head = fs.iter().find(|f| f.0 == HEADERS && f.1 == 1).unwrap();
+    let head = fs
+        .iter()
+        .find(|f| f.kind == HEADERS && f.stream == 1)
+        .unwrap();
     assert!(
-        head.2.windows(3).any(|w| w == b"431"),
+        head.payload.windows(3).any(|w| w == b"431"),
         "a 431 on stream 1: {:?}",
-        head.2
+        head.payload
     );
 }
 

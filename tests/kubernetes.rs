@@ -414,10 +414,9 @@ async fn a_token_file_written_late_with_a_newline_is_read() {
     assert!(log.contains("kubernetes: watching again after"), "{log}");
 }
 
-/// A watch request answered with HTTP 410 itself (not an ERROR event in the stream): kube's
-/// watcher asks again from the same compacted version for good; aralez lists again.
-#[tokio::test(start_paused = true)]
-async fn a_watch_refused_with_410_gone_lists_again() {
+/// Backends `a` (127.0.0.1) and `b` (127.0.0.2) on one port, an API server whose one slice
+/// lists `a`, and the proxy following it, answering from `a`.
+async fn two_on_one_port() -> (Backend, Backend, FakeApi, tempfile::TempDir, Proxy) {
     let a = Backend::start("a").await;
     let port = a.addr.port();
     let b = Backend::builder("b")
@@ -427,6 +426,15 @@ async fn a_watch_refused_with_410_gone_lists_again() {
     let dir = tempfile::tempdir().unwrap();
     let proxy = Proxy::start(&k8s_routes(api.addr, &account(dir.path(), TOKEN)), "").await;
     wait_for(&proxy, &["a"]).await;
+    (a, b, api, dir, proxy)
+}
+
+/// A watch request answered with HTTP 410 itself (not an ERROR event in the stream): kube's
+/// watcher asks again from the same compacted version for good; aralez lists again.
+#[tokio::test(start_paused = true)]
+async fn a_watch_refused_with_410_gone_lists_again() {
+    let (a, b, api, _dir, proxy) = two_on_one_port().await;
+    let port = a.addr.port();
     {
         let mut st = api.state.lock().unwrap();
         st.watch_mode = WatchMode::Gone;
@@ -467,15 +475,8 @@ async fn a_list_that_keeps_failing_is_tried_less_and_less_often() {
 /// every 250 ms: each event rebuilt every route and logged a line (23,000 a second).
 #[tokio::test(start_paused = true)]
 async fn a_burst_of_slice_changes_is_one_rebuild() {
-    let a = Backend::start("a").await;
+    let (a, b, api, _dir, proxy) = two_on_one_port().await;
     let port = a.addr.port();
-    let b = Backend::builder("b")
-        .start_on(format!("127.0.0.2:{port}").parse().unwrap())
-        .await;
-    let api = FakeApi::serving(&a).await;
-    let dir = tempfile::tempdir().unwrap();
-    let proxy = Proxy::start(&k8s_routes(api.addr, &account(dir.path(), TOKEN)), "").await;
-    wait_for(&proxy, &["a"]).await;
     let applied = || proxy.log_count("configuration applied");
     let before = applied();
     for round in 0..201 {
@@ -507,12 +508,13 @@ async fn a_list_of_too_many_backends_keeps_the_last_known_ones() {
     let many = vec![("127.0.0.3", Some(true)); 10_001];
     let lists = api.state.lock().unwrap().lists;
     api.expire(vec![slice("web-big", a.addr.port(), &many)]);
-    let relisting = eventually(Duration::from_secs(30), || {
+    // The back-offs before the list (aralez's after the 410, kube's) pass in paused time, with
+    // room: the clock jumps ahead whenever the runtime waits on a socket, which under load is
+    // often. The list itself (a megabyte) is then waited for in real time.
+    let relisting = eventually(Duration::from_secs(600), || {
         api.state.lock().unwrap().lists > lists
     });
     assert!(relisting.await, "{}", proxy.log_text());
-    // The list (a megabyte) is read and parsed in real time: the paused clock would race past
-    // any limit while the bytes are on their way.
     let said = inproc::in_real_time(Duration::from_secs(60), async {
         while !proxy.log_text().contains("lists more than 10000 backends") {
             for _ in 0..100 {

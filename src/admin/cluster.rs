@@ -68,8 +68,9 @@ impl Worker {
 /// characters escaped (a worker's text split the master's log lines, and could forge some), at
 /// most [`SHOWN_ANSWER`] characters.
 fn one_line(text: &str) -> String {
-    let mut line: String = text.trim_end().escape_debug().take(SHOWN_ANSWER).collect();
-    if line.len() < text.trim_end().escape_debug().count() {
+    let mut chars = text.trim_end().escape_debug();
+    let mut line: String = chars.by_ref().take(SHOWN_ANSWER).collect();
+    if chars.next().is_some() {
         line.push_str("...");
     }
     line

@@ -105,23 +105,30 @@ const KEYS: &[&str] = &[
     "dns_resolver",
 ];
 
+impl AcmeConfig {
+    /// The defaults of an `acme:` block, ordering from `directory`.
+    pub fn ordering_from(directory: &str) -> AcmeConfig {
+        AcmeConfig {
+            directory: directory.to_string(),
+            email: None,
+            ca_file: None,
+            ca_file_at: None,
+            challenge: Challenge::Http01,
+            state_dir: None,
+            domains: Vec::new(),
+            renew_before_days: None,
+            dns_resolver: None,
+            dns_provider: None,
+            challenge_given: false,
+            challenge_at: None,
+            domains_at: None,
+        }
+    }
+}
+
 /// Reads the `acme:` block. `None` when a value is wrong (each error already reported).
 pub fn read_acme(block: &Node, r: &mut Reader) -> Option<AcmeConfig> {
-    let mut cfg = AcmeConfig {
-        directory: LETS_ENCRYPT.to_string(),
-        email: None,
-        ca_file: None,
-        ca_file_at: None,
-        challenge: Challenge::Http01,
-        state_dir: None,
-        domains: Vec::new(),
-        renew_before_days: None,
-        dns_resolver: None,
-        dns_provider: None,
-        challenge_given: false,
-        challenge_at: None,
-        domains_at: None,
-    };
+    let mut cfg = AcmeConfig::ordering_from(LETS_ENCRYPT);
     let entries = r.map(block, "acme")?;
     let mut ok = true;
     for (key, value) in entries {

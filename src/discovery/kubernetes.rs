@@ -2,9 +2,9 @@
 //! EndpointSlices (label `kubernetes.io/service-name=<upstream>`) are listed and watched; ready
 //! endpoints become backends on the slice's port. kube's watcher relists on 410 Gone; errors
 //! back off (doubling to 30 s) and the last known backends keep serving meanwhile. A service's
-//! changes are published at most every [`COALESCE`], and a list is bounded ([`MAX_BACKENDS`]). Each of the API server's
-//! answers is bounded in size and time, and watches in how often they start
-//! ([`super::answer_bounds`]). The token file is read by [`super::bearer_file`].
+//! changes are published at most every [`COALESCE`], and a list is bounded ([`MAX_BACKENDS`]).
+//! Each of the API server's answers is bounded in size and time, and watches in how often they
+//! start ([`super::answer_bounds`]). The token file is read by [`super::bearer_file`].
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -234,6 +234,56 @@ pub fn header(resp: &Response<Incoming>, name: &str) -> String {
         .unwrap_or_default()
 }
 
+/// HTTP/2 frames written and read by hand (RFC 9113 §4, §6): the preface, frame types and
+/// flags, and the frames in what a peer sent.
+pub mod frame {
+    pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    pub const DATA: u8 = 0x0;
+    pub const HEADERS: u8 = 0x1;
+    pub const RST_STREAM: u8 = 0x3;
+    pub const SETTINGS: u8 = 0x4;
+    pub const PING: u8 = 0x6;
+    pub const GOAWAY: u8 = 0x7;
+    pub const WINDOW_UPDATE: u8 = 0x8;
+    pub const CONTINUATION: u8 = 0x9;
+    pub const END_STREAM: u8 = 0x1;
+    pub const ACK: u8 = 0x1;
+    pub const END_HEADERS: u8 = 0x4;
+
+    /// One frame the proxy sent.
+    pub struct Frame {
+        pub kind: u8,
+        pub flags: u8,
+        pub stream: u32,
+        pub payload: Vec<u8>,
+    }
+
+    /// The whole frames in `bytes` (which follow no preface), in order.
+    pub fn frames(bytes: &[u8]) -> Vec<Frame> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at + 9 <= bytes.len() {
+            let len = (usize::from(bytes[at]) << 16)
+                | (usize::from(bytes[at + 1]) << 8)
+                | usize::from(bytes[at + 2]);
+            let end = at + 9 + len;
+            if end > bytes.len() {
+                break;
+            }
+            let stream =
+                u32::from_be_bytes([bytes[at + 5], bytes[at + 6], bytes[at + 7], bytes[at + 8]]);
+            out.push(Frame {
+                kind: bytes[at + 3],
+                flags: bytes[at + 4],
+                stream: stream & 0x7fff_ffff,
+                payload: bytes[at + 9..end].to_vec(),
+            });
+            at = end;
+        }
+        out
+    }
+}
+
 /// An HTTP/2 frame written by hand (RFC 9113 §4.1): its 9-byte header, then `payload`.
 pub fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     let len = u32::try_from(payload.len())
@@ -570,6 +620,22 @@ pub async fn http_get(
         .await;
     let (status, headers) = (resp.status(), resp.headers().clone());
     (status, headers, body_bytes(resp).await)
+}
+
+/// A server on a free port that takes connections and never answers nor closes them (for as
+/// long as the test's runtime runs): an upstream, API server or ACME server gone silent.
+pub async fn silent_server() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("local address");
+    tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            open.push(stream);
+        }
+    });
+    addr
 }
 
 /// Reads the admin API's `/metrics` (master key `k`) and returns the value of `series`.
