@@ -169,12 +169,12 @@ impl Cluster {
                 }
                 continue;
             }
-            if passed_on.as_ref() == Some(&text) && text.trim().is_empty() {
-                continue;
-            }
+            let said_before = passed_on.as_ref() == Some(&text);
             passed_on = Some(text.clone());
             if text.trim().is_empty() {
-                tracing::warn!("upstreams.yaml was emptied on the master: not passed on (the workers keep theirs)");
+                if !said_before {
+                    tracing::warn!("upstreams.yaml was emptied on the master: not passed on (the workers keep theirs)");
+                }
                 continue;
             }
             tracing::info!("upstreams.yaml applied on the master: passing it on to the workers");

@@ -334,6 +334,15 @@ fn read_domains(node: &Node, path: &str, r: &mut Reader) -> Option<Vec<String>> 
     ok.then_some(domains)
 }
 
+/// Why a certificate cannot be ordered for a host with `acme: true`, if it cannot: a wildcard
+/// (only `acme.domains` with dns-01 orders one), or what [`not_orderable`] says.
+pub fn not_orderable_for_host(name: &str) -> Option<&'static str> {
+    if name.starts_with("*.") {
+        return Some("is a wildcard, which only dns-01 validates and `acme.domains` orders");
+    }
+    not_orderable(name)
+}
+
 /// Why a certificate cannot be ordered for `name`, if it cannot: not a DNS name (labels of
 /// letters, digits and inner `-`), or an IP address (ACME orders DNS identifiers here).
 pub fn not_orderable(name: &str) -> Option<&'static str> {

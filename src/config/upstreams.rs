@@ -72,9 +72,7 @@ impl UpstreamsConfig {
             .iter()
             .filter(|h| h.settings.acme.or(self.globals.acme) == Some(true))
             .map(|h| h.name.clone())
-            .filter(|name| {
-                !name.starts_with("*.") && super::acme_conf::not_orderable(name).is_none()
-            })
+            .filter(|name| super::acme_conf::not_orderable_for_host(name).is_none())
             .collect()
     }
 
@@ -303,11 +301,7 @@ fn warn_if_unorderable(host: &HostConfig, key: &Key, path: &str, r: &mut Reader)
     if host.settings.acme != Some(true) || host.name == "DEFAULT" {
         return;
     }
-    let why = match host.name.strip_prefix("*.") {
-        Some(_) => Some("is a wildcard, which only dns-01 validates and `acme.domains` orders"),
-        None => super::acme_conf::not_orderable(&host.name),
-    };
-    if let Some(why) = why {
+    if let Some(why) = super::acme_conf::not_orderable_for_host(&host.name) {
         let said = format!(
             "acme: true, but `{}` {why}: no certificate is ordered for it",
             host.name

@@ -237,8 +237,7 @@ async fn watch_service(
     let mut events = start();
     let mut slices: BTreeMap<String, Vec<ServerSpec>> = BTreeMap::new();
     let mut relisting: Option<BTreeMap<String, Vec<ServerSpec>>> = None;
-    let mut outage = Outage::default();
-    let mut failures: u32 = 0;
+    let mut failing = Failing::default();
     let mut publishing = Coalesced::default();
     loop {
         let event = match publishing.due {
@@ -254,36 +253,36 @@ async fn watch_service(
         };
         let Some(event) = event else { break };
         let name_of = |s: &EndpointSlice| s.metadata.name.clone().unwrap_or_default();
-        let mut changed = true;
-        match event {
+        let answered = match event {
             Ok(watcher::Event::Init) => {
                 relisting = Some(BTreeMap::new());
-                changed = false;
+                false
             }
             Ok(watcher::Event::InitApply(slice)) => {
-                changed = false;
                 let Some(buffer) = relisting.as_mut() else {
                     continue;
                 };
                 buffer.insert(name_of(&slice), ready_backends(&slice));
                 if too_many(buffer) {
                     relisting = None;
-                    outage.failed();
-                    failures += 1;
-                    let wait = back_off(failures);
+                    let wait = failing.failed();
                     tracing::error!(service = %service, "kubernetes: the service lists more than {MAX_BACKENDS} backends or {MAX_SLICES} slices; keeping the last known backends, listing again in {wait:?}");
                     tokio::time::sleep(wait).await;
                     events = start();
                 }
+                false
             }
             Ok(watcher::Event::InitDone) => {
                 slices = relisting.take().unwrap_or_default();
+                true
             }
             Ok(watcher::Event::Apply(slice)) => {
                 slices.insert(name_of(&slice), ready_backends(&slice));
+                true
             }
             Ok(watcher::Event::Delete(slice)) => {
                 slices.remove(&name_of(&slice));
+                true
             }
             Err(e) if watch_refused_as_gone(&e) => {
                 // kube's watcher retries such a watch from the same, compacted, version for
@@ -291,24 +290,43 @@ async fn watch_service(
                 tracing::info!(service = %service, "kubernetes: the watch's version is gone (410); listing again");
                 events = start();
                 relisting = None;
-                changed = false;
+                false
             }
             Err(e) => {
-                outage.failed();
-                failures += 1;
-                let wait = back_off(failures);
+                let wait = failing.failed();
                 tracing::warn!(service = %service, "kubernetes: {}; keeping the last known backends, watching again in {wait:?}", describe(&e, &tokenpath));
                 tokio::time::sleep(wait).await;
-                changed = false;
+                false
             }
-        }
-        if changed {
-            // A list done, or a change watched: the API server answers again.
-            failures = 0;
-            if let Some((errors, lasted)) = outage.ended() {
-                tracing::info!(service = %service, "kubernetes: watching again after {errors} failed {} over {lasted:?}; the backends follow it again", if errors == 1 { "try" } else { "tries" });
-            }
+        };
+        // A list done, or a change watched: the API server answers again.
+        if answered {
+            failing.answered(&service);
             publishing.changed();
+        }
+    }
+}
+
+/// One service's failures in a row, for its back-off and the line that says they ended.
+#[derive(Default)]
+struct Failing {
+    outage: Outage,
+    in_a_row: u32,
+}
+
+impl Failing {
+    /// Notes a failure; how long to wait before watching again.
+    fn failed(&mut self) -> Duration {
+        self.outage.failed();
+        self.in_a_row += 1;
+        back_off(self.in_a_row)
+    }
+
+    /// The API server answered: the back-off starts over, and an outage's end is said.
+    fn answered(&mut self, service: &str) {
+        self.in_a_row = 0;
+        if let Some((errors, lasted)) = self.outage.ended() {
+            tracing::info!(service = %service, "kubernetes: watching again after {errors} failed {} over {lasted:?}; the backends follow it again", if errors == 1 { "try" } else { "tries" });
         }
     }
 }

@@ -321,14 +321,26 @@ impl Acme {
     /// [`Acme::account`] within [`ADVICE_DEADLINE`] (`/acme_create`: a server that said
     /// nothing held the admin connection).
     pub async fn account_within(&self) -> Result<Account, AcmeError> {
-        match tokio::time::timeout(ADVICE_DEADLINE, self.account()).await {
-            Ok(account) => account,
-            Err(_) => Err(AcmeError::Order(format!(
-                "the ACME server ({}) did not answer within {}s",
-                self.cfg.directory,
-                ADVICE_DEADLINE.as_secs()
-            ))),
-        }
+        self.within(ADVICE_DEADLINE, "answer", self.account()).await
+    }
+
+    /// `work` (exchanges with the ACME server) by `deadline`, or an error saying the server did
+    /// not `what` in time.
+    async fn within<T>(
+        &self,
+        deadline: Duration,
+        what: &str,
+        work: impl std::future::Future<Output = Result<T, AcmeError>>,
+    ) -> Result<T, AcmeError> {
+        let late = || {
+            let (server, secs) = (&self.cfg.directory, deadline.as_secs());
+            AcmeError::Order(format!(
+                "the ACME server ({server}) did not {what} within {secs}s"
+            ))
+        };
+        tokio::time::timeout(deadline, work)
+            .await
+            .unwrap_or_else(|_| Err(late()))
     }
 
     /// The account in `state_dir`, created (and kept there) when there is none.
@@ -416,14 +428,8 @@ impl Acme {
     /// Orders a certificate for `names` and writes it; with renewal information in use, the
     /// order says which certificate it replaces.
     async fn order_for(&self, names: &[String]) -> Result<(), AcmeError> {
-        match tokio::time::timeout(ORDER_DEADLINE, self.order_unbounded(names)).await {
-            Ok(ordered) => ordered,
-            Err(_) => Err(AcmeError::Order(format!(
-                "the ACME server ({}) did not finish the order within {}s",
-                self.cfg.directory,
-                ORDER_DEADLINE.as_secs()
-            ))),
-        }
+        let order = self.order_unbounded(names);
+        self.within(ORDER_DEADLINE, "finish the order", order).await
     }
 
     /// [`Acme::order_for`] without its deadline.
