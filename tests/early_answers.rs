@@ -49,6 +49,19 @@ async fn refusing_backend() -> std::net::SocketAddr {
     .await
 }
 
+/// A chunked upload that is never finished: 256 KiB, then nothing more. Its answer always comes
+/// before the proxy has read it whole (a 4 MiB body could be read whole first, into the
+/// kernel's buffers, and then the connection need not close: the test failed 1 time in 4).
+fn unfinished_body() -> ClientBody {
+    let sent = futures_util::stream::iter((0..4).map(|_| {
+        Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(bytes::Bytes::from(
+            vec![b'x'; 64 * 1024],
+        )))
+    }));
+    let body = futures_util::StreamExt::chain(sent, futures_util::stream::pending());
+    http_body_util::BodyExt::boxed(http_body_util::StreamBody::new(body))
+}
+
 /// POSTs `body` to `host`'s `/upload` over a new HTTP/1.1 connection: the answer, within 10 s.
 async fn upload(
     proxy: &ProxyProcess,
@@ -157,7 +170,7 @@ async fn an_answer_before_a_chunked_upload_is_read_reaches_the_client() {
                 0 => Client::connect(Proto::H1, proxy.addr).await,
                 _ => Client::connect_tls(tls, host, tls_config.clone()).await,
             };
-            let resp = upload_on(client, host, generated_body(4 << 20)).await;
+            let resp = upload_on(client, host, unfinished_body()).await;
             assert_eq!(
                 resp.status(),
                 status,
