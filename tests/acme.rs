@@ -86,6 +86,16 @@ async fn http_01_issues_a_certificate_served_at_once_and_kept_across_a_restart()
     assert_eq!(metric(admin, other).await, Some(1.0));
     assert!(serves(&proxy, "other.test", root.clone()).await);
     assert_eq!(call("/acme_order/..%2Fetc", "k").await.0, 400);
+    // What the CA refuses is refused here, before an order is spent on it.
+    for (path, why) in [
+        ("/acme_order/10.0.0.1", "is an IP address"),
+        ("/acme_order/localhost", "is not a DNS name"),
+        ("/acme_order/-bad.test", "is not a DNS name"),
+    ] {
+        let (status, said) = call(path, "k").await;
+        assert_eq!(status, 400, "{path}: {said}");
+        assert!(said.contains(why), "{path}: {said}");
+    }
 
     // A restart with a fresh certificate orders nothing.
     let first = std::fs::read(&crt).expect("certificate");
@@ -284,4 +294,52 @@ async fn an_account_the_server_no_longer_knows_is_replaced() {
     assert!(proxy.log_text().contains("does not know the account"));
     assert!(state.path().join("account.json.previous").exists());
     assert!(certs.path().join("acme.test.crt").exists());
+}
+
+/// An account that cannot be saved (here `account.json` is a folder) is used all the same
+/// while the process runs: the order is issued with it, and the admin API gets the same
+/// account. The order failed at saving it, and each retry registered another account at the
+/// CA, which limits how many an address may make.
+#[tokio::test]
+async fn an_account_that_cannot_be_saved_is_used_and_not_registered_again() {
+    let http: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let Some(pebble) = Pebble::start(http.port()).await else {
+        return;
+    };
+    let backend = Backend::start("site").await;
+    let yaml = host_route("acme.test", &backend);
+    let certs = tempfile::tempdir().expect("certificate dir");
+    let state = tempfile::tempdir().expect("state dir");
+    let in_the_way = state.path().join("account.json").join("in-the-way");
+    std::fs::create_dir_all(in_the_way).expect("a folder named account.json");
+    let main = main_for(&pebble, certs.path(), state.path(), "");
+    let proxy = ProxyProcess::start_on(&yaml, &main, http);
+    assert!(
+        logs(&proxy, "acme: certificate issued").await,
+        "{}",
+        proxy.log_text()
+    );
+    let log = proxy.log_text();
+    assert!(
+        log.contains("the account is used until this process ends"),
+        "{log}"
+    );
+    let admin = proxy.logged_addr("admin API on http://");
+    let mut c = Client::connect(Proto::H1, admin).await;
+    let resp = c
+        .send(
+            http::Method::POST,
+            Some("localhost"),
+            "/acme_create",
+            &[("x-api-key", "k")],
+            full(""),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        proxy.log_count("acme: account created"),
+        1,
+        "{}",
+        proxy.log_text()
+    );
 }

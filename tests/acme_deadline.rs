@@ -51,3 +51,31 @@ async fn an_acme_server_that_never_answers_ends_the_order_at_its_deadline() {
         "{failed}"
     );
 }
+
+/// A failed exchange says which step failed and with which server: a refused connection's
+/// error (`client error (Connect)`) named neither, and an operator with a staging and a
+/// production directory could not tell which one was down.
+#[tokio::test]
+async fn a_failed_exchange_names_its_step_and_its_server() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = closed.local_addr().unwrap();
+    drop(closed);
+    let dir = tempfile::tempdir().unwrap();
+    let directory = format!("https://{addr}/dir");
+    let mut cfg = AcmeConfig::ordering_from(&directory);
+    cfg.state_dir = Some(dir.path().join("state"));
+    cfg.domains = vec!["acme.test".into()];
+    let acme = Acme::new(cfg, dir.path().join("certs"), Box::new(Vec::new));
+    let failed = acme
+        .order_now("acme.test")
+        .await
+        .expect_err("nothing was issued");
+    let said = aralez::vocab::error_text::with_causes(&failed);
+    assert!(
+        said.starts_with(&format!(
+            "ACME server {directory}, registering an account: "
+        )),
+        "{said}"
+    );
+    assert!(said.contains("Connection refused"), "{said}");
+}

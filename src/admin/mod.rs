@@ -294,16 +294,16 @@ impl Admin {
             return text(StatusCode::NOT_FOUND, NO_ACME);
         };
         let domain = req.uri().path()["/acme_order/".len()..].trim_matches('/');
-        let is_name = !domain.is_empty()
-            && domain.len() <= 253
-            && domain.split('.').all(|l| {
-                !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-            });
-        if !is_name {
+        // What check-config refuses in `acme.domains`: the CA refuses it too (an IP address,
+        // a single label), after an account and an order were spent on it.
+        if domain.is_empty() {
             return text(
                 StatusCode::BAD_REQUEST,
-                format!("`{domain}` is not a DNS name"),
+                "name the domain: /acme_order/<domain>",
             );
+        }
+        if let Some(why) = crate::config::acme_conf::not_orderable(domain) {
+            return text(StatusCode::BAD_REQUEST, format!("`{domain}` {why}"));
         }
         match acme.order_now(domain).await {
             Ok(said) => reply(StatusCode::OK, "text/plain", said),

@@ -54,6 +54,14 @@ const ADVICE_DEADLINE: Duration = Duration::from_secs(30);
 pub enum AcmeError {
     #[error("ACME: {0}")]
     Protocol(#[from] instant_acme::Error),
+    /// An exchange with the ACME server failed: which one, and with which server, since a
+    /// connection's error names neither.
+    #[error("ACME server {server}, {step}: {source}")]
+    Exchange {
+        server: String,
+        step: &'static str,
+        source: instant_acme::Error,
+    },
     #[error("{what} {path}: {source}")]
     File {
         what: &'static str,
@@ -78,7 +86,11 @@ fn set_of(sets: Vec<Vec<String>>, domain: String) -> Vec<String> {
 /// Whether the ACME server said it does not know the account (RFC 8555 §7.3.1).
 fn is_unknown_account(e: &AcmeError) -> bool {
     match e {
-        AcmeError::Protocol(instant_acme::Error::Api(problem)) => problem
+        AcmeError::Protocol(instant_acme::Error::Api(problem))
+        | AcmeError::Exchange {
+            source: instant_acme::Error::Api(problem),
+            ..
+        } => problem
             .r#type
             .as_deref()
             .is_some_and(|t| t.ends_with(":accountDoesNotExist")),
@@ -277,6 +289,15 @@ impl Acme {
         ))
     }
 
+    /// Makes an instant-acme error an [`AcmeError::Exchange`] naming `step` and the server.
+    fn failed(&self, step: &'static str) -> impl FnOnce(instant_acme::Error) -> AcmeError + '_ {
+        move |source| AcmeError::Exchange {
+            server: self.cfg.directory.clone(),
+            step,
+            source,
+        }
+    }
+
     fn builder(&self) -> Result<AccountBuilder, AcmeError> {
         Ok(match &self.cfg.ca_file {
             Some(ca) => Account::builder_with_root(ca)?,
@@ -358,7 +379,11 @@ impl Acme {
             if kept_for == self.cfg.directory || kept_for.is_empty() {
                 let creds: AccountCredentials = serde_json::from_value(json)
                     .map_err(|e| AcmeError::Account(path.clone(), e))?;
-                let account = self.builder()?.from_credentials(creds).await?;
+                let account = self
+                    .builder()?
+                    .from_credentials(creds)
+                    .await
+                    .map_err(self.failed("loading the account"))?;
                 self.keep_account(&account);
                 return Ok(account);
             }
@@ -377,12 +402,17 @@ impl Acme {
         let (account, creds) = self
             .builder()?
             .create(&new, self.cfg.directory.clone(), None)
-            .await?;
+            .await
+            .map_err(self.failed("registering an account"))?;
+        tracing::info!(account = account.id(), "acme: account created");
+        // Kept for this process even when it cannot be saved: each retry registered another
+        // account at the CA, which limits new accounts (Let's Encrypt: 10 an address in 3 h).
+        self.keep_account(&account);
         let json =
             serde_json::to_string(&creds).map_err(|e| AcmeError::Account(path.clone(), e))?;
-        write_atomically(&path, json.as_bytes(), "the account file")?;
-        tracing::info!(account = account.id(), "acme: account created");
-        self.keep_account(&account);
+        if let Err(e) = write_atomically(&path, json.as_bytes(), "the account file") {
+            tracing::error!(account = account.id(), "acme: {e}; the account is used until this process ends, and the next start registers another");
+        }
         Ok(account)
     }
 

@@ -46,7 +46,10 @@ impl Acme {
             Some(id) => new.replaces(id),
             None => new,
         };
-        let mut order = account.new_order(&new).await?;
+        let mut order = account
+            .new_order(&new)
+            .await
+            .map_err(self.failed("placing the order"))?;
         let dns = match self.cfg.challenge {
             Challenge::Dns01 => Some(self.dns_api()?),
             _ => None,
@@ -59,7 +62,7 @@ impl Acme {
             Ok(()) => order
                 .poll_ready(&RetryPolicy::new().timeout(ORDER_WITHIN))
                 .await
-                .map_err(AcmeError::from),
+                .map_err(self.failed("waiting for the validation")),
             Err(e) => Err(e),
         };
         self.take_down(put_up, dns.as_ref()).await;
@@ -70,10 +73,14 @@ impl Acme {
                 return Err(AcmeError::Order(format!("order {other:?}: {problems}")));
             }
         }
-        let key = order.finalize().await?;
+        let key = order
+            .finalize()
+            .await
+            .map_err(self.failed("finalizing the order"))?;
         let chain = order
             .poll_certificate(&RetryPolicy::new().timeout(ORDER_WITHIN))
-            .await?;
+            .await
+            .map_err(self.failed("downloading the certificate"))?;
         // The key first: the directory watcher loads a pair once both are there.
         let dir = &self.certs_dir;
         write_atomically(
@@ -114,7 +121,7 @@ impl Acme {
         let mut records: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let mut authorizations = order.authorizations();
         while let Some(authz) = authorizations.next().await {
-            let mut authz = authz?;
+            let mut authz = authz.map_err(self.failed("reading an authorization"))?;
             if authz.status == AuthorizationStatus::Valid {
                 continue;
             }
@@ -151,12 +158,15 @@ impl Acme {
         }
         let mut authorizations = order.authorizations();
         while let Some(authz) = authorizations.next().await {
-            let mut authz = authz?;
+            let mut authz = authz.map_err(self.failed("reading an authorization"))?;
             if authz.status != AuthorizationStatus::Pending {
                 continue;
             }
             if let Some(mut challenge) = authz.challenge(kind.clone()) {
-                challenge.set_ready().await?;
+                challenge
+                    .set_ready()
+                    .await
+                    .map_err(self.failed("marking a challenge ready"))?;
             }
         }
         Ok(())
