@@ -316,6 +316,31 @@ async fn a_master_among_its_own_workers_does_not_push_round_in_circles() {
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer.matches("workers:").count(), 1, "{answer}");
     assert!(answer.contains("not passed on"), "{answer}");
+    // Said at start, with the key.
+    let log = master.log_text();
+    assert!(log.contains("is this master's own admin API"), "{log}");
+}
+
+/// `JWT_KEY` stands for `master_key` on a master as everywhere else (the admin API's key, the
+/// pushes' key): a master with only `JWT_KEY` was refused at start.
+#[tokio::test]
+async fn a_master_keyed_by_jwt_key_alone_pushes() {
+    let (a, b) = (
+        Backend::start("backend-a").await,
+        Backend::start("backend-b").await,
+    );
+    let port = free_port();
+    let worker = worker(&a, port);
+    let master = ProxyProcess::start_env(
+        &routes_to(&a),
+        &format!("cluster_member: master\nworker_nodes: [\"http://127.0.0.1:{port}\"]\nconfig_api_enabled: true\nconfig_address: \"127.0.0.1:0\"\n"),
+        &[("JWT_KEY", KEY)],
+    );
+    let master_admin = master.logged_addr("admin API on http://");
+    let (status, answer) = admin(master_admin, Method::POST, "/conf", routes_to(&b)).await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains(": 200 applied"), "{answer}");
+    assert!(served_by(worker.addr).await.contains("backend-b"));
 }
 
 /// A worker that answers every request with a 500 whose body spans lines, the second made to

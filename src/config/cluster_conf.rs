@@ -3,6 +3,8 @@
 //! validation live here; the push is `control::cluster`, the shared limits
 //! `layers::shared_limits`.
 
+use std::net::{IpAddr, SocketAddr};
+
 use super::reader::Reader;
 use super::yaml::{Node, Pos, Value};
 
@@ -56,9 +58,16 @@ impl ClusterConfig {
         Some(read.is_some())
     }
 
-    /// A master needs workers to push to, the master key to push with and the config API on
-    /// (as its workers do, to be pushed to).
-    pub fn check(&self, has_master_key: bool, config_api: bool, r: &mut Reader) -> bool {
+    /// A master needs workers to push to, the master key (`master_key` or `JWT_KEY`) to push
+    /// with and the config API on (as its workers do, to be pushed to); `own_admin` are its
+    /// own admin API's addresses, which a worker's URL should not name.
+    pub fn check(
+        &self,
+        has_master_key: bool,
+        config_api: bool,
+        own_admin: &[SocketAddr],
+        r: &mut Reader,
+    ) -> bool {
         let Some(pos) = self.member_pos else {
             return true;
         };
@@ -103,13 +112,49 @@ impl ClusterConfig {
             ok = false;
         }
         if !has_master_key {
-            let why =
-                "a master needs `master_key` (it pushes configurations to the workers with it)";
+            let why = "a master needs `master_key` or `JWT_KEY` (it pushes configurations to the workers with it)";
             r.error(pos, "cluster_member", why);
             ok = false;
         }
+        let at = self.worker_nodes_at.unwrap_or(pos);
+        for url in self
+            .worker_nodes
+            .iter()
+            .filter(|u| names_own_admin(u, own_admin))
+        {
+            let why = format!("`{url}` is this master's own admin API: a push to itself is taken once and not passed on; list the workers only");
+            r.warn(at, "worker_nodes", why);
+        }
         ok
     }
+}
+
+/// Whether the worker URL `url` (valid) names one of `own` (the admin API's addresses): the
+/// same port, and the same IP address, or a loopback one (`localhost` too) where `own` is
+/// loopback or every address. Other host names are not resolved.
+fn names_own_admin(url: &str, own: &[SocketAddr]) -> bool {
+    let authority = url.split_once("://").map_or(url, |(_, a)| a);
+    let Ok(authority) = authority.parse::<http::uri::Authority>() else {
+        return false;
+    };
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let ip = match host.parse::<IpAddr>() {
+        Ok(ip) => Some(ip),
+        Err(_) if host.eq_ignore_ascii_case("localhost") => None,
+        Err(_) => return false,
+    };
+    let port = authority.port_u16();
+    own.iter().any(|addr| {
+        let local = addr.ip().is_loopback() || addr.ip().is_unspecified();
+        port == Some(addr.port())
+            && match ip {
+                Some(ip) => ip == addr.ip() || (ip.is_loopback() && local),
+                None => local,
+            }
+    })
 }
 
 fn read_member(node: &Node, key: &str, r: &mut Reader) -> Option<Member> {
@@ -236,7 +281,8 @@ mod tests {
                     ok &= cfg.read(&key.name, node, &mut r) == Some(true);
                 }
             }
-            ok &= cfg.check(master_key, true, &mut r);
+            let own: SocketAddr = ([127, 0, 0, 1], 3000).into();
+            ok &= cfg.check(master_key, true, &[own], &mut r);
         }
         (cfg, ok, issues)
     }
@@ -259,6 +305,23 @@ mod tests {
         assert!(error.message.contains("master_key"), "{}", error.message);
         let (_, ok, issues) = read("cluster_member: master\n", true);
         assert!(!ok && issues.errors().any(|e| e.message.contains("worker_nodes")));
+    }
+
+    #[test]
+    fn a_worker_url_naming_the_masters_own_admin_api_is_warned_of() {
+        let text = "cluster_member: master\nworker_nodes: \"http://localhost:3000, http://[::1]:3000, http://127.0.0.1:3001, http://w:3000\"\n";
+        let (_, ok, issues) = read(text, true);
+        assert!(ok, "{issues:?}");
+        let warned: Vec<_> = issues.warnings().map(|w| w.message.clone()).collect();
+        assert_eq!(warned.len(), 2, "{warned:?}");
+        assert!(warned[0].contains("`http://localhost:3000` is this master's own admin API"));
+        assert!(warned[1].contains("`http://[::1]:3000`"), "{warned:?}");
+        let every: SocketAddr = ([0, 0, 0, 0], 3000).into();
+        assert!(names_own_admin("http://127.0.0.2:3000", &[every]));
+        assert!(!names_own_admin("http://10.0.0.2:3000", &[every]));
+        let one: SocketAddr = ([10, 0, 0, 2], 3000).into();
+        assert!(names_own_admin("https://10.0.0.2:3000", &[one]));
+        assert!(!names_own_admin("http://localhost:3000", &[one]));
     }
 
     #[test]

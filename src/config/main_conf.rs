@@ -415,10 +415,15 @@ impl MainConfig {
             };
             failed |= !ok;
         }
+        let keyed = super::master_secret_set(&cfg);
+        let own_admin: Vec<SocketAddr> = [cfg.config_address, cfg.config_tls_address]
+            .into_iter()
+            .flatten()
+            .collect();
         failed |= !cfg
             .cluster
-            .check(cfg.master_key.is_some(), cfg.config_api_enabled, r);
-        let keyless = cfg.config_api_enabled && cfg.master_key.is_none();
+            .check(keyed, cfg.config_api_enabled, &own_admin, r);
+        let keyless = cfg.config_api_enabled && !keyed;
         if let Some(pos) = positions.of("config_api_enabled").filter(|_| keyless) {
             let why = "no master_key: the admin API answers every call with 403";
             r.warn(pos, "config_api_enabled", why);
