@@ -255,6 +255,10 @@ async fn sigquit_before_the_new_process_keeps_serving_until_it_takes_over() {
     );
     assert_eq!((failed, refused), (0, 0), "{}", new.log_text());
     assert!(new.log_text().contains("live upgrade: received"));
+    // SIGQUIT has come already: the hand-over's line does not ask for it again.
+    let said = old.log_text();
+    assert!(said.contains("live upgrade: handed"), "{said}");
+    assert!(!said.contains("send SIGQUIT to this one"), "{said}");
 }
 
 /// A live upgrade hands the admin API's listeners over with the proxy's, plain and TLS: the new

@@ -180,6 +180,9 @@ impl Signals {
     /// the listeners stay open and served for up to [`TAKER_WAIT`] until one takes them. They
     /// closed at once, and the new process bound afresh: connections in between were refused.
     async fn wait_for_a_taker(&mut self, handovers: Option<&Handovers>) {
+        if let Some(handovers) = handovers {
+            handovers.quit_asked();
+        }
         let Some(handovers) = handovers.filter(|h| !h.any()) else {
             tracing::info!("SIGQUIT: handing over to the new process");
             return;

@@ -154,6 +154,8 @@ pub type Offer = Arc<Mutex<Option<Sockets>>>;
 pub struct Handovers {
     taken: std::sync::atomic::AtomicBool,
     woken: tokio::sync::Notify,
+    /// SIGQUIT came before a new process took the sockets: the hand-over ends this one.
+    quitting: std::sync::atomic::AtomicBool,
 }
 
 /// How often a process that handed its sockets over looks whether the taker still runs.
@@ -172,6 +174,12 @@ impl Handovers {
             return;
         }
         woken.await;
+    }
+
+    /// SIGQUIT arrived: this process drains and exits once the sockets are taken.
+    pub fn quit_asked(&self) {
+        self.quitting
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn took(&self) {
@@ -363,7 +371,10 @@ impl UpgradeSock {
                     );
                     continue;
                 }
-                if answer(&stream, &offer) {
+                let quitting = handovers
+                    .quitting
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                if answer(&stream, &offer, quitting) {
                     handovers.took();
                     taker = stream.peer_cred().ok().and_then(|cred| cred.pid());
                 }
@@ -426,9 +437,14 @@ async fn asks_for_the_sockets(stream: &mut tokio::net::UnixStream) -> bool {
     matches!(read, Ok(Ok(_))) && asked == ASK
 }
 
-/// Hands the sockets over; whether they went.
-fn answer(stream: &tokio::net::UnixStream, offer: &Offer) -> bool {
+/// Hands the sockets over; whether they went. `quitting`: SIGQUIT has come already, so the
+/// log does not ask for it.
+fn answer(stream: &tokio::net::UnixStream, offer: &Offer, quitting: bool) -> bool {
     match hand_over(stream, offer) {
+        Ok(n) if quitting => {
+            tracing::info!("live upgrade: handed {n} listening socket(s) to a new process");
+            true
+        }
         Ok(n) => {
             tracing::info!(
                 "live upgrade: handed {n} listening socket(s) to a new process; \
