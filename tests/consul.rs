@@ -449,7 +449,7 @@ async fn an_answer_without_end_is_cut_and_the_backends_kept() {
     let cut = eventually(Duration::from_secs(120), || {
         proxy
             .log_text()
-            .contains("reading the answer: length limit exceeded")
+            .contains("reading the answer: larger than 64 MiB")
     })
     .await;
     assert!(cut, "{}", proxy.log_text());

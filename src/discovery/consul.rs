@@ -8,17 +8,19 @@
 //! `QUERY_TIMEOUT` and holds at most `MAX_ANSWER_BYTES`, and queries start at most every
 //! `MIN_QUERY_INTERVAL` whatever comes back (an index that never moves, or none, made every
 //! query return at once, thousands a second). An index is never below 1 after the first answer,
-//! as Consul's blocking-query guide asks of clients.
+//! as Consul's blocking-query guide asks of clients. The answers every service reads at once
+//! hold at most `ANSWERS_TOGETHER_BYTES` together.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{Request, StatusCode, Uri};
-use http_body_util::{BodyExt, Empty, Limited};
+use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 use super::{hosts_for, Outage, Reloader, MAX_BACKENDS};
 use crate::config::discovery_conf::{ConsulConfig, DiscoveredService};
@@ -36,6 +38,11 @@ const FIRST_QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 /// The largest answer read: a health list of tens of thousands of instances fits.
 const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
+/// What the answers every service reads at once may hold together: each service reads its own
+/// at once, and eight services' answers of `MAX_ANSWER_BYTES` held 528 MB.
+const ANSWERS_TOGETHER_BYTES: usize = 128 * 1024 * 1024;
+/// A permit of the answers' budget is this many bytes.
+const BUDGET_UNIT: usize = 1024;
 /// The least time from one query's start to the next one's.
 const MIN_QUERY_INTERVAL: Duration = Duration::from_millis(250);
 /// How much of an error answer's body goes into the log.
@@ -133,6 +140,7 @@ pub async fn run(cfg: ConsulConfig, reloader: Arc<Reloader>) {
         services: cfg.services.clone(),
     }));
     let cfg = Arc::new(cfg);
+    let budget = Arc::new(Semaphore::new(ANSWERS_TOGETHER_BYTES / BUDGET_UNIT));
     // A set, not loose tasks: when the settings change this future is aborted, and the set
     // aborts every service's watch with it. Loose ones went on publishing their old view over
     // the new one (an `authorization` just added came and went with each change in Consul).
@@ -144,6 +152,7 @@ pub async fn run(cfg: ConsulConfig, reloader: Arc<Reloader>) {
             client.clone(),
             known.clone(),
             reloader.clone(),
+            budget.clone(),
         );
         watches.spawn(watch);
     }
@@ -156,6 +165,7 @@ async fn watch_service(
     client: HttpClient,
     known: Arc<Mutex<Known>>,
     reloader: Arc<Reloader>,
+    budget: Arc<Semaphore>,
 ) {
     let name = cfg.services[which].upstream.clone();
     let (mut index, mut server, mut backoff) = (0u64, 0usize, BACKOFF_MIN);
@@ -171,7 +181,7 @@ async fn watch_service(
         };
         let answer = tokio::time::timeout(
             limit,
-            query(&client, base, &name, index, cfg.token.as_deref()),
+            query(&client, base, &name, index, cfg.token.as_deref(), &budget),
         );
         let answer = answer
             .await
@@ -221,6 +231,7 @@ async fn query(
     service: &str,
     index: u64,
     token: Option<&str>,
+    budget: &Semaphore,
 ) -> Result<(u64, Listed), String> {
     let base_text = base.to_string();
     let base_text = base_text.trim_end_matches('/');
@@ -247,16 +258,52 @@ async fn query(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    let body = Limited::new(resp.into_body(), MAX_ANSWER_BYTES)
-        .collect()
-        .await
-        .map_err(|e| format!("reading the answer: {e}"))?
-        .to_bytes();
+    // Held until the answer is read into backends.
+    let (body, _held) = read_within(resp.into_body(), MAX_ANSWER_BYTES, budget).await?;
     match status {
         StatusCode::OK => Ok((new_index, backends_of(&body)?)),
         StatusCode::FORBIDDEN => Err("403: the ACL token was refused (check consul.token)".into()),
         other => Err(format!("answered {other}: {}", shown_error_body(&body))),
     }
+}
+
+/// Reads `body` whole, at most `max` bytes, each taken from `budget` (in [`BUDGET_UNIT`]s) and
+/// held until the returned permit is dropped. An answer that would pass what is left of the
+/// budget fails, and is asked again after the back-off, when the others have let theirs go.
+async fn read_within<B>(
+    mut body: B,
+    max: usize,
+    budget: &Semaphore,
+) -> Result<(Bytes, SemaphorePermit<'_>), String>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
+    let over_budget = || {
+        let mib = (budget.available_permits() * BUDGET_UNIT) >> 20;
+        format!(
+            "the answers being read at once would pass {} MiB together ({mib} MiB left)",
+            ANSWERS_TOGETHER_BYTES >> 20
+        )
+    };
+    let mut held = budget.try_acquire_many(0).map_err(|_| over_budget())?;
+    let mut read = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| format!("reading the answer: {e}"))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if read.len() + data.len() > max {
+            return Err(format!("reading the answer: larger than {} MiB", max >> 20));
+        }
+        read.extend_from_slice(&data);
+        let wanted = read.len().div_ceil(BUDGET_UNIT) as u32;
+        let more = wanted.saturating_sub(held.num_permits() as u32);
+        if more > 0 {
+            held.merge(budget.try_acquire_many(more).map_err(|_| over_budget())?);
+        }
+    }
+    Ok((read.freeze(), held))
 }
 
 /// The start of an error answer's body, its control characters escaped: it goes into a log
@@ -291,6 +338,31 @@ fn publish(which: usize, backends: Vec<ServerSpec>, known: &Mutex<Known>, reload
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Answers read at once share one budget: the second fails while the first holds its
+    /// bytes, and is read once they are let go.
+    #[tokio::test]
+    async fn answers_read_at_once_share_one_budget() {
+        let budget = Semaphore::new(5);
+        let body = || http_body_util::Full::new(Bytes::from(vec![b' '; 3 * BUDGET_UNIT]));
+        let (first, held) = read_within(body(), 4 * BUDGET_UNIT, &budget).await.unwrap();
+        assert_eq!((first.len(), held.num_permits()), (3 * BUDGET_UNIT, 3));
+        let refused = read_within(body(), 4 * BUDGET_UNIT, &budget).await;
+        let said = refused.expect_err("past the budget");
+        assert!(said.contains("would pass 128 MiB together"), "{said}");
+        assert_eq!(
+            budget.available_permits(),
+            2,
+            "a refused answer lets its part go"
+        );
+        drop(held);
+        let (_, held) = read_within(body(), 4 * BUDGET_UNIT, &budget).await.unwrap();
+        assert_eq!(held.num_permits(), 3);
+        let said = read_within(body(), 2 * BUDGET_UNIT, &budget)
+            .await
+            .expect_err("past max");
+        assert!(said.contains("larger than"), "{said}");
+    }
 
     #[test]
     fn one_address_in_two_spellings_is_one_backend() {
