@@ -487,6 +487,59 @@ async fn to_https_believes_a_trusted_balancers_forwarded_proto() {
     assert_eq!(backend.requests(), 2);
 }
 
+/// What only a proxy in front may say of a request (`Forwarded`, the other `X-Forwarded-*`,
+/// `X-Real-IP`) and the target and host overrides some frameworks obey (`X-Original-URL`,
+/// `X-Rewrite-URL`, `X-Host`) reach the backend from a trusted balancer only: from anyone else
+/// they passed unchanged, so a backend building links from `Forwarded: host=` took a client's
+/// word for it, and a cached answer built so was served to everyone.
+#[tokio::test]
+async fn only_a_trusted_balancer_says_what_a_proxy_says() {
+    let backend = Backend::start("b").await;
+    let routes = support::upstreams::Upstreams::new()
+        .host(
+            "DEFAULT",
+            support::upstreams::Host::new().path(
+                "/",
+                support::upstreams::Path::servers(&[&backend]).healthcheck(false),
+            ),
+        )
+        .render();
+    let proxy = ProxyProcess::start(&routes, "trusted_proxies: [\"127.0.0.2\"]");
+    let claims = [
+        ("forwarded", "host=evil.test;proto=https"),
+        ("x-forwarded-port", "8443"),
+        ("x-forwarded-prefix", "/evil"),
+        ("x-real-ip", "198.51.100.7"),
+        ("x-original-url", "/admin"),
+        ("x-rewrite-url", "/admin"),
+        ("x-host", "evil.test"),
+        ("x-app", "kept"),
+    ];
+    for proto in [Proto::H1, Proto::H2c] {
+        let mut outsider = connect_from(proto, proxy.addr, ip("127.0.0.3")).await;
+        let resp = send_a(&mut outsider, &claims).await;
+        let names = header(&resp, "x-seen-headers");
+        assert!(names.contains("x-app"), "{proto:?}: {names}");
+        for (name, _) in &claims[..7] {
+            assert!(
+                !names.split(',').any(|n| n == *name),
+                "{proto:?}: {name} in {names}"
+            );
+        }
+        body_bytes(resp).await;
+        let mut lb = connect_from(proto, proxy.addr, ip("127.0.0.2")).await;
+        let resp = send_a(&mut lb, &claims).await;
+        let names = header(&resp, "x-seen-headers");
+        for (name, _) in &claims {
+            assert!(
+                names.split(',').any(|n| n == *name),
+                "{proto:?}: {name} not in {names}"
+            );
+        }
+        body_bytes(resp).await;
+    }
+}
+
 async fn send_a(c: &mut Client, headers: &[(&str, &str)]) -> http::Response<hyper::body::Incoming> {
     c.send(
         Method::GET,

@@ -222,6 +222,9 @@ fn prepare_headers(
     let client_host = host_field.or_else(|| authority_host(&parts.uri));
     let headers = &mut parts.headers;
     let sent = hop_by_hop::remove_hop_by_hop_from_request(headers);
+    if sent.claims && !conn.trusted {
+        hop_by_hop::remove_proxy_claims(headers);
+    }
     let fields = Forwarded {
         client_ip: conn.forwarded_for.clone(),
         tls: conn.tls,

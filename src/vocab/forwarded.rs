@@ -208,10 +208,12 @@ mod tests {
         assert!(id.request_id && !id.forwarded);
         let others = [
             http::header::HOST,
-            HeaderName::from_static("x-forwarded-port"),
+            HeaderName::from_static("x-forwarded-ports"),
             HeaderName::from_static("x-request-ids"),
         ];
         assert_eq!(ProxyFields::among(&others), ProxyFields::default());
+        let claim = ProxyFields::among([&HeaderName::from_static("x-forwarded-port")]);
+        assert!(claim.claims && !claim.forwarded);
         let both = ProxyFields::among([&X_REQUEST_ID, &http::header::HOST, &X_FORWARDED_HOST]);
         assert!(both.forwarded && both.request_id);
     }

@@ -46,6 +46,9 @@ pub struct ProxyFields {
     /// `X-Forwarded-For`, `-Proto` or `-Host`.
     pub forwarded: bool,
     pub request_id: bool,
+    /// A field only a proxy in front has a say in ([`PROXY_CLAIMS`]): removed from an
+    /// untrusted client's request.
+    pub claims: bool,
     /// The request's `Connection` named fields of its own, now removed with it: any field may
     /// be gone, `Host` too (never set by [`ProxyFields::among`]).
     pub connection_named: bool,
@@ -65,6 +68,7 @@ impl ProxyFields {
         match kind {
             HopByHop::Forwarded => self.forwarded = true,
             HopByHop::RequestId => self.request_id = true,
+            HopByHop::Claim => self.claims = true,
             _ => {}
         }
     }
@@ -121,7 +125,9 @@ fn sweep(headers: &mut HeaderMap, te_allowed: bool) -> ProxyFields {
             HopByHop::Fixed => fixed = true,
             HopByHop::TransferEncoding => (fixed, coded) = (true, true),
             HopByHop::Close => close_field = true,
-            kind @ (HopByHop::Forwarded | HopByHop::RequestId) => proxy_fields.note(kind),
+            kind @ (HopByHop::Forwarded | HopByHop::RequestId | HopByHop::Claim) => {
+                proxy_fields.note(kind)
+            }
             HopByHop::Cookie => cookies += 1,
             HopByHop::No => {}
         }
@@ -173,6 +179,8 @@ enum HopByHop {
     Forwarded,
     /// `X-Request-Id`: kept, and reported.
     RequestId,
+    /// One of [`PROXY_CLAIMS`]: kept, and reported.
+    Claim,
     /// `Cookie`: kept; several are joined into one ([`join_cookies`]).
     Cookie,
     No,
@@ -186,10 +194,38 @@ fn hop_by_hop(name: &HeaderName) -> HopByHop {
         "close" => HopByHop::Close,
         "x-forwarded-for" | "x-forwarded-proto" | "x-forwarded-host" => HopByHop::Forwarded,
         "x-request-id" => HopByHop::RequestId,
+        "forwarded" | "x-forwarded-port" | "x-forwarded-prefix" | "x-forwarded-scheme"
+        | "x-forwarded-server" | "x-forwarded-ssl" | "x-real-ip" | "x-host" | "x-original-url"
+        | "x-rewrite-url" => HopByHop::Claim,
         "cookie" => HopByHop::Cookie,
         "transfer-encoding" => HopByHop::TransferEncoding,
         "upgrade" | "keep-alive" | "proxy-connection" | "http2-settings" => HopByHop::Fixed,
         _ => HopByHop::No,
+    }
+}
+
+/// Fields a client may not set for itself when it is not a trusted proxy: what a proxy in front
+/// says of the request (RFC 7239's `Forwarded`, the other `X-Forwarded-*`, `X-Real-IP`) and
+/// the target or host overrides some frameworks obey (`X-Original-URL`, `X-Rewrite-URL`,
+/// `X-Host`). A backend that builds links or checks access from them would take a client's
+/// word for it, and a cached answer built so would be served to everyone.
+pub static PROXY_CLAIMS: [HeaderName; 10] = [
+    HeaderName::from_static("forwarded"),
+    HeaderName::from_static("x-forwarded-port"),
+    HeaderName::from_static("x-forwarded-prefix"),
+    HeaderName::from_static("x-forwarded-scheme"),
+    HeaderName::from_static("x-forwarded-server"),
+    HeaderName::from_static("x-forwarded-ssl"),
+    HeaderName::from_static("x-real-ip"),
+    HeaderName::from_static("x-host"),
+    HeaderName::from_static("x-original-url"),
+    HeaderName::from_static("x-rewrite-url"),
+];
+
+/// Removes every one of [`PROXY_CLAIMS`] from `headers`.
+pub fn remove_proxy_claims(headers: &mut HeaderMap) {
+    for name in &PROXY_CLAIMS {
+        headers.remove(name);
     }
 }
 
@@ -277,7 +313,11 @@ impl AnswerHopByHop {
     /// Whether the field goes into the answer's map.
     pub fn keeps(&mut self, name: &HeaderName, value: &[u8]) -> bool {
         match hop_by_hop(name) {
-            HopByHop::No | HopByHop::Forwarded | HopByHop::RequestId | HopByHop::Cookie => true,
+            HopByHop::No
+            | HopByHop::Forwarded
+            | HopByHop::RequestId
+            | HopByHop::Claim
+            | HopByHop::Cookie => true,
             HopByHop::Fixed => false,
             HopByHop::TransferEncoding => {
                 self.coded = true;
@@ -320,6 +360,19 @@ impl AnswerHopByHop {
 mod tests {
     use super::*;
     use crate::vocab::headers::map_of as map;
+
+    #[test]
+    fn proxy_claims_are_reported_and_removed_on_demand() {
+        let mut headers = HeaderMap::new();
+        headers.insert("x-app", HeaderValue::from_static("1"));
+        assert!(!remove_hop_by_hop_from_request(&mut headers).claims);
+        headers.insert("forwarded", HeaderValue::from_static("host=evil.test"));
+        headers.insert("x-original-url", HeaderValue::from_static("/admin"));
+        assert!(remove_hop_by_hop_from_request(&mut headers).claims);
+        remove_proxy_claims(&mut headers);
+        let left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["x-app"]);
+    }
 
     /// The map an answer with `fields` gets when they are read one by one.
     fn read_as_answer(fields: &[(&str, &str)]) -> HeaderMap {
