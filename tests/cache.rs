@@ -46,6 +46,67 @@ async fn fresh_answers_are_served_from_the_cache_with_their_age() {
     assert!((100..=102).contains(&age), "{age}");
 }
 
+/// Answers without a body (a 204, a 200 or a redirect of `Content-Length: 0`) are kept like
+/// any other: their writer never polls a body that says it has ended, so the copy was never
+/// made and each one went to the origin.
+#[tokio::test]
+async fn answers_without_a_body_are_kept_too() {
+    let origin = Origin::start().await;
+    let proxy = proxy_for(&origin);
+    for proto in PROTOCOLS {
+        let mut c = Client::connect(proto, proxy.addr).await;
+        for status in [204, 200, 301] {
+            let path = format!("/empty-{proto:?}-{status}?cc=max-age=60&status={status}&len=0");
+            let (first, body) = send(&mut c, Method::GET, &path, &[]).await;
+            assert_eq!(hdr(&first, "x-cache-status"), "MISS", "{proto:?} {status}");
+            assert_eq!((first.status().as_u16(), body.as_str()), (status, ""));
+            let before = origin.requests();
+            let (again, body) = send(&mut c, Method::GET, &path, &[]).await;
+            assert_eq!(hdr(&again, "x-cache-status"), "HIT", "{proto:?} {status}");
+            assert_eq!((again.status().as_u16(), body.as_str()), (status, ""));
+            assert_eq!(origin.requests(), before, "{proto:?} {status}");
+        }
+    }
+}
+
+/// A GET with a body, or one that a framework takes for another method
+/// (`X-HTTP-Method-Override`), is neither answered from the cache nor kept for the URL: what
+/// the backend makes of it is not in the key, and its answer was served to every later client.
+#[tokio::test]
+async fn a_get_with_a_body_or_another_method_in_disguise_bypasses_the_cache() {
+    let origin = Origin::start().await;
+    let proxy = proxy_for(&origin);
+    for proto in PROTOCOLS {
+        let mut c = Client::connect(proto, proxy.addr).await;
+        let path = format!("/disguised-{proto:?}?cc=max-age=60");
+        let resp = c
+            .send(Method::GET, Some("c.test"), &path, &[], full("x=evil"))
+            .await;
+        assert_eq!(header(&resp, "x-cache-status"), "BYPASS", "{proto:?}");
+        body_bytes(resp).await;
+        assert_eq!(
+            get(&mut c, &path).await.0,
+            "MISS",
+            "{proto:?}: nothing was kept"
+        );
+        assert_eq!(get(&mut c, &path).await.0, "HIT", "{proto:?}");
+        let before = origin.requests();
+        let (resp, _) = send(
+            &mut c,
+            Method::GET,
+            &path,
+            &[("x-http-method-override", "DELETE")],
+        )
+        .await;
+        assert_eq!(hdr(&resp, "x-cache-status"), "BYPASS", "{proto:?}");
+        assert_eq!(
+            origin.requests(),
+            before + 1,
+            "{proto:?}: it reached the origin"
+        );
+    }
+}
+
 #[tokio::test]
 async fn what_may_not_be_stored_always_reaches_the_origin() {
     let origin = Origin::start().await;

@@ -226,7 +226,7 @@ pub fn apply<'a, B, S>(
     forward: S,
 ) -> impl Future<Output = Result<Response<RespBody>, ProxyError>> + Send + 'a
 where
-    B: Send + 'a,
+    B: http_body::Body + Send + 'a,
     S: Service<Request<B>, Response = Response<RespBody>, Error = ProxyError> + Clone + Send + 'a,
     S::Future: Send,
 {

@@ -30,12 +30,20 @@ pin_project_lite::pin_project! {
 }
 
 impl<B: Body> Tee<B> {
-    /// A body announced larger than `limit` is not copied at all.
+    /// A body announced larger than `limit` is not copied at all; an empty one is copied at
+    /// once (its writer never polls a body that says it has ended, so it would never be).
     pub fn new(inner: B, sink: Box<dyn TeeSink>, limit: usize) -> Tee<B> {
         let too_large = inner.size_hint().lower() > limit as u64;
+        let sink = match inner.is_end_stream() {
+            true => {
+                sink.complete(Bytes::new());
+                None
+            }
+            false => Some(sink),
+        };
         Tee {
             inner,
-            sink: (!too_large).then_some(sink),
+            sink: sink.filter(|_| !too_large),
             chunks: Vec::new(),
             size: 0,
             limit,
@@ -170,5 +178,13 @@ mod tests {
             5,
         );
         assert!(!big.keeping());
+    }
+
+    #[tokio::test]
+    async fn an_empty_body_is_copied_without_being_polled() {
+        let kept = Arc::new(Mutex::new(None));
+        let tee = Tee::new(Full::new(Bytes::new()), Box::new(Keep(kept.clone())), 5);
+        assert!(tee.is_end_stream() && !tee.keeping());
+        assert_eq!(kept.lock().unwrap().as_deref(), Some(&b""[..]));
     }
 }

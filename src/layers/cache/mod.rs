@@ -125,7 +125,7 @@ impl<'a, S, B> Service<Request<B>> for CacheService<'a, S>
 where
     S: Service<Request<B>, Response = Response<RespBody>, Error = ProxyError> + Clone + Send + 'a,
     S::Future: Send + 'a,
-    B: Send + 'a,
+    B: http_body::Body + Send + 'a,
 {
     type Response = Response<RespBody>;
     type Error = ProxyError;
@@ -139,7 +139,12 @@ where
         let Some(cache) = self.layer.cache else {
             return FutEither::Left(self.inner.call(req));
         };
-        let (lookup, auth) = rules::ask(req.method(), req.headers());
+        let (mut lookup, auth) = rules::ask(req.method(), req.headers());
+        // A GET or HEAD with a body: what the backend does with it is not in the key, and its
+        // answer must not be served for the URL.
+        if matches!(lookup, Lookup::Look | Lookup::Refresh) && !req.body().is_end_stream() {
+            lookup = Lookup::Skip;
+        }
         let key = match (lookup, self.layer.host) {
             (Lookup::Pass, _) | (_, None) => None,
             (_, Some(host)) => Some(key_of(self.layer.tls, host, &req)),
@@ -498,8 +503,12 @@ fn keep_copy(
     guard: Option<FlightGuard>,
 ) -> Response<RespBody> {
     let (parts, body) = resp.into_parts();
-    let Either::Left(Either::Left(streamed)) = body else {
-        return Response::from_parts(parts, body);
+    // A 204 gets an empty body of its own, never read from the backend: kept as it is.
+    let bodiless = matches!(&body, Either::Right(full) if http_body::Body::is_end_stream(full));
+    let streamed = match body {
+        Either::Left(Either::Left(streamed)) => Some(streamed),
+        _ if bodiless => None,
+        body => return Response::from_parts(parts, body),
     };
     let mut headers = parts.headers.clone();
     headers.remove(header::AGE);
@@ -518,6 +527,10 @@ fn keep_copy(
         vary,
         storable,
         _guard: guard,
+    };
+    let Some(streamed) = streamed else {
+        Box::new(keeper).complete(Bytes::new());
+        return Response::from_parts(parts, Either::Right(Full::new(Bytes::new())));
     };
     let limit = store.item_max_size;
     let body = Either::Left(Either::Right(Tee::new(streamed, Box::new(keeper), limit)));

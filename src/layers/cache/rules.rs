@@ -100,6 +100,15 @@ pub fn lookup(method: &Method, headers: &HeaderMap) -> Lookup {
     ask(method, headers).0
 }
 
+/// Fields that make some frameworks take a GET for another method (Rails, Laravel, Symfony,
+/// Express's method-override): a `DELETE` in disguise is not answered from the cache, nor is
+/// its answer kept for the URL.
+static METHOD_OVERRIDES: [HeaderName; 3] = [
+    HeaderName::from_static("x-http-method-override"),
+    HeaderName::from_static("x-http-method"),
+    HeaderName::from_static("x-method-override"),
+];
+
 /// What a request asks of the cache, and whether it carries `Authorization` (read in one pass
 /// over the request's header names: cheaper than three lookups by name).
 pub fn ask(method: &Method, headers: &HeaderMap) -> (Lookup, bool) {
@@ -114,10 +123,16 @@ pub fn ask(method: &Method, headers: &HeaderMap) -> (Lookup, bool) {
         return (Lookup::Pass, false);
     }
     let (mut has_cc, mut has_pragma, mut auth) = (false, false, false);
+    let mut otherwise = false;
     for name in headers.keys() {
         has_cc |= name == header::CACHE_CONTROL;
         has_pragma |= name == header::PRAGMA;
         auth |= name == header::AUTHORIZATION;
+        otherwise |= METHOD_OVERRIDES.iter().any(|o| name == o);
+    }
+    // A GET the backend may take for another method: its answer is not the URL's.
+    if otherwise {
+        return (Lookup::Skip, auth);
     }
     // Most requests say nothing about caching: no parsing.
     if !has_cc && !has_pragma {
