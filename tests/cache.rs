@@ -268,6 +268,30 @@ async fn concurrent_misses_make_one_origin_request() {
     assert!(bodies.iter().all(|b| b == "#1"), "{bodies:?}");
 }
 
+/// Concurrent misses of two variants of one cold URL make one origin request each: the clients
+/// of the variant not fetched first all went to the origin once the first was in.
+#[tokio::test]
+async fn concurrent_misses_of_two_variants_make_one_origin_request_each() {
+    let origin = Origin::start().await;
+    let proxy = proxy_for(&origin);
+    let path = "/slow-varied?cc=max-age=60&slow=300&vary=accept-language";
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..40 {
+        let addr = proxy.addr;
+        let lang = if i % 2 == 0 { "en" } else { "fr" };
+        tasks.spawn(async move {
+            let mut c = Client::connect(Proto::H1, addr).await;
+            let (resp, _) = send(&mut c, Method::GET, path, &[("accept-language", lang)]).await;
+            (lang, hdr(&resp, "x-lang"))
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        let (asked, answered) = done.expect("request task");
+        assert_eq!(asked, answered, "each client gets its own variant");
+    }
+    assert_eq!(origin.requests(), 2, "40 concurrent misses of two variants");
+}
+
 #[tokio::test]
 async fn stale_entries_are_revalidated_and_a_304_refreshes_them() {
     let origin = Origin::start().await;

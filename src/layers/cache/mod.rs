@@ -212,6 +212,11 @@ pub fn key_for(https: bool, host: &[u8], target: &str) -> Option<String> {
     Some([scheme, host, target].concat())
 }
 
+/// How many fetches of one URL a request waits for at most: a fetch of another variant than
+/// its own sends it to the next (the cap on variants a key holds is 16; most vary on one field
+/// with two or three values).
+const FLIGHT_ROUNDS: usize = 4;
+
 /// What a cacheable request asks of the cache.
 struct Ask<'a> {
     cache: &'a RouteCache,
@@ -254,16 +259,27 @@ where
             Err(_) => lookup = Lookup::Skip,
         }
     }
-    if lookup == Lookup::Look && !uncacheable {
+    // A follower whose wait ended with another variant stored (the same URL, another value of
+    // a field its `Vary` names) joins the next fetch: every client of a second variant went to
+    // the backend at once.
+    // Every wait together within the one coalescing wait.
+    let mut rounds = 0;
+    let mut waited_until = None;
+    while lookup == Lookup::Look && !uncacheable && rounds < FLIGHT_ROUNDS {
+        rounds += 1;
         match store.join_flight(&key) {
-            Flight::Lead(g) => guard = Some(g),
+            Flight::Lead(g) => {
+                guard = Some(g);
+                break;
+            }
             Flight::Follow(rx) => {
                 let now = Instant::now();
                 if let Some(e) = stale.as_ref().filter(|e| e.may_serve_while_updating(now)) {
                     return Ok(served(store, e, req.headers(), now, "UPDATING"));
                 }
+                let until = *waited_until.get_or_insert(now + store::COALESCE_WAIT);
                 // Boxed: a timer is large, and only followers need one.
-                Box::pin(store::wait_for(rx, store::COALESCE_WAIT)).await;
+                Box::pin(store::wait_for(rx, until.saturating_duration_since(now))).await;
                 let now = Instant::now();
                 match store.lookup(&key, req.headers(), slot).await {
                     Ok(Found::Stored(e)) if usable(&e) && e.is_fresh(now) => {
@@ -271,8 +287,10 @@ where
                     }
                     Ok(Found::Stored(e)) => stale = Some(e).filter(usable),
                     Ok(Found::Uncacheable) => uncacheable = true,
+                    Ok(Found::OtherVariant) => continue,
                     Ok(Found::Nothing) | Err(_) => {}
                 }
+                break;
             }
         }
     }

@@ -48,6 +48,8 @@ pub enum Found {
     Stored(Arc<Entry>),
     /// The key is marked uncacheable: no entry, and no fetch to wait for.
     Uncacheable,
+    /// The key holds answers for other values of the fields their `Vary` names.
+    OtherVariant,
     Nothing,
 }
 
@@ -238,7 +240,7 @@ impl CacheStore {
         match self.entries.get(key) {
             Some(Held::Variants(variants)) => match variants.iter().find(|e| e.matches(req)) {
                 Some(entry) => Found::Stored(entry.clone()),
-                None => Found::Nothing,
+                None => Found::OtherVariant,
             },
             Some(Held::Uncacheable(until)) if Instant::now() < until => Found::Uncacheable,
             _ => Found::Nothing,
@@ -273,7 +275,8 @@ impl CacheStore {
         slot: usize,
     ) -> Result<Found, Unreachable> {
         let found = self.find(key, req);
-        if !matches!(found, Found::Nothing) || (self.disk.is_none() && self.remote.is_none()) {
+        let missed = matches!(found, Found::Nothing | Found::OtherVariant);
+        if !missed || (self.disk.is_none() && self.remote.is_none()) {
             return Ok(found);
         }
         Box::pin(self.lookup_lower(key, req, slot)).await
