@@ -3,7 +3,6 @@
 //! on a tie zstd, then br, then gzip).
 //!
 //! A response is compressed only when all of these hold, else it passes untouched:
-//! - the request is not `HEAD` (its headers stay those of the uncompressed answer, as nginx's);
 //! - the body comes from the backend (the proxy's own short answers are never compressed);
 //! - its status allows a body and is not 206 (not 1xx, 204, 206, 304), it has no
 //!   `Content-Encoding` and no `Content-Range`, and no `Cache-Control: no-transform`;
@@ -14,7 +13,8 @@
 //! so caches keep the variants apart). When compressed it also gets `Content-Encoding`, loses
 //! `Content-Length` and `Accept-Ranges`, and a strong `ETag` becomes weak (`W/`), as nginx does.
 //! The body is compressed as it streams (`proxy::encode`), never held whole; a route without
-//! `compress` pays one branch.
+//! `compress` pays one branch. A `HEAD` answer gets the headers its GET would (RFC 9110
+//! §9.3.2, and nginx's gzip), without a body.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -114,8 +114,13 @@ impl Compress {
     }
 
     /// Turns an eligible response into the client's: `Vary`, and when `coding` is chosen the
-    /// coding's headers and the compressed body.
-    fn apply(&self, resp: Response<RespBody>, coding: Option<Coding>) -> Response<RespBody> {
+    /// coding's headers and the compressed body (none for a `head`).
+    fn apply(
+        &self,
+        resp: Response<RespBody>,
+        coding: Option<Coding>,
+        head: bool,
+    ) -> Response<RespBody> {
         if !matches!(resp.body(), Either::Left(Either::Left(Either::Left(_)))) || !self.takes(&resp)
         {
             return resp;
@@ -123,6 +128,10 @@ impl Compress {
         let length = known_length(&resp);
         let (mut parts, body) = resp.into_parts();
         add_vary(&mut parts.headers);
+        if let (true, Some(coding)) = (head, coding) {
+            mark_encoded(&mut parts.headers, coding);
+            return Response::from_parts(parts, body);
+        }
         let (coding, plain) = match (coding, body) {
             (Some(coding), Either::Left(Either::Left(Either::Left(plain)))) => (coding, plain),
             (_, body) => return Response::from_parts(parts, body),
@@ -133,13 +142,18 @@ impl Compress {
                 return Response::from_parts(parts, Either::Left(Either::Left(Either::Left(plain))))
             }
         };
-        let headers = &mut parts.headers;
-        headers.insert(header::CONTENT_ENCODING, coding.header_value());
-        headers.remove(header::CONTENT_LENGTH);
-        headers.remove(header::ACCEPT_RANGES);
-        weaken_etag(headers);
+        mark_encoded(&mut parts.headers, coding);
         Response::from_parts(parts, Either::Left(Either::Left(Either::Right(encoded))))
     }
+}
+
+/// The headers of an answer coded with `coding`: its `Content-Encoding`, no length and no
+/// ranges of the plain body, and a weak `ETag`.
+fn mark_encoded(headers: &mut HeaderMap, coding: Coding) {
+    headers.insert(header::CONTENT_ENCODING, coding.header_value());
+    headers.remove(header::CONTENT_LENGTH);
+    headers.remove(header::ACCEPT_RANGES);
+    weaken_etag(headers);
 }
 
 /// The body's length when it is known: `Content-Length`, else what the body itself says.
@@ -306,14 +320,13 @@ where
         };
         // A ranged answer is recognised by its own 206 / `Content-Range` (a backend that ignores
         // `Range` sends a whole body, which may be compressed like any other).
-        if req.method() == Method::HEAD {
-            return FutEither::Right(self.inner.call(req));
-        }
         let coding = preferred(req.headers());
+        let head = req.method() == Method::HEAD;
         FutEither::Left(Compressing {
             inner: self.inner.call(req),
             compress,
             coding,
+            head,
         })
     }
 }
@@ -325,6 +338,7 @@ pin_project! {
         inner: F,
         compress: &'a Compress,
         coding: Option<Coding>,
+        head: bool,
     }
 }
 
@@ -337,7 +351,7 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let answer = std::task::ready!(this.inner.poll(cx));
-        Poll::Ready(answer.map(|resp| this.compress.apply(resp, *this.coding)))
+        Poll::Ready(answer.map(|resp| this.compress.apply(resp, *this.coding, *this.head)))
     }
 }
 
