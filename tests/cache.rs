@@ -194,11 +194,26 @@ async fn the_client_and_unsafe_methods_can_refresh_the_cache() {
     let mut c = Client::connect(Proto::H1, proxy.addr).await;
     let path = "/r?cc=max-age=60";
     let (_, first) = get(&mut c, path).await;
-    // `Cache-Control: no-cache` from the client: fetched again, and the new answer stored.
+    // `Cache-Control: no-cache` from the client: fetched again (no validator to ask with), and
+    // the new answer stored.
     let (resp, second) = send(&mut c, Method::GET, path, &[("cache-control", "no-cache")]).await;
-    assert_eq!(hdr(&resp, "x-cache-status"), "MISS");
+    assert_eq!(hdr(&resp, "x-cache-status"), "EXPIRED");
     assert_ne!(first, second);
     assert_eq!(get(&mut c, path).await, ("HIT".to_string(), second.clone()));
+    // With a validator it is a revalidation (SPEC §14; a browser's reload sends `max-age=0`):
+    // the backend's 304 renews the stored answer, which the client gets whole.
+    let tagged = "/r?cc=max-age=60&etag=t1";
+    let (_, stored) = get(&mut c, tagged).await;
+    for asked in ["no-cache", "max-age=0"] {
+        let before = origin.requests();
+        let (resp, body) = send(&mut c, Method::GET, tagged, &[("cache-control", asked)]).await;
+        assert_eq!(hdr(&resp, "x-cache-status"), "REVALIDATED", "{asked}");
+        assert_eq!(
+            (resp.status().as_u16(), body.as_str()),
+            (200, stored.as_str())
+        );
+        assert_eq!(origin.requests(), before + 1, "{asked}: asked the origin");
+    }
     // `no-store` from the client: not served from the cache.
     let (resp, _) = send(&mut c, Method::GET, path, &[("cache-control", "no-store")]).await;
     assert_eq!(hdr(&resp, "x-cache-status"), "BYPASS");
@@ -350,6 +365,28 @@ async fn clients_validators_and_ranges_are_answered_from_the_cache() {
     let (resp, body) = send(&mut c, Method::GET, path, &stale_copy).await;
     assert_eq!((resp.status().as_u16(), body.len()), (200, 100));
     assert_eq!(origin.requests(), 1, "every answer came from the cache");
+    // A client's validators on a miss: the whole answer is fetched and kept, and the client's
+    // 304 made from it. Forwarded, they made the origin answer 304, which cannot be kept, so a
+    // URL asked by revalidating clients never entered the cache.
+    let path = "/cond?cc=max-age=60&etag=v9&len=10";
+    let (resp, body) = send(&mut c, Method::GET, path, &[("if-none-match", "\"v9\"")]).await;
+    assert_eq!((resp.status().as_u16(), body.as_str()), (304, ""));
+    assert_eq!(hdr(&resp, "x-cache-status"), "MISS");
+    assert_eq!(hdr(&resp, "etag"), "\"v9\"");
+    assert_eq!(get(&mut c, path).await, ("HIT".into(), "c".repeat(10)));
+    let (resp, body) = send(
+        &mut c,
+        Method::GET,
+        "/cond?cc=max-age=60&etag=v8&len=10",
+        &[("if-none-match", "\"v9\"")],
+    )
+    .await;
+    assert_eq!(
+        (resp.status().as_u16(), body.len()),
+        (200, 10),
+        "another tag: the whole answer"
+    );
+    assert_eq!(origin.requests(), 3);
 }
 
 #[tokio::test]

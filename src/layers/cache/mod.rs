@@ -243,12 +243,14 @@ where
     let mut stale = None;
     let mut guard = None;
     let mut uncacheable = false;
-    if lookup == Lookup::Look {
+    // A client's `no-cache` or `max-age=0` (a browser's reload) revalidates what is stored
+    // (SPEC §14), as a stale entry is: it was fetched whole again.
+    if matches!(lookup, Lookup::Look | Lookup::Refresh) {
         match store.lookup(&key, req.headers(), slot).await {
             Ok(Found::Stored(e)) if usable(&e) => {
                 // The clock is read only when there is an entry to judge.
                 let now = Instant::now();
-                if e.is_fresh(now) {
+                if lookup == Lookup::Look && e.is_fresh(now) {
                     return Ok(served(store, &e, req.headers(), now, "HIT"));
                 }
                 stale = Some(e);
@@ -315,8 +317,16 @@ where
         } else {
             "MISS"
         };
+        let asked = match keep {
+            Keep::Entry(_) => respond::ClientValidators::take(req.headers_mut()),
+            _ => None,
+        };
         let resp = inner.call(req).await?;
         let resp = finish(cache, (key, slot), auth, keep, resp, word, guard);
+        if asked.is_some_and(|asked| asked.match_answer(&resp)) {
+            // Its body only fills the entry.
+            return Ok(respond::as_not_modified(Box::pin(head_only(resp)).await));
+        }
         return Ok(if head {
             Box::pin(head_only(resp)).await
         } else {

@@ -65,13 +65,18 @@ pub fn mark(resp: &mut Response<RespBody>, word: &'static str) {
 
 /// The client's validators match the entry: its answer would not change.
 fn not_modified(entry: &Entry, req: &HeaderMap) -> bool {
-    if !entry.status.is_success() {
+    validators_match(entry.status, &entry.headers, req)
+}
+
+/// The validators of `req` match an answer of `status` with `headers` (`If-None-Match`, else
+/// `If-Modified-Since`): the client has it already.
+fn validators_match(status: StatusCode, headers: &HeaderMap, req: &HeaderMap) -> bool {
+    if !status.is_success() {
         return false;
     }
     if let Some(list) = req.get(header::IF_NONE_MATCH) {
         // With If-None-Match, If-Modified-Since is ignored (RFC 9110 §13.1.3).
-        return entry
-            .headers
+        return headers
             .get(header::ETAG)
             .is_some_and(|etag| etag_matches(list, etag));
     }
@@ -79,12 +84,51 @@ fn not_modified(entry: &Entry, req: &HeaderMap) -> bool {
         .get(header::IF_MODIFIED_SINCE)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| httpdate::parse_http_date(v).ok());
-    let modified = entry
-        .headers
+    let modified = headers
         .get(header::LAST_MODIFIED)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| httpdate::parse_http_date(v).ok());
     matches!((since, modified), (Some(since), Some(modified)) if modified <= since)
+}
+
+/// A client's own validators, taken off a request that missed: the whole answer is fetched and
+/// kept, and the client's `304` made from it (nginx does the same). Forwarded, they made the
+/// backend answer `304`, which cannot be kept, so a key asked mostly by revalidating clients
+/// never entered the cache.
+pub struct ClientValidators(HeaderMap);
+
+impl ClientValidators {
+    /// The validators of `req`, removed from it; `None` when it has none.
+    pub fn take(req: &mut HeaderMap) -> Option<ClientValidators> {
+        let none_match = req.remove(header::IF_NONE_MATCH);
+        let since = req.remove(header::IF_MODIFIED_SINCE);
+        if none_match.is_none() && since.is_none() {
+            return None;
+        }
+        let mut asked = HeaderMap::new();
+        if let Some(value) = none_match {
+            asked.insert(header::IF_NONE_MATCH, value);
+        }
+        if let Some(value) = since {
+            asked.insert(header::IF_MODIFIED_SINCE, value);
+        }
+        Some(ClientValidators(asked))
+    }
+
+    /// Whether the client has `resp` already (a `200` its validators match).
+    pub fn match_answer<B>(&self, resp: &Response<B>) -> bool {
+        resp.status() == StatusCode::OK && validators_match(resp.status(), resp.headers(), &self.0)
+    }
+}
+
+/// `resp` (read and dropped) as the client's `304 Not Modified`.
+pub fn as_not_modified(mut resp: Response<RespBody>) -> Response<RespBody> {
+    *resp.status_mut() = StatusCode::NOT_MODIFIED;
+    *resp.body_mut() = Either::Right(Full::new(Bytes::new()));
+    let headers = resp.headers_mut();
+    headers.remove(header::CONTENT_LENGTH);
+    headers.remove(header::CONTENT_TYPE);
+    resp
 }
 
 /// A byte range of the entry: `Some(Ok(range))` to send, `Some(Err(()))` when it starts past

@@ -84,8 +84,8 @@ impl CacheControl {
 pub enum Lookup {
     /// GET or HEAD: look for a stored response.
     Look,
-    /// The client asked for a fresh answer (`no-cache`, `max-age=0`, `Pragma: no-cache`): go to
-    /// the backend, and store what comes back.
+    /// The client asked for a fresh answer (`no-cache`, `max-age=0`, `Pragma: no-cache`): what
+    /// is stored is revalidated with the backend as a stale entry is, and what comes back kept.
     Refresh,
     /// `no-store`: neither served from nor stored.
     Skip,
