@@ -261,6 +261,20 @@ async fn a_file_truncated_for_a_rewrite_keeps_its_routes_until_written() {
         .log_text()
         .contains("the file is empty; the running routes are kept"));
     assert_eq!(backend_of(&mut client).await, (200, "b".to_string()));
+    // A template's leftovers around nothing parse to no route as well: refused alike (they
+    // were applied, every route gone).
+    for (n, leftover) in ["---\n", "~\n", "upstreams: ~\n"].into_iter().enumerate() {
+        std::fs::write(&file, leftover).expect("leftover");
+        let times = 3 + n;
+        assert!(
+            proxy
+                .wait_log_count(refused, times, Duration::from_secs(5))
+                .await,
+            "{leftover:?}:\n{}",
+            proxy.log_text()
+        );
+        assert_eq!(backend_of(&mut client).await, (200, "b".to_string()));
+    }
     // Said as meant: every route goes.
     std::fs::write(&file, "upstreams: {}\n").expect("no routes");
     let dropped = eventually_async(Duration::from_secs(5), || async {

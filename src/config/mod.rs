@@ -177,12 +177,30 @@ pub fn is_blank(path: &Path) -> bool {
     file_bytes::read_regular(path, yaml::MAX_FILE_BYTES).is_ok_and(|bytes| is_blank_text(&bytes))
 }
 
-/// Whether `text` holds no YAML at all: nothing, blank lines or comments only.
+/// Whether `text` says nothing: blank lines and comments, or a template's leftovers around
+/// nothing (`---`, `...`, a lone `~` or `null`, `upstreams:` with no value). Such a file parses
+/// to no route at all, as an empty one does.
 pub fn is_blank_text(text: &[u8]) -> bool {
-    text.split(|&b| b == b'\n').all(|line| {
-        let line = line.trim_ascii();
-        line.is_empty() || line.starts_with(b"#")
-    })
+    text.split(|&b| b == b'\n').all(says_nothing)
+}
+
+/// A line of [`is_blank_text`]'s: empty once its comment is gone, or one of the leftovers.
+fn says_nothing(line: &[u8]) -> bool {
+    let line = line.trim_ascii();
+    let line = match line.iter().position(|&b| b == b'#') {
+        // A comment starts a line or follows a blank; `a#b` is a value.
+        Some(0) => &[][..],
+        Some(at) if line[at - 1].is_ascii_whitespace() => line[..at].trim_ascii(),
+        _ => line,
+    };
+    let line = [&b"---"[..], b"..."]
+        .iter()
+        .find_map(|marker| line.strip_prefix(*marker))
+        .map_or(line, <[u8]>::trim_ascii);
+    let line = line
+        .strip_prefix(b"upstreams:")
+        .map_or(line, <[u8]>::trim_ascii);
+    matches!(line, b"" | b"~" | b"null" | b"Null" | b"NULL")
 }
 
 /// What identifies the upstreams file and conf.d as they are on disk: file names and bytes,
@@ -293,6 +311,28 @@ mod tests {
     const B: &str = "upstreams:\n  b.example:\n    paths:\n      \"/\":\n        servers: [\"127.0.0.1:8001\"]\n";
     /// A conf.d file holds hosts at its top level.
     const EXTRA: &str = "c.example:\n  paths:\n    \"/\":\n      servers: [\"127.0.0.1:8002\"]\n";
+
+    #[test]
+    fn a_template_that_rendered_nothing_is_blank() {
+        for text in [
+            "",
+            "\n# nothing\n",
+            "---\n",
+            "--- # rendered nothing\n",
+            "~\n",
+            "null",
+            "---\n...\n",
+            "--- ~\n",
+            "upstreams:\n",
+            "upstreams: ~ # none\r\n",
+            "upstreams: null\n",
+        ] {
+            assert!(is_blank_text(text.as_bytes()), "{text:?}");
+        }
+        for text in ["upstreams: {}\n", A, "a#b\n", "--- x\n", "upstreams: ~x\n"] {
+            assert!(!is_blank_text(text.as_bytes()), "{text:?}");
+        }
+    }
 
     #[test]
     fn a_conf_d_link_leading_nowhere_fails_the_load_and_dotfiles_are_left_out() {

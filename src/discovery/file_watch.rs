@@ -248,7 +248,7 @@ async fn wait_while_emptied(had_content: &[PathBuf], changed: &Notify) {
         return;
     };
     tracing::info!(
-        "{} is empty: the reload waits for its content, for at most {REWRITE_GRACE:?}; an emptied upstreams file is refused (to remove every route, write `upstreams: {{}}`)",
+        "{} is empty: the reload waits for its content, for at most {REWRITE_GRACE:?}; then an emptied upstreams file is refused (to remove every route, write `upstreams: {{}}`) and an emptied conf.d file's hosts are removed",
         file.display()
     );
     let deadline = tokio::time::Instant::now() + REWRITE_GRACE;

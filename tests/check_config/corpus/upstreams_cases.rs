@@ -136,6 +136,14 @@ pub(crate) fn cases() -> Vec<Case> {
             vec![warn(U, 1, "(file)", "the file is empty: no route, every request gets 404")],
         )
         .warnings_only(),
+        // So does one whose template left only a document marker around nothing.
+        Case::broken(
+            "upstreams_only_a_marker",
+            MAIN_OK,
+            "--- # rendered from nothing\n",
+            vec![warn(U, 1, "(file)", "the file is empty: no route, every request gets 404")],
+        )
+        .warnings_only(),
         // ---- wrong types ----
         Case::path(
             "type_string_for_number",
