@@ -216,11 +216,20 @@ async fn conf_validates_fully_and_save_writes_the_file_once() {
         .collect();
     assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
 
-    // A body announced too large is refused before a byte of it is read (the answer comes
+    // A body as large as a file may be (here 5 MiB) is taken: a file the watch applies can be
+    // posted and pushed too (4 MiB were refused).
+    let padded = format!(
+        "{}{}",
+        routes(&[&b]),
+        "# padding\n".repeat(5 * 1024 * 1024 / 10)
+    );
+    let (status, text) = call(admin, Method::POST, "/conf", &key, &padded).await;
+    assert_eq!((status, text.trim()), (200, "applied"));
+    // A body announced past 8 MiB is refused before a byte of it is read (the answer comes
     // while the client would still be sending, so the head alone is sent here).
     let mut raw = tokio::net::TcpStream::connect(admin).await.unwrap();
     let head =
-        "POST /conf HTTP/1.1\r\nHost: a\r\nx-api-key: s3cret\r\nContent-Length: 5242880\r\n\r\n";
+        "POST /conf HTTP/1.1\r\nHost: a\r\nx-api-key: s3cret\r\nContent-Length: 8388609\r\n\r\n";
     tokio::io::AsyncWriteExt::write_all(&mut raw, head.as_bytes())
         .await
         .unwrap();

@@ -32,8 +32,9 @@ use auth::Access;
 /// How many connections one client address may hold to the admin API (of its 64).
 const ADMIN_CONNECTIONS_PER_CLIENT: usize = 16;
 
-/// Largest `POST /conf` body accepted (read only once the key has been checked).
-const MAX_CONF_BODY: usize = 4 * 1024 * 1024;
+/// Largest `POST /conf` body accepted (read only once the key has been checked): what a file
+/// may hold, so that a file the watch applies can be pushed (cluster mode) or posted too.
+const MAX_CONF_BODY: usize = crate::config::yaml::MAX_FILE_BYTES as usize;
 /// Largest `POST /jwt` body: its key travels inside it, so it is read unauthenticated.
 const MAX_JWT_BODY: usize = 4 * 1024;
 /// How long a request body may take to arrive.
