@@ -4,7 +4,7 @@
 //! and pooled connections for every backend that stays.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -414,10 +414,14 @@ impl Backend {
 
     /// The name a TLS backend is asked for (and its certificate checked against) by the
     /// requests of a route of host `route_host`: the route's host, or for `DEFAULT` (any host a
-    /// client makes up) the backend's own name. Its probes ask for the same.
+    /// client makes up) and for an IP address (`[::5]`, which is no server name) the backend's
+    /// own name. Its probes ask for the same. A route of host `[::5]` probed its TLS backend
+    /// with `[::5]` for a name, which no handshake takes: down for good, every request a 503.
     pub fn server_name_for<'a>(&'a self, route_host: &'a str) -> &'a str {
+        let address = route_host.starts_with('[') || route_host.parse::<IpAddr>().is_ok();
         match route_host {
             "DEFAULT" => &self.spec.host,
+            _ if address => &self.spec.host,
             host => host,
         }
     }
@@ -609,6 +613,21 @@ mod tests {
         );
         for (i, backend) in held.iter().enumerate() {
             assert!(Arc::ptr_eq(backend, &reg.backend(&spec(i as u32), false)));
+        }
+    }
+
+    #[test]
+    fn a_route_of_an_ip_address_asks_for_the_backends_own_name() {
+        let reg = Registry::for_tests(1, Duration::from_secs(1));
+        let backend = reg.backend(&parse_server("localhost:443").unwrap(), false);
+        for (route, asked) in [
+            ("app.test", "app.test"),
+            ("DEFAULT", "localhost"),
+            ("[::5]", "localhost"),
+            ("[2001:db8::1]", "localhost"),
+            ("10.0.0.5", "localhost"),
+        ] {
+            assert_eq!(backend.server_name_for(route), asked, "{route}");
         }
     }
 
