@@ -311,3 +311,54 @@ async fn an_http1_backend_connection_is_reused_streams_both_ways_and_is_dropped_
     assert_eq!((got.0, got.1.as_str()), (200, "h1-again"));
     assert_eq!(again.accepts.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
+
+/// A TLS backend that closes without TLS's `close_notify` after an answer whose body ends with
+/// the connection (HTTP/1.0, no `Content-Length`): the whole body reaches the client and the
+/// answer ends cleanly, as nginx and curl take it. It was cut with an error after its last byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_backend_that_closes_without_close_notify_ends_its_answer() {
+    let acceptor = tls_backend_acceptor(&[b"http/1.1"]);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((tcp, _)) = listener.accept().await {
+            let Ok(mut tls) = acceptor.accept(tcp).await else {
+                continue;
+            };
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match tls.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            let answer = b"HTTP/1.0 200 OK\r\ncontent-type: text/plain\r\n\r\nall of the body";
+            let _ = tls.write_all(answer).await;
+            let _ = tls.flush().await;
+            // The TCP connection ends here, with no TLS close_notify before it.
+            let (tcp, _) = tls.into_inner();
+            drop(tcp);
+        }
+    });
+    let routes = Upstreams::new()
+        .host("t.test", unprobed(format!("https://{addr}")))
+        .render();
+    let proxy = ProxyProcess::start(&routes, "");
+    for proto in [Proto::H1, Proto::H2c] {
+        let mut client = Client::connect(proto, proxy.addr).await;
+        let resp = client.get("t.test", "/").await;
+        assert_eq!(resp.status(), 200, "{proto:?}");
+        let body = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .map(|b| b.to_bytes());
+        let body = body.unwrap_or_else(|e| panic!("{proto:?}: the answer was cut: {e}"));
+        assert_eq!(&body[..], b"all of the body", "{proto:?}");
+    }
+    assert!(
+        !proxy.log_text().contains("was cut"),
+        "{}",
+        proxy.log_text()
+    );
+}

@@ -6,12 +6,15 @@
 //! checks the certificate against the SNI name. SNI is the request's host when it is a name,
 //! else the backend's host.
 
+use std::pin::Pin;
 use std::sync::{Arc, LazyLock};
+use std::task::{Context, Poll};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
@@ -115,6 +118,72 @@ static VERIFIED_OFFER_H2: LazyLock<Arc<ClientConfig>> =
     LazyLock::new(|| client_config(H2_AND_H1, true));
 static VERIFIED_ONLY_H1: LazyLock<Arc<ClientConfig>> = LazyLock::new(|| client_config(H1, true));
 
+/// A backend's TLS stream whose end without `close_notify` is an end, not an error. Many
+/// servers close that way (Python's `ssl`, some appliances); an answer whose body ends with the
+/// connection (HTTP/1.0, no `Content-Length`) was then cut with an error although all of it had
+/// come. nginx and curl take it as the end too. A body of known length that ends early is still
+/// an error (hyper counts its bytes).
+pub type BackendTls = ClosedIsEnd<TlsStream<TcpStream>>;
+
+pin_project_lite::pin_project! {
+    /// `inner`, with `UnexpectedEof` read as the end of the stream.
+    pub struct ClosedIsEnd<S> {
+        #[pin]
+        inner: S,
+    }
+}
+
+impl<S> ClosedIsEnd<S> {
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S: AsyncRead> AsyncRead for ClosedIsEnd<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.project().inner.poll_read(cx, buf) {
+            Poll::Ready(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                Poll::Ready(Ok(()))
+            }
+            other => other,
+        }
+    }
+}
+
+impl<S: AsyncWrite> AsyncWrite for ClosedIsEnd<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.project().inner.poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        self.project().inner.poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.project().inner.poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.project().inner.poll_shutdown(cx)
+    }
+}
+
 /// Runs the handshake on `stream`; returns the TLS stream and whether the backend chose h2.
 /// `verify`: check the certificate chain against the trust store and `host`.
 pub async fn handshake(
@@ -122,7 +191,8 @@ pub async fn handshake(
     host: &str,
     offer_h2: bool,
     verify: bool,
-) -> std::io::Result<(TlsStream<TcpStream>, bool)> {
+) -> std::io::Result<(BackendTls, bool)> {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
     let name = match host.parse::<std::net::IpAddr>() {
         Ok(ip) => ServerName::IpAddress(ip.into()),
         Err(_) => ServerName::try_from(host.to_string())
@@ -138,5 +208,5 @@ pub async fn handshake(
         .connect(name, stream)
         .await?;
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-    Ok((tls, h2))
+    Ok((ClosedIsEnd { inner: tls }, h2))
 }
