@@ -240,6 +240,56 @@ async fn conf_validates_fully_and_save_writes_the_file_once() {
     assert_eq!(&answer, b"HTTP/1.1 413");
 }
 
+/// A key written unquoted as a number is the text written: `master_key: 0123` was YAML's number
+/// (and the key the operator wrote was refused); so is a route's `apikey` data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_written_as_a_number_is_the_text_written() {
+    let a = Backend::start("a").await;
+    let routes = Upstreams::new()
+        .host(
+            "DEFAULT",
+            Host::new().path("/", Path::servers(&[&a]).healthcheck(false)),
+        )
+        .render()
+        .replace(
+            "healthcheck: false",
+            "healthcheck: false\n        authorization: {type: apikey, data: 0777}",
+        );
+    assert!(routes.contains("data: 0777"), "{routes}");
+    let proxy = ProxyProcess::start(
+        &routes,
+        "config_address: \"127.0.0.1:0\"\nmaster_key: 0123 # unquoted",
+    );
+    let admin = admin_addr(&proxy);
+    let status = |key: &'static str| async move {
+        call(admin, Method::GET, "/status", &[("x-api-key", key)], "")
+            .await
+            .0
+    };
+    assert_eq!(
+        (
+            status("0123").await,
+            status("83").await,
+            status("123").await
+        ),
+        (200, 403, 403)
+    );
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    for (key, want) in [("0777", 200), ("777", 403)] {
+        let resp = client
+            .send(
+                Method::GET,
+                Some("any"),
+                "/",
+                &[("x-api-key", key)],
+                full(""),
+            )
+            .await;
+        assert_eq!(resp.status(), want, "{key}");
+        body_bytes(resp).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jwt_issues_hs256_tokens_for_the_master_key_only() {
     let a = Backend::start("a").await;

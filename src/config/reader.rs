@@ -59,8 +59,12 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// A scalar as text (numbers and booleans are accepted and printed back).
+    /// A scalar as text: a number or boolean as it was written (`0123` stays `0123`, not the
+    /// number 123: a key `0123` was refused as `123`), else printed back.
     pub fn string(&mut self, node: &Node, key: &str) -> Option<String> {
+        if let Some(written) = &node.written {
+            return Some(written.to_string());
+        }
         match &node.value {
             Value::Str(s) => Some(s.clone()),
             Value::Int(i) => Some(i.to_string()),

@@ -63,6 +63,9 @@ impl<'a> KeyPositions<'a> {
 pub struct Node {
     pub pos: Pos,
     pub value: Value,
+    /// How a number or boolean was written, when it was written plainly (YAML reads `0123` as
+    /// 123, `0x10` as 16, `yes` as true): what a key that takes text takes.
+    pub written: Option<Box<str>>,
 }
 
 /// The shapes a YAML value can take.
@@ -112,6 +115,7 @@ pub fn parse(text: &str) -> Result<Node, ParseFailure> {
         return Ok(Node {
             pos: Pos { line: 1, column: 1 },
             value: Value::Map(Vec::new()),
+            written: None,
         });
     }
     let budget = serde_saphyr::budget! {
@@ -135,7 +139,12 @@ pub fn parse(text: &str) -> Result<Node, ParseFailure> {
         duplicate_keys: serde_saphyr::DuplicateKeyPolicy::Error,
     };
     match serde_saphyr::from_str_with_options::<Spanned<RawNode>>(text, options) {
-        Ok(root) => Ok(root.into_node()),
+        Ok(root) => {
+            let mut root = root.into_node();
+            let lines: Vec<&str> = text.lines().collect();
+            note_written(&mut root, &lines);
+            Ok(root)
+        }
         Err(err) => {
             let pos = err
                 .location()
@@ -285,8 +294,52 @@ impl IntoNode for Spanned<RawNode> {
                     .collect(),
             ),
         };
-        Node { pos, value }
+        Node {
+            pos,
+            value,
+            written: None,
+        }
     }
+}
+
+/// Notes how each number and boolean under `node` was written ([`Node::written`]), and gives a
+/// mapping key that YAML read as one (`no:`, `0x1F:`) the text it was written as: keys are
+/// always text here, and `no:` became the host `false`.
+fn note_written(node: &mut Node, lines: &[&str]) {
+    match &mut node.value {
+        Value::Bool(_) | Value::Int(_) | Value::Float(_) => {
+            node.written = written_at(lines, node.pos, false).map(Box::from);
+        }
+        Value::Seq(items) => items.iter_mut().for_each(|n| note_written(n, lines)),
+        Value::Map(entries) => {
+            for (key, value) in entries {
+                let read_as_scalar = matches!(key.name.as_str(), "true" | "false")
+                    || key.name.parse::<f64>().is_ok();
+                if let Some(text) = written_at(lines, key.pos, true).filter(|_| read_as_scalar) {
+                    key.name = text.to_string();
+                }
+                note_written(value, lines);
+            }
+        }
+        Value::Null | Value::Str(_) => {}
+    }
+}
+
+/// The plain scalar written at `pos`, up to a blank, a comment or a flow indicator (and a `:`
+/// for a `key`); `None` for an alias, anchor, tag or quoted text, or where nothing is.
+fn written_at<'t>(lines: &[&'t str], pos: Pos, key: bool) -> Option<&'t str> {
+    let line = lines.get((pos.line as usize).checked_sub(1)?)?;
+    let start = line
+        .char_indices()
+        .nth((pos.column as usize).checked_sub(1)?)
+        .map(|(at, _)| at)?;
+    let rest = &line[start..];
+    let end = rest
+        .find(|c: char| c.is_whitespace() || ",]}#".contains(c) || (key && c == ':'))
+        .unwrap_or(rest.len());
+    let token = &rest[..end];
+    let plain = !token.is_empty() && !token.starts_with(['*', '&', '!', '"', '\'', '[', '{']);
+    plain.then_some(token)
 }
 
 impl<'de> Deserialize<'de> for RawNode {
@@ -399,6 +452,32 @@ mod tests {
         match &node.value {
             Value::Map(entries) => entries,
             other => panic!("expected a map, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn numbers_and_booleans_keep_how_they_were_written() {
+        let doc =
+            "key: 0123\nhex: 0x10 # c\nyes: on\nno:\n  list: [0777, 1e3]\n\"true\": 1\n0x1F: x\n";
+        let root = parse(doc).unwrap();
+        let top = map_entries(&root);
+        let written = |n: &Node| n.written.as_deref().map(str::to_string);
+        assert!(
+            !matches!(top[0].1.value, Value::Str(_)),
+            "{:?}",
+            top[0].1.value
+        );
+        assert_eq!(written(&top[0].1).as_deref(), Some("0123"));
+        assert_eq!(written(&top[1].1).as_deref(), Some("0x10"));
+        let names: Vec<&str> = top.iter().map(|(k, _)| k.name.as_str()).collect();
+        assert_eq!(names, ["key", "hex", "yes", "no", "true", "0x1F"]);
+        assert_eq!(written(&top[2].1).as_deref(), Some("on"));
+        match &map_entries(&top[3].1)[0].1.value {
+            Value::Seq(items) => {
+                let texts: Vec<_> = items.iter().map(written).collect();
+                assert_eq!(texts, [Some("0777".into()), Some("1e3".into())]);
+            }
+            other => panic!("expected a list, got {other:?}"),
         }
     }
 
