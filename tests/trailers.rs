@@ -111,14 +111,20 @@ async fn unfit_request_trailers_never_reach_the_backend() {
 }
 
 /// An answer's trailers: `connection` and the rest of its kind go, `x-t` reaches HTTP/1.1 and
-/// h2c clients, over aralez's HTTP/1.1 client (plain) and hyper's (TLS).
+/// h2c clients, over aralez's HTTP/1.1 client (plain) and hyper's (TLS), whether the head
+/// declared it in `Trailer` or not (an HTTP/2 backend's gRPC or checksum trailers come
+/// undeclared, and only declared ones reached HTTP/1.1 clients).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unfit_answer_trailers_go_and_the_answer_arrives_whole() {
-    const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\
+    const DECLARED: &[u8] = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\
         Trailer: x-t, connection, content-length, set-cookie\r\n\r\n3\r\nabc\r\n0\r\n\
         connection: close\r\nkeep-alive: 5\r\ncontent-length: 99\r\nset-cookie: a=b\r\n\
         x-t: v\r\n\r\n";
-    for got in answers_to_every_client(ANSWER, &[("te", "trailers")]).await {
+    const UNDECLARED: &[u8] = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
+        3\r\nabc\r\n0\r\nconnection: close\r\nset-cookie: a=b\r\nx-t: v\r\n\r\n";
+    let mut every = answers_to_every_client(DECLARED, &[("te", "trailers")]).await;
+    every.extend(answers_to_every_client(UNDECLARED, &[("te", "trailers")]).await);
+    for got in every {
         let what = &got.what;
         assert_eq!(got.head.status, 200, "{what}");
         let body = got

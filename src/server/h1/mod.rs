@@ -545,12 +545,9 @@ impl<IO: Socket, S: Serve> Connection<IO, S> {
                 sending: Sending::Length { left },
                 close,
             },
-            Framing::Chunked { trailers } => State::Body {
+            Framing::Chunked => State::Body {
                 body,
-                sending: Sending::Chunked {
-                    trailers,
-                    chunk_open: false,
-                },
+                sending: Sending::Chunked { chunk_open: false },
                 close,
             },
         };

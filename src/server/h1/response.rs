@@ -29,8 +29,11 @@ pub enum Shape {
 pub enum Framing {
     /// Exactly this many bytes (0: nothing is sent, the body is dropped).
     Length(u64),
-    /// Chunked, with the trailer fields the head declared in `Trailer`.
-    Chunked { trailers: Vec<HeaderName> },
+    /// Chunked; the trailers that end the body (already fit to cross, `vocab::trailers`)
+    /// follow its last chunk, whether the head declared them in `Trailer` or not: an HTTP/2
+    /// backend's gRPC or checksum trailers come undeclared (RFC 9110 §6.6.2 only asks a
+    /// sender to declare them), and only declared ones went out.
+    Chunked,
 }
 
 /// What the head said about the exchange.
@@ -75,7 +78,6 @@ pub fn encode(
     let mut length_written: Option<u64> = None;
     let mut close = false;
     let mut has_date = false;
-    let mut trailers = Vec::new();
     for (name, value) in &parts.headers {
         if name == header::CONTENT_LENGTH {
             // A HEAD answer keeps the length a GET would have had, checked as that GET's
@@ -97,8 +99,6 @@ pub fn encode(
             close |= lists_token(value.as_bytes(), b"close");
         } else if name == header::DATE {
             has_date = true;
-        } else if name == header::TRAILER {
-            note_trailers(value.as_bytes(), &mut trailers);
         } else if request_id.is_some() && name == X_REQUEST_ID {
             continue;
         }
@@ -112,7 +112,7 @@ pub fn encode(
         (Some(_), _) => Framing::Length(0),
         (None, Shape::Unknown) if may_have_body => {
             out.extend_from_slice(b"transfer-encoding: chunked\r\n");
-            Framing::Chunked { trailers }
+            Framing::Chunked
         }
         (None, Shape::Unknown) => Framing::Length(0),
         (None, Shape::Known(len)) if !no_content && len > 0 => {
@@ -166,22 +166,11 @@ fn write_field(out: &mut Vec<u8>, name: &HeaderName, value: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// The field names a `Trailer` value declares.
-fn note_trailers(value: &[u8], names: &mut Vec<HeaderName>) {
-    for item in value.split(|&b| b == b',') {
-        if let Ok(name) = HeaderName::from_bytes(item.trim_ascii()) {
-            names.push(name);
-        }
-    }
-}
-
-/// The end of a chunked body: the last chunk and the declared trailer fields of `fields`.
-pub fn last_chunk(out: &mut Vec<u8>, declared: &[HeaderName], fields: Option<&http::HeaderMap>) {
+/// The end of a chunked body: the last chunk and the trailer fields of `fields`.
+pub fn last_chunk(out: &mut Vec<u8>, fields: Option<&http::HeaderMap>) {
     out.extend_from_slice(b"0\r\n");
     for (name, value) in fields.into_iter().flatten() {
-        if declared.contains(name) {
-            write_field(out, name, value.as_bytes());
-        }
+        write_field(out, name, value.as_bytes());
     }
     out.extend_from_slice(b"\r\n");
 }

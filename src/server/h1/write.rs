@@ -23,7 +23,6 @@ pub enum Sending {
         left: u64,
     },
     Chunked {
-        trailers: Vec<http::HeaderName>,
         /// A chunk's data went out or is buffered; its closing CRLF has not.
         chunk_open: bool,
     },
@@ -140,8 +139,8 @@ impl Sending {
         match self {
             Sending::Length { left: 0 } => Ok(()),
             Sending::Length { .. } => Err(H1Error::BodyLength),
-            Sending::Chunked { trailers, .. } => {
-                response::last_chunk(out, trailers, fields);
+            Sending::Chunked { .. } => {
+                response::last_chunk(out, fields);
                 Ok(())
             }
         }
