@@ -362,3 +362,37 @@ async fn a_tls_backend_that_closes_without_close_notify_ends_its_answer() {
         proxy.log_text()
     );
 }
+
+/// A backend that refuses the handshake with a TLS alert (a TLS 1.1-only server refuses 1.2
+/// and 1.3 with `protocol_version`) speaks TLS: detected as TLS, not as plain HTTP/1.1 (whose
+/// requests such a server answers with its "plain HTTP sent to an HTTPS port" 400).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_refusing_the_handshake_with_an_alert_is_detected_as_tls() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 2048];
+                if matches!(tcp.read(&mut buf).await, Ok(n) if n > 0) {
+                    // A fatal protocol_version alert, as a TLS 1.1-only server sends.
+                    let _ = tcp
+                        .write_all(&[0x15, 0x03, 0x01, 0x00, 0x02, 0x02, 0x46])
+                        .await;
+                }
+            });
+        }
+    });
+    let routes = Upstreams::new().host("t.test", unprobed(addr)).render();
+    let proxy = ProxyProcess::start(&routes, "");
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    let resp = client.get("t.test", "/").await;
+    assert_eq!(resp.status(), 502);
+    body_bytes(resp).await;
+    proxy
+        .wait_log("backend protocol detected", Duration::from_secs(5))
+        .await;
+    let log = proxy.log_text();
+    assert!(log.contains("protocol=\"tls\""), "{log}");
+}

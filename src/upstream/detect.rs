@@ -1,7 +1,7 @@
 //! Protocol detection for backends without a scheme (SPEC §6.3).
 //!
-//! A TLS handshake offering ALPN `h2,http/1.1` comes first: a backend that completes it is TLS
-//! (ALPN then picks h2 or HTTP/1.1 per connection). Otherwise, on a new connection, the HTTP/2
+//! A TLS handshake offering ALPN `h2,http/1.1` comes first: a backend that completes it, or
+//! refuses it with a TLS alert, is TLS (ALPN then picks h2 or HTTP/1.1 per connection). Otherwise, on a new connection, the HTTP/2
 //! preface and an empty SETTINGS frame: a backend that answers with SETTINGS is h2c, anything
 //! else (an HTTP/1.1 error, a close, silence) is plain HTTP/1.1. TLS goes first because some
 //! TLS servers (nginx) answer plain text with an HTTP/1.1 error, which would look like a plain
@@ -54,8 +54,10 @@ async fn detect(backend: &Backend, timeout: Duration) -> Result<Wire, ConnectErr
     let stream = backend.tcp(timeout).await?;
     let tls_wait = tls_probe_wait(timeout);
     let handshake = super::tls::handshake(stream, &backend.spec.host, true, false);
-    if let Ok(Ok(_)) = tokio::time::timeout(tls_wait, handshake).await {
-        return Ok(Wire::Tls);
+    match tokio::time::timeout(tls_wait, handshake).await {
+        Ok(Ok(_)) => return Ok(Wire::Tls),
+        Ok(Err(e)) if spoke_tls(&e) => return Ok(Wire::Tls),
+        _ => {}
     }
     let stream = backend.tcp(timeout).await?;
     if answers_h2_preface(stream, timeout).await {
@@ -63,6 +65,18 @@ async fn detect(backend: &Backend, timeout: Duration) -> Result<Wire, ConnectErr
     } else {
         Ok(Wire::Http1)
     }
+}
+
+/// Whether a handshake that failed was still with a TLS server: it answered with a TLS alert
+/// (a version or cipher it does not take). Such a backend was taken for plain HTTP, and its
+/// "plain HTTP request sent to an HTTPS port" 400 went to the clients; as TLS, its connections
+/// fail with the handshake's reason.
+fn spoke_tls(e: &std::io::Error) -> bool {
+    let inner = e.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>());
+    matches!(
+        inner,
+        Some(rustls::Error::AlertReceived(_) | rustls::Error::PeerIncompatible(_))
+    )
 }
 
 /// Sends the HTTP/2 preface; true when the first frame back is a SETTINGS frame on stream 0.
