@@ -128,6 +128,18 @@ fn split_host_port(text: &str) -> Result<(&str, &str), String> {
         }
         return Ok((host, port));
     }
+    // Said before the IPv6 guess, which two of them set off as well.
+    if text.contains(',') {
+        return Err(format!(
+            "`{shown}` is several addresses in one text: list them, e.g. [\"a:80\", \"b:80\"]"
+        ));
+    }
+    if let Some((_, after)) = text.split_once('@') {
+        let rest = shorten(after);
+        return Err(format!(
+            "credentials are never sent to a backend: write the address alone (`{rest}`)"
+        ));
+    }
     match text.rsplit_once(':') {
         Some((host, _)) if host.contains(':') => Err(unbracketed_v6(text)),
         Some(("", _)) => Err(format!("`{shown}` has no host (expected host:port)")),
@@ -413,6 +425,15 @@ pub fn port_in_range(authority: &http::uri::Authority) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn several_addresses_or_credentials_in_one_entry_are_said_as_such() {
+        let said = parse_server("127.0.0.1:32002, 127.0.0.1:32003").unwrap_err();
+        assert!(said.contains("several addresses in one text"), "{said}");
+        let said = parse_server("http://user:pw@127.0.0.1:32001").unwrap_err();
+        assert!(said.contains("credentials are never sent"), "{said}");
+        assert!(!said.contains("pw"), "the password is not repeated: {said}");
+    }
 
     #[test]
     fn servers() {
