@@ -23,6 +23,12 @@ pub(super) fn normalise_host(raw: &str, pos: Pos, path: &str, r: &mut Reader) ->
         r.error(pos, path, format!("`{raw}` is not a valid host name"));
         return None;
     }
+    // `::2` would be cut at its last `:` as if it had a port, and route nothing.
+    if !name.starts_with('[') && name.parse::<std::net::Ipv6Addr>().is_ok() {
+        let why = format!("`{raw}` is an IPv6 address: write it in brackets, `[{raw}]`, as clients send it in `Host`");
+        r.error(pos, path, why);
+        return None;
+    }
     let warning = if name == "default" {
         Some("is a host name like any other; the host that catches every other is `DEFAULT`, in capitals".to_string())
     } else if name.contains('*') {

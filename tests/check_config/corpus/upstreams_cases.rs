@@ -552,6 +552,14 @@ pub(crate) fn cases() -> Vec<Case> {
             ],
         )
         .warnings_only(),
+        // An IPv6 host written without brackets was cut at its last `:` as if that were a port
+        // (`::2` became the host `:`), with a warning that said so.
+        Case::broken(
+            "an_ipv6_host_without_brackets",
+            MAIN_OK,
+            "upstreams:\n  \"::2\":\n    paths:\n      \"/\": {servers: [\"127.0.0.1:8000\"]}\n",
+            vec![err(U, 2, "upstreams.::2", "`::2` is an IPv6 address: write it in brackets, `[::2]`")],
+        ),
         // A route's header lists may not set framing or hop-by-hop fields: `Content-Length:0`
         // emptied every request body.
         Case::path(
