@@ -553,6 +553,12 @@ async fn drops_to_runuser_after_binding_a_low_port() {
         )
         .unwrap();
         std::fs::write(dir.path().join("upstreams.yaml"), upstreams_for(&backend)).unwrap();
+        // A file only root may read: read at start, and every reload would fail.
+        std::fs::set_permissions(
+            dir.path().join("upstreams.yaml"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .unwrap();
         // An access log that rotates, and ACME's folders, in folders only root may write to.
         std::fs::create_dir(dir.path().join("certs")).unwrap();
         let main = format!(
@@ -595,6 +601,16 @@ async fn drops_to_runuser_after_binding_a_low_port() {
             proxy
                 .log_text()
                 .contains("cannot be rotated after the drop"),
+            "{}",
+            proxy.log_text()
+        );
+        // So is a configuration file the user cannot read.
+        let unreadable = format!(
+            "configuration file(s) cannot be read by runuser/rungroup ({}/upstreams.yaml first)",
+            dir.path().display()
+        );
+        assert!(
+            proxy.log_text().contains(&unreadable),
             "{}",
             proxy.log_text()
         );

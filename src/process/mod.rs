@@ -221,6 +221,7 @@ fn serve(
         if let Some(certificates) = &certificates {
             certificates.check_readable_after_privileges_drop();
         }
+        privileges::warn_unreadable_config(&main.upstreams_conf);
     }
     let cert_reload = certificates
         .as_ref()

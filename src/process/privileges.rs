@@ -104,6 +104,24 @@ pub fn warn_unwritable_folders(
     }
 }
 
+/// Says which of the upstreams file and conf.d's files the user this process now runs as
+/// cannot read: they were read at start (as root), and every reload will be refused until
+/// they can be. Nothing said so before the first reload failed.
+pub fn warn_unreadable_config(upstreams: &std::path::Path) {
+    let files =
+        std::iter::once(upstreams.to_path_buf()).chain(crate::config::conf_d_files(upstreams));
+    let unreadable: Vec<_> = files
+        .filter(|file| std::fs::File::open(file).is_err())
+        .collect();
+    if let Some(first) = unreadable.first() {
+        tracing::warn!(
+            "{} configuration file(s) cannot be read by runuser/rungroup ({} first): the routes read at start serve, but every reload is refused until they can be",
+            unreadable.len(),
+            first.display()
+        );
+    }
+}
+
 /// The folder a file is in (`.` for a bare name).
 fn folder_of(path: &std::path::Path) -> &std::path::Path {
     let folder = path.parent().filter(|p| !p.as_os_str().is_empty());
