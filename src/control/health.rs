@@ -198,7 +198,8 @@ pub async fn probe(
 /// failing probe did that every round. A probe that ran out of time says nothing.
 fn doubt_detection(backend: &Backend, error: &ConnectError) {
     use connector::ConnectErrorKind as Kind;
-    if error.is_timeout() {
+    // A refused certificate says the backend speaks TLS.
+    if error.is_timeout() || error.is_certificate_refused() {
         return;
     }
     match error.kind() {

@@ -283,6 +283,7 @@ impl Backend {
             Ok(_) => self.connect_succeeded(),
             Err(e) if sni_by_client && e.kind() == ConnectErrorKind::Tls => {}
             Err(e) if e.kind() == ConnectErrorKind::Local => {}
+            Err(e) if e.is_certificate_refused() => self.certificate_refused(),
             Err(e) if e.is_retryable() => self.connect_failed(),
             Err(_) => {}
         }
@@ -466,15 +467,30 @@ impl Backend {
         }
     }
 
-    /// Records a failed connect; enough of them in a row take the backend out of rotation.
+    /// Records a failed connect; enough of them in a row take the backend out of rotation, and
+    /// its protocol is detected again.
     pub fn connect_failed(&self) {
+        if self.failed_in_a_row() >= FAILS_BEFORE_DOWN {
+            self.forget_detection();
+        }
+    }
+
+    /// A handshake that ended on the backend's certificate (`upstream_tls_verify`): a failed
+    /// connect, but of a backend known to speak TLS. Detected again, it was every few seconds,
+    /// each time said in the log, while the certificate stayed what it was.
+    pub fn certificate_refused(&self) {
+        self.failed_in_a_row();
+    }
+
+    /// Counts a failed connect (out of rotation from [`FAILS_BEFORE_DOWN`] in a row); the
+    /// failures in a row.
+    fn failed_in_a_row(&self) -> u32 {
         let fails = self
             .health
             .consecutive_failures
             .fetch_add(1, Ordering::Relaxed)
             + 1;
         if fails >= FAILS_BEFORE_DOWN {
-            self.forget_detection();
             let down_for = self.health.down_for_ms.load(Ordering::Relaxed);
             self.health
                 .down_until_ms
@@ -483,6 +499,7 @@ impl Backend {
                 tracing::warn!(backend = %self.label, "backend marked down after {fails} failed connects");
             }
         }
+        fails
     }
 
     /// Records a successful connect.

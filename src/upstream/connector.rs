@@ -109,6 +109,8 @@ impl ConnectErrorKind {
 pub struct ConnectError {
     kind: ConnectErrorKind,
     timed_out: bool,
+    /// A TLS handshake that ended on the backend's certificate (`upstream_tls_verify`).
+    certificate_refused: bool,
     detail: String,
 }
 
@@ -117,6 +119,7 @@ impl ConnectError {
         ConnectError {
             kind,
             timed_out: false,
+            certificate_refused: false,
             detail: detail.into(),
         }
     }
@@ -125,8 +128,23 @@ impl ConnectError {
         ConnectError {
             kind,
             timed_out: true,
+            certificate_refused: false,
             detail: format!("timed out after {limit:?}"),
         }
+    }
+
+    /// The TLS handshake's failure `e`, noting whether it ended on the backend's certificate.
+    fn tls(e: &std::io::Error) -> ConnectError {
+        let inner = e.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>());
+        ConnectError {
+            certificate_refused: matches!(inner, Some(rustls::Error::InvalidCertificate(_))),
+            ..ConnectError::new(ConnectErrorKind::Tls, e.to_string())
+        }
+    }
+
+    /// The backend speaks TLS, and its certificate was refused.
+    pub fn is_certificate_refused(&self) -> bool {
+        self.certificate_refused
     }
 
     pub fn kind(&self) -> ConnectErrorKind {
@@ -243,7 +261,7 @@ pub async fn open(
     let handshake = super::tls::handshake(stream, sni, offer_h2, ep.verify_tls);
     let (tls, h2) = match tokio::time::timeout(timeout, handshake).await {
         Ok(Ok(pair)) => pair,
-        Ok(Err(e)) => return Err(ConnectError::new(ConnectErrorKind::Tls, e.to_string())),
+        Ok(Err(e)) => return Err(ConnectError::tls(&e)),
         Err(_) => return Err(ConnectError::timeout(ConnectErrorKind::Tls, timeout)),
     };
     if h2 {
