@@ -419,3 +419,62 @@ async fn a_refused_certificate_does_not_send_the_backend_back_to_detection() {
     assert_eq!(proxy.log_count("backend protocol detected"), 1, "{log}");
     assert_eq!(proxy.log_count("will be detected again"), 0, "{log}");
 }
+
+/// An h2c backend that answers with a head h2 refuses (a field name in capitals) sent no valid
+/// HTTP: the client's 502 and the log say so. It was "the backend closed the connection before
+/// answering", and the log line said only "http2 error".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_http2_answer_is_said_to_be_no_valid_http() {
+    use support::frame::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                let mut answered = false;
+                let _ = tcp.write_all(&h2_frame(SETTINGS, 0, 0, &[])).await;
+                while let Ok(n) = tcp.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    seen.extend_from_slice(&buf[..n]);
+                    let after = seen.strip_prefix(PREFACE).unwrap_or(&[]);
+                    for f in frames(after) {
+                        if f.kind == SETTINGS && f.flags & ACK == 0 && !answered {
+                            let _ = tcp.write_all(&h2_frame(SETTINGS, ACK, 0, &[])).await;
+                        }
+                        if f.kind == HEADERS && !answered {
+                            answered = true;
+                            // `:status: 200`, then `X-Up: 1`, a name in capitals.
+                            let mut block = vec![0x88, 0x00, 0x04];
+                            block.extend_from_slice(b"X-Up");
+                            block.extend_from_slice(&[0x01, b'1']);
+                            let flags = END_HEADERS | END_STREAM;
+                            let _ = tcp
+                                .write_all(&h2_frame(HEADERS, flags, f.stream, &block))
+                                .await;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let routes = Upstreams::new()
+        .host("h2.test", unprobed(format!("h2c://{addr}")))
+        .render();
+    let proxy = ProxyProcess::start(&routes, "");
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    let resp = client.get("h2.test", "/").await;
+    assert_eq!(resp.status(), 502);
+    let body = String::from_utf8_lossy(&body_bytes(resp).await).into_owned();
+    assert!(
+        body.contains("not valid HTTP"),
+        "{body}\n{}",
+        proxy.log_text()
+    );
+    let log = proxy.log_text();
+    assert!(!log.contains("backend reset: http2 error\n"), "{log}");
+}

@@ -225,7 +225,8 @@ pub fn send<'a>(
                     });
                 }
                 Err(SendError::Reset { error, replay, .. }) => {
-                    tracing::warn!(backend = %backend.label, "backend reset: {error}");
+                    let said = crate::vocab::error_text::with_causes(&*error);
+                    tracing::warn!(backend = %backend.label, "backend reset: {said}");
                     last_error = Some(ProxyError::BackendReset);
                     match replay {
                         Some(head) => pending = Some(replay_request(*head)),

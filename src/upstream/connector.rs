@@ -341,9 +341,21 @@ where
     Ok(Fresh::H2(sender, limit))
 }
 
-/// Whether a failed exchange means the answer was not HTTP, or the connection broke.
+/// Whether a failed exchange means the answer was not HTTP, or the connection broke. Over
+/// HTTP/2 an answer h2 itself refused (a field name in capitals, no `:status`, a
+/// connection-specific field: h2's own reset of the stream or the connection) was not HTTP
+/// either; it was said as a connection the backend closed.
 pub fn exchange_error(error: &hyper::Error) -> ConnectErrorKind {
-    if error.is_parse() || error.is_parse_status() || error.is_parse_too_large() {
+    let h2 = std::error::Error::source(error).and_then(|e| e.downcast_ref::<h2::Error>());
+    let refused_by_h2 = h2.is_some_and(|e| {
+        use h2::Reason;
+        let broke_the_protocol = matches!(
+            e.reason(),
+            Some(Reason::PROTOCOL_ERROR | Reason::COMPRESSION_ERROR | Reason::FRAME_SIZE_ERROR)
+        );
+        e.is_library() && broke_the_protocol
+    });
+    if error.is_parse() || error.is_parse_status() || error.is_parse_too_large() || refused_by_h2 {
         ConnectErrorKind::BadResponse
     } else {
         ConnectErrorKind::Exchange

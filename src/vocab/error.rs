@@ -35,7 +35,9 @@ pub enum ProxyError {
     /// `Sec-WebSocket-Accept` that does not answer the key sent to it.
     #[error("the backend did not accept the protocol upgrade")]
     UpgradeRefused,
-    #[error("the backend closed the connection before answering")]
+    /// The connection closed, or (HTTP/2) the backend reset the stream or sent GOAWAY, before
+    /// the answer's head.
+    #[error("the backend closed the connection or reset the stream before answering")]
     BackendReset,
     /// The request body was malformed (a bad chunk) or cut short by the client.
     #[error("the request body was malformed or cut short")]
