@@ -37,12 +37,16 @@ impl<'a> Reader<'a> {
 
     pub fn wrong_type(&mut self, node: &Node, key: &str, expected: &str) {
         let kind = node.value.kind();
-        let found = match &node.value {
-            Value::Str(s) => format!("{kind} `{}`", shorten(s)),
-            Value::Int(i) => format!("{kind} `{i}`"),
-            Value::Float(f) => format!("{kind} `{f}`"),
-            Value::Bool(b) => format!("{kind} `{b}`"),
-            Value::Null | Value::Seq(_) | Value::Map(_) => kind.to_string(),
+        let found = match (&node.value, node.written.as_deref()) {
+            // As written: `02` was said as "a number `2`", the very thing expected.
+            (Value::Int(_) | Value::Float(_) | Value::Bool(_), Some(written)) => {
+                format!("{kind} `{}`{}", shorten(written), read_otherwise(written))
+            }
+            (Value::Str(s), _) => format!("{kind} `{}`", shorten(s)),
+            (Value::Int(i), _) => format!("{kind} `{i}`"),
+            (Value::Float(f), _) => format!("{kind} `{f}`"),
+            (Value::Bool(b), _) => format!("{kind} `{b}`"),
+            (Value::Null | Value::Seq(_) | Value::Map(_), _) => kind.to_string(),
         };
         self.error(node.pos, key, format!("expected {expected}, found {found}"));
     }
@@ -236,5 +240,17 @@ pub fn bool_word(text: &str) -> Option<bool> {
         "true" | "yes" | "on" => Some(true),
         "false" | "no" | "off" => Some(false),
         _ => None,
+    }
+}
+
+/// Why YAML read the digits `written` as something else than a whole number, if that is why.
+fn read_otherwise(written: &str) -> &'static str {
+    let digits = !written.is_empty() && written.bytes().all(|b| b.is_ascii_digit());
+    if digits && written.len() > 1 && written.starts_with('0') {
+        " (a leading zero: write it without one)"
+    } else if digits {
+        " (too large)"
+    } else {
+        ""
     }
 }

@@ -166,6 +166,15 @@ pub(crate) fn cases() -> Vec<Case> {
             "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: upstreams.yaml\nthreads: many\n",
             vec![err(M, 3, "threads", "expected a whole number, found a string `many`")],
         ),
+        // A number as written: `02` was said as "found a number `2`", what was asked for.
+        Case::main(
+            "a_leading_zero_or_a_number_too_large",
+            "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: upstreams.yaml\nthreads: 02\nmax_connections: 99999999999999999999\n",
+            vec![
+                err(M, 3, "threads", "found a number `02` (a leading zero: write it without one)"),
+                err(M, 4, "max_connections", "found a number `99999999999999999999` (too large)"),
+            ],
+        ),
         Case::path(
             "type_bad_boolean",
             "        servers: [\"127.0.0.1:8000\"]\n        to_https: maybe\n",
