@@ -543,3 +543,21 @@ async fn a_save_that_fails_is_logged_and_counted() {
     let mut c = Client::connect(Proto::H1, proxy.addr).await;
     assert_eq!(backend_of(&mut c).await, (200, "a".to_string()));
 }
+
+/// A reload is checked against main.yaml as the start is: a `to_https` with no TLS listener to
+/// send clients to is warned of (check-config and the start said so; a reload, by the file
+/// watch or `POST /conf`, did not).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_warns_of_what_main_yaml_makes_pointless() {
+    let a = Backend::start("a").await;
+    let proxy = ProxyProcess::start(&routes(&[&a]), "");
+    let redirecting = Upstreams::new()
+        .host(
+            "DEFAULT",
+            Host::new().path("/", Path::servers(&[&a]).to_https(true)),
+        )
+        .render();
+    std::fs::write(proxy.path("upstreams.yaml"), redirecting).expect("rewrite");
+    let said = "`to_https: true` but main.yaml has no `proxy_address_tls`";
+    proxy.wait_log(said, Duration::from_secs(5)).await;
+}

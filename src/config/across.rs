@@ -8,12 +8,35 @@ use super::{Issues, MainConfig, Severity, UpstreamsConfig};
 /// listens (nginx has no such key; HAProxy's `redirect scheme https` has the same trap).
 /// `acme: true` with no `acme:` block in main.yaml: nothing orders the certificates.
 pub fn check(main: &MainConfig, upstreams: &UpstreamsConfig, issues: &mut Issues) {
-    if main.proxy_address_tls.is_none() && redirects_to_https(upstreams) {
+    check_with(MainFacts::of(main), upstreams, issues);
+}
+
+/// What of main.yaml [`check`] looks at: kept for every reload, which checks upstreams.yaml
+/// alone otherwise (a reload said nothing of the `to_https` that check-config and the start
+/// warned of).
+#[derive(Clone, Copy, Debug)]
+pub struct MainFacts {
+    tls_listener: bool,
+    acme: bool,
+}
+
+impl MainFacts {
+    pub fn of(main: &MainConfig) -> MainFacts {
+        MainFacts {
+            tls_listener: main.proxy_address_tls.is_some(),
+            acme: main.acme.is_some(),
+        }
+    }
+}
+
+/// [`check`], with main.yaml's facts.
+pub fn check_with(main: MainFacts, upstreams: &UpstreamsConfig, issues: &mut Issues) {
+    if !main.tls_listener && redirects_to_https(upstreams) {
         let why = "`to_https: true` but main.yaml has no `proxy_address_tls`: clients are sent to \
                    an HTTPS port where nothing listens";
         warn_at_first_true(issues, "to_https", why);
     }
-    if main.acme.is_none() && upstreams.asks_for_acme() {
+    if !main.acme && upstreams.asks_for_acme() {
         let why = "`acme: true` but main.yaml has no `acme:` block: no certificate is ordered \
                    (add `acme:` with at least its `directory` or `email`)";
         warn_at_first_true(issues, "acme", why);

@@ -94,6 +94,8 @@ pub struct Reloader {
     applying: Mutex<()>,
     /// The Consul and Kubernetes watchers running, and the settings they follow.
     watching: Mutex<Watching>,
+    /// What of main.yaml the checks across both files need ([`Reloader::know_main`]).
+    main_facts: std::sync::OnceLock<config::across::MainFacts>,
 }
 
 /// The discovery watchers running ([`start`]): restarted when a new file config changes their
@@ -123,6 +125,20 @@ impl Reloader {
             sources: Mutex::new(Sources::default()),
             applying: Mutex::new(()),
             watching: Mutex::new(Watching::default()),
+            main_facts: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Checks each new upstreams configuration against `main` too, as check-config and the
+    /// start do.
+    pub fn know_main(&self, main: &config::MainConfig) {
+        let _ = self.main_facts.set(config::across::MainFacts::of(main));
+    }
+
+    /// The checks across main.yaml and `cfg`, when main.yaml is known.
+    fn check_across(&self, cfg: &UpstreamsConfig, issues: &mut Issues) {
+        if let Some(main) = self.main_facts.get() {
+            config::across::check_with(*main, cfg, issues);
         }
     }
 
@@ -213,6 +229,7 @@ impl Reloader {
         let loaded = config::load_upstreams_digested(&self.upstreams_path, &mut issues);
         if let Some((cfg, _)) = &loaded {
             self.refuse_blanked(cfg, &mut issues);
+            self.check_across(cfg, &mut issues);
         }
         match loaded {
             Some((cfg, digest)) if !issues.has_errors() => {
@@ -277,6 +294,9 @@ impl Reloader {
         let origin = "POST /conf";
         let parsed =
             config::parse_upstreams_text_beside(text, origin, &self.upstreams_path, &mut issues);
+        if let Some(cfg) = &parsed {
+            self.check_across(cfg, &mut issues);
+        }
         let cfg = match parsed {
             Some(cfg) if !issues.has_errors() => cfg,
             _ => {

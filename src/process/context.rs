@@ -80,6 +80,7 @@ impl Context {
             policy_state.clone(),
             metrics.clone(),
         ));
+        reloader.know_main(main);
         reloader.install_file_config(upstreams, digest, "start");
         let acme = main.acme.as_ref().zip(main.certificates_dir.as_ref());
         let acme = acme.map(|(cfg, dir)| {
