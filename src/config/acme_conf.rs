@@ -129,6 +129,10 @@ impl AcmeConfig {
 /// Reads the `acme:` block. `None` when a value is wrong (each error already reported).
 pub fn read_acme(block: &Node, r: &mut Reader) -> Option<AcmeConfig> {
     let mut cfg = AcmeConfig::ordering_from(LETS_ENCRYPT);
+    if matches!(block.value, Value::Null) {
+        let why = "says nothing (every key under it left out or commented out): certificates are ordered from Let's Encrypt's production directory with no contact email; remove the key to order none";
+        r.warn(block.pos, "acme", why);
+    }
     let entries = r.map(block, "acme")?;
     let mut ok = true;
     for (key, value) in entries {

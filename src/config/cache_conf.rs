@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::reader::{join, Reader};
-use super::yaml::Node;
+use super::yaml::{Node, Value};
 
 /// Where cached responses are kept.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,6 +62,10 @@ const KEYS: &[&str] = &[
 /// Reads the `cache:` block. `None` when a value is wrong (each error already reported).
 pub fn read_cache(block: &Node, r: &mut Reader) -> Option<CacheConfig> {
     let mut cfg = CacheConfig::default();
+    if matches!(block.value, Value::Null) {
+        let why = "says nothing (every key under it left out or commented out): the cache is on, with its defaults (64 MB in memory, ttl 300 s); remove the key for no cache";
+        r.warn(block.pos, "cache", why);
+    }
     let entries = r.map(block, "cache")?;
     let mut ok = true;
     for (key, value) in entries {

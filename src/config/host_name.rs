@@ -19,7 +19,13 @@ pub(super) fn normalise_host(raw: &str, pos: Pos, path: &str, r: &mut Reader) ->
         && name.bytes().all(|b| {
             b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'*' | b':' | b'[' | b']')
         });
-    if !valid {
+    if !raw.is_ascii() {
+        let why = format!("`{raw}` is not a valid host name: write a name with letters outside ASCII in its punycode form (`xn--...`), as clients send it in `Host`");
+        r.error(pos, path, why);
+        return None;
+    }
+    let empty_label = !name.starts_with('[') && name.split('.').any(str::is_empty);
+    if !valid || empty_label {
         r.error(pos, path, format!("`{raw}` is not a valid host name"));
         return None;
     }

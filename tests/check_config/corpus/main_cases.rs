@@ -7,6 +7,16 @@ pub(crate) fn cases() -> Vec<Case> {
     const U: &str = "upstreams.yaml";
     const M: &str = "main.yaml";
     vec![
+        // A section whose keys are all commented out still turns its feature on: said.
+        Case::main(
+            "sections_that_say_nothing",
+            &format!("{MAIN_OK}cache:\n  # mem_size_mb: 64\nacme: ~\n"),
+            vec![
+                warn(M, 3, "cache", "says nothing (every key under it left out or commented out): the cache is on"),
+                warn(M, 5, "acme", "says nothing (every key under it left out or commented out): certificates are ordered"),
+                err(M, 5, "acme", "writes certificates into proxy_certificates"),
+            ],
+        ),
         // An integer past i64 is the key's error, beside the others: it was an unkeyed
         // "invalid YAML" that hid every other issue.
         Case::main(

@@ -569,6 +569,16 @@ pub(crate) fn cases() -> Vec<Case> {
             "upstreams:\n  \"::2\":\n    paths:\n      \"/\": {servers: [\"127.0.0.1:8000\"]}\n",
             vec![err(U, 2, "upstreams.::2", "`::2` is an IPv6 address: write it in brackets, `[::2]`")],
         ),
+        // A host with an empty label, and one in Unicode, match no request's Host.
+        Case::broken(
+            "hosts_no_client_sends",
+            MAIN_OK,
+            "upstreams:\n  \"a..b\":\n    paths:\n      \"/\": {servers: [\"127.0.0.1:8000\"]}\n  \"b\u{fc}cher.test\":\n    paths:\n      \"/\": {servers: [\"127.0.0.1:8000\"]}\n",
+            vec![
+                err(U, 2, "upstreams.a..b", "`a..b` is not a valid host name"),
+                err(U, 5, "upstreams.b\u{fc}cher.test", "in its punycode form (`xn--...`)"),
+            ],
+        ),
         // A route's header lists may not set framing or hop-by-hop fields: `Content-Length:0`
         // emptied every request body.
         Case::path(
