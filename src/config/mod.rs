@@ -313,6 +313,34 @@ mod tests {
     const EXTRA: &str = "c.example:\n  paths:\n    \"/\":\n      servers: [\"127.0.0.1:8002\"]\n";
 
     #[test]
+    fn x_keys_keep_anchors_and_are_no_hosts() {
+        let text = format!("x-common: &common\n  servers: [\"127.0.0.1:8000\"]\n{A}  b.example:\n    paths:\n      \"/\":\n        <<: *common\n");
+        let mut issues = Issues::default();
+        let cfg = parse_upstreams_text(&text, "upstreams.yaml", &mut issues).expect("loads");
+        assert_eq!(issues.warnings().count(), 0, "{issues:?}");
+        let names: Vec<&str> = cfg.hosts.iter().map(|h| h.name.as_str()).collect();
+        assert_eq!(names, ["a.example", "b.example"]);
+    }
+
+    #[test]
+    fn a_conf_d_file_written_as_an_upstreams_file_is_told_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("upstreams.yaml");
+        std::fs::create_dir(dir.path().join("conf.d")).unwrap();
+        std::fs::write(&path, A).unwrap();
+        let wrapped = format!("upstreams:\n  {}", EXTRA.replace('\n', "\n  "));
+        std::fs::write(dir.path().join("conf.d/c.yaml"), wrapped).unwrap();
+        let mut issues = Issues::default();
+        assert!(load_upstreams(&path, &mut issues).is_none());
+        let said: Vec<String> = issues.errors().map(|e| e.to_string()).collect();
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert!(
+            said[0].contains("drop the `upstreams:` wrapper"),
+            "{said:?}"
+        );
+    }
+
+    #[test]
     fn a_template_that_rendered_nothing_is_blank() {
         for text in [
             "",

@@ -124,6 +124,8 @@ impl UpstreamsConfig {
                 }
                 _ if SETTING_KEYS.contains(&k) => read_setting(&mut cfg.globals, key, value, "", r),
                 _ if looks_like_host(value) => top_level_hosts.push(entry),
+                // Compose files' extension fields: where anchors for `<<: *name` are kept.
+                _ if k.starts_with("x-") => {}
                 _ if matches!(value.value, Value::Map(_))
                     && did_you_mean(k, &global_known).is_none() =>
                 {
@@ -179,7 +181,21 @@ impl UpstreamsConfig {
             return false;
         };
         let errors_before = r.issues.errors().count();
-        let hosts = read_hosts(entries, "", r);
+        // upstreams.yaml's own keys: taken for hosts, they said `host `upstreams` has no
+        // `paths``, or that a setting is not a mapping.
+        let (file_keys, hosts): (Vec<_>, Vec<_>) = entries.iter().cloned().partition(|(key, _)| {
+            GLOBAL_ONLY_KEYS.contains(&key.name.as_str())
+                || SETTING_KEYS.contains(&key.name.as_str())
+        });
+        for (key, _) in &file_keys {
+            let k = key.name.as_str();
+            let why = match k {
+                "upstreams" => "a conf.d file holds hosts at its top level (`a.example: {paths: ...}`): drop the `upstreams:` wrapper".to_string(),
+                _ => format!("a conf.d file holds hosts only: `{k}` belongs in upstreams.yaml (or under a host or path here)"),
+            };
+            r.error(key.pos, k, why);
+        }
+        let hosts = read_hosts(&hosts, "", r);
         if r.issues.errors().count() > errors_before {
             return false;
         }
