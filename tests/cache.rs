@@ -305,6 +305,28 @@ async fn concurrent_misses_of_two_variants_make_one_origin_request_each() {
         assert_eq!(asked, answered, "each client gets its own variant");
     }
     assert_eq!(origin.requests(), 2, "40 concurrent misses of two variants");
+    // Once the URL is known to vary, each variant's misses wait on that variant's fetch alone:
+    // four new variants are fetched at once, not one after the other.
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..40 {
+        let addr = proxy.addr;
+        let lang = ["de", "es", "it", "nl"][i % 4];
+        tasks.spawn(async move {
+            let mut c = Client::connect(Proto::H1, addr).await;
+            let (resp, _) = send(&mut c, Method::GET, path, &[("accept-language", lang)]).await;
+            (lang, hdr(&resp, "x-lang"))
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        let (asked, answered) = done.expect("request task");
+        assert_eq!(asked, answered, "each client gets its own variant");
+    }
+    assert_eq!(origin.requests(), 6, "one origin request a variant");
+    assert_eq!(
+        origin.seen.most_at_once(),
+        4,
+        "the four variants fetched at once"
+    );
 }
 
 #[tokio::test]

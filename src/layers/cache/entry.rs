@@ -85,6 +85,21 @@ impl Entry {
             .all(|(name, value)| vary_value(req, name) == *value)
     }
 
+    /// The request's values of the fields this entry's `Vary` names, as text: what tells one
+    /// variant's fetch from another's ([`super::store::Found::OtherVariant`]).
+    pub fn variant_of(&self, req: &HeaderMap) -> String {
+        let mut variant = String::new();
+        for (name, _) in &self.vary {
+            variant.push_str(name.as_str());
+            variant.push('=');
+            if let Some(value) = vary_value(req, name) {
+                variant.push_str(&String::from_utf8_lossy(value.as_bytes()));
+            }
+            variant.push('\n');
+        }
+        variant
+    }
+
     pub fn weight(&self) -> u64 {
         let head: usize = self
             .headers

@@ -212,10 +212,14 @@ pub fn key_for(https: bool, host: &[u8], target: &str) -> Option<String> {
     Some([scheme, host, target].concat())
 }
 
-/// How many fetches of one URL a request waits for at most: a fetch of another variant than
-/// its own sends it to the next (the cap on variants a key holds is 16; most vary on one field
-/// with two or three values).
-const FLIGHT_ROUNDS: usize = 4;
+/// How many fetches a request waits for at most: the URL's, then, when that stored another
+/// variant than its own, its own variant's.
+const FLIGHT_ROUNDS: usize = 2;
+
+/// The flight of `variant` (a request's values of the fields `Vary` names) of the URL `key`.
+fn variant_flight(key: &str, variant: &str) -> String {
+    [key, "\0vary\0", variant].concat()
+}
 
 /// What a cacheable request asks of the cache.
 struct Ask<'a> {
@@ -243,6 +247,9 @@ where
     let mut stale = None;
     let mut guard = None;
     let mut uncacheable = false;
+    // What concurrent misses wait on together: the URL, or, once its answers are known to vary,
+    // this request's variant of it.
+    let mut flight = None;
     // A client's `no-cache` or `max-age=0` (a browser's reload) revalidates what is stored
     // (SPEC §14), as a stale entry is: it was fetched whole again.
     if matches!(lookup, Lookup::Look | Lookup::Refresh) {
@@ -256,20 +263,20 @@ where
                 stale = Some(e);
             }
             Ok(Found::Uncacheable) => uncacheable = true,
+            Ok(Found::OtherVariant(variant)) => flight = Some(variant_flight(&key, &variant)),
             Ok(_) => {}
             // The shared tier is down or slow: straight to the backend, nothing waited for.
             Err(_) => lookup = Lookup::Skip,
         }
     }
     // A follower whose wait ended with another variant stored (the same URL, another value of
-    // a field its `Vary` names) joins the next fetch: every client of a second variant went to
-    // the backend at once.
-    // Every wait together within the one coalescing wait.
+    // a field its `Vary` names) joins its own variant's fetch: every client of a second variant
+    // went to the backend at once. Every wait together within the one coalescing wait.
     let mut rounds = 0;
     let mut waited_until = None;
     while lookup == Lookup::Look && !uncacheable && rounds < FLIGHT_ROUNDS {
         rounds += 1;
-        match store.join_flight(&key) {
+        match store.join_flight(flight.as_deref().unwrap_or(&key)) {
             Flight::Lead(g) => {
                 guard = Some(g);
                 break;
@@ -289,7 +296,14 @@ where
                     }
                     Ok(Found::Stored(e)) => stale = Some(e).filter(usable),
                     Ok(Found::Uncacheable) => uncacheable = true,
-                    Ok(Found::OtherVariant) => continue,
+                    Ok(Found::OtherVariant(variant)) => {
+                        let own = variant_flight(&key, &variant);
+                        // Its own variant's fetch ended with nothing kept: no other to wait on.
+                        if flight.as_ref() != Some(&own) {
+                            flight = Some(own);
+                            continue;
+                        }
+                    }
                     Ok(Found::Nothing) | Err(_) => {}
                 }
                 break;

@@ -48,8 +48,9 @@ pub enum Found {
     Stored(Arc<Entry>),
     /// The key is marked uncacheable: no entry, and no fetch to wait for.
     Uncacheable,
-    /// The key holds answers for other values of the fields their `Vary` names.
-    OtherVariant,
+    /// The key holds answers for other values of the fields their `Vary` names: this request's
+    /// values of them, which key its own fetch.
+    OtherVariant(String),
     Nothing,
 }
 
@@ -144,6 +145,9 @@ pub struct CacheStore {
     /// fetch, and the follower, finding nothing for its own key, fetches it itself.
     in_flight: Box<[Mutex<Flights>]>,
     flight_hasher: DefaultHashBuilder,
+    /// Held while a key's variants are read, changed and put back, sharded by the key's hash:
+    /// two variants of one URL stored at once each put back the list without the other's.
+    storing: Box<[Mutex<()>]>,
     /// `hybrid`'s files.
     disk: Option<Arc<DiskTier>>,
     /// `redis://`'s shared tier.
@@ -227,6 +231,7 @@ impl CacheStore {
             entries,
             in_flight: (0..FLIGHT_SHARDS).map(|_| Mutex::new(Vec::new())).collect(),
             flight_hasher: DefaultHashBuilder::default(),
+            storing: (0..FLIGHT_SHARDS).map(|_| Mutex::new(())).collect(),
             disk,
             remote,
             item_max_size: usize::try_from(cfg.item_max_size).unwrap_or(usize::MAX),
@@ -240,7 +245,10 @@ impl CacheStore {
         match self.entries.get(key) {
             Some(Held::Variants(variants)) => match variants.iter().find(|e| e.matches(req)) {
                 Some(entry) => Found::Stored(entry.clone()),
-                None => Found::OtherVariant,
+                None => match variants.first() {
+                    Some(any) => Found::OtherVariant(any.variant_of(req)),
+                    None => Found::Nothing,
+                },
             },
             Some(Held::Uncacheable(until)) if Instant::now() < until => Found::Uncacheable,
             _ => Found::Nothing,
@@ -275,7 +283,7 @@ impl CacheStore {
         slot: usize,
     ) -> Result<Found, Unreachable> {
         let found = self.find(key, req);
-        let missed = matches!(found, Found::Nothing | Found::OtherVariant);
+        let missed = matches!(found, Found::Nothing | Found::OtherVariant(_));
         if !missed || (self.disk.is_none() && self.remote.is_none()) {
             return Ok(found);
         }
@@ -345,6 +353,9 @@ impl CacheStore {
 
     /// Puts an entry in the memory tier only (one read back from disk).
     fn insert_shared(&self, key: &str, entry: Arc<Entry>) {
+        let hash = std::hash::BuildHasher::hash_one(&self.flight_hasher, key);
+        let shard = &self.storing[hash as usize % self.storing.len()];
+        let _storing = shard.lock().unwrap_or_else(|p| p.into_inner());
         let mut variants: Vec<Arc<Entry>> = match self.entries.get(key) {
             Some(Held::Variants(old)) => old
                 .iter()
