@@ -483,6 +483,50 @@ async fn vary_is_appended_and_a_strong_etag_weakened() {
     }
 }
 
+/// A HEAD answer that gives no length (its GET would stream) gets the headers its GET would:
+/// its own empty body was taken for a body under `min_size`, and it kept the plain headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_answer_without_a_length_gets_the_gets_headers() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = tcp.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    let answer =
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\netag: \"e1\"\r\n\r\n";
+                    if tcp.write_all(answer.as_bytes()).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    let yaml = Upstreams::new()
+        .host(
+            "c.test",
+            Host::new()
+                .set("compress", true)
+                .path("/", Path::addrs(&[addr]).healthcheck(false)),
+        )
+        .render();
+    let proxy = ProxyProcess::start(&yaml, "");
+    for proto in PROTOCOLS {
+        let mut client = Client::connect(proto, proxy.addr).await;
+        let ae = [("accept-encoding", "gzip")];
+        let (resp, body) = get(&mut client, Method::HEAD, "c.test", "/h", &ae).await;
+        let head = (hdr(&resp, "content-encoding"), hdr(&resp, "etag"));
+        assert_eq!(head, ("gzip".into(), "W/\"e1\"".into()), "{proto:?}");
+        assert_eq!(hdr(&resp, "vary"), "Accept-Encoding", "{proto:?}");
+        assert!(body.is_empty(), "{proto:?}");
+    }
+}
+
 /// Reads frames of `body` until `enough` holds for what came so far; panics after 10 s.
 async fn read_until(body: &mut Incoming, got: &mut Vec<u8>, mut enough: impl FnMut(&[u8]) -> bool) {
     let limit = tokio::time::Instant::now() + Duration::from_secs(10);

@@ -84,8 +84,9 @@ impl Compress {
         })
     }
 
-    /// Whether this response may be compressed (the request's side already checked).
-    fn takes<B: http_body::Body>(&self, resp: &Response<B>) -> bool {
+    /// Whether this response, of body length `length` when known, may be compressed (the
+    /// request's side already checked).
+    fn takes<B>(&self, resp: &Response<B>, length: Option<u64>) -> bool {
         let status = resp.status();
         let headers = resp.headers();
         let bodiless = status.is_informational()
@@ -107,7 +108,7 @@ impl Compress {
         {
             return false;
         }
-        match known_length(resp) {
+        match length {
             Some(n) => n >= self.min_size,
             None => true,
         }
@@ -121,11 +122,16 @@ impl Compress {
         coding: Option<Coding>,
         head: bool,
     ) -> Response<RespBody> {
-        if !matches!(resp.body(), Either::Left(Either::Left(Either::Left(_)))) || !self.takes(&resp)
+        // A HEAD answer's own body is empty whatever the GET's would be: only its head says.
+        let length = match head {
+            true => length_field(resp.headers()),
+            false => known_length(&resp),
+        };
+        if !matches!(resp.body(), Either::Left(Either::Left(Either::Left(_))))
+            || !self.takes(&resp, length)
         {
             return resp;
         }
-        let length = known_length(&resp);
         let (mut parts, body) = resp.into_parts();
         add_vary(&mut parts.headers);
         if let (true, Some(coding)) = (head, coding) {
@@ -158,11 +164,15 @@ fn mark_encoded(headers: &mut HeaderMap, coding: Coding) {
 
 /// The body's length when it is known: `Content-Length`, else what the body itself says.
 fn known_length<B: http_body::Body>(resp: &Response<B>) -> Option<u64> {
-    resp.headers()
+    length_field(resp.headers()).or_else(|| resp.body().size_hint().exact())
+}
+
+/// What `Content-Length` says.
+fn length_field(headers: &HeaderMap) -> Option<u64> {
+    headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse().ok())
-        .or_else(|| resp.body().size_hint().exact())
 }
 
 /// Appends `Vary: Accept-Encoding` unless `Vary` already names it (or is `*`).
@@ -359,6 +369,11 @@ where
 mod tests {
     use super::*;
 
+    /// [`Compress::takes`] of an answer to a GET (its length from its head or body).
+    fn takes_whole<B: http_body::Body>(c: &Compress, resp: &Response<B>) -> bool {
+        c.takes(resp, known_length(resp))
+    }
+
     fn accept(value: &str) -> Option<Coding> {
         let mut headers = HeaderMap::new();
         headers.insert(
@@ -466,7 +481,7 @@ mod tests {
                 .header(header::CONTENT_TYPE, grpc)
                 .body(http_body_util::Empty::<bytes::Bytes>::new())
                 .unwrap();
-            assert!(!any.takes(&resp), "{grpc}");
+            assert!(!takes_whole(&any, &resp), "{grpc}");
         }
     }
 
@@ -486,33 +501,48 @@ mod tests {
         let c = compress(&["text/html"], 100);
         let html = ("content-type", "text/html");
         let long = ("content-length", "100");
-        assert!(c.takes(&response(200, &[html, long])));
-        assert!(c.takes(&response(404, &[html, long])));
+        assert!(takes_whole(&c, &response(200, &[html, long])));
+        assert!(takes_whole(&c, &response(404, &[html, long])));
         // The length is unknown from headers, but the empty body says 0.
-        assert!(!c.takes(&response(200, &[html])));
-        assert!(!c.takes(&response(200, &[html, ("content-length", "99")])));
-        assert!(!c.takes(&response(200, &[long])));
-        assert!(!c.takes(&response(200, &[("content-type", "image/png"), long])));
+        assert!(!takes_whole(&c, &response(200, &[html])));
+        assert!(!takes_whole(
+            &c,
+            &response(200, &[html, ("content-length", "99")])
+        ));
+        assert!(!takes_whole(&c, &response(200, &[long])));
+        assert!(!takes_whole(
+            &c,
+            &response(200, &[("content-type", "image/png"), long])
+        ));
         for status in [101, 204, 206, 304] {
-            assert!(!c.takes(&response(status, &[html, long])), "{status}");
+            assert!(
+                !takes_whole(&c, &response(status, &[html, long])),
+                "{status}"
+            );
         }
-        assert!(!c.takes(&response(200, &[html, long, ("content-encoding", "gzip")])));
-        assert!(!c.takes(&response(
-            200,
-            &[html, long, ("content-encoding", "identity")]
-        )));
-        assert!(!c.takes(&response(
-            200,
-            &[html, long, ("content-range", "bytes 0-99/200")]
-        )));
-        assert!(!c.takes(&response(
-            200,
-            &[html, long, ("cache-control", "public, No-Transform")]
-        )));
-        assert!(c.takes(&response(
-            200,
-            &[html, long, ("cache-control", "max-age=60")]
-        )));
+        assert!(!takes_whole(
+            &c,
+            &response(200, &[html, long, ("content-encoding", "gzip")])
+        ));
+        assert!(!takes_whole(
+            &c,
+            &response(200, &[html, long, ("content-encoding", "identity")])
+        ));
+        assert!(!takes_whole(
+            &c,
+            &response(200, &[html, long, ("content-range", "bytes 0-99/200")])
+        ));
+        assert!(!takes_whole(
+            &c,
+            &response(
+                200,
+                &[html, long, ("cache-control", "public, No-Transform")]
+            )
+        ));
+        assert!(takes_whole(
+            &c,
+            &response(200, &[html, long, ("cache-control", "max-age=60")])
+        ));
     }
 
     #[test]
