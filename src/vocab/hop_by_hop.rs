@@ -200,8 +200,22 @@ fn hop_by_hop(name: &HeaderName) -> HopByHop {
         "cookie" => HopByHop::Cookie,
         "transfer-encoding" => HopByHop::TransferEncoding,
         "upgrade" | "keep-alive" | "proxy-connection" | "http2-settings" => HopByHop::Fixed,
+        other if other.as_bytes().contains(&b'_') && claim_underscored(other) => HopByHop::Claim,
         _ => HopByHop::No,
     }
+}
+
+/// Whether `name` is one of [`PROXY_CLAIMS`] with `_` for some of its `-`: CGI, WSGI and PHP
+/// read `X_Real_IP` as `X-Real-IP` does (`HTTP_X_REAL_IP`), so that spelling claims as much.
+fn claim_underscored(name: &str) -> bool {
+    PROXY_CLAIMS.iter().any(|claim| {
+        let claim = claim.as_str().as_bytes();
+        claim.len() == name.len()
+            && claim
+                .iter()
+                .zip(name.as_bytes())
+                .all(|(c, n)| c == n || (*c == b'-' && *n == b'_'))
+    })
 }
 
 /// Fields a client may not set for itself when it is not a trusted proxy: what a proxy in front
@@ -222,9 +236,17 @@ pub static PROXY_CLAIMS: [HeaderName; 10] = [
     HeaderName::from_static("x-rewrite-url"),
 ];
 
-/// Removes every one of [`PROXY_CLAIMS`] from `headers`.
+/// Removes every one of [`PROXY_CLAIMS`] from `headers`, in either spelling.
 pub fn remove_proxy_claims(headers: &mut HeaderMap) {
     for name in &PROXY_CLAIMS {
+        headers.remove(name);
+    }
+    let underscored: Vec<HeaderName> = headers
+        .keys()
+        .filter(|n| n.as_str().contains('_') && claim_underscored(n.as_str()))
+        .cloned()
+        .collect();
+    for name in underscored {
         headers.remove(name);
     }
 }
@@ -366,12 +388,19 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert("x-app", HeaderValue::from_static("1"));
         assert!(!remove_hop_by_hop_from_request(&mut headers).claims);
+        headers.insert("x_real_ip", HeaderValue::from_static("6.6.6.6"));
+        headers.insert("x_app", HeaderValue::from_static("1"));
+        assert!(
+            remove_hop_by_hop_from_request(&mut headers).claims,
+            "x_real_ip"
+        );
         headers.insert("forwarded", HeaderValue::from_static("host=evil.test"));
         headers.insert("x-original-url", HeaderValue::from_static("/admin"));
+        headers.insert("x_forwarded-port", HeaderValue::from_static("1"));
         assert!(remove_hop_by_hop_from_request(&mut headers).claims);
         remove_proxy_claims(&mut headers);
         let left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
-        assert_eq!(left, ["x-app"]);
+        assert_eq!(left, ["x-app", "x_app"]);
     }
 
     /// The map an answer with `fields` gets when they are read one by one.
