@@ -216,6 +216,10 @@ async fn conf_validates_fully_and_save_writes_the_file_once() {
         .collect();
     assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
 
+    // A body that routes nothing but does not say so (a bare `{}`) changes nothing.
+    let (status, text) = call(admin, Method::POST, "/conf", &key, "{}\n").await;
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("routes nothing"), "{text}");
     // A body as large as a file may be (here 5 MiB) is taken: a file the watch applies can be
     // posted and pushed too (4 MiB were refused).
     let padded = format!(

@@ -263,7 +263,10 @@ async fn a_file_truncated_for_a_rewrite_keeps_its_routes_until_written() {
     assert_eq!(backend_of(&mut client).await, (200, "b".to_string()));
     // A template's leftovers around nothing parse to no route as well: refused alike (they
     // were applied, every route gone).
-    for (n, leftover) in ["---\n", "~\n", "upstreams: ~\n"].into_iter().enumerate() {
+    // So do a leftover host with nothing under it and a bare `{}`: only `upstreams: {}` says
+    // "no routes" in so many words.
+    let leftovers = ["---\n", "~\n", "upstreams: ~\n", "foo.example: ~\n", "{}\n"];
+    for (n, leftover) in leftovers.into_iter().enumerate() {
         std::fs::write(&file, leftover).expect("leftover");
         let times = 3 + n;
         assert!(

@@ -184,6 +184,25 @@ pub fn is_blank_text(text: &[u8]) -> bool {
     text.split(|&b| b == b'\n').all(says_nothing)
 }
 
+/// Whether `text` says in so many words that nothing is routed: a line `upstreams: {}`.
+pub fn says_no_routes(text: &[u8]) -> bool {
+    text.split(|&b| b == b'\n').any(|line| {
+        let line = line.trim_ascii();
+        let line = match line.iter().position(|&b| b == b'#') {
+            Some(at) => line[..at].trim_ascii(),
+            None => line,
+        };
+        let Some(value) = line.strip_prefix(b"upstreams:") else {
+            return false;
+        };
+        let inside = value
+            .trim_ascii()
+            .strip_prefix(b"{")
+            .and_then(|v| v.strip_suffix(b"}"));
+        inside.is_some_and(|i| i.trim_ascii().is_empty())
+    })
+}
+
 /// A line of [`is_blank_text`]'s: empty once its comment is gone, or one of the leftovers.
 fn says_nothing(line: &[u8]) -> bool {
     let line = line.trim_ascii();
@@ -359,6 +378,12 @@ mod tests {
         }
         for text in ["upstreams: {}\n", A, "a#b\n", "--- x\n", "upstreams: ~x\n"] {
             assert!(!is_blank_text(text.as_bytes()), "{text:?}");
+        }
+        for text in ["upstreams: {}\n", "# none\nupstreams: { } # meant\n"] {
+            assert!(says_no_routes(text.as_bytes()), "{text:?}");
+        }
+        for text in ["{}\n", "upstreams: ~\n", "foo.example: ~\n", A] {
+            assert!(!says_no_routes(text.as_bytes()), "{text:?}");
         }
     }
 

@@ -189,7 +189,6 @@ impl Reloader {
             .is_some_and(|c| !c.hosts.is_empty())
     }
 
-    /// Reads the upstreams file (and conf.d) and publishes it unless it is unchanged.
     /// An empty list of issues for reading a configuration this process would serve.
     fn issues(&self) -> Issues {
         Issues {
@@ -198,6 +197,7 @@ impl Reloader {
         }
     }
 
+    /// Reads the upstreams file (and conf.d) and publishes it unless it is unchanged.
     pub fn reload_files(self: &Arc<Self>, source: &str) -> Result<Applied, Issues> {
         let _applying = self.applying.lock().unwrap_or_else(|p| p.into_inner());
         let digest = config::files_digest(&self.upstreams_path);
@@ -258,18 +258,33 @@ impl Reloader {
     }
 
     /// An upstreams file emptied (a failed template render, a full disk) would take every route
-    /// away at once: refused, as the admin API refuses an empty body. `upstreams: {}` says so.
+    /// away at once: refused, as the admin API refuses an empty body. So is one that routes
+    /// nothing otherwise (a leftover `foo.com: ~`, a bare `{}`): `upstreams: {}` says it is meant.
     fn refuse_blanked(&self, cfg: &UpstreamsConfig, issues: &mut Issues) {
-        let blanked = cfg.hosts.is_empty()
-            && self.serves_file_routes()
-            && config::is_blank(&self.upstreams_path);
-        if blanked {
-            let file: Arc<str> = self.upstreams_path.display().to_string().into();
-            let why = "the file is empty; the running routes are kept (to remove every route, \
-                       write `upstreams: {}`)";
-            let start = crate::config::yaml::Pos { line: 1, column: 1 };
-            issues.push(config::Severity::Error, &file, start, "(file)", why.into());
+        if !self.would_route_nothing(cfg) {
+            return;
         }
+        let text =
+            config::file_bytes::read_regular(&self.upstreams_path, config::yaml::MAX_FILE_BYTES)
+                .unwrap_or_default();
+        let why = if config::is_blank_text(&text) {
+            "the file is empty; the running routes are kept (to remove every route, write `upstreams: {}`)"
+        } else if config::says_no_routes(&text) {
+            return;
+        } else {
+            "the file routes nothing (no host with paths); the running routes are kept (to remove every route, write `upstreams: {}`)"
+        };
+        let file: Arc<str> = self.upstreams_path.display().to_string().into();
+        let start = crate::config::yaml::Pos { line: 1, column: 1 };
+        issues.push(config::Severity::Error, &file, start, "(file)", why.into());
+    }
+
+    /// `cfg` has no host and watches no discovery while routes of the files serve.
+    fn would_route_nothing(&self, cfg: &UpstreamsConfig) -> bool {
+        cfg.hosts.is_empty()
+            && cfg.consul.is_none()
+            && cfg.kubernetes.is_none()
+            && self.serves_file_routes()
     }
 
     /// A body handed over in memory (admin API) refused before it could be read as YAML (empty,
@@ -296,6 +311,17 @@ impl Reloader {
             config::parse_upstreams_text_beside(text, origin, &self.upstreams_path, &mut issues);
         if let Some(cfg) = &parsed {
             self.check_across(cfg, &mut issues);
+            if self.would_route_nothing(cfg) && !config::says_no_routes(text.as_bytes()) {
+                let why = "the body routes nothing (no host with paths); nothing changed (to remove every route, send `upstreams: {}`)";
+                let start = crate::config::yaml::Pos { line: 1, column: 1 };
+                issues.push(
+                    config::Severity::Error,
+                    &Arc::from(origin),
+                    start,
+                    "(body)",
+                    why.into(),
+                );
+            }
         }
         let cfg = match parsed {
             Some(cfg) if !issues.has_errors() => cfg,
