@@ -129,7 +129,7 @@ fn split_host_port(text: &str) -> Result<(&str, &str), String> {
         return Ok((host, port));
     }
     // Said before the IPv6 guess, which two of them set off as well.
-    if text.contains(',') {
+    if text.contains(',') || text.contains(char::is_whitespace) {
         return Err(format!(
             "`{shown}` is several addresses in one text: list them, e.g. [\"a:80\", \"b:80\"]"
         ));
@@ -428,8 +428,13 @@ mod tests {
 
     #[test]
     fn several_addresses_or_credentials_in_one_entry_are_said_as_such() {
-        let said = parse_server("127.0.0.1:32002, 127.0.0.1:32003").unwrap_err();
-        assert!(said.contains("several addresses in one text"), "{said}");
+        for several in [
+            "127.0.0.1:32002, 127.0.0.1:32003",
+            "127.0.0.1:1 127.0.0.2:1",
+        ] {
+            let said = parse_server(several).unwrap_err();
+            assert!(said.contains("several addresses in one text"), "{said}");
+        }
         let said = parse_server("http://user:pw@127.0.0.1:32001").unwrap_err();
         assert!(said.contains("credentials are never sent"), "{said}");
         assert!(!said.contains("pw"), "the password is not repeated: {said}");
