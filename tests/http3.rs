@@ -57,7 +57,13 @@ impl H3Proxy {
                         "/limited",
                         Path::servers(&[backend]).healthcheck(false).rate_limit(2),
                     )
-                    .path("/moved-away", Path::redirect("https://elsewhere.test/")),
+                    .path("/moved-away", Path::redirect("https://elsewhere.test/"))
+                    .path(
+                        "/own-alt-svc",
+                        Path::servers(&[backend])
+                            .healthcheck(false)
+                            .client_headers(&["Alt-Svc:clear"]),
+                    ),
             )
             .render();
         let main = format!(
@@ -314,6 +320,11 @@ async fn the_tls_listener_advertises_http3_and_new_connections_get_a_replaced_ce
         let resp = client.get("h3.test", "/").await;
         let want = format!("h3=\":{}\"; ma=86400", h3.quic.port());
         assert_eq!(resp.headers()["alt-svc"], want.as_str());
+        body_bytes(resp).await;
+        // Beside an answer's own: in its place, clients were sent where nothing serves HTTP/3.
+        let resp = client.get("h3.test", "/own-alt-svc").await;
+        let all: Vec<_> = resp.headers().get_all("alt-svc").iter().collect();
+        assert_eq!(all, ["clear", want.as_str()], "{alpn:?}");
     }
     // A new pair from another CA replaces the served one: new QUIC connections get it.
     let fresh = test_pki(&["h3.test"]);

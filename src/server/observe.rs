@@ -125,7 +125,7 @@ pub struct ConnCtx {
     pub client: ClientConn,
     /// Add `Strict-Transport-Security` to responses that lack it (TLS grade `high`).
     pub hsts: bool,
-    /// `Alt-Svc` for responses that lack it (the TLS listener, when HTTP/3 is on).
+    /// `Alt-Svc` for every response (the TLS listener, when HTTP/3 is on), beside a backend's own.
     pub alt_svc: Option<AltSvc>,
     pub trusted: Arc<TrustedProxies>,
     /// The worker's request id generator.
@@ -208,8 +208,11 @@ pub fn handle(
         }
         if let Some(alt_svc) = &ctx.alt_svc {
             let offered = alt_svc.offered.load(std::sync::atomic::Ordering::Relaxed);
-            if offered && !resp.headers().contains_key(ALT_SVC) {
-                resp.headers_mut().insert(ALT_SVC, alt_svc.value.clone());
+            // Beside a backend's own (the backend knows nothing of this listener's UDP port:
+            // in its place, clients were sent where nothing serves HTTP/3).
+            let ours = &alt_svc.value;
+            if offered && !resp.headers().get_all(ALT_SVC).iter().any(|v| v == ours) {
+                resp.headers_mut().append(ALT_SVC, ours.clone());
             }
         }
         let request_id = Some(request_id.value);
