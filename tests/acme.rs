@@ -91,6 +91,7 @@ async fn http_01_issues_a_certificate_served_at_once_and_kept_across_a_restart()
         ("/acme_order/10.0.0.1", "is an IP address"),
         ("/acme_order/localhost", "is not a DNS name"),
         ("/acme_order/-bad.test", "is not a DNS name"),
+        ("/acme_order/1.2.3.4.5", "is digits and dots only"),
     ] {
         let (status, said) = call(path, "k").await;
         assert_eq!(status, 400, "{path}: {said}");
@@ -342,4 +343,35 @@ async fn an_account_that_cannot_be_saved_is_used_and_not_registered_again() {
         "{}",
         proxy.log_text()
     );
+}
+
+/// `/acme_order` of a CA that cannot be reached is a 502 naming the step and the directory: the
+/// CA failed, not this server (it was a 500 "Internal Server Error").
+#[tokio::test]
+async fn an_order_the_ca_fails_is_a_502_that_names_it() {
+    let backend = Backend::start("site").await;
+    let certs = tempfile::tempdir().expect("certificate dir");
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let directory = format!("https://{}/dir", closed.local_addr().unwrap());
+    drop(closed);
+    let main = format!(
+        "proxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"\nconfig_address: \"127.0.0.1:0\"\nmaster_key: \"k\"\nacme:\n  directory: \"{directory}\"\n",
+        certs.path().display()
+    );
+    let proxy = ProxyProcess::start(&host_route("site.test", &backend), &main);
+    let admin = proxy.logged_addr("admin API on http://");
+    let mut c = Client::connect(Proto::H1, admin).await;
+    let resp = c
+        .send(
+            http::Method::POST,
+            Some("localhost"),
+            "/acme_order/site.test",
+            &[("x-api-key", "k")],
+            full(""),
+        )
+        .await;
+    assert_eq!(resp.status(), 502);
+    let said = String::from_utf8_lossy(&body_bytes(resp).await).into_owned();
+    let want = format!("ACME server {directory}, registering an account");
+    assert!(said.contains(&want), "{said}");
 }

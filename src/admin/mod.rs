@@ -308,6 +308,10 @@ impl Admin {
         }
         match acme.order_now(domain).await {
             Ok(said) => reply(StatusCode::OK, "text/plain", said),
+            // The CA failed or refused: not this server's error.
+            Err(e) if e.is_the_servers() => {
+                text(StatusCode::BAD_GATEWAY, format!("Bad Gateway: {e}"))
+            }
             Err(e) => text(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 format!("Internal Server Error: {e}"),

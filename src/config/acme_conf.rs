@@ -351,12 +351,16 @@ pub fn not_orderable_for_host(name: &str) -> Option<&'static str> {
 /// letters, digits and inner `-`), or an IP address (ACME orders DNS identifiers here).
 pub fn not_orderable(name: &str) -> Option<&'static str> {
     let bare = name.strip_prefix("*.").unwrap_or(name);
-    if bare.parse::<std::net::IpAddr>().is_ok()
-        || bare
-            .split('.')
-            .all(|l| l.bytes().all(|b| b.is_ascii_digit()))
-    {
+    if bare.parse::<std::net::IpAddr>().is_ok() {
         return Some("is an IP address: certificates are ordered for DNS names");
+    }
+    if bare
+        .split('.')
+        .all(|l| l.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return Some(
+            "is digits and dots only, no DNS name: certificates are ordered for DNS names",
+        );
     }
     let valid = bare.contains('.')
         && name.len() <= 253

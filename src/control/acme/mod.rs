@@ -76,6 +76,13 @@ pub enum AcmeError {
     Order(String),
 }
 
+impl AcmeError {
+    /// An exchange with the ACME server failed: it could not be reached, or it refused.
+    pub fn is_the_servers(&self) -> bool {
+        matches!(self, AcmeError::Protocol(_) | AcmeError::Exchange { .. })
+    }
+}
+
 /// The configured set `domain` belongs to, or the name alone.
 fn set_of(sets: Vec<Vec<String>>, domain: String) -> Vec<String> {
     sets.into_iter()
