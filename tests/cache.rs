@@ -90,6 +90,23 @@ async fn a_get_with_a_body_or_another_method_in_disguise_bypasses_the_cache() {
             "{proto:?}: nothing was kept"
         );
         assert_eq!(get(&mut c, &path).await.0, "HIT", "{proto:?}");
+        // `Content-Length: 0` says there is none, whatever frames follow the head (over HTTP/2,
+        // an empty DATA frame that ends the stream after it: that was a BYPASS).
+        let empty_frame = futures_util::stream::iter([Ok::<_, std::convert::Infallible>(
+            hyper::body::Frame::data(bytes::Bytes::new()),
+        )]);
+        let body = http_body_util::BodyExt::boxed(http_body_util::StreamBody::new(empty_frame));
+        let resp = c
+            .send(
+                Method::GET,
+                Some("c.test"),
+                &path,
+                &[("content-length", "0")],
+                body,
+            )
+            .await;
+        assert_eq!(header(&resp, "x-cache-status"), "HIT", "{proto:?}");
+        body_bytes(resp).await;
         let before = origin.requests();
         let (resp, _) = send(
             &mut c,

@@ -142,7 +142,7 @@ where
         let (mut lookup, auth) = rules::ask(req.method(), req.headers());
         // A GET or HEAD with a body: what the backend does with it is not in the key, and its
         // answer must not be served for the URL.
-        if matches!(lookup, Lookup::Look | Lookup::Refresh) && !req.body().is_end_stream() {
+        if matches!(lookup, Lookup::Look | Lookup::Refresh) && has_a_body(&req) {
             lookup = Lookup::Skip;
         }
         let key = match (lookup, self.layer.host) {
@@ -210,6 +210,16 @@ pub fn key_for(https: bool, host: &[u8], target: &str) -> Option<String> {
     let mut buf = [0u8; normalise::MAX_HOST];
     let host = normalise::host(host, &mut buf)?;
     Some([scheme, host, target].concat())
+}
+
+/// Whether `req` carries a body: one that has not ended, unless `Content-Length: 0` says it is
+/// empty (an HTTP/2 request may end its stream only after the head, with an empty DATA frame).
+fn has_a_body<B: http_body::Body>(req: &Request<B>) -> bool {
+    !req.body().is_end_stream()
+        && req
+            .headers()
+            .get(http::header::CONTENT_LENGTH)
+            .is_none_or(|len| len.as_bytes() != b"0")
 }
 
 /// How many fetches a request waits for at most: the URL's, then, when that stored another
