@@ -744,15 +744,12 @@ pub(super) fn process_client_hello<'m>(
     // but then act like the client sent no `server_name` extension.
     //
     // [RFC6066]: https://datatracker.ietf.org/doc/html/rfc6066#section-3
+    // aralez: a name that is no DNS name (`a-.test`, `a..test`) is taken as no name, as an IP
+    // address is: the default certificate answers it, as nginx's default server does. It was a
+    // fatal `illegal_parameter` alert, with nothing in the log (PATCHED.md, 4).
     let sni = match &client_hello.server_name {
         Some(ServerNamePayload::SingleDnsName(dns_name)) => Some(dns_name.to_lowercase_owned()),
-        Some(ServerNamePayload::IpAddress) => None,
-        Some(ServerNamePayload::Invalid) => {
-            return Err(cx.common.send_fatal_alert(
-                AlertDescription::IllegalParameter,
-                PeerMisbehaved::ServerNameMustContainOneHostName,
-            ));
-        }
+        Some(ServerNamePayload::IpAddress | ServerNamePayload::Invalid) => None,
         None => None,
     };
 
