@@ -42,6 +42,10 @@ pub struct Backend {
     /// New connections in a row whose exchange failed as a changed protocol would make it
     /// fail ([`Backend::doubt_protocol`]).
     protocol_doubts: AtomicU32,
+    /// When its connection limit was last said in the log (ms of the health clock), and how
+    /// many requests met it since ([`Backend::say_at_capacity`]).
+    capacity_said_ms: AtomicU64,
+    capacity_unsaid: AtomicU64,
     /// Verify the backend's certificate (`upstream_tls_verify: true`).
     pub verify_tls: bool,
     /// Value for the `:authority` of HTTP/2 requests when the client sent none.
@@ -387,6 +391,8 @@ impl Backend {
             pinned,
             detected: AtomicU8::new(0),
             protocol_doubts: AtomicU32::new(0),
+            capacity_said_ms: AtomicU64::new(0),
+            capacity_unsaid: AtomicU64::new(0),
             detecting: tokio::sync::Mutex::new(()),
             verify_tls,
             authority,
@@ -500,6 +506,30 @@ impl Backend {
             }
         }
         fails
+    }
+
+    /// Says in the log that a request met the connection limit (`upstream_max_connections`),
+    /// at most once a second, with how many met it since: a line a request under overload
+    /// wrote 4,000 a second.
+    pub fn say_at_capacity(&self, error: &dyn std::fmt::Display) {
+        let now = self.health.now_ms().max(1);
+        let said = self.capacity_said_ms.load(Ordering::Relaxed);
+        let due = said == 0 || now >= said + 1000;
+        if !due
+            || self
+                .capacity_said_ms
+                .compare_exchange(said, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            self.capacity_unsaid.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        match self.capacity_unsaid.swap(0, Ordering::Relaxed) {
+            0 => tracing::warn!(backend = %self.label, "{error}"),
+            more => {
+                tracing::warn!(backend = %self.label, "{error} ({more} more since the last report)")
+            }
+        }
     }
 
     /// Records a successful connect.
@@ -631,6 +661,21 @@ mod tests {
         for (i, backend) in held.iter().enumerate() {
             assert!(Arc::ptr_eq(backend, &reg.backend(&spec(i as u32), false)));
         }
+    }
+
+    #[test]
+    fn the_connection_limit_is_said_once_a_second_with_how_many_met_it() {
+        let reg = Registry::for_tests(1, Duration::from_secs(1));
+        let backend = reg.backend(&parse_server("127.0.0.1:9").unwrap(), false);
+        backend.say_at_capacity(&"connection limit: 1 connections open");
+        for _ in 0..5 {
+            backend.say_at_capacity(&"connection limit: 1 connections open");
+        }
+        assert_eq!(
+            backend.capacity_unsaid.load(Ordering::Relaxed),
+            5,
+            "held back"
+        );
     }
 
     #[test]

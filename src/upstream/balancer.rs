@@ -214,7 +214,11 @@ pub fn send<'a>(
                     return Ok(resp);
                 }
                 Err(SendError::Connect { error, request }) => {
-                    tracing::warn!(backend = %backend.label, "{error}");
+                    if error.kind() == ConnectErrorKind::Capacity {
+                        backend.say_at_capacity(&error);
+                    } else {
+                        tracing::warn!(backend = %backend.label, "{error}");
+                    }
                     pending = Some(*request);
                     last_error = Some(if error.kind() == ConnectErrorKind::Capacity {
                         ProxyError::BackendBusy
