@@ -109,8 +109,12 @@ pub fn install(reloader: Arc<Reloader>) -> Option<impl std::future::Future<Outpu
         ),
         _ => tracing::info!("watching {} for changes", files.upstreams.display()),
     }
-    // Anything written between the first read and now is picked up by one check.
-    changed.notify_one();
+    // Anything written between the first read and now is picked up by one check, unless the
+    // files cannot be read now (runuser, after a start as root): that check could only fail,
+    // logged as a rejected reload nobody made (the start has said why already).
+    if files.files().iter().all(|f| std::fs::File::open(f).is_ok()) {
+        changed.notify_one();
+    }
     let watching = Watching {
         watcher,
         watches,
