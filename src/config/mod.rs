@@ -332,6 +332,25 @@ mod tests {
     const EXTRA: &str = "c.example:\n  paths:\n    \"/\":\n      servers: [\"127.0.0.1:8002\"]\n";
 
     #[test]
+    fn a_conf_d_host_replacing_one_of_the_file_is_said() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("upstreams.yaml");
+        std::fs::create_dir(dir.path().join("conf.d")).unwrap();
+        std::fs::write(&path, A).unwrap();
+        let again = "a.example:\n  paths:\n    \"/\":\n      servers: [\"127.0.0.1:8009\"]\n";
+        std::fs::write(dir.path().join("conf.d/a.yaml"), again).unwrap();
+        let mut issues = Issues::default();
+        let cfg = load_upstreams(&path, &mut issues).expect("loads");
+        assert_eq!(cfg.hosts.len(), 1);
+        let said: Vec<String> = issues.warnings().map(|w| w.to_string()).collect();
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert!(
+            said[0].contains("host `a.example` replaces the one"),
+            "{said:?}"
+        );
+    }
+
+    #[test]
     fn x_keys_keep_anchors_and_are_no_hosts() {
         let text = format!("x-common: &common\n  servers: [\"127.0.0.1:8000\"]\n{A}  b.example:\n    paths:\n      \"/\":\n        <<: *common\n");
         let mut issues = Issues::default();

@@ -250,6 +250,8 @@ fn read_otherwise(written: &str) -> &'static str {
         " (a leading zero: write it without one)"
     } else if digits {
         " (too large)"
+    } else if written.contains(['.', 'e', 'E']) {
+        " (a fraction or an exponent as written: write the whole number in digits)"
     } else {
         ""
     }

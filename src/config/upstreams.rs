@@ -201,7 +201,21 @@ impl UpstreamsConfig {
         }
         for host in hosts {
             match self.hosts.iter_mut().find(|h| h.name == host.name) {
-                Some(slot) => *slot = host,
+                Some(slot) => {
+                    // As documented, but nothing said it: a host copied into conf.d and left in
+                    // upstreams.yaml made edits to the one there go nowhere.
+                    let at = entries.iter().find(|(k, _)| {
+                        k.name
+                            .trim()
+                            .trim_end_matches('.')
+                            .eq_ignore_ascii_case(&host.name)
+                    });
+                    if let Some((key, _)) = at {
+                        let why = format!("host `{}` replaces the one of upstreams.yaml or of an earlier conf.d file, whole", host.name);
+                        r.warn(key.pos, &key.name, why);
+                    }
+                    *slot = host;
+                }
                 None => self.hosts.push(host),
             }
         }

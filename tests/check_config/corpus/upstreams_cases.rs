@@ -169,10 +169,11 @@ pub(crate) fn cases() -> Vec<Case> {
         // A number as written: `02` was said as "found a number `2`", what was asked for.
         Case::main(
             "a_leading_zero_or_a_number_too_large",
-            "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: upstreams.yaml\nthreads: 02\nmax_connections: 99999999999999999999\n",
+            "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: upstreams.yaml\nthreads: 02\nmax_connections: 99999999999999999999\nmax_request_header_bytes: 1e5\n",
             vec![
                 err(M, 3, "threads", "found a number `02` (a leading zero: write it without one)"),
                 err(M, 4, "max_connections", "found a number `99999999999999999999` (too large)"),
+                err(M, 5, "max_request_header_bytes", "found a number `1e5` (a fraction or an exponent as written"),
             ],
         ),
         Case::path(
