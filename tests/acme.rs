@@ -326,17 +326,7 @@ async fn an_account_that_cannot_be_saved_is_used_and_not_registered_again() {
         "{log}"
     );
     let admin = proxy.logged_addr("admin API on http://");
-    let mut c = Client::connect(Proto::H1, admin).await;
-    let resp = c
-        .send(
-            http::Method::POST,
-            Some("localhost"),
-            "/acme_create",
-            &[("x-api-key", "k")],
-            full(""),
-        )
-        .await;
-    assert_eq!(resp.status(), 200);
+    assert_eq!(post_keyed(admin, "/acme_create").await.0, 200);
     assert_eq!(
         proxy.log_count("acme: account created"),
         1,
@@ -360,18 +350,25 @@ async fn an_order_the_ca_fails_is_a_502_that_names_it() {
     );
     let proxy = ProxyProcess::start(&host_route("site.test", &backend), &main);
     let admin = proxy.logged_addr("admin API on http://");
+    let (status, said) = post_keyed(admin, "/acme_order/site.test").await;
+    assert_eq!(status, 502);
+    let want = format!("ACME server {directory}, registering an account");
+    assert!(said.contains(&want), "{said}");
+}
+
+/// `POST path` on the admin API at `admin` with the master key `k`: the status and the text.
+async fn post_keyed(admin: SocketAddr, path: &str) -> (u16, String) {
     let mut c = Client::connect(Proto::H1, admin).await;
     let resp = c
         .send(
             http::Method::POST,
             Some("localhost"),
-            "/acme_order/site.test",
+            path,
             &[("x-api-key", "k")],
             full(""),
         )
         .await;
-    assert_eq!(resp.status(), 502);
-    let said = String::from_utf8_lossy(&body_bytes(resp).await).into_owned();
-    let want = format!("ACME server {directory}, registering an account");
-    assert!(said.contains(&want), "{said}");
+    let status = resp.status().as_u16();
+    let text = String::from_utf8_lossy(&body_bytes(resp).await).into_owned();
+    (status, text)
 }

@@ -300,6 +300,29 @@ async fn concurrent_misses_make_one_origin_request() {
     assert!(bodies.iter().all(|b| b == "#1"), "{bodies:?}");
 }
 
+/// Forty clients at once ask for `path` through `proxy`, each with one of `langs` in turn as
+/// its `Accept-Language`; each gets the variant it asked for.
+async fn ask_in_every_language(
+    proxy: &ProxyProcess,
+    path: &'static str,
+    langs: &'static [&'static str],
+) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..40 {
+        let addr = proxy.addr;
+        let lang = langs[i % langs.len()];
+        tasks.spawn(async move {
+            let mut c = Client::connect(Proto::H1, addr).await;
+            let (resp, _) = send(&mut c, Method::GET, path, &[("accept-language", lang)]).await;
+            (lang, hdr(&resp, "x-lang"))
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        let (asked, answered) = done.expect("request task");
+        assert_eq!(asked, answered, "each client gets its own variant");
+    }
+}
+
 /// Concurrent misses of two variants of one cold URL make one origin request each: the clients
 /// of the variant not fetched first all went to the origin once the first was in.
 #[tokio::test]
@@ -307,37 +330,11 @@ async fn concurrent_misses_of_two_variants_make_one_origin_request_each() {
     let origin = Origin::start().await;
     let proxy = proxy_for(&origin);
     let path = "/slow-varied?cc=max-age=60&slow=300&vary=accept-language";
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..40 {
-        let addr = proxy.addr;
-        let lang = if i % 2 == 0 { "en" } else { "fr" };
-        tasks.spawn(async move {
-            let mut c = Client::connect(Proto::H1, addr).await;
-            let (resp, _) = send(&mut c, Method::GET, path, &[("accept-language", lang)]).await;
-            (lang, hdr(&resp, "x-lang"))
-        });
-    }
-    while let Some(done) = tasks.join_next().await {
-        let (asked, answered) = done.expect("request task");
-        assert_eq!(asked, answered, "each client gets its own variant");
-    }
+    ask_in_every_language(&proxy, path, &["en", "fr"]).await;
     assert_eq!(origin.requests(), 2, "40 concurrent misses of two variants");
     // Once the URL is known to vary, each variant's misses wait on that variant's fetch alone:
     // four new variants are fetched at once, not one after the other.
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..40 {
-        let addr = proxy.addr;
-        let lang = ["de", "es", "it", "nl"][i % 4];
-        tasks.spawn(async move {
-            let mut c = Client::connect(Proto::H1, addr).await;
-            let (resp, _) = send(&mut c, Method::GET, path, &[("accept-language", lang)]).await;
-            (lang, hdr(&resp, "x-lang"))
-        });
-    }
-    while let Some(done) = tasks.join_next().await {
-        let (asked, answered) = done.expect("request task");
-        assert_eq!(asked, answered, "each client gets its own variant");
-    }
+    ask_in_every_language(&proxy, path, &["de", "es", "it", "nl"]).await;
     assert_eq!(origin.requests(), 6, "one origin request a variant");
     assert_eq!(
         origin.seen.most_at_once(),

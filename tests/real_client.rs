@@ -453,17 +453,7 @@ async fn request_ids_and_forwarded_for_follow_trust() {
 #[tokio::test]
 async fn to_https_believes_a_trusted_balancers_forwarded_proto() {
     let backend = Backend::start("b").await;
-    let routes = support::upstreams::Upstreams::new()
-        .host(
-            "DEFAULT",
-            support::upstreams::Host::new().path(
-                "/",
-                support::upstreams::Path::servers(&[&backend])
-                    .healthcheck(false)
-                    .to_https(true),
-            ),
-        )
-        .render();
+    let routes = every_host_to(support::upstreams::Path::servers(&[&backend]).to_https(true));
     let proxy = ProxyProcess::start(&routes, "trusted_proxies: [\"127.0.0.2\"]");
     for proto in [Proto::H1, Proto::H2c] {
         let mut lb = connect_from(proto, proxy.addr, ip("127.0.0.2")).await;
@@ -495,15 +485,7 @@ async fn to_https_believes_a_trusted_balancers_forwarded_proto() {
 #[tokio::test]
 async fn only_a_trusted_balancer_says_what_a_proxy_says() {
     let backend = Backend::start("b").await;
-    let routes = support::upstreams::Upstreams::new()
-        .host(
-            "DEFAULT",
-            support::upstreams::Host::new().path(
-                "/",
-                support::upstreams::Path::servers(&[&backend]).healthcheck(false),
-            ),
-        )
-        .render();
+    let routes = every_host_to(support::upstreams::Path::servers(&[&backend]));
     let proxy = ProxyProcess::start(&routes, "trusted_proxies: [\"127.0.0.2\"]");
     let claims = [
         ("forwarded", "host=evil.test;proto=https"),
@@ -539,6 +521,16 @@ async fn only_a_trusted_balancer_says_what_a_proxy_says() {
         }
         body_bytes(resp).await;
     }
+}
+
+/// Routes sending every host's `/` to `path`, unprobed.
+fn every_host_to(path: support::upstreams::Path) -> String {
+    support::upstreams::Upstreams::new()
+        .host(
+            "DEFAULT",
+            support::upstreams::Host::new().path("/", path.healthcheck(false)),
+        )
+        .render()
 }
 
 async fn send_a(c: &mut Client, headers: &[(&str, &str)]) -> http::Response<hyper::body::Incoming> {
