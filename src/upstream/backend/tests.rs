@@ -1,0 +1,171 @@
+//! Unit tests of the backend registry and a backend's health, detection and names.
+
+use super::*;
+use crate::config::values::parse_server;
+
+#[test]
+fn entries_no_snapshot_holds_are_swept_as_the_registry_grows() {
+    let reg = Registry::for_tests(1, Duration::from_secs(1));
+    let spec = |i: u32| parse_server(&format!("127.1.{}.{}:80", i / 250, i % 250)).unwrap();
+    let held: Vec<_> = (0..1000).map(|i| reg.backend(&spec(i), false)).collect();
+    for i in 1000..3000 {
+        drop(reg.backend(&spec(i), false));
+    }
+    let live = reg.live.lock().unwrap();
+    let (entries, sweep_at) = (live.backends.len(), live.sweep_at);
+    drop(live);
+    assert!(entries < 2 * 1000 + 64, "dropped ones swept: {entries}");
+    assert!(
+        sweep_at >= 2 * 1000,
+        "the next sweep waits for the map to double"
+    );
+    for (i, backend) in held.iter().enumerate() {
+        assert!(Arc::ptr_eq(backend, &reg.backend(&spec(i as u32), false)));
+    }
+}
+
+#[test]
+fn the_connection_limit_is_said_once_a_second_with_how_many_met_it() {
+    let reg = Registry::for_tests(1, Duration::from_secs(1));
+    let backend = reg.backend(&parse_server("127.0.0.1:9").unwrap(), false);
+    backend.say_at_capacity(&"connection limit: 1 connections open");
+    for _ in 0..5 {
+        backend.say_at_capacity(&"connection limit: 1 connections open");
+    }
+    assert_eq!(
+        backend.capacity_unsaid.load(Ordering::Relaxed),
+        5,
+        "held back"
+    );
+}
+
+#[test]
+fn a_route_of_an_ip_address_asks_for_the_backends_own_name() {
+    let reg = Registry::for_tests(1, Duration::from_secs(1));
+    let backend = reg.backend(&parse_server("localhost:443").unwrap(), false);
+    for (route, asked) in [
+        ("app.test", "app.test"),
+        ("DEFAULT", "localhost"),
+        ("[::5]", "localhost"),
+        ("[2001:db8::1]", "localhost"),
+        ("10.0.0.5", "localhost"),
+    ] {
+        assert_eq!(backend.server_name_for(route), asked, "{route}");
+    }
+}
+
+#[test]
+fn registry_reuses_live_backends() {
+    let reg = Registry::for_tests(2, Duration::from_secs(1));
+    let spec = parse_server("127.0.0.1:9").unwrap();
+    let a = reg.backend(&spec, false);
+    let b = reg.backend(&spec, false);
+    assert!(Arc::ptr_eq(&a, &b));
+    drop((a, b));
+    let c = reg.backend(&spec, false);
+    assert_eq!(&*c.label, "127.0.0.1:9");
+    assert_eq!(c.idle_per_worker, 4);
+}
+
+#[test]
+fn host_names_resolve_and_re_resolve_without_change() {
+    let reg = Registry::for_tests(1, Duration::from_secs(1));
+    let named = reg.backend(&parse_server("localhost:8080").unwrap(), false);
+    assert!(named
+        .addrs()
+        .iter()
+        .any(|a| a.ip().is_loopback() && a.port() == 8080));
+    assert!(!named.re_resolve(), "same answer: nothing swapped");
+    let literal = reg.backend(&parse_server("127.0.0.1:9").unwrap(), false);
+    assert!(!literal.re_resolve(), "IP literals are never looked up");
+    let missing = reg.backend(&parse_server("no-such-host.invalid:80").unwrap(), false);
+    assert!(missing.addrs().is_empty());
+    assert!(
+        !missing.re_resolve(),
+        "a failed lookup keeps what there was"
+    );
+}
+
+#[test]
+fn passive_health_marks_down_after_three_failures() {
+    let reg = Registry::for_tests(1, Duration::from_secs(60));
+    let b = reg.backend(&parse_server("127.0.0.1:9").unwrap(), false);
+    b.connect_failed();
+    b.connect_failed();
+    assert!(b.is_up());
+    b.connect_failed();
+    assert!(!b.is_up());
+    b.connect_succeeded();
+    assert!(b.is_up());
+}
+
+#[tokio::test]
+async fn connections_opened_before_the_addresses_changed_are_not_pooled_again() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepting = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            held.push(stream);
+        }
+    });
+    let reg = Registry::for_tests(1, Duration::from_secs(60));
+    let b = reg.backend(&parse_server(&addr.to_string()).unwrap(), false);
+    let limit = Duration::from_secs(5);
+    let idle = b.connect_inline(limit).await.unwrap();
+    let busy = b.connect_inline(limit).await.unwrap();
+    let worker = WorkerId(0);
+    b.keep_inline(worker, idle);
+    b.use_addrs(Box::new([addr]));
+    assert!(
+        b.slot(worker).take_inline().is_none(),
+        "the idle one is closed"
+    );
+    b.keep_inline(worker, busy);
+    assert!(
+        b.slot(worker).take_inline().is_none(),
+        "the busy one is not kept"
+    );
+    let fresh = b.connect_inline(limit).await.unwrap();
+    b.keep_inline(worker, fresh);
+    assert!(
+        b.slot(worker).take_inline().is_some(),
+        "one opened since is kept"
+    );
+    // hyper's (TLS backends): one whose request set out before the change is not kept.
+    let hyper_conn = || async {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let io = hyper_util::rt::TokioIo::new(tcp);
+        let (mut send, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+        tokio::spawn(conn);
+        send.ready().await.unwrap();
+        send
+    };
+    let before = b.addrs_generation();
+    b.use_addrs(Box::new([addr]));
+    b.keep_hyper(worker, (None, before), hyper_conn().await);
+    assert!(
+        b.slot(worker).take_idle(None).is_none(),
+        "busy across the change"
+    );
+    b.keep_hyper(worker, (None, b.addrs_generation()), hyper_conn().await);
+    assert!(b.slot(worker).take_idle(None).is_some(), "sent since");
+    accepting.abort();
+}
+
+#[test]
+fn probes_decide_and_a_pass_clears_passive_marking() {
+    let reg = Registry::for_tests(1, Duration::from_secs(60));
+    let b = reg.backend(&parse_server("127.0.0.1:9").unwrap(), false);
+    b.set_probed("x.test", "/", Err("status 503"));
+    assert!(!b.is_up());
+    assert!(b.passive_up());
+    for _ in 0..3 {
+        b.connect_failed();
+    }
+    b.set_probed("x.test", "/", Ok(()));
+    assert!(
+        b.is_up(),
+        "a passing probe brings a passively marked backend back"
+    );
+}
