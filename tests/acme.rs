@@ -303,23 +303,14 @@ async fn an_account_the_server_no_longer_knows_is_replaced() {
 /// CA, which limits how many an address may make.
 #[tokio::test]
 async fn an_account_that_cannot_be_saved_is_used_and_not_registered_again() {
-    let http: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let Some(pebble) = Pebble::start(http.port()).await else {
+    let in_the_way = |state: &std::path::Path| {
+        let folder = state.join("account.json").join("in-the-way");
+        std::fs::create_dir_all(folder).expect("a folder named account.json");
+    };
+    // Issued at all: the order failed at saving the account before.
+    let Some(Issued { proxy, .. }) = issued_after(in_the_way).await else {
         return;
     };
-    let backend = Backend::start("site").await;
-    let yaml = host_route("acme.test", &backend);
-    let certs = tempfile::tempdir().expect("certificate dir");
-    let state = tempfile::tempdir().expect("state dir");
-    let in_the_way = state.path().join("account.json").join("in-the-way");
-    std::fs::create_dir_all(in_the_way).expect("a folder named account.json");
-    let main = main_for(&pebble, certs.path(), state.path(), "");
-    let proxy = ProxyProcess::start_on(&yaml, &main, http);
-    assert!(
-        logs(&proxy, "acme: certificate issued").await,
-        "{}",
-        proxy.log_text()
-    );
     let log = proxy.log_text();
     assert!(
         log.contains("the account is used until this process ends"),

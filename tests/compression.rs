@@ -488,25 +488,19 @@ async fn vary_is_appended_and_a_strong_etag_weakened() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_head_answer_without_a_length_gets_the_gets_headers() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut tcp, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = [0u8; 4096];
-                while let Ok(n) = tcp.read(&mut buf).await {
-                    if n == 0 {
-                        break;
-                    }
-                    let answer =
-                        "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\netag: \"e1\"\r\n\r\n";
-                    if tcp.write_all(answer.as_bytes()).await.is_err() {
-                        break;
-                    }
-                }
-            });
+    let addr = serve_tcp(any_local(), |mut tcp| async move {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = tcp.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            let answer = "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\netag: \"e1\"\r\n\r\n";
+            if tcp.write_all(answer.as_bytes()).await.is_err() {
+                break;
+            }
         }
-    });
+    })
+    .await;
     let yaml = Upstreams::new()
         .host(
             "c.test",

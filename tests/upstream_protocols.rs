@@ -318,30 +318,24 @@ async fn an_http1_backend_connection_is_reused_streams_both_ways_and_is_dropped_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_backend_that_closes_without_close_notify_ends_its_answer() {
     let acceptor = tls_backend_acceptor(&[b"http/1.1"]);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        while let Ok((tcp, _)) = listener.accept().await {
-            let Ok(mut tls) = acceptor.accept(tcp).await else {
-                continue;
-            };
-            let mut head = Vec::new();
-            let mut buf = [0u8; 1024];
-            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                match tls.read(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => head.extend_from_slice(&buf[..n]),
-                }
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = serve_tls(acceptor, any_local(), |mut tls| async move {
+        let mut head = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            match tls.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => head.extend_from_slice(&buf[..n]),
             }
-            let answer = b"HTTP/1.0 200 OK\r\ncontent-type: text/plain\r\n\r\nall of the body";
-            let _ = tls.write_all(answer).await;
-            let _ = tls.flush().await;
-            // The TCP connection ends here, with no TLS close_notify before it.
-            let (tcp, _) = tls.into_inner();
-            drop(tcp);
         }
-    });
+        let answer = b"HTTP/1.0 200 OK\r\ncontent-type: text/plain\r\n\r\nall of the body";
+        let _ = tls.write_all(answer).await;
+        let _ = tls.flush().await;
+        // The TCP connection ends here, with no TLS close_notify before it.
+        let (tcp, _) = tls.into_inner();
+        drop(tcp);
+    })
+    .await;
     let routes = Upstreams::new()
         .host("t.test", unprobed(format!("https://{addr}")))
         .render();
@@ -368,22 +362,17 @@ async fn a_tls_backend_that_closes_without_close_notify_ends_its_answer() {
 /// requests such a server answers with its "plain HTTP sent to an HTTPS port" 400).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_refusing_the_handshake_with_an_alert_is_detected_as_tls() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        while let Ok((mut tcp, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = [0u8; 2048];
-                if matches!(tcp.read(&mut buf).await, Ok(n) if n > 0) {
-                    // A fatal protocol_version alert, as a TLS 1.1-only server sends.
-                    let _ = tcp
-                        .write_all(&[0x15, 0x03, 0x01, 0x00, 0x02, 0x02, 0x46])
-                        .await;
-                }
-            });
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = serve_tcp(any_local(), |mut tcp| async move {
+        let mut buf = [0u8; 2048];
+        if matches!(tcp.read(&mut buf).await, Ok(n) if n > 0) {
+            // A fatal protocol_version alert, as a TLS 1.1-only server sends.
+            let _ = tcp
+                .write_all(&[0x15, 0x03, 0x01, 0x00, 0x02, 0x02, 0x46])
+                .await;
         }
-    });
+    })
+    .await;
     let routes = Upstreams::new().host("t.test", unprobed(addr)).render();
     let proxy = ProxyProcess::start(&routes, "");
     let mut client = Client::connect(Proto::H1, proxy.addr).await;
@@ -427,41 +416,36 @@ async fn a_refused_certificate_does_not_send_the_backend_back_to_detection() {
 async fn a_malformed_http2_answer_is_said_to_be_no_valid_http() {
     use support::frame::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut tcp, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut seen = Vec::new();
-                let mut buf = [0u8; 4096];
-                let mut answered = false;
-                let _ = tcp.write_all(&h2_frame(SETTINGS, 0, 0, &[])).await;
-                while let Ok(n) = tcp.read(&mut buf).await {
-                    if n == 0 {
-                        break;
-                    }
-                    seen.extend_from_slice(&buf[..n]);
-                    let after = seen.strip_prefix(PREFACE).unwrap_or(&[]);
-                    for f in frames(after) {
-                        if f.kind == SETTINGS && f.flags & ACK == 0 && !answered {
-                            let _ = tcp.write_all(&h2_frame(SETTINGS, ACK, 0, &[])).await;
-                        }
-                        if f.kind == HEADERS && !answered {
-                            answered = true;
-                            // `:status: 200`, then `X-Up: 1`, a name in capitals.
-                            let mut block = vec![0x88, 0x00, 0x04];
-                            block.extend_from_slice(b"X-Up");
-                            block.extend_from_slice(&[0x01, b'1']);
-                            let flags = END_HEADERS | END_STREAM;
-                            let _ = tcp
-                                .write_all(&h2_frame(HEADERS, flags, f.stream, &block))
-                                .await;
-                        }
-                    }
+    let addr = serve_tcp(any_local(), |mut tcp| async move {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        let mut answered = false;
+        let _ = tcp.write_all(&h2_frame(SETTINGS, 0, 0, &[])).await;
+        while let Ok(n) = tcp.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            seen.extend_from_slice(&buf[..n]);
+            let after = seen.strip_prefix(PREFACE).unwrap_or(&[]);
+            for f in frames(after) {
+                if f.kind == SETTINGS && f.flags & ACK == 0 && !answered {
+                    let _ = tcp.write_all(&h2_frame(SETTINGS, ACK, 0, &[])).await;
                 }
-            });
+                if f.kind == HEADERS && !answered {
+                    answered = true;
+                    // `:status: 200`, then `X-Up: 1`, a name in capitals.
+                    let mut block = vec![0x88, 0x00, 0x04];
+                    block.extend_from_slice(b"X-Up");
+                    block.extend_from_slice(&[0x01, b'1']);
+                    let flags = END_HEADERS | END_STREAM;
+                    let _ = tcp
+                        .write_all(&h2_frame(HEADERS, flags, f.stream, &block))
+                        .await;
+                }
+            }
         }
-    });
+    })
+    .await;
     let routes = Upstreams::new()
         .host("h2.test", unprobed(format!("h2c://{addr}")))
         .render();

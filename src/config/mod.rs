@@ -187,11 +187,7 @@ pub fn is_blank_text(text: &[u8]) -> bool {
 /// Whether `text` says in so many words that nothing is routed: a line `upstreams: {}`.
 pub fn says_no_routes(text: &[u8]) -> bool {
     text.split(|&b| b == b'\n').any(|line| {
-        let line = line.trim_ascii();
-        let line = match line.iter().position(|&b| b == b'#') {
-            Some(at) => line[..at].trim_ascii(),
-            None => line,
-        };
+        let line = without_comment(line);
         let Some(value) = line.strip_prefix(b"upstreams:") else {
             return false;
         };
@@ -203,15 +199,20 @@ pub fn says_no_routes(text: &[u8]) -> bool {
     })
 }
 
-/// A line of [`is_blank_text`]'s: empty once its comment is gone, or one of the leftovers.
-fn says_nothing(line: &[u8]) -> bool {
+/// `line` trimmed, without its comment: one starts the line or follows a blank (`a#b` is a
+/// value).
+fn without_comment(line: &[u8]) -> &[u8] {
     let line = line.trim_ascii();
-    let line = match line.iter().position(|&b| b == b'#') {
-        // A comment starts a line or follows a blank; `a#b` is a value.
-        Some(0) => &[][..],
+    match line.iter().position(|&b| b == b'#') {
+        Some(0) => &[],
         Some(at) if line[at - 1].is_ascii_whitespace() => line[..at].trim_ascii(),
         _ => line,
-    };
+    }
+}
+
+/// A line of [`is_blank_text`]'s: empty once its comment is gone, or one of the leftovers.
+fn says_nothing(line: &[u8]) -> bool {
+    let line = without_comment(line);
     let line = [&b"---"[..], b"..."]
         .iter()
         .find_map(|marker| line.strip_prefix(*marker))

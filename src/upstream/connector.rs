@@ -135,9 +135,9 @@ impl ConnectError {
 
     /// The TLS handshake's failure `e`, noting whether it ended on the backend's certificate.
     fn tls(e: &std::io::Error) -> ConnectError {
-        let inner = e.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>());
+        let refused = super::tls::tls_error_of(e);
         ConnectError {
-            certificate_refused: matches!(inner, Some(rustls::Error::InvalidCertificate(_))),
+            certificate_refused: matches!(refused, Some(rustls::Error::InvalidCertificate(_))),
             ..ConnectError::new(ConnectErrorKind::Tls, e.to_string())
         }
     }

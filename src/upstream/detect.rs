@@ -72,9 +72,8 @@ async fn detect(backend: &Backend, timeout: Duration) -> Result<Wire, ConnectErr
 /// "plain HTTP request sent to an HTTPS port" 400 went to the clients; as TLS, its connections
 /// fail with the handshake's reason.
 fn spoke_tls(e: &std::io::Error) -> bool {
-    let inner = e.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>());
     matches!(
-        inner,
+        super::tls::tls_error_of(e),
         Some(rustls::Error::AlertReceived(_) | rustls::Error::PeerIncompatible(_))
     )
 }

@@ -798,18 +798,31 @@ where
     F: Fn(tokio_rustls::server::TlsStream<TcpStream>) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
+    let serve = Arc::new(serve);
+    serve_tcp(addr, move |stream| {
+        let (acceptor, serve) = (acceptor.clone(), serve.clone());
+        async move {
+            if let Ok(tls) = acceptor.accept(stream).await {
+                serve(tls).await;
+            }
+        }
+    })
+    .await
+}
+
+/// A TCP server on `addr` (port 0: any): `serve` on each connection, in a task of its own (a
+/// backend that answers by hand). Returns the address.
+pub async fn serve_tcp<F, Fut>(addr: SocketAddr, serve: F) -> SocketAddr
+where
+    F: Fn(TcpStream) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let listener = bind(addr).await;
     let addr = listener.local_addr().unwrap();
-    let serve = Arc::new(serve);
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
             let _ = stream.set_nodelay(true);
-            let (acceptor, serve) = (acceptor.clone(), serve.clone());
-            tokio::spawn(async move {
-                if let Ok(tls) = acceptor.accept(stream).await {
-                    serve(tls).await;
-                }
-            });
+            tokio::spawn(serve(stream));
         }
     });
     addr

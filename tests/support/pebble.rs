@@ -287,12 +287,18 @@ pub struct Issued {
 
 /// [`Issued`], or `None` when pebble is not installed.
 pub async fn issued_for_acme_test() -> Option<Issued> {
+    issued_after(|_| {}).await
+}
+
+/// [`issued_for_acme_test`], with `prepare` done to the state folder before the start.
+pub async fn issued_after(prepare: impl FnOnce(&std::path::Path)) -> Option<Issued> {
     let http: std::net::SocketAddr = ([127, 0, 0, 1], free_port()).into();
     let pebble = Pebble::start(http.port()).await?;
     let backend = Backend::start("site").await;
     let yaml = host_route("acme.test", &backend);
     let certs = tempfile::tempdir().expect("certificate dir");
     let state = tempfile::tempdir().expect("state dir");
+    prepare(state.path());
     let main = main_for(&pebble, certs.path(), state.path(), "");
     let proxy = ProxyProcess::start_on(&yaml, &main, http);
     assert!(
