@@ -32,13 +32,13 @@ use super::listener::{apply_keepalive, pass_on_connection_options};
 use super::observe::Refusals;
 use super::park::{self, ClientSocket, Dock, Left, Parkable, Wake};
 use super::per_client::{ClientSlot, PerClient};
-use super::plain_on_tls::{self, FirstBytes};
 use super::proxy_protocol::{self, Header};
-use super::settle::ReleaseWhenSettled;
 use super::tracked::{HeadWriter, Tracked};
-use crate::vocab::acme_challenges::ACME_TLS_ALPN;
 use crate::vocab::late_id::LateId;
 use crate::vocab::{ClientBody, TlsFacts};
+
+mod tls;
+use tls::serve_tls;
 
 /// How long a draining listener lets busy HTTP/1 connections finish their next request
 /// (answered with `Connection: close`, so the client closes cleanly between requests) before it
@@ -564,117 +564,10 @@ fn ended_cleanly<E: std::fmt::Display>(ended: Result<(), E>, peer: SocketAddr) -
     }
 }
 
-/// Runs the TLS handshake (by `deadline`), then serves: HTTP/2 only when ALPN chose h2.
-async fn serve_tls<F: MakeService>(
-    shared: Arc<Shared<F>>,
-    counted: OpenConnection,
-    mut stream: ClientTcp,
-    acceptor: tokio_rustls::TlsAcceptor,
-    deadline: tokio::time::Instant,
-) {
-    let peer = counted.peer;
-    if !Box::pin(judged_as_tls(&shared, &mut stream, deadline, peer)).await {
-        return;
-    }
-    let Some(stream) = handshake(acceptor, stream, deadline, peer, shared.name).await else {
-        return;
-    };
-    let session = stream.get_ref().1;
-    let info = ConnInfo {
-        peer,
-        tls: true,
-        tls_facts: tls_facts(session),
-    };
-    // A TLS-ALPN-01 validation (RFC 8737) ends with the handshake: no HTTP on it.
-    if session.alpn_protocol() == Some(ACME_TLS_ALPN) {
-        return;
-    }
-    if session.alpn_protocol() != Some(b"h2") {
-        return serve_parking(shared, counted, stream, info).await;
-    }
-    let activity = Activity::new(shared.draining.clone());
-    activity.mark_http2();
-    let refusals = h2_refusals(&shared, &info);
-    let service = Tracked::new(shared.make.make(info), activity.clone(), HeadWriter::Hyper);
-    let (drain, idle) = (shared.drain.clone(), shared.limits.timers());
-    let stream = ReleaseWhenSettled::new(stream, activity.clone());
-    let io = TokioIo::new(FloodGuard::new(stream, peer));
-    let conn = shared.builders.h2_only.serve_connection(io, service);
-    let conn = idle::drive_boxed(conn.into_owned(), drain, activity, idle);
-    counted.run(h2::refusals::scope(refusals, conn)).await;
-}
-
 /// Where an HTTP/2 connection's refused request heads are told (see [`Refusals::h2_note`]).
 fn h2_refusals<F>(shared: &Shared<F>, info: &ConnInfo) -> Option<h2::refusals::Note> {
     let refusals = shared.refusals.as_ref()?;
     Some(refusals.h2_note(info.peer.ip(), info.tls_facts.clone()))
-}
-
-/// Whether the connection goes on to the TLS handshake: not when it ended before its first
-/// byte, nor when it is a plain HTTP request, answered here with a 400 (logged and counted as
-/// a refused request) within `deadline`.
-async fn judged_as_tls<F>(
-    shared: &Shared<F>,
-    stream: &mut ClientTcp,
-    deadline: tokio::time::Instant,
-    peer: SocketAddr,
-) -> bool {
-    let first = tokio::time::timeout_at(deadline, plain_on_tls::first_bytes(stream)).await;
-    match first {
-        Ok(FirstBytes::Tls) => true,
-        Ok(FirstBytes::Nothing) | Err(_) => false,
-        Ok(FirstBytes::PlainHttp) => {
-            tracing::debug!(%peer, "{}: a plain HTTP request on the TLS port", shared.name);
-            if let Some(refusals) = &shared.refusals {
-                let plain = TlsFacts::default();
-                refusals.refused(
-                    peer.ip(),
-                    &plain,
-                    StatusCode::BAD_REQUEST,
-                    plain_on_tls::BODY_BYTES,
-                );
-            }
-            let answered = tokio::time::timeout_at(deadline, plain_on_tls::answer(stream));
-            let _ = answered.await;
-            false
-        }
-    }
-}
-
-/// The TLS handshake, by `deadline`; `None` (logged) when it fails or is late. Its state is
-/// boxed, freed once it ends, and so is the session it makes (over a kilobyte), which moves as
-/// a pointer from then on: a connection's task keeps room for neither.
-async fn handshake(
-    acceptor: tokio_rustls::TlsAcceptor,
-    stream: ClientTcp,
-    deadline: tokio::time::Instant,
-    peer: SocketAddr,
-    listener: &str,
-) -> Option<Box<tokio_rustls::server::TlsStream<ClientTcp>>> {
-    let handshake = Box::pin(tokio::time::timeout_at(deadline, acceptor.accept(stream)));
-    match handshake.await {
-        Ok(Ok(stream)) => Some(Box::new(stream)),
-        Ok(Err(e)) => {
-            tracing::debug!(%peer, "{listener}: TLS handshake failed: {e}");
-            None
-        }
-        Err(_) => {
-            tracing::debug!(%peer, "{listener}: TLS handshake timed out");
-            None
-        }
-    }
-}
-
-/// What the access log shows of a finished handshake.
-fn tls_facts(session: &rustls::ServerConnection) -> TlsFacts {
-    TlsFacts {
-        version: session.protocol_version().map(|v| match v {
-            rustls::ProtocolVersion::TLSv1_3 => "TLSv1.3",
-            rustls::ProtocolVersion::TLSv1_2 => "TLSv1.2",
-            _ => "TLS",
-        }),
-        sni: session.server_name().map(Arc::from),
-    }
 }
 
 /// Stops keep-alive: HTTP/1 responses say `Connection: close` for [`DRAIN_LINGER`], then idle

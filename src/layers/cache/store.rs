@@ -5,14 +5,13 @@
 //! not be stored is marked for a while ([`UNCACHEABLE_FOR`], Varnish's "hit-for-miss"): its
 //! requests go straight to the backend, side by side, without waiting for one another.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::header::HeaderMap;
 use quick_cache::sync::Cache;
 use quick_cache::{DefaultHashBuilder, Lifecycle, OptionsBuilder, Weighter};
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::disk::DiskTier;
@@ -20,6 +19,10 @@ use super::entry::Entry;
 use super::remote::{Dropped, Fetched, RemoteTier};
 use crate::config::cache_conf::{CacheConfig, Storage};
 use crate::vocab::normalise;
+
+mod flight;
+pub use flight::{wait_for, Flight, FlightGuard, COALESCE_WAIT};
+use flight::{Flights, FLIGHT_SHARDS};
 
 /// What follows a key's target when the client wrote its host otherwise than it is routed:
 /// then the host as written (`key_of`).
@@ -166,22 +169,11 @@ impl std::fmt::Debug for CacheStore {
     }
 }
 
-/// One shard of the fetches in flight: (key hash, what waiters wait on, made by the first of
-/// them: an uncontended miss allocates nothing here).
-type Flights = Vec<(u64, Option<Arc<InFlight>>)>;
-
 /// One series of `/metrics`: name, type, help, and a value per tier.
 type Series<'a> = (&'a str, &'a str, &'a str, Vec<(&'a str, u64)>);
 
-/// Shards of the table of fetches in flight.
-const FLIGHT_SHARDS: usize = 32;
-
 /// Variants kept under one key at most.
 const MAX_VARIANTS: usize = 16;
-
-/// How long a miss waits for another request fetching the same key (nginx's
-/// `proxy_cache_lock_timeout` default); then it goes to the backend itself.
-pub const COALESCE_WAIT: Duration = Duration::from_secs(5);
 
 impl CacheStore {
     /// The tiers `cfg` asks for; `base_dir` resolves a relative `file_path`, `workers` is how
@@ -567,28 +559,6 @@ impl CacheStore {
             }
         }
     }
-
-    /// The shard of fetches in flight that `key` belongs to.
-    fn flights(&self, hash: u64) -> std::sync::MutexGuard<'_, Flights> {
-        let shard = &self.in_flight[hash as usize % self.in_flight.len()];
-        shard.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Joins the fetch of `key`: `Lead` when no one is fetching it (the guard ends the fetch
-    /// when dropped), `Follow` with what to wait on otherwise.
-    pub fn join_flight(self: &Arc<Self>, key: &str) -> Flight {
-        let hash = std::hash::BuildHasher::hash_one(&self.flight_hasher, key);
-        let mut flights = self.flights(hash);
-        if let Some((_, waited_on)) = flights.iter_mut().find(|(h, _)| *h == hash) {
-            let fetch = waited_on.get_or_insert_with(Default::default);
-            return Flight::Follow(fetch.clone());
-        }
-        flights.push((hash, None));
-        Flight::Lead(FlightGuard {
-            store: self.clone(),
-            hash,
-        })
-    }
 }
 
 /// The key (`scheme://host/target`) belongs to `host` and its path lies under `prefix`.
@@ -607,50 +577,3 @@ fn key_under(key: &str, host: &str, prefix: &str) -> bool {
 /// Redis could not be asked in time: the request goes on without the cache.
 #[derive(Debug)]
 pub struct Unreachable;
-
-/// A request's part in fetching a key.
-pub enum Flight {
-    Lead(FlightGuard),
-    Follow(Arc<InFlight>),
-}
-
-/// One fetch in flight: over once `done`, and then its waiters are woken.
-#[derive(Default)]
-pub struct InFlight {
-    done: AtomicBool,
-    over: Notify,
-}
-
-/// Held by the request fetching a key; dropping it (the response stored, or given up) wakes the
-/// requests waiting for it.
-pub struct FlightGuard {
-    store: Arc<CacheStore>,
-    hash: u64,
-}
-
-impl Drop for FlightGuard {
-    fn drop(&mut self) {
-        let mut flights = self.store.flights(self.hash);
-        let Some(at) = flights.iter().position(|(h, _)| *h == self.hash) else {
-            return;
-        };
-        let (_, waited_on) = flights.swap_remove(at);
-        drop(flights);
-        if let Some(fetch) = waited_on {
-            fetch.done.store(true, Ordering::Release);
-            fetch.over.notify_waiters();
-        }
-    }
-}
-
-/// Waits until `fetch` is over, at most `limit`.
-pub async fn wait_for(fetch: Arc<InFlight>, limit: Duration) {
-    let over = fetch.over.notified();
-    tokio::pin!(over);
-    // Registered before the check, so an end between the two is not missed.
-    over.as_mut().enable();
-    if fetch.done.load(Ordering::Acquire) {
-        return;
-    }
-    let _ = tokio::time::timeout(limit, over).await;
-}

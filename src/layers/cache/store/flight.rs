@@ -1,0 +1,93 @@
+//! Request coalescing for the memory tier: the first miss for a key fetches it, later ones wait
+//! for that fetch (at most [`COALESCE_WAIT`]) and then look again. The fetches in flight are
+//! kept by key hash in [`FLIGHT_SHARDS`] locked shards, each touched only on a miss.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use super::CacheStore;
+
+/// One shard of the fetches in flight: (key hash, what waiters wait on, made by the first of
+/// them: an uncontended miss allocates nothing here).
+pub(super) type Flights = Vec<(u64, Option<Arc<InFlight>>)>;
+
+/// Shards of the table of fetches in flight.
+pub(super) const FLIGHT_SHARDS: usize = 32;
+
+/// How long a miss waits for another request fetching the same key (nginx's
+/// `proxy_cache_lock_timeout` default); then it goes to the backend itself.
+pub const COALESCE_WAIT: Duration = Duration::from_secs(5);
+
+impl CacheStore {
+    /// The shard of fetches in flight that `key` belongs to.
+    fn flights(&self, hash: u64) -> std::sync::MutexGuard<'_, Flights> {
+        let shard = &self.in_flight[hash as usize % self.in_flight.len()];
+        shard.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Joins the fetch of `key`: `Lead` when no one is fetching it (the guard ends the fetch
+    /// when dropped), `Follow` with what to wait on otherwise.
+    pub fn join_flight(self: &Arc<Self>, key: &str) -> Flight {
+        let hash = std::hash::BuildHasher::hash_one(&self.flight_hasher, key);
+        let mut flights = self.flights(hash);
+        if let Some((_, waited_on)) = flights.iter_mut().find(|(h, _)| *h == hash) {
+            let fetch = waited_on.get_or_insert_with(Default::default);
+            return Flight::Follow(fetch.clone());
+        }
+        flights.push((hash, None));
+        Flight::Lead(FlightGuard {
+            store: self.clone(),
+            hash,
+        })
+    }
+}
+
+/// A request's part in fetching a key.
+pub enum Flight {
+    Lead(FlightGuard),
+    Follow(Arc<InFlight>),
+}
+
+/// One fetch in flight: over once `done`, and then its waiters are woken.
+#[derive(Default)]
+pub struct InFlight {
+    done: AtomicBool,
+    over: Notify,
+}
+
+/// Held by the request fetching a key; dropping it (the response stored, or given up) wakes the
+/// requests waiting for it.
+pub struct FlightGuard {
+    store: Arc<CacheStore>,
+    hash: u64,
+}
+
+impl Drop for FlightGuard {
+    fn drop(&mut self) {
+        let mut flights = self.store.flights(self.hash);
+        let Some(at) = flights.iter().position(|(h, _)| *h == self.hash) else {
+            return;
+        };
+        let (_, waited_on) = flights.swap_remove(at);
+        drop(flights);
+        if let Some(fetch) = waited_on {
+            fetch.done.store(true, Ordering::Release);
+            fetch.over.notify_waiters();
+        }
+    }
+}
+
+/// Waits until `fetch` is over, at most `limit`.
+pub async fn wait_for(fetch: Arc<InFlight>, limit: Duration) {
+    let over = fetch.over.notified();
+    tokio::pin!(over);
+    // Registered before the check, so an end between the two is not missed.
+    over.as_mut().enable();
+    if fetch.done.load(Ordering::Acquire) {
+        return;
+    }
+    let _ = tokio::time::timeout(limit, over).await;
+}
