@@ -104,7 +104,7 @@ async fn x4xx_limit_blocks_until_a_quiet_second() {
         .render();
     let proxy = Proxy::start(&yaml, "").await;
     let mut me = connect_from(Proto::H1, proxy.addr, ip(6)).await;
-    for _ in 0..4 {
+    for _ in 0..3 {
         assert_eq!(get(&mut me, "x.test", "/").await.0, 404);
     }
     let reached = backend.requests();

@@ -358,7 +358,10 @@ impl SharedLimits {
             let replies = limits
                 .link
                 .run::<Vec<(u8, u64)>>(slot, BACKGROUND_DEADLINE, &cmd);
-            if let Some(&[(0, _)]) = replies.await.as_deref() {
+            // Over the limit, or the answer that filled it (as the local table counts).
+            let tolerance_us = counter.rate.tolerance_ns() / 1000;
+            let filled = |&(admitted, ahead_us): &(u8, u64)| admitted == 0 || ahead_us > tolerance_us;
+            if replies.await.as_deref().is_some_and(|r| r.iter().any(filled)) {
                 let mut publish = redis::pipe();
                 let block = format!("{:x} {} {}", counter.scope, counter.ip, QUIET.as_millis());
                 publish.cmd("PUBLISH").arg(BLOCKS).arg(block).ignore();
