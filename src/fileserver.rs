@@ -63,7 +63,11 @@ pub async fn serve(
             let folder = folder.clone();
             let client = conn.peer.ip();
             let record = access_log.begin(client, &conn.tls_facts, &req, Instant::now());
-            Box::pin(async move { Ok::<_, Infallible>(logged(answer(&folder, req).await, record)) })
+            let head = req.method() == http::Method::HEAD;
+            Box::pin(async move {
+                let answered = answer(&folder, req).await;
+                Ok::<_, Infallible>(logged(answered, record, head))
+            })
         })
     };
     accept.run(make, shutdown).await;
@@ -71,15 +75,30 @@ pub async fn serve(
 
 /// `resp` with its access log line: written when its body ends (or the client leaves), as the
 /// proxy's are. The file server's requests were in no log.
-fn logged(resp: Response<FileBody>, mut record: Record) -> Response<FileBody> {
+fn logged(resp: Response<FileBody>, mut record: Record, head: bool) -> Response<FileBody> {
     record.respond(resp.status().as_u16(), None, (None, Instant::now()));
-    resp.map(|inner| LoggedFile { inner, record }.boxed_unsync())
+    let sends_a_file = matches!(resp.status(), StatusCode::OK | StatusCode::PARTIAL_CONTENT);
+    let declared = resp.headers().get(header::CONTENT_LENGTH);
+    let declared = declared.and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let remaining = declared.filter(|_| sends_a_file && !head);
+    resp.map(|inner| {
+        let file = LoggedFile {
+            inner,
+            record,
+            remaining,
+        };
+        file.boxed_unsync()
+    })
 }
 
-/// A file server answer's body, counting its bytes for the access log.
+/// A file server answer's body, counting its bytes for the access log, and ending where its
+/// `Content-Length` says: a file that grows while it is sent is read to its end, and the bytes
+/// past the length the head declared broke the connection (and lost the answer's tail) where
+/// nginx sends exactly what it declared.
 struct LoggedFile {
     inner: FileBody,
     record: Record,
+    remaining: Option<u64>,
 }
 
 impl http_body::Body for LoggedFile {
@@ -90,22 +109,45 @@ impl http_body::Body for LoggedFile {
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+        use std::task::Poll;
         let this = self.get_mut();
-        let polled = std::pin::Pin::new(&mut this.inner).poll_frame(cx);
-        if let std::task::Poll::Ready(Some(Ok(frame))) = &polled {
-            if let Some(data) = frame.data_ref() {
-                this.record.add_bytes(data.len());
-            }
+        if this.remaining == Some(0) {
+            return Poll::Ready(None);
         }
-        polled
+        let polled = std::pin::Pin::new(&mut this.inner).poll_frame(cx);
+        match polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                let Ok(mut data) = frame.into_data() else {
+                    return Poll::Ready(None);
+                };
+                if let Some(remaining) = &mut this.remaining {
+                    data.truncate(usize::try_from(*remaining).unwrap_or(usize::MAX));
+                    *remaining -= data.len() as u64;
+                }
+                this.record.add_bytes(data.len());
+                Poll::Ready(Some(Ok(http_body::Frame::data(data))))
+            }
+            Poll::Ready(None) => {
+                if let Some(short) = this.remaining.filter(|&r| r > 0) {
+                    tracing::warn!("file server: a file ended {short} bytes short of the length its answer declared (it shrank while it was sent); the connection is closed");
+                    let shrank = std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the file shrank while it was sent");
+                    return Poll::Ready(Some(Err(shrank)));
+                }
+                Poll::Ready(None)
+            }
+            other => other,
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.remaining == Some(0) || self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
+        match self.remaining {
+            Some(exact) => http_body::SizeHint::with_exact(exact),
+            None => self.inner.size_hint(),
+        }
     }
 }
 

@@ -30,6 +30,8 @@ async fn routing_setup() -> Routes {
                 .path("/api", Path::servers(&[&b]))
                 .path("/api/v2", Path::servers(&[&c])),
         )
+        // Written otherwise than its RFC 5952 form, as clients may write it too.
+        .host("[0:0::5]", Host::new().path("/", Path::servers(&[&b])))
         .host("DEFAULT", Host::new().path("/", Path::servers(&[&d])))
         .render();
     Routes {
@@ -60,6 +62,11 @@ async fn host_and_path_selection() {
         // Prefixes match whatever the case: many backends read `/API` as `/api`.
         ("example.com", "/API/V2/y", "c"),
         ("example.com", "/Api", "b"),
+        // One IPv6 address, however written, is one host (it went to DEFAULT, past its
+        // host's policies).
+        ("[::5]", "/", "b"),
+        ("[0:0:0:0:0:0:0:5]:8080", "/x", "b"),
+        ("[::6]", "/", "d"),
     ];
     for proto in PROTOCOLS {
         let mut client = Client::connect(proto, setup.proxy.addr).await;

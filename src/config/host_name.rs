@@ -52,5 +52,5 @@ pub(super) fn normalise_host(raw: &str, pos: Pos, path: &str, r: &mut Reader) ->
         );
         r.warn(pos, path, message);
     }
-    Some(without_port.to_string())
+    Some(normalise::canonical_ip_literal(without_port).into_owned())
 }

@@ -40,10 +40,41 @@ pub fn host<'b>(raw: &[u8], buf: &'b mut [u8; MAX_HOST]) -> Option<&'b str> {
     if !valid {
         return None;
     }
+    if name.first() == Some(&b'[') {
+        return ip_literal(name, buf);
+    }
     let out = &mut buf[..name.len()];
     out.copy_from_slice(name);
     out.make_ascii_lowercase();
     std::str::from_utf8(out).ok()
+}
+
+/// A bracketed IP literal in its one written form (RFC 5952: `[0:0:0:0:0:0:0:1]` and `[::1]`
+/// are one host, and routing and the limits must take them as one); one that is no IPv6
+/// address (an IPvFuture) as written, lower-cased.
+fn ip_literal<'b>(name: &[u8], buf: &'b mut [u8; MAX_HOST]) -> Option<&'b str> {
+    let inner = std::str::from_utf8(&name[1..name.len() - 1]).ok()?;
+    if let Ok(addr) = inner.parse::<std::net::Ipv6Addr>() {
+        let mut cursor = std::io::Cursor::new(&mut buf[..]);
+        std::io::Write::write_fmt(&mut cursor, format_args!("[{addr}]")).ok()?;
+        let len = cursor.position() as usize;
+        return std::str::from_utf8(&buf[..len]).ok();
+    }
+    let out = &mut buf[..name.len()];
+    out.copy_from_slice(name);
+    out.make_ascii_lowercase();
+    std::str::from_utf8(out).ok()
+}
+
+/// `host` (normalised) with its IPv6 literal in the one form [`host`] gives requests'.
+pub fn canonical_ip_literal(host: &str) -> std::borrow::Cow<'_, str> {
+    let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) else {
+        return host.into();
+    };
+    match inner.parse::<std::net::Ipv6Addr>() {
+        Ok(addr) => format!("[{addr}]").into(),
+        Err(_) => host.into(),
+    }
 }
 
 /// Whether a normalised host has an empty label (`a..b`, `.a`, `a..`): no host is named so,
@@ -331,6 +362,19 @@ mod tests {
     fn h(raw: &str) -> Option<String> {
         let mut buf = [0u8; MAX_HOST];
         host(raw.as_bytes(), &mut buf).map(str::to_string)
+    }
+
+    /// An IPv6 address written another way (`[0:0:0:0:0:0:0:1]`, upper case, with a port) is
+    /// the host its RFC 5952 form names: it went to `DEFAULT`, past its host's `to_https`.
+    #[test]
+    fn ipv6_literals_take_one_form() {
+        for raw in ["[::1]", "[0:0:0:0:0:0:0:1]", "[0::1]:8080", "[::0001]"] {
+            assert_eq!(h(raw).as_deref(), Some("[::1]"), "{raw:?}");
+        }
+        assert_eq!(h("[2001:DB8:0::1]").as_deref(), Some("[2001:db8::1]"));
+        assert_eq!(h("[v1.Future]").as_deref(), Some("[v1.future]"));
+        assert_eq!(canonical_ip_literal("[0:0::1]"), "[::1]");
+        assert_eq!(canonical_ip_literal("a.test"), "a.test");
     }
 
     #[test]
