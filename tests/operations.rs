@@ -641,6 +641,54 @@ async fn drops_to_runuser_after_binding_a_low_port() {
     }
 }
 
+/// A live upgrade of a process that dropped to `runuser`, twice. The old process (the user by
+/// then) may not signal the new one (root until it drops too), and took that for the new one's
+/// end: it took the upgrade socket back from a live process, its SIGQUIT then waited 10 s for a
+/// taker, and leaving it removed the socket, so the next `aralez -u` was refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_upgrade_under_runuser_hands_over_and_the_next_one_too() {
+    if !is_root() {
+        println!("SKIPPED a_live_upgrade_under_runuser_hands_over_and_the_next_one_too: needs root (useradd)");
+        return;
+    }
+    let user = TempUser::create('u');
+    let owner = nix::unistd::User::from_name(&user.0).unwrap().unwrap();
+    let backend = Backend::start("b").await;
+    let dir = tempfile::tempdir().unwrap();
+    let mode = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+    std::fs::set_permissions(dir.path(), mode).unwrap();
+    std::fs::write(dir.path().join("upstreams.yaml"), upstreams_for(&backend)).unwrap();
+    // The folder of the pid file and the socket is the user's, as the README advises.
+    let run = dir.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    nix::unistd::chown(&run, Some(owner.uid), Some(owner.gid)).unwrap();
+    let main = format!(
+        "threads: 1\nproxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: \"upstreams.yaml\"\npid_file: \"{1}/p.pid\"\nupgrade_sock: \"{1}/u.sock\"\nrunuser: \"{0}\"\nrungroup: \"{0}\"\ngrace_period_seconds: 2\n",
+        user.0,
+        run.display()
+    );
+    let conf = dir.path().join("main.yaml");
+    std::fs::write(&conf, main).unwrap();
+    let mut old = ProxyProcess::spawn_args(&conf, &[]);
+    for round in 0..2 {
+        let new = tokio::task::block_in_place(|| ProxyProcess::spawn_args(&conf, &["-u"]));
+        assert_eq!(new.addr, old.addr, "round {round}");
+        let lost = eventually(Duration::from_millis(1500), || {
+            old.log_text().contains("has ended")
+        });
+        assert!(!lost.await, "round {round}: {}", old.log_text());
+        old.signal(Signal::SIGQUIT);
+        let quit = format!("round {round}: the old process, handed over");
+        old.expect_clean_exit(Duration::from_secs(5), &quit);
+        let said = old.log_text();
+        assert!(!said.contains("no new process has taken"), "{said}");
+        let mut client = Client::connect(Proto::H1, new.addr).await;
+        let resp = client.get("x.test", "/").await;
+        assert_eq!(resp.status(), 200, "round {round}: {}", new.log_text());
+        old = new;
+    }
+}
+
 #[test]
 fn refuses_to_start_when_the_user_does_not_exist() {
     let dir = tempfile::tempdir().unwrap();

@@ -200,9 +200,17 @@ async fn taker_ended(taker: Option<i32>) {
         return std::future::pending().await;
     };
     let pid = nix::unistd::Pid::from_raw(pid);
-    while nix::sys::signal::kill(pid, None).is_ok() {
+    while still_runs(nix::sys::signal::kill(pid, None)) {
         tokio::time::sleep(TAKER_CHECK).await;
     }
+}
+
+/// Whether a process runs, by what signal 0 to it gave: only "no such process" says it ended.
+/// A process that dropped to `runuser` may not signal the one that took over from it, which is
+/// root until it drops too (EPERM): that was taken for an end, and the old process took the
+/// upgrade socket back from a live one, and later handed its listeners to no one.
+fn still_runs(signalled: nix::Result<()>) -> bool {
+    signalled != Err(nix::errno::Errno::ESRCH)
 }
 
 /// Connects to the running instance and receives its listening sockets. The socket file and the
