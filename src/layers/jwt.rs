@@ -18,10 +18,20 @@ use crate::vocab::ProxyError;
 
 use crate::vocab::token_param::{strip_query_param, QUERY_PARAM};
 
-/// The claim we read back: when the token stops being valid.
+/// The claim we read back: when the token stops being valid. A NumericDate is any JSON number
+/// (RFC 7519 §2): `exp: 1700000000.5`, as issuers that add a lifetime to a clock's fraction
+/// write it, was refused when read as a whole number.
 #[derive(serde::Deserialize)]
 struct Expiry {
-    exp: u64,
+    exp: f64,
+}
+
+impl Expiry {
+    /// The last whole second the token is valid before (as the cache of verified tokens keeps
+    /// it); a fraction is cut, so a token is never held valid longer than it says.
+    fn whole_seconds(&self) -> u64 {
+        self.exp.floor() as u64
+    }
 }
 
 enum Secret {
@@ -86,11 +96,11 @@ impl Jwt {
                 }
                 // jsonwebtoken passes `exp == now`; RFC 7519 §4.1.4 wants now before it, as
                 // the cache of verified tokens checks.
-                Ok(data) if data.claims.exp <= now => {
+                Ok(data) if data.claims.exp <= now as f64 => {
                     tracing::debug!("token refused: it expires this second");
                     return Err(ProxyError::TokenRequired);
                 }
-                Ok(data) => jwt_cache::remember(fingerprint, token, data.claims.exp),
+                Ok(data) => jwt_cache::remember(fingerprint, token, data.claims.whole_seconds()),
                 Err(e) => {
                     tracing::debug!("token refused: {e}");
                     return Err(ProxyError::TokenRequired);
@@ -203,6 +213,12 @@ pub(crate) mod tests {
         let bearer = |t: &str| format!("Bearer {t}");
         assert_eq!(check(&jwt, "/", Some(&bearer(&good))).0, Ok(()));
         assert_eq!(check(&jwt, "/", Some(&bearer(&begun))).0, Ok(()));
+        // A NumericDate with a fraction (RFC 7519 §2) is a date like any other.
+        let fraction = hs256("k1", &serde_json::json!({"exp": exp as f64 + 0.5}));
+        assert_eq!(check(&jwt, "/", Some(&bearer(&fraction))).0, Ok(()));
+        let past_fraction = hs256("k1", &serde_json::json!({"exp": now() as f64 - 3.5}));
+        let refused = check(&jwt, "/", Some(&bearer(&past_fraction))).0;
+        assert_eq!(refused, Err(ProxyError::TokenRequired), "expired, with a fraction");
         for (name, token) in [
             ("wrong secret", &other_secret),
             ("expired", &expired),
