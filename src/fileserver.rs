@@ -164,6 +164,11 @@ async fn answer(folder: &std::path::Path, req: Request<ClientBody>) -> Response<
         refused.headers_mut().insert(http::header::ALLOW, allow);
         return refused;
     }
+    // `/100%.txt` is no path (a `%` not followed by two hex digits): the proxy and nginx
+    // answer 400, and so does this server (it served the file named so).
+    if normalise::has_malformed_escape(req.uri().path().as_bytes()) {
+        return plain(StatusCode::BAD_REQUEST, "400 Bad Request\n");
+    }
     let mut req = req;
     // The path as routing reads it (dot segments resolved, `//` merged): `ServeDir` refused
     // `/a/../b` and redirected `//sub` to `//sub/`, another host to a browser.

@@ -332,7 +332,7 @@ async fn a_folder_switched_to_another_release_is_checked_where_it_leads() {
 /// `/a.txt` (it got a 404).
 #[tokio::test]
 async fn paths_are_normalised_before_they_are_served() {
-    let (_proxy, addr, _root, _) = start();
+    let (_proxy, addr, _root, _www) = start();
     let (status, text) = raw_status(addr, "//sub").await;
     assert!((300..400).contains(&status), "{text}");
     let location = text
@@ -349,6 +349,61 @@ async fn paths_are_normalised_before_they_are_served() {
     assert!(text.ends_with(CONTENT), "{text}");
     let (status, _) = raw_status(addr, "/sub/../.env").await;
     assert_eq!(status, 404);
+    // A `%` that escapes nothing makes no path (400, as the proxy and nginx answer).
+    std::fs::write(_www.join("100%.txt"), CONTENT).unwrap();
+    for target in ["/100%.txt", "/a%2.txt", "/%zz"] {
+        let (status, text) = raw_status(addr, target).await;
+        assert_eq!(status, 400, "{target}: {text}");
+    }
+}
+
+/// A file that grows while it is sent: the answer ends at the length its head declared, and
+/// the connection serves the next request (as nginx's). The bytes past it broke the
+/// connection, and the answer lost its last chunk.
+#[tokio::test]
+async fn a_file_growing_while_sent_ends_at_its_declared_length() {
+    let (proxy, addr, _root, www) = start();
+    // Not a whole number of the reader's 64 KiB chunks: its last one is read past the length.
+    const SIZE: usize = (32 << 20) + 1000;
+    std::fs::write(www.join("grow.bin"), vec![b'x'; SIZE]).unwrap();
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let ask = |target: &str| format!("GET {target} HTTP/1.1\r\nHost: files\r\n\r\n");
+    stream.write_all(ask("/grow.bin").as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let head_end = loop {
+        let mut chunk = [0u8; 16 << 10];
+        let n = stream.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "closed before the head");
+        got.extend_from_slice(&chunk[..n]);
+        if let Some(at) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+    };
+    let head = String::from_utf8_lossy(&got[..head_end]).to_ascii_lowercase();
+    assert!(head.contains(&format!("content-length: {SIZE}")), "{head}");
+    // Most of the file is still to be read when it grows.
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(www.join("grow.bin"))
+        .unwrap();
+    std::io::Write::write_all(&mut file, &[b'y'; 100 << 10]).unwrap();
+    let mut body = got.split_off(head_end);
+    while body.len() < SIZE {
+        let mut chunk = vec![0u8; 256 << 10];
+        let n = stream.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "cut after {} of {SIZE} bytes", body.len());
+        body.extend_from_slice(&chunk[..n]);
+    }
+    assert_eq!(body.len(), SIZE, "bytes past the declared length");
+    assert!(body.iter().all(|&b| b == b'x'));
+    stream.write_all(ask("/a.txt").as_bytes()).await.unwrap();
+    let mut next = vec![0u8; 4096];
+    let n = tokio::time::timeout(std::time::Duration::from_secs(10), stream.read(&mut next))
+        .await
+        .expect("the next answer")
+        .unwrap();
+    let next = String::from_utf8_lossy(&next[..n]);
+    assert!(next.starts_with("HTTP/1.1 200"), "{next}\n{}", proxy.log_text());
 }
 
 /// Sends a GET for `target` with `Range: range`, and returns the whole answer.

@@ -297,7 +297,7 @@ pub fn is_ambiguous(raw: &str) -> bool {
 }
 
 /// Whether some `%` is not followed by two hex digits.
-fn has_malformed_escape(bytes: &[u8]) -> bool {
+pub fn has_malformed_escape(bytes: &[u8]) -> bool {
     bytes.iter().enumerate().any(|(i, &b)| {
         b == b'%'
             && !(bytes.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
