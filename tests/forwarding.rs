@@ -140,7 +140,7 @@ async fn without_default_unknown_hosts_and_paths_get_404() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwarding_headers() {
-    let a = Backend::start("a").await;
+    let a = Backend::builder("a").cookies().start().await;
     // Pinned to HTTP/1.1 (the backend also speaks h2c, which detection would pick).
     let route = Path::addrs(&[format!("http://{}", a.addr)])
         .server_headers(&["X-To-Backend: yes"])
@@ -189,10 +189,13 @@ async fn forwarding_headers() {
             "{proto:?}: server headers add up: {seen}"
         );
         // The backend's hop-by-hop headers never reach the client; client headers do, a
-        // name listed twice with both values.
+        // name listed twice with both values. A `Set-Cookie` is added beside the backend's
+        // own, as nginx's `add_header` adds it (they were replaced, and the application's
+        // session cookies with them).
         assert!(resp.headers().get("x-hop").is_none(), "{proto:?}");
         let cookies: Vec<_> = resp.headers().get_all("set-cookie").iter().collect();
-        assert_eq!(cookies, ["a=1", "b=2"], "{proto:?}");
+        let want = ["app=a; Path=/", "theme=dark; Path=/", "a=1", "b=2"];
+        assert_eq!(cookies, want, "{proto:?}");
         assert!(resp.headers().get("keep-alive").is_none(), "{proto:?}");
         assert_eq!(header(&resp, "x-frame-options"), "DENY", "{proto:?}");
         body_bytes(resp).await;

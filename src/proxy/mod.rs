@@ -272,7 +272,10 @@ fn set_listed(headers: &mut http::HeaderMap, listed: &[(HeaderName, HeaderValue)
         return;
     }
     for (at, (name, value)) in listed.iter().enumerate() {
-        if listed[..at].iter().any(|(earlier, _)| earlier == name) {
+        // A `Set-Cookie` goes beside the backend's own: each names its own cookie, and one in
+        // place of the backend's took the application's session away (nginx adds it too).
+        let beside = *name == http::header::SET_COOKIE;
+        if beside || listed[..at].iter().any(|(earlier, _)| earlier == name) {
             headers.append(name.clone(), value.clone());
         } else {
             headers.insert(name.clone(), value.clone());
