@@ -39,9 +39,11 @@ impl<'a> Reader<'a> {
         let kind = node.value.kind();
         let found = match (&node.value, node.written.as_deref()) {
             // As written: `02` was said as "a number `2`", the very thing expected.
-            (Value::Int(_) | Value::Float(_) | Value::Bool(_), Some(written)) => {
-                format!("{kind} `{}`{}", shorten(written), read_otherwise(written))
+            (Value::Int(_) | Value::Float(_), Some(written)) => {
+                let why = read_otherwise(written, matches!(node.value, Value::Float(_)));
+                format!("{kind} `{}`{why}", shorten(written))
             }
+            (Value::Bool(_), Some(written)) => format!("{kind} `{}`", shorten(written)),
             (Value::Str(s), _) => format!("{kind} `{}`", shorten(s)),
             (Value::Int(i), _) => format!("{kind} `{i}`"),
             (Value::Float(f), _) => format!("{kind} `{f}`"),
@@ -94,6 +96,12 @@ impl<'a> Reader<'a> {
     /// A whole number within `min..=max` (a quoted number is accepted).
     pub fn uint(&mut self, node: &Node, key: &str, min: u64, max: u64) -> Option<u64> {
         let number = match &node.value {
+            Value::Int(_) if !written_in_decimal(node) => {
+                let written = shorten(node.written.as_deref().unwrap_or_default());
+                let why = format!("`{written}` is a number in a form YAML reads but few readers expect (hexadecimal, octal, `_` between digits, or a `+`): write it in decimal digits");
+                self.error(node.pos, key, why);
+                return None;
+            }
             Value::Int(i) => *i,
             Value::Str(s) => match s.trim().parse::<i64>() {
                 Ok(i) => i,
@@ -243,16 +251,68 @@ pub fn bool_word(text: &str) -> Option<bool> {
     }
 }
 
-/// Why YAML read the digits `written` as something else than a whole number, if that is why.
-fn read_otherwise(written: &str) -> &'static str {
+/// Whether a whole number was written in plain decimal digits (or not written at all: a
+/// default). `0x10`, `0o10`, `1_000` and `+5` were taken silently as 16, 8, 1000 and 5.
+fn written_in_decimal(node: &Node) -> bool {
+    let Some(written) = node.written.as_deref() else {
+        return true;
+    };
+    let digits = written.strip_prefix('-').unwrap_or(written);
+    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// Why YAML read the number `written` as something else than the whole number it looks like,
+/// if that is why: a leading zero, or (when it was read as a `fraction`) its size or its form.
+/// A number read as the whole number it is needs no reason (`1` where a mapping was expected
+/// was "too large").
+fn read_otherwise(written: &str, fraction: bool) -> &'static str {
     let digits = !written.is_empty() && written.bytes().all(|b| b.is_ascii_digit());
     if digits && written.len() > 1 && written.starts_with('0') {
         " (a leading zero: write it without one)"
+    } else if !fraction {
+        ""
     } else if digits {
         " (too large)"
     } else if written.contains(['.', 'e', 'E']) {
         " (a fraction or an exponent as written: write the whole number in digits)"
     } else {
         ""
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one message `text`'s `key` gets when read as `read` would read it.
+    fn said(text: &str, read: impl Fn(&mut Reader, &Node)) -> String {
+        let root = crate::config::yaml::parse(text).expect("YAML");
+        let Value::Map(entries) = &root.value else {
+            panic!("a mapping");
+        };
+        let mut issues = Issues::default();
+        read(&mut Reader::new("t.yaml".into(), &mut issues), &entries[0].1);
+        let said: Vec<String> = issues.errors().map(|i| i.message.clone()).collect();
+        assert_eq!(said.len(), 1, "{text}: {said:?}");
+        said[0].clone()
+    }
+
+    #[test]
+    fn type_errors_give_a_reason_only_where_one_applies() {
+        let number = |r: &mut Reader, n: &Node| drop(r.uint(n, "k", 0, 100));
+        let mapping = |r: &mut Reader, n: &Node| drop(r.map(n, "k"));
+        // A boolean or a whole number read as what it is needs no reason ("a fraction or an
+        // exponent as written", "too large" were said of `true` and of `1`).
+        let message = said("k: true\n", number);
+        assert_eq!(message, "expected a whole number, found a boolean `true`");
+        assert_eq!(said("k: 1\n", mapping), "expected a mapping, found an integer `1`");
+        assert!(said("k: 02\n", number).ends_with("(a leading zero: write it without one)"));
+        let large = said("k: 99999999999999999999\n", number);
+        assert!(large.ends_with("(too large)"), "{large}");
+        for written in ["0x2", "0o10", "1_000", "+5"] {
+            let message = said(&format!("k: {written}\n"), number);
+            assert!(message.contains("write it in decimal digits"), "{written}: {message}");
+        }
+        assert_eq!(said("k: 101\n", number), "must be between 0 and 100 (found 101)");
     }
 }
