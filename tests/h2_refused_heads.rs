@@ -168,3 +168,85 @@ async fn heads_h2_refuses_itself_are_logged_and_counted() {
     let other = "aralez_requests_total{method=\"OTHER\",version=\"OTHER\"}";
     assert_eq!(metric(admin, other).await, Some(6.0));
 }
+
+/// A literal field with incremental indexing (RFC 7541 §6.2.1), its name literal too.
+fn indexed_literal(name: &str, value: &str, out: &mut Vec<u8>) {
+    out.push(0x40);
+    hpack_int(0, 7, name.len(), out);
+    out.extend_from_slice(name.as_bytes());
+    hpack_int(0, 7, value.len(), out);
+    out.extend_from_slice(value.as_bytes());
+}
+
+/// `GET http://x.test{path}`, then the coded `fields`.
+fn head_with(path: &str, fields: &[u8]) -> Vec<u8> {
+    let mut out = vec![0x82, 0x86];
+    literal(":path", path, &mut out);
+    out.extend_from_slice(&[0x41, 0x06]);
+    out.extend_from_slice(b"x.test");
+    out.extend_from_slice(fields);
+    out
+}
+
+/// A request with a field that is none (an upper-case name, a NUL in a value) is malformed:
+/// its stream is reset (RFC 9113 §8.1.1), as nginx does, and the connection's other streams go
+/// on. The connection was ended with a GOAWAY, and a request in flight on it was lost (and
+/// logged 499). The dynamic table keeps a stand-in of the invalid field's size, so the indexes
+/// the client uses afterwards still name what it inserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_field_that_is_none_resets_its_stream_and_spares_the_others() {
+    let backend = Backend::start("b").await;
+    let proxy = ProxyProcess::start(&default_route(&[&backend]), "access_log: all");
+    let mut s = TcpStream::connect(proxy.addr).await.unwrap();
+    s.write_all(PREFACE).await.unwrap();
+    s.write_all(&h2_frame(SETTINGS, 0, 0, &[])).await.unwrap();
+    let mut first = Vec::new();
+    indexed_literal("x-first", "1", &mut first);
+    let mut upper = Vec::new();
+    indexed_literal("X-Upper", "1", &mut upper);
+    let mut nul = Vec::new();
+    literal("x-nul", "a\0b", &mut nul);
+    // Each head inserts its `:authority` too. At stream 7's field, dynamic index 66 names
+    // `x-first` only if the table kept a stand-in for `X-Upper` (without it, 66 is stream 1's
+    // `:authority`, a second one in stream 7's head).
+    let sent = [
+        (1, head_with("/slow/300", &first)),
+        (3, head_with("/", &upper)),
+        (5, head_with("/", &nul)),
+        (7, head_with("/", &[0x80 | 66])),
+    ];
+    for (stream, block) in &sent {
+        s.write_all(&request(*stream, block)).await.unwrap();
+    }
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let done = |got: &[u8]| {
+        let fs = frames(got);
+        let reset = |id| {
+            fs.iter()
+                .any(|f| f.kind == RST_STREAM && f.stream == id && f.payload == [0, 0, 0, 1])
+        };
+        let ended = |id| {
+            fs.iter()
+                .any(|f| f.kind == DATA && f.stream == id && f.flags & END_STREAM != 0)
+        };
+        ended(1) && reset(3) && reset(5) && ended(7)
+    };
+    let read = tokio::time::timeout(Duration::from_secs(10), async {
+        while !done(&got) {
+            let n = s.read(&mut buf).await.expect("read");
+            let kinds: Vec<_> = frames(&got).iter().map(|f| (f.kind, f.stream)).collect();
+            assert!(n > 0, "closed after {kinds:?}\n{}", proxy.log_text());
+            got.extend_from_slice(&buf[..n]);
+        }
+    });
+    if read.await.is_err() {
+        let kinds: Vec<_> = frames(&got).iter().map(|f| (f.kind, f.stream)).collect();
+        panic!("not every stream answered: {kinds:?}\n{}", proxy.log_text());
+    }
+    assert!(!frames(&got).iter().any(|f| f.kind == GOAWAY));
+    let lost = eventually(Duration::from_millis(300), || {
+        proxy.log_text().contains("status=499")
+    });
+    assert!(!lost.await, "{}", proxy.log_text());
+}

@@ -968,6 +968,14 @@ impl HeaderBlock {
             ControlFlow::Continue(())
         });
 
+        // Patched in by aralez: a field that is none makes the block malformed, a stream
+        // error (see `hpack::Decoder::take_malformed`); a block still to be continued is
+        // judged once it is whole.
+        if res.is_ok() && decoder.take_malformed() {
+            tracing::trace!("load_hpack; a field that is no valid field");
+            malformed = true;
+        }
+
         match res {
             Ok(()) => {}
             Err(e) => {

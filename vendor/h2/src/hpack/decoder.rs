@@ -23,6 +23,11 @@ pub struct Decoder {
     buffer: BytesMut,
     /// Patched in by aralez: see `HuffmanMemo`.
     memo: HuffmanMemo,
+    /// Patched in by aralez: the block decoded held a field that is none (an upper-case or
+    /// otherwise invalid name, a value with CR, LF or NUL, an unknown pseudo-header). Its
+    /// stream is malformed (RFC 9113 §8.1.1: a stream error); the connection was ended for it,
+    /// and every other stream on it lost.
+    malformed: bool,
 }
 
 /// Patched in by aralez: the last few Huffman-coded values of headers the peer sent without
@@ -221,6 +226,34 @@ impl Decoder {
             table: Table::new(size),
             buffer: BytesMut::with_capacity(HUFFMAN_BUFFER_CAPACITY),
             memo: HuffmanMemo::default(),
+            malformed: false,
+        }
+    }
+
+    /// Patched in by aralez: whether a block decoded since the last call held a field that is
+    /// none (see `malformed`).
+    pub fn take_malformed(&mut self) -> bool {
+        std::mem::take(&mut self.malformed)
+    }
+
+    /// Patched in by aralez: `made`, or when the field decoded is no valid field, a stand-in of
+    /// its size (which the dynamic table counts, as the peer's encoder does), and the block
+    /// noted as malformed. Decoding goes on, so the table stays as the peer's encoder has it.
+    fn or_stand_in(
+        &mut self,
+        made: Result<Header, DecoderError>,
+        name_len: usize,
+        value_len: usize,
+    ) -> Result<Header, DecoderError> {
+        match made {
+            Ok(_) | Err(DecoderError::NeedMore(_)) => made,
+            Err(error) => match Header::stand_in(name_len, value_len) {
+                Some(stand_in) => {
+                    self.malformed = true;
+                    Ok(stand_in)
+                }
+                None => Err(error),
+            },
         }
     }
 
@@ -377,12 +410,16 @@ impl Decoder {
             // Read the name as a literal
             let name = name_marker.consume(buf);
             let value = value_marker.consume(buf);
-            Header::new(name, value)
+            let (name_len, value_len) = (name.len(), value.len());
+            let made = Header::new(name, value);
+            self.or_stand_in(made, name_len, value_len)
         } else {
             let e = self.table.get(table_idx)?;
             let value = self.decode_string(buf, !index)?;
 
-            e.name().into_entry(value)
+            let (name_len, value_len) = (e.name().as_slice().len(), value.len());
+            let made = e.name().into_entry(value);
+            self.or_stand_in(made, name_len, value_len)
         }
     }
 

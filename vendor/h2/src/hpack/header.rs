@@ -85,6 +85,14 @@ impl Header {
         }
     }
 
+    /// Patched in by aralez: a valid field whose name and value are as long as those of a
+    /// field that is none, to stand in for it in the dynamic table (`Decoder::or_stand_in`).
+    pub fn stand_in(name_len: usize, value_len: usize) -> Option<Header> {
+        let name = HeaderName::from_lowercase(&vec![b'x'; name_len]).ok()?;
+        let value = HeaderValue::from_bytes(&vec![b'x'; value_len]).ok()?;
+        Some(Header::Field { name, value })
+    }
+
     pub fn new(name: Bytes, value: Bytes) -> Result<Header, DecoderError> {
         if name.is_empty() {
             return Err(DecoderError::NeedMore(NeedMore::UnexpectedEndOfStream));
