@@ -130,7 +130,10 @@ impl http_body::Body for LoggedFile {
             Poll::Ready(None) => {
                 if let Some(short) = this.remaining.filter(|&r| r > 0) {
                     tracing::warn!("file server: a file ended {short} bytes short of the length its answer declared (it shrank while it was sent); the connection is closed");
-                    let shrank = std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the file shrank while it was sent");
+                    let shrank = std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "the file shrank while it was sent",
+                    );
                     return Poll::Ready(Some(Err(shrank)));
                 }
                 Poll::Ready(None)

@@ -194,6 +194,7 @@ fn main() -> ExitCode {
     if cli.test {
         return check(&cli.conf.path, Format::Text, false);
     }
+    aralez::process::hold_signals_until_handled();
     let options = aralez::process::RunOptions {
         daemon: cli.daemon,
         upgrade: cli.upgrade,

@@ -403,7 +403,11 @@ async fn a_file_growing_while_sent_ends_at_its_declared_length() {
         .expect("the next answer")
         .unwrap();
     let next = String::from_utf8_lossy(&next[..n]);
-    assert!(next.starts_with("HTTP/1.1 200"), "{next}\n{}", proxy.log_text());
+    assert!(
+        next.starts_with("HTTP/1.1 200"),
+        "{next}\n{}",
+        proxy.log_text()
+    );
 }
 
 /// Sends a GET for `target` with `Range: range`, and returns the whole answer.

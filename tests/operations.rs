@@ -722,6 +722,175 @@ async fn the_open_files_limit_is_raised_to_the_hard_limit() {
     assert_ne!(numbers[0], "256", "{line}");
 }
 
+/// A SIGHUP or SIGUSR1 sent as a start begins (a supervisor signalling the child it has just
+/// made) is held until its handler is installed: by default each ended the process in its
+/// first tens of milliseconds (exit 129, 138). The test watches the process's signal
+/// dispositions and signals it while SIGHUP is held (ignored), before any handler is in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_or_reopen_asked_as_the_start_begins_does_not_end_it() {
+    let backend = Backend::start("b").await;
+    let (_dir, conf) = write_config(&upstreams_for(&backend), "");
+    let sighup_bit = 1u64 << (Signal::SIGHUP as i32 - 1);
+    let mask = |status: &str, key: &str| {
+        let line = status.lines().find(|l| l.starts_with(key))?;
+        u64::from_str_radix(line[key.len()..].trim(), 16).ok()
+    };
+    for signal in [Signal::SIGHUP, Signal::SIGUSR1] {
+        let mut child = std::process::Command::new(binary())
+            .arg("-c")
+            .arg(&conf)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let status_file = format!("/proc/{pid}/status");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let held = loop {
+            let status = std::fs::read_to_string(&status_file).unwrap_or_default();
+            if mask(&status, "SigIgn:").is_some_and(|m| m & sighup_bit != 0) {
+                break true;
+            }
+            if mask(&status, "SigCgt:").is_some_and(|m| m & sighup_bit != 0)
+                || Instant::now() > deadline
+            {
+                break false;
+            }
+            std::hint::spin_loop();
+        };
+        assert!(
+            held,
+            "{signal}: never held before its handler was installed"
+        );
+        nix::sys::signal::kill(pid, signal).unwrap();
+        let output = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(output)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if let Some(addr) = address_after(&line, "listening on http://") {
+                    let _ = tx.send(addr);
+                }
+            }
+        });
+        let listening = tokio::task::block_in_place(|| rx.recv_timeout(Duration::from_secs(10)));
+        let status = child.try_wait().unwrap();
+        let Ok(addr) = listening else {
+            panic!("{signal}: ended before it listened: {status:?}");
+        };
+        assert!(answered_200(addr).await, "{signal}: not served");
+        assert!(child.try_wait().unwrap().is_none(), "{signal}: ended");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// Whether a GET of `x.test` on its own connection gets a 200.
+async fn answered_200(addr: SocketAddr) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut stream) = TcpStream::connect(addr).await else {
+        return false;
+    };
+    let ask = b"GET / HTTP/1.1\r\nHost: x.test\r\nConnection: close\r\n\r\n";
+    let mut answer = Vec::new();
+    stream.write_all(ask).await.is_ok()
+        && stream.read_to_end(&mut answer).await.is_ok()
+        && answer.starts_with(b"HTTP/1.1 200")
+}
+
+/// Whatever the open-files limit, the process serves every connection it accepts or exits 1
+/// with a message, never a panic. At 8 tokio's signal set-up panicked (exit 134); at about 24 a
+/// worker whose runtime could not be built was only logged, and its listener, bound and never
+/// served, held the connections the kernel handed it (they hung).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_open_files_limit_serves_or_exits_1() {
+    let backend = Backend::start("b").await;
+    let (_dir, conf) = write_config(&upstreams_for(&backend), "threads: 2");
+    let (mut served, mut refused) = (0, 0);
+    for limit in [
+        8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 32, 40, 48, 64, 96,
+    ] {
+        let mut command = std::process::Command::new("sh");
+        command
+            .arg("-c")
+            .arg(format!(
+                "exec 2>&1; ulimit -n {limit} && exec \"$0\" -c \"$1\""
+            ))
+            .arg(binary())
+            .arg(&conf)
+            .stdout(std::process::Stdio::piped());
+        let mut child = command.spawn().unwrap();
+        let output = child.stdout.take().unwrap();
+        let log = Arc::new(std::sync::Mutex::new(String::new()));
+        let reader = {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                use std::io::BufRead;
+                for line in std::io::BufReader::new(output)
+                    .lines()
+                    .map_while(Result::ok)
+                {
+                    let mut log = log.lock().unwrap();
+                    log.push_str(&line);
+                    log.push('\n');
+                }
+            })
+        };
+        let said = || log.lock().unwrap().clone();
+        let ended_with_1 = |child: &mut std::process::Child, what: &str| {
+            let status = (0..250).find_map(|_| {
+                let status = child.try_wait().unwrap();
+                if status.is_none() {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                status
+            });
+            let code = status.and_then(|s| s.code());
+            assert_eq!(code, Some(1), "ulimit -n {limit}: {what}:\n{}", said());
+        };
+        let listening = eventually(Duration::from_secs(10), || {
+            said().contains("listening on http://") || child.try_wait().unwrap().is_some()
+        });
+        assert!(
+            listening.await,
+            "ulimit -n {limit}: neither served nor ended:\n{}",
+            said()
+        );
+        let addr = said()
+            .lines()
+            .find_map(|l| address_after(l, "listening on http://"));
+        let mut all_answered = addr.is_some();
+        for _ in 0..8 {
+            let Some(addr) = addr.filter(|_| all_answered) else {
+                break;
+            };
+            let asked = tokio::time::timeout(Duration::from_secs(3), answered_200(addr));
+            all_answered = matches!(asked.await, Ok(true));
+        }
+        if all_answered {
+            served += 1;
+            let _ = child.kill();
+            let _ = child.wait();
+        } else {
+            tokio::task::block_in_place(|| ended_with_1(&mut child, "not served"));
+            refused += 1;
+        }
+        reader.join().unwrap();
+        assert!(
+            !said().contains("panicked"),
+            "ulimit -n {limit}:\n{}",
+            said()
+        );
+    }
+    assert!(
+        served > 0 && refused > 0,
+        "{served} served, {refused} refused"
+    );
+}
+
 #[tokio::test]
 async fn accept_failures_are_logged_at_a_bounded_rate() {
     // Out of descriptors (hard limit 64, so it cannot be raised): every accept fails while the

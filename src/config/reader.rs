@@ -291,7 +291,10 @@ mod tests {
             panic!("a mapping");
         };
         let mut issues = Issues::default();
-        read(&mut Reader::new("t.yaml".into(), &mut issues), &entries[0].1);
+        read(
+            &mut Reader::new("t.yaml".into(), &mut issues),
+            &entries[0].1,
+        );
         let said: Vec<String> = issues.errors().map(|i| i.message.clone()).collect();
         assert_eq!(said.len(), 1, "{text}: {said:?}");
         said[0].clone()
@@ -305,14 +308,23 @@ mod tests {
         // exponent as written", "too large" were said of `true` and of `1`).
         let message = said("k: true\n", number);
         assert_eq!(message, "expected a whole number, found a boolean `true`");
-        assert_eq!(said("k: 1\n", mapping), "expected a mapping, found an integer `1`");
+        assert_eq!(
+            said("k: 1\n", mapping),
+            "expected a mapping, found an integer `1`"
+        );
         assert!(said("k: 02\n", number).ends_with("(a leading zero: write it without one)"));
         let large = said("k: 99999999999999999999\n", number);
         assert!(large.ends_with("(too large)"), "{large}");
         for written in ["0x2", "0o10", "1_000", "+5"] {
             let message = said(&format!("k: {written}\n"), number);
-            assert!(message.contains("write it in decimal digits"), "{written}: {message}");
+            assert!(
+                message.contains("write it in decimal digits"),
+                "{written}: {message}"
+            );
         }
-        assert_eq!(said("k: 101\n", number), "must be between 0 and 100 (found 101)");
+        assert_eq!(
+            said("k: 101\n", number),
+            "must be between 0 and 100 (found 101)"
+        );
     }
 }

@@ -218,7 +218,11 @@ pub(crate) mod tests {
         assert_eq!(check(&jwt, "/", Some(&bearer(&fraction))).0, Ok(()));
         let past_fraction = hs256("k1", &serde_json::json!({"exp": now() as f64 - 3.5}));
         let refused = check(&jwt, "/", Some(&bearer(&past_fraction))).0;
-        assert_eq!(refused, Err(ProxyError::TokenRequired), "expired, with a fraction");
+        assert_eq!(
+            refused,
+            Err(ProxyError::TokenRequired),
+            "expired, with a fraction"
+        );
         for (name, token) in [
             ("wrong secret", &other_secret),
             ("expired", &expired),

@@ -349,10 +349,16 @@ mod tests {
         let rate = Rate::per_second(3).unwrap();
         let k = table.key(ip(1));
         for n in 0..3 {
-            assert!(table.admit_4xx(k), "three 4xx per second are tolerated ({n})");
+            assert!(
+                table.admit_4xx(k),
+                "three 4xx per second are tolerated ({n})"
+            );
             table.record_4xx(k, rate);
         }
-        assert!(!table.admit_4xx(k), "the request after the third is refused");
+        assert!(
+            !table.admit_4xx(k),
+            "the request after the third is refused"
+        );
         // Knocking again keeps the block going.
         for _ in 0..5 {
             tokio::time::advance(Duration::from_millis(500)).await;

@@ -360,8 +360,13 @@ impl SharedLimits {
                 .run::<Vec<(u8, u64)>>(slot, BACKGROUND_DEADLINE, &cmd);
             // Over the limit, or the answer that filled it (as the local table counts).
             let tolerance_us = counter.rate.tolerance_ns() / 1000;
-            let filled = |&(admitted, ahead_us): &(u8, u64)| admitted == 0 || ahead_us > tolerance_us;
-            if replies.await.as_deref().is_some_and(|r| r.iter().any(filled)) {
+            let filled =
+                |&(admitted, ahead_us): &(u8, u64)| admitted == 0 || ahead_us > tolerance_us;
+            if replies
+                .await
+                .as_deref()
+                .is_some_and(|r| r.iter().any(filled))
+            {
                 let mut publish = redis::pipe();
                 let block = format!("{:x} {} {}", counter.scope, counter.ip, QUIET.as_millis());
                 publish.cmd("PUBLISH").arg(BLOCKS).arg(block).ignore();

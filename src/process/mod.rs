@@ -82,6 +82,22 @@ pub struct RunOptions {
     pub upgrade: bool,
 }
 
+/// Ignores SIGHUP, SIGUSR1 and SIGUSR2 until their handlers are installed (`Signals::install`,
+/// which replaces this): by default each ends the process, and a reload or a log reopen asked
+/// in the first tens of milliseconds of a start (by a supervisor signalling its child) ended it
+/// (exit 129, 138). Such a signal is not acted on: the configuration read next is the file's.
+/// The stop signals keep their default, as a stop asked before the start is one.
+#[allow(unsafe_code)]
+pub fn hold_signals_until_handled() {
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    for held in [Signal::SIGHUP, Signal::SIGUSR1, Signal::SIGUSR2] {
+        // SAFETY: `SigIgn` runs no code in the handler; only the disposition changes.
+        if let Err(e) = unsafe { signal(held, SigHandler::SigIgn) } {
+            eprintln!("aralez: cannot hold {held} until it is handled: {e}");
+        }
+    }
+}
+
 /// Goes to the background when `-d` or `daemon: true` asks for it. Call from `main` before
 /// anything starts a thread. A config with errors stays in the foreground, so `run` reports it.
 /// In the background process, gives the pipe on which to tell the starting command whether it
@@ -303,6 +319,12 @@ impl ControlPlane {
                 what: "the control runtime",
                 source,
             })?;
+        // tokio makes a socket pair for its signal handling when the first handler is
+        // installed, and panics when it cannot (no file descriptor left: `ulimit -n 8`).
+        if let Err(source) = std::os::unix::net::UnixStream::pair() {
+            let what = "signal handling";
+            return Err(StartError::Runtime { what, source });
+        }
         let signals = {
             let _context = runtime.enter();
             Signals::install()
@@ -382,6 +404,11 @@ impl Running {
         match server::spawn_workers(listeners, ctx.serving(main), limits(main), stopped) {
             Ok(workers) => {
                 running.threads.splice(0..0, workers);
+                if let Err(source) = descriptors_left_to_serve() {
+                    running.stop_and_join();
+                    let what = "serving";
+                    return Err(StartError::Runtime { what, source });
+                }
                 Ok(running)
             }
             Err(failed) => {
@@ -466,6 +493,49 @@ fn raise_open_files_limit() {
         Ok(_) => {}
         Err(e) => tracing::warn!("cannot read the open files limit: {e}"),
     }
+}
+
+/// Descriptors a started process must have left to serve at all: a client's connection and
+/// its backend's for a few requests at once, a health probe, a file watch's read.
+const DESCRIPTORS_TO_SERVE: usize = 16;
+
+/// Below this open-files limit a start is said to be short of descriptors.
+const DESCRIPTORS_WARNED_UNDER: u64 = 1024;
+
+/// Whether the open-files limit leaves room to serve once everything has started. Started with
+/// a limit that left none (`ulimit -n 26`), the process listened and accepted nothing: every
+/// connection waited in the backlog. A limit under [`DESCRIPTORS_WARNED_UNDER`] is said, with
+/// about how many connections it carries, as nginx warns of `worker_connections` over it.
+fn descriptors_left_to_serve() -> std::io::Result<()> {
+    use nix::sys::resource::{getrlimit, Resource};
+    let Ok((limit, _)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return Ok(());
+    };
+    // Counted by taking them: reading /proc/self/fd takes one itself, and fails when none is
+    // left.
+    let mut taken = Vec::with_capacity(DESCRIPTORS_TO_SERVE);
+    while taken.len() < DESCRIPTORS_TO_SERVE {
+        match std::fs::File::open("/dev/null") {
+            Ok(file) => taken.push(file),
+            Err(e) if e.raw_os_error() == Some(nix::libc::EMFILE) => break,
+            Err(_) => return Ok(()),
+        }
+    }
+    let left = taken.len();
+    drop(taken);
+    if left < DESCRIPTORS_TO_SERVE {
+        let why = format!("the open-files limit ({limit}) leaves {left} descriptors free once started, under the {DESCRIPTORS_TO_SERVE} it takes to serve: raise it (ulimit -n, systemd's LimitNOFILE)");
+        return Err(std::io::Error::other(why));
+    }
+    if limit < DESCRIPTORS_WARNED_UNDER {
+        let open = std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count);
+        let carried = usize::try_from(limit)
+            .unwrap_or(usize::MAX)
+            .saturating_sub(open)
+            / 2;
+        tracing::warn!("the open-files limit is {limit} ({open} open once started): about {carried} proxied connections at once, past which accepts fail and requests get 502; raise it (ulimit -n, systemd's LimitNOFILE)");
+    }
+    Ok(())
 }
 
 /// Turns transparent huge pages off for this process. The allocator asks for them on its

@@ -128,23 +128,27 @@ pub fn spawn_workers(
         let worker = WorkerId(index);
         let (serving, limits, shutdown) = (serving.clone(), limits.clone(), shutdown.clone());
         let tls = tls_listeners.next().zip(listeners.acceptor.clone());
-        let handle = std::thread::Builder::new()
-            .name(format!("aralez-worker-{index}"))
-            .spawn(move || {
-                let runtime = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        tracing::error!("worker {index}: cannot start its runtime: {e}");
-                        return;
-                    }
-                };
-                runtime.block_on(serve_worker(
-                    worker, listener, tls, serving, limits, shutdown,
-                ));
+        // Built here, so that a worker that cannot have one (no file descriptor left for its
+        // epoll) stops the start: built in the thread, the failure was only logged, and the
+        // worker's listener, bound and never served, held the connections the kernel gave it.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("worker {index}: cannot start its runtime: {e}"),
+                )
             });
+        let handle = runtime.and_then(|runtime| {
+            std::thread::Builder::new()
+                .name(format!("aralez-worker-{index}"))
+                .spawn(move || {
+                    runtime.block_on(serve_worker(
+                        worker, listener, tls, serving, limits, shutdown,
+                    ));
+                })
+        });
         match handle {
             Ok(handle) => handles.push(handle),
             Err(source) => {

@@ -75,7 +75,11 @@ impl Registry {
     }
 
     /// [`Registry::backend`] without looking a new one's host name up.
-    pub(in crate::upstream) fn backend_unresolved(&self, spec: &ServerSpec, verify_tls: bool) -> Arc<Backend> {
+    pub(in crate::upstream) fn backend_unresolved(
+        &self,
+        spec: &ServerSpec,
+        verify_tls: bool,
+    ) -> Arc<Backend> {
         let mut live = self
             .live
             .lock()
