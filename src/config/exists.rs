@@ -153,8 +153,15 @@ fn created_files(named: &Named<'_>, at: &KeyPositions<'_>, r: &mut Reader) -> bo
             r.error(pos, key, problem);
             ok = false;
         } else if let Some(problem) = not_writable(path) {
-            // A warning: the check may run as another user than the service (in CI).
-            r.warn(pos, key, problem);
+            // A warning: the check may run as another user than the service (in CI). As root
+            // (the user a service starts as, before it drops privileges) it is certain: a file
+            // root cannot write (a read-only mount, an immutable file) fails every start.
+            if nix::unistd::geteuid().is_root() {
+                r.error(pos, key, problem);
+                ok = false;
+            } else {
+                r.warn(pos, key, problem);
+            }
         }
     }
     let shared = named
@@ -247,6 +254,13 @@ fn cannot_create(path: &Path) -> Option<String> {
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
+    let kernel = std::fs::canonicalize(dir)
+        .ok()
+        .filter(|d| d.starts_with("/proc") || d.starts_with("/sys"));
+    if let Some(kernel) = kernel {
+        let why = format!("`{shown}` cannot be created: `{}` is a kernel file system (/proc, /sys), where no file can be made", kernel.display());
+        return Some(why);
+    }
     let problem = match std::fs::metadata(dir) {
         Ok(meta) if meta.is_dir() => return None,
         Ok(_) => "is not a directory",
