@@ -316,6 +316,7 @@ async fn admin_api(proxy: &Proxy, master_key: Option<&str>) -> SocketAddr {
         shared_limits: None,
         cluster: None,
         acme: None,
+        conf_turn: Default::default(),
     });
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     std::mem::forget(stop);
@@ -364,6 +365,51 @@ async fn the_admin_api_never_buffers_much_for_strangers() {
         body.len()
     );
     assert_eq!(status(&exchange(keyed, &good).await), 201);
+}
+
+/// `POST /conf` bodies are read and applied one at a time: parsing holds about 50 times a
+/// body's size, and sixteen posted at once held 1.5 GB. A second body waits for the first (here
+/// one that stalls until its 10 s are up); one that waits 30 s gets a 503.
+#[tokio::test(start_paused = true)]
+async fn conf_bodies_are_read_and_applied_one_at_a_time() {
+    let backend = Backend::start("b").await;
+    let proxy = Proxy::start(&support::default_route(&[&backend]), "").await;
+    let admin = admin_api(&proxy, Some("k")).await;
+    let started = tokio::time::Instant::now();
+    let stalled = "POST /conf HTTP/1.1\r\nHost: a\r\nx-api-key: k\r\nContent-Length: 1000\r\nConnection: close\r\n\r\nupstreams:";
+    let first = tokio::spawn(async move {
+        let answer = exchange(admin, stalled).await;
+        (status(&answer), started.elapsed())
+    });
+    tokio::task::yield_now().await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let yaml = support::default_route(&[&backend]);
+    let good = format!(
+        "POST /conf HTTP/1.1\r\nHost: a\r\nx-api-key: k\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{yaml}",
+        yaml.len()
+    );
+    let answer = exchange(admin, &good).await;
+    let (second, second_at) = (status(&answer), started.elapsed());
+    let (first, first_at) = first.await.unwrap();
+    assert_eq!((first, second), (408, 200), "{answer}");
+    assert!(second_at >= first_at, "the second body was applied at {second_at:?}, before the first's turn ended at {first_at:?}");
+    // Four stalled bodies ahead, each given its 10 s in turn: the next waits 30 s for its turn,
+    // then gets a 503.
+    let mut holders = Vec::new();
+    for _ in 0..4 {
+        let mut holder = TcpStream::connect(admin).await.unwrap();
+        holder.write_all(stalled.as_bytes()).await.unwrap();
+        holders.push(holder);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut late = TcpStream::connect(admin).await.unwrap();
+    late.write_all(good.as_bytes()).await.unwrap();
+    let mut waited = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(60), late.read_to_end(&mut waited));
+    assert!(read.await.is_ok(), "no answer");
+    let waited = String::from_utf8_lossy(&waited);
+    assert_eq!(status(&waited), 503, "{waited}");
+    assert!(waited.to_ascii_lowercase().contains("retry-after: 5"), "{waited}");
 }
 
 /// A TLS backend that answers `x-seen-sni` (the server name of its connection) and, with

@@ -65,7 +65,18 @@ pub struct Admin {
     pub cluster: Option<Arc<cluster::Cluster>>,
     /// `acme:`'s series in `/metrics`.
     pub acme: Option<Arc<crate::control::acme::Acme>>,
+    /// One `POST /conf` body read and applied at a time ([`ConfTurn`]).
+    pub conf_turn: ConfTurn,
 }
+
+/// The turn of a `POST /conf` body: read, parsed and applied one at a time. Parsing holds
+/// about 50 times a body's size (a 7 MB body peaked at 280 MB), and sixteen connections of one
+/// client posting at once held 1.5 GB.
+#[derive(Default)]
+pub struct ConfTurn(tokio::sync::Mutex<()>);
+
+/// How long a `POST /conf` waits for the one before it (a body of 8 MiB takes seconds).
+const CONF_TURN_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 type Reply = Response<Full<Bytes>>;
 
@@ -203,6 +214,14 @@ impl Admin {
         }
         let save = req.uri().query().is_some_and(asks_to_save);
         let req_from_master = req.headers().contains_key(cluster::PUSHED_BY_MASTER);
+        let Ok(_conf_turn) = tokio::time::timeout(CONF_TURN_WAIT, self.conf_turn.0.lock()).await
+        else {
+            let why = format!("another configuration is being applied; not read (waited {CONF_TURN_WAIT:?}), try again");
+            let mut busy = text(StatusCode::SERVICE_UNAVAILABLE, why);
+            busy.headers_mut()
+                .insert(header::RETRY_AFTER, http::HeaderValue::from_static("5"));
+            return busy;
+        };
         let body = match read_body(req, MAX_CONF_BODY).await {
             Ok(b) => b,
             Err(resp) => return resp,

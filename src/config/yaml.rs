@@ -109,6 +109,11 @@ pub struct ParseFailure {
     pub message: String,
 }
 
+/// Most values (keys, scalars, list items, mappings) a file may hold: a million, far past any
+/// configuration (90,000 hosts made 900,000), and what bounds the parser's memory with
+/// [`MAX_FILE_BYTES`].
+pub const MAX_VALUES: usize = 1_000_000;
+
 /// Parses `text` into a spanned tree, within fixed budgets.
 pub fn parse(text: &str) -> Result<Node, ParseFailure> {
     if text.trim().is_empty() {
@@ -121,7 +126,7 @@ pub fn parse(text: &str) -> Result<Node, ParseFailure> {
     let budget = serde_saphyr::budget! {
         max_aliases: 1_000,
         max_anchors: 1_000,
-        max_nodes: 1_000_000,
+        max_nodes: MAX_VALUES,
         max_depth: 64,
         max_total_scalar_bytes: 16 * 1024 * 1024,
         max_documents: 1,
@@ -200,7 +205,7 @@ fn describe(err: &serde_saphyr::Error) -> String {
                 "more than one YAML document (`---`) in the file".to_string()
             }
             BudgetBreach::ScalarBytes { .. } => "too much text in the values".to_string(),
-            _ => "document is too large (too many values)".to_string(),
+            _ => format!("document is too large (over {MAX_VALUES} values: keys, values and list items)"),
         },
         _ => first_line(&err.to_string()),
     }

@@ -576,6 +576,7 @@ fn start_side_listeners(
         shared_limits: ctx.policy_state.shared_limits.clone(),
         cluster: cluster_master(control, main, ctx),
         acme: ctx.acme.clone(),
+        conf_turn: Default::default(),
     });
     crate::admin::start(control, main, listeners, admin, stop)
 }

@@ -88,11 +88,16 @@ fn files_no_start_can_write_are_errors() {
     std::fs::write(&log, "").unwrap();
     let frozen = Command::new("chattr").arg("+i").arg(&log).status();
     if !frozen.is_ok_and(|s| s.success()) {
-        println!("SKIPPED files_no_start_can_write_are_errors (immutable file): chattr +i refused here");
+        println!(
+            "SKIPPED files_no_start_can_write_are_errors (immutable file): chattr +i refused here"
+        );
         return;
     }
     let (code, said) = check(&format!("log_file: \"{}\"\n", log.display()));
     let _ = Command::new("chattr").arg("-i").arg(&log).status();
     assert_eq!(code, Some(1), "{said}");
-    assert!(said.contains("frozen.log` cannot be written by this user"), "{said}");
+    assert!(
+        said.contains("frozen.log` cannot be written by this user"),
+        "{said}"
+    );
 }
