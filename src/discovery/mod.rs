@@ -438,6 +438,18 @@ pub fn text_digest(text: &str) -> String {
 /// watcher, a reload) never sees half a file. A symbolic link is followed: its target is
 /// replaced, the link stays. The file keeps its permissions (upstreams.yaml may hold
 /// passwords and keys, and a `chmod 600` must survive a save); a new one gets the usual mode.
+/// Gives the new copy of a saved file the owner and group of the one it replaces: saved by
+/// root, an operator's file became root's, and its owner could no longer edit it. A process
+/// that may not (it runs as another user) says whose the file becomes.
+fn keep_owner(file: &std::fs::File, old: &std::fs::Metadata, path: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let (uid, gid) = (old.uid(), old.gid());
+    if let Err(e) = std::os::unix::fs::fchown(file, Some(uid), Some(gid)) {
+        let me = nix::unistd::geteuid();
+        tracing::warn!("saving {}: cannot keep its owner (uid {uid}, gid {gid}): {e}; it becomes uid {me}'s", path.display());
+    }
+}
+
 fn save_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
@@ -449,6 +461,7 @@ fn save_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let mut file = std::fs::File::create(&tmp)?;
     if let Ok(old) = std::fs::metadata(&path) {
+        keep_owner(&file, &old, &path);
         file.set_permissions(old.permissions())?;
     }
     file.write_all(bytes)?;
