@@ -119,6 +119,21 @@ async fn every_endpoint_checks_the_key() {
         Some("3"),
         "{metrics}"
     );
+    // The six refusals above are said, with who asked: one line, then at most one a second
+    // with how many more there were (they left no trace: key guessing went unseen).
+    let log = proxy.log_text();
+    let said: Vec<&str> = log.lines().filter(|l| l.contains("admin API: ")).collect();
+    assert!(
+        said.first().is_some_and(|l| l.contains("GET \"/status\" from 127.0.0.1:")
+            && l.contains("refused (403 Forbidden)")),
+        "{log}"
+    );
+    // Real time is the point: the rate is per wall-clock second.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (status, _) = call(admin, Method::GET, "/metrics", &[("x-api-key", "guess")], "").await;
+    assert_eq!(status, 403);
+    let log = proxy.log_text();
+    assert!(log.contains("more refused since the last report)"), "{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -409,7 +409,10 @@ async fn conf_bodies_are_read_and_applied_one_at_a_time() {
     assert!(read.await.is_ok(), "no answer");
     let waited = String::from_utf8_lossy(&waited);
     assert_eq!(status(&waited), 503, "{waited}");
-    assert!(waited.to_ascii_lowercase().contains("retry-after: 5"), "{waited}");
+    assert!(
+        waited.to_ascii_lowercase().contains("retry-after: 5"),
+        "{waited}"
+    );
 }
 
 /// A TLS backend that answers `x-seen-sni` (the server name of its connection) and, with

@@ -98,6 +98,47 @@ fn text(status: StatusCode, body: impl Into<String>) -> Reply {
     reply(status, "text/plain; charset=utf-8", body)
 }
 
+/// Says the admin requests refused for who asked or how (a missing or wrong key, a body too
+/// large or too slow), with the client's address: at most one line a second for a listener,
+/// with how many more were refused since. Guessing the master key left no trace.
+#[derive(Default)]
+struct RefusalLog(std::sync::Mutex<Option<(std::time::Instant, u64)>>);
+
+impl RefusalLog {
+    fn note(
+        &self,
+        peer: std::net::SocketAddr,
+        (method, path): &(Method, String),
+        status: StatusCode,
+    ) {
+        let refused = [
+            StatusCode::FORBIDDEN,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            StatusCode::REQUEST_TIMEOUT,
+        ];
+        if !refused.contains(&status) {
+            return;
+        }
+        let mut last = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        let more = match &mut *last {
+            Some((at, quiet)) if now.duration_since(*at) < std::time::Duration::from_secs(1) => {
+                *quiet += 1;
+                return;
+            }
+            Some((_, quiet)) => *quiet,
+            None => 0,
+        };
+        *last = Some((now, 0));
+        drop(last);
+        let since = match more {
+            0 => String::new(),
+            n => format!(" ({n} more refused since the last report)"),
+        };
+        tracing::warn!("admin API: {method} {path:?} from {peer} refused ({status}){since}");
+    }
+}
+
 /// Serves the API on `listener` (over TLS with `tls`) through the common accept helper, until
 /// `shutdown` turns true and its connections have drained.
 pub async fn serve(
@@ -119,13 +160,16 @@ pub async fn serve(
         per_client: Some(PerClient::new(ADMIN_CONNECTIONS_PER_CLIENT)),
         refusals: None,
     };
-    let make = move |_: ConnInfo| {
-        let admin = admin.clone();
+    let refusals = Arc::new(RefusalLog::default());
+    let make = move |conn: ConnInfo| {
+        let (admin, refusals) = (admin.clone(), refusals.clone());
         service_fn(move |req: Request<ClientBody>| {
-            let admin = admin.clone();
+            let (admin, refusals) = (admin.clone(), refusals.clone());
             Box::pin(async move {
                 let http1 = req.version() < http::Version::HTTP_2;
+                let asked = (req.method().clone(), req.uri().path().to_string());
                 let mut reply = admin.answer(req).await;
+                refusals.note(conn.peer, &asked, reply.status());
                 // A refusal ends an HTTP/1 connection: connections kept alive to collect 403s
                 // held the API's places (64, 16 an address) from the clients with the key.
                 if http1 && reply.status() == StatusCode::FORBIDDEN {

@@ -446,7 +446,10 @@ fn keep_owner(file: &std::fs::File, old: &std::fs::Metadata, path: &Path) {
     let (uid, gid) = (old.uid(), old.gid());
     if let Err(e) = std::os::unix::fs::fchown(file, Some(uid), Some(gid)) {
         let me = nix::unistd::geteuid();
-        tracing::warn!("saving {}: cannot keep its owner (uid {uid}, gid {gid}): {e}; it becomes uid {me}'s", path.display());
+        tracing::warn!(
+            "saving {}: cannot keep its owner (uid {uid}, gid {gid}): {e}; it becomes uid {me}'s",
+            path.display()
+        );
     }
 }
 
