@@ -124,13 +124,21 @@ async fn every_endpoint_checks_the_key() {
     let log = proxy.log_text();
     let said: Vec<&str> = log.lines().filter(|l| l.contains("admin API: ")).collect();
     assert!(
-        said.first().is_some_and(|l| l.contains("GET \"/status\" from 127.0.0.1:")
-            && l.contains("refused (403 Forbidden)")),
+        said.first()
+            .is_some_and(|l| l.contains("GET \"/status\" from 127.0.0.1:")
+                && l.contains("refused (403 Forbidden)")),
         "{log}"
     );
     // Real time is the point: the rate is per wall-clock second.
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let (status, _) = call(admin, Method::GET, "/metrics", &[("x-api-key", "guess")], "").await;
+    let (status, _) = call(
+        admin,
+        Method::GET,
+        "/metrics",
+        &[("x-api-key", "guess")],
+        "",
+    )
+    .await;
     assert_eq!(status, 403);
     let log = proxy.log_text();
     assert!(log.contains("more refused since the last report)"), "{log}");

@@ -148,8 +148,12 @@ pub(super) fn read_setting(
         "to_https" => settings.to_https = noted_boolean("to_https", node, p, r),
         "rate_limit" => settings.rate_limit = r.uint(node, p, 0, 10_000_000).map(|n| n as u32),
         "x4xx_limit" => settings.x4xx_limit = r.uint(node, p, 0, 10_000_000).map(|n| n as u32),
-        "server_headers" => settings.server_headers = read_headers(node, p, r),
-        "client_headers" | "headers" => settings.client_headers.extend(read_headers(node, p, r)),
+        "server_headers" => settings.server_headers = read_headers(node, p, r, true),
+        "client_headers" | "headers" => {
+            settings
+                .client_headers
+                .extend(read_headers(node, p, r, false));
+        }
         "authorization" => {
             if r.global_authorization && !parent.is_empty() {
                 let why = "this route's own authorization applies here, not the global one (Aralez let a global authorization override every route's)";
@@ -277,13 +281,22 @@ fn media_range(text: &str) -> Result<String, String> {
     }
 }
 
-fn read_headers(node: &Node, path: &str, r: &mut Reader) -> HeaderList {
+/// A route's header list; `to_backend` for `server_headers`, whose fields replace what the
+/// proxy itself tells the backend of the request (its host, the client's address: warned of).
+fn read_headers(node: &Node, path: &str, r: &mut Reader, to_backend: bool) -> HeaderList {
     let Some(items) = r.string_list(node, path) else {
         return Vec::new();
     };
     let mut out = Vec::with_capacity(items.len());
     for (pos, item_path, text) in items {
-        match parse_header(&text) {
+        let parsed = parse_header(&text);
+        if let (Ok((name, _)), true) = (&parsed, to_backend) {
+            if let Some(lost) = what_the_proxy_says(name) {
+                let why = format!("`{name}` replaces what the proxy tells the backend ({lost}): the backend no longer learns it");
+                r.warn(pos, &item_path, why);
+            }
+        }
+        match parsed {
             Ok((name, _)) if is_connection_field(&name) => {
                 let message = format!(
                     "`{name}` describes the connection or how the message is framed: the proxy sets \
@@ -296,6 +309,17 @@ fn read_headers(node: &Node, path: &str, r: &mut Reader) -> HeaderList {
         }
     }
     out
+}
+
+/// What the proxy itself puts in a field of the request it sends (SPEC §6.2), if it does.
+fn what_the_proxy_says(name: &http::HeaderName) -> Option<&'static str> {
+    Some(match name.as_str() {
+        "host" => "the host the client asked for",
+        "x-forwarded-for" | "x-real-ip" | "forwarded" => "the client's address",
+        "x-forwarded-proto" => "the scheme the client used",
+        "x-forwarded-host" => "the host the client asked for",
+        _ => return None,
+    })
 }
 
 /// A field a route's header lists may not set: framing and hop-by-hop ones (RFC 9110 §7.6.1).

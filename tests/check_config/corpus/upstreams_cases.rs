@@ -590,6 +590,17 @@ pub(crate) fn cases() -> Vec<Case> {
                 err(U, 7, pk("client_headers[0]"), "`transfer-encoding` describes the connection"),
             ],
         ),
+        // `server_headers` that set what the proxy tells the backend: its Host and the client's
+        // address were replaced without a word.
+        Case::path(
+            "server_headers_replace_what_the_proxy_says",
+            "        servers: [\"127.0.0.1:8000\"]\n        server_headers: [\"Host:evil.test\", \"X-Forwarded-For:1.1.1.1\", \"X-Ok:1\"]\n        client_headers: [\"Host:fine.test\"]\n",
+            vec![
+                warn(U, 6, pk("server_headers[0]"), "`host` replaces what the proxy tells the backend (the host the client asked for)"),
+                warn(U, 6, pk("server_headers[1]"), "`x-forwarded-for` replaces what the proxy tells the backend (the client's address)"),
+            ],
+        )
+        .warnings_only(),
         // A host with an empty `paths` takes its requests and answers 404; a server that is
         // digits and dots but no address would be looked up as a name.
         Case::broken(
