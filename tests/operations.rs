@@ -788,6 +788,37 @@ async fn a_reload_or_reopen_asked_as_the_start_begins_does_not_end_it() {
     }
 }
 
+/// A second start of a running instance's configuration is refused before it opens that
+/// instance's log: it wrote a "configuration loaded" of a start that never happened there (and,
+/// with -d, its own refusal).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_second_start_leaves_the_running_instances_log_alone() {
+    let backend = Backend::start("b").await;
+    let proxy = ProxyProcess::start_logging_to_file(&upstreams_for(&backend), "");
+    let log = proxy.path("aralez.log");
+    let loaded = |text: &str| text.matches("configuration loaded").count();
+    let wrote = eventually(Duration::from_secs(5), || {
+        loaded(&std::fs::read_to_string(&log).unwrap_or_default()) == 1
+    });
+    assert!(wrote.await, "{:?}", std::fs::read_to_string(&log));
+    let before = std::fs::read_to_string(&log).unwrap();
+    for args in [&[][..], &["-d"][..]] {
+        let out = std::process::Command::new(binary())
+            .args(args)
+            .arg("-c")
+            .arg(proxy.path("main.yaml"))
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {said}");
+        assert!(
+            said.contains("another instance is running"),
+            "{args:?}: {said}"
+        );
+    }
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), before);
+}
+
 /// Whether a GET of `x.test` on its own connection gets a 200.
 async fn answered_200(addr: SocketAddr) -> bool {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

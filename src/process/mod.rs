@@ -111,6 +111,14 @@ pub fn daemonize_if_asked(
         return Ok(None);
     };
     if (options.daemon || main.daemon) && !issues.has_errors() {
+        // Said here, in the foreground: the background process writes to `log_file`, which is
+        // the running instance's.
+        if let Some(why) = (!options.upgrade)
+            .then(|| single::another_instance(&main))
+            .flatten()
+        {
+            return Err(StartError::AlreadyRunning(why));
+        }
         return Ok(Some(daemon::daemonize(main.log_file.as_deref())?));
     }
     Ok(None)
@@ -146,6 +154,14 @@ pub fn run(
     let small_pages = no_huge_pages();
     let started_from = StartedFrom::read(main_path);
     let (main, upstreams, issues) = load(main_path)?;
+    // Before the log is opened: a start refused for a running instance wrote its "configuration
+    // loaded" (and with -d its refusal) into that instance's log, a start that never happened.
+    // `sockets::open` asks again right before it binds.
+    if !options.upgrade {
+        if let Some(why) = single::another_instance(&main) {
+            return Err(StartError::AlreadyRunning(why));
+        }
+    }
     let app_log = logging::open_app_log(&main).map_err(StartError::Logging)?;
     if let (Some(log), Some(_)) = (&app_log, daemon_ready.as_ref()) {
         // A background process's stdout and stderr are this file (`daemonize`).
