@@ -62,7 +62,11 @@ pub async fn serve(
         service_fn(move |req: Request<ClientBody>| {
             let folder = folder.clone();
             let client = conn.peer.ip();
-            let record = access_log.begin(client, &conn.tls_facts, &req, Instant::now());
+            let mut record = access_log.begin(client, &conn.tls_facts, &req, Instant::now());
+            // Asked through the proxy, its line and the proxy's share the request's id.
+            if let Some(id) = req.headers().get("x-request-id") {
+                record.request_id(id);
+            }
             let head = req.method() == http::Method::HEAD;
             Box::pin(async move {
                 let answered = answer(&folder, req).await;

@@ -498,7 +498,9 @@ async fn file_server_requests_are_in_the_access_log() {
     let (_root, www) = files();
     let proxy = serving(&www, "access_log: all");
     let addr = file_server_addr(&proxy);
-    let (status, _, body) = http_get(addr, "/a.txt?unique123", &[]).await;
+    // Asked through the proxy, which sends its request id: the file server's line carries it,
+    // so the two lines can be matched (it wrote `request_id=-`).
+    let (status, _, body) = http_get(addr, "/a.txt?unique123", &[("x-request-id", "rid-42")]).await;
     assert_eq!((status.as_u16(), body.len()), (200, CONTENT.len()));
     assert_eq!(raw_status(addr, "/missing.txt").await.0, 404);
     proxy
@@ -511,4 +513,5 @@ async fn file_server_requests_are_in_the_access_log() {
         .expect("logged");
     let bytes = format!(" status=200 bytes={} ", CONTENT.len());
     assert!(line.contains(&bytes), "{line}");
+    assert!(line.contains(" request_id=rid-42 "), "{line}");
 }

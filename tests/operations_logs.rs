@@ -542,12 +542,18 @@ async fn requests_refused_for_their_head_are_logged_and_counted() {
         "GET /c HTTP/1.1\r\nHost: x.test\r\nX-Big: {}\r\n\r\n",
         "y".repeat(100_000)
     );
+    // A request line longer than the whole head may be: 414, as nginx answers (it was 431).
+    let long = format!(
+        "GET /{} HTTP/1.1\r\nHost: x.test\r\n\r\n",
+        "a".repeat(70_000)
+    );
     // After a request served on the same connection (hyper's HTTP/1-only side then).
     let after_one = b"GET / HTTP/1.1\r\nHost: x.test\r\n\r\nGET /d HTTP/1.1\r\nHost: x.test\r\nBad Header: x\r\n\r\n".to_vec();
     for (bytes, status, heads) in [
         (bad_name, "400", 1),
         (two_lengths, "400", 1),
         (big.into_bytes(), "431", 1),
+        (long.into_bytes(), "414", 1),
         (after_one, "400", 2),
     ] {
         let answer = raw_answer(proxy.addr, &bytes, heads).await;
@@ -556,7 +562,7 @@ async fn requests_refused_for_their_head_are_logged_and_counted() {
     }
     // One line each, and the good request's.
     let logged = eventually(Duration::from_secs(5), || {
-        access_lines(&proxy.log_text()).len() >= 5
+        access_lines(&proxy.log_text()).len() >= 6
     });
     assert!(logged.await, "{}", proxy.log_text());
     let log = proxy.log_text();
@@ -564,7 +570,7 @@ async fn requests_refused_for_their_head_are_logged_and_counted() {
         .into_iter()
         .filter(|l| l.contains(" method=- target=- "))
         .collect();
-    assert_eq!(refused.len(), 4, "{log}");
+    assert_eq!(refused.len(), 5, "{log}");
     assert_eq!(
         refused
             .iter()
@@ -581,16 +587,18 @@ async fn requests_refused_for_their_head_are_logged_and_counted() {
         1,
         "{log}"
     );
+    let uri_too_long = refused.iter().filter(|l| l.contains(" status=414 "));
+    assert_eq!(uri_too_long.count(), 1, "{log}");
     assert!(
         refused.iter().all(|l| l.contains("client=127.0.0.1 ")),
         "{log}"
     );
-    for (status, count) in [("400", 3.0), ("431", 1.0), ("200", 1.0)] {
+    for (status, count) in [("400", 3.0), ("431", 1.0), ("414", 1.0), ("200", 1.0)] {
         let series = format!("aralez_responses_total{{status=\"{status}\"}}");
         assert_eq!(metric(admin, &series).await, Some(count), "{series}");
     }
     let other = "aralez_requests_total{method=\"OTHER\",version=\"OTHER\"}";
-    assert_eq!(metric(admin, other).await, Some(4.0));
+    assert_eq!(metric(admin, other).await, Some(5.0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

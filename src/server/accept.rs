@@ -426,7 +426,8 @@ async fn serve_parking<F: MakeService, S: ClientSocket>(
     let mut socket = socket;
     loop {
         let io = Parkable::new(socket, activity.clone(), dock.clone());
-        let own = h1::Connection::new(io, service(HeadWriter::Own), BytesMut::new());
+        let own = h1::Connection::new(io, service(HeadWriter::Own), BytesMut::new())
+            .with_head_limit(shared.limits.max_header_bytes.max(8192));
         let served_cleanly =
             match idle::drive_boxed(own, drain.clone(), activity.clone(), timers).await {
                 Ok(None) => true,
@@ -442,6 +443,13 @@ async fn serve_parking<F: MakeService, S: ClientSocket>(
                     // allocator serves as a 2 KiB block (a task is aligned to 128 bytes;
                     // see `allocator`).
                     Box::pin(hyper.serve(handoff, service(HeadWriter::Hyper))).await
+                }
+                Err(h1::H1Error::TargetTooLong) => {
+                    if let Some(refusals) = &shared.refusals {
+                        let status = StatusCode::URI_TOO_LONG;
+                        refusals.refused(peer.ip(), &info.tls_facts, status, 0);
+                    }
+                    false
                 }
                 Err(e) => ended_cleanly(Err(e), peer),
             };

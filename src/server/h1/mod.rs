@@ -75,7 +75,14 @@ pub enum H1Error {
     BodyLength,
     #[error(transparent)]
     Head(#[from] response::HeadError),
+    #[error("the request line is longer than max_request_header_bytes; answered 414")]
+    TargetTooLong,
 }
+
+/// The answer to a request line longer than the whole head may be (nginx's 414; hyper, which
+/// takes heads over [`READ_ROOM`], answered it 431, as a head of too many fields).
+const URI_TOO_LONG: &[u8] =
+    b"HTTP/1.1 414 URI Too Long\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
 
 /// The socket this side serves: read and written as any, and ended by its last write. The
 /// defaults suit any stream; a client's TCP or TLS socket does better
@@ -167,6 +174,10 @@ pub struct Connection<IO, S: Serve> {
     /// meanwhile ends the request ([`client_left`]).
     watching: bool,
     served: u64,
+    /// `max_request_header_bytes`: a request line longer than this is answered 414 here.
+    max_head: usize,
+    /// A 414 was answered: the connection ends with [`H1Error::TargetTooLong`].
+    refused_target: bool,
 }
 
 impl<IO, S: Serve> Connection<IO, S> {
@@ -185,7 +196,16 @@ impl<IO, S: Serve> Connection<IO, S> {
             shutdown_asked: false,
             watching: false,
             served: 0,
+            max_head: usize::MAX,
+            refused_target: false,
         }
+    }
+
+    /// Answers 414 to a request line longer than `max_head` bytes (the head's own limit): a
+    /// longer head goes to hyper, which cannot tell a long target from many fields.
+    pub fn with_head_limit(mut self, max_head: usize) -> Self {
+        self.max_head = max_head;
+        self
     }
 }
 
@@ -276,6 +296,9 @@ impl<IO: Socket, S: Serve> Future for Connection<IO, S> {
                 State::Linger { shut } => {
                     ready!(linger(io, &mut this.read, shut, cx));
                     this.state = State::Done;
+                }
+                State::Done if this.refused_target => {
+                    return Poll::Ready(Err(H1Error::TargetTooLong))
                 }
                 State::Done => return Poll::Ready(Ok(None)),
             }
@@ -371,6 +394,15 @@ impl<IO: Socket, S: Serve> Connection<IO, S> {
                         return Poll::Ready(Ok(None));
                     }
                     Head::Unusual => return Poll::Ready(Ok(self.handoff())),
+                    // Still in the request line: read on here, up to the head's limit.
+                    Head::Partial
+                        if self.read.len() >= READ_ROOM && !self.read.contains(&b'\n') =>
+                    {
+                        if self.read.len() >= self.max_head {
+                            self.refuse_target();
+                            return Poll::Ready(Ok(None));
+                        }
+                    }
                     Head::Partial if self.read.len() >= READ_ROOM => {
                         return Poll::Ready(Ok(self.handoff()))
                     }
@@ -401,6 +433,16 @@ impl<IO: Socket, S: Serve> Connection<IO, S> {
                 return Poll::Ready(Ok(None));
             }
         }
+    }
+
+    /// Answers 414 and ends the connection, reading what the client still sends meanwhile (a
+    /// close with it unread would reset the connection under the answer).
+    fn refuse_target(&mut self) {
+        self.read.clear();
+        self.out.clear();
+        self.out.extend_from_slice(URI_TOO_LONG);
+        self.refused_target = true;
+        self.state = State::Finish { close: true };
     }
 
     fn call(&mut self, parsed: request::Parsed) {
@@ -462,6 +504,7 @@ impl<IO: Socket, S: Serve> Connection<IO, S> {
                     State::Linger { shut: false }
                 }
             }
+            _ if self.refused_target => State::Linger { shut: false },
             _ if close => State::Close,
             _ => State::Head,
         }
