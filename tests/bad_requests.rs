@@ -250,7 +250,7 @@ async fn connect_and_trace_are_refused() {
     let yaml = Upstreams::new()
         .host("DEFAULT", Host::new().path("/", Path::servers(&[&good])))
         .render();
-    let proxy = ProxyProcess::start(&yaml, "");
+    let proxy = ProxyProcess::start(&yaml, "access_log: all");
     for request in [
         &b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n"[..],
         b"TRACE / HTTP/1.1\r\nHost: a\r\nMax-Forwards: 0\r\n\r\n",
@@ -259,6 +259,9 @@ async fn connect_and_trace_are_refused() {
         assert!(status.starts_with("HTTP/1.1 405"), "{status:?}");
     }
     assert_eq!(good.requests(), 0);
+    // A CONNECT's line names the authority it asked for (it said `target="/"`).
+    let said = "method=CONNECT target=\"example.com:443\" ";
+    proxy.wait_log(said, Duration::from_secs(5)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

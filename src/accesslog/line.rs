@@ -42,7 +42,14 @@ pub fn format_line(out: &mut String, clock: &mut Clock, format: AccessLogFormat,
     line.raw_field("client", |out| push_ip(out, e.client));
     line.text("method", e.method.as_ref().map(|m| m.as_str().as_bytes()));
     // Origin form for every version: HTTP/2's absolute URI loses its authority (that is `host`).
+    // A CONNECT's target is its authority (`x:1`, which was logged as `/`).
     match &e.target {
+        Some(target)
+            if e.method == Some(http::Method::CONNECT) && target.path_and_query().is_none() =>
+        {
+            let authority = target.authority().map_or("", |a| a.as_str());
+            line.quoted_field("target", |out| push_escaped(out, authority.as_bytes()));
+        }
         Some(target) => {
             let target = target.path_and_query().map_or("/", |p| p.as_str());
             line.quoted_field("target", |out| push_target(out, target));
