@@ -504,6 +504,12 @@ async fn a_client_that_leaves_before_its_answer_cancels_the_backend_request_and_
         metric(admin, "aralez_responses_total{status=\"499\"}").await,
         Some(2.0)
     );
+    // A status, not a latency: no response head came (the time the clients waited went into
+    // the histogram of request head to response head, and the status page's p99).
+    assert_eq!(
+        metric(admin, "aralez_response_latency_seconds_count").await,
+        Some(0.0)
+    );
 }
 
 /// Sends `bytes` on a new connection and reads what comes back until `heads` answer heads

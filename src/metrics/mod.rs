@@ -162,9 +162,14 @@ impl Metrics {
     }
 
     /// Counts a request dropped because its client left before the answer, as
-    /// [`CLIENT_CLOSED_REQUEST`].
-    pub fn client_left(&self, worker: WorkerId, elapsed: Duration) {
-        self.count_answer(worker, CLIENT_CLOSED_REQUEST, elapsed, None);
+    /// [`CLIENT_CLOSED_REQUEST`]: a status, not a latency (there was no response head; the time
+    /// the client waited went into the histogram of request head to response head, and into
+    /// the status page's p99).
+    pub fn client_left(&self, worker: WorkerId) {
+        let index = usize::from(CLIENT_CLOSED_REQUEST).saturating_sub(STATUS_MIN);
+        if let Some(counter) = self.shard(worker).by_status.get(index) {
+            bump(counter);
+        }
     }
 
     fn count_answer(

@@ -78,12 +78,11 @@ impl Body for LoggedBody {
 struct Unanswered<'a> {
     metrics: &'a Metrics,
     worker: WorkerId,
-    start: Instant,
 }
 
 impl Drop for Unanswered<'_> {
     fn drop(&mut self) {
-        self.metrics.client_left(self.worker, self.start.elapsed());
+        self.metrics.client_left(self.worker);
     }
 }
 
@@ -170,7 +169,6 @@ pub fn handle(
         let unanswered = Unanswered {
             metrics: &ctx.metrics,
             worker: client.worker,
-            start,
         };
         let mut resp = ctx.router.handle(client, req, request_id.to_set()).await;
         std::mem::forget(unanswered);
