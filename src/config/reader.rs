@@ -302,8 +302,12 @@ mod tests {
 
     #[test]
     fn type_errors_give_a_reason_only_where_one_applies() {
-        let number = |r: &mut Reader, n: &Node| drop(r.uint(n, "k", 0, 100));
-        let mapping = |r: &mut Reader, n: &Node| drop(r.map(n, "k"));
+        let number = |r: &mut Reader, n: &Node| {
+            let _ = r.uint(n, "k", 0, 100);
+        };
+        let mapping = |r: &mut Reader, n: &Node| {
+            let _ = r.map(n, "k");
+        };
         // A boolean or a whole number read as what it is needs no reason ("a fraction or an
         // exponent as written", "too large" were said of `true` and of `1`).
         let message = said("k: true\n", number);
