@@ -69,6 +69,39 @@ fn request(stream: u32, block: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Whether `fs` hold a `RST_STREAM` with PROTOCOL_ERROR on stream `id`.
+fn reset_for_protocol_error(fs: &[Frame], id: u32) -> bool {
+    fs.iter()
+        .any(|f| f.kind == RST_STREAM && f.stream == id && f.payload == [0, 0, 0, 1])
+}
+
+/// Reads from `s` until the frames come that `done` waits for (10 s at most): the bytes read,
+/// or which frames came before the connection ended or the time ran out.
+async fn read_until<S: AsyncRead + Unpin>(
+    s: &mut S,
+    done: impl Fn(&[Frame]) -> bool,
+) -> Result<Vec<u8>, String> {
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let came =
+        |got: &[u8]| -> Vec<(u8, u32)> { frames(got).iter().map(|f| (f.kind, f.stream)).collect() };
+    let read = tokio::time::timeout(Duration::from_secs(10), async {
+        while !done(&frames(&got)) {
+            let n = s.read(&mut buf).await.map_err(|e| e.to_string())?;
+            if n == 0 {
+                return Err(format!("closed after {:?}", came(&got)));
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        Ok(())
+    });
+    match read.await {
+        Ok(Ok(())) => Ok(got),
+        Ok(Err(why)) => Err(why),
+        Err(_) => Err(format!("no more within 10 s after {:?}", came(&got))),
+    }
+}
+
 /// Sends the three refused requests (streams 1, 3, 5) and a good one (7) on one connection;
 /// waits until each is answered: 431 on 1 (`:status` is a literal: not in the static table),
 /// resets with PROTOCOL_ERROR on 3 and 5, a head on 7.
@@ -84,25 +117,14 @@ async fn refused_three<S: AsyncRead + AsyncWrite + Unpin>(mut s: S) {
         .await
         .unwrap();
     s.write_all(&request(7, &block(true, &[]))).await.unwrap();
-    let mut got = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    let done = |got: &[u8]| {
-        let fs = frames(got);
-        let reset = |id| {
-            fs.iter()
-                .any(|f| f.kind == RST_STREAM && f.stream == id && f.payload == [0, 0, 0, 1])
-        };
-        let head = |id| fs.iter().any(|f| f.kind == HEADERS && f.stream == id);
-        head(1) && reset(3) && reset(5) && head(7)
+    let head = |fs: &[Frame], id| fs.iter().any(|f| f.kind == HEADERS && f.stream == id);
+    let done = |fs: &[Frame]| {
+        let reset = |id| reset_for_protocol_error(fs, id);
+        head(fs, 1) && reset(3) && reset(5) && head(fs, 7)
     };
-    let read = tokio::time::timeout(Duration::from_secs(10), async {
-        while !done(&got) {
-            let n = s.read(&mut buf).await.expect("read");
-            assert!(n > 0, "closed after {} frames", frames(&got).len());
-            got.extend_from_slice(&buf[..n]);
-        }
-    });
-    read.await.expect("every stream answered");
+    let got = read_until(&mut s, done)
+        .await
+        .expect("every stream answered");
     let fs = frames(&got);
     let head = fs
         .iter()
@@ -218,32 +240,18 @@ async fn a_field_that_is_none_resets_its_stream_and_spares_the_others() {
     for (stream, block) in &sent {
         s.write_all(&request(*stream, block)).await.unwrap();
     }
-    let mut got = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    let done = |got: &[u8]| {
-        let fs = frames(got);
-        let reset = |id| {
-            fs.iter()
-                .any(|f| f.kind == RST_STREAM && f.stream == id && f.payload == [0, 0, 0, 1])
-        };
+    let done = |fs: &[Frame]| {
+        let reset = |id| reset_for_protocol_error(fs, id);
         let ended = |id| {
             fs.iter()
                 .any(|f| f.kind == DATA && f.stream == id && f.flags & END_STREAM != 0)
         };
         ended(1) && reset(3) && reset(5) && ended(7)
     };
-    let read = tokio::time::timeout(Duration::from_secs(10), async {
-        while !done(&got) {
-            let n = s.read(&mut buf).await.expect("read");
-            let kinds: Vec<_> = frames(&got).iter().map(|f| (f.kind, f.stream)).collect();
-            assert!(n > 0, "closed after {kinds:?}\n{}", proxy.log_text());
-            got.extend_from_slice(&buf[..n]);
-        }
-    });
-    if read.await.is_err() {
-        let kinds: Vec<_> = frames(&got).iter().map(|f| (f.kind, f.stream)).collect();
-        panic!("not every stream answered: {kinds:?}\n{}", proxy.log_text());
-    }
+    let got = match read_until(&mut s, done).await {
+        Ok(got) => got,
+        Err(why) => panic!("not every stream answered: {why}\n{}", proxy.log_text()),
+    };
     assert!(!frames(&got).iter().any(|f| f.kind == GOAWAY));
     let lost = eventually(Duration::from_millis(300), || {
         proxy.log_text().contains("status=499")
