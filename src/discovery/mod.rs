@@ -444,6 +444,10 @@ pub fn text_digest(text: &str) -> String {
 fn keep_owner(file: &std::fs::File, old: &std::fs::Metadata, path: &Path) {
     use std::os::unix::fs::MetadataExt;
     let (uid, gid) = (old.uid(), old.gid());
+    let made = file.metadata().map(|m| (m.uid(), m.gid()));
+    if made.is_ok_and(|made| made == (uid, gid)) {
+        return;
+    }
     if let Err(e) = std::os::unix::fs::fchown(file, Some(uid), Some(gid)) {
         let me = nix::unistd::geteuid();
         tracing::warn!(
