@@ -471,6 +471,11 @@ fn plain(status: StatusCode, text: &'static str) -> Response<FileBody> {
         .boxed_unsync();
     let mut resp = Response::new(body);
     *resp.status_mut() = status;
+    // A HEAD gets the length its GET would; a 304 says none (it would be the file's).
+    if status != StatusCode::NOT_MODIFIED {
+        let length = HeaderValue::from(text.len());
+        resp.headers_mut().insert(header::CONTENT_LENGTH, length);
+    }
     resp
 }
 

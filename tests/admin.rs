@@ -110,6 +110,21 @@ async fn every_endpoint_checks_the_key() {
     assert_eq!(parsed["routes"][0]["backends"][0]["up"], true);
     let (_, metrics) = keyed_get(admin, "/metrics").await;
     assert!(metrics.contains("aralez_requests_total"), "{metrics}");
+    // A HEAD says the length its GET would (it said none).
+    let mut lengths = Vec::new();
+    for method in [Method::HEAD, Method::GET] {
+        let mut client = Client::connect(Proto::H1, admin).await;
+        let key = [("x-api-key", "s3cret")];
+        let resp = client
+            .send(method, Some("admin"), "/status", &key, full(""))
+            .await;
+        lengths.push(header(&resp, "content-length"));
+        body_bytes(resp).await;
+    }
+    assert!(
+        !lengths[0].is_empty() && lengths[0] == lengths[1],
+        "{lengths:?}"
+    );
     // The three accepted POST /conf calls above count as applied reloads from the API.
     let api_applied = metrics
         .lines()

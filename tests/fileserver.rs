@@ -515,3 +515,27 @@ async fn file_server_requests_are_in_the_access_log() {
     assert!(line.contains(&bytes), "{line}");
     assert!(line.contains(" request_id=rid-42 "), "{line}");
 }
+
+/// A HEAD gets the length its GET would, on the file server's own answers (a 404 said none)
+/// as on files.
+#[tokio::test]
+async fn a_head_of_the_servers_own_answers_says_their_length() {
+    let (_proxy, addr, _root, _) = start();
+    for (target, status, length) in [("/missing.txt", 404, 14), ("/a.txt", 200, CONTENT.len())] {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let ask = format!("HEAD {target} HTTP/1.1\r\nHost: files\r\nConnection: close\r\n\r\n");
+        stream.write_all(ask.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await.unwrap();
+        let answer = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+        assert!(
+            answer.starts_with(&format!("http/1.1 {status}")),
+            "{answer}"
+        );
+        assert!(
+            answer.contains(&format!("content-length: {length}\r\n")),
+            "{answer}"
+        );
+        assert!(answer.ends_with("\r\n\r\n"), "a HEAD has no body: {answer}");
+    }
+}

@@ -83,8 +83,13 @@ type Reply = Response<Full<Bytes>>;
 const NO_ACME: &str = "acme is not configured (no acme: block in main.yaml)";
 
 fn reply(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Reply {
-    let mut resp = Response::new(Full::new(body.into()));
+    let body = body.into();
+    // Said in the head, so a HEAD gets the length its GET would (hyper sends none for a body
+    // it leaves out).
+    let length = header::HeaderValue::from(body.len());
+    let mut resp = Response::new(Full::new(body));
     *resp.status_mut() = status;
+    resp.headers_mut().insert(header::CONTENT_LENGTH, length);
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
         header::HeaderValue::from_static(content_type),
