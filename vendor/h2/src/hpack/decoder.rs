@@ -311,6 +311,9 @@ impl Decoder {
                     tracing::trace!(rem = src.remaining(), kind = %"Indexed");
                     can_resize = false;
                     let entry = self.decode_indexed(src)?;
+                    // Patched in by aralez: a reference to a stand-in is as malformed as the
+                    // field it stands for.
+                    self.malformed |= entry.is_stand_in();
                     consume(src);
                     if f(entry).is_break() {
                         break;
@@ -415,6 +418,8 @@ impl Decoder {
             self.or_stand_in(made, name_len, value_len)
         } else {
             let e = self.table.get(table_idx)?;
+            // Patched in by aralez: a stand-in's name is as malformed as the field's was.
+            self.malformed |= e.is_stand_in();
             let value = self.decode_string(buf, !index)?;
 
             let (name_len, value_len) = (e.name().as_slice().len(), value.len());

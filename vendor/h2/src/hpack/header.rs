@@ -87,10 +87,20 @@ impl Header {
 
     /// Patched in by aralez: a valid field whose name and value are as long as those of a
     /// field that is none, to stand in for it in the dynamic table (`Decoder::or_stand_in`).
+    /// Its value is marked sensitive, which no entry the peer inserts is (sensitive values come
+    /// only from never-indexed literals, which the table never holds): that is how a later
+    /// reference to it is known (`Header::is_stand_in`).
     pub fn stand_in(name_len: usize, value_len: usize) -> Option<Header> {
         let name = HeaderName::from_lowercase(&vec![b'x'; name_len]).ok()?;
-        let value = HeaderValue::from_bytes(&vec![b'x'; value_len]).ok()?;
+        let mut value = HeaderValue::from_bytes(&vec![b'x'; value_len]).ok()?;
+        value.set_sensitive(true);
         Some(Header::Field { name, value })
+    }
+
+    /// Patched in by aralez: whether this is a stand-in for a field that was none
+    /// (`Header::stand_in`): a block that refers to it is malformed as the one that sent it was.
+    pub fn is_stand_in(&self) -> bool {
+        matches!(self, Header::Field { value, .. } if value.is_sensitive())
     }
 
     pub fn new(name: Bytes, value: Bytes) -> Result<Header, DecoderError> {
