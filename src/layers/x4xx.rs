@@ -202,11 +202,10 @@ mod tests {
             assert_eq!(send(&limit, me, "/200", &count).await, 200);
         }
         assert_eq!(send(&limit, me, "/404", &count).await, 404);
-        assert_eq!(send(&limit, me, "/401", &count).await, 401);
         assert_eq!(
-            send(&limit, me, "/404", &count).await,
-            404,
-            "the third 4xx still goes out"
+            send(&limit, me, "/401", &count).await,
+            401,
+            "the second 4xx still goes out (two are tolerated)"
         );
         let before = count.load(Ordering::SeqCst);
         assert_eq!(
@@ -248,11 +247,7 @@ mod tests {
             ready(Err::<Response<()>, _>(ProxyError::TokenRequired))
         });
         let ip = IpAddr::from([10, 1, 1, 1]);
-        for expected in [
-            ProxyError::TokenRequired,
-            ProxyError::TokenRequired,
-            ProxyError::TooMany4xx,
-        ] {
+        for expected in [ProxyError::TokenRequired, ProxyError::TooMany4xx] {
             let got = X4xxLayer::new(Some(&limit), ip)
                 .layer(failing)
                 .oneshot(Request::new(()))
