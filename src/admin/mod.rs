@@ -263,8 +263,15 @@ impl Admin {
         }
         let save = req.uri().query().is_some_and(asks_to_save);
         let req_from_master = req.headers().contains_key(cluster::PUSHED_BY_MASTER);
-        let Ok(_conf_turn) = tokio::time::timeout(CONF_TURN_WAIT, self.conf_turn.0.lock()).await
-        else {
+        // Not for a master's push: a master among its own workers would wait for itself
+        // (its push waits for this answer); a master pushes one body at a time.
+        let turn = async {
+            match req_from_master {
+                false => Some(self.conf_turn.0.lock().await),
+                true => None,
+            }
+        };
+        let Ok(_conf_turn) = tokio::time::timeout(CONF_TURN_WAIT, turn).await else {
             let why = format!("another configuration is being applied; not read (waited {CONF_TURN_WAIT:?}), try again");
             let mut busy = text(StatusCode::SERVICE_UNAVAILABLE, why);
             busy.headers_mut()
