@@ -68,9 +68,10 @@ pub async fn serve(
                 record.request_id(id);
             }
             let head = req.method() == http::Method::HEAD;
+            let asked = format!("{:?} for {client}", req.uri().path());
             Box::pin(async move {
                 let answered = answer(&folder, req).await;
-                Ok::<_, Infallible>(logged(answered, record, head))
+                Ok::<_, Infallible>(logged(answered, record, head, asked))
             })
         })
     };
@@ -79,7 +80,12 @@ pub async fn serve(
 
 /// `resp` with its access log line: written when its body ends (or the client leaves), as the
 /// proxy's are. The file server's requests were in no log.
-fn logged(resp: Response<FileBody>, mut record: Record, head: bool) -> Response<FileBody> {
+fn logged(
+    resp: Response<FileBody>,
+    mut record: Record,
+    head: bool,
+    asked: String,
+) -> Response<FileBody> {
     record.respond(resp.status().as_u16(), None, (None, Instant::now()));
     let sends_a_file = matches!(resp.status(), StatusCode::OK | StatusCode::PARTIAL_CONTENT);
     let declared = resp.headers().get(header::CONTENT_LENGTH);
@@ -90,6 +96,7 @@ fn logged(resp: Response<FileBody>, mut record: Record, head: bool) -> Response<
             inner,
             record,
             remaining,
+            asked,
         };
         file.boxed_unsync()
     })
@@ -103,6 +110,8 @@ struct LoggedFile {
     inner: FileBody,
     record: Record,
     remaining: Option<u64>,
+    /// The file's path and the client, for the warning a file that shrank gets.
+    asked: String,
 }
 
 impl http_body::Body for LoggedFile {
@@ -133,7 +142,8 @@ impl http_body::Body for LoggedFile {
             }
             Poll::Ready(None) => {
                 if let Some(short) = this.remaining.filter(|&r| r > 0) {
-                    tracing::warn!("file server: a file ended {short} bytes short of the length its answer declared (it shrank while it was sent); the connection is closed");
+                    let asked = &this.asked;
+                    tracing::warn!("file server: {asked} ended {short} bytes short of the length its answer declared (the file shrank while it was sent); the answer is cut");
                     let shrank = std::io::Error::new(
                         std::io::ErrorKind::UnexpectedEof,
                         "the file shrank while it was sent",

@@ -179,6 +179,8 @@ fn healthcheck(conf: &std::path::Path, url: Option<&str>, timeout: u64) -> ExitC
 }
 
 fn main() -> ExitCode {
+    // First of all: a reload or log reopen asked as the process begins must not end it.
+    aralez::process::hold_signals_until_handled();
     let cli = Cli::parse();
     match &cli.command {
         Some(Command::CheckConfig {
@@ -194,7 +196,6 @@ fn main() -> ExitCode {
     if cli.test {
         return check(&cli.conf.path, Format::Text, false);
     }
-    aralez::process::hold_signals_until_handled();
     let options = aralez::process::RunOptions {
         daemon: cli.daemon,
         upgrade: cli.upgrade,

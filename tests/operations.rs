@@ -842,7 +842,7 @@ async fn any_open_files_limit_serves_or_exits_1() {
     let (_dir, conf) = write_config(&upstreams_for(&backend), "threads: 2");
     let (mut served, mut refused) = (0, 0);
     for limit in [
-        8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 32, 40, 48, 64, 96,
+        5, 6, 7, 8, 9, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 32, 40, 48, 64, 96,
     ] {
         let mut command = std::process::Command::new("sh");
         command

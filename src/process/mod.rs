@@ -326,6 +326,18 @@ struct ControlPlane {
 
 impl ControlPlane {
     fn start() -> Result<ControlPlane, StartError> {
+        // tokio makes a socket pair for its signal handling with the first runtime that has a
+        // signal driver, and panics when it cannot (no file descriptor left: `ulimit -n 8`).
+        // With its epoll and waker, and a copy of the pair's reader, that runtime takes five.
+        let free = descriptors_free(CONTROL_RUNTIME_DESCRIPTORS);
+        if free < CONTROL_RUNTIME_DESCRIPTORS {
+            let why = format!("{free} file descriptors free, under the {CONTROL_RUNTIME_DESCRIPTORS} it takes: raise the open-files limit (ulimit -n, systemd's LimitNOFILE)");
+            let source = std::io::Error::other(why);
+            return Err(StartError::Runtime {
+                what: "the control runtime",
+                source,
+            });
+        }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("aralez-control")
@@ -335,12 +347,6 @@ impl ControlPlane {
                 what: "the control runtime",
                 source,
             })?;
-        // tokio makes a socket pair for its signal handling when the first handler is
-        // installed, and panics when it cannot (no file descriptor left: `ulimit -n 8`).
-        if let Err(source) = std::os::unix::net::UnixStream::pair() {
-            let what = "signal handling";
-            return Err(StartError::Runtime { what, source });
-        }
         let signals = {
             let _context = runtime.enter();
             Signals::install()
@@ -511,6 +517,25 @@ fn raise_open_files_limit() {
     }
 }
 
+/// Descriptors the control runtime takes (its epoll, its waker, tokio's signal pair and a copy
+/// of its reader), checked before it is built ([`ControlPlane::start`]).
+const CONTROL_RUNTIME_DESCRIPTORS: usize = 8;
+
+/// How many file descriptors this process may still open, counted up to `enough` by opening
+/// them (reading /proc/self/fd takes one itself, and fails when none is left); `enough` when
+/// they cannot be counted so.
+fn descriptors_free(enough: usize) -> usize {
+    let mut taken = Vec::with_capacity(enough);
+    while taken.len() < enough {
+        match std::fs::File::open("/dev/null") {
+            Ok(file) => taken.push(file),
+            Err(e) if e.raw_os_error() == Some(nix::libc::EMFILE) => break,
+            Err(_) => return enough,
+        }
+    }
+    taken.len()
+}
+
 /// Descriptors a started process must have left to serve at all: a client's connection and
 /// its backend's for a few requests at once, a health probe, a file watch's read.
 const DESCRIPTORS_TO_SERVE: usize = 16;
@@ -527,18 +552,7 @@ fn descriptors_left_to_serve() -> std::io::Result<()> {
     let Ok((limit, _)) = getrlimit(Resource::RLIMIT_NOFILE) else {
         return Ok(());
     };
-    // Counted by taking them: reading /proc/self/fd takes one itself, and fails when none is
-    // left.
-    let mut taken = Vec::with_capacity(DESCRIPTORS_TO_SERVE);
-    while taken.len() < DESCRIPTORS_TO_SERVE {
-        match std::fs::File::open("/dev/null") {
-            Ok(file) => taken.push(file),
-            Err(e) if e.raw_os_error() == Some(nix::libc::EMFILE) => break,
-            Err(_) => return Ok(()),
-        }
-    }
-    let left = taken.len();
-    drop(taken);
+    let left = descriptors_free(DESCRIPTORS_TO_SERVE);
     if left < DESCRIPTORS_TO_SERVE {
         let why = format!("the open-files limit ({limit}) leaves {left} descriptors free once started, under the {DESCRIPTORS_TO_SERVE} it takes to serve: raise it (ulimit -n, systemd's LimitNOFILE)");
         return Err(std::io::Error::other(why));
