@@ -32,7 +32,12 @@ fn hpack_int(first: u8, n: u32, mut value: usize, out: &mut Vec<u8>) {
 
 /// A literal field without indexing, its name literal too.
 fn literal(name: &str, value: &str, out: &mut Vec<u8>) {
-    out.push(0x00);
+    coded_literal(0x00, name, value, out);
+}
+
+/// A literal field of the representation `first` says (RFC 7541 §6.2), its name literal too.
+fn coded_literal(first: u8, name: &str, value: &str, out: &mut Vec<u8>) {
+    out.push(first);
     hpack_int(0, 7, name.len(), out);
     out.extend_from_slice(name.as_bytes());
     hpack_int(0, 7, value.len(), out);
@@ -193,11 +198,7 @@ async fn heads_h2_refuses_itself_are_logged_and_counted() {
 
 /// A literal field with incremental indexing (RFC 7541 §6.2.1), its name literal too.
 fn indexed_literal(name: &str, value: &str, out: &mut Vec<u8>) {
-    out.push(0x40);
-    hpack_int(0, 7, name.len(), out);
-    out.extend_from_slice(name.as_bytes());
-    hpack_int(0, 7, value.len(), out);
-    out.extend_from_slice(value.as_bytes());
+    coded_literal(0x40, name, value, out);
 }
 
 /// `GET http://x.test{path}`, then the coded `fields`.
