@@ -59,14 +59,20 @@ fn start() -> (
     (proxy, addr, root, www)
 }
 
-/// Sends `target` byte for byte (no client-side normalisation) and returns the status line.
-async fn raw_status(addr: SocketAddr, target: &str) -> (u16, String) {
+/// Asks `method target` byte for byte (no client-side normalisation) on a connection of its
+/// own; the whole answer.
+async fn raw_asked(addr: SocketAddr, method: &str, target: &str) -> String {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let req = format!("GET {target} HTTP/1.1\r\nHost: files\r\nConnection: close\r\n\r\n");
+    let req = format!("{method} {target} HTTP/1.1\r\nHost: files\r\nConnection: close\r\n\r\n");
     stream.write_all(req.as_bytes()).await.unwrap();
     let mut resp = Vec::new();
     stream.read_to_end(&mut resp).await.unwrap();
-    let text = String::from_utf8_lossy(&resp).into_owned();
+    String::from_utf8_lossy(&resp).into_owned()
+}
+
+/// Sends a GET of `target` byte for byte and returns the status and the whole answer.
+async fn raw_status(addr: SocketAddr, target: &str) -> (u16, String) {
+    let text = raw_asked(addr, "GET", target).await;
     let status = text
         .split_whitespace()
         .nth(1)
@@ -522,12 +528,7 @@ async fn file_server_requests_are_in_the_access_log() {
 async fn a_head_of_the_servers_own_answers_says_their_length() {
     let (_proxy, addr, _root, _) = start();
     for (target, status, length) in [("/missing.txt", 404, 14), ("/a.txt", 200, CONTENT.len())] {
-        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let ask = format!("HEAD {target} HTTP/1.1\r\nHost: files\r\nConnection: close\r\n\r\n");
-        stream.write_all(ask.as_bytes()).await.unwrap();
-        let mut answer = Vec::new();
-        stream.read_to_end(&mut answer).await.unwrap();
-        let answer = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+        let answer = raw_asked(addr, "HEAD", target).await.to_ascii_lowercase();
         assert!(
             answer.starts_with(&format!("http/1.1 {status}")),
             "{answer}"
@@ -538,4 +539,40 @@ async fn a_head_of_the_servers_own_answers_says_their_length() {
         );
         assert!(answer.ends_with("\r\n\r\n"), "a HEAD has no body: {answer}");
     }
+}
+
+/// A file that shrinks while it is sent: the answer is cut where the file ended, the connection
+/// closes (the client sees fewer bytes than declared, as with nginx), and the warning names the
+/// file and the client. Nothing said so before.
+#[tokio::test]
+async fn a_file_shrinking_while_sent_is_cut_and_said() {
+    let (proxy, addr, _root, www) = start();
+    const SIZE: usize = (32 << 20) + 1000;
+    std::fs::write(www.join("shrink.bin"), vec![b'x'; SIZE]).unwrap();
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let ask = "GET /shrink.bin HTTP/1.1\r\nHost: files\r\n\r\n";
+    stream.write_all(ask.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        let mut chunk = [0u8; 16 << 10];
+        let n = stream.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "closed before the head");
+        got.extend_from_slice(&chunk[..n]);
+    }
+    // Most of the file is still to be read when it shrinks to 1 MiB.
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(www.join("shrink.bin"))
+        .unwrap();
+    file.set_len(1 << 20).unwrap();
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        stream.read_to_end(&mut got),
+    );
+    assert!(read.await.is_ok(), "the connection was not closed");
+    assert!(got.len() < SIZE, "{} bytes", got.len());
+    let said = "file server: \"/shrink.bin\" for 127.0.0.1 ended";
+    proxy
+        .wait_log(said, std::time::Duration::from_secs(5))
+        .await;
 }

@@ -320,14 +320,7 @@ async fn a_tls_backend_that_closes_without_close_notify_ends_its_answer() {
     let acceptor = tls_backend_acceptor(&[b"http/1.1"]);
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let addr = serve_tls(acceptor, any_local(), |mut tls| async move {
-        let mut head = Vec::new();
-        let mut buf = [0u8; 1024];
-        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-            match tls.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => head.extend_from_slice(&buf[..n]),
-            }
-        }
+        support::scripted::read_head(&mut tls).await;
         let answer = b"HTTP/1.0 200 OK\r\ncontent-type: text/plain\r\n\r\nall of the body";
         let _ = tls.write_all(answer).await;
         let _ = tls.flush().await;

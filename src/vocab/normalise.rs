@@ -68,12 +68,14 @@ fn ip_literal<'b>(name: &[u8], buf: &'b mut [u8; MAX_HOST]) -> Option<&'b str> {
 
 /// `host` (normalised) with its IPv6 literal in the one form [`host`] gives requests'.
 pub fn canonical_ip_literal(host: &str) -> std::borrow::Cow<'_, str> {
-    let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) else {
+    let bracketed = host.len() > 1 && host.starts_with('[') && host.ends_with(']');
+    if !bracketed || host.len() > MAX_HOST {
         return host.into();
-    };
-    match inner.parse::<std::net::Ipv6Addr>() {
-        Ok(addr) => format!("[{addr}]").into(),
-        Err(_) => host.into(),
+    }
+    let mut buf = [0u8; MAX_HOST];
+    match ip_literal(host.as_bytes(), &mut buf) {
+        Some(canonical) if canonical != host => canonical.to_owned().into(),
+        _ => host.into(),
     }
 }
 

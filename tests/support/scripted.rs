@@ -55,6 +55,13 @@ pub async fn read_more<S: tokio::io::AsyncRead + Unpin>(
     }
 }
 
+/// Reads from `stream` until a whole head has come (or the stream ends): what was read.
+pub async fn read_head<S: tokio::io::AsyncRead + Unpin>(stream: &mut S) -> Vec<u8> {
+    let mut head = Vec::new();
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && read_more(stream, &mut head).await {}
+    head
+}
+
 /// Routes `/plain` (aralez's HTTP/1.1 client) and `/tls` (hyper's, HTTP/1.1 over TLS) to a
 /// scripted backend each.
 pub async fn scripted_routes(answer: &'static [u8], then: Then) -> String {
