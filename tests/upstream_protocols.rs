@@ -318,7 +318,7 @@ async fn an_http1_backend_connection_is_reused_streams_both_ways_and_is_dropped_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_backend_that_closes_without_close_notify_ends_its_answer() {
     let acceptor = tls_backend_acceptor(&[b"http/1.1"]);
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let addr = serve_tls(acceptor, any_local(), |mut tls| async move {
         support::scripted::read_head(&mut tls).await;
         let answer = b"HTTP/1.0 200 OK\r\ncontent-type: text/plain\r\n\r\nall of the body";
