@@ -10,6 +10,7 @@ mod history;
 mod jwt;
 mod listen;
 mod purge;
+mod refusals;
 mod status_page;
 
 pub use history::History;
@@ -30,6 +31,7 @@ use crate::server::per_client::PerClient;
 use crate::server::{AcceptLoop, ConnInfo, Limits};
 use crate::vocab::ClientBody;
 use auth::Access;
+use refusals::RefusalLog;
 
 /// How many connections one client address may hold to the admin API (of its 64).
 const ADMIN_CONNECTIONS_PER_CLIENT: usize = 16;
@@ -101,47 +103,6 @@ fn text(status: StatusCode, body: impl Into<String>) -> Reply {
     let mut body = body.into();
     body.push('\n');
     reply(status, "text/plain; charset=utf-8", body)
-}
-
-/// Says the admin requests refused for who asked or how (a missing or wrong key, a body too
-/// large or too slow), with the client's address: at most one line a second for a listener,
-/// with how many more were refused since. Guessing the master key left no trace.
-#[derive(Default)]
-struct RefusalLog(std::sync::Mutex<Option<(std::time::Instant, u64)>>);
-
-impl RefusalLog {
-    fn note(
-        &self,
-        peer: std::net::SocketAddr,
-        (method, path): &(Method, String),
-        status: StatusCode,
-    ) {
-        let refused = [
-            StatusCode::FORBIDDEN,
-            StatusCode::PAYLOAD_TOO_LARGE,
-            StatusCode::REQUEST_TIMEOUT,
-        ];
-        if !refused.contains(&status) {
-            return;
-        }
-        let mut last = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let now = std::time::Instant::now();
-        let more = match &mut *last {
-            Some((at, quiet)) if now.duration_since(*at) < std::time::Duration::from_secs(1) => {
-                *quiet += 1;
-                return;
-            }
-            Some((_, quiet)) => *quiet,
-            None => 0,
-        };
-        *last = Some((now, 0));
-        drop(last);
-        let since = match more {
-            0 => String::new(),
-            n => format!(" ({n} more refused since the last report)"),
-        };
-        tracing::warn!("admin API: {method} {path:?} from {peer} refused ({status}){since}");
-    }
 }
 
 /// Serves the API on `listener` (over TLS with `tls`) through the common accept helper, until
