@@ -104,9 +104,10 @@ fn parse_tree(text: &str, r: &mut Reader) -> Option<Node> {
     match yaml::parse(text) {
         Ok(node) => Some(node),
         Err(failure) => {
+            let key = failure.key.as_deref().unwrap_or("(yaml)");
             r.error(
                 failure.pos,
-                "(yaml)",
+                key,
                 format!("invalid YAML: {}", failure.message),
             );
             None

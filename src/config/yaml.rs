@@ -106,6 +106,8 @@ impl Value {
 #[derive(Debug)]
 pub struct ParseFailure {
     pub pos: Pos,
+    /// The key written on the failing line before the failure, when there is one.
+    pub key: Option<String>,
     pub message: String,
 }
 
@@ -166,9 +168,28 @@ pub fn parse(text: &str) -> Result<Node, ParseFailure> {
                     message.push_str(&format!(" (is the `{open}` on line {line} closed?)"));
                 }
             }
-            Err(ParseFailure { pos, message })
+            let key = key_on_line(text, pos);
+            Err(ParseFailure { pos, key, message })
         }
     }
+}
+
+/// The block-mapping key written on `pos`'s line before its column (`  threads: .inf` gives
+/// `threads`; a list item's `- name: x` gives `name`), so a parse failure names a key as every
+/// other error does. None when the line has no `key:` before the failure.
+fn key_on_line(text: &str, pos: Pos) -> Option<String> {
+    let line = text
+        .lines()
+        .nth(usize::try_from(pos.line).ok()?.checked_sub(1)?)?;
+    let before: String = line
+        .chars()
+        .take(pos.column.saturating_sub(1) as usize)
+        .collect();
+    let (key, _) = before.split_once(": ")?;
+    let key = key.trim_start().trim_start_matches("- ").trim();
+    let key = key.trim_matches(|c| c == '"' || c == '\'');
+    let plain = !key.is_empty() && !key.contains(['{', '[', '#', ',']);
+    plain.then(|| key.to_string())
 }
 
 /// Most events that alias (`*name`) expansion may produce in one document.
@@ -207,6 +228,9 @@ fn describe(err: &serde_saphyr::Error) -> String {
             BudgetBreach::ScalarBytes { .. } => "too much text in the values".to_string(),
             _ => format!("document is too large (over {MAX_VALUES} values: keys, values and list items)"),
         },
+        E::NonFiniteFloat { value, .. } => {
+            format!("`{value}` is not a finite number; write a number in decimal digits")
+        }
         _ => first_line(&err.to_string()),
     }
 }
@@ -551,5 +575,19 @@ mod tests {
     fn duplicate_keys_are_refused() {
         let err = parse("a: 1\na: 2\n").unwrap_err();
         assert_eq!(err.pos.line, 2, "{err:?}");
+    }
+
+    #[test]
+    fn a_non_finite_number_names_its_key_and_says_what_to_write() {
+        for (doc, key) in [
+            ("threads: .inf\n", "threads"),
+            ("a:\n  - weight: -.INF\n", "weight"),
+            ("a:\n  \"max_body\": .nan\n", "max_body"),
+        ] {
+            let err = parse(doc).unwrap_err();
+            assert_eq!(err.key.as_deref(), Some(key), "{doc:?}: {err:?}");
+            assert!(err.message.contains("not a finite number"), "{err:?}");
+            assert!(!err.message.contains("policy"), "{err:?}");
+        }
     }
 }

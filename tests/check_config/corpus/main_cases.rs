@@ -27,6 +27,13 @@ pub(crate) fn cases() -> Vec<Case> {
                 err(M, 4, "log_level", "is not one of"),
             ],
         ),
+        // A non-finite number stops the parse: its key is named and what to write said (it was
+        // `(yaml)` and the parser's "rejected by the configured policy").
+        Case::main(
+            "a_non_finite_number_names_its_key",
+            &format!("{MAIN_OK}threads: .inf\n"),
+            vec![err(M, 3, "threads", "is not a finite number; write a number in decimal digits")],
+        ),
         // `log_level: off` unquoted is YAML 1.1's false, and the documented value: accepted. A
         // Redis URL the client would refuse at start is refused here too.
         Case::main(
