@@ -7,9 +7,8 @@ use std::time::Duration;
 use super::acme_conf::{self, AcmeConfig};
 use super::cache_conf::{self, CacheConfig};
 use super::cluster_conf::ClusterConfig;
-use super::exists;
-use super::listeners;
 use super::log_conf::{AccessLogFormat, PatternPiece, Rotation};
+use super::main_checks::Seen;
 use super::main_values::{
     listen, one_of, opt, read_access_log, read_grade, read_hc_method, read_log_level,
     read_log_pattern, read_log_target, seconds, set,
@@ -17,7 +16,7 @@ use super::main_values::{
 pub use super::main_values::{AccessLog, TlsGrade};
 use super::net_conf::{self, Cidr, TcpSettings};
 use super::reader::Reader;
-use super::yaml::{KeyPositions, Node};
+use super::yaml::Node;
 
 /// The process settings of `main.yaml`, with defaults filled in.
 #[derive(Clone, Debug)]
@@ -222,18 +221,10 @@ impl MainConfig {
         let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
         let mut cfg = MainConfig::defaults(base_dir);
         let entries = r.map(root, "(document)")?;
-        let mut seen_http = false;
-        let mut seen_upstreams = false;
-        let mut proxy_configs: Option<PathBuf> = None;
-        let mut ca_file: Option<PathBuf> = None;
-        let (mut pingora_user, mut pingora_group) = (None, None);
-        let mut positions = KeyPositions::default();
-        let mut dns_provider = None;
-        let (mut tcp_top, mut tcp_block) = (Vec::new(), None);
-        let mut failed = false;
+        let mut seen = Seen::default();
         for (key, value) in entries {
             let k = key.name.as_str();
-            positions.note(k, value.pos);
+            seen.positions.note(k, value.pos);
             let ok = match k {
                 "threads" => set(
                     &mut cfg.threads,
@@ -284,12 +275,12 @@ impl MainConfig {
                 // win whatever the order.
                 "user" => {
                     let name = r.non_empty_string(value, k);
-                    pingora_user = name.clone();
+                    seen.pingora_user = name.clone();
                     name.is_some()
                 }
                 "group" => {
                     let name = r.non_empty_string(value, k);
-                    pingora_group = name.clone();
+                    seen.pingora_group = name.clone();
                     name.is_some()
                 }
                 "upgrade_sock" => set(
@@ -305,7 +296,7 @@ impl MainConfig {
                     r.uint(value, k, 1, 10_000_000).map(|n| n as usize),
                 ),
                 "proxy_address_http" => {
-                    seen_http = true;
+                    seen.http = true;
                     set(&mut cfg.proxy_address_http, listen(value, k, r))
                 }
                 "proxy_address_tls" => opt(&mut cfg.proxy_address_tls, listen(value, k, r)),
@@ -314,12 +305,12 @@ impl MainConfig {
                     r.non_empty_string(value, k).map(PathBuf::from),
                 ),
                 "proxy_configs" => opt(
-                    &mut proxy_configs,
+                    &mut seen.proxy_configs,
                     r.non_empty_string(value, k).map(PathBuf::from),
                 ),
                 "proxy_tls_grade" => set(&mut cfg.proxy_tls_grade, read_grade(value, r)),
                 "upstreams_conf" => {
-                    seen_upstreams = true;
+                    seen.upstreams = true;
                     set(
                         &mut cfg.upstreams_conf,
                         r.non_empty_string(value, k).map(PathBuf::from),
@@ -346,18 +337,18 @@ impl MainConfig {
                 ),
                 "file_server_address" => opt(&mut cfg.file_server_address, listen(value, k, r)),
                 _ if net_conf::is_top_level_tcp_key(k) => {
-                    tcp_top.push((key, value));
+                    seen.tcp_top.push((key, value));
                     true
                 }
                 "cache" => opt(&mut cfg.cache, cache_conf::read_cache(value, r)),
                 "acme" => opt(&mut cfg.acme, acme_conf::read_acme(value, r)),
                 "acme_dns_provider" => acme_conf::read_dns_provider(value, k, r)
-                    .map(|p| dns_provider = Some((value.pos, p)))
+                    .map(|p| seen.dns_provider = Some((value.pos, p)))
                     .is_some(),
                 _ if cfg.cluster.read(k, value, r).is_some_and(|read| !read) => false,
                 "cluster_member" | "worker_nodes" | "limits_store" => true,
                 "tcp" => {
-                    tcp_block = Some(value);
+                    seen.tcp_block = Some(value);
                     true
                 }
                 "proxy_protocol" => set(&mut cfg.proxy_protocol, r.boolean(value, k)),
@@ -404,8 +395,8 @@ impl MainConfig {
                 // Pingora's CA for upstream TLS: aralez uses the system trust store instead,
                 // but the file must exist, as it must for Aralez to start.
                 "ca_file" => {
-                    ca_file = r.non_empty_string(value, k).map(PathBuf::from);
-                    ca_file.is_some()
+                    seen.ca_file = r.non_empty_string(value, k).map(PathBuf::from);
+                    seen.ca_file.is_some()
                 }
                 _ if PINGORA_KEYS.contains(&k) => true,
                 _ => {
@@ -413,205 +404,8 @@ impl MainConfig {
                     true
                 }
             };
-            failed |= !ok;
+            seen.failed |= !ok;
         }
-        let keyed = super::master_secret_set(&cfg);
-        let own_admin: Vec<SocketAddr> = [cfg.config_address, cfg.config_tls_address]
-            .into_iter()
-            .flatten()
-            .collect();
-        failed |= !cfg
-            .cluster
-            .check(keyed, cfg.config_api_enabled, &own_admin, r);
-        let keyless = cfg.config_api_enabled && !keyed;
-        if let Some(pos) = positions.of("config_api_enabled").filter(|_| keyless) {
-            let why = "no master_key: the admin API answers every call with 403";
-            r.warn(pos, "config_api_enabled", why);
-        }
-        match net_conf::read_tcp(&tcp_top, tcp_block, r) {
-            Some(tcp) => cfg.tcp = tcp,
-            None => failed = true,
-        }
-        if !seen_http {
-            r.error(
-                root.pos,
-                "proxy_address_http",
-                "required key is missing (e.g. proxy_address_http: \"0.0.0.0:6193\")",
-            );
-            failed = true;
-        }
-        if !seen_upstreams {
-            r.error(
-                root.pos,
-                "upstreams_conf",
-                "required key is missing (path of upstreams.yaml)",
-            );
-            failed = true;
-        }
-        match (&cfg.certificates_dir, positions.of("proxy_configs")) {
-            (None, _) => cfg.certificates_dir = proxy_configs.map(|dir| dir.join("certificates")),
-            (Some(_), Some(at)) => r.warn(
-                at,
-                "proxy_configs",
-                "its certificates folder is not read: proxy_certificates is set, and that folder serves",
-            ),
-            (Some(_), None) => {}
-        }
-        let given = listeners::Given {
-            certificates_dir: cfg.certificates_dir.is_some(),
-            config_tls_certificate: cfg.config_tls_certificate.is_some(),
-            config_tls_key_file: cfg.config_tls_key_file.is_some(),
-            file_server_folder: cfg.file_server_folder.is_some(),
-            http3: cfg.http3,
-            http3_built: cfg!(feature = "http3"),
-        };
-        failed |= !listeners::check(&positions, |key| cfg.address_of(key), &given, r);
-        let acme_pos = positions.of("acme").unwrap_or(root.pos);
-        if let Some(acme) = &mut cfg.acme {
-            failed |= !acme_conf::check_with_provider(acme, dns_provider, acme_pos, r);
-        } else if let Some((pos, _)) = dns_provider {
-            r.warn(pos, "acme_dns_provider", "not used without an acme: block");
-        }
-        let alpn = cfg.acme.as_ref().map(|a| a.challenge) == Some(acme_conf::Challenge::TlsAlpn01);
-        if alpn && cfg.proxy_address_tls.is_none() {
-            let why = "tls-alpn-01 is answered on proxy_address_tls: set it, or use http-01";
-            let at = cfg.acme.as_ref().and_then(|a| a.challenge_at);
-            r.error(at.unwrap_or(acme_pos), "acme.challenge", why);
-            failed = true;
-        }
-        if cfg.acme.is_some() && cfg.certificates_dir.is_none() {
-            let pos = acme_pos;
-            let why = "writes certificates into proxy_certificates (or <proxy_configs>/certificates): set one";
-            r.error(pos, "acme", why);
-            failed = true;
-        }
-        let unwritten = cfg.access_log_file.is_some() && cfg.access_log == AccessLog::Off;
-        if let Some(pos) = positions.of("access_log_file").filter(|_| unwritten) {
-            let why = "not written while access_log is off (set access_log: all or error)";
-            r.warn(pos, "access_log_file", why);
-        }
-        cfg.runuser = cfg.runuser.take().or(pingora_user);
-        cfg.rungroup = cfg.rungroup.take().or(pingora_group);
-        // The files and accounts are checked whatever failed above: check-config reports every
-        // problem at once (a bad value hid the missing files behind it, one CI run per layer).
-        let written = cfg.upstreams_conf.clone();
-        cfg.resolve_paths();
-        let ca_file = ca_file.map(|p| cfg.base_dir.join(p));
-        let named = exists::Named {
-            tls: cfg.proxy_address_tls.is_some(),
-            certificates_dir: cfg.certificates_dir.as_deref(),
-            config_tls_certificate: cfg.config_tls_certificate.as_deref(),
-            config_tls_key_file: cfg.config_tls_key_file.as_deref(),
-            admin_tls: cfg.config_tls_address.is_some(),
-            file_server_folder: cfg.file_server_folder.as_deref(),
-            ca_file: ca_file.as_deref(),
-            runuser: cfg.runuser.as_deref(),
-            rungroup: cfg.rungroup.as_deref(),
-            pid_file: &cfg.pid_file,
-            upgrade_sock: &cfg.upgrade_sock,
-            log_file: cfg.log_file.as_deref(),
-            access_log_file: cfg
-                .access_log_file
-                .as_deref()
-                .filter(|_| cfg.access_log != AccessLog::Off),
-            log_rotates: cfg.log_rotation.is_some(),
-            access_log_rotates: cfg.access_log_rotation.is_some(),
-            config_files: [path, &cfg.upstreams_conf],
-        };
-        let mut everything_exists = exists::check(&named, &positions, r);
-        if let Some(acme) = &cfg.acme {
-            everything_exists &= acme_conf::check_ca_file(acme, r);
-        }
-        let resolved = &cfg.upstreams_conf;
-        let unnamed = written.as_os_str().is_empty(); // already an error: the key is missing
-        let problem = match std::fs::metadata(resolved) {
-            _ if unnamed => None,
-            Ok(meta) if meta.is_dir() => Some("is a directory, not a file"),
-            Ok(_) => None,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some("does not exist"),
-            Err(_) => None, // reported when the file is read
-        };
-        if let Some(problem) = problem {
-            let shown = if written == *resolved {
-                format!("`{}` {problem}", written.display())
-            } else {
-                format!(
-                    "`{}` {problem} (looked for {})",
-                    written.display(),
-                    resolved.display()
-                )
-            };
-            let pos = positions.of("upstreams_conf").unwrap_or(root.pos);
-            r.error(pos, "upstreams_conf", shown);
-            return None;
-        }
-        (everything_exists && !failed).then_some(cfg)
-    }
-
-    /// The address a listener's key names; `None` for any other key.
-    fn address_of(&self, key: &str) -> Option<SocketAddr> {
-        match key {
-            "proxy_address_http" => Some(self.proxy_address_http),
-            "proxy_address_tls" => self.proxy_address_tls,
-            "config_address" => self.config_address,
-            "config_tls_address" => self.config_tls_address,
-            "file_server_address" => self.file_server_address,
-            _ => None,
-        }
-    }
-
-    /// Makes relative paths relative to main.yaml's directory (for files it only reads: unless
-    /// only the cwd-relative one exists).
-    fn resolve_paths(&mut self) {
-        let base = self.base_dir.clone();
-        let fix = |p: &mut PathBuf| {
-            if p.is_relative() && !p.as_os_str().is_empty() {
-                let beside = base.join(&*p);
-                if beside.exists() || !p.exists() {
-                    *p = beside;
-                }
-            }
-        };
-        fix(&mut self.upstreams_conf);
-        // Files the process creates are always beside main.yaml: which directory a service is
-        // started from (`/` under systemd) must not decide where its logs go.
-        let beside = |p: &mut PathBuf| {
-            if p.is_relative() && !p.as_os_str().is_empty() {
-                *p = base.join(&*p);
-            }
-        };
-        beside(&mut self.pid_file);
-        beside(&mut self.upgrade_sock);
-        for log in [&mut self.log_file, &mut self.access_log_file]
-            .into_iter()
-            .flatten()
-        {
-            beside(log);
-        }
-        for p in [
-            &mut self.certificates_dir,
-            &mut self.file_server_folder,
-            &mut self.config_tls_certificate,
-            &mut self.config_tls_key_file,
-        ]
-        .into_iter()
-        .flatten()
-        {
-            fix(p);
-        }
-        if let Some(acme) = &mut self.acme {
-            let dir = self.certificates_dir.as_ref().and_then(|c| c.parent());
-            let state = acme.state_dir.take().unwrap_or_else(|| match dir {
-                Some(configs) => configs.join("autoconfigs"),
-                None => PathBuf::from("autoconfigs"),
-            });
-            acme.state_dir = Some(state);
-            for p in [&mut acme.state_dir, &mut acme.ca_file]
-                .into_iter()
-                .flatten()
-            {
-                beside(p);
-            }
-        }
+        cfg.check_whole(root, path, seen, r)
     }
 }
