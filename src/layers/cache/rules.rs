@@ -24,7 +24,8 @@ pub struct CacheControl {
 
 impl CacheControl {
     /// Reads every `Cache-Control` field of `headers` (directive names in any case; a bad
-    /// number makes that directive count as absent, except that a bad `max-age` is stale).
+    /// number makes that directive count as absent, except that a bad `max-age` is stale; a
+    /// directive written twice counts as written first, as RFC 9111 §4.2.1 allows).
     pub fn of(headers: &HeaderMap) -> CacheControl {
         let mut cc = CacheControl::default();
         for value in headers.get_all(header::CACHE_CONTROL) {
@@ -36,7 +37,7 @@ impl CacheControl {
     }
 
     /// One directive, `name` or `name=value` (bytes: a value that is not a number counts as
-    /// 0 seconds).
+    /// 0 seconds, one too large for a number as 2^31, RFC 9111 §1.2.2).
     fn read(&mut self, directive: &[u8]) {
         let (name, arg) = match directive.iter().position(|b| *b == b'=') {
             Some(at) => (&directive[..at], Some(&directive[at + 1..])),
@@ -48,10 +49,12 @@ impl CacheControl {
                 let a = a.trim_ascii();
                 let a = a.strip_prefix(b"\"").unwrap_or(a);
                 let a = a.strip_suffix(b"\"").unwrap_or(a);
-                std::str::from_utf8(a)
-                    .ok()
-                    .and_then(|t| t.parse::<u64>().ok())
-                    .unwrap_or(0)
+                let digits = !a.is_empty() && a.iter().all(u8::is_ascii_digit);
+                match std::str::from_utf8(a).ok().map(str::parse::<u64>) {
+                    Some(Ok(n)) => n,
+                    _ if digits => DELTA_SECONDS_OVERFLOW,
+                    _ => 0,
+                }
             })
         };
         let is = |known: &[u8]| name.eq_ignore_ascii_case(known);
@@ -68,16 +71,19 @@ impl CacheControl {
         } else if is(b"must-revalidate") || is(b"proxy-revalidate") {
             self.must_revalidate = true;
         } else if is(b"max-age") {
-            self.max_age = seconds().or(Some(0));
+            self.max_age = self.max_age.or(seconds()).or(Some(0));
         } else if is(b"s-maxage") {
-            self.s_maxage = seconds().or(Some(0));
+            self.s_maxage = self.s_maxage.or(seconds()).or(Some(0));
         } else if is(b"stale-while-revalidate") {
-            self.stale_while_revalidate = seconds();
+            self.stale_while_revalidate = self.stale_while_revalidate.or(seconds());
         } else if is(b"stale-if-error") {
-            self.stale_if_error = seconds();
+            self.stale_if_error = self.stale_if_error.or(seconds());
         }
     }
 }
+
+/// What a delta-seconds value too large to hold counts as (RFC 9111 §1.2.2).
+const DELTA_SECONDS_OVERFLOW: u64 = 1 << 31;
 
 /// Whether a request may be answered from the cache, and why not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -240,7 +246,8 @@ pub fn storable(
     if fresh_for.is_zero() && !validator && swr.is_zero() && sie.is_zero() {
         return None;
     }
-    let must_revalidate = cc.must_revalidate || cc.no_cache;
+    // `s-maxage` implies `proxy-revalidate` (RFC 9111 §5.2.2.10): never served stale.
+    let must_revalidate = cc.must_revalidate || cc.no_cache || cc.s_maxage.is_some();
     Some(Storable {
         fresh_for,
         initial_age,
@@ -357,6 +364,30 @@ mod tests {
         let status = StatusCode::from_u16(status).unwrap();
         let auth = map(req).contains_key(header::AUTHORIZATION);
         storable(auth, status, &map(resp), TTL, SystemTime::now).map(|s| s.fresh_for.as_secs())
+    }
+
+    /// RFC 9111 §4.2.1: a directive written twice counts as written first; §1.2.2: digits too
+    /// many for a number count as 2^31 seconds (such an answer was not kept at all).
+    #[test]
+    fn the_first_of_two_directives_counts_and_an_overflow_is_2_to_the_31() {
+        let cc = |v: &str| fresh_for(200, &[("cache-control", v)], &[]);
+        assert_eq!(cc("max-age=1, max-age=60"), Some(1));
+        assert_eq!(cc("max-age=60, max-age=1"), Some(60));
+        assert_eq!(cc("s-maxage=5, s-maxage=50, max-age=9"), Some(5));
+        assert_eq!(cc("max-age=18446744073709551616"), Some(1 << 31));
+        assert_eq!(cc("max-age=1x"), None, "not digits: stale, as before");
+    }
+
+    /// `s-maxage` implies `proxy-revalidate` (RFC 9111 §5.2.2.10): no stale allowance holds.
+    #[test]
+    fn s_maxage_is_never_served_stale() {
+        let map = map(&[(
+            "cache-control",
+            "s-maxage=1, stale-if-error=60, stale-while-revalidate=60",
+        )]);
+        let s = storable(false, StatusCode::OK, &map, TTL, SystemTime::now).expect("stored");
+        assert!(s.must_revalidate);
+        assert!(s.stale_if_error.is_zero() && s.stale_while_revalidate.is_zero());
     }
 
     #[test]
