@@ -24,6 +24,7 @@ mod admin;
 mod architecture;
 mod bad_requests;
 mod cache;
+mod cache_coalescing;
 mod cache_redis;
 mod cache_uncacheable;
 mod check_config;

@@ -44,7 +44,7 @@ use entry::{Entry, SentHeaders};
 use keep::{finish, Keep};
 pub use respond::X_CACHE_STATUS;
 use rules::{Lookup, Storable};
-use store::{CacheStore, Flight, Found};
+use store::{CacheStore, Flight, FlightGuard, Found};
 
 pub use store::CacheStore as Store;
 
@@ -221,8 +221,9 @@ fn has_a_body<B: http_body::Body>(req: &Request<B>) -> bool {
 }
 
 /// How many fetches a request waits for at most: the URL's, then, when that stored another
-/// variant than its own, its own variant's.
-const FLIGHT_ROUNDS: usize = 2;
+/// variant than its own, its own variant's, or, when its fetch was abandoned (the leading
+/// client left before the backend answered), the fetch of the waiter that took its place.
+const FLIGHT_ROUNDS: usize = 3;
 
 /// The flight of `variant` (a request's values of the fields `Vary` names) of the URL `key`.
 fn variant_flight(key: &str, variant: &str) -> String {
@@ -280,9 +281,12 @@ where
     // A follower whose wait ended with another variant stored (the same URL, another value of
     // a field its `Vary` names) joins its own variant's fetch: every client of a second variant
     // went to the backend at once. Every wait together within the one coalescing wait.
+    // A refresh (the client's `no-cache`) waits for a fetch under way too, and takes only what
+    // that fetch stored: fifty reloads were fifty backend requests.
     let mut rounds = 0;
-    let mut waited_until = None;
-    while lookup == Lookup::Look && !uncacheable && rounds < FLIGHT_ROUNDS {
+    let mut waited_from = None;
+    let coalesces = matches!(lookup, Lookup::Look | Lookup::Refresh);
+    while coalesces && !uncacheable && rounds < FLIGHT_ROUNDS {
         rounds += 1;
         match store.join_flight(flight.as_deref().unwrap_or(&key)) {
             Flight::Lead(g) => {
@@ -291,15 +295,18 @@ where
             }
             Flight::Follow(rx) => {
                 let now = Instant::now();
-                if let Some(e) = stale.as_ref().filter(|e| e.may_serve_while_updating(now)) {
+                let updating = stale.as_ref().filter(|e| e.may_serve_while_updating(now));
+                if let Some(e) = updating.filter(|_| lookup == Lookup::Look) {
                     return Ok(served(store, e, req.headers(), now, "UPDATING"));
                 }
-                let until = *waited_until.get_or_insert(now + store::COALESCE_WAIT);
+                let from = *waited_from.get_or_insert(now);
+                let left = (from + store::COALESCE_WAIT).saturating_duration_since(now);
                 // Boxed: a timer is large, and only followers need one.
-                Box::pin(store::wait_for(rx, until.saturating_duration_since(now))).await;
+                let abandoned = Box::pin(store::wait_for(rx, left)).await;
                 let now = Instant::now();
+                let new_enough = |e: &Entry| lookup == Lookup::Look || e.stored_at >= from;
                 match store.lookup(&key, req.headers(), slot).await {
-                    Ok(Found::Stored(e)) if usable(&e) && e.is_fresh(now) => {
+                    Ok(Found::Stored(e)) if usable(&e) && e.is_fresh(now) && new_enough(&e) => {
                         return Ok(served(store, &e, req.headers(), now, "HIT"))
                     }
                     Ok(Found::Stored(e)) => stale = Some(e).filter(usable),
@@ -312,6 +319,9 @@ where
                             continue;
                         }
                     }
+                    // The leading client left before the backend answered: one of its
+                    // followers leads in its place, the others wait for that one.
+                    Ok(Found::Nothing) if abandoned => continue,
                     Ok(Found::Nothing) | Err(_) => {}
                 }
                 break;
@@ -343,8 +353,9 @@ where
             Keep::Entry(_) => respond::ClientValidators::take(req.headers_mut()),
             _ => None,
         };
-        let resp = inner.call(req).await?;
-        let resp = finish(cache, (key, slot), auth, keep, resp, word, guard);
+        let resp = inner.call(req).await;
+        answered(&mut guard);
+        let resp = finish(cache, (key, slot), auth, keep, resp?, word, guard);
         if asked.is_some_and(|asked| asked.match_answer(&resp)) {
             // Its body only fills the entry.
             return Ok(respond::as_not_modified(Box::pin(head_only(resp)).await));
@@ -362,6 +373,7 @@ where
         .stale_if_error
         .map(Duration::from_secs);
     let result = inner.call(req).await;
+    answered(&mut guard);
     let now = Instant::now();
     match result {
         Ok(resp) if resp.status() == StatusCode::NOT_MODIFIED => {
@@ -382,6 +394,14 @@ where
                 resp
             })
         }
+    }
+}
+
+/// The backend has answered (or failed) the fetch `guard` leads, if it leads one: its end no
+/// longer hands the fetch to a follower.
+fn answered(guard: &mut Option<FlightGuard>) {
+    if let Some(guard) = guard {
+        guard.answered();
     }
 }
 

@@ -41,6 +41,7 @@ impl CacheStore {
         Flight::Lead(FlightGuard {
             store: self.clone(),
             hash,
+            answered: false,
         })
     }
 }
@@ -51,10 +52,12 @@ pub enum Flight {
     Follow(Arc<InFlight>),
 }
 
-/// One fetch in flight: over once `done`, and then its waiters are woken.
+/// One fetch in flight: over once `done`, and then its waiters are woken; `abandoned` when it
+/// ended with no answer from the backend (its client left first).
 #[derive(Default)]
 pub struct InFlight {
     done: AtomicBool,
+    abandoned: AtomicBool,
     over: Notify,
 }
 
@@ -63,6 +66,14 @@ pub struct InFlight {
 pub struct FlightGuard {
     store: Arc<CacheStore>,
     hash: u64,
+    answered: bool,
+}
+
+impl FlightGuard {
+    /// The backend answered the fetch (or failed it): its end is no longer an abandonment.
+    pub fn answered(&mut self) {
+        self.answered = true;
+    }
 }
 
 impl Drop for FlightGuard {
@@ -74,20 +85,22 @@ impl Drop for FlightGuard {
         let (_, waited_on) = flights.swap_remove(at);
         drop(flights);
         if let Some(fetch) = waited_on {
+            fetch.abandoned.store(!self.answered, Ordering::Relaxed);
             fetch.done.store(true, Ordering::Release);
             fetch.over.notify_waiters();
         }
     }
 }
 
-/// Waits until `fetch` is over, at most `limit`.
-pub async fn wait_for(fetch: Arc<InFlight>, limit: Duration) {
+/// Waits until `fetch` is over, at most `limit`: whether it was abandoned (its leader's client
+/// left before the backend answered, so another waiter should fetch in its place).
+pub async fn wait_for(fetch: Arc<InFlight>, limit: Duration) -> bool {
     let over = fetch.over.notified();
     tokio::pin!(over);
     // Registered before the check, so an end between the two is not missed.
     over.as_mut().enable();
-    if fetch.done.load(Ordering::Acquire) {
-        return;
+    if !fetch.done.load(Ordering::Acquire) && tokio::time::timeout(limit, over).await.is_err() {
+        return false;
     }
-    let _ = tokio::time::timeout(limit, over).await;
+    fetch.abandoned.load(Ordering::Relaxed)
 }
