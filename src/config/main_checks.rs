@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use super::acme_conf::{self, DnsProvider};
+use super::cache_conf;
 use super::exists;
 use super::listeners;
 use super::main_conf::MainConfig;
@@ -160,6 +161,10 @@ impl MainConfig {
             config_files: [path, &cfg.upstreams_conf],
         };
         let mut everything_exists = exists::check(&named, &positions, r);
+        if let Some(cache) = &cfg.cache {
+            let block = positions.of("cache").unwrap_or(root.pos);
+            everything_exists &= cache_conf::check_file_path(cache, &cfg.base_dir, block, r);
+        }
         if let Some(acme) = &cfg.acme {
             everything_exists &= acme_conf::check_ca_file(acme, r);
         }

@@ -52,12 +52,8 @@ impl Context {
         .map_err(|e| StartError::Logging(e.to_string()))?;
         let cache = match &main.cache {
             Some(c) => Some(Arc::new(
-                crate::layers::cache::Store::new(c, &main.base_dir, main.threads).map_err(
-                    |source| StartError::Runtime {
-                        what: "the cache's disk tier",
-                        source,
-                    },
-                )?,
+                crate::layers::cache::Store::new(c, &main.base_dir, main.threads)
+                    .map_err(|source| cache_start_error(c, &main.base_dir, &source))?,
             )),
             None => None,
         };
@@ -178,4 +174,21 @@ pub fn limits(main: &MainConfig) -> Limits {
         backend_wait: main.upstream_response_timeout,
         max_streams: server::MAX_CLIENT_STREAMS,
     }
+}
+
+/// Why the cache's tiers could not be set up, by the key at fault: the disk tier's directory
+/// (`file_path`), or the Redis URL (`storage`).
+fn cache_start_error(
+    cache: &crate::config::cache_conf::CacheConfig,
+    base_dir: &std::path::Path,
+    source: &std::io::Error,
+) -> StartError {
+    use crate::config::cache_conf::Storage;
+    StartError::Config(match &cache.storage {
+        Storage::Hybrid => format!(
+            "cache.file_path: the disk tier cannot use `{}`: {source}",
+            base_dir.join(&cache.file_path).display()
+        ),
+        _ => format!("cache.storage: {source}"),
+    })
 }

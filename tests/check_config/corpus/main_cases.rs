@@ -34,6 +34,13 @@ pub(crate) fn cases() -> Vec<Case> {
             &format!("{MAIN_OK}threads: .inf\n"),
             vec![err(M, 3, "threads", "is not a finite number; write a number in decimal digits")],
         ),
+        // A hybrid cache's directory that cannot be made is the key's error (the start failed
+        // on it naming no key; check-config passed).
+        Case::main(
+            "a_hybrid_cache_directory_that_cannot_be_made",
+            &format!("{MAIN_OK}cache:\n  storage: hybrid\n  file_path: \"main.yaml/cache\"\n"),
+            vec![err(M, 5, "cache.file_path", "cannot be made").also("is not a directory")],
+        ),
         // `log_level: off` unquoted is YAML 1.1's false, and the documented value: accepted. A
         // Redis URL the client would refuse at start is refused here too.
         Case::main(
