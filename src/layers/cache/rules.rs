@@ -95,10 +95,10 @@ pub enum Lookup {
     Refresh,
     /// `no-store`: neither served from nor stored.
     Skip,
-    /// A method that changes the resource (POST, PUT, DELETE, PATCH): stored answers for its URL
-    /// are dropped.
+    /// A method that may change the resource (POST, PUT, DELETE, PATCH, and any method not
+    /// known to be safe, RFC 9111 §4.4): stored answers for its URL are dropped.
     Invalidate,
-    /// Any other method passes by the cache.
+    /// The other safe methods (OPTIONS, TRACE) and CONNECT pass by the cache.
     Pass,
 }
 
@@ -118,15 +118,11 @@ static METHOD_OVERRIDES: [HeaderName; 3] = [
 /// What a request asks of the cache, and whether it carries `Authorization` (read in one pass
 /// over the request's header names: cheaper than three lookups by name).
 pub fn ask(method: &Method, headers: &HeaderMap) -> (Lookup, bool) {
-    if *method == Method::POST
-        || *method == Method::PUT
-        || *method == Method::DELETE
-        || *method == Method::PATCH
-    {
-        return (Lookup::Invalidate, false);
-    }
     if *method != Method::GET && *method != Method::HEAD {
-        return (Lookup::Pass, false);
+        let safe = *method == Method::OPTIONS || *method == Method::TRACE;
+        // CONNECT names no resource of the URL's.
+        let pass = safe || *method == Method::CONNECT;
+        return (if pass { Lookup::Pass } else { Lookup::Invalidate }, false);
     }
     let (mut has_cc, mut has_pragma, mut auth) = (false, false, false);
     let mut otherwise = false;
@@ -488,6 +484,10 @@ mod tests {
         assert_eq!(lookup(&Method::POST, &map(&[])), Lookup::Invalidate);
         assert_eq!(lookup(&Method::DELETE, &map(&[])), Lookup::Invalidate);
         assert_eq!(lookup(&Method::OPTIONS, &map(&[])), Lookup::Pass);
+        // RFC 9111 §4.4: methods whose safety is unknown invalidate too.
+        let purge_like = Method::from_bytes(b"FOO").expect("method");
+        assert_eq!(lookup(&purge_like, &map(&[])), Lookup::Invalidate);
+        assert_eq!(lookup(&Method::TRACE, &map(&[])), Lookup::Pass);
     }
 
     #[test]
