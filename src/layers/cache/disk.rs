@@ -301,10 +301,29 @@ fn evict(index: &mut Index, max: u64) -> Vec<String> {
     gone
 }
 
+/// The disk tier's failed writes since the last that succeeded: a full disk is said once, and
+/// its end with the count, not a line per write.
+#[derive(Default)]
+struct WriteFailures(u64);
+
+impl WriteFailures {
+    /// A write failed: whether to say so (the first of a run).
+    fn failed(&mut self) -> bool {
+        self.0 += 1;
+        self.0 == 1
+    }
+
+    /// A write succeeded: how many failed before it, if any did.
+    fn succeeded(&mut self) -> Option<u64> {
+        Some(std::mem::take(&mut self.0)).filter(|n| *n > 0)
+    }
+}
+
 /// The writer thread: runs `jobs` in order, and `sync`s `dir` at most `interval` after the
 /// first write since the last sync, on a flush, and when the tier goes.
 fn write_loop(dir: &Path, jobs: &Receiver<Job>, interval: Duration, sync: fn(&Path)) {
     let mut sync_due: Option<std::time::Instant> = None;
+    let mut failures = WriteFailures::default();
     loop {
         let job = match sync_due {
             Some(due) => {
@@ -317,9 +336,18 @@ fn write_loop(dir: &Path, jobs: &Receiver<Job>, interval: Duration, sync: fn(&Pa
                 let tmp = dir.join(format!("{name}.tmp"));
                 let written = std::fs::write(&tmp, encode(&key, &entry))
                     .and_then(|()| std::fs::rename(&tmp, dir.join(&name)));
-                if let Err(e) = written {
-                    tracing::warn!(file = %tmp.display(), "cache: cannot write: {e}");
-                    let _ = std::fs::remove_file(&tmp);
+                match written {
+                    Err(e) => {
+                        if failures.failed() {
+                            tracing::warn!(file = %tmp.display(), "cache: cannot write: {e} (the disk tier serves what it has; failures are counted until a write succeeds)");
+                        }
+                        let _ = std::fs::remove_file(&tmp);
+                    }
+                    Ok(()) => {
+                        if let Some(failed) = failures.succeeded() {
+                            tracing::warn!(dir = %dir.display(), "cache: writing again, after {failed} failed writes");
+                        }
+                    }
                 }
                 sync_due.get_or_insert_with(|| std::time::Instant::now() + interval);
             }

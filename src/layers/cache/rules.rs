@@ -122,7 +122,14 @@ pub fn ask(method: &Method, headers: &HeaderMap) -> (Lookup, bool) {
         let safe = *method == Method::OPTIONS || *method == Method::TRACE;
         // CONNECT names no resource of the URL's.
         let pass = safe || *method == Method::CONNECT;
-        return (if pass { Lookup::Pass } else { Lookup::Invalidate }, false);
+        return (
+            if pass {
+                Lookup::Pass
+            } else {
+                Lookup::Invalidate
+            },
+            false,
+        );
     }
     let (mut has_cc, mut has_pragma, mut auth) = (false, false, false);
     let mut otherwise = false;

@@ -87,3 +87,16 @@ fn written_files_reach_the_disk_within_the_interval_and_on_a_flush() {
     drop(jobs);
     thread.join().expect("writer thread");
 }
+
+/// A full disk is said once a run of failures, and its end with their count.
+#[test]
+fn failed_writes_are_said_once_a_run() {
+    let mut failures = WriteFailures::default();
+    assert_eq!(failures.succeeded(), None);
+    let said: Vec<bool> = (0..196).map(|_| failures.failed()).collect();
+    assert_eq!(said.iter().filter(|s| **s).count(), 1);
+    assert!(said[0]);
+    assert_eq!(failures.succeeded(), Some(196));
+    assert_eq!(failures.succeeded(), None);
+    assert!(failures.failed(), "a new run is said again");
+}
