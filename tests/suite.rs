@@ -27,6 +27,7 @@ mod cache;
 mod cache_coalescing;
 mod cache_redis;
 mod cache_uncacheable;
+mod cache_variants;
 mod check_config;
 mod cluster;
 mod compression;

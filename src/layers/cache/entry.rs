@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
 use tokio::time::Instant;
 
@@ -112,7 +112,68 @@ impl Entry {
 
 /// A request's value of a header `Vary` names: all its fields joined, as one value.
 pub fn vary_value(req: &HeaderMap, name: &HeaderName) -> Option<HeaderValue> {
-    joined(req.get_all(name).iter())
+    as_compared(name, joined(req.get_all(name).iter()))
+}
+
+/// The value `Vary` compares for `name`: `Accept-Encoding` as the codings it accepts and
+/// refuses (every spelling of one choice one variant: `gzip, deflate`, `deflate, gzip` and
+/// `gzip, x1` each had an entry of their own, and junk values pushed the browsers' out),
+/// any other field as written.
+fn as_compared(name: &HeaderName, value: Option<HeaderValue>) -> Option<HeaderValue> {
+    match value {
+        Some(value) if name == header::ACCEPT_ENCODING => Some(accepted_codings(&value)),
+        other => other,
+    }
+}
+
+/// The content codings registered with IANA (RFC 9110 §8.4.1), and `*`: a coding outside them
+/// is one no backend answers with, and is left out of the comparison.
+const CODINGS: [&str; 14] = [
+    "*",
+    "aes128gcm",
+    "br",
+    "compress",
+    "dcb",
+    "dcz",
+    "deflate",
+    "exi",
+    "gzip",
+    "identity",
+    "pack200-gzip",
+    "x-compress",
+    "x-gzip",
+    "zstd",
+];
+
+/// `Accept-Encoding` as the sorted codings it accepts, and those it refuses (`q=0`) marked
+/// `-`: two requests alike here accept the same answers (RFC 9110 §12.5.3), whatever their
+/// order, spacing, case, weights or unknown codings.
+fn accepted_codings(value: &HeaderValue) -> HeaderValue {
+    let mut said: Vec<String> = Vec::new();
+    for item in value.as_bytes().split(|b| *b == b',') {
+        let mut parts = item.split(|b| *b == b';');
+        let coding = parts
+            .next()
+            .unwrap_or_default()
+            .trim_ascii()
+            .to_ascii_lowercase();
+        let Some(known) = CODINGS.iter().find(|c| c.as_bytes() == coding.as_slice()) else {
+            continue;
+        };
+        let refused = parts.any(|p| {
+            let p = p.trim_ascii();
+            let weight = p.strip_prefix(b"q=").or_else(|| p.strip_prefix(b"Q="));
+            weight.is_some_and(|w| w.iter().all(|b| matches!(b, b'0' | b'.')))
+        });
+        said.push(if refused {
+            format!("-{known}")
+        } else {
+            known.to_string()
+        });
+    }
+    said.sort_unstable();
+    said.dedup();
+    HeaderValue::from_str(&said.join(",")).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
 /// Several fields of one name as one value (`a, b`), the way `Vary` compares them.
@@ -144,8 +205,52 @@ impl SentHeaders {
         )
     }
 
-    /// The request's value of `name`, its fields joined.
+    /// The request's value of `name`, its fields joined, as `Vary` compares it.
     pub fn vary_value(&self, name: &HeaderName) -> Option<HeaderValue> {
-        joined(self.0.iter().filter(|(n, _)| n == name).map(|(_, v)| v))
+        let value = joined(self.0.iter().filter(|(n, _)| n == name).map(|(_, v)| v));
+        as_compared(name, value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn compared(value: &'static str) -> HeaderValue {
+        let mut req = HeaderMap::new();
+        req.insert(header::ACCEPT_ENCODING, HeaderValue::from_static(value));
+        vary_value(&req, &header::ACCEPT_ENCODING).expect("a value")
+    }
+
+    /// Every spelling of one choice of codings is one variant; a different choice is another.
+    #[test]
+    fn accept_encoding_is_compared_by_the_codings_it_accepts() {
+        let gzip_deflate = compared("gzip, deflate");
+        for same in [
+            "deflate, gzip",
+            "GZIP,deflate",
+            "gzip;q=0.5, deflate, x1",
+            "gzip, deflate, x$9",
+        ] {
+            assert_eq!(compared(same), gzip_deflate, "{same}");
+        }
+        assert_eq!(compared("gzip, x1"), compared("gzip"));
+        assert_ne!(compared("gzip"), gzip_deflate);
+        assert_ne!(
+            compared("gzip, br;q=0"),
+            compared("gzip"),
+            "a refusal counts"
+        );
+        assert_ne!(compared("gzip, identity;q=0"), compared("gzip"));
+        assert_eq!(
+            compared("x1").as_bytes(),
+            b"",
+            "junk alone accepts what no coding at all does"
+        );
+        // Other fields are compared as written.
+        let mut req = HeaderMap::new();
+        req.insert(header::ACCEPT_LANGUAGE, HeaderValue::from_static("fr, en"));
+        let lang = vary_value(&req, &header::ACCEPT_LANGUAGE).expect("a value");
+        assert_eq!(lang, "fr, en");
     }
 }
