@@ -291,6 +291,47 @@ async fn a_file_truncated_for_a_rewrite_keeps_its_routes_until_written() {
     );
 }
 
+/// An upstreams.yaml emptied while conf.d routes other hosts is refused as one emptied alone
+/// is: the merged routes were not empty, so the emptying was applied after the rewrite grace
+/// (and at once by SIGHUP), and upstreams.yaml's own hosts answered 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_emptied_file_beside_conf_d_hosts_is_refused_too() {
+    let (a, c) = (Backend::start("a").await, Backend::start("c").await);
+    let proxy = ProxyProcess::start(&routes(&[&a]), "");
+    std::fs::create_dir_all(proxy.path("conf.d")).unwrap();
+    let extra = Upstreams::new()
+        .host("c.example", Host::new().path("/", Path::servers(&[&c])))
+        .render_conf_d();
+    write_atomically(&proxy.path("conf.d/c.yaml"), &extra);
+    wait_for_host_backend(&proxy, "c.example", "c").await;
+    let refused = "reload rejected, previous configuration kept";
+    for (n, emptied) in ["", "# comment\n---\n", "upstreams:\n"]
+        .into_iter()
+        .enumerate()
+    {
+        std::fs::write(proxy.path("upstreams.yaml"), emptied).expect("emptied");
+        proxy.signal(nix::sys::signal::Signal::SIGHUP);
+        let said = proxy.wait_log_count(refused, n + 1, Duration::from_secs(5));
+        assert!(said.await, "{emptied:?}:\n{}", proxy.log_text());
+        let mut client = Client::connect(Proto::H1, proxy.addr).await;
+        assert_eq!(
+            backend_of(&mut client).await,
+            (200, "a".to_string()),
+            "{emptied:?}"
+        );
+    }
+    assert!(proxy
+        .log_text()
+        .contains("the file is empty; the running routes are kept"));
+    // conf.d's own changes still apply while upstreams.yaml is left as it was.
+    std::fs::write(proxy.path("upstreams.yaml"), routes(&[&a])).expect("back");
+    let back = Upstreams::new()
+        .host("c.example", Host::new().path("/", Path::servers(&[&a])))
+        .render_conf_d();
+    write_atomically(&proxy.path("conf.d/c.yaml"), &back);
+    wait_for_host_backend(&proxy, "c.example", "a").await;
+}
+
 /// A file written in place by a slow writer (a generator's output redirected to it) is read
 /// once its writer has closed it. Its first half is a valid file with fewer hosts, and was
 /// reloaded as such meanwhile: 404s for the hosts not written yet.

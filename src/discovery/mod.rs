@@ -264,13 +264,16 @@ impl Reloader {
     /// An upstreams file emptied (a failed template render, a full disk) would take every route
     /// away at once: refused, as the admin API refuses an empty body. So is one that routes
     /// nothing otherwise (a leftover `foo.com: ~`, a bare `{}`): `upstreams: {}` says it is meant.
+    /// An upstreams.yaml emptied while conf.d still routes is refused too: its own hosts would
+    /// go (truncate-then-write edits left them 404 for a moment).
     fn refuse_blanked(&self, cfg: &UpstreamsConfig, issues: &mut Issues) {
-        if !self.would_route_nothing(cfg) {
-            return;
-        }
         let text =
             config::file_bytes::read_regular(&self.upstreams_path, config::yaml::MAX_FILE_BYTES)
                 .unwrap_or_default();
+        let emptied = config::is_blank_text(&text) && self.applied_file_had_content();
+        if !emptied && !self.would_route_nothing(cfg) {
+            return;
+        }
         let why = if config::is_blank_text(&text) {
             "the file is empty; the running routes are kept (to remove every route, write `upstreams: {}`)"
         } else if config::says_no_routes(&text) {
@@ -281,6 +284,13 @@ impl Reloader {
         let file: Arc<str> = self.upstreams_path.display().to_string().into();
         let start = crate::config::yaml::Pos { line: 1, column: 1 };
         issues.push(config::Severity::Error, &file, start, "(file)", why.into());
+    }
+
+    /// The upstreams.yaml behind the routes serving was not blank.
+    fn applied_file_had_content(&self) -> bool {
+        let sources = self.sources();
+        let text = sources.file_text.as_deref();
+        text.is_some_and(|t| !config::is_blank_text(t.as_bytes()))
     }
 
     /// `cfg` has no host and watches no discovery while routes of the files serve.
