@@ -28,7 +28,7 @@ const EXPIRED: &str = include_str!("fixtures/kubernetes/endpointslice-watch-expi
 const UNAUTHORIZED: &str = include_str!("fixtures/kubernetes/unauthorized.json");
 const TOKEN: &str = "good-token";
 
-type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+type Body = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
 
 /// The API server's state: the slices a list returns, and the open watch streams.
 struct ApiState {
@@ -54,6 +54,8 @@ enum WatchMode {
     Endless,
     /// The watch request itself refused: 410 Gone (its version was compacted away).
     Gone,
+    /// Half an event, then the connection closed (its length said more).
+    CutMidLine,
 }
 
 /// A slice named `name` from the fixture, with `(ip, ready)` endpoints on `port`.
@@ -163,7 +165,11 @@ async fn answer(
         Response::builder()
             .status(status)
             .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body)).boxed())
+            .body(
+                Full::new(Bytes::from(body))
+                    .map_err(|never| match never {})
+                    .boxed(),
+            )
             .unwrap()
     };
     state.lock().unwrap().requests += 1;
@@ -202,6 +208,22 @@ async fn answer(
             let gone = "{\"kind\":\"Status\",\"apiVersion\":\"v1\",\"metadata\":{},\"status\":\"Failure\",\"message\":\"too old resource version\",\"reason\":\"Expired\",\"code\":410}";
             return Ok(full(StatusCode::GONE, gone.to_string()));
         }
+        if mode == WatchMode::CutMidLine {
+            let half = Bytes::from_static(b"{\"type\":\"MODIFIED\",\"object\":{\"kind\":\"Endpoi");
+            // Sent in a chunk of its own; then the body fails and hyper breaks the connection
+            // off without the last chunk.
+            let cut = futures_util::stream::unfold(Some(half), |half| async move {
+                match half {
+                    Some(half) => Some((Ok(Frame::data(half)), None)),
+                    None => {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        let reset = std::io::ErrorKind::ConnectionReset;
+                        Some((Err(std::io::Error::from(reset)), None))
+                    }
+                }
+            });
+            return Ok(Response::new(BodyExt::boxed(StreamBody::new(cut))));
+        }
         if mode == WatchMode::Endless {
             let chunk = Bytes::from(vec![b'x'; 1 << 20]);
             let line = futures_util::stream::repeat_with(move || Ok(Frame::data(chunk.clone())));
@@ -209,7 +231,7 @@ async fn answer(
         }
         let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
         state.lock().unwrap().watchers.push(tx);
-        let stream = tokio_stream_from(rx).map(|b| Ok::<_, Infallible>(Frame::data(b)));
+        let stream = tokio_stream_from(rx).map(|b| Ok::<_, std::io::Error>(Frame::data(b)));
         return Ok(Response::builder()
             .header("content-type", "application/json")
             .body(BodyExt::boxed(StreamBody::new(stream)))
@@ -367,6 +389,33 @@ async fn a_watch_that_ends_at_once_is_started_again_once_a_second_at_most() {
     assert!(asked, "the watcher stopped:\n{}", proxy.log_text());
     let took = started.elapsed();
     assert!(took >= Duration::from_millis(3500), "5 watches in {took:?}");
+    assert_eq!(answering(&proxy).await, ["a".to_string()].into());
+}
+
+/// An API server (or a balancer before it) that cuts each watch mid-event: kube takes the cut
+/// for an end, says nothing and watches again at once (1,400 times a second). A cut watch now
+/// lasts a second at least too, and is said.
+#[tokio::test(start_paused = true)]
+async fn a_watch_cut_mid_event_is_started_again_once_a_second_at_most_and_said() {
+    let a = Backend::start("a").await;
+    let api = FakeApi::serving(&a).await;
+    api.state.lock().unwrap().watch_mode = WatchMode::CutMidLine;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start(&k8s_routes(api.addr, &account(dir.path(), TOKEN)), "").await;
+    wait_for(&proxy, &["a"]).await;
+    let (before, started) = (
+        api.state.lock().unwrap().watches,
+        tokio::time::Instant::now(),
+    );
+    let asked = eventually(Duration::from_secs(60), || {
+        api.state.lock().unwrap().watches >= before + 5
+    })
+    .await;
+    assert!(asked, "the watcher stopped:\n{}", proxy.log_text());
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(3500), "5 watches in {took:?}");
+    let said = proxy.log_text();
+    assert!(said.contains("a watch was cut before its end"), "{said}");
     assert_eq!(answering(&proxy).await, ["a".to_string()].into());
 }
 

@@ -93,7 +93,7 @@ fn client_for(cfg: &KubernetesConfig) -> Result<(Client, String), KubeSetupError
     // The token file is read (and read again as it rotates) by a layer of ours, not by kube.
     let token = BearerFileLayer::new(PathBuf::from(&cfg.tokenpath));
     let client = kube::client::ClientBuilder::try_from(config)?
-        .with_layer(&AnswerBoundsLayer)
+        .with_layer(&AnswerBoundsLayer::new())
         .with_layer(&token)
         .build();
     Ok((client, ns))

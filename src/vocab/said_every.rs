@@ -1,0 +1,64 @@
+//! A log line said at most once a period, with how many times the same thing happened
+//! unsaid since: refused admin requests, a Kubernetes API server that cuts its watches. A
+//! client or a server that repeats itself cannot flood the log, and nothing goes unseen.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// When the line was last said, and how many went unsaid since.
+pub struct SaidEvery {
+    period: Duration,
+    last: Mutex<Option<(Instant, u64)>>,
+}
+
+impl SaidEvery {
+    pub fn new(period: Duration) -> SaidEvery {
+        SaidEvery {
+            period,
+            last: Mutex::new(None),
+        }
+    }
+
+    /// The thing happened at `now`: how many went unsaid before it when a line is due, none
+    /// when the last line was said less than a period ago (this one is counted).
+    pub fn due(&self, now: Instant) -> Option<u64> {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let more = match &mut *last {
+            Some((at, quiet)) if now.duration_since(*at) < self.period => {
+                *quiet += 1;
+                return None;
+            }
+            Some((_, quiet)) => *quiet,
+            None => 0,
+        };
+        *last = Some((now, 0));
+        Some(more)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn one_line_a_period_then_the_count_of_the_rest() {
+        let period = Duration::from_secs(1);
+        let said = SaidEvery::new(period);
+        assert_eq!(said.due(Instant::now()), Some(0), "the first is said");
+        for _ in 0..5 {
+            tokio::time::advance(Duration::from_millis(150)).await;
+            assert_eq!(said.due(Instant::now()), None, "within the period: counted");
+        }
+        tokio::time::advance(Duration::from_millis(250)).await;
+        assert_eq!(
+            said.due(Instant::now()),
+            Some(5),
+            "a period on: said, with the five"
+        );
+        assert_eq!(said.due(Instant::now()), None);
+        tokio::time::advance(period).await;
+        assert_eq!(said.due(Instant::now()), Some(1), "the count starts again");
+    }
+}
