@@ -56,9 +56,10 @@ pub fn check(main_path: &Path) -> Report {
     }
 }
 
-/// Loads the certificates main.yaml names as the start will: a pair of the certificate
-/// directory the start would skip is a warning (as it is then), a pair of the admin API that
-/// does not load is an error (the start fails on it). Each at its key's line.
+/// Loads the certificates main.yaml names as the start will: each problem the start would say
+/// is a warning (as it is then), and pairs of the certificate directory that do not load are
+/// an error too (the start skips them), as is a pair of the admin API that does not load (the
+/// start fails on it). Each at its key's line.
 fn check_certificates(main: &MainConfig, main_path: &Path, issues: &mut Issues) {
     let file: Arc<str> = main_path.display().to_string().into();
     let text = config::file_bytes::read_regular(main_path, config::yaml::MAX_FILE_BYTES)
@@ -70,6 +71,16 @@ fn check_certificates(main: &MainConfig, main_path: &Path, issues: &mut Issues) 
         let (store, problems) = crate::tls::store::CertStore::open(dir);
         for problem in problems {
             issues.push(Severity::Warning, &file, at(&key), key[0], problem);
+        }
+        // The start serves without them (a warning then), but the names they were for get
+        // another certificate: a check fails on them, as `nginx -t` does.
+        let not_loaded = store.pairs_not_loaded();
+        if !not_loaded.is_empty() {
+            let why = format!(
+                "certificate pair(s) that do not load (said above): {}; their names would get another certificate",
+                not_loaded.join(", ")
+            );
+            issues.push(Severity::Error, &file, at(&key), key[0], why);
         }
         if store.is_empty() && main.acme.is_none() {
             let why = format!(

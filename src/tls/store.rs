@@ -214,6 +214,17 @@ impl CertStore {
         (store, problems)
     }
 
+    /// The pairs of the directory that did not load and have no last good copy serving: the
+    /// names they were for get another certificate.
+    pub fn pairs_not_loaded(&self) -> Vec<String> {
+        let pairs = self.pairs.lock().unwrap_or_else(|p| p.into_inner());
+        let names = pair_names(&self.dir).unwrap_or_default();
+        names
+            .into_iter()
+            .filter(|n| !pairs.contains_key(n))
+            .collect()
+    }
+
     /// How many pairs are serving.
     pub fn len(&self) -> usize {
         self.pairs.lock().map(|p| p.len()).unwrap_or(0)
@@ -287,6 +298,15 @@ impl CertStore {
                 }
             }
         }
+        for (name, _) in pairs
+            .iter()
+            .filter(|(name, pair)| only_addresses(name, pair))
+        {
+            problems.push(format!(
+                "{}: the certificate names no DNS name (an IP address is never a TLS client's server name): it serves only clients no other pair matches, and only as the default pair (name it default.crt for that)",
+                self.dir.join(format!("{name}.crt")).display()
+            ));
+        }
         let now = unix_now();
         for (name, pair) in pairs.iter().filter(|(_, pair)| !pair.valid_at(now)) {
             let when = if now < pair.valid.0 {
@@ -304,6 +324,18 @@ impl CertStore {
         self.next_change.store(next, Ordering::Relaxed);
         problems
     }
+}
+
+/// A pair other than `default` whose certificate names no DNS name (IP addresses only, or a
+/// subject name that is none, `My Server`): no client's SNI selects it.
+fn only_addresses(name: &str, pair: &LoadedPair) -> bool {
+    let server_name = |n: &String| {
+        let dns = n
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._*".contains(&b));
+        !n.is_empty() && dns && n.parse::<std::net::IpAddr>().is_err()
+    };
+    name != "default" && !pair.names.iter().any(server_name)
 }
 
 /// When the first of `pairs` becomes valid or expires after `now`: what the index chooses may
@@ -374,6 +406,23 @@ mod tests {
         let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
         ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
         ca.self_signed(&ca_key).expect("ca")
+    }
+
+    /// A certificate for IP addresses only is never chosen by SNI: said, unless it is the
+    /// default pair.
+    #[test]
+    fn a_pair_naming_only_addresses_is_said() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        write_pair(dir.path(), "ip", "127.0.0.1", (0, i64::from(i32::MAX)));
+        write_pair(dir.path(), "default", "::1", (0, i64::from(i32::MAX)));
+        write_pair(dir.path(), "named", "a.example", (0, i64::from(i32::MAX)));
+        let (store, problems) = CertStore::open(dir.path());
+        assert_eq!(store.len(), 3);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].contains("ip.crt: the certificate names no DNS name"),
+            "{problems:?}"
+        );
     }
 
     #[test]
