@@ -76,8 +76,9 @@ async fn sni_picks_the_certificate_and_no_sni_gets_the_default() {
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(cert, t.roots[want], "{name}");
     }
-    // And requests go through, over HTTP/1.1 and h2 (ALPN).
-    for alpn in [&b"http/1.1"[..], b"h2"] {
+    // And requests go through, over HTTP/1.1 and h2 (ALPN), and for a client offering only
+    // `http/1.0` (refused the handshake, as nginx does not).
+    for alpn in [&b"http/1.1"[..], b"h2", b"http/1.0"] {
         let mut client =
             Client::connect_tls(t.tls, "alpha.local", tls_client_config(&t.roots, &[alpn])).await;
         let resp = client.get("alpha.local", "/").await;

@@ -10,6 +10,10 @@ use crate::config::MainConfig;
 use crate::server;
 use crate::vocab::acme_challenges::{Challenges, ACME_TLS_ALPN};
 
+/// An HTTP/1.0 client's ALPN protocol, last in the server's preference: a client offering only
+/// it was refused the handshake (no_application_protocol), which nginx accepts.
+const HTTP_1_0: &[u8] = b"http/1.0";
+
 /// HTTP/3's side (its UDP socket, the TLS listener's certificates), and `Alt-Svc` for the TLS
 /// listener.
 pub fn http3_side(
@@ -60,9 +64,9 @@ pub fn tls_acceptor(
         .as_ref()
         .is_some_and(|a| a.challenge == Challenge::TlsAlpn01)
     {
-        &[b"h2", b"http/1.1", ACME_TLS_ALPN]
+        &[b"h2", b"http/1.1", HTTP_1_0, ACME_TLS_ALPN]
     } else {
-        &[b"h2", b"http/1.1"]
+        &[b"h2", b"http/1.1", HTTP_1_0]
     };
     let config = crate::tls::server_config(resolver.clone(), main.proxy_tls_grade, alpn)
         .map_err(|e| StartError::Config(format!("  {e}\n")))?;
