@@ -419,3 +419,21 @@ async fn an_extended_connect_answered_with_a_wrong_accept_is_a_502() {
         );
     }
 }
+
+/// A backend's `101` that names no protocol (no `Upgrade` field, RFC 9110 §15.2.2 requires one)
+/// is a 502: the client was told `Upgrade: websocket`, made up, and the tunnel opened to
+/// whatever the backend had switched to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_101_without_an_upgrade_field_is_a_502() {
+    use support::scripted::{read_head, scripted_routes, Then};
+    use tokio::io::AsyncWriteExt;
+    const ANSWER: &[u8] = b"HTTP/1.1 101 Switching Protocols\r\n\r\nhello";
+    let proxy = ProxyProcess::start(&scripted_routes(ANSWER, Then::Stall).await, "");
+    for path in ["/plain", "/tls"] {
+        let mut client = TcpStream::connect(proxy.addr).await.unwrap();
+        let ask = format!("GET {path} HTTP/1.1\r\nHost: a.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n");
+        client.write_all(ask.as_bytes()).await.unwrap();
+        let head = String::from_utf8_lossy(&read_head(&mut client).await).into_owned();
+        assert!(head.starts_with("HTTP/1.1 502"), "{path}: {head}");
+    }
+}

@@ -158,6 +158,15 @@ fn answer_upgrade(
     };
     let backend = || crate::upstream::served_by(&resp).map_or("-", |s| &*s.0.label);
     if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+        if !resp.headers().contains_key(http::header::UPGRADE) {
+            // RFC 9110 §15.2.2: a 101 says what it switched to; the client is not told a
+            // protocol the backend never named.
+            tracing::warn!(
+                backend = backend(),
+                "backend's 101 names no protocol (no Upgrade field)"
+            );
+            return refused(&resp);
+        }
         if !client.ask.accepted_by(resp.headers()) {
             tracing::warn!(
                 backend = backend(),
