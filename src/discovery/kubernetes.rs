@@ -23,6 +23,7 @@ use crate::config::discovery_conf::{DiscoveredService, KubernetesConfig};
 use crate::config::file_bytes::read_regular;
 use crate::config::values::{parse_server, ServerSpec};
 use crate::vocab::error_text::with_causes;
+use crate::vocab::said_every::SaidEvery;
 
 /// Why the Kubernetes client could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -239,6 +240,8 @@ async fn watch_service(
     let mut relisting: Option<BTreeMap<String, Vec<ServerSpec>>> = None;
     let mut failing = Failing::default();
     let mut publishing = Coalesced::default();
+    // A server that answers every watch with 410 is relisted once a second: said once a minute.
+    let gone_said = SaidEvery::new(Duration::from_secs(60));
     loop {
         let event = match publishing.due {
             Some(due) => tokio::select! {
@@ -287,7 +290,9 @@ async fn watch_service(
             Err(e) if watch_refused_as_gone(&e) => {
                 // kube's watcher retries such a watch from the same, compacted, version for
                 // good; a watcher made anew lists first (the fixtures' "or an HTTP 410").
-                tracing::info!(service = %service, "kubernetes: the watch's version is gone (410); listing again");
+                if let Some(more) = gone_said.due(tokio::time::Instant::now()) {
+                    tracing::info!(service = %service, "kubernetes: the watch's version is gone (410); listing again ({more} more since the last report)");
+                }
                 events = start();
                 relisting = None;
                 false
