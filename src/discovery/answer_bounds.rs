@@ -142,7 +142,11 @@ impl<B> AnswerBody<B> {
     fn end(&mut self, error: Option<BoxError>, cx: &mut Context<'_>) -> Poll<Option<BoxError>> {
         if let (Some(e), Some(cuts)) = (&error, &self.cuts) {
             if let Some(more) = cuts.due(Instant::now()) {
-                tracing::warn!("kubernetes: a watch was cut before its end ({e}; {more} more since the last report); each is watched again after a second at the soonest");
+                let since = match more {
+                    0 => String::new(),
+                    n => format!("; {n} more since the last report"),
+                };
+                tracing::warn!("kubernetes: a watch was cut before its end ({e}{since}); each is watched again after a second at the soonest");
             }
         }
         match self.ends_no_sooner.filter(|at| Instant::now() < *at) {

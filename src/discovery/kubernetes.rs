@@ -291,7 +291,11 @@ async fn watch_service(
                 // kube's watcher retries such a watch from the same, compacted, version for
                 // good; a watcher made anew lists first (the fixtures' "or an HTTP 410").
                 if let Some(more) = gone_said.due(tokio::time::Instant::now()) {
-                    tracing::info!(service = %service, "kubernetes: the watch's version is gone (410); listing again ({more} more since the last report)");
+                    let since = match more {
+                        0 => String::new(),
+                        n => format!(" ({n} more since the last report)"),
+                    };
+                    tracing::info!(service = %service, "kubernetes: the watch's version is gone (410); listing again{since}");
                 }
                 events = start();
                 relisting = None;
