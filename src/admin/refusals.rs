@@ -37,12 +37,8 @@ impl RefusalLog {
         if !REFUSED.contains(&status) {
             return;
         }
-        let Some(more) = self.0.due(Instant::now()) else {
+        let Some(since) = self.0.due_note(Instant::now()) else {
             return;
-        };
-        let since = match more {
-            0 => String::new(),
-            n => format!(" ({n} more refused since the last report)"),
         };
         tracing::warn!("admin API: {method} {path:?} from {peer} refused ({status}){since}");
     }

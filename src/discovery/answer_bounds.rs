@@ -141,12 +141,8 @@ impl<B> AnswerBody<B> {
     /// deadline's timer until `ends_no_sooner` (pending then).
     fn end(&mut self, error: Option<BoxError>, cx: &mut Context<'_>) -> Poll<Option<BoxError>> {
         if let (Some(e), Some(cuts)) = (&error, &self.cuts) {
-            if let Some(more) = cuts.due(Instant::now()) {
-                let since = match more {
-                    0 => String::new(),
-                    n => format!("; {n} more since the last report"),
-                };
-                tracing::warn!("kubernetes: a watch was cut before its end ({e}{since}); each is watched again after a second at the soonest");
+            if let Some(since) = cuts.due_note(Instant::now()) {
+                tracing::warn!("kubernetes: a watch was cut before its end: {e}; each is watched again a second after it began at the soonest{since}");
             }
         }
         match self.ends_no_sooner.filter(|at| Instant::now() < *at) {

@@ -290,11 +290,7 @@ async fn watch_service(
             Err(e) if watch_refused_as_gone(&e) => {
                 // kube's watcher retries such a watch from the same, compacted, version for
                 // good; a watcher made anew lists first (the fixtures' "or an HTTP 410").
-                if let Some(more) = gone_said.due(tokio::time::Instant::now()) {
-                    let since = match more {
-                        0 => String::new(),
-                        n => format!(" ({n} more since the last report)"),
-                    };
+                if let Some(since) = gone_said.due_note(tokio::time::Instant::now()) {
                     tracing::info!(service = %service, "kubernetes: the watch's version is gone (410); listing again{since}");
                 }
                 events = start();

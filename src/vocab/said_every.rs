@@ -1,6 +1,7 @@
 //! A log line said at most once a period, with how many times the same thing happened
-//! unsaid since: refused admin requests, a Kubernetes API server that cuts its watches. A
-//! client or a server that repeats itself cannot flood the log, and nothing goes unseen.
+//! unsaid since: refused admin requests, a Kubernetes API server that cuts or refuses its
+//! watches. A client or a server that repeats itself cannot flood the log, and nothing goes
+//! unseen.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -36,6 +37,15 @@ impl SaidEvery {
         *last = Some((now, 0));
         Some(more)
     }
+
+    /// [`SaidEvery::due`] as the words a due line ends with: nothing when none went unsaid,
+    /// else ` (N more since the last report)`.
+    pub fn due_note(&self, now: Instant) -> Option<String> {
+        self.due(now).map(|more| match more {
+            0 => String::new(),
+            n => format!(" ({n} more since the last report)"),
+        })
+    }
 }
 
 #[cfg(test)]
@@ -60,5 +70,10 @@ mod tests {
         assert_eq!(said.due(Instant::now()), None);
         tokio::time::advance(period).await;
         assert_eq!(said.due(Instant::now()), Some(1), "the count starts again");
+        tokio::time::advance(Duration::from_millis(10)).await;
+        assert_eq!(said.due_note(Instant::now()), None);
+        tokio::time::advance(period).await;
+        let note = said.due_note(Instant::now());
+        assert_eq!(note.as_deref(), Some(" (1 more since the last report)"));
     }
 }
