@@ -31,6 +31,7 @@ use crate::config::upstreams::CompressRule;
 use crate::proxy::encode::{Coding, Encoded};
 use crate::proxy::RespBody;
 use crate::vocab::headers::has_token;
+use crate::vocab::qvalue;
 use crate::vocab::ProxyError;
 
 /// One entry of a route's `types`.
@@ -214,7 +215,7 @@ pub fn preferred(headers: &HeaderMap) -> Option<Coding> {
     {
         let mut parts = item.split(';');
         let name = parts.next().unwrap_or("").trim();
-        let Some(q) = quality(parts) else {
+        let Some(q) = qvalue::quality(parts) else {
             continue;
         };
         let slot = if name.eq_ignore_ascii_case("gzip") || name.eq_ignore_ascii_case("x-gzip") {
@@ -248,39 +249,6 @@ pub fn preferred(headers: &HeaderMap) -> Option<Coding> {
         Some(id) if id > q => None,
         _ => Some(coding),
     }
-}
-
-/// The `q` parameter among `params` in thousandths (1000 when absent); `None` when malformed.
-fn quality<'a>(params: impl Iterator<Item = &'a str>) -> Option<u16> {
-    let mut q = 1000;
-    for param in params {
-        let Some((key, value)) = param.split_once('=') else {
-            continue;
-        };
-        if key.trim().eq_ignore_ascii_case("q") {
-            q = parse_q(value.trim())?;
-        }
-    }
-    Some(q)
-}
-
-/// `0`, `0.5`, `1.000`: at most three decimals, at most 1.
-fn parse_q(text: &str) -> Option<u16> {
-    let (whole, frac) = text.split_once('.').unwrap_or((text, ""));
-    if frac.len() > 3 || !frac.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let whole: u16 = match whole {
-        "0" => 0,
-        "1" => 1000,
-        _ => return None,
-    };
-    let mut thousandths = 0u16;
-    for (i, digit) in frac.bytes().enumerate() {
-        thousandths += u16::from(digit - b'0') * [100, 10, 1][i];
-    }
-    let q = whole + thousandths;
-    (q <= 1000).then_some(q)
 }
 
 /// Applies a route's `compress` (or nothing) to one request's answer.
@@ -448,7 +416,9 @@ mod tests {
             ("", None),
         ];
         for (text, want) in table {
-            assert_eq!(parse_q(text), want, "{text:?}");
+            let param = format!("q={text}");
+            let read = crate::vocab::qvalue::quality(std::iter::once(param.as_str()));
+            assert_eq!(read, want, "{text:?}");
         }
     }
 

@@ -4,7 +4,7 @@
 //! [`WorkerId`] serving it), header rules of forwarding ([`headers`]), the hop-by-hop fields
 //! ([`hop_by_hop`]), where a parsed head's fields lie ([`field_offsets`]), the request id a
 //! response carries back ([`late_id`]), host and path normalisation ([`normalise`]), the
-//! `araleztoken` query parameter ([`token_param`]), a line said at most once a period ([`said_every`]), what trailers may cross ([`trailers`]), what the cache did ([`CacheStatus`]) and the link to a Redis server that shared
+//! `araleztoken` query parameter ([`token_param`]), a line said at most once a period ([`said_every`]), quality values ([`qvalue`]), what trailers may cross ([`trailers`]), what the cache did ([`CacheStatus`]) and the link to a Redis server that shared
 //! state uses ([`redis_link`]).
 
 pub mod acme_challenges;
@@ -16,6 +16,7 @@ pub mod headers;
 pub mod hop_by_hop;
 pub mod late_id;
 pub mod normalise;
+pub mod qvalue;
 pub mod redis_link;
 pub mod request_body;
 pub mod said_every;

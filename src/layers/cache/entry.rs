@@ -9,6 +9,7 @@ use http::StatusCode;
 use tokio::time::Instant;
 
 use super::rules::Storable;
+use crate::vocab::qvalue;
 
 /// One stored response.
 #[derive(Debug)]
@@ -149,23 +150,22 @@ const CODINGS: [&str; 14] = [
 /// `-`: two requests alike here accept the same answers (RFC 9110 §12.5.3), whatever their
 /// order, spacing, case, weights or unknown codings.
 fn accepted_codings(value: &HeaderValue) -> HeaderValue {
+    // Not text: compression reads no coding in it, and neither does this.
+    let Ok(text) = value.to_str() else {
+        return HeaderValue::from_static("");
+    };
     let mut said: Vec<String> = Vec::new();
-    for item in value.as_bytes().split(|b| *b == b',') {
-        let mut parts = item.split(|b| *b == b';');
-        let coding = parts
-            .next()
-            .unwrap_or_default()
-            .trim_ascii()
-            .to_ascii_lowercase();
-        let Some(known) = CODINGS.iter().find(|c| c.as_bytes() == coding.as_slice()) else {
+    for item in text.split(',') {
+        let mut parts = item.split(';');
+        let coding = parts.next().unwrap_or_default().trim().to_ascii_lowercase();
+        let Some(known) = CODINGS.iter().find(|c| **c == coding) else {
             continue;
         };
-        let refused = parts.any(|p| {
-            let p = p.trim_ascii();
-            let weight = p.strip_prefix(b"q=").or_else(|| p.strip_prefix(b"Q="));
-            weight.is_some_and(|w| w.iter().all(|b| matches!(b, b'0' | b'.')))
-        });
-        said.push(if refused {
+        // Read as compression reads it: an item whose weight is malformed is not there.
+        let Some(q) = qvalue::quality(parts) else {
+            continue;
+        };
+        said.push(if q == 0 {
             format!("-{known}")
         } else {
             known.to_string()
@@ -247,6 +247,12 @@ mod tests {
             b"",
             "junk alone accepts what no coding at all does"
         );
+        // A weight compression cannot read leaves the item out, as compression does.
+        assert_eq!(
+            compared("gzip;q=0.0001, br;q=-0, zstd;q=1e-9"),
+            compared("")
+        );
+        assert_ne!(compared("gzip;q=0.0001"), compared("gzip"));
         // Other fields are compared as written.
         let mut req = HeaderMap::new();
         req.insert(header::ACCEPT_LANGUAGE, HeaderValue::from_static("fr, en"));
