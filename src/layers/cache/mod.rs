@@ -281,11 +281,14 @@ where
     // A follower whose wait ended with another variant stored (the same URL, another value of
     // a field its `Vary` names) joins its own variant's fetch: every client of a second variant
     // went to the backend at once. Every wait together within the one coalescing wait.
-    // A refresh (the client's `no-cache`) waits for a fetch under way too, and takes only what
-    // that fetch stored: fifty reloads were fifty backend requests.
+    // A refresh (the client's `no-cache`) waits for a fetch under way too: fifty reloads were
+    // fifty backend requests. It takes only what a fetch begun after it arrived stored (what
+    // one begun before may predate the change the client reloads to see): it waits for such a
+    // fetch to end, then joins or leads the next one.
     let mut rounds = 0;
     let mut waited_from = None;
     let coalesces = matches!(lookup, Lookup::Look | Lookup::Refresh);
+    let arrived = (lookup == Lookup::Refresh).then(Instant::now);
     while coalesces && !uncacheable && rounds < FLIGHT_ROUNDS {
         rounds += 1;
         match store.join_flight(flight.as_deref().unwrap_or(&key)) {
@@ -301,10 +304,16 @@ where
                 }
                 let from = *waited_from.get_or_insert(now);
                 let left = (from + store::COALESCE_WAIT).saturating_duration_since(now);
+                let began = rx.began;
                 // Boxed: a timer is large, and only followers need one.
                 let abandoned = Box::pin(store::wait_for(rx, left)).await;
+                let before_it = arrived.is_some_and(|arrived| began < arrived);
+                if before_it && rounds < FLIGHT_ROUNDS {
+                    continue;
+                }
                 let now = Instant::now();
-                let new_enough = |e: &Entry| lookup == Lookup::Look || e.stored_at >= from;
+                let new_enough =
+                    |e: &Entry| arrived.is_none_or(|_| !before_it && e.stored_at >= began);
                 match store.lookup(&key, req.headers(), slot).await {
                     Ok(Found::Stored(e)) if usable(&e) && e.is_fresh(now) && new_enough(&e) => {
                         return Ok(served(store, &e, req.headers(), now, "HIT"))

@@ -7,12 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use super::CacheStore;
 
-/// One shard of the fetches in flight: (key hash, what waiters wait on, made by the first of
-/// them: an uncontended miss allocates nothing here).
-pub(super) type Flights = Vec<(u64, Option<Arc<InFlight>>)>;
+/// One shard of the fetches in flight: (key hash, when its fetch began, what waiters wait on,
+/// made by the first of them: an uncontended miss allocates nothing here).
+pub(super) type Flights = Vec<(u64, Instant, Option<Arc<InFlight>>)>;
 
 /// Shards of the table of fetches in flight.
 pub(super) const FLIGHT_SHARDS: usize = 32;
@@ -33,11 +34,11 @@ impl CacheStore {
     pub fn join_flight(self: &Arc<Self>, key: &str) -> Flight {
         let hash = std::hash::BuildHasher::hash_one(&self.flight_hasher, key);
         let mut flights = self.flights(hash);
-        if let Some((_, waited_on)) = flights.iter_mut().find(|(h, _)| *h == hash) {
-            let fetch = waited_on.get_or_insert_with(Default::default);
+        if let Some((_, began, waited_on)) = flights.iter_mut().find(|(h, ..)| *h == hash) {
+            let fetch = waited_on.get_or_insert_with(|| Arc::new(InFlight::began(*began)));
             return Flight::Follow(fetch.clone());
         }
-        flights.push((hash, None));
+        flights.push((hash, Instant::now(), None));
         Flight::Lead(FlightGuard {
             store: self.clone(),
             hash,
@@ -54,11 +55,24 @@ pub enum Flight {
 
 /// One fetch in flight: over once `done`, and then its waiters are woken; `abandoned` when it
 /// ended with no answer from the backend (its client left first).
-#[derive(Default)]
 pub struct InFlight {
+    /// When its leader joined, just before it asked the backend: a client's refresh takes
+    /// only what a fetch begun after it arrived brought.
+    pub began: Instant,
     done: AtomicBool,
     abandoned: AtomicBool,
     over: Notify,
+}
+
+impl InFlight {
+    fn began(began: Instant) -> InFlight {
+        InFlight {
+            began,
+            done: AtomicBool::new(false),
+            abandoned: AtomicBool::new(false),
+            over: Notify::new(),
+        }
+    }
 }
 
 /// Held by the request fetching a key; dropping it (the response stored, or given up) wakes the
@@ -79,10 +93,10 @@ impl FlightGuard {
 impl Drop for FlightGuard {
     fn drop(&mut self) {
         let mut flights = self.store.flights(self.hash);
-        let Some(at) = flights.iter().position(|(h, _)| *h == self.hash) else {
+        let Some(at) = flights.iter().position(|(h, ..)| *h == self.hash) else {
             return;
         };
-        let (_, waited_on) = flights.swap_remove(at);
+        let (_, _, waited_on) = flights.swap_remove(at);
         drop(flights);
         if let Some(fetch) = waited_on {
             fetch.abandoned.store(!self.answered, Ordering::Relaxed);
