@@ -330,6 +330,22 @@ async fn an_emptied_file_beside_conf_d_hosts_is_refused_too() {
         .render_conf_d();
     write_atomically(&proxy.path("conf.d/c.yaml"), &back);
     wait_for_host_backend(&proxy, "c.example", "a").await;
+    // A file that said `upstreams: {}` routed nothing of its own: emptying it loses nothing and
+    // is applied (refused, it held every later conf.d change back).
+    std::fs::write(proxy.path("upstreams.yaml"), "upstreams: {}\n").expect("no routes");
+    wait_for_host_backend(&proxy, "any", "").await; // no route: no backend answers
+    std::fs::write(proxy.path("upstreams.yaml"), "").expect("emptied");
+    let again = Upstreams::new()
+        .host("c.example", Host::new().path("/", Path::servers(&[&c])))
+        .render_conf_d();
+    write_atomically(&proxy.path("conf.d/c.yaml"), &again);
+    wait_for_host_backend(&proxy, "c.example", "c").await;
+    // Beside conf.d's hosts an empty file is no "every request gets 404".
+    assert!(
+        !proxy.log_text().contains("every request gets 404"),
+        "{}",
+        proxy.log_text()
+    );
 }
 
 /// A file written in place by a slow writer (a generator's output redirected to it) is read

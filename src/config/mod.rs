@@ -140,15 +140,17 @@ pub fn load_upstreams_digested(path: &Path, issues: &mut Issues) -> Option<(Upst
     let mut digest = DefaultHasher::new();
     let root = read_tree_digested(path, issues, &mut digest)?;
     let mut r = Reader::new(Arc::from(path.display().to_string()), issues);
-    if is_blank(path) {
-        // A failed template render (`envsubst > upstreams.yaml`) or a full disk.
+    let mut cfg = UpstreamsConfig::read(&root, &mut r)?;
+    let merged = merge_conf_d(&mut cfg, path, issues, &mut digest);
+    if cfg.hosts.is_empty() && is_blank(path) {
+        // A failed template render (`envsubst > upstreams.yaml`) or a full disk; beside
+        // conf.d's hosts an empty file is how a conf.d-only setup looks, and routes those.
+        let mut r = Reader::new(Arc::from(path.display().to_string()), issues);
         let start = Pos { line: 1, column: 1 };
         let why = "the file is empty: no route, every request gets 404 (write `upstreams: {}` \
                    to mean it; a reload of an empty file is refused)";
         r.warn(start, "(file)", why);
     }
-    let mut cfg = UpstreamsConfig::read(&root, &mut r)?;
-    let merged = merge_conf_d(&mut cfg, path, issues, &mut digest);
     merged.then(|| (cfg, digest.finish()))
 }
 

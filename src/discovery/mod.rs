@@ -286,11 +286,13 @@ impl Reloader {
         issues.push(config::Severity::Error, &file, start, "(file)", why.into());
     }
 
-    /// The upstreams.yaml behind the routes serving was not blank.
+    /// The upstreams.yaml behind the routes serving said something: not blank, and not
+    /// `upstreams: {}` (emptying that loses nothing, and refusing it held every conf.d change
+    /// back behind it).
     fn applied_file_had_content(&self) -> bool {
         let sources = self.sources();
-        let text = sources.file_text.as_deref();
-        text.is_some_and(|t| !config::is_blank_text(t.as_bytes()))
+        let text = sources.file_text.as_deref().map(str::as_bytes);
+        text.is_some_and(|t| !config::is_blank_text(t) && !config::says_no_routes(t))
     }
 
     /// `cfg` has no host and watches no discovery while routes of the files serve.
