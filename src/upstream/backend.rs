@@ -75,7 +75,8 @@ impl std::fmt::Debug for Backend {
     }
 }
 
-/// Passive health (consecutive connect failures mark the backend down for a while) and the
+/// Passive health (consecutive connect or exchange failures mark the backend down for a while,
+/// [`passive`]) and the
 /// verdicts of the last active health check round (`health.rs`), one per route path probed.
 struct Health {
     /// Per route path: the last round's probe of that path failed. A backend that fails one
@@ -83,6 +84,8 @@ struct Health {
     /// here, in the registry's backend, so verdicts survive reloads; routes read their flags.
     probe_down: Mutex<HashMap<Box<str>, Arc<AtomicBool>>>,
     consecutive_failures: AtomicU32,
+    /// Exchanges in a row that failed after connecting (resets, no answer in time).
+    failed_exchanges: AtomicU32,
     /// Milliseconds since `born` until which the backend is out of rotation (0: in rotation).
     down_until_ms: AtomicU64,
     down_for_ms: AtomicU64,
@@ -232,10 +235,11 @@ impl Backend {
         if status.as_u16() < 500 {
             self.slot(worker).note_answer();
         }
-        // Any answer shows the protocol is right.
+        // Any answer shows the protocol is right, and the backend answering.
         if self.protocol_doubts.load(Ordering::Relaxed) != 0 {
             self.protocol_doubts.store(0, Ordering::Relaxed);
         }
+        self.exchange_answered();
     }
 
     /// A new connection's exchange failed (a reset, an answer that is no HTTP/1.1 response) as
@@ -381,6 +385,7 @@ impl Backend {
         let health = Health {
             probe_down: Mutex::default(),
             consecutive_failures: AtomicU32::new(0),
+            failed_exchanges: AtomicU32::new(0),
             down_until_ms: AtomicU64::new(0),
             down_for_ms: AtomicU64::new(registry.down_for.as_millis() as u64),
             born: Instant::now(),
@@ -447,12 +452,6 @@ impl Backend {
         verdicts.entry(key.into_boxed_str()).or_default().clone()
     }
 
-    /// Passive health only (for routes with `healthcheck: false`).
-    pub fn passive_up(&self) -> bool {
-        let until = self.health.down_until_ms.load(Ordering::Relaxed);
-        until == 0 || self.health.now_ms() >= until
-    }
-
     /// Records a health check round's verdict for route path `path` asking for `name` (a
     /// failure says why); a pass also clears passive marking.
     pub fn set_probed(&self, name: &str, path: &str, verdict: Result<(), &str>) {
@@ -472,41 +471,6 @@ impl Backend {
             }
             _ => {}
         }
-    }
-
-    /// Records a failed connect; enough of them in a row take the backend out of rotation, and
-    /// its protocol is detected again.
-    pub fn connect_failed(&self) {
-        if self.failed_in_a_row() >= FAILS_BEFORE_DOWN {
-            self.forget_detection();
-        }
-    }
-
-    /// A handshake that ended on the backend's certificate (`upstream_tls_verify`): a failed
-    /// connect, but of a backend known to speak TLS. Detected again, it was every few seconds,
-    /// each time said in the log, while the certificate stayed what it was.
-    pub fn certificate_refused(&self) {
-        self.failed_in_a_row();
-    }
-
-    /// Counts a failed connect (out of rotation from [`FAILS_BEFORE_DOWN`] in a row); the
-    /// failures in a row.
-    fn failed_in_a_row(&self) -> u32 {
-        let fails = self
-            .health
-            .consecutive_failures
-            .fetch_add(1, Ordering::Relaxed)
-            + 1;
-        if fails >= FAILS_BEFORE_DOWN {
-            let down_for = self.health.down_for_ms.load(Ordering::Relaxed);
-            self.health
-                .down_until_ms
-                .store(self.health.now_ms() + down_for.max(1), Ordering::Relaxed);
-            if fails == FAILS_BEFORE_DOWN {
-                tracing::warn!(backend = %self.label, "backend marked down after {fails} failed connects");
-            }
-        }
-        fails
     }
 
     /// Says in the log that a request met the connection limit (`upstream_max_connections`),
@@ -532,16 +496,9 @@ impl Backend {
             }
         }
     }
-
-    /// Records a successful connect.
-    pub fn connect_succeeded(&self) {
-        if self.health.consecutive_failures.load(Ordering::Relaxed) != 0 {
-            self.health.consecutive_failures.store(0, Ordering::Relaxed);
-            self.health.down_until_ms.store(0, Ordering::Relaxed);
-        }
-    }
 }
 
+mod passive;
 mod registry;
 
 #[cfg(test)]

@@ -171,6 +171,10 @@ pub fn send<'a>(
             if !set.usable_at(index) || tried.contains(&identity(backend)) {
                 continue;
             }
+            // Once a passive mark lapses, one request tries the backend; the others pass it by.
+            if !backend.claim_trial() {
+                continue;
+            }
             let Some(mut request) = pending.take() else {
                 break;
             };
@@ -228,9 +232,17 @@ pub fn send<'a>(
                         ProxyError::ConnectFailed
                     });
                 }
-                Err(SendError::Reset { error, replay, .. }) => {
+                Err(SendError::Reset {
+                    error,
+                    replay,
+                    reused,
+                }) => {
                     let said = crate::vocab::error_text::with_causes(&*error);
                     tracing::warn!(backend = %backend.label, "backend reset: {said}");
+                    // A pooled connection the backend had closed is no failure of its own.
+                    if !reused {
+                        backend.exchange_failed();
+                    }
                     last_error = Some(ProxyError::BackendReset);
                     match replay {
                         Some(head) => pending = Some(replay_request(*head)),
@@ -259,6 +271,7 @@ pub fn send<'a>(
                 }
                 Err(SendError::Timeout) => {
                     tracing::warn!(backend = %backend.label, "no response within {:?}", timeouts.response);
+                    backend.exchange_failed();
                     return Err(failed(ProxyError::ResponseTimeout, backend));
                 }
             }

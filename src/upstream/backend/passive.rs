@@ -1,0 +1,109 @@
+//! A backend's passive health, as nginx's `max_fails=3 fail_timeout=hc_interval`: three
+//! connects in a row that fail, or three exchanges in a row that fail once connected (a reset,
+//! no answer within `upstream_response_timeout`), take it out of rotation for `hc_interval`.
+//! When that lapses, one request tries it (the others pass it by) until that one's connect or
+//! answer says whether it is back: every request of its round-robin share had waited for its
+//! own connect timeout each time the mark lapsed.
+
+use std::sync::atomic::Ordering;
+
+use super::{Backend, FAILS_BEFORE_DOWN};
+
+impl Backend {
+    /// Passive health only (for routes with `healthcheck: false`).
+    pub fn passive_up(&self) -> bool {
+        let until = self.health.down_until_ms.load(Ordering::Relaxed);
+        until == 0 || self.health.now_ms() >= until
+    }
+
+    /// Whether this request may be sent here, passive health permitting: always while the
+    /// backend is not marked; once a mark has lapsed, for the one request that claims the
+    /// trial (the mark is set again for `hc_interval` meanwhile, and the trial's outcome
+    /// clears it or renews it).
+    pub fn claim_trial(&self) -> bool {
+        let until = self.health.down_until_ms.load(Ordering::Relaxed);
+        if until == 0 {
+            return true;
+        }
+        let now = self.health.now_ms();
+        if now < until {
+            return false;
+        }
+        let down_for = self.health.down_for_ms.load(Ordering::Relaxed).max(1);
+        let claimed = self.health.down_until_ms.compare_exchange(
+            until,
+            now + down_for,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+        claimed.is_ok()
+    }
+
+    /// Records a failed connect; enough of them in a row take the backend out of rotation, and
+    /// its protocol is detected again.
+    pub fn connect_failed(&self) {
+        if self.failed_in_a_row() >= FAILS_BEFORE_DOWN {
+            self.forget_detection();
+        }
+    }
+
+    /// A handshake that ended on the backend's certificate (`upstream_tls_verify`): a failed
+    /// connect, but of a backend known to speak TLS. Detected again, it was every few seconds,
+    /// each time said in the log, while the certificate stayed what it was.
+    pub fn certificate_refused(&self) {
+        self.failed_in_a_row();
+    }
+
+    /// Counts a failed connect (out of rotation from [`FAILS_BEFORE_DOWN`] in a row); the
+    /// failures in a row.
+    fn failed_in_a_row(&self) -> u32 {
+        let fails = self
+            .health
+            .consecutive_failures
+            .fetch_add(1, Ordering::Relaxed)
+            + 1;
+        if fails >= FAILS_BEFORE_DOWN {
+            self.mark_down();
+            if fails == FAILS_BEFORE_DOWN {
+                tracing::warn!(backend = %self.label, "backend marked down after {fails} failed connects");
+            }
+        }
+        fails
+    }
+
+    /// Records an exchange that failed once connected (a reset, no answer in time): enough in
+    /// a row take the backend out of rotation, as failed connects do.
+    pub fn exchange_failed(&self) {
+        let fails = self.health.failed_exchanges.fetch_add(1, Ordering::Relaxed) + 1;
+        if fails >= FAILS_BEFORE_DOWN {
+            self.mark_down();
+            if fails == FAILS_BEFORE_DOWN {
+                tracing::warn!(backend = %self.label, "backend marked down after {fails} failed exchanges in a row (resets, no answer in time)");
+            }
+        }
+    }
+
+    /// An answer came: exchanges fail no longer, and a mark (the trial's) ends.
+    pub(super) fn exchange_answered(&self) {
+        if self.health.failed_exchanges.load(Ordering::Relaxed) != 0 {
+            self.health.failed_exchanges.store(0, Ordering::Relaxed);
+            self.health.down_until_ms.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Out of rotation for `hc_interval` from now.
+    fn mark_down(&self) {
+        let down_for = self.health.down_for_ms.load(Ordering::Relaxed);
+        self.health
+            .down_until_ms
+            .store(self.health.now_ms() + down_for.max(1), Ordering::Relaxed);
+    }
+
+    /// Records a successful connect.
+    pub fn connect_succeeded(&self) {
+        if self.health.consecutive_failures.load(Ordering::Relaxed) != 0 {
+            self.health.consecutive_failures.store(0, Ordering::Relaxed);
+            self.health.down_until_ms.store(0, Ordering::Relaxed);
+        }
+    }
+}
