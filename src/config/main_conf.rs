@@ -8,7 +8,6 @@ use super::acme_conf::{self, AcmeConfig};
 use super::cache_conf::{self, CacheConfig};
 use super::cluster_conf::ClusterConfig;
 use super::log_conf::{AccessLogFormat, PatternPiece, Rotation};
-use super::main_checks::Seen;
 use super::main_values::{
     listen, one_of, opt, read_access_log, read_grade, read_hc_method, read_log_level,
     read_log_pattern, read_log_target, seconds, set,
@@ -17,6 +16,9 @@ pub use super::main_values::{AccessLog, TlsGrade};
 use super::net_conf::{self, Cidr, TcpSettings};
 use super::reader::Reader;
 use super::yaml::Node;
+use checks::Seen;
+
+mod checks;
 
 /// The process settings of `main.yaml`, with defaults filled in.
 #[derive(Clone, Debug)]

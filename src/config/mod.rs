@@ -14,7 +14,6 @@ mod host_name;
 pub mod issues;
 mod listeners;
 pub mod log_conf;
-mod main_checks;
 pub mod main_conf;
 mod main_values;
 pub mod net_conf;

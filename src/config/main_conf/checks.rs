@@ -5,15 +5,15 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use super::acme_conf::{self, DnsProvider};
-use super::cache_conf;
-use super::exists;
-use super::listeners;
-use super::main_conf::MainConfig;
-use super::main_values::AccessLog;
-use super::net_conf;
-use super::reader::Reader;
-use super::yaml::{Key, KeyPositions, Node, Pos};
+use super::MainConfig;
+use crate::config::acme_conf::{self, DnsProvider};
+use crate::config::cache_conf;
+use crate::config::exists;
+use crate::config::listeners;
+use crate::config::main_values::AccessLog;
+use crate::config::net_conf;
+use crate::config::reader::Reader;
+use crate::config::yaml::{Key, KeyPositions, Node, Pos};
 
 /// What reading main.yaml's keys one by one found for the checks that follow.
 #[derive(Default)]
@@ -57,7 +57,7 @@ impl MainConfig {
             tcp_block,
             mut failed,
         } = seen;
-        let keyed = super::master_secret_set(&cfg);
+        let keyed = crate::config::master_secret_set(&cfg);
         let own_admin: Vec<SocketAddr> = [cfg.config_address, cfg.config_tls_address]
             .into_iter()
             .flatten()
