@@ -87,8 +87,11 @@ pub fn load_pair_files(crt: &Path, key_path: &Path) -> Result<LoadedPair, PairEr
         }
     })?;
     let (names, valid) = leaf_facts(&chain[0]);
-    let first_is_ca =
-        x509_parser::parse_x509_certificate(chain[0].as_ref()).is_ok_and(|(_, cert)| cert.is_ca());
+    // A CA's certificate first in a chain of several: the chain is in the wrong order. Alone,
+    // it is a self-signed one (`openssl req -x509` marks them CA) whose key is another.
+    let first_is_ca = chain.len() > 1
+        && x509_parser::parse_x509_certificate(chain[0].as_ref())
+            .is_ok_and(|(_, cert)| cert.is_ca());
     let certified = CertifiedKey::new(chain, signer);
     if certified.keys_match().is_err() {
         let hint = match first_is_ca {
@@ -455,6 +458,9 @@ mod tests {
         std::fs::write(at("wrong.key"), leaf.signing_key.serialize_pem()).expect("key");
         std::fs::write(at("mixed.crt"), leaf.cert.pem()).expect("crt");
         std::fs::write(at("mixed.key"), other.signing_key.serialize_pem()).expect("key");
+        // A self-signed certificate marked CA, alone, with another key: no chain to reorder.
+        std::fs::write(at("alone.crt"), ca.pem()).expect("crt");
+        std::fs::write(at("alone.key"), other.signing_key.serialize_pem()).expect("key");
         let (_, problems) = CertStore::open(dir.path());
         let said = |stem: &str| {
             let found = problems.iter().find(|p| p.contains(&format!("{stem}.key")));
@@ -467,6 +473,11 @@ mod tests {
         );
         assert!(
             said("wrong").contains("its first certificate is a CA's"),
+            "{problems:?}"
+        );
+        let alone = said("alone");
+        assert!(
+            alone.contains("alone.crt") && !alone.contains("CA"),
             "{problems:?}"
         );
     }
