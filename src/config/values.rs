@@ -114,6 +114,39 @@ pub fn parse_server(text: &str) -> Result<ServerSpec, String> {
     })
 }
 
+/// Why a server entry with a comma or a space is none: several addresses (each word one),
+/// nginx's server parameters (`weight=3`, `max_fails=2`, `backup`), or a text that is no
+/// address at all.
+fn in_one_text(text: &str, shown: &str) -> String {
+    let words: Vec<&str> = text
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|w| !w.is_empty())
+        .collect();
+    let address = |w: &&str| w.contains(':') && !w.contains('=');
+    if words.len() > 1 && words.iter().all(address) {
+        return format!(
+            "`{shown}` is several addresses in one text: list them, e.g. [\"a:80\", \"b:80\"]"
+        );
+    }
+    let nginx = [
+        "weight=",
+        "max_fails=",
+        "fail_timeout=",
+        "max_conns=",
+        "backup",
+        "down",
+        "resolve",
+    ];
+    if words
+        .iter()
+        .skip(1)
+        .any(|w| nginx.iter().any(|p| w.starts_with(p)))
+    {
+        return format!("`{shown}`: nginx's server parameters (`weight=`, `max_fails=`, `backup`, ...) are not read here: write the address alone, and list it twice to give it twice the share");
+    }
+    format!("`{shown}` is not an address (expected host:port, with no spaces)")
+}
+
 fn split_host_port(text: &str) -> Result<(&str, &str), String> {
     let shown = shorten(text);
     if let Some(rest) = text.strip_prefix('[') {
@@ -130,9 +163,7 @@ fn split_host_port(text: &str) -> Result<(&str, &str), String> {
     }
     // Said before the IPv6 guess, which two of them set off as well.
     if text.contains(',') || text.contains(char::is_whitespace) {
-        return Err(format!(
-            "`{shown}` is several addresses in one text: list them, e.g. [\"a:80\", \"b:80\"]"
-        ));
+        return Err(in_one_text(text, &shown));
     }
     if let Some((_, after)) = text.split_once('@') {
         let rest = shorten(after);
@@ -435,6 +466,11 @@ mod tests {
             let said = parse_server(several).unwrap_err();
             assert!(said.contains("several addresses in one text"), "{said}");
         }
+        let said = parse_server("127.0.0.1:25010 weight=3").unwrap_err();
+        assert!(said.contains("nginx's server parameters"), "{said}");
+        assert!(said.contains("list it twice"), "{said}");
+        let said = parse_server("not an address").unwrap_err();
+        assert!(said.contains("is not an address"), "{said}");
         let said = parse_server("http://user:pw@127.0.0.1:32001").unwrap_err();
         assert!(said.contains("credentials are never sent"), "{said}");
         assert!(!said.contains("pw"), "the password is not repeated: {said}");
