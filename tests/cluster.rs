@@ -321,6 +321,35 @@ async fn a_master_among_its_own_workers_does_not_push_round_in_circles() {
     assert!(log.contains("is this master's own admin API"), "{log}");
 }
 
+/// Two masters that list one worker replace each other's configuration on it every check, for
+/// good: each says so once it has seen it twice (nothing said it, and the worker's routes
+/// flipped every few seconds).
+#[tokio::test]
+async fn two_masters_of_one_worker_say_that_they_take_turns() {
+    let (a, b, c) = (
+        Backend::start("backend-a").await,
+        Backend::start("backend-b").await,
+        Backend::start("backend-c").await,
+    );
+    let port = free_port();
+    let _worker = worker(&a, port);
+    let master = |backend: &Backend| {
+        ProxyProcess::start(
+            &routes_to(backend),
+            &format!("cluster_member: master\nworker_nodes: [\"http://127.0.0.1:{port}\"]\nmaster_key: \"{KEY}\"\nconfig_api_enabled: true\nconfig_address: \"127.0.0.1:0\"\n"),
+        )
+    };
+    let (one, two) = (master(&b), master(&c));
+    for (m, backend) in [(&one, &b), (&two, &c)] {
+        let admin_addr = m.logged_addr("admin API on http://");
+        let (status, answer) = admin(admin_addr, Method::POST, "/conf", routes_to(backend)).await;
+        assert_eq!(status, 200, "{answer}");
+    }
+    let said = "replaced by another than this master's";
+    let turns = one.wait_log(said, Duration::from_secs(40));
+    turns.await;
+}
+
 /// `JWT_KEY` stands for `master_key` on a master as everywhere else (the admin API's key, the
 /// pushes' key): a master with only `JWT_KEY` was refused at start.
 #[tokio::test]

@@ -50,6 +50,8 @@ struct WorkerState {
     last_result: Option<String>,
     backoff: Duration,
     next_try: Option<Instant>,
+    /// Checks in a row that found another digest than the one it took from this master.
+    replaced: u32,
 }
 
 #[derive(Debug)]
@@ -268,9 +270,20 @@ impl Cluster {
         let json: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
         let reported = json["config_digest"].as_str().map(str::to_string);
         let mut state = worker.state();
-        if reported.as_deref() != Some(pushed.digest.as_str()) && state.taken.is_some() {
+        let ours = reported.as_deref() == Some(pushed.digest.as_str());
+        if !ours && state.taken.is_some() {
             state.taken = None;
             state.next_try = Some(Instant::now());
+            state.replaced += 1;
+            // Once is a worker that restarted from its own file; again is another writer: a
+            // second master listing it, or `POST /conf` sent to it directly. The two pushes
+            // took turns for good, and nothing said so.
+            if state.replaced == 2 || state.replaced % 60 == 0 {
+                let times = state.replaced;
+                tracing::warn!(worker = %worker.url, "cluster: the worker's configuration was replaced by another than this master's {times} times in a row: another master lists it, or something else posts to its /conf; this master pushes its own again");
+            }
+        } else if ours {
+            state.replaced = 0;
         }
         state.reported = reported;
     }
