@@ -508,34 +508,84 @@ impl Acme {
     /// `aralez_acme_orders_total{domain,result}` and
     /// `aralez_acme_certificate_expiry_seconds{domain}` (SPEC §14), a series per set.
     pub fn render_prometheus(&self, out: &mut String) {
-        use std::fmt::Write as _;
         let stats = self.stats().clone();
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        let _ = writeln!(out, "# HELP aralez_acme_orders_total ACME orders, by result.\n# TYPE aralez_acme_orders_total counter");
-        for (domain, s) in &stats {
-            for (result, n) in [("issued", s.issued), ("failed", s.failed)] {
-                let _ = writeln!(
-                    out,
-                    "aralez_acme_orders_total{{domain=\"{domain}\",result=\"{result}\"}} {n}"
-                );
-            }
-        }
-        let _ = writeln!(out, "# HELP aralez_acme_certificate_expiry_seconds Seconds until the certificate expires.\n# TYPE aralez_acme_certificate_expiry_seconds gauge");
-        for (domain, s) in &stats {
-            let left = s.expires.saturating_sub(now);
+        render_stats(&stats, now, out);
+    }
+}
+
+/// The ACME series of `stats` at `now` (seconds since the epoch). A set with no certificate
+/// yet has no expiry series: a 0 there read as one expired, and set off expiry alerts for a
+/// certificate that was never issued (its failed orders say what is wrong).
+fn render_stats(stats: &BTreeMap<String, SetStats>, now: u64, out: &mut String) {
+    use std::fmt::Write as _;
+    let _ = writeln!(out, "# HELP aralez_acme_orders_total ACME orders, by result.\n# TYPE aralez_acme_orders_total counter");
+    for (domain, s) in stats {
+        for (result, n) in [("issued", s.issued), ("failed", s.failed)] {
             let _ = writeln!(
                 out,
-                "aralez_acme_certificate_expiry_seconds{{domain=\"{domain}\"}} {left}"
+                "aralez_acme_orders_total{{domain=\"{domain}\",result=\"{result}\"}} {n}"
             );
         }
+    }
+    let _ = writeln!(out, "# HELP aralez_acme_certificate_expiry_seconds Seconds until the certificate expires.\n# TYPE aralez_acme_certificate_expiry_seconds gauge");
+    for (domain, s) in stats.iter().filter(|(_, s)| s.expires != 0) {
+        let left = s.expires.saturating_sub(now);
+        let _ = writeln!(
+            out,
+            "aralez_acme_certificate_expiry_seconds{{domain=\"{domain}\"}} {left}"
+        );
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A set never issued has its failed orders counted and no expiry series (its 0 fired
+    /// expiry alerts); an expired certificate's says 0.
+    #[test]
+    fn a_set_without_a_certificate_has_no_expiry_series() {
+        let mut stats = BTreeMap::new();
+        let failed = SetStats {
+            issued: 0,
+            failed: 2,
+            expires: 0,
+        };
+        stats.insert("fail.test".to_string(), failed);
+        let held = SetStats {
+            issued: 1,
+            failed: 0,
+            expires: 1_000,
+        };
+        stats.insert("ok.test".to_string(), held);
+        let gone = SetStats {
+            issued: 1,
+            failed: 0,
+            expires: 10,
+        };
+        stats.insert("gone.test".to_string(), gone);
+        let mut out = String::new();
+        render_stats(&stats, 400, &mut out);
+        assert!(
+            out.contains("aralez_acme_orders_total{domain=\"fail.test\",result=\"failed\"} 2"),
+            "{out}"
+        );
+        assert!(
+            !out.contains("expiry_seconds{domain=\"fail.test\"}"),
+            "{out}"
+        );
+        assert!(
+            out.contains("expiry_seconds{domain=\"ok.test\"} 600"),
+            "{out}"
+        );
+        assert!(
+            out.contains("expiry_seconds{domain=\"gone.test\"} 0"),
+            "{out}"
+        );
+    }
 
     #[test]
     fn a_name_of_a_set_is_ordered_with_its_set() {
