@@ -345,6 +345,11 @@ async fn an_order_the_ca_fails_is_a_502_that_names_it() {
     assert_eq!(status, 502);
     let want = format!("ACME server {directory}, registering an account");
     assert!(said.contains(&want), "{said}");
+    // And in the log, as the scheduler's failures are (the answer reached its caller only).
+    let logged = "acme: order asked through the admin API failed";
+    proxy
+        .wait_log(logged, std::time::Duration::from_secs(5))
+        .await;
 }
 
 /// `POST path` on the admin API at `admin` with the master key `k`: the status and the text.

@@ -458,7 +458,12 @@ impl Acme {
         if self.renew_in(&names).is_some_and(|w| !w.is_zero()) {
             return Ok("Fresh certificate exists. Not renewing ! \n".to_string());
         }
-        self.order(&names).await?;
+        if let Err(e) = self.order(&names).await {
+            // Said in the log as the scheduler's failures are: the answer reaches only the
+            // caller, and the attempt left no trace an operator could find later.
+            tracing::warn!(domain = %names[0], "acme: order asked through the admin API failed: {}", with_causes(&e));
+            return Err(e);
+        }
         Ok("Certificate is successfully generated \n".to_string())
     }
 
