@@ -175,8 +175,10 @@ pub fn parse(text: &str) -> Result<Node, ParseFailure> {
 }
 
 /// The block-mapping key written on `pos`'s line before its column (`  threads: .inf` gives
-/// `threads`; a list item's `- name: x` gives `name`), so a parse failure names a key as every
-/// other error does. None when the line has no `key:` before the failure.
+/// `threads`; a list item's `- name: x` gives `name`; `"a.test": [` gives `a.test`), so a parse
+/// failure names a key as every other error does. None where that key may not be the one at
+/// fault: a flow collection (`{`, `[`) opens before the column (the failure may lie inside it,
+/// under another key), or the key is written with escapes, a tag or an anchor.
 fn key_on_line(text: &str, pos: Pos) -> Option<String> {
     let line = text
         .lines()
@@ -185,11 +187,27 @@ fn key_on_line(text: &str, pos: Pos) -> Option<String> {
         .chars()
         .take(pos.column.saturating_sub(1) as usize)
         .collect();
-    let (key, _) = before.split_once(": ")?;
-    let key = key.trim_start().trim_start_matches("- ").trim();
-    let key = key.trim_matches(|c| c == '"' || c == '\'');
-    let plain = !key.is_empty() && !key.contains(['{', '[', '#', ',']);
-    plain.then(|| key.to_string())
+    let mut rest = before.trim_start();
+    while let Some(item) = rest.strip_prefix("- ") {
+        rest = item.trim_start();
+    }
+    let (key, after) = match rest.chars().next()? {
+        quote @ ('"' | '\'') => {
+            let inner = &rest[1..];
+            let end = inner.find(quote)?;
+            (
+                &inner[..end],
+                inner[end + 1..].trim_start().strip_prefix(':')?,
+            )
+        }
+        _ => {
+            let (key, after) = rest.split_once(": ")?;
+            (key.trim_end(), after)
+        }
+    };
+    let plain = |c: char| !matches!(c, '"' | '\'' | '\\' | '#' | '{' | '[' | '!' | '&' | '*');
+    let usable = !key.is_empty() && key.chars().all(plain) && !after.contains(['{', '[']);
+    usable.then(|| key.to_string())
 }
 
 /// Most events that alias (`*name`) expansion may produce in one document.
@@ -575,6 +593,26 @@ mod tests {
     fn duplicate_keys_are_refused() {
         let err = parse("a: 1\na: 2\n").unwrap_err();
         assert_eq!(err.pos.line, 2, "{err:?}");
+    }
+
+    /// Where the key before the failure may not be the one at fault, none is named.
+    #[test]
+    fn a_parse_failure_names_only_a_key_it_can_be_sure_of() {
+        let key = |line: &str, column: u32| key_on_line(line, Pos { line: 1, column });
+        assert_eq!(key("  threads: .inf", 12).as_deref(), Some("threads"));
+        assert_eq!(key("- - name: @x", 11).as_deref(), Some("name"));
+        assert_eq!(key("\"a: b\": @", 9).as_deref(), Some("a: b"));
+        assert_eq!(key("'/:x': @", 8).as_deref(), Some("/:x"));
+        for (line, column) in [
+            ("\"X-B: 2\" ]]", 10),
+            ("a.test: {paths: {\"/\": 1, \"/x\": [}", 33),
+            ("\"/\": { servers: [1], bad: : }", 26),
+            ("'single ''q'' key': @", 20),
+            ("!!str b.test: @", 15),
+            ("x: [", 5),
+        ] {
+            assert_eq!(key(line, column), None, "{line}");
+        }
     }
 
     #[test]

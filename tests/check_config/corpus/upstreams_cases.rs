@@ -12,7 +12,7 @@ pub(crate) fn cases() -> Vec<Case> {
             "yaml_unclosed_flow_sequence",
             MAIN_OK,
             "upstreams:\n  a.com:\n    paths:\n      \"/\": {servers: [\"127.0.0.1:8000\"\n",
-            vec![err(U, 4, "/", "invalid YAML").also("unclosed")],
+            vec![err(U, 4, "(yaml)", "invalid YAML").also("unclosed")],
         ),
         Case::path(
             "yaml_bad_indentation",
@@ -429,7 +429,7 @@ pub(crate) fn cases() -> Vec<Case> {
             "alias_bomb",
             MAIN_OK,
             &alias_bomb(),
-            vec![err(U, 6, "f", "alias bomb")],
+            vec![err(U, 6, "(yaml)", "alias bomb")],
         ),
         Case::broken(
             "fifty_megabytes",
