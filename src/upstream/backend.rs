@@ -75,7 +75,7 @@ impl std::fmt::Debug for Backend {
     }
 }
 
-/// Passive health (consecutive connect or exchange failures mark the backend down for a while,
+/// Passive health (consecutive connect failures mark the backend down for a while,
 /// [`passive`]) and the
 /// verdicts of the last active health check round (`health.rs`), one per route path probed.
 struct Health {
@@ -84,8 +84,6 @@ struct Health {
     /// here, in the registry's backend, so verdicts survive reloads; routes read their flags.
     probe_down: Mutex<HashMap<Box<str>, Arc<AtomicBool>>>,
     consecutive_failures: AtomicU32,
-    /// Exchanges in a row that failed after connecting (resets, no answer in time).
-    failed_exchanges: AtomicU32,
     /// Milliseconds since `born` until which the backend is out of rotation (0: in rotation).
     down_until_ms: AtomicU64,
     down_for_ms: AtomicU64,
@@ -235,11 +233,10 @@ impl Backend {
         if status.as_u16() < 500 {
             self.slot(worker).note_answer();
         }
-        // Any answer shows the protocol is right, and the backend answering.
+        // Any answer shows the protocol is right.
         if self.protocol_doubts.load(Ordering::Relaxed) != 0 {
             self.protocol_doubts.store(0, Ordering::Relaxed);
         }
-        self.exchange_answered();
     }
 
     /// A new connection's exchange failed (a reset, an answer that is no HTTP/1.1 response) as
@@ -385,7 +382,6 @@ impl Backend {
         let health = Health {
             probe_down: Mutex::default(),
             consecutive_failures: AtomicU32::new(0),
-            failed_exchanges: AtomicU32::new(0),
             down_until_ms: AtomicU64::new(0),
             down_for_ms: AtomicU64::new(registry.down_for.as_millis() as u64),
             born: Instant::now(),

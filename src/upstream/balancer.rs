@@ -232,17 +232,9 @@ pub fn send<'a>(
                         ProxyError::ConnectFailed
                     });
                 }
-                Err(SendError::Reset {
-                    error,
-                    replay,
-                    reused,
-                }) => {
+                Err(SendError::Reset { error, replay, .. }) => {
                     let said = crate::vocab::error_text::with_causes(&*error);
                     tracing::warn!(backend = %backend.label, "backend reset: {said}");
-                    // A pooled connection the backend had closed is no failure of its own.
-                    if !reused {
-                        backend.exchange_failed();
-                    }
                     last_error = Some(ProxyError::BackendReset);
                     match replay {
                         Some(head) => pending = Some(replay_request(*head)),
@@ -271,7 +263,6 @@ pub fn send<'a>(
                 }
                 Err(SendError::Timeout) => {
                     tracing::warn!(backend = %backend.label, "no response within {:?}", timeouts.response);
-                    backend.exchange_failed();
                     return Err(failed(ProxyError::ResponseTimeout, backend));
                 }
             }

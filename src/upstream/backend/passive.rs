@@ -1,9 +1,11 @@
-//! A backend's passive health, as nginx's `max_fails=3 fail_timeout=hc_interval`: three
-//! connects in a row that fail, or three exchanges in a row that fail once connected (a reset,
-//! no answer within `upstream_response_timeout`), take it out of rotation for `hc_interval`.
-//! When that lapses, one request tries it (the others pass it by) until that one's connect or
-//! answer says whether it is back: every request of its round-robin share had waited for its
-//! own connect timeout each time the mark lapsed.
+//! A backend's passive health, as nginx's `max_fails=3 fail_timeout=hc_interval` counts failed
+//! connects: three in a row take it out of rotation for `hc_interval`. When that lapses, one
+//! request tries it (the others pass it by) until that one's connect says whether it is back:
+//! every request of its round-robin share had waited for its own connect timeout each time the
+//! mark lapsed. Exchanges that fail once connected (a reset, no answer in time) do not count:
+//! they are as often one URL's (a slow report, a handler that crashes) or a client's that left,
+//! and counted, one slow page took the backend out for every route (HAProxy counts them only
+//! with `observe layer7`).
 
 use std::sync::atomic::Ordering;
 
@@ -69,26 +71,6 @@ impl Backend {
             }
         }
         fails
-    }
-
-    /// Records an exchange that failed once connected (a reset, no answer in time): enough in
-    /// a row take the backend out of rotation, as failed connects do.
-    pub fn exchange_failed(&self) {
-        let fails = self.health.failed_exchanges.fetch_add(1, Ordering::Relaxed) + 1;
-        if fails >= FAILS_BEFORE_DOWN {
-            self.mark_down();
-            if fails == FAILS_BEFORE_DOWN {
-                tracing::warn!(backend = %self.label, "backend marked down after {fails} failed exchanges in a row (resets, no answer in time)");
-            }
-        }
-    }
-
-    /// An answer came: exchanges fail no longer, and a mark (the trial's) ends.
-    pub(super) fn exchange_answered(&self) {
-        if self.health.failed_exchanges.load(Ordering::Relaxed) != 0 {
-            self.health.failed_exchanges.store(0, Ordering::Relaxed);
-            self.health.down_until_ms.store(0, Ordering::Relaxed);
-        }
     }
 
     /// Out of rotation for `hc_interval` from now.

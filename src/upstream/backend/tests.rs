@@ -99,28 +99,6 @@ fn passive_health_marks_down_after_three_failures() {
     assert!(b.is_up());
 }
 
-/// Three exchanges in a row that fail once connected (a reset, no answer in time) mark the
-/// backend down as three failed connects do (it stayed in rotation, every other request
-/// waiting out its response timeout); an answer clears them.
-#[tokio::test(start_paused = true)]
-async fn failed_exchanges_mark_down_and_an_answer_clears_them() {
-    let reg = Registry::for_tests(1, Duration::from_secs(2));
-    let b = reg.backend(&parse_server("127.0.0.1:9").unwrap(), false);
-    b.exchange_failed();
-    b.exchange_failed();
-    b.connect_succeeded();
-    assert!(b.passive_up(), "two, and a connect changes nothing");
-    b.exchange_failed();
-    assert!(!b.passive_up(), "the third");
-    tokio::time::advance(Duration::from_secs(3)).await;
-    assert!(b.claim_trial(), "lapsed: one trial");
-    b.note_answer(WorkerId(0), http::StatusCode::OK);
-    assert!(
-        b.passive_up() && b.claim_trial() && b.claim_trial(),
-        "answered: back"
-    );
-}
-
 /// Once a mark lapses, one request tries the backend and the others pass it by, until the
 /// trial says whether it is back: each request of its round-robin share waited for its own
 /// connect timeout.
