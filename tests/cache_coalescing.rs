@@ -117,6 +117,26 @@ async fn a_refresh_takes_nothing_from_a_fetch_begun_before_it() {
     assert_eq!(origin.requests(), 2);
 }
 
+/// Refreshes that wait out a long fetch begun before them (4 s) share the next one: their
+/// wait was counted from the first, ran out during the second, and each fetched alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refreshes_behind_a_long_fetch_share_the_next() {
+    let origin = Origin::start().await;
+    let proxy = proxy_for(&origin);
+    let path = "/long?cc=max-age=600&slow=4000";
+    let addr = proxy.addr;
+    let first = tokio::spawn(async move {
+        let mut c = Client::connect(Proto::H1, addr).await;
+        get(&mut c, path).await
+    });
+    assert!(eventually(Duration::from_secs(5), || origin.requests() == 1).await);
+    let statuses = ask_at_once(proxy.addr, path, &[("cache-control", "no-cache")], 20)
+        .join_all()
+        .await;
+    first.await.expect("the first");
+    assert_eq!(origin.requests(), 2, "{statuses:?}");
+}
+
 fn proxy_for_with_admin(origin: &Origin) -> ProxyProcess {
     proxy_with(origin, 16, ADMIN)
 }

@@ -309,6 +309,9 @@ where
                 let abandoned = Box::pin(store::wait_for(rx, left)).await;
                 let before_it = arrived.is_some_and(|arrived| began < arrived);
                 if before_it && rounds < FLIGHT_ROUNDS {
+                    // The fetch it needs is the next: its wait starts anew (counted from the
+                    // first, a fetch over 2.5 s left none, and every refresh fetched alone).
+                    waited_from = None;
                     continue;
                 }
                 let now = Instant::now();
