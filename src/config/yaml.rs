@@ -180,9 +180,11 @@ pub fn parse(text: &str) -> Result<Node, ParseFailure> {
 /// fault: a flow collection (`{`, `[`) opens before the column (the failure may lie inside it,
 /// under another key), or the key is written with escapes, a tag or an anchor.
 fn key_on_line(text: &str, pos: Pos) -> Option<String> {
-    let line = text
-        .lines()
-        .nth(usize::try_from(pos.line).ok()?.checked_sub(1)?)?;
+    let index = usize::try_from(pos.line).ok()?.checked_sub(1)?;
+    if in_quotes_at(text, index) {
+        return None;
+    }
+    let line = text.lines().nth(index)?;
     let before: String = line
         .chars()
         .take(pos.column.saturating_sub(1) as usize)
@@ -208,6 +210,31 @@ fn key_on_line(text: &str, pos: Pos) -> Option<String> {
     let plain = |c: char| !matches!(c, '"' | '\'' | '\\' | '#' | '{' | '[' | '!' | '&' | '*');
     let usable = !key.is_empty() && key.chars().all(plain) && !after.contains(['{', '[']);
     usable.then(|| key.to_string())
+}
+
+/// Whether line `index` of `text` begins inside a quoted scalar an earlier line opened (its
+/// `key:` would be text of that value). Comments are skipped; a quote opens only where a value
+/// may begin, not inside a word (`it's`).
+fn in_quotes_at(text: &str, index: usize) -> bool {
+    let mut quote: Option<char> = None;
+    for line in text.lines().take(index) {
+        let mut prev = ' ';
+        let mut chars = line.chars();
+        while let Some(c) = chars.next() {
+            match quote {
+                Some('"') if c == '\\' => {
+                    chars.next();
+                }
+                Some(q) if c == q => quote = None,
+                Some(_) => {}
+                None if c == '#' && prev.is_whitespace() => break,
+                None if matches!(c, '"' | '\'') && !prev.is_alphanumeric() => quote = Some(c),
+                None => {}
+            }
+            prev = c;
+        }
+    }
+    quote.is_some()
 }
 
 /// Most events that alias (`*name`) expansion may produce in one document.

@@ -109,6 +109,23 @@ fn a_parse_failure_names_only_a_key_it_can_be_sure_of() {
     assert_eq!(key("- - name: @x", 11).as_deref(), Some("name"));
     assert_eq!(key("\"a: b\": @", 9).as_deref(), Some("a: b"));
     assert_eq!(key("'/:x': @", 8).as_deref(), Some("/:x"));
+    // A `key:` inside a quoted value an earlier line opened is text, not a key.
+    let text = "a:\n  redirect_to: \"http://x\n    to_https: true\" x\n";
+    assert_eq!(
+        key_on_line(
+            text,
+            Pos {
+                line: 3,
+                column: 20
+            }
+        ),
+        None
+    );
+    let text = "a: 'it''s'\nb: \"it's\" # \"\nc: @\n";
+    assert_eq!(
+        key_on_line(text, Pos { line: 3, column: 4 }).as_deref(),
+        Some("c")
+    );
     for (line, column) in [
         ("\"X-B: 2\" ]]", 10),
         ("a.test: {paths: {\"/\": 1, \"/x\": [}", 33),
