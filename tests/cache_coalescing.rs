@@ -104,12 +104,7 @@ async fn a_refresh_takes_nothing_from_a_fetch_begun_before_it() {
     let origin = Origin::start().await;
     let proxy = proxy_for(&origin);
     let path = "/before?cc=max-age=600&slow=700";
-    let addr = proxy.addr;
-    let first = tokio::spawn(async move {
-        let mut c = Client::connect(Proto::H1, addr).await;
-        get(&mut c, path).await
-    });
-    assert!(eventually(Duration::from_secs(5), || origin.requests() == 1).await);
+    let first = fetch_under_way(&proxy, &origin, path).await;
     let mut c = Client::connect(Proto::H1, proxy.addr).await;
     let (resp, body) = send(&mut c, Method::GET, path, &[("cache-control", "no-cache")]).await;
     assert_eq!(body, "#2", "{}", hdr(&resp, "x-cache-status"));
@@ -124,17 +119,28 @@ async fn refreshes_behind_a_long_fetch_share_the_next() {
     let origin = Origin::start().await;
     let proxy = proxy_for(&origin);
     let path = "/long?cc=max-age=600&slow=4000";
-    let addr = proxy.addr;
-    let first = tokio::spawn(async move {
-        let mut c = Client::connect(Proto::H1, addr).await;
-        get(&mut c, path).await
-    });
-    assert!(eventually(Duration::from_secs(5), || origin.requests() == 1).await);
+    let first = fetch_under_way(&proxy, &origin, path).await;
     let statuses = ask_at_once(proxy.addr, path, &[("cache-control", "no-cache")], 20)
         .join_all()
         .await;
     first.await.expect("the first");
     assert_eq!(origin.requests(), 2, "{statuses:?}");
+}
+
+/// A GET of `path` through `proxy`, once the origin has it (its first request): what its
+/// cache status and body are when it ends.
+async fn fetch_under_way(
+    proxy: &ProxyProcess,
+    origin: &Origin,
+    path: &'static str,
+) -> tokio::task::JoinHandle<(String, String)> {
+    let addr = proxy.addr;
+    let fetch = tokio::spawn(async move {
+        let mut c = Client::connect(Proto::H1, addr).await;
+        get(&mut c, path).await
+    });
+    assert!(eventually(Duration::from_secs(5), || origin.requests() == 1).await);
+    fetch
 }
 
 fn proxy_for_with_admin(origin: &Origin) -> ProxyProcess {

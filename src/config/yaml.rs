@@ -181,7 +181,12 @@ pub fn parse(text: &str) -> Result<Node, ParseFailure> {
 /// under another key), or the key is written with escapes, a tag or an anchor.
 fn key_on_line(text: &str, pos: Pos) -> Option<String> {
     let index = usize::try_from(pos.line).ok()?.checked_sub(1)?;
-    if in_quotes_at(text, index) {
+    // A line that begins inside a quoted value an earlier line opened: its `key:` is text.
+    let line_start = Pos {
+        line: pos.line,
+        column: 1,
+    };
+    if walk_unquoted(text, line_start, |_, _| {}) {
         return None;
     }
     let line = text.lines().nth(index)?;
@@ -212,15 +217,23 @@ fn key_on_line(text: &str, pos: Pos) -> Option<String> {
     usable.then(|| key.to_string())
 }
 
-/// Whether line `index` of `text` begins inside a quoted scalar an earlier line opened (its
-/// `key:` would be text of that value). Comments are skipped; a quote opens only where a value
-/// may begin, not inside a word (`it's`).
-fn in_quotes_at(text: &str, index: usize) -> bool {
+/// Walks `text` up to `end` (not included) as far as hints need YAML read: quoted scalars
+/// (which may span lines; `\` escapes in double quotes) and comments are passed over, and
+/// `each` gets every other character with its line. Whether `end` lies inside a quoted scalar.
+/// A quote opens only where a value may begin, not inside a word (`it's`).
+fn walk_unquoted(text: &str, end: Pos, mut each: impl FnMut(char, u32)) -> bool {
     let mut quote: Option<char> = None;
-    for line in text.lines().take(index) {
+    for (idx, line) in text.lines().enumerate() {
+        let line_no = u32::try_from(idx + 1).unwrap_or(u32::MAX);
+        if line_no > end.line {
+            break;
+        }
         let mut prev = ' ';
-        let mut chars = line.chars();
-        while let Some(c) = chars.next() {
+        let mut chars = line.chars().enumerate();
+        while let Some((col, c)) = chars.next() {
+            if line_no == end.line && col + 1 >= end.column as usize {
+                break;
+            }
             match quote {
                 Some('"') if c == '\\' => {
                     chars.next();
@@ -229,7 +242,7 @@ fn in_quotes_at(text: &str, index: usize) -> bool {
                 Some(_) => {}
                 None if c == '#' && prev.is_whitespace() => break,
                 None if matches!(c, '"' | '\'') && !prev.is_alphanumeric() => quote = Some(c),
-                None => {}
+                None => each(c, line_no),
             }
             prev = c;
         }
@@ -287,37 +300,13 @@ fn describe(err: &serde_saphyr::Error) -> String {
 /// not understood, which is why callers only add this as a hint.
 fn unclosed_flow_before(text: &str, pos: Pos) -> Option<(char, u32)> {
     let mut open: Vec<(char, u32)> = Vec::new();
-    for (idx, line) in text.lines().enumerate() {
-        let line_no = u32::try_from(idx + 1).unwrap_or(u32::MAX);
-        if line_no > pos.line {
-            break;
+    walk_unquoted(text, pos, |c, line| match c {
+        '[' | '{' => open.push((c, line)),
+        ']' | '}' => {
+            open.pop();
         }
-        let mut quote: Option<char> = None;
-        let mut prev = ' ';
-        let mut chars = line.chars().enumerate().peekable();
-        while let Some((col, c)) = chars.next() {
-            if line_no == pos.line && col + 1 >= pos.column as usize {
-                break;
-            }
-            match quote {
-                Some('"') if c == '\\' => {
-                    chars.next();
-                }
-                Some(q) if c == q => quote = None,
-                Some(_) => {}
-                None => match c {
-                    '"' | '\'' if !prev.is_alphanumeric() => quote = Some(c),
-                    '#' if prev.is_whitespace() => break,
-                    '[' | '{' => open.push((c, line_no)),
-                    ']' | '}' => {
-                        open.pop();
-                    }
-                    _ => {}
-                },
-            }
-            prev = c;
-        }
-    }
+        _ => {}
+    });
     open.last().copied().filter(|(_, line)| *line < pos.line)
 }
 

@@ -154,26 +154,33 @@ fn accepted_codings(value: &HeaderValue) -> HeaderValue {
     let Ok(text) = value.to_str() else {
         return HeaderValue::from_static("");
     };
-    let mut said: Vec<String> = Vec::new();
+    // (refused, coding): no string made a coding.
+    let mut said: Vec<(bool, &'static str)> = Vec::new();
     for item in text.split(',') {
         let mut parts = item.split(';');
-        let coding = parts.next().unwrap_or_default().trim().to_ascii_lowercase();
-        let Some(known) = CODINGS.iter().find(|c| **c == coding) else {
+        let coding = parts.next().unwrap_or_default().trim();
+        let Some(known) = CODINGS.iter().find(|c| c.eq_ignore_ascii_case(coding)) else {
             continue;
         };
         // Read as compression reads it: an item whose weight is malformed is not there.
         let Some(q) = qvalue::quality(parts) else {
             continue;
         };
-        said.push(if q == 0 {
-            format!("-{known}")
-        } else {
-            known.to_string()
-        });
+        said.push((q == 0, known));
     }
     said.sort_unstable();
     said.dedup();
-    HeaderValue::from_str(&said.join(",")).unwrap_or_else(|_| HeaderValue::from_static(""))
+    let mut compared = String::new();
+    for (refused, coding) in said {
+        if !compared.is_empty() {
+            compared.push(',');
+        }
+        if refused {
+            compared.push('-');
+        }
+        compared.push_str(coding);
+    }
+    HeaderValue::from_str(&compared).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
 /// Several fields of one name as one value (`a, b`), the way `Vary` compares them.
