@@ -233,10 +233,11 @@ impl Backend {
         if status.as_u16() < 500 {
             self.slot(worker).note_answer();
         }
-        // Any answer shows the protocol is right.
+        // Any answer shows the protocol is right, and the backend reachable.
         if self.protocol_doubts.load(Ordering::Relaxed) != 0 {
             self.protocol_doubts.store(0, Ordering::Relaxed);
         }
+        self.connect_succeeded();
     }
 
     /// A new connection's exchange failed (a reset, an answer that is no HTTP/1.1 response) as

@@ -65,7 +65,10 @@ impl Backend {
             .fetch_add(1, Ordering::Relaxed)
             + 1;
         if fails >= FAILS_BEFORE_DOWN {
-            self.mark_down();
+            let down_for = self.health.down_for_ms.load(Ordering::Relaxed);
+            self.health
+                .down_until_ms
+                .store(self.health.now_ms() + down_for.max(1), Ordering::Relaxed);
             if fails == FAILS_BEFORE_DOWN {
                 tracing::warn!(backend = %self.label, "backend marked down after {fails} failed connects");
             }
@@ -73,15 +76,9 @@ impl Backend {
         fails
     }
 
-    /// Out of rotation for `hc_interval` from now.
-    fn mark_down(&self) {
-        let down_for = self.health.down_for_ms.load(Ordering::Relaxed);
-        self.health
-            .down_until_ms
-            .store(self.health.now_ms() + down_for.max(1), Ordering::Relaxed);
-    }
-
-    /// Records a successful connect.
+    /// Records a successful connect, or an answer: over a pooled connection too, it shows the
+    /// backend reachable, and ends a trial (one over a pooled connection had left the mark on,
+    /// one request let through each `hc_interval`).
     pub fn connect_succeeded(&self) {
         if self.health.consecutive_failures.load(Ordering::Relaxed) != 0 {
             self.health.consecutive_failures.store(0, Ordering::Relaxed);

@@ -124,6 +124,17 @@ async fn a_lapsed_mark_lets_one_request_try() {
     assert!(b.claim_trial(), "the next trial");
     b.connect_succeeded();
     assert!(b.claim_trial() && b.claim_trial(), "back in rotation");
+    // A trial answered over a pooled connection (no connect made) ends the mark too.
+    for _ in 0..3 {
+        b.connect_failed();
+    }
+    tokio::time::advance(Duration::from_secs(3)).await;
+    assert!(b.claim_trial(), "the trial");
+    b.note_answer(WorkerId(0), http::StatusCode::OK);
+    assert!(
+        b.claim_trial() && b.claim_trial(),
+        "answered: back in rotation"
+    );
 }
 
 #[tokio::test]
