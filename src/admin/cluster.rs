@@ -50,8 +50,34 @@ struct WorkerState {
     last_result: Option<String>,
     backoff: Duration,
     next_try: Option<Instant>,
-    /// Checks in a row that found another digest than the one it took from this master.
+    /// Checks that found another digest than the one it took from this master, since it last
+    /// kept this master's for [`STEADY_CHECKS`] checks.
     replaced: u32,
+    /// Checks in a row that found this master's digest.
+    ours_in_a_row: u32,
+}
+
+/// Checks in a row that must find a worker on this master's configuration before its count of
+/// replacements starts again. Two masters whose checks fall at the same moment each find their
+/// own configuration every other check: counted "in a row", neither ever said so.
+const STEADY_CHECKS: u32 = 3;
+
+impl WorkerState {
+    /// A check found another configuration than the one pushed: the count to warn of, when due.
+    /// Once is a worker that restarted from its own file; again is another writer: a second
+    /// master listing it, or `POST /conf` sent to it directly.
+    fn note_replaced(&mut self) -> Option<u32> {
+        self.ours_in_a_row = 0;
+        self.replaced += 1;
+        (self.replaced == 2 || self.replaced % 60 == 0).then_some(self.replaced)
+    }
+
+    fn note_ours(&mut self) {
+        self.ours_in_a_row += 1;
+        if self.ours_in_a_row >= STEADY_CHECKS {
+            self.replaced = 0;
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -274,16 +300,11 @@ impl Cluster {
         if !ours && state.taken.is_some() {
             state.taken = None;
             state.next_try = Some(Instant::now());
-            state.replaced += 1;
-            // Once is a worker that restarted from its own file; again is another writer: a
-            // second master listing it, or `POST /conf` sent to it directly. The two pushes
-            // took turns for good, and nothing said so.
-            if state.replaced == 2 || state.replaced % 60 == 0 {
-                let times = state.replaced;
-                tracing::warn!(worker = %worker.url, "cluster: the worker's configuration was replaced by another than this master's {times} times in a row: another master lists it, or something else posts to its /conf; this master pushes its own again");
+            if let Some(times) = state.note_replaced() {
+                tracing::warn!(worker = %worker.url, "cluster: the worker's configuration was replaced by another than this master's {times} times without staying this master's for {STEADY_CHECKS} checks: another master lists it, or something else posts to its /conf; this master pushes its own again");
             }
         } else if ours {
-            state.replaced = 0;
+            state.note_ours();
         }
         state.reported = reported;
     }
@@ -338,5 +359,38 @@ impl Cluster {
             })
             .collect();
         serde_json::Value::Array(workers)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Replaced, then found ours, in turn: two masters whose checks fall together.
+    #[test]
+    fn turns_taken_every_other_check_are_said() {
+        let mut state = WorkerState::default();
+        assert_eq!(state.note_replaced(), None);
+        state.note_ours();
+        assert_eq!(state.note_replaced(), Some(2));
+    }
+
+    /// Checks that find each master's configuration by turns say it at the second turn.
+    #[test]
+    fn turns_taken_at_every_check_are_said() {
+        let mut state = WorkerState::default();
+        assert_eq!(state.note_replaced(), None);
+        assert_eq!(state.note_replaced(), Some(2));
+    }
+
+    /// A worker that restarted from its file now and then is not another writer.
+    #[test]
+    fn a_replacement_after_a_steady_spell_counts_from_one() {
+        let mut state = WorkerState::default();
+        assert_eq!(state.note_replaced(), None);
+        for _ in 0..STEADY_CHECKS {
+            state.note_ours();
+        }
+        assert_eq!(state.note_replaced(), None);
     }
 }
