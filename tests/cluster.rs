@@ -373,6 +373,11 @@ async fn a_master_keyed_by_jwt_key_alone_pushes() {
     assert_eq!(status, 200, "{answer}");
     assert!(answer.contains(": 200 applied"), "{answer}");
     assert!(served_by(worker.addr).await.contains("backend-b"));
+    // The worker says which master pushed (with two masters, it could not be told).
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let host = host.trim();
+    let named = format!("pushed by master {host} (admin API http://{master_admin})");
+    worker.wait_log(&named, Duration::from_secs(10)).await;
 }
 
 /// A worker that answers every request with a 500 whose body spans lines, the second made to

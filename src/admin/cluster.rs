@@ -19,16 +19,19 @@ use crate::discovery::{text_digest, Reloader};
 use crate::upstream::call;
 use crate::utc::rfc3339;
 
-/// How long one push (or one status read) may take.
-/// The header a master's pushes carry: a master that receives one applies it without passing
-/// it on (a master listed among its own workers, or two masters listing each other).
+/// The header a master's pushes carry, naming the master (its host name and admin API's URL):
+/// a worker logs who pushed, and a master that receives one applies it without passing it on
+/// (a master listed among its own workers, or two masters listing each other).
 pub const PUSHED_BY_MASTER: &str = "x-aralez-pushed-by-master";
 
+/// How long one push (or one status read) may take.
 const EXCHANGE_DEADLINE: Duration = Duration::from_secs(5);
 /// How often each worker's digest is checked.
 pub const CHECK_EVERY: Duration = Duration::from_secs(5);
 const FIRST_RETRY: Duration = Duration::from_secs(1);
 const LAST_RETRY: Duration = Duration::from_secs(60);
+/// The most of a master's name a worker logs.
+pub const SHOWN_MASTER_NAME: usize = 200;
 /// A worker's answer is read up to this many bytes.
 const MAX_ANSWER: usize = 64 * 1024;
 
@@ -92,6 +95,21 @@ impl Worker {
     }
 }
 
+/// `text` as a header value: its visible ASCII, other characters as `?`.
+fn header_text(text: &str) -> http::HeaderValue {
+    let visible: String = text
+        .chars()
+        .map(|c| {
+            if c == ' ' || c.is_ascii_graphic() {
+                c
+            } else {
+                '?'
+            }
+        })
+        .collect();
+    http::HeaderValue::from_str(&visible).unwrap_or(http::HeaderValue::from_static("a master"))
+}
+
 /// A worker's answer as one line of the master's log and answers: its line breaks and control
 /// characters escaped (a worker's text split the master's log lines, and could forge some), at
 /// most [`SHOWN_ANSWER`] characters.
@@ -112,6 +130,8 @@ const SHOWN_ANSWER: usize = 2048;
 pub struct Cluster {
     workers: Vec<Worker>,
     master_key: String,
+    /// What each push says of this master ([`PUSHED_BY_MASTER`]'s value).
+    name: http::HeaderValue,
     /// The configuration pushed last; what every worker must have.
     current: Mutex<Option<Arc<Pushed>>>,
     /// Held from a `POST /conf`'s apply on the master to its push: two at once could apply in
@@ -121,7 +141,7 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    pub fn new(worker_nodes: &[String], master_key: &str) -> Cluster {
+    pub fn new(worker_nodes: &[String], master_key: &str, name: &str) -> Cluster {
         let worker = |url: &String| Worker {
             url: url.clone(),
             state: Mutex::new(WorkerState::default()),
@@ -129,6 +149,7 @@ impl Cluster {
         Cluster {
             workers: worker_nodes.iter().map(worker).collect(),
             master_key: master_key.to_string(),
+            name: header_text(name),
             current: Mutex::new(None),
             turn: tokio::sync::Mutex::new(()),
         }
@@ -276,7 +297,7 @@ impl Cluster {
             .method(method)
             .uri(target.path(path))
             .header("x-api-key", &self.master_key)
-            .header(PUSHED_BY_MASTER, "1")
+            .header(PUSHED_BY_MASTER, self.name.clone())
             .body(Full::new(body))
             .map_err(|e| e.to_string())?;
         // The key opens the worker's `/conf`: an `https://` worker must prove who it is (the

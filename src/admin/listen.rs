@@ -35,6 +35,13 @@ impl AdminListeners {
     pub fn to_hand_over(&self) -> impl Iterator<Item = (&std::net::TcpListener, bool)> {
         self.0.iter().map(|(l, tls)| (l, tls.is_some()))
     }
+
+    /// The first listener's URL (`http://127.0.0.1:8081`), as its start logs it.
+    pub fn first_url(&self) -> Option<String> {
+        let (listener, tls) = self.0.first()?;
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        Some(format!("{scheme}://{}", listener.local_addr().ok()?))
+    }
 }
 
 /// Listeners received from the running instance in a live upgrade. Each is used instead of

@@ -223,7 +223,13 @@ impl Admin {
             );
         }
         let save = req.uri().query().is_some_and(asks_to_save);
-        let req_from_master = req.headers().contains_key(cluster::PUSHED_BY_MASTER);
+        let pushed_by = req.headers().get(cluster::PUSHED_BY_MASTER);
+        let req_from_master = pushed_by.is_some();
+        if let Some(master) = pushed_by {
+            let master = master.to_str().unwrap_or("(a name not in ASCII)");
+            let master: String = master.chars().take(cluster::SHOWN_MASTER_NAME).collect();
+            tracing::info!(master, "cluster: a configuration pushed by master {master}");
+        }
         // Not for a master's push: a master among its own workers would wait for itself
         // (its push waits for this answer); a master pushes one body at a time.
         let turn = async {
