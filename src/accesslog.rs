@@ -474,6 +474,7 @@ fn write_loop(
             let _ = done.send(());
         }
     }
+    failures.ended();
 }
 
 fn write_batch(
@@ -492,7 +493,9 @@ fn write_batch(
         batch.insert(0, '\n');
     }
     match out.write_all(batch.as_bytes()) {
-        Ok(()) => failures.torn = false,
+        Ok(()) => {
+            failures.wrote();
+        }
         Err(part) => {
             let lost = lines_lost(batch, part.bytes, *lines, failures.torn);
             for _ in 0..lost {
@@ -516,7 +519,10 @@ fn lines_lost(batch: &str, written: usize, lines: u64, torn: bool) -> u64 {
 }
 
 /// Failed writes of the access log, said in the app log at most once a minute (as nginx logs
-/// a failed `write()`; counting them in `aralez_logging_errors_total` alone told no one why).
+/// a failed `write()`; counting them in `aralez_logging_errors_total` alone told no one why),
+/// and a write that goes through again, with the lines lost since the last report (also said
+/// when the log ends): the lines of a burst that failed and stopped were told only by the next
+/// failure, whenever that came.
 #[derive(Default)]
 struct WriteFailures {
     said_at: Option<Instant>,
@@ -540,6 +546,32 @@ impl WriteFailures {
         );
         self.said_at = Some(now);
         self.lost_since = 0;
+    }
+
+    /// A write went through: the lines lost since the last report, when some were and a line
+    /// is due (once a minute with the failures' own: a disk at the edge of full flaps).
+    fn wrote(&mut self) -> Option<u64> {
+        self.torn = false;
+        if self.lost_since == 0 {
+            return None;
+        }
+        let now = Instant::now();
+        if self.said_at.is_some_and(|at| now < at + Self::EVERY) {
+            return None;
+        }
+        let lost = std::mem::take(&mut self.lost_since);
+        tracing::warn!("access log: writing again; {lost} line(s) lost since the last report");
+        self.said_at = Some(now);
+        Some(lost)
+    }
+
+    /// The log ends: what was lost since the last report, if anything was.
+    fn ended(&mut self) -> Option<u64> {
+        let lost = std::mem::take(&mut self.lost_since);
+        if lost > 0 {
+            tracing::error!("access log: {lost} line(s) lost to failed writes since the last report, as it ends");
+        }
+        (lost > 0).then_some(lost)
     }
 }
 

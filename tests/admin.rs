@@ -146,6 +146,28 @@ async fn every_endpoint_checks_the_key() {
                 && l.contains("refused (403 Forbidden)")),
         "{log}"
     );
+    // Every refusal is told, the burst's last ones a second on though no request follows
+    // (they had waited for the next refusal, and a burst of guesses showed as one).
+    let told_all = eventually(Duration::from_secs(5), || {
+        refusals_told(&proxy.log_text()) == 6
+    });
+    assert!(told_all.await, "{}", proxy.log_text());
+}
+
+/// How many refusals the admin API's lines tell: one for each line of a refusal, and the
+/// counts of the rest.
+fn refusals_told(log: &str) -> u64 {
+    let number_before = |line: &str, words: &str, opener: char| -> Option<u64> {
+        let before = &line[..line.find(words)?];
+        before.rsplit(opener).next()?.parse().ok()
+    };
+    log.lines()
+        .filter(|l| l.contains("admin API: "))
+        .map(|l| match l.contains("refused (") {
+            true => 1 + number_before(l, " more since the last report", '(').unwrap_or(0),
+            false => number_before(l, " more requests refused", ' ').unwrap_or(0),
+        })
+        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -77,3 +77,41 @@ fn the_line_after_a_failed_write_starts_on_a_line_of_its_own() {
         "\nnext line\nthen\n"
     );
 }
+
+/// A disk full for a burst, then not: the lines lost after the first report are told by a
+/// write that goes through once a minute has passed, or when the log ends (they had waited
+/// for another failure).
+#[test]
+fn lines_lost_after_the_report_are_told_when_writes_go_through_or_the_log_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("access.log");
+    std::os::unix::fs::symlink("/dev/full", &path).unwrap();
+    let file = Arc::new(crate::logfile::LogFile::open(&path, None).unwrap());
+    let out = Destination::File(file);
+    let metrics = Metrics::new(1);
+    let mut failures = WriteFailures::default();
+    for _ in 0..3 {
+        let (mut batch, mut lines) = ("lost line\n".to_string(), 1);
+        write_batch(&out, &mut batch, &mut lines, &metrics, &mut failures);
+    }
+    std::fs::remove_file(&path).unwrap();
+    out.reopen();
+    let (mut batch, mut lines) = ("next line\n".to_string(), 1);
+    write_batch(&out, &mut batch, &mut lines, &metrics, &mut failures);
+    assert_eq!(
+        failures.lost_since, 2,
+        "within the minute of the first report: still to tell"
+    );
+    if let Some(a_minute_ago) = Instant::now().checked_sub(WriteFailures::EVERY) {
+        failures.said_at = Some(a_minute_ago);
+        let (mut batch, mut lines) = ("then\n".to_string(), 1);
+        write_batch(&out, &mut batch, &mut lines, &metrics, &mut failures);
+        assert_eq!(failures.lost_since, 0, "a minute on: told");
+    }
+    let mut ending = WriteFailures {
+        lost_since: 2,
+        ..WriteFailures::default()
+    };
+    assert_eq!(ending.ended(), Some(2));
+    assert_eq!(ending.ended(), None);
+}
