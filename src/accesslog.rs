@@ -395,11 +395,12 @@ fn flush_sink(sink: &Sink) {
 impl Destination {
     fn reopen(&self) {
         if let Destination::File(file) = self {
-            if let Err(e) = file.reopen() {
-                tracing::warn!(
+            match file.reopen() {
+                Ok(()) => tracing::info!("access log: reopened {}", file.path().display()),
+                Err(e) => tracing::warn!(
                     "access log: cannot reopen {}: {e}; still writing to the old file",
                     file.path().display()
-                );
+                ),
             }
         }
     }

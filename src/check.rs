@@ -49,6 +49,7 @@ pub fn check(main_path: &Path) -> Report {
             }
         }
     }
+    issues.in_file_order();
     Report {
         issues,
         shape,

@@ -195,6 +195,9 @@ async fn sigusr1_reopens_the_access_logs_own_file() {
     proxy
         .wait_log("SIGUSR1: access log reopening", Duration::from_secs(5))
         .await;
+    // Its writer says when it has (only a failure was said).
+    let reopened = format!("access log: reopened {}", path.display());
+    proxy.wait_log(&reopened, Duration::from_secs(5)).await;
     body_bytes(client.get("x.test", "/after").await).await;
     assert!(eventually(Duration::from_secs(5), || read(&path).contains("/after")).await);
     assert!(!read(&dir.join("access.log.old")).contains("/after"));

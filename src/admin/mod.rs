@@ -180,7 +180,7 @@ impl Admin {
             }
             _ => text(
                 StatusCode::NOT_FOUND,
-                "unknown endpoint (try /, /conf, /jwt, /status, /metrics)",
+                "unknown endpoint (try /, /conf, /jwt, /status, /metrics, /cache/purge, /acme_create, /acme_order/<domain>)",
             ),
         }
     }

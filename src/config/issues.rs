@@ -85,6 +85,20 @@ pub struct SetAt {
 }
 
 impl Issues {
+    /// Each file's issues by line and column, the files in the order they were first named: a
+    /// check across files, or one made once a file was read, came after issues further down.
+    pub fn in_file_order(&mut self) {
+        let mut files: Vec<Arc<str>> = Vec::new();
+        for issue in &self.list {
+            if !files.contains(&issue.file) {
+                files.push(issue.file.clone());
+            }
+        }
+        let rank = |file: &Arc<str>| files.iter().position(|f| f == file);
+        self.list
+            .sort_by_key(|issue| (rank(&issue.file), issue.line, issue.column));
+    }
+
     pub fn push(
         &mut self,
         severity: Severity,
@@ -154,6 +168,27 @@ fn edit_distance(a: &str, b: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file's issues by line, the files in the order first named (a check made after the
+    /// file was read put line 7 before line 5).
+    #[test]
+    fn issues_come_in_file_then_line_order() {
+        let mut issues = Issues::default();
+        let (main, ups): (Arc<str>, Arc<str>) = ("main.yaml".into(), "upstreams.yaml".into());
+        for (file, line) in [(&main, 7), (&ups, 2), (&main, 5), (&ups, 1)] {
+            let pos = Pos { line, column: 1 };
+            issues.push(Severity::Error, file, pos, "k", "m".into());
+        }
+        issues.in_file_order();
+        let order: Vec<(&str, u32)> = issues.list.iter().map(|i| (&*i.file, i.line)).collect();
+        let expected = [
+            ("main.yaml", 5),
+            ("main.yaml", 7),
+            ("upstreams.yaml", 1),
+            ("upstreams.yaml", 2),
+        ];
+        assert_eq!(order, expected);
+    }
 
     #[test]
     fn control_characters_in_keys_and_messages_are_shown_escaped() {

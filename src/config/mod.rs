@@ -285,13 +285,21 @@ pub fn upstreams_conf_of(main: Option<&MainConfig>, main_path: &Path) -> Option<
 /// broken) and resolved like `upstreams_conf`.
 fn upstreams_conf_in(main_path: &Path) -> Option<PathBuf> {
     let bytes = file_bytes::read_regular(main_path, yaml::MAX_FILE_BYTES).ok()?;
-    let root = yaml::parse(std::str::from_utf8(&bytes).ok()?).ok()?;
-    let yaml::Value::Map(entries) = &root.value else {
-        return None;
-    };
-    let (_, node) = entries.iter().find(|(k, _)| k.name == "upstreams_conf")?;
-    let yaml::Value::Str(written) = &node.value else {
-        return None;
+    let text = std::str::from_utf8(&bytes).ok()?;
+    let parsed = yaml::parse(text);
+    let written = match &parsed {
+        Ok(root) => {
+            let yaml::Value::Map(entries) = &root.value else {
+                return None;
+            };
+            let (_, node) = entries.iter().find(|(k, _)| k.name == "upstreams_conf")?;
+            let yaml::Value::Str(written) = &node.value else {
+                return None;
+            };
+            written.as_str()
+        }
+        // A file that does not parse (a duplicate key, a tab) still says it on a line.
+        Err(_) => upstreams_conf_on_a_line(text)?,
     };
     let beside = main_path.parent().unwrap_or(Path::new(".")).join(written);
     let as_written = PathBuf::from(written);
@@ -300,6 +308,24 @@ fn upstreams_conf_in(main_path: &Path) -> Option<PathBuf> {
     } else {
         as_written
     })
+}
+
+/// The value of a top-level `upstreams_conf:` line written plainly (once, unquoted or quoted
+/// without escapes), for a main.yaml that does not parse as YAML.
+fn upstreams_conf_on_a_line(text: &str) -> Option<&str> {
+    let mut values = text.lines().filter_map(|line| {
+        let value = line.strip_prefix("upstreams_conf:")?;
+        let value = value.split(" #").next().unwrap_or_default().trim();
+        let unquoted = value
+            .strip_prefix('"')
+            .and_then(|v| v.strip_suffix('"'))
+            .or_else(|| value.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')))
+            .unwrap_or(value);
+        let plain = !unquoted.is_empty() && !unquoted.contains(['"', '\'', '\\', '{', '[']);
+        Some(unquoted).filter(|_| plain)
+    });
+    let first = values.next()?;
+    values.next().is_none().then_some(first)
 }
 
 /// `conf.d/*.yaml` beside `upstreams`, sorted by name.

@@ -127,6 +127,10 @@ impl MainConfig {
             r.error(pos, "acme", why);
             failed = true;
         }
+        if let (Some(at), Some(_)) = (positions.of("error_log"), positions.of("log_file")) {
+            let why = "not read: log_file is set too, and the log goes there (keep one of the two)";
+            r.warn(at, "error_log", why);
+        }
         let unwritten = cfg.access_log_file.is_some() && cfg.access_log == AccessLog::Off;
         if let Some(pos) = positions.of("access_log_file").filter(|_| unwritten) {
             let why = "not written while access_log is off (set access_log: all or error)";

@@ -92,6 +92,13 @@ pub(crate) fn cases() -> Vec<Case> {
             ],
         )
         .warnings_only(),
+        // Both names of the log file: error_log is not read, and said so (it was silently).
+        Case::main(
+            "error_log_beside_log_file",
+            &format!("{MAIN_OK}error_log: \"e.log\"\nlog_file: \"l.log\"\n"),
+            vec![warn(M, 3, "error_log", "not read: log_file is set too")],
+        )
+        .warnings_only(),
         // Both certificate folders named: proxy_configs' is not read, and said so.
         Case::main(
             "proxy_configs_beside_proxy_certificates",

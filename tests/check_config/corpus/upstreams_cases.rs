@@ -40,6 +40,17 @@ pub(crate) fn cases() -> Vec<Case> {
             "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: upstreams.yaml\nproxy_address_http: \"127.0.0.1:1\"\n",
             vec![err(M, 3, "(yaml)", "duplicate key `proxy_address_http`")],
         ),
+        // A main.yaml that does not parse still says where upstreams.yaml is, on its line:
+        // that file's issues came out only once main.yaml was mended.
+        Case::broken(
+            "a_main_that_does_not_parse_still_has_its_upstreams_checked",
+            "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: \"upstreams.yaml\" # routes\nthreads: 2\nthreads: 3\n",
+            &format!("{PATH_HEAD}        servers: []\n"),
+            vec![
+                err(M, 4, "(yaml)", "duplicate key `threads`"),
+                err(U, 5, pk("servers"), "the list of servers is empty"),
+            ],
+        ),
         Case::broken(
             "yaml_two_documents",
             MAIN_OK,
