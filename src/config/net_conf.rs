@@ -66,13 +66,15 @@ pub fn read_tcp(
 ) -> Option<TcpSettings> {
     let mut tcp = TcpSettings::default();
     let mut ok = true;
+    let mut given = Vec::new();
     for (key, value) in top {
         ok &= read_tcp_key(&mut tcp, &key.name, &key.name, value, r);
+        given.push((key.name.to_string(), key.name.to_string(), key.pos));
     }
-    let Some(block) = block else {
-        return ok.then_some(tcp);
+    let entries = match block {
+        Some(block) => r.map(block, "tcp")?,
+        None => &[][..],
     };
-    let entries = r.map(block, "tcp")?;
     for (key, value) in entries {
         let path = format!("tcp.{}", key.name);
         if !TCP_KEYS.contains(&key.name.as_str()) {
@@ -90,6 +92,17 @@ pub fn read_tcp(
             );
         }
         ok &= read_tcp_key(&mut tcp, &key.name, &path, value, r);
+        given.push((key.name.to_string(), path, key.pos));
+    }
+    if ok && tcp.keepalive_idle.is_none() {
+        let probes = ["tcp_keepalive_interval", "tcp_keepalive_count"];
+        for (_, path, pos) in given
+            .iter()
+            .filter(|(name, ..)| probes.contains(&name.as_str()))
+        {
+            let why = "not used: keep-alive probes are off without tcp_keepalive_idle";
+            r.warn(*pos, path, why);
+        }
     }
     ok.then_some(tcp)
 }
@@ -101,7 +114,9 @@ fn read_tcp_key(
     value: &Node,
     r: &mut Reader,
 ) -> bool {
-    let seconds = |r: &mut Reader| r.uint(value, path, 1, 86_400).map(Duration::from_secs);
+    // Linux's bound on TCP_KEEPIDLE and TCP_KEEPINTVL: above it the kernel refuses the value,
+    // and the ones set after it (they were accepted here and left at the kernel's defaults).
+    let seconds = |r: &mut Reader| r.uint(value, path, 1, 32_767).map(Duration::from_secs);
     match name {
         "tcp_keepalive_idle" => store(&mut tcp.keepalive_idle, seconds(r).map(Some)),
         "tcp_keepalive_interval" => store(&mut tcp.keepalive_interval, seconds(r)),

@@ -225,7 +225,17 @@ fn probe_request(backend: &Backend, path: &str, method: Method) -> Request<UpBod
         header::USER_AGENT,
         HeaderValue::from_static("aralez-health-check"),
     );
+    if method_has_a_body(req.method()) {
+        // RFC 9110 §8.6: a POST says its length even when it is 0 (HAProxy's does; a server
+        // that demands it answered 411, which passed, never running the handler probed).
+        let headers = req.headers_mut();
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+    }
     req
+}
+
+fn method_has_a_body(method: &Method) -> bool {
+    [Method::POST, Method::PUT, Method::PATCH].contains(method)
 }
 
 #[cfg(test)]
@@ -368,6 +378,75 @@ mod tests {
                     }
                     let head = "HTTP/1.1 204 X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
                     let _ = s.write_all(head.as_bytes()).await;
+                });
+            }
+        });
+        addr
+    }
+
+    /// A POST probe says its length (0): a backend that demands it is probed for real.
+    #[tokio::test]
+    async fn a_post_probe_says_its_length() {
+        let addr = answering_heads(Some(b"POST")).await;
+        let registry = Registry::for_tests(1, Duration::from_secs(60));
+        let yaml = format!(
+            "upstreams:\n  h:\n    paths:\n      /:\n        servers: [\"http://{addr}\"]\n"
+        );
+        let snap = snapshot(&yaml, &registry);
+        let backend = snap
+            .routes()
+            .next()
+            .unwrap()
+            .backends
+            .iter()
+            .next()
+            .unwrap()
+            .clone();
+        let post = probe(&backend, "h", "/", Method::POST, Duration::from_secs(1)).await;
+        assert!(
+            post.is_some_and(|r| r.is_err()),
+            "the server closes on any POST"
+        );
+        let says_length = answering_lengths().await;
+        let yaml = format!(
+            "upstreams:\n  h:\n    paths:\n      /:\n        servers: [\"http://{says_length}\"]\n"
+        );
+        let snap = snapshot(&yaml, &registry);
+        let backend = snap
+            .routes()
+            .next()
+            .unwrap()
+            .backends
+            .iter()
+            .next()
+            .unwrap()
+            .clone();
+        let post = probe(&backend, "h", "/", Method::POST, Duration::from_secs(1)).await;
+        assert_eq!(post, Some(Ok(())));
+    }
+
+    /// A raw HTTP/1.1 server answering 204 to heads that say `content-length: 0`, closing on
+    /// the others.
+    async fn answering_lengths() -> std::net::SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut seen = Vec::new();
+                    let mut buf = [0u8; 2048];
+                    while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => seen.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let head = String::from_utf8_lossy(&seen).to_ascii_lowercase();
+                    if head.contains("\r\ncontent-length: 0\r\n") {
+                        let head =
+                            "HTTP/1.1 204 X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+                        let _ = s.write_all(head.as_bytes()).await;
+                    }
                 });
             }
         });

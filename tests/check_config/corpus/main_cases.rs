@@ -92,6 +92,23 @@ pub(crate) fn cases() -> Vec<Case> {
             ],
         )
         .warnings_only(),
+        // Keep-alive times past Linux's bound (32,767 s) are errors: the kernel refused them at
+        // each accept, and the values set after them, and nothing said so. Probe settings
+        // without the idle time that turns probes on are said to do nothing.
+        Case::main(
+            "keepalive_times_past_the_kernels_bound",
+            &format!("{MAIN_OK}tcp_keepalive_idle: 40000\ntcp:\n  tcp_keepalive_interval: 32768\n"),
+            vec![
+                err(M, 3, "tcp_keepalive_idle", "must be between 1 and 32767 (found 40000)"),
+                err(M, 5, "tcp.tcp_keepalive_interval", "must be between 1 and 32767"),
+            ],
+        ),
+        Case::main(
+            "keepalive_probes_without_the_idle_time",
+            &format!("{MAIN_OK}tcp_keepalive_count: 3\n"),
+            vec![warn(M, 3, "tcp_keepalive_count", "not used: keep-alive probes are off without tcp_keepalive_idle")],
+        )
+        .warnings_only(),
         // Both names of the log file: error_log is not read, and said so (it was silently).
         Case::main(
             "error_log_beside_log_file",
