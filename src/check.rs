@@ -68,7 +68,12 @@ fn check_certificates(main: &MainConfig, main_path: &Path, issues: &mut Issues) 
         .unwrap_or_default();
     let at = |keys: &[&str]| line_of(&text, keys);
     if let (Some(dir), Some(_)) = (&main.certificates_dir, main.proxy_address_tls) {
-        let key = ["proxy_certificates", "proxy_configs"];
+        // The folder is proxy_certificates when written, else proxy_configs' (both were named
+        // proxy_certificates, at whichever came first).
+        let key = match written_at(&text, "proxy_certificates") {
+            Some(_) => ["proxy_certificates"],
+            None => ["proxy_configs"],
+        };
         let (store, problems) = crate::tls::store::CertStore::open(dir);
         for problem in problems {
             issues.push(Severity::Warning, &file, at(&key), key[0], problem);
@@ -102,16 +107,23 @@ fn check_certificates(main: &MainConfig, main_path: &Path, issues: &mut Issues) 
 
 /// Where the first of `keys` is set at the top of a YAML file (line 1 if none is).
 fn line_of(text: &str, keys: &[&str]) -> Pos {
+    let first = keys
+        .iter()
+        .filter_map(|k| written_at(text, k))
+        .min_by_key(|p| p.line);
+    first.unwrap_or(Pos { line: 1, column: 1 })
+}
+
+/// Where `key` is set at the top of a YAML file.
+fn written_at(text: &str, key: &str) -> Option<Pos> {
     let line = text.lines().position(|l| {
-        keys.iter().any(|k| {
-            l.strip_prefix(k)
-                .is_some_and(|rest| rest.trim_start().starts_with(':'))
-        })
-    });
-    Pos {
-        line: line.map_or(1, |n| n as u32 + 1),
+        l.strip_prefix(key)
+            .is_some_and(|rest| rest.trim_start().starts_with(':'))
+    })?;
+    Some(Pos {
+        line: line as u32 + 1,
         column: 1,
-    }
+    })
 }
 
 /// Human-readable report, one line per issue, then a summary.

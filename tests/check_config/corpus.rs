@@ -101,6 +101,8 @@ pub(crate) struct Case {
     /// `None`: no upstreams.yaml is written.
     pub(crate) upstreams: Option<Vec<u8>>,
     pub(crate) conf_d: Vec<(&'static str, Vec<u8>)>,
+    /// Empty folders made beside main.yaml.
+    pub(crate) folders: Vec<&'static str>,
     pub(crate) exit: i32,
     pub(crate) issues: Vec<Expect>,
 }
@@ -117,6 +119,7 @@ impl Case {
             main: main.as_bytes().to_vec(),
             upstreams: Some(upstreams.as_bytes().to_vec()),
             conf_d: Vec::new(),
+            folders: Vec::new(),
             exit: 1,
             issues,
         }
@@ -142,6 +145,11 @@ impl Case {
         self
     }
 
+    pub(crate) fn with_folder(mut self, folder: &'static str) -> Case {
+        self.folders.push(folder);
+        self
+    }
+
     pub(crate) fn with_upstreams_bytes(mut self, bytes: Vec<u8>) -> Case {
         self.upstreams = Some(bytes);
         self
@@ -159,6 +167,9 @@ impl Case {
         std::fs::write(&main, &self.main).unwrap();
         if let Some(ups) = &self.upstreams {
             std::fs::write(dir.path().join("upstreams.yaml"), ups).unwrap();
+        }
+        for folder in &self.folders {
+            std::fs::create_dir_all(dir.path().join(folder)).unwrap();
         }
         if !self.conf_d.is_empty() {
             let conf_d = dir.path().join("conf.d");

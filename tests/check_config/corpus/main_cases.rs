@@ -116,6 +116,15 @@ pub(crate) fn cases() -> Vec<Case> {
             vec![warn(M, 3, "error_log", "not read: log_file is set too")],
         )
         .warnings_only(),
+        // The certificates of proxy_configs' folder are its issues, at its line (they were
+        // named proxy_certificates, which the file does not have).
+        Case::main(
+            "proxy_configs_certificates_named_by_their_key",
+            &format!("{MAIN_OK}proxy_address_tls: \"127.0.0.1:0\"\nproxy_configs: \".\"\n"),
+            vec![warn(M, 4, "proxy_configs", "no usable certificate pair in")],
+        )
+        .with_folder("certificates")
+        .warnings_only(),
         // Both certificate folders named: proxy_configs' is not read, and said so.
         Case::main(
             "proxy_configs_beside_proxy_certificates",
