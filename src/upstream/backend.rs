@@ -53,7 +53,9 @@ pub struct Backend {
     pub authority: http::uri::Authority,
     health: Health,
     slots: Box<[WorkerSlot]>,
-    pub(super) idle_per_worker: usize,
+    /// `upstream_keepalive_pool_size` split across the workers: each one's share, and how many
+    /// of the first take one more.
+    pool_share: (usize, usize),
     /// Where this backend's connections are counted.
     pub(super) metrics: Arc<Metrics>,
     /// `spec.host`, shared: the TLS server name and pool key when the backend is asked for by
@@ -156,12 +158,21 @@ impl Backend {
         &self.slots[worker.0.min(last)]
     }
 
+    /// `worker`'s share of `upstream_keepalive_pool_size`: the size split across the workers,
+    /// the first ones taking one more of what does not divide, so that the idle connections
+    /// kept add up to the size (SPEC §2; rounded up for each, 4 workers kept 4 for a size of
+    /// 1). HTTP/3's threads share one more slot, of a worker's share.
+    pub(super) fn idle_max(&self, worker: WorkerId) -> usize {
+        let (share, one_more) = self.pool_share;
+        share + usize::from(worker.0 < one_more)
+    }
+
     /// Gives a plain connection whose response has been read back to `worker`'s idle list.
     pub(super) fn keep_inline(self: &Arc<Self>, worker: WorkerId, conn: Box<InlineConn>) {
         if conn.addrs_changed_at_open() != self.addrs_changed.load(Ordering::Relaxed) {
             return;
         }
-        let max = self.idle_per_worker;
+        let max = self.idle_max(worker);
         let trim_due = self
             .slot(worker)
             .put_inline(conn, max, || self.surplus_allowed());
@@ -185,7 +196,7 @@ impl Backend {
         if generation != self.addrs_generation() {
             return;
         }
-        let max = self.idle_per_worker;
+        let max = self.idle_max(worker);
         let trim_due = self
             .slot(worker)
             .put_idle(sni, conn, max, || self.surplus_allowed());
@@ -212,7 +223,7 @@ impl Backend {
         if !trim_due {
             return;
         }
-        let max = self.idle_per_worker;
+        let max = self.idle_max(worker);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             while self.slot(worker).trim_idle(list, max) {}
             return;
@@ -401,7 +412,7 @@ impl Backend {
             authority,
             health,
             slots: (0..=workers).map(|_| WorkerSlot::default()).collect(),
-            idle_per_worker: pool_size.div_ceil(workers),
+            pool_share: (pool_size / workers, pool_size % workers),
             metrics: registry.metrics.clone(),
             own_name,
             open_conns: Arc::default(),

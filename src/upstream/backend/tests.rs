@@ -64,7 +64,19 @@ fn registry_reuses_live_backends() {
     drop((a, b));
     let c = reg.backend(&spec, false);
     assert_eq!(&*c.label, "127.0.0.1:9");
-    assert_eq!(c.idle_per_worker, 4);
+    assert_eq!(c.idle_max(WorkerId(0)) + c.idle_max(WorkerId(1)), 8);
+}
+
+/// The pool size is split across the workers, its total the size however it divides.
+#[test]
+fn the_pool_size_is_the_total_across_workers() {
+    for (workers, size, shares) in [(4, 1, [1, 0, 0, 0]), (4, 6, [2, 2, 1, 1]), (4, 8, [2; 4])] {
+        let metrics = Arc::new(Metrics::new(workers));
+        let reg = Registry::new(workers, size, Duration::from_secs(1), metrics);
+        let backend = reg.backend(&parse_server("127.0.0.1:9").unwrap(), false);
+        let got: Vec<usize> = (0..4).map(|w| backend.idle_max(WorkerId(w))).collect();
+        assert_eq!(got, shares, "{size} across {workers} workers");
+    }
 }
 
 #[test]
