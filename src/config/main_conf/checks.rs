@@ -131,6 +131,23 @@ impl MainConfig {
             let why = "not read: log_file is set too, and the log goes there (keep one of the two)";
             r.warn(at, "error_log", why);
         }
+        let unused = [
+            (
+                "access_log_format",
+                cfg.access_log == AccessLog::Off,
+                "not used while access_log is off (set access_log: all or error)",
+            ),
+            (
+                "file_server_max_connections",
+                cfg.file_server_address.is_none() || cfg.file_server_folder.is_none(),
+                "not used without a file server (file_server_address and file_server_folder)",
+            ),
+        ];
+        for (key, unused, why) in unused {
+            if let Some(pos) = positions.of(key).filter(|_| unused) {
+                r.warn(pos, key, why);
+            }
+        }
         let unwritten = cfg.access_log_file.is_some() && cfg.access_log == AccessLog::Off;
         if let Some(pos) = positions.of("access_log_file").filter(|_| unwritten) {
             let why = "not written while access_log is off (set access_log: all or error)";

@@ -109,6 +109,16 @@ pub(crate) fn cases() -> Vec<Case> {
             vec![warn(M, 3, "tcp_keepalive_count", "not used: keep-alive probes are off without tcp_keepalive_idle")],
         )
         .warnings_only(),
+        // Settings that do nothing without another are said to (they were silently).
+        Case::main(
+            "settings_that_need_another",
+            &format!("{MAIN_OK}access_log_format: json\nfile_server_max_connections: 5\n"),
+            vec![
+                warn(M, 3, "access_log_format", "not used while access_log is off"),
+                warn(M, 4, "file_server_max_connections", "not used without a file server"),
+            ],
+        )
+        .warnings_only(),
         // Both names of the log file: error_log is not read, and said so (it was silently).
         Case::main(
             "error_log_beside_log_file",

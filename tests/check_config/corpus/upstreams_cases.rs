@@ -529,7 +529,7 @@ pub(crate) fn cases() -> Vec<Case> {
             "log_keys_bad",
             "proxy_address_http: \"127.0.0.1:0\"\nupstreams_conf: upstreams.yaml\n\
              log_file: \"a.log, 0, 3, true\"\nlog_pattern: \"{d} {q}\"\n\
-             access_log_file: \"b.log, 10, 2, maybe\"\naccess_log_format: xml\n",
+             access_log_file: \"b.log, 10, 2, maybe\"\naccess_log_format: xml\naccess_log: all\n",
             vec![
                 err(M, 3, "log_file", "max MB `0` is not a whole number from 1"),
                 err(M, 4, "log_pattern", "`{q}` is not a known piece"),
