@@ -422,6 +422,11 @@ fn read_redirect(node: &Node, path: &str, r: &mut Reader) -> Option<String> {
         return None;
     }
     match text.parse::<http::Uri>() {
+        Ok(uri) if uri.authority().is_some_and(|a| !port_fits(a)) => {
+            let why = format!("`{text}`: the port is out of range (1 to 65535)");
+            r.error(node.pos, path, why);
+            None
+        }
         Ok(uri) if uri.scheme().is_some() && uri.authority().is_some() => {
             Some(text.trim_end_matches('/').to_string())
         }
@@ -434,6 +439,16 @@ fn read_redirect(node: &Node, path: &str, r: &mut Reader) -> Option<String> {
             None
         }
     }
+}
+
+/// An authority's port, when it has one, is a TCP port (`:99999` went out in `Location`).
+fn port_fits(authority: &http::uri::Authority) -> bool {
+    let text = authority.as_str();
+    let after_host = text.rsplit_once(']').map_or(text, |(_, rest)| rest);
+    let Some((_, port)) = after_host.rsplit_once(':') else {
+        return true;
+    };
+    port.is_empty() || port.parse::<u16>().is_ok_and(|p| p > 0)
 }
 
 #[cfg(test)]

@@ -382,6 +382,12 @@ pub(crate) fn cases() -> Vec<Case> {
             "        redirect_to: \"https://x.example/p#top\"\n",
             vec![err(U, 5, pk("redirect_to"), "has a query or a fragment")],
         ),
+        // A port past 65535 went out in `Location` (SPEC §3.4 says so of servers' ports).
+        Case::path(
+            "redirect_with_a_port_out_of_range",
+            "        redirect_to: \"http://x.example:99999\"\n",
+            vec![err(U, 5, pk("redirect_to"), "the port is out of range (1 to 65535)")],
+        ),
         // ---- structure ----
         Case::path(
             "empty_servers_list",
