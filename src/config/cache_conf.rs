@@ -62,6 +62,9 @@ const KEYS: &[&str] = &[
     "ttl",
 ];
 
+/// The keys of the disk tier, which only `storage: hybrid` has.
+const DISK_KEYS: [&str; 3] = ["file_size_mb", "file_path", "flush_interval"];
+
 /// Reads the `cache:` block. `None` when a value is wrong (each error already reported).
 pub fn read_cache(block: &Node, r: &mut Reader) -> Option<CacheConfig> {
     let mut cfg = CacheConfig::default();
@@ -71,7 +74,11 @@ pub fn read_cache(block: &Node, r: &mut Reader) -> Option<CacheConfig> {
     }
     let entries = r.map(block, "cache")?;
     let mut ok = true;
+    let mut disk_keys = Vec::new();
     for (key, value) in entries {
+        if DISK_KEYS.contains(&key.name.as_str()) {
+            disk_keys.push((key.name.as_str(), key.pos));
+        }
         let path = join("cache", &key.name);
         let p = path.as_str();
         let megabytes = |r: &mut Reader, max: u64| r.uint(value, p, 1, max).map(|n| n * MB);
@@ -96,6 +103,12 @@ pub fn read_cache(block: &Node, r: &mut Reader) -> Option<CacheConfig> {
             }
         };
         ok &= read.is_some();
+    }
+    if ok && cfg.storage != Storage::Hybrid {
+        for (name, pos) in disk_keys {
+            let why = "not used: only storage: hybrid has a disk tier";
+            r.warn(pos, &join("cache", name), why);
+        }
     }
     if cfg.item_max_size > cfg.mem_size {
         r.warn(

@@ -109,6 +109,13 @@ pub(crate) fn cases() -> Vec<Case> {
             vec![warn(M, 3, "tcp_keepalive_count", "not used: keep-alive probes are off without tcp_keepalive_idle")],
         )
         .warnings_only(),
+        // The disk tier's keys under a memory cache do nothing: said.
+        Case::main(
+            "disk_keys_of_a_memory_cache",
+            &format!("{MAIN_OK}cache:\n  storage: memory\n  file_size_mb: 1\n"),
+            vec![warn(M, 5, "cache.file_size_mb", "not used: only storage: hybrid has a disk tier")],
+        )
+        .warnings_only(),
         // Settings that do nothing without another are said to (they were silently).
         Case::main(
             "settings_that_need_another",
