@@ -47,6 +47,9 @@ pub fn check(main_path: &Path) -> Report {
             if let Some(main) = &main {
                 config::across::check(main, &ups, &mut issues);
             }
+        } else {
+            // A broken conf.d file left the shape upstreams.yaml itself was read in unsaid.
+            shape = shape_of_file(&upstreams_conf);
         }
     }
     issues.in_file_order();
@@ -55,6 +58,15 @@ pub fn check(main_path: &Path) -> Report {
         shape,
         files,
     }
+}
+
+/// The shape of the upstreams file on its own (its issues are said by the whole load).
+fn shape_of_file(path: &Path) -> Option<Shape> {
+    let bytes = config::file_bytes::read_regular(path, config::yaml::MAX_FILE_BYTES).ok()?;
+    let text = std::str::from_utf8(&bytes).ok()?;
+    let mut unsaid = Issues::default();
+    let cfg = config::parse_upstreams_text(text, &path.display().to_string(), &mut unsaid)?;
+    (!unsaid.has_errors()).then_some(cfg.shape)
 }
 
 /// Loads the certificates main.yaml names as the start will: each problem the start would say

@@ -501,6 +501,23 @@ fn text_format_names_file_line_and_column() {
     );
 }
 
+/// A broken conf.d file leaves the shape upstreams.yaml was read in said (it was "not
+/// determined", as SPEC §3.1 has check-config note the shape).
+#[test]
+fn the_shape_is_said_beside_a_broken_conf_d_file() {
+    let case = Case::broken("shape", MAIN_OK, UPS_OK, Vec::new())
+        .with_conf_d("10-b.yaml", "b.com:\n  paths: {\"/\": {servers: []}}\n");
+    let (_dir, main) = case.write();
+    let out = check_config(&main, &[]);
+    assert_eq!(out.code, Some(1), "{}", out.stdout);
+    let summary = out.stdout.lines().last().unwrap_or("");
+    assert!(
+        summary.ends_with("upstreams shape: routes under `upstreams:` (Aralez v0.92 shape)"),
+        "{}",
+        out.stdout
+    );
+}
+
 /// Guards the start check above: on a valid config the proxy does start, and `run` sees it running.
 #[test]
 fn the_proxy_starts_on_a_valid_config() {

@@ -228,7 +228,7 @@ impl Admin {
         if let Some(master) = pushed_by {
             let master = master.to_str().unwrap_or("(a name not in ASCII)");
             let master: String = master.chars().take(cluster::SHOWN_MASTER_NAME).collect();
-            tracing::info!(master, "cluster: a configuration pushed by master {master}");
+            tracing::info!("cluster: a configuration pushed by master {master}");
         }
         // Not for a master's push: a master among its own workers would wait for itself
         // (its push waits for this answer); a master pushes one body at a time.
