@@ -7,6 +7,7 @@ use super::{Issues, MainConfig, Severity, UpstreamsConfig};
 /// `to_https: true` with no TLS listener: the redirect sends clients to a port where nothing
 /// listens (nginx has no such key; HAProxy's `redirect scheme https` has the same trap).
 /// `acme: true` with no `acme:` block in main.yaml: nothing orders the certificates.
+/// `cache_ttl` with no `cache:` block: nothing is cached.
 pub fn check(main: &MainConfig, upstreams: &UpstreamsConfig, issues: &mut Issues) {
     check_with(MainFacts::of(main), upstreams, issues);
 }
@@ -18,6 +19,7 @@ pub fn check(main: &MainConfig, upstreams: &UpstreamsConfig, issues: &mut Issues
 pub struct MainFacts {
     tls_listener: bool,
     acme: bool,
+    cache: bool,
 }
 
 impl MainFacts {
@@ -25,6 +27,7 @@ impl MainFacts {
         MainFacts {
             tls_listener: main.proxy_address_tls.is_some(),
             acme: main.acme.is_some(),
+            cache: main.cache.is_some(),
         }
     }
 }
@@ -40,6 +43,11 @@ pub fn check_with(main: MainFacts, upstreams: &UpstreamsConfig, issues: &mut Iss
         let why = "`acme: true` but main.yaml has no `acme:` block: no certificate is ordered \
                    (add `acme:` with at least its `directory` or `email`)";
         warn_at_first_true(issues, "acme", why);
+    }
+    if !main.cache {
+        let why = "`cache_ttl` but main.yaml has no `cache:` block: nothing is cached (add \
+                   `cache:`)";
+        warn_at_first_true(issues, "cache_ttl", why);
     }
 }
 

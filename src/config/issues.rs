@@ -72,7 +72,8 @@ pub struct Issues {
     /// without `data` is then an error. False when not known (a file read on its own).
     pub no_master_secret: bool,
     /// Where route settings that a check across files looks at (`to_https`, `acme`) were first
-    /// set true: that check needs main.yaml too, and points there ([`super::across`]).
+    /// set true (`cache_ttl`: set at all): that check needs main.yaml too, and points there
+    /// ([`super::across`]).
     pub first_true: BTreeMap<&'static str, SetAt>,
 }
 

@@ -168,7 +168,10 @@ pub(super) fn read_setting(
         "cache" => settings.cache = r.boolean(node, p),
         "acme" => settings.acme = noted_boolean("acme", node, p, r),
         "cache_ttl" => {
-            settings.cache_ttl = r.uint(node, p, 1, 365 * 86_400).map(Duration::from_secs)
+            settings.cache_ttl = r.uint(node, p, 1, 365 * 86_400).map(Duration::from_secs);
+            if settings.cache_ttl.is_some() {
+                note_set("cache_ttl", node, p, r);
+            }
         }
         _ => {}
     }
@@ -404,14 +407,20 @@ fn read_auth(node: &Node, path: &str, r: &mut Reader) -> Option<AuthRule> {
 fn noted_boolean(name: &'static str, node: &Node, path: &str, r: &mut Reader) -> Option<bool> {
     let value = r.boolean(node, path);
     if value == Some(true) {
-        let set_at = || SetAt {
-            file: r.file.clone(),
-            pos: node.pos,
-            key: path.to_string(),
-        };
-        r.issues.first_true.entry(name).or_insert_with(set_at);
+        note_set(name, node, path, r);
     }
     value
+}
+
+/// Notes where the setting `name` is first set (true, for a boolean), for the check across
+/// files to point at.
+fn note_set(name: &'static str, node: &Node, path: &str, r: &mut Reader) {
+    let set_at = || SetAt {
+        file: r.file.clone(),
+        pos: node.pos,
+        key: path.to_string(),
+    };
+    r.issues.first_true.entry(name).or_insert_with(set_at);
 }
 
 fn read_redirect(node: &Node, path: &str, r: &mut Reader) -> Option<String> {

@@ -382,6 +382,13 @@ pub(crate) fn cases() -> Vec<Case> {
             "        redirect_to: \"https://x.example/p#top\"\n",
             vec![err(U, 5, pk("redirect_to"), "has a query or a fragment")],
         ),
+        // A route's cache_ttl with no cache in main.yaml does nothing: said.
+        Case::path(
+            "cache_ttl_without_a_cache",
+            "        servers: [\"127.0.0.1:8000\"]\n        cache_ttl: 60\n",
+            vec![warn(U, 6, pk("cache_ttl"), "but main.yaml has no `cache:` block")],
+        )
+        .warnings_only(),
         // A port past 65535 went out in `Location` (SPEC §3.4 says so of servers' ports).
         Case::path(
             "redirect_with_a_port_out_of_range",
