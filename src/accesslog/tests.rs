@@ -53,29 +53,55 @@ fn a_write_that_fails_part_way_says_how_much_went_out() {
     assert_eq!(roomy.took, b"a\nbb\n");
 }
 
+/// An access log on a full disk (a link to /dev/full) until [`FullDisk::make_room`].
+struct FullDisk {
+    _dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+    out: Destination,
+    metrics: Metrics,
+    failures: WriteFailures,
+}
+
+impl FullDisk {
+    fn new() -> FullDisk {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("access.log");
+        std::os::unix::fs::symlink("/dev/full", &path).unwrap();
+        let file = Arc::new(crate::logfile::LogFile::open(&path, None).unwrap());
+        FullDisk {
+            _dir: dir,
+            path,
+            out: Destination::File(file),
+            metrics: Metrics::new(1),
+            failures: WriteFailures::default(),
+        }
+    }
+
+    fn write(&mut self, line: &str) {
+        let (mut batch, mut lines) = (line.to_string(), 1);
+        let (out, metrics) = (&self.out, &self.metrics);
+        write_batch(out, &mut batch, &mut lines, metrics, &mut self.failures);
+    }
+
+    fn make_room(&self) {
+        std::fs::remove_file(&self.path).unwrap();
+        self.out.reopen();
+    }
+
+    fn text(&self) -> String {
+        std::fs::read_to_string(&self.path).unwrap()
+    }
+}
+
 #[test]
 fn the_line_after_a_failed_write_starts_on_a_line_of_its_own() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("access.log");
-    // A full disk first (a link to /dev/full), then room again.
-    std::os::unix::fs::symlink("/dev/full", &path).unwrap();
-    let file = Arc::new(crate::logfile::LogFile::open(&path, None).unwrap());
-    let out = Destination::File(file);
-    let metrics = Metrics::new(1);
-    let mut failures = WriteFailures::default();
-    let (mut batch, mut lines) = ("lost line\n".to_string(), 1);
-    write_batch(&out, &mut batch, &mut lines, &metrics, &mut failures);
-    std::fs::remove_file(&path).unwrap();
-    out.reopen();
-    let (mut batch, mut lines) = ("next line\n".to_string(), 1);
-    write_batch(&out, &mut batch, &mut lines, &metrics, &mut failures);
-    assert_eq!(std::fs::read_to_string(&path).unwrap(), "\nnext line\n");
-    let (mut batch, mut lines) = ("then\n".to_string(), 1);
-    write_batch(&out, &mut batch, &mut lines, &metrics, &mut failures);
-    assert_eq!(
-        std::fs::read_to_string(&path).unwrap(),
-        "\nnext line\nthen\n"
-    );
+    let mut log = FullDisk::new();
+    log.write("lost line\n");
+    log.make_room();
+    log.write("next line\n");
+    assert_eq!(log.text(), "\nnext line\n");
+    log.write("then\n");
+    assert_eq!(log.text(), "\nnext line\nthen\n");
 }
 
 /// A disk full for a burst, then not: the lines lost after the first report are told by a
@@ -83,30 +109,20 @@ fn the_line_after_a_failed_write_starts_on_a_line_of_its_own() {
 /// for another failure).
 #[test]
 fn lines_lost_after_the_report_are_told_when_writes_go_through_or_the_log_ends() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("access.log");
-    std::os::unix::fs::symlink("/dev/full", &path).unwrap();
-    let file = Arc::new(crate::logfile::LogFile::open(&path, None).unwrap());
-    let out = Destination::File(file);
-    let metrics = Metrics::new(1);
-    let mut failures = WriteFailures::default();
+    let mut log = FullDisk::new();
     for _ in 0..3 {
-        let (mut batch, mut lines) = ("lost line\n".to_string(), 1);
-        write_batch(&out, &mut batch, &mut lines, &metrics, &mut failures);
+        log.write("lost line\n");
     }
-    std::fs::remove_file(&path).unwrap();
-    out.reopen();
-    let (mut batch, mut lines) = ("next line\n".to_string(), 1);
-    write_batch(&out, &mut batch, &mut lines, &metrics, &mut failures);
+    log.make_room();
+    log.write("next line\n");
     assert_eq!(
-        failures.lost_since, 2,
+        log.failures.lost_since, 2,
         "within the minute of the first report: still to tell"
     );
     if let Some(a_minute_ago) = Instant::now().checked_sub(WriteFailures::EVERY) {
-        failures.said_at = Some(a_minute_ago);
-        let (mut batch, mut lines) = ("then\n".to_string(), 1);
-        write_batch(&out, &mut batch, &mut lines, &metrics, &mut failures);
-        assert_eq!(failures.lost_since, 0, "a minute on: told");
+        log.failures.said_at = Some(a_minute_ago);
+        log.write("then\n");
+        assert_eq!(log.failures.lost_since, 0, "a minute on: told");
     }
     let mut ending = WriteFailures {
         lost_since: 2,

@@ -336,7 +336,7 @@ mod tests {
     /// request to it, on every route).
     #[tokio::test]
     async fn one_failing_path_does_not_make_its_backend_detected_again() {
-        let addr = answering_heads(Some(b" /reset ")).await;
+        let addr = answering_heads(|head| !head.windows(8).any(|w| w == b" /reset ")).await;
         let registry = Registry::for_tests(1, Duration::from_secs(60));
         let yaml = format!(
             "upstreams:\n  h:\n    paths:\n      /:\n        servers: [\"{addr}\"]\n      /reset:\n        servers: [\"{addr}\"]\n"
@@ -356,10 +356,11 @@ mod tests {
         }
     }
 
-    /// A raw HTTP/1.1 server that answers 204 once it has a request head, and says nothing to
-    /// anything else, a TLS ClientHello included (as many small servers do); a head holding
-    /// `closing_on` is answered by a close without a word (as a path failing behind it would).
-    async fn answering_heads(closing_on: Option<&'static [u8]>) -> std::net::SocketAddr {
+    /// A raw HTTP/1.1 server that answers 204 once it has a request head `answers` takes, and
+    /// says nothing to anything else, a TLS ClientHello included (as many small servers do); a
+    /// head it does not take is answered by a close without a word (as a path failing behind it
+    /// would).
+    async fn answering_heads(answers: fn(&[u8]) -> bool) -> std::net::SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move {
@@ -373,7 +374,7 @@ mod tests {
                             Ok(n) => seen.extend_from_slice(&buf[..n]),
                         }
                     }
-                    if closing_on.is_some_and(|c| seen.windows(c.len()).any(|w| w == c)) {
+                    if !answers(&seen) {
                         return;
                     }
                     let head = "HTTP/1.1 204 X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
@@ -387,75 +388,39 @@ mod tests {
     /// A POST probe says its length (0): a backend that demands it is probed for real.
     #[tokio::test]
     async fn a_post_probe_says_its_length() {
-        let addr = answering_heads(Some(b"POST")).await;
         let registry = Registry::for_tests(1, Duration::from_secs(60));
-        let yaml = format!(
-            "upstreams:\n  h:\n    paths:\n      /:\n        servers: [\"http://{addr}\"]\n"
-        );
-        let snap = snapshot(&yaml, &registry);
-        let backend = snap
-            .routes()
-            .next()
-            .unwrap()
-            .backends
-            .iter()
-            .next()
-            .unwrap()
-            .clone();
-        let post = probe(&backend, "h", "/", Method::POST, Duration::from_secs(1)).await;
-        assert!(
-            post.is_some_and(|r| r.is_err()),
-            "the server closes on any POST"
-        );
-        let says_length = answering_lengths().await;
-        let yaml = format!(
-            "upstreams:\n  h:\n    paths:\n      /:\n        servers: [\"http://{says_length}\"]\n"
-        );
-        let snap = snapshot(&yaml, &registry);
-        let backend = snap
-            .routes()
-            .next()
-            .unwrap()
-            .backends
-            .iter()
-            .next()
-            .unwrap()
-            .clone();
-        let post = probe(&backend, "h", "/", Method::POST, Duration::from_secs(1)).await;
-        assert_eq!(post, Some(Ok(())));
-    }
-
-    /// A raw HTTP/1.1 server answering 204 to heads that say `content-length: 0`, closing on
-    /// the others.
-    async fn answering_lengths() -> std::net::SocketAddr {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            while let Ok((mut s, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    let mut seen = Vec::new();
-                    let mut buf = [0u8; 2048];
-                    while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match s.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => seen.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    let head = String::from_utf8_lossy(&seen).to_ascii_lowercase();
-                    if head.contains("\r\ncontent-length: 0\r\n") {
-                        let head =
-                            "HTTP/1.1 204 X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
-                        let _ = s.write_all(head.as_bytes()).await;
-                    }
-                });
+        let probe_post = |addr: std::net::SocketAddr| {
+            let yaml = format!(
+                "upstreams:\n  h:\n    paths:\n      /:\n        servers: [\"http://{addr}\"]\n"
+            );
+            let snap = snapshot(&yaml, &registry);
+            let backend = snap
+                .routes()
+                .next()
+                .unwrap()
+                .backends
+                .iter()
+                .next()
+                .cloned();
+            async move {
+                let backend = backend.unwrap();
+                probe(&backend, "h", "/", Method::POST, Duration::from_secs(1)).await
             }
-        });
-        addr
+        };
+        let closing = answering_heads(|_| false).await;
+        let post = probe_post(closing).await;
+        assert!(post.is_some_and(|r| r.is_err()), "a closed probe fails");
+        let says_length = |head: &[u8]| {
+            let head = String::from_utf8_lossy(head).to_ascii_lowercase();
+            head.contains("\r\ncontent-length: 0\r\n")
+        };
+        let wanting_a_length = answering_heads(says_length).await;
+        assert_eq!(probe_post(wanting_a_length).await, Some(Ok(())));
     }
 
     #[tokio::test]
     async fn a_backend_that_sits_on_a_client_hello_for_the_whole_probe_time_is_detected() {
-        let addr = answering_heads(None).await;
+        let addr = answering_heads(|_| true).await;
         let registry = Registry::for_tests(1, Duration::from_secs(60));
         let yaml =
             format!("upstreams:\n  h:\n    paths:\n      /:\n        servers: [\"{addr}\"]\n");
