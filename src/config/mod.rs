@@ -313,9 +313,13 @@ fn upstreams_conf_in(main_path: &Path) -> Option<PathBuf> {
 /// The value of a top-level `upstreams_conf:` line written plainly (once, unquoted or quoted
 /// without escapes), for a main.yaml that does not parse as YAML.
 fn upstreams_conf_on_a_line(text: &str) -> Option<&str> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut values = text.lines().filter_map(|line| {
         let value = line.strip_prefix("upstreams_conf:")?;
-        let value = value.split(" #").next().unwrap_or_default().trim();
+        let comment = value
+            .char_indices()
+            .find(|&(i, c)| c == '#' && value[..i].ends_with([' ', '\t']));
+        let value = comment.map_or(value, |(i, _)| &value[..i]).trim();
         let unquoted = value
             .strip_prefix('"')
             .and_then(|v| v.strip_suffix('"'))

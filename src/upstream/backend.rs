@@ -161,10 +161,12 @@ impl Backend {
     /// `worker`'s share of `upstream_keepalive_pool_size`: the size split across the workers,
     /// the first ones taking one more of what does not divide, so that the idle connections
     /// kept add up to the size (SPEC §2; rounded up for each, 4 workers kept 4 for a size of
-    /// 1). HTTP/3's threads share one more slot, of a worker's share.
+    /// 3), but one at least while the size is not 0: a worker with none opened a connection
+    /// for every request of its clients, as with no pool. HTTP/3's threads share one more
+    /// slot, of a worker's share.
     pub(super) fn idle_max(&self, worker: WorkerId) -> usize {
         let (share, one_more) = self.pool_share;
-        share + usize::from(worker.0 < one_more)
+        share + usize::from(worker.0 < one_more || (share == 0 && one_more > 0))
     }
 
     /// Gives a plain connection whose response has been read back to `worker`'s idle list.

@@ -67,10 +67,17 @@ fn registry_reuses_live_backends() {
     assert_eq!(c.idle_max(WorkerId(0)) + c.idle_max(WorkerId(1)), 8);
 }
 
-/// The pool size is split across the workers, its total the size however it divides.
+/// The pool size is split across the workers, its total the size however it divides, one
+/// each at least while it is not 0.
 #[test]
 fn the_pool_size_is_the_total_across_workers() {
-    for (workers, size, shares) in [(4, 1, [1, 0, 0, 0]), (4, 6, [2, 2, 1, 1]), (4, 8, [2; 4])] {
+    let cases = [
+        (4, 0, [0; 4]),
+        (4, 1, [1; 4]),
+        (4, 6, [2, 2, 1, 1]),
+        (4, 8, [2; 4]),
+    ];
+    for (workers, size, shares) in cases {
         let metrics = Arc::new(Metrics::new(workers));
         let reg = Registry::new(workers, size, Duration::from_secs(1), metrics);
         let backend = reg.backend(&parse_server("127.0.0.1:9").unwrap(), false);

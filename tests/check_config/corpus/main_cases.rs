@@ -142,6 +142,14 @@ pub(crate) fn cases() -> Vec<Case> {
         )
         .with_folder("certificates")
         .warnings_only(),
+        // A quoted key is the key (the issues went to proxy_configs, at line 1).
+        Case::main(
+            "proxy_certificates_quoted",
+            &format!("{MAIN_OK}proxy_address_tls: \"127.0.0.1:0\"\n\"proxy_certificates\": \"certificates\"\n"),
+            vec![warn(M, 4, "proxy_certificates", "no usable certificate pair in")],
+        )
+        .with_folder("certificates")
+        .warnings_only(),
         // Both certificate folders named: proxy_configs' is not read, and said so.
         Case::main(
             "proxy_configs_beside_proxy_certificates",

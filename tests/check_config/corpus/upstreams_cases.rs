@@ -382,6 +382,23 @@ pub(crate) fn cases() -> Vec<Case> {
             "        redirect_to: \"https://x.example/p#top\"\n",
             vec![err(U, 5, pk("redirect_to"), "has a query or a fragment")],
         ),
+        // A port is digits (`+80` went out in `Location`).
+        Case::path(
+            "redirect_with_a_signed_port",
+            "        redirect_to: \"https://x.example:+80\"\n",
+            vec![err(U, 5, pk("redirect_to"), "the port is out of range")],
+        ),
+        // The line main.yaml that does not parse says upstreams_conf on may start with a BOM
+        // and end with a comment after a tab.
+        Case::broken(
+            "a_main_that_does_not_parse_with_a_bom_and_a_tabbed_comment",
+            "\u{feff}upstreams_conf: upstreams.yaml\t# routes\nproxy_address_http: \"127.0.0.1:0\"\nthreads: 2\nthreads: 3\n",
+            &format!("{PATH_HEAD}        servers: []\n"),
+            vec![
+                err(M, 4, "(yaml)", "duplicate key `threads`"),
+                err(U, 5, pk("servers"), "the list of servers is empty"),
+            ],
+        ),
         // A route's cache_ttl with no cache in main.yaml does nothing: said.
         Case::path(
             "cache_ttl_without_a_cache",
