@@ -494,9 +494,7 @@ fn write_batch(
         batch.insert(0, '\n');
     }
     match out.write_all(batch.as_bytes()) {
-        Ok(()) => {
-            failures.wrote();
-        }
+        Ok(()) => failures.wrote(),
         Err(part) => {
             let lost = lines_lost(batch, part.bytes, *lines, failures.torn);
             for _ in 0..lost {
@@ -549,21 +547,20 @@ impl WriteFailures {
         self.lost_since = 0;
     }
 
-    /// A write went through: the lines lost since the last report, when some were and a line
-    /// is due (once a minute with the failures' own: a disk at the edge of full flaps).
-    fn wrote(&mut self) -> Option<u64> {
+    /// A write went through: says the lines lost since the last report, when some were and a
+    /// line is due (once a minute with the failures' own: a disk at the edge of full flaps).
+    fn wrote(&mut self) {
         self.torn = false;
         if self.lost_since == 0 {
-            return None;
+            return;
         }
         let now = Instant::now();
         if self.said_at.is_some_and(|at| now < at + Self::EVERY) {
-            return None;
+            return;
         }
         let lost = std::mem::take(&mut self.lost_since);
         tracing::warn!("access log: writing again; {lost} line(s) lost since the last report");
         self.said_at = Some(now);
-        Some(lost)
     }
 
     /// The log ends: what was lost since the last report, if anything was.

@@ -128,19 +128,8 @@ fn line_of(text: &str, keys: &[&str]) -> Pos {
 
 /// Where `key` is set at the top of a YAML file (quoted or not).
 fn written_at(text: &str, key: &str) -> Option<Pos> {
-    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let written = |l: &str| {
-        let unquoted = ['"', '\'']
-            .iter()
-            .find_map(|q| l.strip_prefix(*q)?.strip_prefix(key)?.strip_prefix(*q));
-        let rest = unquoted.or_else(|| l.strip_prefix(key));
-        rest.is_some_and(|rest| rest.trim_start().starts_with(':'))
-    };
-    let line = text.lines().position(written)?;
-    Some(Pos {
-        line: line as u32 + 1,
-        column: 1,
-    })
+    let (line, _) = config::top_level_key_lines(text, key).next()?;
+    Some(Pos { line, column: 1 })
 }
 
 /// Human-readable report, one line per issue, then a summary.

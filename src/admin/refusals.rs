@@ -10,7 +10,7 @@ use std::time::Duration;
 use http::{Method, StatusCode};
 use tokio::time::Instant;
 
-use crate::vocab::said_every::{Said, SaidEvery};
+use crate::vocab::said_every::{more_words, Said, SaidEvery};
 
 /// The statuses that are refusals of who asked or how.
 const REFUSED: [StatusCode; 3] = [
@@ -40,11 +40,11 @@ impl RefusalLog {
             return;
         }
         match self.0.note(Instant::now()) {
-            Said::Due(0) => {
-                tracing::warn!("admin API: {method} {path:?} from {peer} refused ({status})");
-            }
             Said::Due(more) => {
-                tracing::warn!("admin API: {method} {path:?} from {peer} refused ({status}) ({more} more since the last report)");
+                let since = more_words(more);
+                tracing::warn!(
+                    "admin API: {method} {path:?} from {peer} refused ({status}){since}"
+                );
             }
             Said::FirstUnsaid => {
                 // Told a second on if no line is due meanwhile: a burst of guesses that then

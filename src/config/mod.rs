@@ -310,12 +310,27 @@ fn upstreams_conf_in(main_path: &Path) -> Option<PathBuf> {
     })
 }
 
+/// The lines that set `key` at the top level of a YAML text, read as text (quoted or not):
+/// each one's number from 1, and what follows its colon. For files that do not parse, and for
+/// positions the parsed tree does not keep.
+pub fn top_level_key_lines<'a>(
+    text: &'a str,
+    key: &'a str,
+) -> impl Iterator<Item = (u32, &'a str)> + 'a {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    text.lines().zip(1u32..).filter_map(move |(line, number)| {
+        let quoted = ['"', '\'']
+            .iter()
+            .find_map(|q| line.strip_prefix(*q)?.strip_prefix(key)?.strip_prefix(*q));
+        let rest = quoted.or_else(|| line.strip_prefix(key))?;
+        Some((number, rest.trim_start().strip_prefix(':')?))
+    })
+}
+
 /// The value of a top-level `upstreams_conf:` line written plainly (once, unquoted or quoted
 /// without escapes), for a main.yaml that does not parse as YAML.
 fn upstreams_conf_on_a_line(text: &str) -> Option<&str> {
-    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let mut values = text.lines().filter_map(|line| {
-        let value = line.strip_prefix("upstreams_conf:")?;
+    let mut values = top_level_key_lines(text, "upstreams_conf").filter_map(|(_, value)| {
         let comment = value
             .char_indices()
             .find(|&(i, c)| c == '#' && value[..i].ends_with([' ', '\t']));

@@ -69,7 +69,7 @@ pub fn read_tcp(
     let mut given = Vec::new();
     for (key, value) in top {
         ok &= read_tcp_key(&mut tcp, &key.name, &key.name, value, r);
-        given.push((key.name.to_string(), key.name.to_string(), key.pos));
+        given.push((key.name.to_string(), key.pos));
     }
     let entries = match block {
         Some(block) => r.map(block, "tcp")?,
@@ -92,16 +92,16 @@ pub fn read_tcp(
             );
         }
         ok &= read_tcp_key(&mut tcp, &key.name, &path, value, r);
-        given.push((key.name.to_string(), path, key.pos));
+        given.push((path, key.pos));
     }
     if ok && tcp.keepalive_idle.is_none() {
         let probes = ["tcp_keepalive_interval", "tcp_keepalive_count"];
-        for (_, path, pos) in given
-            .iter()
-            .filter(|(name, ..)| probes.contains(&name.as_str()))
-        {
-            let why = "not used: keep-alive probes are off without tcp_keepalive_idle";
-            r.warn(*pos, path, why);
+        for (path, pos) in &given {
+            let name = path.strip_prefix("tcp.").unwrap_or(path);
+            if probes.contains(&name) {
+                let why = "not used: keep-alive probes are off without tcp_keepalive_idle";
+                r.warn(*pos, path, why);
+            }
         }
     }
     ok.then_some(tcp)

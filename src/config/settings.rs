@@ -431,7 +431,11 @@ fn read_redirect(node: &Node, path: &str, r: &mut Reader) -> Option<String> {
         return None;
     }
     match text.parse::<http::Uri>() {
-        Ok(uri) if uri.authority().is_some_and(|a| !port_fits(a)) => {
+        Ok(uri)
+            if uri
+                .authority()
+                .is_some_and(|a| !super::values::port_in_range(a)) =>
+        {
             let why = format!("`{text}`: the port is out of range (1 to 65535)");
             r.error(node.pos, path, why);
             None
@@ -450,45 +454,10 @@ fn read_redirect(node: &Node, path: &str, r: &mut Reader) -> Option<String> {
     }
 }
 
-/// An authority's port, when it has one, is a TCP port (`:99999` went out in `Location`).
-fn port_fits(authority: &http::uri::Authority) -> bool {
-    let text = authority.as_str();
-    let host_port = text.rsplit_once('@').map_or(text, |(_, rest)| rest);
-    let after_host = host_port
-        .rsplit_once(']')
-        .map_or(host_port, |(_, rest)| rest);
-    let Some((_, port)) = after_host.rsplit_once(':') else {
-        return true;
-    };
-    let digits = port.bytes().all(|b| b.is_ascii_digit());
-    port.is_empty() || (digits && port.parse::<u16>().is_ok_and(|p| p > 0))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::issues::Issues;
-
-    /// A port is 1 to 65535 in digits; a user and password are no port (they were taken for
-    /// one), nor is an IPv6 address.
-    #[test]
-    fn redirect_ports_that_fit() {
-        let fits = |text: &str| port_fits(&text.parse::<http::uri::Authority>().unwrap());
-        for ok in [
-            "h",
-            "h:443",
-            "h:",
-            "u:pw@h",
-            "u:pw@h:8443",
-            "[::1]",
-            "[::1]:65535",
-        ] {
-            assert!(fits(ok), "{ok}");
-        }
-        for bad in ["h:0", "h:65536", "h:+80", "u:pw@h:99999", "[::1]:70000"] {
-            assert!(!fits(bad), "{bad}");
-        }
-    }
     use crate::config::yaml;
 
     fn sticky(text: &str) -> Option<Option<Duration>> {

@@ -439,8 +439,8 @@ pub fn parse_auth(kind: &str, data: Option<&str>) -> Result<AuthRule, AuthError>
     }
 }
 
-/// Whether an authority's port, if it gives one, is a port (`http` reads one out of range as
-/// none at all).
+/// Whether an authority's port, if it gives one, is a port: 1 to 65535 in digits (`http` reads
+/// one out of range as none at all, and takes `+80` for 80).
 pub fn port_in_range(authority: &http::uri::Authority) -> bool {
     let text = authority.as_str();
     let after_host = match text.rfind(']') {
@@ -448,7 +448,10 @@ pub fn port_in_range(authority: &http::uri::Authority) -> bool {
         None => text.rsplit_once('@').map_or(text, |(_, host)| host),
     };
     match after_host.rsplit_once(':') {
-        Some((_, port)) if !port.is_empty() => port.parse::<u16>().is_ok_and(|p| p > 0),
+        Some((_, port)) if !port.is_empty() => {
+            let digits = port.bytes().all(|b| b.is_ascii_digit());
+            digits && port.parse::<u16>().is_ok_and(|p| p > 0)
+        }
         _ => true,
     }
 }
@@ -456,6 +459,27 @@ pub fn port_in_range(authority: &http::uri::Authority) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A port is 1 to 65535 in digits; a user and password are no port, nor is an IPv6
+    /// address.
+    #[test]
+    fn ports_in_range() {
+        let fits = |text: &str| port_in_range(&text.parse::<http::uri::Authority>().unwrap());
+        for ok in [
+            "h",
+            "h:443",
+            "h:",
+            "u:pw@h",
+            "u:pw@h:8443",
+            "[::1]",
+            "[::1]:65535",
+        ] {
+            assert!(fits(ok), "{ok}");
+        }
+        for bad in ["h:0", "h:65536", "h:+80", "u:pw@h:99999", "[::1]:70000"] {
+            assert!(!fits(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn several_addresses_or_credentials_in_one_entry_are_said_as_such() {

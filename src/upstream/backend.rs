@@ -158,15 +158,11 @@ impl Backend {
         &self.slots[worker.0.min(last)]
     }
 
-    /// `worker`'s share of `upstream_keepalive_pool_size`: the size split across the workers,
-    /// the first ones taking one more of what does not divide, so that the idle connections
-    /// kept add up to the size (SPEC §2; rounded up for each, 4 workers kept 4 for a size of
-    /// 3), but one at least while the size is not 0: a worker with none opened a connection
-    /// for every request of its clients, as with no pool. HTTP/3's threads share one more
-    /// slot, of a worker's share.
+    /// `worker`'s share of `upstream_keepalive_pool_size` ([`pool_shares`]). HTTP/3's threads
+    /// share one more slot, of a worker's share.
     pub(super) fn idle_max(&self, worker: WorkerId) -> usize {
         let (share, one_more) = self.pool_share;
-        share + usize::from(worker.0 < one_more || (share == 0 && one_more > 0))
+        share + usize::from(worker.0 < one_more)
     }
 
     /// Gives a plain connection whose response has been read back to `worker`'s idle list.
@@ -414,7 +410,7 @@ impl Backend {
             authority,
             health,
             slots: (0..=workers).map(|_| WorkerSlot::default()).collect(),
-            pool_share: (pool_size / workers, pool_size % workers),
+            pool_share: pool_shares(pool_size, workers),
             metrics: registry.metrics.clone(),
             own_name,
             open_conns: Arc::default(),
@@ -510,6 +506,18 @@ impl Backend {
 
 mod passive;
 mod registry;
+
+/// `upstream_keepalive_pool_size` split across `workers`: each one's share, and how many of the
+/// first take one more of what does not divide, so that the idle connections kept add up to
+/// the size (SPEC §2; rounded up for each, 4 workers kept 4 for a size of 3). One each at
+/// least while the size is not 0: a worker with none opened a backend connection for every
+/// request of its clients, as with no pool.
+fn pool_shares(size: usize, workers: usize) -> (usize, usize) {
+    match (size / workers, size % workers) {
+        (0, more) if more > 0 => (1, 0),
+        split => split,
+    }
+}
 
 #[cfg(test)]
 mod tests;

@@ -8,6 +8,15 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+/// The words a due line ends with when `more` went unsaid before it: nothing for none, else
+/// ` (N more since the last report)`.
+pub fn more_words(more: u64) -> String {
+    match more {
+        0 => String::new(),
+        n => format!(" ({n} more since the last report)"),
+    }
+}
+
 /// What [`SaidEvery::note`] found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Said {
@@ -82,10 +91,7 @@ impl SaidEvery {
     /// [`SaidEvery::due`] as the words a due line ends with: nothing when none went unsaid,
     /// else ` (N more since the last report)`.
     pub fn due_note(&self, now: Instant) -> Option<String> {
-        self.due(now).map(|more| match more {
-            0 => String::new(),
-            n => format!(" ({n} more since the last report)"),
-        })
+        self.due(now).map(more_words)
     }
 }
 
