@@ -347,6 +347,16 @@ async fn a_request_dropped_unanswered_goes_to_the_next_backend_only_when_idempot
         body_bytes(resp).await;
         assert_eq!((dropper.seen(), b.requests()), (1, 1), "{proto:?}");
 
+        // A PUT with a body is not sent again either (SPEC §5: only an empty body is), even
+        // one small enough to have been read whole before it set out.
+        let (dropper, b, _proxy, mut client) = dropper_before_backend(proto).await;
+        let resp = client
+            .send(Method::PUT, Some("any"), "/echo", &[], full("payload"))
+            .await;
+        assert_eq!(resp.status(), 502, "{proto:?}: a PUT with a body is not sent again");
+        body_bytes(resp).await;
+        assert_eq!((dropper.seen(), b.requests()), (1, 0), "{proto:?}");
+
         // A POST with a body may have been acted on: never sent twice.
         let (dropper, b, _proxy, mut client) = dropper_before_backend(proto).await;
         let resp = client
