@@ -353,7 +353,11 @@ async fn a_request_dropped_unanswered_goes_to_the_next_backend_only_when_idempot
         let resp = client
             .send(Method::PUT, Some("any"), "/echo", &[], full("payload"))
             .await;
-        assert_eq!(resp.status(), 502, "{proto:?}: a PUT with a body is not sent again");
+        assert_eq!(
+            resp.status(),
+            502,
+            "{proto:?}: a PUT with a body is not sent again"
+        );
         body_bytes(resp).await;
         assert_eq!((dropper.seen(), b.requests()), (1, 0), "{proto:?}");
 
@@ -475,4 +479,65 @@ async fn an_idle_connection_its_backend_closed_is_closed_too() {
         closed.is_some(),
         "the proxy kept the idle connection its backend had closed"
     );
+}
+
+/// The scrape's line for `series` (its value), over the backends at `addrs`.
+fn scraped(proxy: &Proxy, addrs: &[String], series: &str) -> Option<f64> {
+    let configured = addrs.iter().map(|backend| aralez::metrics::BackendUp {
+        host: "DEFAULT",
+        path: "/",
+        backend,
+        up: true,
+    });
+    let text = proxy.ctx.metrics.render_prometheus(configured);
+    let line = text.lines().find(|l| l.starts_with(series))?;
+    line.rsplit(' ').next()?.parse().ok()
+}
+
+#[tokio::test(start_paused = true)]
+async fn metrics_name_the_backend_that_failed_an_exchange_and_the_retries_it_caused() {
+    let (dropper, b, proxy, mut client) = dropper_before_backend(Proto::H1).await;
+    let addrs = [dropper.addr.to_string(), b.addr.to_string()];
+    let resp = client.get("any", "/get").await;
+    assert_eq!(resp.status(), 200);
+    body_bytes(resp).await;
+    let dropped = format!("{{upstream=\"{}\"", dropper.addr);
+    let reset = format!("aralez_upstream_failures_total{dropped},reason=\"reset\"}}");
+    let retried = format!("aralez_upstream_retries_total{dropped}}}");
+    let answered = format!("aralez_upstream_responses_total{{upstream=\"{}\"}}", b.addr);
+    assert_eq!(scraped(&proxy, &addrs, &reset), Some(1.0));
+    assert_eq!(scraped(&proxy, &addrs, &retried), Some(1.0));
+    assert_eq!(scraped(&proxy, &addrs, &answered), Some(1.0));
+    // The backend that failed sent no response: it has no line there.
+    let its_responses = format!("aralez_upstream_responses_total{dropped}");
+    assert_eq!(scraped(&proxy, &addrs, &its_responses), None);
+
+    // A POST is not sent on: a failure, no retry.
+    let (dropper, b, proxy, mut client) = dropper_before_backend(Proto::H1).await;
+    let addrs = [dropper.addr.to_string(), b.addr.to_string()];
+    let dropped = format!("{{upstream=\"{}\"", dropper.addr);
+    let reset = format!("aralez_upstream_failures_total{dropped},reason=\"reset\"}}");
+    let retried = format!("aralez_upstream_retries_total{dropped}}}");
+    let resp = client
+        .send(Method::POST, Some("any"), "/post", &[], full("payload"))
+        .await;
+    assert_eq!(resp.status(), 502);
+    body_bytes(resp).await;
+    assert_eq!(scraped(&proxy, &addrs, &reset), Some(1.0));
+    assert_eq!(scraped(&proxy, &addrs, &retried), None);
+
+    // A backend that refuses connections: counted as `connect`, and the request went on.
+    let closed = bind_local().await;
+    let refusing = closed.local_addr().unwrap();
+    drop(closed);
+    let servers = [format!("http://{refusing}"), format!("http://{}", b.addr)];
+    let proxy = Proxy::start(&route_to(&servers), "").await;
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    let resp = client.get("any", "/").await;
+    assert_eq!(resp.status(), 200);
+    body_bytes(resp).await;
+    let addrs = [refusing.to_string(), b.addr.to_string()];
+    let connect =
+        format!("aralez_upstream_failures_total{{upstream=\"{refusing}\",reason=\"connect\"}}");
+    assert_eq!(scraped(&proxy, &addrs, &connect), Some(1.0));
 }

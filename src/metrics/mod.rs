@@ -91,7 +91,7 @@ struct Shard {
     latency_sum_micros: AtomicU64,
     upstream_connections: [AtomicU64; 2],
     rate_limited: AtomicU64,
-    by_upstream: Mutex<Vec<(Box<str>, u64)>>,
+    by_upstream: Mutex<Vec<UpstreamCounts>>,
 }
 
 impl Shard {
@@ -195,13 +195,29 @@ impl Metrics {
             .latency_sum_micros
             .fetch_add(micros, Ordering::Relaxed);
         if let Some(label) = upstream {
-            count_upstream(shard, label);
+            upstreams::count(&shard.by_upstream, label, |c| c.responses += 1);
         }
     }
 
     /// Counts a connection to a backend: a reused pooled one or a new one.
     pub fn upstream_connection(&self, worker: WorkerId, reused: bool) {
         bump(&self.shard(worker).upstream_connections[usize::from(reused)]);
+    }
+
+    /// Counts an exchange with the backend `label` that failed, and why (`worker`'s shard;
+    /// a body cut after its head is counted from whichever thread reads it).
+    #[cold]
+    pub fn upstream_failed(&self, worker: WorkerId, label: &str, failure: UpstreamFailure) {
+        upstreams::count(&self.shard(worker).by_upstream, label, |c| {
+            c.failures[failure as usize] += 1;
+        });
+    }
+
+    /// Counts a request that went on to another attempt after the backend `label` failed it:
+    /// to the next backend, or again on a fresh connection to this one.
+    #[cold]
+    pub fn upstream_retried(&self, worker: WorkerId, label: &str) {
+        upstreams::count(&self.shard(worker).by_upstream, label, |c| c.retried += 1);
     }
 
     /// Counts a request refused by a rate limit.
@@ -258,21 +274,6 @@ impl Metrics {
     }
 }
 
-fn count_upstream(shard: &Shard, label: &str) {
-    let Ok(mut list) = shard.by_upstream.lock() else {
-        return;
-    };
-    if let Some(entry) = list.iter_mut().find(|(l, _)| &**l == label) {
-        entry.1 += 1;
-    } else if list.len() < MAX_UPSTREAMS {
-        list.push((label.into(), 1));
-    } else if let Some(entry) = list.iter_mut().find(|(l, _)| &**l == "other") {
-        entry.1 += 1;
-    } else {
-        list.push(("other".into(), 1));
-    }
-}
-
 fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
@@ -282,6 +283,10 @@ fn load(counter: &AtomicU64) -> u64 {
 }
 
 mod render;
+mod upstreams;
+
+use upstreams::UpstreamCounts;
+pub use upstreams::UpstreamFailure;
 
 #[cfg(test)]
 mod tests;

@@ -4,8 +4,10 @@
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 
+use super::upstreams::{self, UpstreamCounts};
 use super::{
-    load, BackendUp, Metrics, Shard, BUCKETS, METHODS, STATUS_COUNT, STATUS_MIN, VERSIONS,
+    load, BackendUp, Metrics, Shard, UpstreamFailure, BUCKETS, METHODS, STATUS_COUNT, STATUS_MIN,
+    VERSIONS,
 };
 
 impl Metrics {
@@ -133,7 +135,7 @@ impl Metrics {
         let kept = |label: &str| label == "other" || configured.contains(label);
         for shard in self.shards.iter() {
             if let Ok(mut list) = shard.by_upstream.lock() {
-                list.retain(|(label, _)| kept(label));
+                list.retain(|counts| kept(&counts.label));
             }
         }
     }
@@ -152,21 +154,15 @@ impl Metrics {
             "counter",
             "Responses by the backend that sent them.",
         );
-        let mut totals: Vec<(Box<str>, u64)> = Vec::new();
-        for shard in self.shards.iter() {
-            let Ok(list) = shard.by_upstream.lock() else {
-                continue;
-            };
-            for (label, n) in list.iter() {
-                match totals.iter_mut().find(|(l, _)| l == label) {
-                    Some(entry) => entry.1 += n,
-                    None => totals.push((label.clone(), *n)),
-                }
-            }
-        }
-        totals.sort();
-        for (label, n) in &totals {
-            let _ = writeln!(out, "{name}{{upstream=\"{}\"}} {n}", escape(label));
+        let totals = upstreams::summed(self.shards.iter().map(|s| &s.by_upstream));
+        let responses = || totals.iter().filter(|t| t.responses > 0);
+        for t in responses() {
+            let _ = writeln!(
+                out,
+                "{name}{{upstream=\"{}\"}} {}",
+                escape(&t.label),
+                t.responses
+            );
         }
         // The same under Aralez's name (SPEC §11); `untyped`, as a counter's name ends in
         // `_total` and Aralez's does not.
@@ -177,9 +173,15 @@ impl Metrics {
             "untyped",
             "Responses by the backend that sent them (Aralez's name).",
         );
-        for (label, n) in &totals {
-            let _ = writeln!(out, "{name}{{upstream=\"{}\"}} {n}", escape(label));
+        for t in responses() {
+            let _ = writeln!(
+                out,
+                "{name}{{upstream=\"{}\"}} {}",
+                escape(&t.label),
+                t.responses
+            );
         }
+        render_upstream_failures(out, &totals);
         self.labelled(
             out,
             ("aralez_upstream_connections_total", "reused"),
@@ -256,6 +258,37 @@ impl Metrics {
         let name = "aralez_rate_limited_total";
         header(out, name, "counter", "Requests refused by a rate limit.");
         let _ = writeln!(out, "{name} {}", self.sum(|s| load(&s.rate_limited)));
+    }
+}
+
+/// The failed exchanges per backend and why, and the requests sent on after them.
+fn render_upstream_failures(out: &mut String, totals: &[UpstreamCounts]) {
+    let name = "aralez_upstream_failures_total";
+    let help = "Exchanges with the backend that failed, by why (connect, busy, timeout, reset, \
+                bad_response, cut).";
+    header(out, name, "counter", help);
+    for t in totals {
+        let label = escape(&t.label);
+        for (failure, n) in UpstreamFailure::ALL.iter().zip(t.failures) {
+            if n > 0 {
+                let reason = failure.as_str();
+                let _ = writeln!(
+                    out,
+                    "{name}{{upstream=\"{label}\",reason=\"{reason}\"}} {n}"
+                );
+            }
+        }
+    }
+    let name = "aralez_upstream_retries_total";
+    let help = "Requests sent on to another attempt after the backend failed them.";
+    header(out, name, "counter", help);
+    for t in totals.iter().filter(|t| t.retried > 0) {
+        let _ = writeln!(
+            out,
+            "{name}{{upstream=\"{}\"}} {}",
+            escape(&t.label),
+            t.retried
+        );
     }
 }
 

@@ -97,3 +97,35 @@ fn gone_backends_leave_the_upstream_counts_and_make_room() {
     let text = metrics.render_prometheus([up("10.1.0.2:80")].into_iter());
     assert!(text.contains("{upstream=\"10.1.0.2:80\"} 1\n"), "{text}");
 }
+
+/// Failed exchanges count per backend and reason, retries per backend; a backend that only
+/// failed has no responses line, and a gone one is forgotten with its failures.
+#[test]
+fn upstream_failures_and_retries_count_per_backend() {
+    let metrics = Metrics::new(2);
+    let (first, second) = (WorkerId(0), WorkerId(1));
+    metrics.upstream_failed(first, "10.0.0.1:80", UpstreamFailure::Reset);
+    metrics.upstream_failed(second, "10.0.0.1:80", UpstreamFailure::Reset);
+    metrics.upstream_failed(first, "10.0.0.1:80", UpstreamFailure::Timeout);
+    metrics.upstream_failed(WorkerId(9), "10.0.0.2:80", UpstreamFailure::Cut);
+    metrics.upstream_retried(second, "10.0.0.1:80");
+    let up = |backend: &'static str| BackendUp {
+        host: "a.test",
+        path: "/",
+        backend,
+        up: true,
+    };
+    let text = metrics.render_prometheus([up("10.0.0.1:80"), up("10.0.0.2:80")].into_iter());
+    for line in [
+        "aralez_upstream_failures_total{upstream=\"10.0.0.1:80\",reason=\"reset\"} 2\n",
+        "aralez_upstream_failures_total{upstream=\"10.0.0.1:80\",reason=\"timeout\"} 1\n",
+        "aralez_upstream_failures_total{upstream=\"10.0.0.2:80\",reason=\"cut\"} 1\n",
+        "aralez_upstream_retries_total{upstream=\"10.0.0.1:80\"} 1\n",
+    ] {
+        assert!(text.contains(line), "{line} in {text}");
+    }
+    assert!(!text.contains("reason=\"connect\""), "{text}");
+    assert!(!text.contains("aralez_upstream_responses_total{"), "{text}");
+    let text = metrics.render_prometheus([up("10.0.0.2:80")].into_iter());
+    assert!(!text.contains("10.0.0.1:80"), "{text}");
+}

@@ -16,6 +16,7 @@ use super::backend::Backend;
 use super::connector::ConnectErrorKind;
 use super::pool::{self, Exchange, SendError, Timeouts, UpBody};
 use super::pooled_body::{PooledBody, ServedBy};
+use crate::metrics::UpstreamFailure;
 use crate::vocab::forwarded::Deferred;
 use crate::vocab::{ProxyError, WorkerId};
 
@@ -162,7 +163,7 @@ pub fn send<'a>(
     let mut pending = Some(Request::from_parts(out.head, out.body));
     async move {
         let mut last_error = None;
-        let mut last_tried = None;
+        let mut last_tried: Option<&Arc<Backend>> = None;
         // Backends already tried; allocated only when a first attempt fails.
         let mut tried: Vec<usize> = Vec::new();
         for step in 0..len {
@@ -178,6 +179,9 @@ pub fn send<'a>(
             let Some(mut request) = pending.take() else {
                 break;
             };
+            if let Some(failed) = last_tried {
+                retried(failed, worker);
+            }
             if no_host {
                 // Rare: allocated per attempt.
                 if let Ok(host) = HeaderValue::from_str(backend.authority.as_str()) {
@@ -201,6 +205,7 @@ pub fn send<'a>(
                     replay: Some(head),
                 }) => {
                     tracing::debug!(backend = %x.backend.label, "stale pooled connection ({error}); retrying");
+                    retried(backend, worker);
                     pool::send(x, replay_request(*head), true).await
                 }
                 other => other,
@@ -209,6 +214,7 @@ pub fn send<'a>(
                 Ok(resp) if resp.status().as_u16() > 599 => {
                     // RFC 9110 §15: outside 100..=599 is no status; taken as the server error it is.
                     tracing::warn!(backend = %backend.label, "invalid response: status {}", resp.status());
+                    count_failure(backend, worker, UpstreamFailure::BadResponse);
                     return Err(failed(ProxyError::BadResponse, backend));
                 }
                 Ok(mut resp) => {
@@ -220,8 +226,10 @@ pub fn send<'a>(
                 Err(SendError::Connect { error, request }) => {
                     if error.kind() == ConnectErrorKind::Capacity {
                         backend.say_at_capacity(&error);
+                        count_failure(backend, worker, UpstreamFailure::Busy);
                     } else {
                         tracing::warn!(backend = %backend.label, "{error}");
+                        count_failure(backend, worker, UpstreamFailure::Connect);
                     }
                     pending = Some(*request);
                     last_error = Some(if error.kind() == ConnectErrorKind::Capacity {
@@ -235,6 +243,7 @@ pub fn send<'a>(
                 Err(SendError::Reset { error, replay, .. }) => {
                     let said = crate::vocab::error_text::with_causes(&*error);
                     tracing::warn!(backend = %backend.label, "backend reset: {said}");
+                    count_failure(backend, worker, UpstreamFailure::Reset);
                     last_error = Some(ProxyError::BackendReset);
                     match replay {
                         Some(head) => pending = Some(replay_request(*head)),
@@ -249,6 +258,7 @@ pub fn send<'a>(
                 Err(SendError::BadResponse(error)) => {
                     // The error says "invalid response" itself.
                     tracing::warn!(backend = %backend.label, "{error}");
+                    count_failure(backend, worker, UpstreamFailure::BadResponse);
                     return Err(failed(ProxyError::BadResponse, backend));
                 }
                 Err(SendError::ClientStalled) => {
@@ -259,10 +269,12 @@ pub fn send<'a>(
                 Err(SendError::Unprocessed(_)) => {
                     // The pool sends these again itself and reports what is left as a reset.
                     tracing::warn!(backend = %backend.label, "backend refused the request");
+                    count_failure(backend, worker, UpstreamFailure::Reset);
                     return Err(failed(ProxyError::BackendReset, backend));
                 }
                 Err(SendError::Timeout) => {
                     tracing::warn!(backend = %backend.label, "no response within {:?}", timeouts.response);
+                    count_failure(backend, worker, UpstreamFailure::Timeout);
                     return Err(failed(ProxyError::ResponseTimeout, backend));
                 }
             }
@@ -278,6 +290,20 @@ pub fn send<'a>(
             at: last_tried.cloned(),
         })
     }
+}
+
+/// Counts an exchange with `backend` that failed ([`UpstreamFailure`]).
+#[cold]
+fn count_failure(backend: &Backend, worker: WorkerId, failure: UpstreamFailure) {
+    backend
+        .metrics
+        .upstream_failed(worker, &backend.label, failure);
+}
+
+/// Counts a request sent on to another attempt after `backend` failed it.
+#[cold]
+fn retried(backend: &Backend, worker: WorkerId) {
+    backend.metrics.upstream_retried(worker, &backend.label);
 }
 
 /// A failure with `backend`.

@@ -171,11 +171,19 @@ impl PooledBody {
     /// prematurely closed connection while reading upstream".
     #[cold]
     fn say_cut(&self, error: &dyn std::fmt::Display) {
-        let backend = self.served_by.as_ref().map_or("-", |s| &*s.0.label);
+        let backend = self.served_by.as_ref().map(|s| &s.0);
+        let label = backend.map_or("-", |b| &*b.label);
         tracing::warn!(
-            backend,
+            backend = label,
             "the backend's answer was cut after its head: {error}"
         );
+        if let Some(backend) = backend {
+            // The body is read where the client's connection is served: no worker of its own
+            // here, so the count goes to the shard threads that are no worker share.
+            let anywhere = WorkerId(usize::MAX);
+            let cut = crate::metrics::UpstreamFailure::Cut;
+            backend.metrics.upstream_failed(anywhere, label, cut);
+        }
     }
 
     pub fn set_served_by(&mut self, served_by: ServedBy) {
