@@ -483,6 +483,79 @@ async fn hundred_mib_response_streams_with_flat_memory() {
     }
 }
 
+/// An HTTP/2 client that asks for `streams` answers of `path` on one connection, grants them
+/// every byte of window there is, and never reads: what it asked for piles up in the proxy.
+async fn stalled_h2_reader(
+    addr: std::net::SocketAddr,
+    streams: u32,
+    path: &str,
+) -> tokio::net::TcpStream {
+    use support::frame::*;
+    use tokio::io::AsyncWriteExt;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut s = socket.connect(addr).await.unwrap();
+    let most = 0x7fff_ffffu32;
+    let window = [&4u16.to_be_bytes()[..], &most.to_be_bytes()].concat();
+    let mut out = PREFACE.to_vec();
+    out.extend(h2_frame(SETTINGS, 0, 0, &window));
+    out.extend(h2_frame(
+        WINDOW_UPDATE,
+        0,
+        0,
+        &(most - 65_535).to_be_bytes(),
+    ));
+    // `:method GET`, `:scheme http`, then `:path` and `:authority x` as literals.
+    let mut block = vec![0x82, 0x86, 0x04, u8::try_from(path.len()).unwrap()];
+    block.extend_from_slice(path.as_bytes());
+    block.extend_from_slice(&[0x01, 0x01, b'x']);
+    for n in 0..streams {
+        out.extend(h2_frame(
+            HEADERS,
+            END_STREAM | END_HEADERS,
+            2 * n + 1,
+            &block,
+        ));
+    }
+    s.write_all(&out).await.unwrap();
+    s
+}
+
+/// What HTTP/2 answers that a client never reads hold in the proxy: each stream's send buffer
+/// is bounded (64 KiB), not hyper's 400 KiB, so 200 such streams cannot take hundreds of MiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_answers_never_read_hold_a_bounded_buffer_each() {
+    let a = Backend::start("a").await;
+    let proxy = proxy_to(&a);
+    let mut client = Client::connect(Proto::H2c, proxy.addr).await;
+    body_bytes(client.get("x", "/big/1048576").await).await;
+    let baseline = proxy.rss_kib();
+    let path = "/big/8388608";
+    let mut stalled = Vec::new();
+    for _ in 0..2 {
+        stalled.push(stalled_h2_reader(proxy.addr, 100, path).await);
+    }
+    // Until the buffers stop filling: two half-seconds in a row that added under 1 MiB.
+    let (mut peak, mut calm) = (baseline, 0);
+    for _ in 0..40 {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let now = proxy.rss_kib();
+        calm = if now < peak + 1024 { calm + 1 } else { 0 };
+        peak = peak.max(now);
+        if calm == 2 {
+            break;
+        }
+    }
+    let per_stream_kib = peak.saturating_sub(baseline) / 200;
+    assert!(
+        per_stream_kib < 400,
+        "each stalled stream holds {per_stream_kib} KiB (RSS {baseline} -> {peak} KiB)"
+    );
+    // Meanwhile an ordinary client is served.
+    assert_eq!(client.get("x", "/").await.status(), 200);
+    drop(stalled);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backends_named_by_host_name_are_resolved() {
     let a = Backend::start("a").await;

@@ -57,6 +57,12 @@ const CLIENT_STREAM_WINDOW: u32 = 1 << 20;
 /// the connection wait.
 const CLIENT_CONNECTION_WINDOW: u32 = 16 << 20;
 
+/// What one client HTTP/2 stream's answer may hold in the proxy beyond what the socket took:
+/// hyper's 400 KiB let a client that grants a large window and never reads make 100 streams a
+/// connection hold 0.5 MiB each (and their backend connections). 64 KiB, as HTTP/1's read-ahead
+/// and HAProxy's 16 KiB buffers, still keeps a download's socket fed between polls.
+const CLIENT_STREAM_SEND_BUFFER: usize = 64 * 1024;
+
 fn http_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -76,6 +82,7 @@ fn http_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
         // stream (and cost a lock and a PING's bookkeeping on every poll of the connection).
         .initial_stream_window_size(CLIENT_STREAM_WINDOW)
         .initial_connection_window_size(CLIENT_CONNECTION_WINDOW)
+        .max_send_buf_size(CLIENT_STREAM_SEND_BUFFER)
         // RFC 8441: WebSocket from HTTP/2 clients (extended CONNECT).
         .enable_connect_protocol();
     builder
