@@ -283,3 +283,41 @@ async fn a_request_head_cut_short_is_logged_as_a_408() {
     let said = "no whole request head within 3s (client_header_timeout)";
     assert_eq!(proxy.log_count(said), 1, "{}", proxy.log_text());
 }
+
+/// A slowloris of many connections is said once a second, with how many went unsaid, not a
+/// line a connection; the access log keeps a 408 for each.
+#[tokio::test(start_paused = true)]
+async fn many_request_heads_cut_short_are_said_once_a_second() {
+    let backend = Backend::start("b").await;
+    let dir = tempfile::tempdir().unwrap();
+    let access = dir.path().join("access.log");
+    let main = format!(
+        "client_header_timeout: 3\naccess_log: all\nlog_file: \"{}\"",
+        access.display()
+    );
+    let proxy = Proxy::start(&support::default_route(&[&backend]), &main).await;
+    let partial = || async {
+        let mut s = TcpStream::connect(proxy.addr).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHo").await.unwrap();
+        s
+    };
+    let mut burst = Vec::new();
+    for _ in 0..5 {
+        burst.push(partial().await);
+    }
+    proxy.pass(Duration::from_secs(4)).await;
+    let mut late = partial().await;
+    proxy.pass(Duration::from_secs(4)).await;
+    let mut byte = [0u8; 1];
+    let closed = inproc::in_real_time(Duration::from_secs(5), late.read(&mut byte)).await;
+    assert!(matches!(closed, Some(Ok(0))), "{closed:?}");
+    proxy.ctx.access_log.flush();
+    let lines = std::fs::read_to_string(&access).unwrap_or_default();
+    let timed_out = lines.lines().filter(|l| l.contains(" status=408 "));
+    assert_eq!(timed_out.count(), 6, "{lines}");
+    let said = "no whole request head within 3s (client_header_timeout); closed";
+    assert_eq!(proxy.log_count(said), 2, "{}", proxy.log_text());
+    let told = "closed (4 more since the last report)";
+    assert_eq!(proxy.log_count(told), 1, "{}", proxy.log_text());
+    drop(burst);
+}

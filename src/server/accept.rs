@@ -35,6 +35,7 @@ use super::per_client::{ClientSlot, PerClient};
 use super::proxy_protocol::{self, Header};
 use super::tracked::{HeadWriter, Tracked};
 use crate::vocab::late_id::LateId;
+use crate::vocab::said_every::SaidEvery;
 use crate::vocab::{ClientBody, TlsFacts};
 
 mod tls;
@@ -116,30 +117,17 @@ pub struct AcceptLoop {
     pub refusals: Option<Refusals>,
 }
 
-/// Logs a repeated warning at most once a second, with how many were held back.
-struct Throttled {
-    last: Option<tokio::time::Instant>,
-    held_back: u64,
+/// Warns of `what` failing with `error` if a line is due on `said` (once a second), with how
+/// many went unsaid since the last.
+fn warn_every(said: &SaidEvery, what: &str, error: &dyn std::fmt::Display) {
+    if let Some(more) = said.due_note(tokio::time::Instant::now()) {
+        tracing::warn!("{what}: {error}{more}");
+    }
 }
 
-impl Throttled {
-    fn warn(&mut self, what: &str, error: &dyn std::fmt::Display) {
-        let now = tokio::time::Instant::now();
-        if self.last.is_some_and(|t| now < t + Duration::from_secs(1)) {
-            self.held_back += 1;
-            return;
-        }
-        if self.held_back > 0 {
-            tracing::warn!(
-                "{what}: {error} ({} more since the last report)",
-                self.held_back
-            );
-        } else {
-            tracing::warn!("{what}: {error}");
-        }
-        self.last = Some(now);
-        self.held_back = 0;
-    }
+/// A line a second at most, with how many went unsaid before it.
+fn once_a_second() -> SaidEvery {
+    SaidEvery::new(Duration::from_secs(1))
 }
 
 /// A connection being served, counted in the family's `open` count and in its loop's `live`
@@ -209,16 +197,17 @@ struct Shared<F> {
     /// Connections closed for a missing or bad PROXY header, said at most once a second: an
     /// operator who turned `proxy_protocol` on while the load balancer does not send it saw
     /// only resets.
-    bad_proxy_headers: std::sync::Mutex<Throttled>,
+    bad_proxy_headers: SaidEvery,
+    /// Connections closed for a request head that never came whole, or an answer the client
+    /// stopped reading, said at most once a second each: a slowloris of thousands of
+    /// connections made a line apiece (the access log keeps the 408s).
+    head_timeouts: SaidEvery,
+    stalls: SaidEvery,
 }
 
 impl<F> Shared<F> {
     fn said_bad_proxy_header(&self, what: &str, why: &dyn std::fmt::Display) {
-        let mut throttled = self
-            .bad_proxy_headers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        throttled.warn(what, why);
+        warn_every(&self.bad_proxy_headers, what, why);
     }
 }
 
@@ -254,26 +243,16 @@ impl AcceptLoop {
             proxy_protocol: self.proxy_protocol,
             per_client: self.per_client,
             refusals: self.refusals,
-            bad_proxy_headers: std::sync::Mutex::new(Throttled {
-                last: None,
-                held_back: 0,
-            }),
+            bad_proxy_headers: once_a_second(),
+            head_timeouts: once_a_second(),
+            stalls: once_a_second(),
         });
-        let mut accept_errors = Throttled {
-            last: None,
-            held_back: 0,
-        };
+        let accept_errors = once_a_second();
         // Said at warn level (at most once a second): at debug only, an operator whose cap was
         // too low saw nothing (nginx: "worker_connections are not enough", at alert).
-        let mut at_cap = Throttled {
-            last: None,
-            held_back: 0,
-        };
+        let at_cap = once_a_second();
         // Likewise one address at its own cap: the sign of a client holding places open.
-        let mut address_at_cap = Throttled {
-            last: None,
-            held_back: 0,
-        };
+        let address_at_cap = once_a_second();
         // A second handle on the stop signal, to ask cheaply after each accept whether it moved:
         // the wait below borrows the first, and is polled only when no connection is waiting.
         let peek = shutdown.clone();
@@ -293,7 +272,7 @@ impl AcceptLoop {
                 Ok(pair) => pair,
                 Err(e) => {
                     // Out of file descriptors and the like: back off briefly instead of spinning.
-                    accept_errors.warn(&format!("{}: accept failed", self.name), &e);
+                    warn_every(&accept_errors, &format!("{}: accept failed", self.name), &e);
                     tokio::time::sleep(Duration::from_millis(20)).await;
                     continue;
                 }
@@ -301,7 +280,7 @@ impl AcceptLoop {
             if shared.open.load(Ordering::Relaxed) >= shared.limits.max_connections {
                 let cap = shared.limits.max_connections;
                 let why = format_args!("its connection cap ({cap}) is reached");
-                at_cap.warn(&format!("{}: connection refused", self.name), &why);
+                warn_every(&at_cap, &format!("{}: connection refused", self.name), &why);
                 continue;
             }
             if let Some(ka) = shared.limits.keepalive {
@@ -313,7 +292,11 @@ impl AcceptLoop {
                     Some(slot) => Some(slot),
                     None => {
                         let what = format!("{}: connection from {} refused", self.name, peer.ip());
-                        address_at_cap.warn(&what, &"that address holds as many as one may");
+                        warn_every(
+                            &address_at_cap,
+                            &what,
+                            &"that address holds as many as one may",
+                        );
                         continue;
                     }
                 },
@@ -488,14 +471,18 @@ fn say_closed_for<F>(shared: &Shared<F>, activity: &Activity, info: &ConnInfo) {
     match activity.closed_for() {
         Some(Closed::HeadTimedOut) => {
             let limit = shared.limits.header_timeout;
-            tracing::info!("client {peer}: no whole request head within {limit:?} (client_header_timeout); closed");
+            if let Some(more) = shared.head_timeouts.due_note(tokio::time::Instant::now()) {
+                tracing::info!("client {peer}: no whole request head within {limit:?} (client_header_timeout); closed{more}");
+            }
             if let Some(refusals) = &shared.refusals {
                 refusals.refused(peer.ip(), &info.tls_facts, StatusCode::REQUEST_TIMEOUT, 0);
             }
         }
         Some(Closed::Stalled) => {
             let limit = shared.limits.send_timeout;
-            tracing::info!("client {peer}: its answer made no progress for {limit:?} (client_send_timeout: the client stopped reading); closed");
+            if let Some(more) = shared.stalls.due_note(tokio::time::Instant::now()) {
+                tracing::info!("client {peer}: its answer made no progress for {limit:?} (client_send_timeout: the client stopped reading); closed{more}");
+            }
         }
         None => {}
     }
