@@ -495,12 +495,18 @@ fn scraped(proxy: &Proxy, addrs: &[String], series: &str) -> Option<f64> {
 }
 
 #[tokio::test(start_paused = true)]
-async fn metrics_name_the_backend_that_failed_an_exchange_and_the_retries_it_caused() {
+async fn metrics_and_warnings_name_the_backend_that_failed_an_exchange_and_the_request() {
     let (dropper, b, proxy, mut client) = dropper_before_backend(Proto::H1).await;
     let addrs = [dropper.addr.to_string(), b.addr.to_string()];
     let resp = client.get("any", "/get").await;
     assert_eq!(resp.status(), 200);
+    // The warning of the reset names the request (its id, as its access log line does).
+    let id = header(&resp, "x-request-id");
     body_bytes(resp).await;
+    let warned = format!("request_id={id}");
+    let log = proxy.log_text();
+    let reset_line = log.lines().find(|l| l.contains("backend reset"));
+    assert!(reset_line.is_some_and(|l| l.contains(&warned)), "{log}");
     let dropped = format!("{{upstream=\"{}\"", dropper.addr);
     let reset = format!("aralez_upstream_failures_total{dropped},reason=\"reset\"}}");
     let retried = format!("aralez_upstream_retries_total{dropped}}}");
