@@ -272,6 +272,13 @@ impl Record {
         entry.upstream_time = upstream_start.map(|start| now.saturating_duration_since(start));
     }
 
+    /// Notes the backend the request was with when its client left (no answer had come).
+    pub fn left_with(&mut self, backend: Arc<str>) {
+        if let Some((entry, _)) = self.0.as_mut() {
+            entry.backend.get_or_insert(backend);
+        }
+    }
+
     /// Notes what the cache did with the request.
     pub fn cache_status(&mut self, word: &'static str) {
         if let Some((entry, _)) = self.0.as_mut() {

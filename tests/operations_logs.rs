@@ -499,6 +499,8 @@ async fn a_client_that_leaves_before_its_answer_cancels_the_backend_request_and_
             .find(|l| l.contains(target))
             .unwrap_or_else(|| panic!("{target} not logged: {log}"));
         assert!(line.contains(" status=499 "), "{line}");
+        // With the backend it was waiting for, as nginx logs `$upstream_addr`.
+        assert!(line.contains(&format!(" backend={backend} ")), "{line}");
     }
     assert_eq!(
         metric(admin, "aralez_responses_total{status=\"499\"}").await,

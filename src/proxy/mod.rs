@@ -30,6 +30,7 @@ use crate::vocab::forwarded::{self, Forwarded};
 use crate::vocab::headers::X_REQUEST_ID;
 use crate::vocab::hop_by_hop::{self, ProxyFields};
 use crate::vocab::request_body::{BytesIn, RequestBody};
+use crate::vocab::tried::TriedBackend;
 use crate::vocab::{authority_host, token_param, ClientBody, ClientConn, ProxyError};
 
 /// The backend's body as it came, or compressed on the way (`layers::compress`).
@@ -67,7 +68,8 @@ impl Forwarder {
     ///
     /// When the exchange fails with a backend (a 502, 503 or 504), the answer is the proxy's
     /// own, built here for a gRPC client (`grpc`) or not, and names that backend ([`FailedAt`])
-    /// for the access log; with no backend tried it is the error.
+    /// for the access log; with no backend tried it is the error. An exchange dropped unfinished
+    /// (the client left) leaves its backend in `tried`, for the log line of the 499.
     pub fn forward<'a>(
         &'a self,
         conn: &'a ClientConn,
@@ -76,6 +78,7 @@ impl Forwarder {
         mut req: Request<ClientBody>,
         request_id: Option<&HeaderValue>,
         grpc: bool,
+        tried: Option<&'a TriedBackend>,
     ) -> impl Future<Output = Result<Response<RespBody>, ProxyError>> + Send + 'a {
         // Boxed: rare, and the future below holds it beside the balancer's.
         let client_upgrade = upgrade::take(&mut req).map(Box::new);
@@ -97,7 +100,8 @@ impl Forwarder {
                         return aside(Box::pin(async move {
                             read_ahead::read_rest(&mut req, ahead, stall).await?;
                             let id = request_id.as_ref();
-                            self.forward(conn, backends, rules, req, id, grpc).await
+                            self.forward(conn, backends, rules, req, id, grpc, tried)
+                                .await
                         }));
                     }
                 }
@@ -105,7 +109,7 @@ impl Forwarder {
         }
         let ask = client_upgrade.as_ref().map(|u| &u.ask);
         let out = outgoing((conn, request_id), rules, req, ask);
-        let sending = balancer::send(backends, out, conn.worker, self.timeouts);
+        let sending = balancer::send(backends, out, conn.worker, self.timeouts, tried);
         future::Either::Right(sending.map(move |sent| match client_upgrade {
             Some(client) => match sent {
                 Ok(resp) => answer_upgrade(resp, *client, conn, rules),
@@ -362,8 +366,15 @@ mod tests {
         let backends = BackendSet::new(Box::new([]), None, false);
         let rules = HeaderRules::default();
         let body = ClientBody::Stream(Empty::new().map_err(|e| match e {}).boxed_unsync());
-        let forwarding =
-            forwarder.forward(&conn, &backends, &rules, Request::new(body), None, false);
+        let forwarding = forwarder.forward(
+            &conn,
+            &backends,
+            &rules,
+            Request::new(body),
+            None,
+            false,
+            None,
+        );
         let size = std::mem::size_of_val(&forwarding);
         assert!(size <= 2560, "the forwarding future grew to {size} bytes");
     }

@@ -22,6 +22,7 @@ use crate::vocab::error::is_grpc;
 use crate::vocab::headers::{only_chunked, X_REQUEST_ID};
 use crate::vocab::normalise;
 use crate::vocab::request_body::FramedByHyper;
+use crate::vocab::tried::TriedBackend;
 use crate::vocab::{ClientBody, ClientConn, ProxyError};
 
 /// Routes requests with the snapshot in force; shared by every connection of every worker.
@@ -73,6 +74,7 @@ impl Router {
         conn: &'a ClientConn,
         mut req: Request<ClientBody>,
         request_id: Option<&'a HeaderValue>,
+        tried: Option<&'a TriedBackend>,
     ) -> impl Future<Output = Response<RespBody>> + 'a {
         let grpc = is_grpc(req.headers());
         let Routed { route, host } = match self.route(conn, &req, grpc) {
@@ -85,7 +87,15 @@ impl Router {
                 // Most routes: no layer to pass through, so nothing to box or to move the
                 // request through (callgrind: 1,000 instructions a request).
                 forwarder
-                    .forward(conn, &route.backends, &route.headers, req, request_id, grpc)
+                    .forward(
+                        conn,
+                        &route.backends,
+                        &route.headers,
+                        req,
+                        request_id,
+                        grpc,
+                        tried,
+                    )
                     .await
             } else {
                 // The layers (forward-auth) read the id from the request.
@@ -98,7 +108,8 @@ impl Router {
                 // (callgrind: -20k instructions per request against one allocation).
                 let forward = tower::service_fn(move |req| {
                     let backends = &route.backends;
-                    Box::pin(forwarder.forward(conn, backends, &route.headers, req, None, grpc))
+                    let rules = &route.headers;
+                    Box::pin(forwarder.forward(conn, backends, rules, req, None, grpc, tried))
                 });
                 let client = (conn, host.as_deref());
                 crate::layers::apply(&route.policies, &route.backends, client, req, forward).await

@@ -30,6 +30,7 @@ use crate::routing::Router;
 use crate::upstream::{served_by, FailedAt};
 use crate::vocab::error::GrpcErrorFor;
 use crate::vocab::late_id::LateId;
+use crate::vocab::tried::TriedBackend;
 use crate::vocab::{CacheStatus, ClientBody, ClientConn, TlsFacts, WorkerId};
 
 /// The client's response body, counting bytes for the access log, with the request id for the
@@ -74,15 +75,21 @@ impl Body for LoggedBody {
 }
 
 /// Counts the request as its client's leaving (499) if it is dropped before its answer, which
-/// its server does when the client goes away; the record logs it so too ([`Record`]).
+/// its server does when the client goes away; the record logs it so too ([`Record`]), with the
+/// backend the request was with then (`tried`, which the dropped exchange filled first).
 struct Unanswered<'a> {
     metrics: &'a Metrics,
     worker: WorkerId,
+    record: &'a mut Record,
+    tried: &'a TriedBackend,
 }
 
 impl Drop for Unanswered<'_> {
     fn drop(&mut self) {
         self.metrics.client_left(self.worker);
+        if let Some(backend) = self.tried.take() {
+            self.record.left_with(backend);
+        }
     }
 }
 
@@ -166,11 +173,15 @@ pub fn handle(
         if let Some(counter) = record.count_body(&req) {
             req.extensions_mut().insert(counter);
         }
+        let tried = TriedBackend::default();
         let unanswered = Unanswered {
             metrics: &ctx.metrics,
             worker: client.worker,
+            record: &mut record,
+            tried: &tried,
         };
-        let mut resp = ctx.router.handle(client, req, request_id.to_set()).await;
+        let to_set = request_id.to_set();
+        let mut resp = ctx.router.handle(client, req, to_set, Some(&tried)).await;
         std::mem::forget(unanswered);
         let served = served_by(&resp);
         let status = match served {

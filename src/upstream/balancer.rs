@@ -19,6 +19,7 @@ use super::pooled_body::{PooledBody, ServedBy};
 use crate::metrics::UpstreamFailure;
 use crate::vocab::forwarded::Deferred;
 use crate::vocab::headers::X_REQUEST_ID;
+use crate::vocab::tried::{TriedBackend, WithBackend};
 use crate::vocab::{ProxyError, WorkerId};
 
 /// Request extension: the balancer tries this backend (an index into the route's backends)
@@ -144,12 +145,14 @@ pub struct Failed {
 
 /// Sends `out` to the set's backends: the pinned one first if any, else the next in round
 /// robin; on to the next usable backend while connections cannot be made (or a replayable
-/// request's connection broke); each backend is tried once, however often it is listed.
+/// request's connection broke); each backend is tried once, however often it is listed. An
+/// exchange dropped unfinished (the client left) leaves its backend in `dropped_at`.
 pub fn send<'a>(
     set: &'a BackendSet,
     out: Outgoing,
     worker: WorkerId,
     timeouts: Timeouts,
+    dropped_at: Option<&'a TriedBackend>,
 ) -> impl Future<Output = Result<Response<PooledBody>, Failed>> + 'a {
     // Not an `async fn`: that would keep `out` twice in its state, beside the request made of
     // it, and this future sits inside every request's.
@@ -204,6 +207,7 @@ pub fn send<'a>(
                 deferred: deferred.as_ref(),
             };
             let began = std::time::Instant::now();
+            let with_backend = WithBackend::new(dropped_at, &backend.label);
             let sent = match pool::send(x, request, replayable).await {
                 // A pooled connection turned out stale: the request, if it can be replayed,
                 // goes again on a fresh connection to the same backend.
@@ -218,6 +222,7 @@ pub fn send<'a>(
                 }
                 other => other,
             };
+            with_backend.done();
             match sent {
                 Ok(resp) if resp.status().as_u16() > 599 => {
                     // RFC 9110 §15: outside 100..=599 is no status; taken as the server error it is.

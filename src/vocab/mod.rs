@@ -22,6 +22,7 @@ pub mod request_body;
 pub mod said_every;
 pub mod token_param;
 pub mod trailers;
+pub mod tried;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};

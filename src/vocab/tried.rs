@@ -1,0 +1,66 @@
+//! The backend a request was with when it was dropped ([`TriedBackend`]): a request whose client
+//! left while its backend had not answered is logged with that backend, as nginx logs
+//! `$upstream_addr` on a 499. Written only when an exchange is dropped unfinished
+//! ([`WithBackend`]), so a request that gets its answer pays nothing but the guard.
+
+use std::sync::{Arc, Mutex};
+
+/// Where a dropped exchange leaves its backend's label, for the request's log line.
+#[derive(Default)]
+pub struct TriedBackend(Mutex<Option<Arc<str>>>);
+
+impl TriedBackend {
+    fn note(&self, label: &Arc<str>) {
+        let mut tried = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        *tried = Some(label.clone());
+    }
+
+    /// The backend an exchange was dropped with, if one was.
+    pub fn take(&self) -> Option<Arc<str>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+/// One exchange with the backend `label`: dropped before [`WithBackend::done`], it leaves the
+/// label in `tried`.
+pub struct WithBackend<'a> {
+    tried: Option<&'a TriedBackend>,
+    label: &'a Arc<str>,
+}
+
+impl<'a> WithBackend<'a> {
+    pub fn new(tried: Option<&'a TriedBackend>, label: &'a Arc<str>) -> WithBackend<'a> {
+        WithBackend { tried, label }
+    }
+
+    /// The exchange finished (answered or failed): nothing to leave.
+    pub fn done(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for WithBackend<'_> {
+    #[cold]
+    fn drop(&mut self) {
+        if let Some(tried) = self.tried {
+            tried.note(self.label);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_exchange_dropped_unfinished_leaves_its_backend() {
+        let tried = TriedBackend::default();
+        let (a, b): (Arc<str>, Arc<str>) = ("10.0.0.1:80".into(), "10.0.0.2:80".into());
+        WithBackend::new(Some(&tried), &a).done();
+        assert_eq!(tried.take(), None);
+        drop(WithBackend::new(Some(&tried), &b));
+        assert_eq!(tried.take().as_deref(), Some("10.0.0.2:80"));
+        assert_eq!(tried.take(), None, "taken once");
+        drop(WithBackend::new(None, &a));
+    }
+}
