@@ -150,3 +150,50 @@ async fn after_a_rollback_the_old_process_takes_the_next_upgrade() {
     next.signal(Signal::SIGTERM);
     next.expect_clean_exit(Duration::from_secs(15), "the next process");
 }
+
+/// A live upgrade whose certificate directory has a pair that does not load is refused: the
+/// running process serves that name with its last good copy, and the new one would have served
+/// it another certificate, or none. The old process keeps serving it, and the next upgrade,
+/// once the file is fixed, goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_with_a_certificate_that_does_not_load_is_refused() {
+    let backend = Backend::start("b").await;
+    let dir = tempfile::tempdir().unwrap();
+    let root = write_self_signed(dir.path(), "x", &["x.test"]);
+    let t = local(free_port());
+    let extra = format!(
+        "proxy_address_tls: \"{t}\"\nproxy_certificates: \"{}\"\ngrace_period_seconds: 5",
+        dir.path().display()
+    );
+    let mut old = ProxyProcess::start(&upstreams_for(&backend), &extra);
+    old.logged_addr("listening on https://");
+    let good = std::fs::read(dir.path().join("x.crt")).unwrap();
+    std::fs::write(dir.path().join("x.crt"), "garbage\n").unwrap();
+    let conf = old.path("main.yaml");
+    let upgrade = std::process::Command::new(env!("CARGO_BIN_EXE_aralez"))
+        .args(["-u", "-c"])
+        .arg(&conf)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = tokio::task::block_in_place(|| upgrade.wait_with_output()).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("do not load: x ("), "{text}");
+    assert!(text.contains("the live upgrade is refused"), "{text}");
+    let served = || async {
+        let tls = tls_client_config(&[root.clone()], &[b"http/1.1"]);
+        let mut client = Client::connect_tls(t, "x.test", tls).await;
+        client.get("x.test", "/").await.status().as_u16()
+    };
+    assert_eq!(served().await, 200, "{}", old.log_text());
+
+    std::fs::write(dir.path().join("x.crt"), good).unwrap();
+    let new = tokio::task::block_in_place(|| ProxyProcess::spawn_args(&conf, &["-u"]));
+    new.wait_log("live upgrade: received", Duration::from_secs(10))
+        .await;
+    old.signal(Signal::SIGQUIT);
+    old.expect_clean_exit(Duration::from_secs(15), "the old process");
+    assert_eq!(served().await, 200, "{}", new.log_text());
+}

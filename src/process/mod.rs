@@ -185,6 +185,9 @@ pub fn run(
     // accepts, a SIGHUP or SIGTERM must meet our handlers, not the default action (exit on the
     // spot, the pid file left behind). One that comes before the serving loop waits for it.
     let control = ControlPlane::start()?;
+    if options.upgrade {
+        tls_side::check_before_upgrade(&main)?;
+    }
     let bound = sockets::open(&main, options.upgrade)?;
     let pid_file =
         pidfile::PidFile::write(&main.pid_file).map_err(|source| StartError::PidFile {
