@@ -478,7 +478,7 @@ async fn to_https_believes_a_trusted_balancers_forwarded_proto() {
 }
 
 /// What only a proxy in front may say of a request (`Forwarded`, the other `X-Forwarded-*`,
-/// `X-Real-IP`) and the target and host overrides some frameworks obey (`X-Original-URL`,
+/// `X-Real-IP`, `True-Client-IP`) and the target and host overrides some frameworks obey (`X-Original-URL`,
 /// `X-Rewrite-URL`, `X-Host`) reach the backend from a trusted balancer only: from anyone else
 /// they passed unchanged, so a backend building links from `Forwarded: host=` took a client's
 /// word for it, and a cached answer built so was served to everyone.
@@ -496,14 +496,26 @@ async fn only_a_trusted_balancer_says_what_a_proxy_says() {
         ("x-rewrite-url", "/admin"),
         ("x-host", "evil.test"),
         ("x_real_ip", "198.51.100.8"),
+        ("x-forwarded-uri", "/admin"),
+        ("x-forwarded-client-cert", "Hash=forged"),
+        ("true-client-ip", "198.51.100.9"),
         ("x-app", "kept"),
     ];
+    // The proxy's own fields spelled with `_`: a CGI-style backend joins them with the proxy's
+    // (`HTTP_X_FORWARDED_HOST: evil.test, app.test`), so they go from everyone's requests.
+    let shadows = [
+        ("x_forwarded_host", "evil.test"),
+        ("x_forwarded_for", "6.6.6.6"),
+        ("x-forwarded_proto", "https"),
+        ("x_request_id", "forged"),
+    ];
+    let sent: Vec<(&str, &str)> = claims.iter().chain(&shadows).copied().collect();
     for proto in [Proto::H1, Proto::H2c] {
         let mut outsider = connect_from(proto, proxy.addr, ip("127.0.0.3")).await;
-        let resp = send_a(&mut outsider, &claims).await;
+        let resp = send_a(&mut outsider, &sent).await;
         let names = header(&resp, "x-seen-headers");
         assert!(names.contains("x-app"), "{proto:?}: {names}");
-        for (name, _) in &claims[..8] {
+        for (name, _) in claims[..11].iter().chain(&shadows) {
             assert!(
                 !names.split(',').any(|n| n == *name),
                 "{proto:?}: {name} in {names}"
@@ -511,12 +523,18 @@ async fn only_a_trusted_balancer_says_what_a_proxy_says() {
         }
         body_bytes(resp).await;
         let mut lb = connect_from(proto, proxy.addr, ip("127.0.0.2")).await;
-        let resp = send_a(&mut lb, &claims).await;
+        let resp = send_a(&mut lb, &sent).await;
         let names = header(&resp, "x-seen-headers");
         for (name, _) in &claims {
             assert!(
                 names.split(',').any(|n| n == *name),
                 "{proto:?}: {name} not in {names}"
+            );
+        }
+        for (name, _) in &shadows {
+            assert!(
+                !names.split(',').any(|n| n == *name),
+                "{proto:?}: {name} from a trusted balancer in {names}"
             );
         }
         body_bytes(resp).await;

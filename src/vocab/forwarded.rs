@@ -213,12 +213,14 @@ mod tests {
         assert!(id.request_id && !id.forwarded);
         let others = [
             http::header::HOST,
-            HeaderName::from_static("x-forwarded-ports"),
             HeaderName::from_static("x-request-ids"),
+            HeaderName::from_static("x-forwardedfor"),
         ];
         assert_eq!(ProxyFields::among(&others), ProxyFields::default());
-        let claim = ProxyFields::among([&HeaderName::from_static("x-forwarded-port")]);
-        assert!(claim.claims && !claim.forwarded);
+        for other_forwarded in ["x-forwarded-port", "x-forwarded-ports"] {
+            let claim = ProxyFields::among([&HeaderName::from_static(other_forwarded)]);
+            assert!(claim.claims && !claim.forwarded, "{other_forwarded}");
+        }
         let both = ProxyFields::among([&X_REQUEST_ID, &http::header::HOST, &X_FORWARDED_HOST]);
         assert!(both.forwarded && both.request_id);
     }

@@ -110,7 +110,7 @@ pub fn remove_hop_by_hop_from_request(headers: &mut HeaderMap) -> ProxyFields {
 fn sweep(headers: &mut HeaderMap, te_allowed: bool) -> ProxyFields {
     let (mut connection, mut lists_names, mut fixed, mut te) = (false, false, false, false);
     let (mut coded, mut cookies) = (false, 0u32);
-    let (mut says_close, mut close_field) = (false, false);
+    let (mut says_close, mut close_field, mut shadows) = (false, false, false);
     let mut proxy_fields = ProxyFields::default();
     for (name, value) in headers.iter() {
         match hop_by_hop(name) {
@@ -129,11 +129,15 @@ fn sweep(headers: &mut HeaderMap, te_allowed: bool) -> ProxyFields {
                 proxy_fields.note(kind)
             }
             HopByHop::Cookie => cookies += 1,
+            HopByHop::Shadow => shadows = te_allowed,
             HopByHop::No => {}
         }
     }
     if cookies > 1 {
         join_cookies(headers);
+    }
+    if shadows {
+        remove_where(headers, |name| matches!(kind_of(name), HopByHop::Shadow));
     }
     if lists_names {
         proxy_fields.connection_named = true;
@@ -179,8 +183,14 @@ enum HopByHop {
     Forwarded,
     /// `X-Request-Id`: kept, and reported.
     RequestId,
-    /// One of [`PROXY_CLAIMS`]: kept, and reported.
+    /// One of [`PROXY_CLAIMS`], any other `X-Forwarded-*`, or a claim spelled with `_`: kept,
+    /// and reported.
     Claim,
+    /// A field the proxy sets itself (`X-Forwarded-For`, `-Proto`, `-Host`, `X-Request-Id`)
+    /// spelled with `_`: CGI, WSGI, PHP and Rack read it as the proxy's own and join the two
+    /// (`HTTP_X_FORWARDED_HOST: evil.test, a.test`), so it is removed from every request, as
+    /// nginx drops names with `_` by default (`underscores_in_headers off`).
+    Shadow,
     /// `Cookie`: kept; several are joined into one ([`join_cookies`]).
     Cookie,
     No,
@@ -188,67 +198,102 @@ enum HopByHop {
 
 /// One match on the name's text.
 fn hop_by_hop(name: &HeaderName) -> HopByHop {
-    match name.as_str() {
+    kind_of(name.as_str())
+}
+
+fn kind_of(name: &str) -> HopByHop {
+    match name {
         "connection" => HopByHop::Connection,
         "te" => HopByHop::Te,
         "close" => HopByHop::Close,
         "x-forwarded-for" | "x-forwarded-proto" | "x-forwarded-host" => HopByHop::Forwarded,
         "x-request-id" => HopByHop::RequestId,
-        "forwarded" | "x-forwarded-port" | "x-forwarded-prefix" | "x-forwarded-scheme"
-        | "x-forwarded-server" | "x-forwarded-ssl" | "x-real-ip" | "x-host" | "x-original-url"
-        | "x-rewrite-url" => HopByHop::Claim,
+        "forwarded" | "x-real-ip" | "x-host" | "x-original-url" | "x-rewrite-url"
+        | "x-original-host" | "x-original-uri" | "x-override-url" | "x-envoy-original-path"
+        | "x-client-ip" | "true-client-ip" => HopByHop::Claim,
         "cookie" => HopByHop::Cookie,
         "transfer-encoding" => HopByHop::TransferEncoding,
         "upgrade" | "keep-alive" | "proxy-connection" | "http2-settings" => HopByHop::Fixed,
-        // Every claim begins with `x` or `f`; most names do not, and pay one byte's test.
-        other if other.starts_with(['x', 'f']) && claim_underscored(other) => HopByHop::Claim,
+        // Every claim begins with `x`, `f` or `t`; most names do not, and pay one byte's test.
+        other if other.starts_with(['x', 'f', 't']) => claim_kind(other),
         _ => HopByHop::No,
     }
 }
 
-/// Whether `name` is one of [`PROXY_CLAIMS`] with `_` for some of its `-`: CGI, WSGI and PHP
-/// read `X_Real_IP` as `X-Real-IP` does (`HTTP_X_REAL_IP`), so that spelling claims as much.
-fn claim_underscored(name: &str) -> bool {
-    name.contains('_')
-        && PROXY_CLAIMS.iter().any(|claim| {
-            let claim = claim.as_str().as_bytes();
-            claim.len() == name.len()
-                && claim
-                    .iter()
-                    .zip(name.as_bytes())
-                    .all(|(c, n)| c == n || (*c == b'-' && *n == b'_'))
-        })
+/// The fields the proxy sets on every request itself.
+const OWN_FIELDS: [&str; 4] = [
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+    "x-request-id",
+];
+
+/// What a name beginning with `x`, `f` or `t` that no exact arm took is: any other
+/// `X-Forwarded-*` claims what a proxy in front would say (`X-Forwarded-Uri`, `-Client-Cert`);
+/// with `_` for some of its `-`, one of the proxy's own fields is a [`HopByHop::Shadow`] and a
+/// claim is a claim.
+fn claim_kind(name: &str) -> HopByHop {
+    if name.starts_with("x-forwarded-") {
+        return HopByHop::Claim;
+    }
+    if !name.contains('_') {
+        return HopByHop::No;
+    }
+    if OWN_FIELDS.iter().any(|own| spelled_with_underscores(name, own)) {
+        HopByHop::Shadow
+    } else if name.starts_with("x_forwarded_") || name.starts_with("x_forwarded-") {
+        HopByHop::Claim
+    } else if PROXY_CLAIMS.iter().any(|claim| spelled_with_underscores(name, claim.as_str())) {
+        HopByHop::Claim
+    } else {
+        HopByHop::No
+    }
+}
+
+/// Whether `name` is `field` with `_` for some of its `-`: CGI, WSGI and PHP read `X_Real_IP`
+/// as `X-Real-IP` (`HTTP_X_REAL_IP`), so that spelling says as much.
+fn spelled_with_underscores(name: &str, field: &str) -> bool {
+    field.len() == name.len()
+        && field
+            .bytes()
+            .zip(name.bytes())
+            .all(|(f, n)| f == n || (f == b'-' && n == b'_'))
 }
 
 /// Fields a client may not set for itself when it is not a trusted proxy: what a proxy in front
-/// says of the request (RFC 7239's `Forwarded`, the other `X-Forwarded-*`, `X-Real-IP`) and
-/// the target or host overrides some frameworks obey (`X-Original-URL`, `X-Rewrite-URL`,
-/// `X-Host`). A backend that builds links or checks access from them would take a client's
-/// word for it, and a cached answer built so would be served to everyone.
-pub static PROXY_CLAIMS: [HeaderName; 10] = [
+/// says of the request (RFC 7239's `Forwarded`, `X-Real-IP`, `X-Client-IP`, `True-Client-IP`,
+/// and every `X-Forwarded-*` but the three the proxy sets) and the target or host overrides
+/// some frameworks obey (`X-Original-URL`, `X-Rewrite-URL`, `X-Host`, `X-Original-Host`, ...).
+/// A backend that builds links or checks access from them would take a client's word for it,
+/// and a cached answer built so would be served to everyone.
+pub static PROXY_CLAIMS: [HeaderName; 11] = [
     HeaderName::from_static("forwarded"),
-    HeaderName::from_static("x-forwarded-port"),
-    HeaderName::from_static("x-forwarded-prefix"),
-    HeaderName::from_static("x-forwarded-scheme"),
-    HeaderName::from_static("x-forwarded-server"),
-    HeaderName::from_static("x-forwarded-ssl"),
     HeaderName::from_static("x-real-ip"),
     HeaderName::from_static("x-host"),
     HeaderName::from_static("x-original-url"),
     HeaderName::from_static("x-rewrite-url"),
+    HeaderName::from_static("x-original-host"),
+    HeaderName::from_static("x-original-uri"),
+    HeaderName::from_static("x-override-url"),
+    HeaderName::from_static("x-envoy-original-path"),
+    HeaderName::from_static("x-client-ip"),
+    HeaderName::from_static("true-client-ip"),
 ];
 
-/// Removes every one of [`PROXY_CLAIMS`] from `headers`, in either spelling.
+/// Removes every claim from `headers` ([`HopByHop::Claim`]: [`PROXY_CLAIMS`], any other
+/// `X-Forwarded-*`, in either spelling).
 pub fn remove_proxy_claims(headers: &mut HeaderMap) {
-    for name in &PROXY_CLAIMS {
-        headers.remove(name);
-    }
-    let underscored: Vec<HeaderName> = headers
+    remove_where(headers, |name| matches!(kind_of(name), HopByHop::Claim));
+}
+
+/// Removes the fields whose names `unwanted` picks (rare: collected first).
+fn remove_where(headers: &mut HeaderMap, unwanted: impl Fn(&str) -> bool) {
+    let picked: Vec<HeaderName> = headers
         .keys()
-        .filter(|n| n.as_str().contains('_') && claim_underscored(n.as_str()))
+        .filter(|n| unwanted(n.as_str()))
         .cloned()
         .collect();
-    for name in underscored {
+    for name in picked {
         headers.remove(name);
     }
 }
@@ -341,6 +386,7 @@ impl AnswerHopByHop {
             | HopByHop::Forwarded
             | HopByHop::RequestId
             | HopByHop::Claim
+            | HopByHop::Shadow
             | HopByHop::Cookie => true,
             HopByHop::Fixed => false,
             HopByHop::TransferEncoding => {
@@ -403,6 +449,44 @@ mod tests {
         remove_proxy_claims(&mut headers);
         let left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
         assert_eq!(left, ["x-app", "x_app"]);
+    }
+
+    /// Every `X-Forwarded-*` but the proxy's own three is a claim, as are the other client-IP
+    /// and target overrides backends obey; the proxy's own fields spelled with `_` go from every
+    /// request (a CGI-style backend joins them with the proxy's), never from an answer.
+    #[test]
+    fn other_forwarded_fields_are_claims_and_underscored_own_fields_go() {
+        let mut headers = HeaderMap::new();
+        for name in [
+            "x-forwarded-uri",
+            "x-forwarded-client-cert",
+            "x-forwarded-foo",
+            "x_forwarded_path",
+            "true-client-ip",
+            "x-original-host",
+            "x-envoy-original-path",
+        ] {
+            headers.insert(HeaderName::from_static(name), HeaderValue::from_static("1"));
+        }
+        headers.insert("x-forwarded-host", HeaderValue::from_static("a.test"));
+        headers.insert("x_forwarded_host", HeaderValue::from_static("evil.test"));
+        headers.insert("x-forwarded_for", HeaderValue::from_static("6.6.6.6"));
+        headers.insert("x_request_id", HeaderValue::from_static("forged"));
+        headers.insert("x_app", HeaderValue::from_static("1"));
+        let fields = remove_hop_by_hop_from_request(&mut headers);
+        assert!(fields.claims && fields.forwarded);
+        let left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
+        for gone in ["x_forwarded_host", "x-forwarded_for", "x_request_id"] {
+            assert!(!left.contains(&gone), "{gone} left: {left:?}");
+        }
+        remove_proxy_claims(&mut headers);
+        let mut left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["x-forwarded-host", "x_app"]);
+        let mut answer = HeaderMap::new();
+        answer.insert("x_forwarded_host", HeaderValue::from_static("kept"));
+        remove_hop_by_hop(&mut answer);
+        assert!(answer.contains_key("x_forwarded_host"), "an answer's own");
     }
 
     /// The map an answer with `fields` gets when they are read one by one.
