@@ -365,12 +365,22 @@ async fn stale_entries_are_revalidated_and_a_304_refreshes_them() {
         ("HIT".to_string(), "#1".to_string())
     );
     assert_eq!(origin.requests(), 2);
+    // A 304 that names another representation (a strong ETag of its own) updates nothing
+    // (RFC 9111 §4.3.4): the stale copy is served as such this once, and the entry goes.
+    let path = "/mm?cc=max-age=60&age=60&etag=v1&etag304=v9";
+    assert_eq!(get(&mut c, path).await.0, "MISS");
+    let (resp, body) = send(&mut c, Method::GET, path, &[]).await;
+    assert_eq!(
+        (hdr(&resp, "x-cache-status"), hdr(&resp, "etag"), body.as_str()),
+        ("STALE".into(), "\"v1\"".into(), "#3")
+    );
+    assert_eq!(get(&mut c, path).await, ("MISS".to_string(), "#5".to_string()));
     // `no-cache` answers with a validator are kept and revalidated on every use.
     let path = "/nc?cc=no-cache&etag=v2";
     get(&mut c, path).await;
     for n in 0..2 {
         assert_eq!(get(&mut c, path).await.0, "REVALIDATED");
-        assert_eq!(origin.requests(), 4 + n);
+        assert_eq!(origin.requests(), 7 + n);
     }
 }
 
@@ -391,6 +401,11 @@ async fn clients_validators_and_ranges_are_answered_from_the_cache() {
     assert_eq!(hdr(&resp, "content-range"), "bytes 10-19/100");
     let (resp, _) = send(&mut c, Method::GET, path, &[("range", "bytes=-5")]).await;
     assert_eq!(hdr(&resp, "content-range"), "bytes 95-99/100");
+    // The unit in any case (RFC 9110 §14.1).
+    let (resp, _) = send(&mut c, Method::GET, path, &[("range", "BYTES=2-4")]).await;
+    assert_eq!(hdr(&resp, "content-range"), "bytes 2-4/100");
+    let (resp, body) = send(&mut c, Method::GET, path, &[("range", "items=2-4")]).await;
+    assert_eq!((resp.status().as_u16(), body.len()), (200, 100));
     let (resp, _) = send(&mut c, Method::GET, path, &[("range", "bytes=200-")]).await;
     assert_eq!(
         (resp.status().as_u16(), hdr(&resp, "content-range")),

@@ -21,7 +21,7 @@ use crate::support::*;
 /// An origin whose answer the query describes: `cc` (Cache-Control), `vary`, `cookie`
 /// (a Set-Cookie), `status`, `age` (an Age header on a 200), `slow` (ms before answering), `len`
 /// (body bytes), `ct` (a Content-Type), `etag` (an ETag; a request whose If-None-Match names it gets a 304 with the
-/// same Cache-Control). The body is `#<n>` (its request count) unless `len` is given. `X-Lang`
+/// same Cache-Control; with `etag304`, a 304 naming that ETag to any If-None-Match). The body is `#<n>` (its request count) unless `len` is given. `X-Lang`
 /// echoes the request's Accept-Language. While `failing` is set every answer is a 503. `flip`
 /// answers `no-store` until `flipped` is set, then `max-age=60`. `seen` keeps what it was
 /// asked (method, requests in progress when it arrived, counting itself).
@@ -169,6 +169,11 @@ async fn answer(
         .headers()
         .get("if-none-match")
         .and_then(|v| v.to_str().ok());
+    if let (Some(other), Some(_)) = (get("etag304"), asked) {
+        // A 304 that names another representation than the one asked about.
+        let resp = Response::builder().status(304).header("etag", format!("\"{other}\""));
+        return Ok(resp.body(Full::new(Bytes::new())).expect("response"));
+    }
     if let (Some(etag), Some(asked)) = (&etag, asked) {
         if asked == etag {
             let mut resp = Response::builder().status(304).header("etag", etag);

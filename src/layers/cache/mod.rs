@@ -389,8 +389,12 @@ where
     let now = Instant::now();
     match result {
         Ok(resp) if resp.status() == StatusCode::NOT_MODIFIED => {
-            let fresh = revalidated(cache, &key, slot, auth, &stale, resp.headers());
-            Ok(served(store, &fresh, &client, now, "REVALIDATED"))
+            match revalidated(cache, &key, slot, auth, &stale, resp.headers()) {
+                Some(fresh) => Ok(served(store, &fresh, &client, now, "REVALIDATED")),
+                // It names another representation: the entry goes, and this once it is served
+                // as the stale copy it is.
+                None => Ok(served(store, &stale, &client, now, "STALE")),
+            }
         }
         Ok(resp) if resp.status().is_server_error() && stale.may_serve_on_error(now, asked_sie) => {
             Ok(served(store, &stale, &client, now, "STALE"))
@@ -447,7 +451,8 @@ fn ask_with_validators<B>(req: &mut Request<B>, stale: &Entry) {
     }
 }
 
-/// The entry after the backend said `304 Not Modified`: its head refreshed, stored again.
+/// The entry after the backend said `304 Not Modified`: its head refreshed, stored again; `None`
+/// (the entry dropped) when the 304 names another representation ([`rules::selects`]).
 fn revalidated(
     cache: &RouteCache,
     key: &str,
@@ -455,7 +460,11 @@ fn revalidated(
     auth: bool,
     stale: &Entry,
     not_modified: &HeaderMap,
-) -> Arc<Entry> {
+) -> Option<Arc<Entry>> {
+    if !rules::selects(&stale.headers, not_modified) {
+        cache.store.invalidate(key, slot);
+        return None;
+    }
     let head = rules::refreshed_head(&stale.headers, not_modified);
     let storable = rules::storable(auth, stale.status, &head, cache.ttl, SystemTime::now);
     let Some(storable) = storable else {
@@ -468,7 +477,7 @@ fn revalidated(
             &NOW_STALE,
         );
         gone.must_revalidate = true;
-        return Arc::new(gone);
+        return Some(Arc::new(gone));
     };
     let entry = Arc::new(Entry::new(
         stale.status,
@@ -478,7 +487,7 @@ fn revalidated(
         &storable,
     ));
     cache.store.insert_arc(key, entry.clone(), slot);
-    entry
+    Some(entry)
 }
 
 /// Freshness of an answer that may no longer be stored: none.

@@ -146,7 +146,12 @@ fn wanted_range(entry: &Entry, req: &HeaderMap) -> Wanted {
             return None;
         }
     }
-    let spec = spec.strip_prefix("bytes=")?.trim();
+    // Range units are case-insensitive (RFC 9110 §14.1): `BYTES=2-4` is a byte range too.
+    let (unit, spec) = spec.split_once('=')?;
+    if !unit.trim().eq_ignore_ascii_case("bytes") {
+        return None;
+    }
+    let spec = spec.trim();
     if spec.contains(',') {
         return None;
     }

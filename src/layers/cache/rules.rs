@@ -14,7 +14,11 @@ pub struct CacheControl {
     pub no_cache: bool,
     pub private: bool,
     pub public: bool,
+    /// `must-revalidate` or `proxy-revalidate`: never served stale.
     pub must_revalidate: bool,
+    /// `must-revalidate` itself, which (unlike `proxy-revalidate`) lets a shared cache reuse
+    /// an answer to a request with `Authorization` (RFC 9111 §3.5).
+    pub must_revalidate_written: bool,
     pub max_age: Option<u64>,
     pub s_maxage: Option<u64>,
     /// RFC 5861.
@@ -68,7 +72,9 @@ impl CacheControl {
             self.private = true;
         } else if is(b"public") {
             self.public = true;
-        } else if is(b"must-revalidate") || is(b"proxy-revalidate") {
+        } else if is(b"must-revalidate") {
+            (self.must_revalidate, self.must_revalidate_written) = (true, true);
+        } else if is(b"proxy-revalidate") {
             self.must_revalidate = true;
         } else if is(b"max-age") {
             self.max_age = self.max_age.or(seconds()).or(Some(0));
@@ -226,7 +232,7 @@ pub fn storable(
     if cc.no_cache && !validator {
         return None;
     }
-    let shared_with_auth = cc.public || cc.s_maxage.is_some() || cc.must_revalidate;
+    let shared_with_auth = cc.public || cc.s_maxage.is_some() || cc.must_revalidate_written;
     if req_auth && !shared_with_auth {
         return None;
     }
@@ -274,6 +280,17 @@ fn is_event_stream(headers: &HeaderMap) -> bool {
             .trim_ascii()
             .eq_ignore_ascii_case(b"text/event-stream")
     })
+}
+
+/// Whether a `304 Not Modified` is about the stored answer with `stored` head (RFC 9111 §4.3.4):
+/// a strong `ETag` in it names the representation it is about, and only a stored answer with
+/// that same validator is updated; without one (or with a weak one) the answer to the cache's
+/// own conditional request is taken as about the entry it asked with.
+pub fn selects(stored: &HeaderMap, not_modified: &HeaderMap) -> bool {
+    match not_modified.get(header::ETAG) {
+        Some(tag) if !tag.as_bytes().starts_with(b"W/") => stored.get(header::ETAG) == Some(tag),
+        _ => true,
+    }
 }
 
 /// The stored head updated by a `304 Not Modified` (RFC 9111 §4.3.4): every field the 304
@@ -460,6 +477,12 @@ mod tests {
             fresh_for(200, &[("cache-control", "s-maxage=5")], &auth),
             Some(5)
         );
+        let must = [("cache-control", "max-age=100, must-revalidate")];
+        assert_eq!(fresh_for(200, &must, &auth), Some(100));
+        // `proxy-revalidate` is not among RFC 9111 §3.5's three: one user's answer stays theirs.
+        let proxy = [("cache-control", "max-age=100, proxy-revalidate")];
+        assert_eq!(fresh_for(200, &proxy, &auth), None);
+        assert_eq!(fresh_for(200, &proxy, &[]), Some(100));
     }
 
     #[test]
