@@ -371,10 +371,17 @@ async fn stale_entries_are_revalidated_and_a_304_refreshes_them() {
     assert_eq!(get(&mut c, path).await.0, "MISS");
     let (resp, body) = send(&mut c, Method::GET, path, &[]).await;
     assert_eq!(
-        (hdr(&resp, "x-cache-status"), hdr(&resp, "etag"), body.as_str()),
+        (
+            hdr(&resp, "x-cache-status"),
+            hdr(&resp, "etag"),
+            body.as_str()
+        ),
         ("STALE".into(), "\"v1\"".into(), "#3")
     );
-    assert_eq!(get(&mut c, path).await, ("MISS".to_string(), "#5".to_string()));
+    assert_eq!(
+        get(&mut c, path).await,
+        ("MISS".to_string(), "#5".to_string())
+    );
     // `no-cache` answers with a validator are kept and revalidated on every use.
     let path = "/nc?cc=no-cache&etag=v2";
     get(&mut c, path).await;

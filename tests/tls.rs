@@ -813,3 +813,38 @@ async fn an_ip_address_as_sni_fills_no_log() {
         t.proxy.log_text()
     );
 }
+
+/// A failed handshake is counted by why in `/metrics` and said at `info` with the client and the
+/// reason (at most once a second: a scanner makes thousands), as nginx logs each at `info`; it
+/// had been said at debug only, and an operator whose chain clients refused saw nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_handshakes_are_counted_by_why_and_said() {
+    let backend = Backend::start("a").await;
+    let certs = tempfile::tempdir().unwrap();
+    let roots = vec![write_self_signed(certs.path(), "alpha", &["alpha.local"])];
+    let main = format!(
+        "proxy_address_tls: \"127.0.0.1:0\"\nproxy_certificates: \"{}\"\nproxy_tls_grade: high\n\
+         config_address: \"127.0.0.1:0\"\nmaster_key: \"k\"",
+        certs.path().display()
+    );
+    let proxy = ProxyProcess::start(&default_route(&[&backend]), &main);
+    let tls = proxy.logged_addr("listening on https://");
+    let admin = proxy.logged_addr("admin API on http://");
+    // A client that trusts nothing ends the handshake with an alert.
+    let distrustful = tls_client_config(&[], &[b"http/1.1"]);
+    assert!(served_cert(tls, "alpha.local", distrustful).await.is_err());
+    let said = "TLS handshake failed (client_alert)";
+    proxy.wait_log(said, Duration::from_secs(5)).await;
+    // One that offers only what grade `high` refuses has nothing in common with it.
+    assert!(served_cert(tls, "alpha.local", tls12_aes128_only(&roots))
+        .await
+        .is_err());
+    let series = |why: &str| format!("aralez_tls_handshake_failures_total{{reason=\"{why}\"}}");
+    let counted = eventually_async(Duration::from_secs(5), || async {
+        (metric(admin, &series("incompatible")).await == Some(1.0)).then_some(())
+    })
+    .await;
+    assert!(counted.is_some(), "{}", proxy.log_text());
+    assert_eq!(metric(admin, &series("client_alert")).await, Some(1.0));
+    assert_eq!(metric(admin, &series("timeout")).await, Some(0.0));
+}

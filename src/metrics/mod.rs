@@ -78,6 +78,7 @@ pub struct Metrics {
     pub parked_connections: Arc<AtomicUsize>,
     logging_errors: AtomicU64,
     reloads: Mutex<Vec<(Box<str>, bool, u64)>>,
+    tls_failures: TlsFailures,
 }
 
 #[repr(align(128))]
@@ -117,6 +118,7 @@ impl Metrics {
             parked_connections: Arc::new(AtomicUsize::new(0)),
             logging_errors: AtomicU64::new(0),
             reloads: Mutex::new(Vec::new()),
+            tls_failures: TlsFailures::default(),
         }
     }
 
@@ -220,6 +222,12 @@ impl Metrics {
         upstreams::count(&self.shard(worker).by_upstream, label, |c| c.retried += 1);
     }
 
+    /// Counts a client's TLS handshake that failed, and why.
+    #[cold]
+    pub fn tls_handshake_failed(&self, why: TlsFailure) {
+        self.tls_failures.count(why);
+    }
+
     /// Counts a request refused by a rate limit.
     pub fn rate_limited(&self, worker: WorkerId) {
         bump(&self.shard(worker).rate_limited);
@@ -283,7 +291,11 @@ fn load(counter: &AtomicU64) -> u64 {
 }
 
 mod render;
+mod tls_failures;
 mod upstreams;
+
+pub use tls_failures::TlsFailure;
+use tls_failures::TlsFailures;
 
 use upstreams::UpstreamCounts;
 pub use upstreams::UpstreamFailure;

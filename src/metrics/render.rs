@@ -258,6 +258,12 @@ impl Metrics {
         let name = "aralez_rate_limited_total";
         header(out, name, "counter", "Requests refused by a rate limit.");
         let _ = writeln!(out, "{name} {}", self.sum(|s| load(&s.rate_limited)));
+        let name = "aralez_tls_handshake_failures_total";
+        let help = "Client TLS handshakes that failed, by why.";
+        header(out, name, "counter", help);
+        for (why, n) in self.tls_failures.each() {
+            let _ = writeln!(out, "{name}{{reason=\"{}\"}} {n}", why.as_str());
+        }
     }
 }
 

@@ -203,6 +203,8 @@ struct Shared<F> {
     /// connections made a line apiece (the access log keeps the 408s).
     head_timeouts: SaidEvery,
     stalls: SaidEvery,
+    /// TLS handshakes that failed, said at most once a second with how many went unsaid.
+    tls_failures: SaidEvery,
 }
 
 impl<F> Shared<F> {
@@ -246,6 +248,7 @@ impl AcceptLoop {
             bad_proxy_headers: once_a_second(),
             head_timeouts: once_a_second(),
             stalls: once_a_second(),
+            tls_failures: once_a_second(),
         });
         let accept_errors = once_a_second();
         // Said at warn level (at most once a second): at debug only, an operator whose cap was

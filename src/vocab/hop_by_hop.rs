@@ -208,9 +208,17 @@ fn kind_of(name: &str) -> HopByHop {
         "close" => HopByHop::Close,
         "x-forwarded-for" | "x-forwarded-proto" | "x-forwarded-host" => HopByHop::Forwarded,
         "x-request-id" => HopByHop::RequestId,
-        "forwarded" | "x-real-ip" | "x-host" | "x-original-url" | "x-rewrite-url"
-        | "x-original-host" | "x-original-uri" | "x-override-url" | "x-envoy-original-path"
-        | "x-client-ip" | "true-client-ip" => HopByHop::Claim,
+        "forwarded"
+        | "x-real-ip"
+        | "x-host"
+        | "x-original-url"
+        | "x-rewrite-url"
+        | "x-original-host"
+        | "x-original-uri"
+        | "x-override-url"
+        | "x-envoy-original-path"
+        | "x-client-ip"
+        | "true-client-ip" => HopByHop::Claim,
         "cookie" => HopByHop::Cookie,
         "transfer-encoding" => HopByHop::TransferEncoding,
         "upgrade" | "keep-alive" | "proxy-connection" | "http2-settings" => HopByHop::Fixed,
@@ -239,11 +247,17 @@ fn claim_kind(name: &str) -> HopByHop {
     if !name.contains('_') {
         return HopByHop::No;
     }
-    if OWN_FIELDS.iter().any(|own| spelled_with_underscores(name, own)) {
+    if OWN_FIELDS
+        .iter()
+        .any(|own| spelled_with_underscores(name, own))
+    {
         HopByHop::Shadow
     } else if name.starts_with("x_forwarded_") || name.starts_with("x_forwarded-") {
         HopByHop::Claim
-    } else if PROXY_CLAIMS.iter().any(|claim| spelled_with_underscores(name, claim.as_str())) {
+    } else if PROXY_CLAIMS
+        .iter()
+        .any(|claim| spelled_with_underscores(name, claim.as_str()))
+    {
         HopByHop::Claim
     } else {
         HopByHop::No

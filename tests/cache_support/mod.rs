@@ -171,7 +171,9 @@ async fn answer(
         .and_then(|v| v.to_str().ok());
     if let (Some(other), Some(_)) = (get("etag304"), asked) {
         // A 304 that names another representation than the one asked about.
-        let resp = Response::builder().status(304).header("etag", format!("\"{other}\""));
+        let resp = Response::builder()
+            .status(304)
+            .header("etag", format!("\"{other}\""));
         return Ok(resp.body(Full::new(Bytes::new())).expect("response"));
     }
     if let (Some(etag), Some(asked)) = (&etag, asked) {

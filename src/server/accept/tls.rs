@@ -9,6 +9,7 @@ use http::StatusCode;
 use hyper_util::rt::TokioIo;
 
 use super::{h2_refusals, serve_parking, ConnInfo, MakeService, OpenConnection, Shared};
+use crate::metrics::TlsFailure;
 use crate::server::client_tcp::ClientTcp;
 use crate::server::h2_guard::FloodGuard;
 use crate::server::idle::{self, Activity};
@@ -30,7 +31,7 @@ pub(super) async fn serve_tls<F: MakeService>(
     if !Box::pin(judged_as_tls(&shared, &mut stream, deadline, peer)).await {
         return;
     }
-    let Some(stream) = handshake(acceptor, stream, deadline, peer, shared.name).await else {
+    let Some(stream) = handshake(acceptor, stream, deadline, peer, &shared).await else {
         return;
     };
     let session = stream.get_ref().1;
@@ -92,24 +93,37 @@ async fn judged_as_tls<F>(
 /// The TLS handshake, by `deadline`; `None` (logged) when it fails or is late. Its state is
 /// boxed, freed once it ends, and so is the session it makes (over a kilobyte), which moves as
 /// a pointer from then on: a connection's task keeps room for neither.
-async fn handshake(
+async fn handshake<F>(
     acceptor: tokio_rustls::TlsAcceptor,
     stream: ClientTcp,
     deadline: tokio::time::Instant,
     peer: SocketAddr,
-    listener: &str,
+    shared: &Shared<F>,
 ) -> Option<Box<tokio_rustls::server::TlsStream<ClientTcp>>> {
     let handshake = Box::pin(tokio::time::timeout_at(deadline, acceptor.accept(stream)));
-    match handshake.await {
-        Ok(Ok(stream)) => Some(Box::new(stream)),
-        Ok(Err(e)) => {
-            tracing::debug!(%peer, "{listener}: TLS handshake failed: {e}");
-            None
-        }
-        Err(_) => {
-            tracing::debug!(%peer, "{listener}: TLS handshake timed out");
-            None
-        }
+    let (why, said) = match handshake.await {
+        Ok(Ok(stream)) => return Some(Box::new(stream)),
+        Ok(Err(e)) => (TlsFailure::of(&e), e.to_string()),
+        Err(_) => (TlsFailure::Timeout, "not finished in time".to_string()),
+    };
+    handshake_failed(shared, peer, why, &said);
+    None
+}
+
+/// Counts a failed handshake, and says it at most once a second (a scanner makes thousands):
+/// nginx logs each at `info`, HAProxy each in its log.
+#[cold]
+fn handshake_failed<F>(shared: &Shared<F>, peer: SocketAddr, why: TlsFailure, said: &str) {
+    if let Some(refusals) = &shared.refusals {
+        refusals.metrics.tls_handshake_failed(why);
+    }
+    let listener = shared.name;
+    match shared.tls_failures.due_note(tokio::time::Instant::now()) {
+        Some(more) => tracing::info!(
+            "client {peer}: {listener}: TLS handshake failed ({}): {said}{more}",
+            why.as_str()
+        ),
+        None => tracing::debug!(%peer, "{listener}: TLS handshake failed: {said}"),
     }
 }
 
