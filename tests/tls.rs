@@ -848,3 +848,55 @@ async fn failed_handshakes_are_counted_by_why_and_said() {
     assert_eq!(metric(admin, &series("client_alert")).await, Some(1.0));
     assert_eq!(metric(admin, &series("timeout")).await, Some(0.0));
 }
+
+/// Sessions made under a certificate are not resumed once its pair is replaced (a key replaced
+/// in a hurry would otherwise stay trusted by resumption for the tickets' 12 hours); a reload
+/// that changes nothing keeps them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_pair_ends_the_sessions_made_under_the_old_one() {
+    let t = start("medium").await;
+    // The replacement is made aside first, so the client trusts both from the start: only
+    // resumption is in question.
+    let staged = tempfile::tempdir().unwrap();
+    let new_alpha = write_self_signed(staged.path(), "alpha", &["alpha.local"]);
+    let mut roots = t.roots.clone();
+    roots.push(new_alpha.clone());
+    let mut config = (*tls_client_config(&roots, &[b"http/1.1"])).clone();
+    let sessions = rustls::client::ClientSessionMemoryCache::new(8);
+    config.resumption = rustls::client::Resumption::store(Arc::new(sessions));
+    let config = Arc::new(config);
+    let handshake = || async {
+        let stream = TcpStream::connect(t.tls).await.unwrap();
+        let name = ServerName::try_from("alpha.local").unwrap();
+        let tls = tokio_rustls::TlsConnector::from(config.clone())
+            .connect(name, stream)
+            .await
+            .unwrap();
+        let kind = tls.get_ref().1.handshake_kind();
+        // The tickets come with the first answer.
+        let mut client = Client::handshake(Proto::H1, tls).await;
+        assert_eq!(client.get("alpha.local", "/").await.status(), 200);
+        kind
+    };
+    use rustls::HandshakeKind::{Full, Resumed};
+    assert_eq!(handshake().await, Some(Full));
+    assert_eq!(handshake().await, Some(Resumed));
+    t.proxy.signal(nix::sys::signal::Signal::SIGHUP);
+    t.proxy
+        .wait_log("certificates reloaded", Duration::from_secs(5))
+        .await;
+    assert_eq!(handshake().await, Some(Resumed), "nothing changed");
+
+    for file in ["alpha.key", "alpha.crt"] {
+        let aside = t.certs.path().join(format!("{file}.new"));
+        std::fs::copy(staged.path().join(file), &aside).unwrap();
+        std::fs::rename(&aside, t.certs.path().join(file)).unwrap();
+    }
+    let picked_up = eventually_async(Duration::from_secs(5), || async {
+        let served = served_cert(t.tls, "alpha.local", config.clone()).await;
+        (served.ok() == Some(new_alpha.clone())).then_some(())
+    })
+    .await;
+    assert!(picked_up.is_some(), "{}", t.proxy.log_text());
+    assert_eq!(handshake().await, Some(Full), "{}", t.proxy.log_text());
+}

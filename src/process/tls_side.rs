@@ -68,7 +68,11 @@ pub fn tls_acceptor(
     } else {
         &[b"h2", b"http/1.1", HTTP_1_0]
     };
-    let config = crate::tls::server_config(resolver.clone(), main.proxy_tls_grade, alpn)
+    let resumption = crate::tls::Resumption::new()
+        .map_err(|e| StartError::Config(format!("  TLS set-up: {e}\n")))?;
+    store.ends_sessions_of(resumption.clone());
+    let grade = main.proxy_tls_grade;
+    let config = crate::tls::server_config(resolver.clone(), grade, alpn, resumption)
         .map_err(|e| StartError::Config(format!("  {e}\n")))?;
     control.spawn(crate::tls::watch(store, reload));
     Ok(Some(server::TlsSide {

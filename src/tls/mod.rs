@@ -6,6 +6,7 @@
 
 mod index;
 mod pem_text;
+mod resumption;
 pub mod store;
 mod watch;
 
@@ -18,6 +19,7 @@ use rustls::{CipherSuite, ServerConfig};
 
 use crate::config::main_conf::TlsGrade;
 use crate::vocab::acme_challenges::{Challenges, ACME_TLS_ALPN};
+pub use resumption::Resumption;
 pub use store::CertStore;
 pub use watch::{watch, CertReload};
 
@@ -61,13 +63,15 @@ pub fn server_config(
     resolver: Arc<dyn ResolvesServerCert>,
     grade: TlsGrade,
     alpn: &[&[u8]],
+    resumption: Arc<Resumption>,
 ) -> Result<Arc<ServerConfig>, TlsError> {
     let mut config = ServerConfig::builder_with_provider(Arc::new(provider(grade)))
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
         .with_no_client_auth()
         .with_cert_resolver(resolver);
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    config.ticketer = rustls::crypto::aws_lc_rs::Ticketer::new()?;
+    config.ticketer = resumption.clone();
+    config.session_storage = resumption;
     config.send_tls13_tickets_after_resumption = Some(1);
     config.defer_tls13_tickets = true;
     Ok(Arc::new(config))
@@ -81,7 +85,7 @@ pub fn single_pair_config(
 ) -> Result<(Arc<ServerConfig>, Arc<OnePair>), TlsError> {
     let pair = Arc::new(OnePair::load(cert, key)?);
     let alpn: &[&[u8]] = &[b"h2", b"http/1.1"];
-    let config = server_config(pair.clone(), TlsGrade::Medium, alpn)?;
+    let config = server_config(pair.clone(), TlsGrade::Medium, alpn, Resumption::new()?)?;
     Ok((config, pair))
 }
 

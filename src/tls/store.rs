@@ -166,6 +166,8 @@ pub struct CertStore {
     /// When a pair read last becomes valid or expires (seconds since the Unix epoch;
     /// `i64::MAX`: none will), which changes what the index would choose.
     next_change: AtomicI64,
+    /// The sessions made under these pairs, ended when a reload changes them.
+    resumption: std::sync::OnceLock<Arc<crate::tls::Resumption>>,
 }
 
 /// Entries of a directory looked at for its print.
@@ -212,9 +214,15 @@ impl CertStore {
             pairs: Mutex::new(BTreeMap::new()),
             read_as: Mutex::new(DirPrint::default()),
             next_change: AtomicI64::new(i64::MAX),
+            resumption: std::sync::OnceLock::new(),
         });
         let problems = store.reload();
         (store, problems)
+    }
+
+    /// Ends `resumption`'s sessions whenever a reload changes the pairs serving.
+    pub fn ends_sessions_of(&self, resumption: Arc<crate::tls::Resumption>) {
+        let _ = self.resumption.set(resumption);
     }
 
     /// The pairs of the directory that did not load and have no last good copy serving: the
@@ -284,6 +292,7 @@ impl CertStore {
                 )];
             }
         };
+        let before = serving_print(&pairs);
         let mut problems: Vec<String> = pem_text::not_pair_files(&self.dir).into_iter().collect();
         pairs.retain(|name, _| names.contains(name));
         for name in &names {
@@ -321,6 +330,12 @@ impl CertStore {
                 "{}: the certificate {when}; a valid one for its names, if any, is served instead",
                 self.dir.join(format!("{name}.crt")).display()
             ));
+        }
+        if serving_print(&pairs) != before {
+            if let Some(resumption) = self.resumption.get() {
+                resumption.forget();
+                tracing::info!("certificates changed: sessions made under the old ones are not resumed (new session ticket keys)");
+            }
         }
         self.index.store(Arc::new(Index::build(&pairs, now)));
         let next = next_validity_change(pairs.values(), now).unwrap_or(i64::MAX);
@@ -400,3 +415,20 @@ impl ResolvesServerCert for CertStore {
 
 #[cfg(test)]
 mod tests;
+
+/// What the pairs serving are, to tell a reload that changed them: each name with a hash of
+/// its chain.
+fn serving_print(pairs: &BTreeMap<String, LoadedPair>) -> Vec<(String, u64)> {
+    use std::hash::{Hash, Hasher};
+    let chain_hash = |pair: &LoadedPair| {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        for cert in &pair.key.cert {
+            cert.as_ref().hash(&mut hasher);
+        }
+        hasher.finish()
+    };
+    pairs
+        .iter()
+        .map(|(name, pair)| (name.clone(), chain_hash(pair)))
+        .collect()
+}
