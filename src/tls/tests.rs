@@ -21,7 +21,10 @@ fn configs() -> (Arc<rustls::ServerConfig>, Arc<ClientConfig>) {
         vec![cert.clone()],
         signing,
     )));
-    let server = super::server_config(resolver, TlsGrade::Medium, &[b"http/1.1"]).unwrap();
+    let server = {
+        let resumption = super::Resumption::new().unwrap();
+        super::server_config(resolver, TlsGrade::Medium, &[b"http/1.1"], resumption).unwrap()
+    };
     let mut roots = rustls::RootCertStore::empty();
     roots.add(cert).unwrap();
     let client = ClientConfig::builder()
