@@ -183,7 +183,7 @@ async fn an_upgrade_with_a_certificate_that_does_not_load_is_refused() {
     assert!(text.contains("do not load: x ("), "{text}");
     assert!(text.contains("the live upgrade is refused"), "{text}");
     let served = || async {
-        let tls = tls_client_config(&[root.clone()], &[b"http/1.1"]);
+        let tls = tls_client_config(std::slice::from_ref(&root), &[b"http/1.1"]);
         let mut client = Client::connect_tls(t, "x.test", tls).await;
         client.get("x.test", "/").await.status().as_u16()
     };

@@ -76,9 +76,8 @@ impl Forwarder {
         backends: &'a BackendSet,
         rules: &'a HeaderRules,
         mut req: Request<ClientBody>,
-        request_id: Option<&HeaderValue>,
+        (request_id, tried): (Option<&HeaderValue>, Option<&'a TriedBackend>),
         grpc: bool,
-        tried: Option<&'a TriedBackend>,
     ) -> impl Future<Output = Result<Response<RespBody>, ProxyError>> + Send + 'a {
         // Boxed: rare, and the future below holds it beside the balancer's.
         let client_upgrade = upgrade::take(&mut req).map(Box::new);
@@ -100,7 +99,7 @@ impl Forwarder {
                         return aside(Box::pin(async move {
                             read_ahead::read_rest(&mut req, ahead, stall).await?;
                             let id = request_id.as_ref();
-                            self.forward(conn, backends, rules, req, id, grpc, tried)
+                            self.forward(conn, backends, rules, req, (id, tried), grpc)
                                 .await
                         }));
                     }
@@ -371,9 +370,8 @@ mod tests {
             &backends,
             &rules,
             Request::new(body),
-            None,
+            (None, None),
             false,
-            None,
         );
         let size = std::mem::size_of_val(&forwarding);
         assert!(size <= 2560, "the forwarding future grew to {size} bytes");

@@ -92,9 +92,8 @@ impl Router {
                         &route.backends,
                         &route.headers,
                         req,
-                        request_id,
+                        (request_id, tried),
                         grpc,
-                        tried,
                     )
                     .await
             } else {
@@ -109,7 +108,7 @@ impl Router {
                 let forward = tower::service_fn(move |req| {
                     let backends = &route.backends;
                     let rules = &route.headers;
-                    Box::pin(forwarder.forward(conn, backends, rules, req, None, grpc, tried))
+                    Box::pin(forwarder.forward(conn, backends, rules, req, (None, tried), grpc))
                 });
                 let client = (conn, host.as_deref());
                 crate::layers::apply(&route.policies, &route.backends, client, req, forward).await

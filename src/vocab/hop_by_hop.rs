@@ -252,11 +252,11 @@ fn claim_kind(name: &str) -> HopByHop {
         .any(|own| spelled_with_underscores(name, own))
     {
         HopByHop::Shadow
-    } else if name.starts_with("x_forwarded_") || name.starts_with("x_forwarded-") {
-        HopByHop::Claim
-    } else if PROXY_CLAIMS
-        .iter()
-        .any(|claim| spelled_with_underscores(name, claim.as_str()))
+    } else if name.starts_with("x_forwarded_")
+        || name.starts_with("x_forwarded-")
+        || PROXY_CLAIMS
+            .iter()
+            .any(|claim| spelled_with_underscores(name, claim.as_str()))
     {
         HopByHop::Claim
     } else {
