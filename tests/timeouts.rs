@@ -253,12 +253,9 @@ async fn with_no_backend_in_rotation_an_upload_is_refused_without_its_body() {
     assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
 }
 
-/// A connection closed at `client_header_timeout` with part of a request head sent (slowloris)
-/// is said at info with the client's address, and gets the access log's 408 line, as nginx
-/// logs it; one that sent nothing, or a keep-alive one left waiting after its request, closes
-/// as quietly as before. Both closed with no trace at all.
-#[tokio::test(start_paused = true)]
-async fn a_request_head_cut_short_is_logged_as_a_408() {
+/// A proxy with `client_header_timeout: 3` and its access log in a file (the file's directory
+/// kept with the access log's path).
+async fn with_a_3s_head_timeout_and_access_log() -> (Proxy, Backend, AccessLogAt) {
     let backend = Backend::start("b").await;
     let dir = tempfile::tempdir().unwrap();
     let access = dir.path().join("access.log");
@@ -267,6 +264,39 @@ async fn a_request_head_cut_short_is_logged_as_a_408() {
         access.display()
     );
     let proxy = Proxy::start(&support::default_route(&[&backend]), &main).await;
+    (
+        proxy,
+        backend,
+        AccessLogAt {
+            path: access,
+            _dir: dir,
+        },
+    )
+}
+
+/// Where a test's access log is written, and the directory that holds it (kept for as long).
+struct AccessLogAt {
+    path: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl AccessLogAt {
+    /// Its lines with `status=<status>`, once `proxy` has flushed it.
+    fn lines_with_status(&self, proxy: &Proxy, status: u16) -> (usize, String) {
+        proxy.ctx.access_log.flush();
+        let lines = std::fs::read_to_string(&self.path).unwrap_or_default();
+        let needle = format!(" status={status} ");
+        (lines.lines().filter(|l| l.contains(&needle)).count(), lines)
+    }
+}
+
+/// A connection closed at `client_header_timeout` with part of a request head sent (slowloris)
+/// is said at info with the client's address, and gets the access log's 408 line, as nginx
+/// logs it; one that sent nothing, or a keep-alive one left waiting after its request, closes
+/// as quietly as before. Both closed with no trace at all.
+#[tokio::test(start_paused = true)]
+async fn a_request_head_cut_short_is_logged_as_a_408() {
+    let (proxy, _backend, access) = with_a_3s_head_timeout_and_access_log().await;
     let mut partial = TcpStream::connect(proxy.addr).await.unwrap();
     partial.write_all(b"GET / HTTP/1.1\r\nHo").await.unwrap();
     let _silent = TcpStream::connect(proxy.addr).await.unwrap();
@@ -276,10 +306,8 @@ async fn a_request_head_cut_short_is_logged_as_a_408() {
     let mut byte = [0u8; 1];
     let closed = inproc::in_real_time(Duration::from_secs(5), partial.read(&mut byte)).await;
     assert!(matches!(closed, Some(Ok(0))), "{closed:?}");
-    proxy.ctx.access_log.flush();
-    let lines = std::fs::read_to_string(&access).unwrap_or_default();
-    let timed_out = lines.lines().filter(|l| l.contains(" status=408 "));
-    assert_eq!(timed_out.count(), 1, "{lines}");
+    let (timed_out, lines) = access.lines_with_status(&proxy, 408);
+    assert_eq!(timed_out, 1, "{lines}");
     let said = "no whole request head within 3s (client_header_timeout)";
     assert_eq!(proxy.log_count(said), 1, "{}", proxy.log_text());
 }
@@ -288,14 +316,7 @@ async fn a_request_head_cut_short_is_logged_as_a_408() {
 /// line a connection; the access log keeps a 408 for each.
 #[tokio::test(start_paused = true)]
 async fn many_request_heads_cut_short_are_said_once_a_second() {
-    let backend = Backend::start("b").await;
-    let dir = tempfile::tempdir().unwrap();
-    let access = dir.path().join("access.log");
-    let main = format!(
-        "client_header_timeout: 3\naccess_log: all\nlog_file: \"{}\"",
-        access.display()
-    );
-    let proxy = Proxy::start(&support::default_route(&[&backend]), &main).await;
+    let (proxy, _backend, access) = with_a_3s_head_timeout_and_access_log().await;
     let partial = || async {
         let mut s = TcpStream::connect(proxy.addr).await.unwrap();
         s.write_all(b"GET / HTTP/1.1\r\nHo").await.unwrap();
@@ -311,10 +332,8 @@ async fn many_request_heads_cut_short_are_said_once_a_second() {
     let mut byte = [0u8; 1];
     let closed = inproc::in_real_time(Duration::from_secs(5), late.read(&mut byte)).await;
     assert!(matches!(closed, Some(Ok(0))), "{closed:?}");
-    proxy.ctx.access_log.flush();
-    let lines = std::fs::read_to_string(&access).unwrap_or_default();
-    let timed_out = lines.lines().filter(|l| l.contains(" status=408 "));
-    assert_eq!(timed_out.count(), 6, "{lines}");
+    let (timed_out, lines) = access.lines_with_status(&proxy, 408);
+    assert_eq!(timed_out, 6, "{lines}");
     let said = "no whole request head within 3s (client_header_timeout); closed";
     assert_eq!(proxy.log_count(said), 2, "{}", proxy.log_text());
     let told = "closed (4 more since the last report)";

@@ -611,17 +611,8 @@ async fn two_tickets_after_a_full_handshake_one_after_a_resumption() {
     let config = Arc::new(config);
     let mut seen = Vec::new();
     for _ in 0..3 {
-        let stream = TcpStream::connect(t.tls).await.unwrap();
-        let name = ServerName::try_from("alpha.local").unwrap();
-        let tls = tokio_rustls::TlsConnector::from(config.clone())
-            .connect(name, stream)
-            .await
-            .unwrap();
-        let kind = tls.get_ref().1.handshake_kind();
-        let mut client = Client::handshake(Proto::H1, tls).await;
         // The tickets come before the answer on the connection, so they are counted by now.
-        let resp = client.get("alpha.local", "/").await;
-        assert_eq!(resp.status(), 200);
+        let kind = alpha_answered(t.tls, config.clone()).await;
         seen.push((kind, tickets.given.load(Ordering::SeqCst)));
     }
     use rustls::HandshakeKind::{Full, Resumed};
@@ -629,6 +620,24 @@ async fn two_tickets_after_a_full_handshake_one_after_a_resumption() {
         seen,
         [(Some(Full), 2), (Some(Resumed), 3), (Some(Resumed), 4)]
     );
+}
+
+/// A handshake for `alpha.local` and one request answered on it: whether the handshake was
+/// full or resumed.
+async fn alpha_answered(
+    addr: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+) -> Option<rustls::HandshakeKind> {
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let name = ServerName::try_from("alpha.local").unwrap();
+    let tls = tokio_rustls::TlsConnector::from(config)
+        .connect(name, stream)
+        .await
+        .unwrap();
+    let kind = tls.get_ref().1.handshake_kind();
+    let mut client = Client::handshake(Proto::H1, tls).await;
+    assert_eq!(client.get("alpha.local", "/").await.status(), 200);
+    kind
 }
 
 /// Points `link` at `target` by a new link renamed over it, as `ln -sfn` and certbot do.
@@ -865,19 +874,8 @@ async fn a_replaced_pair_ends_the_sessions_made_under_the_old_one() {
     let sessions = rustls::client::ClientSessionMemoryCache::new(8);
     config.resumption = rustls::client::Resumption::store(Arc::new(sessions));
     let config = Arc::new(config);
-    let handshake = || async {
-        let stream = TcpStream::connect(t.tls).await.unwrap();
-        let name = ServerName::try_from("alpha.local").unwrap();
-        let tls = tokio_rustls::TlsConnector::from(config.clone())
-            .connect(name, stream)
-            .await
-            .unwrap();
-        let kind = tls.get_ref().1.handshake_kind();
-        // The tickets come with the first answer.
-        let mut client = Client::handshake(Proto::H1, tls).await;
-        assert_eq!(client.get("alpha.local", "/").await.status(), 200);
-        kind
-    };
+    // The tickets come with the first answer.
+    let handshake = || alpha_answered(t.tls, config.clone());
     use rustls::HandshakeKind::{Full, Resumed};
     assert_eq!(handshake().await, Some(Full));
     assert_eq!(handshake().await, Some(Resumed));

@@ -155,15 +155,13 @@ impl Metrics {
             "Responses by the backend that sent them.",
         );
         let totals = upstreams::summed(self.shards.iter().map(|s| &s.by_upstream));
-        let responses = || totals.iter().filter(|t| t.responses > 0);
-        for t in responses() {
-            let _ = writeln!(
-                out,
-                "{name}{{upstream=\"{}\"}} {}",
-                escape(&t.label),
-                t.responses
-            );
-        }
+        let responses = |out: &mut String, name: &str| {
+            for t in totals.iter().filter(|t| t.responses > 0) {
+                let label = escape(&t.label);
+                let _ = writeln!(out, "{name}{{upstream=\"{label}\"}} {}", t.responses);
+            }
+        };
+        responses(out, name);
         // The same under Aralez's name (SPEC §11); `untyped`, as a counter's name ends in
         // `_total` and Aralez's does not.
         let name = "aralez_requests_by_upstream";
@@ -173,14 +171,7 @@ impl Metrics {
             "untyped",
             "Responses by the backend that sent them (Aralez's name).",
         );
-        for t in responses() {
-            let _ = writeln!(
-                out,
-                "{name}{{upstream=\"{}\"}} {}",
-                escape(&t.label),
-                t.responses
-            );
-        }
+        responses(out, name);
         render_upstream_failures(out, &totals);
         self.labelled(
             out,
