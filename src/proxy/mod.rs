@@ -76,7 +76,7 @@ impl Forwarder {
         backends: &'a BackendSet,
         rules: &'a HeaderRules,
         mut req: Request<ClientBody>,
-        (request_id, tried): (Option<&HeaderValue>, Option<&'a TriedBackend>),
+        (request_id, tried): (Option<&HeaderValue>, Option<&'a TriedBackend<'a>>),
         grpc: bool,
     ) -> impl Future<Output = Result<Response<RespBody>, ProxyError>> + Send + 'a {
         // Boxed: rare, and the future below holds it beside the balancer's.

@@ -74,7 +74,7 @@ impl Router {
         conn: &'a ClientConn,
         mut req: Request<ClientBody>,
         request_id: Option<&'a HeaderValue>,
-        tried: Option<&'a TriedBackend>,
+        tried: Option<&'a TriedBackend<'a>>,
     ) -> impl Future<Output = Response<RespBody>> + 'a {
         let grpc = is_grpc(req.headers());
         let Routed { route, host } = match self.route(conn, &req, grpc) {

@@ -81,7 +81,7 @@ struct Unanswered<'a> {
     metrics: &'a Metrics,
     worker: WorkerId,
     record: &'a mut Record,
-    tried: &'a TriedBackend,
+    tried: &'a TriedBackend<'a>,
 }
 
 impl Drop for Unanswered<'_> {
@@ -173,7 +173,7 @@ pub fn handle(
         if let Some(counter) = record.count_body(&req) {
             req.extensions_mut().insert(counter);
         }
-        let tried = TriedBackend::default();
+        let tried = TriedBackend::new(&request_id.value);
         let unanswered = Unanswered {
             metrics: &ctx.metrics,
             worker: client.worker,

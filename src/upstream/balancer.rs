@@ -18,7 +18,6 @@ use super::pool::{self, Exchange, SendError, Timeouts, UpBody};
 use super::pooled_body::{PooledBody, ServedBy};
 use crate::metrics::UpstreamFailure;
 use crate::vocab::forwarded::Deferred;
-use crate::vocab::headers::X_REQUEST_ID;
 use crate::vocab::tried::{TriedBackend, WithBackend};
 use crate::vocab::{ProxyError, WorkerId};
 
@@ -152,7 +151,7 @@ pub fn send<'a>(
     out: Outgoing,
     worker: WorkerId,
     timeouts: Timeouts,
-    dropped_at: Option<&'a TriedBackend>,
+    dropped_at: Option<&'a TriedBackend<'a>>,
 ) -> impl Future<Output = Result<Response<PooledBody>, Failed>> + 'a {
     // Not an `async fn`: that would keep `out` twice in its state, beside the request made of
     // it, and this future sits inside every request's.
@@ -163,13 +162,6 @@ pub fn send<'a>(
     };
     let replayable = out.replayable;
     let deferred = out.deferred;
-    // The id the request's failures are logged with, to find its access log line: the one
-    // still to be written, else the head's own (a trusted peer's, or set for a route's layers).
-    // Boxed: rare, and this future sits inside every request's.
-    let own_id = match deferred.as_ref().and_then(Deferred::request_id) {
-        Some(_) => None,
-        None => out.head.headers.get(&X_REQUEST_ID).cloned().map(Box::new),
-    };
     let no_host = out.no_host;
     let mut pending = Some(Request::from_parts(out.head, out.body));
     async move {
@@ -226,7 +218,7 @@ pub fn send<'a>(
             match sent {
                 Ok(resp) if resp.status().as_u16() > 599 => {
                     // RFC 9110 §15: outside 100..=599 is no status; taken as the server error it is.
-                    tracing::warn!(backend = %backend.label, request_id = %logged_id(deferred.as_ref(), own_id.as_deref()), "invalid response: status {}", resp.status());
+                    tracing::warn!(backend = %backend.label, request_id = %logged_id(dropped_at), "invalid response: status {}", resp.status());
                     count_failure(backend, worker, UpstreamFailure::BadResponse);
                     return Err(failed(ProxyError::BadResponse, backend));
                 }
@@ -241,7 +233,7 @@ pub fn send<'a>(
                         backend.say_at_capacity(&error);
                         count_failure(backend, worker, UpstreamFailure::Busy);
                     } else {
-                        tracing::warn!(backend = %backend.label, request_id = %logged_id(deferred.as_ref(), own_id.as_deref()), "{error}");
+                        tracing::warn!(backend = %backend.label, request_id = %logged_id(dropped_at), "{error}");
                         count_failure(backend, worker, UpstreamFailure::Connect);
                     }
                     pending = Some(*request);
@@ -255,7 +247,7 @@ pub fn send<'a>(
                 }
                 Err(SendError::Reset { error, replay, .. }) => {
                     let said = crate::vocab::error_text::with_causes(&*error);
-                    tracing::warn!(backend = %backend.label, request_id = %logged_id(deferred.as_ref(), own_id.as_deref()), "backend reset: {said}");
+                    tracing::warn!(backend = %backend.label, request_id = %logged_id(dropped_at), "backend reset: {said}");
                     count_failure(backend, worker, UpstreamFailure::Reset);
                     last_error = Some(ProxyError::BackendReset);
                     match replay {
@@ -270,7 +262,7 @@ pub fn send<'a>(
                 }
                 Err(SendError::BadResponse(error)) => {
                     // The error says "invalid response" itself.
-                    tracing::warn!(backend = %backend.label, request_id = %logged_id(deferred.as_ref(), own_id.as_deref()), "{error}");
+                    tracing::warn!(backend = %backend.label, request_id = %logged_id(dropped_at), "{error}");
                     count_failure(backend, worker, UpstreamFailure::BadResponse);
                     return Err(failed(ProxyError::BadResponse, backend));
                 }
@@ -281,12 +273,12 @@ pub fn send<'a>(
                 }
                 Err(SendError::Unprocessed(_)) => {
                     // The pool sends these again itself and reports what is left as a reset.
-                    tracing::warn!(backend = %backend.label, request_id = %logged_id(deferred.as_ref(), own_id.as_deref()), "backend refused the request");
+                    tracing::warn!(backend = %backend.label, request_id = %logged_id(dropped_at), "backend refused the request");
                     count_failure(backend, worker, UpstreamFailure::Reset);
                     return Err(failed(ProxyError::BackendReset, backend));
                 }
                 Err(SendError::Timeout) => {
-                    tracing::warn!(backend = %backend.label, request_id = %logged_id(deferred.as_ref(), own_id.as_deref()), "no response within {:?}", timeouts.response);
+                    tracing::warn!(backend = %backend.label, request_id = %logged_id(dropped_at), "no response within {:?}", timeouts.response);
                     count_failure(backend, worker, UpstreamFailure::Timeout);
                     return Err(failed(ProxyError::ResponseTimeout, backend));
                 }
@@ -306,9 +298,8 @@ pub fn send<'a>(
 }
 
 /// The request id a failure is logged with (`-` for none).
-fn logged_id<'a>(deferred: Option<&'a Deferred>, own: Option<&'a HeaderValue>) -> &'a str {
-    let id = deferred.and_then(Deferred::request_id).or(own);
-    id.and_then(|v| v.to_str().ok()).unwrap_or("-")
+fn logged_id<'a>(tried: Option<&'a TriedBackend<'a>>) -> &'a str {
+    tried.map_or("-", TriedBackend::request_id)
 }
 
 /// Counts an exchange with `backend` that failed ([`UpstreamFailure`]).

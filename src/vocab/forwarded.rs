@@ -86,11 +86,6 @@ impl Deferred {
         self.in_map.store(true, Ordering::Relaxed);
     }
 
-    /// The request id still to write (made here; the head has none of its own).
-    pub fn request_id(&self) -> Option<&HeaderValue> {
-        self.fields.request_id.as_ref()
-    }
-
     /// The fields still to write into the head, or `None` when the map has them.
     pub fn unwritten(&self) -> Option<&Unwritten> {
         (!self.in_map.load(Ordering::Relaxed)).then_some(&self.fields)

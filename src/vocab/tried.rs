@@ -1,35 +1,55 @@
-//! The backend a request was with when it was dropped ([`TriedBackend`]): a request whose client
-//! left while its backend had not answered is logged with that backend, as nginx logs
-//! `$upstream_addr` on a 499. Written only when an exchange is dropped unfinished
-//! ([`WithBackend`]), so a request that gets its answer pays nothing but the guard.
+//! What the backends' side tells of a request ([`TriedBackend`]): its id, for the warnings of
+//! exchanges that fail (to find its access log line), and the backend it was with when it was
+//! dropped: a request whose client left while its backend had not answered is logged with that
+//! backend, as nginx logs `$upstream_addr` on a 499. Written only when an exchange is dropped
+//! unfinished ([`WithBackend`]), so a request that gets its answer pays nothing but the guard.
 
 use std::sync::{Arc, Mutex};
 
-/// Where a dropped exchange leaves its backend's label, for the request's log line.
-#[derive(Default)]
-pub struct TriedBackend(Mutex<Option<Arc<str>>>);
+use http::HeaderValue;
 
-impl TriedBackend {
+/// The request's id, and where a dropped exchange leaves its backend's label.
+pub struct TriedBackend<'a> {
+    request_id: &'a HeaderValue,
+    left_with: Mutex<Option<Arc<str>>>,
+}
+
+impl<'a> TriedBackend<'a> {
+    pub fn new(request_id: &'a HeaderValue) -> TriedBackend<'a> {
+        TriedBackend {
+            request_id,
+            left_with: Mutex::new(None),
+        }
+    }
+
+    /// The request's id as the log says it (`-` if it is no text).
+    pub fn request_id(&self) -> &str {
+        self.request_id.to_str().unwrap_or("-")
+    }
+
     fn note(&self, label: &Arc<str>) {
-        let mut tried = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut tried = self.left_with.lock().unwrap_or_else(|p| p.into_inner());
         *tried = Some(label.clone());
     }
 
     /// The backend an exchange was dropped with, if one was.
     pub fn take(&self) -> Option<Arc<str>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+        self.left_with
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 }
 
 /// One exchange with the backend `label`: dropped before [`WithBackend::done`], it leaves the
 /// label in `tried`.
 pub struct WithBackend<'a> {
-    tried: Option<&'a TriedBackend>,
+    tried: Option<&'a TriedBackend<'a>>,
     label: &'a Arc<str>,
 }
 
 impl<'a> WithBackend<'a> {
-    pub fn new(tried: Option<&'a TriedBackend>, label: &'a Arc<str>) -> WithBackend<'a> {
+    pub fn new(tried: Option<&'a TriedBackend<'a>>, label: &'a Arc<str>) -> WithBackend<'a> {
         WithBackend { tried, label }
     }
 
@@ -54,7 +74,9 @@ mod tests {
 
     #[test]
     fn only_an_exchange_dropped_unfinished_leaves_its_backend() {
-        let tried = TriedBackend::default();
+        let id = HeaderValue::from_static("r-1");
+        let tried = TriedBackend::new(&id);
+        assert_eq!(tried.request_id(), "r-1");
         let (a, b): (Arc<str>, Arc<str>) = ("10.0.0.1:80".into(), "10.0.0.2:80".into());
         WithBackend::new(Some(&tried), &a).done();
         assert_eq!(tried.take(), None);
