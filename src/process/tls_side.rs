@@ -131,13 +131,13 @@ pub fn load_certificates(main: &MainConfig) -> Result<Option<LoadedCertificates>
 pub fn check_before_upgrade(main: &MainConfig) -> Result<(), StartError> {
     let refused = |why: String| {
         StartError::Config(format!(
-            "  {why}: the live upgrade is refused and the running process keeps serving (fix the files, or restart to serve without them)\n"
+            "  {why}: the live upgrade is refused and the running process keeps serving\n"
         ))
     };
     if let (Some(crt), Some(key)) = (&main.config_tls_certificate, &main.config_tls_key_file) {
         if let Err(e) = crate::tls::single_pair_config(crt, key) {
             return Err(refused(format!(
-                "the admin API's certificate does not load: {e}"
+                "cannot start the admin API: its certificate does not load: {e}"
             )));
         }
     }
@@ -148,7 +148,7 @@ pub fn check_before_upgrade(main: &MainConfig) -> Result<(), StartError> {
     let not_loaded = store.pairs_not_loaded();
     let why = if !not_loaded.is_empty() {
         format!(
-            "certificate pair(s) that do not load: {} ({}); the running process serves their names with their last good copies",
+            "certificate pair(s) that do not load: {} ({}); the running process serves their names with their last good copies (fix the files, or restart to serve without them)",
             not_loaded.join(", "),
             problems.join("; ")
         )
