@@ -73,7 +73,7 @@ fn shape_of_file(path: &Path) -> Option<Shape> {
 /// is a warning (as it is then), and pairs of the certificate directory that do not load are
 /// an error too (the start skips them), as is a pair of the admin API that does not load (the
 /// start fails on it). Each at its key's line.
-fn check_certificates(main: &MainConfig, main_path: &Path, issues: &mut Issues) {
+pub(crate) fn check_certificates(main: &MainConfig, main_path: &Path, issues: &mut Issues) {
     let file: Arc<str> = main_path.display().to_string().into();
     let text = config::file_bytes::read_regular(main_path, config::yaml::MAX_FILE_BYTES)
         .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
@@ -111,7 +111,7 @@ fn check_certificates(main: &MainConfig, main_path: &Path, issues: &mut Issues) 
     if let (Some(crt), Some(key)) = (&main.config_tls_certificate, &main.config_tls_key_file) {
         if let Err(e) = crate::tls::single_pair_config(crt, key) {
             let keys = ["config_tls_certificate"];
-            let why = format!("the admin API's certificate does not load: {e}");
+            let why = format!("cannot start the admin API: its certificate does not load: {e}");
             issues.push(Severity::Error, &file, at(&keys), keys[0], why);
         }
     }

@@ -180,7 +180,7 @@ async fn an_upgrade_with_a_certificate_that_does_not_load_is_refused() {
     let out = tokio::task::block_in_place(|| upgrade.wait_with_output()).unwrap();
     let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{text}");
-    assert!(text.contains("do not load: x ("), "{text}");
+    assert!(text.contains("do not load (said above): x;"), "{text}");
     assert!(text.contains("the live upgrade is refused"), "{text}");
     let served = || async {
         let tls = tls_client_config(std::slice::from_ref(&root), &[b"http/1.1"]);

@@ -47,10 +47,7 @@ impl TlsFailure {
 
     /// Why the handshake that failed with `error` did.
     pub fn of(error: &std::io::Error) -> TlsFailure {
-        let tls = error
-            .get_ref()
-            .and_then(|inner| inner.downcast_ref::<rustls::Error>());
-        match tls {
+        match crate::vocab::error_text::tls_error_of(error) {
             None => TlsFailure::Closed,
             Some(rustls::Error::PeerIncompatible(_)) => TlsFailure::Incompatible,
             Some(rustls::Error::AlertReceived(_)) => TlsFailure::ClientAlert,

@@ -78,6 +78,23 @@ fn render_errors(issues: &Issues) -> String {
     issues.errors().map(|i| format!("  {i}\n")).collect()
 }
 
+/// Before a live upgrade takes the running process's sockets: refused on the certificate errors
+/// check-config reports (a pair of the directory that does not load, the admin API's that does
+/// not). The running process serves those names with their last good copies, and would hand its
+/// sockets to one that serves them another certificate, or none; nginx's reload and binary
+/// upgrade test the configuration first too. A fresh start serves the pairs that load.
+fn refuse_upgrade_on_certificates(main: &MainConfig, main_path: &Path) -> Result<(), StartError> {
+    let mut issues = Issues::default();
+    crate::check::check_certificates(main, main_path, &mut issues);
+    if !issues.has_errors() {
+        return Ok(());
+    }
+    let said = issues.warnings().chain(issues.errors());
+    let mut text: String = said.map(|i| format!("  {i}\n")).collect();
+    text.push_str("  the live upgrade is refused and the running process keeps serving\n");
+    Err(StartError::Config(text))
+}
+
 /// How `main` asked the process to run.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RunOptions {
@@ -186,7 +203,7 @@ pub fn run(
     // spot, the pid file left behind). One that comes before the serving loop waits for it.
     let control = ControlPlane::start()?;
     if options.upgrade {
-        tls_side::check_before_upgrade(&main)?;
+        refuse_upgrade_on_certificates(&main, main_path)?;
     }
     let bound = sockets::open(&main, options.upgrade)?;
     let pid_file =

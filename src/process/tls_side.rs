@@ -122,44 +122,6 @@ pub fn load_certificates(main: &MainConfig) -> Result<Option<LoadedCertificates>
     }))
 }
 
-/// Before a live upgrade takes the running process's sockets: refused when the admin API's pair
-/// does not load (a start fails on it), or a pair of the certificate directory does not, or
-/// none does (without ACME to fill it). The running
-/// process serves those names with their last good copies, and would hand its sockets to one
-/// that serves them another certificate, or none (nginx's reload and binary upgrade test the
-/// configuration first, too). A fresh start serves the pairs that load, with a warning.
-pub fn check_before_upgrade(main: &MainConfig) -> Result<(), StartError> {
-    let refused = |why: String| {
-        StartError::Config(format!(
-            "  {why}: the live upgrade is refused and the running process keeps serving\n"
-        ))
-    };
-    if let (Some(crt), Some(key)) = (&main.config_tls_certificate, &main.config_tls_key_file) {
-        if let Err(e) = crate::tls::single_pair_config(crt, key) {
-            return Err(refused(format!(
-                "cannot start the admin API: its certificate does not load: {e}"
-            )));
-        }
-    }
-    let (Some(dir), Some(_)) = (&main.certificates_dir, main.proxy_address_tls) else {
-        return Ok(());
-    };
-    let (store, problems) = crate::tls::CertStore::open(dir);
-    let not_loaded = store.pairs_not_loaded();
-    let why = if !not_loaded.is_empty() {
-        format!(
-            "certificate pair(s) that do not load: {} ({}); the running process serves their names with their last good copies (fix the files, or restart to serve without them)",
-            not_loaded.join(", "),
-            problems.join("; ")
-        )
-    } else if store.is_empty() && main.acme.is_none() {
-        format!("no usable certificate pair in {}", dir.display())
-    } else {
-        return Ok(());
-    };
-    Err(refused(why))
-}
-
 impl LoadedCertificates {
     /// What SIGHUP uses to reload them.
     pub fn reload(&self) -> crate::tls::CertReload {

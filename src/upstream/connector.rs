@@ -135,7 +135,7 @@ impl ConnectError {
 
     /// The TLS handshake's failure `e`, noting whether it ended on the backend's certificate.
     fn tls(e: &std::io::Error) -> ConnectError {
-        let refused = super::tls::tls_error_of(e);
+        let refused = crate::vocab::error_text::tls_error_of(e);
         ConnectError {
             certificate_refused: matches!(refused, Some(rustls::Error::InvalidCertificate(_))),
             ..ConnectError::new(ConnectErrorKind::Tls, e.to_string())

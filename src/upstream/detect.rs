@@ -73,7 +73,7 @@ async fn detect(backend: &Backend, timeout: Duration) -> Result<Wire, ConnectErr
 /// fail with the handshake's reason.
 fn spoke_tls(e: &std::io::Error) -> bool {
     matches!(
-        super::tls::tls_error_of(e),
+        crate::vocab::error_text::tls_error_of(e),
         Some(rustls::Error::AlertReceived(_) | rustls::Error::PeerIncompatible(_))
     )
 }

@@ -184,12 +184,6 @@ impl<S: AsyncWrite> AsyncWrite for ClosedIsEnd<S> {
     }
 }
 
-/// The TLS error behind a failed handshake's `e`, if it was one (not a socket's).
-pub fn tls_error_of(e: &std::io::Error) -> Option<&rustls::Error> {
-    e.get_ref()
-        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-}
-
 /// Runs the handshake on `stream`; returns the TLS stream and whether the backend chose h2.
 /// `verify`: check the certificate chain against the trust store and `host`.
 pub async fn handshake(
