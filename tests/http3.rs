@@ -244,7 +244,7 @@ async fn requests_over_http3_take_the_same_routes_policies_and_backends() {
 
     // The route's rate limit and redirect, as on every listener.
     let mut limited = Vec::new();
-    for _ in 0..6 {
+    for _ in 0..24 {
         limited.push(
             exchange(&mut send, Method::GET, "/limited", &[], Bytes::new())
                 .await
@@ -371,6 +371,32 @@ async fn sigterm_does_not_wait_for_an_idle_http3_connection_to_time_out() {
     h3.proxy.signal(nix::sys::signal::Signal::SIGTERM);
     let exited = h3.proxy.wait_exit(Duration::from_secs(15));
     assert!(exited.is_some(), "still running: {}", h3.proxy.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_open_at_exit_are_told_the_connection_closed() {
+    // Each client hears the CONNECTION_CLOSE before the process exits: the last connections'
+    // close frames were sometimes still queued when the endpoint went, and their clients then
+    // waited out their idle timeout (30 s here) to learn it.
+    let backend = Backend::start("h3-backend").await;
+    let mut h3 = H3Proxy::start(&backend);
+    let mut clients = Vec::new();
+    for _ in 0..24 {
+        let (endpoint, mut send, driving, conn) = h3.connect(std::slice::from_ref(&h3.pki.ca)).await;
+        let (status, _, _) = exchange(&mut send, Method::GET, "/", &[], Bytes::new()).await;
+        assert_eq!(status, 200);
+        clients.push((endpoint, send, driving, conn));
+    }
+    h3.proxy.signal(nix::sys::signal::Signal::SIGTERM);
+    let exited = h3.proxy.wait_exit(Duration::from_secs(15));
+    assert!(exited.is_some(), "still running: {}", h3.proxy.log_text());
+    for (_, _, _, conn) in &clients {
+        let ended = tokio::time::timeout(Duration::from_secs(5), conn.closed()).await;
+        match ended {
+            Ok(quinn::ConnectionError::ApplicationClosed(_)) => {}
+            other => panic!("not closed by the proxy: {other:?}"),
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
