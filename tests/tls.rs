@@ -163,6 +163,11 @@ async fn replaced_pairs_serve_new_handshakes_and_broken_ones_are_skipped() {
         "the deleted pair still serves: {}",
         last.lock().unwrap()
     );
+    let said = t.proxy.log_text();
+    assert!(
+        said.contains("certificates: pair wild removed (*.beta.local"),
+        "{said}"
+    );
 }
 
 /// A self-signed RSA pair `dir/stem.crt` + `.key` for `names`; returns the certificate.

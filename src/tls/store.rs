@@ -294,7 +294,12 @@ impl CertStore {
         };
         let before = serving_print(&pairs);
         let mut problems: Vec<String> = pem_text::not_pair_files(&self.dir).into_iter().collect();
-        pairs.retain(|name, _| names.contains(name));
+        let gone: Vec<String> = pairs.keys().filter(|n| !names.contains(n)).cloned().collect();
+        for name in gone {
+            if let Some(pair) = pairs.remove(&name) {
+                problems.extend(self.pair_gone(&name, &pair));
+            }
+        }
         for name in &names {
             match load_pair(&self.dir, name) {
                 Ok(pair) => {
@@ -341,6 +346,25 @@ impl CertStore {
         let next = next_validity_change(pairs.values(), now).unwrap_or(i64::MAX);
         self.next_change.store(next, Ordering::Relaxed);
         problems
+    }
+}
+
+impl CertStore {
+    /// Says that pair `name`, serving until this reload, is gone. A `.key` left without its
+    /// `.crt` is a problem (a file deleted by mistake, or half of a renewal); both gone is said
+    /// at info, naming what the pair served.
+    fn pair_gone(&self, name: &str, pair: &LoadedPair) -> Option<String> {
+        let served = pair.names.join(", ");
+        let key = self.dir.join(format!("{name}.key"));
+        if key.exists() {
+            return Some(format!(
+                "{} is gone but {} is still there: pair {name} ({served}) no longer serves; its names get another certificate, if any",
+                self.dir.join(format!("{name}.crt")).display(),
+                key.display()
+            ));
+        }
+        tracing::info!("certificates: pair {name} removed ({served}); its names get another certificate, if any");
+        None
     }
 }
 

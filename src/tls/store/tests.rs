@@ -244,3 +244,28 @@ fn a_damaged_certificate_in_the_chain_fails_the_pair() {
         "{problems:?}"
     );
 }
+
+#[test]
+fn a_pair_whose_certificate_is_deleted_but_not_its_key_is_said() {
+    let dir = tempfile::tempdir().expect("dir");
+    let now = unix_now();
+    write_pair(dir.path(), "kept", "kept.test", (now - 86_400, now + 86_400));
+    write_pair(dir.path(), "half", "half.test", (now - 86_400, now + 86_400));
+    write_pair(dir.path(), "whole", "whole.test", (now - 86_400, now + 86_400));
+    let (store, problems) = CertStore::open(dir.path());
+    assert_eq!((store.len(), problems.len()), (3, 0), "{problems:?}");
+    std::fs::remove_file(dir.path().join("half.crt")).expect("rm crt");
+    std::fs::remove_file(dir.path().join("whole.crt")).expect("rm crt");
+    std::fs::remove_file(dir.path().join("whole.key")).expect("rm key");
+    let problems = store.reload();
+    assert_eq!(store.len(), 1);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].contains("half.crt is gone but")
+            && problems[0].contains("half.key is still there")
+            && problems[0].contains("pair half (half.test") && problems[0].contains("no longer serves"),
+        "{problems:?}"
+    );
+    // Said once: the next reload finds no pair to lose.
+    assert_eq!(store.reload(), Vec::<String>::new());
+}
