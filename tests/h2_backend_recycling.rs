@@ -27,6 +27,8 @@ struct Recycling {
     refuse_each_once: bool,
     /// Reset every stream with INTERNAL_ERROR once its request is in (processed, then failed).
     fail_each: bool,
+    /// Refuse every stream with REFUSED_STREAM (a backend shedding load).
+    refuse_all: bool,
 }
 
 impl Recycling {
@@ -35,6 +37,7 @@ impl Recycling {
             per_connection: 0,
             refuse_each_once: true,
             fail_each: false,
+            refuse_all: false,
         }
     }
 
@@ -43,6 +46,7 @@ impl Recycling {
             per_connection,
             refuse_each_once: false,
             fail_each: false,
+            refuse_all: false,
         }
     }
 }
@@ -83,7 +87,7 @@ async fn serve_connection(socket: TcpStream, how: Recycling, record: Arc<Record>
         if how.fail_each {
             record.refused.fetch_add(1, Ordering::SeqCst);
             respond.send_reset(Reason::INTERNAL_ERROR);
-        } else if how.refuse_each_once && first_time {
+        } else if how.refuse_all || (how.refuse_each_once && first_time) {
             record.refused.fetch_add(1, Ordering::SeqCst);
             respond.send_reset(Reason::REFUSED_STREAM);
         } else {
@@ -198,6 +202,7 @@ async fn a_stream_the_backend_resets_is_not_sent_to_it_again() {
         per_connection: 0,
         refuse_each_once: false,
         fail_each: true,
+        refuse_all: false,
     };
     let (backend, record) = start_recycling_backend(how).await;
     let proxy = proxy_for(backend);
@@ -217,6 +222,47 @@ async fn a_stream_the_backend_resets_is_not_sent_to_it_again() {
         1,
         "the connection lived on"
     );
+}
+
+/// A backend that refuses every stream (shedding load) gets a request 1 + 3 resends times, not
+/// twice that as if its connection had been stale (a bodyless request went through the resends
+/// twice); a bodyless request then goes to the next backend, one with a body gets the 502.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_refusing_every_stream_gets_a_request_four_times_then_the_next_backend_does() {
+    let how = Recycling {
+        refuse_all: true,
+        ..Recycling::shutting_down_after(0)
+    };
+    let (shedding, refused) = start_recycling_backend(how).await;
+    let proxy = proxy_for(shedding);
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    let resp = client.get("h2.local", "/get").await;
+    assert_eq!(resp.status(), 502);
+    body_bytes(resp).await;
+    assert_eq!(refused.refused.load(Ordering::SeqCst), 4, "sends of a GET");
+    let resp = client
+        .send(http::Method::POST, Some("h2.local"), "/post", &[], full("up"))
+        .await;
+    assert_eq!(resp.status(), 502);
+    body_bytes(resp).await;
+    assert_eq!(refused.refused.load(Ordering::SeqCst), 8, "and of a POST");
+    drop(proxy);
+
+    let (answering, answered) = start_recycling_backend(Recycling::shutting_down_after(0)).await;
+    let servers = [format!("h2c://{shedding}"), format!("h2c://{answering}")];
+    let yaml = Upstreams::new()
+        .host("h2.local", Host::new().path("/", Path::addrs(&servers).healthcheck(false)))
+        .render();
+    let proxy = ProxyProcess::start(&yaml, "");
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    for i in 0..4 {
+        let resp = client.get("h2.local", &format!("/next/{i}")).await;
+        assert_eq!(resp.status(), 200, "request {i}");
+        body_bytes(resp).await;
+    }
+    assert_eq!(lock(&answered.answered).len(), 4);
+    let sends = refused.refused.load(Ordering::SeqCst) - 8;
+    assert!(sends > 0 && sends % 4 == 0, "{sends} sends to the shedding backend");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -271,11 +271,16 @@ pub fn send<'a>(
                     tracing::debug!(backend = %backend.label, "the request body stopped coming");
                     return Err(failed(ProxyError::ClientBodyTimeout, backend));
                 }
-                Err(SendError::Unprocessed(_)) => {
-                    // The pool sends these again itself and reports what is left as a reset.
-                    tracing::warn!(backend = %backend.label, request_id = %logged_id(dropped_at), "backend refused the request");
+                Err(SendError::Unprocessed(request)) => {
+                    // Refused unprocessed each time the pool sent it: never to this backend
+                    // again, to the next one if it comes back.
+                    tracing::warn!(backend = %backend.label, request_id = %logged_id(dropped_at), "backend refused the request (REFUSED_STREAM), every time");
                     count_failure(backend, worker, UpstreamFailure::Reset);
-                    return Err(failed(ProxyError::BackendReset, backend));
+                    last_error = Some(ProxyError::BackendReset);
+                    match request {
+                        Some(request) => pending = Some(*request),
+                        None => return Err(failed(ProxyError::BackendReset, backend)),
+                    }
                 }
                 Err(SendError::Timeout) => {
                     tracing::warn!(backend = %backend.label, request_id = %logged_id(dropped_at), "no response within {:?}", timeouts.response);

@@ -68,9 +68,11 @@ pub enum SendError {
     Timeout,
     /// The client's body stopped coming for the response timeout (the backend waited for it).
     ClientStalled,
-    /// An HTTP/2 backend refused the request before processing any of it (see `refused`). It
-    /// comes back whole, in HTTP/2 form, or `None`: to be made again from the caller's copy of
-    /// its head ([`Target::head_held`]). Sent again within this module, never returned from it.
+    /// An HTTP/2 backend refused the request before processing any of it (see `refused`).
+    /// Within this module it comes back whole, in HTTP/2 form, or `None`: to be made again from
+    /// the caller's copy of its head ([`Target::head_held`]), and goes again. Returned once
+    /// refused [`refused::RESENDS`] times more, with the request as it came when it has no
+    /// body (for another backend), else `None`.
     Unprocessed(Option<Box<Request<UpBody>>>),
 }
 
@@ -185,26 +187,24 @@ async fn send_by_hyper_replayable(
             Err(SendError::Unprocessed(again)) if resends < refused::RESENDS => {
                 let again = again.map(|r| *r);
                 let Some(again) = again.or_else(|| replay.as_ref().map(refused::bodyless)) else {
-                    break Err(refused_every_time());
+                    break Err(SendError::Unprocessed(None));
                 };
                 tracing::debug!(backend = %x.backend.label, "request refused unprocessed; sending it again");
                 resends += 1;
                 req = again;
             }
-            Err(SendError::Unprocessed(_)) => break Err(refused_every_time()),
+            Err(SendError::Unprocessed(_)) => break Err(SendError::Unprocessed(None)),
             other => break other,
         }
     };
-    sent.map_err(|error| with_replay(error, replay))
-}
-
-/// What a request refused more often than it may be sent again gets.
-fn refused_every_time() -> SendError {
-    SendError::Reset {
-        error: "the backend refused the request, every time".into(),
-        reused: true,
-        replay: None,
-    }
+    sent.map_err(|error| match error {
+        // Refused every time: another backend may take it (its head as it came, a bodyless
+        // request's only), not this one once more as a stale connection's request would be.
+        SendError::Unprocessed(_) => {
+            SendError::Unprocessed(replay.as_ref().map(|head| Box::new(refused::bodyless(head))))
+        }
+        error => with_replay(error, replay),
+    })
 }
 
 /// Sends on hyper's client: upgrades, `Expect`, TLS and HTTP/2 backends.
