@@ -238,6 +238,13 @@ async fn forwarding_headers() {
         );
     }
     assert!(seen.contains("x-end-to-end"), "{seen}");
+    // `TE: trailers` goes on when `Connection` names `TE`, as RFC 9110 §10.1.4 has a client do.
+    let te = [("connection", "keep-alive, TE"), ("te", "gzip, trailers")];
+    let resp = client
+        .send(Method::GET, Some("example.com"), "/", &te, full(""))
+        .await;
+    let seen = header(&resp, "x-seen-headers");
+    assert!(seen.split(',').any(|h| h == "te"), "{seen}");
 }
 
 /// A request without `X-Forwarded-*` of its own gets the three fields once each, and one

@@ -370,8 +370,11 @@ fn remove_connection_listed(headers: &mut HeaderMap) {
     }
 }
 
-/// Common `Connection` options whose headers go with the fixed hop-by-hop ones whenever present.
-const GONE_ANYWAY: [&str; 2] = ["keep-alive", "upgrade"];
+/// Common `Connection` options whose headers the sweep takes care of itself: they go with the
+/// fixed hop-by-hop ones whenever present, and `TE` stays as `trailers` in a request, however
+/// `Connection` names it (a client sending `TE` must also send `Connection: TE`, RFC 9110
+/// §10.1.4; taken as a listed field, `trailers` was lost for every client that does).
+const GONE_ANYWAY: [&str; 3] = ["keep-alive", "upgrade", "te"];
 
 /// Common `Connection` options matched by text, not parsed into a `HeaderName` (which would
 /// allocate): a header of that name still goes (RFC 9110 §7.6.1).
@@ -529,6 +532,12 @@ mod tests {
             (&[("te", "gzip;q=0.5 , Trailers")], &["trailers"]),
             (&[("te", "gzip"), ("te", "deflate")], &[]),
             (&[("te", "trailersx")], &[]),
+            (
+                &[("connection", "close, TE"), ("te", "gzip, trailers")],
+                &["trailers"],
+            ),
+            (&[("connection", "te"), ("te", "trailers")], &["trailers"]),
+            (&[("connection", "TE, a"), ("te", "gzip")], &[]),
         ];
         for (input, left) in cases {
             let mut m = map(input);
