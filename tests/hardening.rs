@@ -316,6 +316,7 @@ async fn admin_api(proxy: &Proxy, master_key: Option<&str>) -> SocketAddr {
         shared_limits: None,
         cluster: None,
         acme: None,
+        certificates: None,
         conf_turn: Default::default(),
     });
     let (stop, stop_rx) = tokio::sync::watch::channel(false);

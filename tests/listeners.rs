@@ -72,6 +72,7 @@ async fn start() -> Listeners {
         shared_limits: None,
         cluster: None,
         acme: None,
+        certificates: None,
         conf_turn: Default::default(),
     });
     let served = aralez::admin::serve(admin_listener, admin, None, limits(3), stop_rx.clone());

@@ -861,6 +861,9 @@ async fn failed_handshakes_are_counted_by_why_and_said() {
     assert!(counted.is_some(), "{}", proxy.log_text());
     assert_eq!(metric(admin, &series("client_alert")).await, Some(1.0));
     assert_eq!(metric(admin, &series("timeout")).await, Some(0.0));
+    // And when each pair's certificate expires (rcgen's lasts until 4096).
+    let expires = metric(admin, "aralez_certificate_not_after_seconds{pair=\"alpha\"}").await;
+    assert!(expires.is_some_and(|at| at > 4.0e10), "{expires:?}");
 }
 
 /// Sessions made under a certificate are not resumed once its pair is replaced (a key replaced

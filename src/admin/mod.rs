@@ -67,6 +67,8 @@ pub struct Admin {
     pub cluster: Option<Arc<cluster::Cluster>>,
     /// `acme:`'s series in `/metrics`.
     pub acme: Option<Arc<crate::control::acme::Acme>>,
+    /// The certificate directory's pairs, for their expiry series in `/metrics`.
+    pub certificates: Option<Arc<crate::tls::CertStore>>,
     /// One `POST /conf` body read and applied at a time ([`ConfTurn`]).
     pub conf_turn: ConfTurn,
 }
@@ -487,6 +489,9 @@ impl Admin {
         }
         if let Some(acme) = &self.acme {
             acme.render_prometheus(&mut text);
+        }
+        if let Some(certificates) = &self.certificates {
+            certificates.render_prometheus(&mut text);
         }
         reply(
             StatusCode::OK,

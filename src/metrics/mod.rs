@@ -294,6 +294,7 @@ mod render;
 mod tls_failures;
 mod upstreams;
 
+pub use render::escape as escape_label_value;
 pub use tls_failures::TlsFailure;
 use tls_failures::TlsFailures;
 

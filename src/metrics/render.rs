@@ -405,7 +405,7 @@ fn render_standard(out: &mut String, process: &ProcessNow) {
 }
 
 /// Escapes a label value: backslash, double quote and newline.
-pub(super) fn escape(value: &str) -> std::borrow::Cow<'_, str> {
+pub fn escape(value: &str) -> std::borrow::Cow<'_, str> {
     if !value.contains(['\\', '"', '\n']) {
         return value.into();
     }

@@ -408,6 +408,7 @@ impl Running {
             tracing::info!("listening on http://{addr} with {workers_count} worker(s)");
         }
         let challenges = ctx.acme.as_ref().map(|a| a.challenges());
+        let cert_store = certificates.as_ref().map(|c| c.store().clone());
         let mut tls = tls_side::tls_acceptor(main, control, challenges, certificates)?;
         if let Some(addr) = tls_listeners.first().and_then(|l| l.local_addr().ok()) {
             ctx.policy_state.tls_port.set(addr.port());
@@ -420,7 +421,11 @@ impl Running {
         crate::control::start(control, main, ctx.reloader.snapshot.clone());
         crate::discovery::start(control, ctx.reloader.clone());
         let (stop, stopped) = watch::channel(false);
-        let side_tasks = start_side_listeners(control, main, ctx, admin, &stopped);
+        let side = SideListeners {
+            admin,
+            certificates: cert_store,
+        };
+        let side_tasks = start_side_listeners(control, main, ctx, side, &stopped);
         let mut running = Running {
             stop,
             threads: Vec::new(),
@@ -527,13 +532,23 @@ async fn until_stop_signal(
     }
 }
 
+/// What the admin API serves besides the context: its listeners, and the certificate
+/// directory's pairs for their expiry series.
+struct SideListeners {
+    admin: crate::admin::AdminListeners,
+    certificates: Option<Arc<crate::tls::CertStore>>,
+}
+
 /// The admin API (and what it shows: the cache, shared limits, ACME, the cluster), on the
 /// control runtime; its tasks end after their drain.
 fn start_side_listeners(
     control: &tokio::runtime::Runtime,
     main: &MainConfig,
     ctx: &Context,
-    listeners: crate::admin::AdminListeners,
+    SideListeners {
+        admin: listeners,
+        certificates,
+    }: SideListeners,
     stop: &watch::Receiver<bool>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     if let Some(cache) = &ctx.policy_state.cache {
@@ -556,6 +571,7 @@ fn start_side_listeners(
         shared_limits: ctx.policy_state.shared_limits.clone(),
         cluster: cluster_master(control, main, ctx, listeners.first_url()),
         acme: ctx.acme.clone(),
+        certificates,
         conf_turn: Default::default(),
     });
     crate::admin::start(control, main, listeners, admin, stop)

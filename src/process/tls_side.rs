@@ -123,6 +123,11 @@ pub fn load_certificates(main: &MainConfig) -> Result<Option<LoadedCertificates>
 }
 
 impl LoadedCertificates {
+    /// The directory's pairs.
+    pub fn store(&self) -> &Arc<crate::tls::CertStore> {
+        &self.store
+    }
+
     /// What SIGHUP uses to reload them.
     pub fn reload(&self) -> crate::tls::CertReload {
         self.reload.clone()

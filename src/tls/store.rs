@@ -350,6 +350,20 @@ impl CertStore {
 }
 
 impl CertStore {
+    /// `aralez_certificate_not_after_seconds{pair}`: when each serving pair's certificate
+    /// expires (Unix time), hand-managed and ACME's alike, for an alert on
+    /// `aralez_certificate_not_after_seconds - time()` (Traefik's `tls_certs_not_after`).
+    pub fn render_prometheus(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let name = "aralez_certificate_not_after_seconds";
+        let _ = writeln!(out, "# HELP {name} When the certificate of each pair serving from the certificate directory expires (Unix time).\n# TYPE {name} gauge");
+        let pairs = self.pairs.lock().unwrap_or_else(|p| p.into_inner());
+        for (pair, loaded) in pairs.iter() {
+            let pair = crate::metrics::escape_label_value(pair);
+            let _ = writeln!(out, "{name}{{pair=\"{pair}\"}} {}", loaded.valid.1);
+        }
+    }
+
     /// Says that pair `name`, serving until this reload, is gone. A `.key` left without its
     /// `.crt` is a problem (a file deleted by mistake, or half of a renewal); both gone is said
     /// at info, naming what the pair served.

@@ -269,3 +269,24 @@ fn a_pair_whose_certificate_is_deleted_but_not_its_key_is_said() {
     // Said once: the next reload finds no pair to lose.
     assert_eq!(store.reload(), Vec::<String>::new());
 }
+
+#[test]
+fn each_serving_pair_says_when_it_expires_in_metrics() {
+    let dir = tempfile::tempdir().expect("dir");
+    let now = unix_now();
+    write_pair(dir.path(), "a\"b", "quoted.test", (now - 86_400, now + 40 * 86_400));
+    write_pair(dir.path(), "plain", "plain.test", (now - 86_400, now + 10 * 86_400));
+    let (store, _) = CertStore::open(dir.path());
+    let mut text = String::new();
+    store.render_prometheus(&mut text);
+    let value = |series: &str| -> i64 {
+        let line = text.lines().find(|l| l.starts_with(series)).expect(series);
+        line.rsplit(' ').next().and_then(|v| v.parse().ok()).expect("a number")
+    };
+    // rcgen writes whole days: the end of the day named.
+    let plain = value("aralez_certificate_not_after_seconds{pair=\"plain\"}");
+    assert!((plain - (now + 10 * 86_400)).abs() <= 86_400, "{text}");
+    let quoted = value("aralez_certificate_not_after_seconds{pair=\"a\\\"b\"}");
+    assert!(quoted > plain, "{text}");
+    assert!(text.contains("# TYPE aralez_certificate_not_after_seconds gauge"));
+}
