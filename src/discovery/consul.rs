@@ -82,11 +82,21 @@ struct Listed {
 }
 
 /// Backends of a health response: `Service.Address` (else `Node.Address`) + `Service.Port`.
+/// An entry that does not read (a `Port` out of range or missing) is left out with the others
+/// that name no usable backend, not the whole answer: one bad registration froze every update
+/// of its service, instances gone kept their traffic.
 fn backends_of(body: &[u8]) -> Result<Listed, String> {
-    let entries: Vec<Entry> =
+    let entries: Vec<serde_json::Value> =
         serde_json::from_slice(body).map_err(|e| format!("unexpected JSON: {e}"))?;
     let mut listed = Listed::default();
-    for e in &entries {
+    for (i, entry) in entries.into_iter().enumerate() {
+        let e = match serde_json::from_value::<Entry>(entry) {
+            Ok(e) => e,
+            Err(why) => {
+                listed.skipped.push(format!("entry {}: {why}", i + 1));
+                continue;
+            }
+        };
         let written = if e.service.address.is_empty() {
             &e.node.address
         } else {
@@ -207,7 +217,7 @@ async fn watch_service(
                 };
                 if listed.skipped != skipped_before {
                     if let Some(first) = listed.skipped.first() {
-                        tracing::warn!(service = %name, server = %base, "consul: {} entries name no usable address and are left out, first `{first}`", listed.skipped.len());
+                        tracing::warn!(service = %name, server = %base, "consul: {} entries name no usable backend and are left out, first `{first}`", listed.skipped.len());
                     }
                     skipped_before = listed.skipped;
                 }
@@ -390,6 +400,16 @@ mod tests {
         let list: Vec<String> = listed.backends.iter().map(ToString::to_string).collect();
         assert_eq!(list, ["10.0.0.1:80", "10.1.1.1:8080", "[::1]:9"]);
         assert_eq!(listed.skipped, ["bad host!!:9"]);
+        // One registration that does not read leaves out only itself.
+        let body = br#"[{"Node":{"Address":"n"},"Service":{"Address":"10.0.0.1","Port":70000},"Checks":[]},
+                        {"Node":{"Address":"n"},"Service":{"Address":"10.0.0.2"},"Checks":[]},
+                        {"Node":{"Address":"n"},"Service":{"Address":"10.0.0.3","Port":80},"Checks":[]}]"#;
+        let listed = backends_of(body).unwrap();
+        let list: Vec<String> = listed.backends.iter().map(ToString::to_string).collect();
+        assert_eq!(list, ["10.0.0.3:80"]);
+        assert_eq!(listed.skipped.len(), 2, "{:?}", listed.skipped);
+        assert!(listed.skipped[0].starts_with("entry 1: invalid value: integer `70000`"), "{:?}", listed.skipped);
+        assert!(listed.skipped[1].starts_with("entry 2: missing field `Port`"), "{:?}", listed.skipped);
         assert!(backends_of(b"{}").is_err());
         assert_eq!(backends_of(b"[]").unwrap(), Listed::default());
     }
