@@ -336,6 +336,13 @@ async fn endpoint_slices_are_listed_watched_and_relisted() {
     wait_for(&proxy, &["a", "b", "c"]).await;
     api.event("DELETED", slice("web-1", port, &[]));
     wait_for(&proxy, &["c"]).await;
+    // A slice with no port number: its endpoints leave, and the log says why.
+    let mut portless = slice("web-2", port, &[("127.0.0.3", Some(true))]);
+    portless["ports"] = serde_json::json!([{ "name": "http", "protocol": "TCP" }]);
+    api.event("MODIFIED", portless);
+    let said = "EndpointSlice `web-2` lists no TCP port with a number; its 1 endpoint(s) are left out";
+    let logged = eventually(Duration::from_secs(5), || proxy.log_text().contains(said)).await;
+    assert!(logged, "{}", proxy.log_text());
 
     // 410 Gone: the watcher lists again and follows the new state.
     let lists_before = api.state.lock().unwrap().lists;

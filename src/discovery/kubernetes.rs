@@ -129,6 +129,13 @@ fn http_port(slice: &EndpointSlice) -> Option<i32> {
 
 fn ready_backends(slice: &EndpointSlice) -> Vec<ServerSpec> {
     let Some(port) = http_port(slice) else {
+        // Said: its endpoints leave the route (a 503 if they were all it had) for a reason
+        // only the slice shows.
+        let endpoints = slice.endpoints.iter().flatten().count();
+        if endpoints > 0 {
+            let name = slice.metadata.name.as_deref().unwrap_or("");
+            tracing::warn!("kubernetes: EndpointSlice `{name}` lists no TCP port with a number; its {endpoints} endpoint(s) are left out");
+        }
         return Vec::new();
     };
     slice
