@@ -241,7 +241,13 @@ async fn a_backend_refusing_every_stream_gets_a_request_four_times_then_the_next
     body_bytes(resp).await;
     assert_eq!(refused.refused.load(Ordering::SeqCst), 4, "sends of a GET");
     let resp = client
-        .send(http::Method::POST, Some("h2.local"), "/post", &[], full("up"))
+        .send(
+            http::Method::POST,
+            Some("h2.local"),
+            "/post",
+            &[],
+            full("up"),
+        )
         .await;
     assert_eq!(resp.status(), 502);
     body_bytes(resp).await;
@@ -251,7 +257,10 @@ async fn a_backend_refusing_every_stream_gets_a_request_four_times_then_the_next
     let (answering, answered) = start_recycling_backend(Recycling::shutting_down_after(0)).await;
     let servers = [format!("h2c://{shedding}"), format!("h2c://{answering}")];
     let yaml = Upstreams::new()
-        .host("h2.local", Host::new().path("/", Path::addrs(&servers).healthcheck(false)))
+        .host(
+            "h2.local",
+            Host::new().path("/", Path::addrs(&servers).healthcheck(false)),
+        )
         .render();
     let proxy = ProxyProcess::start(&yaml, "");
     let mut client = Client::connect(Proto::H1, proxy.addr).await;
@@ -262,7 +271,10 @@ async fn a_backend_refusing_every_stream_gets_a_request_four_times_then_the_next
     }
     assert_eq!(lock(&answered.answered).len(), 4);
     let sends = refused.refused.load(Ordering::SeqCst) - 8;
-    assert!(sends > 0 && sends % 4 == 0, "{sends} sends to the shedding backend");
+    assert!(
+        sends > 0 && sends % 4 == 0,
+        "{sends} sends to the shedding backend"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -382,7 +382,8 @@ async fn connections_open_at_exit_are_told_the_connection_closed() {
     let mut h3 = H3Proxy::start(&backend);
     let mut clients = Vec::new();
     for _ in 0..24 {
-        let (endpoint, mut send, driving, conn) = h3.connect(std::slice::from_ref(&h3.pki.ca)).await;
+        let (endpoint, mut send, driving, conn) =
+            h3.connect(std::slice::from_ref(&h3.pki.ca)).await;
         let (status, _, _) = exchange(&mut send, Method::GET, "/", &[], Bytes::new()).await;
         assert_eq!(status, 200);
         clients.push((endpoint, send, driving, conn));

@@ -340,7 +340,8 @@ async fn endpoint_slices_are_listed_watched_and_relisted() {
     let mut portless = slice("web-2", port, &[("127.0.0.3", Some(true))]);
     portless["ports"] = serde_json::json!([{ "name": "http", "protocol": "TCP" }]);
     api.event("MODIFIED", portless);
-    let said = "EndpointSlice `web-2` lists no TCP port with a number; its 1 endpoint(s) are left out";
+    let said =
+        "EndpointSlice `web-2` lists no TCP port with a number; its 1 endpoint(s) are left out";
     let logged = eventually(Duration::from_secs(5), || proxy.log_text().contains(said)).await;
     assert!(logged, "{}", proxy.log_text());
 

@@ -862,7 +862,11 @@ async fn failed_handshakes_are_counted_by_why_and_said() {
     assert_eq!(metric(admin, &series("client_alert")).await, Some(1.0));
     assert_eq!(metric(admin, &series("timeout")).await, Some(0.0));
     // And when each pair's certificate expires (rcgen's lasts until 4096).
-    let expires = metric(admin, "aralez_certificate_not_after_seconds{pair=\"alpha\"}").await;
+    let expires = metric(
+        admin,
+        "aralez_certificate_not_after_seconds{pair=\"alpha\"}",
+    )
+    .await;
     assert!(expires.is_some_and(|at| at > 4.0e10), "{expires:?}");
 }
 

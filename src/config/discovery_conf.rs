@@ -54,7 +54,36 @@ pub struct KubernetesConfig {
 
 const SERVICE_KEYS: &[&str] = &["hostname", "upstream", "path"];
 
-fn read_services(node: &Node, path: &str, r: &mut Reader) -> Vec<DiscoveredService> {
+/// Whose names a service's `upstream` is: Consul takes any (asked for URL-encoded); Kubernetes
+/// only a DNS-1035 label (RFC 1035), which its label selector is made of.
+#[derive(Clone, Copy, PartialEq)]
+enum Registry {
+    Consul,
+    Kubernetes,
+}
+
+/// Whether `name` is a DNS label of at most 63 lowercase letters, digits and `-`, neither
+/// beginning nor ending with `-` (Kubernetes' DNS-1123 label: a namespace), and beginning with
+/// a letter if `letter_first` (its DNS-1035 label: a service).
+fn is_kubernetes_name(name: &str, letter_first: bool) -> bool {
+    let bytes = name.as_bytes();
+    let allowed = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-';
+    let (Some(first), Some(last)) = (bytes.first(), bytes.last()) else {
+        return false;
+    };
+    bytes.len() <= 63
+        && bytes.iter().all(allowed)
+        && *first != b'-'
+        && *last != b'-'
+        && (!letter_first || first.is_ascii_lowercase())
+}
+
+fn read_services(
+    node: &Node,
+    path: &str,
+    r: &mut Reader,
+    registry: Registry,
+) -> Vec<DiscoveredService> {
     let items = match &node.value {
         Value::Seq(items) => items,
         Value::Null => return Vec::new(),
@@ -95,7 +124,15 @@ fn read_services(node: &Node, path: &str, r: &mut Reader) -> Vec<DiscoveredServi
                         .unwrap_or_default()
                 }
                 "upstream" => {
-                    svc.upstream = r.non_empty_string(value, &key_path).unwrap_or_default()
+                    svc.upstream = r.non_empty_string(value, &key_path).unwrap_or_default();
+                    let kubernetes = registry == Registry::Kubernetes;
+                    if kubernetes
+                        && !svc.upstream.is_empty()
+                        && !is_kubernetes_name(&svc.upstream, true)
+                    {
+                        let why = format!("`{}` is not a Kubernetes service name (at most 63 lowercase letters, digits and `-`, beginning with a letter, not ending with `-`)", svc.upstream);
+                        r.error(value.pos, &key_path, why);
+                    }
                 }
                 "path" => match r.non_empty_string(value, &key_path) {
                     Some(p) if p.starts_with('/') => svc.path = p,
@@ -231,7 +268,7 @@ pub fn read_consul(node: &Node, path: &str, r: &mut Reader) -> Option<ConsulConf
                 }
             }
             "token" => cfg.token = read_consul_token(value, &key_path, r),
-            "services" => cfg.services = read_services(value, &key_path, r),
+            "services" => cfg.services = read_services(value, &key_path, r, Registry::Consul),
             _ => r.unknown_key(key, &key_path, &["servers", "token", "services"]),
         }
     }
@@ -268,8 +305,18 @@ pub fn read_kubernetes(node: &Node, path: &str, r: &mut Reader) -> Option<Kubern
                     .non_empty_string(value, &key_path)
                     .unwrap_or(cfg.tokenpath)
             }
-            "namespace" => cfg.namespace = r.non_empty_string(value, &key_path),
-            "services" => cfg.services = read_services(value, &key_path, r),
+            "namespace" => {
+                cfg.namespace = r.non_empty_string(value, &key_path);
+                if let Some(ns) = cfg
+                    .namespace
+                    .as_deref()
+                    .filter(|ns| !is_kubernetes_name(ns, false))
+                {
+                    let why = format!("`{ns}` is not a Kubernetes namespace name (at most 63 lowercase letters, digits and `-`, neither beginning nor ending with `-`)");
+                    r.error(value.pos, &key_path, why);
+                }
+            }
+            "services" => cfg.services = read_services(value, &key_path, r, Registry::Kubernetes),
             _ => r.unknown_key(
                 key,
                 &key_path,

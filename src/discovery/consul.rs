@@ -408,8 +408,16 @@ mod tests {
         let list: Vec<String> = listed.backends.iter().map(ToString::to_string).collect();
         assert_eq!(list, ["10.0.0.3:80"]);
         assert_eq!(listed.skipped.len(), 2, "{:?}", listed.skipped);
-        assert!(listed.skipped[0].starts_with("entry 1: invalid value: integer `70000`"), "{:?}", listed.skipped);
-        assert!(listed.skipped[1].starts_with("entry 2: missing field `Port`"), "{:?}", listed.skipped);
+        assert!(
+            listed.skipped[0].starts_with("entry 1: invalid value: integer `70000`"),
+            "{:?}",
+            listed.skipped
+        );
+        assert!(
+            listed.skipped[1].starts_with("entry 2: missing field `Port`"),
+            "{:?}",
+            listed.skipped
+        );
         assert!(backends_of(b"{}").is_err());
         assert_eq!(backends_of(b"[]").unwrap(), Listed::default());
     }

@@ -294,7 +294,11 @@ impl CertStore {
         };
         let before = serving_print(&pairs);
         let mut problems: Vec<String> = pem_text::not_pair_files(&self.dir).into_iter().collect();
-        let gone: Vec<String> = pairs.keys().filter(|n| !names.contains(n)).cloned().collect();
+        let gone: Vec<String> = pairs
+            .keys()
+            .filter(|n| !names.contains(n))
+            .cloned()
+            .collect();
         for name in gone {
             if let Some(pair) = pairs.remove(&name) {
                 problems.extend(self.pair_gone(&name, &pair));

@@ -249,9 +249,24 @@ fn a_damaged_certificate_in_the_chain_fails_the_pair() {
 fn a_pair_whose_certificate_is_deleted_but_not_its_key_is_said() {
     let dir = tempfile::tempdir().expect("dir");
     let now = unix_now();
-    write_pair(dir.path(), "kept", "kept.test", (now - 86_400, now + 86_400));
-    write_pair(dir.path(), "half", "half.test", (now - 86_400, now + 86_400));
-    write_pair(dir.path(), "whole", "whole.test", (now - 86_400, now + 86_400));
+    write_pair(
+        dir.path(),
+        "kept",
+        "kept.test",
+        (now - 86_400, now + 86_400),
+    );
+    write_pair(
+        dir.path(),
+        "half",
+        "half.test",
+        (now - 86_400, now + 86_400),
+    );
+    write_pair(
+        dir.path(),
+        "whole",
+        "whole.test",
+        (now - 86_400, now + 86_400),
+    );
     let (store, problems) = CertStore::open(dir.path());
     assert_eq!((store.len(), problems.len()), (3, 0), "{problems:?}");
     std::fs::remove_file(dir.path().join("half.crt")).expect("rm crt");
@@ -263,7 +278,8 @@ fn a_pair_whose_certificate_is_deleted_but_not_its_key_is_said() {
     assert!(
         problems[0].contains("half.crt is gone but")
             && problems[0].contains("half.key is still there")
-            && problems[0].contains("pair half (half.test") && problems[0].contains("no longer serves"),
+            && problems[0].contains("pair half (half.test")
+            && problems[0].contains("no longer serves"),
         "{problems:?}"
     );
     // Said once: the next reload finds no pair to lose.
@@ -274,14 +290,27 @@ fn a_pair_whose_certificate_is_deleted_but_not_its_key_is_said() {
 fn each_serving_pair_says_when_it_expires_in_metrics() {
     let dir = tempfile::tempdir().expect("dir");
     let now = unix_now();
-    write_pair(dir.path(), "a\"b", "quoted.test", (now - 86_400, now + 40 * 86_400));
-    write_pair(dir.path(), "plain", "plain.test", (now - 86_400, now + 10 * 86_400));
+    write_pair(
+        dir.path(),
+        "a\"b",
+        "quoted.test",
+        (now - 86_400, now + 40 * 86_400),
+    );
+    write_pair(
+        dir.path(),
+        "plain",
+        "plain.test",
+        (now - 86_400, now + 10 * 86_400),
+    );
     let (store, _) = CertStore::open(dir.path());
     let mut text = String::new();
     store.render_prometheus(&mut text);
     let value = |series: &str| -> i64 {
         let line = text.lines().find(|l| l.starts_with(series)).expect(series);
-        line.rsplit(' ').next().and_then(|v| v.parse().ok()).expect("a number")
+        line.rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .expect("a number")
     };
     // rcgen writes whole days: the end of the day named.
     let plain = value("aralez_certificate_not_after_seconds{pair=\"plain\"}");

@@ -113,6 +113,19 @@ pub(crate) fn cases() -> Vec<Case> {
                 err(U, 6, "kubernetes.servers[2]", "the URL carries credentials, which are never sent"),
             ],
         ),
+        // A namespace or service name Kubernetes cannot have is refused here: it failed only
+        // once discovery started ("invalid uri character"), or, with a `,` in it, selected
+        // other slices than the service's.
+        Case::broken(
+            "kubernetes_names",
+            MAIN_OK,
+            &format!("provider: kubernetes\nkubernetes:\n  servers: [\"https://10.0.0.1:6443\"]\n  namespace: \"Default NS\"\n  services:\n    - {{ hostname: a.test, upstream: \"web,foo!=bar\" }}\n    - {{ hostname: b.test, upstream: 9web }}\n    - {{ hostname: c.test, upstream: web-2 }}\n{UPS_OK}"),
+            vec![
+                err(U, 4, "kubernetes.namespace", "`Default NS` is not a Kubernetes namespace name"),
+                err(U, 6, "kubernetes.services[0].upstream", "`web,foo!=bar` is not a Kubernetes service name"),
+                err(U, 7, "kubernetes.services[1].upstream", "`9web` is not a Kubernetes service name"),
+            ],
+        ),
         // A discovered service's hostname is read as a host of the file: `default` in lower
         // case is a host like any other, and a second service on the same host and path gets
         // no request.
