@@ -313,9 +313,13 @@ async fn instances_follow_consul_and_survive_its_outage() {
         "outage not reported:\n{}",
         proxy.log_text()
     );
-    // Saying why: not only hyper's `client error (Connect)`.
+    // Saying why: not only hyper's `client error (Connect)`; and counting each failure.
     let log = proxy.log_text();
     assert!(log.contains("Connection refused"), "{log}");
+    let said = proxy.log_count(failed) as u64;
+    let counted = proxy.discovery_failures("consul");
+    assert!(counted >= said && said >= 4, "{counted} counted, {said} said");
+    assert_eq!(proxy.discovery_failures("kubernetes"), 0);
     for _ in 0..5 {
         assert_eq!(backend_for_web(&proxy).await, (200, "b".to_string()));
     }

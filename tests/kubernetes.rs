@@ -510,6 +510,9 @@ async fn a_list_that_keeps_failing_is_tried_less_and_less_often() {
     assert!((3..=14).contains(&asked), "{asked} tries in 120 s");
     let log = proxy.log_text();
     assert!(!log.contains("watching again after"), "{log}");
+    // Each failed try is counted where an alert can see it.
+    let failures = proxy.discovery_failures("kubernetes");
+    assert!((3..=asked as u64).contains(&failures), "{failures} of {asked}");
     std::fs::write(&token, TOKEN).unwrap();
     let back = eventually(Duration::from_secs(60), || {
         proxy.log_text().contains("watching again after")

@@ -226,6 +226,7 @@ async fn watch_service(
             }
             Err(reason) => {
                 outage.failed();
+                reloader.discovery_failed(crate::metrics::Discovery::Consul);
                 tracing::warn!(service = %name, server = %base, "consul: {reason}; keeping the last known backends, retrying in {backoff:?}");
                 server += 1;
                 tokio::time::sleep(backoff).await;

@@ -276,6 +276,7 @@ async fn watch_service(
                 if too_many(buffer) {
                     relisting = None;
                     let wait = failing.failed();
+                    reloader.discovery_failed(crate::metrics::Discovery::Kubernetes);
                     tracing::error!(service = %service, "kubernetes: the service lists more than {MAX_BACKENDS} backends or {MAX_SLICES} slices; keeping the last known backends, listing again in {wait:?}");
                     tokio::time::sleep(wait).await;
                     events = start();
@@ -306,6 +307,7 @@ async fn watch_service(
             }
             Err(e) => {
                 let wait = failing.failed();
+                reloader.discovery_failed(crate::metrics::Discovery::Kubernetes);
                 tracing::warn!(service = %service, "kubernetes: {}; keeping the last known backends, watching again in {wait:?}", describe(&e, &tokenpath));
                 tokio::time::sleep(wait).await;
                 false

@@ -114,6 +114,11 @@ struct Watching {
 }
 
 impl Reloader {
+    /// Counts a failed query, list or watch of `registry` (its last known backends serve on).
+    pub fn discovery_failed(&self, registry: crate::metrics::Discovery) {
+        self.metrics.discovery_failed(registry);
+    }
+
     pub fn new(
         upstreams_path: PathBuf,
         registry: Registry,

@@ -79,6 +79,26 @@ pub struct Metrics {
     logging_errors: AtomicU64,
     reloads: Mutex<Vec<(Box<str>, bool, u64)>>,
     tls_failures: TlsFailures,
+    /// Failed Consul queries and Kubernetes lists or watches, by [`Discovery`].
+    discovery_failures: [AtomicU64; 2],
+}
+
+/// A service registry backends are discovered from.
+#[derive(Clone, Copy, Debug)]
+pub enum Discovery {
+    Consul = 0,
+    Kubernetes = 1,
+}
+
+impl Discovery {
+    const ALL: [Discovery; 2] = [Discovery::Consul, Discovery::Kubernetes];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Discovery::Consul => "consul",
+            Discovery::Kubernetes => "kubernetes",
+        }
+    }
 }
 
 #[repr(align(128))]
@@ -119,6 +139,7 @@ impl Metrics {
             logging_errors: AtomicU64::new(0),
             reloads: Mutex::new(Vec::new()),
             tls_failures: TlsFailures::default(),
+            discovery_failures: Default::default(),
         }
     }
 
@@ -236,6 +257,12 @@ impl Metrics {
     /// Counts an access log line that was dropped (or could not be written).
     pub fn logging_error(&self) {
         self.logging_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a failed query, list or watch of `registry`: the backends it had found keep
+    /// serving meanwhile, unchanged (Prometheus' own `prometheus_sd_consul_rpc_failures_total`).
+    pub fn discovery_failed(&self, registry: Discovery) {
+        self.discovery_failures[registry as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a configuration reload from `source` (`SIGHUP`, `file`, `api`, ...), applied or not.

@@ -246,6 +246,13 @@ impl Metrics {
                 let _ = writeln!(out, "{name}{{source=\"{source}\",result=\"{result}\"}} {n}");
             }
         }
+        let name = "aralez_discovery_failures_total";
+        let help = "Failed Consul queries and Kubernetes lists or watches; the backends found before keep serving.";
+        header(out, name, "counter", help);
+        for registry in super::Discovery::ALL {
+            let n = self.discovery_failures[registry as usize].load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}{{source=\"{}\"}} {n}", registry.as_str());
+        }
         let name = "aralez_rate_limited_total";
         header(out, name, "counter", "Requests refused by a rate limit.");
         let _ = writeln!(out, "{name} {}", self.sum(|s| load(&s.rate_limited)));

@@ -74,6 +74,15 @@ pub struct Proxy {
 }
 
 impl Proxy {
+    /// `aralez_discovery_failures_total{source}` as `/metrics` says it.
+    pub fn discovery_failures(&self, source: &str) -> u64 {
+        let text = self.ctx.metrics.render_prometheus(std::iter::empty());
+        let series = format!("aralez_discovery_failures_total{{source=\"{source}\"}} ");
+        let line = text.lines().find_map(|l| l.strip_prefix(&series));
+        let count = line.and_then(|n| n.parse().ok());
+        count.unwrap_or_else(|| panic!("no {series}in {text}"))
+    }
+
     /// Starts the proxy with this `upstreams.yaml` and extra `main.yaml` lines; active health
     /// checks run (on their `hc_interval`) unless every route turns them off.
     pub async fn start(upstreams: &str, main_extra: &str) -> Proxy {
