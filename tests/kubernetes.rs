@@ -353,6 +353,9 @@ async fn endpoint_slices_are_listed_watched_and_relisted() {
         api.state.lock().unwrap().lists > lists_before,
         "relisted after 410"
     );
+    // Routine, not a failure: said at info, listed again at once, not counted.
+    assert_eq!(proxy.discovery_failures("kubernetes"), 0);
+    assert!(proxy.log_text().contains("the watch's version is gone (410); listing again"));
     drop((a, b, c));
 }
 

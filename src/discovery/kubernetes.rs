@@ -366,10 +366,15 @@ impl Coalesced {
     }
 }
 
-/// Whether the API server answered the watch request itself with 410 Gone: its version was
-/// compacted away, and only a new list helps.
+/// Whether the API server said 410 Gone, to the watch request itself or as an `ERROR` event in
+/// its stream (routine, when etcd compacts): the version was compacted away, and only a new
+/// list helps. Not a failure: the event had been warned, counted and waited a second for.
 fn watch_refused_as_gone(e: &watcher::Error) -> bool {
-    matches!(e, watcher::Error::WatchStartFailed(kube::Error::Api(status)) if status.code == 410)
+    match e {
+        watcher::Error::WatchStartFailed(kube::Error::Api(status)) => status.code == 410,
+        watcher::Error::WatchError(status) => status.code == 410,
+        _ => false,
+    }
 }
 
 /// A watcher error in an operator's words (a 401 says which token file to check, and whether
