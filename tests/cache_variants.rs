@@ -36,3 +36,36 @@ async fn accept_encoding_spellings_of_one_choice_share_an_entry() {
     assert_eq!(ask("gzip, deflate".into()).await, "HIT", "still there");
     assert_eq!(origin.requests(), 2);
 }
+
+/// When an answer names other `Vary` fields than the variants stored, they go: the newest
+/// answer says what the resource varies on (RFC 9111 §4.1), and an older variant, selected by
+/// the fields it was stored under, was served in place of the one the new fields select.
+#[tokio::test]
+async fn an_answer_with_another_vary_replaces_the_variants_of_the_old_one() {
+    let origin = Origin::start().await;
+    let proxy = proxy_for(&origin);
+    let mut c = Client::connect(Proto::H1, proxy.addr).await;
+    let path = "/changing?cc=max-age=60";
+    let mut ask = async |headers: &[(&str, &str)]| {
+        let (resp, body) = send(&mut c, Method::GET, path, headers).await;
+        (hdr(&resp, "x-cache-status"), body)
+    };
+    let by_language = [("x-origin-vary", "accept-language"), ("accept-language", "en")];
+    assert_eq!(ask(&by_language).await, ("MISS".into(), "#1".into()));
+    assert_eq!(ask(&by_language).await, ("HIT".into(), "#1".into()));
+    // The resource now varies by tenant.
+    let tenant_one = [
+        ("x-origin-vary", "x-tenant"),
+        ("x-tenant", "t1"),
+        ("accept-language", "de"),
+    ];
+    assert_eq!(ask(&tenant_one).await, ("MISS".into(), "#2".into()));
+    // Another tenant in English: no variant of the tenant's, not the old English one.
+    let tenant_two = [
+        ("x-origin-vary", "x-tenant"),
+        ("x-tenant", "t2"),
+        ("accept-language", "en"),
+    ];
+    assert_eq!(ask(&tenant_two).await, ("MISS".into(), "#3".into()));
+    assert_eq!(origin.requests(), 3);
+}

@@ -318,7 +318,10 @@ async fn instances_follow_consul_and_survive_its_outage() {
     assert!(log.contains("Connection refused"), "{log}");
     let said = proxy.log_count(failed) as u64;
     let counted = proxy.discovery_failures("consul");
-    assert!(counted >= said && said >= 4, "{counted} counted, {said} said");
+    assert!(
+        counted >= said && said >= 4,
+        "{counted} counted, {said} said"
+    );
     assert_eq!(proxy.discovery_failures("kubernetes"), 0);
     for _ in 0..5 {
         assert_eq!(backend_for_web(&proxy).await, (200, "b".to_string()));

@@ -355,7 +355,9 @@ async fn endpoint_slices_are_listed_watched_and_relisted() {
     );
     // Routine, not a failure: said at info, listed again at once, not counted.
     assert_eq!(proxy.discovery_failures("kubernetes"), 0);
-    assert!(proxy.log_text().contains("the watch's version is gone (410); listing again"));
+    assert!(proxy
+        .log_text()
+        .contains("the watch's version is gone (410); listing again"));
     drop((a, b, c));
 }
 
@@ -515,7 +517,10 @@ async fn a_list_that_keeps_failing_is_tried_less_and_less_often() {
     assert!(!log.contains("watching again after"), "{log}");
     // Each failed try is counted where an alert can see it.
     let failures = proxy.discovery_failures("kubernetes");
-    assert!((3..=asked as u64).contains(&failures), "{failures} of {asked}");
+    assert!(
+        (3..=asked as u64).contains(&failures),
+        "{failures} of {asked}"
+    );
     std::fs::write(&token, TOKEN).unwrap();
     let back = eventually(Duration::from_secs(60), || {
         proxy.log_text().contains("watching again after")

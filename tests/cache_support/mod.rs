@@ -22,7 +22,7 @@ use crate::support::*;
 /// (a Set-Cookie), `status`, `age` (an Age header on a 200), `slow` (ms before answering), `len`
 /// (body bytes), `ct` (a Content-Type), `etag` (an ETag; a request whose If-None-Match names it gets a 304 with the
 /// same Cache-Control; with `etag304`, a 304 naming that ETag to any If-None-Match). The body is `#<n>` (its request count) unless `len` is given. `X-Lang`
-/// echoes the request's Accept-Language. While `failing` is set every answer is a 503. `flip`
+/// echoes the request's Accept-Language; a request's `X-Origin-Vary` is the answer's `Vary`. While `failing` is set every answer is a 503. `flip`
 /// answers `no-store` until `flipped` is set, then `max-age=60`. `seen` keeps what it was
 /// asked (method, requests in progress when it arrived, counting itself).
 pub struct Origin {
@@ -217,6 +217,10 @@ async fn answer(
     }
     if let Some(lang) = req.headers().get("accept-language") {
         resp = resp.header("x-lang", lang);
+    }
+    // A resource whose `Vary` changes from one answer to the next.
+    if let Some(vary) = req.headers().get("x-origin-vary") {
+        resp = resp.header("vary", vary);
     }
     let body = match get("len").and_then(|s| s.parse::<usize>().ok()) {
         Some(len) => Bytes::from(vec![b'c'; len]),

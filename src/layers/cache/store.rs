@@ -235,13 +235,16 @@ impl CacheStore {
     /// The stored variant that answers a request with `req` headers, fresh or not.
     fn find(&self, key: &str, req: &HeaderMap) -> Found {
         match self.entries.get(key) {
-            Some(Held::Variants(variants)) => match variants.iter().find(|e| e.matches(req)) {
-                Some(entry) => Found::Stored(entry.clone()),
-                None => match variants.first() {
-                    Some(any) => Found::OtherVariant(any.variant_of(req)),
-                    None => Found::Nothing,
-                },
-            },
+            // The newest first (RFC 9111 §4.1: the most recent of the responses selected).
+            Some(Held::Variants(variants)) => {
+                match variants.iter().rev().find(|e| e.matches(req)) {
+                    Some(entry) => Found::Stored(entry.clone()),
+                    None => match variants.last() {
+                        Some(any) => Found::OtherVariant(any.variant_of(req)),
+                        None => Found::Nothing,
+                    },
+                }
+            }
             Some(Held::Uncacheable(until)) if Instant::now() < until => Found::Uncacheable,
             _ => Found::Nothing,
         }
@@ -348,10 +351,18 @@ impl CacheStore {
         let hash = std::hash::BuildHasher::hash_one(&self.flight_hasher, key);
         let shard = &self.storing[hash as usize % self.storing.len()];
         let _storing = shard.lock().unwrap_or_else(|p| p.into_inner());
+        // The variants of another `Vary` go: the newest answer says what the resource varies
+        // on, and an older variant selected under the old names was served in its place.
+        let same_names = |e: &Entry| {
+            e.vary
+                .iter()
+                .map(|v| &v.0)
+                .eq(entry.vary.iter().map(|v| &v.0))
+        };
         let mut variants: Vec<Arc<Entry>> = match self.entries.get(key) {
             Some(Held::Variants(old)) => old
                 .iter()
-                .filter(|e| e.vary != entry.vary)
+                .filter(|e| e.vary != entry.vary && same_names(e))
                 .cloned()
                 .collect(),
             _ => Vec::new(),
