@@ -50,7 +50,10 @@ async fn an_answer_with_another_vary_replaces_the_variants_of_the_old_one() {
         let (resp, body) = send(&mut c, Method::GET, path, headers).await;
         (hdr(&resp, "x-cache-status"), body)
     };
-    let by_language = [("x-origin-vary", "accept-language"), ("accept-language", "en")];
+    let by_language = [
+        ("x-origin-vary", "accept-language"),
+        ("accept-language", "en"),
+    ];
     assert_eq!(ask(&by_language).await, ("MISS".into(), "#1".into()));
     assert_eq!(ask(&by_language).await, ("HIT".into(), "#1".into()));
     // The resource now varies by tenant.

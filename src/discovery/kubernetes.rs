@@ -189,12 +189,17 @@ pub async fn run(cfg: KubernetesConfig, reloader: Arc<Reloader>) {
     // A set, so that aborting this future (the settings changed) aborts every watch; see
     // `consul::run`.
     let mut watches = tokio::task::JoinSet::new();
+    // Named on each watch's lines, as Consul's name theirs.
+    let server: Arc<str> = match cluster_url(&cfg) {
+        Ok(url) => url.to_string().into(),
+        Err(_) => "the API server".into(),
+    };
     for which in 0..cfg.services.len() {
         let api: Api<EndpointSlice> = Api::namespaced(client.clone(), &ns);
         let tokenpath = Arc::from(Path::new(&cfg.tokenpath));
         watches.spawn(watch_service(
             which,
-            api,
+            (api, server.clone()),
             tokenpath,
             known.clone(),
             reloader.clone(),
@@ -227,7 +232,7 @@ fn too_many(slices: &BTreeMap<String, Vec<ServerSpec>>) -> bool {
 
 async fn watch_service(
     which: usize,
-    api: Api<EndpointSlice>,
+    (api, server): (Api<EndpointSlice>, Arc<str>),
     tokenpath: Arc<Path>,
     known: Arc<Mutex<Known>>,
     reloader: Arc<Reloader>,
@@ -277,7 +282,7 @@ async fn watch_service(
                     relisting = None;
                     let wait = failing.failed();
                     reloader.discovery_failed(crate::metrics::Discovery::Kubernetes);
-                    tracing::error!(service = %service, "kubernetes: the service lists more than {MAX_BACKENDS} backends or {MAX_SLICES} slices; keeping the last known backends, listing again in {wait:?}");
+                    tracing::error!(service = %service, server = %server, "kubernetes: the service lists more than {MAX_BACKENDS} backends or {MAX_SLICES} slices; keeping the last known backends, listing again in {wait:?}");
                     tokio::time::sleep(wait).await;
                     events = start();
                 }
@@ -299,7 +304,7 @@ async fn watch_service(
                 // kube's watcher retries such a watch from the same, compacted, version for
                 // good; a watcher made anew lists first (the fixtures' "or an HTTP 410").
                 if let Some(since) = gone_said.due_note(tokio::time::Instant::now()) {
-                    tracing::info!(service = %service, "kubernetes: the watch's version is gone (410); listing again{since}");
+                    tracing::info!(service = %service, server = %server, "kubernetes: the watch's version is gone (410); listing again{since}");
                 }
                 events = start();
                 relisting = None;
@@ -308,14 +313,14 @@ async fn watch_service(
             Err(e) => {
                 let wait = failing.failed();
                 reloader.discovery_failed(crate::metrics::Discovery::Kubernetes);
-                tracing::warn!(service = %service, "kubernetes: {}; keeping the last known backends, watching again in {wait:?}", describe(&e, &tokenpath));
+                tracing::warn!(service = %service, server = %server, "kubernetes: {}; keeping the last known backends, watching again in {wait:?}", describe(&e, &tokenpath));
                 tokio::time::sleep(wait).await;
                 false
             }
         };
         // A list done, or a change watched: the API server answers again.
         if answered {
-            failing.answered(&service);
+            failing.answered(&service, &server);
             publishing.changed();
         }
     }
@@ -337,10 +342,10 @@ impl Failing {
     }
 
     /// The API server answered: the back-off starts over, and an outage's end is said.
-    fn answered(&mut self, service: &str) {
+    fn answered(&mut self, service: &str, server: &str) {
         self.in_a_row = 0;
         if let Some((errors, lasted)) = self.outage.ended() {
-            tracing::info!(service = %service, "kubernetes: watching again after {errors} failed {} over {lasted:?}; the backends follow it again", if errors == 1 { "try" } else { "tries" });
+            tracing::info!(service = %service, server = %server, "kubernetes: watching again after {errors} failed {} over {lasted:?}; the backends follow it again", if errors == 1 { "try" } else { "tries" });
         }
     }
 }
