@@ -576,3 +576,25 @@ async fn a_file_shrinking_while_sent_is_cut_and_said() {
         .wait_log(said, std::time::Duration::from_secs(5))
         .await;
 }
+
+/// A file dated before 1970 (`touch -d @-1`, or from an archive) is served, dated the epoch:
+/// tower-http's file service dated it with a `httpdate` that panicked on it, and the release
+/// build's abort took the whole proxy down at its first request.
+#[tokio::test]
+async fn a_file_dated_before_1970_is_served_and_the_proxy_lives_on() {
+    let (mut proxy, addr, _root, www) = start();
+    let old = std::fs::File::create(www.join("old.txt")).unwrap();
+    std::io::Write::write_all(&mut &old, b"from before").unwrap();
+    let before_epoch = std::time::UNIX_EPOCH - std::time::Duration::from_secs(1);
+    old.set_modified(before_epoch).unwrap();
+    let epoch = "Thu, 01 Jan 1970 00:00:00 GMT";
+    let (status, headers, body) = http_get(addr, "/old.txt", &[]).await;
+    assert_eq!((status.as_u16(), &body[..]), (200, &b"from before"[..]));
+    assert_eq!(headers["last-modified"], epoch);
+    let (status, headers, _) = http_get(addr, "/old.txt", &[("if-modified-since", epoch)]).await;
+    assert_eq!(status, 304);
+    assert_eq!(headers["last-modified"], epoch);
+    let (status, _, _) = http_get(addr, "/a.txt", &[]).await;
+    assert_eq!(status, 200);
+    assert!(proxy.wait_exit(std::time::Duration::ZERO).is_none(), "{}", proxy.log_text());
+}
