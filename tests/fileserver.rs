@@ -596,5 +596,9 @@ async fn a_file_dated_before_1970_is_served_and_the_proxy_lives_on() {
     assert_eq!(headers["last-modified"], epoch);
     let (status, _, _) = http_get(addr, "/a.txt", &[]).await;
     assert_eq!(status, 200);
-    assert!(proxy.wait_exit(std::time::Duration::ZERO).is_none(), "{}", proxy.log_text());
+    assert!(
+        proxy.wait_exit(std::time::Duration::ZERO).is_none(),
+        "{}",
+        proxy.log_text()
+    );
 }

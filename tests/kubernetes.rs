@@ -522,7 +522,10 @@ async fn a_list_that_keeps_failing_is_tried_less_and_less_often() {
         "{failures} of {asked}"
     );
     // The failures name the API server, as Consul's lines name theirs.
-    assert!(log.contains(&format!("server=http://{}", api.addr)), "{log}");
+    assert!(
+        log.contains(&format!("server=http://{}", api.addr)),
+        "{log}"
+    );
     std::fs::write(&token, TOKEN).unwrap();
     let back = eventually(Duration::from_secs(60), || {
         proxy.log_text().contains("watching again after")

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http::header::HeaderMap;
+use http::header::{HeaderMap, HeaderName};
 use quick_cache::sync::Cache;
 use quick_cache::{DefaultHashBuilder, Lifecycle, OptionsBuilder, Weighter};
 use tokio::time::Instant;
@@ -353,11 +353,10 @@ impl CacheStore {
         let _storing = shard.lock().unwrap_or_else(|p| p.into_inner());
         // The variants of another `Vary` go: the newest answer says what the resource varies
         // on, and an older variant selected under the old names was served in its place.
+        // In any order (`Accept, Accept-Language` names what `Accept-Language, Accept` does).
+        let has = |e: &Entry, name: &HeaderName| e.vary.iter().any(|(n, _)| n == name);
         let same_names = |e: &Entry| {
-            e.vary
-                .iter()
-                .map(|v| &v.0)
-                .eq(entry.vary.iter().map(|v| &v.0))
+            e.vary.len() == entry.vary.len() && e.vary.iter().all(|(name, _)| has(&entry, name))
         };
         let mut variants: Vec<Arc<Entry>> = match self.entries.get(key) {
             Some(Held::Variants(old)) => old
