@@ -9,10 +9,11 @@
 //! again, a link swapped in between served a file outside the folder, and a FIFO swapped in held
 //! a thread for good.
 //!
-//! `ServeFile` speaks `Last-Modified`/`If-Modified-Since` only; this module adds a weak `ETag`
-//! (size and modification time, as nginx does), answers `If-None-Match` with 304, `If-Match`
+//! `ServeFile` speaks `Last-Modified`/`If-Modified-Since` only; this module adds a strong `ETag`
+//! (size and modification time, as nginx's), answers `If-None-Match` with 304, `If-Match`
 //! and `If-Unmodified-Since` with 412, and hands `ServeFile` a `Range` only when it asks for one
-//! satisfiable byte range that `If-Range` allows.
+//! satisfiable byte range that `If-Range` allows (the file's date, or its tag: a download is
+//! resumed either way).
 
 use std::borrow::Cow;
 use std::convert::Infallible;
@@ -206,10 +207,11 @@ async fn answer(folder: &std::path::Path, req: Request<ClientBody>) -> Response<
         Found::Folder => return to_folder(req.uri()),
         Found::File(opened) => opened,
     };
-    if let Some(refused) = failed_precondition(req.headers(), &opened.meta) {
+    let tag = file_tag(&opened.meta);
+    if let Some(refused) = failed_precondition(req.headers(), &opened.meta, tag.as_ref()) {
         return refused;
     }
-    settle_range(req.headers_mut(), &opened.meta);
+    settle_range(req.headers_mut(), &opened.meta, tag.as_ref());
     let if_none_match = req.headers_mut().remove(header::IF_NONE_MATCH);
     if if_none_match.is_some() {
         // RFC 9110 §13.1.3: with If-None-Match, If-Modified-Since is ignored.
@@ -344,7 +346,18 @@ fn open_checked(root: &std::path::Path, candidate: PathBuf, asked: &str) -> Foun
         return Found::Refused;
     };
     let real = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()));
-    let inside = real.is_ok_and(|real| real.starts_with(root));
+    // Where it really is, dotfiles again: a link named `env.txt` to `.env`, or `git` to `.git`,
+    // served what the request's own name could not reach.
+    let visible = |real: &std::path::Path| {
+        let below = real
+            .strip_prefix(root)
+            .into_iter()
+            .flat_map(|p| p.components());
+        !below
+            .into_iter()
+            .any(|part| part.as_os_str().as_encoded_bytes().starts_with(b"."))
+    };
+    let inside = real.is_ok_and(|real| real.starts_with(root) && visible(&real));
     match meta.is_file() && inside {
         true => Found::File(Box::new(Opened { file, meta, name })),
         false => Found::Refused,
@@ -373,13 +386,17 @@ fn to_folder(uri: &http::Uri) -> Response<FileBody> {
 }
 
 /// A 412 when `If-Match` or `If-Unmodified-Since` fails (RFC 9110 §13.1.1, §13.1.4; `ServeFile`
-/// ignored both). The file's tags are weak, and `If-Match` compares strongly: only `*` matches.
+/// ignored both). `If-Match` compares strongly: `*`, or the file's own `tag` unweakened.
 fn failed_precondition(
     headers: &http::HeaderMap,
     meta: &std::fs::Metadata,
+    tag: Option<&HeaderValue>,
 ) -> Option<Response<FileBody>> {
     let failed = match headers.get(header::IF_MATCH) {
-        Some(tags) => tags.as_bytes().trim_ascii() != b"*",
+        Some(tags) => {
+            let any = tags.as_bytes().trim_ascii() == b"*";
+            !any && !tag.is_some_and(|tag| lists_strongly(tags, tag))
+        }
         None => headers
             .get(header::IF_UNMODIFIED_SINCE)
             .and_then(|date| httpdate::parse_http_date(date.to_str().ok()?).ok())
@@ -399,16 +416,21 @@ fn modified_secs(meta: &std::fs::Metadata) -> Option<std::time::SystemTime> {
 }
 
 /// Leaves `Range` for `ServeFile` only when it asks for one satisfiable range of this file
-/// (RFC 9110 §14): dropped (the whole file, 200) when `If-Range` does not match (a tag never
-/// does, ours being weak; a date must be the file's), when its unit is not `bytes`, when it
-/// asks for several ranges, or when the file is empty; a suffix longer than the file is the
-/// whole file. `ServeDir` (which served files before) answered 416 to most of these, and 206 to a stale `If-Range`.
-fn settle_range(headers: &mut http::HeaderMap, meta: &std::fs::Metadata) {
+/// (RFC 9110 §14): dropped (the whole file, 200) when `If-Range` does not match (a tag must be
+/// the file's `tag`, compared strongly; a date must be the file's), when its unit is not
+/// `bytes`, when it asks for several ranges, or when the file is empty; a suffix longer than the
+/// file is the whole file. `ServeDir` (which served files before) answered 416 to most of these, and 206 to a stale `If-Range`.
+fn settle_range(
+    headers: &mut http::HeaderMap,
+    meta: &std::fs::Metadata,
+    tag: Option<&HeaderValue>,
+) {
     let Some(range) = headers.get(header::RANGE) else {
         return;
     };
     let keep = match headers.get(header::IF_RANGE) {
         None => true,
+        Some(v) if v.as_bytes().starts_with(b"\"") => tag.is_some_and(|tag| v == tag),
         Some(v) => httpdate::parse_http_date(v.to_str().unwrap_or(""))
             .is_ok_and(|date| modified_secs(meta) == Some(date)),
     };
@@ -431,7 +453,9 @@ fn settle_range(headers: &mut http::HeaderMap, meta: &std::fs::Metadata) {
     }
 }
 
-/// `W/"<size>-<last-modified>"` for a successful file response (206 uses the full size).
+/// `"<size>-<last-modified>"` for a successful file response (206 uses the full size): strong,
+/// as nginx's, so a download resumes on it (`If-Range`) and `If-Match` can match it. The
+/// response's own date and size, not the file's as first opened: the tag is the body's.
 fn entity_tag<B>(resp: &Response<B>) -> Option<HeaderValue> {
     if !matches!(resp.status(), StatusCode::OK | StatusCode::PARTIAL_CONTENT) {
         return None;
@@ -447,7 +471,21 @@ fn entity_tag<B>(resp: &Response<B>) -> Option<HeaderValue> {
             .ok()?
             .to_string(),
     };
-    HeaderValue::from_str(&format!("W/\"{size}-{modified:x}\"")).ok()
+    HeaderValue::from_str(&format!("\"{size}-{modified:x}\"")).ok()
+}
+
+/// The file's tag as [`entity_tag`] makes it, from the file as opened.
+fn file_tag(meta: &std::fs::Metadata) -> Option<HeaderValue> {
+    let date = httpdate::fmt_http_date(meta.modified().ok()?);
+    HeaderValue::from_str(&format!("\"{}-{:x}\"", meta.len(), fold_date(&date))).ok()
+}
+
+/// Whether a list of tags (`If-Match`) names `tag` itself: strong comparison, a weak one never.
+fn lists_strongly(tags: &HeaderValue, tag: &HeaderValue) -> bool {
+    let tag = tag.as_bytes();
+    tags.as_bytes()
+        .split(|b| *b == b',')
+        .any(|t| t.trim_ascii() == tag)
 }
 
 /// The `ETag` and `Last-Modified` a 200 for the file would carry, on a 304.
@@ -455,13 +493,11 @@ fn add_validators<B>(resp: &mut Response<B>, meta: &std::fs::Metadata) {
     let Ok(modified) = meta.modified() else {
         return;
     };
-    let date = httpdate::fmt_http_date(modified);
-    let tag = format!("W/\"{}-{:x}\"", meta.len(), fold_date(&date));
     let headers = resp.headers_mut();
-    if let Ok(tag) = HeaderValue::from_str(&tag) {
+    if let Some(tag) = file_tag(meta) {
         headers.insert(header::ETAG, tag);
     }
-    if let Ok(date) = HeaderValue::from_str(&date) {
+    if let Ok(date) = HeaderValue::from_str(&httpdate::fmt_http_date(modified)) {
         headers.insert(header::LAST_MODIFIED, date);
     }
 }

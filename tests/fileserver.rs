@@ -113,7 +113,7 @@ async fn conditional_requests_answer_304() {
     let (_, headers, _) = http_get(addr, "/a.txt", &[]).await;
     let etag = headers["etag"].to_str().unwrap().to_string();
     let modified = headers["last-modified"].to_str().unwrap().to_string();
-    assert!(etag.starts_with("W/\""), "{etag}");
+    assert!(etag.starts_with('"'), "a strong tag, as nginx's: {etag}");
 
     let (status, headers, body) = http_get(addr, "/a.txt", &[("if-none-match", &etag)]).await;
     assert_eq!(status, 304);
@@ -149,7 +149,7 @@ async fn conditional_requests_answer_304() {
 
 #[tokio::test]
 async fn never_escapes_the_folder_or_shows_dotfiles() {
-    let (_proxy, addr, _root, _) = start();
+    let (_proxy, addr, _root, www) = start();
     for target in [
         "/../outside.txt",
         "/../../../../etc/passwd",
@@ -169,7 +169,18 @@ async fn never_escapes_the_folder_or_shows_dotfiles() {
             "{target} leaked"
         );
     }
-    for target in ["/.env", "/.git/config", "/%2eenv", "/sub/../.env", "/.git/"] {
+    // Links with visible names to dotfiles lead where their names could not.
+    std::os::unix::fs::symlink(www.join(".env"), www.join("env.txt")).unwrap();
+    std::os::unix::fs::symlink(www.join(".git"), www.join("git")).unwrap();
+    for target in [
+        "/.env",
+        "/.git/config",
+        "/%2eenv",
+        "/sub/../.env",
+        "/.git/",
+        "/env.txt",
+        "/git/config",
+    ] {
         let (status, text) = raw_status(addr, target).await;
         assert_eq!(status, 404, "{target}:\n{text}");
         assert!(
@@ -229,10 +240,19 @@ async fn ranges_and_preconditions_follow_rfc_9110() {
     let (_, headers, _) = http_get(addr, "/a.txt", &[]).await;
     let modified = headers["last-modified"].to_str().unwrap().to_string();
     let etag = headers["etag"].to_str().unwrap().to_string();
+    let weak = format!("W/{etag}");
     let range = ("range", "bytes=0-1");
     for (asked, want, body) in [
         (vec![range, ("if-range", "\"zzz\"")], 200, CONTENT),
-        (vec![range, ("if-range", etag.as_str())], 200, CONTENT),
+        // The file's own tag resumes a download; the same tag weakened never matches.
+        (vec![range, ("if-range", etag.as_str())], 206, "01"),
+        (vec![range, ("if-range", weak.as_str())], 200, CONTENT),
+        (vec![("if-match", etag.as_str())], 200, CONTENT),
+        (
+            vec![("if-match", weak.as_str())],
+            412,
+            "412 Precondition Failed\n",
+        ),
         (
             vec![range, ("if-range", "Sat, 01 Jan 2000 00:00:00 GMT")],
             200,
