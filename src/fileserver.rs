@@ -462,22 +462,22 @@ fn entity_tag<B>(resp: &Response<B>) -> Option<HeaderValue> {
     }
     let headers = resp.headers();
     let modified = headers.get(header::LAST_MODIFIED)?.to_str().ok()?;
-    let modified = fold_date(modified);
     let size = match headers.get(header::CONTENT_RANGE) {
-        Some(range) => range.to_str().ok()?.rsplit('/').next()?.to_string(),
-        None => headers
-            .get(header::CONTENT_LENGTH)?
-            .to_str()
-            .ok()?
-            .to_string(),
+        Some(range) => range.to_str().ok()?.rsplit('/').next()?,
+        None => headers.get(header::CONTENT_LENGTH)?.to_str().ok()?,
     };
-    HeaderValue::from_str(&format!("\"{size}-{modified:x}\"")).ok()
+    tag_of(size, modified)
 }
 
 /// The file's tag as [`entity_tag`] makes it, from the file as opened.
 fn file_tag(meta: &std::fs::Metadata) -> Option<HeaderValue> {
     let date = httpdate::fmt_http_date(meta.modified().ok()?);
-    HeaderValue::from_str(&format!("\"{}-{:x}\"", meta.len(), fold_date(&date))).ok()
+    tag_of(meta.len(), &date)
+}
+
+/// A file's tag from its size and its `Last-Modified` text.
+fn tag_of(size: impl std::fmt::Display, date: &str) -> Option<HeaderValue> {
+    HeaderValue::from_str(&format!("\"{size}-{:x}\"", fold_date(date))).ok()
 }
 
 /// Whether a list of tags (`If-Match`) names `tag` itself: strong comparison, a weak one never.

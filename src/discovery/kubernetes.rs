@@ -79,12 +79,16 @@ fn namespace(cfg: &KubernetesConfig, account_dir: &Path) -> String {
         .unwrap_or_else(|| "default".into())
 }
 
-fn client_for(cfg: &KubernetesConfig) -> Result<(Client, String), KubeSetupError> {
+/// The client, its namespace, and the API server it asks (named on the watches' lines, as
+/// Consul's name theirs).
+fn client_for(cfg: &KubernetesConfig) -> Result<(Client, String, Arc<str>), KubeSetupError> {
     let account_dir = Path::new(&cfg.tokenpath)
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("."));
-    let mut config = kube::Config::new(cluster_url(cfg)?);
+    let url = cluster_url(cfg)?;
+    let server = Arc::from(url.to_string());
+    let mut config = kube::Config::new(url);
     let ns = namespace(cfg, &account_dir);
     config.default_namespace = ns.clone();
     let ca = account_dir.join("ca.crt");
@@ -97,7 +101,7 @@ fn client_for(cfg: &KubernetesConfig) -> Result<(Client, String), KubeSetupError
         .with_layer(&AnswerBoundsLayer::new())
         .with_layer(&token)
         .build();
-    Ok((client, ns))
+    Ok((client, ns, server))
 }
 
 /// Ready endpoints of a slice, on its first port. `conditions.ready` absent means ready.
@@ -170,8 +174,8 @@ struct Known {
 
 /// Runs the watches until the runtime stops.
 pub async fn run(cfg: KubernetesConfig, reloader: Arc<Reloader>) {
-    let (client, ns) = match client_for(&cfg) {
-        Ok(pair) => pair,
+    let (client, ns, server) = match client_for(&cfg) {
+        Ok(made) => made,
         Err(e) => {
             tracing::error!("kubernetes: {e}; discovery is off");
             return;
@@ -189,11 +193,6 @@ pub async fn run(cfg: KubernetesConfig, reloader: Arc<Reloader>) {
     // A set, so that aborting this future (the settings changed) aborts every watch; see
     // `consul::run`.
     let mut watches = tokio::task::JoinSet::new();
-    // Named on each watch's lines, as Consul's name theirs.
-    let server: Arc<str> = match cluster_url(&cfg) {
-        Ok(url) => url.to_string().into(),
-        Err(_) => "the API server".into(),
-    };
     for which in 0..cfg.services.len() {
         let api: Api<EndpointSlice> = Api::namespaced(client.clone(), &ns);
         let tokenpath = Arc::from(Path::new(&cfg.tokenpath));

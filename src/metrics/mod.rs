@@ -321,7 +321,7 @@ mod render;
 mod tls_failures;
 mod upstreams;
 
-pub use render::escape as escape_label_value;
+pub use render::{escape as escape_label_value, header as family_header};
 pub use tls_failures::TlsFailure;
 use tls_failures::TlsFailures;
 

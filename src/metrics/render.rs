@@ -296,7 +296,8 @@ fn render_upstream_failures(out: &mut String, totals: &[UpstreamCounts]) {
     }
 }
 
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+/// A family's `# HELP` and `# TYPE` lines.
+pub fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 

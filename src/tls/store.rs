@@ -360,7 +360,8 @@ impl CertStore {
     pub fn render_prometheus(&self, out: &mut String) {
         use std::fmt::Write as _;
         let name = "aralez_certificate_not_after_seconds";
-        let _ = writeln!(out, "# HELP {name} When the certificate of each pair serving from the certificate directory expires (Unix time).\n# TYPE {name} gauge");
+        let help = "When the certificate of each pair serving from the certificate directory expires (Unix time).";
+        crate::metrics::family_header(out, name, "gauge", help);
         let pairs = self.pairs.lock().unwrap_or_else(|p| p.into_inner());
         for (pair, loaded) in pairs.iter() {
             let pair = crate::metrics::escape_label_value(pair);

@@ -200,11 +200,10 @@ async fn send_by_hyper_replayable(
     sent.map_err(|error| match error {
         // Refused every time: another backend may take it (its head as it came, a bodyless
         // request's only), not this one once more as a stale connection's request would be.
-        SendError::Unprocessed(_) => SendError::Unprocessed(
-            replay
-                .as_ref()
-                .map(|head| Box::new(refused::bodyless(head))),
-        ),
+        SendError::Unprocessed(_) => SendError::Unprocessed(replay.map(|head| {
+            let body = http_body_util::Either::Right(http_body_util::Empty::new());
+            Box::new(Request::from_parts(head, body))
+        })),
         error => with_replay(error, replay),
     })
 }
