@@ -430,9 +430,9 @@ async fn serve_parking<F: MakeService, S: ClientSocket>(
                     // see `allocator`).
                     Box::pin(hyper.serve(handoff, service(HeadWriter::Hyper))).await
                 }
-                Err(h1::H1Error::TargetTooLong) => {
+                Err(h1::H1Error::Refused(refusal)) => {
                     if let Some(refusals) = &shared.refusals {
-                        let status = StatusCode::URI_TOO_LONG;
+                        let status = refusal.status();
                         refusals.refused(peer.ip(), &info.tls_facts, status, 0);
                     }
                     false

@@ -78,14 +78,41 @@ pub enum H1Error {
     BodyLength,
     #[error(transparent)]
     Head(#[from] response::HeadError),
-    #[error("the request line is longer than max_request_header_bytes; answered 414")]
-    TargetTooLong,
+    #[error("{0}")]
+    Refused(Refusal),
 }
 
-/// The answer to a request line longer than the whole head may be (nginx's 414; hyper, which
-/// takes heads over [`READ_ROOM`], answered it 431, as a head of too many fields).
-const URI_TOO_LONG: &[u8] =
-    b"HTTP/1.1 414 URI Too Long\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+/// A request this side answers itself, ending the connection, as nginx does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// A request line longer than the whole head may be (nginx's 414; hyper, which takes heads
+    /// over [`READ_ROOM`], answered it 431, as a head of too many fields).
+    #[error("the request line is longer than max_request_header_bytes; answered 414")]
+    TargetTooLong,
+    /// A `Content-Length` above 2^63 − 1 (nginx's 400; [`request`] says what hyper did).
+    #[error("the request's Content-Length is above 2^63 - 1; answered 400")]
+    ContentLengthTooLarge,
+}
+
+impl Refusal {
+    pub fn status(self) -> http::StatusCode {
+        match self {
+            Refusal::TargetTooLong => http::StatusCode::URI_TOO_LONG,
+            Refusal::ContentLengthTooLarge => http::StatusCode::BAD_REQUEST,
+        }
+    }
+
+    fn answer(self) -> &'static [u8] {
+        match self {
+            Refusal::TargetTooLong => {
+                b"HTTP/1.1 414 URI Too Long\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            }
+            Refusal::ContentLengthTooLarge => {
+                b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            }
+        }
+    }
+}
 
 /// The socket this side serves: read and written as any, and ended by its last write. The
 /// defaults suit any stream; a client's TCP or TLS socket does better
@@ -179,8 +206,8 @@ pub struct Connection<IO, S: Serve> {
     served: u64,
     /// `max_request_header_bytes`: a request line longer than this is answered 414 here.
     max_head: usize,
-    /// A 414 was answered: the connection ends with [`H1Error::TargetTooLong`].
-    refused_target: bool,
+    /// A request was answered here: the connection ends with [`H1Error::Refused`].
+    refused: Option<Refusal>,
 }
 
 impl<IO, S: Serve> Connection<IO, S> {
@@ -200,7 +227,7 @@ impl<IO, S: Serve> Connection<IO, S> {
             watching: false,
             served: 0,
             max_head: usize::MAX,
-            refused_target: false,
+            refused: None,
         }
     }
 
@@ -300,10 +327,12 @@ impl<IO: Socket, S: Serve> Future for Connection<IO, S> {
                     ready!(linger(io, &mut this.read, shut, cx));
                     this.state = State::Done;
                 }
-                State::Done if this.refused_target => {
-                    return Poll::Ready(Err(H1Error::TargetTooLong))
+                State::Done => {
+                    return Poll::Ready(match this.refused {
+                        Some(refusal) => Err(H1Error::Refused(refusal)),
+                        None => Ok(None),
+                    })
                 }
-                State::Done => return Poll::Ready(Ok(None)),
             }
         }
     }
@@ -335,12 +364,16 @@ impl<IO: Socket, S: Serve> Connection<IO, S> {
                         return Poll::Ready(Ok(None));
                     }
                     Head::Unusual => return Poll::Ready(Ok(self.handoff())),
+                    Head::Refused(refusal) => {
+                        self.refuse(refusal);
+                        return Poll::Ready(Ok(None));
+                    }
                     // Still in the request line: read on here, up to the head's limit.
                     Head::Partial
                         if self.read.len() >= READ_ROOM && !self.read.contains(&b'\n') =>
                     {
                         if self.read.len() >= self.max_head {
-                            self.refuse_target();
+                            self.refuse(Refusal::TargetTooLong);
                             return Poll::Ready(Ok(None));
                         }
                     }
@@ -376,13 +409,13 @@ impl<IO: Socket, S: Serve> Connection<IO, S> {
         }
     }
 
-    /// Answers 414 and ends the connection, reading what the client still sends meanwhile (a
-    /// close with it unread would reset the connection under the answer).
-    fn refuse_target(&mut self) {
+    /// Answers `refusal` and ends the connection, reading what the client still sends meanwhile
+    /// (a close with it unread would reset the connection under the answer).
+    fn refuse(&mut self, refusal: Refusal) {
         self.read.clear();
         self.out.clear();
-        self.out.extend_from_slice(URI_TOO_LONG);
-        self.refused_target = true;
+        self.out.extend_from_slice(refusal.answer());
+        self.refused = Some(refusal);
         self.state = State::Finish { close: true };
     }
 
@@ -445,7 +478,7 @@ impl<IO: Socket, S: Serve> Connection<IO, S> {
                     State::Linger { shut: false }
                 }
             }
-            _ if self.refused_target => State::Linger { shut: false },
+            _ if self.refused.is_some() => State::Linger { shut: false },
             _ if close => State::Close,
             _ => State::Head,
         }

@@ -2,7 +2,9 @@
 //! the head's own bytes. Only the common case is taken here: an HTTP/1.1 request without a
 //! body, or with one of declared length. Anything else (HTTP/1.0, CONNECT, `Upgrade`,
 //! `Expect`, `Transfer-Encoding`, a malformed or oversized head, an HTTP/2 preface) is
-//! [`Head::Unusual`]: the connection hands it to hyper, which answers it as it always has.
+//! [`Head::Unusual`]: the connection hands it to hyper, which answers it as it always has. A
+//! complete head whose `Content-Length` is above 2^63 − 1 is [`Head::Refused`], whatever else
+//! it is.
 
 use std::mem::MaybeUninit;
 
@@ -16,8 +18,14 @@ use crate::vocab::headers::{
 };
 use crate::vocab::hop_by_hop::{lone_close_or_keep_alive, CLOSE};
 
+use super::Refusal;
+
 /// The most header fields taken here (hyper's default; more go to hyper, which answers 431).
 const MAX_FIELDS: usize = 100;
+/// The largest body length taken: a file's largest size (`off_t`), nginx's bound. hyper took
+/// any 64-bit length but its own two markers, 2^64 − 2 and 2^64 − 1, which it answered 431, as
+/// a head too large.
+const MAX_BODY_LENGTH: u64 = i64::MAX as u64;
 
 /// What the front of the read buffer holds.
 #[allow(
@@ -31,6 +39,8 @@ pub enum Head {
     Partial,
     /// A head this module leaves to hyper; the buffer is untouched.
     Unusual,
+    /// A complete head answered without a service (it is taken off the buffer).
+    Refused(Refusal),
 }
 
 /// A request head and what the connection needs to know of it.
@@ -48,6 +58,7 @@ struct Located {
     len: usize,
     method: (u32, u32),
     target: (u32, u32),
+    http_11: bool,
 }
 
 /// Takes a request head of the common case off the front of `buf`.
@@ -59,12 +70,16 @@ pub fn parse(buf: &mut BytesMut) -> Head {
         None => return Head::Unusual,
     };
     let head = &buf[..located.len];
-    let Some(method) = method_of(slice(head, located.method)) else {
-        return Head::Unusual;
+    let method = method_of(slice(head, located.method));
+    let Some(method) = method.filter(|_| located.http_11) else {
+        return unusual_or_refused(buf, located.len, at.as_slice());
     };
     let head = buf.split_to(located.len).freeze();
     match build(&head, method, &located, at.as_slice()) {
         Some(parsed) => Head::Usual(parsed),
+        None if length_too_large(&head, at.as_slice()) => {
+            Head::Refused(Refusal::ContentLengthTooLarge)
+        }
         None => {
             // The head goes back in front of what follows it, for hyper to read (a copy, on a
             // path that is rare and about to cost far more in hyper).
@@ -75,6 +90,33 @@ pub fn parse(buf: &mut BytesMut) -> Head {
             Head::Unusual
         }
     }
+}
+
+/// A head this module does not serve: [`Head::Refused`] (and taken off the buffer) when a
+/// `Content-Length` is too large, [`Head::Unusual`] otherwise.
+fn unusual_or_refused(buf: &mut BytesMut, len: usize, at: &[FieldAt]) -> Head {
+    if length_too_large(&buf[..len], at) {
+        let _ = buf.split_to(len);
+        return Head::Refused(Refusal::ContentLengthTooLarge);
+    }
+    Head::Unusual
+}
+
+/// Whether a `Content-Length` field is all digits, as a number above [`MAX_BODY_LENGTH`].
+/// Only heads not served here are searched, so the common case pays nothing for it.
+fn length_too_large(head: &[u8], at: &[FieldAt]) -> bool {
+    at.iter().any(|field| {
+        let value = slice(head, field.value).trim_ascii();
+        slice(head, field.name).eq_ignore_ascii_case(b"content-length")
+            && !value.is_empty()
+            && value.iter().all(u8::is_ascii_digit)
+            && value
+                .iter()
+                .try_fold(0u64, |n, &d| {
+                    n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+                })
+                .is_none_or(|n| n > MAX_BODY_LENGTH)
+    })
 }
 
 fn slice(head: &[u8], (start, end): (u32, u32)) -> &[u8] {
@@ -92,9 +134,7 @@ fn locate(buf: &[u8], at: &mut FieldOffsets) -> Option<Option<Located>> {
         Ok(httparse::Status::Partial) => return Some(None),
         Err(_) => return None,
     };
-    if req.version != Some(1) {
-        return None;
-    }
+    let http_11 = req.version == Some(1);
     let base = buf.as_ptr() as usize;
     let offset = |s: &[u8]| {
         let start = s.as_ptr() as usize - base;
@@ -107,6 +147,7 @@ fn locate(buf: &[u8], at: &mut FieldOffsets) -> Option<Option<Located>> {
         len,
         method,
         target,
+        http_11,
     }))
 }
 
@@ -156,7 +197,7 @@ fn build(head: &Bytes, method: Method, located: &Located, at: &[FieldAt]) -> Opt
             if body_length.is_some() {
                 return None;
             }
-            body_length = Some(decimal_length(value.as_bytes())?);
+            body_length = Some(decimal_length(value.as_bytes()).filter(|&n| n <= MAX_BODY_LENGTH)?);
         } else if name == header::CONNECTION {
             // A lone `close` or `keep-alive` concerns this connection only: it never goes
             // into the map, which spares adding it and taking it out again on the way to the

@@ -13,7 +13,7 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::service::service_fn;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 
-use super::{Connection, H1Error, Handoff};
+use super::{Connection, H1Error, Handoff, Refusal};
 use crate::vocab::request_body::BoxError;
 use crate::vocab::ClientBody;
 
@@ -460,7 +460,10 @@ async fn a_request_line_longer_than_the_head_limit_is_a_414() {
     let text = String::from_utf8_lossy(&got);
     assert!(text.starts_with("HTTP/1.1 414 URI Too Long\r\n"), "{text}");
     let served = served.await.unwrap();
-    assert!(matches!(served, Err(H1Error::TargetTooLong)), "{served:?}");
+    assert!(
+        matches!(served, Err(H1Error::Refused(Refusal::TargetTooLong))),
+        "{served:?}"
+    );
 
     let (client, server) = tokio::io::duplex(64 * 1024);
     let conn = Connection::new(server, service_fn(answer), BytesMut::new()).with_head_limit(8192);
@@ -477,4 +480,52 @@ async fn a_request_line_longer_than_the_head_limit_is_a_414() {
         matches!(served, Ok(Some(_))),
         "a long head whose line ended goes to hyper: {served:?}"
     );
+}
+
+/// A `Content-Length` above 2^63 − 1 is answered 400 here and ends the connection, in a head
+/// served here or one that would go to hyper (which answered 2^64 − 2 and 2^64 − 1 with 431 and
+/// took the rest); the largest length a file can have is still taken.
+#[tokio::test]
+async fn a_content_length_above_2_63_is_a_400() {
+    for (version, extra, length) in [
+        ("1.1", "", "18446744073709551615"),
+        ("1.1", "", "18446744073709551614"),
+        ("1.1", "", "9223372036854775808"),
+        ("1.1", "", "123456789012345678901234567890"),
+        ("1.0", "", "18446744073709551615"),
+        ("1.1", "expect: 100-continue\r\n", "18446744073709551615"),
+    ] {
+        let (mut client, served) = serve();
+        let head = format!("POST / HTTP/{version}\r\n{extra}content-length: {length}\r\n\r\n");
+        client.write_all(head.as_bytes()).await.unwrap();
+        client.shutdown().await.unwrap();
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).await.unwrap();
+        let text = String::from_utf8_lossy(&got);
+        assert!(
+            text.starts_with("HTTP/1.1 400 Bad Request\r\n"),
+            "{head}: {text}"
+        );
+        let served = served.await.unwrap();
+        assert!(
+            matches!(
+                served,
+                Err(H1Error::Refused(Refusal::ContentLengthTooLarge))
+            ),
+            "{head}: {served:?}"
+        );
+    }
+    let (mut client, _served) = serve();
+    let head = "POST /len HTTP/1.1\r\ncontent-length: 9223372036854775807\r\n\r\nabc";
+    client.write_all(head.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    while !got.ends_with(b"hello") {
+        let mut piece = [0u8; 1024];
+        let n = client.read(&mut piece).await.unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&piece[..n]);
+    }
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    assert!(text.contains("x-path: /len\r\n"), "{text}");
 }
