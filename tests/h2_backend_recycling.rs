@@ -226,7 +226,8 @@ async fn a_stream_the_backend_resets_is_not_sent_to_it_again() {
 
 /// A backend that refuses every stream (shedding load) gets a request 1 + 3 resends times, not
 /// twice that as if its connection had been stale (a bodyless request went through the resends
-/// twice); a bodyless request then goes to the next backend, one with a body gets the 502.
+/// twice); the request then goes to the next backend (a POST with its body too, in HTTP/1.1 form
+/// to an HTTP/1.1 backend), or gets the 502 when there is none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_refusing_every_stream_gets_a_request_four_times_then_the_next_backend_does() {
     let how = Recycling {
@@ -274,6 +275,43 @@ async fn a_backend_refusing_every_stream_gets_a_request_four_times_then_the_next
     assert!(
         sends > 0 && sends % 4 == 0,
         "{sends} sends to the shedding backend"
+    );
+    drop(proxy);
+
+    // Round robin: one of two POSTs in a row is sent to the shedding backend first.
+    let plain = Backend::builder("plain").h1_only().start().await;
+    let servers = [format!("h2c://{shedding}"), plain.addr.to_string()];
+    let yaml = Upstreams::new()
+        .host(
+            "h2.local",
+            Host::new().path("/", Path::addrs(&servers).healthcheck(false)),
+        )
+        .render();
+    let proxy = ProxyProcess::start(&yaml, "");
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    let before = refused.refused.load(Ordering::SeqCst);
+    for i in 0..2 {
+        let target = format!("/echo/{i}?q=1");
+        let resp = client
+            .send(
+                http::Method::POST,
+                Some("h2.local"),
+                &target,
+                &[],
+                full("up"),
+            )
+            .await;
+        assert_eq!(resp.status(), 200, "POST {i}");
+        assert_eq!(resp.headers()["x-backend"], "plain");
+        assert_eq!(resp.headers()["x-seen-host"], "h2.local");
+        assert_eq!(resp.headers()["x-seen-target"], target.as_str());
+        assert_eq!(resp.headers()["x-seen-version"], "HTTP/1.1");
+        assert_eq!(body_bytes(resp).await, "up");
+    }
+    let sends = refused.refused.load(Ordering::SeqCst) - before;
+    assert_eq!(
+        sends, 4,
+        "sends of the POST that went to the shedding backend first"
     );
 }
 

@@ -405,6 +405,25 @@ pub fn to_h2_form<B>(
     req
 }
 
+/// The reverse of [`to_h2_form`], for a request an HTTP/2 backend refused that goes to the next
+/// backend, of whichever protocol: the target's authority back in `Host`, an origin-form target.
+pub fn to_h1_form<B>(mut req: Request<B>) -> Request<B> {
+    if req.version() != http::Version::HTTP_2 {
+        return req;
+    }
+    let host = req
+        .uri()
+        .authority()
+        .map(|a| http::HeaderValue::from_str(a.as_str()));
+    if let Some(Ok(host)) = host {
+        req.headers_mut().insert(header::HOST, host);
+    }
+    let target = req.uri().path_and_query().cloned();
+    *req.uri_mut() = target.map_or_else(|| Uri::from_static("/"), Uri::from);
+    *req.version_mut() = http::Version::HTTP_11;
+    req
+}
+
 /// Sends one request (HTTP/1.1 form, with `Host`) on a fresh connection that is never pooled;
 /// over TLS, h2 is offered as requests do (an h2-only gRPC backend refuses an HTTP/1.1-only
 /// offer). The whole exchange, and the connection's task, end within `limit`.
@@ -472,6 +491,26 @@ pub async fn read_body(mut body: Incoming, max: usize) -> Result<Bytes, ConnectE
 mod tests {
     use super::*;
     use tokio::io::AsyncReadExt;
+
+    #[test]
+    fn a_request_in_http2_form_comes_back_as_it_went() {
+        let fallback = http::uri::Authority::from_static("backend:80");
+        for (target, host) in [("/a?b=1", "h.test:8080"), ("/", "h.test")] {
+            let req = Request::builder()
+                .uri(target)
+                .header(header::HOST, host)
+                .header("x-a", "1")
+                .body(())
+                .unwrap();
+            let h2 = to_h2_form(req, false, &fallback);
+            assert_eq!(h2.uri().to_string(), format!("http://{host}{target}"));
+            let back = to_h1_form(h2);
+            assert_eq!(back.version(), http::Version::HTTP_11);
+            assert_eq!(back.uri().to_string(), target);
+            assert_eq!(back.headers()[header::HOST], host);
+            assert_eq!(back.headers()["x-a"], "1");
+        }
+    }
 
     /// A server that takes connections, reads, and never answers.
     async fn silent_server() -> SocketAddr {

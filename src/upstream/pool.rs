@@ -193,17 +193,22 @@ async fn send_by_hyper_replayable(
                 resends += 1;
                 req = again;
             }
-            Err(SendError::Unprocessed(_)) => break Err(SendError::Unprocessed(None)),
             other => break other,
         }
     };
     sent.map_err(|error| match error {
-        // Refused every time: another backend may take it (its head as it came, a bodyless
-        // request's only), not this one once more as a stale connection's request would be.
-        SendError::Unprocessed(_) => SendError::Unprocessed(replay.map(|head| {
-            let body = http_body_util::Either::Right(http_body_util::Empty::new());
-            Box::new(Request::from_parts(head, body))
-        })),
+        // Refused every time: another backend may take it (RFC 9113 §8.7: it was not
+        // processed), not this one once more as a stale connection's request would be. A
+        // bodyless replayable request goes from the head held for it; any other from the last
+        // send's own, its body kept whole, in HTTP/1.1 form again for whatever the next
+        // backend speaks.
+        SendError::Unprocessed(last) => SendError::Unprocessed(match replay {
+            Some(head) => {
+                let body = http_body_util::Either::Right(http_body_util::Empty::new());
+                Some(Box::new(Request::from_parts(head, body)))
+            }
+            None => last.map(|req| Box::new(connector::to_h1_form(*req))),
+        }),
         error => with_replay(error, replay),
     })
 }
