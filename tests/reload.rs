@@ -291,8 +291,8 @@ async fn a_file_truncated_for_a_rewrite_keeps_its_routes_until_written() {
     );
 }
 
-/// An upstreams.yaml emptied while conf.d routes other hosts is refused as one emptied alone
-/// is: the merged routes were not empty, so the emptying was applied after the rewrite grace
+/// An upstreams.yaml emptied (or routing nothing for a misspelt key) while conf.d routes other
+/// hosts is refused as one emptied alone is: the merged routes were not empty, so the emptying was applied after the rewrite grace
 /// (and at once by SIGHUP), and upstreams.yaml's own hosts answered 404.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_emptied_file_beside_conf_d_hosts_is_refused_too() {
@@ -305,7 +305,9 @@ async fn an_emptied_file_beside_conf_d_hosts_is_refused_too() {
     write_atomically(&proxy.path("conf.d/c.yaml"), &extra);
     wait_for_host_backend(&proxy, "c.example", "c").await;
     let refused = "reload rejected, previous configuration kept";
-    for (n, emptied) in ["", "# comment\n---\n", "upstreams:\n"]
+    // The last: a misspelt wrapper, only its warning said, took upstreams.yaml's hosts away.
+    let misspelt = "upstrems:\n  any:\n    paths:\n      \"/\": {servers: [\"127.0.0.1:1\"]}\n";
+    for (n, emptied) in ["", "# comment\n---\n", "upstreams:\n", misspelt]
         .into_iter()
         .enumerate()
     {

@@ -106,6 +106,7 @@ impl UpstreamsConfig {
         let mut top_level_hosts: Vec<&(Key, Node)> = Vec::new();
         let mut provider_key = None;
         let mut section_keys = Vec::new();
+        let mut unknown: Vec<&Key> = Vec::new();
         for entry @ (key, value) in entries {
             let k = key.name.as_str();
             match k {
@@ -129,13 +130,17 @@ impl UpstreamsConfig {
                 _ if matches!(value.value, Value::Map(_))
                     && did_you_mean(k, &global_known).is_none() =>
                 {
+                    unknown.push(key);
                     r.warn(
                         key.pos,
                         k,
                         format!("unknown key `{k}` (ignored; a host needs `paths`)"),
                     )
                 }
-                _ => r.unknown_key(key, k, &global_known),
+                _ => {
+                    unknown.push(key);
+                    r.unknown_key(key, k, &global_known);
+                }
             }
         }
         match provider_key {
@@ -169,6 +174,13 @@ impl UpstreamsConfig {
             .chain(cfg.kubernetes.iter().flat_map(|k| &k.services))
             .collect();
         warn_hidden_by_the_file(&services, &cfg.hosts, r);
+        if wrapper.is_none()
+            && cfg.consul.is_none()
+            && cfg.kubernetes.is_none()
+            && cfg.hosts.is_empty()
+        {
+            refuse_unknown_keys_routing_nothing(&unknown, r);
+        }
         if r.issues.errors().count() > errors_before {
             return None;
         }
@@ -221,6 +233,22 @@ impl UpstreamsConfig {
         }
         true
     }
+}
+
+/// A file that routes nothing and has top-level keys no one knows (`upstrems:`, main.yaml handed
+/// over as upstreams) is a mistake: loaded, it would take every route away with only a warning
+/// said (nginx and HAProxy refuse an unknown directive). `upstreams: {}` says nothing is meant.
+fn refuse_unknown_keys_routing_nothing(unknown: &[&Key], r: &mut Reader) {
+    let Some(first) = unknown.first() else {
+        return;
+    };
+    let names: Vec<String> = unknown.iter().map(|k| format!("`{}`", k.name)).collect();
+    let why = format!(
+        "nothing here is a route, and {} {} not a key aralez knows: loading it would remove every route (to mean that, write `upstreams: {{}}`)",
+        names.join(", "),
+        if names.len() == 1 { "is" } else { "are" }
+    );
+    r.error(first.pos, &first.name, why);
 }
 
 /// Services of `consul` and `kubernetes` routed to a host and path `hosts` route already: the

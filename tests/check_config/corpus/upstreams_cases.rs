@@ -310,6 +310,27 @@ pub(crate) fn cases() -> Vec<Case> {
             vec![warn(U, 6, pk("rate_limt"), "unknown key `rate_limt`, did you mean `rate_limit`?")],
         )
         .warnings_only(),
+        // A misspelt wrapper (or main.yaml handed over as upstreams): nothing routed and only
+        // unknown keys. Loaded, it removed every route with a warning said.
+        Case::broken(
+            "wrapper_misspelt_routes_nothing",
+            MAIN_OK,
+            "upstrems:\n  a.com:\n    paths:\n      \"/\": {servers: [\"127.0.0.1:8000\"]}\n",
+            vec![
+                warn(U, 1, "upstrems", "did you mean `upstreams`?"),
+                err(U, 1, "upstrems", "nothing here is a route").also("remove every route"),
+            ],
+        ),
+        Case::broken(
+            "main_yaml_as_upstreams_routes_nothing",
+            MAIN_OK,
+            "proxy_address_http: \"127.0.0.1:0\"\nthreads: 2\n",
+            vec![
+                warn(U, 1, "proxy_address_http", "unknown key"),
+                warn(U, 2, "threads", "unknown key"),
+                err(U, 1, "proxy_address_http", "`proxy_address_http`, `threads` are not a key"),
+            ],
+        ),
         // ---- authorization ----
         // A misspelt `authorization` served the route to anyone, with a warning only.
         Case::path(
