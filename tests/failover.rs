@@ -547,3 +547,35 @@ async fn metrics_and_warnings_name_the_backend_that_failed_an_exchange_and_the_r
         format!("aralez_upstream_failures_total{{upstream=\"{refusing}\",reason=\"connect\"}}");
     assert_eq!(scraped(&proxy, &addrs, &connect), Some(1.0));
 }
+
+/// Without health checks, a backend whose connects fail is out once three have, tried by one
+/// request when its mark lapses, and each failed trial doubles the mark (`hc_interval`, up to
+/// 30 s): over a minute of a request a second, the refusing backend is tried a handful of
+/// times, where it was about every other second. Marked, it is out of rotation for `/metrics`
+/// and `/status`, lapsed or not (they said it was up once the mark lapsed).
+#[tokio::test(start_paused = true)]
+async fn a_backend_refusing_connects_without_health_checks_is_tried_ever_more_rarely() {
+    let b = Backend::start("b").await;
+    let closed = bind_local().await;
+    let refusing = closed.local_addr().unwrap();
+    drop(closed);
+    let servers = [format!("http://{refusing}"), format!("http://{}", b.addr)];
+    let proxy = Proxy::start(&route_to(&servers), "hc_interval: 1").await;
+    let mut client = Client::connect(Proto::H1, proxy.addr).await;
+    for _ in 0..60 {
+        let resp = client.get("any", "/").await;
+        assert_eq!(resp.status(), 200);
+        body_bytes(resp).await;
+        proxy.pass(Duration::from_secs(1)).await;
+    }
+    let addrs = [refusing.to_string(), b.addr.to_string()];
+    let connect =
+        format!("aralez_upstream_failures_total{{upstream=\"{refusing}\",reason=\"connect\"}}");
+    let tries = scraped(&proxy, &addrs, &connect).unwrap_or(0.0);
+    // Three to mark it, then trials after marks of 1, 2, 4, 8 and 16 s.
+    assert!((4.0..=9.0).contains(&tries), "{tries} connects tried");
+    let snapshot = proxy.ctx.reloader.snapshot.load();
+    let route = snapshot.routes().next().expect("the route");
+    assert!(!route.backends.in_rotation_at(0), "marked: not in rotation");
+    assert!(route.backends.in_rotation_at(1));
+}

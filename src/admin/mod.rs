@@ -440,7 +440,7 @@ impl Admin {
                     .backends
                     .iter()
                     .enumerate()
-                    .map(|(i, b)| (b, route.backends.usable_at(i)))
+                    .map(|(i, b)| (b, route.backends.in_rotation_at(i)))
                     .filter(|(_, up)| !live_only || *up)
                     .map(|(b, up)| serde_json::json!({ "address": &*b.label, "up": up, "protocol": b.wire().map_or("detecting", |w| w.name()) }))
                     .collect();
@@ -477,7 +477,7 @@ impl Admin {
                     host: &route.host,
                     path: &route.prefix,
                     backend: &b.label,
-                    up: route.backends.usable_at(i),
+                    up: route.backends.in_rotation_at(i),
                 })
         });
         let mut text = self.metrics.render_prometheus(backends);

@@ -88,7 +88,11 @@ struct Health {
     consecutive_failures: AtomicU32,
     /// Milliseconds since `born` until which the backend is out of rotation (0: in rotation).
     down_until_ms: AtomicU64,
+    /// `hc_interval`: how long a first mark lasts.
     down_for_ms: AtomicU64,
+    /// How long the present mark lasts: `down_for_ms`, doubled by each failed trial up to
+    /// [`passive::LONGEST_MARK`].
+    mark_ms: AtomicU64,
     /// The clock's origin for `down_until_ms` (tokio's clock, so tests can pause it).
     born: Instant,
 }
@@ -394,6 +398,7 @@ impl Backend {
             consecutive_failures: AtomicU32::new(0),
             down_until_ms: AtomicU64::new(0),
             down_for_ms: AtomicU64::new(registry.down_for.as_millis() as u64),
+            mark_ms: AtomicU64::new(registry.down_for.as_millis() as u64),
             born: Instant::now(),
         };
         Backend {

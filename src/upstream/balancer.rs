@@ -99,6 +99,21 @@ impl BackendSet {
         probe_passed && self.backends.get(index).is_some_and(|b| b.passive_up())
     }
 
+    /// Whether the backend at `index` is in rotation, as `/metrics` and `/status` say: its
+    /// probe of this route's path passed (or none runs), and no failed connects mark it down
+    /// (a lapsed mark, whose trial is due, is still a mark).
+    pub fn in_rotation_at(&self, index: usize) -> bool {
+        let probe_passed = self
+            .probe_down
+            .get(index)
+            .is_none_or(|down| !down.load(Ordering::Relaxed));
+        probe_passed
+            && self
+                .backends
+                .get(index)
+                .is_some_and(|b| !b.passively_marked())
+    }
+
     /// Whether any backend may take requests now.
     pub fn any_usable(&self) -> bool {
         (0..self.backends.len()).any(|index| self.usable_at(index))
@@ -176,7 +191,7 @@ pub fn send<'a>(
                 continue;
             }
             // Once a passive mark lapses, one request tries the backend; the others pass it by.
-            if !backend.claim_trial() {
+            if !backend.claim_trial(timeouts.connect) {
                 continue;
             }
             let Some(mut request) = pending.take() else {

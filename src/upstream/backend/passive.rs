@@ -2,14 +2,22 @@
 //! connects: three in a row take it out of rotation for `hc_interval`. When that lapses, one
 //! request tries it (the others pass it by) until that one's connect says whether it is back:
 //! every request of its round-robin share had waited for its own connect timeout each time the
-//! mark lapsed. Exchanges that fail once connected (a reset, no answer in time) do not count:
-//! they are as often one URL's (a slow report, a handler that crashes) or a client's that left,
-//! and counted, one slow page took the backend out for every route (HAProxy counts them only
-//! with `observe layer7`).
+//! mark lapsed. A failed trial doubles the mark, up to [`LONGEST_MARK`]: without health checks
+//! (`healthcheck: false`) a dead backend cost one request a connect timeout every
+//! `hc_interval`, for as long as it stayed dead (nginx's every 10 s). Exchanges that fail once
+//! connected (a reset, no answer in time) do not count: they are as often one URL's (a slow
+//! report, a handler that crashes) or a client's that left, and counted, one slow page took the
+//! backend out for every route (HAProxy counts them only with `observe layer7`).
 
 use std::sync::atomic::Ordering;
 
+use std::time::Duration;
+
 use super::{Backend, FAILS_BEFORE_DOWN};
+
+/// The longest a passive mark lasts (unless `hc_interval` is longer): a backend back after a
+/// long outage is tried again within this.
+pub const LONGEST_MARK: Duration = Duration::from_secs(30);
 
 impl Backend {
     /// Passive health only (for routes with `healthcheck: false`).
@@ -18,11 +26,18 @@ impl Backend {
         until == 0 || self.health.now_ms() >= until
     }
 
+    /// Marked down by failed connects, lapsed or not: out of rotation until a connect, an
+    /// answer or a health check says it is back (what `/metrics` and `/status` show).
+    pub fn passively_marked(&self) -> bool {
+        self.health.consecutive_failures.load(Ordering::Relaxed) >= FAILS_BEFORE_DOWN
+    }
+
     /// Whether this request may be sent here, passive health permitting: always while the
     /// backend is not marked; once a mark has lapsed, for the one request that claims the
-    /// trial (the mark is set again for `hc_interval` meanwhile, and the trial's outcome
-    /// clears it or renews it).
-    pub fn claim_trial(&self) -> bool {
+    /// trial. The mark is set again meanwhile, for as long as the trial's connect may take
+    /// (`connect_within`) at least: a second trial had begun while the first still waited.
+    /// The trial's outcome clears the mark or renews it.
+    pub fn claim_trial(&self, connect_within: Duration) -> bool {
         let until = self.health.down_until_ms.load(Ordering::Relaxed);
         if until == 0 {
             return true;
@@ -31,10 +46,11 @@ impl Backend {
         if now < until {
             return false;
         }
-        let down_for = self.health.down_for_ms.load(Ordering::Relaxed).max(1);
+        let mark = self.health.mark_ms.load(Ordering::Relaxed);
+        let held = mark.max(connect_within.as_millis() as u64 + 1000).max(1);
         let claimed = self.health.down_until_ms.compare_exchange(
             until,
-            now + down_for,
+            now + held,
             Ordering::Relaxed,
             Ordering::Relaxed,
         );
@@ -65,15 +81,30 @@ impl Backend {
             .fetch_add(1, Ordering::Relaxed)
             + 1;
         if fails >= FAILS_BEFORE_DOWN {
-            let down_for = self.health.down_for_ms.load(Ordering::Relaxed);
+            let mark = self.next_mark(fails == FAILS_BEFORE_DOWN);
             self.health
                 .down_until_ms
-                .store(self.health.now_ms() + down_for.max(1), Ordering::Relaxed);
+                .store(self.health.now_ms() + mark, Ordering::Relaxed);
             if fails == FAILS_BEFORE_DOWN {
                 tracing::warn!(backend = %self.label, "backend marked down after {fails} failed connects");
             }
         }
         fails
+    }
+
+    /// How long the mark now made lasts: `hc_interval` for a first one, twice the last one
+    /// after a failed trial, [`LONGEST_MARK`] at most (or `hc_interval`, when longer).
+    fn next_mark(&self, first: bool) -> u64 {
+        let down_for = self.health.down_for_ms.load(Ordering::Relaxed).max(1);
+        let longest = (LONGEST_MARK.as_millis() as u64).max(down_for);
+        let last = self.health.mark_ms.load(Ordering::Relaxed);
+        let mark = if first {
+            down_for
+        } else {
+            last.saturating_mul(2).min(longest)
+        };
+        self.health.mark_ms.store(mark, Ordering::Relaxed);
+        mark
     }
 
     /// Records a successful connect, or an answer: over a pooled connection too, it shows the

@@ -120,40 +120,66 @@ fn passive_health_marks_down_after_three_failures() {
 
 /// Once a mark lapses, one request tries the backend and the others pass it by, until the
 /// trial says whether it is back: each request of its round-robin share waited for its own
-/// connect timeout.
+/// connect timeout. Each failed trial doubles the mark, up to `LONGEST_MARK`; the trial holds
+/// the mark for as long as its connect may take.
 #[tokio::test(start_paused = true)]
-async fn a_lapsed_mark_lets_one_request_try() {
+async fn a_lapsed_mark_lets_one_request_try_ever_more_rarely() {
+    let connect = Duration::from_secs(1);
     let reg = Registry::for_tests(1, Duration::from_secs(2));
     let b = reg.backend(&parse_server("127.0.0.1:9").unwrap(), false);
     for _ in 0..3 {
         b.connect_failed();
     }
-    assert!(!b.claim_trial(), "marked");
+    assert!(!b.claim_trial(connect) && b.passively_marked(), "marked");
     tokio::time::advance(Duration::from_secs(3)).await;
-    assert!(b.passive_up(), "lapsed");
-    assert!(b.claim_trial(), "the trial");
     assert!(
-        !b.claim_trial() && !b.passive_up(),
+        b.passive_up() && b.passively_marked(),
+        "lapsed, still marked"
+    );
+    assert!(b.claim_trial(connect), "the trial");
+    assert!(
+        !b.claim_trial(connect) && !b.passive_up(),
         "the others pass it by meanwhile"
     );
-    b.connect_failed();
-    tokio::time::advance(Duration::from_secs(1)).await;
-    assert!(!b.claim_trial(), "the trial failed: marked again");
-    tokio::time::advance(Duration::from_secs(2)).await;
-    assert!(b.claim_trial(), "the next trial");
+    // Failed trials: marked for 4, 8, 16 s, then 30 s (the longest) each time.
+    for mark in [4, 8, 16, 30, 30] {
+        b.connect_failed();
+        tokio::time::advance(Duration::from_secs(mark - 1)).await;
+        assert!(!b.claim_trial(connect), "marked for {mark} s");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(b.claim_trial(connect), "the trial after {mark} s");
+    }
     b.connect_succeeded();
-    assert!(b.claim_trial() && b.claim_trial(), "back in rotation");
-    // A trial answered over a pooled connection (no connect made) ends the mark too.
+    assert!(
+        b.claim_trial(connect) && b.claim_trial(connect),
+        "back in rotation"
+    );
+    assert!(!b.passively_marked());
+    // Marked again: for hc_interval, the first mark's length, again.
     for _ in 0..3 {
         b.connect_failed();
     }
-    tokio::time::advance(Duration::from_secs(3)).await;
-    assert!(b.claim_trial(), "the trial");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert!(b.claim_trial(connect), "the trial");
+    // A trial answered over a pooled connection (no connect made) ends the mark too.
     b.note_answer(WorkerId(0), http::StatusCode::OK);
     assert!(
-        b.claim_trial() && b.claim_trial(),
+        b.claim_trial(connect) && b.claim_trial(connect),
         "answered: back in rotation"
     );
+    // A trial whose connect may take 10 s holds the mark that long: no second trial at 2 s.
+    for _ in 0..3 {
+        b.connect_failed();
+    }
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert!(b.claim_trial(Duration::from_secs(10)), "the trial");
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert!(
+        !b.claim_trial(connect),
+        "the first trial's connect is still out"
+    );
+    tokio::time::advance(Duration::from_secs(7)).await;
+    assert!(b.claim_trial(connect), "it never said: another trial");
 }
 
 #[tokio::test]
