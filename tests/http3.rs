@@ -706,3 +706,78 @@ async fn http3_bodies_are_read_ahead_and_held_to_their_length() {
     let resp = stream.recv_response().await.expect("a response");
     assert_eq!(resp.status(), 400);
 }
+
+/// A client that leaves (closes its connection, or resets a request's stream) while its
+/// request waits for a slow backend, or while the backend is slow with the body, gives the
+/// backend's connection back at once, as over HTTP/1.1 and HTTP/2: with
+/// `upstream_max_connections: 1` every other client got 503 until the backend answered (up to
+/// `upstream_response_timeout`), and the request was logged 200. It is logged 499 now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http3_client_that_leaves_gives_its_backend_connection_back() {
+    let backend = Backend::builder("h3-backend").h1_only().start().await;
+    let h3 = H3Proxy::start_with(&backend, "upstream_max_connections: 1");
+    let ca = std::slice::from_ref(&h3.pki.ca);
+    let mut other =
+        Client::connect_tls(h3.tls, "h3.test", tls_client_config(ca, &[b"http/1.1"])).await;
+    for (path, leave) in [
+        ("/slow/30000", "close"),
+        ("/slow/30000", "reset"),
+        ("/pause/30000", "close"),
+    ] {
+        let (_endpoint, mut send, _driving, conn) = h3.connect(ca).await;
+        let reached_before = backend.requests();
+        let req = Request::get(format!("https://h3.test{path}"))
+            .body(())
+            .unwrap();
+        let mut stream = send.send_request(req).await.expect("send request");
+        if path.starts_with("/pause") {
+            let resp = stream.recv_response().await.expect("response");
+            assert_eq!(resp.status(), 200);
+            let first = stream
+                .recv_data()
+                .await
+                .expect("body")
+                .expect("a first piece");
+            assert_eq!(first.chunk(), b"first,");
+        } else {
+            // The request reaches the backend and holds its one connection.
+            let held = eventually(Duration::from_secs(5), || {
+                backend.requests() > reached_before
+            });
+            assert!(held.await, "{path}: never reached the backend");
+        }
+        let before = backend.requests();
+        match leave {
+            "close" => conn.close(0u32.into(), b"bye"),
+            _ => stream.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED),
+        }
+        let started = std::time::Instant::now();
+        let mut statuses = Vec::new();
+        while started.elapsed() < Duration::from_secs(5) {
+            let resp = other.get("h3.test", "/").await;
+            statuses.push(resp.status().as_u16());
+            body_bytes(resp).await;
+            if statuses.last() == Some(&200) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(
+            statuses.last(),
+            Some(&200),
+            "{path} ({leave}): {statuses:?}: {}",
+            h3.proxy.log_text()
+        );
+        assert!(backend.requests() > before);
+        drop(stream);
+    }
+    let left = || {
+        let log = h3.proxy.log_text();
+        let lines = log.lines();
+        lines
+            .filter(|l| l.contains("target=\"/slow/30000\"") && l.contains(" status=499 "))
+            .count()
+    };
+    let logged = eventually(Duration::from_secs(5), || left() == 2);
+    assert!(logged.await, "{}", h3.proxy.log_text());
+}

@@ -320,11 +320,12 @@ impl Accepted {
                     // trickles its head (or sends none) is dropped, not held.
                     let head_within = self.limits.header_timeout;
                     let send_within = self.limits.send_timeout;
+                    let quic = quic.clone();
                     requests.spawn(async move {
                         let head = tokio::time::timeout(head_within, resolver.resolve_request());
                         match head.await {
                             Ok(Ok((head, stream))) => {
-                                stream::answer(ctx, head, stream, send_within).await
+                                stream::answer(ctx, head, stream, send_within, quic).await
                             }
                             Ok(Err(e)) => {
                                 tracing::debug!("http/3: a request head was refused: {e}")

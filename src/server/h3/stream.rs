@@ -34,13 +34,23 @@ pub async fn answer(
     head: Request<()>,
     stream: RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>,
     send_within: Duration,
+    conn: quinn::Connection,
 ) {
     let (mut send, recv) = stream.split();
     let (mut parts, ()) = head.into_parts();
     parts.version = Version::HTTP_3;
     let (body, unread) = request_body(&parts.method, &parts.headers, recv);
-    let resp = observe::handle(ctx, Request::from_parts(parts, body)).await;
-    match respond(&mut send, resp, send_within).await {
+    let handled = observe::handle(ctx, Request::from_parts(parts, body));
+    let Some((resp, unread)) = answered_unless_left(handled, unread, &conn).await else {
+        tracing::debug!("http/3: the client left before its answer came");
+        return;
+    };
+    // A body the backend is slow to send stops with the connection too.
+    let sent = tokio::select! {
+        sent = respond(&mut send, resp, send_within) => sent,
+        _ = conn.closed() => Err(Unsent::Failed("the connection closed".into())),
+    };
+    match sent {
         Ok(()) => {}
         Err(Unsent::TimedOut) => {
             tracing::debug!("http/3: the client took nothing for {send_within:?}; stream reset");
@@ -52,6 +62,49 @@ pub async fn answer(
     }
     if let Some(unread) = unread {
         close_request_side(unread).await;
+    }
+}
+
+/// The answer, unless the client leaves first: its connection closes, or it resets the stream
+/// of a bodiless request (a request with a body fails as its body does). Dropped, the answer
+/// cancels the backend's exchange and is logged 499, as over HTTP/1.1 and HTTP/2: a client
+/// that sent requests to a slow backend and left held each one's backend connection until the
+/// backend answered, up to `upstream_response_timeout`, and so could take every connection
+/// `upstream_max_connections` allows, for every client. The request side comes back unless it
+/// ended.
+async fn answered_unless_left<F, B>(
+    handled: F,
+    mut unread: Option<RecvSide>,
+    conn: &quinn::Connection,
+) -> Option<(Response<B>, Option<RecvSide>)>
+where
+    F: std::future::Future<Output = Response<B>>,
+{
+    let mut handled = std::pin::pin!(handled);
+    let mut watching = unread.is_some();
+    loop {
+        tokio::select! {
+            resp = &mut handled => return Some((resp, unread)),
+            _ = conn.closed() => return None,
+            read = request_side(&mut unread), if watching => match read {
+                // Its end, as expected: nothing more to watch, nor to close later.
+                Ok(None) => {
+                    unread = None;
+                    watching = false;
+                }
+                // Data on a request without a body: left for the answer's end to stop.
+                Ok(Some(())) => watching = false,
+                Err(_reset) => return None,
+            },
+        }
+    }
+}
+
+/// The next thing on a bodiless request's own side: its end (`None`), data, or a reset.
+async fn request_side(unread: &mut Option<RecvSide>) -> Result<Option<()>, h3::error::StreamError> {
+    match unread {
+        Some(recv) => recv.recv_data().await.map(|data| data.map(drop)),
+        None => std::future::pending().await,
     }
 }
 
