@@ -29,9 +29,21 @@ pub fn check(main_path: &Path) -> Report {
     let mut files = vec![main_path.display().to_string()];
     let mut shape = None;
     // Every file's issues at once: a broken main.yaml still says where upstreams.yaml is.
-    let main = config::load_main(main_path, &mut issues);
+    let loaded = config::load_main_as_far_as_valid(main_path, &mut issues);
+    match &loaded {
+        Some((main, true)) => check_certificates(main, main_path, &mut issues),
+        // The certificate folder's pairs too (an error elsewhere in main.yaml hid a broken
+        // pair until it was mended); a missing folder or admin pair is said already.
+        Some((main, false)) => {
+            if main.certificates_dir.as_deref().is_some_and(Path::is_dir) {
+                let mains = MainText::read(main_path);
+                check_certificate_folder(main, &mains, &mut issues);
+            }
+        }
+        None => {}
+    }
+    let main = loaded.and_then(|(main, valid)| valid.then_some(main));
     if let Some(main) = &main {
-        check_certificates(main, main_path, &mut issues);
         issues.no_master_secret = !config::master_secret_set(main);
     }
     let upstreams_conf = config::upstreams_conf_of(main.as_ref(), main_path);
@@ -74,46 +86,71 @@ fn shape_of_file(path: &Path) -> Option<Shape> {
 /// an error too (the start skips them), as is a pair of the admin API that does not load (the
 /// start fails on it). Each at its key's line.
 pub(crate) fn check_certificates(main: &MainConfig, main_path: &Path, issues: &mut Issues) {
-    let file: Arc<str> = main_path.display().to_string().into();
-    let text = config::file_bytes::read_regular(main_path, config::yaml::MAX_FILE_BYTES)
-        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
-        .unwrap_or_default();
-    let at = |keys: &[&str]| line_of(&text, keys);
-    if let (Some(dir), Some(_)) = (&main.certificates_dir, main.proxy_address_tls) {
-        // The folder is proxy_certificates when written, else proxy_configs' (both were named
-        // proxy_certificates, at whichever came first).
-        let key = match written_at(&text, "proxy_certificates") {
-            Some(_) => ["proxy_certificates"],
-            None => ["proxy_configs"],
-        };
-        let (store, problems) = crate::tls::store::CertStore::open(dir);
-        for problem in problems {
-            issues.push(Severity::Warning, &file, at(&key), key[0], problem);
-        }
-        // The start serves without them (a warning then), but the names they were for get
-        // another certificate: a check fails on them, as `nginx -t` does.
-        let not_loaded = store.pairs_not_loaded();
-        if !not_loaded.is_empty() {
-            let why = format!(
-                "certificate pair(s) that do not load (said above): {}; their names would get another certificate",
-                not_loaded.join(", ")
-            );
-            issues.push(Severity::Error, &file, at(&key), key[0], why);
-        }
-        if store.is_empty() && main.acme.is_none() {
-            let why = format!(
-                "no usable certificate pair in {}: TLS handshakes fail until one is added",
-                dir.display()
-            );
-            issues.push(Severity::Warning, &file, at(&key), key[0], why);
-        }
-    }
+    let mains = MainText::read(main_path);
+    check_certificate_folder(main, &mains, issues);
     if let (Some(crt), Some(key)) = (&main.config_tls_certificate, &main.config_tls_key_file) {
         if let Err(e) = crate::tls::single_pair_config(crt, key) {
             let keys = ["config_tls_certificate"];
             let why = format!("cannot start the admin API: its certificate does not load: {e}");
-            issues.push(Severity::Error, &file, at(&keys), keys[0], why);
+            issues.push(Severity::Error, &mains.file, mains.at(&keys), keys[0], why);
         }
+    }
+}
+
+/// main.yaml's name and text, for positions its tree does not keep.
+struct MainText {
+    file: Arc<str>,
+    text: String,
+}
+
+impl MainText {
+    fn read(main_path: &Path) -> MainText {
+        let text = config::file_bytes::read_regular(main_path, config::yaml::MAX_FILE_BYTES)
+            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+            .unwrap_or_default();
+        MainText {
+            file: main_path.display().to_string().into(),
+            text,
+        }
+    }
+
+    fn at(&self, keys: &[&str]) -> Pos {
+        line_of(&self.text, keys)
+    }
+}
+
+/// The certificate folder's part of [`check_certificates`].
+fn check_certificate_folder(main: &MainConfig, mains: &MainText, issues: &mut Issues) {
+    let (Some(dir), Some(_)) = (&main.certificates_dir, main.proxy_address_tls) else {
+        return;
+    };
+    // The folder is proxy_certificates when written, else proxy_configs' (both were named
+    // proxy_certificates, at whichever came first).
+    let key = match written_at(&mains.text, "proxy_certificates") {
+        Some(_) => ["proxy_certificates"],
+        None => ["proxy_configs"],
+    };
+    let (file, at) = (&mains.file, mains.at(&key));
+    let (store, problems) = crate::tls::store::CertStore::open(dir);
+    for problem in problems {
+        issues.push(Severity::Warning, file, at, key[0], problem);
+    }
+    // The start serves without them (a warning then), but the names they were for get
+    // another certificate: a check fails on them, as `nginx -t` does.
+    let not_loaded = store.pairs_not_loaded();
+    if !not_loaded.is_empty() {
+        let why = format!(
+            "certificate pair(s) that do not load (said above): {}; their names would get another certificate",
+            not_loaded.join(", ")
+        );
+        issues.push(Severity::Error, file, at, key[0], why);
+    }
+    if store.is_empty() && main.acme.is_none() {
+        let why = format!(
+            "no usable certificate pair in {}: TLS handshakes fail until one is added",
+            dir.display()
+        );
+        issues.push(Severity::Warning, file, at, key[0], why);
     }
 }
 

@@ -220,6 +220,18 @@ impl MainConfig {
 
     /// Reads the root of main.yaml. Returns `None` when a required key is missing or bad.
     pub fn read(root: &Node, path: &Path, r: &mut Reader) -> Option<MainConfig> {
+        let (cfg, valid) = MainConfig::read_as_far_as_valid(root, path, r)?;
+        valid.then_some(cfg)
+    }
+
+    /// [`MainConfig::read`], and when the file has errors, what it says all the same (a bad
+    /// key at its default), with `false`: for `check-config` to go on checking what depends on
+    /// it (the certificates). `None` when the document is no mapping.
+    pub fn read_as_far_as_valid(
+        root: &Node,
+        path: &Path,
+        r: &mut Reader,
+    ) -> Option<(MainConfig, bool)> {
         let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
         let mut cfg = MainConfig::defaults(base_dir);
         let entries = r.map(root, "(document)")?;
@@ -408,6 +420,6 @@ impl MainConfig {
             };
             seen.failed |= !ok;
         }
-        cfg.check_whole(root, path, seen, r)
+        Some(cfg.check_whole(root, path, seen, r))
     }
 }

@@ -117,9 +117,16 @@ fn parse_tree(text: &str, r: &mut Reader) -> Option<Node> {
 
 /// Reads main.yaml.
 pub fn load_main(path: &Path, issues: &mut Issues) -> Option<MainConfig> {
+    let (cfg, valid) = load_main_as_far_as_valid(path, issues)?;
+    valid.then_some(cfg)
+}
+
+/// [`load_main`], and what a main.yaml with errors says all the same, with `false`
+/// ([`MainConfig::read_as_far_as_valid`]).
+pub fn load_main_as_far_as_valid(path: &Path, issues: &mut Issues) -> Option<(MainConfig, bool)> {
     let root = read_tree(path, issues)?;
     let mut r = Reader::new(Arc::from(path.display().to_string()), issues);
-    MainConfig::read(&root, path, &mut r)
+    MainConfig::read_as_far_as_valid(&root, path, &mut r)
 }
 
 /// Reads upstreams.yaml and merges `conf.d/*.yaml` beside it, in name order (SPEC §3.5).

@@ -42,7 +42,7 @@ impl MainConfig {
         path: &Path,
         seen: Seen<'_>,
         r: &mut Reader,
-    ) -> Option<MainConfig> {
+    ) -> (MainConfig, bool) {
         let mut cfg = self;
         let Seen {
             http: seen_http,
@@ -210,9 +210,10 @@ impl MainConfig {
             };
             let pos = positions.of("upstreams_conf").unwrap_or(root.pos);
             r.error(pos, "upstreams_conf", shown);
-            return None;
+            return (cfg, false);
         }
-        (everything_exists && !failed).then_some(cfg)
+        let valid = everything_exists && !failed;
+        (cfg, valid)
     }
 
     /// The address a listener's key names; `None` for any other key.

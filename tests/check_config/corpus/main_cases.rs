@@ -241,6 +241,8 @@ pub(crate) fn cases() -> Vec<Case> {
                 err(M, 4, "proxy_address_tls", "is also `proxy_address_http`'s (line 1)"),
                 err(M, 5, "file_server_address", "is also `proxy_address_http`'s (line 1)"),
                 warn(M, 5, "file_server_address", "nothing is served without file_server_folder"),
+                // Said beside the errors too: the folder holds no pair.
+                warn(M, 3, "proxy_certificates", "no usable certificate pair"),
             ],
         ),
         Case::main(
