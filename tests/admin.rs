@@ -425,6 +425,57 @@ async fn without_a_master_key_or_with_the_api_disabled_the_answer_is_403_and_why
     );
 }
 
+/// Over HTTP/2 a refusal waits for the request's body (as nginx reads and discards it), so the
+/// stream ends as the client ends it: answered first, it was reset (`RST_STREAM(NO_ERROR)`)
+/// under a body still going up, and Debian 12's curl reported a framing error, not the 403.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http2_a_refusal_waits_for_the_body_still_coming() {
+    let a = Backend::start("a").await;
+    let certs = tempfile::tempdir().unwrap();
+    let root = write_self_signed(certs.path(), "admin", &["admin.local"]);
+    let (_proxy, addr) = start_admin_over_tls(&a, certs.path());
+    let config = tls_client_config(&[root], &[b"h2"]);
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from("admin.local").unwrap();
+    let tls = tokio_rustls::TlsConnector::from(config)
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    let (send, connection) = h2::client::handshake(tls).await.expect("h2 handshake");
+    tokio::spawn(connection);
+    let mut send = send.ready().await.unwrap();
+    let req = http::Request::post("https://admin.local/conf")
+        .header("x-api-key", "wrong")
+        .body(())
+        .unwrap();
+    let (answer, mut body) = send.send_request(req, false).expect("request head");
+    body.send_data(
+        bytes::Bytes::from_static(
+            b"upstreams: {}
+",
+        ),
+        false,
+    )
+    .expect("first part");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    body.send_data(
+        bytes::Bytes::from_static(
+            b"# the end
+",
+        ),
+        true,
+    )
+    .expect("the rest of the body: the stream was not reset under it");
+    let resp = answer.await.expect("the answer");
+    assert_eq!(resp.status(), 403);
+    let mut got = Vec::new();
+    let mut answer_body = resp.into_body();
+    while let Some(chunk) = answer_body.data().await {
+        got.extend_from_slice(&chunk.expect("the answer's body, whole"));
+    }
+    assert!(String::from_utf8_lossy(&got).contains("wrong key"));
+}
+
 /// The proxy with the admin API over TLS, on `certs`' `admin.crt` and `admin.key`; its address.
 fn start_admin_over_tls(
     backend: &Backend,

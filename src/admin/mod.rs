@@ -8,6 +8,7 @@ mod auth;
 pub mod cluster;
 mod history;
 mod jwt;
+mod leftover;
 mod listen;
 mod purge;
 mod refusals;
@@ -136,7 +137,11 @@ pub async fn serve(
             Box::pin(async move {
                 let http1 = req.version() < http::Version::HTTP_2;
                 let asked = (req.method().clone(), req.uri().path().to_string());
+                let (req, leftover) = leftover::Leftover::watch(req);
                 let mut reply = admin.answer(req).await;
+                if !http1 {
+                    leftover.discard().await;
+                }
                 refusals.note(conn.peer, &asked, reply.status());
                 // A refusal ends an HTTP/1 connection: connections kept alive to collect 403s
                 // held the API's places (64, 16 an address) from the clients with the key.
