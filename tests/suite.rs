@@ -29,6 +29,7 @@ mod cache_redis;
 mod cache_uncacheable;
 mod cache_variants;
 mod check_config;
+mod chunked_uploads;
 mod cluster;
 mod compression;
 mod consul;
