@@ -92,6 +92,9 @@ pub enum Refusal {
     /// A `Content-Length` above 2^63 − 1 (nginx's 400; [`request`] says what hyper did).
     #[error("the request's Content-Length is above 2^63 - 1; answered 400")]
     ContentLengthTooLarge,
+    /// `HTTP/2.0` or later in an HTTP/1 request line (nginx's 505; hyper's 400).
+    #[error("the request line names HTTP/2 or later; answered 505")]
+    VersionNotSupported,
 }
 
 impl Refusal {
@@ -99,6 +102,7 @@ impl Refusal {
         match self {
             Refusal::TargetTooLong => http::StatusCode::URI_TOO_LONG,
             Refusal::ContentLengthTooLarge => http::StatusCode::BAD_REQUEST,
+            Refusal::VersionNotSupported => http::StatusCode::HTTP_VERSION_NOT_SUPPORTED,
         }
     }
 
@@ -109,6 +113,9 @@ impl Refusal {
             }
             Refusal::ContentLengthTooLarge => {
                 b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            }
+            Refusal::VersionNotSupported => {
+                b"HTTP/1.1 505 HTTP Version Not Supported\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
             }
         }
     }

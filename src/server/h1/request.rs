@@ -67,7 +67,14 @@ pub fn parse(buf: &mut BytesMut) -> Head {
     let located = match locate(buf, &mut at) {
         Some(Some(located)) => located,
         Some(None) => return Head::Partial,
-        None => return Head::Unusual,
+        None => match later_version(buf) {
+            Some(LaterVersion::Minor(digit)) => {
+                buf[digit] = b'1';
+                return parse(buf);
+            }
+            Some(LaterVersion::Major) => return Head::Refused(Refusal::VersionNotSupported),
+            None => return Head::Unusual,
+        },
     };
     let head = &buf[..located.len];
     let method = method_of(slice(head, located.method));
@@ -89,6 +96,34 @@ pub fn parse(buf: &mut BytesMut) -> Head {
             *buf = restored;
             Head::Unusual
         }
+    }
+}
+
+/// A request line of an HTTP version after 1.1 (httparse, and hyper, refused it with a 400).
+enum LaterVersion {
+    /// `HTTP/1.x`, x > 1, at the minor digit's offset: read as HTTP/1.1, the highest minor
+    /// version this server has (RFC 9110 §2.5), as nginx and HAProxy read it.
+    Minor(usize),
+    /// `HTTP/2.0` or later in an HTTP/1 request line: nginx's 505. (HTTP/2's preface, `PRI *
+    /// HTTP/2.0`, is not one: hyper takes it.)
+    Major,
+}
+
+fn later_version(buf: &[u8]) -> Option<LaterVersion> {
+    let end = buf.iter().position(|&b| b == b'\n')?;
+    let line = &buf[..end];
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let at = line.len().checked_sub(9)?;
+    let [b' ', b'H', b'T', b'T', b'P', b'/', major, b'.', minor] = line[at..] else {
+        return None;
+    };
+    if line.starts_with(b"PRI * ") || !major.is_ascii_digit() || !minor.is_ascii_digit() {
+        return None;
+    }
+    match (major, minor) {
+        (b'1', b'2'..=b'9') => Some(LaterVersion::Minor(at + 8)),
+        (b'2'..=b'9', _) => Some(LaterVersion::Major),
+        _ => None,
     }
 }
 

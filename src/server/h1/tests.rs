@@ -529,3 +529,39 @@ async fn a_content_length_above_2_63_is_a_400() {
     assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
     assert!(text.contains("x-path: /len\r\n"), "{text}");
 }
+
+/// A request line of HTTP/1.2 (or 1.9) is read as HTTP/1.1 and served, as nginx and HAProxy
+/// serve it (RFC 9110 §2.5); HTTP/2.0 or later in an HTTP/1 request line is nginx's 505. Both
+/// were hyper's 400.
+#[tokio::test]
+async fn later_versions_are_served_as_http_1_1_or_refused_505() {
+    let (text, served) = exchange("GET /v HTTP/1.2\r\nhost: x\r\nconnection: close\r\n\r\n").await;
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    assert!(text.contains("x-path: /v\r\n"), "{text}");
+    assert!(matches!(served, Ok(None)), "served here: {served:?}");
+    for line in ["GET / HTTP/2.0", "GET / HTTP/3.0"] {
+        let (mut client, served) = serve();
+        client
+            .write_all(format!("{line}\r\nhost: x\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        client.shutdown().await.unwrap();
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).await.unwrap();
+        let text = String::from_utf8_lossy(&got);
+        assert!(text.starts_with("HTTP/1.1 505 "), "{line}: {text}");
+        let served = served.await.unwrap();
+        assert!(
+            matches!(served, Err(H1Error::Refused(Refusal::VersionNotSupported))),
+            "{served:?}"
+        );
+    }
+    // HTTP/2's preface is not a later version: it goes to hyper.
+    let (mut client, served) = serve();
+    client
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    let served = served.await.unwrap();
+    assert!(matches!(served, Ok(Some(_))), "{served:?}");
+}
