@@ -144,8 +144,14 @@ async fn what_may_not_be_stored_always_reaches_the_origin() {
         assert_eq!(get(&mut c, path).await.0, "MISS", "{path}");
         assert_eq!(origin.requests(), before + 2, "{path}");
     }
-    // Without freshness of its own, a 200 or 404 gets the configured ttl.
-    for path in ["/plain", "/missing?status=404"] {
+    // Without freshness of its own, a 200 or 404 gets the configured ttl; a redirect with a
+    // lifetime of its own is kept for it.
+    for path in [
+        "/plain",
+        "/missing?status=404",
+        "/moved?status=302&cc=max-age=60",
+        "/moved?status=307&cc=max-age=60",
+    ] {
         get(&mut c, path).await;
         assert_eq!(get(&mut c, path).await.0, "HIT", "{path}");
     }

@@ -173,11 +173,14 @@ fn directives(headers: &HeaderMap, has_cc: bool) -> Lookup {
 }
 
 /// Statuses a cache may store with explicit freshness (RFC 9110 §15.1 "heuristically
-/// cacheable", less 206, which needs range merging).
+/// cacheable", less 206, which needs range merging), and the redirects a backend gives a
+/// lifetime (RFC 9111 §3 stores any final status that has one; nginx keeps them): a 302 or 307
+/// with `max-age` reached the backend every time. Server errors stay out whatever they say: a
+/// passing failure kept would answer for its whole lifetime.
 fn storable_status(status: StatusCode) -> bool {
     matches!(
         status.as_u16(),
-        200 | 203 | 204 | 300 | 301 | 308 | 404 | 405 | 410 | 414 | 501
+        200 | 203 | 204 | 300 | 301 | 302 | 303 | 307 | 308 | 404 | 405 | 410 | 414 | 501
     )
 }
 
@@ -435,6 +438,12 @@ mod tests {
             Some(9)
         );
         assert_eq!(fresh_for(500, &[("cache-control", "max-age=9")], &[]), None);
+        // Redirects with a lifetime of their own, and without one (no default ttl for them).
+        for redirect in [302, 303, 307] {
+            let given = fresh_for(redirect, &[("cache-control", "max-age=9")], &[]);
+            assert_eq!(given, Some(9), "{redirect}");
+            assert_eq!(fresh_for(redirect, &[], &[]), None, "{redirect}");
+        }
         assert_eq!(
             fresh_for(200, &[("cache-control", "max-age=9"), ("age", "4")], &[]),
             Some(5)
