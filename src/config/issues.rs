@@ -131,16 +131,25 @@ impl Issues {
     }
 }
 
-/// The known name closest to `unknown`, when it is close enough to be a likely typo.
+/// The known name closest to `unknown`, when it is close enough to be a likely typo, or else
+/// the one it begins (`redirect` for `redirect_to`: past the typo's edits, but what was meant).
 pub fn did_you_mean<'a>(unknown: &str, known: &[&'a str]) -> Option<&'a str> {
     let unknown = unknown.to_ascii_lowercase();
     let limit = (unknown.len() / 3).clamp(1, 3);
-    known
+    let close = known
         .iter()
         .map(|k| (edit_distance(&unknown, k), *k))
         .filter(|(d, _)| *d <= limit)
         .min_by_key(|(d, _)| *d)
-        .map(|(_, k)| k)
+        .map(|(_, k)| k);
+    let begun = || {
+        let mut begun = known.iter().filter(|k| k.starts_with(unknown.as_str()));
+        match (begun.next(), begun.next()) {
+            (Some(only), None) if unknown.len() >= 4 => Some(*only),
+            _ => None,
+        }
+    };
+    close.or_else(begun)
 }
 
 /// Edits between `a` and `b`, two letters swapped counting as one (`emial` is one from
@@ -216,5 +225,11 @@ mod tests {
         // Two letters swapped are one edit.
         assert_eq!(did_you_mean("emial", &["email", "domains"]), Some("email"));
         assert_eq!(did_you_mean("sevrers", &known), Some("servers"));
+        // The start of one key only.
+        let known = ["redirect_to", "rate_limit", "to_https"];
+        assert_eq!(did_you_mean("redirect", &known), Some("redirect_to"));
+        assert_eq!(did_you_mean("Redirect", &known), Some("redirect_to"));
+        assert_eq!(did_you_mean("to", &known), None);
+        assert_eq!(did_you_mean("rate", &["rate_limit", "rate_burst"]), None);
     }
 }

@@ -76,10 +76,13 @@ pub(super) fn one_of<T: Copy>(
         return Some(*v);
     }
     let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
+    let hint = crate::config::issues::did_you_mean(&text, &names)
+        .map(|name| format!(" (did you mean `{name}`?)"))
+        .unwrap_or_default();
     r.error(
         node.pos,
         key,
-        format!("`{text}` is not one of: {}", names.join(", ")),
+        format!("`{text}` is not one of: {}{hint}", names.join(", ")),
     );
     None
 }

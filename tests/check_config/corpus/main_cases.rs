@@ -220,6 +220,11 @@ pub(crate) fn cases() -> Vec<Case> {
         )
         .warnings_only(),
         Case::main(
+            "a_misspelt_grade_is_named",
+            &format!("{MAIN_OK}proxy_tls_grade: medum\n"),
+            vec![err(M, 3, "proxy_tls_grade", "(did you mean `medium`?)")],
+        ),
+        Case::main(
             "http3_without_a_tls_listener",
             &format!("{MAIN_OK}http3: true\n"),
             vec![err(M, 3, "http3", "proxy_address_tls")],

@@ -331,6 +331,12 @@ pub(crate) fn cases() -> Vec<Case> {
                 err(U, 1, "proxy_address_http", "`proxy_address_http`, `threads` are not a key"),
             ],
         ),
+        Case::path(
+            "a_key_begun_is_named",
+            "        servers: [\"127.0.0.1:8000\"]\n        redirect: \"https://a.com/\"\n",
+            vec![warn(U, 6, pk("redirect"), "did you mean `redirect_to`?")],
+        )
+        .warnings_only(),
         // ---- authorization ----
         // A misspelt `authorization` served the route to anyone, with a warning only.
         Case::path(
