@@ -54,6 +54,9 @@ pub struct Entry {
     pub duration: Duration,
     /// The label of the backend that answered.
     pub backend: Option<Arc<str>>,
+    /// The backends exchanges failed with before, and why (`a (connect), b (reset)`); the
+    /// field is left out of the line when none did.
+    pub tried: Option<Box<str>>,
     /// From the start of the exchange with the backend that answered to its response head.
     pub upstream_time: Option<Duration>,
     /// What the cache did, on a cached route's answer.
@@ -173,6 +176,7 @@ impl AccessLog {
             bytes: 0,
             duration: Duration::ZERO,
             backend: None,
+            tried: None,
             upstream_time: None,
             cache: None,
             // A counted body (`Record::count_body`) replaces this when the line is written.
@@ -209,6 +213,7 @@ impl AccessLog {
             bytes: body_bytes,
             duration: Duration::ZERO,
             backend: None,
+            tried: None,
             upstream_time: None,
             cache: None,
             bytes_in: None,
@@ -270,6 +275,13 @@ impl Record {
         entry.status = Some(status);
         entry.backend = backend.cloned();
         entry.upstream_time = upstream_start.map(|start| now.saturating_duration_since(start));
+    }
+
+    /// Notes the backends exchanges failed with ([`Entry::tried`]).
+    pub fn tried(&mut self, failures: Option<Box<str>>) {
+        if let Some((entry, _)) = self.0.as_mut() {
+            entry.tried = failures;
+        }
     }
 
     /// Notes the backend the request was with when its client left (no answer had come).

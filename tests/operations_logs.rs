@@ -622,6 +622,8 @@ async fn a_failed_exchange_is_logged_with_the_backend_it_failed_with() {
         listener.local_addr().unwrap()
     };
     let silent = Backend::builder("silent").status(0).start().await;
+    let good = Backend::start("good").await;
+    let retried = [format!("http://{dead}"), format!("http://{}", good.addr)];
     let upstreams = Upstreams::new()
         .host(
             "x.test",
@@ -630,6 +632,7 @@ async fn a_failed_exchange_is_logged_with_the_backend_it_failed_with() {
                     "/dead",
                     Path::addrs(&[format!("http://{dead}")]).healthcheck(false),
                 )
+                .path("/retried", Path::addrs(&retried).healthcheck(false))
                 .path(
                     "/silent",
                     Path::addrs(&[format!("http://{}", silent.addr)]).healthcheck(false),
@@ -638,22 +641,59 @@ async fn a_failed_exchange_is_logged_with_the_backend_it_failed_with() {
         .render();
     let proxy = ProxyProcess::start(&upstreams, "access_log: all\nupstream_response_timeout: 1");
     let mut client = Client::connect(Proto::H1, proxy.addr).await;
-    for (path, status) in [("/dead", 502), ("/silent", 504)] {
+    // Round robin: one of the two `/retried` starts with the dead backend.
+    let asked = [
+        ("/dead", 502),
+        ("/silent", 504),
+        ("/retried", 200),
+        ("/retried", 200),
+    ];
+    for (path, status) in asked {
         let resp = client.get("x.test", path).await;
         assert_eq!(resp.status(), status, "{path}");
         body_bytes(resp).await;
     }
     let logged = eventually(Duration::from_secs(5), || {
-        access_lines(&proxy.log_text()).len() >= 2
+        access_lines(&proxy.log_text()).len() >= 4
     });
     assert!(logged.await, "{}", proxy.log_text());
     let log = proxy.log_text();
-    for (target, backend) in [("/dead", dead), ("/silent", silent.addr)] {
-        let line = access_lines(&log)
+    let line_of = |target: &str| {
+        access_lines(&log)
             .into_iter()
             .find(|l| l.contains(&format!("target=\"{target}\"")))
-            .unwrap_or_else(|| panic!("{target} not logged: {log}"));
+            .unwrap_or_else(|| panic!("{target} not logged: {log}"))
+    };
+    // Each exchange that failed is named with why, as nginx's `$upstream_addr` lists them.
+    let failed = [
+        ("/dead", dead, "connect"),
+        ("/silent", silent.addr, "timeout"),
+    ];
+    for (target, backend, why) in failed {
+        let line = line_of(target);
         assert!(line.contains(&format!(" backend={backend} ")), "{line}");
         assert!(line.contains(" upstream_ms=- "), "no answer came: {line}");
+        let tried = format!(" tried=\"{backend} ({why})\" ");
+        assert!(line.contains(&tried), "{line}");
     }
+    // Both answered by the good backend; the one that tried the dead one first says so, the
+    // other has no `tried` at all.
+    let retried: Vec<&str> = access_lines(&log)
+        .into_iter()
+        .filter(|l| l.contains("target=\"/retried\""))
+        .collect();
+    assert_eq!(retried.len(), 2, "{log}");
+    let good_backend = format!(" backend={} ", good.addr);
+    assert!(retried.iter().all(|l| l.contains(&good_backend)), "{log}");
+    let said = format!(" tried=\"{dead} (connect)\" ");
+    assert_eq!(
+        retried.iter().filter(|l| l.contains(&said)).count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(
+        retried.iter().filter(|l| l.contains(" tried=")).count(),
+        1,
+        "{log}"
+    );
 }

@@ -62,6 +62,9 @@ pub fn format_line(out: &mut String, clock: &mut Clock, format: AccessLogFormat,
     line.number("bytes", Some(e.bytes));
     line.millis("duration_ms", Some(e.duration));
     line.text("backend", e.backend.as_ref().map(|b| b.as_bytes()));
+    if let Some(tried) = &e.tried {
+        line.quoted_field("tried", |out| push_escaped(out, tried.as_bytes()));
+    }
     line.millis("upstream_ms", e.upstream_time);
     line.text("cache", e.cache.map(str::as_bytes));
     line.number("bytes_in", e.bytes_in);
@@ -357,6 +360,7 @@ mod tests {
             bytes: 5,
             duration: Duration::from_micros(1500),
             backend: None,
+            tried: None,
             upstream_time: None,
             cache: None,
             bytes_in: Some(0),

@@ -35,7 +35,7 @@ impl UpstreamFailure {
     ];
 
     /// The `reason` label's value.
-    pub(super) fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             UpstreamFailure::Connect => "connect",
             UpstreamFailure::Busy => "busy",

@@ -90,6 +90,7 @@ impl Drop for Unanswered<'_> {
         if let Some(backend) = self.tried.take() {
             self.record.left_with(backend);
         }
+        self.record.tried(self.tried.failures());
     }
 }
 
@@ -196,6 +197,7 @@ pub fn handle(
         let failed_at = || resp.extensions().get::<FailedAt>().map(|f| &f.0.label);
         let logged = label.or_else(failed_at);
         record.respond(status.as_u16(), logged, (served.map(|s| s.1), now));
+        record.tried(tried.failures());
         if let Some(cache) = resp.extensions().get::<CacheStatus>() {
             record.cache_status(cache.0);
         }

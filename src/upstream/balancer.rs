@@ -234,7 +234,7 @@ pub fn send<'a>(
                 Ok(resp) if resp.status().as_u16() > 599 => {
                     // RFC 9110 §15: outside 100..=599 is no status; taken as the server error it is.
                     tracing::warn!(backend = %backend.label, request_id = %logged_id(dropped_at), "invalid response: status {}", resp.status());
-                    count_failure(backend, worker, UpstreamFailure::BadResponse);
+                    count_failure(backend, worker, UpstreamFailure::BadResponse, dropped_at);
                     return Err(failed(ProxyError::BadResponse, backend));
                 }
                 Ok(mut resp) => {
@@ -246,10 +246,10 @@ pub fn send<'a>(
                 Err(SendError::Connect { error, request }) => {
                     if error.kind() == ConnectErrorKind::Capacity {
                         backend.say_at_capacity(&error);
-                        count_failure(backend, worker, UpstreamFailure::Busy);
+                        count_failure(backend, worker, UpstreamFailure::Busy, dropped_at);
                     } else {
                         tracing::warn!(backend = %backend.label, request_id = %logged_id(dropped_at), "{error}");
-                        count_failure(backend, worker, UpstreamFailure::Connect);
+                        count_failure(backend, worker, UpstreamFailure::Connect, dropped_at);
                     }
                     pending = Some(*request);
                     last_error = Some(if error.kind() == ConnectErrorKind::Capacity {
@@ -263,7 +263,7 @@ pub fn send<'a>(
                 Err(SendError::Reset { error, replay, .. }) => {
                     let said = crate::vocab::error_text::with_causes(&*error);
                     tracing::warn!(backend = %backend.label, request_id = %logged_id(dropped_at), "backend reset: {said}");
-                    count_failure(backend, worker, UpstreamFailure::Reset);
+                    count_failure(backend, worker, UpstreamFailure::Reset, dropped_at);
                     last_error = Some(ProxyError::BackendReset);
                     match replay {
                         Some(head) => pending = Some(replay_request(*head)),
@@ -278,7 +278,7 @@ pub fn send<'a>(
                 Err(SendError::BadResponse(error)) => {
                     // The error says "invalid response" itself.
                     tracing::warn!(backend = %backend.label, request_id = %logged_id(dropped_at), "{error}");
-                    count_failure(backend, worker, UpstreamFailure::BadResponse);
+                    count_failure(backend, worker, UpstreamFailure::BadResponse, dropped_at);
                     return Err(failed(ProxyError::BadResponse, backend));
                 }
                 Err(SendError::ClientStalled) => {
@@ -290,7 +290,7 @@ pub fn send<'a>(
                     // Refused unprocessed each time the pool sent it: never to this backend
                     // again, to the next one if it comes back.
                     tracing::warn!(backend = %backend.label, request_id = %logged_id(dropped_at), "backend refused the request (REFUSED_STREAM), every time");
-                    count_failure(backend, worker, UpstreamFailure::Reset);
+                    count_failure(backend, worker, UpstreamFailure::Reset, dropped_at);
                     last_error = Some(ProxyError::BackendReset);
                     match request {
                         Some(request) => pending = Some(*request),
@@ -299,7 +299,7 @@ pub fn send<'a>(
                 }
                 Err(SendError::Timeout) => {
                     tracing::warn!(backend = %backend.label, request_id = %logged_id(dropped_at), "no response within {:?}", timeouts.response);
-                    count_failure(backend, worker, UpstreamFailure::Timeout);
+                    count_failure(backend, worker, UpstreamFailure::Timeout, dropped_at);
                     return Err(failed(ProxyError::ResponseTimeout, backend));
                 }
             }
@@ -324,7 +324,15 @@ fn logged_id<'a>(tried: Option<&'a TriedBackend<'a>>) -> &'a str {
 
 /// Counts an exchange with `backend` that failed ([`UpstreamFailure`]).
 #[cold]
-fn count_failure(backend: &Backend, worker: WorkerId, failure: UpstreamFailure) {
+fn count_failure(
+    backend: &Backend,
+    worker: WorkerId,
+    failure: UpstreamFailure,
+    tried: Option<&TriedBackend<'_>>,
+) {
+    if let Some(tried) = tried {
+        tried.failed_with(&backend.label, failure.as_str());
+    }
     backend
         .metrics
         .upstream_failed(worker, &backend.label, failure);

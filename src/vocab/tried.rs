@@ -3,6 +3,8 @@
 //! dropped: a request whose client left while its backend had not answered is logged with that
 //! backend, as nginx logs `$upstream_addr` on a 499. Written only when an exchange is dropped
 //! unfinished ([`WithBackend`]), so a request that gets its answer pays nothing but the guard.
+//! And the backends exchanges failed with, and why, for the access log's `tried` (nginx's
+//! `$upstream_addr` lists each backend a request went to): written only when one fails.
 
 use std::sync::{Arc, Mutex};
 
@@ -12,6 +14,8 @@ use http::HeaderValue;
 pub struct TriedBackend<'a> {
     request_id: &'a HeaderValue,
     left_with: Mutex<Option<Arc<str>>>,
+    /// Each backend an exchange failed with, and why (empty: no allocation).
+    failed: Mutex<Vec<(Arc<str>, &'static str)>>,
 }
 
 impl<'a> TriedBackend<'a> {
@@ -19,7 +23,29 @@ impl<'a> TriedBackend<'a> {
         TriedBackend {
             request_id,
             left_with: Mutex::new(None),
+            failed: Mutex::new(Vec::new()),
         }
+    }
+
+    /// An exchange with the backend `label` failed, for `why` (metrics' `reason`).
+    #[cold]
+    pub fn failed_with(&self, label: &Arc<str>, why: &'static str) {
+        let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        failed.push((label.clone(), why));
+    }
+
+    /// The failed exchanges, as the access log's `tried` says them (`a (connect), b (reset)`);
+    /// `None` when none failed.
+    pub fn failures(&self) -> Option<Box<str>> {
+        let failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        if failed.is_empty() {
+            return None;
+        }
+        let said: Vec<String> = failed
+            .iter()
+            .map(|(label, why)| format!("{label} ({why})"))
+            .collect();
+        Some(said.join(", ").into_boxed_str())
     }
 
     /// The request's id as the log says it (`-` if it is no text).
@@ -71,6 +97,20 @@ impl Drop for WithBackend<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failed_exchanges_are_said_in_order() {
+        let id = HeaderValue::from_static("r-1");
+        let tried = TriedBackend::new(&id);
+        assert_eq!(tried.failures(), None);
+        let (a, b): (Arc<str>, Arc<str>) = ("10.0.0.1:80".into(), "[::1]:80".into());
+        tried.failed_with(&a, "connect");
+        tried.failed_with(&b, "reset");
+        assert_eq!(
+            tried.failures().as_deref(),
+            Some("10.0.0.1:80 (connect), [::1]:80 (reset)")
+        );
+    }
 
     #[test]
     fn only_an_exchange_dropped_unfinished_leaves_its_backend() {
