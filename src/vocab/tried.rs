@@ -6,6 +6,7 @@
 //! And the backends exchanges failed with, and why, for the access log's `tried` (nginx's
 //! `$upstream_addr` lists each backend a request went to): written only when one fails.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use http::HeaderValue;
@@ -16,6 +17,8 @@ pub struct TriedBackend<'a> {
     left_with: Mutex<Option<Arc<str>>>,
     /// Each backend an exchange failed with, and why (empty: no allocation).
     failed: Mutex<Vec<(Arc<str>, &'static str)>>,
+    /// `failed` has one: a request none failed for asks one load, not the lock.
+    any_failed: AtomicBool,
 }
 
 impl<'a> TriedBackend<'a> {
@@ -24,6 +27,7 @@ impl<'a> TriedBackend<'a> {
             request_id,
             left_with: Mutex::new(None),
             failed: Mutex::new(Vec::new()),
+            any_failed: AtomicBool::new(false),
         }
     }
 
@@ -32,11 +36,15 @@ impl<'a> TriedBackend<'a> {
     pub fn failed_with(&self, label: &Arc<str>, why: &'static str) {
         let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
         failed.push((label.clone(), why));
+        self.any_failed.store(true, Ordering::Relaxed);
     }
 
     /// The failed exchanges, as the access log's `tried` says them (`a (connect), b (reset)`);
     /// `None` when none failed.
     pub fn failures(&self) -> Option<Box<str>> {
+        if !self.any_failed.load(Ordering::Relaxed) {
+            return None;
+        }
         let failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
         if failed.is_empty() {
             return None;
