@@ -23,6 +23,7 @@ mod acme_dns;
 mod admin;
 mod architecture;
 mod bad_requests;
+mod body_size;
 mod cache;
 mod cache_coalescing;
 mod cache_redis;

@@ -9,8 +9,8 @@ use super::cache_conf::{self, CacheConfig};
 use super::cluster_conf::ClusterConfig;
 use super::log_conf::{AccessLogFormat, PatternPiece, Rotation};
 use super::main_values::{
-    listen, one_of, opt, read_access_log, read_grade, read_hc_method, read_log_level,
-    read_log_pattern, read_log_target, seconds, set,
+    listen, one_of, opt, read_access_log, read_body_size, read_grade, read_hc_method,
+    read_log_level, read_log_pattern, read_log_target, seconds, set,
 };
 pub use super::main_values::{AccessLog, TlsGrade};
 use super::net_conf::{self, Cidr, TcpSettings};
@@ -79,6 +79,9 @@ pub struct MainConfig {
     pub upstream_response_timeout: Duration,
     pub grace_period: Duration,
     pub max_request_header_bytes: usize,
+    /// `client_max_body_size` (nginx's): the largest request body taken, in bytes; `None`, any
+    /// (the default, as Aralez; nginx's is 1 MiB).
+    pub client_max_body_size: Option<u64>,
     pub max_connections: usize,
     /// The `cache:` block; no caching when absent.
     pub cache: Option<CacheConfig>,
@@ -137,6 +140,7 @@ const KEYS: &[&str] = &[
     "upstream_response_timeout",
     "grace_period_seconds",
     "max_request_header_bytes",
+    "client_max_body_size",
     "max_connections",
     "cache",
     "cluster_member",
@@ -210,6 +214,7 @@ impl MainConfig {
             upstream_response_timeout: Duration::from_secs(60),
             grace_period: Duration::from_secs(30),
             max_request_header_bytes: 64 * 1024,
+            client_max_body_size: None,
             max_connections: 100_000,
             cache: None,
             cluster: ClusterConfig::default(),
@@ -398,6 +403,9 @@ impl MainConfig {
                     &mut cfg.max_request_header_bytes,
                     r.uint(value, k, 8192, 16 * 1024 * 1024).map(|n| n as usize),
                 ),
+                "client_max_body_size" => {
+                    set(&mut cfg.client_max_body_size, read_body_size(value, k, r))
+                }
                 "max_connections" => set(
                     &mut cfg.max_connections,
                     r.uint(value, k, 1, 10_000_000).map(|n| n as usize),

@@ -175,3 +175,69 @@ pub(super) fn read_hc_method(node: &Node, r: &mut Reader) -> Option<http::Method
         _ => http::Method::POST,
     })
 }
+
+/// `client_max_body_size`, as nginx writes it: bytes, or a number with `k`, `m` or `g` (any
+/// case: KiB, MiB, GiB); `0` sets no cap (`Some(None)`).
+pub(super) fn read_body_size(node: &Node, key: &str, r: &mut Reader) -> Option<Option<u64>> {
+    let written = match &node.value {
+        Value::Int(_) => {
+            return r
+                .uint(node, key, 0, i64::MAX as u64)
+                .map(|n| (n > 0).then_some(n))
+        }
+        Value::Str(text) => text.trim().to_ascii_lowercase(),
+        _ => {
+            r.wrong_type(node, key, "a size (`10m`, `512k`, `1g` or bytes)");
+            return None;
+        }
+    };
+    match parse_body_size(&written) {
+        Some(bytes) => Some((bytes > 0).then_some(bytes)),
+        None => {
+            let why = format!("`{written}` is not a size: bytes, or a number with k, m or g (`10m`); 0 sets no cap");
+            r.error(node.pos, key, why);
+            None
+        }
+    }
+}
+
+fn parse_body_size(written: &str) -> Option<u64> {
+    let (digits, unit) = match written.as_bytes().last()? {
+        b'k' => (&written[..written.len() - 1], 1u64 << 10),
+        b'm' => (&written[..written.len() - 1], 1 << 20),
+        b'g' => (&written[..written.len() - 1], 1 << 30),
+        _ => (written, 1),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits
+        .parse::<u64>()
+        .ok()?
+        .checked_mul(unit)
+        .filter(|&n| n <= i64::MAX as u64)
+}
+
+#[cfg(test)]
+mod body_size_tests {
+    use super::parse_body_size;
+
+    #[test]
+    fn sizes_are_read_as_nginx_reads_them() {
+        for (written, bytes) in [
+            ("1024", Some(1024)),
+            ("512k", Some(512 << 10)),
+            ("10m", Some(10 << 20)),
+            ("1g", Some(1 << 30)),
+            ("0", Some(0)),
+            ("", None),
+            ("m", None),
+            ("1.5m", None),
+            ("-1", None),
+            ("10mb", None),
+            ("99999999999g", None),
+        ] {
+            assert_eq!(parse_body_size(written), bytes, "{written:?}");
+        }
+    }
+}

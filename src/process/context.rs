@@ -120,7 +120,8 @@ impl Context {
         Arc::new(
             router
                 .for_cluster_master(master)
-                .with_acme_challenges(challenges),
+                .with_acme_challenges(challenges)
+                .with_body_limit(main.client_max_body_size),
         )
     }
 

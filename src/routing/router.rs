@@ -10,16 +10,18 @@ use arc_swap::ArcSwap;
 use bytes::Bytes;
 use futures_util::future;
 use http::header::HeaderValue;
-use http::{Method, Request, Response, Version};
+use http::{Method, Request, Response, StatusCode, Version};
 use http_body_util::{Either, Full};
 
 use super::{Lookup, Route, Snapshot};
 use crate::metrics::Metrics;
 use crate::proxy::upgrade::is_extended_connect;
 use crate::proxy::{Forwarder, RespBody};
+use crate::upstream::{served_by, FailedAt};
 use crate::vocab::acme_challenges::Challenges;
-use crate::vocab::error::is_grpc;
-use crate::vocab::headers::{only_chunked, X_REQUEST_ID};
+use crate::vocab::body_cap;
+use crate::vocab::error::{is_grpc, GrpcErrorFor};
+use crate::vocab::headers::{decimal_length, only_chunked, X_REQUEST_ID};
 use crate::vocab::normalise;
 use crate::vocab::request_body::FramedByHyper;
 use crate::vocab::tried::TriedBackend;
@@ -34,6 +36,9 @@ pub struct Router {
     cluster_master: bool,
     /// ACME HTTP-01 challenges in flight, answered before routing.
     acme: Option<Arc<Challenges>>,
+    /// `client_max_body_size`: a body declared larger is a 413 before routing; one of no
+    /// declared length fails with a 413 once past it ([`body_cap`]).
+    max_body: Option<u64>,
 }
 
 impl Router {
@@ -48,7 +53,14 @@ impl Router {
             metrics,
             cluster_master: false,
             acme: None,
+            max_body: None,
         }
+    }
+
+    /// The same router holding request bodies to `client_max_body_size`.
+    pub fn with_body_limit(mut self, max_body: Option<u64>) -> Router {
+        self.max_body = max_body;
+        self
     }
 
     /// The same router answering the ACME HTTP-01 challenges in `acme`.
@@ -81,6 +93,10 @@ impl Router {
             Ok(routed) => routed,
             Err(early) => return future::Either::Left(future::ready(early)),
         };
+        let mut capped = None;
+        if let Some(max) = self.max_body {
+            (req, capped) = body_cap::cap(req, max);
+        }
         future::Either::Right(async move {
             let forwarder = &self.forwarder;
             let answer = if route.policies.is_empty() {
@@ -113,9 +129,13 @@ impl Router {
                 let client = (conn, host.as_deref());
                 crate::layers::apply(&route.policies, &route.backends, client, req, forward).await
             };
-            match answer {
+            let resp = match answer {
                 Ok(resp) => resp,
                 Err(err) => self.refuse(conn, err, grpc),
+            };
+            match capped {
+                Some(hit) if hit.was_hit() => self.past_the_cap(conn, resp, grpc),
+                _ => resp,
             }
         })
     }
@@ -133,6 +153,9 @@ impl Router {
     ) -> Result<Routed, Response<RespBody>> {
         if self.cluster_master {
             return Err(self.refuse(conn, ProxyError::ClusterMaster, grpc));
+        }
+        if self.max_body.is_some_and(|max| declared_length(req) > max) {
+            return Err(self.refuse(conn, ProxyError::BodyTooLarge, grpc));
         }
         let checked = check_transfer_coding(req).and_then(|()| check_head(req));
         let host = match checked {
@@ -161,6 +184,33 @@ impl Router {
         // Only the layers need the host afterwards.
         let host = host.filter(|_| !route.policies.is_empty()).map(Box::from);
         Ok(Routed { route, host })
+    }
+
+    /// The answer to a request whose body went past `client_max_body_size` as it came: the
+    /// exchange failed on the client's body (the proxy's own 400), which is the 413 it stands
+    /// for, naming the backend as the 400 did. A backend that answered before it read that
+    /// far keeps its answer.
+    #[cold]
+    fn past_the_cap(
+        &self,
+        conn: &ClientConn,
+        resp: Response<RespBody>,
+        grpc: bool,
+    ) -> Response<RespBody> {
+        let failed_on_the_body = resp
+            .extensions()
+            .get::<GrpcErrorFor>()
+            .map_or(resp.status() == StatusCode::BAD_REQUEST, |e| {
+                e.0 == StatusCode::BAD_REQUEST
+            });
+        if !failed_on_the_body || served_by(&resp).is_some() {
+            return resp;
+        }
+        let mut refused = self.refuse(conn, ProxyError::BodyTooLarge, grpc);
+        if let Some(at) = resp.extensions().get::<FailedAt>() {
+            refused.extensions_mut().insert(at.clone());
+        }
+        refused
     }
 
     /// Answers with `err` (the one place a `ProxyError` becomes a response).
@@ -224,6 +274,14 @@ fn check_h3_fields(headers: &http::HeaderMap) -> Result<(), ProxyError> {
     } else {
         Ok(())
     }
+}
+
+/// The body length `req` declares (0 for none; a length its parser took is digits).
+fn declared_length(req: &Request<ClientBody>) -> u64 {
+    let length = req.headers().get(http::header::CONTENT_LENGTH);
+    length
+        .and_then(|v| decimal_length(v.as_bytes()))
+        .unwrap_or(0)
 }
 
 /// RFC 9112 §6.1: a request's body is framed by one `chunked` and nothing else. hyper reads

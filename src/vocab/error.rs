@@ -42,6 +42,9 @@ pub enum ProxyError {
     /// The request body was malformed (a bad chunk) or cut short by the client.
     #[error("the request body was malformed or cut short")]
     ClientBody,
+    /// The request body is larger than `client_max_body_size` (nginx's 413).
+    #[error("the request body is larger than client_max_body_size")]
+    BodyTooLarge,
     /// The request body stopped coming for the response timeout while the backend waited for
     /// it (nginx's `client_body_timeout`).
     #[error("the request body stopped coming")]
@@ -144,6 +147,7 @@ impl ProxyError {
             ProxyError::ConnectTimeout | ProxyError::ResponseTimeout => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ProxyError::ClientBodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            ProxyError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::UnsupportedTransferCoding => StatusCode::NOT_IMPLEMENTED,
             ProxyError::MissingHost
             | ProxyError::DuplicateHost
@@ -167,7 +171,7 @@ impl ProxyError {
             | ProxyError::UnsupportedTransferCoding => "12",
             ProxyError::BasicAuthRequired | ProxyError::TokenRequired => "16",
             ProxyError::ApiKeyRequired => "7",
-            ProxyError::RateLimited | ProxyError::TooMany4xx => "8",
+            ProxyError::RateLimited | ProxyError::TooMany4xx | ProxyError::BodyTooLarge => "8",
             ProxyError::ClientBodyTimeout => "4",
             // A 400 is the request's own fault (INVALID_ARGUMENT); a cluster master's is not.
             ProxyError::ClusterMaster => "14",
@@ -285,6 +289,7 @@ mod tests {
             (ProxyError::AmbiguousPath, 400),
             (ProxyError::ClientBody, 400),
             (ProxyError::ClientBodyTimeout, 408),
+            (ProxyError::BodyTooLarge, 413),
             (ProxyError::InvalidHost, 400),
             (ProxyError::HostMismatch, 400),
             (ProxyError::BadTarget, 400),
@@ -334,6 +339,7 @@ mod tests {
             (ProxyError::TokenRequired, "16"),
             (ProxyError::ApiKeyRequired, "7"),
             (ProxyError::RateLimited, "8"),
+            (ProxyError::BodyTooLarge, "8"),
             (ProxyError::AuthServiceTimeout, "14"),
             // The request's own fault is INVALID_ARGUMENT; a cluster master's 400 is not.
             (ProxyError::InvalidHost, "3"),

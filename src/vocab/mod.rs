@@ -4,10 +4,11 @@
 //! [`WorkerId`] serving it), header rules of forwarding ([`headers`]), the hop-by-hop fields
 //! ([`hop_by_hop`]), where a parsed head's fields lie ([`field_offsets`]), the request id a
 //! response carries back ([`late_id`]), host and path normalisation ([`normalise`]), the
-//! `araleztoken` query parameter ([`token_param`]), a line said at most once a period ([`said_every`]), quality values ([`qvalue`]), what trailers may cross ([`trailers`]), what the cache did ([`CacheStatus`]) and the link to a Redis server that shared
+//! `araleztoken` query parameter ([`token_param`]), `client_max_body_size` on bodies of no declared length ([`body_cap`]), a line said at most once a period ([`said_every`]), quality values ([`qvalue`]), what trailers may cross ([`trailers`]), what the cache did ([`CacheStatus`]) and the link to a Redis server that shared
 //! state uses ([`redis_link`]).
 
 pub mod acme_challenges;
+pub mod body_cap;
 pub mod error;
 pub mod error_text;
 pub mod field_offsets;

@@ -220,6 +220,11 @@ pub(crate) fn cases() -> Vec<Case> {
         )
         .warnings_only(),
         Case::main(
+            "a_body_size_that_is_no_size",
+            &format!("{MAIN_OK}client_max_body_size: 10mb\n"),
+            vec![err(M, 3, "client_max_body_size", "`10mb` is not a size")],
+        ),
+        Case::main(
             "a_misspelt_grade_is_named",
             &format!("{MAIN_OK}proxy_tls_grade: medum\n"),
             vec![err(M, 3, "proxy_tls_grade", "(did you mean `medium`?)")],
