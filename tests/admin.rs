@@ -697,6 +697,54 @@ async fn one_address_cannot_take_every_admin_connection() {
     assert_eq!(resp.status(), 200);
 }
 
+/// An address whose connections all idle (sixteen half-sent heads from loopback) does not
+/// keep a new one out: its oldest idle connection is closed for it, and the operator's or the
+/// monitoring's request from the same address is served. It was refused, for as long as the
+/// heads were held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_connection_from_an_address_at_its_cap_closes_its_oldest_idle_one() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let a = Backend::start("a").await;
+    let proxy = ProxyProcess::start(&routes(&[&a]), ADMIN);
+    let admin = admin_addr(&proxy);
+    let mut held = Vec::new();
+    for _ in 0..16 {
+        let mut stream = connect_from([127, 0, 0, 2], admin).await;
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\n")
+            .await
+            .unwrap();
+        held.push(stream);
+    }
+    // Each kept open: the next one needs a place of its own.
+    let mut served = Vec::new();
+    for round in 0..3 {
+        let stream = connect_from([127, 0, 0, 2], admin).await;
+        let mut client = Client::handshake(Proto::H1, stream).await;
+        let resp = client
+            .send(
+                Method::GET,
+                Some("admin"),
+                "/status",
+                &[("x-api-key", "s3cret")],
+                full(""),
+            )
+            .await;
+        assert_eq!(resp.status(), 200, "round {round}");
+        body_bytes(resp).await;
+        served.push(client);
+    }
+    // The three oldest half-sent heads were closed for them, the others wait on.
+    let closed = held.iter_mut().map(|stream| async move {
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_millis(500), stream.read(&mut byte)).await;
+        matches!(read, Ok(Ok(0) | Err(_)))
+    });
+    let closed = futures_util::future::join_all(closed).await;
+    assert_eq!(closed[..3], [true; 3], "{closed:?}");
+    assert!(closed[3..].iter().all(|c| !c), "{closed:?}");
+}
+
 /// Which backend answers a request for `host`.
 async fn served_for(proxy: &ProxyProcess, host: &str) -> String {
     let mut client = Client::connect(Proto::H1, proxy.addr).await;

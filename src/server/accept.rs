@@ -138,7 +138,7 @@ struct OpenConnection {
     open: Arc<AtomicUsize>,
     live: Arc<AtomicUsize>,
     /// Its place among its address's connections, where the listener caps them.
-    _client: Option<ClientSlot>,
+    client: Option<ClientSlot>,
 }
 
 impl OpenConnection {
@@ -153,7 +153,15 @@ impl OpenConnection {
             peer,
             open: open.clone(),
             live: live.clone(),
-            _client: client,
+            client,
+        }
+    }
+
+    /// The connection serves HTTP now, its requests counted in `activity` (one serving a
+    /// request is never closed for another of its address's: `per_client`).
+    fn serves(&self, activity: &Arc<Activity>) {
+        if let Some(client) = &self.client {
+            client.serves(activity);
         }
     }
 
@@ -292,7 +300,16 @@ impl AcceptLoop {
             let client = match &shared.per_client {
                 None => None,
                 Some(table) => match table.take(peer.ip()) {
-                    Some(slot) => Some(slot),
+                    Some(taken) => {
+                        if taken.evicted_one {
+                            tracing::debug!(
+                                "{}: {}'s oldest idle connection closed for its new one (it holds as many as one may)",
+                                self.name,
+                                peer.ip()
+                            );
+                        }
+                        Some(taken.slot)
+                    }
                     None => {
                         let what = format!("{}: connection from {} refused", self.name, peer.ip());
                         warn_every(
@@ -336,12 +353,34 @@ fn spawn_serving<F: MakeService>(
 ) {
     let deadline = tokio::time::Instant::now() + shared.limits.header_timeout;
     let shared = shared.clone();
-    let task = match (tls.cloned(), shared.proxy_protocol) {
-        (None, false) => tokio::spawn(serve_plain(shared, counted, stream)),
+    let evicted = counted.client.as_ref().map(ClientSlot::evicted);
+    match (tls.cloned(), shared.proxy_protocol) {
+        (None, false) => spawn_evictable(serve_plain(shared, counted, stream), evicted),
         (Some(acceptor), false) => {
-            tokio::spawn(serve_tls(shared, counted, stream, acceptor, deadline))
+            let serving = serve_tls(shared, counted, stream, acceptor, deadline);
+            spawn_evictable(serving, evicted);
         }
-        (tls, true) => tokio::spawn(serve_proxied(shared, counted, stream, tls, deadline)),
+        (tls, true) => {
+            let serving = serve_proxied(shared, counted, stream, tls, deadline);
+            spawn_evictable(serving, evicted);
+        }
+    }
+}
+
+/// Spawns `serving`; with `evicted` (a listener that caps an address's connections), it ends
+/// when that says the connection is to close for another of its address's.
+fn spawn_evictable<F>(serving: F, evicted: Option<impl Future<Output = ()> + Send + 'static>)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let task = match evicted {
+        None => tokio::spawn(serving),
+        Some(evicted) => tokio::spawn(async move {
+            tokio::select! {
+                () = serving => {}
+                () = evicted => {}
+            }
+        }),
     };
     drop(task);
 }
@@ -406,6 +445,7 @@ async fn serve_parking<F: MakeService, S: ClientSocket>(
 ) {
     let (peer, timers) = (counted.peer, shared.limits.timers());
     let activity = Activity::new(shared.draining.clone());
+    counted.serves(&activity);
     let dock = Dock::new();
     let service = |writer| Tracked::new(shared.make.make(info.clone()), activity.clone(), writer);
     let mut drain = shared.drain.clone();

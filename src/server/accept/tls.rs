@@ -49,6 +49,7 @@ pub(super) async fn serve_tls<F: MakeService>(
     }
     let activity = Activity::new(shared.draining.clone());
     activity.mark_http2();
+    counted.serves(&activity);
     let refusals = h2_refusals(&shared, &info);
     let service = Tracked::new(shared.make.make(info), activity.clone(), HeadWriter::Hyper);
     let (drain, idle) = (shared.drain.clone(), shared.limits.timers());

@@ -118,6 +118,11 @@ impl Activity {
         }
     }
 
+    /// Requests open on the connection.
+    pub fn open_requests(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+
     /// Whether the last request began with a body to come: its client may still be sending
     /// what nobody reads.
     pub fn last_request_had_body(&self) -> bool {
