@@ -93,6 +93,9 @@ struct Health {
     /// How long the present mark lasts: `down_for_ms`, doubled by each failed trial up to
     /// [`passive::LONGEST_MARK`].
     mark_ms: AtomicU64,
+    /// A trial is out ([`Backend::claim_trial`]): the failed connect that ends it doubles the
+    /// mark, where those of requests already connecting when the mark was made do not.
+    trial_out: AtomicBool,
     /// The clock's origin for `down_until_ms` (tokio's clock, so tests can pause it).
     born: Instant,
 }
@@ -399,6 +402,7 @@ impl Backend {
             down_until_ms: AtomicU64::new(0),
             down_for_ms: AtomicU64::new(registry.down_for.as_millis() as u64),
             mark_ms: AtomicU64::new(registry.down_for.as_millis() as u64),
+            trial_out: AtomicBool::new(false),
             born: Instant::now(),
         };
         Backend {

@@ -54,6 +54,9 @@ impl Backend {
             Ordering::Relaxed,
             Ordering::Relaxed,
         );
+        if claimed.is_ok() {
+            self.health.trial_out.store(true, Ordering::Relaxed);
+        }
         claimed.is_ok()
     }
 
@@ -81,10 +84,16 @@ impl Backend {
             .fetch_add(1, Ordering::Relaxed)
             + 1;
         if fails >= FAILS_BEFORE_DOWN {
-            let mark = self.next_mark(fails == FAILS_BEFORE_DOWN);
-            self.health
-                .down_until_ms
-                .store(self.health.now_ms() + mark, Ordering::Relaxed);
+            // A failed trial doubles the mark; the connects that were already out when it was
+            // made fail within it, and leave it as it is (eight at once took a first mark
+            // straight to the longest).
+            let trial_failed = self.health.trial_out.swap(false, Ordering::Relaxed);
+            let mark = match (fails == FAILS_BEFORE_DOWN, trial_failed) {
+                (true, _) | (false, true) => self.next_mark(fails == FAILS_BEFORE_DOWN),
+                (false, false) => self.health.mark_ms.load(Ordering::Relaxed),
+            };
+            let until = self.health.now_ms() + mark;
+            self.health.down_until_ms.fetch_max(until, Ordering::Relaxed);
             if fails == FAILS_BEFORE_DOWN {
                 tracing::warn!(backend = %self.label, "backend marked down after {fails} failed connects");
             }
@@ -114,6 +123,7 @@ impl Backend {
         if self.health.consecutive_failures.load(Ordering::Relaxed) != 0 {
             self.health.consecutive_failures.store(0, Ordering::Relaxed);
             self.health.down_until_ms.store(0, Ordering::Relaxed);
+            self.health.trial_out.store(false, Ordering::Relaxed);
         }
     }
 }

@@ -127,7 +127,9 @@ async fn a_lapsed_mark_lets_one_request_try_ever_more_rarely() {
     let connect = Duration::from_secs(1);
     let reg = Registry::for_tests(1, Duration::from_secs(2));
     let b = reg.backend(&parse_server("127.0.0.1:9").unwrap(), false);
-    for _ in 0..3 {
+    // Eight connects out at once: three mark it, the other five fail within the mark and
+    // leave it as long as it was (they took it straight to the longest).
+    for _ in 0..8 {
         b.connect_failed();
     }
     assert!(!b.claim_trial(connect) && b.passively_marked(), "marked");
