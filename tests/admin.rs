@@ -474,6 +474,28 @@ async fn over_http2_a_refusal_waits_for_the_body_still_coming() {
         got.extend_from_slice(&chunk.expect("the answer's body, whole"));
     }
     assert!(String::from_utf8_lossy(&got).contains("wrong key"));
+
+    // A body of megabytes is read to its end too (it was reset past 64 KiB).
+    let mut send = send.ready().await.unwrap();
+    let req = http::Request::post("https://admin.local/conf")
+        .header("x-api-key", "wrong")
+        .body(())
+        .unwrap();
+    let (answer, mut body) = send.send_request(req, false).expect("request head");
+    // Sent as the window opens: a stream reset under it has no room to give.
+    let mut left = 3usize << 20;
+    while left > 0 {
+        body.reserve_capacity(left.min(64 * 1024));
+        let room = std::future::poll_fn(|cx| body.poll_capacity(cx)).await;
+        let room = room.expect("the stream ended under the body");
+        let room = room.expect("the stream was reset under the body");
+        let piece = room.min(left);
+        left -= piece;
+        body.send_data(bytes::Bytes::from(vec![b'#'; piece]), left == 0)
+            .expect("the stream was reset under the body");
+    }
+    let resp = answer.await.expect("the answer");
+    assert_eq!(resp.status(), 403);
 }
 
 /// The proxy with the admin API over TLS, on `certs`' `admin.crt` and `admin.key`; its address.

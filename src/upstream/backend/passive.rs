@@ -93,7 +93,9 @@ impl Backend {
                 (false, false) => self.health.mark_ms.load(Ordering::Relaxed),
             };
             let until = self.health.now_ms() + mark;
-            self.health.down_until_ms.fetch_max(until, Ordering::Relaxed);
+            self.health
+                .down_until_ms
+                .fetch_max(until, Ordering::Relaxed);
             if fails == FAILS_BEFORE_DOWN {
                 tracing::warn!(backend = %self.label, "backend marked down after {fails} failed connects");
             }
