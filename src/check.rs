@@ -37,7 +37,9 @@ pub fn check(main_path: &Path) -> Report {
         Some((main, false)) => {
             if main.certificates_dir.as_deref().is_some_and(Path::is_dir) {
                 let mains = MainText::read(main_path);
-                check_certificate_folder(main, &mains, &mut issues);
+                // A TLS listener written, valid or not (a bad port hid the folder too).
+                let tls = written_at(&mains.text, "proxy_address_tls").is_some();
+                check_certificate_folder(main, &mains, tls, &mut issues);
             }
         }
         None => {}
@@ -87,7 +89,8 @@ fn shape_of_file(path: &Path) -> Option<Shape> {
 /// start fails on it). Each at its key's line.
 pub(crate) fn check_certificates(main: &MainConfig, main_path: &Path, issues: &mut Issues) {
     let mains = MainText::read(main_path);
-    check_certificate_folder(main, &mains, issues);
+    let tls = main.proxy_address_tls.is_some();
+    check_certificate_folder(main, &mains, tls, issues);
     if let (Some(crt), Some(key)) = (&main.config_tls_certificate, &main.config_tls_key_file) {
         if let Err(e) = crate::tls::single_pair_config(crt, key) {
             let keys = ["config_tls_certificate"];
@@ -119,9 +122,10 @@ impl MainText {
     }
 }
 
-/// The certificate folder's part of [`check_certificates`].
-fn check_certificate_folder(main: &MainConfig, mains: &MainText, issues: &mut Issues) {
-    let (Some(dir), Some(_)) = (&main.certificates_dir, main.proxy_address_tls) else {
+/// The certificate folder's part of [`check_certificates`], when a TLS listener (`tls`) would
+/// serve it.
+fn check_certificate_folder(main: &MainConfig, mains: &MainText, tls: bool, issues: &mut Issues) {
+    let Some(dir) = main.certificates_dir.as_ref().filter(|_| tls) else {
         return;
     };
     // The folder is proxy_certificates when written, else proxy_configs' (both were named

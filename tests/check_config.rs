@@ -604,27 +604,28 @@ fn certificates_are_checked_as_the_start_loads_them() {
     // An error elsewhere in main.yaml hides the folder's pairs no longer (they came out only
     // once it was mended, one CI run later). The admin API's pair waits for a valid file: its
     // files' own problems are said with the file's.
-    write(
-        dir.path().join("main.yaml"),
-        &format!(
-            "{main}hc_interval: 0
-"
-        ),
-    );
-    let (out, json) = check_json(&dir.path().join("main.yaml"));
-    let issues = json["issues"].as_array().cloned().unwrap_or_default();
-    let listed = describe(&issues);
-    assert_eq!(out.code, Some(1), "{listed}");
-    assert_eq!(
-        (json["errors"].as_u64(), json["warnings"].as_u64()),
-        (Some(2), Some(2)),
-        "{listed}"
-    );
-    assert!(issue_says(&issues, "hc_interval", "1"), "{listed}");
-    assert!(
-        issue_says(&issues, "proxy_certificates", "garbage, mismatch"),
-        "{listed}"
-    );
+    let bad_port = main.replace("tls: \"127.0.0.1:0\"", "tls: \"127.0.0.1:99999\"");
+    let broken = [
+        (format!("{main}hc_interval: 0\n"), "hc_interval"),
+        (bad_port, "proxy_address_tls"),
+    ];
+    for (text, key) in broken {
+        write(dir.path().join("main.yaml"), &text);
+        let (out, json) = check_json(&dir.path().join("main.yaml"));
+        let issues = json["issues"].as_array().cloned().unwrap_or_default();
+        let listed = describe(&issues);
+        assert_eq!(out.code, Some(1), "{listed}");
+        assert_eq!(
+            (json["errors"].as_u64(), json["warnings"].as_u64()),
+            (Some(2), Some(2)),
+            "{key}: {listed}"
+        );
+        assert!(issues.iter().any(|i| i["key"] == key), "{listed}");
+        assert!(
+            issue_says(&issues, "proxy_certificates", "garbage, mismatch"),
+            "{key}: {listed}"
+        );
+    }
 }
 
 /// Whether an issue at `key` says `text`.
