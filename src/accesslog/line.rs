@@ -62,8 +62,11 @@ pub fn format_line(out: &mut String, clock: &mut Clock, format: AccessLogFormat,
     line.number("bytes", Some(e.bytes));
     line.millis("duration_ms", Some(e.duration));
     line.text("backend", e.backend.as_ref().map(|b| b.as_bytes()));
-    if let Some(tried) = &e.tried {
-        line.quoted_field("tried", |out| push_escaped(out, tried.as_bytes()));
+    match &e.tried {
+        Some(tried) => line.quoted_field("tried", |out| push_escaped(out, tried.as_bytes())),
+        // JSON lines keep one shape (absent is `null`); logfmt lines leave it out.
+        None if line.style == Style::Json => line.text("tried", None),
+        None => {}
     }
     line.millis("upstream_ms", e.upstream_time);
     line.text("cache", e.cache.map(str::as_bytes));
@@ -481,6 +484,8 @@ mod tests {
         assert_eq!(v["host"], "x\".org");
         assert_eq!(v["status"], 200);
         assert_eq!(v["backend"], serde_json::Value::Null);
+        assert_eq!(v["tried"], serde_json::Value::Null);
+        assert!(v.as_object().unwrap().contains_key("tried"), "{v}");
         assert_eq!(v["upstream_ms"], 1.2);
         assert_eq!(v["cache"], "HIT");
         assert_eq!(v["tls"], "TLSv1.3");

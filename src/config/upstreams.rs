@@ -243,10 +243,14 @@ fn refuse_unknown_keys_routing_nothing(unknown: &[&Key], r: &mut Reader) {
         return;
     };
     let names: Vec<String> = unknown.iter().map(|k| format!("`{}`", k.name)).collect();
+    let what = if names.len() == 1 {
+        "is not a key"
+    } else {
+        "are not keys"
+    };
     let why = format!(
-        "nothing here is a route, and {} {} not a key aralez knows: loading it would remove every route (to mean that, write `upstreams: {{}}`)",
+        "nothing here is a route, and {} {what} aralez knows: loading it would remove every route (to mean that, write `upstreams: {{}}`)",
         names.join(", "),
-        if names.len() == 1 { "is" } else { "are" }
     );
     r.error(first.pos, &first.name, why);
 }

@@ -328,7 +328,7 @@ pub(crate) fn cases() -> Vec<Case> {
             vec![
                 warn(U, 1, "proxy_address_http", "unknown key"),
                 warn(U, 2, "threads", "unknown key"),
-                err(U, 1, "proxy_address_http", "`proxy_address_http`, `threads` are not a key"),
+                err(U, 1, "proxy_address_http", "`proxy_address_http`, `threads` are not keys"),
             ],
         ),
         Case::path(
