@@ -579,3 +579,50 @@ async fn a_backend_refusing_connects_without_health_checks_is_tried_ever_more_ra
     assert!(!route.backends.in_rotation_at(0), "marked: not in rotation");
     assert!(route.backends.in_rotation_at(1));
 }
+
+/// A listener whose queue is full: a connect to it waits until it times out. Its sockets are
+/// kept alive by the caller.
+fn blackholed() -> (std::net::SocketAddr, Vec<socket2::Socket>) {
+    use socket2::{Domain, Socket, Type};
+    let listener = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+    listener.bind(&any.into()).unwrap();
+    listener.listen(0).unwrap();
+    let addr = listener.local_addr().unwrap().as_socket().unwrap();
+    let mut held = vec![listener];
+    for _ in 0..4 {
+        let filler = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        filler.set_nonblocking(true).unwrap();
+        let _ = filler.connect(&addr.into());
+        held.push(filler);
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    (addr, held)
+}
+
+/// Requests that wait together for a backend's protocol to be detected share the detection's
+/// failure: each had tried again in turn, the Nth waiting N connect timeouts (16 at once took
+/// 2, 4 ... 16 s with a 2 s timeout) before it went to the next backend.
+#[tokio::test(start_paused = true)]
+async fn requests_waiting_on_one_detection_share_its_failure() {
+    let good = Backend::start("good").await;
+    let (silent, _held) = blackholed();
+    let servers = [silent.to_string(), good.addr.to_string()];
+    let proxy = Proxy::start(&route_to(&servers), "upstream_connect_timeout: 2").await;
+    let started = Instant::now();
+    let asked = (0..8).map(|i| {
+        let addr = proxy.addr;
+        tokio::spawn(async move {
+            let mut client = Client::connect(Proto::H1, addr).await;
+            let resp = client.get("any", &format!("/{i}")).await;
+            let status = resp.status();
+            body_bytes(resp).await;
+            (status, started.elapsed())
+        })
+    });
+    for answer in futures_util::future::join_all(asked).await {
+        let (status, took) = answer.unwrap();
+        assert_eq!(status, 200);
+        assert!(took < Duration::from_secs(3), "answered after {took:?}");
+    }
+}

@@ -38,8 +38,11 @@ pub struct Backend {
     pinned: Option<Wire>,
     /// The detected [`Wire`] as a number; 0 while unknown (detect on the next connection).
     detected: AtomicU8,
-    /// One detection at a time per backend.
-    pub(super) detecting: tokio::sync::Mutex<()>,
+    /// One detection at a time per backend, and the last one's failure, for those that
+    /// waited for it ([`super::detect::wire_of`]).
+    pub(super) detecting: tokio::sync::Mutex<Option<super::connector::ConnectError>>,
+    /// Detections run so far: a caller that finds it moved while it waited had its answer.
+    pub(super) detections: AtomicU64,
     /// New connections in a row whose exchange failed as a changed protocol would make it
     /// fail ([`Backend::doubt_protocol`]).
     protocol_doubts: AtomicU32,
@@ -414,7 +417,8 @@ impl Backend {
             protocol_doubts: AtomicU32::new(0),
             capacity_said_ms: AtomicU64::new(0),
             capacity_unsaid: AtomicU64::new(0),
-            detecting: tokio::sync::Mutex::new(()),
+            detecting: tokio::sync::Mutex::new(None),
+            detections: AtomicU64::new(0),
             verify_tls,
             authority,
             health,

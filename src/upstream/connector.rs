@@ -104,7 +104,7 @@ impl ConnectErrorKind {
 }
 
 /// Why an upstream could not be reached or asked.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 #[error("{}: {detail}", .kind.as_str())]
 pub struct ConnectError {
     kind: ConnectErrorKind,

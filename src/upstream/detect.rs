@@ -14,6 +14,7 @@
 //! detects again. Detection only learns whether the backend speaks TLS, so its handshake never
 //! verifies the certificate; real connections do when `upstream_tls_verify` asks for it.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -29,17 +30,34 @@ const TLS_PROBE_TIME: Duration = Duration::from_secs(2);
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
 
 /// The backend's protocol: the cached one, or detected now (one detection per backend at a
-/// time; callers that wait reuse its answer). Fails only when no TCP connection can be made.
+/// time; callers that wait reuse its answer, a failure too: each had tried again in turn, the
+/// Nth waiting N connect timeouts for an unreachable backend). Fails only when no TCP
+/// connection can be made.
 pub async fn wire_of(backend: &Backend, timeout: Duration) -> Result<Wire, ConnectError> {
     if let Some(wire) = backend.wire() {
         return Ok(wire);
     }
-    let _one_at_a_time = backend.detecting.lock().await;
+    let ran_before = backend.detections.load(Ordering::Acquire);
+    let mut last_failure = backend.detecting.lock().await;
     if let Some(wire) = backend.wire() {
         return Ok(wire);
     }
+    if backend.detections.load(Ordering::Acquire) != ran_before {
+        if let Some(failure) = last_failure.as_ref() {
+            return Err(failure.clone());
+        }
+    }
     let started = tokio::time::Instant::now();
-    let wire = detect(backend, timeout).await?;
+    let detected = detect(backend, timeout).await;
+    backend.detections.fetch_add(1, Ordering::Release);
+    let wire = match detected {
+        Ok(wire) => wire,
+        Err(failure) => {
+            *last_failure = Some(failure.clone());
+            return Err(failure);
+        }
+    };
+    *last_failure = None;
     tracing::debug!(backend = %backend.label, protocol = wire.name(), took = ?started.elapsed(), "protocol detection finished");
     backend.set_detected(wire);
     Ok(wire)
