@@ -31,14 +31,15 @@ use super::limits::{Builders, Limits};
 use super::listener::{apply_keepalive, pass_on_connection_options};
 use super::observe::Refusals;
 use super::park::{self, ClientSocket, Dock, Left, Parkable, Wake};
-use super::per_client::{ClientSlot, PerClient};
-use super::proxy_protocol::{self, Header};
+use super::per_client::{spawn_evictable, ClientSlot, PerClient};
 use super::tracked::{HeadWriter, Tracked};
 use crate::vocab::late_id::LateId;
 use crate::vocab::said_every::SaidEvery;
 use crate::vocab::{ClientBody, TlsFacts};
 
+mod proxied;
 mod tls;
+use proxied::serve_proxied;
 use tls::serve_tls;
 
 /// How long a draining listener lets busy HTTP/1 connections finish their next request
@@ -364,58 +365,6 @@ fn spawn_serving<F: MakeService>(
             let serving = serve_proxied(shared, counted, stream, tls, deadline);
             spawn_evictable(serving, evicted);
         }
-    }
-}
-
-/// Spawns `serving`; with `evicted` (a listener that caps an address's connections), it ends
-/// when that says the connection is to close for another of its address's.
-fn spawn_evictable<F>(serving: F, evicted: Option<impl Future<Output = ()> + Send + 'static>)
-where
-    F: Future<Output = ()> + Send + 'static,
-{
-    let task = match evicted {
-        None => tokio::spawn(serving),
-        Some(evicted) => tokio::spawn(async move {
-            tokio::select! {
-                () = serving => {}
-                () = evicted => {}
-            }
-        }),
-    };
-    drop(task);
-}
-
-/// A connection that starts with a PROXY protocol header naming the client.
-async fn serve_proxied<F: MakeService>(
-    shared: Arc<Shared<F>>,
-    mut counted: OpenConnection,
-    mut stream: ClientTcp,
-    tls: Option<tokio_rustls::TlsAcceptor>,
-    deadline: tokio::time::Instant,
-) {
-    let (name, socket_peer) = (shared.name, counted.peer);
-    let read = tokio::time::timeout_at(deadline, proxy_protocol::read_header(&mut stream));
-    match read.await {
-        Ok(Ok(Header::Proxied { source, .. })) => counted.peer = source,
-        Ok(Ok(Header::Local)) => {}
-        Ok(Err(e)) => {
-            let what =
-                format!("{name}: connection from {socket_peer} closed (proxy_protocol is on)");
-            shared.said_bad_proxy_header(&what, &e);
-            return;
-        }
-        Err(_) => {
-            let limit = shared.limits.header_timeout;
-            let what =
-                format!("{name}: connection from {socket_peer} closed (proxy_protocol is on)");
-            shared.said_bad_proxy_header(&what, &format!("no PROXY header within {limit:?}"));
-            return;
-        }
-    }
-    match tls {
-        None => serve_plain(shared, counted, stream).await,
-        // Boxed: the handshake and the session would make every plain connection's task larger.
-        Some(acceptor) => Box::pin(serve_tls(shared, counted, stream, acceptor, deadline)).await,
     }
 }
 

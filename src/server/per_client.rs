@@ -12,6 +12,7 @@
 //! long as they were held. A connection serving a request is never closed for another.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -106,6 +107,24 @@ impl Drop for ClientSlot {
             }
         }
     }
+}
+
+/// Spawns `serving`; with `evicted` (a listener that caps an address's connections), it ends
+/// when that says the connection is to close for another of its address's.
+pub fn spawn_evictable<F>(serving: F, evicted: Option<impl Future<Output = ()> + Send + 'static>)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let task = match evicted {
+        None => tokio::spawn(serving),
+        Some(evicted) => tokio::spawn(async move {
+            tokio::select! {
+                () = serving => {}
+                () = evicted => {}
+            }
+        }),
+    };
+    drop(task);
 }
 
 #[cfg(test)]
