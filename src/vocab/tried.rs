@@ -41,10 +41,16 @@ impl<'a> TriedBackend<'a> {
 
     /// The failed exchanges, as the access log's `tried` says them (`a (connect), b (reset)`);
     /// `None` when none failed.
+    #[inline]
     pub fn failures(&self) -> Option<Box<str>> {
         if !self.any_failed.load(Ordering::Relaxed) {
             return None;
         }
+        self.said_failures()
+    }
+
+    #[cold]
+    fn said_failures(&self) -> Option<Box<str>> {
         let failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
         if failed.is_empty() {
             return None;
