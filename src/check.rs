@@ -34,15 +34,13 @@ pub fn check(main_path: &Path) -> Report {
         Some((main, true)) => check_certificates(main, main_path, &mut issues),
         // The certificate folder's pairs too (an error elsewhere in main.yaml hid a broken
         // pair until it was mended); a missing folder or admin pair is said already.
-        Some((main, false)) => {
-            if main.certificates_dir.as_deref().is_some_and(Path::is_dir) {
-                let mains = MainText::read(main_path);
-                // A TLS listener written, valid or not (a bad port hid the folder too).
-                let tls = written_at(&mains.text, "proxy_address_tls").is_some();
-                check_certificate_folder(main, &mains, tls, &mut issues);
-            }
+        Some((main, false)) if main.certificates_dir.as_deref().is_some_and(Path::is_dir) => {
+            let mains = MainText::read(main_path);
+            // A TLS listener written, valid or not (a bad port hid the folder too).
+            let tls = written_at(&mains.text, "proxy_address_tls").is_some();
+            check_certificate_folder(main, &mains, tls, &mut issues);
         }
-        None => {}
+        Some((_, false)) | None => {}
     }
     let main = loaded.and_then(|(main, valid)| valid.then_some(main));
     if let Some(main) = &main {

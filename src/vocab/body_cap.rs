@@ -114,7 +114,7 @@ mod tests {
         assert!(!hit.expect("capped").was_hit());
         let (req, hit) = cap(chunked(&[b"abc", b"defg"]), 6);
         let past = req.into_body().collect().await;
-        let error = past.err().expect("past the cap");
+        let error = past.expect_err("past the cap");
         assert!(
             error.to_string().contains("client_max_body_size (6 bytes)"),
             "{error}"
