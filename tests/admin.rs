@@ -687,7 +687,7 @@ async fn connect_from(ip: [u8; 4], admin: std::net::SocketAddr) -> tokio::net::T
 /// meanwhile. One address could take all 64 and shut out the monitoring and cluster pushes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_address_cannot_take_every_admin_connection() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let a = Backend::start("a").await;
     let proxy = ProxyProcess::start(&routes(&[&a]), ADMIN);
     let admin = admin_addr(&proxy);
@@ -697,16 +697,31 @@ async fn one_address_cannot_take_every_admin_connection() {
         let _ = stream.write_all(b"G").await;
         held.push(stream);
     }
-    // Those past the address's 16 are closed at once; the 16 wait for the rest of their head.
-    let closed = held.iter_mut().map(|stream| async move {
-        let mut byte = [0u8; 1];
-        let read = tokio::time::timeout(Duration::from_secs(1), stream.read(&mut byte)).await;
-        matches!(read, Ok(Ok(0) | Err(_)))
-    });
-    let closed = futures_util::future::join_all(closed).await;
+    // Those past the address's 16 are closed; the 16 wait for the rest of their head.
+    let closed = closed_by_the_server(&mut held, Duration::from_secs(1)).await;
     assert_eq!(closed.iter().filter(|c| **c).count(), 48);
     let other = connect_from([127, 0, 0, 3], admin).await;
-    let mut client = Client::handshake(Proto::H1, other).await;
+    let (status, _) = status_over(other).await;
+    assert_eq!(status, 200);
+}
+
+/// Which of `streams` the server closed (or reset) within `within`.
+async fn closed_by_the_server(
+    streams: &mut [tokio::net::TcpStream],
+    within: Duration,
+) -> Vec<bool> {
+    use tokio::io::AsyncReadExt;
+    let closed = streams.iter_mut().map(|stream| async move {
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(within, stream.read(&mut byte)).await;
+        matches!(read, Ok(Ok(0) | Err(_)))
+    });
+    futures_util::future::join_all(closed).await
+}
+
+/// `GET /status` with the master key over `stream`: its status, and the client, still open.
+async fn status_over(stream: tokio::net::TcpStream) -> (u16, Client) {
+    let mut client = Client::handshake(Proto::H1, stream).await;
     let resp = client
         .send(
             Method::GET,
@@ -716,7 +731,9 @@ async fn one_address_cannot_take_every_admin_connection() {
             full(""),
         )
         .await;
-    assert_eq!(resp.status(), 200);
+    let status = resp.status().as_u16();
+    body_bytes(resp).await;
+    (status, client)
 }
 
 /// An address whose connections all idle (sixteen half-sent heads from loopback) does not
@@ -725,7 +742,7 @@ async fn one_address_cannot_take_every_admin_connection() {
 /// heads were held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_connection_from_an_address_at_its_cap_closes_its_oldest_idle_one() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let a = Backend::start("a").await;
     let proxy = ProxyProcess::start(&routes(&[&a]), ADMIN);
     let admin = admin_addr(&proxy);
@@ -742,27 +759,12 @@ async fn a_new_connection_from_an_address_at_its_cap_closes_its_oldest_idle_one(
     let mut served = Vec::new();
     for round in 0..3 {
         let stream = connect_from([127, 0, 0, 2], admin).await;
-        let mut client = Client::handshake(Proto::H1, stream).await;
-        let resp = client
-            .send(
-                Method::GET,
-                Some("admin"),
-                "/status",
-                &[("x-api-key", "s3cret")],
-                full(""),
-            )
-            .await;
-        assert_eq!(resp.status(), 200, "round {round}");
-        body_bytes(resp).await;
+        let (status, client) = status_over(stream).await;
+        assert_eq!(status, 200, "round {round}");
         served.push(client);
     }
     // The three oldest half-sent heads were closed for them, the others wait on.
-    let closed = held.iter_mut().map(|stream| async move {
-        let mut byte = [0u8; 1];
-        let read = tokio::time::timeout(Duration::from_millis(500), stream.read(&mut byte)).await;
-        matches!(read, Ok(Ok(0) | Err(_)))
-    });
-    let closed = futures_util::future::join_all(closed).await;
+    let closed = closed_by_the_server(&mut held, Duration::from_millis(500)).await;
     assert_eq!(closed[..3], [true; 3], "{closed:?}");
     assert!(closed[3..].iter().all(|c| !c), "{closed:?}");
 }
