@@ -687,22 +687,34 @@ async fn connect_from(ip: [u8; 4], admin: std::net::SocketAddr) -> tokio::net::T
 /// meanwhile. One address could take all 64 and shut out the monitoring and cluster pushes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_address_cannot_take_every_admin_connection() {
-    use tokio::io::AsyncWriteExt;
     let a = Backend::start("a").await;
     let proxy = ProxyProcess::start(&routes(&[&a]), ADMIN);
     let admin = admin_addr(&proxy);
-    let mut held = Vec::new();
-    for _ in 0..64 {
-        let mut stream = connect_from([127, 0, 0, 2], admin).await;
-        let _ = stream.write_all(b"G").await;
-        held.push(stream);
-    }
+    let mut held = half_sent_heads([127, 0, 0, 2], admin, 64, b"G").await;
     // Those past the address's 16 are closed; the 16 wait for the rest of their head.
     let closed = closed_by_the_server(&mut held, Duration::from_secs(1)).await;
     assert_eq!(closed.iter().filter(|c| **c).count(), 48);
     let other = connect_from([127, 0, 0, 3], admin).await;
     let (status, _) = status_over(other).await;
     assert_eq!(status, 200);
+}
+
+/// `n` connections from `ip`, each having sent `start` of a head (as a slowloris does); a
+/// connection the server closed at once is kept too.
+async fn half_sent_heads(
+    ip: [u8; 4],
+    admin: std::net::SocketAddr,
+    n: usize,
+    start: &[u8],
+) -> Vec<tokio::net::TcpStream> {
+    use tokio::io::AsyncWriteExt;
+    let mut held = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut stream = connect_from(ip, admin).await;
+        let _ = stream.write_all(start).await;
+        held.push(stream);
+    }
+    held
 }
 
 /// Which of `streams` the server closed (or reset) within `within`.
@@ -742,19 +754,11 @@ async fn status_over(stream: tokio::net::TcpStream) -> (u16, Client) {
 /// heads were held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_connection_from_an_address_at_its_cap_closes_its_oldest_idle_one() {
-    use tokio::io::AsyncWriteExt;
     let a = Backend::start("a").await;
     let proxy = ProxyProcess::start(&routes(&[&a]), ADMIN);
     let admin = admin_addr(&proxy);
-    let mut held = Vec::new();
-    for _ in 0..16 {
-        let mut stream = connect_from([127, 0, 0, 2], admin).await;
-        stream
-            .write_all(b"GET /metrics HTTP/1.1\r\n")
-            .await
-            .unwrap();
-        held.push(stream);
-    }
+    let head = b"GET /metrics HTTP/1.1\r\n";
+    let mut held = half_sent_heads([127, 0, 0, 2], admin, 16, head).await;
     // Each kept open: the next one needs a place of its own.
     let mut served = Vec::new();
     for round in 0..3 {

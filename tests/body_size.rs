@@ -17,48 +17,23 @@ async fn bodies_past_client_max_body_size_are_refused_with_413() {
         "client_max_body_size: 64k\naccess_log: all",
     );
     for proto in PROTOCOLS {
-        let mut client = Client::connect(proto, proxy.addr).await;
         for (declared, body) in [
             (true, full(vec![b'x'; 65_536])),
             (false, generated_body(65_536)),
         ] {
-            let resp = client
-                .send(Method::POST, Some("any"), "/collect", &[], body)
-                .await;
-            assert_eq!(resp.status(), 200, "{proto:?}, declared: {declared}");
-            assert_eq!(body_bytes(resp).await, "65536", "{proto:?}");
+            let (status, said) = post(proto, proxy.addr, body).await;
+            assert_eq!(status, 200, "{proto:?}, declared: {declared}");
+            assert_eq!(said, "65536", "{proto:?}");
         }
         let asked = backend.requests();
-        let mut client = Client::connect(proto, proxy.addr).await;
-        let resp = client
-            .send(
-                Method::POST,
-                Some("any"),
-                "/collect",
-                &[],
-                full(vec![b'x'; 65_537]),
-            )
-            .await;
-        assert_eq!(resp.status(), 413, "{proto:?}: declared past the cap");
-        let said = body_bytes(resp).await;
-        assert!(String::from_utf8_lossy(&said).contains("client_max_body_size"));
+        let (status, said) = post(proto, proxy.addr, full(vec![b'x'; 65_537])).await;
+        assert_eq!(status, 413, "{proto:?}: declared past the cap");
+        assert!(said.contains("client_max_body_size"), "{said}");
+        let asked_now = backend.requests();
+        assert_eq!(asked_now, asked, "{proto:?}: the backend was asked");
+        let (status, _) = post(proto, proxy.addr, generated_body(1 << 20)).await;
         assert_eq!(
-            backend.requests(),
-            asked,
-            "{proto:?}: the backend was asked"
-        );
-        let mut client = Client::connect(proto, proxy.addr).await;
-        let resp = client
-            .send(
-                Method::POST,
-                Some("any"),
-                "/collect",
-                &[],
-                generated_body(1 << 20),
-            )
-            .await;
-        assert_eq!(
-            resp.status(),
+            status,
             413,
             "{proto:?}: past the cap as it came: {}",
             proxy.log_text()
@@ -79,4 +54,15 @@ async fn bodies_past_client_max_body_size_are_refused_with_413() {
         refused.filter(|l| l.contains(" status=413 ")).count() == 5
     });
     assert!(logged.await, "{}", proxy.log_text());
+}
+
+/// A POST of `body` to `/collect` on a connection of its own: the status and the answer.
+async fn post(proto: Proto, addr: std::net::SocketAddr, body: ClientBody) -> (u16, String) {
+    let mut client = Client::connect(proto, addr).await;
+    let resp = client
+        .send(Method::POST, Some("any"), "/collect", &[], body)
+        .await;
+    let status = resp.status().as_u16();
+    let said = body_bytes(resp).await;
+    (status, String::from_utf8_lossy(&said).into_owned())
 }

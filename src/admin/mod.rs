@@ -137,9 +137,16 @@ pub async fn serve(
             Box::pin(async move {
                 let http1 = req.version() < http::Version::HTTP_2;
                 let asked = (req.method().clone(), req.uri().path().to_string());
-                let (req, leftover) = leftover::Leftover::watch(req);
+                // Over HTTP/1 hyper reads (or closes on) what the answer left of the body.
+                let (req, leftover) = match http1 {
+                    true => (req, None),
+                    false => {
+                        let (req, leftover) = leftover::Leftover::watch(req);
+                        (req, Some(leftover))
+                    }
+                };
                 let mut reply = admin.answer(req).await;
-                if !http1 {
+                if let Some(leftover) = leftover {
                     leftover.discard().await;
                 }
                 refusals.note(conn.peer, &asked, reply.status());

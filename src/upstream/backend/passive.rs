@@ -87,10 +87,12 @@ impl Backend {
             // A failed trial doubles the mark; the connects that were already out when it was
             // made fail within it, and leave it as it is (eight at once took a first mark
             // straight to the longest).
+            let first = fails == FAILS_BEFORE_DOWN;
             let trial_failed = self.health.trial_out.swap(false, Ordering::Relaxed);
-            let mark = match (fails == FAILS_BEFORE_DOWN, trial_failed) {
-                (true, _) | (false, true) => self.next_mark(fails == FAILS_BEFORE_DOWN),
-                (false, false) => self.health.mark_ms.load(Ordering::Relaxed),
+            let mark = if first || trial_failed {
+                self.next_mark(first)
+            } else {
+                self.health.mark_ms.load(Ordering::Relaxed)
             };
             let until = self.health.now_ms() + mark;
             self.health
